@@ -1,0 +1,65 @@
+/* Eager reverse-mode autograd.
+ *
+ * Every op call with an input that requires grad (while grad mode is on) creates an autograd
+ * node that remembers the op, the tensors its backward rule needs (with their storage versions)
+ * and where each input's gradient goes. Nodes get increasing sequence numbers (seq_nr), as in
+ * PyTorch. ag_backward runs the backward rules in dependency order, highest seq_nr first among
+ * ready nodes, sums gradients of values used more than once, reduces broadcast gradients to
+ * their input's shape, and accumulates into the .grad of leaves. */
+#ifndef AOTGRAD_AUTOGRAD_H
+#define AOTGRAD_AUTOGRAD_H
+
+#include "core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Grad mode. Returns the previous setting, so `bool prev = ag_set_grad_enabled(false); ...;
+ * ag_set_grad_enabled(prev);` is a no-grad region. */
+AG_API bool ag_set_grad_enabled(bool enabled);
+AG_API bool ag_is_grad_enabled(void);
+
+/* Backpropagates from `output`. grad is the gradient of output (borrowed), or NULL when output
+ * has one element (then 1). Accumulates into .grad of every leaf that requires grad. Unless
+ * retain_graph, the saved tensors are freed and a second backward through the same nodes is an
+ * error. */
+AG_API int ag_backward(ag_tensor *output, ag_tensor *grad, bool retain_graph);
+
+/* Like torch.autograd.grad: gradients of `outputs` (with grad_outputs, entries may be NULL for
+ * one-element outputs) with respect to `inputs`, stored as new references in grads (NULL for an
+ * input that does not influence the outputs when allow_unused, else an error). Leaves' .grad
+ * are not touched. */
+AG_API int ag_grad(ag_tensor *const *outputs, ag_tensor *const *grad_outputs, int noutputs,
+                   ag_tensor *const *inputs, int ninputs, ag_tensor **grads, bool retain_graph,
+                   bool allow_unused);
+
+/* The sequence number of t's autograd node (-1 for leaves and tensors without history). */
+AG_API int64_t ag_tensor_seq_nr(const ag_tensor *t);
+/* Name of t's autograd node ("AddmmBackward0"-like: op name + "Backward"), or NULL. */
+AG_API const char *ag_tensor_grad_fn_name(const ag_tensor *t);
+
+/* ---- gradcheck ---- */
+
+/* A function of n float64 inputs returning up to AG_GRADCHECK_MAX_OUT outputs (new refs). */
+#define AG_GRADCHECK_MAX_OUT 4
+typedef int (*ag_gradcheck_fn)(void *ud, ag_tensor *const *inputs, int n, ag_tensor **outs,
+                               int *nouts);
+
+typedef struct ag_gradcheck_opts {
+    double eps;  /* finite-difference step (default 1e-6) */
+    double atol; /* default 1e-5 */
+    double rtol; /* default 1e-3 */
+} ag_gradcheck_opts;
+
+/* Compares analytical gradients (ag_grad with random grad_outputs) against central finite
+ * differences, for every input with requires_grad and every floating output. Inputs must be
+ * float64. Returns 0 when they agree; otherwise AG_EINVAL with a message naming the input,
+ * output, element and both values. opts may be NULL. */
+AG_API int ag_gradcheck(ag_gradcheck_fn fn, void *ud, ag_tensor *const *inputs, int n,
+                        const ag_gradcheck_opts *opts);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,222 @@
+/* The op table: one declaration per op, read by eager execution, autograd, tracing, the
+ * partitioner's cost model, the printer and the executor.
+ *
+ * An op is called with a flat array of ag_arg values laid out as its schema says (ATen's
+ * schema language, e.g. "addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1,
+ * Scalar alpha=1) -> Tensor"). The dispatcher (ag_op_call) checks the arguments against the
+ * schema, runs the meta function to get every output's dtype, shape and strides, allocates the
+ * outputs (or aliases the input for views and in-place ops), runs the kernel for the dtype, and,
+ * when grad mode is on and an input requires grad, records an autograd node that will run the
+ * backward rule. Users register their own ops the same way (ag_op_register). */
+#ifndef AOTGRAD_OPTABLE_H
+#define AOTGRAD_OPTABLE_H
+
+#include "core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum ag_arg_kind {
+    AG_ARG_NONE = 0, /* None: an omitted optional */
+    AG_ARG_TENSOR,
+    AG_ARG_TENSORS,  /* Tensor[] or Tensor?[] (elements may be NULL for the latter) */
+    AG_ARG_INT,
+    AG_ARG_FLOAT,    /* float and Scalar */
+    AG_ARG_BOOL,
+    AG_ARG_INTS,     /* int[] */
+    AG_ARG_DTYPE,
+    AG_ARG_STR,
+} ag_arg_kind;
+
+typedef struct ag_arg {
+    ag_arg_kind kind;
+    int n; /* element count for TENSORS and INTS */
+    union {
+        ag_tensor *t;
+        ag_tensor **ts;
+        int64_t i;
+        double f;
+        bool b;
+        const int64_t *ints;
+        ag_dtype dt;
+        const char *s;
+    } u;
+} ag_arg;
+
+/* Brace initializers for building argument arrays. */
+#define AG_A_T(x) ((ag_arg){.kind = AG_ARG_TENSOR, .u.t = (x)})
+#define AG_A_TS(v, cnt) ((ag_arg){.kind = AG_ARG_TENSORS, .n = (cnt), .u.ts = (v)})
+#define AG_A_I(x) ((ag_arg){.kind = AG_ARG_INT, .u.i = (x)})
+#define AG_A_F(x) ((ag_arg){.kind = AG_ARG_FLOAT, .u.f = (x)})
+#define AG_A_B(x) ((ag_arg){.kind = AG_ARG_BOOL, .u.b = (x)})
+#define AG_A_INTS(v, cnt) ((ag_arg){.kind = AG_ARG_INTS, .n = (cnt), .u.ints = (v)})
+#define AG_A_DT(x) ((ag_arg){.kind = AG_ARG_DTYPE, .u.dt = (x)})
+#define AG_A_S(x) ((ag_arg){.kind = AG_ARG_STR, .u.s = (x)})
+#define AG_A_NONE ((ag_arg){.kind = AG_ARG_NONE})
+
+/* Output metadata computed by a meta function. For view ops `offset` is the storage offset of
+ * the view (meta functions of other ops leave it 0 and give contiguous strides). */
+typedef struct ag_tmeta {
+    ag_dtype dtype;
+    int ndim;
+    int64_t sizes[AG_MAX_DIMS];
+    int64_t strides[AG_MAX_DIMS];
+    int64_t offset;
+} ag_tmeta;
+
+#define AG_MAX_OUTPUTS 4
+#define AG_MAX_ARGS 16
+
+/* Op flags. */
+enum {
+    AG_OP_POINTWISE = 1u << 0,
+    AG_OP_REDUCTION = 1u << 1,
+    AG_OP_VIEW = 1u << 2,          /* output 0 aliases tensor argument 0 */
+    AG_OP_INPLACE = 1u << 3,       /* output 0 is tensor argument 0, written in place */
+    AG_OP_RANDOM = 1u << 4,        /* draws from the generator */
+    AG_OP_COMPUTE_INTENSIVE = 1u << 5, /* matmul, conv: never recomputed by the partitioner */
+    AG_OP_NONDIFF = 1u << 6,       /* no gradient flows through (comparisons, argmax, ...) */
+    AG_OP_FACTORY = 1u << 7,       /* creates a tensor from no tensor input */
+    AG_OP_EFFECTFUL = 1u << 8,     /* has side effects: never reordered or eliminated */
+    AG_OP_BACKWARD_HELPER = 1u << 9, /* exists to express another op's backward */
+    /* Composite (ATen's CompositeImplicitAutograd): always runs its decomposition, so traces
+     * and autograd see the ops it is made of (linear -> t + addmm). */
+    AG_OP_COMPOSITE = 1u << 10,
+};
+
+/* Everything a backward rule sees. Saved tensors are detached aliases taken at forward time;
+ * arguments and outputs not listed in the op's save masks are NULL here. grad_outputs[k] is
+ * the incoming gradient of output k, or NULL when output k received none (treat as zero).
+ * The rule stores a new reference (or NULL for "no gradient") in grad_inputs[j] for each
+ * tensor input j with needs_grad[j] set; tensor inputs are numbered in schema order, with the
+ * elements of a Tensor[] argument each taking one number. Rules are written with aotgrad's own
+ * ops so that under tracing they emit backward graph nodes. */
+typedef struct ag_bwctx {
+    const struct ag_opdef *op;
+    const ag_arg *args;         /* the call's arguments (saved tensors in place of tensors) */
+    int nargs;
+    ag_tensor *const *outputs;  /* saved outputs, NULL where not saved */
+    const ag_tmeta *input_meta; /* dtype/shape/strides of every tensor input at call time
+                                 * (needs no saving: use it for shapes instead of saving) */
+    int noutputs;
+    ag_tensor *const *grad_outputs;
+    int ntensor_inputs;
+    const bool *needs_grad;
+    ag_tensor **grad_inputs;
+} ag_bwctx;
+
+typedef struct ag_cost {
+    double flops;
+    double bytes; /* bytes read plus written */
+} ag_cost;
+
+struct ag_samples;
+
+typedef int (*ag_meta_fn)(const ag_arg *args, ag_tmeta *outs);
+/* outs are allocated (or aliased, for in-place ops) by the dispatcher from the meta. */
+typedef int (*ag_kernel_fn)(const ag_arg *args, ag_tensor **outs);
+typedef int (*ag_backward_fn)(ag_bwctx *ctx);
+typedef void (*ag_cost_fn)(const ag_arg *args, const ag_tmeta *outs, int nouts, ag_cost *c);
+/* Computes the op from other ops; stores new references in outs. */
+typedef int (*ag_decomp_fn)(const ag_arg *args, ag_tensor **outs);
+/* Adds gradcheck sample calls (float64 inputs) with ag_samples_add. */
+typedef void (*ag_samples_fn)(struct ag_samples *s);
+
+typedef struct ag_opdef {
+    const char *schema;       /* ATen schema; the op's name is what precedes '(' */
+    uint32_t flags;
+    ag_meta_fn meta;
+    /* One kernel for all dtypes (it switches on dtype itself); NULL for views, which need none.
+     * `dtypes` is a bitmask (1 << AG_F32 | ...) of the input dtypes the kernel handles. */
+    ag_kernel_fn kernel;
+    uint32_t dtypes;
+    ag_backward_fn backward;  /* NULL for non-differentiable ops */
+    uint32_t save_args;       /* bit j: tensor input j is saved for backward */
+    uint32_t save_outputs;    /* bit k: output k is saved for backward */
+    /* bit k: output k carries no gradient (ATen's output_differentiability false: layer norm's
+     * mean/rstd, batch norm's save_mean/invstd, nll_loss's total_weight, ...). Such outputs do
+     * not require grad and gradcheck ignores them. Non-float outputs never carry gradients. */
+    uint32_t nondiff_outputs;
+    ag_cost_fn cost;          /* NULL: a default from the flags */
+    ag_decomp_fn decomp;      /* optional */
+    ag_samples_fn samples;    /* gradcheck cases; required for differentiable ops */
+} ag_opdef;
+
+#define AG_DT_FLOAT ((1u << AG_F32) | (1u << AG_F64))
+#define AG_DT_ALL ((1u << AG_F32) | (1u << AG_F64) | (1u << AG_I64) | (1u << AG_BOOL))
+
+/* Parsed view of a schema, built once at registration. */
+typedef enum ag_type {
+    AG_TY_TENSOR,
+    AG_TY_OPT_TENSOR,
+    AG_TY_TENSOR_LIST,
+    AG_TY_OPT_TENSOR_LIST,
+    AG_TY_INT,
+    AG_TY_OPT_INT,
+    AG_TY_FLOAT,
+    AG_TY_OPT_FLOAT,
+    AG_TY_SCALAR,
+    AG_TY_BOOL,
+    AG_TY_INT_LIST,
+    AG_TY_OPT_INT_LIST,
+    AG_TY_DTYPE,
+    AG_TY_OPT_DTYPE,
+    AG_TY_STR,
+} ag_type;
+
+typedef struct ag_schema_arg {
+    const char *name;
+    ag_type type;
+    bool kwarg_only;
+    bool has_default;
+    ag_arg def; /* the default, when has_default */
+} ag_schema_arg;
+
+typedef struct ag_op ag_op; /* a registered op: definition plus parsed schema */
+
+/* ---- registry ---- */
+AG_API const ag_op *ag_op_find(const char *name); /* "add.Tensor"; NULL if absent */
+AG_API int ag_op_count(void);
+AG_API const ag_op *ag_op_at(int i); /* registration order */
+AG_API const char *ag_op_name(const ag_op *op);
+AG_API const ag_opdef *ag_op_def(const ag_op *op);
+AG_API int ag_op_nargs(const ag_op *op);
+AG_API const ag_schema_arg *ag_op_arg(const ag_op *op, int i);
+AG_API int ag_op_noutputs(const ag_op *op);
+/* Registers a user op (namespace::name). The definition must outlive the library's use of it. */
+AG_API const ag_op *ag_op_register(const ag_opdef *def);
+/* Comma-separated flag names ("pointwise,view") into buf. */
+AG_API char *ag_op_flags_str(uint32_t flags, char *buf, size_t n);
+
+/* ---- calling ---- */
+
+/* Calls `op` with `nargs` arguments in schema order (trailing defaulted ones may be omitted).
+ * On success stores a new reference per output in outs and returns 0. */
+AG_API int ag_op_call(const ag_op *op, const ag_arg *args, int nargs, ag_tensor **outs);
+/* Single-output shortcut; NULL on failure. */
+AG_API ag_tensor *ag_op_call1(const ag_op *op, const ag_arg *args, int nargs);
+
+/* Cost estimate of a call from metadata alone. */
+AG_API int ag_op_cost(const ag_op *op, const ag_arg *args, int nargs, ag_cost *c);
+
+/* ---- gradcheck samples ---- */
+typedef struct ag_samples ag_samples;
+/* Adds one call; takes the references of the tensors in args (and in TENSORS arrays, which
+ * are copied). `note` names the case in failure messages. */
+AG_API void ag_samples_add(ag_samples *s, const char *note, const ag_arg *args, int nargs);
+/* float64 tensor with values uniform in [lo, hi) from a fixed stream, requires_grad set. */
+AG_API ag_tensor *ag_samples_rand(ag_samples *s, int ndim, const int64_t *sizes, double lo,
+                                  double hi);
+/* As above without requires_grad (index tensors use ag_from_data). */
+AG_API ag_tensor *ag_samples_rand_nograd(ag_samples *s, int ndim, const int64_t *sizes,
+                                         double lo, double hi);
+/* A non-contiguous leaf (a transposed view of the last two dims of fresh storage) with
+ * requires_grad set; ndim >= 2. */
+AG_API ag_tensor *ag_samples_rand_strided(ag_samples *s, int ndim, const int64_t *sizes,
+                                          double lo, double hi);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,162 @@
+/* Internal definitions shared by the library's files: the tensor and storage structs, the
+ * error and allocation helpers, autorelease scopes, and the registered-op struct. Nothing here
+ * is exported (the library builds with -fvisibility=hidden); cross-file helpers use the ag__
+ * prefix. */
+#ifndef AG_INTERNAL_H
+#define AG_INTERNAL_H
+
+#include "aotgrad.h"
+
+#include <stdarg.h>
+#include <string.h>
+
+#define AG_ALIGN 64
+
+/* ---- errors (error.c) ---- */
+/* Sets the thread's error: "<fmt>" formatted; returns code so callers can `return ag__err(..)`. */
+int ag__err(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* True when an error is set on this thread (used to keep the first message in NULL chains). */
+bool ag__has_error(void);
+/* Formats sizes as "[4, 3]" into buf. */
+char *ag__fmt_sizes(char *buf, size_t n, int ndim, const int64_t *sizes);
+
+/* ---- allocation (alloc.c) ---- */
+void *ag__malloc(size_t size); /* 64-byte aligned; NULL + AG_ENOMEM error on failure */
+void *ag__calloc(size_t count, size_t size);
+void ag__free(void *p);
+/* Grows *p (holding `used` elements of `elem` bytes) to at least `need` elements. */
+int ag__grow(void **p, int64_t *cap, int64_t need, size_t elem);
+char *ag__strdup(const char *s);
+
+/* ---- tensors (tensor.c) ---- */
+typedef struct ag_storage {
+    int64_t refcount;
+    void *data;     /* NULL for meta storage (tracing) */
+    size_t nbytes;
+    uint64_t version;
+} ag_storage;
+
+struct ag_anode;
+
+struct ag_tensor {
+    int64_t refcount;
+    ag_dtype dtype;
+    int ndim;
+    int64_t sizes[AG_MAX_DIMS];
+    int64_t strides[AG_MAX_DIMS];
+    int64_t offset;
+    ag_storage *storage; /* never NULL; storage->data NULL means a meta tensor */
+    bool requires_grad;
+    bool is_view;        /* made by a view op: shares another tensor's storage */
+    ag_tensor *grad;
+    struct ag_anode *grad_fn;
+    int output_nr;
+    void *trace;         /* the tracer's graph node (later stages) */
+};
+
+/* A new tensor with contiguous strides for `m` (m's strides/offset ignored) and fresh storage;
+ * meta => no data. Caller owns. */
+ag_tensor *ag__tensor_new(ag_dtype dt, int ndim, const int64_t *sizes, bool meta);
+/* A new tensor over t's storage with m's sizes, strides and offset. Caller owns. */
+ag_tensor *ag__tensor_alias(ag_tensor *t, const ag_tmeta *m);
+ag_tensor *ag__tensor_from_meta(const ag_tmeta *m, bool meta);
+void ag__tensor_retain(ag_tensor *t);
+void ag__tmeta_of(const ag_tensor *t, ag_tmeta *m);
+bool ag__is_meta(const ag_tensor *t);
+/* Fills m's strides contiguously for its sizes (offset 0). */
+void ag__tmeta_contiguous(ag_tmeta *m, ag_dtype dt, int ndim, const int64_t *sizes);
+int64_t ag__numel(int ndim, const int64_t *sizes);
+bool ag__tmeta_is_contiguous(const ag_tmeta *m);
+/* Element pointer arithmetic. */
+static inline char *ag__base(const ag_tensor *t) {
+    return (char *)t->storage->data + (size_t)t->offset * ag_dtype_size(t->dtype);
+}
+/* Wraps a negative dim; returns -1 (and sets an error naming `op`) when out of range. */
+int ag__wrap_dim(const char *op, int dim, int ndim);
+/* Copies src into dst elementwise (same shape; dtype conversion allowed). No autograd. */
+int ag__copy_into(ag_tensor *dst, const ag_tensor *src);
+
+/* ---- scopes (tensor.c) ---- */
+/* Hands a new reference to the caller: registers it with the open scope, if any. Returns t, or
+ * NULL (t released, ENOMEM) when the scope cannot grow. */
+ag_tensor *ag__give(ag_tensor *t);
+bool ag__in_scope(void);
+
+/* ---- grad mode, thread state (autograd/engine.c) ---- */
+typedef struct ag__tls_state {
+    bool grad_disabled;
+    bool tracing;             /* later stages: factory ops make meta tensors */
+    bool in_grad_acc;         /* the current add is a gradient accumulation */
+    int64_t bw_seq_nr;        /* seq_nr of the node whose backward is running, else -1 */
+    int dispatch_depth;       /* >0 while inside an op (composites, backward rules) */
+} ag__tls_state;
+ag__tls_state *ag__tls(void);
+/* Drops one reference to an autograd node (engine.c). */
+void ag__anode_release(struct ag_anode *n);
+/* Dispatcher hooks (engine.c): would this call record a node; is this in-place call allowed;
+ * record the node (orig_self: a copy of self taken before an in-place kernel, or NULL). */
+bool ag__autograd_wanted(const ag_op *op, const ag_arg *args, int nargs);
+int ag__autograd_check_inplace(const ag_op *op, const ag_arg *args, int nargs);
+int ag__autograd_record(const ag_op *op, const ag_arg *args, int nargs, ag_tensor **outs,
+                        int nouts, ag_tensor *orig_self);
+/* Element i (flat, row-major over the view) as double. */
+double ag__get_f64(const ag_tensor *t, int64_t i);
+
+/* ---- op registry (ops/optable.c) ---- */
+struct ag_op {
+    const ag_opdef *def;
+    char *name;               /* "add.Tensor" */
+    int nargs;
+    ag_schema_arg args[AG_MAX_ARGS];
+    bool mutates[AG_MAX_ARGS];/* Tensor(a!) */
+    int noutputs;             /* -1: Tensor[] (variable, e.g. split) */
+    bool out_is_list;
+    char *arg_names;          /* backing store for args[].name */
+    int index;
+};
+
+/* Called by the dispatcher after outputs exist, when set (the tracer). */
+typedef int (*ag__trace_hook_fn)(const ag_op *op, const ag_arg *args, int nargs,
+                                 ag_tensor **outs, int nouts);
+extern ag__trace_hook_fn ag__trace_hook;
+
+/* Finds a built-in op by name; aborts with a message if missing (a programming error in the
+ * library's own tables, never user input). */
+const ag_op *ag__op(const char *name);
+
+/* Calls an op: a thin wrapper of ag_op_call for entry points. `outs` receives given refs. */
+ag_tensor *ag__call1(const ag_op *op, const ag_arg *args, int nargs);
+int ag__calln(const ag_op *op, const ag_arg *args, int nargs, ag_tensor **outs, int nouts);
+
+/* Entry-point helper: looks the op up once and caches it. */
+#define AG__OP(var, name)                                                                      \
+    static const ag_op *var;                                                                   \
+    if (!var)                                                                                  \
+        var = ag__op(name);
+
+/* ---- meta helpers (ops/meta_util.c) ---- */
+/* Broadcasts two shapes (PyTorch rules). On failure sets "<op>: shapes [..] and [..] cannot be
+ * broadcast" and returns AG_EINVAL. */
+int ag__broadcast(const char *op, int na, const int64_t *a, int nb, const int64_t *b, int *nout,
+                  int64_t *out);
+/* Result dtype of a binary op of two tensors (bool < i64 < f32 < f64). */
+ag_dtype ag__promote(ag_dtype a, ag_dtype b);
+/* Result dtype of tensor op float-Scalar: an integral tensor becomes f32. */
+ag_dtype ag__promote_scalar(ag_dtype a, double s);
+/* Reduction dims: fills `reduce[d]` for each dim to reduce (all when ndims == 0). */
+int ag__reduce_dims(const char *op, int ndim, const int64_t *dims, int ndims, bool *reduce);
+/* Output meta of a reduction of `in` over `reduce`. */
+void ag__reduce_meta(const ag_tmeta *in, const bool *reduce, bool keepdim, ag_dtype dt,
+                     ag_tmeta *out);
+
+/* ---- random (core/rng.c) ---- */
+/* Reserves `n` values' worth of counters from the default generator: returns the seed and the
+ * starting offset and advances the generator. */
+void ag__rng_reserve(int64_t n, uint64_t *seed, uint64_t *offset);
+/* Uniform [0,1) doubles / floats for element i of a draw starting at (seed, offset). */
+void ag__philox_uniform_f64(uint64_t seed, uint64_t offset, int64_t n, double *out);
+void ag__philox_uniform_f32(uint64_t seed, uint64_t offset, int64_t n, float *out);
+void ag__philox_normal_f64(uint64_t seed, uint64_t offset, int64_t n, double *out);
+void ag__philox_normal_f32(uint64_t seed, uint64_t offset, int64_t n, float *out);
+
+#endif

@@ -1,0 +1,406 @@
+/* Tensors, storage and views: construction, reference counting, metadata accessors,
+ * autorelease scopes, element access and dtype-converting copies. Ops live in src/ops; this
+ * file only manages the objects they work on. */
+#include "internal.h"
+#include "../ops/kernel_util.h"
+
+#include <math.h>
+#include <stdio.h>
+
+/* ---- dtypes ---- */
+
+static const char *const dt_short[] = {"f32", "f64", "i64", "b8"};
+static const char *const dt_name[] = {"float32", "float64", "int64", "bool"};
+static const size_t dt_size[] = {4, 8, 8, 1};
+
+const char *ag_dtype_short(ag_dtype dt) { return (unsigned)dt < AG_NDTYPES ? dt_short[dt] : "?"; }
+const char *ag_dtype_name(ag_dtype dt) { return (unsigned)dt < AG_NDTYPES ? dt_name[dt] : "?"; }
+size_t ag_dtype_size(ag_dtype dt) { return (unsigned)dt < AG_NDTYPES ? dt_size[dt] : 0; }
+bool ag_dtype_is_float(ag_dtype dt) { return dt == AG_F32 || dt == AG_F64; }
+
+/* ---- metadata helpers ---- */
+
+int64_t ag__numel(int ndim, const int64_t *sizes) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        n *= sizes[i];
+    return n;
+}
+
+void ag__tmeta_contiguous(ag_tmeta *m, ag_dtype dt, int ndim, const int64_t *sizes) {
+    m->dtype = dt;
+    m->ndim = ndim;
+    m->offset = 0;
+    int64_t st = 1;
+    for (int i = ndim - 1; i >= 0; i--) {
+        m->sizes[i] = sizes[i];
+        m->strides[i] = st;
+        st *= sizes[i] > 1 ? sizes[i] : 1;
+    }
+}
+
+bool ag__tmeta_is_contiguous(const ag_tmeta *m) {
+    int64_t st = 1;
+    for (int i = m->ndim - 1; i >= 0; i--) {
+        if (m->sizes[i] == 1)
+            continue;
+        if (m->strides[i] != st)
+            return false;
+        st *= m->sizes[i];
+    }
+    return true;
+}
+
+void ag__tmeta_of(const ag_tensor *t, ag_tmeta *m) {
+    m->dtype = t->dtype;
+    m->ndim = t->ndim;
+    memcpy(m->sizes, t->sizes, sizeof m->sizes);
+    memcpy(m->strides, t->strides, sizeof m->strides);
+    m->offset = t->offset;
+}
+
+bool ag__is_meta(const ag_tensor *t) { return t->storage->data == NULL; }
+
+int ag__wrap_dim(const char *op, int dim, int ndim) {
+    int n = ndim > 0 ? ndim : 1;
+    if (dim < -n || dim >= n) {
+        ag__err(AG_EINVAL, "%s: dimension %d out of range for a %d-d tensor", op, dim, ndim);
+        return -1;
+    }
+    return dim < 0 ? dim + n : dim;
+}
+
+/* ---- construction ---- */
+
+static ag_storage *storage_new(size_t nbytes, bool meta) {
+    ag_storage *s = ag__malloc(sizeof *s);
+    if (!s)
+        return NULL;
+    s->refcount = 1;
+    s->nbytes = nbytes;
+    s->version = 0;
+    s->data = NULL;
+    if (!meta) {
+        s->data = ag__malloc(nbytes);
+        if (!s->data) {
+            ag__free(s);
+            return NULL;
+        }
+    }
+    return s;
+}
+
+static void storage_release(ag_storage *s) {
+    if (s && --s->refcount == 0) {
+        ag__free(s->data);
+        ag__free(s);
+    }
+}
+
+static ag_tensor *tensor_shell(void) {
+    ag_tensor *t = ag__malloc(sizeof *t);
+    if (!t)
+        return NULL;
+    memset(t, 0, sizeof *t);
+    t->refcount = 1;
+    return t;
+}
+
+ag_tensor *ag__tensor_new(ag_dtype dt, int ndim, const int64_t *sizes, bool meta) {
+    if (ndim < 0 || ndim > AG_MAX_DIMS) {
+        ag__err(AG_EINVAL, "tensor: %d dimensions (at most %d)", ndim, AG_MAX_DIMS);
+        return NULL;
+    }
+    for (int i = 0; i < ndim; i++)
+        if (sizes[i] < 0) {
+            ag__err(AG_EINVAL, "tensor: negative size %lld in dim %d", (long long)sizes[i], i);
+            return NULL;
+        }
+    ag_tensor *t = tensor_shell();
+    if (!t)
+        return NULL;
+    ag_tmeta m = {0};
+    ag__tmeta_contiguous(&m, dt, ndim, sizes);
+    t->dtype = dt;
+    t->ndim = ndim;
+    memcpy(t->sizes, m.sizes, sizeof t->sizes);
+    memcpy(t->strides, m.strides, sizeof t->strides);
+    t->storage = storage_new((size_t)ag__numel(ndim, sizes) * ag_dtype_size(dt), meta);
+    if (!t->storage) {
+        ag__free(t);
+        return NULL;
+    }
+    return t;
+}
+
+ag_tensor *ag__tensor_from_meta(const ag_tmeta *m, bool meta) {
+    return ag__tensor_new(m->dtype, m->ndim, m->sizes, meta);
+}
+
+ag_tensor *ag__tensor_alias(ag_tensor *src, const ag_tmeta *m) {
+    ag_tensor *t = tensor_shell();
+    if (!t)
+        return NULL;
+    t->dtype = m->dtype;
+    t->ndim = m->ndim;
+    memcpy(t->sizes, m->sizes, sizeof t->sizes);
+    memcpy(t->strides, m->strides, sizeof t->strides);
+    t->offset = m->offset;
+    t->storage = src->storage;
+    t->storage->refcount++;
+    t->trace = src->trace;
+    return t;
+}
+
+void ag__tensor_retain(ag_tensor *t) { t->refcount++; }
+
+void ag_tensor_free(ag_tensor *t) {
+    if (!t || --t->refcount > 0)
+        return;
+    storage_release(t->storage);
+    ag_tensor_free(t->grad);
+    if (t->grad_fn)
+        ag__anode_release(t->grad_fn);
+    ag__free(t);
+}
+
+ag_tensor *ag_tensor_keep(ag_tensor *t) {
+    if (t)
+        t->refcount++;
+    return t;
+}
+
+/* ---- scopes ---- */
+
+static _Thread_local ag_tensor **scope_items;
+static _Thread_local int64_t scope_len, scope_cap;
+/* Scope marks live in a fixed array so that opening a scope can never fail; nesting deeper
+ * than AG__MAX_SCOPES is a programming error reported through ag_last_error (the extra scopes
+ * then share the innermost mark). */
+#define AG__MAX_SCOPES 256
+static _Thread_local int64_t scope_marks[AG__MAX_SCOPES];
+static _Thread_local int64_t scope_depth;
+
+void ag_scope_begin(void) {
+    if (scope_depth < AG__MAX_SCOPES)
+        scope_marks[scope_depth] = scope_len;
+    else
+        ag__err(AG_ESTATE, "scope_begin: scopes nested deeper than %d", AG__MAX_SCOPES);
+    scope_depth++;
+}
+
+void ag_scope_end(void) {
+    if (scope_depth == 0)
+        return;
+    scope_depth--;
+    int64_t mark = scope_marks[scope_depth < AG__MAX_SCOPES ? scope_depth : AG__MAX_SCOPES - 1];
+    /* Newest first, so views die before their bases. */
+    while (scope_len > mark)
+        ag_tensor_free(scope_items[--scope_len]);
+    if (scope_depth == 0) {
+        ag__free(scope_items);
+        scope_items = NULL;
+        scope_len = scope_cap = 0;
+    }
+}
+
+bool ag__in_scope(void) { return scope_depth > 0; }
+
+ag_tensor *ag__give(ag_tensor *t) {
+    if (!t || scope_depth == 0)
+        return t;
+    if (ag__grow((void **)&scope_items, &scope_cap, scope_len + 1, sizeof(ag_tensor *))) {
+        ag_tensor_free(t);
+        return NULL;
+    }
+    scope_items[scope_len++] = t;
+    return t;
+}
+
+/* ---- accessors ---- */
+
+ag_dtype ag_tensor_dtype(const ag_tensor *t) { return t->dtype; }
+int ag_tensor_ndim(const ag_tensor *t) { return t->ndim; }
+const int64_t *ag_tensor_sizes(const ag_tensor *t) { return t->sizes; }
+const int64_t *ag_tensor_strides(const ag_tensor *t) { return t->strides; }
+int64_t ag_tensor_offset(const ag_tensor *t) { return t->offset; }
+int64_t ag_tensor_numel(const ag_tensor *t) { return ag__numel(t->ndim, t->sizes); }
+
+int64_t ag_tensor_size(const ag_tensor *t, int dim) {
+    int d = ag__wrap_dim("size", dim, t->ndim);
+    if (d < 0)
+        return -1;
+    return t->ndim ? t->sizes[d] : 1;
+}
+
+bool ag_tensor_is_contiguous(const ag_tensor *t) {
+    ag_tmeta m;
+    ag__tmeta_of(t, &m);
+    return ag__tmeta_is_contiguous(&m);
+}
+
+void *ag_tensor_data(const ag_tensor *t) {
+    return t->storage->data ? ag__base(t) : NULL;
+}
+
+bool ag_tensor_same_storage(const ag_tensor *a, const ag_tensor *b) {
+    return a->storage == b->storage;
+}
+
+uint64_t ag_tensor_version(const ag_tensor *t) { return t->storage->version; }
+void ag_tensor_bump_version(ag_tensor *t) { t->storage->version++; }
+
+double ag__get_f64(const ag_tensor *t, int64_t i) {
+    int64_t off = t->offset;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        int64_t sz = t->sizes[d];
+        off += (i % sz) * t->strides[d];
+        i /= sz;
+    }
+    const char *p = (const char *)t->storage->data;
+    switch (t->dtype) {
+    case AG_F32:
+        return ((const float *)p)[off];
+    case AG_F64:
+        return ((const double *)p)[off];
+    case AG_I64:
+        return (double)((const int64_t *)p)[off];
+    case AG_BOOL:
+        return ((const bool *)p)[off] ? 1.0 : 0.0;
+    default:
+        return NAN;
+    }
+}
+
+double ag_tensor_item_at(const ag_tensor *t, int64_t i) {
+    if (!t || !t->storage->data || i < 0 || i >= ag_tensor_numel(t)) {
+        ag__err(AG_EINVAL, "item_at: index %lld out of range or tensor without data",
+                (long long)i);
+        return NAN;
+    }
+    return ag__get_f64(t, i);
+}
+
+double ag_tensor_item(const ag_tensor *t) {
+    if (t && ag_tensor_numel(t) != 1) {
+        char b[128];
+        ag__err(AG_EINVAL, "item: a tensor of shape %s has %lld elements, not 1",
+                ag__fmt_sizes(b, sizeof b, t->ndim, t->sizes), (long long)ag_tensor_numel(t));
+        return NAN;
+    }
+    return ag_tensor_item_at(t, 0);
+}
+
+int ag_tensor_to_doubles(const ag_tensor *t, double *out) {
+    if (!t || !t->storage->data)
+        return ag__err(AG_EINVAL, "to_doubles: tensor without data");
+    int64_t n = ag_tensor_numel(t);
+    for (int64_t i = 0; i < n; i++)
+        out[i] = ag__get_f64(t, i);
+    return 0;
+}
+
+char *ag_tensor_meta_str(const ag_tensor *t, char *buf, size_t n) {
+    char s[256];
+    snprintf(buf, n, "%s%s", ag_dtype_short(t->dtype), ag__fmt_sizes(s, sizeof s, t->ndim, t->sizes));
+    return buf;
+}
+
+void ag_tensor_print(const ag_tensor *t, const char *name, int max_elems) {
+    char b[300];
+    if (!t) {
+        printf("%s: NULL\n", name ? name : "tensor");
+        return;
+    }
+    printf("%s: %s", name ? name : "tensor", ag_tensor_meta_str(t, b, sizeof b));
+    if (!t->storage->data) {
+        printf(" (meta)\n");
+        return;
+    }
+    int64_t n = ag_tensor_numel(t);
+    printf(" = [");
+    for (int64_t i = 0; i < n && i < max_elems; i++)
+        printf(i ? ", %.6g" : "%.6g", ag__get_f64(t, i));
+    printf(n > max_elems ? ", ...]\n" : "]\n");
+}
+
+/* ---- copies ---- */
+
+int ag__copy_into(ag_tensor *dst, const ag_tensor *src) {
+    ag__iter it;
+    ag_tensor *ops[2] = {dst, (ag_tensor *)src};
+    ag__iter_build(&it, ops, 2);
+#define AG__COPY_LOOP(TD, TS)                                                                  \
+    AG__ITER_ROWS(it, {                                                                        \
+        TD *o = (TD *)it.base[0] + off[0];                                                     \
+        const TS *x = (const TS *)it.base[1] + off[1];                                         \
+        const int64_t so = it.inner_stride[0], sx = it.inner_stride[1];                        \
+        for (int64_t k = 0; k < len; k++)                                                      \
+            o[k * so] = (TD)x[k * sx];                                                         \
+    })
+    switch (src->dtype) {
+    case AG_F32:
+        AG__ALL_SWITCH(dst->dtype, TD, AG__COPY_LOOP(TD, float));
+        break;
+    case AG_F64:
+        AG__ALL_SWITCH(dst->dtype, TD, AG__COPY_LOOP(TD, double));
+        break;
+    case AG_I64:
+        AG__ALL_SWITCH(dst->dtype, TD, AG__COPY_LOOP(TD, int64_t));
+        break;
+    case AG_BOOL:
+        AG__ALL_SWITCH(dst->dtype, TD, AG__COPY_LOOP(TD, bool));
+        break;
+    default:
+        return ag__err(AG_ENOTSUP, "copy: bad dtype");
+    }
+#undef AG__COPY_LOOP
+    return 0;
+}
+
+/* ---- autograd flags ---- */
+
+int ag_tensor_set_requires_grad(ag_tensor *t, bool rg) {
+    if (!t)
+        return ag__err(AG_EINVAL, "set_requires_grad: NULL tensor");
+    if (t->grad_fn)
+        return ag__err(AG_EINVAL,
+                       "set_requires_grad: you can only change requires_grad flags of leaf "
+                       "variables (this tensor was produced by an op)");
+    if (rg && !ag_dtype_is_float(t->dtype))
+        return ag__err(AG_EINVAL, "set_requires_grad: only floating point tensors can require "
+                                  "gradients (dtype %s)", ag_dtype_short(t->dtype));
+    t->requires_grad = rg;
+    return 0;
+}
+
+bool ag_tensor_requires_grad(const ag_tensor *t) { return t && t->requires_grad; }
+bool ag_tensor_is_leaf(const ag_tensor *t) { return t && t->grad_fn == NULL; }
+ag_tensor *ag_tensor_grad(const ag_tensor *t) { return t ? t->grad : NULL; }
+
+int ag_tensor_set_grad(ag_tensor *t, ag_tensor *g) {
+    if (!t)
+        return ag__err(AG_EINVAL, "set_grad: NULL tensor");
+    if (g && (g->ndim != t->ndim || memcmp(g->sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim))) {
+        char a[128], b[128];
+        return ag__err(AG_EINVAL, "set_grad: gradient shape %s does not match tensor shape %s",
+                       ag__fmt_sizes(a, sizeof a, g->ndim, g->sizes),
+                       ag__fmt_sizes(b, sizeof b, t->ndim, t->sizes));
+    }
+    if (g)
+        g->refcount++;
+    ag_tensor_free(t->grad);
+    t->grad = g;
+    return 0;
+}
+
+ag_tensor *ag_detach(ag_tensor *t) {
+    if (!t)
+        return NULL;
+    ag_tmeta m;
+    ag__tmeta_of(t, &m);
+    ag_tensor *d = ag__tensor_alias(t, &m);
+    if (d)
+        d->is_view = true;
+    return ag__give(d);
+}

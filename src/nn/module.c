@@ -1,0 +1,534 @@
+/* The module tree: named parameters, buffers and children in registration order, lookups by
+ * dotted path, PyTorch's named_parameters()/named_buffers() traversal, train/eval, and the
+ * call wrapper that hands a forward's outputs to the caller's autorelease scope.
+ *
+ * In: modules built by layers.c, gpt2.c or users (ag_module_new + register calls). Out: the
+ * lists of fully qualified names and tensors that optimizers, state files and (later) the
+ * tracer's parameter/buffer inputs are made from. A module owns its children and holds one
+ * reference to each of its parameters and buffers; the same tensor may be registered on two
+ * modules (weight tying), and remove_duplicate then keeps only its first sighting. */
+#include "nn_internal.h"
+
+#include <stdio.h>
+
+typedef struct nn_entry {
+    char *name;
+    ag_tensor *t;
+    bool persistent; /* buffers only */
+} nn_entry;
+
+typedef struct nn_child {
+    char *name;
+    ag_module *m;
+} nn_child;
+
+struct ag_module {
+    char *type;
+    ag_forward_fn forward;
+    void *ud;
+    void (*ud_free)(void *);
+    bool training;
+    ag_module *parent;
+    nn_entry *params;
+    int64_t nparams, cap_params;
+    nn_entry *buffers;
+    int64_t nbuffers, cap_buffers;
+    nn_child *children;
+    int64_t nchildren, cap_children;
+};
+
+int ag__nn_status(void) {
+    int s = ag_last_status();
+    return s < 0 ? s : ag__err(AG_EINVAL, "nn: operation failed without an error message");
+}
+
+/* ---- construction ---- */
+
+/* The module owns `ud` from here on: it is freed with ud_free even when this fails. */
+ag_module *ag_module_new(const char *type_name, ag_forward_fn forward, void *ud,
+                         void (*ud_free)(void *)) {
+    ag_module *m = ag__calloc(1, sizeof *m);
+    char *type = m ? ag__strdup(type_name ? type_name : "Module") : NULL;
+    if (!type) {
+        ag__free(m);
+        if (ud && ud_free)
+            ud_free(ud);
+        return NULL;
+    }
+    m->type = type;
+    m->forward = forward;
+    m->ud = ud;
+    m->ud_free = ud_free;
+    m->training = true; /* PyTorch modules start in training mode */
+    return m;
+}
+
+static void free_entries(nn_entry *e, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        ag__free(e[i].name);
+        ag_tensor_free(e[i].t);
+    }
+    ag__free(e);
+}
+
+void ag_module_free(ag_module *m) {
+    if (!m)
+        return;
+    for (int64_t i = 0; i < m->nchildren; i++) {
+        ag__free(m->children[i].name);
+        ag_module_free(m->children[i].m);
+    }
+    ag__free(m->children);
+    free_entries(m->params, m->nparams);
+    free_entries(m->buffers, m->nbuffers);
+    if (m->ud && m->ud_free)
+        m->ud_free(m->ud);
+    ag__free(m->type);
+    ag__free(m);
+}
+
+static const nn_entry *find_entry(const nn_entry *e, int64_t n, const char *name) {
+    for (int64_t i = 0; i < n; i++)
+        if (!strcmp(e[i].name, name))
+            return &e[i];
+    return NULL;
+}
+
+static ag_module *find_child(const ag_module *m, const char *name, size_t len) {
+    for (int64_t i = 0; i < m->nchildren; i++)
+        if (strlen(m->children[i].name) == len && !strncmp(m->children[i].name, name, len))
+            return m->children[i].m;
+    return NULL;
+}
+
+/* PyTorch's rules for attribute names: non-empty, no '.', not already taken by a parameter,
+ * buffer or child of the same module. */
+static int check_name(const ag_module *m, const char *what, const char *name) {
+    if (!m)
+        return ag__err(AG_EINVAL, "%s: NULL module", what);
+    if (!name || !*name)
+        return ag__err(AG_EINVAL, "%s: name can't be empty", what);
+    if (strchr(name, '.'))
+        return ag__err(AG_EINVAL, "%s: name '%s' can't contain '.'", what, name);
+    if (find_entry(m->params, m->nparams, name) || find_entry(m->buffers, m->nbuffers, name) ||
+        find_child(m, name, strlen(name)))
+        return ag__err(AG_EINVAL, "%s: attribute '%s' already exists in %s", what, name, m->type);
+    return 0;
+}
+
+/* A NULL tensor argument after a failed constructor keeps that constructor's message. */
+static int null_arg(const char *what, const char *name) {
+    if (ag__has_error() && ag_last_status() < 0)
+        return ag_last_status();
+    return ag__err(AG_EINVAL, "%s: tensor for '%s' is NULL", what, name ? name : "?");
+}
+
+static int add_entry(nn_entry **e, int64_t *n, int64_t *cap, const char *name, ag_tensor *t,
+                     bool persistent) {
+    char *nm = ag__strdup(name);
+    if (!nm || ag__grow((void **)e, cap, *n + 1, sizeof **e)) {
+        ag__free(nm);
+        return AG_ENOMEM;
+    }
+    ag__tensor_retain(t);
+    (*e)[(*n)++] = (nn_entry){nm, t, persistent};
+    return 0;
+}
+
+int ag_module_register_parameter(ag_module *m, const char *name, ag_tensor *t) {
+    int rc = check_name(m, "register_parameter", name);
+    if (rc)
+        return rc;
+    if (!t)
+        return null_arg("register_parameter", name);
+    if (t->grad_fn)
+        return ag__err(AG_EINVAL,
+                       "register_parameter: cannot assign a non-leaf tensor to parameter '%s' "
+                       "(it was produced by an op; detach it first)", name);
+    if (!ag_dtype_is_float(t->dtype))
+        return ag__err(AG_EINVAL,
+                       "register_parameter: parameter '%s' must be floating point, not %s", name,
+                       ag_dtype_short(t->dtype));
+    rc = add_entry(&m->params, &m->nparams, &m->cap_params, name, t, true);
+    if (rc)
+        return rc;
+    t->requires_grad = true; /* cannot fail now: a float leaf */
+    return 0;
+}
+
+int ag_module_register_buffer(ag_module *m, const char *name, ag_tensor *t, bool persistent) {
+    int rc = check_name(m, "register_buffer", name);
+    if (rc)
+        return rc;
+    if (!t)
+        return null_arg("register_buffer", name);
+    return add_entry(&m->buffers, &m->nbuffers, &m->cap_buffers, name, t, persistent);
+}
+
+/* The module owns `child` from here on: it is freed when this fails. */
+int ag_module_add_child(ag_module *m, const char *name, ag_module *child) {
+    int rc;
+    if (!child) {
+        rc = null_arg("add_child", name);
+    } else if (child->parent) {
+        /* Owned by another module: freeing it here would break that one; leave it alone. */
+        return ag__err(AG_EINVAL, "add_child: module '%s' (%s) already has a parent",
+                       name ? name : "?", child->type);
+    } else if ((rc = check_name(m, "add_child", name)) == 0) {
+        for (const ag_module *a = m; a; a = a->parent)
+            if (a == child) {
+                /* A cycle: the tree would own itself. Freeing child would free m too. */
+                return ag__err(AG_EINVAL, "add_child: adding '%s' would make a cycle", name);
+            }
+        char *nm = ag__strdup(name);
+        if (!nm || ag__grow((void **)&m->children, &m->cap_children, m->nchildren + 1,
+                            sizeof *m->children)) {
+            ag__free(nm);
+            rc = AG_ENOMEM;
+        } else {
+            m->children[m->nchildren++] = (nn_child){nm, child};
+            child->parent = m;
+            return 0;
+        }
+    }
+    ag_module_free(child);
+    return rc;
+}
+
+void *ag_module_ud(const ag_module *m) { return m ? m->ud : NULL; }
+const char *ag_module_type(const ag_module *m) { return m ? m->type : NULL; }
+
+/* ---- lookups ---- */
+
+ag_module *ag_module_child(const ag_module *m, const char *path) {
+    if (!m || !path)
+        return NULL;
+    const ag_module *cur = m;
+    const char *s = path;
+    while (*s) {
+        const char *dot = strchr(s, '.');
+        size_t len = dot ? (size_t)(dot - s) : strlen(s);
+        cur = find_child(cur, s, len);
+        if (!cur)
+            return NULL;
+        s += len;
+        if (*s == '.')
+            s++;
+    }
+    return (ag_module *)cur;
+}
+
+/* Splits "a.b.name" into the module at "a.b" and "name". */
+static const nn_entry *lookup(const ag_module *m, const char *fqn, bool param) {
+    if (!m || !fqn)
+        return NULL;
+    const char *dot = strrchr(fqn, '.');
+    const ag_module *owner = m;
+    const char *leaf = fqn;
+    if (dot) {
+        size_t plen = (size_t)(dot - fqn);
+        char path[512];
+        if (plen >= sizeof path)
+            return NULL;
+        memcpy(path, fqn, plen);
+        path[plen] = 0;
+        owner = ag_module_child(m, path);
+        leaf = dot + 1;
+        if (!owner)
+            return NULL;
+    }
+    return param ? find_entry(owner->params, owner->nparams, leaf)
+                 : find_entry(owner->buffers, owner->nbuffers, leaf);
+}
+
+ag_tensor *ag_module_param(const ag_module *m, const char *fqn) {
+    const nn_entry *e = lookup(m, fqn, true);
+    return e ? e->t : NULL;
+}
+
+ag_tensor *ag_module_buffer(const ag_module *m, const char *fqn) {
+    const nn_entry *e = lookup(m, fqn, false);
+    return e ? e->t : NULL;
+}
+
+int ag_module_num_children(const ag_module *m) { return m ? (int)m->nchildren : 0; }
+
+ag_module *ag_module_child_at(const ag_module *m, int i, const char **name) {
+    if (!m || i < 0 || i >= m->nchildren)
+        return NULL;
+    if (name)
+        *name = m->children[i].name;
+    return m->children[i].m;
+}
+
+/* ---- named_parameters / named_buffers ---- */
+
+typedef struct nt_builder {
+    ag_named_tensors *out;
+    int64_t cap_names, cap_tensors;
+    bool dedup;
+} nt_builder;
+
+static bool nt_contains(const ag_named_tensors *nt, const ag_tensor *t) {
+    for (int i = 0; i < nt->n; i++)
+        if (nt->tensors[i] == t)
+            return true;
+    return false;
+}
+
+static int nt_push(nt_builder *b, const char *prefix, const char *name, ag_tensor *t) {
+    ag_named_tensors *o = b->out;
+    if (b->dedup && nt_contains(o, t))
+        return 0;
+    size_t lp = strlen(prefix), ln = strlen(name);
+    char *fqn = ag__malloc(lp + ln + 2);
+    if (!fqn)
+        return AG_ENOMEM;
+    if (lp) {
+        memcpy(fqn, prefix, lp);
+        fqn[lp] = '.';
+        memcpy(fqn + lp + 1, name, ln + 1);
+    } else {
+        memcpy(fqn, name, ln + 1);
+    }
+    if (ag__grow((void **)&o->names, &b->cap_names, o->n + 1, sizeof *o->names) ||
+        ag__grow((void **)&o->tensors, &b->cap_tensors, o->n + 1, sizeof *o->tensors)) {
+        ag__free(fqn);
+        return AG_ENOMEM;
+    }
+    o->names[o->n] = fqn;
+    o->tensors[o->n] = t;
+    o->n++;
+    return 0;
+}
+
+enum { WALK_PARAMS = 1, WALK_BUFFERS = 2, WALK_PERSISTENT_ONLY = 4 };
+
+/* Pre-order: a module's own entries, then each child's subtree, as PyTorch's named_modules()
+ * + _named_members() do. */
+static int walk(const ag_module *m, const char *prefix, int what, nt_builder *b) {
+    int rc = 0;
+    if (what & WALK_PARAMS)
+        for (int64_t i = 0; i < m->nparams && !rc; i++)
+            rc = nt_push(b, prefix, m->params[i].name, m->params[i].t);
+    if (what & WALK_BUFFERS)
+        for (int64_t i = 0; i < m->nbuffers && !rc; i++)
+            if (!(what & WALK_PERSISTENT_ONLY) || m->buffers[i].persistent)
+                rc = nt_push(b, prefix, m->buffers[i].name, m->buffers[i].t);
+    for (int64_t i = 0; i < m->nchildren && !rc; i++) {
+        const char *cn = m->children[i].name;
+        size_t lp = strlen(prefix), lc = strlen(cn);
+        char *sub = ag__malloc(lp + lc + 2);
+        if (!sub)
+            return AG_ENOMEM;
+        snprintf(sub, lp + lc + 2, lp ? "%s.%s" : "%s%s", prefix, cn);
+        rc = walk(m->children[i].m, sub, what, b);
+        ag__free(sub);
+    }
+    return rc;
+}
+
+void ag_named_tensors_free(ag_named_tensors *nt) {
+    if (!nt)
+        return;
+    for (int i = 0; i < nt->n; i++)
+        ag__free(nt->names[i]);
+    ag__free(nt->names);
+    ag__free(nt->tensors);
+    memset(nt, 0, sizeof *nt);
+}
+
+static int named(const ag_module *m, int what, bool dedup, ag_named_tensors *out,
+                 const char *fn) {
+    if (!out)
+        return ag__err(AG_EINVAL, "%s: NULL output", fn);
+    memset(out, 0, sizeof *out);
+    if (!m)
+        return ag__err(AG_EINVAL, "%s: NULL module", fn);
+    nt_builder b = {.out = out, .dedup = dedup};
+    int rc = walk(m, "", what, &b);
+    if (rc)
+        ag_named_tensors_free(out);
+    return rc;
+}
+
+int ag_module_named_parameters(const ag_module *m, bool remove_duplicate,
+                               ag_named_tensors *out) {
+    return named(m, WALK_PARAMS, remove_duplicate, out, "named_parameters");
+}
+
+int ag_module_named_buffers(const ag_module *m, bool remove_duplicate, ag_named_tensors *out) {
+    return named(m, WALK_BUFFERS, remove_duplicate, out, "named_buffers");
+}
+
+int ag__nn_state_tensors(const ag_module *m, bool remove_duplicate, ag_named_tensors *out) {
+    if (!out)
+        return ag__err(AG_EINVAL, "state_tensors: NULL output");
+    memset(out, 0, sizeof *out);
+    if (!m)
+        return ag__err(AG_EINVAL, "state_tensors: NULL module");
+    nt_builder b = {.out = out, .dedup = remove_duplicate};
+    int rc = walk(m, "", WALK_PARAMS, &b);
+    if (!rc)
+        rc = walk(m, "", WALK_BUFFERS | WALK_PERSISTENT_ONLY, &b);
+    if (rc)
+        ag_named_tensors_free(out);
+    return rc;
+}
+
+/* Returns the element count, or a negative status when the list cannot be built. */
+int64_t ag_module_num_parameters(const ag_module *m) {
+    ag_named_tensors nt;
+    int rc = ag_module_named_parameters(m, true, &nt);
+    if (rc)
+        return rc;
+    int64_t n = 0;
+    for (int i = 0; i < nt.n; i++)
+        n += ag_tensor_numel(nt.tensors[i]);
+    ag_named_tensors_free(&nt);
+    return n;
+}
+
+/* ---- modes ---- */
+
+void ag_module_train(ag_module *m, bool training) {
+    if (!m)
+        return;
+    m->training = training;
+    for (int64_t i = 0; i < m->nchildren; i++)
+        ag_module_train(m->children[i].m, training);
+}
+
+bool ag_module_is_training(const ag_module *m) { return m && m->training; }
+
+/* ---- calling ---- */
+
+int ag__nn_check_io(const ag_module *m, int nin, int min_in, int max_in, int max_out,
+                    int need_out) {
+    if (nin < min_in || nin > max_in) {
+        if (min_in == max_in)
+            return ag__err(AG_EINVAL, "%s: forward takes %d input%s, %d given", m->type, min_in,
+                           min_in == 1 ? "" : "s", nin);
+        return ag__err(AG_EINVAL, "%s: forward takes %d to %d inputs, %d given", m->type, min_in,
+                       max_in, nin);
+    }
+    if (max_out < need_out)
+        return ag__err(AG_EINVAL, "%s: forward returns %d outputs, room for %d given", m->type,
+                       need_out, max_out);
+    return 0;
+}
+
+int ag__nn_return1(ag_tensor *y, ag_tensor **out) {
+    out[0] = ag_tensor_keep(y);
+    ag_scope_end();
+    return y ? 1 : ag__nn_status();
+}
+
+/* Runs m's forward (which stores new references) and hands the outputs to the caller's open
+ * scope, if any. A forward that fails must store nothing. */
+int ag_module_call(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
+    if (out)
+        for (int i = 0; i < max_out; i++)
+            out[i] = NULL;
+    if (!m)
+        return null_arg("module_call", "module");
+    if (!m->forward)
+        return ag__err(AG_EINVAL,
+                       "%s: this module has no forward (it is a container: call its children)",
+                       m->type);
+    if (!out || max_out < 1)
+        return ag__err(AG_EINVAL, "%s: no room for outputs (max_out %d)", m->type, max_out);
+    if (nin < 0 || (nin > 0 && !in))
+        return ag__err(AG_EINVAL, "%s: bad input list", m->type);
+    for (int i = 0; i < nin; i++)
+        if (!in[i]) {
+            if (ag__has_error() && ag_last_status() < 0)
+                return ag_last_status();
+            return ag__err(AG_EINVAL, "%s: input %d is NULL", m->type, i);
+        }
+    int n = m->forward(m, in, nin, out, max_out);
+    if (n < 0) {
+        for (int i = 0; i < max_out; i++)
+            out[i] = NULL;
+        return n;
+    }
+    if (n > max_out) {
+        /* A forward broke its contract; we cannot know what it stored past max_out. */
+        return ag__err(AG_EINVAL, "%s: forward returned %d outputs, room for %d", m->type, n,
+                       max_out);
+    }
+    for (int i = 0; i < n; i++) {
+        if (!out[i]) {
+            for (int k = i + 1; k < n; k++)
+                ag_tensor_free(out[k]);
+            for (int k = 0; k < max_out; k++)
+                out[k] = NULL;
+            return ag__err(AG_EINVAL, "%s: forward returned NULL output %d", m->type, i);
+        }
+        out[i] = ag__give(out[i]);
+        if (!out[i]) { /* the scope could not grow; out[i] was released */
+            for (int k = i + 1; k < n; k++)
+                ag_tensor_free(out[k]);
+            for (int k = 0; k < max_out; k++)
+                out[k] = NULL;
+            return AG_ENOMEM;
+        }
+    }
+    return n;
+}
+
+ag_tensor *ag_module_forward(ag_module *m, ag_tensor *x) {
+    ag_tensor *y = NULL;
+    int n = ag_module_call(m, &x, 1, &y, 1);
+    if (n == 0) {
+        ag__err(AG_EINVAL, "%s: forward returned no output", m->type);
+        return NULL;
+    }
+    return n < 0 ? NULL : y;
+}
+
+/* ---- creating parameters and buffers ---- */
+
+int ag__nn_add_tensor(ag_module *m, const char *name, bool param, ag_dtype dt, int ndim,
+                      const int64_t *sizes, ag__nn_init init, double a, double b) {
+    ag_tensor *t = ag__tensor_new(dt, ndim, sizes, false);
+    if (!t)
+        return ag_last_status();
+    int64_t n = ag_tensor_numel(t);
+    int rc = 0;
+    void *p = ag_tensor_data(t);
+    switch (init) {
+    case AG__INIT_ZEROS:
+        memset(p, 0, (size_t)n * ag_dtype_size(dt));
+        break;
+    case AG__INIT_ONES:
+        for (int64_t i = 0; i < n; i++) {
+            if (dt == AG_F32)
+                ((float *)p)[i] = 1.0f;
+            else if (dt == AG_F64)
+                ((double *)p)[i] = 1.0;
+            else if (dt == AG_I64)
+                ((int64_t *)p)[i] = 1;
+            else
+                ((bool *)p)[i] = true;
+        }
+        break;
+    case AG__INIT_UNIFORM:
+    case AG__INIT_NORMAL: {
+        /* Drawn by the ops so that the generator's stream is the one every op uses. */
+        bool prev = ag_set_grad_enabled(false);
+        ag_scope_begin();
+        ag_tensor *r = init == AG__INIT_UNIFORM ? ag_uniform_(t, a, b) : ag_normal_(t, a, b);
+        if (!r)
+            rc = ag__nn_status();
+        ag_scope_end();
+        ag_set_grad_enabled(prev);
+        break;
+    }
+    }
+    if (!rc)
+        rc = param ? ag_module_register_parameter(m, name, t)
+                   : ag_module_register_buffer(m, name, t, true);
+    ag_tensor_free(t);
+    return rc;
+}

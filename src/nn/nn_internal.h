@@ -1,0 +1,49 @@
+/* Helpers shared by the files of src/nn (module.c, layers.c, gpt2.c, optim.c, safetensors.c).
+ * Nothing here is exported; the public API is include/aotgrad/nn.h. */
+#ifndef AG_NN_INTERNAL_H
+#define AG_NN_INTERNAL_H
+
+#include "../core/internal.h"
+
+/* How ag__nn_add_tensor fills a new parameter or buffer. */
+typedef enum ag__nn_init {
+    AG__INIT_ZEROS,
+    AG__INIT_ONES,
+    AG__INIT_UNIFORM, /* U(a, b) from the generator */
+    AG__INIT_NORMAL,  /* N(a, b^2) from the generator */
+} ag__nn_init;
+
+/* Creates a contiguous tensor of dtype dt and the given shape, fills it as `init` says (under
+ * no-grad) and registers it on m as a parameter (param) or a persistent buffer. On failure
+ * nothing is registered and nothing leaks. */
+int ag__nn_add_tensor(ag_module *m, const char *name, bool param, ag_dtype dt, int ndim,
+                      const int64_t *sizes, ag__nn_init init, double a, double b);
+
+/* The tensors of the state file: named_parameters (deduplicated) then the persistent
+ * named_buffers (deduplicated, also against the parameters). With remove_duplicate false,
+ * every name under which a state tensor is reachable. */
+int ag__nn_state_tensors(const ag_module *m, bool remove_duplicate, ag_named_tensors *out);
+
+/* Checks a forward's arity: nin inputs within [min_in, max_in], room for need_out outputs. */
+int ag__nn_check_io(const ag_module *m, int nin, int min_in, int max_in, int max_out,
+                    int need_out);
+
+/* Ends the forward's autorelease scope and stores y (owned by that scope, or NULL after a
+ * failed op) in out[0] as a new reference. Returns 1, or the pending error status. */
+int ag__nn_return1(ag_tensor *y, ag_tensor **out);
+
+/* The status of the last error, or a generic EINVAL when none is pending (a NULL result
+ * always follows a set error, so the fallback only guards against misuse). */
+int ag__nn_status(void);
+
+/* Constructors with nanoGPT's initialization instead of PyTorch's defaults.
+ * Linear: weight N(0, std^2), bias zeros; when `tied` is given it becomes the weight (shape
+ * (out, in), the module takes a reference) and nothing is drawn. */
+ag_module *ag__nn_linear_normal(int64_t in_features, int64_t out_features, bool bias, double std,
+                                ag_tensor *tied);
+/* Embedding: weight N(0, std^2). */
+ag_module *ag__nn_embedding_normal(int64_t num, int64_t dim, double std);
+/* LayerNorm with weight (ones) and optionally bias (zeros): nanoGPT's LayerNorm(ndim, bias). */
+ag_module *ag__nn_layernorm_ex(int64_t dim, double eps, bool weight, bool bias);
+
+#endif

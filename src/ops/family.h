@@ -1,0 +1,18 @@
+/* The op families: each file of src/ops declares its ops (ag_opdef) and lists them in one
+ * NULL-terminated array that optable.c registers at first use. Adding an op = its definition
+ * and entry point in the family file, its line in that array, its tests. */
+#ifndef AG_FAMILY_H
+#define AG_FAMILY_H
+
+#include "aotgrad/optable.h"
+
+extern const ag_opdef *const ag__ops_pointwise[]; /* pointwise.c: arithmetic, activations, compare */
+extern const ag_opdef *const ag__ops_views[];     /* views.c: view/reshape/permute/slice/..., copies */
+extern const ag_opdef *const ag__ops_reduce[];    /* reduce.c: sum/mean/amax/var/softmax/... */
+extern const ag_opdef *const ag__ops_linalg[];    /* linalg.c: mm/bmm/addmm/matmul/linear */
+extern const ag_opdef *const ag__ops_conv[];      /* conv.c: convolution, pooling */
+extern const ag_opdef *const ag__ops_nn[];        /* nn_ops.c: norms, embedding, losses, dropout, sdpa */
+extern const ag_opdef *const ag__ops_index[];     /* index.c: cat/stack/split/gather/index/... */
+extern const ag_opdef *const ag__ops_factory[];   /* factory.c: zeros/ones/full/arange/rand/... */
+
+#endif

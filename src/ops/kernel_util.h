@@ -1,0 +1,103 @@
+/* Helpers for CPU kernels: a strided N-operand iterator with broadcasting and dimension
+ * coalescing, typed dispatch macros, and the OpenMP threshold.
+ *
+ * Usage (out = a + b, any strides, broadcasting):
+ *     ag__iter it;
+ *     ag_tensor *ops[3] = {out, a, b};
+ *     ag__iter_build(&it, ops, 3);     // out's shape; inputs broadcast to it
+ *     AG__ITER_ROWS(it, {
+ *         float *o = (float *)it.base[0] + off[0];
+ *         const float *x = (const float *)it.base[1] + off[1];
+ *         const float *y = (const float *)it.base[2] + off[2];
+ *         const int64_t so = it.inner_stride[0], sx = it.inner_stride[1], sy = ...;
+ *         for (int64_t k = 0; k < len; k++) o[k * so] = x[k * sx] + y[k * sy];
+ *     });
+ * Rows (all dims but the innermost after coalescing) are split across OpenMP threads when the
+ * tensor is large. When every inner stride is 1 (it.inner_contig) the inner loop vectorizes. */
+#ifndef AG_KERNEL_UTIL_H
+#define AG_KERNEL_UTIL_H
+
+#include "../core/internal.h"
+
+#define AG__ITER_MAX 6
+/* Elements per parallel region below which kernels stay single-threaded. */
+#define AG__PAR_MIN 32768
+
+typedef struct ag__iter {
+    int n;                 /* operands; 0 is the output */
+    int ndim;              /* after coalescing, >= 1 */
+    int64_t sizes[AG_MAX_DIMS];
+    int64_t strides[AG__ITER_MAX][AG_MAX_DIMS];
+    char *base[AG__ITER_MAX];
+    int64_t numel;
+    int64_t rows;          /* numel / inner */
+    int64_t inner;         /* size of the innermost dim */
+    int64_t inner_stride[AG__ITER_MAX];
+    bool inner_contig;     /* all inner strides are 1 */
+} ag__iter;
+
+/* ops[0] defines the shape; the others must broadcast to it (the meta function checked). */
+void ag__iter_build(ag__iter *it, ag_tensor *const *ops, int n);
+/* Element offsets (in elements, not bytes) of row r for every operand. */
+void ag__iter_row_offsets(const ag__iter *it, int64_t r, int64_t *off);
+
+#define AG__ITER_ROWS(it, ...)                                                                 \
+    do {                                                                                       \
+        const int64_t ag__rows = (it).rows;                                                    \
+        const int ag__par = (it).numel >= AG__PAR_MIN && ag__rows > 1;                         \
+        _Pragma("omp parallel for schedule(static) if (ag__par)")                              \
+        for (int64_t ag__r = 0; ag__r < ag__rows; ag__r++) {                                   \
+            int64_t off[AG__ITER_MAX];                                                         \
+            ag__iter_row_offsets(&(it), ag__r, off);                                           \
+            const int64_t len = (it).inner;                                                    \
+            (void)len;                                                                         \
+            __VA_ARGS__                                                                        \
+        }                                                                                      \
+    } while (0)
+
+/* Runs the statement list with `T` typedef'd to the C type of a float dtype. */
+#define AG__FLOAT_SWITCH(dt, T, ...)                                                           \
+    switch (dt) {                                                                              \
+    case AG_F32: {                                                                             \
+        typedef float T;                                                                       \
+        __VA_ARGS__;                                                                           \
+        break;                                                                                 \
+    }                                                                                          \
+    case AG_F64: {                                                                             \
+        typedef double T;                                                                      \
+        __VA_ARGS__;                                                                           \
+        break;                                                                                 \
+    }                                                                                          \
+    default:                                                                                   \
+        return ag__err(AG_ENOTSUP, "kernel: dtype %s not supported", ag_dtype_short(dt));       \
+    }
+
+/* Same for every dtype (bool as `bool`). */
+#define AG__ALL_SWITCH(dt, T, ...)                                                             \
+    switch (dt) {                                                                              \
+    case AG_F32: {                                                                             \
+        typedef float T;                                                                       \
+        __VA_ARGS__;                                                                           \
+        break;                                                                                 \
+    }                                                                                          \
+    case AG_F64: {                                                                             \
+        typedef double T;                                                                      \
+        __VA_ARGS__;                                                                           \
+        break;                                                                                 \
+    }                                                                                          \
+    case AG_I64: {                                                                             \
+        typedef int64_t T;                                                                     \
+        __VA_ARGS__;                                                                           \
+        break;                                                                                 \
+    }                                                                                          \
+    case AG_BOOL: {                                                                            \
+        typedef bool T;                                                                        \
+        __VA_ARGS__;                                                                           \
+        break;                                                                                 \
+    }                                                                                          \
+    default:                                                                                   \
+        return ag__err(AG_ENOTSUP, "kernel: dtype %d not supported", (int)(dt));               \
+    }
+
+
+#endif

@@ -1,0 +1,2 @@
+#include "aotgrad.h"
+int main(void) { return 0; }
