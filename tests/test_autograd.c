@@ -16,7 +16,8 @@ static void test_chain_rule_values(void **st) {
     ag_tensor_set_requires_grad(w, true);
     ag_tensor_set_requires_grad(b, true);
     ag_tensor *y = ag_sum_all(ag_add(ag_mul(x, w), b));
-    assert_true(ag_tensor_item(y) == (0.5 - 2 + 6) + (2 - 5 + 12) + 6);
+    /* b broadcasts over all six elements: 4.5 + 9 + 6 * 3 */
+    assert_true(ag_tensor_item(y) == (0.5 - 2 + 6) + (2 - 5 + 12) + 6 * 3);
     assert_int_equal(ag_backward(y, NULL, false), 0);
     /* dx = w broadcast; dw = column sums of x; db = number of elements. */
     tu_assert_values(ag_tensor_grad(x), 2, (int64_t[]){2, 3}, (double[]){0.5, -1, 2, 0.5, -1, 2}, 0);

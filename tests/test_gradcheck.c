@@ -21,7 +21,13 @@ static int call_case(void *ud, ag_tensor *const *in, int n, ag_tensor **outs, in
     (void)n;
     case_ud *u = ud;
     ag_tensor *tmp[AG_MAX_OUTPUTS] = {0};
-    int rc = ag_op_call(u->op, u->c->args, u->c->nargs, tmp);
+    ag_arg args[AG_MAX_ARGS];
+    memcpy(args, u->c->args, sizeof(ag_arg) * (size_t)u->c->nargs);
+    /* An in-place op is checked on a clone of self, as PyTorch checks x.clone().add_(y): the
+     * sample keeps its values across evaluations and gradients reach self through clone. */
+    if (ag_op_def(u->op)->flags & AG_OP_INPLACE)
+        args[0].u.t = ag_clone(args[0].u.t);
+    int rc = ag_op_call(u->op, args, u->c->nargs, tmp);
     if (rc < 0)
         return rc;
     int cnt = ag_op_noutputs(u->op) < 0 ? rc : ag_op_noutputs(u->op);

@@ -1,2 +1,45 @@
-#include "aotgrad.h"
-int main(void) { return 0; }
+/* The aotgrad command-line tool.
+ *
+ *   aotgrad ops [--json]            list the op table
+ *   aotgrad train [--steps N] ...   the main job (a small training demo for now)
+ *   aotgrad version
+ *
+ * Each subcommand lives in its own cmd_*.c file; this file only dispatches. */
+#include "cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static const struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+} commands[] = {
+    {"ops", cli_ops, "list the op table (name, flags, dtypes, backward, gradcheck) [--json]"},
+    {"train", cli_train, "train a model (the main job) [--steps N] [--seed S] [--lr F]"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: aotgrad <command> [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "  %-10s %s\n", "version", "print the version");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") ||
+        !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "version") || !strcmp(argv[1], "--version")) {
+        printf("aotgrad %s\n", AG_VERSION_STRING);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name))
+            return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "aotgrad: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

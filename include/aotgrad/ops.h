@@ -194,6 +194,12 @@ AG_API ag_tensor *ag_index(ag_tensor *a, ag_tensor *const *indices, int n);
 AG_API ag_tensor *ag_index_put(ag_tensor *a, ag_tensor *const *indices, int n,
                                ag_tensor *values, bool accumulate);
 AG_API ag_tensor *ag_new_empty(ag_tensor *like, int ndim, const int64_t *sizes);
+AG_API ag_tensor *ag_new_zeros(ag_tensor *like, int ndim, const int64_t *sizes);
+/* index_add: a copy of `a` with alpha*source added at `index` along dim. */
+AG_API ag_tensor *ag_index_add(ag_tensor *a, int dim, ag_tensor *index, ag_tensor *source,
+                               double alpha);
+/* scatter_add: a copy of `a` with src[i][j] added at a[index[i][j]][j] (dim 0), etc. */
+AG_API ag_tensor *ag_scatter_add(ag_tensor *a, int dim, ag_tensor *index, ag_tensor *src);
 AG_API ag_tensor *ag_zeros_like(ag_tensor *a);
 AG_API ag_tensor *ag_ones_like(ag_tensor *a);
 AG_API ag_tensor *ag_full_like(ag_tensor *a, double v);

@@ -65,7 +65,7 @@ typedef struct ag_tmeta {
     int64_t offset;
 } ag_tmeta;
 
-#define AG_MAX_OUTPUTS 4
+#define AG_MAX_OUTPUTS 16
 #define AG_MAX_ARGS 16
 
 /* Op flags. */
@@ -163,6 +163,7 @@ typedef enum ag_type {
     AG_TY_DTYPE,
     AG_TY_OPT_DTYPE,
     AG_TY_STR,
+    AG_TY_OPT_BOOL,
 } ag_type;
 
 typedef struct ag_schema_arg {

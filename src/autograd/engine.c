@@ -34,14 +34,15 @@ typedef struct ag_anode {
     ag_tmeta *in_meta;
     int nout;
     ag_tensor *saved_out[AG_MAX_OUTPUTS];
-    ag_tmeta out_meta[AG_MAX_OUTPUTS];
-    uint64_t saved_ver[AG_MAX_ARGS + AG_MAX_OUTPUTS + 64];
+    uint64_t saved_ver[32 + AG_MAX_OUTPUTS]; /* save_args has 32 bits */
     int nsaved_ver;
     bool released;
     bool has_saved;
     /* engine scratch */
     uint64_t epoch;
     int64_t idx;
+    int64_t bufoff; /* first slot of this node's output grads in engine.buf */
+    struct ag_anode *free_next; /* release worklist */
 } ag_anode;
 
 static _Thread_local ag__tls_state tls = {.bw_seq_nr = -1};
@@ -79,30 +80,29 @@ static void release_saved(ag_anode *n) {
 }
 
 void ag__anode_release(ag_anode *first) {
-    /* Iterative, so freeing a deep chain cannot overflow the stack. */
-    ag_anode **stack = NULL;
-    int64_t sp = 0, cap = 0;
-    ag_anode *n = first;
-    while (n) {
-        if (--n->refcount == 0) {
-            release_saved(n);
-            for (int j = 0; j < n->ntin; j++) {
-                ag_tensor_free(n->edges[j].leaf);
-                if (n->edges[j].fn) {
-                    if (ag__grow((void **)&stack, &cap, sp + 1, sizeof *stack) == 0)
-                        stack[sp++] = n->edges[j].fn;
-                    else
-                        ag__anode_release(n->edges[j].fn); /* out of memory: recurse */
-                }
+    /* Iterative and allocation-free, so freeing a deep chain can neither overflow the stack nor
+     * fail: nodes whose count reaches zero are chained through free_next. */
+    if (!first || --first->refcount > 0)
+        return;
+    first->free_next = NULL;
+    ag_anode *work = first;
+    while (work) {
+        ag_anode *n = work;
+        work = n->free_next;
+        release_saved(n);
+        for (int j = 0; j < n->ntin; j++) {
+            ag_tensor_free(n->edges[j].leaf);
+            ag_anode *c = n->edges[j].fn;
+            if (c && --c->refcount == 0) {
+                c->free_next = work;
+                work = c;
             }
-            ag__free(n->edges);
-            ag__free(n->in_meta);
-            ag__free(n->argmem);
-            ag__free(n);
         }
-        n = sp ? stack[--sp] : NULL;
+        ag__free(n->edges);
+        ag__free(n->in_meta);
+        ag__free(n->argmem);
+        ag__free(n);
     }
-    ag__free(stack);
 }
 
 /* ---- recording ---- */
@@ -254,7 +254,6 @@ int ag__autograd_record(const ag_op *op, const ag_arg *args, int nargs, ag_tenso
     }
     n->nout = nouts;
     for (int k = 0; k < nouts; k++) {
-        ag__tmeta_of(outs[k], &n->out_meta[k]);
         if ((def->save_outputs >> k) & 1) {
             n->saved_out[k] = saved_alias(outs[k], n);
             oom |= !n->saved_out[k];
@@ -304,7 +303,8 @@ typedef struct engine {
     bool *needed;
     bool *captured;
     int64_t *deps;
-    ag_tensor **buf; /* nnodes * AG_MAX_OUTPUTS */
+    ag_tensor **buf; /* one slot per output of every collected node (node->bufoff) */
+    int64_t nbuf;
     ag_anode **heap;
     int64_t nheap;
     leaf_slot *leaves;
@@ -523,7 +523,7 @@ static int run_node(engine *e, ag_anode *n) {
     int rc = check_saved_versions(n);
     if (rc)
         return rc;
-    ag_tensor **gout = &e->buf[n->idx * AG_MAX_OUTPUTS];
+    ag_tensor **gout = &e->buf[n->bufoff];
     bool needs[AG_MAX_ARGS + 64];
     ag_tensor *gin[AG_MAX_ARGS + 64];
     if (n->ntin > (int)(sizeof needs / sizeof needs[0]))
@@ -551,8 +551,13 @@ static int run_node(engine *e, ag_anode *n) {
         .grad_inputs = gin,
     };
     tls.bw_seq_nr = n->seq_nr;
+    uint64_t errs = ag__err_count();
     ag_scope_begin();
     rc = n->op->def->backward(&ctx);
+    /* An op that failed inside the rule leaves a NULL gradient behind; unless the rule itself
+     * cleared the error (a probe that fell back to another path), that is a failure. */
+    if (rc == 0 && ag__err_count() != errs && ag_last_status() < 0)
+        rc = ag_last_status();
     ag_tensor *fitted[AG_MAX_ARGS + 64];
     for (int j = 0; j < n->ntin; j++) {
         fitted[j] = NULL;
@@ -564,12 +569,6 @@ static int run_node(engine *e, ag_anode *n) {
     }
     ag_scope_end();
     tls.bw_seq_nr = -1;
-    if (rc == 0 && ag__has_error() && ag_last_status() < 0) {
-        /* A rule that returned 0 but left an op failure behind (NULL chain). */
-        for (int j = 0; j < n->ntin; j++)
-            if (needs[j] && !gin[j] && !n->edges[j].leaf && !n->edges[j].fn)
-                rc = ag_last_status();
-    }
     for (int j = 0; j < n->ntin && rc == 0; j++) {
         if (!fitted[j])
             continue;
@@ -578,7 +577,7 @@ static int run_node(engine *e, ag_anode *n) {
             rc = leaf_deliver(e, ed->leaf, fitted[j]);
         } else if (ed->fn) {
             int64_t ti = ed->fn->idx;
-            rc = acc_into(&e->buf[ti * AG_MAX_OUTPUTS + ed->input_nr], fitted[j]);
+            rc = acc_into(&e->buf[e->nodes[ti]->bufoff + ed->input_nr], fitted[j]);
         }
     }
     for (int j = 0; j < n->ntin; j++)
@@ -588,7 +587,7 @@ static int run_node(engine *e, ag_anode *n) {
 
 static void engine_free(engine *e) {
     if (e->buf)
-        for (int64_t i = 0; i < e->nnodes * AG_MAX_OUTPUTS; i++)
+        for (int64_t i = 0; i < e->nbuf; i++)
             ag_tensor_free(e->buf[i]);
     for (int64_t i = 0; i < e->nleaves; i++)
         ag_tensor_free(e->leaves[i].grad);
@@ -688,7 +687,11 @@ static int run_engine(ag_tensor *const *roots, ag_tensor *const *root_grads, int
         e.needed = ag__calloc((size_t)(nn ? nn : 1), sizeof(bool));
         e.captured = ag__calloc((size_t)(nn ? nn : 1), sizeof(bool));
         e.deps = ag__calloc((size_t)(nn ? nn : 1), sizeof(int64_t));
-        e.buf = ag__calloc((size_t)(nn ? nn : 1) * AG_MAX_OUTPUTS, sizeof(ag_tensor *));
+        for (int64_t i = 0; i < nn; i++) {
+            e.nodes[i]->bufoff = e.nbuf;
+            e.nbuf += e.nodes[i]->nout;
+        }
+        e.buf = ag__calloc((size_t)(e.nbuf ? e.nbuf : 1), sizeof(ag_tensor *));
         e.heap = ag__calloc((size_t)(nn ? nn : 1), sizeof(ag_anode *));
         if (!e.needed || !e.captured || !e.deps || !e.buf || !e.heap)
             rc = AG_ENOMEM;
@@ -722,7 +725,7 @@ static int run_engine(ag_tensor *const *roots, ag_tensor *const *root_grads, int
         for (int i = 0; i < nroots && rc == 0; i++) {
             ag_tensor *r = roots[i];
             if (r->grad_fn)
-                rc = acc_into(&e.buf[r->grad_fn->idx * AG_MAX_OUTPUTS + r->output_nr], seeds[i]);
+                rc = acc_into(&e.buf[r->grad_fn->bufoff + r->output_nr], seeds[i]);
             else if (is_wanted_leaf(&e, r))
                 rc = leaf_deliver(&e, r, seeds[i]);
         }
@@ -750,9 +753,9 @@ static int run_engine(ag_tensor *const *roots, ag_tensor *const *root_grads, int
             }
         }
         if (!e.captured[n->idx])
-            for (int k = 0; k < AG_MAX_OUTPUTS; k++) {
-                ag_tensor_free(e.buf[n->idx * AG_MAX_OUTPUTS + k]);
-                e.buf[n->idx * AG_MAX_OUTPUTS + k] = NULL;
+            for (int k = 0; k < n->nout; k++) {
+                ag_tensor_free(e.buf[n->bufoff + k]);
+                e.buf[n->bufoff + k] = NULL;
             }
     }
     /* Results. */
@@ -763,7 +766,7 @@ static int run_engine(ag_tensor *const *roots, ag_tensor *const *root_grads, int
         for (int i = 0; i < ninputs; i++) {
             ag_tensor *in = inputs[i], *g = NULL;
             if (in->grad_fn) {
-                g = e.buf[in->grad_fn->idx * AG_MAX_OUTPUTS + in->output_nr];
+                g = e.buf[in->grad_fn->bufoff + in->output_nr];
             } else {
                 for (int64_t k = 0; k < e.nleaves; k++)
                     if (e.leaves[k].leaf == in)

@@ -45,6 +45,13 @@ int ag_gradcheck(ag_gradcheck_fn fn, void *ud, ag_tensor *const *inputs, int n,
     for (int i = 0; i < n; i++)
         if (!inputs[i] || (inputs[i]->requires_grad && inputs[i]->dtype != AG_F64))
             return ag__err(AG_EINVAL, "gradcheck: input %d must be a float64 tensor", i);
+    /* Which inputs are differentiated is decided before the first call: an in-place op makes
+     * its mutated input require grad as a side effect. */
+    bool rg[64];
+    if (n > 64)
+        return ag__err(AG_EINVAL, "gradcheck: at most 64 inputs");
+    for (int i = 0; i < n; i++)
+        rg[i] = inputs[i]->requires_grad;
     uint64_t seed, offset;
     ag_rng_get_state(&seed, &offset);
 
@@ -81,13 +88,8 @@ int ag_gradcheck(ag_gradcheck_fn fn, void *ud, ag_tensor *const *inputs, int n,
         }
     }
     for (int i = 0; i < n && rc == 0; i++)
-        if (inputs[i]->requires_grad) {
-            if (nrg == 64) {
-                rc = ag__err(AG_EINVAL, "gradcheck: at most 64 inputs");
-                break;
-            }
+        if (rg[i])
             rg_in[nrg++] = inputs[i];
-        }
     if (rc == 0 && nf == 0)
         rc = ag__err(AG_EINVAL, "gradcheck: no output requires grad");
     if (rc == 0 && nrg > 0)
@@ -96,7 +98,7 @@ int ag_gradcheck(ag_gradcheck_fn fn, void *ud, ag_tensor *const *inputs, int n,
     int r = 0;
     for (int i = 0; i < n && rc == 0; i++) {
         ag_tensor *in = inputs[i];
-        if (!in->requires_grad)
+        if (!rg[i])
             continue;
         ag_tensor *g = grads[r++];
         int64_t ne = ag_tensor_numel(in);

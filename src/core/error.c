@@ -6,6 +6,7 @@
 
 static _Thread_local char err_msg[1024];
 static _Thread_local int err_code;
+static _Thread_local uint64_t err_count;
 
 int ag__err(int code, const char *fmt, ...) {
     va_list ap;
@@ -13,8 +14,11 @@ int ag__err(int code, const char *fmt, ...) {
     vsnprintf(err_msg, sizeof err_msg, fmt, ap);
     va_end(ap);
     err_code = code;
+    err_count++;
     return code;
 }
+
+uint64_t ag__err_count(void) { return err_count; }
 
 bool ag__has_error(void) { return err_code != 0; }
 

@@ -15,6 +15,10 @@
 /* ---- errors (error.c) ---- */
 /* Sets the thread's error: "<fmt>" formatted; returns code so callers can `return ag__err(..)`. */
 int ag__err(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Number of errors raised on this thread so far: a caller that runs user-visible code (a
+ * backward rule, a decomposition) compares it before and after to notice failures that were
+ * not propagated by a return value. */
+uint64_t ag__err_count(void);
 /* True when an error is set on this thread (used to keep the first message in NULL chains). */
 bool ag__has_error(void);
 /* Formats sizes as "[4, 3]" into buf. */

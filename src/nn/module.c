@@ -116,11 +116,14 @@ static int check_name(const ag_module *m, const char *what, const char *name) {
     return 0;
 }
 
-/* A NULL tensor argument after a failed constructor keeps that constructor's message. */
-static int null_arg(const char *what, const char *name) {
+/* A NULL argument (a tensor or module) after a failed constructor keeps that constructor's
+ * message, so that chains like ag_nn_append(seq, ag_nn_linear(...)) report the first error. */
+static int null_arg(const char *what, const char *noun, const char *name) {
     if (ag__has_error() && ag_last_status() < 0)
         return ag_last_status();
-    return ag__err(AG_EINVAL, "%s: tensor for '%s' is NULL", what, name ? name : "?");
+    if (!name)
+        return ag__err(AG_EINVAL, "%s: NULL %s", what, noun);
+    return ag__err(AG_EINVAL, "%s: %s '%s' is NULL", what, noun, name);
 }
 
 static int add_entry(nn_entry **e, int64_t *n, int64_t *cap, const char *name, ag_tensor *t,
@@ -140,11 +143,12 @@ int ag_module_register_parameter(ag_module *m, const char *name, ag_tensor *t) {
     if (rc)
         return rc;
     if (!t)
-        return null_arg("register_parameter", name);
+        return null_arg("register_parameter", "parameter", name);
     if (t->grad_fn)
         return ag__err(AG_EINVAL,
                        "register_parameter: cannot assign a non-leaf tensor to parameter '%s' "
-                       "(it was produced by an op; detach it first)", name);
+                       "(it was produced by an op; detach it first)",
+                       name);
     if (!ag_dtype_is_float(t->dtype))
         return ag__err(AG_EINVAL,
                        "register_parameter: parameter '%s' must be floating point, not %s", name,
@@ -161,7 +165,7 @@ int ag_module_register_buffer(ag_module *m, const char *name, ag_tensor *t, bool
     if (rc)
         return rc;
     if (!t)
-        return null_arg("register_buffer", name);
+        return null_arg("register_buffer", "buffer", name);
     return add_entry(&m->buffers, &m->nbuffers, &m->cap_buffers, name, t, persistent);
 }
 
@@ -169,7 +173,7 @@ int ag_module_register_buffer(ag_module *m, const char *name, ag_tensor *t, bool
 int ag_module_add_child(ag_module *m, const char *name, ag_module *child) {
     int rc;
     if (!child) {
-        rc = null_arg("add_child", name);
+        rc = null_arg("add_child", "child", name);
     } else if (child->parent) {
         /* Owned by another module: freeing it here would break that one; leave it alone. */
         return ag__err(AG_EINVAL, "add_child: module '%s' (%s) already has a parent",
@@ -195,8 +199,12 @@ int ag_module_add_child(ag_module *m, const char *name, ag_module *child) {
     return rc;
 }
 
-void *ag_module_ud(const ag_module *m) { return m ? m->ud : NULL; }
-const char *ag_module_type(const ag_module *m) { return m ? m->type : NULL; }
+void *ag_module_ud(const ag_module *m) {
+    return m ? m->ud : NULL;
+}
+const char *ag_module_type(const ag_module *m) {
+    return m ? m->type : NULL;
+}
 
 /* ---- lookups ---- */
 
@@ -251,7 +259,9 @@ ag_tensor *ag_module_buffer(const ag_module *m, const char *fqn) {
     return e ? e->t : NULL;
 }
 
-int ag_module_num_children(const ag_module *m) { return m ? (int)m->nchildren : 0; }
+int ag_module_num_children(const ag_module *m) {
+    return m ? (int)m->nchildren : 0;
+}
 
 ag_module *ag_module_child_at(const ag_module *m, int i, const char **name) {
     if (!m || i < 0 || i >= m->nchildren)
@@ -338,8 +348,7 @@ void ag_named_tensors_free(ag_named_tensors *nt) {
     memset(nt, 0, sizeof *nt);
 }
 
-static int named(const ag_module *m, int what, bool dedup, ag_named_tensors *out,
-                 const char *fn) {
+static int named(const ag_module *m, int what, bool dedup, ag_named_tensors *out, const char *fn) {
     if (!out)
         return ag__err(AG_EINVAL, "%s: NULL output", fn);
     memset(out, 0, sizeof *out);
@@ -352,8 +361,7 @@ static int named(const ag_module *m, int what, bool dedup, ag_named_tensors *out
     return rc;
 }
 
-int ag_module_named_parameters(const ag_module *m, bool remove_duplicate,
-                               ag_named_tensors *out) {
+int ag_module_named_parameters(const ag_module *m, bool remove_duplicate, ag_named_tensors *out) {
     return named(m, WALK_PARAMS, remove_duplicate, out, "named_parameters");
 }
 
@@ -399,7 +407,9 @@ void ag_module_train(ag_module *m, bool training) {
         ag_module_train(m->children[i].m, training);
 }
 
-bool ag_module_is_training(const ag_module *m) { return m && m->training; }
+bool ag_module_is_training(const ag_module *m) {
+    return m && m->training;
+}
 
 /* ---- calling ---- */
 
@@ -431,7 +441,7 @@ int ag_module_call(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
         for (int i = 0; i < max_out; i++)
             out[i] = NULL;
     if (!m)
-        return null_arg("module_call", "module");
+        return null_arg("module_call", "module", NULL);
     if (!m->forward)
         return ag__err(AG_EINVAL,
                        "%s: this module has no forward (it is a container: call its children)",

@@ -25,8 +25,7 @@ int ag__nn_add_tensor(ag_module *m, const char *name, bool param, ag_dtype dt, i
 int ag__nn_state_tensors(const ag_module *m, bool remove_duplicate, ag_named_tensors *out);
 
 /* Checks a forward's arity: nin inputs within [min_in, max_in], room for need_out outputs. */
-int ag__nn_check_io(const ag_module *m, int nin, int min_in, int max_in, int max_out,
-                    int need_out);
+int ag__nn_check_io(const ag_module *m, int nin, int min_in, int max_in, int max_out, int need_out);
 
 /* Ends the forward's autorelease scope and stores y (owned by that scope, or NULL after a
  * failed op) in out[0] as a new reference. Returns 1, or the pending error status. */

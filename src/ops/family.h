@@ -11,7 +11,8 @@ extern const ag_opdef *const ag__ops_views[];     /* views.c: view/reshape/permu
 extern const ag_opdef *const ag__ops_reduce[];    /* reduce.c: sum/mean/amax/var/softmax/... */
 extern const ag_opdef *const ag__ops_linalg[];    /* linalg.c: mm/bmm/addmm/matmul/linear */
 extern const ag_opdef *const ag__ops_conv[];      /* conv.c: convolution, pooling */
-extern const ag_opdef *const ag__ops_nn[];        /* nn_ops.c: norms, embedding, losses, dropout, sdpa */
+extern const ag_opdef *const ag__ops_norm[];      /* norm.c: layer_norm, batch_norm and their backward ops */
+extern const ag_opdef *const ag__ops_nn[];        /* nn_ops.c: embedding, losses, dropout, sdpa */
 extern const ag_opdef *const ag__ops_index[];     /* index.c: cat/stack/split/gather/index/... */
 extern const ag_opdef *const ag__ops_factory[];   /* factory.c: zeros/ones/full/arange/rand/... */
 

@@ -23,7 +23,7 @@ static bool builtins_loaded;
 
 static const ag_opdef *const *const families[] = {
     ag__ops_pointwise, ag__ops_views,  ag__ops_reduce,  ag__ops_linalg,
-    ag__ops_conv,      ag__ops_nn,     ag__ops_index,   ag__ops_factory,
+    ag__ops_conv,      ag__ops_norm,   ag__ops_nn,      ag__ops_index,   ag__ops_factory,
 };
 
 /* ---- schema parsing ---- */
@@ -103,7 +103,7 @@ static int parse_type(parser *p, ag_type *ty, bool *mutates) {
     else if (!strcmp(base, "bool") && list)
         *ty = AG_TY_INT_LIST; /* bool[3] output masks are passed as int lists of 0/1 */
     else if (!strcmp(base, "bool"))
-        *ty = AG_TY_BOOL;
+        *ty = opt ? AG_TY_OPT_BOOL : AG_TY_BOOL;
     else if (!strcmp(base, "ScalarType"))
         *ty = opt ? AG_TY_OPT_DTYPE : AG_TY_DTYPE;
     else if (!strcmp(base, "str"))
@@ -397,7 +397,7 @@ static const char *type_name(ag_type t) {
     static const char *const names[] = {"Tensor", "Tensor?", "Tensor[]", "Tensor?[]",
                                         "int",    "int?",    "float",    "float?",
                                         "Scalar", "bool",    "int[]",    "int[]?",
-                                        "ScalarType", "ScalarType?", "str"};
+                                        "ScalarType", "ScalarType?", "str", "bool?"};
     return names[t];
 }
 
@@ -424,6 +424,8 @@ static bool kind_ok(ag_type ty, ag_arg *a) {
         return a->kind == AG_ARG_FLOAT || (ty == AG_TY_OPT_FLOAT && a->kind == AG_ARG_NONE);
     case AG_TY_BOOL:
         return a->kind == AG_ARG_BOOL;
+    case AG_TY_OPT_BOOL:
+        return a->kind == AG_ARG_BOOL || a->kind == AG_ARG_NONE;
     case AG_TY_INT_LIST:
         return a->kind == AG_ARG_INTS;
     case AG_TY_OPT_INT_LIST:
@@ -498,8 +500,11 @@ static int call_raw(const ag_op *op, const ag_arg *full, ag_tensor **outs, int *
         /* Runs the decomposition in a scope of its own; keep the results. */
         ag_tensor *tmp[AG_MAX_OUTPUTS] = {0};
         ts->dispatch_depth++;
+        uint64_t errs = ag__err_count();
         ag_scope_begin();
         int rc = def->decomp(full, tmp);
+        if (rc >= 0 && ag__err_count() != errs && ag_last_status() < 0)
+            rc = ag_last_status();
         int n = op->noutputs > 0 ? op->noutputs : 0;
         if (op->out_is_list && rc > 0)
             n = rc;

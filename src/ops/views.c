@@ -792,8 +792,16 @@ ag_tensor *ag_as_strided(ag_tensor *a, int ndim, const int64_t *sizes, const int
 static int ass_meta(const ag_arg *a, ag_tmeta *o) {
     const ag_tensor *t = a[0].u.t;
     ag__tmeta_contiguous(o, t->dtype, t->ndim, t->sizes);
-    if (a[1].n != a[2].n || a[1].n != a[1].u.t->ndim)
-        return ag__err(AG_EINVAL, "as_strided_scatter: src must have the view's shape");
+    const ag_tensor *src = a[1].u.t;
+    bool ok = a[2].n == a[3].n && a[2].n == src->ndim;
+    for (int i = 0; ok && i < src->ndim; i++)
+        ok = src->sizes[i] == a[2].u.ints[i];
+    if (!ok) {
+        char x[128], y[128];
+        return ag__err(AG_EINVAL, "as_strided_scatter: src of shape %s does not match the view "
+                                  "size %s", ag__fmt_sizes(x, sizeof x, src->ndim, src->sizes),
+                       ag__fmt_sizes(y, sizeof y, a[2].n, a[2].u.ints));
+    }
     return 0;
 }
 

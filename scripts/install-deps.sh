@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs every Debian package aotgrad needs to build, test and run. Idempotent: packages
+# already present are not reinstalled and the package lists are refreshed only when something
+# is missing. Run as root on Debian 12.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake pkg-config      # compiler, build system
+  libopenblas-openmp-dev                # GEMM (OpenBLAS, OpenMP threading)
+  libcmocka-dev                         # C unit tests
+  libjansson-dev                        # JSON (safetensors headers, --json output)
+  zlib1g-dev                            # gzip (datasets)
+  graphviz                              # pictures of graphs (later stages)
+  clang libclang-rt-14-dev              # fuzzing and sanitizer runtimes
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: missing packages: ${missing[*]}; run this script as root" >&2
+  exit 1
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The whole test suite: installs dependencies, builds with -Werror and runs every test, then
+# builds again with AddressSanitizer + UndefinedBehaviorSanitizer (separate build directory)
+# and runs every test there too. Exits non-zero on any failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/install-deps.sh
+jobs=$(nproc)
+
+echo "== release build (-Werror) =="
+cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Release -DAG_WERROR=ON > /dev/null
+cmake --build build-test -j"$jobs" 2>&1 | grep -Ev '^\[ *[0-9]+%\]' || true
+cmake --build build-test -j"$jobs" > /dev/null
+ctest --test-dir build-test --output-on-failure -j"$jobs"
+
+echo "== ASan + UBSan build =="
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DAG_SANITIZE=ON -DAG_WERROR=ON > /dev/null
+cmake --build build-asan -j"$jobs" > /dev/null
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
+UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  ctest --test-dir build-asan --output-on-failure -j"$jobs"
+
+echo "== install: pkg-config and CMake package consumers =="
+stage=$(pwd)/build-test/stage
+rm -rf "$stage" build-test/consumer-cmake
+cmake --install build-test --prefix "$stage" > /dev/null
+PKG_CONFIG_PATH="$stage/lib/pkgconfig" cc -o build-test/consumer-pc examples/consumer/main.c \
+  $(PKG_CONFIG_PATH="$stage/lib/pkgconfig" pkg-config --cflags --libs aotgrad)
+LD_LIBRARY_PATH="$stage/lib" ./build-test/consumer-pc
+cmake -S examples/consumer -B build-test/consumer-cmake -DCMAKE_PREFIX_PATH="$stage" > /dev/null
+cmake --build build-test/consumer-cmake > /dev/null
+LD_LIBRARY_PATH="$stage/lib" ./build-test/consumer-cmake/consumer
+echo "exported symbols all start with ag_: $(nm -D --defined-only "$stage"/lib/libaotgrad.so | awk '{print $3}' | grep -Ev '^(ag_|_init|_fini|__bss_start|_edata|_end)' | wc -l) others"
+nm -D --defined-only "$stage"/lib/libaotgrad.so | awk '{print $3}' | grep -Ev '^(ag_|_init|_fini|__bss_start|_edata|_end)' && { echo "unexpected exported symbols"; exit 1; }
+
+echo "== CLI smoke test =="
+./build-test/aotgrad ops --json > /dev/null
+./build-test/aotgrad train --steps 50 > /dev/null
+echo "all tests passed"

@@ -1,0 +1,480 @@
+/* Module state files in the safetensors format (https://github.com/huggingface/safetensors):
+ * an 8-byte little-endian header length N, N bytes of JSON header
+ *   {"name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...,
+ *    "__metadata__": {"format": "pt"}}
+ * (padded with spaces to a multiple of 8), then the raw little-endian tensor bytes, offsets
+ * relative to the end of the header.
+ *
+ * Saved: named_parameters (deduplicated, so a tied weight is stored once under its first
+ * name) then the persistent buffers, each written contiguously. Saving writes a temporary
+ * file next to the target and renames it over the target, so a crash never leaves a half
+ * written checkpoint. Loading treats the file as untrusted: the header is parsed and every
+ * entry checked (dtype, shape, offsets inside the data) and every module tensor matched by
+ * name, dtype and shape before any tensor is written, so a bad file changes nothing. Names in
+ * the file that the module lacks are an error (PyTorch's strict loading), except the other
+ * names of a tied tensor.
+ *
+ * jansson's allocations are routed through ag__malloc for the duration of each call (its
+ * allocator is process-global: do not use jansson from another thread during a save or
+ * load). */
+#include "nn_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "safetensors.c writes tensor bytes as they are in memory: little-endian hosts only"
+#endif
+
+/* The format's cap on the header size (safetensors refuses larger headers too). */
+#define ST_MAX_HEADER (100u << 20)
+
+static const char *const st_dtype[AG_NDTYPES] = {"F32", "F64", "I64", "BOOL"};
+
+/* ---- jansson through the library's allocator ---- */
+
+static _Thread_local bool json_oom;
+
+static void *json_alloc(size_t n) {
+    void *p = ag__malloc(n);
+    if (!p)
+        json_oom = true;
+    return p;
+}
+
+static void json_release(void *p) {
+    ag__free(p);
+}
+
+typedef struct json_hooks {
+    json_malloc_t alloc;
+    json_free_t free;
+} json_hooks;
+
+static json_hooks json_enter(void) {
+    json_hooks h;
+    json_get_alloc_funcs(&h.alloc, &h.free);
+    json_set_alloc_funcs(json_alloc, json_release);
+    json_oom = false;
+    return h;
+}
+
+static void json_leave(json_hooks h) {
+    json_set_alloc_funcs(h.alloc, h.free);
+}
+
+/* ---- save ---- */
+
+/* The JSON header for the tensors in nt, laid out back to back in list order. Returns a
+ * string from ag__malloc (space-padded to a multiple of 8, length in *len) or NULL. */
+static char *build_header(const ag_named_tensors *nt, size_t *len) {
+    json_hooks h = json_enter();
+    json_t *root = json_object();
+    int bad = root ? 0 : -1;
+    int64_t off = 0;
+    for (int i = 0; i < nt->n && !bad; i++) {
+        const ag_tensor *t = nt->tensors[i];
+        int64_t nbytes = ag_tensor_numel(t) * (int64_t)ag_dtype_size(t->dtype);
+        json_t *e = json_object(), *shape = json_array(), *offs = json_array();
+        for (int d = 0; d < t->ndim; d++)
+            bad |= json_array_append_new(shape, json_integer(t->sizes[d]));
+        bad |= json_array_append_new(offs, json_integer(off));
+        bad |= json_array_append_new(offs, json_integer(off + nbytes));
+        bad |= json_object_set_new(e, "dtype", json_string(st_dtype[t->dtype]));
+        bad |= json_object_set_new(e, "shape", shape);
+        bad |= json_object_set_new(e, "data_offsets", offs);
+        bad |= json_object_set_new(root, nt->names[i], e);
+        off += nbytes;
+    }
+    json_t *meta = json_object();
+    bad |= json_object_set_new(meta, "format", json_string("pt"));
+    bad |= json_object_set_new(root, "__metadata__", meta);
+    char *s = bad ? NULL : json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(root);
+    /* jansson does not report every failed allocation (some string appends are unchecked
+     * and silently drop text), so any failure at all voids the result. */
+    bool oom = json_oom;
+    if (oom) {
+        ag__free(s);
+        s = NULL;
+    }
+    json_leave(h);
+    if (!s) {
+        if (oom)
+            ag__err(AG_ENOMEM, "save: out of memory building the header");
+        else
+            ag__err(AG_EINVAL, "save: cannot encode the header (a tensor name is not UTF-8?)");
+        return NULL;
+    }
+    size_t n = strlen(s), padded = (n + 7) / 8 * 8;
+    char *out = ag__malloc(padded + 1);
+    if (out) {
+        memcpy(out, s, n);
+        memset(out + n, ' ', padded - n);
+        out[padded] = 0;
+        *len = padded;
+    }
+    ag__free(s); /* json_dumps allocated it through json_alloc */
+    return out;
+}
+
+static int write_tensor(FILE *f, const ag_tensor *t) {
+    size_t nbytes = (size_t)ag_tensor_numel(t) * ag_dtype_size(t->dtype);
+    if (nbytes == 0)
+        return 0;
+    if (ag_tensor_is_contiguous(t))
+        return fwrite(ag_tensor_data(t), 1, nbytes, f) == nbytes ? 0 : -1;
+    ag_tensor *c = ag__tensor_new(t->dtype, t->ndim, t->sizes, false);
+    if (!c)
+        return AG_ENOMEM;
+    int rc = ag__copy_into(c, t);
+    if (!rc && fwrite(ag_tensor_data(c), 1, nbytes, f) != nbytes)
+        rc = -1;
+    ag_tensor_free(c);
+    return rc;
+}
+
+/* Writes header and data to the stream; -1 for an I/O error (errno), else a status. */
+static int write_file(FILE *f, const ag_named_tensors *nt, const char *hdr, size_t hlen) {
+    unsigned char len8[8];
+    for (int i = 0; i < 8; i++)
+        len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
+    if (fwrite(len8, 1, 8, f) != 8 || fwrite(hdr, 1, hlen, f) != hlen)
+        return -1;
+    for (int i = 0; i < nt->n; i++) {
+        int rc = write_tensor(f, nt->tensors[i]);
+        if (rc)
+            return rc;
+    }
+    if (fflush(f) || fsync(fileno(f)))
+        return -1;
+    return 0;
+}
+
+/* Creates "<path>.tmp.<pid>.<k>" exclusively (mode 0666 less the umask, as fopen would). */
+static FILE *open_temp(const char *path, char **tmp_out) {
+    size_t n = strlen(path) + 48;
+    char *tmp = ag__malloc(n);
+    if (!tmp)
+        return NULL;
+    static _Atomic unsigned counter;
+    for (int attempt = 0; attempt < 100; attempt++) {
+        snprintf(tmp, n, "%s.tmp.%ld.%u", path, (long)getpid(), counter++);
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0 && errno == EEXIST)
+            continue;
+        if (fd < 0)
+            break;
+        FILE *f = fdopen(fd, "wb");
+        if (!f) {
+            close(fd);
+            unlink(tmp);
+            break;
+        }
+        *tmp_out = tmp;
+        return f;
+    }
+    ag__err(AG_EIO, "save: cannot create a temporary file next to '%s': %s", path, strerror(errno));
+    ag__free(tmp);
+    return NULL;
+}
+
+int ag_module_save(const ag_module *m, const char *path) {
+    if (!m || !path)
+        return ag__err(AG_EINVAL, "save: NULL %s", m ? "path" : "module");
+    ag_named_tensors nt;
+    int rc = ag__nn_state_tensors(m, true, &nt);
+    if (rc)
+        return rc;
+    for (int i = 0; i < nt.n; i++)
+        if (!nt.tensors[i]->storage->data) {
+            rc = ag__err(AG_EINVAL, "save: '%s' is a meta tensor (it has no data)", nt.names[i]);
+            ag_named_tensors_free(&nt);
+            return rc;
+        }
+    size_t hlen = 0;
+    char *hdr = build_header(&nt, &hlen);
+    char *tmp = NULL;
+    FILE *f = hdr ? open_temp(path, &tmp) : NULL;
+    if (!f) {
+        ag__free(hdr);
+        ag_named_tensors_free(&nt);
+        return ag__nn_status();
+    }
+    rc = write_file(f, &nt, hdr, hlen);
+    int err = errno;
+    if (fclose(f) && !rc) {
+        rc = -1;
+        err = errno;
+    }
+    if (!rc && rename(tmp, path)) {
+        rc = -1;
+        err = errno;
+    }
+    if (rc == -1)
+        rc = ag__err(AG_EIO, "save: cannot write '%s': %s", path, strerror(err));
+    if (rc)
+        unlink(tmp);
+    ag__free(tmp);
+    ag__free(hdr);
+    ag_named_tensors_free(&nt);
+    return rc;
+}
+
+/* ---- load ---- */
+
+/* One checked header entry. */
+typedef struct st_entry {
+    int dtype; /* ag_dtype, or -1 for a dtype aotgrad does not have (F16, ...) */
+    const char *dtype_name;
+    int ndim;
+    int64_t sizes[AG_MAX_DIMS];
+    int64_t begin, end;
+} st_entry;
+
+static int fmt_err(const char *path, const char *name, const char *what) {
+    return ag__err(AG_EFORMAT, "load: '%s': bad header entry '%s': %s", path, name, what);
+}
+
+/* Validates an entry of the header against the data size. */
+static int parse_entry(const char *path, const char *name, json_t *v, int64_t data_len,
+                       st_entry *e) {
+    json_t *dt = json_object_get(v, "dtype"), *shape = json_object_get(v, "shape");
+    json_t *offs = json_object_get(v, "data_offsets");
+    if (!json_is_object(v) || !json_is_string(dt) || !json_is_array(shape) ||
+        !json_is_array(offs) || json_array_size(offs) != 2)
+        return fmt_err(path, name,
+                       "expected {\"dtype\": str, \"shape\": [int...], "
+                       "\"data_offsets\": [begin, end]}");
+    e->dtype_name = json_string_value(dt);
+    e->dtype = -1;
+    for (int d = 0; d < AG_NDTYPES; d++)
+        if (!strcmp(e->dtype_name, st_dtype[d]))
+            e->dtype = d;
+    size_t nd = json_array_size(shape);
+    /* Shapes with more dims than aotgrad supports can still be skipped if unused; they can
+     * never match a module tensor, so only their first AG_MAX_DIMS sizes are kept. */
+    e->ndim = nd > AG_MAX_DIMS ? AG_MAX_DIMS + 1 : (int)nd;
+    int64_t numel = 1;
+    bool overflow = false;
+    for (size_t d = 0; d < nd; d++) {
+        json_t *s = json_array_get(shape, d);
+        if (!json_is_integer(s) || json_integer_value(s) < 0)
+            return fmt_err(path, name, "shape entries must be non-negative integers");
+        int64_t sz = json_integer_value(s);
+        if (d < AG_MAX_DIMS)
+            e->sizes[d] = sz;
+        if (sz && numel > INT64_MAX / sz)
+            overflow = true;
+        else
+            numel *= sz;
+    }
+    json_t *b = json_array_get(offs, 0), *en = json_array_get(offs, 1);
+    if (!json_is_integer(b) || !json_is_integer(en))
+        return fmt_err(path, name, "data_offsets must be integers");
+    e->begin = json_integer_value(b);
+    e->end = json_integer_value(en);
+    if (e->begin < 0 || e->end < e->begin || e->end > data_len) {
+        char msg[160];
+        snprintf(msg, sizeof msg, "data_offsets [%lld, %lld] are outside the %lld data bytes",
+                 (long long)e->begin, (long long)e->end, (long long)data_len);
+        return fmt_err(path, name, msg);
+    }
+    if (e->dtype >= 0) {
+        int64_t esz = (int64_t)ag_dtype_size((ag_dtype)e->dtype);
+        if (overflow || numel > INT64_MAX / esz || numel * esz != e->end - e->begin) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "data_offsets span %lld bytes, the shape needs %s%lld",
+                     (long long)(e->end - e->begin), overflow ? "more than " : "",
+                     (long long)(overflow ? INT64_MAX : numel * esz));
+            return fmt_err(path, name, msg);
+        }
+    }
+    return 0;
+}
+
+static bool same_shape(const st_entry *e, const ag_tensor *t) {
+    if (e->ndim != t->ndim)
+        return false;
+    for (int d = 0; d < t->ndim; d++)
+        if (e->sizes[d] != t->sizes[d])
+            return false;
+    return true;
+}
+
+static int nt_index(const ag_named_tensors *nt, const char *name) {
+    for (int i = 0; i < nt->n; i++)
+        if (!strcmp(nt->names[i], name))
+            return i;
+    return -1;
+}
+
+/* Matches the parsed header against the module: every state tensor present with its dtype
+ * and shape, every file name known. Fills ents[i] for keep's tensors and creates staging
+ * tensors for the non-contiguous ones. */
+static int match(const char *path, json_t *root, int64_t data_len, const ag_named_tensors *keep,
+                 const ag_named_tensors *all, st_entry *ents, ag_tensor **stage) {
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v) {
+        if (!strcmp(key, "__metadata__"))
+            continue;
+        st_entry e;
+        int rc = parse_entry(path, key, v, data_len, &e);
+        if (rc)
+            return rc;
+        if (nt_index(all, key) < 0)
+            return ag__err(AG_EINVAL, "load: '%s' holds '%s', which the module does not have", path,
+                           key);
+    }
+    for (int i = 0; i < keep->n; i++) {
+        const char *name = keep->names[i];
+        ag_tensor *t = keep->tensors[i];
+        json_t *ev = json_object_get(root, name);
+        if (!ev)
+            return ag__err(AG_EINVAL, "load: '%s' is missing from '%s'", name, path);
+        parse_entry(path, name, ev, data_len, &ents[i]); /* checked above */
+        if (ents[i].dtype != (int)t->dtype)
+            return ag__err(AG_EINVAL, "load: '%s' has dtype %s in '%s', the module's is %s", name,
+                           ents[i].dtype_name, path, st_dtype[t->dtype]);
+        if (!same_shape(&ents[i], t)) {
+            char a[160], b[160];
+            if (ents[i].ndim > AG_MAX_DIMS)
+                snprintf(a, sizeof a, "(more than %d dims)", AG_MAX_DIMS);
+            else
+                ag__fmt_sizes(a, sizeof a, ents[i].ndim, ents[i].sizes);
+            return ag__err(AG_EINVAL, "load: '%s' has shape %s in '%s', the module's is %s", name,
+                           a, path, ag__fmt_sizes(b, sizeof b, t->ndim, t->sizes));
+        }
+        if (!t->storage->data)
+            return ag__err(AG_EINVAL, "load: '%s' is a meta tensor (it has no data)", name);
+        if (!ag_tensor_is_contiguous(t) &&
+            !(stage[i] = ag__tensor_new(t->dtype, t->ndim, t->sizes, false)))
+            return AG_ENOMEM;
+    }
+    return 0;
+}
+
+/* Reads the bytes of ents[i] into the module tensors (after every check has passed). */
+static int copy_in(FILE *f, const char *path, int64_t data_start, const ag_named_tensors *keep,
+                   const st_entry *ents, ag_tensor **stage) {
+    for (int i = 0; i < keep->n; i++) {
+        ag_tensor *t = keep->tensors[i], *dst = stage[i] ? stage[i] : t;
+        size_t nbytes = (size_t)(ents[i].end - ents[i].begin);
+        if (nbytes) {
+            if (fseeko(f, (off_t)(data_start + ents[i].begin), SEEK_SET) ||
+                fread(ag_tensor_data(dst), 1, nbytes, f) != nbytes)
+                return ag__err(AG_EIO, "load: cannot read '%s' from '%s'", keep->names[i], path);
+            if (t->dtype == AG_BOOL) {
+                /* Any nonzero byte is true; a C bool must hold exactly 0 or 1. */
+                unsigned char *u = ag_tensor_data(dst);
+                for (size_t k = 0; k < nbytes; k++)
+                    u[k] = u[k] != 0;
+            }
+            if (stage[i])
+                ag__copy_into(t, stage[i]);
+        }
+        ag_tensor_bump_version(t);
+    }
+    return 0;
+}
+
+/* Reads the header: returns the parsed root object or NULL (error set). */
+static json_t *read_header(FILE *f, const char *path, int64_t fsize, int64_t *hlen_out) {
+    unsigned char len8[8];
+    if (fsize < 8 || fread(len8, 1, 8, f) != 8) {
+        ag__err(AG_EFORMAT, "load: '%s' is too short to be a safetensors file (%lld bytes)", path,
+                (long long)fsize);
+        return NULL;
+    }
+    uint64_t hlen = 0;
+    for (int i = 0; i < 8; i++)
+        hlen |= (uint64_t)len8[i] << (8 * i);
+    if (hlen > ST_MAX_HEADER || hlen > (uint64_t)(fsize - 8)) {
+        ag__err(AG_EFORMAT,
+                "load: '%s': header length %llu exceeds the file (%lld bytes) or "
+                "the format's limit",
+                path, (unsigned long long)hlen, (long long)fsize);
+        return NULL;
+    }
+    char *hdr = ag__malloc((size_t)hlen + 1);
+    if (!hdr)
+        return NULL;
+    if (fread(hdr, 1, (size_t)hlen, f) != hlen) {
+        ag__free(hdr);
+        ag__err(AG_EIO, "load: cannot read the header of '%s'", path);
+        return NULL;
+    }
+    json_hooks h = json_enter();
+    json_error_t jerr;
+    json_t *root = json_loadb(hdr, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
+    bool oom = json_oom; /* as in build_header: a parse that saw a failed allocation is void */
+    if (root && (oom || !json_is_object(root))) {
+        json_decref(root);
+        root = NULL;
+        snprintf(jerr.text, sizeof jerr.text, "the header is not a JSON object");
+        jerr.line = jerr.column = 0;
+    }
+    json_leave(h);
+    ag__free(hdr);
+    if (!root) {
+        if (oom)
+            ag__err(AG_ENOMEM, "load: out of memory parsing the header of '%s'", path);
+        else
+            ag__err(AG_EFORMAT, "load: '%s': malformed header (line %d, column %d): %s", path,
+                    jerr.line, jerr.column, jerr.text);
+        return NULL;
+    }
+    *hlen_out = (int64_t)hlen;
+    return root;
+}
+
+int ag_module_load(ag_module *m, const char *path) {
+    if (!m || !path)
+        return ag__err(AG_EINVAL, "load: NULL %s", m ? "path" : "module");
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return ag__err(AG_EIO, "load: cannot open '%s': %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) || !S_ISREG(st.st_mode)) {
+        fclose(f);
+        return ag__err(AG_EIO, "load: '%s' is not a regular file", path);
+    }
+    int64_t fsize = (int64_t)st.st_size, hlen = 0;
+    json_t *root = read_header(f, path, fsize, &hlen);
+    if (!root) {
+        fclose(f);
+        return ag__nn_status();
+    }
+    ag_named_tensors keep = {0}, all = {0};
+    st_entry *ents = NULL;
+    ag_tensor **stage = NULL;
+    int rc = ag__nn_state_tensors(m, true, &keep);
+    if (!rc)
+        rc = ag__nn_state_tensors(m, false, &all);
+    if (!rc) {
+        ents = ag__calloc(keep.n ? (size_t)keep.n : 1, sizeof *ents);
+        stage = ag__calloc(keep.n ? (size_t)keep.n : 1, sizeof *stage);
+        if (!ents || !stage)
+            rc = AG_ENOMEM;
+    }
+    json_hooks h = json_enter(); /* json_object_foreach may not allocate, but decref frees */
+    if (!rc)
+        rc = match(path, root, fsize - 8 - hlen, &keep, &all, ents, stage);
+    json_decref(root);
+    json_leave(h);
+    if (!rc)
+        rc = copy_in(f, path, 8 + hlen, &keep, ents, stage);
+    for (int i = 0; stage && i < keep.n; i++)
+        ag_tensor_free(stage[i]);
+    ag__free(stage);
+    ag__free(ents);
+    ag_named_tensors_free(&keep);
+    ag_named_tensors_free(&all);
+    fclose(f);
+    return rc;
+}

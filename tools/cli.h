@@ -1,0 +1,15 @@
+/* Subcommands of the aotgrad tool; each returns the process exit status. */
+#ifndef AG_CLI_H
+#define AG_CLI_H
+
+#include "aotgrad.h"
+
+int cli_ops(int argc, char **argv);
+int cli_train(int argc, char **argv);
+
+/* Small option helpers: `--name VALUE` parsing with a clear message on bad values. */
+int cli_int_opt(const char *cmd, const char *name, const char *val, long long min, long long max,
+                long long *out);
+int cli_float_opt(const char *cmd, const char *name, const char *val, double *out);
+
+#endif
