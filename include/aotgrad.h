@@ -15,5 +15,13 @@
 #include "aotgrad/ops.h"
 #include "aotgrad/autograd.h"
 #include "aotgrad/nn.h"
+#include "aotgrad/desc.h"
+#include "aotgrad/graph.h"
+#include "aotgrad/trace.h"
+#include "aotgrad/export.h"
+#include "aotgrad/zoo.h"
+
+/* Last: the call-site macros wrap the functions declared above. */
+#include "aotgrad/sites.h"
 
 #endif

@@ -5,8 +5,6 @@
  * ops' own samples. */
 #include "testutil.h"
 
-#include "autograd/samples.h"
-
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -16,35 +14,9 @@
 
 static uint64_t rng_state = 0x2545F4914F6CDD1Dull;
 
-static double urand(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) * 0x1.0p-53 * 2.0 - 1.0;
-}
-
+/* A tensor of the given shape with values uniform in [-1, 1). */
 static ag_tensor *rand_tensor(ag_dtype dt, int ndim, const int64_t *sizes) {
-    int64_t n = 1;
-    for (int i = 0; i < ndim; i++)
-        n *= sizes[i];
-    double *v = test_malloc(sizeof(double) * (size_t)(n ? n : 1));
-    for (int64_t i = 0; i < n; i++)
-        v[i] = urand();
-    ag_tensor *t = tu_tensor(dt, ndim, sizes, v);
-    test_free(v);
-    return t;
-}
-
-static void assert_close_to(const ag_tensor *t, const double *want, double tol) {
-    assert_non_null(t);
-    int64_t n = ag_tensor_numel(t);
-    for (int64_t i = 0; i < n; i++) {
-        double v = ag_tensor_item_at(t, i);
-        if (!(fabs(v - want[i]) <= tol * (1 + fabs(want[i])))) {
-            print_error("element %lld: got %.9g, expected %.9g\n", (long long)i, v, want[i]);
-            fail();
-        }
-    }
+    return tu_rand_tensor(dt, ndim, sizes, -1, 1, tu_xorshift, &rng_state);
 }
 
 /* ---- a direct convolution, its input/weight/bias adjoints, read through the views ---- */
@@ -121,7 +93,7 @@ static void test_conv_forward(void **state) {
         assert_int_equal(g.OH, 4);
         assert_int_equal(g.OW, 3);
         double *want = naive_conv(x, w, b, &g);
-        assert_close_to(y, want, tol);
+        tu_assert_close(y, want, tol);
         test_free(want);
 
         /* Non-contiguous input, weight and bias; asymmetric stride and padding; no dilation. */
@@ -131,7 +103,7 @@ static void test_conv_forward(void **state) {
         int64_t s2[2] = {1, 2}, p2[2] = {0, 1}, d2[2] = {1, 1};
         geom g2 = geom_of(xt, wt, s2, p2, d2, 1);
         want = naive_conv(xt, wt, bt, &g2);
-        assert_close_to(ag_conv2d(xt, wt, bt, s2, p2, d2, 1), want, tol);
+        tu_assert_close(ag_conv2d(xt, wt, bt, s2, p2, d2, 1), want, tol);
         test_free(want);
 
         /* 1x1 (the no-im2col path), no bias; and a batch of one (BLAS threads itself). */
@@ -140,13 +112,13 @@ static void test_conv_forward(void **state) {
         int64_t one[2] = {1, 1}, zero[2] = {0, 0};
         geom g3 = geom_of(x1, w1, one, zero, one, 1);
         want = naive_conv(x1, w1, NULL, &g3);
-        assert_close_to(ag_conv2d(x1, w1, NULL, NULL, NULL, NULL, 1), want, tol);
+        tu_assert_close(ag_conv2d(x1, w1, NULL, NULL, NULL, NULL, 1), want, tol);
         test_free(want);
         ag_tensor *xb = rand_tensor(dt, 4, SZ(1, 2, 6, 6)),
                   *wb = rand_tensor(dt, 4, SZ(3, 2, 3, 3));
         geom g4 = geom_of(xb, wb, one, one, one, 1);
         want = naive_conv(xb, wb, NULL, &g4);
-        assert_close_to(ag_conv2d(xb, wb, NULL, one, one, one, 1), want, tol);
+        tu_assert_close(ag_conv2d(xb, wb, NULL, one, one, one, 1), want, tol);
         test_free(want);
     }
     /* A hand-checked case: 3x3 ones kernel over 1..9 with padding 1 sums each neighbourhood. */
@@ -180,21 +152,21 @@ static void check_conv_backward(ag_dtype dt, const ag_tensor *x, const ag_tensor
         ag_convolution_backward(go, (ag_tensor *)x, (ag_tensor *)w, SZ(g.O), s, p, d, G, all, outs),
         0);
     assert_int_equal(ag_tensor_ndim(outs[0]), 4);
-    assert_close_to(outs[0], gx, tol);
-    assert_close_to(outs[1], gw, tol);
-    assert_close_to(outs[2], gb, tol);
+    tu_assert_close(outs[0], gx, tol);
+    tu_assert_close(outs[1], gw, tol);
+    tu_assert_close(outs[2], gb, tol);
     /* Only the weight and bias grads, as when the input needs none. */
     bool wb[3] = {false, true, true};
     assert_int_equal(
         ag_convolution_backward(go, (ag_tensor *)x, (ag_tensor *)w, SZ(g.O), s, p, d, G, wb, outs),
         0);
     assert_null(outs[0]);
-    assert_close_to(outs[1], gw, tol);
-    assert_close_to(outs[2], gb, tol);
+    tu_assert_close(outs[1], gw, tol);
+    tu_assert_close(outs[2], gb, tol);
     bool xo[3] = {true, false, false};
     assert_int_equal(
         ag_convolution_backward(go, (ag_tensor *)x, (ag_tensor *)w, NULL, s, p, d, G, xo, outs), 0);
-    assert_close_to(outs[0], gx, tol);
+    tu_assert_close(outs[0], gx, tol);
     assert_null(outs[1]);
     assert_null(outs[2]);
     test_free(gx);
@@ -437,7 +409,7 @@ static void test_avg_pool(void **state) {
     assert_int_equal(ag_tensor_size(y, 1), 4);
     assert_int_equal(ag_tensor_size(y, 2), 4);
     double *want = naive_avg(ag_contiguous(xs), 3, 3, 2, 2, 1, 1, 4, 4, false, 0);
-    assert_close_to(y, want, 1e-12);
+    tu_assert_close(y, want, 1e-12);
     test_free(want);
     const ag_op *op = ag_op_find("avg_pool2d");
     ag_tensor *out[1];
@@ -532,51 +504,12 @@ static void test_pool_errors(void **state) {
 
 /* ---- gradcheck over the samples of this file's ops ---- */
 
-typedef struct sample_call {
-    const ag_op *op;
-    ag__sample *s;
-} sample_call;
-
-static int call_sample(void *ud, ag_tensor *const *inputs, int n, ag_tensor **outs, int *nouts) {
-    sample_call *c = ud;
-    (void)inputs;
-    (void)n;
-    int rc = ag_op_call(c->op, c->s->args, c->s->nargs, outs);
-    *nouts = ag_op_noutputs(c->op);
-    return rc < 0 ? rc : 0;
-}
-
-static void gradcheck_op(const char *name) {
-    const ag_op *op = ag_op_find(name);
-    assert_non_null(op);
-    ag__sample *items;
-    int n;
-    assert_int_equal(ag__samples_collect(op, &items, &n), 0);
-    assert_true(n > 0);
-    for (int i = 0; i < n; i++) {
-        ag_tensor *ins[AG_MAX_ARGS];
-        int nin = 0;
-        for (int a = 0; a < items[i].nargs; a++)
-            if (items[i].args[a].kind == AG_ARG_TENSOR)
-                ins[nin++] = items[i].args[a].u.t;
-        sample_call c = {op, &items[i]};
-        int rc = ag_gradcheck(call_sample, &c, ins, nin, NULL);
-        if (rc) {
-            print_error("%s [%s]: %s\n", name, items[i].note, ag_last_error());
-            ag__samples_free(items, n);
-            fail();
-        }
-    }
-    ag__samples_free(items, n);
-}
-
 static void test_gradcheck_samples(void **state) {
     (void)state;
-    const char *names[] = {"convolution",          "max_pool2d_with_indices",
-                           "avg_pool2d",           "avg_pool2d_backward",
-                           "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        gradcheck_op(names[i]);
+    static const char *const names[] = {"convolution",          "max_pool2d_with_indices",
+                                        "avg_pool2d",           "avg_pool2d_backward",
+                                        "_adaptive_avg_pool2d", "_adaptive_avg_pool2d_backward"};
+    tu_gradcheck_ops(names, sizeof names / sizeof names[0]);
 }
 
 static void test_conv_cost(void **state) {

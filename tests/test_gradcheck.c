@@ -3,40 +3,7 @@
  * A differentiable op without a sample makes this test fail, so coverage cannot silently drop.
  * Also checks ag_gradcheck itself rejects a wrong backward rule. */
 #include "testutil.h"
-#include "autograd/samples.h"
 #include "core/internal.h"
-
-#include <stdio.h>
-#include <string.h>
-
-typedef struct {
-    const ag_op *op;
-    ag__sample *c;
-} case_ud;
-
-/* Calls the op on the sample's arguments; the gradcheck inputs are the sample's own tensors
- * (perturbed in place by gradcheck), so the arguments can be passed as they are. */
-static int call_case(void *ud, ag_tensor *const *in, int n, ag_tensor **outs, int *nouts) {
-    (void)in;
-    (void)n;
-    case_ud *u = ud;
-    ag_tensor *tmp[AG_MAX_OUTPUTS] = {0};
-    ag_arg args[AG_MAX_ARGS];
-    memcpy(args, u->c->args, sizeof(ag_arg) * (size_t)u->c->nargs);
-    /* An in-place op is checked on a clone of self, as PyTorch checks x.clone().add_(y): the
-     * sample keeps its values across evaluations and gradients reach self through clone. */
-    if (ag_op_def(u->op)->flags & AG_OP_INPLACE)
-        args[0].u.t = ag_clone(args[0].u.t);
-    int rc = ag_op_call(u->op, args, u->c->nargs, tmp);
-    if (rc < 0)
-        return rc;
-    int cnt = ag_op_noutputs(u->op) < 0 ? rc : ag_op_noutputs(u->op);
-    uint32_t nd = ag_op_def(u->op)->nondiff_outputs;
-    *nouts = 0;
-    for (int k = 0; k < cnt && k < AG_GRADCHECK_MAX_OUT; k++)
-        outs[(*nouts)++] = ((nd >> k) & 1) ? NULL : tmp[k];
-    return 0;
-}
 
 static bool differentiable(const ag_op *op) {
     const ag_opdef *d = ag_op_def(op);
@@ -50,37 +17,15 @@ static void test_every_differentiable_op(void **st) {
         const ag_op *op = ag_op_at(i);
         if (!differentiable(op))
             continue;
-        ag__sample *items;
-        int n;
-        assert_int_equal(ag__samples_collect(op, &items, &n), 0);
+        int n, f = tu_gradcheck_samples(op, &n);
         if (n == 0) {
             print_error("%s: differentiable but has no gradcheck sample\n", ag_op_name(op));
             failures++;
             continue;
         }
         checked_ops++;
-        for (int c = 0; c < n; c++) {
-            case_ud u = {op, &items[c]};
-            ag_tensor *inputs[64];
-            int ni = 0;
-            for (int a = 0; a < items[c].nargs; a++) {
-                if (items[c].args[a].kind == AG_ARG_TENSOR && items[c].args[a].u.t)
-                    inputs[ni++] = items[c].args[a].u.t;
-                else if (items[c].args[a].kind == AG_ARG_TENSORS)
-                    for (int k = 0; k < items[c].args[a].n; k++)
-                        if (items[c].args[a].u.ts[k])
-                            inputs[ni++] = items[c].args[a].u.ts[k];
-            }
-            ag_manual_seed(42);
-            ag_clear_error();
-            int rc = ag_gradcheck(call_case, &u, inputs, ni, NULL);
-            cases++;
-            if (rc) {
-                print_error("%s [%s]: %s\n", ag_op_name(op), items[c].note, ag_last_error());
-                failures++;
-            }
-        }
-        ag__samples_free(items, n);
+        cases += n;
+        failures += f;
     }
     print_message("gradcheck: %d ops, %d cases, %d failures\n", checked_ops, cases, failures);
     assert_int_equal(failures, 0);

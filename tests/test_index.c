@@ -4,7 +4,6 @@
  * gradients and, for every sample the ops declare, by finite differences. */
 #include "testutil.h"
 
-#include "autograd/samples.h"
 #include "core/internal.h"
 
 #include <math.h>
@@ -488,17 +487,11 @@ static void test_new_empty_zeros(void **state) {
 
 /* ---- backward ---- */
 
-static ag_tensor *leaf(ag_dtype dt, int ndim, const int64_t *sizes, const double *vals) {
-    ag_tensor *t = tu_tensor(dt, ndim, sizes, vals);
-    assert_int_equal(ag_tensor_set_requires_grad(t, true), 0);
-    return t;
-}
-
 static void test_cat_backward(void **state) {
     (void)state;
-    ag_tensor *a = leaf(AG_F64, 2, SZ(2, 1), VALS(1, 2));
-    ag_tensor *b = leaf(AG_F64, 2, SZ(2, 2), VALS(3, 4, 5, 6));
-    ag_tensor *c = leaf(AG_F32, 2, SZ(2, 1), VALS(7, 8)); /* promoted to f64 */
+    ag_tensor *a = tu_leaf(AG_F64, 2, SZ(2, 1), VALS(1, 2));
+    ag_tensor *b = tu_leaf(AG_F64, 2, SZ(2, 2), VALS(3, 4, 5, 6));
+    ag_tensor *c = tu_leaf(AG_F32, 2, SZ(2, 1), VALS(7, 8)); /* promoted to f64 */
     ag_tensor *y = ag_cat((ag_tensor *[]){a, b, c}, 3, -1);
     assert_non_null(strstr(ag_tensor_grad_fn_name(y), "cat"));
     ag_tensor *g = tu_tensor(AG_F64, 2, SZ(2, 4), VALS(1, 2, 3, 4, 5, 6, 7, 8));
@@ -510,7 +503,7 @@ static void test_cat_backward(void **state) {
 
     /* cat keeps only its inputs' shapes: changing an input in place after the forward does not
      * invalidate the backward */
-    ag_tensor *p = leaf(AG_F64, 1, SZ(2), VALS(1, 2));
+    ag_tensor *p = tu_leaf(AG_F64, 1, SZ(2), VALS(1, 2));
     ag_tensor *q = tu_tensor(AG_F64, 1, SZ(1), VALS(3));
     ag_tensor *pq = ag_cat((ag_tensor *[]){p, q}, 2, 0);
     assert_non_null(ag_index_put_(q, (ag_tensor *[]){idx1(1, VALS(0))}, 1,
@@ -521,8 +514,8 @@ static void test_cat_backward(void **state) {
 
 static void test_stack_backward(void **state) {
     (void)state;
-    ag_tensor *a = leaf(AG_F64, 1, SZ(2), VALS(1, 2));
-    ag_tensor *b = leaf(AG_F64, 1, SZ(2), VALS(3, 4));
+    ag_tensor *a = tu_leaf(AG_F64, 1, SZ(2), VALS(1, 2));
+    ag_tensor *b = tu_leaf(AG_F64, 1, SZ(2), VALS(3, 4));
     ag_tensor *y = ag_stack((ag_tensor *[]){a, b}, 2, 1); /* (2, 2): y[i][s] */
     ag_tensor *g = tu_tensor(AG_F64, 2, SZ(2, 2), VALS(1, 2, 3, 4));
     assert_int_equal(ag_backward(y, g, false), 0);
@@ -532,7 +525,7 @@ static void test_stack_backward(void **state) {
 
 static void test_split_backward(void **state) {
     (void)state;
-    ag_tensor *x = leaf(AG_F64, 1, SZ(5), VALS(1, 2, 3, 4, 5));
+    ag_tensor *x = tu_leaf(AG_F64, 1, SZ(5), VALS(1, 2, 3, 4, 5));
     ag_tensor *o[3];
     assert_int_equal(ag_split(x, 2, 0, o, 3), 3);
     /* gradient into chunk 1 only: the other chunks get zeros */
@@ -547,7 +540,7 @@ static void test_split_backward(void **state) {
 
 static void test_index_select_backward(void **state) {
     (void)state;
-    ag_tensor *x = leaf(AG_F64, 2, SZ(3, 2), VALS(1, 2, 3, 4, 5, 6));
+    ag_tensor *x = tu_leaf(AG_F64, 2, SZ(3, 2), VALS(1, 2, 3, 4, 5, 6));
     ag_tensor *y = ag_index_select(x, 0, idx1(3, VALS(1, -2, 0)));
     ag_tensor *g = tu_tensor(AG_F64, 2, SZ(3, 2), VALS(1, 2, 3, 4, 5, 6));
     assert_int_equal(ag_backward(y, g, false), 0);
@@ -557,7 +550,7 @@ static void test_index_select_backward(void **state) {
 
 static void test_gather_backward(void **state) {
     (void)state;
-    ag_tensor *x = leaf(AG_F64, 2, SZ(2, 3), VALS(1, 2, 3, 4, 5, 6));
+    ag_tensor *x = tu_leaf(AG_F64, 2, SZ(2, 3), VALS(1, 2, 3, 4, 5, 6));
     ag_tensor *ix = tu_tensor(AG_I64, 2, SZ(2, 2), VALS(0, 0, 2, 1));
     ag_tensor *y = ag_gather(x, 1, ix);
     tu_assert_values(y, 2, SZ(2, 2), VALS(1, 1, 6, 5), 0);
@@ -568,7 +561,7 @@ static void test_gather_backward(void **state) {
 
 static void test_index_backward(void **state) {
     (void)state;
-    ag_tensor *x = leaf(AG_F64, 2, SZ(3, 2), VALS(1, 2, 3, 4, 5, 6));
+    ag_tensor *x = tu_leaf(AG_F64, 2, SZ(3, 2), VALS(1, 2, 3, 4, 5, 6));
     ag_tensor *y = ag_index(x, (ag_tensor *[]){idx1(3, VALS(2, 0, -1))}, 1);
     ag_tensor *g = tu_tensor(AG_F64, 2, SZ(3, 2), VALS(1, 2, 3, 4, 5, 6));
     assert_int_equal(ag_backward(y, g, false), 0);
@@ -576,13 +569,13 @@ static void test_index_backward(void **state) {
     tu_assert_values(ag_tensor_grad(x), 2, SZ(3, 2), VALS(3, 4, 0, 0, 6, 8), 0);
 
     /* two index tensors after ':' on a 3-d input, and a bool mask */
-    ag_tensor *x3 = leaf(AG_F64, 3, SZ(2, 2, 2), VALS(0, 0, 0, 0, 0, 0, 0, 0));
+    ag_tensor *x3 = tu_leaf(AG_F64, 3, SZ(2, 2, 2), VALS(0, 0, 0, 0, 0, 0, 0, 0));
     ag_tensor *y3 = ag_index(x3, (ag_tensor *[]){NULL, idx1(2, VALS(1, 1)), idx1(2, VALS(0, 1))}, 3);
     assert_int_equal(ag_backward(y3, tu_tensor(AG_F64, 2, SZ(2, 2), VALS(1, 2, 3, 4)), false), 0);
     /* grad[a][1][c] = g[a][c] */
     tu_assert_values(ag_tensor_grad(x3), 3, SZ(2, 2, 2), VALS(0, 0, 1, 2, 0, 0, 3, 4), 0);
 
-    ag_tensor *xm = leaf(AG_F64, 2, SZ(2, 2), VALS(1, 2, 3, 4));
+    ag_tensor *xm = tu_leaf(AG_F64, 2, SZ(2, 2), VALS(1, 2, 3, 4));
     ag_tensor *m = tu_tensor(AG_BOOL, 2, SZ(2, 2), VALS(0, 1, 1, 0));
     ag_tensor *ym = ag_index(xm, (ag_tensor *[]){m}, 1);
     assert_int_equal(ag_backward(ym, tu_tensor(AG_F64, 1, SZ(2), VALS(5, 6)), false), 0);
@@ -591,8 +584,8 @@ static void test_index_backward(void **state) {
 
 static void test_index_put_backward(void **state) {
     (void)state;
-    ag_tensor *x = leaf(AG_F64, 2, SZ(3, 2), VALS(1, 2, 3, 4, 5, 6));
-    ag_tensor *v = leaf(AG_F64, 1, SZ(2), VALS(10, 20)); /* broadcast to (2, 2) */
+    ag_tensor *x = tu_leaf(AG_F64, 2, SZ(3, 2), VALS(1, 2, 3, 4, 5, 6));
+    ag_tensor *v = tu_leaf(AG_F64, 1, SZ(2), VALS(10, 20)); /* broadcast to (2, 2) */
     ag_tensor *i = idx1(2, VALS(2, 0));
     ag_tensor *g = tu_tensor(AG_F64, 2, SZ(3, 2), VALS(1, 2, 3, 4, 5, 6));
     ag_tensor *y = ag_index_put(x, (ag_tensor *[]){i}, 1, v, false);
@@ -603,15 +596,15 @@ static void test_index_put_backward(void **state) {
     tu_assert_values(ag_tensor_grad(v), 1, SZ(2), VALS(1 + 5, 2 + 6), 0);
 
     /* accumulate=True: self's gradient passes through unchanged */
-    ag_tensor *x2 = leaf(AG_F64, 2, SZ(3, 2), VALS(1, 2, 3, 4, 5, 6));
-    ag_tensor *v2 = leaf(AG_F64, 1, SZ(2), VALS(10, 20));
+    ag_tensor *x2 = tu_leaf(AG_F64, 2, SZ(3, 2), VALS(1, 2, 3, 4, 5, 6));
+    ag_tensor *v2 = tu_leaf(AG_F64, 1, SZ(2), VALS(10, 20));
     ag_tensor *y2 = ag_index_put(x2, (ag_tensor *[]){i}, 1, v2, true);
     assert_int_equal(ag_backward(y2, g, false), 0);
     tu_assert_values(ag_tensor_grad(x2), 2, SZ(3, 2), VALS(1, 2, 3, 4, 5, 6), 0);
     tu_assert_values(ag_tensor_grad(v2), 1, SZ(2), VALS(6, 8), 0);
 
     /* in place on a plain tensor (new_empty + index_put_ as in an unpermute) */
-    ag_tensor *v3 = leaf(AG_F64, 2, SZ(2, 2), VALS(1, 2, 3, 4));
+    ag_tensor *v3 = tu_leaf(AG_F64, 2, SZ(2, 2), VALS(1, 2, 3, 4));
     ag_tensor *out = ag_new_empty(v3, 2, SZ(3, 2));
     ag_tensor *r = ag_index_put_(out, (ag_tensor *[]){idx1(2, VALS(2, 0))}, 1, v3, false);
     assert_non_null(strstr(ag_tensor_grad_fn_name(r), "index_put"));
@@ -622,8 +615,8 @@ static void test_index_put_backward(void **state) {
 
 static void test_scatter_index_add_backward(void **state) {
     (void)state;
-    ag_tensor *x = leaf(AG_F64, 1, SZ(3), VALS(0, 0, 0));
-    ag_tensor *src = leaf(AG_F64, 1, SZ(4), VALS(1, 2, 3, 4));
+    ag_tensor *x = tu_leaf(AG_F64, 1, SZ(3), VALS(0, 0, 0));
+    ag_tensor *src = tu_leaf(AG_F64, 1, SZ(4), VALS(1, 2, 3, 4));
     /* index covers only src[0..1]: src[2..3] get zero gradient */
     ag_tensor *y = call("scatter_add", (ag_arg[]){AG_A_T(x), AG_A_I(0),
                                                  AG_A_T(idx1(2, VALS(2, 0))), AG_A_T(src)}, 4);
@@ -632,7 +625,7 @@ static void test_scatter_index_add_backward(void **state) {
     tu_assert_values(ag_tensor_grad(x), 1, SZ(3), VALS(5, 6, 7), 0);
     tu_assert_values(ag_tensor_grad(src), 1, SZ(4), VALS(7, 5, 0, 0), 0);
 
-    ag_tensor *s2 = leaf(AG_F64, 1, SZ(2), VALS(1, 2));
+    ag_tensor *s2 = tu_leaf(AG_F64, 1, SZ(2), VALS(1, 2));
     ag_tensor *z = call("index_add", (ag_arg[]){AG_A_T(ag_zeros(AG_F64, 1, SZ(3))), AG_A_I(0),
                                                AG_A_T(idx1(2, VALS(1, 1))), AG_A_T(s2),
                                                AG_A_F(3.0)}, 5);
@@ -645,10 +638,7 @@ static void test_scatter_index_add_backward(void **state) {
 
 static uint64_t rng_state = 88172645463325252ull;
 static uint64_t next_rand(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
+    return tu_xorshift_next(&rng_state);
 }
 
 static ag_tensor *rand_f64(int ndim, const int64_t *sizes) {
@@ -798,17 +788,6 @@ static void test_meta_inputs(void **state) {
 
 /* ---- allocation failures: every op fails cleanly (ENOMEM, nothing leaked) ---- */
 
-static ag_allocator base_alloc;
-static int64_t alloc_countdown; /* the allocation that fails; -1: none */
-
-static void *failing_alloc(void *ud, size_t size, size_t align) {
-    if (alloc_countdown >= 0 && alloc_countdown-- == 0)
-        return NULL;
-    return base_alloc.alloc(base_alloc.ud, size, align);
-}
-
-static void failing_free(void *ud, void *p) { base_alloc.free(base_alloc.ud, p); }
-
 typedef ag_tensor *(*oom_case_fn)(ag_tensor *x, ag_tensor *i, ag_tensor *m);
 
 static ag_tensor *oom_cat(ag_tensor *x, ag_tensor *i, ag_tensor *m) {
@@ -852,6 +831,20 @@ static ag_tensor *oom_backward(ag_tensor *x, ag_tensor *i, ag_tensor *m) {
     return g[0];
 }
 
+typedef struct oom_case {
+    oom_case_fn fn;
+    ag_tensor *x, *i, *m;
+} oom_case;
+
+/* One case in a scope of its own; a NULL result must come with an error status. */
+static int oom_run(void *ud) {
+    const oom_case *c = ud;
+    ag_scope_begin();
+    int rc = c->fn(c->x, c->i, c->m) ? 0 : ag_last_status() ? ag_last_status() : -99;
+    ag_scope_end();
+    return rc;
+}
+
 static void test_allocation_failures(void **state) {
     (void)state;
     static const oom_case_fn cases[] = {oom_cat,     oom_stack,      oom_split,
@@ -859,32 +852,18 @@ static void test_allocation_failures(void **state) {
                                         oom_index_mask, oom_index_put, oom_scatter_add,
                                         oom_index_add, oom_backward};
     ag_scope_end(); /* the cases run in scopes of their own */
-    base_alloc = ag_get_allocator();
     /* made outside any scope: owned here */
     ag_tensor *x = tu_tensor(AG_F64, 2, SZ(3, 3), VALS(1, 2, 3, 4, 5, 6, 7, 8, 9));
     ag_tensor *i = idx1(3, VALS(2, 0, 2));
     ag_tensor *m = tu_tensor(AG_BOOL, 2, SZ(3, 3), VALS(1, 0, 1, 0, 1, 0, 0, 0, 1));
     ag_tensor_set_requires_grad(x, true);
-    ag_set_allocator(&(ag_allocator){failing_alloc, failing_free, NULL});
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
-        bool ok = false;
-        for (int64_t n = 0; n < 10000 && !ok; n++) {
-            alloc_countdown = n;
-            ag_clear_error();
-            ag_scope_begin();
-            ok = cases[c](x, i, m) != NULL;
-            alloc_countdown = -1;
-            if (!ok && ag_last_status() != AG_ENOMEM) {
-                print_error("case %zu, failing allocation %lld: status %d (%s)\n", c, (long long)n,
-                            ag_last_status(), ag_last_error());
-                fail();
-            }
-            ag_scope_end();
-        }
-        assert_true(ok);
+        char what[32];
+        snprintf(what, sizeof what, "case %zu", c);
+        oom_case oc = {cases[c], x, i, m};
+        tu_sweep_opts o = {.what = what, .max_points = 10000};
+        assert_true(tu_alloc_failure_sweep(oom_run, &oc, &o) > 0);
     }
-    alloc_countdown = -1;
-    ag_set_allocator(&base_alloc);
     ag_tensor_free(x);
     ag_tensor_free(i);
     ag_tensor_free(m);
@@ -893,57 +872,13 @@ static void test_allocation_failures(void **state) {
 
 /* ---- finite differences over every sample the family declares ---- */
 
-typedef struct gc_case {
-    const ag_op *op;
-    const ag__sample *s;
-} gc_case;
-
-static int gc_fn(void *ud, ag_tensor *const *inputs, int n, ag_tensor **outs, int *nouts) {
-    (void)inputs;
-    (void)n;
-    const gc_case *c = ud;
-    int rc = ag_op_call(c->op, c->s->args, c->s->nargs, outs);
-    if (rc < 0)
-        return rc;
-    *nouts = ag_op_noutputs(c->op) < 0 ? rc : ag_op_noutputs(c->op);
-    return 0;
-}
-
 static void test_gradcheck_samples(void **state) {
     (void)state;
     static const char *const names[] = {"cat",       "stack",       "split.Tensor",
                                         "index_select", "index_add", "gather",
                                         "scatter_add", "index.Tensor", "index_put",
                                         "index_put_"};
-    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
-        const ag_op *op = ag_op_find(names[k]);
-        assert_non_null(op);
-        ag__sample *items;
-        int n;
-        assert_int_equal(ag__samples_collect(op, &items, &n), 0);
-        assert_true(n > 0);
-        for (int i = 0; i < n; i++) {
-            /* The inputs gradcheck perturbs: the tensors that require grad. */
-            ag_tensor *in[32];
-            int nin = 0;
-            for (int a = 0; a < items[i].nargs; a++) {
-                const ag_arg *arg = &items[i].args[a];
-                if (arg->kind == AG_ARG_TENSOR && ag_tensor_requires_grad(arg->u.t))
-                    in[nin++] = arg->u.t;
-                if (arg->kind == AG_ARG_TENSORS)
-                    for (int e = 0; e < arg->n; e++)
-                        if (ag_tensor_requires_grad(arg->u.ts[e]))
-                            in[nin++] = arg->u.ts[e];
-            }
-            gc_case c = {op, &items[i]};
-            int rc = ag_gradcheck(gc_fn, &c, in, nin, NULL);
-            if (rc) {
-                print_error("%s [%s]: %s\n", names[k], items[i].note, ag_last_error());
-                fail();
-            }
-        }
-        ag__samples_free(items, n);
-    }
+    tu_gradcheck_ops(names, sizeof names / sizeof names[0]);
 }
 
 int main(void) {

@@ -4,8 +4,6 @@
  * ops' own samples. */
 #include "testutil.h"
 
-#include "autograd/samples.h"
-
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -15,24 +13,9 @@
 
 static uint64_t rng_state = 88172645463325252ull;
 
-static double urand(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) * 0x1.0p-53 * 2.0 - 1.0;
-}
-
 /* A tensor of the given shape with values uniform in [-1, 1). */
 static ag_tensor *rand_tensor(ag_dtype dt, int ndim, const int64_t *sizes) {
-    int64_t n = 1;
-    for (int i = 0; i < ndim; i++)
-        n *= sizes[i];
-    double *v = test_malloc(sizeof(double) * (size_t)(n ? n : 1));
-    for (int64_t i = 0; i < n; i++)
-        v[i] = urand();
-    ag_tensor *t = tu_tensor(dt, ndim, sizes, v);
-    test_free(v);
-    return t;
+    return tu_rand_tensor(dt, ndim, sizes, -1, 1, tu_xorshift, &rng_state);
 }
 
 /* out[b][i][j] = sum_k a[b][i][k] * b[b][k][j] for a (B, n, k), b (B, k, m) read element by
@@ -50,18 +33,6 @@ static void naive_bmm(const ag_tensor *a, const ag_tensor *b, double *out) {
                          ag_tensor_item_at(b, (bb * k + kk) * m + j);
                 out[(bb * n + i) * m + j] = s;
             }
-}
-
-static void assert_close_to(const ag_tensor *t, const double *want, double tol) {
-    assert_non_null(t);
-    int64_t n = ag_tensor_numel(t);
-    for (int64_t i = 0; i < n; i++) {
-        double v = ag_tensor_item_at(t, i);
-        if (!(fabs(v - want[i]) <= tol * (1 + fabs(want[i])))) {
-            print_error("element %lld: got %.9g, expected %.9g\n", (long long)i, v, want[i]);
-            fail();
-        }
-    }
 }
 
 static void test_mm_hand(void **state) {
@@ -93,35 +64,35 @@ static void test_mm_layouts(void **state) {
         ag_tensor *ac = ag_contiguous(a), *bc = ag_contiguous(b);
         double want[4 * 6];
         naive_bmm(ac, bc, want);
-        assert_close_to(ag_mm(a, b), want, tol);
-        assert_close_to(ag_mm(ac, b), want, tol);
-        assert_close_to(ag_mm(a, bc), want, tol);
-        assert_close_to(ag_mm(ac, bc), want, tol);
+        tu_assert_close(ag_mm(a, b), want, tol);
+        tu_assert_close(ag_mm(ac, b), want, tol);
+        tu_assert_close(ag_mm(a, bc), want, tol);
+        tu_assert_close(ag_mm(ac, bc), want, tol);
 
         /* Every other column: strides (16, 2) are no BLAS layout. */
         ag_tensor *wide = rand_tensor(dt, 2, SZ(4, 10));
         ag_tensor *sl = ag_slice(wide, 1, 0, 10, 2);
         double want2[4 * 6];
         naive_bmm(sl, bc, want2);
-        assert_close_to(ag_mm(sl, bc), want2, tol);
+        tu_assert_close(ag_mm(sl, bc), want2, tol);
 
         /* An expanded row (stride 0) and a row slice with a leading-dimension gap. */
         ag_tensor *row = rand_tensor(dt, 2, SZ(1, 5));
         ag_tensor *ex = ag_expand(row, 2, SZ(4, 5));
         double want3[4 * 6];
         naive_bmm(ex, bc, want3);
-        assert_close_to(ag_mm(ex, bc), want3, tol);
+        tu_assert_close(ag_mm(ex, bc), want3, tol);
         ag_tensor *big = rand_tensor(dt, 2, SZ(4, 9));
         ag_tensor *cols = ag_slice(big, 1, 2, 7, 1); /* (4, 5), strides (9, 1) */
         naive_bmm(cols, b, want3);
-        assert_close_to(ag_mm(cols, b), want3, tol);
+        tu_assert_close(ag_mm(cols, b), want3, tol);
 
         /* Vectors: (1, k) @ (k, 1) with odd strides on the size-1 dims. */
         ag_tensor *v = ag_unsqueeze(ag_select(base_a, 1, 2), 0); /* (1, 5), stride (?, 4) */
         ag_tensor *u = ag_unsqueeze(ag_select(base_b, 0, 1), 1); /* (5, 1) */
         double want4[1];
         naive_bmm(v, u, want4);
-        assert_close_to(ag_mm(v, u), want4, tol);
+        tu_assert_close(ag_mm(v, u), want4, tol);
     }
     ag_scope_end();
 }
@@ -193,18 +164,18 @@ static void test_bmm(void **state) {
         ag_tensor *y = rand_tensor(dt, 3, SZ(3, 5, 6));
         double want[3 * 4 * 6];
         naive_bmm(x, y, want);
-        assert_close_to(ag_bmm(x, y), want, tol);
+        tu_assert_close(ag_bmm(x, y), want, tol);
         ag_tensor *ys = ag_slice(rand_tensor(dt, 3, SZ(6, 5, 6)), 0, 0, 6, 2);
         naive_bmm(x, ys, want);
-        assert_close_to(ag_bmm(x, ys), want, tol);
+        tu_assert_close(ag_bmm(x, ys), want, tol);
         ag_tensor *ye = ag_expand(rand_tensor(dt, 3, SZ(1, 5, 6)), 3, SZ(3, 5, 6));
         naive_bmm(x, ye, want);
-        assert_close_to(ag_bmm(x, ye), want, tol);
+        tu_assert_close(ag_bmm(x, ye), want, tol);
         /* A batch large enough for the parallel-over-batch path. */
         ag_tensor *p = rand_tensor(dt, 3, SZ(16, 3, 2)), *q = rand_tensor(dt, 3, SZ(16, 2, 3));
         double want2[16 * 9];
         naive_bmm(p, q, want2);
-        assert_close_to(ag_bmm(p, q), want2, tol);
+        tu_assert_close(ag_bmm(p, q), want2, tol);
     }
     ag_scope_end();
 }
@@ -235,7 +206,7 @@ static void test_addmm(void **state) {
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 5; j++)
             want[i * 5 + j] += ag_tensor_item_at(b, j);
-    assert_close_to(ag_addmm(b, x, ag_t(w), 1, 1), want, 1e-5);
+    tu_assert_close(ag_addmm(b, x, ag_t(w), 1, 1), want, 1e-5);
     ag_scope_end();
 }
 
@@ -260,21 +231,21 @@ static void test_matmul_cases(void **state) {
     assert_non_null(r);
     assert_int_equal(ag_tensor_ndim(r), 3);
     naive_bmm(ag_reshape(a3, 2, SZ(8, 3)), m, want);
-    assert_close_to(r, want, 1e-12);
+    tu_assert_close(r, want, 1e-12);
     r = ag_matmul(a3, v);
     assert_int_equal(ag_tensor_ndim(r), 2);
     naive_bmm(ag_reshape(a3, 2, SZ(8, 3)), ag_unsqueeze(v, 1), want);
-    assert_close_to(r, want, 1e-12);
+    tu_assert_close(r, want, 1e-12);
     r = ag_matmul(mt, b3); /* (2, 3) @ (2, 3, 5) -> (2, 2, 5) */
     assert_int_equal(ag_tensor_size(r, 0), 2);
     naive_bmm(ag_expand(ag_unsqueeze(mt, 0), 3, SZ(2, 2, 3)), b3, want);
-    assert_close_to(r, want, 1e-12);
+    tu_assert_close(r, want, 1e-12);
     r = ag_matmul(v, b3); /* (3) @ (2, 3, 5) -> (2, 5) */
     assert_int_equal(ag_tensor_ndim(r), 2);
     assert_int_equal(ag_tensor_size(r, 0), 2);
     assert_int_equal(ag_tensor_size(r, 1), 5);
     naive_bmm(ag_expand(ag_reshape(v, 3, SZ(1, 1, 3)), 3, SZ(2, 1, 3)), b3, want);
-    assert_close_to(r, want, 1e-12);
+    tu_assert_close(r, want, 1e-12);
 
     ag_tensor *p = rand_tensor(AG_F64, 4, SZ(2, 1, 3, 4));
     ag_tensor *q = ag_transpose(rand_tensor(AG_F64, 3, SZ(3, 2, 4)), 1, 2); /* (3, 4, 2) */
@@ -288,14 +259,14 @@ static void test_matmul_cases(void **state) {
             ag_tensor *pi = ag_select(ag_select(p, 0, i), 0, 0), *qj = ag_select(q, 0, j);
             double w2[6];
             naive_bmm(pi, qj, w2);
-            assert_close_to(ag_select(ag_select(r, 0, i), 0, j), w2, 1e-12);
+            tu_assert_close(ag_select(ag_select(r, 0, i), 0, j), w2, 1e-12);
         }
     /* batch @ vector broadcast: (2, 1, 3, 4) @ (4) -> (2, 1, 3). */
     ag_tensor *v4 = rand_tensor(AG_F64, 1, SZ(4));
     r = ag_matmul(p, v4);
     assert_int_equal(ag_tensor_ndim(r), 3);
     naive_bmm(ag_reshape(p, 2, SZ(6, 4)), ag_unsqueeze(v4, 1), want);
-    assert_close_to(r, want, 1e-12);
+    tu_assert_close(r, want, 1e-12);
     ag_scope_end();
 }
 
@@ -413,49 +384,10 @@ static void test_backward_direct(void **state) {
 
 /* ---- gradcheck over the samples of this file's ops ---- */
 
-typedef struct sample_call {
-    const ag_op *op;
-    ag__sample *s;
-} sample_call;
-
-static int call_sample(void *ud, ag_tensor *const *inputs, int n, ag_tensor **outs, int *nouts) {
-    sample_call *c = ud;
-    (void)inputs;
-    (void)n;
-    int rc = ag_op_call(c->op, c->s->args, c->s->nargs, outs);
-    *nouts = ag_op_noutputs(c->op);
-    return rc < 0 ? rc : 0;
-}
-
-static void gradcheck_op(const char *name) {
-    const ag_op *op = ag_op_find(name);
-    assert_non_null(op);
-    ag__sample *items;
-    int n;
-    assert_int_equal(ag__samples_collect(op, &items, &n), 0);
-    assert_true(n > 0);
-    for (int i = 0; i < n; i++) {
-        ag_tensor *ins[AG_MAX_ARGS];
-        int nin = 0;
-        for (int a = 0; a < items[i].nargs; a++)
-            if (items[i].args[a].kind == AG_ARG_TENSOR)
-                ins[nin++] = items[i].args[a].u.t;
-        sample_call c = {op, &items[i]};
-        int rc = ag_gradcheck(call_sample, &c, ins, nin, NULL);
-        if (rc) {
-            print_error("%s [%s]: %s\n", name, items[i].note, ag_last_error());
-            ag__samples_free(items, n);
-            fail();
-        }
-    }
-    ag__samples_free(items, n);
-}
-
 static void test_gradcheck_samples(void **state) {
     (void)state;
-    const char *names[] = {"mm", "bmm", "addmm", "matmul", "linear"};
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-        gradcheck_op(names[i]);
+    static const char *const names[] = {"mm", "bmm", "addmm", "matmul", "linear"};
+    tu_gradcheck_ops(names, sizeof names / sizeof names[0]);
 }
 
 static void test_costs_and_flags(void **state) {

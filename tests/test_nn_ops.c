@@ -13,25 +13,10 @@
 /* ---- helpers ---- */
 
 /* Deterministic values in [lo, hi) (xorshift), independent of the library's generator. */
-static double urand(uint64_t *s, double lo, double hi) {
-    *s ^= *s << 13;
-    *s ^= *s >> 7;
-    *s ^= *s << 17;
-    return lo + (hi - lo) * (double)(*s >> 11) * 0x1.0p-53;
-}
-
 static ag_tensor *rand_t(ag_dtype dt, int nd, const int64_t *sz, double lo, double hi,
                          uint64_t seed) {
-    int64_t n = 1;
-    for (int i = 0; i < nd; i++)
-        n *= sz[i];
-    double *v = malloc(sizeof(double) * (size_t)(n ? n : 1));
     uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-    for (int64_t i = 0; i < n; i++)
-        v[i] = urand(&s, lo, hi);
-    ag_tensor *t = tu_tensor(dt, nd, sz, v);
-    free(v);
-    return t;
+    return tu_rand_tensor(dt, nd, sz, lo, hi, tu_xorshift, &s);
 }
 
 static ag_tensor *idx_t(int nd, const int64_t *sz, const int64_t *vals) {
@@ -42,27 +27,6 @@ static ag_tensor *idx_t(int nd, const int64_t *sz, const int64_t *vals) {
 
 static double at(const ag_tensor *t, int64_t i) {
     return ag_tensor_item_at(t, i);
-}
-
-static void assert_close(double got, double want, double tol, const char *what, int64_t i) {
-    if (!(fabs(got - want) <= tol * (1 + fabs(want)))) {
-        print_error("%s[%lld]: got %.12g, expected %.12g\n", what, (long long)i, got, want);
-        fail();
-    }
-}
-
-/* Asserts t holds `want` (numel values, row-major). */
-static void assert_all(const ag_tensor *t, const double *want, double tol, const char *what) {
-    assert_non_null(t);
-    for (int64_t i = 0; i < ag_tensor_numel(t); i++)
-        assert_close(at(t, i), want[i], tol, what, i);
-}
-
-static void assert_shape(const ag_tensor *t, int nd, const int64_t *sz) {
-    assert_non_null(t);
-    assert_int_equal(ag_tensor_ndim(t), nd);
-    for (int i = 0; i < nd; i++)
-        assert_int_equal(ag_tensor_sizes(t)[i], sz[i]);
 }
 
 /* A function of some float64 leaves returning one tensor (scope-owned). */
@@ -107,7 +71,7 @@ static void check_fd(fwd_fn f, void *ud, ag_tensor *const *in, int nin, double t
             double num = (fp - fm) / (2 * h), ana = g ? at(g, e) : 0.0;
             char what[32];
             snprintf(what, sizeof what, "grad of input %d", i);
-            assert_close(ana, num, tol, what, e);
+            tu_assert_near(ana, num, tol, what, e);
         }
     }
     ag_scope_end();
@@ -147,20 +111,20 @@ static void test_layer_norm_values(void **st) {
         assert_int_equal(ag_native_layer_norm(x, 1, ns, w, b, 1e-5, &out, &mean, &rstd), 0);
         double y[24], m[6], r[6];
         ln_ref(x, w, b, 4, 1e-5, y, m, r);
-        assert_shape(out, 3, xs);
-        assert_shape(mean, 3, (int64_t[]){2, 3, 1});
-        assert_shape(rstd, 3, (int64_t[]){2, 3, 1});
+        tu_assert_shape(out, 3, xs);
+        tu_assert_shape(mean, 3, (int64_t[]){2, 3, 1});
+        tu_assert_shape(rstd, 3, (int64_t[]){2, 3, 1});
         assert_int_equal(ag_tensor_dtype(out), dt);
-        assert_all(out, y, tol, "out");
-        assert_all(mean, m, tol, "mean");
-        assert_all(rstd, r, tol, "rstd");
+        tu_assert_close_named(out, y, tol, "out");
+        tu_assert_close_named(mean, m, tol, "mean");
+        tu_assert_close_named(rstd, r, tol, "rstd");
 
         /* Over the last two dims, no affine, through the composite. */
         int64_t ns2[] = {3, 4};
         ag_tensor *y2 = ag_layer_norm(x, 2, ns2, NULL, NULL, 1e-5);
         double yy[24], m2[2], r2[2];
         ln_ref(x, NULL, NULL, 12, 1e-5, yy, m2, r2);
-        assert_all(y2, yy, tol, "layer_norm 2 dims");
+        tu_assert_close_named(y2, yy, tol, "layer_norm 2 dims");
     }
     ag_scope_end();
 }
@@ -178,7 +142,7 @@ static void test_layer_norm_noncontiguous(void **st) {
     ag_tensor *y = ag_layer_norm(x, 1, ns, w, NULL, 1e-5);
     double ref[12], m[3], r[3];
     ln_ref(xc, w, NULL, 4, 1e-5, ref, m, r);
-    assert_all(y, ref, 1e-12, "strided layer norm");
+    tu_assert_close_named(y, ref, 1e-12, "strided layer norm");
     ag_scope_end();
 }
 
@@ -269,8 +233,8 @@ static void test_batch_norm_training(void **st) {
         double mean[3], var[3], y[24];
         batch_stats(x, 2, 3, 4, mean, var);
         bn_ref(x, 2, 3, 4, mean, var, w, b, 1e-5, y);
-        assert_all(out, y, tol, "bn out");
-        assert_all(sm, mean, tol, "save_mean");
+        tu_assert_close_named(out, y, tol, "bn out");
+        tu_assert_close_named(sm, mean, tol, "save_mean");
         double invstd[3], rm_want[3], rv_want[3];
         const double rm0[] = {0.1, -0.2, 0.3}, rv0[] = {1.0, 2.0, 0.5};
         for (int c = 0; c < 3; c++) {
@@ -278,9 +242,9 @@ static void test_batch_norm_training(void **st) {
             rm_want[c] = 0.9 * rm0[c] + 0.1 * mean[c];
             rv_want[c] = 0.9 * rv0[c] + 0.1 * var[c] * 8.0 / 7.0; /* unbiased: n = 8 */
         }
-        assert_all(si, invstd, tol, "save_invstd");
-        assert_all(rm, rm_want, tol, "running_mean");
-        assert_all(rv, rv_want, tol, "running_var");
+        tu_assert_close_named(si, invstd, tol, "save_invstd");
+        tu_assert_close_named(rm, rm_want, tol, "running_mean");
+        tu_assert_close_named(rv, rv_want, tol, "running_var");
         assert_true(ag_tensor_version(rm) > v0); /* (a!) bumps the version */
     }
     ag_scope_end();
@@ -299,9 +263,9 @@ static void test_batch_norm_eval_and_strided(void **st) {
                      0);
     double y[12];
     bn_ref(x, 4, 3, 1, rm0, rv0, w, NULL, 1e-5, y);
-    assert_all(out, y, 1e-12, "bn eval");
-    assert_all(rm, rm0, 0, "running_mean untouched in eval");
-    assert_all(rv, rv0, 0, "running_var untouched in eval");
+    tu_assert_close_named(out, y, 1e-12, "bn eval");
+    tu_assert_close_named(rm, rm0, 0, "running_mean untouched in eval");
+    tu_assert_close_named(rv, rv0, 0, "running_var untouched in eval");
 
     /* Training on a transposed (non-contiguous) input, no running stats. */
     int64_t bs[] = {3, 5};
@@ -312,7 +276,7 @@ static void test_batch_norm_eval_and_strided(void **st) {
     double mean[3], var[3], y2[15];
     batch_stats(xc, 5, 3, 1, mean, var);
     bn_ref(xc, 5, 3, 1, mean, var, NULL, NULL, 1e-5, y2);
-    assert_all(out, y2, 1e-12, "bn strided");
+    tu_assert_close_named(out, y2, 1e-12, "bn strided");
 
     /* Errors. */
     ag_clear_error();
@@ -381,18 +345,18 @@ static void test_embedding_forward(void **st) {
     ag_tensor *w = rand_t(AG_F32, 2, ws, -1, 1, 50);
     ag_tensor *ix = idx_t(2, is, (int64_t[]){4, 0, 4, 2});
     ag_tensor *y = ag_embedding(w, ix);
-    assert_shape(y, 3, (int64_t[]){2, 2, 3});
+    tu_assert_shape(y, 3, (int64_t[]){2, 2, 3});
     const int64_t rows[] = {4, 0, 4, 2};
     for (int r = 0; r < 4; r++)
         for (int j = 0; j < 3; j++)
-            assert_close(at(y, r * 3 + j), at(w, rows[r] * 3 + j), 0, "embedding", r * 3 + j);
+            tu_assert_near(at(y, r * 3 + j), at(w, rows[r] * 3 + j), 0, "embedding", r * 3 + j);
     /* A transposed (non-contiguous) table and 0-d indices. */
     int64_t ts[] = {3, 5};
     ag_tensor *wt = ag_t(rand_t(AG_F64, 2, ts, -1, 1, 51)); /* (5, 3) */
     ag_tensor *y0 = ag_embedding(wt, idx_t(0, NULL, (int64_t[]){3}));
-    assert_shape(y0, 1, (int64_t[]){3});
+    tu_assert_shape(y0, 1, (int64_t[]){3});
     for (int j = 0; j < 3; j++)
-        assert_close(at(y0, j), at(wt, 3 * 3 + j), 0, "embedding strided", j);
+        tu_assert_near(at(y0, j), at(wt, 3 * 3 + j), 0, "embedding strided", j);
     /* Out-of-range and negative indices. */
     ag_clear_error();
     assert_null(ag_embedding(w, idx_t(1, (int64_t[]){3}, (int64_t[]){1, 7, 2})));
@@ -426,7 +390,7 @@ static void test_embedding_backward(void **st) {
     assert_int_equal(ag_backward(y, g, false), 0);
     /* row 1 gets positions 0, 2, 3 (1 + 3 + 4 = 8); row 3 position 1; row 0 position 4. */
     const double want[] = {5, 50, 8, 80, 0, 0, 2, 20};
-    assert_all(ag_tensor_grad(w), want, 0, "embedding grad");
+    tu_assert_close_named(ag_tensor_grad(w), want, 0, "embedding grad");
 
     /* padding_idx = 1 gets no gradient; through the op with its full schema. */
     const ag_op *op = ag_op_find("embedding");
@@ -434,14 +398,14 @@ static void test_embedding_backward(void **st) {
     ag_tensor *yp = ag_op_call1(op, (ag_arg[]){AG_A_T(w), AG_A_T(ix), AG_A_I(1)}, 3);
     assert_int_equal(ag_backward(yp, g, false), 0);
     const double want_pad[] = {5, 50, 0, 0, 0, 0, 2, 20};
-    assert_all(ag_tensor_grad(w), want_pad, 0, "embedding grad with padding_idx");
+    tu_assert_close_named(ag_tensor_grad(w), want_pad, 0, "embedding grad with padding_idx");
 
     /* scale_grad_by_freq divides by the count of each index (row 1 occurs 3 times). */
     const ag_op *edb = ag_op_find("embedding_dense_backward");
     ag_tensor *gf =
         ag_op_call1(edb, (ag_arg[]){AG_A_T(g), AG_A_T(ix), AG_A_I(4), AG_A_I(-1), AG_A_B(true)}, 5);
     const double want_freq[] = {5, 50, 8.0 / 3, 80.0 / 3, 0, 0, 2, 20};
-    assert_all(gf, want_freq, 1e-15, "scale_grad_by_freq");
+    tu_assert_close_named(gf, want_freq, 1e-15, "scale_grad_by_freq");
     ag_clear_error();
     assert_null(ag_embedding_dense_backward(g, ix, 3, -1));
     tu_assert_error_contains("index 3");
@@ -459,14 +423,14 @@ static void test_nll_loss(void **st) {
     ag_tensor *x = tu_tensor(AG_F64, 2, (int64_t[]){3, 4}, lp);
     ag_tensor *t = idx_t(1, (int64_t[]){3}, (int64_t[]){2, -100, 0});
     ag_tensor *none = ag_nll_loss(x, t, AG_REDUCTION_NONE, -100);
-    assert_all(none, (double[]){0.5, 0, 2.5}, 1e-15, "nll none");
-    assert_shape(none, 1, (int64_t[]){3});
+    tu_assert_close_named(none, (double[]){0.5, 0, 2.5}, 1e-15, "nll none");
+    tu_assert_shape(none, 1, (int64_t[]){3});
     ag_tensor *sum = ag_nll_loss(x, t, AG_REDUCTION_SUM, -100);
-    assert_shape(sum, 0, NULL);
-    assert_close(ag_tensor_item(sum), 3.0, 1e-15, "nll sum", 0);
+    tu_assert_shape(sum, 0, NULL);
+    tu_assert_near(ag_tensor_item(sum), 3.0, 1e-15, "nll sum", 0);
     /* mean divides by the 2 targets that are not ignored. */
-    assert_close(ag_tensor_item(ag_nll_loss(x, t, AG_REDUCTION_MEAN, -100)), 1.5, 1e-15, "nll mean",
-                 0);
+    tu_assert_near(ag_tensor_item(ag_nll_loss(x, t, AG_REDUCTION_MEAN, -100)), 1.5, 1e-15,
+                   "nll mean", 0);
     /* A class weight: (0.5 * 0.5 + 2 * 2.5) / (0.5 + 2). */
     const ag_op *op = ag_op_find("nll_loss_forward");
     ag_tensor *cw = tu_tensor(AG_F64, 1, (int64_t[]){4}, (double[]){2, 1, 0.5, 1});
@@ -476,19 +440,19 @@ static void test_nll_loss(void **st) {
                                            AG_A_I(AG_REDUCTION_MEAN), AG_A_I(-100)},
                                 5, r),
                      0);
-    assert_close(ag_tensor_item(r[0]), (0.25 + 5.0) / 2.5, 1e-15, "weighted mean", 0);
-    assert_close(ag_tensor_item(r[1]), 2.5, 1e-15, "total_weight", 0);
+    tu_assert_near(ag_tensor_item(r[0]), (0.25 + 5.0) / 2.5, 1e-15, "weighted mean", 0);
+    tu_assert_near(ag_tensor_item(r[1]), 2.5, 1e-15, "total_weight", 0);
     /* 1-d input with a 0-d target. */
     ag_tensor *x1 = tu_tensor(AG_F32, 1, (int64_t[]){3}, (double[]){-0.2, -1.1, -3});
-    assert_close(ag_tensor_item(ag_nll_loss(x1, idx_t(0, NULL, (int64_t[]){1}), 1, -100)), 1.1,
-                 1e-6, "nll 1-d", 0);
+    tu_assert_near(ag_tensor_item(ag_nll_loss(x1, idx_t(0, NULL, (int64_t[]){1}), 1, -100)), 1.1,
+                   1e-6, "nll 1-d", 0);
     /* Backward: mean over 2 kept targets -> -1/2 at (0, 2) and (2, 0). */
     ag_tensor_set_requires_grad(x, true);
     assert_int_equal(ag_backward(ag_nll_loss(x, t, AG_REDUCTION_MEAN, -100), NULL, false), 0);
     double want[12] = {0};
     want[2] = -0.5;
     want[8] = -0.5;
-    assert_all(ag_tensor_grad(x), want, 1e-15, "nll grad");
+    tu_assert_close_named(ag_tensor_grad(x), want, 1e-15, "nll grad");
     /* Errors: target out of range, wrong target shape. */
     ag_clear_error();
     assert_null(ag_nll_loss(x, idx_t(1, (int64_t[]){3}, (int64_t[]){1, 4, 0}), 1, -100));
@@ -529,11 +493,11 @@ static void test_cross_entropy(void **st) {
         rows[i] = tv[i] == -100 ? 0 : ce_row(zv + 5 * i, 5, tv[i], 0);
         sum += rows[i];
     }
-    assert_all(ag_cross_entropy(z, t, AG_REDUCTION_NONE, -100), rows, 1e-12, "ce none");
-    assert_close(ag_tensor_item(ag_cross_entropy(z, t, AG_REDUCTION_SUM, -100)), sum, 1e-12,
-                 "ce sum", 0);
-    assert_close(ag_tensor_item(ag_cross_entropy(z, t, AG_REDUCTION_MEAN, -100)), sum / 3, 1e-12,
-                 "ce mean (3 kept targets)", 0);
+    tu_assert_close_named(ag_cross_entropy(z, t, AG_REDUCTION_NONE, -100), rows, 1e-12, "ce none");
+    tu_assert_near(ag_tensor_item(ag_cross_entropy(z, t, AG_REDUCTION_SUM, -100)), sum, 1e-12,
+                   "ce sum", 0);
+    tu_assert_near(ag_tensor_item(ag_cross_entropy(z, t, AG_REDUCTION_MEAN, -100)), sum / 3, 1e-12,
+                   "ce mean (3 kept targets)", 0);
 
     /* Label smoothing 0.1, mean over kept targets. */
     const ag_op *op = ag_op_find("cross_entropy_loss");
@@ -543,7 +507,7 @@ static void test_cross_entropy(void **st) {
     for (int i = 0; i < 4; i++)
         if (tv[i] != -100)
             lsum += ce_row(zv + 5 * i, 5, tv[i], 0.1);
-    assert_close(ag_tensor_item(ls), lsum / 3, 1e-12, "ce label smoothing", 0);
+    tu_assert_near(ag_tensor_item(ls), lsum / 3, 1e-12, "ce label smoothing", 0);
 
     /* Backward of the mean loss: (softmax - onehot) / 3 on kept rows, 0 on the ignored one. */
     ag_tensor_set_requires_grad(z, true);
@@ -558,7 +522,7 @@ static void test_cross_entropy(void **st) {
         for (int c = 0; c < 5; c++)
             want[5 * i + c] = tv[i] == -100 ? 0 : (exp(zv[5 * i + c] - m) / s - (c == tv[i])) / 3;
     }
-    assert_all(ag_tensor_grad(z), want, 1e-12, "ce grad");
+    tu_assert_close_named(ag_tensor_grad(z), want, 1e-12, "ce grad");
 
     ag_clear_error();
     assert_null(ag_cross_entropy(z, idx_t(1, (int64_t[]){4}, (int64_t[]){0, 5, 1, 1}), 1, -100));
@@ -615,21 +579,21 @@ static void test_dropout(void **st) {
     for (int i = 0; i < 12; i++)
         ones[i] = 1;
     assert_int_equal(ag_native_dropout(xr, 0.5, false, &y, &m), 0);
-    assert_all(y, xv, 0, "eval output");
-    assert_all(m, ones, 0, "eval mask");
-    assert_all(ag_dropout(xr, 0.5, false), xv, 0, "dropout eval");
-    assert_all(ag_dropout(xr, 0.0, true), xv, 0, "dropout p=0");
+    tu_assert_close_named(y, xv, 0, "eval output");
+    tu_assert_close_named(m, ones, 0, "eval mask");
+    tu_assert_close_named(ag_dropout(xr, 0.5, false), xv, 0, "dropout eval");
+    tu_assert_close_named(ag_dropout(xr, 0.0, true), xv, 0, "dropout p=0");
     assert_int_equal(ag_native_dropout(xr, 0.0, true, &y, &m), 0);
-    assert_all(y, xv, 0, "native_dropout p=0");
+    tu_assert_close_named(y, xv, 0, "native_dropout p=0");
     assert_int_equal(ag_native_dropout(xr, 1.0, true, &y, &m), 0);
-    assert_all(y, zeros, 0, "p=1 output");
-    assert_all(m, zeros, 0, "p=1 mask");
+    tu_assert_close_named(y, zeros, 0, "p=1 output");
+    tu_assert_close_named(m, zeros, 0, "p=1 mask");
 
     /* Non-contiguous input: out = x * mask * 2 elementwise. */
     ag_tensor *xt = ag_t(xr);
     assert_int_equal(ag_native_dropout(xt, 0.5, true, &y, &m), 0);
     for (int64_t i = 0; i < 12; i++)
-        assert_close(at(y, i), at(xt, i) * at(m, i) * 2, 1e-15, "strided dropout", i);
+        tu_assert_near(at(y, i), at(xt, i) * at(m, i) * 2, 1e-15, "strided dropout", i);
 
     /* Backward: grad = mask / (1 - p). */
     ag_tensor_set_requires_grad(xr, true);
@@ -638,7 +602,7 @@ static void test_dropout(void **st) {
     assert_int_equal(ag_backward(ag_sum_all(yd), NULL, false), 0);
     for (int64_t i = 0; i < 12; i++) {
         double keep = at(yd, i) != 0;
-        assert_close(at(ag_tensor_grad(xr), i), keep / 0.75, 1e-15, "dropout grad", i);
+        tu_assert_near(at(ag_tensor_grad(xr), i), keep / 0.75, 1e-15, "dropout grad", i);
     }
 
     ag_clear_error();
@@ -704,15 +668,15 @@ static void check_attention(ag_tensor *q, ag_tensor *k, ag_tensor *v, bool causa
     ag_tensor_to_doubles(v, vd);
     if (mask) /* (L, S) masks only here */
         ag_tensor_to_doubles(mask, md);
-    assert_shape(r[1], nd - 1, ag_tensor_sizes(q));
+    tu_assert_shape(r[1], nd - 1, ag_tensor_sizes(q));
     for (int64_t b = 0; b < nb; b++) {
         double out[64 * 64], lse[64];
         attn_ref(qd + b * L * E, kd + b * S * E, vd + b * S * Ev, L, S, E, Ev, sc, causal,
                  mask ? md : NULL, out, lse);
         for (int64_t i = 0; i < L * Ev; i++)
-            assert_close(at(r[0], b * L * Ev + i), out[i], tol, "attention out", b * L * Ev + i);
+            tu_assert_near(at(r[0], b * L * Ev + i), out[i], tol, "attention out", b * L * Ev + i);
         for (int64_t i = 0; i < L; i++)
-            assert_close(at(r[1], b * L + i), lse[i], tol, "logsumexp", b * L + i);
+            tu_assert_near(at(r[1], b * L + i), lse[i], tol, "logsumexp", b * L + i);
     }
     free(qd);
     free(kd);
@@ -755,13 +719,13 @@ static void test_attention_forward(void **st) {
                                            AG_A_B(false), AG_A_T(bm)},
                                 6, r),
                      0);
-    assert_close(at(r[0], 0), at(vv, 0), 1e-15, "row 0 attends to key 0 only", 0);
-    assert_close(at(r[0], 1), at(vv, 1), 1e-15, "row 0 attends to key 0 only", 1);
-    assert_close(at(r[0], 2), 0, 0, "fully masked row", 2);
+    tu_assert_near(at(r[0], 0), at(vv, 0), 1e-15, "row 0 attends to key 0 only", 0);
+    tu_assert_near(at(r[0], 1), at(vv, 1), 1e-15, "row 0 attends to key 0 only", 1);
+    tu_assert_near(at(r[0], 2), 0, 0, "fully masked row", 2);
     assert_true(isinf(at(r[1], 1)) && at(r[1], 1) < 0);
     /* The composite entry point returns output 0 of the flash op. */
     ag_tensor *y = ag_scaled_dot_product_attention(qq, qq, vv, true, 0);
-    assert_close(at(y, 0), at(vv, 0), 1e-15, "causal row 0", 0);
+    tu_assert_near(at(y, 0), at(vv, 0), 1e-15, "causal row 0", 0);
     ag_scope_end();
 }
 
@@ -829,70 +793,14 @@ static void test_attention_errors_and_cost(void **st) {
 /* ====================================================================================== */
 /* ---- allocation failures ---- */
 
-/* As test_alloc.c: every scenario runs again with the N-th allocation failing, N = 1, 2, ...,
- * until a run reaches no N. A failing run must report AG_ENOMEM, and nothing may leak. The
- * final scope release may itself allocate (the autograd engine grows a stack to free a node
- * chain and falls back to recursion when it cannot); a failure there happens after the
- * scenario's result is known, so for it only the leak check applies. */
-static int64_t live, count, fail_at;
-static bool failed, releasing, failed_releasing;
-
+/* tu_alloc_failure_sweep over each scenario: a failing run must report AG_ENOMEM, and nothing
+ * may leak. The final scope release may itself allocate (the autograd engine grows a stack to
+ * free a node chain and falls back to recursion when it cannot); a failure there happens after
+ * the scenario's result is known, so for it only the leak check applies. */
 static void release_scope(void) {
-    releasing = true;
+    tu_alloc_cleanup_begin();
     ag_scope_end();
-    releasing = false;
-}
-
-static void *counting_alloc(void *ud, size_t size, size_t align) {
-    (void)ud;
-    count++;
-    if (fail_at && count == fail_at) {
-        failed = true;
-        failed_releasing = releasing;
-        return NULL;
-    }
-    size_t rounded = (size + align - 1) / align * align;
-    void *p = aligned_alloc(align, rounded ? rounded : align);
-    if (p)
-        live++;
-    return p;
-}
-
-static void counting_free(void *ud, void *p) {
-    (void)ud;
-    if (p)
-        live--;
-    free(p);
-}
-
-static int64_t run_with_failures(int (*fn)(void)) {
-    ag_allocator a = {counting_alloc, counting_free, NULL};
-    ag_set_allocator(&a);
-    fail_at = 0;
-    assert_int_equal(fn(), 0);
-    int64_t base = live, n;
-    for (n = 1;; n++) {
-        count = 0;
-        fail_at = n;
-        failed = false;
-        ag_clear_error();
-        int rc = fn();
-        if (failed && !failed_releasing) {
-            if (rc == 0)
-                fail_msg("allocation %lld failed but the scenario reported success", (long long)n);
-            assert_int_equal(ag_last_status(), AG_ENOMEM);
-        } else if (!failed) {
-            assert_int_equal(rc, 0);
-        }
-        if (live != base)
-            fail_msg("allocation %lld failed: %lld allocations leaked", (long long)n,
-                     (long long)(live - base));
-        if (!failed)
-            break;
-    }
-    fail_at = 0;
-    ag_set_allocator(NULL);
-    return n;
+    tu_alloc_cleanup_end();
 }
 
 static const double oom_vals[24] = {0.3,  -1.2, 0.8, 0.1,  -0.5, 1.1,  -0.9, 0.4,
@@ -914,7 +822,8 @@ static ag_tensor *oom_leaf(int nd, const int64_t *sz) {
     } while (0)
 
 /* Layer norm and batch norm (training, running stats) of a transposed input, and backward. */
-static int scenario_norms(void) {
+static int scenario_norms(void *ud) {
+    (void)ud;
     int rc = 0;
     ag_scope_begin();
     int64_t xs[] = {4, 3}, c4[] = {4};
@@ -935,7 +844,8 @@ out:
 
 /* Embedding -> cross entropy with label smoothing and an ignored target, backward, and the
  * frequency-scaled embedding backward. */
-static int scenario_embedding_loss(void) {
+static int scenario_embedding_loss(void *ud) {
+    (void)ud;
     int rc = 0;
     ag_scope_begin();
     int64_t ws[] = {6, 4}, is[] = {5};
@@ -958,7 +868,8 @@ out:
 }
 
 /* Attention on packed (transposed) operands, then dropout, and backward. */
-static int scenario_attention_dropout(void) {
+static int scenario_attention_dropout(void *ud) {
+    (void)ud;
     int rc = 0;
     ag_scope_begin();
     int64_t s3[] = {2, 4, 3};
@@ -977,9 +888,16 @@ out:
 
 static void test_alloc_failures(void **st) {
     (void)st;
-    assert_true(run_with_failures(scenario_norms) > 30);
-    assert_true(run_with_failures(scenario_embedding_loss) > 30);
-    assert_true(run_with_failures(scenario_attention_dropout) > 30);
+    static const struct {
+        int (*fn)(void *);
+        const char *what;
+    } scenarios[] = {{scenario_norms, "norms"},
+                     {scenario_embedding_loss, "embedding loss"},
+                     {scenario_attention_dropout, "attention dropout"}};
+    for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) {
+        tu_sweep_opts o = {.what = scenarios[i].what};
+        assert_true(tu_alloc_failure_sweep(scenarios[i].fn, NULL, &o) >= 30);
+    }
 }
 
 int main(void) {

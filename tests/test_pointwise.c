@@ -3,8 +3,6 @@
  * type promotion, in-place ops (values, version bumps, errors), error messages, and direct
  * backward checks of rules whose shape is easy to get wrong (relu, gelu, where, clamp, mul_). */
 #include "testutil.h"
-#include "autograd/samples.h"
-#include "core/internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -696,16 +694,10 @@ static void test_leaf_inplace(void **st) {
 
 /* ---- backward ---- */
 
-static ag_tensor *leaf(ag_dtype dt, int ndim, const int64_t *sizes, const double *v) {
-    ag_tensor *t = tu_tensor(dt, ndim, sizes, v);
-    assert_int_equal(ag_tensor_set_requires_grad(t, true), 0);
-    return t;
-}
-
 static void test_backward_relu_gelu(void **st) {
     (void)st;
     ag_scope_begin();
-    ag_tensor *x = leaf(AG_F64, 1, SZ(4), V(-1, 2, -3, 4));
+    ag_tensor *x = tu_leaf(AG_F64, 1, SZ(4), V(-1, 2, -3, 4));
     ag_tensor *y = ag_relu(x);
     assert_string_equal(ag_tensor_grad_fn_name(y), "relu");
     assert_int_equal(ag_backward(y, tu_tensor(AG_F64, 1, SZ(4), V(1, 2, 3, 4)), false), 0);
@@ -713,7 +705,7 @@ static void test_backward_relu_gelu(void **st) {
 
     const double xv[] = {-1.5, -0.2, 0.3, 2.0};
     for (int mode = 0; mode < 2; mode++) {
-        ag_tensor *z = leaf(AG_F64, 1, SZ(4), xv);
+        ag_tensor *z = tu_leaf(AG_F64, 1, SZ(4), xv);
         assert_int_equal(ag_backward(ag_gelu(z, mode ? "tanh" : "none"), ag_ones(AG_F64, 1, SZ(4)),
                                      false), 0);
         double want[4];
@@ -722,11 +714,11 @@ static void test_backward_relu_gelu(void **st) {
         tu_assert_values(ag_tensor_grad(z), 1, SZ(4), want, 1e-8);
     }
     /* clamp: gradient 1 inside [min, max], 0 outside */
-    ag_tensor *c = leaf(AG_F32, 1, SZ(4), V(-2, -0.5, 0.5, 2));
+    ag_tensor *c = tu_leaf(AG_F32, 1, SZ(4), V(-2, -0.5, 0.5, 2));
     assert_int_equal(ag_backward(ag_clamp(c, -1, 1), ag_ones(AG_F32, 1, SZ(4)), false), 0);
     tu_assert_values(ag_tensor_grad(c), 1, SZ(4), V(0, 1, 1, 0), 0);
     /* an f32 leaf times an i64 tensor gets an f32 gradient */
-    ag_tensor *f = leaf(AG_F32, 1, SZ(2), V(1, 2));
+    ag_tensor *f = tu_leaf(AG_F32, 1, SZ(2), V(1, 2));
     assert_int_equal(ag_backward(ag_mul(f, tu_tensor(AG_I64, 1, SZ(2), V(3, -4))),
                                  ag_ones(AG_F32, 1, SZ(2)), false), 0);
     assert_dtype(ag_tensor_grad(f), AG_F32);
@@ -738,15 +730,15 @@ static void test_backward_where(void **st) {
     (void)st;
     ag_scope_begin();
     ag_tensor *c = tu_tensor(AG_BOOL, 2, SZ(2, 3), V(1, 0, 1, 0, 0, 1));
-    ag_tensor *a = leaf(AG_F64, 2, SZ(2, 3), V(1, 2, 3, 4, 5, 6));
-    ag_tensor *b = leaf(AG_F64, 1, SZ(3), V(-1, -2, -3));
+    ag_tensor *a = tu_leaf(AG_F64, 2, SZ(2, 3), V(1, 2, 3, 4, 5, 6));
+    ag_tensor *b = tu_leaf(AG_F64, 1, SZ(3), V(-1, -2, -3));
     ag_tensor *y = ag_where(c, a, b);
     ag_tensor *g = tu_tensor(AG_F64, 2, SZ(2, 3), V(1, 2, 3, 4, 5, 6));
     assert_int_equal(ag_backward(y, g, false), 0);
     tu_assert_values(ag_tensor_grad(a), 2, SZ(2, 3), V(1, 0, 3, 0, 0, 6), 0);
     tu_assert_values(ag_tensor_grad(b), 1, SZ(3), V(4, 2 + 5, 0), 0); /* summed over rows */
     /* masked_fill: no gradient where filled */
-    ag_tensor *x = leaf(AG_F64, 1, SZ(3), V(1, 2, 3));
+    ag_tensor *x = tu_leaf(AG_F64, 1, SZ(3), V(1, 2, 3));
     ag_tensor *m = ag_masked_fill(x, tu_tensor(AG_BOOL, 1, SZ(3), V(0, 1, 0)), 5);
     assert_int_equal(ag_backward(m, tu_tensor(AG_F64, 1, SZ(3), V(7, 8, 9)), false), 0);
     tu_assert_values(ag_tensor_grad(x), 1, SZ(3), V(7, 0, 9), 0);
@@ -757,8 +749,8 @@ static void test_backward_inplace(void **st) {
     (void)st;
     ag_scope_begin();
     /* y = 2x; y *= z: dx = 2z, dz = 2x (mul_ saves the original self) */
-    ag_tensor *x = leaf(AG_F64, 1, SZ(3), V(1, 2, 3));
-    ag_tensor *z = leaf(AG_F64, 1, SZ(3), V(-1, 0.5, 4));
+    ag_tensor *x = tu_leaf(AG_F64, 1, SZ(3), V(1, 2, 3));
+    ag_tensor *z = tu_leaf(AG_F64, 1, SZ(3), V(-1, 0.5, 4));
     ag_tensor *y = ag_mul_scalar(x, 2);
     ag_mul_(y, z);
     assert_string_equal(ag_tensor_grad_fn_name(y), "mul_.Tensor");
@@ -769,15 +761,15 @@ static void test_backward_inplace(void **st) {
     tu_assert_values(ag_tensor_grad(x), 1, SZ(3), V(-2, 1, 8), 0);
     tu_assert_values(ag_tensor_grad(z), 1, SZ(3), V(2 + 3, 4 + 3, 6 + 3), 0);
     /* copy_ cuts self's history (zero gradient) and passes the gradient to src */
-    ag_tensor *p = leaf(AG_F64, 1, SZ(2), V(1, 2));
-    ag_tensor *q = leaf(AG_F64, 1, SZ(2), V(3, 4));
+    ag_tensor *p = tu_leaf(AG_F64, 1, SZ(2), V(1, 2));
+    ag_tensor *q = tu_leaf(AG_F64, 1, SZ(2), V(3, 4));
     ag_tensor *h = ag_mul_scalar(p, 5);
     ag_copy_(h, ag_mul(q, q));
     assert_int_equal(ag_backward(h, ag_ones(AG_F64, 1, SZ(2)), false), 0);
     tu_assert_values(ag_tensor_grad(p), 1, SZ(2), V(0, 0), 0);
     tu_assert_values(ag_tensor_grad(q), 1, SZ(2), V(6, 8), 0);
     /* modifying a saved output is detected at backward time */
-    ag_tensor *w = leaf(AG_F64, 1, SZ(2), V(0, 1));
+    ag_tensor *w = tu_leaf(AG_F64, 1, SZ(2), V(0, 1));
     ag_tensor *e = ag_exp(w);
     ag_add_scalar_(e, 1);
     assert_int_not_equal(ag_backward(e, ag_ones(AG_F64, 1, SZ(2)), false), 0);
@@ -786,24 +778,6 @@ static void test_backward_inplace(void **st) {
 }
 
 /* ---- gradcheck of this family's samples (the table-wide test runs every op) ---- */
-
-typedef struct {
-    const ag_op *op;
-    ag__sample *c;
-} gc_case;
-
-/* As the table-wide test: an in-place op runs on a clone of self (x.clone().add_(y)). */
-static int call_case(void *ud, ag_tensor *const *in, int n, ag_tensor **outs, int *nouts) {
-    (void)in;
-    (void)n;
-    gc_case *u = ud;
-    ag_arg args[AG_MAX_ARGS];
-    memcpy(args, u->c->args, sizeof(ag_arg) * (size_t)u->c->nargs);
-    if (ag_op_def(u->op)->flags & AG_OP_INPLACE)
-        args[0].u.t = ag_clone(args[0].u.t);
-    *nouts = 1;
-    return ag_op_call(u->op, args, u->c->nargs, outs) < 0 ? ag_last_status() : 0;
-}
 
 static void test_gradcheck_family(void **st) {
     (void)st;
@@ -815,29 +789,7 @@ static void test_gradcheck_family(void **st) {
         "tanh_backward", "gelu_backward", "silu_backward", "add_.Tensor", "add_.Scalar",
         "mul_.Tensor", "mul_.Scalar", "copy_", "zero_", "fill_.Scalar",
     };
-    int failures = 0;
-    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
-        const ag_op *op = ag_op_find(names[k]);
-        assert_non_null(op);
-        ag__sample *items;
-        int n;
-        assert_int_equal(ag__samples_collect(op, &items, &n), 0);
-        assert_true(n > 0);
-        for (int c = 0; c < n; c++) {
-            gc_case u = {op, &items[c]};
-            ag_tensor *inputs[16];
-            int ni = 0;
-            for (int a = 0; a < items[c].nargs; a++)
-                if (items[c].args[a].kind == AG_ARG_TENSOR)
-                    inputs[ni++] = items[c].args[a].u.t;
-            if (ag_gradcheck(call_case, &u, inputs, ni, NULL)) {
-                print_error("%s [%s]: %s\n", names[k], items[c].note, ag_last_error());
-                failures++;
-            }
-        }
-        ag__samples_free(items, n);
-    }
-    assert_int_equal(failures, 0);
+    tu_gradcheck_ops(names, sizeof names / sizeof names[0]);
 }
 
 int main(void) {

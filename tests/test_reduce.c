@@ -94,31 +94,14 @@ static double *ref_reduce(const ag_tensor *t, const bool *reduce, int kind, int6
 static void assert_close(const ag_tensor *t, const double *ref, int64_t n, double tol) {
     assert_non_null(t);
     assert_int_equal(ag_tensor_numel(t), n);
-    double *v = vals_of(t);
-    for (int64_t i = 0; i < n; i++)
-        if (!(fabs(v[i] - ref[i]) <= tol * (1 + fabs(ref[i])))) {
-            print_error("element %lld: got %.12g, expected %.12g\n", (long long)i, v[i], ref[i]);
-            free(v);
-            fail();
-        }
-    free(v);
+    tu_assert_close(t, ref, tol);
 }
 
 /* A tensor of n values from a fixed LCG in [lo, hi). */
 static ag_tensor *randt(ag_dtype dt, int nd, const int64_t *sizes, double lo, double hi,
                         uint64_t seed) {
-    int64_t n = 1;
-    for (int d = 0; d < nd; d++)
-        n *= sizes[d];
-    double *v = malloc(sizeof(double) * (size_t)(n ? n : 1));
     uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
-    for (int64_t i = 0; i < n; i++) {
-        s = s * 6364136223846793005ull + 1442695040888963407ull;
-        v[i] = lo + (hi - lo) * (double)(s >> 11) * 0x1.0p-53;
-    }
-    ag_tensor *t = tu_tensor(dt, nd, sizes, v);
-    free(v);
-    return t;
+    return tu_rand_tensor(dt, nd, sizes, lo, hi, tu_lcg, &s);
 }
 
 static void mask_of(int nd, const int64_t *dims, int n, bool *reduce) {
@@ -729,86 +712,27 @@ static void test_reduction_backward_values(void **st) {
 
 /* The gradcheck samples of this file's ops pass (the central table checks them too; this keeps
  * the family's own test self-contained). Includes the backward helpers' own backward rules. */
-static int call_op(void *ud, ag_tensor *const *in, int n, ag_tensor **outs, int *nouts);
-typedef struct {
-    const ag_op *op;
-    const ag_arg *args;
-    int nargs;
-} call_ud;
-static int call_op(void *ud, ag_tensor *const *in, int n, ag_tensor **outs, int *nouts) {
-    (void)in;
-    (void)n;
-    call_ud *u = ud;
-    outs[0] = ag_op_call1(u->op, u->args, u->nargs);
-    *nouts = 1;
-    return outs[0] ? 0 : ag_last_status();
-}
-
-#include "autograd/samples.h"
-
 static void test_gradcheck_samples(void **st) {
     (void)st;
-    const char *names[] = {"sum.dim_IntList",
-                           "mean.dim",
-                           "amax",
-                           "var.correction",
-                           "logsumexp",
-                           "_softmax",
-                           "_log_softmax",
-                           "_softmax_backward_data",
-                           "_log_softmax_backward_data"};
-    int failures = 0;
-    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
-        const ag_op *op = ag_op_find(names[k]);
-        assert_non_null(op);
-        ag__sample *items;
-        int n;
-        assert_int_equal(ag__samples_collect(op, &items, &n), 0);
-        assert_true(n >= 2);
-        for (int c = 0; c < n; c++) {
-            ag_tensor *inputs[8];
-            int ni = 0;
-            for (int a = 0; a < items[c].nargs; a++)
-                if (items[c].args[a].kind == AG_ARG_TENSOR)
-                    inputs[ni++] = items[c].args[a].u.t;
-            call_ud u = {op, items[c].args, items[c].nargs};
-            ag_clear_error();
-            if (ag_gradcheck(call_op, &u, inputs, ni, NULL)) {
-                print_error("%s [%s]: %s\n", names[k], items[c].note, ag_last_error());
-                failures++;
-            }
-        }
-        ag__samples_free(items, n);
-    }
-    assert_int_equal(failures, 0);
+    static const char *const names[] = {"sum.dim_IntList",
+                                        "mean.dim",
+                                        "amax",
+                                        "var.correction",
+                                        "logsumexp",
+                                        "_softmax",
+                                        "_log_softmax",
+                                        "_softmax_backward_data",
+                                        "_log_softmax_backward_data"};
+    assert_true(tu_gradcheck_ops(names, sizeof names / sizeof names[0]) >= 2);
 }
 
 /* ---- allocation failures ---- */
 
-static int64_t oom_live, oom_count, oom_fail_at;
-static bool oom_failed;
-
-static void *oom_alloc(void *ud, size_t size, size_t align) {
-    (void)ud;
-    if (oom_fail_at && ++oom_count == oom_fail_at) {
-        oom_failed = true;
-        return NULL;
-    }
-    void *p = aligned_alloc(align, (size + align - 1) / align * align + align);
-    oom_live += p != NULL;
-    return p;
-}
-
-static void oom_free(void *ud, void *p) {
-    (void)ud;
-    oom_live -= p != NULL;
-    free(p);
-}
-
 /* Every scratch allocation of the kernels: chunk partials (a long full sum), column partials
  * (several row chunks), dtype conversion copies, the strided-row gather scratch, argmax's
  * contiguous copy, the two-pass buffers of var and logsumexp, and backward rules. */
-static int oom_scenario(void) {
+static int oom_scenario(void *ud) {
+    (void)ud;
     int rc = 0;
     ag_scope_begin();
     ag_tensor *x = ag_arange(AG_F32, 0, 40000, 1);
@@ -845,38 +769,9 @@ out:
 
 static void test_allocation_failures(void **st) {
     (void)st;
-    int threads = ag_get_num_threads();
-    ag_set_num_threads(1); /* the counting allocator is not thread-safe */
-    ag_allocator a = {oom_alloc, oom_free, NULL};
-    ag_set_allocator(&a);
-    oom_fail_at = 0;
-    assert_int_equal(oom_scenario(), 0);
-    int64_t base = oom_live, n;
-    for (n = 1;; n++) {
-        oom_count = 0;
-        oom_fail_at = n;
-        oom_failed = false;
-        ag_clear_error();
-        int rc = oom_scenario();
-        if (oom_failed) {
-            if (rc != AG_ENOMEM)
-                print_error("allocation %lld failed: status %d (%s)\n", (long long)n, rc,
-                            ag_last_error());
-            assert_int_equal(rc, AG_ENOMEM);
-        } else {
-            assert_int_equal(rc, 0);
-        }
-        if (oom_live != base)
-            print_error("allocation %lld failed: %lld leaked\n", (long long)n,
-                        (long long)(oom_live - base));
-        assert_int_equal(oom_live, base);
-        if (!oom_failed)
-            break;
-    }
-    oom_fail_at = 0;
-    ag_set_allocator(NULL);
-    ag_set_num_threads(threads);
-    assert_true(n > 30);
+    /* One thread: the scratch buffers are then allocated in the same order in every run. */
+    tu_sweep_opts o = {.what = "reductions", .one_thread = true};
+    assert_true(tu_alloc_failure_sweep(oom_scenario, NULL, &o) >= 30);
 }
 
 int main(void) {

@@ -1,8 +1,19 @@
+/* Shared helpers for the cmocka tests (see testutil.h): literal and pseudo-random tensors,
+ * assertions, the counting/failing allocator with its OOM sweep, and gradcheck of an op's
+ * samples with the table-wide test's semantics. */
 #include "testutil.h"
 
+#include "autograd/samples.h"
+#include "core/internal.h"
+
+#include <limits.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+/* ---- tensors ---- */
 
 ag_tensor *tu_tensor(ag_dtype dt, int ndim, const int64_t *sizes, const double *vals) {
     int64_t n = 1;
@@ -23,20 +34,73 @@ ag_tensor *tu_tensor(ag_dtype dt, int ndim, const int64_t *sizes, const double *
     return t;
 }
 
-void tu_assert_values(const ag_tensor *t, int ndim, const int64_t *sizes, const double *vals,
-                      double tol) {
+ag_tensor *tu_leaf(ag_dtype dt, int ndim, const int64_t *sizes, const double *vals) {
+    ag_tensor *t = tu_tensor(dt, ndim, sizes, vals);
+    assert_int_equal(ag_tensor_set_requires_grad(t, true), 0);
+    return t;
+}
+
+uint64_t tu_xorshift_next(uint64_t *state) {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    return *state;
+}
+
+double tu_xorshift(uint64_t *state, double lo, double hi) {
+    return lo + (hi - lo) * (double)(tu_xorshift_next(state) >> 11) * 0x1.0p-53;
+}
+
+double tu_lcg(uint64_t *state, double lo, double hi) {
+    *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+    return lo + (hi - lo) * (double)(*state >> 11) * 0x1.0p-53;
+}
+
+ag_tensor *tu_rand_tensor(ag_dtype dt, int ndim, const int64_t *sizes, double lo, double hi,
+                          tu_gen gen, uint64_t *state) {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++)
+        n *= sizes[i];
+    double *v = malloc(sizeof(double) * (size_t)(n ? n : 1));
+    assert_non_null(v);
+    for (int64_t i = 0; i < n; i++)
+        v[i] = gen(state, lo, hi);
+    ag_tensor *t = tu_tensor(dt, ndim, sizes, v);
+    free(v);
+    return t;
+}
+
+/* ---- assertions ---- */
+
+void tu_assert_shape(const ag_tensor *t, int ndim, const int64_t *sizes) {
     assert_non_null(t);
     assert_int_equal(ag_tensor_ndim(t), ndim);
     for (int i = 0; i < ndim; i++)
         assert_int_equal(ag_tensor_sizes(t)[i], sizes[i]);
-    int64_t n = ag_tensor_numel(t);
-    for (int64_t i = 0; i < n; i++) {
-        double v = ag_tensor_item_at(t, i);
-        if (!(fabs(v - vals[i]) <= tol * (1 + fabs(vals[i])))) {
-            print_error("element %lld: got %.9g, expected %.9g\n", (long long)i, v, vals[i]);
-            fail();
-        }
+}
+
+void tu_assert_near(double got, double want, double tol, const char *what, int64_t i) {
+    if (!(fabs(got - want) <= tol * (1 + fabs(want)))) {
+        print_error("%s[%lld]: got %.12g, expected %.12g\n", what, (long long)i, got, want);
+        fail();
     }
+}
+
+void tu_assert_close_named(const ag_tensor *t, const double *want, double tol, const char *what) {
+    assert_non_null(t);
+    int64_t n = ag_tensor_numel(t);
+    for (int64_t i = 0; i < n; i++)
+        tu_assert_near(ag_tensor_item_at(t, i), want[i], tol, what, i);
+}
+
+void tu_assert_close(const ag_tensor *t, const double *want, double tol) {
+    tu_assert_close_named(t, want, tol, "element");
+}
+
+void tu_assert_values(const ag_tensor *t, int ndim, const int64_t *sizes, const double *vals,
+                      double tol) {
+    tu_assert_shape(t, ndim, sizes);
+    tu_assert_close(t, vals, tol);
 }
 
 double tu_max_abs_diff(const ag_tensor *a, const ag_tensor *b) {
@@ -56,4 +120,248 @@ void tu_assert_error_contains(const char *needle) {
         print_error("error message '%s' does not contain '%s'\n", msg, needle);
         fail();
     }
+}
+
+/* ---- allocation counting and failure injection ---- */
+
+/* The counting allocator's state. count and live are atomic because kernels allocate scratch
+ * on their worker threads; the flags are written by the test's thread between parallel
+ * regions. */
+static struct {
+    ag_allocator prev; /* the allocator wrapped while installed */
+    bool installed;
+    _Atomic int64_t count; /* allocations counted since the last reset */
+    _Atomic int64_t live;  /* allocations made through the wrapper and not freed */
+    int64_t fail_at;       /* the counted allocation that fails (1-based); 0: none */
+    _Atomic bool failed, failed_in_cleanup;
+    int paused, cleanup;
+} ca;
+
+static void *counting_alloc(void *ud, size_t size, size_t align) {
+    (void)ud;
+    if (!ca.paused) {
+        int64_t k = atomic_fetch_add(&ca.count, 1) + 1;
+        if (ca.fail_at && k == ca.fail_at) {
+            atomic_store(&ca.failed, true);
+            if (ca.cleanup)
+                atomic_store(&ca.failed_in_cleanup, true);
+            return NULL;
+        }
+    }
+    void *p = ca.prev.alloc(ca.prev.ud, size, align);
+    if (p)
+        atomic_fetch_add(&ca.live, 1);
+    return p;
+}
+
+static void counting_free(void *ud, void *p) {
+    (void)ud;
+    if (p)
+        atomic_fetch_sub(&ca.live, 1);
+    ca.prev.free(ca.prev.ud, p);
+}
+
+static void counting_uninstall(void);
+
+static void counting_install(void) {
+    counting_uninstall(); /* left installed by a test that failed mid-sweep */
+    ca.prev = ag_get_allocator();
+    atomic_store(&ca.count, 0);
+    atomic_store(&ca.live, 0);
+    ca.fail_at = 0;
+    ca.paused = ca.cleanup = 0;
+    ca.installed = true;
+    ag_set_allocator(&(ag_allocator){counting_alloc, counting_free, NULL});
+}
+
+static void counting_uninstall(void) {
+    if (!ca.installed)
+        return;
+    ag_set_allocator(&ca.prev);
+    ca.installed = false;
+    ca.fail_at = 0;
+}
+
+void tu_alloc_cleanup_begin(void) {
+    ca.cleanup++;
+}
+
+void tu_alloc_cleanup_end(void) {
+    ca.cleanup--;
+}
+
+void tu_alloc_pause(void) {
+    ca.paused++;
+}
+
+void tu_alloc_resume(void) {
+    ca.paused--;
+}
+
+void tu_alloc_count_begin(void) {
+    counting_install();
+}
+
+int64_t tu_alloc_count_end(void) {
+    counting_uninstall();
+    return atomic_load(&ca.count);
+}
+
+typedef struct sweep {
+    const char *what;
+    int threads; /* to restore; 0: unchanged */
+} sweep;
+
+static void sweep_end(const sweep *s) {
+    counting_uninstall();
+    if (s->threads)
+        ag_set_num_threads(s->threads);
+}
+
+/* Stops the sweep (allocator and thread count restored) and fails the test. */
+#define SWEEP_FAIL(s, ...)                                                                         \
+    do {                                                                                           \
+        sweep_end(s);                                                                              \
+        print_error("%s: ", (s)->what);                                                            \
+        print_error(__VA_ARGS__);                                                                  \
+        print_error("\n");                                                                         \
+        fail();                                                                                    \
+    } while (0)
+
+int64_t tu_alloc_failure_sweep(int (*scenario)(void *ud), void *ud, const tu_sweep_opts *opts) {
+    tu_sweep_opts o = opts ? *opts : (tu_sweep_opts){0};
+    sweep s = {o.what ? o.what : "allocation failure sweep", 0};
+    int64_t max_points = o.max_points > 0 ? o.max_points : 100000;
+    if (o.one_thread) {
+        s.threads = ag_get_num_threads();
+        ag_set_num_threads(1);
+    }
+    counting_install();
+    ag_clear_error();
+    int rc = scenario(ud);
+    if (rc != 0)
+        SWEEP_FAIL(&s, "the clean run failed: status %d (%s)", rc, ag_last_error());
+    if (o.clean_run_frees_all && atomic_load(&ca.live) != 0)
+        SWEEP_FAIL(&s, "the clean run leaked %lld allocations", (long long)atomic_load(&ca.live));
+    int64_t base = atomic_load(&ca.live), n;
+    for (n = 1;; n++) {
+        if (n > max_points)
+            SWEEP_FAIL(&s, "more than %lld allocation points", (long long)max_points);
+        atomic_store(&ca.count, 0);
+        atomic_store(&ca.failed, false);
+        atomic_store(&ca.failed_in_cleanup, false);
+        ca.fail_at = n;
+        ag_clear_error();
+        rc = scenario(ud);
+        int status = ag_last_status();
+        bool failed = atomic_load(&ca.failed), in_cleanup = atomic_load(&ca.failed_in_cleanup);
+        ca.fail_at = 0;
+        if (failed && !in_cleanup) {
+            if (rc == 0)
+                SWEEP_FAIL(&s, "allocation %lld failed but the scenario reported success",
+                           (long long)n);
+            if (rc != AG_ENOMEM || status != AG_ENOMEM)
+                SWEEP_FAIL(&s, "allocation %lld failed: returned %d, status %d (%s)", (long long)n,
+                           rc, status, ag_last_error());
+        } else if (!failed && rc != 0) {
+            SWEEP_FAIL(&s, "run %lld reached no failure but returned %d (%s)", (long long)n, rc,
+                       ag_last_error());
+        }
+        int64_t live = atomic_load(&ca.live);
+        if (live != base)
+            SWEEP_FAIL(&s, "%s allocation %lld: %lld allocations leaked (status %d: %s)",
+                       failed ? "failing" : "run that reached no", (long long)n,
+                       (long long)(live - base), rc, ag_last_error());
+        if (!failed)
+            break;
+    }
+    sweep_end(&s);
+    return n - 1;
+}
+
+/* ---- gradcheck of an op's declared samples ---- */
+
+typedef struct sample_call {
+    const ag_op *op;
+    const ag__sample *s;
+} sample_call;
+
+/* Calls the op on the sample's arguments; the gradcheck inputs are the sample's own tensors
+ * (perturbed in place by gradcheck), so the arguments can be passed as they are. */
+static int call_sample(void *ud, ag_tensor *const *in, int n, ag_tensor **outs, int *nouts) {
+    (void)in;
+    (void)n;
+    const sample_call *c = ud;
+    const ag_opdef *def = ag_op_def(c->op);
+    ag_tensor *tmp[AG_MAX_OUTPUTS] = {0};
+    ag_arg args[AG_MAX_ARGS];
+    memcpy(args, c->s->args, sizeof(ag_arg) * (size_t)c->s->nargs);
+    if (def->flags & AG_OP_INPLACE)
+        args[0].u.t = ag_clone(args[0].u.t);
+    int rc = ag_op_call(c->op, args, c->s->nargs, tmp);
+    if (rc < 0)
+        return rc;
+    int cnt = ag_op_noutputs(c->op) < 0 ? rc : ag_op_noutputs(c->op);
+    *nouts = 0;
+    for (int k = 0; k < cnt && k < AG_GRADCHECK_MAX_OUT; k++)
+        outs[(*nouts)++] = ((def->nondiff_outputs >> k) & 1) ? NULL : tmp[k];
+    return 0;
+}
+
+int tu_gradcheck_samples(const ag_op *op, int *ncases) {
+    ag__sample *items;
+    int n, failures = 0;
+    assert_int_equal(ag__samples_collect(op, &items, &n), 0);
+    for (int c = 0; c < n; c++) {
+        ag_tensor *inputs[64];
+        int ni = 0;
+        for (int a = 0; a < items[c].nargs; a++) {
+            const ag_arg *arg = &items[c].args[a];
+            if (arg->kind == AG_ARG_TENSOR && arg->u.t) {
+                assert_true(ni < 64);
+                inputs[ni++] = arg->u.t;
+            } else if (arg->kind == AG_ARG_TENSORS) {
+                for (int k = 0; k < arg->n; k++)
+                    if (arg->u.ts[k]) {
+                        assert_true(ni < 64);
+                        inputs[ni++] = arg->u.ts[k];
+                    }
+            }
+        }
+        sample_call call = {op, &items[c]};
+        ag_manual_seed(42);
+        ag_clear_error();
+        if (ag_gradcheck(call_sample, &call, inputs, ni, NULL)) {
+            print_error("%s [%s]: %s\n", ag_op_name(op), items[c].note, ag_last_error());
+            failures++;
+        }
+    }
+    ag__samples_free(items, n);
+    if (ncases)
+        *ncases = n;
+    return failures;
+}
+
+int tu_gradcheck_op(const char *name) {
+    const ag_op *op = ag_op_find(name);
+    if (!op) {
+        print_error("%s: no such op\n", name);
+        fail();
+    }
+    int n;
+    int failures = tu_gradcheck_samples(op, &n);
+    if (n == 0)
+        print_error("%s: no gradcheck sample\n", name);
+    assert_true(n > 0);
+    assert_int_equal(failures, 0);
+    return n;
+}
+
+int tu_gradcheck_ops(const char *const *names, size_t n) {
+    int fewest = INT_MAX;
+    for (size_t i = 0; i < n; i++) {
+        int k = tu_gradcheck_op(names[i]);
+        fewest = k < fewest ? k : fewest;
+    }
+    return fewest;
 }

@@ -1,17 +1,47 @@
-/* Shared helpers for the cmocka tests. */
+/* Shared helpers for the cmocka tests: tensors from literal or pseudo-random values, value and
+ * error assertions, allocation counting and failure injection (the OOM sweep every family's
+ * test runs), and gradcheck over an op's declared samples. Each test program is one
+ * tests/test_*.c linked with testutil.c. */
 #ifndef AG_TESTUTIL_H
 #define AG_TESTUTIL_H
 
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
 #include "aotgrad.h"
 
+/* ---- tensors ---- */
+
 /* A tensor from literal values: T(AG_F32, 2, ((int64_t[]){2, 3}), ((double[]){1,2,3,4,5,6})). */
 ag_tensor *tu_tensor(ag_dtype dt, int ndim, const int64_t *sizes, const double *vals);
+/* tu_tensor, made a leaf that requires grad. */
+ag_tensor *tu_leaf(ag_dtype dt, int ndim, const int64_t *sizes, const double *vals);
+
+/* Deterministic generators, independent of the library's Philox generator. Each advances
+ * *state and returns a value in [lo, hi). */
+typedef double (*tu_gen)(uint64_t *state, double lo, double hi);
+double tu_xorshift(uint64_t *state, double lo, double hi); /* xorshift64 (13, 7, 17) */
+double tu_lcg(uint64_t *state, double lo, double hi);      /* Knuth's MMIX LCG */
+/* The raw xorshift64 step behind tu_xorshift: the new state. */
+uint64_t tu_xorshift_next(uint64_t *state);
+/* A tensor of the given shape filled in row-major order with gen(state, lo, hi). */
+ag_tensor *tu_rand_tensor(ag_dtype dt, int ndim, const int64_t *sizes, double lo, double hi,
+                          tu_gen gen, uint64_t *state);
+
+/* ---- assertions ---- */
+
+/* Asserts t has the given shape. */
+void tu_assert_shape(const ag_tensor *t, int ndim, const int64_t *sizes);
+/* Asserts |got - want| <= tol * (1 + |want|); a failure names what[i]. */
+void tu_assert_near(double got, double want, double tol, const char *what, int64_t i);
+/* Asserts t's elements (row-major, any dtype and layout) are want[] within tol * (1 + |want|);
+ * a failure names what[element]. tu_assert_close names them "element". */
+void tu_assert_close_named(const ag_tensor *t, const double *want, double tol, const char *what);
+void tu_assert_close(const ag_tensor *t, const double *want, double tol);
 /* Asserts t has the given shape and values within tol (absolute + relative). */
 void tu_assert_values(const ag_tensor *t, int ndim, const int64_t *sizes, const double *vals,
                       double tol);
@@ -19,5 +49,62 @@ void tu_assert_values(const ag_tensor *t, int ndim, const int64_t *sizes, const 
 double tu_max_abs_diff(const ag_tensor *a, const ag_tensor *b);
 /* Asserts the last error contains `needle`. */
 void tu_assert_error_contains(const char *needle);
+
+/* ---- allocation counting and failure injection ----
+ *
+ * A counting allocator wraps the one installed before it (Lua's EMERGENCYGCTESTS, SQLite's OOM
+ * tests). tu_alloc_failure_sweep runs a scenario once cleanly, then again and again with the
+ * N-th allocation failing, N = 1, 2, ..., until a run completes without reaching N. Every
+ * failing run must return AG_ENOMEM with ag_last_status() == AG_ENOMEM (no crash, no success
+ * that hides the failure), every other run 0, and after every run the number of live
+ * allocations must be back at the baseline: nothing leaked. The counters are atomic, so the
+ * kernels' worker threads may allocate. */
+
+typedef struct tu_sweep_opts {
+    const char *what; /* names the scenario in failure messages */
+    /* The clean first run is a warm-up: what it keeps (the op registry, the scope stack and
+     * other process-wide tables built on first use) is the baseline. With this set it must
+     * keep nothing as well (the caller warmed those tables up beforehand). */
+    bool clean_run_frees_all;
+    /* Runs the sweep on one thread, so the N-th allocation is the same one in every run. */
+    bool one_thread;
+    int64_t max_points; /* fails beyond this many allocation points; 0: 100000 */
+} tu_sweep_opts;
+
+/* Runs the sweep described above over scenario(ud), which returns 0 or a negative status and
+ * must release what it allocates. opts may be NULL. Returns the number of allocation points
+ * exercised (the runs that failed an allocation). */
+int64_t tu_alloc_failure_sweep(int (*scenario)(void *ud), void *ud, const tu_sweep_opts *opts);
+
+/* Allocations between these two calls, made by a sweep's scenario, are cleanup after its
+ * result is known (releasing a scope may allocate: the autograd engine grows a stack to free a
+ * node chain and falls back to recursion when it cannot). A run whose injected failure lands
+ * there gets only the leak check. */
+void tu_alloc_cleanup_begin(void);
+void tu_alloc_cleanup_end(void);
+/* Between these two calls allocations are neither counted as points nor failed (they still
+ * count as live): the scenario's own bookkeeping and checks. */
+void tu_alloc_pause(void);
+void tu_alloc_resume(void);
+
+/* Counts allocations: begin installs the counting allocator (no failures), end restores the
+ * previous one and returns the number of allocations made in between. */
+void tu_alloc_count_begin(void);
+int64_t tu_alloc_count_end(void);
+
+/* ---- gradcheck of an op's declared samples ---- */
+
+/* Runs ag_gradcheck on every sample of op, as the table-wide test does: every tensor argument
+ * (lists included) is a gradcheck input, an in-place op is checked on a clone of self
+ * (x.clone().add_(y), so the sample keeps its values and gradients reach self through clone),
+ * and outputs flagged nondiff_outputs are left out. The generator is seeded with 42 before each
+ * case. Prints each failing case with its message; returns the number of failing cases and sets
+ * *ncases (may be NULL) to the number of samples. */
+int tu_gradcheck_samples(const ag_op *op, int *ncases);
+/* tu_gradcheck_samples of the op named `name`; fails the test if there is no such op, it has
+ * no sample, or any sample fails. Returns the number of samples. */
+int tu_gradcheck_op(const char *name);
+/* tu_gradcheck_op of each of the n names; returns the fewest samples any of them has. */
+int tu_gradcheck_ops(const char *const *names, size_t n);
 
 #endif

@@ -2,6 +2,9 @@
  *
  *   aotgrad ops [--json]            list the op table
  *   aotgrad train [--steps N] ...   the main job (a small training demo for now)
+ *   aotgrad models                  list the model zoo
+ *   aotgrad trace MODEL ...         print a zoo model's traced forward graph
+ *   aotgrad show FILE ...           parse, verify and print a graph file
  *   aotgrad version
  *
  * Each subcommand lives in its own cmd_*.c file; this file only dispatches. */
@@ -17,6 +20,12 @@ static const struct {
 } commands[] = {
     {"ops", cli_ops, "list the op table (name, flags, dtypes, backward, gradcheck) [--json]"},
     {"train", cli_train, "train a model (the main job) [--steps N] [--seed S] [--lr F]"},
+    {"models", cli_models, "list the model zoo"},
+    {"trace", cli_trace,
+     "print a zoo model's traced forward graph: MODEL [--config NAME] [--format text|dot|svg] "
+     "[-o FILE] [--seq-nr] [--stack-traces]"},
+    {"show", cli_show,
+     "parse, verify and print a graph file: FILE [--format text|dot|svg] [-o FILE]"},
 };
 
 static void usage(FILE *f) {

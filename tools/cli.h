@@ -6,6 +6,9 @@
 
 int cli_ops(int argc, char **argv);
 int cli_train(int argc, char **argv);
+int cli_models(int argc, char **argv);
+int cli_trace(int argc, char **argv);
+int cli_show(int argc, char **argv);
 
 /* Small option helpers: `--name VALUE` parsing with a clear message on bad values. */
 int cli_int_opt(const char *cmd, const char *name, const char *val, long long min, long long max,

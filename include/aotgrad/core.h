@@ -73,6 +73,8 @@ typedef struct ag_allocator {
 } ag_allocator;
 
 AG_API void ag_set_allocator(const ag_allocator *a); /* NULL restores the default */
+/* Frees memory the library returned to the caller (strings such as ag_graph_to_string's). */
+AG_API void ag_free(void *p);
 AG_API ag_allocator ag_get_allocator(void);
 
 /* ---- tensors ---- */

@@ -141,6 +141,11 @@ typedef struct ag_opdef {
     ag_cost_fn cost;          /* NULL: a default from the flags */
     ag_decomp_fn decomp;      /* optional */
     ag_samples_fn samples;    /* gradcheck cases; required for differentiable ops */
+    /* For ops that mutate an argument (schema `Tensor(a!)`): the name of the functional op that
+     * functionalization records instead. It takes the same arguments and returns the op's own
+     * outputs followed by the new value of each mutated argument in schema order; for in-place
+     * ops (output 0 is self) just the new self. */
+    const char *functional;
 } ag_opdef;
 
 #define AG_DT_FLOAT ((1u << AG_F32) | (1u << AG_F64))

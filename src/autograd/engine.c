@@ -282,6 +282,8 @@ int ag__autograd_record(const ag_op *op, const ag_arg *args, int nargs, ag_tenso
     return 0;
 }
 
+int64_t ag__autograd_current_seq(void) { return next_seq_nr - 1; }
+
 int64_t ag_tensor_seq_nr(const ag_tensor *t) {
     return t && t->grad_fn ? t->grad_fn->seq_nr : -1;
 }

@@ -74,3 +74,5 @@ char *ag__strdup(const char *s) {
         memcpy(d, s, n);
     return d;
 }
+
+void ag_free(void *p) { ag__free(p); }

@@ -55,7 +55,8 @@ struct ag_tensor {
     ag_tensor *grad;
     struct ag_anode *grad_fn;
     int output_nr;
-    void *trace;         /* the tracer's graph node (later stages) */
+    void *trace;         /* the tracer's graph node, valid when trace_id is the active trace's */
+    uint64_t trace_id;
 };
 
 /* A new tensor with contiguous strides for `m` (m's strides/offset ignored) and fresh storage;
@@ -93,6 +94,7 @@ typedef struct ag__tls_state {
     bool in_grad_acc;         /* the current add is a gradient accumulation */
     int64_t bw_seq_nr;        /* seq_nr of the node whose backward is running, else -1 */
     int dispatch_depth;       /* >0 while inside an op (composites, backward rules) */
+    int64_t trace_seq;        /* seq_nr for the node being traced (set by the dispatcher) */
 } ag__tls_state;
 ag__tls_state *ag__tls(void);
 /* Drops one reference to an autograd node (engine.c). */
@@ -103,6 +105,9 @@ bool ag__autograd_wanted(const ag_op *op, const ag_arg *args, int nargs);
 int ag__autograd_check_inplace(const ag_op *op, const ag_arg *args, int nargs);
 int ag__autograd_record(const ag_op *op, const ag_arg *args, int nargs, ag_tensor **outs,
                         int nouts, ag_tensor *orig_self);
+/* seq_nr of the most recently created autograd node (-1 before any): what a forward node
+ * traced now is tagged with, as PyTorch's _get_sequence_nr() - 1. */
+int64_t ag__autograd_current_seq(void);
 /* Element i (flat, row-major over the view) as double. */
 double ag__get_f64(const ag_tensor *t, int64_t i);
 
@@ -123,6 +128,9 @@ struct ag_op {
 typedef int (*ag__trace_hook_fn)(const ag_op *op, const ag_arg *args, int nargs,
                                  ag_tensor **outs, int nouts);
 extern ag__trace_hook_fn ag__trace_hook;
+
+/* Checks args against op's schema and fills defaults into full[] (AG_MAX_ARGS entries). */
+int ag__op_check_args(const ag_op *op, const ag_arg *args, int nargs, ag_arg *full);
 
 /* Finds a built-in op by name; aborts with a message if missing (a programming error in the
  * library's own tables, never user input). */

@@ -149,6 +149,7 @@ ag_tensor *ag__tensor_alias(ag_tensor *src, const ag_tmeta *m) {
     t->storage = src->storage;
     t->storage->refcount++;
     t->trace = src->trace;
+    t->trace_id = src->trace_id;
     return t;
 }
 

@@ -9,6 +9,9 @@
  *   remove_duplicate lists it once, as transformer.wte.weight).
  * Initialization as nanoGPT's _init_weights: N(0, 0.02) for Linear and Embedding weights,
  * zero biases, N(0, 0.02/sqrt(2 n_layer)) for both c_proj weights of every block. */
+/* Module code records its call sites like user code, as torch/nn frames appear in PyTorch
+ * stack traces. */
+#define AG_RECORD_SITES
 #include "nn_internal.h"
 
 #include <math.h>

@@ -6,6 +6,9 @@
  * inside its own autorelease scope whose result it keeps, so the caller gets a new reference
  * (ag_module_call then hands it to the caller's scope). Forwards only call ops and read sizes,
  * never tensor data, so that they trace. */
+/* Module code records its call sites like user code, as torch/nn frames appear in PyTorch
+ * stack traces. */
+#define AG_RECORD_SITES
 #include "nn_internal.h"
 
 #include <math.h>

@@ -456,7 +456,10 @@ int ag_module_call(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
                 return ag_last_status();
             return ag__err(AG_EINVAL, "%s: input %d is NULL", m->type, i);
         }
+    /* The caller's site becomes an outer stack frame for the ops the forward runs. */
+    ag_site_push();
     int n = m->forward(m, in, nin, out, max_out);
+    ag_site_pop();
     if (n < 0) {
         for (int i = 0; i < max_out; i++)
             out[i] = NULL;
@@ -501,40 +504,45 @@ ag_tensor *ag_module_forward(ag_module *m, ag_tensor *x) {
 
 int ag__nn_add_tensor(ag_module *m, const char *name, bool param, ag_dtype dt, int ndim,
                       const int64_t *sizes, ag__nn_init init, double a, double b) {
-    ag_tensor *t = ag__tensor_new(dt, ndim, sizes, false);
+    /* In meta mode (ag_set_meta_mode) the tensor gets no data and there is nothing to fill:
+     * a model the size of GPT-2 small can be built for tracing without its weights. */
+    bool meta = ag__tls()->tracing;
+    ag_tensor *t = ag__tensor_new(dt, ndim, sizes, meta);
     if (!t)
         return ag_last_status();
     int64_t n = ag_tensor_numel(t);
     int rc = 0;
     void *p = ag_tensor_data(t);
-    switch (init) {
-    case AG__INIT_ZEROS:
-        memset(p, 0, (size_t)n * ag_dtype_size(dt));
-        break;
-    case AG__INIT_ONES:
-        for (int64_t i = 0; i < n; i++) {
-            if (dt == AG_F32)
-                ((float *)p)[i] = 1.0f;
-            else if (dt == AG_F64)
-                ((double *)p)[i] = 1.0;
-            else if (dt == AG_I64)
-                ((int64_t *)p)[i] = 1;
-            else
-                ((bool *)p)[i] = true;
+    if (!meta) {
+        switch (init) {
+        case AG__INIT_ZEROS:
+            memset(p, 0, (size_t)n * ag_dtype_size(dt));
+            break;
+        case AG__INIT_ONES:
+            for (int64_t i = 0; i < n; i++) {
+                if (dt == AG_F32)
+                    ((float *)p)[i] = 1.0f;
+                else if (dt == AG_F64)
+                    ((double *)p)[i] = 1.0;
+                else if (dt == AG_I64)
+                    ((int64_t *)p)[i] = 1;
+                else
+                    ((bool *)p)[i] = true;
+            }
+            break;
+        case AG__INIT_UNIFORM:
+        case AG__INIT_NORMAL: {
+            /* Drawn by the ops so that the generator's stream is the one every op uses. */
+            bool prev = ag_set_grad_enabled(false);
+            ag_scope_begin();
+            ag_tensor *r = init == AG__INIT_UNIFORM ? ag_uniform_(t, a, b) : ag_normal_(t, a, b);
+            if (!r)
+                rc = ag__nn_status();
+            ag_scope_end();
+            ag_set_grad_enabled(prev);
+            break;
         }
-        break;
-    case AG__INIT_UNIFORM:
-    case AG__INIT_NORMAL: {
-        /* Drawn by the ops so that the generator's stream is the one every op uses. */
-        bool prev = ag_set_grad_enabled(false);
-        ag_scope_begin();
-        ag_tensor *r = init == AG__INIT_UNIFORM ? ag_uniform_(t, a, b) : ag_normal_(t, a, b);
-        if (!r)
-            rc = ag__nn_status();
-        ag_scope_end();
-        ag_set_grad_enabled(prev);
-        break;
-    }
+        }
     }
     if (!rc)
         rc = param ? ag_module_register_parameter(m, name, t)

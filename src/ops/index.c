@@ -1418,6 +1418,7 @@ static const ag_opdef op_index_put_ = {
     .schema = "index_put_(Tensor(a!) self, Tensor?[] indices, Tensor values, "
               "bool accumulate=False) -> Tensor(a!)",
     .flags = AG_OP_INPLACE,
+    .functional = "index_put",
     .meta = index_put__meta,
     .kernel = index_put__kernel,
     .dtypes = AG_DT_ALL,

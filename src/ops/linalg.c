@@ -407,7 +407,16 @@ static void addmm_samples(ag_samples *s) {
                    5);
 }
 
+/* Core decomposition (torch._decomp's addmm): alpha * mm(mat1, mat2), plus beta * self unless
+ * beta is 0 (then self is ignored, NaNs included). */
+static int addmm_decomp(const ag_arg *a, ag_tensor **o) {
+    ag_tensor *out = ag_mul_scalar(ag_mm(a[1].u.t, a[2].u.t), a[4].u.f);
+    o[0] = a[3].u.f == 0.0 ? out : ag_add(ag_mul_scalar(a[0].u.t, a[3].u.f), out);
+    return o[0] ? 0 : ag_last_status();
+}
+
 static const ag_opdef op_addmm = {
+    .decomp = addmm_decomp,
     .schema = "addmm(Tensor self, Tensor mat1, Tensor mat2, *, Scalar beta=1, Scalar alpha=1) "
               "-> Tensor",
     .flags = AG_OP_COMPUTE_INTENSIVE,

@@ -154,7 +154,29 @@ static void ln_samples(ag_samples *s) {
                               AG_A_F(1e-3)}, 5);
 }
 
+/* Core decomposition: mean and biased variance over the normalized dims, out = (x - mean) *
+ * rsqrt(var + eps) * weight + bias; mean and rstd keep the reduced dims (size 1). */
+static int native_layer_norm_decomp(const ag_arg *a, ag_tensor **o) {
+    ag_tensor *x = a[0].u.t;
+    int nnorm = a[1].n;
+    int64_t dims[AG_MAX_DIMS];
+    for (int i = 0; i < nnorm; i++)
+        dims[i] = x->ndim - nnorm + i;
+    ag_tensor *mean = ag_mean(x, dims, nnorm, true);
+    ag_tensor *rstd = ag_rsqrt(ag_add_scalar(ag_var(x, dims, nnorm, 0.0, true), a[4].u.f));
+    ag_tensor *out = ag_mul(ag_sub(x, mean), rstd);
+    if (a[2].kind == AG_ARG_TENSOR && a[2].u.t)
+        out = ag_mul(out, a[2].u.t);
+    if (a[3].kind == AG_ARG_TENSOR && a[3].u.t)
+        out = ag_add(out, a[3].u.t);
+    o[0] = out;
+    o[1] = mean;
+    o[2] = rstd;
+    return out && mean && rstd ? 0 : ag_last_status();
+}
+
 static const ag_opdef op_native_layer_norm = {
+    .decomp = native_layer_norm_decomp,
     .schema = "native_layer_norm(Tensor input, SymInt[] normalized_shape, Tensor? weight, "
               "Tensor? bias, float eps) -> (Tensor, Tensor, Tensor)",
     .meta = ln_meta,
@@ -515,6 +537,7 @@ static const ag_opdef op_native_batch_norm = {
     .schema = "native_batch_norm(Tensor input, Tensor? weight, Tensor? bias, "
               "Tensor(a!)? running_mean, Tensor(b!)? running_var, bool training, "
               "float momentum, float eps) -> (Tensor, Tensor, Tensor)",
+    .functional = "_native_batch_norm_legit_functional",
     .meta = bn_meta,
     .kernel = bn_kernel,
     .dtypes = AG_DT_FLOAT,
@@ -524,6 +547,63 @@ static const ag_opdef op_native_batch_norm = {
     .nondiff_outputs = 0x6, /* save_mean, save_invstd */
     .cost = bn_cost,
     .samples = bn_samples,
+};
+
+/* ---- _native_batch_norm_legit_functional ----
+ * What functionalization records for native_batch_norm: the same computation, with the updated
+ * running statistics returned as outputs 3 and 4 instead of written into the buffers. */
+
+static int bnf_meta(const ag_arg *a, ag_tmeta *o) {
+    int rc = bn_meta(a, o);
+    if (rc)
+        return rc;
+    ag_tensor *rm = targ(&a[3]), *rv = targ(&a[4]);
+    if (!rm || !rv)
+        return ag__err(AG_EINVAL, "_native_batch_norm_legit_functional: running_mean and "
+                                  "running_var are required");
+    ag__tmeta_contiguous(&o[3], rm->dtype, rm->ndim, rm->sizes);
+    ag__tmeta_contiguous(&o[4], rv->dtype, rv->ndim, rv->sizes);
+    return 0;
+}
+
+static int bnf_kernel(const ag_arg *a, ag_tensor **o) {
+    int rc = ag__copy_into(o[3], a[3].u.t);
+    if (!rc)
+        rc = ag__copy_into(o[4], a[4].u.t);
+    if (rc)
+        return rc;
+    ag_arg b[8];
+    memcpy(b, a, sizeof b);
+    b[3] = AG_A_T(o[3]);
+    b[4] = AG_A_T(o[4]);
+    return bn_kernel(b, o);
+}
+
+static void bnf_samples(ag_samples *s) {
+    int64_t x2[] = {4, 3}, c3[] = {3};
+    ag_samples_add(s, "training, 2-d, affine",
+                   (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, x2, -2, 2)),
+                              AG_A_T(ag_samples_rand(s, 1, c3, 0.5, 1.5)),
+                              AG_A_T(ag_samples_rand(s, 1, c3, -1, 1)),
+                              AG_A_T(ag_samples_rand_nograd(s, 1, c3, -0.5, 0.5)),
+                              AG_A_T(ag_samples_rand_nograd(s, 1, c3, 0.5, 1.5)), AG_A_B(true),
+                              AG_A_F(0.1), AG_A_F(1e-5)}, 8);
+}
+
+static const ag_opdef op_native_batch_norm_functional = {
+    .schema = "_native_batch_norm_legit_functional(Tensor input, Tensor? weight, Tensor? bias, "
+              "Tensor running_mean, Tensor running_var, bool training, float momentum, "
+              "float eps) -> (Tensor, Tensor, Tensor, Tensor running_mean_out, "
+              "Tensor running_var_out)",
+    .meta = bnf_meta,
+    .kernel = bnf_kernel,
+    .dtypes = AG_DT_FLOAT,
+    .backward = bn_backward,
+    .save_args = 0x3,
+    .save_outputs = 0x6,
+    .nondiff_outputs = 0x1e, /* everything but the normalized output */
+    .cost = bn_cost,
+    .samples = bnf_samples,
 };
 
 /* ---- native_batch_norm_backward ---- */
@@ -663,6 +743,7 @@ int ag_native_batch_norm(ag_tensor *x, ag_tensor *weight, ag_tensor *bias,
 }
 
 const ag_opdef *const ag__ops_norm[] = {
+    &op_native_batch_norm_functional,
     &op_native_layer_norm, &op_native_layer_norm_backward, &op_layer_norm,
     &op_native_batch_norm, &op_native_batch_norm_backward,
     NULL,

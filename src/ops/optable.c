@@ -443,7 +443,7 @@ static bool kind_ok(ag_type ty, ag_arg *a) {
 /* Copies args into full[], filling defaults and checking kinds. Returns 0, or an error that
  * names the op and argument; when a tensor argument is NULL and an error is already pending
  * (a failed earlier op in a chain), that first message is kept. */
-static int check_args(const ag_op *op, const ag_arg *args, int nargs, ag_arg *full) {
+int ag__op_check_args(const ag_op *op, const ag_arg *args, int nargs, ag_arg *full) {
     if (nargs > op->nargs)
         return ag__err(AG_EINVAL, "%s: takes %d arguments, %d given", op->name, op->nargs, nargs);
     for (int i = 0; i < op->nargs; i++) {
@@ -585,6 +585,11 @@ static int call_raw(const ag_op *op, const ag_arg *full, ag_tensor **outs, int *
     if ((def->flags & AG_OP_INPLACE) && (def->save_args & 1) &&
         ag__autograd_wanted(op, full, op->nargs)) {
         orig_self = ag__tensor_new(full[0].u.t->dtype, full[0].u.t->ndim, full[0].u.t->sizes, meta);
+        if (orig_self) {
+            /* Under tracing the copy stands for self's value before the mutation. */
+            orig_self->trace = full[0].u.t->trace;
+            orig_self->trace_id = full[0].u.t->trace_id;
+        }
         if (!orig_self || (!meta && ag__copy_into(orig_self, full[0].u.t))) {
             ag_tensor_free(orig_self);
             free_outs(outs, nouts);
@@ -605,18 +610,24 @@ static int call_raw(const ag_op *op, const ag_arg *full, ag_tensor **outs, int *
         if (op->mutates[i] && full[i].kind == AG_ARG_TENSOR && full[i].u.t)
             full[i].u.t->storage->version++;
 
+    /* The tracer runs before the autograd record, so that tensors the record saves (aliases of
+     * inputs and outputs) already carry their graph nodes; it is told the seq_nr the record is
+     * about to assign. */
+    if (ag__trace_hook) {
+        bool records = ag__autograd_wanted(op, full, op->nargs) && def->backward;
+        ts->trace_seq = records ? ag__autograd_current_seq() + 1 : ag__autograd_current_seq();
+        rc = ag__trace_hook(op, full, op->nargs, outs, nouts);
+        if (rc < 0) {
+            ag_tensor_free(orig_self);
+            free_outs(outs, nouts);
+            return rc;
+        }
+    }
     rc = ag__autograd_record(op, full, op->nargs, outs, nouts, orig_self);
     ag_tensor_free(orig_self);
     if (rc < 0) {
         free_outs(outs, nouts);
         return rc;
-    }
-    if (ag__trace_hook) {
-        rc = ag__trace_hook(op, full, op->nargs, outs, nouts);
-        if (rc < 0) {
-            free_outs(outs, nouts);
-            return rc;
-        }
     }
     *nouts_p = nouts;
     return 0;
@@ -626,7 +637,7 @@ int ag_op_call(const ag_op *op, const ag_arg *args, int nargs, ag_tensor **outs)
     if (!op)
         return ag__err(AG_EINVAL, "op_call: NULL op");
     ag_arg full[AG_MAX_ARGS];
-    int rc = check_args(op, args, nargs, full);
+    int rc = ag__op_check_args(op, args, nargs, full);
     if (rc)
         return rc;
     int n = 0;
@@ -681,7 +692,7 @@ int ag__calln(const ag_op *op, const ag_arg *args, int nargs, ag_tensor **outs, 
 
 int ag_op_cost(const ag_op *op, const ag_arg *args, int nargs, ag_cost *c) {
     ag_arg full[AG_MAX_ARGS];
-    int rc = check_args(op, args, nargs, full);
+    int rc = ag__op_check_args(op, args, nargs, full);
     if (rc)
         return rc;
     c->flops = c->bytes = 0;

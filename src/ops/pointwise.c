@@ -693,11 +693,43 @@ static void gelu_samples(ag_samples *s) {
 }
 
 #define UNARY_DT ((1u << AG_F32) | (1u << AG_F64) | (1u << AG_I64))
+/* Decompositions for the "core" table (ag_decomp_table_core): the formulas PyTorch's
+ * torch._decomp uses, written with ops. gelu 'none' needs erf, which the table lacks, so that
+ * variant reports AG_ENOTSUP and stays whole. */
+static int silu_decomp(const ag_arg *a, ag_tensor **o) {
+    o[0] = ag_mul(a[0].u.t, ag_sigmoid(a[0].u.t));
+    return o[0] ? 0 : ag_last_status();
+}
+
+static int gelu_decomp(const ag_arg *a, ag_tensor **o) {
+    if (gelu_mode("gelu", &a[1]) != 1)
+        return AG_ENOTSUP;
+    /* 0.5 * x * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3))) */
+    ag_tensor *x = a[0].u.t;
+    ag_tensor *inner = ag_mul_scalar(ag_add(x, ag_mul_scalar(ag_pow_scalar(x, 3.0), 0.044715)),
+                                     0.7978845608028654);
+    o[0] = ag_mul(ag_mul_scalar(x, 0.5), ag_add_scalar(ag_tanh(inner), 1.0));
+    return o[0] ? 0 : ag_last_status();
+}
+
+#define neg_decomp NULL
+#define exp_decomp NULL
+#define log_decomp NULL
+#define sqrt_decomp NULL
+#define rsqrt_decomp NULL
+#define abs_decomp NULL
+#define tanh_decomp NULL
+#define sigmoid_decomp NULL
+#define relu_decomp NULL
+#define sin_decomp NULL
+#define cos_decomp NULL
+#define sign_decomp NULL
+
 #define UNARY_OP(name, sch, dts, save_a, save_o, smp)                                              \
     static const ag_opdef op_##name = {                                                            \
         .schema = sch, .flags = AG_OP_POINTWISE, .meta = name##_meta,                              \
         .kernel = name##_kernel, .dtypes = dts, .backward = name##_backward,                       \
-        .save_args = save_a, .save_outputs = save_o, .samples = smp,                               \
+        .save_args = save_a, .save_outputs = save_o, .samples = smp, .decomp = name##_decomp,      \
     };
 UNARY_OP(neg, "neg(Tensor self) -> Tensor", AG_DT_ALL, 0, 0, samples_any)
 UNARY_OP(exp, "exp(Tensor self) -> Tensor", AG_DT_ALL, 0, 1, samples_any)
@@ -1213,31 +1245,61 @@ static void copy_samples(ag_samples *s) { inplace_samples(s, 2, true, 0, 0); }
 static void zero_samples(ag_samples *s) { inplace_samples(s, 1, false, 0, 0); }
 static void fill_samples(ag_samples *s) { inplace_samples(s, 2, false, 0.5, 0); }
 
-#define INPLACE_OP(name, sch, meta_fn, kernel_fn, bw, save, smp)                                   \
+/* `fn` names the functional variant that functionalization (the joint export) records in
+ * place of the in-place op: same arguments, result = the new value of self. */
+#define INPLACE_OP(name, sch, meta_fn, kernel_fn, bw, save, smp, fn)                               \
     static const ag_opdef op_##name = {                                                            \
         .schema = sch, .flags = AG_OP_POINTWISE | AG_OP_INPLACE, .meta = meta_fn,                  \
         .kernel = kernel_fn, .dtypes = AG_DT_ALL, .backward = bw, .save_args = save,               \
-        .samples = smp,                                                                            \
+        .samples = smp, .functional = fn,                                                          \
     };
 INPLACE_OP(add_inplace,
            "add_.Tensor(Tensor(a!) self, Tensor other, *, Scalar alpha=1) -> Tensor(a!)",
-           add_inplace_meta, add_inplace_kernel, add_backward, 0, add_inplace_samples)
+           add_inplace_meta, add_inplace_kernel, add_backward, 0, add_inplace_samples,
+           "add.Tensor")
 INPLACE_OP(add_scalar_inplace,
            "add_.Scalar(Tensor(a!) self, Scalar other, Scalar alpha=1) -> Tensor(a!)",
            add_scalar_inplace_meta, add_scalar_inplace_kernel, identity_backward, 0,
-           add_scalar_inplace_samples)
+           add_scalar_inplace_samples, "add.Scalar")
 /* mul_ reads the original self in backward: the dispatcher saves a copy before the kernel. */
 INPLACE_OP(mul_inplace, "mul_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)",
-           mul_inplace_meta, mul_inplace_kernel, mul_backward, 3, mul_inplace_samples)
+           mul_inplace_meta, mul_inplace_kernel, mul_backward, 3, mul_inplace_samples,
+           "mul.Tensor")
 INPLACE_OP(mul_scalar_inplace, "mul_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)",
            mul_scalar_inplace_meta, mul_scalar_inplace_kernel, mul_scalar_backward, 0,
-           mul_scalar_inplace_samples)
+           mul_scalar_inplace_samples, "mul.Scalar")
 INPLACE_OP(copy, "copy_(Tensor(a!) self, Tensor src, bool non_blocking=False) -> Tensor(a!)",
-           copy_meta, copy_kernel, copy_backward, 0, copy_samples)
+           copy_meta, copy_kernel, copy_backward, 0, copy_samples, "copy")
 INPLACE_OP(zero, "zero_(Tensor(a!) self) -> Tensor(a!)", self_meta, zero_kernel, copy_backward,
-           0, zero_samples)
+           0, zero_samples, "zero")
 INPLACE_OP(fill, "fill_.Scalar(Tensor(a!) self, Scalar value) -> Tensor(a!)", self_meta,
-           fill_kernel, copy_backward, 0, fill_samples)
+           fill_kernel, copy_backward, 0, fill_samples, "fill.Scalar")
+
+/* The functional variants of copy_, zero_ and fill_ (what functionalization records): a new
+ * contiguous tensor of self's shape and dtype. */
+static int functional_copy_meta(const ag_arg *a, ag_tmeta *o) {
+    int rc = copy_meta(a, o);
+    if (rc == 0)
+        ag__tmeta_contiguous(o, a[0].u.t->dtype, a[0].u.t->ndim, a[0].u.t->sizes);
+    return rc;
+}
+
+static int functional_self_meta(const ag_arg *a, ag_tmeta *o) {
+    ag__tmeta_contiguous(o, a[0].u.t->dtype, a[0].u.t->ndim, a[0].u.t->sizes);
+    return 0;
+}
+
+#define FUNCTIONAL_OP(name, sch, meta_fn, kernel_fn, smp)                                          \
+    static const ag_opdef op_##name = {                                                            \
+        .schema = sch, .flags = AG_OP_POINTWISE, .meta = meta_fn, .kernel = kernel_fn,             \
+        .dtypes = AG_DT_ALL, .backward = copy_backward, .samples = smp,                            \
+    };
+FUNCTIONAL_OP(copy_functional, "copy(Tensor self, Tensor src, bool non_blocking=False) -> Tensor",
+              functional_copy_meta, copy_kernel, copy_samples)
+FUNCTIONAL_OP(zero_functional, "zero(Tensor self) -> Tensor", functional_self_meta, zero_kernel,
+              zero_samples)
+FUNCTIONAL_OP(fill_functional, "fill.Scalar(Tensor self, Scalar value) -> Tensor",
+              functional_self_meta, fill_kernel, fill_samples)
 
 #undef G
 #undef SELF
@@ -1362,6 +1424,6 @@ const ag_opdef *const ag__ops_pointwise[] = {
     &op_eq_scalar, &op_ne_scalar, &op_lt_scalar, &op_le_scalar, &op_gt_scalar, &op_ge_scalar,
     &op_threshold_bw, &op_sigmoid_bw, &op_tanh_bw, &op_gelu_bw, &op_silu_bw,
     &op_add_inplace, &op_add_scalar_inplace, &op_mul_inplace, &op_mul_scalar_inplace,
-    &op_copy, &op_zero, &op_fill,
+    &op_copy, &op_zero, &op_fill, &op_copy_functional, &op_zero_functional, &op_fill_functional,
     NULL,
 };

@@ -584,7 +584,25 @@ static void softmax_samples(ag_samples *s) {
         (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, a, -2, 2)), AG_A_I(-1), AG_A_B(false)}, 3);
 }
 
+/* Core decompositions (torch._decomp): max-shifted exp / sum, and its log form. */
+static int softmax_decomp(const ag_arg *a, ag_tensor **o) {
+    int64_t dim = a[1].u.i;
+    ag_tensor *x = a[0].u.t;
+    ag_tensor *e = ag_exp(ag_sub(x, ag_amax(x, &dim, 1, true)));
+    o[0] = ag_div(e, ag_sum(e, &dim, 1, true));
+    return o[0] ? 0 : ag_last_status();
+}
+
+static int log_softmax_decomp(const ag_arg *a, ag_tensor **o) {
+    int64_t dim = a[1].u.i;
+    ag_tensor *x = a[0].u.t;
+    ag_tensor *shifted = ag_sub(x, ag_amax(x, &dim, 1, true));
+    o[0] = ag_sub(shifted, ag_log(ag_sum(ag_exp(shifted), &dim, 1, true)));
+    return o[0] ? 0 : ag_last_status();
+}
+
 static const ag_opdef op_softmax = {
+    .decomp = softmax_decomp,
     .schema = "_softmax(Tensor self, int dim, bool half_to_float) -> Tensor",
     .flags = 0,
     .meta = softmax_meta,
@@ -597,6 +615,7 @@ static const ag_opdef op_softmax = {
 };
 
 static const ag_opdef op_log_softmax = {
+    .decomp = log_softmax_decomp,
     .schema = "_log_softmax(Tensor self, int dim, bool half_to_float) -> Tensor",
     .flags = 0,
     .meta = log_softmax_meta,

@@ -288,9 +288,16 @@ static void t_samples(ag_samples *s) {
     ag_samples_add(s, "2-d", (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1))}, 1);
 }
 
+/* Core decomposition: t is transpose(0, 1) (a no-op transpose(0, 0) below 2-d). */
+static int t_decomp(const ag_arg *a, ag_tensor **o) {
+    o[0] = ag_transpose(a[0].u.t, 0, a[0].u.t->ndim < 2 ? 0 : 1);
+    return o[0] ? 0 : ag_last_status();
+}
+
 static const ag_opdef op_t = {
     .schema = "t(Tensor(a) self) -> Tensor(a)",
     .flags = AG_OP_VIEW,
+    .decomp = t_decomp,
     .meta = t_meta,
     .dtypes = AG_DT_ALL,
     .backward = t_backward,

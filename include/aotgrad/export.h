@@ -1,0 +1,184 @@
+/* The joint export with descriptors: the C counterpart of PyTorch's
+ * aot_export_joint_with_descriptors, its JointWithDescriptors object, the pytree specs of the
+ * calling convention, and the FX utilities that pair inputs with gradients and outputs with
+ * tangents.
+ *
+ * ag_export_joint traces a module's forward and, through the eager autograd engine's backward
+ * rules, its backward into ONE functional graph:
+ *   inputs  = primals (params in params_spec order, buffers in buffers_spec order, then the
+ *             flattened user args and kwargs values) followed by tangents (one per forward
+ *             output that requires grad: mutated inputs that require grad first, then user
+ *             outputs);
+ *   outputs = [input mutations..., user outputs..., grads (one per primal, None where the primal
+ *             needs none)].
+ * Every placeholder carries its descriptor and the output node carries one per output. In-place
+ * updates of inputs (BatchNorm's running stats) are recorded functionally and returned as
+ * InputMutationAOTOutput outputs, placed first; the graph mutates nothing. Forward nodes are
+ * tagged is_forward and carry the seq_nr of the autograd node they created; backward nodes are
+ * tagged is_backward, carry their forward op's seq_nr, annotations and stack trace; gradient
+ * accumulations are add nodes with is_gradient_acc. When no input requires grad the result is a
+ * forward-only graph without tangents, as upstream. */
+#ifndef AOTGRAD_EXPORT_H
+#define AOTGRAD_EXPORT_H
+
+#include "core.h"
+#include "desc.h"
+#include "graph.h"
+#include "nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- pytree specs ---- */
+
+typedef enum ag_tree_kind {
+    AG_TREE_LEAF = 0, /* a tensor */
+    AG_TREE_NONE,     /* None (no tensor) */
+    AG_TREE_TUPLE,
+    AG_TREE_LIST,
+    AG_TREE_DICT, /* string keys, in insertion order */
+} ag_tree_kind;
+
+/* An immutable, refcounted description of a nested structure (PyTorch's TreeSpec). */
+typedef struct ag_treespec ag_treespec;
+AG_API ag_treespec *ag_treespec_leaf(void);
+AG_API ag_treespec *ag_treespec_none(void);
+/* The container takes its own references to the children. */
+AG_API ag_treespec *ag_treespec_tuple(ag_treespec *const *children, int n);
+AG_API ag_treespec *ag_treespec_list(ag_treespec *const *children, int n);
+AG_API ag_treespec *ag_treespec_dict(const char *const *keys, ag_treespec *const *children, int n);
+AG_API ag_treespec *ag_treespec_retain(const ag_treespec *s);
+AG_API void ag_treespec_release(ag_treespec *s); /* NULL: no-op */
+AG_API ag_tree_kind ag_treespec_kind(const ag_treespec *s);
+AG_API int ag_treespec_num_children(const ag_treespec *s);
+AG_API const ag_treespec *ag_treespec_child(const ag_treespec *s, int i);
+AG_API const char *ag_treespec_key(const ag_treespec *s, int i); /* DICT only */
+AG_API int ag_treespec_num_leaves(const ag_treespec *s);
+AG_API bool ag_treespec_equal(const ag_treespec *a, const ag_treespec *b);
+/* PyTorch's repr: TreeSpec(tuple, None, [TreeSpec(list, None, [*, *]), TreeSpec(dict, [], [])])
+ * with leaves as `*`. Returns the full length, like snprintf. */
+AG_API size_t ag_treespec_repr(const ag_treespec *s, char *buf, size_t n);
+
+/* A nested value of tensors (for flatten/unflatten). Leaves hold references. */
+typedef struct ag_tree ag_tree;
+AG_API ag_tree *ag_tree_leaf(ag_tensor *t);
+AG_API ag_tree *ag_tree_none(void);
+/* Containers take ownership of the children. */
+AG_API ag_tree *ag_tree_tuple(ag_tree *const *children, int n);
+AG_API ag_tree *ag_tree_list(ag_tree *const *children, int n);
+AG_API ag_tree *ag_tree_dict(const char *const *keys, ag_tree *const *children, int n);
+AG_API void ag_tree_free(ag_tree *t);
+AG_API ag_tree_kind ag_tree_kind_of(const ag_tree *t);
+AG_API int ag_tree_num_children(const ag_tree *t);
+AG_API ag_tree *ag_tree_child(const ag_tree *t, int i);
+AG_API const char *ag_tree_key(const ag_tree *t, int i);
+AG_API ag_tensor *ag_tree_tensor(const ag_tree *t); /* LEAF: borrowed */
+/* Leaves in depth-first order (borrowed references in *leaves, an array to ag_free) and the
+ * spec. Returns the leaf count or a negative status. */
+AG_API int ag_tree_flatten(const ag_tree *t, ag_tensor ***leaves, ag_treespec **spec);
+/* Rebuilds a tree of the spec's shape from n leaves; errors when n differs from the spec's
+ * leaf count. */
+AG_API ag_tree *ag_tree_unflatten(const ag_treespec *spec, ag_tensor *const *leaves, int n);
+
+/* ---- the export ---- */
+
+typedef struct ag_export_opts {
+    const ag_decomp_table *decompositions; /* NULL: none (composites still decompose) */
+    bool keep_inference_input_mutations;
+} ag_export_opts;
+
+typedef struct ag_joint ag_joint;
+
+/* Exports module m called on args (positional) and kwargs (tensor keyword arguments, in the
+ * given order; they follow the args as PlainAOTInput indices). Returns the joint (caller frees)
+ * or NULL with a message. The module's tensors are not modified. */
+AG_API ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
+                                 const char *const *kwarg_names, ag_tensor *const *kwargs,
+                                 int nkwargs, const ag_export_opts *opts);
+AG_API void ag_joint_free(ag_joint *j);
+
+AG_API ag_graph *ag_joint_graph(const ag_joint *j); /* borrowed */
+/* Replaces the graph after the user processed it (the joint takes ownership of g, also on
+ * failure). Checks that every placeholder still carries a descriptor, that primals come
+ * before tangents in the same order of descriptors as the export made, and that the output
+ * node carries one descriptor per output. */
+AG_API int ag_joint_set_graph(ag_joint *j, ag_graph *g);
+
+AG_API int ag_joint_num_params(const ag_joint *j);
+AG_API const char *ag_joint_param_fqn(const ag_joint *j, int i); /* params_spec[i] */
+AG_API int ag_joint_num_buffers(const ag_joint *j);
+AG_API const char *ag_joint_buffer_fqn(const ag_joint *j, int i); /* buffers_spec[i] */
+/* in_spec describes ((params..., buffers..., args...), {kwargs}); out_spec the user outputs. */
+AG_API const ag_treespec *ag_joint_in_spec(const ag_joint *j);
+AG_API const ag_treespec *ag_joint_out_spec(const ag_joint *j);
+/* Indices of primals whose storage is static (params and buffers). */
+AG_API int ag_joint_num_static_inputs(const ag_joint *j);
+AG_API int ag_joint_static_input(const ag_joint *j, int i);
+
+typedef struct ag_input_info {
+    bool mutates_data;
+    bool mutates_metadata;
+    bool requires_grad;
+} ag_input_info;
+
+typedef enum ag_output_alias {
+    AG_OUT_NON_ALIAS = 0,
+    AG_OUT_IS_INPUT,
+    AG_OUT_ALIAS_OF_INPUT,
+    AG_OUT_ALIAS_OF_INTERMEDIATE,
+} ag_output_alias;
+
+typedef struct ag_output_info {
+    ag_output_alias alias;
+    int base_index; /* the input (or -1) an aliasing output refers to */
+    bool requires_grad;
+} ag_output_info;
+
+AG_API int ag_joint_num_primals(const ag_joint *j);  /* flat inputs before tangents */
+AG_API int ag_joint_num_tangents(const ag_joint *j);
+AG_API const ag_input_info *ag_joint_input_info(const ag_joint *j, int primal);
+AG_API int ag_joint_num_user_outputs(const ag_joint *j);
+AG_API const ag_output_info *ag_joint_output_info(const ag_joint *j, int user_output);
+AG_API int ag_joint_num_mutated_inputs(const ag_joint *j);
+/* Forward outputs: input mutations plus user outputs (the partitioner's num_fwd_outputs). */
+AG_API int ag_joint_num_fw_outputs(const ag_joint *j);
+AG_API bool ag_joint_needs_autograd(const ag_joint *j);
+
+/* ---- FX utilities (upstream's torch._functorch._aot_autograd.fx_utils) ----
+ * Each returns pairs keyed by descriptor in graph order, or NULL with a message (a graph with
+ * subclass descriptors is refused as upstream refuses it). */
+typedef struct ag_fx_pairs ag_fx_pairs;
+AG_API void ag_fx_pairs_free(ag_fx_pairs *p);
+AG_API int ag_fx_pairs_count(const ag_fx_pairs *p);
+AG_API const ag_desc *ag_fx_pairs_desc(const ag_fx_pairs *p, int i);
+AG_API ag_node *ag_fx_pairs_first(const ag_fx_pairs *p, int i);  /* input / output node */
+AG_API ag_node *ag_fx_pairs_second(const ag_fx_pairs *p, int i); /* grad / tangent or NULL */
+AG_API int ag_fx_pairs_find(const ag_fx_pairs *p, const ag_desc *d); /* index or -1 */
+
+/* input desc -> (placeholder, grad node or NULL): every differentiable input, tangents too. */
+AG_API ag_fx_pairs *ag_fx_all_input_and_grad_nodes(const ag_graph *g);
+/* output desc -> (output node, tangent placeholder or NULL): every differentiable output. */
+AG_API ag_fx_pairs *ag_fx_all_output_and_tangent_nodes(const ag_graph *g);
+AG_API ag_fx_pairs *ag_fx_param_and_grad_nodes(const ag_graph *g);
+AG_API ag_fx_pairs *ag_fx_plain_input_and_grad_nodes(const ag_graph *g);
+AG_API ag_fx_pairs *ag_fx_plain_output_and_tangent_nodes(const ag_graph *g);
+
+/* FQN -> placeholder, in graph order. */
+typedef struct ag_fx_named ag_fx_named;
+AG_API void ag_fx_named_free(ag_fx_named *n);
+AG_API int ag_fx_named_count(const ag_fx_named *n);
+AG_API const char *ag_fx_named_name(const ag_fx_named *n, int i);
+AG_API ag_node *ag_fx_named_node(const ag_fx_named *n, int i);
+AG_API ag_node *ag_fx_named_get(const ag_fx_named *n, const char *fqn);
+AG_API ag_fx_named *ag_fx_named_param_nodes(const ag_graph *g);
+AG_API ag_fx_named *ag_fx_named_buffer_nodes(const ag_graph *g);
+/* The placeholders of params (buffers) in graph order, the order to feed them: stores up to
+ * max into out and returns the total count, or a negative status. */
+AG_API int ag_fx_param_nodes(const ag_graph *g, ag_node **out, int max);
+AG_API int ag_fx_buffer_nodes(const ag_graph *g, ag_node **out, int max);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

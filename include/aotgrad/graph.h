@@ -1,0 +1,286 @@
+/* The graph IR: an ordered list of nodes, as torch.fx.Graph.
+ *
+ * Node kinds: placeholder (a graph input), call (an op of the op table, or getitem reading one
+ * output of a multi-output call), get_attr (a constant tensor owned by the graph) and output
+ * (exactly one, last, listing the graph's outputs). Arguments are values (ag_garg): node
+ * references, ints, floats, bools, int lists, None, dtypes, strings and lists of nodes. Every
+ * node keeps the list of its users, kept correct by every mutation.
+ *
+ * Metadata. `val` is structural (dtype, shape, strides, storage offset of each output). The
+ * rest lives in a per-node key/value store, so a new key needs no new struct field: `desc`
+ * (placeholders: one descriptor; the output node: one per output, or None), `stack_trace`,
+ * `custom` (user annotations: string keys to int/float/string values), `seq_nr`,
+ * `partitioner_tag`, `is_gradient_acc`, `recompute`, and any key a pass adds.
+ *
+ * Names are unique and made as FX makes them: the op's base name (`addmm`, `add` for
+ * add.Tensor), then `addmm_1`, `addmm_2`, ...; a name that shadows a Python builtin (`sum`,
+ * `slice`, `abs`, ...) starts at `_1`.
+ *
+ * Ownership: the graph owns its nodes, their arguments and metadata, and its constants. Node
+ * pointers stay valid until the node is erased or the graph freed. Strings passed in are
+ * copied. */
+#ifndef AOTGRAD_GRAPH_H
+#define AOTGRAD_GRAPH_H
+
+#include <stdio.h>
+
+#include "core.h"
+#include "optable.h"
+#include "desc.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ag_graph ag_graph;
+typedef struct ag_node ag_node;
+
+typedef enum ag_node_kind {
+    AG_NODE_PLACEHOLDER = 0,
+    AG_NODE_CALL,
+    AG_NODE_GETITEM,
+    AG_NODE_GET_ATTR,
+    AG_NODE_OUTPUT,
+} ag_node_kind;
+
+typedef enum ag_garg_kind {
+    AG_GA_NONE = 0,
+    AG_GA_NODE,
+    AG_GA_NODES, /* elements may be NULL (None), as Tensor?[] */
+    AG_GA_INT,
+    AG_GA_FLOAT,
+    AG_GA_BOOL,
+    AG_GA_INTS,
+    AG_GA_DTYPE,
+    AG_GA_STR,
+} ag_garg_kind;
+
+/* A node argument. Pointers inside are borrowed when passed in (the graph copies them) and
+ * owned by the graph when read back. */
+typedef struct ag_garg {
+    ag_garg_kind kind;
+    int n; /* NODES, INTS */
+    union {
+        ag_node *node;
+        ag_node **nodes;
+        int64_t i;
+        double f;
+        bool b;
+        const int64_t *ints;
+        ag_dtype dt;
+        const char *s;
+    } u;
+} ag_garg;
+
+#define AG_GA_N(x) ((ag_garg){.kind = AG_GA_NODE, .u.node = (x)})
+#define AG_GA_I(x) ((ag_garg){.kind = AG_GA_INT, .u.i = (x)})
+#define AG_GA_F(x) ((ag_garg){.kind = AG_GA_FLOAT, .u.f = (x)})
+#define AG_GA_B(x) ((ag_garg){.kind = AG_GA_BOOL, .u.b = (x)})
+#define AG_GA_INTS(v, cnt) ((ag_garg){.kind = AG_GA_INTS, .n = (cnt), .u.ints = (v)})
+#define AG_GA_NODES(v, cnt) ((ag_garg){.kind = AG_GA_NODES, .n = (cnt), .u.nodes = (v)})
+#define AG_GA_DT(x) ((ag_garg){.kind = AG_GA_DTYPE, .u.dt = (x)})
+#define AG_GA_S(x) ((ag_garg){.kind = AG_GA_STR, .u.s = (x)})
+#define AG_GA_NIL ((ag_garg){.kind = AG_GA_NONE})
+
+/* ---- graphs ---- */
+AG_API ag_graph *ag_graph_new(void);
+AG_API void ag_graph_free(ag_graph *g); /* NULL is a no-op */
+/* A deep copy (nodes, metadata, constants shared by reference). */
+AG_API ag_graph *ag_graph_copy(const ag_graph *g);
+AG_API int ag_graph_num_nodes(const ag_graph *g);
+AG_API ag_node *ag_graph_first(const ag_graph *g);
+AG_API ag_node *ag_graph_last(const ag_graph *g);
+AG_API ag_node *ag_node_next(const ag_node *n);
+AG_API ag_node *ag_node_prev(const ag_node *n);
+AG_API ag_node *ag_graph_output_node(const ag_graph *g); /* NULL until created */
+AG_API ag_node *ag_graph_find(const ag_graph *g, const char *name);
+/* Placeholders in order (borrowed array valid until the next mutation). */
+AG_API int ag_graph_placeholders(const ag_graph *g, ag_node ***out);
+
+/* ---- creating nodes ----
+ * New nodes go at the insertion point: by default before the output node (or at the end when
+ * there is none); ag_graph_insert_before/after move it. A name of NULL means "make one". */
+AG_API void ag_graph_insert_before(ag_graph *g, ag_node *n);
+AG_API void ag_graph_insert_after(ag_graph *g, ag_node *n);
+AG_API void ag_graph_insert_at_end(ag_graph *g);
+
+/* Placeholders always go after the last existing placeholder. */
+AG_API ag_node *ag_graph_placeholder(ag_graph *g, const char *name, const ag_tmeta *val);
+/* A call of `op` with `nargs` args in schema order (omitted trailing args take their
+ * defaults); its val is inferred by the op's meta function from the argument nodes' vals.
+ * Fails (NULL) on schema mismatch or a meta error, naming the op. */
+AG_API ag_node *ag_graph_call(ag_graph *g, const ag_op *op, const ag_garg *args, int nargs,
+                              const char *name);
+/* getitem(src, idx) for a multi-output call. */
+AG_API ag_node *ag_graph_getitem(ag_graph *g, ag_node *src, int idx, const char *name);
+/* A constant; the graph takes a reference to value. name NULL gives _tensor_constantN. */
+AG_API ag_node *ag_graph_get_attr(ag_graph *g, ag_tensor *value, const char *name);
+/* The output node (one per graph): outs[i] may be NULL (None). */
+AG_API ag_node *ag_graph_output(ag_graph *g, ag_node *const *outs, int n);
+
+/* ---- changing the graph ---- */
+/* Replaces every use of `n` by `by` (NULL: None where allowed); returns the number of uses. */
+AG_API int ag_node_replace_all_uses(ag_node *n, ag_node *by);
+/* Sets argument i (nodes' users lists are updated). i == nargs appends. */
+AG_API int ag_node_set_arg(ag_node *n, int i, ag_garg a);
+/* Removes n; refused (AG_ESTATE) while it has users. */
+AG_API int ag_graph_erase(ag_graph *g, ag_node *n);
+/* Moves n just before / after `pos`. */
+AG_API int ag_graph_move_before(ag_graph *g, ag_node *n, ag_node *pos);
+AG_API int ag_graph_move_after(ag_graph *g, ag_node *n, ag_node *pos);
+/* Renames n (the name must be unused). */
+AG_API int ag_node_rename(ag_graph *g, ag_node *n, const char *name);
+
+/* ---- reading nodes ---- */
+AG_API ag_node_kind ag_node_kind_of(const ag_node *n);
+AG_API const char *ag_node_name(const ag_node *n);
+AG_API const ag_op *ag_node_op(const ag_node *n); /* CALL only */
+AG_API int ag_node_nargs(const ag_node *n);
+AG_API const ag_garg *ag_node_arg(const ag_node *n, int i);
+AG_API ag_node *ag_node_arg_node(const ag_node *n, int i); /* NULL unless a node arg */
+AG_API int ag_node_num_users(const ag_node *n);
+AG_API ag_node *ag_node_user(const ag_node *n, int i);
+/* Output metadata: one for placeholders, get_attr, getitem and single-output calls; one per
+ * output for multi-output calls; none for the output node. */
+AG_API int ag_node_num_vals(const ag_node *n);
+AG_API const ag_tmeta *ag_node_val(const ag_node *n, int i);
+AG_API int ag_node_set_val(ag_node *n, int i, const ag_tmeta *m);
+AG_API ag_tensor *ag_node_constant(const ag_node *n); /* GET_ATTR: borrowed */
+AG_API int ag_node_index(const ag_node *n); /* position in the graph, 0-based */
+
+/* ---- metadata ---- */
+typedef enum ag_mval_kind {
+    AG_MV_NONE = 0,
+    AG_MV_INT,
+    AG_MV_FLOAT,
+    AG_MV_BOOL,
+    AG_MV_STR,
+} ag_mval_kind;
+
+typedef struct ag_mval {
+    ag_mval_kind kind;
+    union {
+        int64_t i;
+        double f;
+        bool b;
+        const char *s; /* owned by the node when read back */
+    } u;
+} ag_mval;
+
+/* Generic keys. get returns kind AG_MV_NONE when absent. */
+AG_API int ag_node_meta_set(ag_node *n, const char *key, ag_mval v);
+AG_API ag_mval ag_node_meta_get(const ag_node *n, const char *key);
+AG_API int ag_node_meta_del(ag_node *n, const char *key);
+AG_API int ag_node_meta_count(const ag_node *n);
+AG_API const char *ag_node_meta_key_at(const ag_node *n, int i, ag_mval *v);
+
+/* The well-known keys, typed. */
+AG_API int64_t ag_node_seq_nr(const ag_node *n); /* -1 when absent */
+AG_API int ag_node_set_seq_nr(ag_node *n, int64_t seq_nr);
+AG_API const char *ag_node_stack_trace(const ag_node *n); /* NULL when absent */
+AG_API int ag_node_set_stack_trace(ag_node *n, const char *trace);
+/* "is_forward", "is_backward", "must_be_in_forward", "must_be_in_backward" or NULL. */
+AG_API const char *ag_node_partitioner_tag(const ag_node *n);
+AG_API int ag_node_set_partitioner_tag(ag_node *n, const char *tag);
+AG_API bool ag_node_is_gradient_acc(const ag_node *n);
+AG_API int ag_node_set_gradient_acc(ag_node *n, bool v);
+
+typedef enum ag_recompute {
+    AG_RECOMPUTE_NONE = 0,
+    AG_MUST_SAVE,
+    AG_PREFER_SAVE,
+    AG_MUST_RECOMPUTE,
+    AG_PREFER_RECOMPUTE,
+} ag_recompute;
+AG_API ag_recompute ag_node_recompute(const ag_node *n);
+AG_API int ag_node_set_recompute(ag_node *n, ag_recompute r);
+
+/* custom: the annotation map (torch.fx.traceback.annotate), string keys in insertion order. */
+AG_API int ag_node_custom_set(ag_node *n, const char *key, ag_mval v);
+AG_API ag_mval ag_node_custom_get(const ag_node *n, const char *key);
+AG_API int ag_node_custom_count(const ag_node *n);
+AG_API const char *ag_node_custom_key_at(const ag_node *n, int i, ag_mval *v);
+AG_API void ag_node_custom_clear(ag_node *n);
+/* Copies src's custom map onto dst (replacing dst's). */
+AG_API int ag_node_custom_copy(ag_node *dst, const ag_node *src);
+
+/* desc: a placeholder's descriptor (the node takes a reference), and the output node's list
+ * (one per output, NULL for None). */
+AG_API int ag_node_set_desc(ag_node *n, ag_desc *d);
+AG_API ag_desc *ag_node_desc(const ag_node *n); /* borrowed; NULL when absent */
+AG_API int ag_node_set_output_descs(ag_node *out, ag_desc *const *descs, int n);
+AG_API ag_desc *ag_node_output_desc(const ag_node *out, int i); /* borrowed */
+AG_API bool ag_node_has_output_descs(const ag_node *out);
+
+/* ---- verification ---- */
+/* Checks: every argument node is defined earlier in the graph; users lists match the
+ * arguments; arguments match the op schema; each call's vals equal what the op's meta function
+ * infers from its arguments' vals; exactly one output node, last; unique names; getitem reads
+ * an existing output; placeholders come first. On failure AG_EINVAL with a message naming the
+ * node and what is wrong. */
+AG_API int ag_graph_verify(const ag_graph *g);
+
+/* ---- passes ---- */
+/* Dead-code elimination: removes call/getitem/get_attr nodes without users, except effectful
+ * ops (AG_OP_EFFECTFUL), in-place ops and ops that mutate an argument. Returns the number of
+ * nodes removed, or a negative status. */
+AG_API int ag_graph_dce(ag_graph *g);
+/* Common-subexpression elimination: a call identical to an earlier one (same op, same
+ * arguments) is replaced by it; random, effectful and mutating ops are never merged. Returns
+ * the number of nodes replaced. */
+AG_API int ag_graph_cse(ag_graph *g);
+/* Recomputes every call's vals with its op's meta function (after a pass changed shapes). */
+AG_API int ag_graph_reinfer_meta(ag_graph *g);
+
+/* A decomposition table: op -> function computing it from other ops (ag_decomp_fn, the same
+ * signature as an op definition's decomp). */
+typedef struct ag_decomp_table ag_decomp_table;
+AG_API ag_decomp_table *ag_decomp_table_new(void);
+AG_API void ag_decomp_table_free(ag_decomp_table *t);
+AG_API int ag_decomp_table_add(ag_decomp_table *t, const ag_op *op, ag_decomp_fn fn);
+/* Every op of the table that declares a decomposition (addmm -> mm + add, gelu -> formula,
+ * ...): the "core" table. */
+AG_API ag_decomp_table *ag_decomp_table_core(void);
+/* Replaces each call to an op in the table by the nodes its decomposition emits (traced in
+ * place, repeated until no node of the table remains). Returns the number replaced. */
+AG_API int ag_graph_decompose(ag_graph *g, const ag_decomp_table *t);
+
+/* ---- interpreter ---- */
+/* Runs the graph on real tensors: inputs[i] feeds the i-th placeholder; each call node runs
+ * through the dispatcher (so autograd records when inputs require grad). Stores the outputs
+ * (new references; NULL for None) and returns their count, or a negative status naming the
+ * node that failed. */
+AG_API int ag_graph_run(const ag_graph *g, ag_tensor *const *inputs, int ninputs,
+                        ag_tensor **outs, int max_out);
+
+/* ---- text format ---- */
+typedef struct ag_print_opts {
+    bool seq_nr;      /* print seq_nr=N */
+    bool stack_trace; /* print stack traces */
+    bool no_custom;   /* omit custom annotations */
+    bool no_meta;     /* omit every other metadata key */
+} ag_print_opts;
+/* The graph as text (see docs/GRAPH_FORMAT.md). Returns a string to release with ag_free. */
+AG_API char *ag_graph_to_string(const ag_graph *g, const ag_print_opts *opts);
+AG_API int ag_graph_print(const ag_graph *g, FILE *f, const ag_print_opts *opts);
+/* Parses text written by ag_graph_to_string (or by hand). On failure NULL with a message
+ * "line L:C: expected ...". The parsed graph verifies. */
+AG_API ag_graph *ag_graph_parse(const char *text, size_t len);
+
+/* ---- pictures ---- */
+typedef struct ag_dot_opts {
+    const char *title;
+    /* Names of nodes to draw with a thick red border (e.g. the values saved for backward). */
+    const char *const *highlight;
+    int nhighlight;
+} ag_dot_opts;
+/* Graphviz DOT text (release with ag_free). Forward and backward nodes are coloured apart
+ * (partitioner_tag), placeholders and outputs are labelled by descriptor kind. */
+AG_API char *ag_graph_to_dot(const ag_graph *g, const ag_dot_opts *opts);
+/* Renders through Graphviz's `dot` program to SVG at path. */
+AG_API int ag_graph_write_svg(const ag_graph *g, const char *path, const ag_dot_opts *opts);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,58 @@
+/* The model zoo: small named models with example inputs, for the CLI (`aotgrad models`,
+ * `aotgrad trace MODEL`), the tests and the benchmarks.
+ *
+ * Each entry builds a module tree from the nn API and a list of example inputs, both drawn from
+ * the generator reseeded with ag_manual_seed(0), so two builds give identical weights and
+ * inputs and eager runs are reproducible. In meta mode (ag_set_meta_mode(true), trace.h) a
+ * build allocates no tensor data: GPT-2 small (124M parameters) can be built and traced with
+ * its weights' shapes only.
+ *
+ * The models (see ag_zoo_description for each):
+ *   linear        attribute `linear` = Linear(3, 2); input x [4, 3]
+ *   multi_output  linear1 = Linear(3, 2), linear2 = Linear(3, 4); returns both; x [4, 3]
+ *   kwargs        linear(x) * scale, linear = Linear(3, 2); inputs x [4, 3] and scale (a 0-dim
+ *                 f32 tensor, 2.0). C has no keyword arguments: scale is the second positional
+ *                 input here, and the export stage will describe it as the keyword argument
+ *                 `scale` in its in_spec.
+ *   convbn        conv = Conv2d(1, 3, 3, padding=1), bn = BatchNorm2d(3), relu; x [2, 1, 4, 4];
+ *                 training mode (running statistics are updated in place)
+ *   grad_acc      linear(x) - linear2(x), both Linear(3, 2); x [4, 3] requires grad
+ *   mlp           784-256-128-10 with ReLU; x [32, 784]
+ *   cnn           Fashion-MNIST classifier: Conv2d(1, 32, 3, padding=1)-BN-ReLU-MaxPool2 -
+ *                 Conv2d(32, 64, 3, padding=1)-BN-ReLU-MaxPool2 - Flatten - Linear(3136, 128)-
+ *                 ReLU-Linear(128, 10); x [8, 1, 28, 28]; training mode
+ *   gpt2          GPT-2; configs "tiny" (the default, ag_gpt2_config_tiny) and "gpt2-small"
+ *                 (ag_gpt2_config_small: 124M); idx [2, 16] i64 random tokens
+ */
+#ifndef AOTGRAD_ZOO_H
+#define AOTGRAD_ZOO_H
+
+#include "core.h"
+#include "nn.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The number of models, and model i's name and one-line description (static strings; NULL
+ * when i is out of range). */
+AG_API int ag_zoo_count(void);
+AG_API const char *ag_zoo_name(int i);
+AG_API const char *ag_zoo_description(int i);
+/* Model i's configurations, comma-separated, the default first ("tiny, gpt2-small"), or
+ * "default" for a model without variants. */
+AG_API const char *ag_zoo_configs(int i);
+
+/* Builds model `name` in configuration `config` (NULL or "default": the model's default)
+ * after reseeding the generator with ag_manual_seed(0). On success *model is a new module
+ * (free with ag_module_free), inputs[0..*ninputs) are new references owned by the caller (even
+ * inside an autorelease scope; free each with ag_tensor_free) and 0 is returned. On failure a
+ * negative status, nothing is returned or leaked, and the message names the valid models or
+ * configurations. max_inputs must leave room for the model's inputs (2 is always enough). */
+AG_API int ag_zoo_build(const char *name, const char *config, ag_module **model, ag_tensor **inputs,
+                        int max_inputs, int *ninputs);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,104 @@
+/* String-keyed open-addressing hash map (see strmap.h). Deleted slots become tombstones; the
+ * table is rebuilt when live entries plus tombstones pass 70% of its capacity. */
+#include "strmap.h"
+#include "internal.h"
+
+static const char tomb_key[] = "";
+#define TOMB (tomb_key)
+
+uint64_t ag__strhash(const char *s) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
+static int64_t find_slot(const ag__strmap *m, const char *key, bool for_insert) {
+    if (!m->cap)
+        return -1;
+    uint64_t mask = (uint64_t)m->cap - 1;
+    int64_t first_tomb = -1;
+    for (uint64_t i = ag__strhash(key) & mask;; i = (i + 1) & mask) {
+        const char *k = m->keys[i];
+        if (!k)
+            return for_insert && first_tomb >= 0 ? first_tomb : (for_insert ? (int64_t)i : -1);
+        if (k == TOMB) {
+            if (first_tomb < 0)
+                first_tomb = (int64_t)i;
+        } else if (!strcmp(k, key)) {
+            return (int64_t)i;
+        }
+    }
+}
+
+static int rehash(ag__strmap *m, int64_t ncap) {
+    const char **keys = ag__calloc((size_t)ncap, sizeof *keys);
+    void **vals = ag__calloc((size_t)ncap, sizeof *vals);
+    if (!keys || !vals) {
+        ag__free(keys);
+        ag__free(vals);
+        return AG_ENOMEM;
+    }
+    ag__strmap old = *m;
+    m->keys = keys;
+    m->vals = vals;
+    m->cap = ncap;
+    m->len = 0;
+    m->tombs = 0;
+    for (int64_t i = 0; i < old.cap; i++)
+        if (old.keys[i] && old.keys[i] != TOMB) {
+            int64_t s = find_slot(m, old.keys[i], true);
+            m->keys[s] = old.keys[i];
+            m->vals[s] = old.vals[i];
+            m->len++;
+        }
+    ag__free(old.keys);
+    ag__free(old.vals);
+    return 0;
+}
+
+int ag__strmap_put(ag__strmap *m, const char *key, void *val) {
+    if ((m->len + m->tombs + 1) * 10 >= m->cap * 7) {
+        int64_t ncap = m->cap ? m->cap : 16;
+        while ((m->len + 1) * 10 >= ncap * 5)
+            ncap *= 2;
+        if (rehash(m, ncap))
+            return AG_ENOMEM;
+    }
+    int64_t s = find_slot(m, key, true);
+    if (m->keys[s] && m->keys[s] != TOMB) {
+        m->vals[s] = val;
+        return 0;
+    }
+    if (m->keys[s] == TOMB)
+        m->tombs--;
+    m->keys[s] = key;
+    m->vals[s] = val;
+    m->len++;
+    return 0;
+}
+
+void *ag__strmap_get(const ag__strmap *m, const char *key) {
+    int64_t s = find_slot(m, key, false);
+    return s >= 0 ? m->vals[s] : NULL;
+}
+
+bool ag__strmap_has(const ag__strmap *m, const char *key) { return find_slot(m, key, false) >= 0; }
+
+void ag__strmap_del(ag__strmap *m, const char *key) {
+    int64_t s = find_slot(m, key, false);
+    if (s < 0)
+        return;
+    m->keys[s] = TOMB;
+    m->vals[s] = NULL;
+    m->len--;
+    m->tombs++;
+}
+
+void ag__strmap_free(ag__strmap *m) {
+    ag__free(m->keys);
+    ag__free(m->vals);
+    m->keys = NULL;
+    m->vals = NULL;
+    m->cap = m->len = m->tombs = 0;
+}

@@ -1,0 +1,24 @@
+/* A string-keyed hash map to pointers (open addressing, keys borrowed from the caller, who
+ * keeps them alive while they are in the map). Used for node names and parser symbol tables. */
+#ifndef AG_STRMAP_H
+#define AG_STRMAP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct ag__strmap {
+    const char **keys;
+    void **vals;
+    int64_t cap, len, tombs;
+} ag__strmap;
+
+/* All functions return 0 or AG_ENOMEM; a zeroed struct is an empty map. */
+int ag__strmap_put(ag__strmap *m, const char *key, void *val);
+void *ag__strmap_get(const ag__strmap *m, const char *key);
+bool ag__strmap_has(const ag__strmap *m, const char *key);
+void ag__strmap_del(ag__strmap *m, const char *key);
+void ag__strmap_free(ag__strmap *m);
+uint64_t ag__strhash(const char *s);
+
+#endif

@@ -1,0 +1,97 @@
+/* Decomposition tables and the decomposition pass: each call to an op in the table is replaced
+ * by the nodes its decomposition function emits when traced in place (see
+ * ag__trace_replace_node in src/trace/trace.c), until no call of a table op remains. */
+#include "graph_internal.h"
+
+struct ag_decomp_table {
+    const ag_op **ops;
+    ag_decomp_fn *fns;
+    int64_t n, cap, fcap;
+};
+
+ag_decomp_table *ag_decomp_table_new(void) { return ag__calloc(1, sizeof(ag_decomp_table)); }
+
+void ag_decomp_table_free(ag_decomp_table *t) {
+    if (!t)
+        return;
+    ag__free(t->ops);
+    ag__free(t->fns);
+    ag__free(t);
+}
+
+int ag_decomp_table_add(ag_decomp_table *t, const ag_op *op, ag_decomp_fn fn) {
+    if (!t || !op || !fn)
+        return ag__err(AG_EINVAL, "decomp_table_add: NULL argument");
+    for (int64_t i = 0; i < t->n; i++)
+        if (t->ops[i] == op) {
+            t->fns[i] = fn;
+            return 0;
+        }
+    if (ag__grow((void **)&t->ops, &t->cap, t->n + 1, sizeof *t->ops) ||
+        ag__grow((void **)&t->fns, &t->fcap, t->n + 1, sizeof *t->fns))
+        return AG_ENOMEM;
+    t->ops[t->n] = op;
+    t->fns[t->n++] = fn;
+    return 0;
+}
+
+ag_decomp_table *ag_decomp_table_core(void) {
+    ag_decomp_table *t = ag_decomp_table_new();
+    if (!t)
+        return NULL;
+    for (int i = 0; i < ag_op_count(); i++) {
+        const ag_op *op = ag_op_at(i);
+        const ag_opdef *d = ag_op_def(op);
+        if (d->decomp && !(d->flags & AG_OP_COMPOSITE) && ag_decomp_table_add(t, op, d->decomp)) {
+            ag_decomp_table_free(t);
+            return NULL;
+        }
+    }
+    return t;
+}
+
+static ag_decomp_fn lookup(const ag_decomp_table *t, const ag_op *op) {
+    for (int64_t i = 0; i < t->n; i++)
+        if (t->ops[i] == op)
+            return t->fns[i];
+    return NULL;
+}
+
+int ag_graph_decompose(ag_graph *g, const ag_decomp_table *t) {
+    if (!g || !t)
+        return ag__err(AG_EINVAL, "decompose: NULL argument");
+    int replaced = 0;
+    /* A decomposition may emit ops that are themselves in the table: sweep until none is left.
+     * Each sweep only visits nodes that existed when it started. */
+    for (int sweep = 0; sweep < 64; sweep++) {
+        /* Replacing a node erases it and its getitems, so collect the candidates first. */
+        ag_node **todo = NULL;
+        int64_t ntodo = 0, cap = 0;
+        for (ag_node *n = g->first; n; n = n->next)
+            if (n->kind == AG_NODE_CALL && lookup(t, n->op)) {
+                if (ag__grow((void **)&todo, &cap, ntodo + 1, sizeof *todo)) {
+                    ag__free(todo);
+                    return AG_ENOMEM;
+                }
+                todo[ntodo++] = n;
+            }
+        int before = replaced;
+        for (int64_t i = 0; i < ntodo; i++) {
+            int rc = ag__trace_replace_node(g, todo[i], lookup(t, todo[i]->op));
+            if (rc == AG_ENOTSUP) {
+                ag_clear_error(); /* this variant has no decomposition (e.g. gelu 'none') */
+                continue;
+            }
+            if (rc) {
+                ag__free(todo);
+                return rc;
+            }
+            replaced++;
+        }
+        ag__free(todo);
+        if (replaced == before)
+            return replaced;
+    }
+    return ag__err(AG_EINVAL, "decompose: decompositions did not reach a fixed point after 64 "
+                              "sweeps (an op's decomposition emits the op itself?)");
+}

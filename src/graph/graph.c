@@ -1,0 +1,984 @@
+/* The graph IR (include/aotgrad/graph.h): nodes in a doubly linked list, their arguments and
+ * users, FX-style naming, metadata, and the mutation API that passes use.
+ *
+ * In: node creation calls from the tracer, the parser and passes. Out: a graph that the
+ * printer, verifier, interpreter and later stages read. Invariants kept by every function
+ * here: names are unique; each node's users list holds exactly the nodes whose arguments
+ * reference it (with a use count per user); the output node, if any, is last. */
+#include "graph_internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ---- small helpers ---- */
+
+static const char *const python_builtins[] = {
+    /* Names FX will not give a node as-is (keywords and builtins that ops are named after or
+     * that could plausibly collide); they start at _1. */
+    "abs", "all", "any", "bin", "bool", "bytes", "chr", "dict", "dir", "divmod", "filter",
+    "float", "format", "hash", "hex", "id", "input", "int", "iter", "len", "list", "map",
+    "max", "min", "next", "object", "oct", "open", "ord", "pow", "print", "range", "repr",
+    "round", "set", "slice", "sorted", "str", "sum", "super", "tuple", "type", "vars", "zip",
+    "and", "as", "assert", "break", "class", "continue", "def", "del", "elif", "else",
+    "except", "finally", "for", "from", "global", "if", "import", "in", "is", "lambda",
+    "nonlocal", "not", "or", "pass", "raise", "return", "try", "while", "with", "yield",
+    "None", "True", "False", "self",
+};
+
+static bool illegal_name(const char *s) {
+    for (size_t i = 0; i < sizeof python_builtins / sizeof python_builtins[0]; i++)
+        if (!strcmp(s, python_builtins[i]))
+            return true;
+    return false;
+}
+
+int ag__garg_copy(ag_garg *dst, const ag_garg *src) {
+    *dst = *src;
+    if (src->kind == AG_GA_INTS) {
+        int64_t *v = ag__malloc(sizeof(int64_t) * (size_t)(src->n ? src->n : 1));
+        if (!v)
+            return AG_ENOMEM;
+        if (src->n)
+            memcpy(v, src->u.ints, sizeof(int64_t) * (size_t)src->n);
+        dst->u.ints = v;
+    } else if (src->kind == AG_GA_NODES) {
+        ag_node **v = ag__malloc(sizeof(ag_node *) * (size_t)(src->n ? src->n : 1));
+        if (!v)
+            return AG_ENOMEM;
+        if (src->n)
+            memcpy(v, src->u.nodes, sizeof(ag_node *) * (size_t)src->n);
+        dst->u.nodes = v;
+    } else if (src->kind == AG_GA_STR) {
+        dst->u.s = ag__strdup(src->u.s ? src->u.s : "");
+        if (!dst->u.s)
+            return AG_ENOMEM;
+    }
+    return 0;
+}
+
+void ag__garg_free(ag_garg *a) {
+    if (a->kind == AG_GA_INTS)
+        ag__free((void *)a->u.ints);
+    else if (a->kind == AG_GA_NODES)
+        ag__free(a->u.nodes);
+    else if (a->kind == AG_GA_STR)
+        ag__free((void *)a->u.s);
+    a->kind = AG_GA_NONE;
+}
+
+/* ---- users ---- */
+
+static int add_use(ag_node *def, ag_node *user) {
+    for (int i = 0; i < def->nusers; i++)
+        if (def->users[i].node == user) {
+            def->users[i].count++;
+            return 0;
+        }
+    int64_t cap = def->users_cap;
+    if (ag__grow((void **)&def->users, &cap, def->nusers + 1, sizeof *def->users))
+        return AG_ENOMEM;
+    def->users_cap = cap;
+    def->users[def->nusers++] = (ag__use){user, 1};
+    return 0;
+}
+
+static void drop_use(ag_node *def, ag_node *user) {
+    for (int i = 0; i < def->nusers; i++)
+        if (def->users[i].node == user) {
+            if (--def->users[i].count == 0) {
+                memmove(&def->users[i], &def->users[i + 1],
+                        sizeof *def->users * (size_t)(def->nusers - i - 1));
+                def->nusers--;
+            }
+            return;
+        }
+}
+
+/* Registers (or, with add=false, unregisters) the uses made by one argument. On failure while
+ * adding, the uses added so far are undone. */
+static int arg_uses(ag_node *user, const ag_garg *a, bool add) {
+    if (a->kind == AG_GA_NODE && a->u.node) {
+        if (!add) {
+            drop_use(a->u.node, user);
+            return 0;
+        }
+        return add_use(a->u.node, user);
+    }
+    if (a->kind == AG_GA_NODES)
+        for (int k = 0; k < a->n; k++) {
+            ag_node *d = a->u.nodes[k];
+            if (!d)
+                continue;
+            if (!add) {
+                drop_use(d, user);
+            } else if (add_use(d, user)) {
+                for (int j = 0; j < k; j++)
+                    if (a->u.nodes[j])
+                        drop_use(a->u.nodes[j], user);
+                return AG_ENOMEM;
+            }
+        }
+    return 0;
+}
+
+/* ---- graph ---- */
+
+ag_graph *ag_graph_new(void) {
+    ag_graph *g = ag__calloc(1, sizeof *g);
+    return g;
+}
+
+static void meta_entries_free(ag__mentry *e, int n) {
+    for (int i = 0; i < n; i++) {
+        ag__free(e[i].key);
+        if (e[i].v.kind == AG_MV_STR)
+            ag__free((void *)e[i].v.u.s);
+    }
+    ag__free(e);
+}
+
+static void node_free(ag_node *n) {
+    for (int i = 0; i < n->nargs; i++)
+        ag__garg_free(&n->args[i]);
+    ag__free(n->users);
+    ag__free(n->name);
+    if (n->vals != &n->val1)
+        ag__free(n->vals);
+    ag_tensor_free(n->constant);
+    meta_entries_free(n->meta, n->nmeta);
+    meta_entries_free(n->custom, n->ncustom);
+    ag_desc_release(n->desc);
+    for (int i = 0; i < n->nout_descs; i++)
+        ag_desc_release(n->out_descs[i]);
+    ag__free(n->out_descs);
+    ag__free(n);
+}
+
+void ag_graph_free(ag_graph *g) {
+    if (!g)
+        return;
+    for (ag_node *n = g->first, *next; n; n = next) {
+        next = n->next;
+        node_free(n);
+    }
+    ag__strmap_free(&g->names);
+    for (int64_t i = 0; i < g->nbases; i++)
+        ag__free(g->bases[i].base);
+    ag__free(g->bases);
+    ag__free(g->ph_cache);
+    ag__free(g);
+}
+
+int ag_graph_num_nodes(const ag_graph *g) { return (int)g->count; }
+ag_node *ag_graph_first(const ag_graph *g) { return g->first; }
+ag_node *ag_graph_last(const ag_graph *g) { return g->last; }
+ag_node *ag_node_next(const ag_node *n) { return n->next; }
+ag_node *ag_node_prev(const ag_node *n) { return n->prev; }
+ag_node *ag_graph_output_node(const ag_graph *g) { return g->output; }
+ag_node *ag_graph_find(const ag_graph *g, const char *name) { return ag__strmap_get(&g->names, name); }
+
+int ag_graph_placeholders(const ag_graph *g_, ag_node ***out) {
+    ag_graph *g = (ag_graph *)g_;
+    int cnt = 0;
+    for (ag_node *n = g->first; n; n = n->next)
+        cnt += n->kind == AG_NODE_PLACEHOLDER;
+    int64_t cap = g->ph_cap;
+    if (ag__grow((void **)&g->ph_cache, &cap, cnt + 1, sizeof *g->ph_cache))
+        return AG_ENOMEM;
+    g->ph_cap = cap;
+    int k = 0;
+    for (ag_node *n = g->first; n; n = n->next)
+        if (n->kind == AG_NODE_PLACEHOLDER)
+            g->ph_cache[k++] = n;
+    *out = g->ph_cache;
+    return cnt;
+}
+
+int ag_node_index(const ag_node *n) {
+    ag_graph *g = n->graph;
+    if (g->order_dirty) {
+        int i = 0;
+        for (ag_node *m = g->first; m; m = m->next)
+            m->index = i++;
+        g->order_dirty = false;
+    }
+    return n->index;
+}
+
+/* ---- names ---- */
+
+/* The next free name for `candidate`, FX's rules: a trailing _<digits> is split off as a
+ * counter, and the base keeps its own running count. Returns a malloc'd name. */
+static char *make_name(ag_graph *g, const char *candidate) {
+    char base[128];
+    size_t n = 0;
+    for (const char *c = candidate; *c && n + 1 < sizeof base; c++)
+        base[n++] = (char)((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') ||
+                                   (*c >= '0' && *c <= '9') || *c == '_'
+                               ? *c
+                               : '_');
+    base[n] = 0;
+    if (n == 0)
+        strcpy(base, "_unnamed");
+    if (base[0] >= '0' && base[0] <= '9') {
+        memmove(base + 1, base, strlen(base) + 1);
+        base[0] = '_';
+    }
+    int64_t num = -1;
+    char *us = strrchr(base, '_');
+    if (us && us[1]) {
+        bool digits = true;
+        for (char *d = us + 1; *d; d++)
+            digits &= *d >= '0' && *d <= '9';
+        if (digits && us != base) {
+            num = strtoll(us + 1, NULL, 10);
+            *us = 0;
+        }
+    }
+    ag__base_count *bc = NULL;
+    for (int64_t i = 0; i < g->nbases; i++)
+        if (!strcmp(g->bases[i].base, base))
+            bc = &g->bases[i];
+    if (!bc) {
+        int64_t cap = g->bases_cap;
+        if (ag__grow((void **)&g->bases, &cap, g->nbases + 1, sizeof *g->bases))
+            return NULL;
+        g->bases_cap = cap;
+        char *b = ag__strdup(base);
+        if (!b)
+            return NULL;
+        bc = &g->bases[g->nbases++];
+        bc->base = b;
+        bc->count = 0;
+    }
+    char cand[160];
+    if (num >= 0)
+        snprintf(cand, sizeof cand, "%s_%lld", base, (long long)num);
+    else
+        snprintf(cand, sizeof cand, "%s", base);
+    if (num <= 0)
+        num = bc->count;
+    while (ag__strmap_has(&g->names, cand) || illegal_name(cand)) {
+        num++;
+        snprintf(cand, sizeof cand, "%s_%lld", base, (long long)num);
+    }
+    bc->count = num;
+    return ag__strdup(cand);
+}
+
+/* ---- node creation ---- */
+
+static void link_at_insert_point(ag_graph *g, ag_node *n) {
+    ag_node *before = g->insert_before;
+    if (!g->explicit_insert && g->output)
+        before = g->output;
+    if (g->explicit_insert == 2 && g->insert_after) {
+        before = g->insert_after->next;
+        g->insert_after = n; /* consecutive inserts keep their order */
+    }
+    if (before) {
+        n->next = before;
+        n->prev = before->prev;
+        if (before->prev)
+            before->prev->next = n;
+        else
+            g->first = n;
+        before->prev = n;
+    } else {
+        n->prev = g->last;
+        if (g->last)
+            g->last->next = n;
+        else
+            g->first = n;
+        g->last = n;
+    }
+    g->count++;
+    g->order_dirty = true;
+}
+
+static void unlink_node(ag_graph *g, ag_node *n) {
+    if (n->prev)
+        n->prev->next = n->next;
+    else
+        g->first = n->next;
+    if (n->next)
+        n->next->prev = n->prev;
+    else
+        g->last = n->prev;
+    n->prev = n->next = NULL;
+    g->count--;
+    g->order_dirty = true;
+    if (g->insert_before == n)
+        g->insert_before = NULL, g->explicit_insert = 0;
+    if (g->insert_after == n)
+        g->insert_after = NULL, g->explicit_insert = 0;
+}
+
+void ag_graph_insert_before(ag_graph *g, ag_node *n) {
+    g->insert_before = n;
+    g->insert_after = NULL;
+    g->explicit_insert = 1;
+}
+
+void ag_graph_insert_after(ag_graph *g, ag_node *n) {
+    g->insert_after = n;
+    g->insert_before = NULL;
+    g->explicit_insert = 2;
+}
+
+void ag_graph_insert_at_end(ag_graph *g) {
+    g->insert_before = NULL;
+    g->insert_after = NULL;
+    g->explicit_insert = 0;
+}
+
+/* A node with name and args set up, not yet linked. */
+static ag_node *node_new(ag_graph *g, ag_node_kind kind, const char *name, const char *candidate) {
+    ag_node *n = ag__calloc(1, sizeof *n);
+    if (!n)
+        return NULL;
+    n->graph = g;
+    n->kind = kind;
+    n->vals = &n->val1;
+    if (name) {
+        if (ag__strmap_has(&g->names, name) || !*name) {
+            ag__err(AG_EINVAL, "graph: a node named '%s' already exists", name);
+            ag__free(n);
+            return NULL;
+        }
+        n->name = ag__strdup(name);
+    } else {
+        n->name = make_name(g, candidate);
+    }
+    if (!n->name) {
+        ag__free(n);
+        return NULL;
+    }
+    return n;
+}
+
+/* Registers the node's name and uses and links it; frees it on failure. */
+static ag_node *node_commit(ag_graph *g, ag_node *n, bool at_placeholders) {
+    for (int i = 0; i < n->nargs; i++)
+        if (arg_uses(n, &n->args[i], true)) {
+            for (int j = 0; j < i; j++)
+                arg_uses(n, &n->args[j], false);
+            node_free(n);
+            return NULL;
+        }
+    if (ag__strmap_put(&g->names, n->name, n)) {
+        for (int j = 0; j < n->nargs; j++)
+            arg_uses(n, &n->args[j], false);
+        node_free(n);
+        return NULL;
+    }
+    if (at_placeholders) {
+        /* After the last placeholder (before the first other node). */
+        ag_node *pos = g->first;
+        while (pos && pos->kind == AG_NODE_PLACEHOLDER)
+            pos = pos->next;
+        int saved = g->explicit_insert;
+        ag_node *sb = g->insert_before, *sa = g->insert_after;
+        g->explicit_insert = 1;
+        g->insert_before = pos;
+        link_at_insert_point(g, n);
+        g->explicit_insert = saved;
+        g->insert_before = sb;
+        g->insert_after = sa;
+    } else {
+        link_at_insert_point(g, n);
+    }
+    return n;
+}
+
+ag_node *ag_graph_placeholder(ag_graph *g, const char *name, const ag_tmeta *val) {
+    ag_node *n = node_new(g, AG_NODE_PLACEHOLDER, name, "arg");
+    if (!n)
+        return NULL;
+    if (val) {
+        n->val1 = *val;
+        n->nvals = 1;
+    }
+    return node_commit(g, n, true);
+}
+
+static int set_vals(ag_node *n, const ag_tmeta *vals, int cnt) {
+    if (n->vals != &n->val1)
+        ag__free(n->vals);
+    n->vals = &n->val1;
+    n->nvals = 0;
+    if (cnt > 1) {
+        n->vals = ag__malloc(sizeof(ag_tmeta) * (size_t)cnt);
+        if (!n->vals) {
+            n->vals = &n->val1;
+            return AG_ENOMEM;
+        }
+    }
+    if (cnt > 0)
+        memcpy(n->vals, vals, sizeof(ag_tmeta) * (size_t)cnt);
+    n->nvals = cnt;
+    return 0;
+}
+
+ag_node *ag__graph_call_vals(ag_graph *g, const ag_op *op, const ag_garg *args, int nargs,
+                             const ag_tmeta *vals, int nvals, const char *name) {
+    /* Trailing arguments equal to their schema defaults are dropped, as FX does not show
+     * arguments that were not passed. */
+    while (nargs > 0 && ag__garg_is_default(op, nargs - 1, &args[nargs - 1]))
+        nargs--;
+    char base[96];
+    const char *colons = strstr(ag_op_name(op), "::");
+    const char *b = colons ? colons + 2 : ag_op_name(op);
+    const char *dot = strchr(b, '.');
+    size_t len = dot ? (size_t)(dot - b) : strlen(b);
+    if (len >= sizeof base)
+        len = sizeof base - 1;
+    memcpy(base, b, len);
+    base[len] = 0;
+    ag_node *n = node_new(g, AG_NODE_CALL, name, base);
+    if (!n)
+        return NULL;
+    n->op = op;
+    for (int i = 0; i < nargs; i++) {
+        if (ag__garg_copy(&n->args[i], &args[i])) {
+            n->nargs = i;
+            node_free(n);
+            return NULL;
+        }
+        n->nargs = i + 1;
+    }
+    if (set_vals(n, vals, nvals)) {
+        node_free(n);
+        return NULL;
+    }
+    return node_commit(g, n, false);
+}
+
+ag_node *ag_graph_call(ag_graph *g, const ag_op *op, const ag_garg *args, int nargs,
+                       const char *name) {
+    if (!op)
+        return ag__err(AG_EINVAL, "graph_call: NULL op"), NULL;
+    ag_tmeta vals[AG_MAX_OUTPUTS];
+    int nvals = 0;
+    if (ag__infer_meta(op, args, nargs, vals, &nvals))
+        return NULL;
+    return ag__graph_call_vals(g, op, args, nargs, vals, nvals, name);
+}
+
+ag_node *ag_graph_getitem(ag_graph *g, ag_node *src, int idx, const char *name) {
+    if (!src || src->kind != AG_NODE_CALL || idx < 0 || idx >= src->nvals || src->nvals < 2)
+        return ag__err(AG_EINVAL, "getitem: %s has no output %d",
+                       src ? src->name : "(null)", idx), NULL;
+    ag_node *n = node_new(g, AG_NODE_GETITEM, name, "getitem");
+    if (!n)
+        return NULL;
+    n->args[0] = AG_GA_N(src);
+    n->args[1] = AG_GA_I(idx);
+    n->nargs = 2;
+    n->val1 = src->vals[idx];
+    n->nvals = 1;
+    return node_commit(g, n, false);
+}
+
+ag_node *ag_graph_get_attr(ag_graph *g, ag_tensor *value, const char *name) {
+    if (!value)
+        return ag__err(AG_EINVAL, "get_attr: NULL tensor"), NULL;
+    char cand[64];
+    if (!name) {
+        snprintf(cand, sizeof cand, "_tensor_constant%lld", (long long)g->nconst);
+        while (ag__strmap_has(&g->names, cand))
+            snprintf(cand, sizeof cand, "_tensor_constant%lld", (long long)++g->nconst);
+    }
+    ag_node *n = node_new(g, AG_NODE_GET_ATTR, name ? name : cand, NULL);
+    if (!n)
+        return NULL;
+    if (!name)
+        g->nconst++;
+    n->constant = ag_tensor_keep(value);
+    ag__tmeta_of(value, &n->val1);
+    n->nvals = 1;
+    return node_commit(g, n, false);
+}
+
+ag_node *ag_graph_output(ag_graph *g, ag_node *const *outs, int cnt) {
+    if (g->output)
+        return ag__err(AG_ESTATE, "graph: the graph already has an output node"), NULL;
+    ag_node *n = node_new(g, AG_NODE_OUTPUT, "output", NULL);
+    if (!n)
+        return NULL;
+    ag_garg a = AG_GA_NODES((ag_node **)outs, cnt);
+    if (ag__garg_copy(&n->args[0], &a)) {
+        node_free(n);
+        return NULL;
+    }
+    n->nargs = 1;
+    int saved = g->explicit_insert;
+    g->explicit_insert = 0;
+    g->insert_before = NULL;
+    ag_node *r = node_commit(g, n, false);
+    g->explicit_insert = saved;
+    if (r)
+        g->output = r;
+    return r;
+}
+
+/* ---- mutation ---- */
+
+int ag_node_set_arg(ag_node *n, int i, ag_garg a) {
+    if (i < 0 || i > n->nargs || i >= AG_MAX_ARGS)
+        return ag__err(AG_EINVAL, "set_arg: %s has no argument %d", n->name, i);
+    ag_garg copy;
+    if (ag__garg_copy(&copy, &a))
+        return AG_ENOMEM;
+    if (arg_uses(n, &copy, true)) {
+        ag__garg_free(&copy);
+        return AG_ENOMEM;
+    }
+    if (i < n->nargs) {
+        arg_uses(n, &n->args[i], false);
+        ag__garg_free(&n->args[i]);
+    } else {
+        n->nargs++;
+    }
+    n->args[i] = copy;
+    return 0;
+}
+
+int ag_node_replace_all_uses(ag_node *n, ag_node *by) {
+    if (by == n)
+        return 0;
+    int replaced = 0;
+    /* Each user may be rewritten; iterate over a snapshot since users change. */
+    while (n->nusers > 0) {
+        ag_node *u = n->users[0].node;
+        int cnt = n->users[0].count;
+        for (int i = 0; i < u->nargs; i++) {
+            ag_garg *a = &u->args[i];
+            if (a->kind == AG_GA_NODE && a->u.node == n) {
+                if (by && add_use(by, u))
+                    return AG_ENOMEM;
+                a->u.node = by;
+                if (!by)
+                    a->kind = AG_GA_NONE;
+                replaced++;
+            } else if (a->kind == AG_GA_NODES) {
+                for (int k = 0; k < a->n; k++)
+                    if (a->u.nodes[k] == n) {
+                        if (by && add_use(by, u))
+                            return AG_ENOMEM;
+                        a->u.nodes[k] = by;
+                        replaced++;
+                    }
+            }
+        }
+        for (int k = 0; k < cnt; k++)
+            drop_use(n, u);
+    }
+    return replaced;
+}
+
+int ag_graph_erase(ag_graph *g, ag_node *n) {
+    if (n->nusers > 0)
+        return ag__err(AG_ESTATE, "erase: %s still has %d user(s), e.g. %s", n->name, n->nusers,
+                       n->users[0].node->name);
+    for (int i = 0; i < n->nargs; i++)
+        arg_uses(n, &n->args[i], false);
+    ag__strmap_del(&g->names, n->name);
+    if (g->output == n)
+        g->output = NULL;
+    unlink_node(g, n);
+    node_free(n);
+    return 0;
+}
+
+static int move_node(ag_graph *g, ag_node *n, ag_node *pos, bool before) {
+    if (n == pos)
+        return 0;
+    if (n->graph != g || pos->graph != g)
+        return ag__err(AG_EINVAL, "move: nodes of another graph");
+    int saved = g->explicit_insert;
+    ag_node *sb = g->insert_before, *sa = g->insert_after;
+    unlink_node(g, n);
+    g->explicit_insert = 1;
+    g->insert_before = before ? pos : pos->next;
+    g->insert_after = NULL;
+    link_at_insert_point(g, n);
+    g->explicit_insert = saved;
+    g->insert_before = sb == n ? NULL : sb;
+    g->insert_after = sa == n ? NULL : sa;
+    return 0;
+}
+
+int ag_graph_move_before(ag_graph *g, ag_node *n, ag_node *pos) { return move_node(g, n, pos, true); }
+int ag_graph_move_after(ag_graph *g, ag_node *n, ag_node *pos) { return move_node(g, n, pos, false); }
+
+int ag_node_rename(ag_graph *g, ag_node *n, const char *name) {
+    if (!name || !*name)
+        return ag__err(AG_EINVAL, "rename: empty name");
+    if (ag__strmap_has(&g->names, name))
+        return ag__err(AG_EINVAL, "rename: a node named '%s' already exists", name);
+    char *nn = ag__strdup(name);
+    if (!nn)
+        return AG_ENOMEM;
+    ag__strmap_del(&g->names, n->name);
+    if (ag__strmap_put(&g->names, nn, n)) {
+        ag__strmap_put(&g->names, n->name, n); /* cannot fail: the slot was just freed */
+        ag__free(nn);
+        return AG_ENOMEM;
+    }
+    ag__free(n->name);
+    n->name = nn;
+    return 0;
+}
+
+/* ---- reading ---- */
+
+ag_node_kind ag_node_kind_of(const ag_node *n) { return n->kind; }
+const char *ag_node_name(const ag_node *n) { return n->name; }
+const ag_op *ag_node_op(const ag_node *n) { return n->op; }
+int ag_node_nargs(const ag_node *n) { return n->nargs; }
+const ag_garg *ag_node_arg(const ag_node *n, int i) {
+    return i >= 0 && i < n->nargs ? &n->args[i] : NULL;
+}
+ag_node *ag_node_arg_node(const ag_node *n, int i) {
+    return i >= 0 && i < n->nargs && n->args[i].kind == AG_GA_NODE ? n->args[i].u.node : NULL;
+}
+int ag_node_num_users(const ag_node *n) { return n->nusers; }
+ag_node *ag_node_user(const ag_node *n, int i) {
+    return i >= 0 && i < n->nusers ? n->users[i].node : NULL;
+}
+int ag_node_num_vals(const ag_node *n) { return n->nvals; }
+const ag_tmeta *ag_node_val(const ag_node *n, int i) {
+    return i >= 0 && i < n->nvals ? &n->vals[i] : NULL;
+}
+int ag_node_set_val(ag_node *n, int i, const ag_tmeta *m) {
+    if (i < 0 || i > n->nvals || i >= AG_MAX_OUTPUTS)
+        return ag__err(AG_EINVAL, "set_val: %s has no output %d", n->name, i);
+    if (i == n->nvals) {
+        ag_tmeta tmp[AG_MAX_OUTPUTS];
+        memcpy(tmp, n->vals, sizeof(ag_tmeta) * (size_t)n->nvals);
+        tmp[i] = *m;
+        return set_vals(n, tmp, i + 1);
+    }
+    n->vals[i] = *m;
+    return 0;
+}
+ag_tensor *ag_node_constant(const ag_node *n) { return n->constant; }
+
+/* ---- metadata ---- */
+
+static ag__mentry *entry_find(ag__mentry *e, int n, const char *key) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(e[i].key, key))
+            return &e[i];
+    return NULL;
+}
+
+static int entry_set(ag__mentry **e, int *n, int *cap, const char *key, ag_mval v) {
+    ag_mval copy = v;
+    if (v.kind == AG_MV_STR) {
+        copy.u.s = ag__strdup(v.u.s ? v.u.s : "");
+        if (!copy.u.s)
+            return AG_ENOMEM;
+    }
+    ag__mentry *x = entry_find(*e, *n, key);
+    if (x) {
+        if (x->v.kind == AG_MV_STR)
+            ag__free((void *)x->v.u.s);
+        x->v = copy;
+        return 0;
+    }
+    int64_t c = *cap;
+    char *k = ag__strdup(key);
+    if (!k || ag__grow((void **)e, &c, *n + 1, sizeof **e)) {
+        ag__free(k);
+        if (copy.kind == AG_MV_STR)
+            ag__free((void *)copy.u.s);
+        return AG_ENOMEM;
+    }
+    *cap = (int)c;
+    (*e)[(*n)++] = (ag__mentry){k, copy};
+    return 0;
+}
+
+static int entry_del(ag__mentry *e, int *n, const char *key) {
+    ag__mentry *x = entry_find(e, *n, key);
+    if (!x)
+        return 0;
+    ag__free(x->key);
+    if (x->v.kind == AG_MV_STR)
+        ag__free((void *)x->v.u.s);
+    int i = (int)(x - e);
+    memmove(&e[i], &e[i + 1], sizeof *e * (size_t)(*n - i - 1));
+    (*n)--;
+    return 1;
+}
+
+int ag_node_meta_set(ag_node *n, const char *key, ag_mval v) {
+    return entry_set(&n->meta, &n->nmeta, &n->meta_cap, key, v);
+}
+ag_mval ag_node_meta_get(const ag_node *n, const char *key) {
+    ag__mentry *x = entry_find(n->meta, n->nmeta, key);
+    return x ? x->v : (ag_mval){.kind = AG_MV_NONE};
+}
+int ag_node_meta_del(ag_node *n, const char *key) { return entry_del(n->meta, &n->nmeta, key); }
+int ag_node_meta_count(const ag_node *n) { return n->nmeta; }
+const char *ag_node_meta_key_at(const ag_node *n, int i, ag_mval *v) {
+    if (i < 0 || i >= n->nmeta)
+        return NULL;
+    if (v)
+        *v = n->meta[i].v;
+    return n->meta[i].key;
+}
+
+int64_t ag_node_seq_nr(const ag_node *n) {
+    ag_mval v = ag_node_meta_get(n, "seq_nr");
+    return v.kind == AG_MV_INT ? v.u.i : -1;
+}
+int ag_node_set_seq_nr(ag_node *n, int64_t s) {
+    if (s < 0)
+        return ag_node_meta_del(n, "seq_nr"), 0;
+    return ag_node_meta_set(n, "seq_nr", (ag_mval){.kind = AG_MV_INT, .u.i = s});
+}
+const char *ag_node_stack_trace(const ag_node *n) {
+    ag_mval v = ag_node_meta_get(n, "stack_trace");
+    return v.kind == AG_MV_STR ? v.u.s : NULL;
+}
+int ag_node_set_stack_trace(ag_node *n, const char *t) {
+    if (!t)
+        return ag_node_meta_del(n, "stack_trace"), 0;
+    return ag_node_meta_set(n, "stack_trace", (ag_mval){.kind = AG_MV_STR, .u.s = t});
+}
+const char *ag_node_partitioner_tag(const ag_node *n) {
+    ag_mval v = ag_node_meta_get(n, "partitioner_tag");
+    return v.kind == AG_MV_STR ? v.u.s : NULL;
+}
+int ag_node_set_partitioner_tag(ag_node *n, const char *tag) {
+    if (!tag)
+        return ag_node_meta_del(n, "partitioner_tag"), 0;
+    static const char *const ok[] = {"is_forward", "is_backward", "must_be_in_forward",
+                                     "must_be_in_backward"};
+    for (size_t i = 0; i < 4; i++)
+        if (!strcmp(tag, ok[i]))
+            return ag_node_meta_set(n, "partitioner_tag", (ag_mval){.kind = AG_MV_STR, .u.s = tag});
+    return ag__err(AG_EINVAL, "partitioner_tag: '%s' is not one of is_forward, is_backward, "
+                              "must_be_in_forward, must_be_in_backward", tag);
+}
+bool ag_node_is_gradient_acc(const ag_node *n) {
+    ag_mval v = ag_node_meta_get(n, "is_gradient_acc");
+    return v.kind == AG_MV_BOOL && v.u.b;
+}
+int ag_node_set_gradient_acc(ag_node *n, bool v) {
+    if (!v)
+        return ag_node_meta_del(n, "is_gradient_acc"), 0;
+    return ag_node_meta_set(n, "is_gradient_acc", (ag_mval){.kind = AG_MV_BOOL, .u.b = true});
+}
+
+static const char *const recompute_names[] = {NULL, "MUST_SAVE", "PREFER_SAVE", "MUST_RECOMPUTE",
+                                              "PREFER_RECOMPUTE"};
+
+const char *ag__recompute_name(ag_recompute r) {
+    return (unsigned)r < 5 ? recompute_names[r] : NULL;
+}
+
+ag_recompute ag_node_recompute(const ag_node *n) {
+    ag_mval v = ag_node_meta_get(n, "recompute");
+    if (v.kind != AG_MV_STR)
+        return AG_RECOMPUTE_NONE;
+    for (int i = 1; i < 5; i++)
+        if (!strcmp(v.u.s, recompute_names[i]))
+            return (ag_recompute)i;
+    return AG_RECOMPUTE_NONE;
+}
+int ag_node_set_recompute(ag_node *n, ag_recompute r) {
+    if (r == AG_RECOMPUTE_NONE)
+        return ag_node_meta_del(n, "recompute"), 0;
+    if ((unsigned)r >= 5)
+        return ag__err(AG_EINVAL, "recompute: bad policy %d", (int)r);
+    return ag_node_meta_set(n, "recompute", (ag_mval){.kind = AG_MV_STR, .u.s = recompute_names[r]});
+}
+
+int ag_node_custom_set(ag_node *n, const char *key, ag_mval v) {
+    if (v.kind == AG_MV_NONE)
+        return ag__err(AG_EINVAL, "custom: value of '%s' is None", key);
+    return entry_set(&n->custom, &n->ncustom, &n->custom_cap, key, v);
+}
+ag_mval ag_node_custom_get(const ag_node *n, const char *key) {
+    ag__mentry *x = entry_find(n->custom, n->ncustom, key);
+    return x ? x->v : (ag_mval){.kind = AG_MV_NONE};
+}
+int ag_node_custom_count(const ag_node *n) { return n->ncustom; }
+const char *ag_node_custom_key_at(const ag_node *n, int i, ag_mval *v) {
+    if (i < 0 || i >= n->ncustom)
+        return NULL;
+    if (v)
+        *v = n->custom[i].v;
+    return n->custom[i].key;
+}
+void ag_node_custom_clear(ag_node *n) {
+    meta_entries_free(n->custom, n->ncustom);
+    n->custom = NULL;
+    n->ncustom = n->custom_cap = 0;
+}
+int ag_node_custom_copy(ag_node *dst, const ag_node *src) {
+    if (dst == src)
+        return 0;
+    ag__mentry *e = NULL;
+    int cnt = 0, cap = 0;
+    for (int i = 0; i < src->ncustom; i++)
+        if (entry_set(&e, &cnt, &cap, src->custom[i].key, src->custom[i].v)) {
+            meta_entries_free(e, cnt);
+            return AG_ENOMEM;
+        }
+    meta_entries_free(dst->custom, dst->ncustom);
+    dst->custom = e;
+    dst->ncustom = cnt;
+    dst->custom_cap = cap;
+    return 0;
+}
+
+int ag_node_set_desc(ag_node *n, ag_desc *d) {
+    if (n->kind != AG_NODE_PLACEHOLDER)
+        return ag__err(AG_EINVAL, "set_desc: %s is not a placeholder", n->name);
+    if (d && !ag_desc_is_input(d))
+        return ag__err(AG_EINVAL, "set_desc: %s: a placeholder takes an input descriptor", n->name);
+    ag_desc_retain(d);
+    ag_desc_release(n->desc);
+    n->desc = d;
+    return 0;
+}
+
+ag_desc *ag_node_desc(const ag_node *n) { return n->desc; }
+
+int ag_node_set_output_descs(ag_node *out, ag_desc *const *descs, int cnt) {
+    if (out->kind != AG_NODE_OUTPUT)
+        return ag__err(AG_EINVAL, "set_output_descs: %s is not the output node", out->name);
+    int nouts = out->nargs ? out->args[0].n : 0;
+    if (cnt != nouts)
+        return ag__err(AG_EINVAL, "set_output_descs: %d descriptors for %d outputs", cnt, nouts);
+    for (int i = 0; i < cnt; i++)
+        if (descs[i] && ag_desc_is_input(descs[i]))
+            return ag__err(AG_EINVAL, "set_output_descs: output %d: an output takes an output "
+                                      "descriptor", i);
+    ag_desc **v = ag__calloc((size_t)(cnt ? cnt : 1), sizeof *v);
+    if (!v)
+        return AG_ENOMEM;
+    for (int i = 0; i < cnt; i++)
+        v[i] = ag_desc_retain(descs[i]);
+    for (int i = 0; i < out->nout_descs; i++)
+        ag_desc_release(out->out_descs[i]);
+    ag__free(out->out_descs);
+    out->out_descs = v;
+    out->nout_descs = cnt;
+    out->has_out_descs = true;
+    return 0;
+}
+
+ag_desc *ag_node_output_desc(const ag_node *out, int i) {
+    return i >= 0 && i < out->nout_descs ? out->out_descs[i] : NULL;
+}
+bool ag_node_has_output_descs(const ag_node *out) { return out->has_out_descs; }
+
+/* ---- copy ---- */
+
+ag_graph *ag_graph_copy(const ag_graph *src) {
+    ag_graph *g = ag_graph_new();
+    if (!g)
+        return NULL;
+    ag__strmap map = {0}; /* old name -> new node */
+    int rc = 0;
+    for (ag_node *n = src->first; n && rc == 0; n = n->next) {
+        ag_node *m = ag__calloc(1, sizeof *m);
+        if (!m) {
+            rc = AG_ENOMEM;
+            break;
+        }
+        m->graph = g;
+        m->kind = n->kind;
+        m->op = n->op;
+        m->vals = &m->val1;
+        m->name = ag__strdup(n->name);
+        if (!m->name || set_vals(m, n->vals, n->nvals)) {
+            node_free(m);
+            rc = AG_ENOMEM;
+            break;
+        }
+        m->constant = ag_tensor_keep(n->constant);
+        for (int i = 0; i < n->nargs && rc == 0; i++) {
+            ag_garg a = n->args[i];
+            ag_node *tmp[64];
+            if (a.kind == AG_GA_NODE && a.u.node) {
+                a.u.node = ag__strmap_get(&map, a.u.node->name);
+            } else if (a.kind == AG_GA_NODES) {
+                ag_node **nv = a.n <= 64 ? tmp : ag__malloc(sizeof(ag_node *) * (size_t)a.n);
+                if (!nv) {
+                    rc = AG_ENOMEM;
+                    break;
+                }
+                for (int k = 0; k < a.n; k++)
+                    nv[k] = a.u.nodes[k] ? ag__strmap_get(&map, a.u.nodes[k]->name) : NULL;
+                a.u.nodes = nv;
+                rc = ag__garg_copy(&m->args[i], &a);
+                if (nv != tmp)
+                    ag__free(nv);
+                if (rc == 0)
+                    m->nargs = i + 1;
+                continue;
+            }
+            rc = ag__garg_copy(&m->args[i], &a);
+            if (rc == 0)
+                m->nargs = i + 1;
+        }
+        for (int i = 0; i < n->nmeta && rc == 0; i++)
+            rc = entry_set(&m->meta, &m->nmeta, &m->meta_cap, n->meta[i].key, n->meta[i].v);
+        for (int i = 0; i < n->ncustom && rc == 0; i++)
+            rc = entry_set(&m->custom, &m->ncustom, &m->custom_cap, n->custom[i].key, n->custom[i].v);
+        m->desc = ag_desc_retain(n->desc);
+        if (rc == 0 && n->has_out_descs) {
+            m->out_descs = ag__calloc((size_t)(n->nout_descs ? n->nout_descs : 1), sizeof(ag_desc *));
+            if (!m->out_descs)
+                rc = AG_ENOMEM;
+            else {
+                for (int i = 0; i < n->nout_descs; i++)
+                    m->out_descs[i] = ag_desc_retain(n->out_descs[i]);
+                m->nout_descs = n->nout_descs;
+                m->has_out_descs = true;
+            }
+        }
+        if (rc) {
+            node_free(m);
+            break;
+        }
+        if (ag__strmap_put(&map, n->name, m)) {
+            node_free(m);
+            rc = AG_ENOMEM;
+            break;
+        }
+        ag_node *r = node_commit(g, m, false);
+        if (!r) {
+            rc = AG_ENOMEM;
+            break;
+        }
+        if (r->kind == AG_NODE_OUTPUT)
+            g->output = r;
+    }
+    /* Name counters carry over so that later nodes are named as in the source graph. */
+    for (int64_t i = 0; i < src->nbases && rc == 0; i++) {
+        int64_t cap = g->bases_cap;
+        char *b = ag__strdup(src->bases[i].base);
+        if (!b || ag__grow((void **)&g->bases, &cap, g->nbases + 1, sizeof *g->bases)) {
+            ag__free(b);
+            rc = AG_ENOMEM;
+            break;
+        }
+        g->bases_cap = cap;
+        g->bases[g->nbases++] = (ag__base_count){b, src->bases[i].count};
+    }
+    g->nconst = src->nconst;
+    ag__strmap_free(&map);
+    if (rc) {
+        ag_graph_free(g);
+        return NULL;
+    }
+    return g;
+}

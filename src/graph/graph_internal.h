@@ -1,0 +1,90 @@
+/* Internal structures of the graph IR, shared by graph.c, the printer/parser, passes and the
+ * interpreter. */
+#ifndef AG_GRAPH_INTERNAL_H
+#define AG_GRAPH_INTERNAL_H
+
+#include "../core/internal.h"
+#include "../core/strmap.h"
+#include "aotgrad/graph.h"
+
+typedef struct ag__use {
+    ag_node *node;
+    int count; /* how many arguments of `node` reference the definition */
+} ag__use;
+
+typedef struct ag__mentry {
+    char *key;
+    ag_mval v; /* strings owned */
+} ag__mentry;
+
+struct ag_node {
+    ag_graph *graph;
+    ag_node *prev, *next;
+    ag_node_kind kind;
+    char *name;
+    const ag_op *op;
+    int nargs;
+    ag_garg args[AG_MAX_ARGS];
+    ag__use *users;
+    int nusers, users_cap;
+    ag_tmeta val1; /* storage for the common single-output case */
+    ag_tmeta *vals;
+    int nvals;
+    ag_tensor *constant;
+    ag__mentry *meta, *custom;
+    int nmeta, meta_cap, ncustom, custom_cap;
+    ag_desc *desc;
+    ag_desc **out_descs;
+    int nout_descs;
+    bool has_out_descs;
+    int index;
+};
+
+typedef struct ag__base_count {
+    char *base;
+    int64_t count;
+} ag__base_count;
+
+struct ag_graph {
+    ag_node *first, *last, *output;
+    int64_t count;
+    ag__strmap names; /* name -> node (keys are the nodes' own name strings) */
+    ag__base_count *bases;
+    int64_t nbases, bases_cap;
+    int64_t nconst;
+    ag_node *insert_before, *insert_after;
+    int explicit_insert; /* 0 default, 1 before insert_before, 2 after insert_after */
+    bool order_dirty;
+    ag_node **ph_cache;
+    int64_t ph_cap;
+};
+
+/* Deep copy / free of an argument value (lists and strings). */
+int ag__garg_copy(ag_garg *dst, const ag_garg *src);
+void ag__garg_free(ag_garg *a);
+const char *ag__recompute_name(ag_recompute r);
+
+/* A call node with the given vals (no meta inference: the tracer already has them). */
+ag_node *ag__graph_call_vals(ag_graph *g, const ag_op *op, const ag_garg *args, int nargs,
+                             const ag_tmeta *vals, int nvals, const char *name);
+/* trace.c: replaces call node n by the nodes fn emits when run on stand-ins for n's
+ * arguments; AG_ENOTSUP from fn leaves the graph unchanged. */
+int ag__trace_replace_node(ag_graph *g, ag_node *n, ag_decomp_fn fn);
+/* trace.c: a tracing session over an existing graph (used by the joint export). begin makes
+ * the thread trace into g (meta mode, the dispatcher hook) until end; functionalize records
+ * mutating ops as their functional variants. */
+typedef struct ag__tracer ag__tracer;
+ag__tracer *ag__tracer_begin(ag_graph *g, bool functionalize);
+void ag__tracer_end(ag__tracer *T);
+void ag__tracer_set_tag(ag__tracer *T, const char *tag); /* partitioner_tag of new nodes */
+void ag__tracer_set_stack_traces(ag__tracer *T, bool on);
+void ag__tracer_bind(ag__tracer *T, ag_tensor *t, ag_node *n);
+bool ag__tracer_bound(ag__tracer *T, const ag_tensor *t);
+/* t's node in this session (a get_attr constant for a tensor with data made outside). */
+ag_node *ag__tracer_node_of(ag__tracer *T, ag_tensor *t);
+/* infer.c: runs the op's meta function on argument nodes' vals. */
+int ag__infer_meta(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *vals, int *nvals);
+/* True when args[i] equals the schema default of the op's argument i. */
+bool ag__garg_is_default(const ag_op *op, int i, const ag_garg *a);
+
+#endif

@@ -1,0 +1,678 @@
+/* The graph printer: a graph in, its text (docs/GRAPH_FORMAT.md) out.
+ *
+ * The text is canonical: one spelling per graph, so that print(parse(print(g))) == print(g).
+ * Everything goes into one growing buffer (amortised O(1) appends), so printing is linear in
+ * the output: a GPT-2 joint graph of ~10k nodes prints in milliseconds. The helpers that the
+ * parser and the DOT writer share (buffer, VALs, quoted strings, round-tripping floats) live
+ * here too and are declared in text_internal.h.
+ *
+ * Metadata that has no dedicated spelling is still printed, as a generic `key=VALUE` item, so
+ * nothing a graph carries is lost in a round trip; a well-known key holding a value of the
+ * wrong kind (say seq_nr set to a string through ag_node_meta_set) prints generically too. A
+ * stack trace that continuation lines cannot carry exactly (an empty or blank line, a '\r')
+ * prints as a quoted `stack_trace='...'` item instead. */
+#include "text_internal.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ---- the buffer ---- */
+
+bool ag__sb_reserve(ag__sbuf *b, size_t extra) {
+    if (b->oom)
+        return false;
+    if (b->len + extra + 1 <= b->cap)
+        return true;
+    size_t ncap = b->cap ? b->cap : 256;
+    while (ncap < b->len + extra + 1)
+        ncap *= 2;
+    char *np = ag__malloc(ncap);
+    if (!np) {
+        b->oom = true;
+        return false;
+    }
+    if (b->len)
+        memcpy(np, b->p, b->len);
+    ag__free(b->p);
+    b->p = np;
+    b->cap = ncap;
+    return true;
+}
+
+void ag__sb_putn(ag__sbuf *b, const char *s, size_t n) {
+    if (!ag__sb_reserve(b, n))
+        return;
+    memcpy(b->p + b->len, s, n);
+    b->len += n;
+}
+
+void ag__sb_puts(ag__sbuf *b, const char *s) { ag__sb_putn(b, s, strlen(s)); }
+
+void ag__sb_putc(ag__sbuf *b, char c) {
+    if (b->len + 2 <= b->cap || ag__sb_reserve(b, 1))
+        b->p[b->len++] = c;
+}
+
+void ag__sb_printf(ag__sbuf *b, const char *fmt, ...) {
+    char tmp[256];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n < sizeof tmp) {
+        ag__sb_putn(b, tmp, (size_t)n);
+        return;
+    }
+    if (!ag__sb_reserve(b, (size_t)n))
+        return;
+    va_start(ap, fmt);
+    vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+char *ag__sb_finish(ag__sbuf *b) {
+    if (b->oom || !ag__sb_reserve(b, 0)) {
+        ag__sb_free(b);
+        return NULL;
+    }
+    b->p[b->len] = 0;
+    char *r = b->p;
+    b->p = NULL;
+    b->len = b->cap = 0;
+    return r;
+}
+
+void ag__sb_free(ag__sbuf *b) {
+    ag__free(b->p);
+    b->p = NULL;
+    b->len = b->cap = 0;
+}
+
+/* ---- values ---- */
+
+bool ag__tmeta_equal(const ag_tmeta *a, const ag_tmeta *b) {
+    if (a->dtype != b->dtype || a->ndim != b->ndim || a->offset != b->offset)
+        return false;
+    for (int i = 0; i < a->ndim; i++)
+        if (a->sizes[i] != b->sizes[i] || a->strides[i] != b->strides[i])
+            return false;
+    return true;
+}
+
+static const char *dtype_short(ag_dtype dt) {
+    const char *s = (unsigned)dt < AG_NDTYPES ? ag_dtype_short(dt) : NULL;
+    return s ? s : "?";
+}
+
+void ag__sb_val(ag__sbuf *b, const ag_tmeta *m) {
+    ag__sb_puts(b, dtype_short(m->dtype));
+    ag__sb_putc(b, '[');
+    int nd = m->ndim < 0 ? 0 : m->ndim > AG_MAX_DIMS ? AG_MAX_DIMS : m->ndim;
+    for (int i = 0; i < nd; i++)
+        ag__sb_printf(b, i ? ", %lld" : "%lld", (long long)m->sizes[i]);
+    ag__sb_putc(b, ']');
+    /* Exactly the strides ag__tmeta_contiguous would give; anything else is spelled out. */
+    bool contiguous = true;
+    int64_t st = 1;
+    for (int i = nd - 1; i >= 0; i--) {
+        if (m->strides[i] != st)
+            contiguous = false;
+        if (m->sizes[i] > 1 && st <= INT64_MAX / m->sizes[i])
+            st *= m->sizes[i];
+    }
+    if (!contiguous) {
+        ag__sb_putc(b, '{');
+        for (int i = 0; i < nd; i++)
+            ag__sb_printf(b, i ? ", %lld" : "%lld", (long long)m->strides[i]);
+        ag__sb_putc(b, '}');
+    }
+    if (m->offset)
+        ag__sb_printf(b, "+%lld", (long long)m->offset);
+}
+
+/* Decodes one strict UTF-8 sequence at s[0..n); returns its length, or 0 when invalid
+ * (overlong forms, surrogates and code points past U+10FFFF are invalid). */
+static size_t utf8_decode(const unsigned char *s, size_t n, uint32_t *cp) {
+    unsigned char c = s[0];
+    if (c < 0x80) {
+        *cp = c;
+        return 1;
+    }
+    size_t len;
+    unsigned char lo = 0x80, hi = 0xbf;
+    if (c >= 0xc2 && c <= 0xdf) {
+        len = 2;
+    } else if (c >= 0xe0 && c <= 0xef) {
+        len = 3;
+        if (c == 0xe0)
+            lo = 0xa0;
+        else if (c == 0xed)
+            hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+        len = 4;
+        if (c == 0xf0)
+            lo = 0x90;
+        else if (c == 0xf4)
+            hi = 0x8f;
+    } else {
+        return 0;
+    }
+    if (n < len || s[1] < lo || s[1] > hi)
+        return 0;
+    uint32_t v = c & (0x3fu >> (len - 1));
+    v = (v << 6) | (s[1] & 0x3f);
+    for (size_t i = 2; i < len; i++) {
+        if (s[i] < 0x80 || s[i] > 0xbf)
+            return 0;
+        v = (v << 6) | (s[i] & 0x3f);
+    }
+    *cp = v;
+    return len;
+}
+
+/* Code points Python's repr() escapes (an approximation of str.isprintable() without the
+ * Unicode database, the same as the descriptor printer's). */
+static bool not_printable(uint32_t cp) {
+    static const uint32_t ranges[][2] = {
+        {0x80, 0xa0},       {0xad, 0xad},       {0x600, 0x605},     {0x61c, 0x61c},
+        {0x6dd, 0x6dd},     {0x70f, 0x70f},     {0x890, 0x891},     {0x8e2, 0x8e2},
+        {0x1680, 0x1680},   {0x180e, 0x180e},   {0x2000, 0x200f},   {0x2028, 0x202f},
+        {0x205f, 0x206f},   {0x3000, 0x3000},   {0xd800, 0xf8ff},   {0xfdd0, 0xfdef},
+        {0xfeff, 0xfeff},   {0xfff0, 0xfffb},   {0xfffe, 0xffff},   {0x110bd, 0x110bd},
+        {0x110cd, 0x110cd}, {0x13430, 0x1343f}, {0x1bca0, 0x1bca3}, {0x1d173, 0x1d17a},
+        {0x1fffe, 0x1ffff}, {0x2fffe, 0x2ffff}, {0x3fffe, 0xe00ff}, {0xe01f0, 0x10ffff},
+    };
+    for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++)
+        if (cp >= ranges[i][0] && cp <= ranges[i][1])
+            return true;
+    return false;
+}
+
+void ag__sb_pystr(ag__sbuf *b, const char *str, size_t n) {
+    const unsigned char *s = (const unsigned char *)str;
+    bool has_sq = memchr(s, '\'', n) != NULL, has_dq = memchr(s, '"', n) != NULL;
+    char quote = has_sq && !has_dq ? '"' : '\'';
+    ag__sb_putc(b, quote);
+    for (size_t i = 0; i < n;) {
+        uint32_t cp;
+        size_t k = utf8_decode(s + i, n - i, &cp);
+        if (!k) {
+            ag__sb_printf(b, "\\udc%02x", s[i]);
+            i++;
+            continue;
+        }
+        if (cp == (uint32_t)quote || cp == '\\') {
+            ag__sb_putc(b, '\\');
+            ag__sb_putc(b, (char)cp);
+        } else if (cp == '\t') {
+            ag__sb_puts(b, "\\t");
+        } else if (cp == '\n') {
+            ag__sb_puts(b, "\\n");
+        } else if (cp == '\r') {
+            ag__sb_puts(b, "\\r");
+        } else if (cp < 0x20 || cp == 0x7f) {
+            ag__sb_printf(b, "\\x%02x", (unsigned)cp);
+        } else if (cp < 0x7f || !not_printable(cp)) {
+            ag__sb_putn(b, (const char *)s + i, k);
+        } else if (cp <= 0xff) {
+            ag__sb_printf(b, "\\x%02x", (unsigned)cp);
+        } else if (cp <= 0xffff) {
+            ag__sb_printf(b, "\\u%04x", (unsigned)cp);
+        } else {
+            ag__sb_printf(b, "\\U%08x", (unsigned)cp);
+        }
+        i += k;
+    }
+    ag__sb_putc(b, quote);
+}
+
+/* Writes the shortest %.{p}g spelling of v that reads back identically (strtof when
+ * `single`), with ".0" appended when it would read as an int. */
+static void put_real(ag__sbuf *b, double v, bool single) {
+    if (isnan(v)) {
+        ag__sb_puts(b, "nan");
+        return;
+    }
+    if (isinf(v)) {
+        ag__sb_puts(b, v < 0 ? "-inf" : "inf");
+        return;
+    }
+    char buf[40];
+    int maxp = single ? 9 : 17;
+    for (int p = 1; p <= maxp; p++) {
+        snprintf(buf, sizeof buf, "%.*g", p, v);
+        if (single ? strtof(buf, NULL) == (float)v : strtod(buf, NULL) == v)
+            break;
+    }
+    ag__sb_puts(b, buf);
+    if (!strpbrk(buf, ".e"))
+        ag__sb_puts(b, ".0");
+}
+
+void ag__sb_double(ag__sbuf *b, double v) { put_real(b, v, false); }
+void ag__sb_float(ag__sbuf *b, float v) { put_real(b, v, true); }
+
+void ag__sb_desc(ag__sbuf *b, const ag_desc *d) {
+    size_t n = ag_desc_repr(d, NULL, 0);
+    if (!ag__sb_reserve(b, n))
+        return;
+    ag_desc_repr(d, b->p + b->len, n + 1);
+    b->len += n;
+}
+
+bool ag__is_plain_name(const char *s) {
+    if (!*s)
+        return false;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              *s == '_'))
+            return false;
+    return true;
+}
+
+void ag__sb_name(ag__sbuf *b, const char *name) {
+    if (ag__is_plain_name(name))
+        ag__sb_puts(b, name);
+    else
+        ag__sb_pystr(b, name, strlen(name));
+}
+
+/* ---- nodes ---- */
+
+static const char *const torch_dtypes[AG_NDTYPES] = {"torch.float32", "torch.float64",
+                                                     "torch.int64", "torch.bool"};
+
+static void put_node_ref(ag__sbuf *b, const ag_node *n) {
+    if (!n) {
+        ag__sb_puts(b, "None");
+        return;
+    }
+    ag__sb_putc(b, '%');
+    ag__sb_name(b, n->name);
+}
+
+static void put_garg(ag__sbuf *b, const ag_garg *a) {
+    switch (a->kind) {
+    case AG_GA_NONE:
+        ag__sb_puts(b, "None");
+        break;
+    case AG_GA_NODE:
+        put_node_ref(b, a->u.node);
+        break;
+    case AG_GA_NODES:
+        ag__sb_putc(b, '[');
+        for (int k = 0; k < a->n; k++) {
+            if (k)
+                ag__sb_puts(b, ", ");
+            put_node_ref(b, a->u.nodes[k]);
+        }
+        ag__sb_putc(b, ']');
+        break;
+    case AG_GA_INT:
+        ag__sb_printf(b, "%lld", (long long)a->u.i);
+        break;
+    case AG_GA_FLOAT:
+        ag__sb_double(b, a->u.f);
+        break;
+    case AG_GA_BOOL:
+        ag__sb_puts(b, a->u.b ? "True" : "False");
+        break;
+    case AG_GA_INTS:
+        ag__sb_putc(b, '[');
+        for (int k = 0; k < a->n; k++)
+            ag__sb_printf(b, k ? ", %lld" : "%lld", (long long)a->u.ints[k]);
+        ag__sb_putc(b, ']');
+        break;
+    case AG_GA_DTYPE:
+        ag__sb_puts(b, (unsigned)a->u.dt < AG_NDTYPES ? torch_dtypes[a->u.dt] : "None");
+        break;
+    case AG_GA_STR:
+        ag__sb_pystr(b, a->u.s ? a->u.s : "", a->u.s ? strlen(a->u.s) : 0);
+        break;
+    }
+}
+
+static void put_mval(ag__sbuf *b, ag_mval v) {
+    switch (v.kind) {
+    case AG_MV_NONE:
+        ag__sb_puts(b, "None");
+        break;
+    case AG_MV_INT:
+        ag__sb_printf(b, "%lld", (long long)v.u.i);
+        break;
+    case AG_MV_FLOAT:
+        ag__sb_double(b, v.u.f);
+        break;
+    case AG_MV_BOOL:
+        ag__sb_puts(b, v.u.b ? "True" : "False");
+        break;
+    case AG_MV_STR:
+        ag__sb_pystr(b, v.u.s ? v.u.s : "", v.u.s ? strlen(v.u.s) : 0);
+        break;
+    }
+}
+
+static bool valid_tag(ag_mval v) {
+    return v.kind == AG_MV_STR &&
+           (!strcmp(v.u.s, "is_forward") || !strcmp(v.u.s, "is_backward") ||
+            !strcmp(v.u.s, "must_be_in_forward") || !strcmp(v.u.s, "must_be_in_backward"));
+}
+
+static bool valid_recompute(ag_mval v) {
+    if (v.kind != AG_MV_STR)
+        return false;
+    for (int r = AG_MUST_SAVE; r <= AG_PREFER_RECOMPUTE; r++)
+        if (!strcmp(v.u.s, ag__recompute_name((ag_recompute)r)))
+            return true;
+    return false;
+}
+
+/* Whether continuation lines carry the trace exactly: no line blank (spaces and tabs only),
+ * no '\r'. */
+static bool trace_as_lines(const char *t) {
+    if (!*t)
+        return false;
+    for (const char *line = t;;) {
+        const char *end = strchr(line, '\n');
+        if (!end)
+            end = line + strlen(line);
+        bool blank = true;
+        for (const char *c = line; c < end; c++) {
+            if (*c == '\r')
+                return false;
+            if (*c != ' ' && *c != '\t')
+                blank = false;
+        }
+        if (blank)
+            return false;
+        if (!*end)
+            return true;
+        line = end + 1;
+    }
+}
+
+/* True when key (with value v) prints in a dedicated spelling or not at all, rather than as a
+ * generic key=VALUE item. */
+static bool well_known(const char *key, ag_mval v) {
+    if (!strcmp(key, "seq_nr"))
+        return v.kind == AG_MV_INT;
+    if (!strcmp(key, "partitioner_tag"))
+        return valid_tag(v);
+    if (!strcmp(key, "is_gradient_acc"))
+        return v.kind == AG_MV_BOOL && v.u.b;
+    if (!strcmp(key, "recompute"))
+        return valid_recompute(v);
+    if (!strcmp(key, "stack_trace"))
+        return v.kind == AG_MV_STR;
+    return false;
+}
+
+/* The metadata items of a node, each preceded by two spaces; returns how many. */
+static int put_items(ag__sbuf *b, const ag_node *n, const ag_print_opts *o) {
+    int cnt = 0;
+    if (!o->no_custom && n->ncustom > 0) {
+        ag__sb_puts(b, "  {");
+        for (int i = 0; i < n->ncustom; i++) {
+            if (i)
+                ag__sb_puts(b, ", ");
+            ag__sb_pystr(b, n->custom[i].key, strlen(n->custom[i].key));
+            ag__sb_puts(b, ": ");
+            put_mval(b, n->custom[i].v);
+        }
+        ag__sb_putc(b, '}');
+        cnt++;
+    }
+    ag_mval seq = ag_node_meta_get(n, "seq_nr");
+    if (o->seq_nr && seq.kind == AG_MV_INT) {
+        ag__sb_printf(b, "  seq_nr=%lld", (long long)seq.u.i);
+        cnt++;
+    }
+    if (!o->no_meta) {
+        ag_mval tag = ag_node_meta_get(n, "partitioner_tag");
+        if (valid_tag(tag)) {
+            ag__sb_puts(b, "  ");
+            ag__sb_puts(b, tag.u.s);
+            cnt++;
+        }
+        ag_mval ga = ag_node_meta_get(n, "is_gradient_acc");
+        if (ga.kind == AG_MV_BOOL && ga.u.b) {
+            ag__sb_puts(b, "  gradient_acc");
+            cnt++;
+        }
+        ag_mval rc = ag_node_meta_get(n, "recompute");
+        if (valid_recompute(rc)) {
+            ag__sb_puts(b, "  recompute=");
+            ag__sb_puts(b, rc.u.s);
+            cnt++;
+        }
+        for (int i = 0; i < n->nmeta; i++) {
+            if (well_known(n->meta[i].key, n->meta[i].v))
+                continue;
+            ag__sb_puts(b, "  ");
+            ag__sb_name(b, n->meta[i].key);
+            ag__sb_putc(b, '=');
+            put_mval(b, n->meta[i].v);
+            cnt++;
+        }
+    }
+    const char *st = ag_node_stack_trace(n);
+    if (o->stack_trace && st && !trace_as_lines(st)) {
+        ag__sb_puts(b, "  stack_trace=");
+        ag__sb_pystr(b, st, strlen(st));
+        cnt++;
+    }
+    return cnt;
+}
+
+static void put_vals(ag__sbuf *b, const ag_node *n) {
+    bool tuple = n->nvals != 1 || (n->kind == AG_NODE_CALL && ag_op_noutputs(n->op) != 1);
+    if (!tuple) {
+        ag__sb_val(b, &n->vals[0]);
+        return;
+    }
+    if (n->kind == AG_NODE_PLACEHOLDER && n->nvals == 0) {
+        ag__sb_puts(b, "None");
+        return;
+    }
+    ag__sb_putc(b, '(');
+    for (int i = 0; i < n->nvals; i++) {
+        if (i)
+            ag__sb_puts(b, ", ");
+        ag__sb_val(b, &n->vals[i]);
+    }
+    if (n->nvals == 1)
+        ag__sb_putc(b, ',');
+    ag__sb_putc(b, ')');
+}
+
+static void put_call(ag__sbuf *b, const ag_node *n) {
+    ag__sb_puts(b, ag_op_name(n->op));
+    ag__sb_putc(b, '(');
+    for (int i = 0; i < n->nargs; i++) {
+        if (i)
+            ag__sb_puts(b, ", ");
+        const ag_schema_arg *sa = ag_op_arg(n->op, i);
+        if (sa && sa->kwarg_only) {
+            ag__sb_puts(b, sa->name);
+            ag__sb_putc(b, '=');
+        }
+        put_garg(b, &n->args[i]);
+    }
+    ag__sb_putc(b, ')');
+}
+
+static void put_node(ag__sbuf *b, const ag_node *n, const ag_print_opts *o) {
+    ag__sb_puts(b, "    ");
+    switch (n->kind) {
+    case AG_NODE_PLACEHOLDER:
+        put_node_ref(b, n);
+        ag__sb_puts(b, " : ");
+        put_vals(b, n);
+        ag__sb_puts(b, "  # ");
+        ag__sb_desc(b, n->desc);
+        put_items(b, n, o);
+        break;
+    case AG_NODE_OUTPUT: {
+        ag__sb_puts(b, "return (");
+        const ag_garg *a = n->nargs ? &n->args[0] : NULL;
+        int cnt = a && a->kind == AG_GA_NODES ? a->n : 0;
+        for (int i = 0; i < cnt; i++) {
+            if (i)
+                ag__sb_puts(b, ", ");
+            put_node_ref(b, a->u.nodes[i]);
+        }
+        if (cnt == 1)
+            ag__sb_putc(b, ',');
+        ag__sb_putc(b, ')');
+        size_t mark = b->len;
+        ag__sb_puts(b, "  # ");
+        if (n->has_out_descs) {
+            ag__sb_putc(b, '[');
+            for (int i = 0; i < n->nout_descs; i++) {
+                if (i)
+                    ag__sb_puts(b, ", ");
+                ag__sb_desc(b, n->out_descs[i]);
+            }
+            ag__sb_putc(b, ']');
+            put_items(b, n, o);
+        } else {
+            ag__sb_puts(b, "None");
+            if (put_items(b, n, o) == 0 && !b->oom)
+                b->len = mark; /* nothing to say: no comment at all */
+        }
+        break;
+    }
+    default:
+        put_node_ref(b, n);
+        ag__sb_puts(b, " = ");
+        if (n->kind == AG_NODE_CALL) {
+            put_call(b, n);
+        } else if (n->kind == AG_NODE_GETITEM) {
+            ag__sb_puts(b, "getitem(");
+            put_node_ref(b, n->args[0].u.node);
+            ag__sb_printf(b, ", %lld)", (long long)n->args[1].u.i);
+        } else {
+            ag__sb_puts(b, "get_attr(");
+            ag__sb_name(b, n->name);
+            ag__sb_putc(b, ')');
+        }
+        ag__sb_puts(b, "  # ");
+        put_vals(b, n);
+        put_items(b, n, o);
+        break;
+    }
+    ag__sb_putc(b, '\n');
+    const char *st = ag_node_stack_trace(n);
+    if (o->stack_trace && st && trace_as_lines(st)) {
+        for (const char *line = st;;) {
+            const char *end = strchr(line, '\n');
+            size_t len = end ? (size_t)(end - line) : strlen(line);
+            ag__sb_puts(b, "        ");
+            ag__sb_putn(b, line, len);
+            ag__sb_putc(b, '\n');
+            if (!end)
+                break;
+            line = end + 1;
+        }
+    }
+}
+
+/* One element of a constant, read at element offset `off` from its first element. */
+static void put_elem(ag__sbuf *b, ag_dtype dt, const char *base, int64_t off) {
+    switch (dt) {
+    case AG_F32: {
+        float v;
+        memcpy(&v, base + off * 4, 4);
+        ag__sb_float(b, v);
+        break;
+    }
+    case AG_F64: {
+        double v;
+        memcpy(&v, base + off * 8, 8);
+        ag__sb_double(b, v);
+        break;
+    }
+    case AG_I64: {
+        int64_t v;
+        memcpy(&v, base + off * 8, 8);
+        ag__sb_printf(b, "%lld", (long long)v);
+        break;
+    }
+    default:
+        ag__sb_puts(b, base[off] ? "True" : "False");
+        break;
+    }
+}
+
+/* `constant NAME : VAL = [v0, v1, ...]`, values row-major over the (possibly strided) view;
+ * `= meta` for a tensor without data. */
+static void put_constant(ag__sbuf *b, const ag_node *n) {
+    const ag_tensor *t = n->constant;
+    ag_tmeta m;
+    ag__tmeta_of(t, &m);
+    ag__sb_puts(b, "constant ");
+    ag__sb_name(b, n->name);
+    ag__sb_puts(b, " : ");
+    ag__sb_val(b, &m);
+    const char *base = ag_tensor_data(t);
+    if (!base) {
+        ag__sb_puts(b, " = meta\n");
+        return;
+    }
+    ag__sb_puts(b, " = [");
+    int64_t numel = ag__numel(m.ndim, m.sizes);
+    int64_t idx[AG_MAX_DIMS] = {0}, off = 0;
+    for (int64_t e = 0; e < numel; e++) {
+        if (e)
+            ag__sb_puts(b, ", ");
+        put_elem(b, m.dtype, base, off);
+        /* Advance the row-major index, keeping the element offset in step. */
+        for (int d = m.ndim - 1; d >= 0; d--) {
+            if (++idx[d] < m.sizes[d]) {
+                off += m.strides[d];
+                break;
+            }
+            off -= m.strides[d] * (idx[d] - 1);
+            idx[d] = 0;
+        }
+    }
+    ag__sb_puts(b, "]\n");
+}
+
+char *ag_graph_to_string(const ag_graph *g, const ag_print_opts *opts) {
+    static const ag_print_opts defaults = {0};
+    const ag_print_opts *o = opts ? opts : &defaults;
+    ag__sbuf b = {0};
+    /* ~100 bytes a node: one allocation for most graphs. */
+    ag__sb_reserve(&b, (size_t)g->count * 112 + 64);
+    ag__sb_puts(&b, "graph():\n");
+    bool consts = false;
+    for (const ag_node *n = g->first; n; n = n->next) {
+        put_node(&b, n, o);
+        consts |= n->kind == AG_NODE_GET_ATTR && n->constant;
+    }
+    if (consts) {
+        ag__sb_putc(&b, '\n');
+        for (const ag_node *n = g->first; n; n = n->next)
+            if (n->kind == AG_NODE_GET_ATTR && n->constant)
+                put_constant(&b, n);
+    }
+    return ag__sb_finish(&b);
+}
+
+int ag_graph_print(const ag_graph *g, FILE *f, const ag_print_opts *opts) {
+    char *s = ag_graph_to_string(g, opts);
+    if (!s)
+        return AG_ENOMEM;
+    size_t n = strlen(s);
+    size_t w = fwrite(s, 1, n, f);
+    ag_free(s);
+    if (w != n)
+        return ag__err(AG_EIO, "graph_print: write failed");
+    return 0;
+}

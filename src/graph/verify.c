@@ -1,0 +1,416 @@
+/* The graph verifier (ag_graph_verify): checks that a graph is well formed before anything
+ * trusts it, the interpreter and the compiled stages included.
+ *
+ * In: a graph built by the tracer, the parser or a pass (possibly broken by hand). Out: 0, or
+ * AG_EINVAL with one message naming the first bad node and what is wrong with it
+ * ("verify: %addmm uses %t before it is defined"). Checked, in graph order: the node list's
+ * links; unique, registered names; placeholders first; every referenced node is in the graph
+ * and defined earlier; users lists equal the references in both directions (with counts); each
+ * call's arguments fit its op's schema and its stored vals equal what the op's meta function
+ * infers from its arguments' vals; getitem indexes an existing output and carries its val;
+ * get_attr's val is its constant's metadata; exactly one output node, last, whose argument is
+ * one list of nodes; descriptors sit on placeholders (inputs) and the output node (outputs). */
+#include "graph_internal.h"
+
+#include <stdio.h>
+
+/* ---- a pointer -> position table (open addressing, positions 0..n-1) ---- */
+
+typedef struct ptab {
+    const ag_node **keys;
+    int64_t *pos;
+    uint64_t mask;
+} ptab;
+
+static uint64_t ptr_hash(const void *p) {
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return x;
+}
+
+static int ptab_init(ptab *t, int64_t n) {
+    uint64_t cap = 16;
+    while (cap < (uint64_t)n * 2)
+        cap <<= 1;
+    t->keys = ag__calloc(cap, sizeof *t->keys);
+    t->pos = ag__malloc(cap * sizeof *t->pos);
+    t->mask = cap - 1;
+    if (!t->keys || !t->pos) {
+        ag__free(t->keys);
+        ag__free(t->pos);
+        return AG_ENOMEM;
+    }
+    return 0;
+}
+
+static void ptab_free(ptab *t) {
+    ag__free(t->keys);
+    ag__free(t->pos);
+}
+
+static void ptab_put(ptab *t, const ag_node *n, int64_t pos) {
+    uint64_t i = ptr_hash(n) & t->mask;
+    while (t->keys[i] && t->keys[i] != n)
+        i = (i + 1) & t->mask;
+    t->keys[i] = n;
+    t->pos[i] = pos;
+}
+
+/* The node's position, or -1 when it is not in the graph. */
+static int64_t ptab_get(const ptab *t, const ag_node *n) {
+    for (uint64_t i = ptr_hash(n) & t->mask; t->keys[i]; i = (i + 1) & t->mask)
+        if (t->keys[i] == n)
+            return t->pos[i];
+    return -1;
+}
+
+/* ---- helpers ---- */
+
+static bool tmeta_equal(const ag_tmeta *a, const ag_tmeta *b) {
+    if (a->dtype != b->dtype || a->ndim != b->ndim || a->offset != b->offset)
+        return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->sizes[d] != b->sizes[d] || a->strides[d] != b->strides[d])
+            return false;
+    return true;
+}
+
+/* "f32[4, 3]", with strides and offset added when `full` (the sizes alone do not show the
+ * difference). */
+static char *tmeta_str(const ag_tmeta *m, bool full, char *buf, size_t n) {
+    char sz[256], st[256];
+    int nd = m->ndim >= 0 && m->ndim <= AG_MAX_DIMS ? m->ndim : 0;
+    ag__fmt_sizes(sz, sizeof sz, nd, m->sizes);
+    const char *dt = (unsigned)m->dtype < AG_NDTYPES ? ag_dtype_short(m->dtype) : "?";
+    if (full) {
+        ag__fmt_sizes(st, sizeof st, nd, m->strides);
+        snprintf(buf, n, "%s%s (strides %s, offset %lld)", dt, sz, st, (long long)m->offset);
+    } else {
+        snprintf(buf, n, "%s%s", dt, sz);
+    }
+    return buf;
+}
+
+static bool same_shape(const ag_tmeta *a, const ag_tmeta *b) {
+    if (a->dtype != b->dtype || a->ndim != b->ndim)
+        return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->sizes[d] != b->sizes[d])
+            return false;
+    return true;
+}
+
+/* The message for stored != expected, e.g. "stored val f32[4, 2] but addmm infers f32[4, 3]"
+ * (`what` is "addmm infers"). */
+static int val_mismatch(const ag_node *n, const char *what, const ag_tmeta *stored,
+                        const ag_tmeta *want) {
+    char a[600], b[600];
+    bool full = same_shape(stored, want);
+    return ag__err(AG_EINVAL, "verify: %%%s: stored val %s but %s %s", n->name,
+                   tmeta_str(stored, full, a, sizeof a), what, tmeta_str(want, full, b, sizeof b));
+}
+
+/* How many times n's arguments reference d. */
+static int refs_to(const ag_node *n, const ag_node *d) {
+    int c = 0;
+    for (int i = 0; i < n->nargs; i++) {
+        const ag_garg *a = &n->args[i];
+        if (a->kind == AG_GA_NODE)
+            c += a->u.node == d;
+        else if (a->kind == AG_GA_NODES)
+            for (int k = 0; k < a->n; k++)
+                c += a->u.nodes[k] == d;
+    }
+    return c;
+}
+
+static const char *kind_name(ag_node_kind k) {
+    switch (k) {
+    case AG_NODE_PLACEHOLDER:
+        return "placeholder";
+    case AG_NODE_CALL:
+        return "call";
+    case AG_NODE_GETITEM:
+        return "getitem";
+    case AG_NODE_GET_ATTR:
+        return "get_attr";
+    case AG_NODE_OUTPUT:
+        return "output";
+    }
+    return "?";
+}
+
+/* ---- per-node checks ---- */
+
+/* One referenced node d of user n (at position pos): in the graph, defined earlier, a value,
+ * and n registered among d's users with the right count. */
+static int check_ref(const ag_graph *g, const ptab *t, const ag_node *n, int64_t pos,
+                     const ag_node *d) {
+    int64_t dpos = ptab_get(t, d);
+    if (dpos < 0)
+        return ag__err(AG_EINVAL, "verify: %%%s uses %%%s, which is not in the graph", n->name,
+                       d->name ? d->name : "?");
+    if (dpos >= pos)
+        return ag__err(AG_EINVAL, "verify: %%%s uses %%%s before it is defined", n->name, d->name);
+    if (d->kind == AG_NODE_OUTPUT)
+        return ag__err(AG_EINVAL, "verify: %%%s uses the output node %%%s", n->name, d->name);
+    int want = refs_to(n, d);
+    for (int i = 0; i < d->nusers; i++)
+        if (d->users[i].node == n) {
+            if (d->users[i].count != want)
+                return ag__err(AG_EINVAL, "verify: %%%s lists user %%%s %d time(s) but it is used "
+                                          "%d time(s)", d->name, n->name, d->users[i].count, want);
+            return 0;
+        }
+    return ag__err(AG_EINVAL, "verify: %%%s uses %%%s but is missing from its users list",
+                   n->name, d->name);
+}
+
+/* Every entry of n's users list names a node of the graph that references n, once per entry. */
+static int check_users(const ptab *t, const ag_node *n) {
+    for (int i = 0; i < n->nusers; i++) {
+        const ag_node *u = n->users[i].node;
+        if (!u || ptab_get(t, u) < 0)
+            return ag__err(AG_EINVAL, "verify: %%%s lists user %s, which is not in the graph",
+                           n->name, u ? u->name : "NULL");
+        for (int j = 0; j < i; j++)
+            if (n->users[j].node == u)
+                return ag__err(AG_EINVAL, "verify: %%%s lists user %%%s twice", n->name, u->name);
+        if (n->users[i].count <= 0 || refs_to(u, n) == 0)
+            return ag__err(AG_EINVAL, "verify: %%%s lists user %%%s, which does not use it",
+                           n->name, u->name);
+        /* The count itself is compared from the user's side (check_ref). */
+    }
+    return 0;
+}
+
+static int check_call(const ag_node *n) {
+    if (!n->op)
+        return ag__err(AG_EINVAL, "verify: %%%s: call without an op", n->name);
+    for (int i = 0; i < n->nargs; i++) {
+        const ag_garg *a = &n->args[i];
+        if (a->kind == AG_GA_NODE && a->u.node && a->u.node->nvals > 1)
+            return ag__err(AG_EINVAL, "verify: %%%s: argument %d (%%%s) has %d outputs; read one "
+                                      "through getitem", n->name, i, a->u.node->name,
+                           a->u.node->nvals);
+        if (a->kind == AG_GA_NODES)
+            for (int k = 0; k < a->n; k++)
+                if (a->u.nodes[k] && a->u.nodes[k]->nvals > 1)
+                    return ag__err(AG_EINVAL, "verify: %%%s: element %d of argument %d (%%%s) has "
+                                              "%d outputs; read one through getitem", n->name,
+                                   k, i, a->u.nodes[k]->name, a->u.nodes[k]->nvals);
+    }
+    ag_tmeta vals[AG_MAX_OUTPUTS];
+    int nvals = 0;
+    int rc = ag__infer_meta(n->op, n->args, n->nargs, vals, &nvals);
+    if (rc == AG_ENOMEM)
+        return rc;
+    if (rc < 0) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", ag_last_error());
+        return ag__err(AG_EINVAL, "verify: %%%s: %s", n->name, msg);
+    }
+    if (nvals != n->nvals)
+        return ag__err(AG_EINVAL, "verify: %%%s: stores %d val(s) but %s has %d output(s)",
+                       n->name, n->nvals, ag_op_name(n->op), nvals);
+    for (int i = 0; i < nvals; i++)
+        if (!tmeta_equal(&n->vals[i], &vals[i])) {
+            char what[160];
+            if (nvals == 1)
+                snprintf(what, sizeof what, "%s infers", ag_op_name(n->op));
+            else
+                snprintf(what, sizeof what, "%s infers for output %d", ag_op_name(n->op), i);
+            return val_mismatch(n, what, &n->vals[i], &vals[i]);
+        }
+    return 0;
+}
+
+static int check_getitem(const ag_node *n) {
+    if (n->nargs != 2 || n->args[0].kind != AG_GA_NODE || !n->args[0].u.node ||
+        n->args[1].kind != AG_GA_INT)
+        return ag__err(AG_EINVAL, "verify: %%%s: getitem takes (node, int)", n->name);
+    const ag_node *src = n->args[0].u.node;
+    int64_t idx = n->args[1].u.i;
+    if (src->kind != AG_NODE_CALL)
+        return ag__err(AG_EINVAL, "verify: %%%s: reads an output of %%%s, which is a %s, not a "
+                                  "call", n->name, src->name, kind_name(src->kind));
+    if (idx < 0 || idx >= src->nvals)
+        return ag__err(AG_EINVAL, "verify: %%%s: index %lld out of range (%%%s has %d outputs)",
+                       n->name, (long long)idx, src->name, src->nvals);
+    if (n->nvals != 1)
+        return ag__err(AG_EINVAL, "verify: %%%s: getitem stores %d vals", n->name, n->nvals);
+    if (!tmeta_equal(&n->vals[0], &src->vals[idx])) {
+        char what[160];
+        snprintf(what, sizeof what, "output %lld of %%%s is", (long long)idx, src->name);
+        return val_mismatch(n, what, &n->vals[0], &src->vals[idx]);
+    }
+    return 0;
+}
+
+static int check_get_attr(const ag_node *n) {
+    if (!n->constant)
+        return ag__err(AG_EINVAL, "verify: %%%s: get_attr without a constant", n->name);
+    if (n->nargs != 0)
+        return ag__err(AG_EINVAL, "verify: %%%s: get_attr takes no arguments", n->name);
+    if (n->nvals != 1)
+        return ag__err(AG_EINVAL, "verify: %%%s: get_attr stores %d vals", n->name, n->nvals);
+    ag_tmeta m;
+    ag__tmeta_of(n->constant, &m);
+    if (!tmeta_equal(&n->vals[0], &m))
+        return val_mismatch(n, "its constant is", &n->vals[0], &m);
+    return 0;
+}
+
+static int check_output(const ag_graph *g, const ag_node *n) {
+    if (n->nargs != 1 || n->args[0].kind != AG_GA_NODES)
+        return ag__err(AG_EINVAL, "verify: %%%s: the output node takes one list of nodes", n->name);
+    if (n->nvals != 0)
+        return ag__err(AG_EINVAL, "verify: %%%s: the output node stores vals", n->name);
+    const ag_garg *a = &n->args[0];
+    for (int k = 0; k < a->n; k++)
+        if (a->u.nodes[k] && a->u.nodes[k]->kind == AG_NODE_CALL && a->u.nodes[k]->nvals != 1)
+            return ag__err(AG_EINVAL, "verify: %%%s: output %d (%%%s) has %d outputs; read one "
+                                      "through getitem", n->name, k, a->u.nodes[k]->name,
+                           a->u.nodes[k]->nvals);
+    if (n->has_out_descs) {
+        if (n->nout_descs != a->n)
+            return ag__err(AG_EINVAL, "verify: %%%s: %d output descriptors for %d outputs",
+                           n->name, n->nout_descs, a->n);
+        for (int k = 0; k < n->nout_descs; k++)
+            if (n->out_descs[k] && !ag_desc_is_output(n->out_descs[k]))
+                return ag__err(AG_EINVAL, "verify: %%%s: descriptor %d is not an output "
+                                          "descriptor", n->name, k);
+    }
+    if (g->output != n)
+        return ag__err(AG_EINVAL, "verify: %%%s is not the graph's registered output node",
+                       n->name);
+    return 0;
+}
+
+static int check_node(const ag_graph *g, const ag_node *n) {
+    if (n->kind != AG_NODE_PLACEHOLDER && n->desc)
+        return ag__err(AG_EINVAL, "verify: %%%s: only placeholders carry a desc", n->name);
+    if (n->kind != AG_NODE_OUTPUT && n->has_out_descs)
+        return ag__err(AG_EINVAL, "verify: %%%s: only the output node carries output "
+                                  "descriptors", n->name);
+    if (n->kind != AG_NODE_GET_ATTR && n->constant)
+        return ag__err(AG_EINVAL, "verify: %%%s: only get_attr nodes hold a constant", n->name);
+    if (n->nargs < 0 || n->nargs > AG_MAX_ARGS || n->nvals < 0 || n->nvals > AG_MAX_OUTPUTS)
+        return ag__err(AG_EINVAL, "verify: %%%s: %d arguments, %d vals", n->name, n->nargs,
+                       n->nvals);
+    switch (n->kind) {
+    case AG_NODE_PLACEHOLDER:
+        if (n->nargs != 0 || n->nvals > 1)
+            return ag__err(AG_EINVAL, "verify: %%%s: a placeholder has no arguments and at most "
+                                      "one val", n->name);
+        if (n->desc && !ag_desc_is_input(n->desc))
+            return ag__err(AG_EINVAL, "verify: %%%s: the desc is not an input descriptor",
+                           n->name);
+        return 0;
+    case AG_NODE_CALL:
+        return check_call(n);
+    case AG_NODE_GETITEM:
+        return check_getitem(n);
+    case AG_NODE_GET_ATTR:
+        return check_get_attr(n);
+    case AG_NODE_OUTPUT:
+        return check_output(g, n);
+    }
+    return ag__err(AG_EINVAL, "verify: %%%s: unknown node kind %d", n->name, (int)n->kind);
+}
+
+/* ---- the walk ---- */
+
+/* The list's links and node count; fills the position table. */
+static int check_links(const ag_graph *g, ptab *t) {
+    const ag_node *prev = NULL;
+    int64_t pos = 0;
+    for (const ag_node *n = g->first; n; prev = n, n = n->next, pos++) {
+        if (pos >= g->count)
+            return ag__err(AG_EINVAL, "verify: the node list holds more than the graph's %lld "
+                                      "nodes (a cycle?)", (long long)g->count);
+        if (n->prev != prev)
+            return ag__err(AG_EINVAL, "verify: %%%s: broken back link", n->name);
+        if (n->graph != g)
+            return ag__err(AG_EINVAL, "verify: %%%s belongs to another graph", n->name);
+        if (ptab_get(t, n) >= 0)
+            return ag__err(AG_EINVAL, "verify: %%%s appears twice in the node list", n->name);
+        ptab_put(t, n, pos);
+    }
+    if (prev != g->last)
+        return ag__err(AG_EINVAL, "verify: the graph's last node is not the end of its list");
+    if (pos != g->count)
+        return ag__err(AG_EINVAL, "verify: the graph counts %lld nodes but its list holds %lld",
+                       (long long)g->count, (long long)pos);
+    return 0;
+}
+
+static int check_name(const ag_graph *g, const ag_node *n, int64_t pos) {
+    if (!n->name || !*n->name)
+        return ag__err(AG_EINVAL, "verify: node %lld has no name", (long long)pos);
+    const ag_node *m = ag__strmap_get(&g->names, n->name);
+    if (m != n) {
+        if (m)
+            return ag__err(AG_EINVAL, "verify: two nodes are named '%s'", n->name);
+        return ag__err(AG_EINVAL, "verify: %%%s is missing from the graph's name table", n->name);
+    }
+    return 0;
+}
+
+static int verify(const ag_graph *g, ptab *t) {
+    int rc = check_links(g, t);
+    if (rc)
+        return rc;
+    const ag_node *first_other = NULL, *output = NULL;
+    int64_t pos = 0;
+    for (const ag_node *n = g->first; n; n = n->next, pos++) {
+        if ((rc = check_name(g, n, pos)))
+            return rc;
+        if (output)
+            return ag__err(AG_EINVAL, "verify: the output node %%%s is not last (%%%s follows it)",
+                           output->name, n->name);
+        if (n->kind == AG_NODE_PLACEHOLDER && first_other)
+            return ag__err(AG_EINVAL, "verify: placeholder %%%s comes after %%%s (placeholders "
+                                      "come first)", n->name, first_other->name);
+        if (n->kind != AG_NODE_PLACEHOLDER && !first_other)
+            first_other = n;
+        if (n->kind == AG_NODE_OUTPUT)
+            output = n;
+        for (int i = 0; i < n->nargs; i++) {
+            const ag_garg *a = &n->args[i];
+            if (a->kind == AG_GA_NODE && a->u.node)
+                rc = check_ref(g, t, n, pos, a->u.node);
+            else if (a->kind == AG_GA_NODE && n->kind != AG_NODE_OUTPUT)
+                rc = ag__err(AG_EINVAL, "verify: %%%s: argument %d is a NULL node", n->name, i);
+            else if (a->kind == AG_GA_NODES && a->n > 0 && !a->u.nodes)
+                rc = ag__err(AG_EINVAL, "verify: %%%s: argument %d is a NULL node list", n->name, i);
+            else if (a->kind == AG_GA_NODES)
+                for (int k = 0; k < a->n && rc == 0; k++)
+                    if (a->u.nodes[k])
+                        rc = check_ref(g, t, n, pos, a->u.nodes[k]);
+            if (rc)
+                return rc;
+        }
+        if ((rc = check_users(t, n)) || (rc = check_node(g, n)))
+            return rc;
+    }
+    if (!output)
+        return ag__err(AG_EINVAL, "verify: the graph has no output node");
+    if (g->names.len != g->count)
+        return ag__err(AG_EINVAL, "verify: the name table holds %lld names for %lld nodes",
+                       (long long)g->names.len, (long long)g->count);
+    return 0;
+}
+
+int ag_graph_verify(const ag_graph *g) {
+    if (!g)
+        return ag__err(AG_EINVAL, "verify: NULL graph");
+    ptab t;
+    if (ptab_init(&t, g->count))
+        return AG_ENOMEM;
+    int rc = verify(g, &t);
+    ptab_free(&t);
+    return rc;
+}

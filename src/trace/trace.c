@@ -1,0 +1,673 @@
+/* The tracer: turns op calls on data-less tensors into graph nodes (see include/aotgrad/trace.h).
+ *
+ * In: a function or module and example inputs. Out: a graph whose placeholders are the inputs,
+ * whose call nodes are the ops the code ran (composites already decomposed by the dispatcher),
+ * and whose nodes carry stack_trace, custom annotations, seq_nr and is_gradient_acc.
+ *
+ * Mechanics: while a trace is active the thread is in meta mode (kernels are skipped, factories
+ * make data-less tensors) and the dispatcher's trace hook points here. Each tensor remembers its
+ * node (tensor->trace) together with the id of the trace that made it, so tensors left over
+ * from an earlier trace are never confused with this one's. */
+#include "../graph/graph_internal.h"
+#include "aotgrad/trace.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ---- call sites ---- */
+
+typedef struct site {
+    const char *file;
+    int line;
+    const char *func;
+} site;
+
+#define MAX_FRAMES 32
+static _Thread_local site cur_site;
+static _Thread_local site frames[MAX_FRAMES];
+static _Thread_local int nframes;
+static _Thread_local uint64_t site_gen; /* bumped whenever the frames or site change */
+
+void ag_site(const char *file, int line, const char *func) {
+    if (cur_site.line != line || cur_site.file != file || cur_site.func != func) {
+        cur_site = (site){file, line, func};
+        site_gen++;
+    }
+}
+
+void ag_site_push(void) {
+    if (nframes < MAX_FRAMES)
+        frames[nframes] = cur_site;
+    nframes++;
+    site_gen++;
+}
+
+void ag_site_pop(void) {
+    if (nframes > 0) {
+        nframes--;
+        if (nframes < MAX_FRAMES)
+            cur_site = frames[nframes];
+    }
+    site_gen++;
+}
+
+/* ---- annotations ---- */
+
+#define MAX_ANN 64
+typedef struct ann {
+    char key[64];
+    ag_mval v;
+    char str[128];
+} ann;
+static _Thread_local ann anns[MAX_ANN];
+static _Thread_local int nanns;
+
+void ag_annotate_begin(const char *key, ag_mval v) {
+    if (nanns < MAX_ANN && key) {
+        ann *a = &anns[nanns];
+        snprintf(a->key, sizeof a->key, "%s", key);
+        a->v = v;
+        if (v.kind == AG_MV_STR) {
+            snprintf(a->str, sizeof a->str, "%s", v.u.s ? v.u.s : "");
+            a->v.u.s = a->str;
+        }
+    }
+    nanns++;
+}
+
+void ag_annotate_end(void) {
+    if (nanns > 0)
+        nanns--;
+}
+
+int ag_annotate_fn(const char *key, ag_mval value, const char *fn_name, int (*fn)(void *),
+                   void *ud) {
+    ag_annotate_begin(key, value);
+    ag_site_push();
+    /* Until fn records sites of its own, its ops are attributed to fn itself. */
+    cur_site.func = fn_name;
+    site_gen++;
+    int rc = fn(ud);
+    ag_site_pop();
+    ag_annotate_end();
+    return rc;
+}
+
+/* ---- meta mode ---- */
+
+bool ag_set_meta_mode(bool on) {
+    ag__tls_state *ts = ag__tls();
+    bool prev = ts->tracing;
+    ts->tracing = on;
+    return prev;
+}
+
+bool ag_is_meta(const ag_tensor *t) { return t && ag__is_meta(t); }
+
+/* ---- the tracer ---- */
+
+typedef struct src_file {
+    const char *path; /* the __FILE__ pointer */
+    char *text;
+    char **lines;
+    int nlines;
+} src_file;
+
+typedef struct ag__tracer tracer;
+struct ag__tracer {
+    ag_graph *g;
+    uint64_t id;
+    ag_trace_opts opts;
+    uint64_t trace_gen; /* site_gen the cached stack string was built for */
+    char *trace_str;
+    src_file *files;
+    int64_t nfiles, files_cap;
+    bool bare; /* add no metadata of our own (passes copy it from the node they replace) */
+    bool functionalize; /* record mutating ops as their functional variants */
+    const char *tag;    /* partitioner_tag for new nodes, or NULL */
+    /* saved thread state, restored by tracer_end */
+    tracer *prev_active;
+    ag__trace_hook_fn prev_hook;
+    bool prev_meta;
+};
+
+static _Thread_local tracer *active;
+static uint64_t next_trace_id = 1;
+
+static const src_file *load_source(tracer *T, const char *path) {
+    for (int64_t i = 0; i < T->nfiles; i++)
+        if (T->files[i].path == path || !strcmp(T->files[i].path, path))
+            return &T->files[i];
+    if (ag__grow((void **)&T->files, &T->files_cap, T->nfiles + 1, sizeof *T->files))
+        return NULL;
+    src_file *f = &T->files[T->nfiles++];
+    memset(f, 0, sizeof *f);
+    f->path = path;
+    FILE *fp = fopen(path, "rb");
+    if (!fp)
+        return f;
+    fseek(fp, 0, SEEK_END);
+    long n = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    if (n > 0 && n < (16l << 20) && (f->text = ag__malloc((size_t)n + 1))) {
+        size_t got = fread(f->text, 1, (size_t)n, fp);
+        f->text[got] = 0;
+        int cnt = 1;
+        for (size_t i = 0; i < got; i++)
+            cnt += f->text[i] == '\n';
+        f->lines = ag__malloc(sizeof(char *) * (size_t)cnt);
+        if (f->lines) {
+            char *p = f->text;
+            f->lines[f->nlines++] = p;
+            for (; *p; p++)
+                if (*p == '\n') {
+                    *p = 0;
+                    if (f->nlines < cnt)
+                        f->lines[f->nlines++] = p + 1;
+                }
+        }
+    }
+    fclose(fp);
+    return f;
+}
+
+static size_t fmt_frame(tracer *T, const site *s, char *buf, size_t n) {
+    if (!s->file)
+        return 0;
+    size_t k = (size_t)snprintf(buf, n, "  File \"%s\", line %d, in %s\n", s->file, s->line,
+                                s->func ? s->func : "?");
+    const src_file *f = load_source(T, s->file);
+    if (f && s->line >= 1 && s->line <= f->nlines && k < n) {
+        const char *l = f->lines[s->line - 1];
+        while (*l == ' ' || *l == '\t')
+            l++;
+        k += (size_t)snprintf(buf + k, n - k, "    %s\n", l);
+    }
+    return k < n ? k : n;
+}
+
+/* The current stack as text (cached until a site changes). */
+static const char *stack_string(tracer *T) {
+    if (T->trace_str && T->trace_gen == site_gen)
+        return T->trace_str;
+    char buf[8192];
+    size_t k = 0;
+    int nf = nframes < MAX_FRAMES ? nframes : MAX_FRAMES;
+    for (int i = 0; i < nf && k < sizeof buf; i++) {
+        if (i > 0 && frames[i].file == frames[i - 1].file && frames[i].line == frames[i - 1].line)
+            continue;
+        k += fmt_frame(T, &frames[i], buf + k, sizeof buf - k);
+    }
+    bool same_as_top = nf > 0 && frames[nf - 1].file == cur_site.file &&
+                       frames[nf - 1].line == cur_site.line;
+    if (!same_as_top && k < sizeof buf)
+        k += fmt_frame(T, &cur_site, buf + k, sizeof buf - k);
+    if (k > 0 && buf[k - 1] == '\n')
+        buf[k - 1] = 0;
+    ag__free(T->trace_str);
+    T->trace_str = k ? ag__strdup(buf) : NULL;
+    T->trace_gen = site_gen;
+    return T->trace_str;
+}
+
+/* The node standing for tensor t in this trace: its own node, or a new get_attr constant for
+ * a tensor with data made outside the trace. */
+static ag_node *node_of(tracer *T, ag_tensor *t) {
+    if (!t)
+        return NULL;
+    if (t->trace && t->trace_id == T->id)
+        return t->trace;
+    if (ag__is_meta(t)) {
+        char b[128];
+        ag__err(AG_EINVAL, "trace: a data-less tensor %s that was not made in this trace is used "
+                           "(was the model built in meta mode but called outside ag_trace?)",
+                ag_tensor_meta_str(t, b, sizeof b));
+        return NULL;
+    }
+    ag_node *n = ag_graph_get_attr(T->g, t, NULL);
+    if (!n)
+        return NULL;
+    t->trace = n;
+    t->trace_id = T->id;
+    return n;
+}
+
+static int set_node_meta(tracer *T, ag_node *n) {
+    if (T->bare)
+        return 0;
+    ag__tls_state *ts = ag__tls();
+    int rc = 0;
+    int64_t seq = ts->bw_seq_nr >= 0 ? ts->bw_seq_nr : ts->trace_seq;
+    if (seq >= 0)
+        rc = ag_node_set_seq_nr(n, seq);
+    if (!rc && ts->in_grad_acc)
+        rc = ag_node_set_gradient_acc(n, true);
+    if (!rc && T->tag)
+        rc = ag_node_set_partitioner_tag(n, T->tag);
+    int na = nanns < MAX_ANN ? nanns : MAX_ANN;
+    for (int i = 0; i < na && !rc; i++)
+        rc = ag_node_custom_set(n, anns[i].key, anns[i].v);
+    if (!rc && !T->opts.no_stack_traces) {
+        const char *st = stack_string(T);
+        if (st)
+            rc = ag_node_set_stack_trace(n, st);
+    }
+    return rc;
+}
+
+/* Functionalization: a call that mutates arguments is recorded as its functional variant, and
+ * each mutated tensor is rebound to the node holding its new value, so later reads see it and
+ * the graph itself mutates nothing (PyTorch's FunctionalTensorMode). */
+static int record_functional(tracer *T, const ag_op *op, const ag_arg *args, int nargs,
+                             const ag_garg *ga, ag_tensor **outs, int nouts) {
+    const char *fname = ag_op_def(op)->functional;
+    const ag_op *fop = fname ? ag_op_find(fname) : NULL;
+    if (!fop)
+        return ag__err(AG_ENOTSUP, "functionalize: %s mutates its input and has no functional "
+                                   "variant", ag_op_name(op));
+    ag_node *n = ag_graph_call(T->g, fop, ga, nargs, NULL);
+    if (!n || set_node_meta(T, n))
+        return ag_last_status();
+    if (ag_op_def(op)->flags & AG_OP_INPLACE) {
+        /* The functional op's only output is self's new value; outs[0] is self. */
+        outs[0]->trace = n;
+        outs[0]->trace_id = T->id;
+        return 0;
+    }
+    int k = 0;
+    for (; k < nouts; k++) {
+        ag_node *v = ag_graph_getitem(T->g, n, k, NULL);
+        if (!v || set_node_meta(T, v))
+            return ag_last_status();
+        outs[k]->trace = v;
+        outs[k]->trace_id = T->id;
+    }
+    for (int i = 0; i < nargs; i++) {
+        if (!op->mutates[i] || args[i].kind != AG_ARG_TENSOR || !args[i].u.t)
+            continue;
+        ag_node *v = ag_graph_getitem(T->g, n, k++, NULL);
+        if (!v || set_node_meta(T, v))
+            return ag_last_status();
+        args[i].u.t->trace = v;
+        args[i].u.t->trace_id = T->id;
+    }
+    return 0;
+}
+
+static int trace_hook(const ag_op *op, const ag_arg *args, int nargs, ag_tensor **outs, int nouts) {
+    tracer *T = active;
+    if (!T)
+        return 0;
+    ag_garg ga[AG_MAX_ARGS];
+    ag_node *lists[AG_MAX_ARGS][64];
+    for (int i = 0; i < nargs; i++) {
+        const ag_arg *a = &args[i];
+        switch (a->kind) {
+        case AG_ARG_NONE:
+            ga[i] = AG_GA_NIL;
+            break;
+        case AG_ARG_TENSOR:
+            ga[i] = a->u.t ? AG_GA_N(node_of(T, a->u.t)) : AG_GA_NIL;
+            if (a->u.t && !ga[i].u.node)
+                return ag_last_status();
+            break;
+        case AG_ARG_TENSORS:
+            if (a->n > 64)
+                return ag__err(AG_ENOTSUP, "trace: %s: tensor list of %d (at most 64)", ag_op_name(op), a->n);
+            for (int k = 0; k < a->n; k++) {
+                lists[i][k] = a->u.ts[k] ? node_of(T, a->u.ts[k]) : NULL;
+                if (a->u.ts[k] && !lists[i][k])
+                    return ag_last_status();
+            }
+            ga[i] = AG_GA_NODES(lists[i], a->n);
+            break;
+        case AG_ARG_INT:
+            ga[i] = AG_GA_I(a->u.i);
+            break;
+        case AG_ARG_FLOAT:
+            ga[i] = AG_GA_F(a->u.f);
+            break;
+        case AG_ARG_BOOL:
+            ga[i] = AG_GA_B(a->u.b);
+            break;
+        case AG_ARG_INTS:
+            ga[i] = AG_GA_INTS(a->u.ints, a->n);
+            break;
+        case AG_ARG_DTYPE:
+            ga[i] = AG_GA_DT(a->u.dt);
+            break;
+        case AG_ARG_STR:
+            ga[i] = AG_GA_S(a->u.s);
+            break;
+        }
+    }
+    if (T->functionalize) {
+        bool mutates = false;
+        for (int i = 0; i < nargs; i++)
+            mutates |= op->mutates[i] && args[i].kind == AG_ARG_TENSOR && args[i].u.t;
+        if (mutates)
+            return record_functional(T, op, args, nargs, ga, outs, nouts);
+    }
+    ag_tmeta vals[AG_MAX_OUTPUTS];
+    for (int k = 0; k < nouts; k++)
+        ag__tmeta_of(outs[k], &vals[k]);
+    ag_node *n = ag__graph_call_vals(T->g, op, ga, nargs, vals, nouts, NULL);
+    if (!n || set_node_meta(T, n))
+        return ag_last_status();
+    bool single = ag_op_noutputs(op) == 1;
+    for (int k = 0; k < nouts; k++) {
+        ag_node *v = n;
+        if (!single) {
+            v = ag_graph_getitem(T->g, n, k, NULL);
+            if (!v || set_node_meta(T, v))
+                return ag_last_status();
+        }
+        outs[k]->trace = v;
+        outs[k]->trace_id = T->id;
+    }
+    return 0;
+}
+
+static void tracer_free(tracer *T) {
+    ag__free(T->trace_str);
+    T->trace_str = NULL;
+    for (int64_t i = 0; i < T->nfiles; i++) {
+        ag__free(T->files[i].text);
+        ag__free(T->files[i].lines);
+    }
+    ag__free(T->files);
+    T->files = NULL;
+    T->nfiles = T->files_cap = 0;
+}
+
+/* Makes T the thread's active tracer: meta mode on, the dispatcher's hook pointing here. */
+static void tracer_activate(tracer *T) {
+    T->prev_active = active;
+    T->prev_hook = ag__trace_hook;
+    T->prev_meta = ag_set_meta_mode(true);
+    active = T;
+    ag__trace_hook = trace_hook;
+}
+
+static void tracer_deactivate(tracer *T) {
+    active = T->prev_active;
+    ag__trace_hook = T->prev_hook;
+    ag_set_meta_mode(T->prev_meta);
+}
+
+ag__tracer *ag__tracer_begin(ag_graph *g, bool functionalize) {
+    tracer *T = ag__calloc(1, sizeof *T);
+    if (!T)
+        return NULL;
+    T->g = g;
+    T->id = __atomic_fetch_add(&next_trace_id, 1, __ATOMIC_RELAXED);
+    T->functionalize = functionalize;
+    tracer_activate(T);
+    return T;
+}
+
+void ag__tracer_end(ag__tracer *T) {
+    if (!T)
+        return;
+    tracer_deactivate(T);
+    tracer_free(T);
+    ag__free(T);
+}
+
+void ag__tracer_set_tag(ag__tracer *T, const char *tag) { T->tag = tag; }
+void ag__tracer_set_stack_traces(ag__tracer *T, bool on) { T->opts.no_stack_traces = !on; }
+
+void ag__tracer_bind(ag__tracer *T, ag_tensor *t, ag_node *n) {
+    t->trace = n;
+    t->trace_id = T->id;
+}
+
+ag_node *ag__tracer_node_of(ag__tracer *T, ag_tensor *t) { return node_of(T, t); }
+
+bool ag__tracer_bound(ag__tracer *T, const ag_tensor *t) {
+    return t && t->trace && t->trace_id == T->id;
+}
+
+ag_graph *ag_trace(ag_trace_fn fn, void *ud, ag_tensor *const *inputs, int ninputs,
+                   const char *const *names, ag_desc *const *descs, const ag_trace_opts *opts) {
+    tracer T = {0};
+    T.g = ag_graph_new();
+    if (!T.g)
+        return NULL;
+    T.id = __atomic_fetch_add(&next_trace_id, 1, __ATOMIC_RELAXED);
+    if (opts)
+        T.opts = *opts;
+    int rc = 0;
+    for (int i = 0; i < ninputs && rc == 0; i++) {
+        ag_tensor *t = inputs[i];
+        if (!t) {
+            rc = ag__has_error() ? ag_last_status() : ag__err(AG_EINVAL, "trace: input %d is NULL", i);
+            break;
+        }
+        ag_tmeta m;
+        ag__tmeta_of(t, &m);
+        char nm[32];
+        snprintf(nm, sizeof nm, "arg%d", i);
+        ag_node *p = ag_graph_placeholder(T.g, names && names[i] ? names[i] : nm, &m);
+        if (!p || (descs && descs[i] && ag_node_set_desc(p, descs[i]))) {
+            rc = ag_last_status();
+            break;
+        }
+        t->trace = p;
+        t->trace_id = T.id;
+    }
+    ag_tensor *outs[64];
+    int nouts = 0;
+    if (rc == 0) {
+        tracer_activate(&T);
+        ag_scope_begin();
+        nouts = fn(ud, inputs, ninputs, outs, 64);
+        if (nouts < 0) {
+            rc = nouts;
+        } else {
+            ag_node *on[64];
+            for (int k = 0; k < nouts && rc == 0; k++) {
+                on[k] = outs[k] ? node_of(&T, outs[k]) : NULL;
+                if (outs[k] && !on[k])
+                    rc = ag_last_status();
+            }
+            if (rc == 0 && !ag_graph_output(T.g, on, nouts))
+                rc = ag_last_status();
+        }
+        ag_scope_end();
+        tracer_deactivate(&T);
+    }
+    tracer_free(&T);
+    if (rc) {
+        if (rc > 0 || ag_last_status() == 0)
+            ag__err(AG_EINVAL, "trace: the traced function failed");
+        ag_graph_free(T.g);
+        return NULL;
+    }
+    return T.g;
+}
+
+/* ---- decomposition in place ---- */
+
+/* A data-less tensor standing for node n's value (output `k` of n's vals). */
+static ag_tensor *stand_in(tracer *T, ag_node *n) {
+    if (!n || n->nvals != 1)
+        return NULL;
+    const ag_tmeta *m = &n->vals[0];
+    ag_tensor *t = ag__tensor_new(m->dtype, m->ndim, m->sizes, true);
+    if (!t)
+        return NULL;
+    memcpy(t->strides, m->strides, sizeof t->strides);
+    t->offset = m->offset;
+    t->trace = n;
+    t->trace_id = T->id;
+    return t;
+}
+
+int ag__trace_replace_node(ag_graph *g, ag_node *n, ag_decomp_fn fn) {
+    tracer T = {0};
+    T.g = g;
+    T.id = __atomic_fetch_add(&next_trace_id, 1, __ATOMIC_RELAXED);
+    T.bare = true; /* new nodes inherit the replaced node's metadata below */
+    ag_arg args[AG_MAX_ARGS];
+    ag_tensor *lists[AG_MAX_ARGS][64];
+    ag_tensor *owned[AG_MAX_ARGS * 8];
+    int nowned = 0, rc = 0;
+    for (int i = 0; i < n->nargs && rc == 0; i++) {
+        const ag_garg *a = &n->args[i];
+        switch (a->kind) {
+        case AG_GA_NONE: args[i] = AG_A_NONE; break;
+        case AG_GA_INT: args[i] = AG_A_I(a->u.i); break;
+        case AG_GA_FLOAT: args[i] = AG_A_F(a->u.f); break;
+        case AG_GA_BOOL: args[i] = AG_A_B(a->u.b); break;
+        case AG_GA_INTS: args[i] = AG_A_INTS(a->u.ints, a->n); break;
+        case AG_GA_DTYPE: args[i] = AG_A_DT(a->u.dt); break;
+        case AG_GA_STR: args[i] = AG_A_S(a->u.s); break;
+        case AG_GA_NODE:
+            args[i] = AG_A_T(stand_in(&T, a->u.node));
+            if (!args[i].u.t)
+                rc = ag_last_status() ? ag_last_status() : AG_EINVAL;
+            else
+                owned[nowned++] = args[i].u.t;
+            break;
+        case AG_GA_NODES:
+            for (int k = 0; k < a->n && k < 64 && rc == 0; k++) {
+                lists[i][k] = a->u.nodes[k] ? stand_in(&T, a->u.nodes[k]) : NULL;
+                if (a->u.nodes[k] && !lists[i][k])
+                    rc = ag_last_status() ? ag_last_status() : AG_EINVAL;
+                else if (lists[i][k] && nowned < (int)(sizeof owned / sizeof owned[0]))
+                    owned[nowned++] = lists[i][k];
+            }
+            args[i] = AG_A_TS(lists[i], a->n);
+            break;
+        }
+    }
+    ag_arg full[AG_MAX_ARGS];
+    if (rc == 0)
+        rc = ag__op_check_args(n->op, args, n->nargs, full);
+    int nouts = ag_op_noutputs(n->op) > 0 ? ag_op_noutputs(n->op) : n->nvals;
+    ag_node *first_new = n->prev;
+    if (rc == 0) {
+        bool prev_grad = ag_set_grad_enabled(false);
+        tracer_activate(&T);
+        ag_graph_insert_before(g, n);
+        ag_tensor *outs[AG_MAX_OUTPUTS] = {0};
+        ag_scope_begin();
+        rc = fn(full, outs);
+        ag_node *onodes[AG_MAX_OUTPUTS] = {0};
+        for (int k = 0; rc >= 0 && k < nouts; k++) {
+            onodes[k] = outs[k] ? node_of(&T, outs[k]) : NULL;
+            if (!onodes[k])
+                rc = ag_last_status() ? ag_last_status() : AG_EINVAL;
+        }
+        ag_scope_end();
+        ag_graph_insert_at_end(g);
+        tracer_deactivate(&T);
+        ag_set_grad_enabled(prev_grad);
+        if (rc >= 0) {
+            rc = 0;
+            /* New nodes take the replaced node's metadata (seq_nr, tags, annotations, trace). */
+            for (ag_node *m = first_new ? first_new->next : g->first; m && m != n && rc == 0; m = m->next) {
+                for (int i = 0; i < n->nmeta && rc == 0; i++)
+                    rc = ag_node_meta_set(m, n->meta[i].key, n->meta[i].v);
+                if (rc == 0)
+                    rc = ag_node_custom_copy(m, n);
+            }
+            /* Rewire users: getitem users of a multi-output node take output k. */
+            if (rc == 0 && ag_op_noutputs(n->op) == 1) {
+                rc = ag_node_replace_all_uses(n, onodes[0]) < 0 ? AG_ENOMEM : 0;
+            } else if (rc == 0) {
+                while (n->nusers > 0 && rc == 0) {
+                    ag_node *u = n->users[0].node;
+                    if (u->kind != AG_NODE_GETITEM) {
+                        rc = ag__err(AG_EINVAL, "decompose: %s is used directly by %s", n->name, u->name);
+                        break;
+                    }
+                    int k = (int)u->args[1].u.i;
+                    if (ag_node_replace_all_uses(u, onodes[k]) < 0 || ag_graph_erase(g, u))
+                        rc = ag_last_status();
+                }
+            }
+            if (rc == 0)
+                rc = ag_graph_erase(g, n);
+        }
+    }
+    for (int i = 0; i < nowned; i++)
+        ag_tensor_free(owned[i]);
+    tracer_free(&T);
+    return rc;
+}
+
+/* ---- modules ---- */
+
+typedef struct module_call {
+    ag_module *m;
+    int first_input; /* inputs[first_input..] are the user's */
+} module_call;
+
+static int call_module(void *ud, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
+    module_call *mc = ud;
+    return ag_module_call(mc->m, in + mc->first_input, nin - mc->first_input, out, max_out);
+}
+
+ag_graph *ag_trace_module(ag_module *m, ag_tensor *const *inputs, int ninputs,
+                          const ag_trace_opts *opts) {
+    ag_named_tensors ps = {0}, bs = {0};
+    if (ag_module_named_parameters(m, false, &ps) || ag_module_named_buffers(m, false, &bs)) {
+        ag_named_tensors_free(&ps);
+        return NULL;
+    }
+    int total = ps.n + bs.n + ninputs;
+    ag_tensor **all = ag__calloc((size_t)(total ? total : 1), sizeof *all);
+    ag_desc **descs = ag__calloc((size_t)(total ? total : 1), sizeof *descs);
+    char **names = ag__calloc((size_t)(total ? total : 1), sizeof *names);
+    ag_graph *g = NULL;
+    bool ok = all && descs && names;
+    for (int i = 0; ok && i < total; i++) {
+        char nm[32];
+        snprintf(nm, sizeof nm, "primals_%d", i + 1);
+        names[i] = ag__strdup(nm);
+        if (i < ps.n) {
+            all[i] = ps.tensors[i];
+            descs[i] = ag_desc_param(ps.names[i]);
+        } else if (i < ps.n + bs.n) {
+            all[i] = bs.tensors[i - ps.n];
+            descs[i] = ag_desc_buffer(bs.names[i - ps.n]);
+        } else {
+            all[i] = inputs[i - ps.n - bs.n];
+            descs[i] = ag_desc_plain_input(i - ps.n - bs.n);
+        }
+        ok = names[i] && descs[i];
+    }
+    if (ok) {
+        module_call mc = {m, ps.n + bs.n};
+        g = ag_trace(call_module, &mc, all, total, (const char *const *)names, descs, opts);
+    }
+    if (g) {
+        ag_node *out = ag_graph_output_node(g);
+        int no = ag_node_arg(out, 0)->n;
+        ag_desc **od = ag__calloc((size_t)(no ? no : 1), sizeof *od);
+        bool dok = od != NULL;
+        for (int i = 0; dok && i < no; i++)
+            dok = (od[i] = ag_desc_plain_output(i)) != NULL;
+        if (!dok || ag_node_set_output_descs(out, od, no)) {
+            ag_graph_free(g);
+            g = NULL;
+        }
+        for (int i = 0; od && i < no; i++)
+            ag_desc_release(od[i]);
+        ag__free(od);
+    }
+    for (int i = 0; i < total; i++) {
+        if (names)
+            ag__free(names[i]);
+        if (descs)
+            ag_desc_release(descs[i]);
+    }
+    ag__free(names);
+    ag__free(descs);
+    ag__free(all);
+    ag_named_tensors_free(&ps);
+    ag_named_tensors_free(&bs);
+    return g;
+}

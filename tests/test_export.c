@@ -1,0 +1,751 @@
+/* Conformance: upstream's test_aot_joint_with_descriptors.py, in C (spec section 9), plus
+ * numerics of every zoo model's joint graph against eager.
+ *
+ * Name mapping: aotgrad names nodes as FX does (op base name, _1, _2, ...; `sum` and `slice`
+ * start at _1). Op spellings differ only where upstream shows prims from its decomposition
+ * table (transpose, broadcast_in_dim); the core decomposition here emits ATen ops
+ * (transpose.int, mul.Scalar, add.Tensor), and the tests state what they expect. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- helpers ---- */
+
+static char *repr(const ag_desc *d) {
+    static char buf[8][512];
+    static int k;
+    k = (k + 1) % 8;
+    ag_desc_repr(d, buf[k], sizeof buf[k]);
+    return buf[k];
+}
+
+/* Asserts the placeholders' names and descriptor reprs. */
+static void expect_placeholders(const ag_graph *g, const char *const *names,
+                                const char *const *descs, int n) {
+    ag_node **ph;
+    int cnt = ag_graph_placeholders(g, &ph);
+    assert_int_equal(cnt, n);
+    for (int i = 0; i < n; i++) {
+        assert_string_equal(ag_node_name(ph[i]), names[i]);
+        assert_string_equal(repr(ag_node_desc(ph[i])), descs[i]);
+    }
+}
+
+/* Asserts the output node's arguments (node names or "None") and descriptor reprs. */
+static void expect_outputs(const ag_graph *g, const char *const *names, const char *const *descs,
+                           int n) {
+    ag_node *out = ag_graph_output_node(g);
+    assert_non_null(out);
+    const ag_garg *a = ag_node_arg(out, 0);
+    assert_int_equal(a->n, n);
+    for (int i = 0; i < n; i++) {
+        const char *nm = a->u.nodes[i] ? ag_node_name(a->u.nodes[i]) : "None";
+        if (names)
+            assert_string_equal(nm, names[i]);
+        assert_string_equal(repr(ag_node_output_desc(out, i)), descs[i]);
+    }
+}
+
+/* "name:op" for every call node in order, joined by spaces. */
+static void call_sequence(const ag_graph *g, char *buf, size_t n) {
+    size_t k = 0;
+    buf[0] = 0;
+    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x))
+        if (ag_node_kind_of(x) == AG_NODE_CALL)
+            k += (size_t)snprintf(buf + k, n - k, "%s%s", k ? " " : "", ag_node_name(x));
+}
+
+/* upstream's _get_custom_metadata: (name, custom) for nodes with a non-empty custom map. */
+static void custom_listing(const ag_graph *g, char *buf, size_t n) {
+    size_t k = 0;
+    buf[0] = 0;
+    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
+        int c = ag_node_custom_count(x);
+        if (!c)
+            continue;
+        k += (size_t)snprintf(buf + k, n - k, "%s%s{", k ? " " : "", ag_node_name(x));
+        for (int i = 0; i < c; i++) {
+            ag_mval v;
+            const char *key = ag_node_custom_key_at(x, i, &v);
+            if (v.kind == AG_MV_INT)
+                k += (size_t)snprintf(buf + k, n - k, "%s%s:%lld", i ? "," : "", key, (long long)v.u.i);
+            else if (v.kind == AG_MV_STR)
+                k += (size_t)snprintf(buf + k, n - k, "%s%s:%s", i ? "," : "", key, v.u.s);
+        }
+        k += (size_t)snprintf(buf + k, n - k, "}");
+    }
+}
+
+static ag_node *find(const ag_graph *g, const char *name) {
+    ag_node *n = ag_graph_find(g, name);
+    if (!n)
+        print_error("no node named %s\n", name);
+    assert_non_null(n);
+    return n;
+}
+
+static ag_joint *export_zoo(const char *name, bool core, ag_module **m_out, ag_tensor **in,
+                            int *nin) {
+    ag_module *m;
+    assert_int_equal(ag_zoo_build(name, NULL, &m, in, 8, nin), 0);
+    ag_decomp_table *t = core ? ag_decomp_table_core() : NULL;
+    ag_export_opts o = {.decompositions = t};
+    ag_joint *j = ag_export_joint(m, in, *nin, NULL, NULL, 0, &o);
+    if (!j)
+        print_error("export %s: %s\n", name, ag_last_error());
+    assert_non_null(j);
+    assert_int_equal(ag_graph_verify(ag_joint_graph(j)), 0);
+    ag_decomp_table_free(t);
+    if (m_out)
+        *m_out = m;
+    else
+        ag_module_free(m);
+    return j;
+}
+
+static void free_inputs(ag_tensor **in, int n) {
+    for (int i = 0; i < n; i++)
+        ag_tensor_free(in[i]);
+}
+
+/* ---- 1. simple linear ---- */
+
+static void test_simple_linear(void **st) {
+    (void)st;
+    ag_tensor *in[8];
+    int nin;
+    ag_joint *j = export_zoo("linear", false, NULL, in, &nin);
+    const ag_graph *g = ag_joint_graph(j);
+    expect_placeholders(g, (const char *[]){"primals_1", "primals_2", "primals_3", "tangents_1"},
+                        (const char *[]){"ParamAOTInput(target='linear.weight')",
+                                         "ParamAOTInput(target='linear.bias')",
+                                         "PlainAOTInput(idx=0)",
+                                         "TangentAOTInput(output=PlainAOTOutput(idx=0))"},
+                        4);
+    /* The x placeholder does not require grad: its grad is None (4 outputs, the last None). */
+    expect_outputs(g, (const char *[]){"addmm", "t_3", "view", "None"},
+                   (const char *[]){"PlainAOTOutput(idx=0)",
+                                    "GradAOTOutput(grad_of=ParamAOTInput(target='linear.weight'))",
+                                    "GradAOTOutput(grad_of=ParamAOTInput(target='linear.bias'))",
+                                    "None"},
+                   4);
+    char seq[1024];
+    call_sequence(g, seq, sizeof seq);
+    /* Upstream's order (tests 13/22): forward t, addmm; backward of addmm computes mat2's grad
+     * (t, mm, t), then the bias grad is reduced to its shape (sum, view), then t's backward. */
+    assert_string_equal(seq, "t addmm t_1 mm t_2 sum_1 view t_3");
+    assert_string_equal(ag_node_partitioner_tag(find(g, "addmm")), "is_forward");
+    assert_string_equal(ag_node_partitioner_tag(find(g, "mm")), "is_backward");
+    assert_string_equal(ag_node_partitioner_tag(find(g, "tangents_1")), "is_backward");
+    /* Backward nodes carry their forward op's seq_nr. */
+    assert_int_equal(ag_node_seq_nr(find(g, "mm")), ag_node_seq_nr(find(g, "addmm")));
+    assert_int_equal(ag_node_seq_nr(find(g, "t_3")), ag_node_seq_nr(find(g, "t")));
+    assert_int_equal(ag_joint_num_fw_outputs(j), 1);
+    assert_true(ag_joint_needs_autograd(j));
+    ag_joint_free(j);
+    free_inputs(in, nin);
+}
+
+static void test_simple_linear_core_decompositions(void **st) {
+    (void)st;
+    ag_tensor *in[8];
+    int nin;
+    ag_joint *j = export_zoo("linear", true, NULL, in, &nin);
+    const ag_graph *g = ag_joint_graph(j);
+    int n_t = 0, n_addmm = 0, n_transpose = 0, n_mm = 0;
+    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
+        if (ag_node_kind_of(x) != AG_NODE_CALL)
+            continue;
+        const char *op = ag_op_name(ag_node_op(x));
+        n_t += !strcmp(op, "t");
+        n_addmm += !strcmp(op, "addmm");
+        n_transpose += !strcmp(op, "transpose.int");
+        n_mm += !strcmp(op, "mm");
+    }
+    /* Upstream shows transpose, mm, mul, broadcast, add rather than addmm. */
+    assert_int_equal(n_t, 0);
+    assert_int_equal(n_addmm, 0);
+    assert_int_equal(n_transpose, 4);
+    assert_int_equal(n_mm, 2);
+    expect_outputs(g, NULL,
+                   (const char *[]){"PlainAOTOutput(idx=0)",
+                                    "GradAOTOutput(grad_of=ParamAOTInput(target='linear.weight'))",
+                                    "GradAOTOutput(grad_of=ParamAOTInput(target='linear.bias'))",
+                                    "None"},
+                   4);
+    ag_joint_free(j);
+    free_inputs(in, nin);
+}
+
+/* ---- 2. conv + batch norm ---- */
+
+static void test_conv_bn(void **st) {
+    (void)st;
+    ag_tensor *in[8];
+    int nin;
+    ag_joint *j = export_zoo("convbn", false, NULL, in, &nin);
+    const ag_graph *g = ag_joint_graph(j);
+    const char *params[] = {"conv.weight", "conv.bias", "bn.weight", "bn.bias"};
+    const char *buffers[] = {"bn.running_mean", "bn.running_var", "bn.num_batches_tracked"};
+    assert_int_equal(ag_joint_num_params(j), 4);
+    for (int i = 0; i < 4; i++)
+        assert_string_equal(ag_joint_param_fqn(j, i), params[i]);
+    assert_int_equal(ag_joint_num_buffers(j), 3);
+    for (int i = 0; i < 3; i++)
+        assert_string_equal(ag_joint_buffer_fqn(j, i), buffers[i]);
+    expect_placeholders(
+        g,
+        (const char *[]){"primals_1", "primals_2", "primals_3", "primals_4", "primals_5",
+                         "primals_6", "primals_7", "primals_8", "tangents_1"},
+        (const char *[]){"ParamAOTInput(target='conv.weight')", "ParamAOTInput(target='conv.bias')",
+                         "ParamAOTInput(target='bn.weight')", "ParamAOTInput(target='bn.bias')",
+                         "BufferAOTInput(target='bn.running_mean')",
+                         "BufferAOTInput(target='bn.running_var')",
+                         "BufferAOTInput(target='bn.num_batches_tracked')", "PlainAOTInput(idx=0)",
+                         "TangentAOTInput(output=PlainAOTOutput(idx=0))"},
+        9);
+    assert_int_equal(ag_node_val(find(g, "primals_7"), 0)->dtype, AG_I64);
+    assert_int_equal(ag_node_val(find(g, "primals_7"), 0)->ndim, 0);
+    /* 12 outputs: three input mutations first, the output, four grads, four None. */
+    expect_outputs(
+        g, NULL,
+        (const char *[]){"InputMutationAOTOutput(mutated_input=BufferAOTInput(target='bn.running_mean'))",
+                         "InputMutationAOTOutput(mutated_input=BufferAOTInput(target='bn.running_var'))",
+                         "InputMutationAOTOutput(mutated_input=BufferAOTInput(target='bn.num_batches_tracked'))",
+                         "PlainAOTOutput(idx=0)",
+                         "GradAOTOutput(grad_of=ParamAOTInput(target='conv.weight'))",
+                         "GradAOTOutput(grad_of=ParamAOTInput(target='conv.bias'))",
+                         "GradAOTOutput(grad_of=ParamAOTInput(target='bn.weight'))",
+                         "GradAOTOutput(grad_of=ParamAOTInput(target='bn.bias'))", "None", "None",
+                         "None", "None"},
+        12);
+    assert_int_equal(ag_joint_num_mutated_inputs(j), 3);
+    assert_int_equal(ag_joint_num_fw_outputs(j), 4);
+    /* The graph is functional: no in-place op or mutating op remains. */
+    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x))
+        if (ag_node_kind_of(x) == AG_NODE_CALL) {
+            const char *op = ag_op_name(ag_node_op(x));
+            assert_true(strcmp(op, "native_batch_norm") != 0);
+            assert_false(ag_op_def(ag_node_op(x))->flags & AG_OP_INPLACE);
+        }
+    /* The conv's backward asks only for weight and bias grads (x needs none). */
+    ag_node *cb = find(g, "convolution_backward");
+    const ag_garg *mask = ag_node_arg(cb, ag_node_nargs(cb) - 1);
+    assert_int_equal(mask->kind, AG_GA_INTS);
+    assert_int_equal(mask->u.ints[0], 0);
+    assert_int_equal(mask->u.ints[1], 1);
+    assert_int_equal(mask->u.ints[2], 1);
+    ag_joint_free(j);
+    free_inputs(in, nin);
+}
+
+/* ---- 3. kwargs ---- */
+
+static void test_module_with_kwargs(void **st) {
+    (void)st;
+    ag_module *m;
+    ag_tensor *in[8];
+    int nin;
+    assert_int_equal(ag_zoo_build("kwargs", NULL, &m, in, 8, &nin), 0);
+    assert_int_equal(nin, 2);
+    /* x positional, scale as a keyword argument. */
+    const char *kw[] = {"scale"};
+    ag_joint *j = ag_export_joint(m, in, 1, kw, &in[1], 1, NULL);
+    assert_non_null(j);
+    const ag_graph *g = ag_joint_graph(j);
+    expect_placeholders(g,
+                        (const char *[]){"primals_1", "primals_2", "primals_3", "primals_4",
+                                         "tangents_1"},
+                        (const char *[]){"ParamAOTInput(target='linear.weight')",
+                                         "ParamAOTInput(target='linear.bias')",
+                                         "PlainAOTInput(idx=0)", "PlainAOTInput(idx=1)",
+                                         "TangentAOTInput(output=PlainAOTOutput(idx=0))"},
+                        5);
+    assert_int_equal(ag_node_val(find(g, "primals_4"), 0)->ndim, 0);
+    expect_outputs(g, NULL,
+                   (const char *[]){"PlainAOTOutput(idx=0)",
+                                    "GradAOTOutput(grad_of=ParamAOTInput(target='linear.weight'))",
+                                    "GradAOTOutput(grad_of=ParamAOTInput(target='linear.bias'))",
+                                    "None", "None"},
+                   5);
+    char spec[512];
+    ag_treespec_repr(ag_joint_in_spec(j), spec, sizeof spec);
+    assert_string_equal(spec, "TreeSpec(tuple, None, [TreeSpec(list, None, [*, *, *]), "
+                              "TreeSpec(dict, ['scale'], [*])])");
+    ag_joint_free(j);
+    ag_module_free(m);
+    free_inputs(in, nin);
+}
+
+/* ---- 4. multiple outputs ---- */
+
+static void test_multiple_outputs(void **st) {
+    (void)st;
+    ag_tensor *in[8];
+    int nin;
+    ag_joint *j = export_zoo("multi_output", false, NULL, in, &nin);
+    const ag_graph *g = ag_joint_graph(j);
+    expect_placeholders(
+        g,
+        (const char *[]){"primals_1", "primals_2", "primals_3", "primals_4", "primals_5",
+                         "tangents_1", "tangents_2"},
+        (const char *[]){"ParamAOTInput(target='linear1.weight')",
+                         "ParamAOTInput(target='linear1.bias')",
+                         "ParamAOTInput(target='linear2.weight')",
+                         "ParamAOTInput(target='linear2.bias')", "PlainAOTInput(idx=0)",
+                         "TangentAOTInput(output=PlainAOTOutput(idx=0))",
+                         "TangentAOTInput(output=PlainAOTOutput(idx=1))"},
+        7);
+    expect_outputs(g, NULL,
+                   (const char *[]){"PlainAOTOutput(idx=0)", "PlainAOTOutput(idx=1)",
+                                    "GradAOTOutput(grad_of=ParamAOTInput(target='linear1.weight'))",
+                                    "GradAOTOutput(grad_of=ParamAOTInput(target='linear1.bias'))",
+                                    "GradAOTOutput(grad_of=ParamAOTInput(target='linear2.weight'))",
+                                    "GradAOTOutput(grad_of=ParamAOTInput(target='linear2.bias'))",
+                                    "None"},
+                   7);
+    /* The backward computes linear2's grads (from tangents_2) before linear1's. */
+    ag_node *out = ag_graph_output_node(g);
+    const ag_garg *a = ag_node_arg(out, 0);
+    assert_true(ag_node_index(a->u.nodes[4]) < ag_node_index(a->u.nodes[2]));
+    assert_int_equal(ag_joint_num_tangents(j), 2);
+    ag_joint_free(j);
+    free_inputs(in, nin);
+}
+
+/* ---- 5. specs, 21. static input indices ---- */
+
+static void test_in_out_specs_and_static_inputs(void **st) {
+    (void)st;
+    ag_tensor *in[8];
+    int nin;
+    ag_joint *j = export_zoo("linear", false, NULL, in, &nin);
+    char spec[512];
+    ag_treespec_repr(ag_joint_in_spec(j), spec, sizeof spec);
+    assert_string_equal(spec, "TreeSpec(tuple, None, [TreeSpec(list, None, [*, *, *]), "
+                              "TreeSpec(dict, [], [])])");
+    ag_treespec_repr(ag_joint_out_spec(j), spec, sizeof spec);
+    assert_string_equal(spec, "*");
+    assert_int_equal(ag_joint_num_buffers(j), 0);
+    assert_int_equal(ag_joint_num_static_inputs(j), 2);
+    assert_int_equal(ag_joint_static_input(j, 0), 0);
+    assert_int_equal(ag_joint_static_input(j, 1), 1);
+    ag_joint_free(j);
+    free_inputs(in, nin);
+}
+
+/* ---- 13/15/22. annotations ---- */
+
+typedef struct two_linear {
+    ag_module *l1, *l2;
+} two_linear;
+
+static int annotated_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
+                             int max_out) {
+    (void)nin;
+    (void)max_out;
+    two_linear *t = ag_module_ud(m);
+    ag_scope_begin();
+    ag_annotate_begin("pp_stage", (ag_mval){.kind = AG_MV_INT, .u.i = 0});
+    ag_tensor *y = ag_module_forward(t->l1, in[0]);
+    ag_annotate_end();
+    out[0] = ag_tensor_keep(ag_sub_scalar(y, 1.0));
+    ag_scope_end();
+    return out[0] ? 1 : ag_last_status();
+}
+
+static ag_module *make_annotated(ag_forward_fn fwd, bool two) {
+    two_linear *t = calloc(1, sizeof *t);
+    ag_module *m = ag_module_new("Annotated", fwd, t, free);
+    t->l1 = ag_nn_linear(3, 2, true);
+    assert_int_equal(ag_module_add_child(m, "linear", t->l1), 0);
+    if (two) {
+        t->l2 = ag_nn_linear(3, 2, true);
+        assert_int_equal(ag_module_add_child(m, "linear2", t->l2), 0);
+    }
+    return m;
+}
+
+static void test_preserve_annotate_simple(void **st) {
+    (void)st;
+    ag_manual_seed(0);
+    ag_module *m = make_annotated(annotated_forward, false);
+    ag_tensor *x = ag_randn(AG_F32, 2, (int64_t[]){4, 3});
+    ag_joint *j = ag_export_joint(m, &x, 1, NULL, NULL, 0, NULL);
+    assert_non_null(j);
+    char buf[2048];
+    custom_listing(ag_joint_graph(j), buf, sizeof buf);
+    /* Upstream: t, addmm, t_1, mm, t_2, sum_1, view, t_3 carry {'pp_stage': 0}; sub none. */
+    assert_string_equal(buf, "t{pp_stage:0} addmm{pp_stage:0} t_1{pp_stage:0} mm{pp_stage:0} "
+                             "t_2{pp_stage:0} sum_1{pp_stage:0} view{pp_stage:0} t_3{pp_stage:0}");
+    ag_joint_free(j);
+    ag_module_free(m);
+    ag_tensor_free(x);
+}
+
+static int square(void *ud) {
+    ag_tensor **io = ud;
+    io[1] = ag_mul(io[0], io[0]);
+    return io[1] ? 0 : -1;
+}
+
+static int annotated_fn_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
+                                int max_out) {
+    (void)nin;
+    (void)max_out;
+    two_linear *t = ag_module_ud(m);
+    ag_scope_begin();
+    ag_annotate_begin("pp_stage", (ag_mval){.kind = AG_MV_INT, .u.i = 0});
+    ag_tensor *y = ag_module_forward(t->l1, in[0]);
+    ag_annotate_end();
+    ag_tensor *io[2] = {y, NULL};
+    ag_annotate_fn("pp_stage", (ag_mval){.kind = AG_MV_INT, .u.i = 1}, "f", square, io);
+    out[0] = ag_tensor_keep(ag_sub_scalar(io[1], 1.0));
+    ag_scope_end();
+    return out[0] ? 1 : ag_last_status();
+}
+
+static void test_preserve_annotate_function(void **st) {
+    (void)st;
+    ag_manual_seed(0);
+    ag_module *m = make_annotated(annotated_fn_forward, false);
+    ag_tensor *x = ag_randn(AG_F32, 2, (int64_t[]){4, 3});
+    ag_joint *j = ag_export_joint(m, &x, 1, NULL, NULL, 0, NULL);
+    assert_non_null(j);
+    char buf[2048];
+    custom_listing(ag_joint_graph(j), buf, sizeof buf);
+    /* Upstream: t, addmm (pp 0); mul, mul_1, mul_2 (pp 1); t_1, mm, t_2, sum_1, view, t_3 (pp 0).
+     * Our mul.Tensor backward makes two products (grad*x, grad*x) and the engine adds them:
+     * that add is a gradient accumulation and carries no annotation. */
+    assert_string_equal(buf, "t{pp_stage:0} addmm{pp_stage:0} mul{pp_stage:1} mul_1{pp_stage:1} "
+                             "mul_2{pp_stage:1} t_1{pp_stage:0} mm{pp_stage:0} t_2{pp_stage:0} "
+                             "sum_1{pp_stage:0} view{pp_stage:0} t_3{pp_stage:0}");
+    ag_joint_free(j);
+    ag_module_free(m);
+    ag_tensor_free(x);
+}
+
+static int grad_acc_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
+                            int max_out) {
+    (void)nin;
+    (void)max_out;
+    two_linear *t = ag_module_ud(m);
+    ag_scope_begin();
+    ag_annotate_begin("test", (ag_mval){.kind = AG_MV_INT, .u.i = 1});
+    out[0] = ag_tensor_keep(ag_sub(ag_module_forward(t->l1, in[0]), ag_module_forward(t->l2, in[0])));
+    ag_annotate_end();
+    ag_scope_end();
+    return out[0] ? 1 : ag_last_status();
+}
+
+static void test_no_annotation_on_gradient_acc_nodes(void **st) {
+    (void)st;
+    ag_manual_seed(0);
+    ag_module *m = make_annotated(grad_acc_forward, true);
+    ag_tensor *x = ag_randn(AG_F32, 2, (int64_t[]){4, 3});
+    ag_tensor_set_requires_grad(x, true);
+    ag_joint *j = ag_export_joint(m, &x, 1, NULL, NULL, 0, NULL);
+    assert_non_null(j);
+    const ag_graph *g = ag_joint_graph(j);
+    int nacc = 0;
+    for (ag_node *n = ag_graph_first(g); n; n = ag_node_next(n))
+        if (ag_node_is_gradient_acc(n)) {
+            nacc++;
+            assert_string_equal(ag_op_name(ag_node_op(n)), "add.Tensor");
+            assert_int_equal(ag_node_custom_count(n), 0);
+        }
+    assert_int_equal(nacc, 1);
+    char buf[4096];
+    custom_listing(g, buf, sizeof buf);
+    assert_string_equal(buf, "t{test:1} addmm{test:1} t_1{test:1} addmm_1{test:1} sub{test:1} "
+                             "neg{test:1} t_2{test:1} mm{test:1} t_3{test:1} mm_1{test:1} "
+                             "t_4{test:1} sum_1{test:1} view{test:1} t_5{test:1} t_6{test:1} "
+                             "mm_2{test:1} t_7{test:1} mm_3{test:1} t_8{test:1} sum_2{test:1} "
+                             "view_1{test:1} t_9{test:1}");
+    ag_joint_free(j);
+    ag_module_free(m);
+    ag_tensor_free(x);
+}
+
+/* ---- 19. custom op stack trace ---- */
+
+static int foo_meta(const ag_arg *a, ag_tmeta *o) {
+    const ag_tensor *x = a[0].u.t;
+    ag_tmeta m;
+    m.dtype = ag_tensor_dtype(x);
+    m.ndim = ag_tensor_ndim(x);
+    m.offset = 0;
+    int64_t st = 1;
+    for (int i = m.ndim - 1; i >= 0; i--) {
+        m.sizes[i] = ag_tensor_sizes(x)[i];
+        m.strides[i] = st;
+        st *= m.sizes[i];
+    }
+    *o = m;
+    return 0;
+}
+static int foo_kernel(const ag_arg *a, ag_tensor **o) {
+    int64_t n = ag_tensor_numel(o[0]);
+    float *d = ag_tensor_data(o[0]);
+    for (int64_t i = 0; i < n; i++)
+        d[i] = (float)(ag_tensor_item_at(a[0].u.t, i) + ag_tensor_item_at(a[1].u.t, i));
+    return 0;
+}
+static int foo_backward(ag_bwctx *c) {
+    for (int i = 0; i < 2; i++)
+        if (c->needs_grad[i])
+            c->grad_inputs[i] = c->grad_outputs[0];
+    return 0;
+}
+static const ag_opdef foo_def = {
+    .schema = "my_lib::foo(Tensor x, Tensor y) -> Tensor",
+    .meta = foo_meta,
+    .kernel = foo_kernel,
+    .dtypes = 1u << AG_F32,
+    .backward = foo_backward,
+};
+
+static int call_foo(void *ud, ag_tensor *const *in, int n, ag_tensor **out, int max_out) {
+    (void)n;
+    (void)max_out;
+    const ag_op *op = ud;
+    out[0] = ag_op_call1(op, (ag_arg[]){AG_A_T(in[0]), AG_A_T(in[1])}, 2); /* return foo(x, y) */
+    return out[0] ? 1 : ag_last_status();
+}
+
+static void test_custom_op_stack_trace(void **st) {
+    (void)st;
+    const ag_op *op = ag_op_find("my_lib::foo");
+    if (!op)
+        op = ag_op_register(&foo_def);
+    assert_non_null(op);
+    ag_tensor *x = ag_randn(AG_F32, 2, (int64_t[]){4, 3});
+    ag_tensor *y = ag_randn(AG_F32, 2, (int64_t[]){4, 3});
+    ag_tensor *in[2] = {x, y};
+    ag_graph *g = ag_trace(call_foo, (void *)op, in, 2, NULL, NULL, NULL);
+    assert_non_null(g);
+    ag_node *foo = find(g, "foo");
+    const char *trace = ag_node_stack_trace(foo);
+    assert_non_null(trace);
+    assert_non_null(strstr(trace, "test_export.c"));
+    assert_non_null(strstr(trace, "in call_foo"));
+    assert_non_null(strstr(trace, "return foo(x, y)"));
+    assert_null(strstr(trace, "optable.c"));
+    ag_graph_free(g);
+    ag_tensor_free(x);
+    ag_tensor_free(y);
+}
+
+/* ---- 20. replayed views keep seq_nr and annotations ---- */
+
+static int unpermute_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
+                             int max_out) {
+    (void)m;
+    (void)nin;
+    (void)max_out;
+    ag_scope_begin();
+    ag_annotate_begin("pp_stage", (ag_mval){.kind = AG_MV_INT, .u.i = 0});
+    ag_tensor *x = in[0];
+    ag_tensor *idx = ag_from_data(AG_I64, 1, (int64_t[]){4}, (int64_t[]){2, 0, 3, 1});
+    ag_tensor *out_unpermuted = ag_new_zeros(x, 2, (int64_t[]){5, 3});
+    out_unpermuted = ag_index_put(out_unpermuted, &idx, 1, x, false);
+    ag_tensor *o = ag_slice(out_unpermuted, 0, 0, -1, 1); /* out = out_unpermuted[:-1] */
+    ag_annotate_end();
+    out[0] = ag_tensor_keep(ag_cos(o));
+    ag_scope_end();
+    return out[0] ? 1 : ag_last_status();
+}
+
+static void test_preserve_annotate_replay_view(void **st) {
+    (void)st;
+    ag_module *m = ag_module_new("Unpermute", unpermute_forward, NULL, NULL);
+    ag_tensor *x = ag_randn(AG_F32, 2, (int64_t[]){4, 3});
+    ag_tensor_set_requires_grad(x, true);
+    ag_joint *j = ag_export_joint(m, &x, 1, NULL, NULL, 0, NULL);
+    if (!j)
+        print_error("%s\n", ag_last_error());
+    assert_non_null(j);
+    const ag_graph *g = ag_joint_graph(j);
+    ag_node *sl = NULL, *slb = NULL;
+    int nsl = 0, nslb = 0;
+    for (ag_node *n = ag_graph_first(g); n; n = ag_node_next(n)) {
+        if (ag_node_kind_of(n) != AG_NODE_CALL)
+            continue;
+        if (!strcmp(ag_op_name(ag_node_op(n)), "slice.Tensor"))
+            sl = n, nsl++;
+        if (!strcmp(ag_op_name(ag_node_op(n)), "slice_backward"))
+            slb = n, nslb++;
+    }
+    assert_int_equal(nsl, 1);
+    assert_int_equal(nslb, 1);
+    assert_int_equal(ag_node_seq_nr(sl), ag_node_seq_nr(slb));
+    assert_non_null(strstr(ag_node_stack_trace(sl), "out = out_unpermuted[:-1]"));
+    assert_int_equal(ag_node_custom_get(sl, "pp_stage").u.i, 0);
+    assert_int_equal(ag_node_custom_get(slb, "pp_stage").u.i, 0);
+    /* cos and its backward carry no annotation. */
+    for (ag_node *n = ag_graph_first(g); n; n = ag_node_next(n))
+        if (ag_node_kind_of(n) == AG_NODE_CALL && !strcmp(ag_op_name(ag_node_op(n)), "cos"))
+            assert_int_equal(ag_node_custom_count(n), 0);
+    ag_joint_free(j);
+    ag_module_free(m);
+    ag_tensor_free(x);
+}
+
+/* ---- forward-only export when nothing requires grad ---- */
+
+static void test_inference_graph(void **st) {
+    (void)st;
+    ag_module *m;
+    ag_tensor *in[8];
+    int nin;
+    assert_int_equal(ag_zoo_build("linear", NULL, &m, in, 8, &nin), 0);
+    ag_named_tensors ps;
+    assert_int_equal(ag_module_named_parameters(m, false, &ps), 0);
+    for (int i = 0; i < ps.n; i++)
+        ag_tensor_set_requires_grad(ps.tensors[i], false);
+    ag_named_tensors_free(&ps);
+    ag_joint *j = ag_export_joint(m, in, nin, NULL, NULL, 0, NULL);
+    assert_non_null(j);
+    assert_false(ag_joint_needs_autograd(j));
+    assert_int_equal(ag_joint_num_tangents(j), 0);
+    expect_outputs(ag_joint_graph(j), NULL, (const char *[]){"PlainAOTOutput(idx=0)"}, 1);
+    ag_joint_free(j);
+    ag_module_free(m);
+    free_inputs(in, nin);
+}
+
+/* ---- numerics: the joint graph interpreted equals eager, on every zoo model ---- */
+
+static void check_zoo_numerics(const char *name) {
+    /* Two identical builds: one runs eagerly (and mutates its buffers), one is exported. */
+    ag_module *me, *mx;
+    ag_tensor *ie[8], *ix[8];
+    int ne, nx;
+    assert_int_equal(ag_zoo_build(name, NULL, &me, ie, 8, &ne), 0);
+    assert_int_equal(ag_zoo_build(name, NULL, &mx, ix, 8, &nx), 0);
+    ag_joint *j = ag_export_joint(mx, ix, nx, NULL, NULL, 0, NULL);
+    if (!j)
+        print_error("%s: %s\n", name, ag_last_error());
+    assert_non_null(j);
+    const ag_graph *g = ag_joint_graph(j);
+    int np = ag_joint_num_primals(j), nt = ag_joint_num_tangents(j);
+    ag_named_tensors ps, bs;
+    assert_int_equal(ag_module_named_parameters(mx, false, &ps), 0);
+    assert_int_equal(ag_module_named_buffers(mx, false, &bs), 0);
+    ag_scope_begin();
+    ag_tensor *inputs[64];
+    int k = 0;
+    for (int i = 0; i < ps.n; i++)
+        inputs[k++] = ps.tensors[i];
+    for (int i = 0; i < bs.n; i++)
+        inputs[k++] = ag_clone(bs.tensors[i]); /* the graph does not mutate them */
+    for (int i = 0; i < nx; i++)
+        inputs[k++] = ix[i];
+    assert_int_equal(k, np);
+    /* Eager forward, then grads with deterministic tangents. */
+    ag_tensor *eo[16];
+    int neo = ag_module_call(me, ie, ne, eo, 16);
+    assert_true(neo > 0);
+    ag_tensor *tang[16];
+    int ti = 0;
+    for (int i = 0; i < neo; i++)
+        if (ag_tensor_requires_grad(eo[i]))
+        { tang[ti] = ag_full_like(eo[i], 0.5 + 0.25 * ti); ti++; }
+    assert_int_equal(ti, nt);
+    for (int i = 0; i < nt; i++)
+        inputs[k++] = tang[i];
+    ag_tensor *go[64];
+    int ngo = ag_graph_run(g, inputs, np + nt, go, 64);
+    if (ngo < 0)
+        print_error("%s: run: %s\n", name, ag_last_error());
+    assert_int_equal(ngo, ag_joint_num_fw_outputs(j) + (nt ? np : 0));
+    int nm = ag_joint_num_mutated_inputs(j);
+    for (int i = 0; i < neo; i++) {
+        double d = tu_max_abs_diff(eo[i], go[nm + i]);
+        if (!(d <= 1e-5)) {
+            print_error("%s: output %d differs by %g\n", name, i, d);
+            fail();
+        }
+    }
+    /* Eager's updated buffers equal the mutation outputs. */
+    ag_named_tensors ebs;
+    assert_int_equal(ag_module_named_buffers(me, false, &ebs), 0);
+    int mi = 0;
+    for (int i = 0; i < np; i++)
+        if (ag_joint_input_info(j, i)->mutates_data) {
+            int b = i - ps.n;
+            assert_true(b >= 0 && b < ebs.n);
+            assert_true(tu_max_abs_diff(ebs.tensors[b], go[mi++]) <= 1e-5);
+        }
+    if (nt) {
+        ag_named_tensors eps;
+        assert_int_equal(ag_module_named_parameters(me, false, &eps), 0);
+        ag_tensor *roots[16];
+        int nr = 0;
+        for (int i = 0; i < neo; i++)
+            if (ag_tensor_requires_grad(eo[i]))
+                roots[nr++] = eo[i];
+        ag_tensor *eg[64];
+        assert_int_equal(ag_grad(roots, tang, nr, eps.tensors, eps.n, eg, false, true), 0);
+        int base = ag_joint_num_fw_outputs(j);
+        for (int i = 0; i < eps.n; i++) {
+            bool dup = false;
+            for (int k2 = 0; k2 < i; k2++)
+                dup |= eps.tensors[k2] == eps.tensors[i];
+            if (dup) { /* a tied weight's second slot: its gradient goes to the first */
+                assert_null(go[base + i]);
+                continue;
+            }
+            if (!eg[i]) {
+                assert_null(go[base + i]);
+                continue;
+            }
+            double d = tu_max_abs_diff(eg[i], go[base + i]);
+            double scale = 1.0;
+            for (int64_t e = 0; e < ag_tensor_numel(eg[i]); e++)
+                scale = fmax(scale, fabs(ag_tensor_item_at(eg[i], e)));
+            if (!(d <= 1e-5 * scale)) {
+                print_error("%s: grad of %s differs by %g\n", name, eps.names[i], d);
+                fail();
+            }
+        }
+        ag_named_tensors_free(&eps);
+    }
+    ag_named_tensors_free(&ebs);
+    ag_scope_end();
+    ag_named_tensors_free(&ps);
+    ag_named_tensors_free(&bs);
+    ag_joint_free(j);
+    ag_module_free(me);
+    ag_module_free(mx);
+    free_inputs(ie, ne);
+    free_inputs(ix, nx);
+}
+
+static void test_zoo_numerics(void **st) {
+    (void)st;
+    for (int i = 0; i < ag_zoo_count(); i++)
+        check_zoo_numerics(ag_zoo_name(i));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_simple_linear),
+        cmocka_unit_test(test_simple_linear_core_decompositions),
+        cmocka_unit_test(test_conv_bn),
+        cmocka_unit_test(test_module_with_kwargs),
+        cmocka_unit_test(test_multiple_outputs),
+        cmocka_unit_test(test_in_out_specs_and_static_inputs),
+        cmocka_unit_test(test_preserve_annotate_simple),
+        cmocka_unit_test(test_preserve_annotate_function),
+        cmocka_unit_test(test_no_annotation_on_gradient_acc_nodes),
+        cmocka_unit_test(test_custom_op_stack_trace),
+        cmocka_unit_test(test_preserve_annotate_replay_view),
+        cmocka_unit_test(test_inference_graph),
+        cmocka_unit_test(test_zoo_numerics),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
