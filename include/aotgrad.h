@@ -19,6 +19,8 @@
 #include "aotgrad/graph.h"
 #include "aotgrad/trace.h"
 #include "aotgrad/export.h"
+#include "aotgrad/compile.h"
+#include "aotgrad/data.h"
 #include "aotgrad/zoo.h"
 
 /* Last: the call-site macros wrap the functions declared above. */

@@ -10,7 +10,10 @@ PACKAGES=(
   libcmocka-dev                         # C unit tests
   libjansson-dev                        # JSON (safetensors headers, --json output)
   zlib1g-dev                            # gzip (datasets)
-  graphviz                              # pictures of graphs (later stages)
+  graphviz                              # pictures of graphs (dot -Tsvg)
+  libigraph-dev                         # max-flow for the min-cut partitioner
+  libglpk-dev                           # ILP knapsack for the memory budget
+  dataset-fashion-mnist                 # the main job's data
   clang libclang-rt-14-dev              # fuzzing and sanitizer runtimes
 )
 

@@ -2,12 +2,16 @@
  * (test_fx_utils_simple_linear, _conv_bn_module, _multiple_outputs, _node_consistency) on
  * hand-built joint-shaped graphs that mirror what upstream exports for the same modules, the
  * same checks on real exports of the zoo models, the filters (non-differentiable inputs and
- * outputs skipped, duplicates overwritten in place), every error case with its message, and the
- * allocation-failure sweep. Expected nodes, names and counts are written out by hand. */
+ * outputs skipped, duplicates overwritten in place), every error case with its message, the
+ * allocation-failure sweep, and the CLI commands built on them (aotgrad export, aotgrad
+ * descriptors). Expected nodes, names and counts are written out by hand. */
 #include "testutil.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 /* ---- building joint-shaped graphs ---- */
 
@@ -71,10 +75,18 @@ static ag_node *output(ag_graph *g, ag_node *const *outs, ag_desc **descs, int n
     return o;
 }
 
-static ag_desc *param(const char *fqn) { return D(ag_desc_param(fqn)); }
-static ag_desc *buffer(const char *fqn) { return D(ag_desc_buffer(fqn)); }
-static ag_desc *plain_in(int i) { return D(ag_desc_plain_input(i)); }
-static ag_desc *plain_out(int i) { return D(ag_desc_plain_output(i)); }
+static ag_desc *param(const char *fqn) {
+    return D(ag_desc_param(fqn));
+}
+static ag_desc *buffer(const char *fqn) {
+    return D(ag_desc_buffer(fqn));
+}
+static ag_desc *plain_in(int i) {
+    return D(ag_desc_plain_input(i));
+}
+static ag_desc *plain_out(int i) {
+    return D(ag_desc_plain_output(i));
+}
 
 /* GradAOTOutput(grad_of=<in>), consuming in. */
 static ag_desc *grad_of(ag_desc *in) {
@@ -373,7 +385,8 @@ static void check_convbn(const ag_graph *g) {
     assert_int_equal(ag_fx_pairs_count(ot), 8);
     for (int i = 0; i < 3; i++) {
         char want[128];
-        snprintf(want, sizeof want, "InputMutationAOTOutput(mutated_input=BufferAOTInput(target='%s'))",
+        snprintf(want, sizeof want,
+                 "InputMutationAOTOutput(mutated_input=BufferAOTInput(target='%s'))",
                  convbn_buffers[i]);
         assert_string_equal(rep(ag_fx_pairs_desc(ot, i)), want);
         assert_null(ag_fx_pairs_second(ot, i)); /* buffers do not require grad: no tangent */
@@ -506,9 +519,8 @@ static void test_filters(void **st) {
     ag_node *gw = call1(g, "neg", o, "neg_1");
     ag_node *gv = call1(g, "relu", vb, "relu");
     ag_node *gt = call1(g, "relu", tg, "relu_1");
-    ag_desc *vbd = D(ag_desc_view_base(D(ag_desc_plain_input(0))));
-    /* ag_desc_view_base took its own reference to the plain input: drop ours */
-    ag_desc_release((ag_desc *)ag_desc_nested(vbd));
+    ag_desc *pi = plain_in(0), *vbd = D(ag_desc_view_base(pi));
+    ag_desc_release(pi);
     output(g, (ag_node *[]){o, gw, gv, gt, o, o},
            (ag_desc *[]){plain_out(0), grad_of(param("w")), grad_of(vbd),
                          grad_of(tangent_of(plain_out(0))), D(ag_desc_forward_token_output(0)),
@@ -625,8 +637,8 @@ static void test_error_subclass_output(void **st) {
     ag_node *w = ph(g, "primals_1", param("w"), TM(AG_F32, 2));
     ag_node *o = call1(g, "neg", w, "neg");
     ag_desc *gd = grad_of(param("w"));
-    output(g, (ag_node *[]){o, o}, (ag_desc *[]){plain_out(0), D(ag_desc_subclass_getattr_output(gd, "b"))},
-           2);
+    output(g, (ag_node *[]){o, o},
+           (ag_desc *[]){plain_out(0), D(ag_desc_subclass_getattr_output(gd, "b"))}, 2);
     ag_desc_release(gd);
     assert_all_fail(g, true, true, false, AG_ENOTSUP,
                     "output 1 (neg) is SubclassGetAttrAOTOutput(base=GradAOTOutput(grad_of="
@@ -790,8 +802,8 @@ static void test_export_multi_output(void **st) {
 static int oom_scenario(void *ud) {
     const ag_graph *g = ud;
     ag_fx_pairs *p[5] = {
-        ag_fx_all_input_and_grad_nodes(g),      ag_fx_all_output_and_tangent_nodes(g),
-        ag_fx_param_and_grad_nodes(g),          ag_fx_plain_input_and_grad_nodes(g),
+        ag_fx_all_input_and_grad_nodes(g),       ag_fx_all_output_and_tangent_nodes(g),
+        ag_fx_param_and_grad_nodes(g),           ag_fx_plain_input_and_grad_nodes(g),
         ag_fx_plain_output_and_tangent_nodes(g),
     };
     ag_fx_named *n[2] = {ag_fx_named_param_nodes(g), ag_fx_named_buffer_nodes(g)};
@@ -826,6 +838,138 @@ static void test_alloc_failures(void **st) {
     ag_graph_free(g);
 }
 
+/* ---- the CLI: aotgrad export / descriptors ---- */
+
+static char cli_path[4200], tmp_dir[64];
+
+/* Runs the aotgrad binary (next to this test program) with args, stdout and stderr going to
+ * files in tmp_dir; returns its exit status. */
+static int run_cli(const char *args) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "'%s' %s >'%s/out' 2>'%s/err'", cli_path, args, tmp_dir, tmp_dir);
+    int rc = system(cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+static char *read_tmp(const char *name) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    assert_non_null(s);
+    assert_int_equal(fread(s, 1, (size_t)n, f), (size_t)n);
+    s[n] = 0;
+    fclose(f);
+    return s;
+}
+
+static void assert_tmp_contains(const char *name, const char *needle, bool want) {
+    char *s = read_tmp(name);
+    if (!strstr(s, needle) == want)
+        fail_msg("%s %s '%s':\n%s", name, want ? "has no" : "has", needle, s);
+    free(s);
+}
+#define HAS(name, needle) assert_tmp_contains(name, needle, true)
+#define LACKS(name, needle) assert_tmp_contains(name, needle, false)
+
+static void test_cli(void **state) {
+    (void)state;
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0)
+        skip();
+    self[n] = 0;
+    *strrchr(self, '/') = 0;
+    snprintf(cli_path, sizeof cli_path, "%s/aotgrad", self);
+    if (access(cli_path, X_OK)) {
+        print_message("no %s: CLI checks skipped\n", cli_path);
+        skip();
+    }
+    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/ag_test_fx_XXXXXX");
+    assert_non_null(mkdtemp(tmp_dir));
+    char args[512];
+
+    /* descriptors: the specs, then the two tables with aligned columns */
+    assert_int_equal(run_cli("descriptors linear"), 0);
+    HAS("out", "params_spec: ['linear.weight', 'linear.bias']\n"
+               "buffers_spec: []\n"
+               "in_spec: TreeSpec(tuple, None, [TreeSpec(list, None, [*, *, *]), "
+               "TreeSpec(dict, [], [])])\n"
+               "out_spec: *\n\n"
+               "differentiable inputs -> grads (4):\n"
+               "  input                                          placeholder  grad\n"
+               "  ParamAOTInput(target='linear.weight')          primals_1    ");
+    HAS("out", "  PlainAOTInput(idx=0)                           primals_3    None\n"
+               "  TangentAOTInput(output=PlainAOTOutput(idx=0))  tangents_1   None\n\n"
+               "differentiable outputs -> tangents (3):\n");
+    HAS("out", "  PlainAOTOutput(idx=0)                                         ");
+    HAS("out", "tangents_1\n  GradAOTOutput(grad_of=ParamAOTInput(target='linear.weight'))  ");
+    assert_int_equal(run_cli("descriptors kwargs"), 0);
+    HAS("out", "TreeSpec(dict, ['scale'], [*])");
+    HAS("out", "  PlainAOTInput(idx=1)  ");
+    assert_int_equal(run_cli("descriptors convbn"), 0);
+    HAS("out", "buffers_spec: ['bn.running_mean', 'bn.running_var', 'bn.num_batches_tracked']");
+    HAS("out", "differentiable inputs -> grads (9):");
+    HAS("out", "differentiable outputs -> tangents (8):");
+    assert_int_equal(run_cli("descriptors multi_output"), 0);
+    HAS("out", "out_spec: TreeSpec(tuple, None, [*, *])");
+
+    /* export prints the joint graph; show parses it back to the same text */
+    snprintf(args, sizeof args, "export convbn --seq-nr --stack-traces -o '%s/convbn.txt'",
+             tmp_dir);
+    assert_int_equal(run_cli(args), 0);
+    HAS("convbn.txt", "%tangents_1 : f32[2, 3, 4, 4]  # TangentAOTInput(output=PlainAOTOutput("
+                      "idx=0))");
+    HAS("convbn.txt", "InputMutationAOTOutput(mutated_input=BufferAOTInput(target='bn.running_"
+                      "mean'))");
+    HAS("convbn.txt", "is_backward");
+    snprintf(args, sizeof args, "show '%s/convbn.txt'", tmp_dir);
+    assert_int_equal(run_cli(args), 0);
+    char *a = read_tmp("convbn.txt"), *b = read_tmp("out");
+    assert_string_equal(b, a);
+    free(a);
+    free(b);
+    assert_int_equal(run_cli("export linear"), 0);
+    HAS("out", "addmm(");
+    assert_int_equal(run_cli("export linear --decompose core"), 0);
+    LACKS("out", "addmm(");
+    HAS("out", "mm(%primals_3, ");
+    assert_int_equal(run_cli("export linear --format dot"), 0);
+    HAS("out", "digraph");
+    /* gpt2-small exports without its weights */
+    assert_int_equal(run_cli("export gpt2 --config gpt2-small"), 0);
+    HAS("out", "%primals_1 : f32[50257, 768]  # ParamAOTInput(target='transformer.wte.weight')");
+
+    /* usage errors: exit 2; work errors: exit 1 */
+    assert_int_equal(run_cli("export resnet"), 2);
+    HAS("err", "unknown model 'resnet'");
+    assert_int_equal(run_cli("descriptors gpt2 --config gpt2-xl"), 2);
+    HAS("err", "tiny, gpt2-small");
+    assert_int_equal(run_cli("export linear --decompose all"), 2);
+    HAS("err", "--decompose needs 'core'");
+    assert_int_equal(run_cli("export linear --format svg"), 2);
+    HAS("err", "needs -o");
+    assert_int_equal(run_cli("descriptors linear --format dot"), 2);
+    HAS("err", "unknown option '--format'");
+    assert_int_equal(run_cli("descriptors"), 2);
+    HAS("err", "missing MODEL");
+    snprintf(args, sizeof args, "export linear -o '%s/no/such/dir'", tmp_dir);
+    assert_int_equal(run_cli(args), 1);
+    HAS("err", "cannot write");
+
+    const char *files[] = {"out", "err", "convbn.txt"};
+    for (int i = 0; i < 3; i++) {
+        char path[128];
+        snprintf(path, sizeof path, "%s/%s", tmp_dir, files[i]);
+        remove(path);
+    }
+    rmdir(tmp_dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_linear),
@@ -846,6 +990,7 @@ int main(void) {
         cmocka_unit_test(test_export_convbn),
         cmocka_unit_test(test_export_multi_output),
         cmocka_unit_test(test_alloc_failures),
+        cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -193,8 +193,13 @@ static void test_zoo_registry(void **state) {
     tu_assert_error_contains("tiny, gpt2-small");
     assert_int_equal(ag_zoo_build("mlp", "big", &m, in, 4, &n), AG_EINVAL);
     tu_assert_error_contains("'mlp' has no configuration 'big'");
-    assert_int_equal(ag_zoo_build("linear", NULL, &m, in, 1, &n), AG_EINVAL);
+    assert_int_equal(ag_zoo_build("kwargs", NULL, &m, in, 1, &n), AG_EINVAL);
+    tu_assert_error_contains("'kwargs' takes 2 inputs, room for 1");
     assert_null(m);
+    assert_int_equal(ag_zoo_build("linear", NULL, &m, in, 1, &n), 0);
+    assert_int_equal(n, 1);
+    ag_tensor_free(in[0]);
+    ag_module_free(m);
 }
 
 /* Two builds give the same weights and inputs (the generator is reseeded), and the inputs
@@ -514,6 +519,15 @@ static const char *assert_zoo_frame(const char *st, int line, const char *func,
     return p;
 }
 
+/* Asserts the outermost frame of st (its first line) contains `want`: the trace starts in the
+ * traced forward, not at whatever ran before tracing. */
+static void assert_first_frame_has(const char *st, const char *want) {
+    const char *eol = st ? strchr(st, '\n') : NULL;
+    const char *p = st ? strstr(st, want) : NULL;
+    if (!p || (eol && p > eol))
+        fail_msg("the outermost frame has no '%s':\n%s", want, st ? st : "(none)");
+}
+
 /* Asserts the innermost frame of st contains `want`. */
 static void assert_last_frame_has(const char *st, const char *want) {
     const char *f = last_frame(st);
@@ -530,6 +544,9 @@ static void test_stack_traces_point_at_zoo(void **state) {
     for (int i = 0; i < 2; i++) {
         const char *st = ag_node_stack_trace(nodes[i]);
         const char *z = assert_zoo_frame(st, lin, "linear_fwd", "child(m, \"linear\", in[0]);");
+        char first[96];
+        snprintf(first, sizeof first, "zoo.c\", line %d, in linear_fwd", lin);
+        assert_first_frame_has(st, first);
         /* The Linear module's own code is the inner frame. */
         const char *l = strstr(st, "layers.c\", line ");
         if (!l || l < z)
@@ -586,6 +603,7 @@ static void test_stack_traces_point_at_zoo(void **state) {
         g = trace_or_fail(b.m, b.in, b.nin);
         st = ag_node_stack_trace(first_op(g, cases[i].op));
         z = assert_zoo_frame(st, mark_line(cases[i].mark), cases[i].func, cases[i].source);
+        assert_first_frame_has(st, cases[i].func);
         if (cases[i].own) {
             assert_true(z > last_frame(st));
             assert_null(strstr(st, "layers.c"));
@@ -855,6 +873,42 @@ static void test_trace_errors(void **state) {
     built_free(&b);
 }
 
+/* ---- allocation failures ---- */
+
+/* Building a zoo model and tracing it (stack traces included: reading source files and
+ * formatting traces allocate too), with the N-th allocation failing for every N: each failure
+ * is reported as AG_ENOMEM and nothing leaks. */
+static int build_and_trace(void *ud) {
+    const char *model = ud;
+    ag_module *m = NULL;
+    ag_tensor *in[4] = {0};
+    int nin = 0;
+    bool prev = ag_set_meta_mode(true);
+    int rc = ag_zoo_build(model, NULL, &m, in, 4, &nin);
+    ag_set_meta_mode(prev);
+    if (rc)
+        return rc;
+    ag_graph *g = ag_trace_module(m, in, nin, NULL);
+    rc = g ? 0 : ag_last_status();
+    tu_alloc_cleanup_begin();
+    ag_graph_free(g);
+    for (int i = 0; i < nin; i++)
+        ag_tensor_free(in[i]);
+    ag_module_free(m);
+    tu_alloc_cleanup_end();
+    return rc;
+}
+
+static void test_zoo_alloc_failures(void **state) {
+    (void)state;
+    const char *models[] = {"linear", "kwargs", "convbn", "multi_output"};
+    for (int i = 0; i < 4; i++) {
+        tu_sweep_opts o = {.what = models[i], .one_thread = true};
+        int64_t points = tu_alloc_failure_sweep(build_and_trace, (void *)models[i], &o);
+        assert_true(points > 20);
+    }
+}
+
 /* ---- the CLI: aotgrad models / trace / show ---- */
 
 static char cli_path[4200], tmp_dir[64];
@@ -994,6 +1048,7 @@ int main(void) {
         cmocka_unit_test(test_every_entry_point_has_a_site_macro),
         cmocka_unit_test(test_gpt2_small_meta_trace),
         cmocka_unit_test(test_trace_errors),
+        cmocka_unit_test(test_zoo_alloc_failures),
         cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -83,8 +83,8 @@ static void test_repr(void **st) {
     assert_string_equal(repr(e), "TreeSpec(tuple, None, [])");
     assert_string_equal(repr(ed), "TreeSpec(dict, [], [])");
     /* None among leaves counts none; keys print with Python's quoting. */
-    ag_treespec *d2 = ag_treespec_dict((const char *[]){"it's", "a\\b\n", "w"},
-                                       (ag_treespec *[]){nn, l, e}, 3);
+    ag_treespec *d2 =
+        ag_treespec_dict((const char *[]){"it's", "a\\b\n", "w"}, (ag_treespec *[]){nn, l, e}, 3);
     assert_non_null(d2);
     assert_string_equal(repr(d2), "TreeSpec(dict, [\"it's\", 'a\\\\b\\n', 'w'], "
                                   "[TreeSpec(NoneType, None, []), *, TreeSpec(tuple, None, [])])");
@@ -303,11 +303,11 @@ static void test_tree_errors(void **st) {
     assert_null(ag_tree_list((ag_tree *[]){ag_tree_leaf(x), NULL}, 2));
     tu_assert_error_contains("child 1 is NULL");
     /* a nested construction whose inner part failed reports the inner failure */
-    ag_tree *bad = ag_tree_tuple(
-        (ag_tree *[]){ag_tree_dict((const char *[]){"k", "k"},
-                                   (ag_tree *[]){ag_tree_leaf(x), ag_tree_none()}, 2),
-                      ag_tree_leaf(x)},
-        2);
+    ag_tree *bad =
+        ag_tree_tuple((ag_tree *[]){ag_tree_dict((const char *[]){"k", "k"},
+                                                 (ag_tree *[]){ag_tree_leaf(x), ag_tree_none()}, 2),
+                                    ag_tree_leaf(x)},
+                      2);
     assert_null(bad);
     tu_assert_error_contains("key 'k' appears twice");
     ag_tensor_free(x);

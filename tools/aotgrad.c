@@ -5,6 +5,9 @@
  *   aotgrad models                  list the model zoo
  *   aotgrad trace MODEL ...         print a zoo model's traced forward graph
  *   aotgrad show FILE ...           parse, verify and print a graph file
+ *   aotgrad export MODEL ...        print a zoo model's joint graph with descriptors
+ *   aotgrad descriptors MODEL ...   print its specs and input/grad, output/tangent pairs
+ *   aotgrad partition MODEL ...     split its joint graph into forward and backward graphs
  *   aotgrad version
  *
  * Each subcommand lives in its own cmd_*.c file; this file only dispatches. */
@@ -19,20 +22,34 @@ static const struct {
     const char *help;
 } commands[] = {
     {"ops", cli_ops, "list the op table (name, flags, dtypes, backward, gradcheck) [--json]"},
-    {"train", cli_train, "train a model (the main job) [--steps N] [--seed S] [--lr F]"},
+    {"train", cli_train,
+     "the main job: export, partition, compile and train the cnn on Fashion-MNIST "
+     "[--steps N] [--model cnn|gpt2] [--data PATH]"},
+    {"check", cli_check,
+     "eager vs compiled side by side: MODEL [--partitioner default|mincut] [--budget F]"},
     {"models", cli_models, "list the model zoo"},
     {"trace", cli_trace,
      "print a zoo model's traced forward graph: MODEL [--config NAME] [--format text|dot|svg] "
      "[-o FILE] [--seq-nr] [--stack-traces]"},
     {"show", cli_show,
      "parse, verify and print a graph file: FILE [--format text|dot|svg] [-o FILE]"},
+    {"export", cli_export,
+     "print a zoo model's joint fw+bw graph with descriptors: MODEL [--config NAME] "
+     "[--decompose core] [--format text|dot|svg] [-o FILE] [--seq-nr] [--stack-traces]"},
+    {"descriptors", cli_descriptors,
+     "print a zoo model's params/buffers/in/out specs and its input->grad and "
+     "output->tangent pairs: MODEL [--config NAME]"},
+    {"partition", cli_partition,
+     "split a zoo model's joint graph into forward and backward graphs: MODEL [--config NAME] "
+     "[--partitioner default|mincut] [--budget F] [--solver greedy|dp|ilp] "
+     "[--format text|dot|svg] [-o FILE]"},
 };
 
 static void usage(FILE *f) {
     fprintf(f, "usage: aotgrad <command> [options]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        fprintf(f, "  %-10s %s\n", commands[i].name, commands[i].help);
-    fprintf(f, "  %-10s %s\n", "version", "print the version");
+        fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "  %-12s %s\n", "version", "print the version");
 }
 
 int main(int argc, char **argv) {

@@ -1,7 +1,11 @@
-/* `aotgrad train`: the main job. For now a small eager training demo: an MLP classifies three
- * interleaved spirals (a classic non-linearly-separable toy problem), trained with AdamW and
- * cross-entropy, printing the loss as it falls and the held-out accuracy at the end. Later
- * milestones route the same loop through export -> partition -> compile. */
+/* `aotgrad train`: the main job. A training step captured and compiled by aotgrad itself:
+ * the model and its loss are exported as one joint graph with descriptors, partitioned by the
+ * min-cut partitioner, compiled onto the memory-planned executor, and trained with AdamW.
+ *
+ *   aotgrad train                      the `cnn` zoo model on Fashion-MNIST, one epoch
+ *   aotgrad train --steps N            stop after N steps
+ *   aotgrad train --model gpt2 [--data FILE]   a character-level tiny GPT-2 on a text file
+ *                                      (default /usr/share/common-licenses/GPL-3), then a sample */
 #include "cli.h"
 
 #include <math.h>
@@ -9,8 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
-enum { CLASSES = 3, HIDDEN = 64 };
+#define FMNIST_DIR "/usr/share/datasets/fashion-mnist"
 
 static double now_s(void) {
     struct timespec ts;
@@ -18,136 +23,409 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* n points per class on CLASSES spiral arms with Gaussian jitter: x (n*CLASSES, 2), y labels. */
-static int make_spirals(int64_t n, ag_tensor **x, ag_tensor **y) {
-    int64_t total = n * CLASSES;
-    float *xs = malloc(sizeof(float) * (size_t)total * 2);
-    int64_t *ys = malloc(sizeof(int64_t) * (size_t)total);
-    ag_tensor *noise = ag_randn(AG_F32, 1, &total);
-    if (!xs || !ys || !noise) {
-        free(xs);
-        free(ys);
-        ag_tensor_free(noise);
-        return -1;
-    }
-    const float *nz = ag_tensor_data(noise);
-    for (int c = 0; c < CLASSES; c++)
-        for (int64_t i = 0; i < n; i++) {
-            int64_t k = c * n + i;
-            double r = (double)(i + 1) / (double)n;
-            double t = 2.0 * M_PI * c / CLASSES + 4.0 * r + 0.2 * nz[k];
-            xs[2 * k] = (float)(r * sin(t));
-            xs[2 * k + 1] = (float)(r * cos(t));
-            ys[k] = c;
-        }
-    int64_t xsz[] = {total, 2};
-    *x = ag_from_data(AG_F32, 2, xsz, xs);
-    *y = ag_from_data(AG_I64, 1, &total, ys);
-    free(xs);
-    free(ys);
-    ag_tensor_free(noise);
-    return *x && *y ? 0 : -1;
-}
+/* ---- the training step module: loss = criterion(model(inputs...)) ---- */
 
-static double accuracy(ag_module *model, ag_tensor *x, ag_tensor *y) {
-    bool prev = ag_set_grad_enabled(false);
+typedef struct step_ud {
+    ag_module *model;
+    bool gpt2; /* the model takes (idx, targets) and returns (logits, loss) itself */
+} step_ud;
+
+static int step_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
+    step_ud *u = ag_module_ud(m);
+    ag_tensor *o[2] = {0};
     ag_scope_begin();
-    ag_tensor *pred = ag_argmax(ag_module_forward(model, x), 1, false);
-    ag_tensor *hits = ag_sum_all(ag_eq(pred, y));
-    double acc = hits ? ag_tensor_item(hits) / (double)ag_tensor_numel(y) : NAN;
+    int rc;
+    if (u->gpt2) {
+        rc = ag_module_call(u->model, in, nin, o, 2);
+        out[0] = rc == 2 ? ag_tensor_keep(o[1]) : NULL;
+    } else {
+        ag_tensor *logits = ag_module_forward(u->model, in[0]);
+        out[0] = ag_tensor_keep(ag_cross_entropy(logits, in[1], AG_REDUCTION_MEAN, -100));
+    }
     ag_scope_end();
-    ag_set_grad_enabled(prev);
-    return acc;
+    (void)max_out;
+    return out[0] ? 1 : ag_last_status();
 }
 
-int cli_train(int argc, char **argv) {
-    long long steps = 1500, seed = 0, batch = 256;
-    double lr = 3e-3;
-    for (int i = 1; i < argc; i++) {
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        int rc = 0;
-        if (!strcmp(argv[i], "--steps"))
-            rc = cli_int_opt("train", "--steps", v, 1, 100000000, &steps), i++;
-        else if (!strcmp(argv[i], "--seed"))
-            rc = cli_int_opt("train", "--seed", v, 0, (long long)1 << 62, &seed), i++;
-        else if (!strcmp(argv[i], "--batch"))
-            rc = cli_int_opt("train", "--batch", v, 1, 1 << 20, &batch), i++;
-        else if (!strcmp(argv[i], "--lr"))
-            rc = cli_float_opt("train", "--lr", v, &lr), i++;
-        else {
-            fprintf(stderr, "aotgrad train: unknown option '%s'\n"
-                            "usage: aotgrad train [--steps N] [--seed S] [--batch B] [--lr F]\n",
-                    argv[i]);
-            return 2;
-        }
-        if (rc)
-            return 2;
+/* The step module owns the model as its child "model" (so parameter names read
+ * model.conv1.weight, ...). */
+static ag_module *make_step(ag_module *model, bool gpt2) {
+    step_ud *u = calloc(1, sizeof *u);
+    if (!u)
+        return NULL;
+    u->model = model;
+    u->gpt2 = gpt2;
+    ag_module *s = ag_module_new("TrainStep", step_forward, u, free);
+    if (!s || ag_module_add_child(s, "model", model)) {
+        ag_module_free(s);
+        return NULL;
     }
-    ag_manual_seed((uint64_t)seed);
-    ag_tensor *xtr = NULL, *ytr = NULL, *xte = NULL, *yte = NULL;
-    if (make_spirals(1000, &xtr, &ytr) || make_spirals(300, &xte, &yte)) {
+    return s;
+}
+
+/* ---- summary of the capture ---- */
+
+static void print_summary(const ag_joint *j, const ag_compiled *c, double export_s, double compile_s) {
+    const ag_graph *g = ag_joint_graph(j);
+    int counts[64] = {0};
+    ag_node **ph;
+    int nph = ag_graph_placeholders(g, &ph);
+    for (int i = 0; i < nph; i++)
+        if (ag_node_desc(ph[i]))
+            counts[ag_desc_kind_of(ag_node_desc(ph[i]))]++;
+    ag_node *out = ag_graph_output_node(g);
+    int nout = ag_node_arg(out, 0)->n, nnone = 0;
+    for (int i = 0; i < nout; i++) {
+        ag_desc *d = ag_node_output_desc(out, i);
+        if (d)
+            counts[ag_desc_kind_of(d)]++;
+        else
+            nnone++;
+    }
+    printf("joint graph: %d nodes; descriptors:", ag_graph_num_nodes(g));
+    for (int k = 0; k < AG_DESC_NKINDS && k < 64; k++)
+        if (counts[k])
+            printf(" %s x%d", ag_desc_kind_name((ag_desc_kind)k), counts[k]);
+    printf(" None x%d\n", nnone);
+    const ag_partition_stats *st = ag_compiled_stats(c);
+    printf("partition (min-cut): saved %d tensors, %.2f MB; recomputed %d nodes, %.3g FLOPs\n",
+           st->saved_tensors, (double)st->saved_bytes / 1e6, st->recomputed_nodes,
+           st->recomputed_flops);
+    printf("planned peak: forward %.2f MB, backward %.2f MB; capture %.1f ms, compile %.1f ms\n",
+           (double)ag_compiled_peak_bytes(c, false) / 1e6, (double)ag_compiled_peak_bytes(c, true) / 1e6,
+           1e3 * export_s, 1e3 * compile_s);
+}
+
+static void progress(long long step, long long total, double loss, double rate, bool tty) {
+    if (tty) {
+        int width = 30, filled = (int)(width * (double)step / (double)total);
+        printf("\r[");
+        for (int i = 0; i < width; i++)
+            putchar(i < filled ? '=' : (i == filled ? '>' : ' '));
+        printf("] %lld/%lld  loss %.4f  %.0f samples/s   ", step, total, loss, rate);
+        if (step == total)
+            putchar('\n');
+        fflush(stdout);
+    } else if (step == 1 || step == total || step % (total >= 10 ? total / 10 : 1) == 0) {
+        printf("  step %lld/%lld  loss %.4f  %.0f samples/s\n", step, total, loss, rate);
+        fflush(stdout);
+    }
+}
+
+/* A deterministic permutation (Fisher-Yates with a 64-bit LCG). */
+static void shuffle(int64_t *p, int64_t n, uint64_t *state) {
+    for (int64_t i = 0; i < n; i++)
+        p[i] = i;
+    for (int64_t i = n - 1; i > 0; i--) {
+        *state = *state * 6364136223846793005ull + 1442695040888963407ull;
+        int64_t j = (int64_t)((*state >> 33) % (uint64_t)(i + 1));
+        int64_t t = p[i];
+        p[i] = p[j];
+        p[j] = t;
+    }
+}
+
+typedef struct train_opts {
+    long long steps, batch, seed;
+    double lr, budget;
+    const char *model, *data;
+    ag_partitioner partitioner;
+} train_opts;
+
+/* Exports and compiles the step module for example inputs; prints the summary. */
+static ag_compiled *capture(ag_module *step, ag_tensor *const *ex, int nex, const train_opts *o) {
+    double t0 = now_s();
+    ag_joint *j = ag_export_joint(step, ex, nex, NULL, NULL, 0, NULL);
+    if (!j)
+        return NULL;
+    double t1 = now_s();
+    ag_compile_opts co = {.partition = {.partitioner = o->partitioner, .memory_budget = o->budget}};
+    ag_compiled *c = ag_compile_joint(j, &co);
+    double t2 = now_s();
+    if (c)
+        print_summary(j, c, t1 - t0, t2 - t1);
+    ag_joint_free(j);
+    return c;
+}
+
+/* ---- Fashion-MNIST ---- */
+
+static int train_cnn(const train_opts *o) {
+    ag_tensor *xtr, *ytr, *xte, *yte;
+    const char *dir = o->data ? o->data : FMNIST_DIR;
+    if (ag_fashion_mnist_load(dir, true, &xtr, &ytr) ||
+        ag_fashion_mnist_load(dir, false, &xte, &yte)) {
+        fprintf(stderr, "aotgrad train: %s\n", ag_last_error());
+        if (!o->data)
+            fprintf(stderr, "aotgrad train: Fashion-MNIST comes with the Debian package "
+                            "dataset-fashion-mnist (scripts/install-deps.sh installs it)\n");
+        return 1;
+    }
+    ag_module *model = NULL;
+    ag_tensor *zin[8];
+    int nzin = 0;
+    if (ag_zoo_build("cnn", NULL, &model, zin, 8, &nzin)) {
         fprintf(stderr, "aotgrad train: %s\n", ag_last_error());
         return 1;
     }
-    ag_module *model = ag_nn_sequential();
-    ag_nn_append(model, ag_nn_linear(2, HIDDEN, true));
-    ag_nn_append(model, ag_nn_relu());
-    ag_nn_append(model, ag_nn_linear(HIDDEN, HIDDEN, true));
-    ag_nn_append(model, ag_nn_relu());
-    ag_nn_append(model, ag_nn_linear(HIDDEN, CLASSES, true));
-    ag_optim *opt = ag_optim_adamw(model, lr, 0.9, 0.999, 1e-8, 0.01);
-    if (!opt) {
-        fprintf(stderr, "aotgrad train: %s\n", ag_last_error());
-        ag_module_free(model);
-        return 1;
-    }
-    int64_t ntr = ag_tensor_size(xtr, 0);
-    printf("aotgrad train: MLP 2-%d-%d-%d (%lld parameters), 3-spiral classification, %lld "
-           "training points, AdamW lr %g, batch %lld, %d threads\n",
-           HIDDEN, HIDDEN, CLASSES, (long long)ag_module_num_parameters(model), (long long)ntr,
-           lr, batch, ag_get_num_threads());
-    double t0 = now_s(), first_loss = NAN, loss_v = NAN;
+    for (int i = 0; i < nzin; i++)
+        ag_tensor_free(zin[i]);
+    ag_module *step = make_step(model, false);
+    ag_optim *opt = step ? ag_optim_adamw(step, o->lr, 0.9, 0.999, 1e-8, 0.01) : NULL;
+    int64_t ntr = ag_tensor_size(xtr, 0), B = o->batch;
+    long long total = o->steps > 0 ? o->steps : ntr / B;
+    printf("aotgrad train: cnn on Fashion-MNIST (%lld training images, %lld test), batch %lld, "
+           "AdamW lr %g, %d threads, %lld steps\n", (long long)ntr, (long long)ag_tensor_size(xte, 0),
+           (long long)B, o->lr, ag_get_num_threads(), total);
+    ag_tensor *ex[2] = {ag_zeros(AG_F32, 4, (int64_t[]){B, 1, 28, 28}),
+                        ag_zeros(AG_I64, 1, (int64_t[]){B})};
+    ag_compiled *c = opt ? capture(step, ex, 2, o) : NULL;
+    ag_tensor_free(ex[0]);
+    ag_tensor_free(ex[1]);
     int status = 0;
-    for (long long step = 1; step <= steps; step++) {
+    if (!c) {
+        fprintf(stderr, "aotgrad train: %s\n", ag_last_error());
+        status = 1;
+    }
+    int64_t *perm = malloc(sizeof(int64_t) * (size_t)ntr);
+    uint64_t rng = (uint64_t)o->seed * 2654435761u + 1;
+    bool tty = isatty(1);
+    double t0 = now_s(), loss_v = NAN;
+    for (long long s = 0; status == 0 && s < total; s++) {
+        int64_t off = (s * B) % (ntr - ntr % B);
+        if (off == 0)
+            shuffle(perm, ntr, &rng);
         ag_scope_begin();
-        /* A random batch of training indices. */
-        ag_tensor *r = ag_rand(AG_F32, 1, (int64_t[]){batch});
-        ag_tensor *idx = ag_to_dtype(ag_mul_scalar(r, (double)ntr), AG_I64);
+        ag_tensor *idx = ag_from_data(AG_I64, 1, &B, perm + off);
         ag_tensor *xb = ag_index_select(xtr, 0, idx), *yb = ag_index_select(ytr, 0, idx);
-        ag_tensor *loss = ag_cross_entropy(ag_module_forward(model, xb), yb, AG_REDUCTION_MEAN, -100);
-        int rc = loss ? 0 : -1;
-        if (!rc) {
+        ag_tensor *loss = NULL;
+        ag_tensor *in[2] = {xb, yb};
+        int rc = (xb && yb) ? ag_compiled_call_module(c, step, in, 2, &loss, 1) : -1;
+        if (rc == 1) {
             loss_v = ag_tensor_item(loss);
-            ag_optim_zero_grad(opt);
             rc = ag_backward(loss, NULL, false);
         }
-        if (!rc)
+        if (rc == 0)
             rc = ag_optim_step(opt);
+        ag_optim_zero_grad(opt);
         ag_scope_end();
         if (rc) {
-            fprintf(stderr, "aotgrad train: step %lld: %s\n", step, ag_last_error());
+            fprintf(stderr, "\naotgrad train: step %lld: %s\n", s + 1, ag_last_error());
             status = 1;
             break;
         }
-        if (step == 1)
-            first_loss = loss_v;
-        if (step == 1 || step % (steps >= 10 ? steps / 10 : 1) == 0 || step == steps) {
-            double el = now_s() - t0;
-            printf("  step %6lld/%lld  loss %.4f  %8.0f samples/s\n", step, steps, loss_v,
-                   (double)step * (double)batch / (el > 0 ? el : 1e-9));
-            fflush(stdout);
+        double el = now_s() - t0;
+        progress(s + 1, total, loss_v, (double)((s + 1) * B) / (el > 0 ? el : 1e-9), tty);
+    }
+    if (status == 0) {
+        /* Test accuracy, eagerly in evaluation mode (running statistics). */
+        ag_module_train(model, false);
+        bool prev = ag_set_grad_enabled(false);
+        int64_t nte = ag_tensor_size(xte, 0), hits = 0;
+        for (int64_t b = 0; b < nte; b += 1000) {
+            ag_scope_begin();
+            int64_t e = b + 1000 < nte ? b + 1000 : nte;
+            ag_tensor *xb = ag_slice(xte, 0, b, e, 1), *yb = ag_slice(yte, 0, b, e, 1);
+            ag_tensor *pred = ag_argmax(ag_module_forward(model, xb), 1, false);
+            ag_tensor *h = ag_sum_all(ag_eq(pred, yb));
+            if (!h) {
+                fprintf(stderr, "aotgrad train: evaluation: %s\n", ag_last_error());
+                status = 1;
+            } else {
+                hits += (int64_t)ag_tensor_item(h);
+            }
+            ag_scope_end();
         }
+        ag_set_grad_enabled(prev);
+        printf("test accuracy %.2f%% (%lld/%lld) after %lld steps; final loss %.4f; %.1f s\n",
+               100.0 * (double)hits / (double)nte, (long long)hits, (long long)nte, total, loss_v,
+               now_s() - t0);
     }
-    if (!status) {
-        double acc = accuracy(model, xte, yte);
-        printf("loss %.4f -> %.4f; held-out accuracy %.1f%% (%lld points); %.2f s\n", first_loss,
-               loss_v, 100.0 * acc, (long long)ag_tensor_numel(yte), now_s() - t0);
-    }
+    free(perm);
+    ag_compiled_free(c);
     ag_optim_free(opt);
-    ag_module_free(model);
+    ag_module_free(step);
     ag_tensor_free(xtr);
     ag_tensor_free(ytr);
     ag_tensor_free(xte);
     ag_tensor_free(yte);
     return status;
+}
+
+/* ---- character-level GPT-2 ---- */
+
+static unsigned char *read_file(const char *path, int64_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *buf = len > 0 ? malloc((size_t)len) : NULL;
+    if (buf && fread(buf, 1, (size_t)len, f) != (size_t)len) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    *n = len;
+    return buf;
+}
+
+static int train_gpt2(const train_opts *o) {
+    const char *path = o->data ? o->data : "/usr/share/common-licenses/GPL-3";
+    int64_t n;
+    unsigned char *text = read_file(path, &n);
+    ag_gpt2_config cfg = ag_gpt2_config_tiny();
+    int64_t T = cfg.block_size, B = o->batch;
+    if (!text || n < T + 2) {
+        fprintf(stderr, "aotgrad train: cannot read %s (or it holds fewer than %lld bytes)%s\n",
+                path, (long long)(T + 2),
+                o->data ? "" : "; it comes with Debian's base-files package");
+        free(text);
+        return 1;
+    }
+    ag_manual_seed((uint64_t)o->seed);
+    ag_module *model = ag_nn_gpt2(&cfg);
+    ag_module *step = model ? make_step(model, true) : NULL;
+    ag_optim *opt = step ? ag_optim_adamw(step, o->lr, 0.9, 0.95, 1e-8, 0.1) : NULL;
+    long long total = o->steps > 0 ? o->steps : 300;
+    printf("aotgrad train: character-level GPT-2 (%lld layers, %lld wide, %lld heads, context %lld, "
+           "%lld parameters) on %s (%lld bytes), batch %lld, %lld steps\n",
+           (long long)cfg.n_layer, (long long)cfg.n_embd, (long long)cfg.n_head, (long long)T,
+           (long long)(model ? ag_module_num_parameters(model) : 0), path, (long long)n,
+           (long long)B, total);
+    ag_tensor *ex[2] = {ag_zeros(AG_I64, 2, (int64_t[]){B, T}), ag_zeros(AG_I64, 2, (int64_t[]){B, T})};
+    ag_compiled *c = opt ? capture(step, ex, 2, o) : NULL;
+    ag_tensor_free(ex[0]);
+    ag_tensor_free(ex[1]);
+    int status = c ? 0 : 1;
+    if (!c)
+        fprintf(stderr, "aotgrad train: %s\n", ag_last_error());
+    int64_t *xs = malloc(sizeof(int64_t) * (size_t)(B * T)), *ys = malloc(sizeof(int64_t) * (size_t)(B * T));
+    uint64_t rng = (uint64_t)o->seed * 2654435761u + 7;
+    bool tty = isatty(1);
+    double t0 = now_s(), loss_v = NAN;
+    for (long long s = 0; status == 0 && s < total; s++) {
+        for (int64_t b = 0; b < B; b++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            int64_t start = (int64_t)((rng >> 33) % (uint64_t)(n - T - 1));
+            for (int64_t t = 0; t < T; t++) {
+                xs[b * T + t] = text[start + t];
+                ys[b * T + t] = text[start + t + 1];
+            }
+        }
+        ag_scope_begin();
+        ag_tensor *in[2] = {ag_from_data(AG_I64, 2, (int64_t[]){B, T}, xs),
+                            ag_from_data(AG_I64, 2, (int64_t[]){B, T}, ys)};
+        ag_tensor *loss = NULL;
+        int rc = ag_compiled_call_module(c, step, in, 2, &loss, 1);
+        if (rc == 1) {
+            loss_v = ag_tensor_item(loss);
+            rc = ag_backward(loss, NULL, false);
+        }
+        if (rc == 0)
+            rc = ag_optim_step(opt);
+        ag_optim_zero_grad(opt);
+        ag_scope_end();
+        if (rc) {
+            fprintf(stderr, "\naotgrad train: step %lld: %s\n", s + 1, ag_last_error());
+            status = 1;
+            break;
+        }
+        double el = now_s() - t0;
+        progress(s + 1, total, loss_v, (double)((s + 1) * B * T) / (el > 0 ? el : 1e-9), tty);
+    }
+    if (status == 0) {
+        /* A sample: temperature 0.8 from the first line of the text, eagerly. */
+        printf("sample:\n");
+        int64_t ctx[256];
+        int64_t len = 0;
+        for (; len < 16 && len < n; len++)
+            ctx[len] = text[len];
+        for (int64_t i = 0; i < len; i++)
+            putchar((int)ctx[i]);
+        bool prev = ag_set_grad_enabled(false);
+        ag_module_train(model, false);
+        for (int k = 0; k < 200; k++) {
+            ag_scope_begin();
+            int64_t w = len < T ? len : T;
+            ag_tensor *idx = ag_from_data(AG_I64, 2, (int64_t[]){1, w}, ctx + len - w);
+            ag_tensor *logits = ag_module_forward(model, idx);
+            ag_tensor *last = ag_select(ag_select(logits, 0, 0), 0, w - 1);
+            ag_tensor *p = ag_softmax(ag_div_scalar(last, 0.8), 0);
+            double u = (double)((rng = rng * 6364136223846793005ull + 1) >> 11) * 0x1.0p-53, acc = 0;
+            int64_t ch = 0;
+            for (int64_t v = 0; p && v < ag_tensor_numel(p); v++) {
+                acc += ag_tensor_item_at(p, v);
+                if (acc >= u) {
+                    ch = v;
+                    break;
+                }
+            }
+            ag_scope_end();
+            putchar((int)ch);
+            if (len == (int64_t)(sizeof ctx / sizeof ctx[0])) {
+                memmove(ctx, ctx + 1, sizeof ctx - sizeof ctx[0]);
+                len--;
+            }
+            ctx[len++] = ch;
+        }
+        ag_set_grad_enabled(prev);
+        printf("\nfinal loss %.4f after %lld steps; %.1f s\n", loss_v, total, now_s() - t0);
+    }
+    free(xs);
+    free(ys);
+    free(text);
+    ag_compiled_free(c);
+    ag_optim_free(opt);
+    ag_module_free(step);
+    return status;
+}
+
+int cli_train(int argc, char **argv) {
+    train_opts o = {.steps = 0, .batch = 0, .seed = 0, .lr = 0, .budget = 1.0, .model = "cnn",
+                    .partitioner = AG_PARTITION_MINCUT};
+    for (int i = 1; i < argc; i++) {
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int rc = 0;
+        if (!strcmp(argv[i], "--steps"))
+            rc = cli_int_opt("train", "--steps", v, 1, 100000000, &o.steps), i++;
+        else if (!strcmp(argv[i], "--seed"))
+            rc = cli_int_opt("train", "--seed", v, 0, (long long)1 << 62, &o.seed), i++;
+        else if (!strcmp(argv[i], "--batch"))
+            rc = cli_int_opt("train", "--batch", v, 1, 1 << 16, &o.batch), i++;
+        else if (!strcmp(argv[i], "--lr"))
+            rc = cli_float_opt("train", "--lr", v, &o.lr), i++;
+        else if (!strcmp(argv[i], "--budget"))
+            rc = cli_float_opt("train", "--budget", v, &o.budget), i++;
+        else if (!strcmp(argv[i], "--model") && v)
+            o.model = v, i++;
+        else if (!strcmp(argv[i], "--data") && v)
+            o.data = v, i++;
+        else if (!strcmp(argv[i], "--partitioner") && v && !strcmp(v, "default"))
+            o.partitioner = AG_PARTITION_DEFAULT, i++;
+        else if (!strcmp(argv[i], "--partitioner") && v && !strcmp(v, "mincut"))
+            o.partitioner = AG_PARTITION_MINCUT, i++;
+        else {
+            fprintf(stderr, "aotgrad train: bad option '%s'\nusage: aotgrad train [--model cnn|gpt2] "
+                            "[--data PATH] [--steps N] [--batch B] [--lr F] [--seed S] "
+                            "[--partitioner default|mincut] [--budget F]\n", argv[i]);
+            return 2;
+        }
+        if (rc)
+            return 2;
+    }
+    if (!strcmp(o.model, "cnn")) {
+        o.batch = o.batch ? o.batch : 128;
+        o.lr = o.lr ? o.lr : 2e-3;
+        ag_manual_seed((uint64_t)o.seed);
+        return train_cnn(&o);
+    }
+    if (!strcmp(o.model, "gpt2")) {
+        o.batch = o.batch ? o.batch : 16;
+        o.lr = o.lr ? o.lr : 3e-3;
+        return train_gpt2(&o);
+    }
+    fprintf(stderr, "aotgrad train: unknown model '%s' (cnn or gpt2)\n", o.model);
+    return 2;
 }

@@ -63,8 +63,8 @@ AG_API void ag_clear_error(void);
 /* ---- allocation ---- */
 
 /* Every allocation of the library (tensor data, tensor structs, autograd nodes, lists) goes
- * through this hook. alloc must return memory aligned to `align` (a power of two, at most 64)
- * or NULL; free accepts NULL. The default uses aligned_alloc/free. Set it before creating any
+ * through this hook. alloc must return memory aligned to `align` (a power of two: 64 for tensor
+ * data and blocks of 256 bytes or more, 16 for smaller bookkeeping) or NULL; free accepts NULL. The default uses aligned_alloc/free. Set it before creating any
  * tensor; tensors must be freed by the hook that allocated them. */
 typedef struct ag_allocator {
     void *(*alloc)(void *ud, size_t size, size_t align);

@@ -48,7 +48,7 @@ AG_API const char *ag_zoo_configs(int i);
  * (free with ag_module_free), inputs[0..*ninputs) are new references owned by the caller (even
  * inside an autorelease scope; free each with ag_tensor_free) and 0 is returned. On failure a
  * negative status, nothing is returned or leaked, and the message names the valid models or
- * configurations. max_inputs must leave room for the model's inputs (2 is always enough). */
+ * configurations. max_inputs must leave room for the model's inputs (at most 2). */
 AG_API int ag_zoo_build(const char *name, const char *config, ag_module **model, ag_tensor **inputs,
                         int max_inputs, int *ninputs);
 

@@ -43,6 +43,11 @@ typedef struct ag_anode {
     int64_t idx;
     int64_t bufoff; /* first slot of this node's output grads in engine.buf */
     struct ag_anode *free_next; /* release worklist */
+    /* A custom node (op == NULL): a compiled function's backward. */
+    const char *custom_name;
+    ag__custom_bw_fn custom_bw;
+    void *custom_ud;
+    void (*custom_free)(void *);
 } ag_anode;
 
 static _Thread_local ag__tls_state tls = {.bw_seq_nr = -1};
@@ -98,6 +103,8 @@ void ag__anode_release(ag_anode *first) {
                 work = c;
             }
         }
+        if (n->custom_free)
+            n->custom_free(n->custom_ud);
         ag__free(n->edges);
         ag__free(n->in_meta);
         ag__free(n->argmem);
@@ -288,8 +295,63 @@ int64_t ag_tensor_seq_nr(const ag_tensor *t) {
     return t && t->grad_fn ? t->grad_fn->seq_nr : -1;
 }
 
+static const char *node_name(const ag_anode *n) { return n->op ? n->op->name : n->custom_name; }
+
 const char *ag_tensor_grad_fn_name(const ag_tensor *t) {
-    return t && t->grad_fn ? t->grad_fn->op->name : NULL;
+    return t && t->grad_fn ? node_name(t->grad_fn) : NULL;
+}
+
+int ag__autograd_custom(const char *name, ag_tensor *const *inputs, int nin, ag_tensor **outs,
+                        int nouts, const bool *out_diff, ag__custom_bw_fn fn, void *ud,
+                        void (*ud_free)(void *)) {
+    bool any = false;
+    for (int i = 0; i < nin; i++)
+        any |= tensor_input_requires_grad(inputs[i]);
+    if (tls.grad_disabled || !any) {
+        if (ud_free)
+            ud_free(ud);
+        return 0;
+    }
+    ag_anode *n = ag__calloc(1, sizeof *n);
+    if (n) {
+        n->edges = ag__calloc((size_t)(nin ? nin : 1), sizeof *n->edges);
+        n->in_meta = ag__calloc((size_t)(nin ? nin : 1), sizeof *n->in_meta);
+    }
+    if (!n || !n->edges || !n->in_meta) {
+        if (n) {
+            ag__free(n->edges);
+            ag__free(n->in_meta);
+        }
+        ag__free(n);
+        if (ud_free)
+            ud_free(ud);
+        return AG_ENOMEM;
+    }
+    n->refcount = 1;
+    n->custom_name = name;
+    n->custom_bw = fn;
+    n->custom_ud = ud;
+    n->custom_free = ud_free;
+    n->ntin = nin;
+    for (int i = 0; i < nin; i++) {
+        edge_of(&n->edges[i], inputs[i]);
+        ag__tmeta_of(inputs[i], &n->in_meta[i]);
+    }
+    n->nout = nouts;
+    n->seq_nr = next_seq_nr++;
+    for (int k = 0; k < nouts; k++) {
+        ag_tensor *o = outs[k];
+        if (!o || !ag_dtype_is_float(o->dtype) || (out_diff && !out_diff[k]))
+            continue;
+        if (o->grad_fn)
+            ag__anode_release(o->grad_fn);
+        n->refcount++;
+        o->grad_fn = n;
+        o->output_nr = k;
+        o->requires_grad = true;
+    }
+    ag__anode_release(n);
+    return 0;
 }
 
 /* ---- the engine ---- */
@@ -433,7 +495,7 @@ static int leaf_deliver(engine *e, ag_tensor *leaf, ag_tensor *g) {
 }
 
 /* Reduces g to the input's shape (ATen's sum_to) and dtype. Returns a new reference. */
-static ag_tensor *fit_grad(const ag_op *op, ag_tensor *g, const ag_tmeta *m) {
+static ag_tensor *fit_grad(const char *opname, ag_tensor *g, const ag_tmeta *m) {
     ag_scope_begin();
     ag_tensor *r = g;
     bool same = g->ndim == m->ndim &&
@@ -454,7 +516,7 @@ static ag_tensor *fit_grad(const ag_op *op, ag_tensor *g, const ag_tmeta *m) {
         if (!ok) {
             char a[128], b[128];
             ag__err(AG_EINVAL, "%s: backward produced a gradient of shape %s for an input of shape %s",
-                    op->name, ag__fmt_sizes(a, sizeof a, g->ndim, g->sizes),
+                    opname, ag__fmt_sizes(a, sizeof a, g->ndim, g->sizes),
                     ag__fmt_sizes(b, sizeof b, m->ndim, m->sizes));
             r = NULL;
         } else {
@@ -472,6 +534,11 @@ static ag_tensor *fit_grad(const ag_op *op, ag_tensor *g, const ag_tmeta *m) {
 }
 
 static int check_saved_versions(ag_anode *n) {
+    if (!n->op)
+        return n->released ? ag__err(AG_ESTATE, "%s: trying to backward through the graph a "
+                                                "second time; pass retain_graph=true",
+                                     n->custom_name)
+                           : 0;
     if (n->released)
         return ag__err(AG_ESTATE,
                        "%s: trying to backward through the graph a second time (or directly "
@@ -526,10 +593,21 @@ static int run_node(engine *e, ag_anode *n) {
     if (rc)
         return rc;
     ag_tensor **gout = &e->buf[n->bufoff];
-    bool needs[AG_MAX_ARGS + 64];
-    ag_tensor *gin[AG_MAX_ARGS + 64];
-    if (n->ntin > (int)(sizeof needs / sizeof needs[0]))
-        return ag__err(AG_ENOTSUP, "%s: too many tensor inputs for backward", n->op->name);
+    /* Small nodes use the stack; a compiled function may have hundreds of inputs. */
+    enum { SMALL = AG_MAX_ARGS + 64 };
+    bool needs_s[SMALL];
+    ag_tensor *gin_s[SMALL], *fitted_s[SMALL];
+    bool *needs = needs_s;
+    ag_tensor **gin = gin_s, **fitted = fitted_s;
+    void *heap = NULL;
+    if (n->ntin > SMALL) {
+        heap = ag__malloc((sizeof(bool) + 2 * sizeof(ag_tensor *)) * (size_t)n->ntin);
+        if (!heap)
+            return AG_ENOMEM;
+        gin = heap;
+        fitted = gin + n->ntin;
+        needs = (bool *)(fitted + n->ntin);
+    }
     bool any = false;
     for (int j = 0; j < n->ntin; j++) {
         const ag_edge *ed = &n->edges[j];
@@ -538,10 +616,12 @@ static int run_node(engine *e, ag_anode *n) {
         any |= needs[j];
         gin[j] = NULL;
     }
-    if (!any)
+    if (!any) {
+        ag__free(heap);
         return 0;
+    }
     ag_bwctx ctx = {
-        .op = n->op->def,
+        .op = n->op ? n->op->def : NULL,
         .args = n->args,
         .nargs = n->nargs,
         .outputs = n->saved_out,
@@ -555,16 +635,16 @@ static int run_node(engine *e, ag_anode *n) {
     tls.bw_seq_nr = n->seq_nr;
     uint64_t errs = ag__err_count();
     ag_scope_begin();
-    rc = n->op->def->backward(&ctx);
+    rc = n->op ? n->op->def->backward(&ctx)
+               : n->custom_bw(n->custom_ud, gout, n->nout, gin, n->ntin, needs);
     /* An op that failed inside the rule leaves a NULL gradient behind; unless the rule itself
      * cleared the error (a probe that fell back to another path), that is a failure. */
     if (rc == 0 && ag__err_count() != errs && ag_last_status() < 0)
         rc = ag_last_status();
-    ag_tensor *fitted[AG_MAX_ARGS + 64];
     for (int j = 0; j < n->ntin; j++) {
         fitted[j] = NULL;
         if (rc == 0 && needs[j] && gin[j]) {
-            fitted[j] = fit_grad(n->op, gin[j], &n->in_meta[j]);
+            fitted[j] = fit_grad(node_name(n), gin[j], &n->in_meta[j]);
             if (!fitted[j])
                 rc = ag_last_status() ? ag_last_status() : AG_EINVAL;
         }
@@ -584,6 +664,7 @@ static int run_node(engine *e, ag_anode *n) {
     }
     for (int j = 0; j < n->ntin; j++)
         ag_tensor_free(fitted[j]);
+    ag__free(heap);
     return rc;
 }
 
@@ -792,7 +873,7 @@ static int run_engine(ag_tensor *const *roots, ag_tensor *const *root_grads, int
         for (int64_t i = 0; i < nn; i++)
             if (e.needed[i]) {
                 release_saved(e.nodes[i]);
-                e.nodes[i]->released = e.nodes[i]->has_saved;
+                e.nodes[i]->released = e.nodes[i]->has_saved || !e.nodes[i]->op;
             }
     for (int i = 0; i < nroots; i++)
         ag_tensor_free(seeds[i]);

@@ -7,6 +7,10 @@
 
 static void *default_alloc(void *ud, size_t size, size_t align) {
     (void)ud;
+    /* malloc already gives 16-byte alignment; glibc's aligned path is much slower, and most
+     * allocations (nodes, names, lists) are small. */
+    if (align <= 16)
+        return malloc(size ? size : 1);
     size_t rounded = (size + align - 1) / align * align;
     return aligned_alloc(align, rounded ? rounded : align);
 }
@@ -28,9 +32,18 @@ void ag_set_allocator(const ag_allocator *a) {
 ag_allocator ag_get_allocator(void) { return cur; }
 
 void *ag__malloc(size_t size) {
-    void *p = cur.alloc(cur.ud, size ? size : 1, AG_ALIGN);
+    /* Bookkeeping blocks of 256 bytes and more are 64-byte aligned; smaller ones (nodes, names,
+     * list cells) only need malloc's 16. Tensor data always gets 64 (ag__malloc_data). */
+    void *p = cur.alloc(cur.ud, size ? size : 1, size >= 256 ? AG_ALIGN : 16);
     if (!p)
         ag__err(AG_ENOMEM, "out of memory allocating %zu bytes", size);
+    return p;
+}
+
+void *ag__malloc_data(size_t size) {
+    void *p = cur.alloc(cur.ud, size ? size : 1, AG_ALIGN);
+    if (!p)
+        ag__err(AG_ENOMEM, "out of memory allocating %zu bytes of tensor data", size);
     return p;
 }
 

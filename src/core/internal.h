@@ -25,7 +25,9 @@ bool ag__has_error(void);
 char *ag__fmt_sizes(char *buf, size_t n, int ndim, const int64_t *sizes);
 
 /* ---- allocation (alloc.c) ---- */
-void *ag__malloc(size_t size); /* 64-byte aligned; NULL + AG_ENOMEM error on failure */
+/* NULL + AG_ENOMEM error on failure. 16-byte aligned below 256 bytes, 64 from there. */
+void *ag__malloc(size_t size);
+void *ag__malloc_data(size_t size); /* tensor data: always 64-byte aligned */
 void *ag__calloc(size_t count, size_t size);
 void ag__free(void *p);
 /* Grows *p (holding `used` elements of `elem` bytes) to at least `need` elements. */
@@ -105,6 +107,17 @@ bool ag__autograd_wanted(const ag_op *op, const ag_arg *args, int nargs);
 int ag__autograd_check_inplace(const ag_op *op, const ag_arg *args, int nargs);
 int ag__autograd_record(const ag_op *op, const ag_arg *args, int nargs, ag_tensor **outs,
                         int nouts, ag_tensor *orig_self);
+/* A custom autograd node (a compiled function): its backward receives the output grads
+ * (entries may be NULL) and stores new references / scope results in grad_inputs for the
+ * inputs with needs[j]. It runs inside a scope, like a backward rule. */
+typedef int (*ag__custom_bw_fn)(void *ud, ag_tensor *const *grad_outputs, int nout,
+                                ag_tensor **grad_inputs, int nin, const bool *needs);
+/* Attaches outs to a new node whose inputs are `inputs` (edges to their history); out_diff
+ * (may be NULL) says which outputs carry gradients. The node owns ud (ud_free at release; also
+ * called when no node is made because nothing requires grad). */
+int ag__autograd_custom(const char *name, ag_tensor *const *inputs, int nin, ag_tensor **outs,
+                        int nouts, const bool *out_diff, ag__custom_bw_fn fn, void *ud,
+                        void (*ud_free)(void *));
 /* seq_nr of the most recently created autograd node (-1 before any): what a forward node
  * traced now is tagged with, as PyTorch's _get_sequence_nr() - 1. */
 int64_t ag__autograd_current_seq(void);

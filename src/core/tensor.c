@@ -81,7 +81,7 @@ static ag_storage *storage_new(size_t nbytes, bool meta) {
     s->version = 0;
     s->data = NULL;
     if (!meta) {
-        s->data = ag__malloc(nbytes);
+        s->data = ag__malloc_data(nbytes);
         if (!s->data) {
             ag__free(s);
             return NULL;

@@ -127,8 +127,9 @@ static int output_list(const char *who, const ag_node *out, ag_node *const **out
 static const ag_desc *ph_desc(const char *who, const ag_node *n) {
     const ag_desc *d = ag_node_desc(n);
     if (!d)
-        ag__err(AG_EINVAL, "%s: placeholder %s has no descriptor (is this a joint graph from "
-                           "ag_export_joint?)",
+        ag__err(AG_EINVAL,
+                "%s: placeholder %s has no descriptor (is this a joint graph from "
+                "ag_export_joint?)",
                 who, ag_node_name(n));
     return d;
 }
@@ -206,8 +207,7 @@ static ag_fx_pairs *input_and_grad(const char *who, const ag_graph *g) {
                     ag__err(AG_EINVAL,
                             "%s: %s has two gradients: %s and output %d (%s); a joint graph has "
                             "one GradAOTOutput per input",
-                            who, drepr(of, b1, sizeof b1), nname(p->second[j]), i,
-                            nname(outs[i]));
+                            who, drepr(of, b1, sizeof b1), nname(p->second[j]), i, nname(outs[i]));
                     goto fail;
                 }
                 p->second[j] = outs[i];
@@ -269,8 +269,9 @@ static ag_fx_pairs *output_and_tangent(const char *who, const ag_graph *g) {
         const ag_desc *of = ag_desc_nested(d);
         int j = ag_fx_pairs_find(p, of);
         if (j < 0) {
-            ag__err(AG_EINVAL, "%s: placeholder %s is the tangent of %s, but no output has that "
-                               "descriptor",
+            ag__err(AG_EINVAL,
+                    "%s: placeholder %s is the tangent of %s, but no output has that "
+                    "descriptor",
                     who, ag_node_name(n), drepr(of, b1, sizeof b1));
             goto fail;
         }
@@ -424,8 +425,7 @@ ag_node *ag_fx_named_get(const ag_fx_named *m, const char *fqn) {
     return at ? m->nodes[at - 1] : NULL;
 }
 
-static int nodes_of(const char *who, const ag_graph *g, ag_desc_kind kind, ag_node **out,
-                    int max) {
+static int nodes_of(const char *who, const ag_graph *g, ag_desc_kind kind, ag_node **out, int max) {
     if (max < 0 || (max > 0 && !out))
         return ag__err(AG_EINVAL, "%s: bad output array (max %d%s)", who, max,
                        out ? "" : ", out NULL");

@@ -297,6 +297,8 @@ static void link_at_insert_point(ag_graph *g, ag_node *n) {
 }
 
 static void unlink_node(ag_graph *g, ag_node *n) {
+    if (n->kind == AG_NODE_PLACEHOLDER)
+        g->last_ph = NULL;
     if (n->prev)
         n->prev->next = n->next;
     else
@@ -373,8 +375,9 @@ static ag_node *node_commit(ag_graph *g, ag_node *n, bool at_placeholders) {
         return NULL;
     }
     if (at_placeholders) {
-        /* After the last placeholder (before the first other node). */
-        ag_node *pos = g->first;
+        /* After the last placeholder (before the first other node); remembered, so adding N
+         * placeholders costs O(N), not O(N^2). */
+        ag_node *pos = g->last_ph ? g->last_ph->next : g->first;
         while (pos && pos->kind == AG_NODE_PLACEHOLDER)
             pos = pos->next;
         int saved = g->explicit_insert;
@@ -385,6 +388,7 @@ static ag_node *node_commit(ag_graph *g, ag_node *n, bool at_placeholders) {
         g->explicit_insert = saved;
         g->insert_before = sb;
         g->insert_after = sa;
+        g->last_ph = n;
     } else {
         link_at_insert_point(g, n);
     }

@@ -57,6 +57,7 @@ struct ag_graph {
     bool order_dirty;
     ag_node **ph_cache;
     int64_t ph_cap;
+    ag_node *last_ph; /* the last placeholder, or NULL when unknown (recomputed on demand) */
 };
 
 /* Deep copy / free of an argument value (lists and strings). */
@@ -84,6 +85,9 @@ bool ag__tracer_bound(ag__tracer *T, const ag_tensor *t);
 ag_node *ag__tracer_node_of(ag__tracer *T, ag_tensor *t);
 /* infer.c: runs the op's meta function on argument nodes' vals. */
 int ag__infer_meta(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *vals, int *nvals);
+/* infer.c: the op table's cost estimate (ag_op_cost) of a call node from its arguments' vals;
+ * zero for other nodes. Used by the partitioner's runtime model. */
+int ag__node_cost(const ag_node *n, ag_cost *c);
 /* True when args[i] equals the schema default of the op's argument i. */
 bool ag__garg_is_default(const ag_op *op, int i, const ag_garg *a);
 

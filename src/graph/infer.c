@@ -102,6 +102,22 @@ int ag__infer_meta(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *va
     return rc;
 }
 
+int ag__node_cost(const ag_node *n, ag_cost *c) {
+    c->flops = c->bytes = 0;
+    if (n->kind != AG_NODE_CALL)
+        return 0;
+    shells *sh = ag__malloc(sizeof *sh);
+    if (!sh)
+        return AG_ENOMEM;
+    sh->used = 0;
+    ag_arg a[AG_MAX_ARGS];
+    int rc = to_args(n->op, n->args, n->nargs, a, sh);
+    if (rc == 0)
+        rc = ag_op_cost(n->op, a, n->nargs, c);
+    ag__free(sh);
+    return rc;
+}
+
 static bool float_eq(double a, double b) { return a == b || (isnan(a) && isnan(b)); }
 
 bool ag__garg_is_default(const ag_op *op, int i, const ag_garg *g) {

@@ -381,7 +381,7 @@ static int parse_number(cur *c, bool *is_float, int64_t *iv, double *f, bool sin
 static int parse_int(cur *c, int64_t *v, const char *what) {
     skip_ws(c);
     const char *at = c->p;
-    bool flt;
+    bool flt = false;
     double f;
     int rc = parse_number(c, &flt, v, &f, false);
     if (rc)
@@ -480,6 +480,29 @@ static int parse_val(cur *c, ag_tmeta *m) {
     return 0;
 }
 
+/* Why a VAL an op inferred could not be written back in the text (the bounds parse_val
+ * enforces), or NULL. Meta functions should refuse such shapes themselves; this keeps every
+ * accepted text a fixed point of print(parse(...)) even where one does not. */
+static const char *val_out_of_range(const ag_tmeta *m) {
+    if (m->ndim < 0 || m->ndim > AG_MAX_DIMS)
+        return "a bad number of dimensions";
+    int64_t numel = 1, extent = m->offset;
+    if (m->offset < 0 || m->offset > MAX_EXTENT)
+        return "an offset out of range";
+    for (int i = 0; i < m->ndim; i++) {
+        if (m->sizes[i] < 0 || m->sizes[i] > MAX_EXTENT)
+            return "a size out of range";
+        if (m->strides[i] < 0 || m->strides[i] > MAX_EXTENT)
+            return "a stride out of range";
+        if (__builtin_mul_overflow(numel, m->sizes[i] > 1 ? m->sizes[i] : 1, &numel) ||
+            numel > MAX_EXTENT)
+            return "more than 2^52 elements";
+        if (m->sizes[i] > 0 && !checked_madd(&extent, m->sizes[i] - 1, m->strides[i]))
+            return "a span of more than 2^52 elements";
+    }
+    return NULL;
+}
+
 /* A node's VALs: VAL, or a tuple "(VAL, ...)" / "()" / "(VAL,)". */
 static int parse_vals(cur *c, ag_tmeta *vals, int *n) {
     *n = 0;
@@ -567,12 +590,14 @@ static int parse_mval(cur *c, ag_mval *v) {
     }
     if ((*c->p >= '0' && *c->p <= '9') || *c->p == '-' || !strncmp(c->p, "inf", 3) ||
         !strncmp(c->p, "nan", 3)) {
-        bool flt;
+        bool flt = false;
         int64_t i = 0;
         double f = 0;
         int rc = parse_number(c, &flt, &i, &f, false);
+        if (rc)
+            return rc;
         *v = flt ? (ag_mval){.kind = AG_MV_FLOAT, .u.f = f} : (ag_mval){.kind = AG_MV_INT, .u.i = i};
-        return rc;
+        return 0;
     }
     return expected(c, "a value (None, True, False, a number or a string)");
 }
@@ -818,7 +843,7 @@ static int parse_arg(cur *c, ag_type ty, ag_garg *out) {
     }
     if ((ch >= '0' && ch <= '9') || ch == '-' || !strncmp(c->p, "inf", 3) ||
         !strncmp(c->p, "nan", 3)) {
-        bool flt;
+        bool flt = false;
         int64_t i = 0;
         double f = 0;
         if ((rc = parse_number(c, &flt, &i, &f, false)))
@@ -972,7 +997,7 @@ static int const_value(cur *c, ag_dtype dt, char *dst) {
             return (*dst = 0, 0);
         return expected(c, "True or False");
     }
-    bool flt;
+    bool flt = false;
     int64_t i = 0;
     double f = 0;
     int rc = parse_number(c, &flt, &i, &f, dt == AG_F32);
@@ -1225,6 +1250,12 @@ static int call_line(cur *c, const char *start, const char *name) {
     }
     if (!n)
         return api_err(c, start, name);
+    for (int i = 0; i < ag_node_num_vals(n); i++) {
+        const char *why = val_out_of_range(ag_node_val(n, i));
+        if (why)
+            return perr(c, start, "%%%s: the inferred VAL %s has %s", name,
+                        vals_str(P, ag_node_val(n, i), 1, false), why);
+    }
     P->last = n;
     if (!accept(c, '#')) {
         skip_ws(c);
@@ -1433,7 +1464,7 @@ static int parse_lines(parser *P) {
                 return rc;
             continue;
         }
-        if (!strncmp(s, "constant", 8) && (s[8] == ' ' || s[8] == '\t')) {
+        if (!strncmp(s, "constant", 8) && !ident_char(s[8])) {
             c.p = s + 8; /* a constant line whose name could not be read */
             skip_ws(&c);
             char *name;

@@ -290,25 +290,27 @@ typedef struct zoo_entry {
     ag_module *(*build)(int *rc); /* models without configurations */
     ag_module *(*build_cfg)(const char *config, int *rc);
     inputs_fn inputs;
+    int ninputs;
 } zoo_entry;
 
 static const zoo_entry zoo[] = {
-    {"linear", "Linear(3, 2) as attribute `linear`; x [4, 3]", NULL, 0, build_linear, NULL, x_4x3},
+    {"linear", "Linear(3, 2) as attribute `linear`; x [4, 3]", NULL, 0, build_linear, NULL, x_4x3,
+     1},
     {"multi_output", "linear1 = Linear(3, 2), linear2 = Linear(3, 4), returns both; x [4, 3]", NULL,
-     0, build_multi_output, NULL, x_4x3},
+     0, build_multi_output, NULL, x_4x3, 1},
     {"kwargs", "linear(x) * scale, Linear(3, 2); x [4, 3], scale (the kwarg) a 0-dim tensor", NULL,
-     0, build_kwargs, NULL, kwargs_inputs},
+     0, build_kwargs, NULL, kwargs_inputs, 2},
     {"convbn", "Conv2d(1, 3, 3, padding=1) + BatchNorm2d(3) + relu, training; x [2, 1, 4, 4]", NULL,
-     0, build_convbn, NULL, convbn_inputs},
+     0, build_convbn, NULL, convbn_inputs, 1},
     {"grad_acc", "linear(x) - linear2(x), both Linear(3, 2); x [4, 3] requires grad", NULL, 0,
-     build_grad_acc, NULL, grad_acc_inputs},
-    {"mlp", "MLP 784-256-128-10 with ReLU; x [32, 784]", NULL, 0, build_mlp, NULL, mlp_inputs},
+     build_grad_acc, NULL, grad_acc_inputs, 1},
+    {"mlp", "MLP 784-256-128-10 with ReLU; x [32, 784]", NULL, 0, build_mlp, NULL, mlp_inputs, 1},
     {"cnn",
      "Fashion-MNIST CNN: 2x (Conv2d-BatchNorm2d-ReLU-MaxPool2d), Linear(3136, 128), "
      "Linear(128, 10), training; x [8, 1, 28, 28]",
-     NULL, 0, build_cnn, NULL, cnn_inputs},
+     NULL, 0, build_cnn, NULL, cnn_inputs, 1},
     {"gpt2", "GPT-2 as nanoGPT: tiny (2 layers, 64 wide) by default, gpt2-small 124M; idx [2, 16]",
-     gpt2_configs, 2, NULL, build_gpt2, gpt2_inputs},
+     gpt2_configs, 2, NULL, build_gpt2, gpt2_inputs, 1},
 };
 enum { NZOO = (int)(sizeof zoo / sizeof zoo[0]) };
 
@@ -383,8 +385,9 @@ int ag_zoo_build(const char *name, const char *config, ag_module **model, ag_ten
     int rc = check_config(e, config);
     if (rc)
         return rc;
-    if (max_inputs < 2)
-        return ag__err(AG_EINVAL, "zoo: room for %d inputs, %s needs up to 2", max_inputs, name);
+    if (max_inputs < e->ninputs)
+        return ag__err(AG_EINVAL, "zoo: model '%s' takes %d input%s, room for %d", name, e->ninputs,
+                       e->ninputs == 1 ? "" : "s", max_inputs);
 
     ag_manual_seed(0);
     ag_module *m = e->build ? e->build(&rc) : e->build_cfg(config, &rc);
@@ -394,7 +397,7 @@ int ag_zoo_build(const char *name, const char *config, ag_module **model, ag_ten
     }
     /* The inputs are made in a scope of our own and kept, so the caller owns them whether or
      * not it has a scope open. */
-    ag_tensor *in[2] = {NULL, NULL};
+    ag_tensor *in[2] = {NULL, NULL}; /* e->ninputs of them */
     ag_scope_begin();
     int n = e->inputs(config, in);
     for (int i = 0; i < n; i++)

@@ -129,6 +129,8 @@ struct ag__tracer {
     tracer *prev_active;
     ag__trace_hook_fn prev_hook;
     bool prev_meta;
+    site prev_site; /* the thread's call site before the session (restored at the end) */
+    int prev_nframes;
 };
 
 static _Thread_local tracer *active;
@@ -149,14 +151,25 @@ static const src_file *load_source(tracer *T, const char *path) {
     fseek(fp, 0, SEEK_END);
     long n = ftell(fp);
     fseek(fp, 0, SEEK_SET);
-    if (n > 0 && n < (16l << 20) && (f->text = ag__malloc((size_t)n + 1))) {
+    if (n > 0 && n < (16l << 20) && !(f->text = ag__malloc((size_t)n + 1))) {
+        fclose(fp);
+        T->nfiles--; /* not cached: a later call retries */
+        return NULL;
+    }
+    if (f->text) {
         size_t got = fread(f->text, 1, (size_t)n, fp);
         f->text[got] = 0;
         int cnt = 1;
         for (size_t i = 0; i < got; i++)
             cnt += f->text[i] == '\n';
         f->lines = ag__malloc(sizeof(char *) * (size_t)cnt);
-        if (f->lines) {
+        if (!f->lines) {
+            ag__free(f->text);
+            fclose(fp);
+            T->nfiles--;
+            return NULL;
+        }
+        {
             char *p = f->text;
             f->lines[f->nlines++] = p;
             for (; *p; p++)
@@ -171,12 +184,15 @@ static const src_file *load_source(tracer *T, const char *path) {
     return f;
 }
 
-static size_t fmt_frame(tracer *T, const site *s, char *buf, size_t n) {
+/* Formats one frame; *failed is set when the source cache could not grow (out of memory). */
+static size_t fmt_frame(tracer *T, const site *s, char *buf, size_t n, bool *failed) {
     if (!s->file)
         return 0;
     size_t k = (size_t)snprintf(buf, n, "  File \"%s\", line %d, in %s\n", s->file, s->line,
                                 s->func ? s->func : "?");
     const src_file *f = load_source(T, s->file);
+    if (!f)
+        *failed = true;
     if (f && s->line >= 1 && s->line <= f->nlines && k < n) {
         const char *l = f->lines[s->line - 1];
         while (*l == ' ' || *l == '\t')
@@ -186,27 +202,33 @@ static size_t fmt_frame(tracer *T, const site *s, char *buf, size_t n) {
     return k < n ? k : n;
 }
 
-/* The current stack as text (cached until a site changes). */
+/* The current stack as text (cached until a site changes); NULL with an error set when out of
+ * memory, NULL without one when there is no site at all. */
 static const char *stack_string(tracer *T) {
     if (T->trace_str && T->trace_gen == site_gen)
         return T->trace_str;
     char buf[8192];
     size_t k = 0;
+    bool failed = false;
     int nf = nframes < MAX_FRAMES ? nframes : MAX_FRAMES;
     for (int i = 0; i < nf && k < sizeof buf; i++) {
         if (i > 0 && frames[i].file == frames[i - 1].file && frames[i].line == frames[i - 1].line)
             continue;
-        k += fmt_frame(T, &frames[i], buf + k, sizeof buf - k);
+        k += fmt_frame(T, &frames[i], buf + k, sizeof buf - k, &failed);
     }
     bool same_as_top = nf > 0 && frames[nf - 1].file == cur_site.file &&
                        frames[nf - 1].line == cur_site.line;
     if (!same_as_top && k < sizeof buf)
-        k += fmt_frame(T, &cur_site, buf + k, sizeof buf - k);
+        k += fmt_frame(T, &cur_site, buf + k, sizeof buf - k, &failed);
     if (k > 0 && buf[k - 1] == '\n')
         buf[k - 1] = 0;
     ag__free(T->trace_str);
+    T->trace_str = NULL;
+    if (failed)
+        return NULL;
     T->trace_str = k ? ag__strdup(buf) : NULL;
-    T->trace_gen = site_gen;
+    if (T->trace_str)
+        T->trace_gen = site_gen;
     return T->trace_str;
 }
 
@@ -248,9 +270,12 @@ static int set_node_meta(tracer *T, ag_node *n) {
     for (int i = 0; i < na && !rc; i++)
         rc = ag_node_custom_set(n, anns[i].key, anns[i].v);
     if (!rc && !T->opts.no_stack_traces) {
+        uint64_t errs = ag__err_count();
         const char *st = stack_string(T);
         if (st)
             rc = ag_node_set_stack_trace(n, st);
+        else if (ag__err_count() != errs)
+            rc = ag_last_status();
     }
     return rc;
 }
@@ -382,6 +407,15 @@ static void tracer_free(tracer *T) {
 
 /* Makes T the thread's active tracer: meta mode on, the dispatcher's hook pointing here. */
 static void tracer_activate(tracer *T) {
+    /* A session starts from a clean call stack: the site left behind by the last op the user
+     * called before tracing (building inputs, say) is not a frame of the traced code. The
+     * replace-node sessions of passes keep the thread's state untouched. */
+    T->prev_site = cur_site;
+    T->prev_nframes = nframes;
+    if (!T->bare) {
+        cur_site = (site){0};
+        site_gen++;
+    }
     T->prev_active = active;
     T->prev_hook = ag__trace_hook;
     T->prev_meta = ag_set_meta_mode(true);
@@ -390,6 +424,9 @@ static void tracer_activate(tracer *T) {
 }
 
 static void tracer_deactivate(tracer *T) {
+    cur_site = T->prev_site;
+    nframes = T->prev_nframes;
+    site_gen++;
     active = T->prev_active;
     ag__trace_hook = T->prev_hook;
     ag_set_meta_mode(T->prev_meta);

@@ -1,0 +1,116 @@
+/* Compiling a joint graph back into a differentiable callable: partitioners (default and
+ * min-cut rematerialization under a memory budget), the memory-planned executor, and
+ * ag_compile_joint (the counterpart of aot_compile_joint_with_descriptors).
+ *
+ * Partitioning splits the joint graph (primals, tangents) -> (fw outputs..., grads...) into
+ *   forward:  (primals...) -> (fw outputs..., saved...)   saved outputs carry
+ *             SavedForBackwardsAOTOutput(i); the other outputs keep the joint's descriptors;
+ *   backward: (saved..., tangents...) -> (grads...)        tangent and grad descriptors kept,
+ *             nodes in the order the autograd engine would run them.
+ * Both graphs verify. */
+#ifndef AOTGRAD_COMPILE_H
+#define AOTGRAD_COMPILE_H
+
+#include "core.h"
+#include "export.h"
+#include "graph.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- partitioners ---- */
+
+typedef enum ag_partitioner {
+    AG_PARTITION_DEFAULT = 0, /* upstream's default_partition: save what the backward uses */
+    AG_PARTITION_MINCUT,      /* min_cut_rematerialization_partition */
+} ag_partitioner;
+
+typedef enum ag_knapsack {
+    AG_KNAPSACK_GREEDY = 0,
+    AG_KNAPSACK_DP,
+    AG_KNAPSACK_ILP, /* GLPK */
+} ag_knapsack;
+
+typedef struct ag_partition_opts {
+    ag_partitioner partitioner;
+    /* activation_memory_budget in [0, 1]: 0 saves only inputs, 1 the runtime-optimal cut.
+     * Values outside [0, 1] are an error. */
+    double memory_budget;
+    ag_knapsack solver;
+} ag_partition_opts;
+
+typedef struct ag_partition_stats {
+    int saved_tensors;
+    int64_t saved_bytes;
+    int recomputed_nodes;
+    double recomputed_flops;
+} ag_partition_stats;
+
+/* Partitions a joint graph whose first num_fwd_outputs outputs are forward outputs. On success
+ * *fw and *bw are new graphs (caller frees). opts NULL: the default partitioner. */
+AG_API int ag_partition(const ag_graph *joint, int num_fwd_outputs, const ag_partition_opts *opts,
+                        ag_graph **fw, ag_graph **bw, ag_partition_stats *stats);
+
+/* Tags every call node between `first` and `last` (inclusive, graph order) with a recompute
+ * policy, like activation checkpointing a region (e.g. one GPT-2 block). */
+AG_API int ag_tag_region_recompute(ag_graph *g, ag_node *first, ag_node *last, ag_recompute policy);
+
+/* ---- the executor ---- */
+
+/* A graph compiled for repeated execution on CPU kernels: values laid out by a static memory
+ * plan (one arena, an offset allocator that reuses memory as values die, in-place reuse for
+ * pointwise ops where safe). The first run allocates the arena; later runs allocate nothing
+ * for intermediates. */
+typedef struct ag_plan ag_plan;
+
+typedef struct ag_plan_opts {
+    bool checking;      /* poison freed regions and check that live buffers never overlap */
+    bool no_inplace;    /* disable in-place reuse */
+    /* outputs whose memory must stay valid after the run (saved tensors, user outputs) are
+     * always given their own storage */
+} ag_plan_opts;
+
+AG_API ag_plan *ag_plan_new(const ag_graph *g, const ag_plan_opts *opts);
+AG_API void ag_plan_free(ag_plan *p);
+/* Runs the plan: inputs bind the placeholders in order; outputs (new references, NULL for
+ * None) are stored in outs. Returns the output count or a negative status naming the node. */
+AG_API int ag_plan_run(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor **outs,
+                       int max_out);
+/* Bytes of the arena (planned peak of intermediates) and of outputs. */
+AG_API int64_t ag_plan_peak_bytes(const ag_plan *p);
+AG_API int64_t ag_plan_output_bytes(const ag_plan *p);
+
+/* ---- compiling a joint ---- */
+
+typedef struct ag_compile_opts {
+    ag_partition_opts partition;
+    ag_plan_opts plan;
+    bool interpret; /* run the partitioned graphs with the interpreter instead of plans */
+} ag_compile_opts;
+
+/* A differentiable callable made from a joint. */
+typedef struct ag_compiled ag_compiled;
+
+AG_API ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts);
+AG_API void ag_compiled_free(ag_compiled *c);
+/* Calls it on the flat inputs (params, buffers, user args and kwargs, as in the joint's
+ * in_spec). Outputs are eager tensors attached to the autograd graph through one node:
+ * ag_backward on a loss computed from them runs the compiled backward and accumulates into
+ * each parameter's .grad as the eager model would. Input mutations (BatchNorm running stats)
+ * are written back into the given tensors. Returns the number of user outputs. */
+AG_API int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs,
+                            ag_tensor **outs, int max_out);
+/* Calls it on a module: gathers its parameters and buffers (named_parameters order, duplicates
+ * kept, as the export did) and appends the args. */
+AG_API int ag_compiled_call_module(ag_compiled *c, ag_module *m, ag_tensor *const *args,
+                                   int nargs, ag_tensor **outs, int max_out);
+AG_API const ag_graph *ag_compiled_forward_graph(const ag_compiled *c);
+AG_API const ag_graph *ag_compiled_backward_graph(const ag_compiled *c);
+AG_API const ag_partition_stats *ag_compiled_stats(const ag_compiled *c);
+AG_API int64_t ag_compiled_peak_bytes(const ag_compiled *c, bool backward);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

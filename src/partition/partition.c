@@ -1,0 +1,1012 @@
+/* Partitioning a joint graph into a forward and a backward graph (upstream's
+ * torch/_functorch/partitioners.py; spec section 7).
+ *
+ * In: a joint graph (primals..., tangents...) -> (forward outputs..., grads...) whose first
+ * num_fwd_outputs outputs are the forward's. Out: two new graphs,
+ *   forward:  (primals...) -> (forward outputs..., saved...), the saved outputs described by
+ *             SavedForBackwardsAOTOutput(i), the others keeping the joint's descriptors;
+ *   backward: (saved..., tangents...) -> (grads...), tangent and grad descriptors kept, its
+ *             nodes in the order the autograd engine would run them.
+ *
+ * This file holds what both partitioners share: the classification of joint nodes (primals,
+ * tangents, required forward / backward nodes, dist_from_bw), the extraction of each side for a
+ * saved set (_extract_graph_with_inputs_outputs and _extract_fwd_bwd_modules, computed first on
+ * node indices as a "plan" so the budget search can score many saved sets cheaply, then
+ * materialized as graphs), the reordering of the backward (reordering_to_mimic_autograd_engine),
+ * the peak-memory model, upstream's default_partition, the public ag_partition and
+ * ag_tag_region_recompute. The min-cut choice of the saved set lives in mincut.c. */
+#include "partition_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ---- small helpers ---- */
+
+static int idx_of(const ag_node *n) { return ag_node_index(n); }
+
+static int cmp_int(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* Appends v to a growable int array. */
+static int push_int(int **v, int *n, int64_t *cap, int x) {
+    if (ag__grow((void **)v, cap, *n + 1, sizeof **v))
+        return AG_ENOMEM;
+    (*v)[(*n)++] = x;
+    return 0;
+}
+
+static int64_t tmeta_bytes(const ag_tmeta *m) {
+    return ag__numel(m->ndim, m->sizes) * (int64_t)ag_dtype_size(m->dtype);
+}
+
+/* ---- classification ---- */
+
+void ag__part_free(ag__part *P) {
+    if (P->info)
+        for (int i = 0; i < P->nn; i++) {
+            ag__free(P->info[i].args);
+            ag__free(P->info[i].users);
+        }
+    ag__free(P->info);
+    ag__free(P->outs);
+    ag__free(P->primals);
+    ag__free(P->tangents);
+    ag_graph_free(P->g);
+    memset(P, 0, sizeof *P);
+}
+
+/* Distinct argument nodes of n, as indices. */
+static int collect_args(ag__pinfo *pi, const ag_node *n) {
+    int cnt = 0;
+    int64_t cap = 0;
+    for (int a = 0; a < ag_node_nargs(n); a++) {
+        const ag_garg *g = ag_node_arg(n, a);
+        int k = g->kind == AG_GA_NODE ? 1 : g->kind == AG_GA_NODES ? g->n : 0;
+        for (int e = 0; e < k; e++) {
+            const ag_node *m = g->kind == AG_GA_NODE ? g->u.node : g->u.nodes[e];
+            if (!m)
+                continue;
+            int x = idx_of(m);
+            bool dup = false;
+            for (int j = 0; j < cnt && !dup; j++)
+                dup = pi->args[j] == x;
+            if (!dup && push_int(&pi->args, &cnt, &cap, x))
+                return AG_ENOMEM;
+        }
+    }
+    pi->nargs = cnt;
+    return 0;
+}
+
+/* upstream's cleanup_recompute_tags: when two checkpointed regions touch with no operator in
+ * between, the value at the boundary is still stashed: a must-recompute node read by a
+ * must-recompute node of a later region (a larger ac_graph_id) becomes MUST_SAVE. */
+static int cleanup_recompute_tags(ag_graph *g) {
+    for (ag_node *n = ag_graph_first(g); n; n = ag_node_next(n)) {
+        ag_recompute r = ag_node_recompute(n);
+        if (r != AG_MUST_RECOMPUTE && r != AG_PREFER_RECOMPUTE)
+            continue;
+        ag_mval id = ag_node_meta_get(n, "ac_graph_id");
+        for (int u = 0; u < ag_node_num_users(n); u++) {
+            ag_node *user = ag_node_user(n, u);
+            ag_recompute ru = ag_node_recompute(user);
+            ag_mval uid = ag_node_meta_get(user, "ac_graph_id");
+            if ((ru == AG_MUST_RECOMPUTE || ru == AG_PREFER_RECOMPUTE) && id.kind == AG_MV_INT &&
+                uid.kind == AG_MV_INT && uid.u.i > id.u.i) {
+                int rc = ag_node_set_recompute(n, AG_MUST_SAVE);
+                if (rc)
+                    return rc;
+                break;
+            }
+        }
+    }
+    return 0;
+}
+
+/* Marks valid[i] for the nodes a side can compute from its inputs (upstream's InvalidNode
+ * propagation in _extract_graph_with_inputs_outputs) and needed[i] for those its outputs (and
+ * its effectful nodes) read, inputs included. Errors when an output is invalid. */
+static int side_nodes(const ag__part *P, const bool *is_input, bool backward, const int *outs,
+                      int nouts, bool *valid, bool *needed) {
+    for (int i = 0; i < P->nn; i++) {
+        const ag__pinfo *pi = &P->info[i];
+        needed[i] = false;
+        if (is_input[i]) {
+            valid[i] = true;
+            continue;
+        }
+        valid[i] = false;
+        if ((pi->must_bw && !backward) || (pi->must_fw && backward))
+            continue;
+        switch (pi->kind) {
+        case AG_NODE_GET_ATTR:
+            valid[i] = true;
+            break;
+        case AG_NODE_CALL:
+        case AG_NODE_GETITEM:
+            valid[i] = true;
+            for (int a = 0; a < pi->nargs && valid[i]; a++)
+                valid[i] = valid[pi->args[a]];
+            break;
+        default:
+            break;
+        }
+    }
+    for (int k = 0; k < nouts; k++) {
+        if (outs[k] < 0)
+            continue;
+        if (!valid[outs[k]])
+            return ag__err(AG_EINVAL, "partition: node %s was invalid, but is an output of the %s "
+                                      "graph", ag_node_name(P->info[outs[k]].node),
+                           backward ? "backward" : "forward");
+        needed[outs[k]] = true;
+    }
+    for (int i = P->nn - 1; i >= 0; i--) {
+        const ag__pinfo *pi = &P->info[i];
+        if (pi->effectful && valid[i] && !is_input[i])
+            needed[i] = true;
+        if (needed[i] && !is_input[i])
+            for (int a = 0; a < pi->nargs; a++)
+                needed[pi->args[a]] = true;
+    }
+    return 0;
+}
+
+static bool is_body_kind(ag_node_kind k) {
+    return k == AG_NODE_CALL || k == AG_NODE_GETITEM || k == AG_NODE_GET_ATTR;
+}
+
+int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
+    memset(P, 0, sizeof *P);
+    P->meta_budget = -1;
+    if (!joint)
+        return ag__err(AG_EINVAL, "partition: NULL joint graph");
+    if (!ag_graph_output_node(joint))
+        return ag__err(AG_EINVAL, "partition: the joint graph has no output node");
+    int rc = ag_graph_verify(joint);
+    if (rc)
+        return rc;
+    int nouts = ag_node_arg(ag_graph_output_node(joint), 0)->n;
+    if (num_fwd_outputs < 0 || num_fwd_outputs > nouts)
+        return ag__err(AG_EINVAL, "partition: num_fwd_outputs %d is outside [0, %d]",
+                       num_fwd_outputs, nouts);
+    P->g = ag_graph_copy(joint);
+    if (!P->g)
+        return ag_last_status() ? ag_last_status() : AG_ENOMEM;
+    /* upstream: DCE first, then clean the recompute tags of touching regions. */
+    if ((rc = ag_graph_dce(P->g)) < 0 || (rc = cleanup_recompute_tags(P->g)) < 0)
+        goto fail;
+    P->nn = ag_graph_num_nodes(P->g);
+    P->num_fwd_outputs = num_fwd_outputs;
+    P->nouts = nouts;
+    P->info = ag__calloc((size_t)P->nn, sizeof *P->info);
+    P->outs = ag__malloc(sizeof(int) * (size_t)(nouts ? nouts : 1));
+    P->primals = ag__malloc(sizeof(int) * (size_t)P->nn);
+    P->tangents = ag__malloc(sizeof(int) * (size_t)P->nn);
+    rc = AG_ENOMEM;
+    if (!P->info || !P->outs || !P->primals || !P->tangents)
+        goto fail;
+
+    /* Per-node facts. */
+    int i = 0;
+    for (ag_node *n = ag_graph_first(P->g); n; n = ag_node_next(n), i++) {
+        ag__pinfo *pi = &P->info[i];
+        pi->node = n;
+        pi->kind = ag_node_kind_of(n);
+        pi->fw_order = -1;
+        pi->root = i;
+        if ((rc = collect_args(pi, n)))
+            goto fail;
+        const char *tag = ag_node_partitioner_tag(n);
+        pi->must_fw = tag && !strcmp(tag, "must_be_in_forward");
+        pi->must_bw = tag && !strcmp(tag, "must_be_in_backward");
+        pi->policy = ag_node_recompute(n);
+        if (pi->policy == AG_MUST_RECOMPUTE || pi->policy == AG_PREFER_RECOMPUTE)
+            P->has_recompute_tags = true;
+        ag_mval mb = ag_node_meta_get(n, "memory_budget");
+        if (mb.kind == AG_MV_FLOAT && P->meta_budget < 0)
+            P->meta_budget = mb.u.f;
+        if (pi->kind == AG_NODE_PLACEHOLDER) {
+            pi->tangent = strstr(ag_node_name(n), "tangents") != NULL;
+            pi->primal = !pi->tangent;
+            if (pi->primal)
+                P->primals[P->nprimals++] = i;
+            else
+                P->tangents[P->ntangents++] = i;
+            const ag_desc *d = ag_node_desc(n);
+            pi->static_input = pi->primal && d &&
+                               (ag_desc_kind_of(d) == AG_DESC_PARAM ||
+                                ag_desc_kind_of(d) == AG_DESC_BUFFER);
+            pi->external = true;
+        } else if (pi->kind == AG_NODE_GET_ATTR) {
+            pi->external = true;
+        } else if (pi->kind == AG_NODE_OUTPUT) {
+            P->out = i;
+        }
+        if (pi->kind == AG_NODE_CALL) {
+            const ag_op *op = ag_node_op(n);
+            pi->opflags = ag_op_def(op)->flags;
+            pi->tuple = ag_op_noutputs(op) != 1;
+            pi->effectful = (pi->opflags & (AG_OP_EFFECTFUL | AG_OP_INPLACE)) != 0;
+            ag__op_classes(op, &pi->recomputable, &pi->random, &pi->compute_intensive,
+                           &pi->view, &pi->is_cat);
+            pi->fusible = pi->recomputable || pi->random;
+            ag_cost c;
+            if ((rc = ag__node_cost(n, &c)))
+                goto fail;
+            pi->flops = c.flops;
+            /* A view shares its base's storage (peak model). */
+            if (pi->view && pi->nargs > 0) {
+                pi->root = P->info[pi->args[0]].root;
+                pi->external = P->info[pi->root].external;
+            }
+        } else if (pi->kind == AG_NODE_GETITEM) {
+            pi->recomputable = pi->fusible = true; /* operator.getitem is in upstream's list */
+        }
+        for (int v = 0; v < ag_node_num_vals(n); v++)
+            pi->bytes += tmeta_bytes(ag_node_val(n, v));
+    }
+    /* Users: distinct, in graph order (each user appears once in ag_node_user). */
+    for (i = 0; i < P->nn; i++) {
+        ag__pinfo *pi = &P->info[i];
+        int k = ag_node_num_users(pi->node);
+        if (k) {
+            pi->users = ag__malloc(sizeof(int) * (size_t)k);
+            if (!pi->users)
+                goto fail;
+            for (int u = 0; u < k; u++)
+                pi->users[u] = idx_of(ag_node_user(pi->node, u));
+            qsort(pi->users, (size_t)k, sizeof(int), cmp_int);
+            pi->nusers = k;
+        }
+    }
+    const ag_garg *oa = ag_node_arg(P->info[P->out].node, 0);
+    for (int k = 0; k < nouts; k++)
+        P->outs[k] = oa->u.nodes[k] ? idx_of(oa->u.nodes[k]) : -1;
+
+    /* required_bw_nodes: tangents, must_be_in_backward nodes and their users, transitively
+     * (users come later, so one sweep in graph order closes the set), plus backward outputs. */
+    for (i = 0; i < P->nn; i++) {
+        ag__pinfo *pi = &P->info[i];
+        if (pi->kind == AG_NODE_OUTPUT)
+            continue;
+        if (pi->tangent || pi->must_bw)
+            pi->req_bw = true;
+        if (pi->req_bw)
+            for (int u = 0; u < pi->nusers; u++)
+                P->info[pi->users[u]].req_bw = true;
+    }
+    P->info[P->out].req_bw = false;
+    for (int k = num_fwd_outputs; k < nouts; k++)
+        if (P->outs[k] >= 0)
+            P->info[P->outs[k]].req_bw = true;
+    /* required_fw_nodes: the forward-only graph's nodes (primals -> forward outputs). */
+    {
+        bool *is_in = ag__calloc((size_t)P->nn, 3 * sizeof(bool));
+        if (!is_in)
+            goto fail;
+        bool *valid = is_in + P->nn, *needed = valid + P->nn;
+        for (int k = 0; k < P->nprimals; k++)
+            is_in[P->primals[k]] = true;
+        rc = side_nodes(P, is_in, false, P->outs, num_fwd_outputs, valid, needed);
+        int order = 0;
+        for (i = 0; rc == 0 && i < P->nn; i++)
+            if (needed[i] && is_body_kind(P->info[i].kind)) {
+                P->info[i].req_fw = true;
+                P->info[i].fw_order = order++;
+            }
+        ag__free(is_in);
+        if (rc)
+            goto fail;
+    }
+    for (i = 0; i < P->nn; i++)
+        P->nreq_bw += P->info[i].req_bw;
+    /* dist_from_bw: how many forward steps separate a node from the backward. */
+    for (i = P->nn - 1; i >= 0; i--) {
+        ag__pinfo *pi = &P->info[i];
+        if (pi->kind == AG_NODE_OUTPUT) {
+            pi->dist = 1000000000;
+        } else if (!pi->req_fw) {
+            pi->dist = 0;
+        } else {
+            pi->dist = 1000000000;
+            for (int u = 0; u < pi->nusers; u++) {
+                int64_t d = P->info[pi->users[u]].dist + 1;
+                if (d < pi->dist)
+                    pi->dist = d;
+            }
+        }
+    }
+    return 0;
+fail:
+    if (rc >= 0)
+        rc = AG_ENOMEM;
+    ag__part_free(P);
+    return rc;
+}
+
+/* ---- plans: what each side runs ---- */
+
+void ag__plan_free(ag__plan *pl) {
+    ag__free(pl->saved);
+    ag__free(pl->fw);
+    ag__free(pl->bw);
+    memset(pl, 0, sizeof *pl);
+}
+
+/* Collects into sel the not-yet-emitted ancestors of x (x included) and emits them in graph
+ * order: upstream's insert_node_in_graph. */
+static int emit_with_ancestors(const ag__part *P, int x, bool *emitted, int *stack, int *sel,
+                               int *out, int *nout) {
+    if (emitted[x])
+        return 0;
+    int sp = 0, ns = 0;
+    stack[sp++] = x;
+    emitted[x] = true; /* marks "collected"; all collected nodes are emitted below */
+    while (sp) {
+        int y = stack[--sp];
+        sel[ns++] = y;
+        const ag__pinfo *pi = &P->info[y];
+        for (int a = 0; a < pi->nargs; a++)
+            if (!emitted[pi->args[a]]) {
+                emitted[pi->args[a]] = true;
+                stack[sp++] = pi->args[a];
+            }
+    }
+    qsort(sel, (size_t)ns, sizeof(int), cmp_int);
+    for (int k = 0; k < ns; k++)
+        out[(*nout)++] = sel[k];
+    return 0;
+}
+
+/* reordering_to_mimic_autograd_engine: the backward is rebuilt from its first node that reads
+ * a tangent on, each node preceded by its not-yet-emitted ancestors in their original order,
+ * so a recomputed forward value is made just before the first backward node that needs it. */
+static void reorder_backward(const ag__part *P, const bool *is_input, const int *body, int nbody,
+                             bool *emitted, int *stack, int *sel, int *out) {
+    int first = -1;
+    for (int p = 0; p < nbody && first < 0; p++) {
+        const ag__pinfo *pi = &P->info[body[p]];
+        for (int a = 0; a < pi->nargs; a++)
+            if (P->info[pi->args[a]].tangent) {
+                first = p;
+                break;
+            }
+    }
+    if (first < 0) {
+        memcpy(out, body, sizeof(int) * (size_t)nbody);
+        return;
+    }
+    for (int i = 0; i < P->nn; i++)
+        emitted[i] = is_input[i] || !is_body_kind(P->info[i].kind);
+    int nout = 0;
+    for (int p = first; p < nbody; p++)
+        emit_with_ancestors(P, body[p], emitted, stack, sel, out, &nout);
+    /* The output node's remaining ancestors. */
+    for (int p = 0; p < first; p++)
+        emit_with_ancestors(P, body[p], emitted, stack, sel, out, &nout);
+}
+
+int ag__plan_make(const ag__part *P, const int *saved_in, int nsaved_in, ag__plan *pl) {
+    memset(pl, 0, sizeof *pl);
+    int nn = P->nn, rc = 0;
+    bool *flags = ag__calloc((size_t)nn, 5 * sizeof(bool));
+    int *scratch = ag__malloc(sizeof(int) * (size_t)nn * 3 + sizeof(int));
+    int *outs = ag__malloc(sizeof(int) * (size_t)(P->num_fwd_outputs + nn + 1));
+    pl->saved = ag__malloc(sizeof(int) * (size_t)(nn + 1));
+    pl->fw = ag__malloc(sizeof(int) * (size_t)(nn + 1));
+    pl->bw = ag__malloc(sizeof(int) * (size_t)(nn + 1));
+    if (!flags || !scratch || !outs || !pl->saved || !pl->fw || !pl->bw) {
+        rc = AG_ENOMEM;
+        goto done;
+    }
+    bool *is_saved = flags, *is_in = flags + nn, *valid = is_in + nn, *needed = valid + nn,
+         *used = needed + nn;
+    for (int k = 0; k < nsaved_in; k++) {
+        int s = saved_in[k];
+        if (s < 0 || s >= nn ||
+            (!is_body_kind(P->info[s].kind) && P->info[s].kind != AG_NODE_PLACEHOLDER)) {
+            rc = ag__err(AG_EINVAL, "partition: saved value %d is not a value node", s);
+            goto done;
+        }
+        if (P->info[s].tuple) {
+            rc = ag__err(AG_EINVAL, "partition: %s returns several tensors; save its getitems",
+                         ag_node_name(P->info[s].node));
+            goto done;
+        }
+        is_saved[s] = true;
+    }
+    /* The backward: inputs are the saved values and the tangents. */
+    for (int i = 0; i < nn; i++)
+        is_in[i] = is_saved[i] || P->info[i].tangent;
+    int nbo = P->nouts - P->num_fwd_outputs;
+    if ((rc = side_nodes(P, is_in, true, P->outs + P->num_fwd_outputs, nbo, valid, needed)))
+        goto done;
+    /* Saved values the backward never reads are dropped. */
+    for (int i = 0; i < nn; i++)
+        if (needed[i] && !is_in[i] && is_body_kind(P->info[i].kind))
+            for (int a = 0; a < P->info[i].nargs; a++)
+                used[P->info[i].args[a]] = true;
+    for (int k = 0; k < nbo; k++)
+        if (P->outs[P->num_fwd_outputs + k] >= 0)
+            used[P->outs[P->num_fwd_outputs + k]] = true;
+    int nbody = 0;
+    for (int i = 0; i < nn; i++) {
+        if (is_saved[i] && used[i])
+            pl->saved[pl->nsaved++] = i;
+        if (needed[i] && !is_in[i] && is_body_kind(P->info[i].kind))
+            scratch[nbody++] = i;
+    }
+    /* Reorder the backward body (scratch) into pl->bw. */
+    {
+        bool *emitted = valid; /* free again: the forward pass below recomputes it */
+        int *stack = scratch + nn, *sel = stack + nn;
+        for (int i = 0; i < nn; i++)
+            is_in[i] = (is_saved[i] && used[i]) || P->info[i].tangent;
+        reorder_backward(P, is_in, scratch, nbody, emitted, stack, sel, pl->bw);
+        pl->nbw = nbody;
+    }
+    /* The forward: primals -> forward outputs + saved values. */
+    memset(is_in, 0, (size_t)nn);
+    for (int k = 0; k < P->nprimals; k++)
+        is_in[P->primals[k]] = true;
+    int no = 0;
+    for (int k = 0; k < P->num_fwd_outputs; k++)
+        outs[no++] = P->outs[k];
+    for (int k = 0; k < pl->nsaved; k++)
+        outs[no++] = pl->saved[k];
+    if ((rc = side_nodes(P, is_in, false, outs, no, valid, needed)))
+        goto done;
+    for (int i = 0; i < nn; i++)
+        if (needed[i] && !is_in[i] && is_body_kind(P->info[i].kind))
+            pl->fw[pl->nfw++] = i;
+done:
+    ag__free(flags);
+    ag__free(scratch);
+    ag__free(outs);
+    if (rc)
+        ag__plan_free(pl);
+    return rc;
+}
+
+/* ---- the peak-memory model ---- */
+
+/* Simulates one side. order[0..n) runs; alloc_key[x] is the storage a node's value lives in
+ * (-1: none of ours), bytes_of_key[k] its size; keys alive at the start are listed in start[],
+ * keys kept to the end in keep[]. Returns the peak; *end receives the bytes alive at the end. */
+typedef struct sim {
+    const ag__part *P;
+    int *key;          /* per node: storage key, -1 when external / no storage */
+    int64_t *kbytes;   /* per key */
+    int *last;         /* per key: last position it is read (n: kept to the end) */
+    bool *live;
+} sim;
+
+/* Bytes a tuple call allocates for its outputs. */
+static int64_t tuple_bytes(const ag__pinfo *pi) { return pi->bytes; }
+
+static int64_t run_sim(sim *S, const int *order, int n, int64_t start_bytes, int64_t *end) {
+    const ag__part *P = S->P;
+    int64_t cur = start_bytes, peak = start_bytes;
+    for (int p = 0; p < n; p++) {
+        int x = order[p];
+        const ag__pinfo *pi = &P->info[x];
+        int64_t transient = 0;
+        if (pi->kind == AG_NODE_CALL && pi->tuple) {
+            /* All outputs are written by the call; those read through a getitem stay, the
+             * others die at once. */
+            int64_t kept = 0;
+            for (int u = 0; u < pi->nusers; u++) {
+                int g = pi->users[u];
+                int k = S->key[g];
+                if (P->info[g].kind == AG_NODE_GETITEM && k >= 0 && !S->live[k] &&
+                    S->last[k] >= 0) {
+                    S->live[k] = true;
+                    cur += S->kbytes[k];
+                    kept += S->kbytes[k];
+                }
+            }
+            transient = tuple_bytes(pi) - kept;
+            if (transient < 0)
+                transient = 0;
+        } else if (pi->kind == AG_NODE_CALL && !pi->view) {
+            int k = S->key[x];
+            if (k >= 0 && !S->live[k]) {
+                S->live[k] = true;
+                cur += S->kbytes[k];
+            }
+        }
+        if (cur + transient > peak)
+            peak = cur + transient;
+        /* Free what this node read for the last time (and its own value if nobody reads it). */
+        for (int a = 0; a <= pi->nargs; a++) {
+            int y = a < pi->nargs ? pi->args[a] : x;
+            int k = S->key[y];
+            if (k >= 0 && S->live[k] && S->last[k] <= p) {
+                S->live[k] = false;
+                cur -= S->kbytes[k];
+            }
+        }
+    }
+    *end = cur;
+    return peak;
+}
+
+int ag__plan_peak(const ag__part *P, const ag__plan *pl, ag__peak *out) {
+    memset(out, 0, sizeof *out);
+    int nn = P->nn;
+    sim S = {.P = P};
+    S.key = ag__malloc(sizeof(int) * (size_t)nn * 3);
+    S.kbytes = ag__calloc((size_t)nn * 2, sizeof(int64_t));
+    S.live = ag__calloc((size_t)nn * 2, sizeof(bool));
+    bool *is_saved = ag__calloc((size_t)nn, sizeof(bool));
+    if (!S.key || !S.kbytes || !S.live || !is_saved) {
+        ag__free(S.key);
+        ag__free(S.kbytes);
+        ag__free(S.live);
+        ag__free(is_saved);
+        return AG_ENOMEM;
+    }
+    S.last = S.key + nn; /* keys are < 2 nn */
+
+    /* Forward: a node's key is its storage root (joint index); graph inputs and constants and
+     * views of them have none. */
+    for (int i = 0; i < nn; i++) {
+        const ag__pinfo *pi = &P->info[i];
+        S.key[i] = pi->external || pi->tuple || pi->kind == AG_NODE_OUTPUT ? -1 : pi->root;
+    }
+    for (int i = 0; i < 2 * nn; i++)
+        S.last[i] = -1;
+    for (int i = 0; i < nn; i++)
+        if (S.key[i] == i)
+            S.kbytes[i] = P->info[i].bytes;
+    for (int p = 0; p < pl->nfw; p++) {
+        const ag__pinfo *pi = &P->info[pl->fw[p]];
+        for (int a = 0; a < pi->nargs; a++) {
+            int k = S.key[pi->args[a]];
+            if (k >= 0 && S.last[k] < p)
+                S.last[k] = p;
+        }
+        int k = S.key[pl->fw[p]];
+        if (k >= 0 && S.last[k] < p)
+            S.last[k] = p;
+    }
+    for (int k = 0; k < pl->nsaved; k++)
+        if (S.key[pl->saved[k]] >= 0)
+            S.last[S.key[pl->saved[k]]] = pl->nfw;
+    out->fw_peak = run_sim(&S, pl->fw, pl->nfw, 0, &out->fw_end);
+
+    /* Backward: a saved value's storage is key nn + root (it was made by the forward), a
+     * recomputed value's is its own root, so recomputing a saved value's base never merges
+     * with the saved copy. */
+    for (int k = 0; k < pl->nsaved; k++)
+        is_saved[pl->saved[k]] = true;
+    for (int i = 0; i < nn; i++) {
+        const ag__pinfo *pi = &P->info[i];
+        S.key[i] = -1;
+        if (is_saved[i]) {
+            S.key[i] = pi->external ? -1 : nn + pi->root;
+            if (S.key[i] >= 0)
+                S.kbytes[S.key[i]] = P->info[pi->root].bytes;
+        }
+    }
+    for (int p = 0; p < pl->nbw; p++) {
+        int x = pl->bw[p];
+        const ag__pinfo *pi = &P->info[x];
+        if (pi->kind == AG_NODE_GET_ATTR || pi->tuple)
+            S.key[x] = -1;
+        else if (pi->view && pi->nargs > 0)
+            S.key[x] = S.key[pi->args[0]];
+        else
+            S.key[x] = x;
+        if (S.key[x] == x)
+            S.kbytes[x] = pi->bytes;
+    }
+    for (int i = 0; i < 2 * nn; i++) {
+        S.last[i] = -1;
+        S.live[i] = false;
+    }
+    int64_t start = 0;
+    for (int k = 0; k < pl->nsaved; k++) {
+        int key = S.key[pl->saved[k]];
+        if (key >= 0 && !S.live[key]) {
+            S.live[key] = true;
+            start += S.kbytes[key];
+        }
+    }
+    out->saved = start;
+    for (int p = 0; p < pl->nbw; p++) {
+        const ag__pinfo *pi = &P->info[pl->bw[p]];
+        for (int a = 0; a < pi->nargs; a++) {
+            int k = S.key[pi->args[a]];
+            if (k >= 0 && S.last[k] < p)
+                S.last[k] = p;
+        }
+        int k = S.key[pl->bw[p]];
+        if (k >= 0 && S.last[k] < p)
+            S.last[k] = p;
+    }
+    int64_t bw_end;
+    out->bw_peak = run_sim(&S, pl->bw, pl->nbw, start, &bw_end);
+    out->peak = out->fw_peak > out->bw_peak ? out->fw_peak : out->bw_peak;
+
+    /* Recomputation: forward nodes the backward runs again. */
+    for (int p = 0; p < pl->nbw; p++) {
+        const ag__pinfo *pi = &P->info[pl->bw[p]];
+        if (pi->kind != AG_NODE_CALL || pi->req_bw)
+            continue;
+        const char *tag = ag_node_partitioner_tag(pi->node);
+        if (tag && (!strcmp(tag, "is_backward") || !strcmp(tag, "must_be_in_backward")))
+            continue;
+        out->recomputed_nodes++;
+        out->recompute_flops += pi->flops;
+    }
+    ag__free(S.key);
+    ag__free(S.kbytes);
+    ag__free(S.live);
+    ag__free(is_saved);
+    return 0;
+}
+
+/* ---- materializing the graphs ---- */
+
+/* Copies node metadata (every key, custom annotations) from src to dst. */
+static int copy_meta(ag_node *dst, const ag_node *src) {
+    for (int k = 0; k < ag_node_meta_count(src); k++) {
+        ag_mval v;
+        const char *key = ag_node_meta_key_at(src, k, &v);
+        int rc = ag_node_meta_set(dst, key, v);
+        if (rc)
+            return rc;
+    }
+    return ag_node_custom_copy(dst, src);
+}
+
+/* Copies body node x of the joint into dst, its node arguments mapped through env. */
+static ag_node *copy_node(ag_graph *dst, const ag__part *P, int x, ag_node **env) {
+    const ag_node *n = P->info[x].node;
+    ag_node *m = NULL;
+    switch (ag_node_kind_of(n)) {
+    case AG_NODE_CALL: {
+        int na = ag_node_nargs(n);
+        ag_garg args[AG_MAX_ARGS];
+        ag_node **lists[AG_MAX_ARGS] = {0};
+        bool ok = true;
+        for (int a = 0; a < na; a++) {
+            args[a] = *ag_node_arg(n, a);
+            if (args[a].kind == AG_GA_NODE && args[a].u.node) {
+                args[a].u.node = env[idx_of(args[a].u.node)];
+            } else if (args[a].kind == AG_GA_NODES) {
+                lists[a] = ag__malloc(sizeof(ag_node *) * (size_t)(args[a].n ? args[a].n : 1));
+                if (!lists[a]) {
+                    ok = false;
+                    break;
+                }
+                for (int e = 0; e < args[a].n; e++)
+                    lists[a][e] = args[a].u.nodes[e] ? env[idx_of(args[a].u.nodes[e])] : NULL;
+                args[a].u.nodes = lists[a];
+            }
+        }
+        if (ok) {
+            int nv = ag_node_num_vals(n);
+            ag_tmeta vals[AG_MAX_OUTPUTS];
+            for (int v = 0; v < nv && v < AG_MAX_OUTPUTS; v++)
+                vals[v] = *ag_node_val(n, v);
+            m = ag__graph_call_vals(dst, ag_node_op(n), args, na, vals, nv, ag_node_name(n));
+        }
+        for (int a = 0; a < na; a++)
+            ag__free(lists[a]);
+        break;
+    }
+    case AG_NODE_GETITEM:
+        m = ag_graph_getitem(dst, env[idx_of(ag_node_arg_node(n, 0))],
+                             (int)ag_node_arg(n, 1)->u.i, ag_node_name(n));
+        break;
+    case AG_NODE_GET_ATTR:
+        m = ag_graph_get_attr(dst, ag_node_constant(n), ag_node_name(n));
+        break;
+    default:
+        ag__err(AG_EINVAL, "partition: cannot copy %s", ag_node_name(n));
+        return NULL;
+    }
+    if (m && copy_meta(m, n))
+        return NULL;
+    return m;
+}
+
+/* A placeholder standing for joint node x (same name, val, metadata and descriptor). */
+static ag_node *copy_placeholder(ag_graph *dst, const ag__part *P, int x) {
+    const ag_node *n = P->info[x].node;
+    if (ag_node_num_vals(n) != 1) {
+        ag__err(AG_EINVAL, "partition: %s is not a single tensor and cannot be a graph input",
+                ag_node_name(n));
+        return NULL;
+    }
+    ag_node *m = ag_graph_placeholder(dst, ag_node_name(n), ag_node_val(n, 0));
+    if (!m || copy_meta(m, n))
+        return NULL;
+    if (ag_node_kind_of(n) == AG_NODE_PLACEHOLDER && ag_node_desc(n) &&
+        ag_node_set_desc(m, ag_node_desc(n)))
+        return NULL;
+    return m;
+}
+
+/* Builds one graph: placeholders for inputs, the body, the output node with descs. */
+static ag_graph *build_graph(const ag__part *P, const int *inputs, int nin, const int *body,
+                             int nbody, const int *outs, int nouts, ag_desc *const *descs) {
+    ag_graph *g = ag_graph_new();
+    ag_node **env = ag__calloc((size_t)P->nn, sizeof *env);
+    ag_node **on = ag__malloc(sizeof *on * (size_t)(nouts ? nouts : 1));
+    bool ok = g && env && on;
+    for (int k = 0; ok && k < nin; k++)
+        ok = (env[inputs[k]] = copy_placeholder(g, P, inputs[k])) != NULL;
+    for (int k = 0; ok && k < nbody; k++)
+        ok = (env[body[k]] = copy_node(g, P, body[k], env)) != NULL;
+    for (int k = 0; ok && k < nouts; k++)
+        on[k] = outs[k] >= 0 ? env[outs[k]] : NULL;
+    ag_node *o = ok ? ag_graph_output(g, on, nouts) : NULL;
+    ok = o && ag_node_set_output_descs(o, descs, nouts) == 0 && ag_graph_dce(g) >= 0;
+    ag__free(env);
+    ag__free(on);
+    if (!ok) {
+        ag_graph_free(g);
+        return NULL;
+    }
+    return g;
+}
+
+int ag__plan_graphs(const ag__part *P, const ag__plan *pl, ag_graph **fw, ag_graph **bw) {
+    *fw = *bw = NULL;
+    const ag_node *jo = P->info[P->out].node;
+    int nfo = P->num_fwd_outputs + pl->nsaved, nbo = P->nouts - P->num_fwd_outputs;
+    int *fouts = ag__malloc(sizeof(int) * (size_t)(nfo + 1));
+    int *bins = ag__malloc(sizeof(int) * (size_t)(pl->nsaved + P->ntangents + 1));
+    ag_desc **fdesc = ag__calloc((size_t)(nfo + 1), sizeof *fdesc);
+    ag_desc **bdesc = ag__calloc((size_t)(nbo + 1), sizeof *bdesc);
+    int rc = AG_ENOMEM;
+    if (!fouts || !bins || !fdesc || !bdesc)
+        goto done;
+    for (int k = 0; k < P->num_fwd_outputs; k++) {
+        fouts[k] = P->outs[k];
+        fdesc[k] = ag_desc_retain(ag_node_output_desc(jo, k));
+    }
+    for (int k = 0; k < pl->nsaved; k++) {
+        fouts[P->num_fwd_outputs + k] = pl->saved[k];
+        if (!(fdesc[P->num_fwd_outputs + k] = ag_desc_saved_for_backwards(k)))
+            goto done;
+    }
+    for (int k = 0; k < nbo; k++)
+        bdesc[k] = ag_desc_retain(ag_node_output_desc(jo, P->num_fwd_outputs + k));
+    memcpy(bins, pl->saved, sizeof(int) * (size_t)pl->nsaved);
+    memcpy(bins + pl->nsaved, P->tangents, sizeof(int) * (size_t)P->ntangents);
+    *fw = build_graph(P, P->primals, P->nprimals, pl->fw, pl->nfw, fouts, nfo, fdesc);
+    *bw = *fw ? build_graph(P, bins, pl->nsaved + P->ntangents, pl->bw, pl->nbw,
+                            P->outs + P->num_fwd_outputs, nbo, bdesc)
+              : NULL;
+    if (!*fw || !*bw) {
+        rc = ag_last_status() ? ag_last_status() : AG_ENOMEM;
+        ag_graph_free(*fw);
+        ag_graph_free(*bw);
+        *fw = *bw = NULL;
+    } else {
+        rc = 0;
+    }
+done:
+    if (fdesc)
+        for (int k = 0; k < nfo; k++)
+            ag_desc_release(fdesc[k]);
+    if (bdesc)
+        for (int k = 0; k < nbo; k++)
+            ag_desc_release(bdesc[k]);
+    ag__free(fdesc);
+    ag__free(bdesc);
+    ag__free(fouts);
+    ag__free(bins);
+    return rc;
+}
+
+/* ---- default_partition ---- */
+
+int ag__default_saved(const ag__part *P, int **saved, int *nsaved) {
+    *saved = NULL;
+    *nsaved = 0;
+    int nn = P->nn;
+    bool *flags = ag__calloc((size_t)nn, 3 * sizeof(bool));
+    int *v = ag__malloc(sizeof(int) * (size_t)(nn + 1));
+    if (!flags || !v) {
+        ag__free(flags);
+        ag__free(v);
+        return AG_ENOMEM;
+    }
+    bool *is_in = flags, *valid = flags + nn, *fwset = valid + nn;
+    for (int k = 0; k < P->nprimals; k++)
+        is_in[P->primals[k]] = true;
+    int rc = side_nodes(P, is_in, false, P->outs, P->num_fwd_outputs, valid, fwset);
+    int n = 0;
+    for (int i = 0; rc == 0 && i < nn; i++) {
+        const ag__pinfo *pi = &P->info[i];
+        if (!fwset[i])
+            continue;
+        if (pi->tuple) {
+            /* A tuple cannot be saved: save its getitems (unused ones are pruned later). */
+            for (int u = 0; u < pi->nusers; u++)
+                if (P->info[pi->users[u]].kind == AG_NODE_GETITEM)
+                    v[n++] = pi->users[u];
+            continue;
+        }
+        bool bw_use = false;
+        for (int u = 0; u < pi->nusers && !bw_use; u++)
+            bw_use = !fwset[pi->users[u]];
+        if (bw_use)
+            v[n++] = i;
+    }
+    ag__free(flags);
+    if (rc) {
+        ag__free(v);
+        return rc;
+    }
+    *saved = v;
+    *nsaved = n;
+    return 0;
+}
+
+/* Random ops are not recomputed: aotgrad does not functionalize the generator (upstream's
+ * functionalize_rng_ops), so recomputing a draw in the backward would give other numbers.
+ * Whatever saved set was chosen, a random node the backward would run again is saved instead
+ * (its getitems for a tuple), until none is left. */
+int ag__save_random_nodes(const ag__part *P, int **saved, int *nsaved) {
+    for (int round = 0; round < P->nn; round++) {
+        ag__plan pl;
+        int rc = ag__plan_make(P, *saved, *nsaved, &pl);
+        if (rc)
+            return rc;
+        int add = 0;
+        for (int p = 0; p < pl.nbw; p++) {
+            const ag__pinfo *pi = &P->info[pl.bw[p]];
+            add += pi->kind == AG_NODE_CALL && pi->random && !pi->req_bw ? 1 + pi->nusers : 0;
+        }
+        if (!add) {
+            ag__plan_free(&pl);
+            return 0;
+        }
+        int *v = ag__malloc(sizeof(int) * (size_t)(*nsaved + add));
+        if (!v) {
+            ag__plan_free(&pl);
+            return AG_ENOMEM;
+        }
+        memcpy(v, *saved, sizeof(int) * (size_t)*nsaved);
+        int n = *nsaved;
+        for (int p = 0; p < pl.nbw; p++) {
+            int x = pl.bw[p];
+            const ag__pinfo *pi = &P->info[x];
+            if (!(pi->kind == AG_NODE_CALL && pi->random && !pi->req_bw))
+                continue;
+            if (!pi->tuple)
+                v[n++] = x;
+            else
+                for (int u = 0; u < pi->nusers; u++)
+                    if (P->info[pi->users[u]].kind == AG_NODE_GETITEM)
+                        v[n++] = pi->users[u];
+        }
+        ag__plan_free(&pl);
+        ag__free(*saved);
+        *saved = v;
+        *nsaved = n;
+    }
+    return 0;
+}
+
+/* ---- the public entry points ---- */
+
+int ag__partition_ex(const ag_graph *joint, int num_fwd_outputs, const ag_partition_opts *opts,
+                     ag__budget_mode mode, ag_graph **fw, ag_graph **bw, ag_partition_stats *stats,
+                     ag__peak *peak) {
+    if (!fw || !bw)
+        return ag__err(AG_EINVAL, "partition: NULL result pointer");
+    *fw = *bw = NULL;
+    ag_partition_opts o = opts ? *opts : (ag_partition_opts){.partitioner = AG_PARTITION_DEFAULT,
+                                                              .memory_budget = 1.0};
+    if (o.partitioner != AG_PARTITION_DEFAULT && o.partitioner != AG_PARTITION_MINCUT)
+        return ag__err(AG_EINVAL, "partition: unknown partitioner %d", (int)o.partitioner);
+    if (o.solver != AG_KNAPSACK_GREEDY && o.solver != AG_KNAPSACK_DP && o.solver != AG_KNAPSACK_ILP)
+        return ag__err(AG_EINVAL, "partition: unknown knapsack solver %d", (int)o.solver);
+    if (!(o.memory_budget >= 0 && o.memory_budget <= 1))
+        return ag__err(AG_EINVAL, "partition: memory budget %g is outside [0, 1]", o.memory_budget);
+    ag__part P;
+    int rc = ag__part_init(&P, joint, num_fwd_outputs);
+    if (rc)
+        return rc;
+    double budget = o.memory_budget;
+    if (P.meta_budget >= 0) {
+        /* A node's meta "memory_budget" overrides the option, as upstream's config. */
+        if (!(P.meta_budget <= 1)) {
+            rc = ag__err(AG_EINVAL, "partition: memory budget %g is outside [0, 1]", P.meta_budget);
+            goto done;
+        }
+        budget = P.meta_budget;
+    }
+    int *saved = NULL, nsaved = 0;
+    /* default_partition delegates to the min-cut when recompute policies are present; the
+     * min-cut falls back to the default when nothing is required by the backward. */
+    bool mincut = o.partitioner == AG_PARTITION_MINCUT || P.has_recompute_tags;
+    if (mincut && P.nreq_bw == 0)
+        mincut = false;
+    rc = mincut ? ag__choose_saved(&P, budget, o.solver, mode, &saved, &nsaved)
+                : ag__default_saved(&P, &saved, &nsaved);
+    if (rc == 0)
+        rc = ag__save_random_nodes(&P, &saved, &nsaved);
+    ag__plan pl = {0};
+    if (rc == 0)
+        rc = ag__plan_make(&P, saved, nsaved, &pl);
+    ag__free(saved);
+    ag__peak pk = {0};
+    if (rc == 0 && (stats || peak))
+        rc = ag__plan_peak(&P, &pl, &pk);
+    if (rc == 0)
+        rc = ag__plan_graphs(&P, &pl, fw, bw);
+    if (rc == 0) {
+        if (stats) {
+            memset(stats, 0, sizeof *stats);
+            stats->saved_tensors = pl.nsaved;
+            for (int k = 0; k < pl.nsaved; k++)
+                stats->saved_bytes += P.info[pl.saved[k]].bytes;
+            stats->recomputed_nodes = pk.recomputed_nodes;
+            stats->recomputed_flops = pk.recompute_flops;
+        }
+        if (peak)
+            *peak = pk;
+    }
+    ag__plan_free(&pl);
+done:
+    ag__part_free(&P);
+    return rc;
+}
+
+int ag_partition(const ag_graph *joint, int num_fwd_outputs, const ag_partition_opts *opts,
+                 ag_graph **fw, ag_graph **bw, ag_partition_stats *stats) {
+    return ag__partition_ex(joint, num_fwd_outputs, opts, AG__BUDGET_PEAK, fw, bw, stats, NULL);
+}
+
+int ag_tag_region_recompute(ag_graph *g, ag_node *first, ag_node *last, ag_recompute policy) {
+    if (!g || !first || !last)
+        return ag__err(AG_EINVAL, "tag_region_recompute: NULL argument");
+    if ((unsigned)policy > AG_PREFER_RECOMPUTE)
+        return ag__err(AG_EINVAL, "tag_region_recompute: bad policy %d", (int)policy);
+    if (ag_graph_find(g, ag_node_name(first)) != first || ag_graph_find(g, ag_node_name(last)) != last)
+        return ag__err(AG_EINVAL, "tag_region_recompute: %s or %s is not a node of this graph",
+                       ag_node_name(first), ag_node_name(last));
+    if (ag_node_index(first) > ag_node_index(last))
+        return ag__err(AG_EINVAL, "tag_region_recompute: %s comes after %s", ag_node_name(first),
+                       ag_node_name(last));
+    /* Each region gets the next ac_graph_id, so touching regions are told apart (upstream's
+     * cleanup_recompute_tags saves the value at their boundary). */
+    int64_t id = 0;
+    for (ag_node *n = ag_graph_first(g); n; n = ag_node_next(n)) {
+        ag_mval v = ag_node_meta_get(n, "ac_graph_id");
+        if (v.kind == AG_MV_INT && v.u.i >= id)
+            id = v.u.i + 1;
+    }
+    ag_node *stop = ag_node_next(last);
+    for (ag_node *n = first; n != stop; n = ag_node_next(n)) {
+        ag_node_kind k = ag_node_kind_of(n);
+        if (k != AG_NODE_CALL && k != AG_NODE_GETITEM)
+            continue;
+        int rc = policy == AG_RECOMPUTE_NONE
+                     ? ag_node_meta_del(n, "ac_graph_id")
+                     : ag_node_meta_set(n, "ac_graph_id", (ag_mval){.kind = AG_MV_INT, .u.i = id});
+        if (rc >= 0)
+            rc = ag_node_set_recompute(n, policy);
+        if (rc < 0) {
+            /* Undo the region so far (deleting never allocates). */
+            for (ag_node *m = first; m != n; m = ag_node_next(m)) {
+                ag_node_meta_del(m, "ac_graph_id");
+                ag_node_set_recompute(m, AG_RECOMPUTE_NONE);
+            }
+            return rc;
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,171 @@
+/* Internal interface of the partitioners (src/partition): the classified joint graph shared by
+ * partition.c (classification, extraction of the forward and backward graphs, the default
+ * partition, the backward reordering, the peak-memory model), mincut.c (the min-cut
+ * rematerialization partition: bans, weights, the flow network, the memory budget) and
+ * knapsack.c (the knapsack solvers), plus what the tests, the CLI and bench_maxflow reach in.
+ *
+ * Every per-node array is indexed by the node's position in the partitioner's private copy of
+ * the joint graph (ag__part.g, dead code removed), so node i is P->info[i].node. */
+#ifndef AG_PARTITION_INTERNAL_H
+#define AG_PARTITION_INTERNAL_H
+
+#include "../core/internal.h"
+#include "../graph/graph_internal.h"
+#include "aotgrad/compile.h"
+
+/* What the partitioners know about one joint node. */
+typedef struct ag__pinfo {
+    ag_node *node;
+    ag_node_kind kind;
+    uint32_t opflags;        /* the op table's flags (calls only) */
+    bool primal;             /* a placeholder whose name lacks "tangents" */
+    bool tangent;            /* a placeholder named tangents* */
+    bool static_input;       /* a primal that is a parameter or buffer (by descriptor) */
+    bool must_fw, must_bw;   /* partitioner_tag must_be_in_forward / must_be_in_backward */
+    bool req_fw;             /* needed to compute the forward outputs from the primals */
+    bool req_bw;             /* tangents, must_be_in_backward, their users, backward outputs */
+    bool tuple;              /* a multi-output call: its getitems carry the values */
+    bool effectful;          /* kept by DCE although unused */
+    bool recomputable;       /* in the recomputable op set (mincut.c documents it) */
+    bool fusible;            /* recomputable or random */
+    bool random, compute_intensive, view, is_cat;
+    ag_recompute policy;
+    int fw_order;            /* rank among req_fw nodes; -1 otherwise */
+    int64_t dist;            /* dist_from_bw */
+    int64_t bytes;           /* numel * itemsize (a tuple: the sum over its outputs) */
+    double flops;            /* the op table's cost (ag_op_cost) of a call */
+    int root;                /* storage root for the peak model: a view's base, else itself */
+    bool external;           /* the root is a graph input or constant (costs no activation) */
+    int *args, nargs;        /* distinct argument nodes (indices) */
+    int *users, nusers;      /* distinct users (indices), the output node included */
+} ag__pinfo;
+
+/* The classified joint graph. */
+typedef struct ag__part {
+    ag_graph *g; /* private copy of the joint (dead code removed, recompute tags cleaned) */
+    int nn;      /* nodes in g, the output node last */
+    ag__pinfo *info;
+    int out;     /* index of the output node */
+    int num_fwd_outputs;
+    int nouts;         /* outputs of the joint */
+    int *outs;         /* their node indices, -1 for None */
+    int *primals, nprimals;
+    int *tangents, ntangents;
+    int nreq_bw;
+    bool has_recompute_tags; /* some node is MUST/PREFER_RECOMPUTE */
+    double meta_budget;      /* a node's float meta "memory_budget", or -1 */
+} ag__part;
+
+/* Copies and classifies `joint` (spec 7.2 step 2, dist_from_bw of step 3). On failure a
+ * negative status with a message; *P is then empty (ag__part_free is still safe). */
+int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs);
+void ag__part_free(ag__part *P);
+
+/* What each side runs for a saved set: the saved values the backward actually reads (graph
+ * order), the forward's body (joint order) and the backward's body in the order the autograd
+ * engine would run it (recomputed forward nodes just before their first backward user). */
+typedef struct ag__plan {
+    int *saved, nsaved;
+    int *fw, nfw;
+    int *bw, nbw;
+} ag__plan;
+
+/* Builds the plan for `saved` (joint indices, any order, duplicates allowed): extraction as
+ * _extract_fwd_bwd_modules (unused saved values dropped), then the backward reordering.
+ * Errors (AG_EINVAL) when an output cannot be computed from its side's inputs. */
+int ag__plan_make(const ag__part *P, const int *saved, int nsaved, ag__plan *pl);
+void ag__plan_free(ag__plan *pl);
+
+/* The peak-memory model of one training step run as the plan says: the forward with values
+ * freed after their last use and its outputs (user outputs and saved values) kept to its end,
+ * then the backward starting with the saved values alive, recomputed values alive from their
+ * recomputation to their last use, gradients kept to its end. Views share their base's
+ * storage; graph inputs, tangents and constants cost nothing (they are not activations). */
+typedef struct ag__peak {
+    int64_t fw_peak;  /* highest live bytes during the forward */
+    int64_t fw_end;   /* live at the forward's end (its outputs) */
+    int64_t bw_peak;  /* highest live bytes during the backward */
+    int64_t saved;    /* bytes of the saved values' storage */
+    int64_t peak;     /* max(fw_peak, bw_peak): the step's peak activation memory */
+    double recompute_flops; /* op-table flops of the forward nodes the backward recomputes */
+    int recomputed_nodes;
+} ag__peak;
+int ag__plan_peak(const ag__part *P, const ag__plan *pl, ag__peak *out);
+
+/* Materializes a plan as the forward and backward graphs (new graphs, caller frees). */
+int ag__plan_graphs(const ag__part *P, const ag__plan *pl, ag_graph **fw, ag_graph **bw);
+
+/* Adds to a saved set every random node the backward would otherwise run again (aotgrad does
+ * not functionalize the generator); *saved is reallocated. */
+int ag__save_random_nodes(const ag__part *P, int **saved, int *nsaved);
+
+/* Saved set of upstream's default_partition (every forward value the backward reads; a tuple's
+ * getitems). Returns a new ag__malloc'd array of joint indices in *saved. */
+int ag__default_saved(const ag__part *P, int **saved, int *nsaved);
+
+/* ---- min-cut (mincut.c) ---- */
+
+typedef struct ag__mincut_opts {
+    bool ban_if_used_far_apart;
+    bool ban_if_long_fusible_chains;
+    bool ban_if_materialized_backward;
+    bool ban_if_not_in_allowlist;
+    bool ban_if_reduction;
+} ag__mincut_opts;
+
+/* The op classes of the min-cut (mincut.c documents the recomputable set). */
+void ag__op_classes(const ag_op *op, bool *recomputable, bool *random, bool *compute_intensive,
+                    bool *view, bool *is_cat);
+
+/* upstream's config defaults: every ban on. */
+ag__mincut_opts ag__mincut_default_opts(void);
+
+/* The flow network of solve_min_cut: vertex 0 is the source, 1 the sink, node i has
+ * i_in = 2 + 2i and i_out = 3 + 2i. Infinite capacities are `inf`, a finite value larger than
+ * the sum of every finite capacity (so a cut through one is never minimal when a finite cut
+ * exists, and all arithmetic on integer-valued doubles stays exact). */
+typedef struct ag__flow_net {
+    int nverts, nedges, source, sink;
+    int *from, *to;
+    double *cap;
+    double inf;
+} ag__flow_net;
+void ag__flow_net_free(ag__flow_net *net);
+/* Builds the network; banned (P->nn entries, may be NULL) receives the banned nodes.
+ * dont_ban (P->nn entries, may be NULL) lists nodes the knapsack allowed to recompute. */
+int ag__mincut_network(const ag__part *P, const ag__mincut_opts *o, const bool *dont_ban,
+                       ag__flow_net *net, bool *banned);
+/* Maximum flow through igraph_maxflow: the flow value and each edge's flow (net->nedges). */
+int ag__maxflow_igraph(const ag__flow_net *net, double *value, double *flow);
+/* solve_min_cut: the saved nodes (graph order, new array) and the banned set. */
+int ag__solve_min_cut(const ag__part *P, const ag__mincut_opts *o, const bool *dont_ban,
+                      int **saved, int *nsaved, bool *banned);
+
+/* How choose_saved_values_set picks among cuts for a budget strictly inside (0, 1). */
+typedef enum ag__budget_mode {
+    /* The default: the candidate cuts (the aggressive passes and the knapsack at a fixed grid
+     * of memory limits) are scored by the peak model and the fastest one whose peak fits the
+     * budget is taken, so the step's peak never rises as the budget falls. */
+    AG__BUDGET_PEAK = 0,
+    /* Upstream's choice: the knapsack over saved bytes at exactly the budget. */
+    AG__BUDGET_RAW,
+} ag__budget_mode;
+
+/* choose_saved_values_set (spec 7.2) for memory_budget in [0, 1]; a new array in *saved. */
+int ag__choose_saved(const ag__part *P, double budget, ag_knapsack solver, ag__budget_mode mode,
+                     int **saved, int *nsaved);
+
+/* ag_partition with the budget mode exposed (tests and the CLI compare the two). peak may be
+ * NULL. */
+int ag__partition_ex(const ag_graph *joint, int num_fwd_outputs, const ag_partition_opts *opts,
+                     ag__budget_mode mode, ag_graph **fw, ag_graph **bw, ag_partition_stats *stats,
+                     ag__peak *peak);
+
+/* ---- knapsack (knapsack.c) ----
+ * 0/1 knapsack: maximize the runtime of the saved items subject to their memory <= max_memory.
+ * save[i] receives true for saved items (false: allowed to recompute), *total_runtime the
+ * saved runtime. Returns 0 or a negative status. */
+int ag__knapsack(ag_knapsack solver, const double *memory, const double *runtime, int n,
+                 double max_memory, bool *save, double *total_runtime);
+
+#endif

@@ -1,0 +1,274 @@
+/* ag_compile_joint: the compiled callable against eager on every zoo model, for both
+ * partitioners and budgets 0, 0.5 and 1; the transform path (scale every parameter gradient
+ * in the joint graph, set it back, compile); runtime wrappers (buffer write-back, missing
+ * output gradients, saved-input version checks, backward twice). */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+static bool max_abs_is_zero(const ag_tensor *t) {
+    for (int64_t i = 0; i < ag_tensor_numel(t); i++)
+        if (ag_tensor_item_at(t, i) != 0)
+            return false;
+    return true;
+}
+
+static double rel(const ag_tensor *ref, const ag_tensor *got) {
+    if (!ref || !got)
+        return ref == got ? 0 : INFINITY;
+    double m = 1;
+    for (int64_t i = 0; i < ag_tensor_numel(ref); i++)
+        m = fmax(m, fabs(ag_tensor_item_at(ref, i)));
+    return tu_max_abs_diff(ref, got) / m;
+}
+
+/* Runs model `name` eagerly and compiled for two SGD steps; asserts outputs, grads and
+ * buffers agree to tol. */
+static void check_model(const char *name, const ag_compile_opts *co, double tol) {
+    ag_module *me, *mc;
+    ag_tensor *ie[8], *ic[8];
+    int ne, nc;
+    assert_int_equal(ag_zoo_build(name, NULL, &me, ie, 8, &ne), 0);
+    assert_int_equal(ag_zoo_build(name, NULL, &mc, ic, 8, &nc), 0);
+    ag_joint *j = ag_export_joint(mc, ic, nc, NULL, NULL, 0, NULL);
+    assert_non_null(j);
+    ag_compiled *c = ag_compile_joint(j, co);
+    if (!c)
+        print_error("%s: compile: %s\n", name, ag_last_error());
+    assert_non_null(c);
+    ag_optim *oe = ag_optim_sgd(me, 1e-2, 0, 0, false), *oc = ag_optim_sgd(mc, 1e-2, 0, 0, false);
+    for (int step = 0; step < 2; step++) {
+        ag_scope_begin();
+        ag_tensor *a[16], *b[16];
+        int n = ag_module_call(me, ie, ne, a, 16);
+        int m = ag_compiled_call_module(c, mc, ic, nc, b, 16);
+        if (m < 0)
+            print_error("%s: call: %s\n", name, ag_last_error());
+        assert_int_equal(m, n);
+        ag_tensor *le = NULL, *lc = NULL;
+        for (int k = 0; k < n; k++) {
+            double d = rel(a[k], b[k]);
+            if (!(d <= tol))
+                print_error("%s: output %d differs by %g\n", name, k, d);
+            assert_true(d <= tol);
+            assert_int_equal(ag_tensor_requires_grad(a[k]), ag_tensor_requires_grad(b[k]));
+            if (!ag_tensor_requires_grad(a[k]))
+                continue;
+            ag_tensor *x = ag_sum_all(ag_mul_scalar(a[k], 0.5 + k)), *y = ag_sum_all(ag_mul_scalar(b[k], 0.5 + k));
+            le = le ? ag_add(le, x) : x;
+            lc = lc ? ag_add(lc, y) : y;
+        }
+        if (le) {
+            assert_int_equal(ag_backward(le, NULL, false), 0);
+            if (ag_backward(lc, NULL, false))
+                print_error("%s: backward: %s\n", name, ag_last_error());
+        }
+        ag_named_tensors pe, pc, be, bc;
+        assert_int_equal(ag_module_named_parameters(me, true, &pe), 0);
+        assert_int_equal(ag_module_named_parameters(mc, true, &pc), 0);
+        for (int i = 0; i < pe.n; i++) {
+            double d = rel(ag_tensor_grad(pe.tensors[i]), ag_tensor_grad(pc.tensors[i]));
+            if (!(d <= tol))
+                print_error("%s: grad of %s differs by %g\n", name, pe.names[i], d);
+            assert_true(d <= tol);
+        }
+        assert_int_equal(ag_module_named_buffers(me, true, &be), 0);
+        assert_int_equal(ag_module_named_buffers(mc, true, &bc), 0);
+        for (int i = 0; i < be.n; i++)
+            assert_true(rel(be.tensors[i], bc.tensors[i]) <= tol);
+        ag_named_tensors_free(&pe);
+        ag_named_tensors_free(&pc);
+        ag_named_tensors_free(&be);
+        ag_named_tensors_free(&bc);
+        assert_int_equal(ag_optim_step(oe), 0);
+        assert_int_equal(ag_optim_step(oc), 0);
+        ag_optim_zero_grad(oe);
+        ag_optim_zero_grad(oc);
+        ag_scope_end();
+    }
+    ag_optim_free(oe);
+    ag_optim_free(oc);
+    ag_compiled_free(c);
+    ag_joint_free(j);
+    ag_module_free(me);
+    ag_module_free(mc);
+    for (int i = 0; i < ne; i++)
+        ag_tensor_free(ie[i]);
+    for (int i = 0; i < nc; i++)
+        ag_tensor_free(ic[i]);
+}
+
+static void test_zoo_against_eager(void **st) {
+    (void)st;
+    const double budgets[] = {0.0, 0.5, 1.0};
+    for (int z = 0; z < ag_zoo_count(); z++) {
+        for (int p = 0; p < 2; p++)
+            for (int b = 0; b < 3; b++) {
+                if (p == 0 && b != 2)
+                    continue; /* the default partitioner has no budget */
+                ag_compile_opts co = {.partition = {.partitioner = p ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT,
+                                                    .memory_budget = budgets[b]}};
+                check_model(ag_zoo_name(z), &co, 1e-5);
+            }
+    }
+}
+
+/* float64 to 1e-12: a small MLP in double precision. */
+static int mlp64_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
+    (void)nin;
+    (void)max_out;
+    ag_scope_begin();
+    ag_tensor *w1 = ag_module_param(m, "w1"), *w2 = ag_module_param(m, "w2");
+    ag_tensor *h = ag_tanh(ag_mm(in[0], w1));
+    out[0] = ag_tensor_keep(ag_mean_all(ag_mul(ag_mm(h, w2), ag_mm(h, w2))));
+    ag_scope_end();
+    return out[0] ? 1 : ag_last_status();
+}
+
+static void test_float64_exact(void **st) {
+    (void)st;
+    ag_manual_seed(11);
+    ag_module *m = ag_module_new("MLP64", mlp64_forward, NULL, NULL);
+    ag_tensor *p1 = ag_randn(AG_F64, 2, (int64_t[]){5, 7}), *p2 = ag_randn(AG_F64, 2, (int64_t[]){7, 3});
+    assert_int_equal(ag_module_register_parameter(m, "w1", p1), 0);
+    assert_int_equal(ag_module_register_parameter(m, "w2", p2), 0);
+    ag_tensor_free(p1); /* the module holds its own references */
+    ag_tensor_free(p2);
+    ag_tensor *x = ag_randn(AG_F64, 2, (int64_t[]){4, 5});
+    ag_joint *j = ag_export_joint(m, &x, 1, NULL, NULL, 0, NULL);
+    assert_non_null(j);
+    for (int p = 0; p < 2; p++) {
+        ag_compile_opts co = {.partition = {.partitioner = p ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT,
+                                            .memory_budget = 0.5}};
+        ag_compiled *c = ag_compile_joint(j, &co);
+        assert_non_null(c);
+        ag_scope_begin();
+        ag_tensor *ye, *yc;
+        assert_int_equal(ag_module_call(m, &x, 1, &ye, 1), 1);
+        ag_tensor *w1 = ag_module_param(m, "w1"), *w2 = ag_module_param(m, "w2");
+        ag_tensor *ge[2], *gc[2];
+        assert_int_equal(ag_grad(&ye, NULL, 1, (ag_tensor *[]){w1, w2}, 2, ge, false, false), 0);
+        assert_int_equal(ag_compiled_call_module(c, m, &x, 1, &yc, 1), 1);
+        assert_int_equal(ag_grad(&yc, NULL, 1, (ag_tensor *[]){w1, w2}, 2, gc, false, false), 0);
+        assert_true(rel(ye, yc) <= 1e-12);
+        assert_true(rel(ge[0], gc[0]) <= 1e-12);
+        assert_true(rel(ge[1], gc[1]) <= 1e-12);
+        ag_scope_end();
+        ag_compiled_free(c);
+    }
+    ag_joint_free(j);
+    ag_module_free(m);
+    ag_tensor_free(x);
+}
+
+/* The transform path: every parameter gradient is multiplied by 0.5 inside the joint graph. */
+static void test_transform_halves_gradients(void **st) {
+    (void)st;
+    ag_module *m;
+    ag_tensor *in[8];
+    int nin;
+    assert_int_equal(ag_zoo_build("linear", NULL, &m, in, 8, &nin), 0);
+    ag_joint *j = ag_export_joint(m, in, nin, NULL, NULL, 0, NULL);
+    assert_non_null(j);
+    ag_graph *g = ag_graph_copy(ag_joint_graph(j));
+    ag_fx_pairs *pg = ag_fx_param_and_grad_nodes(g);
+    assert_non_null(pg);
+    assert_int_equal(ag_fx_pairs_count(pg), 2);
+    ag_node *out = ag_graph_output_node(g);
+    for (int i = 0; i < ag_fx_pairs_count(pg); i++) {
+        ag_node *grad = ag_fx_pairs_second(pg, i);
+        assert_non_null(grad);
+        ag_graph_insert_before(g, out);
+        ag_node *half = ag_graph_call(g, ag_op_find("mul.Scalar"),
+                                      (ag_garg[]){AG_GA_N(grad), AG_GA_F(0.5)}, 2, NULL);
+        assert_non_null(half);
+        assert_int_equal(ag_node_set_partitioner_tag(half, "is_backward"), 0);
+        /* Point the output at the scaled gradient (only the output's use of grad). */
+        const ag_garg *outs = ag_node_arg(out, 0);
+        ag_node *nodes[16];
+        memcpy(nodes, outs->u.nodes, sizeof(ag_node *) * (size_t)outs->n);
+        for (int k = 0; k < outs->n; k++)
+            if (nodes[k] == grad)
+                nodes[k] = half;
+        assert_int_equal(ag_node_set_arg(out, 0, AG_GA_NODES(nodes, outs->n)), 0);
+    }
+    ag_graph_insert_at_end(g);
+    ag_fx_pairs_free(pg);
+    assert_int_equal(ag_joint_set_graph(j, g), 0);
+    ag_compiled *c = ag_compile_joint(j, NULL);
+    assert_non_null(c);
+    ag_scope_begin();
+    ag_tensor *ye, *yc;
+    assert_int_equal(ag_module_call(m, in, nin, &ye, 1), 1);
+    ag_named_tensors ps;
+    assert_int_equal(ag_module_named_parameters(m, true, &ps), 0);
+    ag_tensor *ge[2], *gc[2];
+    assert_int_equal(ag_grad(&ye, (ag_tensor *[]){ag_ones_like(ye)}, 1, ps.tensors, 2, ge, false, false), 0);
+    assert_int_equal(ag_compiled_call_module(c, m, in, nin, &yc, 1), 1);
+    assert_int_equal(ag_grad(&yc, (ag_tensor *[]){ag_ones_like(yc)}, 1, ps.tensors, 2, gc, false, false), 0);
+    for (int i = 0; i < 2; i++)
+        for (int64_t e = 0; e < ag_tensor_numel(ge[i]); e++)
+            assert_true(ag_tensor_item_at(gc[i], e) == 0.5f * (float)ag_tensor_item_at(ge[i], e));
+    ag_named_tensors_free(&ps);
+    ag_scope_end();
+    ag_compiled_free(c);
+    ag_joint_free(j);
+    ag_module_free(m);
+    for (int i = 0; i < nin; i++)
+        ag_tensor_free(in[i]);
+}
+
+/* Runtime wrappers: a missing output gradient is zero; backward twice is refused; an input saved
+ * for backward and modified in place before it is an error. */
+static void test_runtime_wrappers(void **st) {
+    (void)st;
+    ag_module *m;
+    ag_tensor *in[8];
+    int nin;
+    assert_int_equal(ag_zoo_build("multi_output", NULL, &m, in, 8, &nin), 0);
+    ag_joint *j = ag_export_joint(m, in, nin, NULL, NULL, 0, NULL);
+    ag_compiled *c = ag_compile_joint(j, NULL);
+    assert_non_null(c);
+    ag_scope_begin();
+    ag_tensor *o[2];
+    assert_int_equal(ag_compiled_call_module(c, m, in, nin, o, 2), 2);
+    assert_string_equal(ag_tensor_grad_fn_name(o[0]), "CompiledFunction");
+    ag_tensor *loss = ag_sum_all(o[0]); /* o[1] gets no gradient: materialized as zeros */
+    assert_int_equal(ag_backward(loss, NULL, true), 0);
+    ag_tensor *g2 = ag_tensor_grad(ag_module_param(m, "linear2.weight"));
+    if (g2) /* zeros, if the engine reached it at all */
+        assert_true(max_abs_is_zero(g2));
+    assert_non_null(ag_tensor_grad(ag_module_param(m, "linear1.weight")));
+    assert_int_equal(ag_backward(loss, NULL, false), 0);   /* retained once */
+    assert_int_equal(ag_backward(loss, NULL, false), AG_ESTATE); /* then released */
+    tu_assert_error_contains("second time");
+    ag_scope_end();
+
+    /* x is saved by the compiled graph (the weight gradients' mm reads it). */
+    ag_scope_begin();
+    assert_int_equal(ag_compiled_call_module(c, m, in, nin, o, 2), 2);
+    bool prev = ag_set_grad_enabled(false);
+    ag_add_scalar_(in[0], 1.0);
+    ag_set_grad_enabled(prev);
+    int rc = ag_backward(ag_sum_all(o[1]), NULL, false);
+    assert_int_equal(rc, AG_ESTATE);
+    tu_assert_error_contains("modified by an inplace operation");
+    ag_scope_end();
+    ag_compiled_free(c);
+    ag_joint_free(j);
+    ag_module_free(m);
+    for (int i = 0; i < nin; i++)
+        ag_tensor_free(in[i]);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_zoo_against_eager),
+        cmocka_unit_test(test_float64_exact),
+        cmocka_unit_test(test_transform_halves_gradients),
+        cmocka_unit_test(test_runtime_wrappers),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,400 @@
+/* `aotgrad export` and `aotgrad descriptors`: a zoo model's joint forward+backward graph with
+ * descriptors (ag_export_joint) and its calling convention.
+ *
+ *   aotgrad export MODEL [--config NAME] [--decompose core] [--format text|dot|svg] [-o FILE]
+ *                        [--seq-nr] [--stack-traces]
+ *       builds MODEL in meta mode (shapes only: the export reads no weight), exports the joint
+ *       graph and prints it as text (docs/GRAPH_FORMAT.md, descriptors included), as Graphviz
+ *       DOT, or renders it to SVG (needs -o). --decompose core applies the core decomposition
+ *       table (ag_decomp_table_core) during the export, as upstream's decompositions=.
+ *   aotgrad descriptors MODEL [--config NAME]
+ *       prints params_spec, buffers_spec, in_spec and out_spec, then every differentiable input
+ *       with its placeholder and gradient (ag_fx_all_input_and_grad_nodes) and every
+ *       differentiable output with its node and tangent (ag_fx_all_output_and_tangent_nodes).
+ *
+ * C has no keyword arguments, so the zoo passes keyword inputs positionally, last; the table
+ * zoo_kwargs below names them, and they reach the export as kwargs (upstream's
+ * `forward(x, *, scale)` gets in_spec `TreeSpec(tuple, None, [..., TreeSpec(dict, ['scale'],
+ * [*])])`).
+ *
+ * Exit status: 0 on success, 1 when the work fails (an export error, an I/O error), 2 for a
+ * usage error (an unknown option, model or configuration). */
+#include "cli.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum { FMT_TEXT, FMT_DOT, FMT_SVG } out_format;
+
+typedef struct opts {
+    const char *model, *config, *out_path;
+    out_format format;
+    bool decompose;
+    ag_print_opts print;
+} opts;
+
+static const char export_usage[] =
+    "usage: aotgrad export MODEL [--config NAME] [--decompose core] [--format text|dot|svg] "
+    "[-o FILE] [--seq-nr] [--stack-traces]\n"
+    "       (aotgrad models lists the models)\n";
+static const char desc_usage[] = "usage: aotgrad descriptors MODEL [--config NAME]\n"
+                                 "       (aotgrad models lists the models)\n";
+
+/* The zoo models whose last inputs are keyword arguments, and their names. */
+static const struct {
+    const char *model;
+    int nkw;
+    const char *names[2];
+} zoo_kwargs[] = {
+    {"kwargs", 1, {"scale"}},
+};
+
+/* ---- options ---- */
+
+/* Parses argv; is_export allows the printing options. Returns 0, or 2 after a usage message. */
+static int parse_opts(const char *cmd, int argc, char **argv, bool is_export, const char *usage,
+                      opts *o) {
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--config")) {
+            if (!v) {
+                fprintf(stderr, "aotgrad %s: --config needs a configuration name\n%s", cmd, usage);
+                return 2;
+            }
+            o->config = v;
+            i++;
+        } else if (is_export && !strcmp(a, "--decompose")) {
+            if (!v || strcmp(v, "core")) {
+                fprintf(stderr, "aotgrad %s: --decompose needs 'core', got '%s'\n%s", cmd,
+                        v ? v : "(nothing)", usage);
+                return 2;
+            }
+            o->decompose = true;
+            i++;
+        } else if (is_export && !strcmp(a, "--format")) {
+            if (v && !strcmp(v, "text"))
+                o->format = FMT_TEXT;
+            else if (v && !strcmp(v, "dot"))
+                o->format = FMT_DOT;
+            else if (v && !strcmp(v, "svg"))
+                o->format = FMT_SVG;
+            else {
+                fprintf(stderr, "aotgrad %s: --format needs text, dot or svg, got '%s'\n%s", cmd,
+                        v ? v : "(nothing)", usage);
+                return 2;
+            }
+            i++;
+        } else if (is_export && !strcmp(a, "-o")) {
+            if (!v) {
+                fprintf(stderr, "aotgrad %s: -o needs a file name\n%s", cmd, usage);
+                return 2;
+            }
+            o->out_path = v;
+            i++;
+        } else if (is_export && !strcmp(a, "--seq-nr")) {
+            o->print.seq_nr = true;
+        } else if (is_export && !strcmp(a, "--stack-traces")) {
+            o->print.stack_trace = true;
+        } else if (a[0] == '-' && a[1]) {
+            fprintf(stderr, "aotgrad %s: unknown option '%s'\n%s", cmd, a, usage);
+            return 2;
+        } else if (o->model) {
+            fprintf(stderr, "aotgrad %s: unexpected argument '%s'\n%s", cmd, a, usage);
+            return 2;
+        } else {
+            o->model = a;
+        }
+    }
+    if (!o->model) {
+        fprintf(stderr, "aotgrad %s: missing MODEL\n%s", cmd, usage);
+        return 2;
+    }
+    if (o->format == FMT_SVG && !o->out_path) {
+        fprintf(stderr, "aotgrad %s: --format svg needs -o FILE\n%s", cmd, usage);
+        return 2;
+    }
+    return 0;
+}
+
+/* ---- the export ---- */
+
+/* Builds the model and exports it. Returns 0 with *joint set, or the exit status after a
+ * message. */
+static int export_model(const char *cmd, const opts *o, ag_joint **joint) {
+    int idx = -1;
+    for (int i = 0; i < ag_zoo_count(); i++)
+        if (!strcmp(ag_zoo_name(i), o->model))
+            idx = i;
+    if (idx < 0) {
+        fprintf(stderr, "aotgrad %s: unknown model '%s'; the models are:", cmd, o->model);
+        for (int i = 0; i < ag_zoo_count(); i++)
+            fprintf(stderr, " %s", ag_zoo_name(i));
+        fprintf(stderr, "\n");
+        return 2;
+    }
+    /* Meta mode: weights get shapes but no data; the export only reads shapes. */
+    ag_module *m = NULL;
+    ag_tensor *in[4] = {0};
+    int nin = 0;
+    bool prev = ag_set_meta_mode(true);
+    int rc = ag_zoo_build(o->model, o->config, &m, in, 4, &nin);
+    ag_set_meta_mode(prev);
+    if (rc) {
+        /* The only way a known model fails to build here is a bad configuration. */
+        fprintf(stderr, "aotgrad %s: %s\n", cmd, ag_last_error());
+        return rc == AG_EINVAL ? 2 : 1;
+    }
+    int nkw = 0;
+    const char *const *kw = NULL;
+    for (size_t i = 0; i < sizeof zoo_kwargs / sizeof zoo_kwargs[0]; i++)
+        if (!strcmp(zoo_kwargs[i].model, o->model) && zoo_kwargs[i].nkw <= nin) {
+            nkw = zoo_kwargs[i].nkw;
+            kw = zoo_kwargs[i].names;
+        }
+    ag_export_opts eo = {0};
+    ag_decomp_table *core = NULL;
+    if (o->decompose && !(core = ag_decomp_table_core())) {
+        fprintf(stderr, "aotgrad %s: %s\n", cmd, ag_last_error());
+        rc = 1;
+    } else {
+        eo.decompositions = core;
+        *joint = ag_export_joint(m, in, nin - nkw, kw, in + nin - nkw, nkw, &eo);
+        if (!*joint) {
+            fprintf(stderr, "aotgrad %s: %s: %s\n", cmd, o->model, ag_last_error());
+            rc = 1;
+        }
+    }
+    ag_decomp_table_free(core);
+    for (int i = 0; i < nin; i++)
+        ag_tensor_free(in[i]);
+    ag_module_free(m);
+    return rc;
+}
+
+/* ---- export ---- */
+
+static int write_text(const char *path, const char *s) {
+    if (!path) {
+        fputs(s, stdout);
+        return fflush(stdout) ? 1 : 0;
+    }
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        fprintf(stderr, "aotgrad export: cannot write %s: %s\n", path, strerror(errno));
+        return 1;
+    }
+    size_t n = strlen(s);
+    bool ok = fwrite(s, 1, n, f) == n;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok) {
+        fprintf(stderr, "aotgrad export: error writing %s\n", path);
+        return 1;
+    }
+    return 0;
+}
+
+int cli_export(int argc, char **argv) {
+    opts o = {0};
+    int rc = parse_opts("export", argc, argv, true, export_usage, &o);
+    if (rc)
+        return rc;
+    ag_joint *j = NULL;
+    if ((rc = export_model("export", &o, &j)))
+        return rc;
+    const ag_graph *g = ag_joint_graph(j);
+    char title[160];
+    snprintf(title, sizeof title, "%s%s%s joint", o.model, o.config ? " " : "",
+             o.config ? o.config : "");
+    ag_dot_opts dopts = {.title = title};
+    if (o.format == FMT_SVG) {
+        if (ag_graph_write_svg(g, o.out_path, &dopts)) {
+            fprintf(stderr, "aotgrad export: %s\n", ag_last_error());
+            rc = 1;
+        }
+    } else {
+        char *s =
+            o.format == FMT_DOT ? ag_graph_to_dot(g, &dopts) : ag_graph_to_string(g, &o.print);
+        if (!s) {
+            fprintf(stderr, "aotgrad export: %s\n", ag_last_error());
+            rc = 1;
+        } else {
+            rc = write_text(o.out_path, s);
+            ag_free(s);
+        }
+    }
+    ag_joint_free(j);
+    return rc;
+}
+
+/* ---- descriptors ---- */
+
+/* A growable string; on allocation failure it stops growing and remembers it. */
+typedef struct sbuf {
+    char *s;
+    size_t len, cap;
+    bool oom;
+} sbuf;
+
+static void sb_put(sbuf *b, const char *s, size_t n) {
+    if (b->oom)
+        return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (b->len + n + 1 > cap)
+            cap *= 2;
+        char *ns = realloc(b->s, cap);
+        if (!ns) {
+            b->oom = true;
+            return;
+        }
+        b->s = ns;
+        b->cap = cap;
+    }
+    memcpy(b->s + b->len, s, n);
+    b->len += n;
+    b->s[b->len] = 0;
+}
+
+static void sb_str(sbuf *b, const char *s) {
+    sb_put(b, s, strlen(s));
+}
+
+/* Appends a descriptor's repr (None for NULL), padded with spaces to `width`. */
+static void sb_desc(sbuf *b, const ag_desc *d, size_t width) {
+    size_t n = ag_desc_repr(d, NULL, 0);
+    char *tmp = malloc(n + 1);
+    if (!tmp) {
+        b->oom = true;
+        return;
+    }
+    ag_desc_repr(d, tmp, n + 1);
+    sb_put(b, tmp, n);
+    free(tmp);
+    for (; n < width; n++)
+        sb_put(b, " ", 1);
+}
+
+/* Python's repr of a list of strings; the strings are quoted as Python quotes them by printing
+ * each as a ParamAOTInput target (the descriptor printer implements repr(str)). */
+static void sb_str_list(sbuf *b, int n, const char *(*get)(const ag_joint *, int),
+                        const ag_joint *j) {
+    static const char prefix[] = "ParamAOTInput(target=";
+    sb_str(b, "[");
+    for (int i = 0; i < n; i++) {
+        ag_desc *d = ag_desc_param(get(j, i));
+        if (!d) {
+            b->oom = true;
+            return;
+        }
+        size_t len = ag_desc_repr(d, NULL, 0);
+        char *tmp = malloc(len + 1);
+        if (tmp) {
+            ag_desc_repr(d, tmp, len + 1);
+            if (i)
+                sb_str(b, ", ");
+            sb_put(b, tmp + sizeof prefix - 1, len - (sizeof prefix - 1) - 1);
+            free(tmp);
+        } else
+            b->oom = true;
+        ag_desc_release(d);
+    }
+    sb_str(b, "]");
+}
+
+static void sb_spec(sbuf *b, const ag_treespec *s) {
+    size_t n = ag_treespec_repr(s, NULL, 0);
+    char *tmp = malloc(n + 1);
+    if (!tmp) {
+        b->oom = true;
+        return;
+    }
+    ag_treespec_repr(s, tmp, n + 1);
+    sb_put(b, tmp, n);
+    free(tmp);
+}
+
+/* One table: a header line, then `descriptor  node  paired` per pair, columns aligned. */
+static void sb_pairs(sbuf *b, const char *title, const ag_fx_pairs *p, const char *const *cols) {
+    int n = ag_fx_pairs_count(p);
+    size_t w0 = strlen(cols[0]), w1 = strlen(cols[1]);
+    for (int i = 0; i < n; i++) {
+        size_t k = ag_desc_repr(ag_fx_pairs_desc(p, i), NULL, 0);
+        w0 = k > w0 ? k : w0;
+        const ag_node *f = ag_fx_pairs_first(p, i);
+        k = strlen(f ? ag_node_name(f) : "None");
+        w1 = k > w1 ? k : w1;
+    }
+    char line[64];
+    snprintf(line, sizeof line, " (%d):\n", n);
+    sb_str(b, title);
+    sb_str(b, line);
+    for (int i = -1; i < n; i++) {
+        const ag_node *f = i < 0 ? NULL : ag_fx_pairs_first(p, i);
+        const ag_node *s = i < 0 ? NULL : ag_fx_pairs_second(p, i);
+        const char *c1 = i < 0 ? cols[1] : f ? ag_node_name(f) : "None";
+        const char *c2 = i < 0 ? cols[2] : s ? ag_node_name(s) : "None";
+        sb_str(b, "  ");
+        if (i < 0) {
+            sb_str(b, cols[0]);
+            for (size_t k = strlen(cols[0]); k < w0; k++)
+                sb_str(b, " ");
+        } else {
+            sb_desc(b, ag_fx_pairs_desc(p, i), w0);
+        }
+        sb_str(b, "  ");
+        sb_str(b, c1);
+        for (size_t k = strlen(c1); k < w1; k++)
+            sb_str(b, " ");
+        sb_str(b, "  ");
+        sb_str(b, c2);
+        sb_str(b, "\n");
+    }
+}
+
+int cli_descriptors(int argc, char **argv) {
+    opts o = {0};
+    int rc = parse_opts("descriptors", argc, argv, false, desc_usage, &o);
+    if (rc)
+        return rc;
+    ag_joint *j = NULL;
+    if ((rc = export_model("descriptors", &o, &j)))
+        return rc;
+    const ag_graph *g = ag_joint_graph(j);
+    ag_fx_pairs *ig = ag_fx_all_input_and_grad_nodes(g);
+    ag_fx_pairs *ot = ig ? ag_fx_all_output_and_tangent_nodes(g) : NULL;
+    if (!ot) {
+        fprintf(stderr, "aotgrad descriptors: %s: %s\n", o.model, ag_last_error());
+        ag_fx_pairs_free(ig);
+        ag_joint_free(j);
+        return 1;
+    }
+    sbuf b = {0};
+    sb_str(&b, "params_spec: ");
+    sb_str_list(&b, ag_joint_num_params(j), ag_joint_param_fqn, j);
+    sb_str(&b, "\nbuffers_spec: ");
+    sb_str_list(&b, ag_joint_num_buffers(j), ag_joint_buffer_fqn, j);
+    sb_str(&b, "\nin_spec: ");
+    sb_spec(&b, ag_joint_in_spec(j));
+    sb_str(&b, "\nout_spec: ");
+    sb_spec(&b, ag_joint_out_spec(j));
+    sb_str(&b, "\n\n");
+    sb_pairs(&b, "differentiable inputs -> grads", ig,
+             (const char *const[]){"input", "placeholder", "grad"});
+    sb_str(&b, "\n");
+    sb_pairs(&b, "differentiable outputs -> tangents", ot,
+             (const char *const[]){"output", "node", "tangent"});
+    if (b.oom) {
+        fprintf(stderr, "aotgrad descriptors: out of memory\n");
+        rc = 1;
+    } else {
+        fputs(b.s, stdout);
+        rc = fflush(stdout) ? 1 : 0;
+    }
+    free(b.s);
+    ag_fx_pairs_free(ot);
+    ag_fx_pairs_free(ig);
+    ag_joint_free(j);
+    return rc;
+}
