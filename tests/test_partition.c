@@ -40,8 +40,12 @@ static void model_free(model *md) {
         ag_tensor_free(md->in[i]);
 }
 
-static const ag_graph *jg(const model *md) { return ag_joint_graph(md->j); }
-static int nfw(const model *md) { return ag_joint_num_fw_outputs(md->j); }
+static const ag_graph *jg(const model *md) {
+    return ag_joint_graph(md->j);
+}
+static int nfw(const model *md) {
+    return ag_joint_num_fw_outputs(md->j);
+}
 
 static char *repr(const ag_desc *d) {
     static char buf[4][256];
@@ -76,7 +80,9 @@ static void saved_names(const ag_graph *fw, int nf, char *buf, size_t n) {
     }
 }
 
-static int num_outputs(const ag_graph *g) { return ag_node_arg(ag_graph_output_node(g), 0)->n; }
+static int num_outputs(const ag_graph *g) {
+    return ag_node_arg(ag_graph_output_node(g), 0)->n;
+}
 
 /* True when node `name` of the backward is computed there (not a placeholder). */
 static bool computed_in(const ag_graph *g, const char *name) {
@@ -145,6 +151,48 @@ static void test_chain_mincut_saves_one_tensor(void **st) {
     assert_true(computed_in(bw, "mm") && computed_in(bw, "cos"));
     ag_graph_free(fw);
     ag_graph_free(bw);
+    /* A node's float meta "memory_budget" overrides the option (upstream's config). */
+    ag_graph *g = ag_graph_copy(jg(&md));
+    assert_int_equal(ag_node_meta_set(ag_graph_find(g, "cos"), "memory_budget",
+                                      (ag_mval){.kind = AG_MV_FLOAT, .u.f = 0.0}),
+                     0);
+    part(g, 1, AG_PARTITION_MINCUT, 1.0, AG_KNAPSACK_GREEDY, &fw, &bw, &s);
+    saved_names(fw, 1, buf, sizeof buf);
+    assert_string_equal(buf, "primals_1 primals_2");
+    ag_graph_free(fw);
+    ag_graph_free(bw);
+    ag_graph_free(g);
+    model_free(&md);
+}
+
+/* A joint without tangents (nothing requires grad): the forward is the whole graph, nothing is
+ * saved, and the backward takes and returns nothing. */
+static void test_inference_graph(void **st) {
+    (void)st;
+    model md;
+    bool prev = ag_set_meta_mode(true);
+    assert_int_equal(ag_zoo_build("linear", NULL, &md.m, md.in, 8, &md.nin), 0);
+    ag_set_meta_mode(prev);
+    ag_named_tensors ps;
+    assert_int_equal(ag_module_named_parameters(md.m, false, &ps), 0);
+    for (int i = 0; i < ps.n; i++)
+        ag_tensor_set_requires_grad(ps.tensors[i], false);
+    ag_named_tensors_free(&ps);
+    md.j = ag_export_joint(md.m, md.in, md.nin, NULL, NULL, 0, NULL);
+    assert_non_null(md.j);
+    for (int p = 0; p < 2; p++) {
+        ag_graph *fw, *bw;
+        ag_partition_stats s;
+        part(jg(&md), nfw(&md), p ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT, 0.5,
+             AG_KNAPSACK_GREEDY, &fw, &bw, &s);
+        assert_int_equal(s.saved_tensors, 0);
+        assert_int_equal(num_outputs(fw), nfw(&md));
+        assert_int_equal(ag_graph_num_nodes(fw), ag_graph_num_nodes(jg(&md)));
+        assert_int_equal(num_outputs(bw), 0);
+        assert_int_equal(ag_graph_num_nodes(bw), 1);
+        ag_graph_free(fw);
+        ag_graph_free(bw);
+    }
     model_free(&md);
 }
 
@@ -199,7 +247,8 @@ static void check_convention(const model *md, const ag_graph *fw, const ag_graph
     /* Backward outputs: the joint's grads with their descriptors. */
     assert_int_equal(num_outputs(bw), num_outputs(j) - nf);
     for (int k = 0; k < num_outputs(bw); k++)
-        assert_string_equal(repr(ag_node_output_desc(bo, k)), repr(ag_node_output_desc(jo, nf + k)));
+        assert_string_equal(repr(ag_node_output_desc(bo, k)),
+                            repr(ag_node_output_desc(jo, nf + k)));
 }
 
 static void test_calling_convention(void **st) {
@@ -312,8 +361,8 @@ static void test_budget_zero(void **st) {
         ag_partition_opts o = {.partitioner = AG_PARTITION_MINCUT, .memory_budget = 0};
         ag_graph *fw, *bw;
         ag__peak raw, ours;
-        assert_int_equal(ag__partition_ex(jg(&md), nfw(&md), &o, AG__BUDGET_RAW, &fw, &bw, NULL,
-                                          &raw), 0);
+        assert_int_equal(
+            ag__partition_ex(jg(&md), nfw(&md), &o, AG__BUDGET_RAW, &fw, &bw, NULL, &raw), 0);
         const ag_garg *a = ag_node_arg(ag_graph_output_node(fw), 0);
         for (int k = nfw(&md); k < a->n; k++)
             assert_int_equal(ag_node_kind_of(ag_graph_find(jg(&md), ag_node_name(a->u.nodes[k]))),
@@ -321,12 +370,12 @@ static void test_budget_zero(void **st) {
         assert_true(compute_intensive_recomputed(bw));
         ag_graph_free(fw);
         ag_graph_free(bw);
-        assert_int_equal(ag__partition_ex(jg(&md), nfw(&md), &o, AG__BUDGET_PEAK, &fw, &bw, NULL,
-                                          &ours), 0);
+        assert_int_equal(
+            ag__partition_ex(jg(&md), nfw(&md), &o, AG__BUDGET_PEAK, &fw, &bw, NULL, &ours), 0);
         assert_true(ours.peak <= raw.peak);
         if (i == 0) /* mlp: inputs only is the lowest peak */
             assert_int_equal(ours.peak, raw.peak);
-        else        /* gpt2: inputs only recreates every activation at the backward's start */
+        else /* gpt2: inputs only recreates every activation at the backward's start */
             assert_true(ours.peak < raw.peak);
         ag_graph_free(fw);
         ag_graph_free(bw);
@@ -433,12 +482,12 @@ static void test_solvers_partition(void **st) {
     model_free(&md);
 }
 
-/* The min-cut's value equals the capacity of the cut it reports (max-flow min-cut), and the
- * flow stays below the network's infinity. */
+/* Dinic and igraph agree on the flow value; the min-cut's value equals the capacity of the cut
+ * it reports (max-flow min-cut), and the flow stays below the network's infinity. */
 static void test_flow_network(void **st) {
     (void)st;
-    const char *names[] = {"gpt2", "cnn"};
-    for (size_t i = 0; i < 2; i++) {
+    const char *names[] = {"gpt2", "cnn", "mlp", "convbn", "linear"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         model md;
         model_load(&md, names[i], NULL, true);
         ag__part P;
@@ -449,6 +498,20 @@ static void test_flow_network(void **st) {
         double *flow = malloc(sizeof(double) * (size_t)net.nedges), value;
         assert_int_equal(ag__maxflow_igraph(&net, &value, flow), 0);
         assert_true(value < net.inf);
+        double dvalue;
+        assert_int_equal(ag__maxflow_dinic(&net, &dvalue, flow), 0);
+        assert_true(dvalue == value);
+        /* Dinic's flow is a flow: within capacities and conserved at every inner vertex. */
+        double *excess = calloc((size_t)net.nverts, sizeof(double));
+        for (int e = 0; e < net.nedges; e++) {
+            assert_true(flow[e] >= 0 && flow[e] <= net.cap[e]);
+            excess[net.to[e]] += flow[e];
+            excess[net.from[e]] -= flow[e];
+        }
+        for (int v = 2; v < net.nverts; v++)
+            assert_true(excess[v] == 0);
+        assert_true(excess[net.sink] == value);
+        free(excess);
         int *saved, nsaved;
         assert_int_equal(ag__solve_min_cut(&P, &o, NULL, &saved, &nsaved, NULL), 0);
         double cut = 0;
@@ -471,7 +534,8 @@ static void sweep(const char *name, ag__budget_mode mode, int64_t *peaks) {
     model md;
     model_load(&md, name, NULL, true);
     for (int k = 0; k <= 20; k++) {
-        ag_partition_opts o = {.partitioner = AG_PARTITION_MINCUT, .memory_budget = k / 20.0,
+        ag_partition_opts o = {.partitioner = AG_PARTITION_MINCUT,
+                               .memory_budget = k / 20.0,
                                .solver = AG_KNAPSACK_DP};
         ag_graph *fw, *bw;
         ag__peak pk;
@@ -766,8 +830,8 @@ static void test_allocation_failures(void **st) {
     oom_case c = {jg(&md), nfw(&md), {.partitioner = AG_PARTITION_DEFAULT, .memory_budget = 1}};
     tu_sweep_opts so = {.what = "partition default", .one_thread = true};
     assert_true(tu_alloc_failure_sweep(oom_scenario, &c, &so) > 10);
-    c.o = (ag_partition_opts){.partitioner = AG_PARTITION_MINCUT, .memory_budget = 0.5,
-                              .solver = AG_KNAPSACK_DP};
+    c.o = (ag_partition_opts){
+        .partitioner = AG_PARTITION_MINCUT, .memory_budget = 0.5, .solver = AG_KNAPSACK_DP};
     so.what = "partition mincut";
     assert_true(tu_alloc_failure_sweep(oom_scenario, &c, &so) > 10);
     model_free(&md);
@@ -776,6 +840,7 @@ static void test_allocation_failures(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chain_mincut_saves_one_tensor),
+        cmocka_unit_test(test_inference_graph),
         cmocka_unit_test(test_calling_convention),
         cmocka_unit_test(test_metadata_copied),
         cmocka_unit_test(test_backward_order),

@@ -57,8 +57,8 @@ static int bad(const char *what, const char *v) {
 }
 
 static int parse_opts(int argc, char **argv, opts *o) {
-    o->part = (ag_partition_opts){.partitioner = AG_PARTITION_DEFAULT, .memory_budget = 1.0,
-                                  .solver = AG_KNAPSACK_GREEDY};
+    o->part = (ag_partition_opts){
+        .partitioner = AG_PARTITION_DEFAULT, .memory_budget = 1.0, .solver = AG_KNAPSACK_GREEDY};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--config")) {
@@ -211,7 +211,8 @@ static int print_graphs(const opts *o, const ag_graph *fw, const ag_graph *bw, c
             ag_dot_opts d = {.title = title[k], .highlight = hl, .nhighlight = nhl};
             int rc = path ? ag_graph_write_svg(gs[k], path, &d) : AG_ENOMEM;
             if (rc)
-                fprintf(stderr, "aotgrad partition: %s\n", path ? ag_last_error() : "out of memory");
+                fprintf(stderr, "aotgrad partition: %s\n",
+                        path ? ag_last_error() : "out of memory");
             else
                 fprintf(stderr, "wrote %s\n", path);
             free(path);

@@ -83,6 +83,33 @@ int ag__wrap_dim(const char *op, int dim, int ndim);
 /* Copies src into dst elementwise (same shape; dtype conversion allowed). No autograd. */
 int ag__copy_into(ag_tensor *dst, const ag_tensor *src);
 
+/* ---- per-thread scratch (scratch.c) ---- */
+/* Kernel scratch that is kept between calls, so a step that repeats the shapes of an earlier
+ * one allocates nothing. See scratch.c for the rules and for which kernel uses which slot. */
+#define AG__SCRATCH_SLOTS 8
+/* A 64-byte-aligned block of at least `bytes` bytes: slot `slot` (0 .. AG__SCRATCH_SLOTS-1) of
+ * this thread's cache, the same block on every call until a larger size is asked (then it is
+ * replaced; contents are not kept). Valid until the next call with that slot on this thread.
+ * The library owns it. NULL with AG_ENOMEM set (the slot then empty) when it cannot grow.
+ * OpenMP kernels take one block before their parallel region and split it per thread. */
+void *ag__scratch(int slot, size_t bytes);
+/* Frees this thread's scratch blocks (done at thread exit and, for the thread that calls
+ * exit(), by a library destructor; tests call it to check the heap). */
+void ag__scratch_release_all(void);
+/* A temporary tensor whose struct and storage struct are the caller's (on the stack) and whose
+ * data is a scratch slot: never ag_tensor_free'd, valid as long as the slot. */
+typedef struct ag__scratch_tensor {
+    ag_tensor t;
+    ag_storage s;
+} ag__scratch_tensor;
+/* A contiguous (dt, sizes) tensor in *tmp over slot `slot`; NULL (AG_ENOMEM) on failure. */
+ag_tensor *ag__scratch_tensor_new(ag__scratch_tensor *tmp, int slot, ag_dtype dt, int ndim,
+                                  const int64_t *sizes);
+/* *out = src when src is NULL or contiguous, else a contiguous copy of src in *tmp over slot
+ * `slot`. Returns 0 or a negative status (error set). */
+int ag__scratch_contiguous(ag__scratch_tensor *tmp, int slot, const ag_tensor *src,
+                           const ag_tensor **out);
+
 /* ---- scopes (tensor.c) ---- */
 /* Hands a new reference to the caller: registers it with the open scope, if any. Returns t, or
  * NULL (t released, ENOMEM) when the scope cannot grow. */

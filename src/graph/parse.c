@@ -1283,8 +1283,12 @@ static int return_line(cur *c, const char *start) {
             if (!accept_word(c, "None")) {
                 if (*c->p != '%')
                     return expected(c, "a node or None");
+                const char *at = c->p;
                 if ((rc = parse_ref(c, &nd)))
                     return rc;
+                if (ag_node_kind_of(nd) == AG_NODE_CALL && ag_node_num_vals(nd) != 1)
+                    return perr(c, at, "%%%s has %d outputs: return one through getitem",
+                                ag_node_name(nd), ag_node_num_vals(nd));
             }
             P->ptrs[n++] = nd;
             if (accept(c, ')'))

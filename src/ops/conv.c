@@ -7,7 +7,10 @@
  * Images are spread over OpenMP threads, each with its own column buffer, while BLAS runs
  * single-threaded inside the parallel region; a batch of one leaves the threading to BLAS.
  * 1x1 convolutions with stride 1 and no padding skip im2col (the image is its own column
- * matrix). The typed loops live in conv_kernels.inc, included once per float type.
+ * matrix). The typed loops live in conv_kernels.inc, included once per float type. Column
+ * buffers and contiguous copies of strided inputs are per-thread scratch (ag__scratch; slots
+ * in src/core/scratch.c), taken before the parallel regions, so repeated calls allocate
+ * nothing but their outputs.
  *
  * The backward rules call the ATen helper ops (convolution_backward with the output mask taken
  * from which inputs need a gradient, max_pool2d_with_indices_backward, ...) so traced backward
@@ -114,23 +117,11 @@ static int pair_arg(const char *op, const char *name, const ag_arg *a, const int
     return ag__err(AG_EINVAL, "%s: %s must have 1 or 2 elements, got %d", op, name, n);
 }
 
-/* `t` itself when contiguous, else a contiguous copy in *tmp (which the caller frees). */
-static int contiguous_of(const ag_tensor *t, ag_tensor **tmp, const ag_tensor **out) {
-    *tmp = NULL;
-    *out = t;
-    if (!t || ag_tensor_is_contiguous(t))
-        return 0;
-    *tmp = ag__tensor_new(t->dtype, t->ndim, t->sizes, false);
-    if (!*tmp)
-        return AG_ENOMEM;
-    int rc = ag__copy_into(*tmp, t);
-    if (rc) {
-        ag_tensor_free(*tmp);
-        *tmp = NULL;
-        return rc;
-    }
-    *out = *tmp;
-    return 0;
+/* `t` itself when contiguous (or NULL), else a contiguous copy in *tmp over scratch slot
+ * `slot` (nothing to free). */
+static int contiguous_of(const ag_tensor *t, ag__scratch_tensor *tmp, int slot,
+                         const ag_tensor **out) {
+    return ag__scratch_contiguous(tmp, slot, t, out);
 }
 
 static void drop(ag_tensor *t) {
@@ -246,19 +237,17 @@ static int conv_kernel(const ag_arg *a, ag_tensor **o) {
     ag_tensor *out = o[0];
     if (ag_tensor_numel(out) == 0)
         return 0;
-    ag_tensor *tx, *tw;
+    ag__scratch_tensor tx, tw;
     const ag_tensor *x = NULL, *w = NULL;
-    rc = contiguous_of(a[0].u.t, &tx, &x);
+    rc = contiguous_of(a[0].u.t, &tx, 1, &x);
     if (!rc)
-        rc = contiguous_of(a[1].u.t, &tw, &w);
-    else
-        tw = NULL;
+        rc = contiguous_of(a[1].u.t, &tw, 2, &w);
     int nthr = batch_threads(g.N);
     int64_t ce = conv_cols_elems(&g);
     void *scratch = NULL;
     size_t es = ag_dtype_size(out->dtype);
     if (!rc) {
-        scratch = ag__malloc((size_t)(ce * nthr) * es + es);
+        scratch = ag__scratch(0, (size_t)(ce * nthr) * es + es);
         if (!scratch)
             rc = AG_ENOMEM;
     }
@@ -270,9 +259,6 @@ static int conv_kernel(const ag_arg *a, ag_tensor **o) {
         else
             conv_forward_f64(dptr(x), dptr(w), bp, bs, dptr(out), scratch, ce, nthr, &g);
     }
-    ag__free(scratch);
-    ag_tensor_free(tx);
-    ag_tensor_free(tw);
     return rc;
 }
 
@@ -416,19 +402,20 @@ static int conv_bw_kernel(const ag_arg *a, ag_tensor **o) {
             memset(dptr(o[0]), 0, es * (size_t)ag_tensor_numel(o[0]));
         return 0;
     }
-    ag_tensor *tgo = NULL, *tx = NULL, *tw = NULL;
+    ag__scratch_tensor tgo, tx, tw;
     const ag_tensor *go = NULL, *x = NULL, *w = NULL;
-    rc = contiguous_of(a[0].u.t, &tgo, &go);
+    rc = contiguous_of(a[0].u.t, &tgo, 1, &go);
     if (!rc)
-        rc = contiguous_of(want_gw ? a[1].u.t : NULL, &tx, &x);
+        rc = contiguous_of(want_gw ? a[1].u.t : NULL, &tx, 2, &x);
     if (!rc)
-        rc = contiguous_of(want_gx ? a[2].u.t : NULL, &tw, &w);
+        rc = contiguous_of(want_gx ? a[2].u.t : NULL, &tw, 3, &w);
     void *scratch = NULL;
     if (!rc && (want_gx || want_gw)) {
         int nthr = batch_threads(g.N);
         int64_t ce = conv_cols_elems(&g);
         int64_t ok = g.O * (g.C / g.groups) * g.kh * g.kw;
-        scratch = ag__malloc((size_t)(2 * ce * nthr + (want_gw ? ok * (nthr - 1) : 0)) * es + es);
+        size_t elems = (size_t)(2 * ce * nthr + (want_gw ? ok * (nthr - 1) : 0));
+        scratch = ag__scratch(0, elems * es + es);
         if (!scratch)
             rc = AG_ENOMEM;
         if (!rc) {
@@ -446,10 +433,6 @@ static int conv_bw_kernel(const ag_arg *a, ag_tensor **o) {
         else
             bias_grad_f64(dptr(go), dptr(o[2]), g.N, g.O, P);
     }
-    ag__free(scratch);
-    ag_tensor_free(tgo);
-    ag_tensor_free(tx);
-    ag_tensor_free(tw);
     return rc;
 }
 
@@ -651,17 +634,16 @@ static int maxpool_kernel(const ag_arg *a, ag_tensor **o) {
     pool_geom p = {0};
     int rc = pool_geometry("max_pool2d_with_indices", a[0].u.t, &a[1], &a[2], &a[3], &a[4],
                            a[5].u.b, &p);
-    ag_tensor *tx;
+    ag__scratch_tensor tx;
     const ag_tensor *x = NULL;
     if (!rc)
-        rc = contiguous_of(a[0].u.t, &tx, &x);
+        rc = contiguous_of(a[0].u.t, &tx, 1, &x);
     if (rc)
         return rc;
     if (x->dtype == AG_F32)
         max_pool_fwd_f32(dptr(x), dptr(o[0]), dptr(o[1]), &p);
     else
         max_pool_fwd_f64(dptr(x), dptr(o[0]), dptr(o[1]), &p);
-    ag_tensor_free(tx);
     return 0;
 }
 
@@ -773,12 +755,12 @@ static int maxpool_bw_kernel(const ag_arg *a, ag_tensor **o) {
     pool_geom p = {0};
     int rc = pool_geometry("max_pool2d_with_indices_backward", a[1].u.t, &a[2], &a[3], &a[4], &a[5],
                            a[6].u.b, &p);
-    ag_tensor *tgo = NULL, *tind = NULL;
+    ag__scratch_tensor tgo, tind;
     const ag_tensor *go = NULL, *ind = NULL;
     if (!rc)
-        rc = contiguous_of(a[0].u.t, &tgo, &go);
+        rc = contiguous_of(a[0].u.t, &tgo, 1, &go);
     if (!rc)
-        rc = contiguous_of(a[7].u.t, &tind, &ind);
+        rc = contiguous_of(a[7].u.t, &tind, 2, &ind);
     if (!rc) {
         bool ok = o[0]->dtype == AG_F32 ? max_pool_bwd_f32(dptr(go), dptr(ind), dptr(o[0]), &p)
                                         : max_pool_bwd_f64(dptr(go), dptr(ind), dptr(o[0]), &p);
@@ -788,8 +770,6 @@ static int maxpool_bw_kernel(const ag_arg *a, ag_tensor **o) {
                          "%lld x %lld input plane",
                          (long long)p.H, (long long)p.W);
     }
-    ag_tensor_free(tgo);
-    ag_tensor_free(tind);
     return rc;
 }
 
@@ -831,17 +811,16 @@ static int avgpool_meta(const ag_arg *a, ag_tmeta *o) {
 static int avgpool_kernel(const ag_arg *a, ag_tensor **o) {
     pool_geom p = {0};
     int rc = avg_geometry("avg_pool2d", a[0].u.t, &a[1], &p);
-    ag_tensor *tx;
+    ag__scratch_tensor tx;
     const ag_tensor *x = NULL;
     if (!rc)
-        rc = contiguous_of(a[0].u.t, &tx, &x);
+        rc = contiguous_of(a[0].u.t, &tx, 1, &x);
     if (rc)
         return rc;
     if (x->dtype == AG_F32)
         avg_pool_fwd_f32(dptr(x), dptr(o[0]), &p);
     else
         avg_pool_fwd_f64(dptr(x), dptr(o[0]), &p);
-    ag_tensor_free(tx);
     return 0;
 }
 
@@ -922,17 +901,16 @@ static int avgpool_bw_meta(const ag_arg *a, ag_tmeta *o) {
 static int avgpool_bw_kernel(const ag_arg *a, ag_tensor **o) {
     pool_geom p = {0};
     int rc = avg_geometry("avg_pool2d_backward", a[1].u.t, &a[2], &p);
-    ag_tensor *tgo;
+    ag__scratch_tensor tgo;
     const ag_tensor *go = NULL;
     if (!rc)
-        rc = contiguous_of(a[0].u.t, &tgo, &go);
+        rc = contiguous_of(a[0].u.t, &tgo, 1, &go);
     if (rc)
         return rc;
     if (o[0]->dtype == AG_F32)
         avg_pool_bwd_f32(dptr(go), dptr(o[0]), &p);
     else
         avg_pool_bwd_f64(dptr(go), dptr(o[0]), &p);
-    ag_tensor_free(tgo);
     return 0;
 }
 
@@ -1008,17 +986,16 @@ static int adaptive_meta(const ag_arg *a, ag_tmeta *o) {
 static int adaptive_kernel(const ag_arg *a, ag_tensor **o) {
     pool_geom p = {0};
     int rc = adaptive_geometry("_adaptive_avg_pool2d", a[0].u.t, &a[1], &p);
-    ag_tensor *tx;
+    ag__scratch_tensor tx;
     const ag_tensor *x = NULL;
     if (!rc)
-        rc = contiguous_of(a[0].u.t, &tx, &x);
+        rc = contiguous_of(a[0].u.t, &tx, 1, &x);
     if (rc)
         return rc;
     if (x->dtype == AG_F32)
         adaptive_fwd_f32(dptr(x), dptr(o[0]), &p);
     else
         adaptive_fwd_f64(dptr(x), dptr(o[0]), &p);
-    ag_tensor_free(tx);
     return 0;
 }
 
@@ -1093,16 +1070,15 @@ static int adaptive_bw_kernel(const ag_arg *a, ag_tensor **o) {
                    .W = x->sizes[nd - 1],
                    .OH = a[0].u.t->sizes[nd - 2],
                    .OW = a[0].u.t->sizes[nd - 1]};
-    ag_tensor *tgo;
+    ag__scratch_tensor tgo;
     const ag_tensor *go = NULL;
-    int rc = contiguous_of(a[0].u.t, &tgo, &go);
+    int rc = contiguous_of(a[0].u.t, &tgo, 1, &go);
     if (rc)
         return rc;
     if (o[0]->dtype == AG_F32)
         adaptive_bwd_f32(dptr(go), dptr(o[0]), &p);
     else
         adaptive_bwd_f64(dptr(go), dptr(o[0]), &p);
-    ag_tensor_free(tgo);
     return 0;
 }
 

@@ -14,7 +14,11 @@
  * for self and index for values.
  *
  * Rules that need only an input's SHAPE (self's sizes, the sizes of cat's inputs) read it from
- * ctx->input_meta instead of saving the input, as ATen saves only sym_sizes. */
+ * ctx->input_meta instead of saving the input, as ATen saves only sym_sizes.
+ *
+ * Kernels allocate nothing but their outputs: slices for cat/stack/split are views in structs
+ * on the stack, and index arrays, offsets and contiguous copies are per-thread scratch
+ * (ag__scratch; the slots are listed in src/core/scratch.c). */
 #include "kernel_util.h"
 #include "family.h"
 
@@ -47,11 +51,11 @@ static int64_t strided_offset(const ag_tensor *t, int64_t i) {
     return off;
 }
 
-/* The values of an int64 tensor (any strides) as a fresh row-major array, negative values
- * wrapped and checked against `size`. NULL with the error set on failure. */
+/* The values of an int64 tensor (any strides) as a row-major array in scratch slot 0, negative
+ * values wrapped and checked against `size`. NULL with the error set on failure. */
 static int64_t *read_index(const char *op, const ag_tensor *index, int dim, int64_t size) {
     int64_t n = ag_tensor_numel(index);
-    int64_t *ix = ag__malloc((size_t)n * sizeof *ix);
+    int64_t *ix = ag__scratch(0, (size_t)n * sizeof *ix);
     if (!ix)
         return NULL;
     const int64_t *src = (const int64_t *)ag__base(index);
@@ -60,47 +64,46 @@ static int64_t *read_index(const char *op, const ag_tensor *index, int dim, int6
     else
         for (int64_t i = 0; i < n; i++)
             ix[i] = src[strided_offset(index, i)];
-    if (wrap_indices(op, ix, n, dim, size)) {
-        ag__free(ix);
+    if (wrap_indices(op, ix, n, dim, size))
         return NULL;
-    }
     return ix;
 }
 
-/* t itself (a new reference) when contiguous, else a contiguous copy. */
-static ag_tensor *contiguous_ref(ag_tensor *t) {
-    if (ag_tensor_is_contiguous(t)) {
-        ag__tensor_retain(t);
-        return t;
-    }
-    ag_tensor *c = ag__tensor_new(t->dtype, t->ndim, t->sizes, false);
-    if (c && ag__copy_into(c, t)) {
-        ag_tensor_free(c);
-        return NULL;
-    }
-    return c;
+/* A view for kernels in the caller's struct *v: t's geometry over t's storage, without a
+ * reference, autograd or trace (never freed; valid while t is). */
+static ag_tensor *view_of(ag_tensor *v, const ag_tensor *t) {
+    memset(v, 0, sizeof *v);
+    v->refcount = 1;
+    v->dtype = t->dtype;
+    v->ndim = t->ndim;
+    memcpy(v->sizes, t->sizes, sizeof v->sizes);
+    memcpy(v->strides, t->strides, sizeof v->strides);
+    v->offset = t->offset;
+    v->storage = t->storage;
+    return v;
 }
 
-/* A view of t narrowed to [start, start + len) in dim, for kernels (no autograd). */
-static ag_tensor *narrow_alias(ag_tensor *t, int dim, int64_t start, int64_t len) {
-    ag_tmeta m;
-    ag__tmeta_of(t, &m);
-    m.sizes[dim] = len;
-    m.offset += start * m.strides[dim];
-    return ag__tensor_alias(t, &m);
+/* t narrowed to [start, start + len) in dim, in *v (see view_of). */
+static ag_tensor *narrow_view(ag_tensor *v, const ag_tensor *t, int dim, int64_t start,
+                              int64_t len) {
+    view_of(v, t);
+    v->sizes[dim] = len;
+    v->offset += start * t->strides[dim];
+    return v;
 }
 
-/* A view of t with dim removed at position i, for kernels (no autograd). */
-static ag_tensor *select_alias(ag_tensor *t, int dim, int64_t i) {
-    ag_tmeta m;
-    ag__tmeta_of(t, &m);
-    m.offset += i * t->strides[dim];
+/* t with dim removed at position i, in *v (see view_of). */
+static ag_tensor *select_view(ag_tensor *v, const ag_tensor *t, int dim, int64_t i) {
+    view_of(v, t);
+    v->offset += i * t->strides[dim];
     for (int d = dim; d < t->ndim - 1; d++) {
-        m.sizes[d] = t->sizes[d + 1];
-        m.strides[d] = t->strides[d + 1];
+        v->sizes[d] = t->sizes[d + 1];
+        v->strides[d] = t->strides[d + 1];
     }
-    m.ndim = t->ndim - 1;
-    return ag__tensor_alias(t, &m);
+    v->sizes[t->ndim - 1] = 0;
+    v->strides[t->ndim - 1] = 0;
+    v->ndim = t->ndim - 1;
+    return v;
 }
 
 /* Product of sizes[lo..hi). */
@@ -208,11 +211,8 @@ static int cat_kernel(const ag_arg *a, ag_tensor **o) {
             continue;
         if (dim < 0)
             dim = ag__wrap_dim("cat", (int)a[1].u.i, out->ndim);
-        ag_tensor *dst = narrow_alias(out, dim, off, t->sizes[dim]);
-        if (!dst)
-            return AG_ENOMEM;
-        int rc = ag__copy_into(dst, t);
-        ag_tensor_free(dst);
+        ag_tensor dst;
+        int rc = ag__copy_into(narrow_view(&dst, out, dim, off, t->sizes[dim]), t);
         if (rc)
             return rc;
         off += t->sizes[dim];
@@ -303,11 +303,8 @@ static int stack_kernel(const ag_arg *a, ag_tensor **o) {
     ag_tensor *out = o[0];
     int dim = ag__wrap_dim("stack", (int)a[1].u.i, out->ndim);
     for (int i = 0; i < a[0].n; i++) {
-        ag_tensor *dst = select_alias(out, dim, i);
-        if (!dst)
-            return AG_ENOMEM;
-        int rc = ag__copy_into(dst, a[0].u.ts[i]);
-        ag_tensor_free(dst);
+        ag_tensor dst;
+        int rc = ag__copy_into(select_view(&dst, out, dim, i), a[0].u.ts[i]);
         if (rc)
             return rc;
     }
@@ -399,11 +396,8 @@ static int split_kernel(const ag_arg *a, ag_tensor **o) {
     int64_t len = x->sizes[dim];
     int64_t cnt = ss == 0 ? 1 : (len + ss - 1) / ss;
     for (int64_t k = 0; k < cnt; k++) {
-        ag_tensor *src = narrow_alias(x, dim, k * ss, o[k]->sizes[dim]);
-        if (!src)
-            return AG_ENOMEM;
-        int rc = ag__copy_into(o[k], src);
-        ag_tensor_free(src);
+        ag_tensor src;
+        int rc = ag__copy_into(o[k], narrow_view(&src, x, dim, k * ss, o[k]->sizes[dim]));
         if (rc)
             return rc;
     }
@@ -501,11 +495,11 @@ static int index_select_kernel(const ag_arg *a, ag_tensor **o) {
     int64_t *ix = read_index("index_select", index, dim, size);
     if (!ix)
         return ag_last_status();
-    ag_tensor *src = contiguous_ref(x);
-    if (!src) {
-        ag__free(ix);
-        return ag_last_status();
-    }
+    ag__scratch_tensor tmp;
+    const ag_tensor *src;
+    int rc = ag__scratch_contiguous(&tmp, 1, x, &src);
+    if (rc)
+        return rc;
     size_t row = (size_t)inner * ag_dtype_size(x->dtype);
     const char *sp = ag__base(src);
     char *op = ag__base(out);
@@ -515,8 +509,6 @@ static int index_select_kernel(const ag_arg *a, ag_tensor **o) {
         int64_t oi = r / k, i = r % k;
         memcpy(op + (size_t)r * row, sp + (size_t)(oi * size + ix[i]) * row, row);
     }
-    ag_tensor_free(src);
-    ag__free(ix);
     return 0;
 }
 
@@ -623,12 +615,12 @@ static int index_add_kernel(const ag_arg *a, ag_tensor **o) {
     int64_t *ix = read_index("index_add", index, dim, size);
     if (!ix)
         return ag_last_status();
-    ag_tensor *s = contiguous_ref(src);
-    rc = s ? index_add_loop(x->dtype, ag__base(out), ag__base(s), ix, outer, size,
-                            ag_tensor_numel(index), inner, a[4].u.f)
-           : ag_last_status();
-    ag_tensor_free(s);
-    ag__free(ix);
+    ag__scratch_tensor tmp;
+    const ag_tensor *s;
+    rc = ag__scratch_contiguous(&tmp, 1, src, &s);
+    if (!rc)
+        rc = index_add_loop(x->dtype, ag__base(out), ag__base(s), ix, outer, size,
+                            ag_tensor_numel(index), inner, a[4].u.f);
     return rc;
 }
 
@@ -737,9 +729,7 @@ static int gather_kernel(const ag_arg *a, ag_tensor **o) {
     int64_t *ix = read_index("gather", index, dim, x->ndim ? x->sizes[dim] : 1);
     if (!ix)
         return ag_last_status();
-    int rc = gather_loop(x, dim, ix, o[0]);
-    ag__free(ix);
-    return rc;
+    return gather_loop(x, dim, ix, o[0]);
 }
 
 /* derivatives.yaml: self: gather_backward = grad.new_zeros(self.sizes()).scatter_add_(dim,
@@ -863,9 +853,7 @@ static int scatter_add_kernel(const ag_arg *a, ag_tensor **o) {
     int64_t *ix = read_index("scatter_add", index, dim, x->ndim ? x->sizes[dim] : 1);
     if (!ix)
         return ag_last_status();
-    rc = scatter_add_loop(index, dim, ix, src, out);
-    ag__free(ix);
-    return rc;
+    return scatter_add_loop(index, dim, ix, src, out);
 }
 
 /* derivatives.yaml: self: grad; src: grad.gather(dim, index). When index is smaller than src,
@@ -1055,13 +1043,13 @@ static int ix_plan_build(const char *op, const ag_tensor *x, ag_tensor *const *i
 }
 
 /* Offsets (with `strides`, those of the tensor addressed) of every row-major position of a
- * list of self dims. */
+ * list of self dims, in scratch slot `slot`. */
 static int64_t *dims_offsets(const int64_t *sizes, const int64_t *strides, const int *dims,
-                             int nd, int64_t *count) {
+                             int nd, int slot, int64_t *count) {
     int64_t n = 1;
     for (int k = 0; k < nd; k++)
         n *= sizes[dims[k]];
-    int64_t *off = ag__malloc((size_t)n * sizeof *off);
+    int64_t *off = ag__scratch(slot, (size_t)n * sizeof *off);
     if (!off)
         return NULL;
     for (int64_t i = 0; i < n; i++) {
@@ -1076,22 +1064,21 @@ static int64_t *dims_offsets(const int64_t *sizes, const int64_t *strides, const
     return off;
 }
 
-/* The raw index values for self dim d, broadcast to B, as a contiguous int64 tensor. */
-static ag_tensor *ix_values_for_dim(const ix_plan *p, int d) {
+/* The raw index values for self dim d, broadcast to B, as a contiguous int64 tensor in *vt
+ * over scratch slot 3 (a mask's coordinates go through slot 4). */
+static ag_tensor *ix_values_for_dim(const ix_plan *p, int d, ag__scratch_tensor *vt) {
     const ag_tensor *t = p->src[d];
-    ag_tensor *vb = ag__tensor_new(AG_I64, p->nb, p->b, false);
+    ag_tensor *vb = ag__scratch_tensor_new(vt, 3, AG_I64, p->nb, p->b);
     if (!vb)
         return NULL;
     ag_tensor *v = (ag_tensor *)t;
-    ag_tensor *pos = NULL;
+    ag__scratch_tensor pt;
     if (p->sub[d] >= 0) {
         /* Mask: the coordinates in mask dim `sub` of its true elements, row-major. */
         int64_t cnt = mask_count(t), k = 0;
-        pos = ag__tensor_new(AG_I64, 1, &cnt, false);
-        if (!pos) {
-            ag_tensor_free(vb);
+        ag_tensor *pos = ag__scratch_tensor_new(&pt, 4, AG_I64, 1, &cnt);
+        if (!pos)
             return NULL;
-        }
         int64_t *pp = (int64_t *)pos->storage->data, n = ag_tensor_numel(t);
         int64_t inner = prod(t->sizes, p->sub[d] + 1, t->ndim);
         const bool *mp = (const bool *)(const void *)ag__base(t);
@@ -1100,29 +1087,29 @@ static ag_tensor *ix_values_for_dim(const ix_plan *p, int d) {
                 pp[k++] = (i / inner) % t->sizes[p->sub[d]];
         v = pos;
     }
-    int rc = ag__copy_into(vb, v);
-    ag_tensor_free(pos);
-    if (rc) {
-        ag_tensor_free(vb);
+    if (ag__copy_into(vb, v))
         return NULL;
-    }
     return vb;
 }
 
 /* Offsets of the pre, B and post parts for addressing a tensor of self's shape with `strides`;
- * checks every index against its dim. The caller frees the three arrays. */
+ * checks every index against its dim. The three arrays are scratch slots 0, 2 and 1 (valid
+ * until those slots are taken again). */
 static int ix_offsets(const char *op, const ix_plan *p, const int64_t *sizes,
                       const int64_t *strides, int64_t **poff, int64_t *np, int64_t **boff,
                       int64_t *nbo, int64_t **qoff, int64_t *nq) {
-    *poff = dims_offsets(sizes, strides, p->pre, p->npre, np);
-    *qoff = *poff ? dims_offsets(sizes, strides, p->post, p->npost, nq) : NULL;
+    *poff = dims_offsets(sizes, strides, p->pre, p->npre, 0, np);
+    *qoff = *poff ? dims_offsets(sizes, strides, p->post, p->npost, 1, nq) : NULL;
     *nbo = ag__numel(p->nb, p->b);
-    *boff = *qoff ? ag__calloc((size_t)(*nbo ? *nbo : 1), sizeof **boff) : NULL;
+    *boff = *qoff ? ag__scratch(2, (size_t)(*nbo ? *nbo : 1) * sizeof **boff) : NULL;
+    if (*boff)
+        memset(*boff, 0, (size_t)(*nbo ? *nbo : 1) * sizeof **boff);
     int rc = *boff ? 0 : AG_ENOMEM;
     for (int d = 0; d < p->ndim && rc == 0 && *nbo > 0; d++) {
         if (!p->src[d])
             continue;
-        ag_tensor *vb = ix_values_for_dim(p, d);
+        ag__scratch_tensor vt;
+        ag_tensor *vb = ix_values_for_dim(p, d, &vt);
         if (!vb) {
             rc = ag_last_status();
             break;
@@ -1131,14 +1118,9 @@ static int ix_offsets(const char *op, const ix_plan *p, const int64_t *sizes,
         rc = wrap_indices(op, v, *nbo, d, sizes[d]);
         for (int64_t i = 0; i < *nbo && rc == 0; i++)
             (*boff)[i] += v[i] * strides[d];
-        ag_tensor_free(vb);
     }
-    if (rc) {
-        ag__free(*poff);
-        ag__free(*qoff);
-        ag__free(*boff);
+    if (rc)
         *poff = *qoff = *boff = NULL;
-    }
     return rc;
 }
 
@@ -1182,11 +1164,7 @@ static int index_kernel(const ag_arg *a, ag_tensor **o) {
         rc = ix_offsets("index", &p, x->sizes, x->strides, &poff, &np, &boff, &nbo, &qoff, &nq);
     if (rc)
         return rc;
-    rc = index_loop(x->dtype, ag__base(x), ag__base(o[0]), poff, boff, nbo, qoff, nq, np * nbo);
-    ag__free(poff);
-    ag__free(boff);
-    ag__free(qoff);
-    return rc;
+    return index_loop(x->dtype, ag__base(x), ag__base(o[0]), poff, boff, nbo, qoff, nq, np * nbo);
 }
 
 /* derivatives.yaml: self: index_backward(grad.new_zeros(self.sizes()), indices, grad), i.e.
@@ -1337,15 +1315,12 @@ static int index_put_into(const char *op, const ag_arg *a, ag_tensor *dst) {
         return rc;
     /* values broadcast to the result shape, copied first so that values aliasing dst reads
      * the old data. */
-    ag_tensor *vals = ag__tensor_new(dst->dtype, p.out_ndim, p.out_sizes, false);
+    ag__scratch_tensor vt;
+    ag_tensor *vals = ag__scratch_tensor_new(&vt, 5, dst->dtype, p.out_ndim, p.out_sizes);
     rc = vals ? ag__copy_into(vals, values) : ag_last_status();
     if (!rc)
         rc = index_put_loop(dst->dtype, ag__base(dst), (const char *)vals->storage->data, poff,
                             np, boff, nbo, qoff, nq, a[3].u.b);
-    ag_tensor_free(vals);
-    ag__free(poff);
-    ag__free(boff);
-    ag__free(qoff);
     return rc;
 }
 

@@ -30,7 +30,7 @@ typedef struct blas_mat {
     int64_t bstride;  /* elements between consecutive matrices of a batch */
     CBLAS_TRANSPOSE tr;
     int64_t ld;
-    ag_tensor *copy; /* contiguous temporary when the layout needed one, else NULL */
+    ag__scratch_tensor copy; /* contiguous temporary when the layout needed one */
 } blas_mat;
 
 /* Whether a (rows, cols) matrix with strides (s0, s1) is a BLAS matrix: row-major with
@@ -52,21 +52,19 @@ static bool blas_layout(int64_t rows, int64_t cols, int64_t s0, int64_t s1, CBLA
     return false;
 }
 
-static int blas_mat_prepare(const ag_tensor *t, blas_mat *m) {
+/* Describes t for BLAS; a layout BLAS cannot read is copied into per-thread scratch slot
+ * `slot` (0 for the left operand, 1 for the right; nothing to free). */
+static int blas_mat_prepare(const ag_tensor *t, blas_mat *m, int slot) {
     int nd = t->ndim;
     int64_t rows = t->sizes[nd - 2], cols = t->sizes[nd - 1];
-    m->copy = NULL;
     if (!blas_layout(rows, cols, t->strides[nd - 2], t->strides[nd - 1], &m->tr, &m->ld)) {
-        m->copy = ag__tensor_new(t->dtype, nd, t->sizes, false);
-        if (!m->copy)
+        ag_tensor *c = ag__scratch_tensor_new(&m->copy, slot, t->dtype, nd, t->sizes);
+        if (!c)
             return AG_ENOMEM;
-        int rc = ag__copy_into(m->copy, t);
-        if (rc) {
-            ag_tensor_free(m->copy);
-            m->copy = NULL;
+        int rc = ag__copy_into(c, t);
+        if (rc)
             return rc;
-        }
-        t = m->copy;
+        t = c;
         m->tr = CblasNoTrans;
         m->ld = cols > 1 ? cols : 1;
     }
@@ -108,14 +106,12 @@ static int gemm_tensors(const ag_tensor *x, const ag_tensor *y, ag_tensor *out, 
         return 0;
     }
     blas_mat a, b;
-    int rc = blas_mat_prepare(x, &a);
+    int rc = blas_mat_prepare(x, &a, 0);
     if (rc)
         return rc;
-    rc = blas_mat_prepare(y, &b);
-    if (rc) {
-        ag_tensor_free(a.copy);
+    rc = blas_mat_prepare(y, &b, 1);
+    if (rc)
         return rc;
-    }
     size_t es = ag_dtype_size(dt);
     char *c = ag__base(out);
     bool par = batch > 1 && n * m * k <= BMM_SMALL_MACS && omp_get_max_threads() > 1;
@@ -123,8 +119,6 @@ static int gemm_tensors(const ag_tensor *x, const ag_tensor *y, ag_tensor *out, 
     for (int64_t i = 0; i < batch; i++)
         gemm(dt, a.tr, b.tr, n, m, k, alpha, a.base + (size_t)(i * a.bstride) * es, a.ld,
              b.base + (size_t)(i * b.bstride) * es, b.ld, beta, c + (size_t)(i * n * m) * es, m);
-    ag_tensor_free(a.copy);
-    ag_tensor_free(b.copy);
     return 0;
 }
 

@@ -61,8 +61,9 @@ static int check_index_range(const char *op, const int64_t *ix, int64_t n, int64
 }
 
 static int emb_kernel(const ag_arg *a, ag_tensor **o) {
-    ag_tensor *w = a[0].u.t, *idx = a[1].u.t, *tidx;
-    const int64_t *ix = pack(idx, &tidx);
+    ag_tensor *w = a[0].u.t, *idx = a[1].u.t;
+    ag__scratch_tensor tidx;
+    const int64_t *ix = pack(idx, &tidx, 1);
     if (!ix)
         return ag_last_status();
     const int64_t n = ag_tensor_numel(idx), V = w->sizes[0], D = w->sizes[1];
@@ -86,7 +87,6 @@ static int emb_kernel(const ag_arg *a, ag_tensor **o) {
                     memcpy(out + (size_t)j * es, row + (size_t)(j * s1) * es, es);
         }
     }
-    ag_tensor_free(tidx);
     return rc;
 }
 
@@ -161,23 +161,26 @@ static int embb_meta(const ag_arg *a, ag_tmeta *o) {
  * scale_grad_by_freq each contribution is divided by how often its index occurs. Threads own
  * column blocks, so repeated indices never race. */
 static int embb_kernel(const ag_arg *a, ag_tensor **o) {
-    ag_tensor *g = a[0].u.t, *idx = a[1].u.t, *tg, *tidx;
+    ag_tensor *g = a[0].u.t, *idx = a[1].u.t;
+    ag__scratch_tensor tg, tidx;
     const int64_t V = a[2].u.i, pad = a[3].u.i;
     const bool freq = a[4].u.b;
-    const void *pg = pack(g, &tg);
-    const int64_t *ix = pack(idx, &tidx);
+    const void *pg = pack(g, &tg, 1);
+    const int64_t *ix = pg ? pack(idx, &tidx, 2) : NULL;
     int64_t *counts = NULL;
     int rc = (!pg || !ix) ? ag_last_status() : 0;
     const int64_t n = ag_tensor_numel(idx), D = g->sizes[g->ndim - 1];
     if (rc == 0)
         rc = check_index_range("embedding_dense_backward", ix, n, V, "a table");
     if (rc == 0 && freq) {
-        counts = ag__calloc((size_t)(V ? V : 1), sizeof *counts);
-        if (!counts)
+        counts = ag__scratch(3, (size_t)(V ? V : 1) * sizeof *counts);
+        if (!counts) {
             rc = AG_ENOMEM;
-        else
+        } else {
+            memset(counts, 0, (size_t)(V ? V : 1) * sizeof *counts);
             for (int64_t i = 0; i < n; i++)
                 counts[ix[i]]++;
+        }
     }
     if (rc == 0) {
         enum { BLK = 256 };
@@ -202,9 +205,6 @@ static int embb_kernel(const ag_arg *a, ag_tensor **o) {
             }
         });
     }
-    ag__free(counts);
-    ag_tensor_free(tg);
-    ag_tensor_free(tidx);
     return rc;
 }
 
@@ -281,9 +281,10 @@ static int nll_target_ok(const char *op, int64_t t, int64_t i, int64_t C, int64_
  * total weight of the targets that are not ignored. */
 static int nll_kernel(const ag_arg *a, ag_tensor **o) {
     const char *op = "nll_loss_forward";
-    ag_tensor *x = a[0].u.t, *t = a[1].u.t, *w = targ(&a[2]), *tt;
+    ag_tensor *x = a[0].u.t, *t = a[1].u.t, *w = targ(&a[2]);
+    ag__scratch_tensor tt;
     const int64_t reduction = a[3].u.i, ignore = a[4].u.i;
-    const int64_t *tv = pack(t, &tt);
+    const int64_t *tv = pack(t, &tt, 1);
     if (!tv)
         return ag_last_status();
     const int64_t N = x->ndim == 2 ? x->sizes[0] : 1, C = x->sizes[x->ndim - 1];
@@ -315,7 +316,6 @@ static int nll_kernel(const ag_arg *a, ag_tensor **o) {
             *(T *)data_of(o[1]) = (T)total;
         });
     }
-    ag_tensor_free(tt);
     return rc;
 }
 
@@ -406,9 +406,10 @@ static int nllb_meta(const ag_arg *a, ag_tmeta *o) {
 /* grad_self[i, t_i] = -w[t_i] * g_i (g_i = g for sum, g / total_weight for mean). */
 static int nllb_kernel(const ag_arg *a, ag_tensor **o) {
     const char *op = "nll_loss_backward";
-    ag_tensor *g = a[0].u.t, *x = a[1].u.t, *t = a[2].u.t, *w = targ(&a[3]), *tt;
+    ag_tensor *g = a[0].u.t, *x = a[1].u.t, *t = a[2].u.t, *w = targ(&a[3]);
+    ag__scratch_tensor tt;
     const int64_t reduction = a[4].u.i, ignore = a[5].u.i;
-    const int64_t *tv = pack(t, &tt);
+    const int64_t *tv = pack(t, &tt, 1);
     if (!tv)
         return ag_last_status();
     const int64_t N = x->ndim == 2 ? x->sizes[0] : 1, C = x->sizes[x->ndim - 1];
@@ -432,7 +433,6 @@ static int nllb_kernel(const ag_arg *a, ag_tensor **o) {
             }
         });
     }
-    ag_tensor_free(tt);
     return rc;
 }
 
@@ -766,27 +766,27 @@ ag_tensor *ag_dropout(ag_tensor *x, double p, bool train) {
 
 /* One operand of attention as GEMM sees it: a batch of (rows, cols) matrices, element
  * (b, i, j) at base[off(b) + i * ld + j]. Views whose last dim is unit-strided (the usual
- * (B, T, H, E).transpose(1, 2) of a projection) are used in place; others are packed. */
+ * (B, T, H, E).transpose(1, 2) of a projection) are used in place; others are packed into
+ * per-thread scratch (slot given by the caller). */
 typedef struct mats {
     char *base;
     int64_t ld;
     int nbd; /* batch dims */
     int64_t bsizes[AG_MAX_DIMS], bstrides[AG_MAX_DIMS];
-    ag_tensor *tmp;
+    ag__scratch_tensor tmp;
 } mats;
 
-static int mats_init(mats *m, ag_tensor *t) {
+static int mats_init(mats *m, ag_tensor *t, int slot) {
     const int nd = t->ndim;
     const int64_t rows = t->sizes[nd - 2], cols = t->sizes[nd - 1];
     const int64_t wide = cols > 1 ? cols : 1;
     bool direct = (cols <= 1 || t->strides[nd - 1] == 1) &&
                   (rows <= 1 || t->strides[nd - 2] >= wide);
-    ag_tensor *src = t;
-    m->tmp = NULL;
+    const ag_tensor *src = t;
     if (!direct) {
-        if (!pack(t, &m->tmp))
+        if (!pack(t, &m->tmp, slot))
             return ag_last_status();
-        src = m->tmp;
+        src = &m->tmp.t;
     }
     m->base = data_of(src);
     m->ld = rows <= 1 ? wide : src->strides[nd - 2];
@@ -829,7 +829,9 @@ static void gemm(ag_dtype dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
 }
 
 /* Everything one attention call needs: sizes, the operands as matrices, the mask's broadcast
- * strides over (batch..., L, S), and per-thread scratch for score matrices. */
+ * strides over (batch..., L, S), and per-thread scratch for score matrices. The scores are
+ * scratch slot 0 and packed query, key, value and grad_output slots 1 to 4, all taken by the
+ * calling thread before the parallel loop (src/core/scratch.c). */
 typedef struct sdpa {
     ag_dtype dt;
     int64_t nb, L, S, E, Ev;
@@ -902,16 +904,8 @@ static int sdpa_fwd_meta(const ag_arg *a, ag_tmeta *o) {
     return 0;
 }
 
-static void sdpa_free(sdpa *s) {
-    ag_tensor_free(s->q.tmp);
-    ag_tensor_free(s->k.tmp);
-    ag_tensor_free(s->v.tmp);
-    ag_tensor_free(s->go.tmp);
-    ag__free(s->scratch);
-}
-
-/* Fills s from the operands; `go` (the incoming gradient) may be NULL. Allocates `nbuf` score
- * buffers of (L, S) per thread. On failure everything taken is released. */
+/* Fills s from the operands; `go` (the incoming gradient) may be NULL. Takes `nbuf` score
+ * buffers of (L, S) per thread from scratch. Nothing to release. */
 static int sdpa_init(sdpa *s, ag_tensor *q, ag_tensor *k, ag_tensor *v, ag_tensor *go,
                      ag_tensor *mask, bool causal, const ag_arg *scale, int nbuf) {
     memset(s, 0, sizeof *s);
@@ -934,25 +928,23 @@ static int sdpa_init(sdpa *s, ag_tensor *q, ag_tensor *k, ag_tensor *v, ag_tenso
             s->mstrides[d] = (md < 0 || mask->sizes[md] == 1) ? 0 : mask->strides[md];
         }
     }
-    int rc = mats_init(&s->q, q);
+    int rc = mats_init(&s->q, q, 1);
     if (!rc)
-        rc = mats_init(&s->k, k);
+        rc = mats_init(&s->k, k, 2);
     if (!rc)
-        rc = mats_init(&s->v, v);
+        rc = mats_init(&s->v, v, 3);
     if (!rc && go)
-        rc = mats_init(&s->go, go);
+        rc = mats_init(&s->go, go, 4);
     int maxt = omp_get_max_threads();
     s->nth = (int)(s->nb < maxt ? s->nb : maxt);
     if (s->nth < 1)
         s->nth = 1;
     if (!rc) {
-        s->scratch = ag__malloc((size_t)s->nth * (size_t)nbuf * (size_t)(s->L * s->S) *
-                                ag_dtype_size(s->dt));
+        s->scratch = ag__scratch(0, (size_t)s->nth * (size_t)nbuf * (size_t)(s->L * s->S) *
+                                        ag_dtype_size(s->dt));
         if (!s->scratch)
             rc = AG_ENOMEM;
     }
-    if (rc)
-        sdpa_free(s);
     return rc;
 }
 
@@ -1038,9 +1030,7 @@ static int sdpa_fwd_kernel(const ag_arg *a, ag_tensor **o) {
     int rc = sdpa_init(&s, a[0].u.t, a[1].u.t, a[2].u.t, NULL, targ(&a[5]), a[4].u.b, &a[6], 1);
     if (rc)
         return rc;
-    rc = sdpa_fwd(&s, data_of(o[0]), data_of(o[1]));
-    sdpa_free(&s);
-    return rc;
+    return sdpa_fwd(&s, data_of(o[0]), data_of(o[1]));
 }
 
 /* derivatives.yaml: query, key, value: _scaled_dot_product_flash_attention_for_cpu_backward(
@@ -1191,18 +1181,15 @@ static int sdpa_bwd(sdpa *s, const void *lsev, void *gqv, void *gkv, void *gvv) 
 }
 
 static int sdpa_bwd_kernel(const ag_arg *a, ag_tensor **o) {
-    ag_tensor *tl;
-    const void *pl = pack(a[5].u.t, &tl);
+    ag__scratch_tensor tl;
+    const void *pl = pack(a[5].u.t, &tl, 5); /* logsumexp */
     if (!pl)
         return ag_last_status();
     sdpa s;
     int rc = sdpa_init(&s, a[1].u.t, a[2].u.t, a[3].u.t, a[0].u.t, targ(&a[8]), a[7].u.b, &a[9],
                        2);
-    if (rc == 0) {
+    if (rc == 0)
         rc = sdpa_bwd(&s, pl, data_of(o[0]), data_of(o[1]), data_of(o[2]));
-        sdpa_free(&s);
-    }
-    ag_tensor_free(tl);
     return rc;
 }
 

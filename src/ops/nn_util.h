@@ -29,25 +29,14 @@ static inline void meta_unused(ag_tmeta *m, ag_dtype dt) {
     ag__tmeta_contiguous(m, dt, 1, &zero);
 }
 
-/* t's elements in row-major order: t's own data when contiguous, else a packed copy stored in
- * *tmp that the caller frees. NULL (error set) when the copy cannot be made. */
-static inline const void *pack(ag_tensor *t, ag_tensor **tmp) {
-    *tmp = NULL;
-    if (ag_tensor_is_contiguous(t))
-        return data_of(t);
-    *tmp = ag__tensor_new(t->dtype, t->ndim, t->sizes, false);
-    if (!*tmp || ag__copy_into(*tmp, t)) {
-        ag_tensor_free(*tmp);
-        *tmp = NULL;
+/* t's elements in row-major order: t's own data when contiguous, else a packed copy in *tmp
+ * over per-thread scratch slot `slot` (nothing to free; each operand a kernel packs takes its
+ * own slot, see src/core/scratch.c). NULL (error set) when the copy cannot be made. */
+static inline const void *pack(ag_tensor *t, ag__scratch_tensor *tmp, int slot) {
+    const ag_tensor *c;
+    if (ag__scratch_contiguous(tmp, slot, t, &c))
         return NULL;
-    }
-    return data_of(*tmp);
-}
-
-static inline void free3(ag_tensor *a, ag_tensor *b, ag_tensor *c) {
-    ag_tensor_free(a);
-    ag_tensor_free(b);
-    ag_tensor_free(c);
+    return data_of(c);
 }
 
 /* Checks that an optional per-feature tensor (weight, bias, running stats) has `ndim` sizes

@@ -94,16 +94,15 @@ static int ln_kernel(const ag_arg *a, ag_tensor **o) {
     int rc = ln_check("native_layer_norm", x, &a[1], w, b, &M, &N);
     if (rc)
         return rc;
-    ag_tensor *tx, *tw = NULL, *tb = NULL;
-    const void *px = pack(x, &tx);
-    const void *pw = w ? pack(w, &tw) : NULL;
-    const void *pb = b ? pack(b, &tb) : NULL;
+    ag__scratch_tensor tx, tw, tb;
+    const void *px = pack(x, &tx, 1);
+    const void *pw = w ? pack(w, &tw, 2) : NULL;
+    const void *pb = b ? pack(b, &tb, 3) : NULL;
     if (!px || (w && !pw) || (b && !pb))
         rc = ag_last_status();
     else
         rc = ln_fwd(x->dtype, px, pw, pb, data_of(o[0]), data_of(o[1]), data_of(o[2]), M, N,
                     a[4].u.f);
-    free3(tx, tw, tb);
     return rc;
 }
 
@@ -292,17 +291,15 @@ static int lnb_kernel(const ag_arg *a, ag_tensor **o) {
     if (rc)
         return rc;
     const int64_t *mask = a[7].u.ints;
-    ag_tensor *t[5] = {0};
-    const void *pg = pack(g, &t[0]), *px = pack(x, &t[1]), *pm = pack(a[3].u.t, &t[2]);
-    const void *pr = pack(a[4].u.t, &t[3]), *pw = w ? pack(w, &t[4]) : NULL;
+    ag__scratch_tensor t[5];
+    const void *pg = pack(g, &t[0], 1), *px = pack(x, &t[1], 2), *pm = pack(a[3].u.t, &t[2], 3);
+    const void *pr = pack(a[4].u.t, &t[3], 4), *pw = w ? pack(w, &t[4], 5) : NULL;
     if (!pg || !px || !pm || !pr || (w && !pw))
         rc = ag_last_status();
     else
         rc = ln_bwd(x->dtype, pg, px, pm, pr, pw, mask[0] ? data_of(o[0]) : NULL,
                     mask[1] && w ? data_of(o[1]) : NULL, mask[2] && b ? data_of(o[2]) : NULL,
                     M, N);
-    for (int i = 0; i < 5; i++)
-        ag_tensor_free(t[i]);
     return rc;
 }
 
@@ -462,15 +459,15 @@ static int bn_fwd(ag_dtype dt, const void *xv, chan w, chan b, chan rm, chan rv,
 }
 
 static int bn_kernel(const ag_arg *a, ag_tensor **o) {
-    ag_tensor *x = a[0].u.t, *tx;
-    const void *px = pack(x, &tx);
+    ag_tensor *x = a[0].u.t;
+    ag__scratch_tensor tx;
+    const void *px = pack(x, &tx, 1);
     if (!px)
         return ag_last_status();
     const int64_t N = x->sizes[0], C = x->sizes[1], S = ag__numel(x->ndim - 2, x->sizes + 2);
     int rc = bn_fwd(x->dtype, px, chan_of(targ(&a[1])), chan_of(targ(&a[2])),
                     chan_of(targ(&a[3])), chan_of(targ(&a[4])), data_of(o[0]), data_of(o[1]),
                     data_of(o[2]), N, C, S, a[5].u.b, a[6].u.f, a[7].u.f);
-    ag_tensor_free(tx);
     return rc;
 }
 
@@ -696,9 +693,10 @@ static int bn_bwd(ag_dtype dt, const void *gv, const void *xv, chan w, chan rm, 
 }
 
 static int bnb_kernel(const ag_arg *a, ag_tensor **o) {
-    ag_tensor *g = a[0].u.t, *x = a[1].u.t, *tg, *tx;
+    ag_tensor *g = a[0].u.t, *x = a[1].u.t;
+    ag__scratch_tensor tg, tx;
     const int64_t *mask = a[9].u.ints;
-    const void *pg = pack(g, &tg), *px = pack(x, &tx);
+    const void *pg = pack(g, &tg, 1), *px = pack(x, &tx, 2);
     int rc;
     if (!pg || !px) {
         rc = ag_last_status();
@@ -709,8 +707,6 @@ static int bnb_kernel(const ag_arg *a, ag_tensor **o) {
                     mask[0] ? data_of(o[0]) : NULL, mask[1] ? data_of(o[1]) : NULL,
                     mask[2] ? data_of(o[2]) : NULL, N, C, S, a[7].u.b, a[8].u.f);
     }
-    ag_tensor_free(tg);
-    ag_tensor_free(tx);
     return rc;
 }
 

@@ -115,17 +115,17 @@ static int inplace_meta(const char *op, const ag_tensor *self, ag_tmeta *o) {
     return 0;
 }
 
-/* Points *t at a contiguous copy converted to dt (kept in *tmp for the caller to free) when
- * its dtype differs; kernels then compute in a single dtype. */
-static int to_dtype_tmp(ag_tensor **t, ag_dtype dt, ag_tensor **tmp) {
-    *tmp = NULL;
+/* Points *t at a contiguous copy converted to dt when its dtype differs; kernels then compute
+ * in a single dtype. The copy is *tmp over per-thread scratch slot `slot` (0 for the first
+ * operand, 1 for the second; nothing to free). */
+static int to_dtype_tmp(ag_tensor **t, ag_dtype dt, ag__scratch_tensor *tmp, int slot) {
     if ((*t)->dtype == dt)
         return 0;
-    *tmp = ag__tensor_new(dt, (*t)->ndim, (*t)->sizes, false);
-    if (!*tmp)
+    ag_tensor *c = ag__scratch_tensor_new(tmp, slot, dt, (*t)->ndim, (*t)->sizes);
+    if (!c)
         return AG_ENOMEM;
-    int rc = ag__copy_into(*tmp, *t);
-    *t = *tmp;
+    int rc = ag__copy_into(c, *t);
+    *t = c;
     return rc;
 }
 
@@ -290,14 +290,13 @@ static int arith_scalar(arith_kind k, ag_tensor *out, ag_tensor *xt, double s) {
 
 static int arith_kernel(arith_kind k, bool scalar, const ag_arg *a, ag_tensor *out) {
     double alpha = (k == AR_ADD || k == AR_SUB) ? a[2].u.f : 1.0;
-    ag_tensor *x = a[0].u.t, *y = scalar ? NULL : a[1].u.t, *tx, *ty = NULL;
-    int rc = to_dtype_tmp(&x, out->dtype, &tx);
+    ag_tensor *x = a[0].u.t, *y = scalar ? NULL : a[1].u.t;
+    ag__scratch_tensor tx, ty;
+    int rc = to_dtype_tmp(&x, out->dtype, &tx, 0);
     if (!rc && y)
-        rc = to_dtype_tmp(&y, out->dtype, &ty);
+        rc = to_dtype_tmp(&y, out->dtype, &ty, 1);
     if (!rc)
         rc = y ? arith_tensor(k, out, x, y, alpha) : arith_scalar(k, out, x, a[1].u.f * alpha);
-    ag_tensor_free(tx);
-    ag_tensor_free(ty);
     return rc;
 }
 
@@ -475,11 +474,11 @@ static int pow_run(ag_tensor *out, ag_tensor *xt, double e) {
 }
 
 static int pow_kernel(const ag_arg *a, ag_tensor **o) {
-    ag_tensor *x = a[0].u.t, *tmp;
-    int rc = to_dtype_tmp(&x, o[0]->dtype, &tmp);
+    ag_tensor *x = a[0].u.t;
+    ag__scratch_tensor tmp;
+    int rc = to_dtype_tmp(&x, o[0]->dtype, &tmp, 0);
     if (!rc)
         rc = pow_run(o[0], x, a[1].u.f);
-    ag_tensor_free(tmp);
     return rc;
 }
 
@@ -580,11 +579,11 @@ static int unary_run(unary_kind k, ag_tensor *out, ag_tensor *xt) {
 }
 
 static int unary_kernel(unary_kind k, const ag_arg *a, ag_tensor *out) {
-    ag_tensor *x = a[0].u.t, *tmp;
-    int rc = to_dtype_tmp(&x, out->dtype, &tmp);
+    ag_tensor *x = a[0].u.t;
+    ag__scratch_tensor tmp;
+    int rc = to_dtype_tmp(&x, out->dtype, &tmp, 0);
     if (!rc)
         rc = unary_run(k, out, x);
-    ag_tensor_free(tmp);
     return rc;
 }
 
@@ -781,11 +780,11 @@ static int clamp_run(ag_tensor *out, ag_tensor *xt, const ag_arg *a) {
 }
 
 static int clamp_kernel(const ag_arg *a, ag_tensor **o) {
-    ag_tensor *x = a[0].u.t, *tmp;
-    int rc = to_dtype_tmp(&x, o[0]->dtype, &tmp);
+    ag_tensor *x = a[0].u.t;
+    ag__scratch_tensor tmp;
+    int rc = to_dtype_tmp(&x, o[0]->dtype, &tmp, 0);
     if (!rc)
         rc = clamp_run(o[0], x, a);
-    ag_tensor_free(tmp);
     return rc;
 }
 
@@ -845,14 +844,13 @@ static int where_run(ag_tensor *out, ag_tensor *cond, ag_tensor *xt, ag_tensor *
 }
 
 static int where_kernel(const ag_arg *a, ag_tensor **o) {
-    ag_tensor *x = a[1].u.t, *y = a[2].u.t, *tx, *ty = NULL;
-    int rc = to_dtype_tmp(&x, o[0]->dtype, &tx);
+    ag_tensor *x = a[1].u.t, *y = a[2].u.t;
+    ag__scratch_tensor tx, ty;
+    int rc = to_dtype_tmp(&x, o[0]->dtype, &tx, 0);
     if (!rc)
-        rc = to_dtype_tmp(&y, o[0]->dtype, &ty);
+        rc = to_dtype_tmp(&y, o[0]->dtype, &ty, 1);
     if (!rc)
         rc = where_run(o[0], a[0].u.t, x, y);
-    ag_tensor_free(tx);
-    ag_tensor_free(ty);
     return rc;
 }
 
@@ -978,15 +976,14 @@ static int cmp_run(cmp_kind k, ag_tensor *out, ag_tensor *xt, ag_tensor *yt, dou
 }
 
 static int cmp_kernel(cmp_kind k, bool scalar, const ag_arg *a, ag_tensor *out) {
-    ag_tensor *x = a[0].u.t, *y = scalar ? NULL : a[1].u.t, *tx, *ty = NULL;
+    ag_tensor *x = a[0].u.t, *y = scalar ? NULL : a[1].u.t;
+    ag__scratch_tensor tx, ty;
     ag_dtype dt = y ? result_type(x, y) : ag__promote_scalar(x->dtype, a[1].u.f);
-    int rc = to_dtype_tmp(&x, dt, &tx);
+    int rc = to_dtype_tmp(&x, dt, &tx, 0);
     if (!rc && y)
-        rc = to_dtype_tmp(&y, dt, &ty);
+        rc = to_dtype_tmp(&y, dt, &ty, 1);
     if (!rc)
         rc = cmp_run(k, out, x, y, scalar ? a[1].u.f : 0);
-    ag_tensor_free(tx);
-    ag_tensor_free(ty);
     return rc;
 }
 
@@ -1053,14 +1050,13 @@ static int bw_run(bw_kind k, ag_tensor *out, ag_tensor *gt, ag_tensor *yt, doubl
 }
 
 static int bw_kernel(bw_kind k, const ag_arg *a, ag_tensor *out) {
-    ag_tensor *g = a[0].u.t, *y = a[1].u.t, *tg, *ty = NULL;
-    int rc = to_dtype_tmp(&g, out->dtype, &tg);
+    ag_tensor *g = a[0].u.t, *y = a[1].u.t;
+    ag__scratch_tensor tg, ty;
+    int rc = to_dtype_tmp(&g, out->dtype, &tg, 0);
     if (!rc)
-        rc = to_dtype_tmp(&y, out->dtype, &ty);
+        rc = to_dtype_tmp(&y, out->dtype, &ty, 1);
     if (!rc)
         rc = bw_run(k, out, g, y, k == BW_THRESHOLD ? a[2].u.f : 0);
-    ag_tensor_free(tg);
-    ag_tensor_free(ty);
     return rc;
 }
 

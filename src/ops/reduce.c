@@ -50,18 +50,19 @@ static int red_meta(const char *op, const ag_arg *a, const ag_arg *dimarg, bool 
     return 0;
 }
 
-/* Sum or mean of x, or of a copy of x converted to dt when the dtypes differ (as ATen does). */
+/* Sum or mean of x, or of a copy of x converted to dt when the dtypes differ (as ATen does).
+ * The copy lives in scratch slot 2 (the reduction itself uses 0 and 1). */
 static int with_dtype(const ag_tensor *x, ag_dtype dt, const bool *reduce, ag_tensor *out,
                       bool mean) {
     if (x->dtype == dt)
         return ag__reduce_sum(x, reduce, out, mean);
-    ag_tensor *cx = ag__tensor_new(dt, x->ndim, x->sizes, false);
+    ag__scratch_tensor tmp;
+    ag_tensor *cx = ag__scratch_tensor_new(&tmp, 2, dt, x->ndim, x->sizes);
     if (!cx)
         return ag_last_status();
     int rc = ag__copy_into(cx, x);
     if (rc == 0)
         rc = ag__reduce_sum(cx, reduce, out, mean);
-    ag_tensor_free(cx);
     return rc;
 }
 

@@ -19,7 +19,10 @@
  * Softmax-like ops and argmax work on rows along one dim (`rows`); each thread takes a block of
  * rows. Row kernels see contiguous rows only: strided rows are gathered into per-thread scratch.
  * Softmax subtracts the row max before exponentiating, and logsumexp its reduction max, so
- * large inputs stay finite. Float exp uses exp_f32, a branch-free polynomial that vectorizes. */
+ * large inputs stay finite. Float exp uses exp_f32, a branch-free polynomial that vectorizes.
+ *
+ * Temporary buffers (results in double, chunk partials, gathered rows) are per-thread scratch
+ * (ag__scratch, slots 0 and 1: see src/core/scratch.c), so repeated calls allocate nothing. */
 #include "reduce_kernels.h"
 
 #include <math.h>
@@ -381,7 +384,7 @@ static int run_reduce(const rplan *p, rkind k, const double *m, double *res) {
         return 0;
     }
     /* Few outputs, long reductions: chunks in parallel, combined in the same order as above. */
-    double *part = ag__malloc(sizeof(double) * (size_t)(nout * nch));
+    double *part = ag__scratch(1, sizeof(double) * (size_t)(nout * nch));
     if (!part)
         return AG_ENOMEM;
 #pragma omp parallel for schedule(static)
@@ -396,7 +399,6 @@ static int run_reduce(const rplan *p, rkind k, const double *m, double *res) {
             acc = r_combine(k, acc, part[o * nch + c]);
         res[o] = acc;
     }
-    ag__free(part);
     return 0;
 }
 
@@ -437,7 +439,7 @@ static int col_sum(const rplan *p, double *res) {
     const int64_t ntask = nouter * ncb * nrc;
     const bool par = nout * nred >= AG__PAR_MIN && ntask > 1;
     /* part[rc * nout + o] */
-    double *part = nrc > 1 ? ag__malloc(sizeof(double) * (size_t)(nout * nrc)) : res;
+    double *part = nrc > 1 ? ag__scratch(1, sizeof(double) * (size_t)(nout * nrc)) : res;
     if (!part)
         return AG_ENOMEM;
     const size_t esz = ag_dtype_size(p->dt);
@@ -461,7 +463,6 @@ static int col_sum(const rplan *p, double *res) {
                 acc += part[rc * nout + o];
             res[o] = acc;
         }
-        ag__free(part);
     }
     return 0;
 }
@@ -526,21 +527,19 @@ int ag__reduce_sum(const ag_tensor *x, const bool *reduce, ag_tensor *out, bool 
     if (p.nout == 0)
         return 0;
     if (!ag_dtype_is_float(x->dtype)) {
-        int64_t *res = ag__malloc(sizeof(int64_t) * (size_t)p.nout);
+        int64_t *res = ag__scratch(0, sizeof(int64_t) * (size_t)p.nout);
         if (!res)
             return AG_ENOMEM;
         int_reduce(&p, false, res);
         store_i(out, res, p.nout);
-        ag__free(res);
         return 0;
     }
-    double *res = ag__malloc(sizeof(double) * (size_t)p.nout);
+    double *res = ag__scratch(0, sizeof(double) * (size_t)p.nout);
     if (!res)
         return AG_ENOMEM;
     int rc = col_path_ok(&p) ? col_sum(&p, res) : run_reduce(&p, R_SUM, NULL, res);
     if (rc == 0)
         rc = store_f(out, res, p.nout, mean ? (double)p.nred : 1.0);
-    ag__free(res);
     return rc;
 }
 
@@ -550,21 +549,19 @@ int ag__reduce_amax(const ag_tensor *x, const bool *reduce, ag_tensor *out) {
     if (p.nout == 0)
         return 0;
     if (!ag_dtype_is_float(x->dtype)) {
-        int64_t *res = ag__malloc(sizeof(int64_t) * (size_t)p.nout);
+        int64_t *res = ag__scratch(0, sizeof(int64_t) * (size_t)p.nout);
         if (!res)
             return AG_ENOMEM;
         int_reduce(&p, true, res);
         store_i(out, res, p.nout);
-        ag__free(res);
         return 0;
     }
-    double *res = ag__malloc(sizeof(double) * (size_t)p.nout);
+    double *res = ag__scratch(0, sizeof(double) * (size_t)p.nout);
     if (!res)
         return AG_ENOMEM;
     int rc = run_reduce(&p, R_MAX, NULL, res);
     if (rc == 0)
         rc = store_f(out, res, p.nout, 1.0);
-    ag__free(res);
     return rc;
 }
 
@@ -574,7 +571,7 @@ int ag__reduce_var(const ag_tensor *x, const bool *reduce, double correction, ag
     plan_build(&p, x, reduce);
     if (p.nout == 0)
         return 0;
-    double *mean = ag__malloc(sizeof(double) * (size_t)p.nout * 2);
+    double *mean = ag__scratch(0, sizeof(double) * (size_t)p.nout * 2);
     if (!mean)
         return AG_ENOMEM;
     double *ssd = mean + p.nout;
@@ -587,7 +584,6 @@ int ag__reduce_var(const ag_tensor *x, const bool *reduce, double correction, ag
     double dof = (double)p.nred - correction;
     if (rc == 0)
         rc = store_f(out, ssd, p.nout, dof > 0 ? dof : 0.0);
-    ag__free(mean);
     return rc;
 }
 
@@ -598,7 +594,7 @@ int ag__reduce_logsumexp(const ag_tensor *x, const bool *reduce, ag_tensor *out)
     plan_build(&p, x, reduce);
     if (p.nout == 0)
         return 0;
-    double *m = ag__malloc(sizeof(double) * (size_t)p.nout * 2);
+    double *m = ag__scratch(0, sizeof(double) * (size_t)p.nout * 2);
     if (!m)
         return AG_ENOMEM;
     double *s = m + p.nout;
@@ -612,7 +608,6 @@ int ag__reduce_logsumexp(const ag_tensor *x, const bool *reduce, ag_tensor *out)
         s[i] = log(s[i]) + m[i];
     if (rc == 0)
         rc = store_f(out, s, p.nout, 1.0);
-    ag__free(m);
     return rc;
 }
 
@@ -723,7 +718,8 @@ static int rows_apply(const rows *w, char *const *base, size_t esz, row_fn fn, b
         contig &= w->step[k] == 1 || w->len <= 1;
     char *scratch = NULL;
     if (!contig) {
-        scratch = ag__malloc((size_t)omp_get_max_threads() * (size_t)nops * (size_t)w->len * esz);
+        scratch =
+            ag__scratch(0, (size_t)omp_get_max_threads() * (size_t)nops * (size_t)w->len * esz);
         if (!scratch)
             return AG_ENOMEM;
     }
@@ -744,7 +740,6 @@ static int rows_apply(const rows *w, char *const *base, size_t esz, row_fn fn, b
             strided_copy(p[0], w->step[0], q[0], 1, len, esz);
         }
     });
-    ag__free(scratch);
     return 0;
 }
 
@@ -798,20 +793,12 @@ int ag__argmax(ag_tensor *x, int dim, ag_tensor *out) {
     const size_t esz = ag_dtype_size(x->dtype);
     if (dim < 0) {
         /* The flattened index: read contiguous memory (a copy for strided inputs). */
-        ag_tensor *cx = x;
-        if (!ag_tensor_is_contiguous(x)) {
-            cx = ag__tensor_new(x->dtype, x->ndim, x->sizes, false);
-            if (!cx)
-                return ag_last_status();
-            int rc = ag__copy_into(cx, x);
-            if (rc) {
-                ag_tensor_free(cx);
-                return rc;
-            }
-        }
+        ag__scratch_tensor tmp;
+        const ag_tensor *cx;
+        int rc = ag__scratch_contiguous(&tmp, 0, x, &cx);
+        if (rc)
+            return rc;
         po[0] = argmax_any(x->dtype, ag__base(cx), ag__numel(x->ndim, x->sizes), 1);
-        if (cx != x)
-            ag_tensor_free(cx);
         return 0;
     }
     rows w;

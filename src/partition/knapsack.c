@@ -20,8 +20,8 @@
 static double ratio(const double *memory, const double *runtime, int i) {
     return memory[i] > 0 ? runtime[i] / memory[i] : INFINITY;
 }
-static int greedy(const double *memory, const double *runtime, int n, double max_memory,
-                  bool *save, double *total) {
+static int greedy(const double *memory, const double *runtime, int n, double max_memory, bool *save,
+                  double *total) {
     int *order = ag__malloc(sizeof(int) * (size_t)(n + 1));
     if (!order)
         return AG_ENOMEM;
@@ -137,8 +137,10 @@ static int ilp(const double *memory, const double *runtime, int n, double max_me
     int ret = glp_intopt(lp, &parm);
     int rc = 0;
     if (ret != 0 || glp_mip_status(lp) != GLP_OPT) {
-        rc = ag__err(AG_EINVAL, "partition: the ILP knapsack solver failed (glp_intopt %d, "
-                                "status %d)", ret, glp_mip_status(lp));
+        rc = ag__err(AG_EINVAL,
+                     "partition: the ILP knapsack solver failed (glp_intopt %d, "
+                     "status %d)",
+                     ret, glp_mip_status(lp));
     } else {
         *total = 0;
         for (int k = 1; k <= n; k++) {

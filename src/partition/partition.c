@@ -23,7 +23,9 @@
 
 /* ---- small helpers ---- */
 
-static int idx_of(const ag_node *n) { return ag_node_index(n); }
+static int idx_of(const ag_node *n) {
+    return ag_node_index(n);
+}
 
 static int cmp_int(const void *a, const void *b) {
     int x = *(const int *)a, y = *(const int *)b;
@@ -139,9 +141,10 @@ static int side_nodes(const ag__part *P, const bool *is_input, bool backward, co
         if (outs[k] < 0)
             continue;
         if (!valid[outs[k]])
-            return ag__err(AG_EINVAL, "partition: node %s was invalid, but is an output of the %s "
-                                      "graph", ag_node_name(P->info[outs[k]].node),
-                           backward ? "backward" : "forward");
+            return ag__err(AG_EINVAL,
+                           "partition: node %s was invalid, but is an output of the %s "
+                           "graph",
+                           ag_node_name(P->info[outs[k]].node), backward ? "backward" : "forward");
         needed[outs[k]] = true;
     }
     for (int i = P->nn - 1; i >= 0; i--) {
@@ -217,9 +220,9 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
             else
                 P->tangents[P->ntangents++] = i;
             const ag_desc *d = ag_node_desc(n);
-            pi->static_input = pi->primal && d &&
-                               (ag_desc_kind_of(d) == AG_DESC_PARAM ||
-                                ag_desc_kind_of(d) == AG_DESC_BUFFER);
+            pi->static_input =
+                pi->primal && d &&
+                (ag_desc_kind_of(d) == AG_DESC_PARAM || ag_desc_kind_of(d) == AG_DESC_BUFFER);
             pi->external = true;
         } else if (pi->kind == AG_NODE_GET_ATTR) {
             pi->external = true;
@@ -231,8 +234,8 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
             pi->opflags = ag_op_def(op)->flags;
             pi->tuple = ag_op_noutputs(op) != 1;
             pi->effectful = (pi->opflags & (AG_OP_EFFECTFUL | AG_OP_INPLACE)) != 0;
-            ag__op_classes(op, &pi->recomputable, &pi->random, &pi->compute_intensive,
-                           &pi->view, &pi->is_cat);
+            ag__op_classes(op, &pi->recomputable, &pi->random, &pi->compute_intensive, &pi->view,
+                           &pi->is_cat);
             pi->fusible = pi->recomputable || pi->random;
             ag_cost c;
             if ((rc = ag__node_cost(n, &c)))
@@ -474,20 +477,25 @@ done:
 
 /* ---- the peak-memory model ---- */
 
-/* Simulates one side. order[0..n) runs; alloc_key[x] is the storage a node's value lives in
- * (-1: none of ours), bytes_of_key[k] its size; keys alive at the start are listed in start[],
- * keys kept to the end in keep[]. Returns the peak; *end receives the bytes alive at the end. */
+/* One side's simulation state: key[x] is the storage node x's value lives in (-1: none of the
+ * step's), kbytes[k] its size, last[k] the last position that reads it (n: kept to the end),
+ * live[k] whether it is allocated now. */
 typedef struct sim {
     const ag__part *P;
-    int *key;          /* per node: storage key, -1 when external / no storage */
-    int64_t *kbytes;   /* per key */
-    int *last;         /* per key: last position it is read (n: kept to the end) */
+    int *key;        /* per node: storage key, -1 when external / no storage */
+    int64_t *kbytes; /* per key */
+    int *last;       /* per key: last position it is read (n: kept to the end) */
     bool *live;
 } sim;
 
 /* Bytes a tuple call allocates for its outputs. */
-static int64_t tuple_bytes(const ag__pinfo *pi) { return pi->bytes; }
+static int64_t tuple_bytes(const ag__pinfo *pi) {
+    return pi->bytes;
+}
 
+/* Runs order[0..n) from start_bytes live: each node allocates its value, the peak is taken
+ * while its inputs and output are both alive, then what it read for the last time is freed.
+ * Returns the peak; *end receives the bytes alive at the end. */
 static int64_t run_sim(sim *S, const int *order, int n, int64_t start_bytes, int64_t *end) {
     const ag__part *P = S->P;
     int64_t cur = start_bytes, peak = start_bytes;
@@ -702,8 +710,8 @@ static ag_node *copy_node(ag_graph *dst, const ag__part *P, int x, ag_node **env
         break;
     }
     case AG_NODE_GETITEM:
-        m = ag_graph_getitem(dst, env[idx_of(ag_node_arg_node(n, 0))],
-                             (int)ag_node_arg(n, 1)->u.i, ag_node_name(n));
+        m = ag_graph_getitem(dst, env[idx_of(ag_node_arg_node(n, 0))], (int)ag_node_arg(n, 1)->u.i,
+                             ag_node_name(n));
         break;
     case AG_NODE_GET_ATTR:
         m = ag_graph_get_attr(dst, ag_node_constant(n), ag_node_name(n));
@@ -907,8 +915,9 @@ int ag__partition_ex(const ag_graph *joint, int num_fwd_outputs, const ag_partit
     if (!fw || !bw)
         return ag__err(AG_EINVAL, "partition: NULL result pointer");
     *fw = *bw = NULL;
-    ag_partition_opts o = opts ? *opts : (ag_partition_opts){.partitioner = AG_PARTITION_DEFAULT,
-                                                              .memory_budget = 1.0};
+    ag_partition_opts o =
+        opts ? *opts
+             : (ag_partition_opts){.partitioner = AG_PARTITION_DEFAULT, .memory_budget = 1.0};
     if (o.partitioner != AG_PARTITION_DEFAULT && o.partitioner != AG_PARTITION_MINCUT)
         return ag__err(AG_EINVAL, "partition: unknown partitioner %d", (int)o.partitioner);
     if (o.solver != AG_KNAPSACK_GREEDY && o.solver != AG_KNAPSACK_DP && o.solver != AG_KNAPSACK_ILP)
@@ -975,7 +984,8 @@ int ag_tag_region_recompute(ag_graph *g, ag_node *first, ag_node *last, ag_recom
         return ag__err(AG_EINVAL, "tag_region_recompute: NULL argument");
     if ((unsigned)policy > AG_PREFER_RECOMPUTE)
         return ag__err(AG_EINVAL, "tag_region_recompute: bad policy %d", (int)policy);
-    if (ag_graph_find(g, ag_node_name(first)) != first || ag_graph_find(g, ag_node_name(last)) != last)
+    if (ag_graph_find(g, ag_node_name(first)) != first ||
+        ag_graph_find(g, ag_node_name(last)) != last)
         return ag__err(AG_EINVAL, "tag_region_recompute: %s or %s is not a node of this graph",
                        ag_node_name(first), ag_node_name(last));
     if (ag_node_index(first) > ag_node_index(last))

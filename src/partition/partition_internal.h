@@ -17,27 +17,27 @@
 typedef struct ag__pinfo {
     ag_node *node;
     ag_node_kind kind;
-    uint32_t opflags;        /* the op table's flags (calls only) */
-    bool primal;             /* a placeholder whose name lacks "tangents" */
-    bool tangent;            /* a placeholder named tangents* */
-    bool static_input;       /* a primal that is a parameter or buffer (by descriptor) */
-    bool must_fw, must_bw;   /* partitioner_tag must_be_in_forward / must_be_in_backward */
-    bool req_fw;             /* needed to compute the forward outputs from the primals */
-    bool req_bw;             /* tangents, must_be_in_backward, their users, backward outputs */
-    bool tuple;              /* a multi-output call: its getitems carry the values */
-    bool effectful;          /* kept by DCE although unused */
-    bool recomputable;       /* in the recomputable op set (mincut.c documents it) */
-    bool fusible;            /* recomputable or random */
+    uint32_t opflags;      /* the op table's flags (calls only) */
+    bool primal;           /* a placeholder whose name lacks "tangents" */
+    bool tangent;          /* a placeholder named tangents* */
+    bool static_input;     /* a primal that is a parameter or buffer (by descriptor) */
+    bool must_fw, must_bw; /* partitioner_tag must_be_in_forward / must_be_in_backward */
+    bool req_fw;           /* needed to compute the forward outputs from the primals */
+    bool req_bw;           /* tangents, must_be_in_backward, their users, backward outputs */
+    bool tuple;            /* a multi-output call: its getitems carry the values */
+    bool effectful;        /* kept by DCE although unused */
+    bool recomputable;     /* in the recomputable op set (mincut.c documents it) */
+    bool fusible;          /* recomputable or random */
     bool random, compute_intensive, view, is_cat;
     ag_recompute policy;
-    int fw_order;            /* rank among req_fw nodes; -1 otherwise */
-    int64_t dist;            /* dist_from_bw */
-    int64_t bytes;           /* numel * itemsize (a tuple: the sum over its outputs) */
-    double flops;            /* the op table's cost (ag_op_cost) of a call */
-    int root;                /* storage root for the peak model: a view's base, else itself */
-    bool external;           /* the root is a graph input or constant (costs no activation) */
-    int *args, nargs;        /* distinct argument nodes (indices) */
-    int *users, nusers;      /* distinct users (indices), the output node included */
+    int fw_order;       /* rank among req_fw nodes; -1 otherwise */
+    int64_t dist;       /* dist_from_bw */
+    int64_t bytes;      /* numel * itemsize (a tuple: the sum over its outputs) */
+    double flops;       /* the op table's cost (ag_op_cost) of a call */
+    int root;           /* storage root for the peak model: a view's base, else itself */
+    bool external;      /* the root is a graph input or constant (costs no activation) */
+    int *args, nargs;   /* distinct argument nodes (indices) */
+    int *users, nusers; /* distinct users (indices), the output node included */
 } ag__pinfo;
 
 /* The classified joint graph. */
@@ -45,10 +45,10 @@ typedef struct ag__part {
     ag_graph *g; /* private copy of the joint (dead code removed, recompute tags cleaned) */
     int nn;      /* nodes in g, the output node last */
     ag__pinfo *info;
-    int out;     /* index of the output node */
+    int out; /* index of the output node */
     int num_fwd_outputs;
-    int nouts;         /* outputs of the joint */
-    int *outs;         /* their node indices, -1 for None */
+    int nouts; /* outputs of the joint */
+    int *outs; /* their node indices, -1 for None */
     int *primals, nprimals;
     int *tangents, ntangents;
     int nreq_bw;
@@ -77,16 +77,19 @@ int ag__plan_make(const ag__part *P, const int *saved, int nsaved, ag__plan *pl)
 void ag__plan_free(ag__plan *pl);
 
 /* The peak-memory model of one training step run as the plan says: the forward with values
- * freed after their last use and its outputs (user outputs and saved values) kept to its end,
- * then the backward starting with the saved values alive, recomputed values alive from their
- * recomputation to their last use, gradients kept to its end. Views share their base's
- * storage; graph inputs, tangents and constants cost nothing (they are not activations). */
+ * freed after their last use and the saved values kept to its end, then the backward starting
+ * with the saved values alive, recomputed values alive from their recomputation to their last
+ * use. Views share their base's storage; a multi-output call writes all its outputs at once.
+ * Graph inputs, tangents and constants cost nothing, and other graph outputs (user outputs,
+ * gradients) leave the step's memory when made: they belong to the caller, are the same for
+ * every partition, and counting gradients to the end would bury the activations under the
+ * parameter-sized gradients. The executor (src/runtime) reports the real planned peaks. */
 typedef struct ag__peak {
-    int64_t fw_peak;  /* highest live bytes during the forward */
-    int64_t fw_end;   /* live at the forward's end (its outputs) */
-    int64_t bw_peak;  /* highest live bytes during the backward */
-    int64_t saved;    /* bytes of the saved values' storage */
-    int64_t peak;     /* max(fw_peak, bw_peak): the step's peak activation memory */
+    int64_t fw_peak;        /* highest live bytes during the forward */
+    int64_t fw_end;         /* live at the forward's end (its outputs) */
+    int64_t bw_peak;        /* highest live bytes during the backward */
+    int64_t saved;          /* bytes of the saved values' storage */
+    int64_t peak;           /* max(fw_peak, bw_peak): the step's peak activation memory */
     double recompute_flops; /* op-table flops of the forward nodes the backward recomputes */
     int recomputed_nodes;
 } ag__peak;
@@ -135,7 +138,9 @@ void ag__flow_net_free(ag__flow_net *net);
  * dont_ban (P->nn entries, may be NULL) lists nodes the knapsack allowed to recompute. */
 int ag__mincut_network(const ag__part *P, const ag__mincut_opts *o, const bool *dont_ban,
                        ag__flow_net *net, bool *banned);
-/* Maximum flow through igraph_maxflow: the flow value and each edge's flow (net->nedges). */
+/* Maximum flow: the flow value and each edge's flow (net->nedges entries). The partitioner
+ * uses Dinic; igraph_maxflow is the reference (bench/bench_maxflow.c times both). */
+int ag__maxflow_dinic(const ag__flow_net *net, double *value, double *flow);
 int ag__maxflow_igraph(const ag__flow_net *net, double *value, double *flow);
 /* solve_min_cut: the saved nodes (graph order, new array) and the banned set. */
 int ag__solve_min_cut(const ag__part *P, const ag__mincut_opts *o, const bool *dont_ban,
