@@ -35,7 +35,7 @@ cp fuzz/corpus/* "$work/corpus/"
 
 echo "== fuzzing ag_graph_parse for ${secs}s over $(ls fuzz/corpus | wc -l) seeds =="
 args=(-max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -max_len=131072
-      -artifact_prefix="$build/artifacts/" -print_final_stats=1)
+      -artifact_prefix="$build/artifacts/" -print_final_stats=1 -dict=fuzz/parse.dict)
 if [ "$jobs" -gt 1 ]; then
   args+=(-fork="$jobs")
 fi
@@ -43,8 +43,8 @@ status=0
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0:allocator_may_return_null=0 \
 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   "$build/fuzz_parse" "${args[@]}" "$work/corpus" > "$work/log" 2>&1 || status=$?
-grep -E '^(#[0-9]+ +DONE|Done [0-9]+ runs|stat::number_of_executed_units|stat::peak_rss_mb)' \
-  "$work/log" || true
+# The last progress line: executions, coverage, corpus size (both libFuzzer modes print one).
+grep -E '^#[0-9]+' "$work/log" | tail -n 1 || true
 if [ "$status" -ne 0 ]; then
   tail -n 60 "$work/log"
   echo

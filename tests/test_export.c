@@ -594,6 +594,124 @@ static void test_preserve_annotate_replay_view(void **st) {
     ag_tensor_free(x);
 }
 
+/* ---- 16/17/18. annotate_fn anchors stack traces ----
+ * Upstream's make_fx records a frame for a function only when it is decorated with annotate_fn
+ * (its undecorated control shows none); aotgrad records every public call site, so the
+ * decorated function's frame is always there and the control case does not apply. What
+ * carries over: nodes made inside an annotated call name the function in their stack trace,
+ * including nodes made inside composite ops (cross_entropy -> log_softmax, nll_loss) and inside
+ * modules. */
+
+typedef struct loss_io {
+    ag_tensor *logits, *target, *loss;
+} loss_io;
+
+static int compute_loss(void *ud) {
+    loss_io *io = ud;
+    io->loss = ag_cross_entropy(io->logits, io->target, AG_REDUCTION_MEAN, -100);
+    return io->loss ? 0 : -1;
+}
+
+static int loss_fn(void *ud, ag_tensor *const *in, int n, ag_tensor **out, int max_out) {
+    (void)ud;
+    (void)n;
+    (void)max_out;
+    loss_io io = {in[0], in[1], NULL};
+    int rc = ag_annotate_fn("module_fqn", (ag_mval){.kind = AG_MV_STR, .u.s = "loss"},
+                            "compute_loss", compute_loss, &io);
+    out[0] = io.loss;
+    return rc ? rc : 1;
+}
+
+static void test_annotate_fn_anchors_nested_functional_call(void **st) {
+    (void)st;
+    ag_tensor *x = ag_randn(AG_F32, 2, (int64_t[]){4, 8});
+    ag_tensor *y = ag_from_data(AG_I64, 1, (int64_t[]){4}, (int64_t[]){1, 0, 7, 3});
+    ag_tensor *in[2] = {x, y};
+    ag_graph *g = ag_trace(loss_fn, NULL, in, 2, NULL, NULL, NULL);
+    assert_non_null(g);
+    int anchored = 0;
+    for (ag_node *n = ag_graph_first(g); n; n = ag_node_next(n)) {
+        if (ag_node_kind_of(n) != AG_NODE_CALL)
+            continue;
+        const char *op = ag_op_name(ag_node_op(n));
+        if (!strcmp(op, "_log_softmax") || !strcmp(op, "nll_loss_forward")) {
+            assert_non_null(strstr(ag_node_stack_trace(n), "compute_loss"));
+            assert_string_equal(ag_node_custom_get(n, "module_fqn").u.s, "loss");
+            anchored++;
+        }
+    }
+    assert_int_equal(anchored, 2);
+    ag_graph_free(g);
+    ag_tensor_free(x);
+    ag_tensor_free(y);
+}
+
+static int user_fn(void *ud) {
+    ag_tensor **io = ud;
+    io[2] = ag_div(ag_sum_all(ag_mul_scalar(io[0], 2.0)), io[1]);
+    return io[2] ? 0 : -1;
+}
+
+static int pure_ops(void *ud, ag_tensor *const *in, int n, ag_tensor **out, int max_out) {
+    (void)ud;
+    (void)n;
+    (void)max_out;
+    ag_tensor *io[3] = {in[0], in[1], NULL};
+    int rc = ag_annotate_fn("k", (ag_mval){.kind = AG_MV_INT, .u.i = 1}, "user_fn", user_fn, io);
+    out[0] = io[2];
+    return rc ? rc : 1;
+}
+
+static void test_annotate_fn_anchors_pure_tensor_ops(void **st) {
+    (void)st;
+    ag_tensor *x = ag_randn(AG_F32, 1, (int64_t[]){4});
+    ag_tensor *y = ag_scalar_tensor(AG_F32, 2.0);
+    ag_tensor *in[2] = {x, y};
+    ag_graph *g = ag_trace(pure_ops, NULL, in, 2, NULL, NULL, NULL);
+    assert_non_null(g);
+    int with = 0;
+    for (ag_node *n = ag_graph_first(g); n; n = ag_node_next(n))
+        if (ag_node_kind_of(n) == AG_NODE_CALL && strstr(ag_node_stack_trace(n), "user_fn"))
+            with++;
+    assert_true(with >= 3); /* mul, sum, div */
+    ag_graph_free(g);
+    ag_tensor_free(x);
+    ag_tensor_free(y);
+}
+
+static int inner_module_fn(void *ud) {
+    void **io = ud;
+    io[2] = ag_module_forward(io[0], io[1]);
+    return io[2] ? 0 : -1;
+}
+
+static int nested_module(void *ud, ag_tensor *const *in, int n, ag_tensor **out, int max_out) {
+    (void)n;
+    (void)max_out;
+    void *io[3] = {ud, in[0], NULL};
+    int rc = ag_annotate_fn("k", (ag_mval){.kind = AG_MV_INT, .u.i = 2}, "inner_module_fn",
+                            inner_module_fn, io);
+    out[0] = io[2];
+    return rc ? rc : 1;
+}
+
+static void test_annotate_fn_nested_with_module_forward(void **st) {
+    (void)st;
+    ag_module *lin = ag_nn_linear(4, 4, false);
+    ag_tensor *x = ag_randn(AG_F32, 2, (int64_t[]){3, 4});
+    ag_graph *g = ag_trace(nested_module, lin, &x, 1, NULL, NULL, NULL);
+    assert_non_null(g);
+    ag_node *mm = find(g, "mm");
+    const char *trace = ag_node_stack_trace(mm);
+    assert_non_null(trace);
+    assert_non_null(strstr(trace, "inner_module_fn"));
+    assert_non_null(strstr(trace, "layers.c")); /* the module's own frame, innermost */
+    ag_graph_free(g);
+    ag_module_free(lin);
+    ag_tensor_free(x);
+}
+
 /* ---- forward-only export when nothing requires grad ---- */
 
 static void test_inference_graph(void **st) {
@@ -744,6 +862,9 @@ int main(void) {
         cmocka_unit_test(test_no_annotation_on_gradient_acc_nodes),
         cmocka_unit_test(test_custom_op_stack_trace),
         cmocka_unit_test(test_preserve_annotate_replay_view),
+        cmocka_unit_test(test_annotate_fn_anchors_nested_functional_call),
+        cmocka_unit_test(test_annotate_fn_anchors_pure_tensor_ops),
+        cmocka_unit_test(test_annotate_fn_nested_with_module_forward),
         cmocka_unit_test(test_inference_graph),
         cmocka_unit_test(test_zoo_numerics),
     };

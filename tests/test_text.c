@@ -132,8 +132,8 @@ static ag_graph *build_reference(void) {
     ag_node_set_seq_nr(t, 0);
     ag_node_set_partitioner_tag(t, "is_forward");
 
-    ag_node *mm = call(g, "addmm",
-                       (ag_garg[]){AG_GA_N(b), AG_GA_N(x), AG_GA_N(t), AG_GA_I(1), AG_GA_F(0.5)}, 5);
+    ag_node *mm = call(
+        g, "addmm", (ag_garg[]){AG_GA_N(b), AG_GA_N(x), AG_GA_N(t), AG_GA_I(1), AG_GA_F(0.5)}, 5);
     ag_node_set_seq_nr(mm, 1);
     ag_node_set_partitioner_tag(mm, "is_forward");
     ag_node_set_recompute(mm, AG_MUST_SAVE);
@@ -250,7 +250,8 @@ static void test_print_reference(void **state) {
     ag_print_opts o = {.no_custom = true, .no_meta = true};
     s = ag_graph_to_string(g, &o);
     assert_non_null(strstr(s, "    %t = t(%primals_1)  # f32[3, 2]{1, 3}\n"));
-    assert_non_null(strstr(s, "    %tangents_1 : f32[4, 2]  # TangentAOTInput(output=PlainAOTOutput(idx=0))\n"));
+    assert_non_null(strstr(
+        s, "    %tangents_1 : f32[4, 2]  # TangentAOTInput(output=PlainAOTOutput(idx=0))\n"));
     assert_null(strstr(s, "gradient_acc"));
     ag_free(s);
     /* ag_graph_print writes the same text. */
@@ -339,10 +340,12 @@ static const char doc_example[] =
     "    %primals_3 : f32[4, 3]  # PlainAOTInput(idx=0)\n"
     "    %tangents_1 : f32[4, 2]  # TangentAOTInput(output=PlainAOTOutput(idx=0))  is_backward\n"
     "    %t = t(%primals_1)  # f32[3, 2]{1, 3}  {'pp_stage': 0}  seq_nr=0  is_forward\n"
-    "    %addmm = addmm(%primals_2, %primals_3, %t)  # f32[4, 2]  {'pp_stage': 0}  seq_nr=1  is_forward\n"
+    "    %addmm = addmm(%primals_2, %primals_3, %t)  # f32[4, 2]  {'pp_stage': 0}  seq_nr=1  "
+    "is_forward\n"
     "          File \"model.c\", line 12, in forward\n"
     "            y = ag_linear(x, w, b);\n"
-    "    %native_layer_norm = native_layer_norm(%primals_3, [3], None, None, 1e-05)  # (f32[4, 3], f32[4, 1], f32[4, 1])\n"
+    "    %native_layer_norm = native_layer_norm(%primals_3, [3], None, None, 1e-05)  # (f32[4, 3], "
+    "f32[4, 1], f32[4, 1])\n"
     "    %getitem = getitem(%native_layer_norm, 0)  # f32[4, 3]\n"
     "    %sum_1 = sum.dim_IntList(%tangents_1, [0], True)  # f32[1, 2]  seq_nr=1  is_backward\n"
     "    %t_1 = t(%tangents_1)  # f32[2, 4]{1, 2}  seq_nr=1  is_backward\n"
@@ -384,27 +387,25 @@ static void test_parse_doc_example(void **state) {
     /* Hand-written liberties: comments, blank lines, other spacing, keyword arguments for
      * positional ones, VALs and descriptors left out, CRLF line ends. The canonical text is
      * what the printer makes of it. */
-    const char *loose =
-        "# a comment before the graph\r\n"
-        "\r\n"
-        "graph():\r\n"
-        "  %x : f32[4,3]\r\n"
-        "  %w:f32[2, 3]  #   ParamAOTInput( target = \"w\" )\r\n"
-        "      # an indented comment\r\n"
-        "  %y = mm(self=%x, mat2=%t)  # f32[4, 2]\r\n"
-        "  %t = t(%w)\r\n"
-        "  return (%y)\r\n";
+    const char *loose = "# a comment before the graph\r\n"
+                        "\r\n"
+                        "graph():\r\n"
+                        "  %x : f32[4,3]\r\n"
+                        "  %w:f32[2, 3]  #   ParamAOTInput( target = \"w\" )\r\n"
+                        "      # an indented comment\r\n"
+                        "  %y = mm(self=%x, mat2=%t)  # f32[4, 2]\r\n"
+                        "  %t = t(%w)\r\n"
+                        "  return (%y)\r\n";
     assert_parse_error(loose, "line 7:25: %t is used before its definition on line 8");
-    const char *loose2 =
-        "# a comment before the graph\r\n"
-        "\r\n"
-        "graph():\r\n"
-        "  %x : f32[4,3]\r\n"
-        "  %w:f32[2, 3]  #   ParamAOTInput( target = \"w\" )\r\n"
-        "      # an indented comment\r\n"
-        "  %t = t(%w)\r\n"
-        "  %y = mm(self=%x, mat2=%t, )  # f32[4, 2]\r\n"
-        "  return (%y)";
+    const char *loose2 = "# a comment before the graph\r\n"
+                         "\r\n"
+                         "graph():\r\n"
+                         "  %x : f32[4,3]\r\n"
+                         "  %w:f32[2, 3]  #   ParamAOTInput( target = \"w\" )\r\n"
+                         "      # an indented comment\r\n"
+                         "  %t = t(%w)\r\n"
+                         "  %y = mm(self=%x, mat2=%t, )  # f32[4, 2]\r\n"
+                         "  return (%y)";
     char *s = roundtrip(loose2);
     assert_text(s, "graph():\n"
                    "    %x : f32[4, 3]  # None\n"
@@ -421,33 +422,31 @@ static void test_corner_cases(void **state) {
     /* Odd names are quoted; a placeholder without a val prints None; a stack trace that
      * continuation lines cannot carry (a blank line) is a quoted item; generic metadata keys of
      * every kind; a well-known key of the wrong kind prints generically. */
-    const char *odd =
-        "graph():\n"
-        "    %'a b' : f32[2]  # None\n"
-        "    %noval : None  # PlainAOTInput(idx=1)\n"
-        "    %\"it's\" = neg(%'a b')  # f32[2]  k1=None  k2=True  k3=-7  k4=1e+300  k5='\\n\\x00x'\n";
+    const char *odd = "graph():\n"
+                      "    %'a b' : f32[2]  # None\n"
+                      "    %noval : None  # PlainAOTInput(idx=1)\n"
+                      "    %\"it's\" = neg(%'a b')  # f32[2]  k1=None  k2=True  k3=-7  k4=1e+300  "
+                      "k5='\\n\\x00x'\n";
     assert_parse_error(odd, "line 4:80: a string may not contain a NUL character");
-    const char *odd2 =
-        "graph():\n"
-        "    %'a b' : f32[2]  # None\n"
-        "    %noval : None  # PlainAOTInput(idx=1)\n"
-        "    %\"it's\" = neg(%'a b')  # f32[2]  k1=None  k2=True  k3=-7  k4=1e+300  "
-        "k5='\\t\\udcff\\u20ac\\U0001f600\\x7f'  'odd key'=0.1  seq_nr='x'  "
-        "stack_trace='line 1\\n\\nline 3'\n"
-        "    %_1 = _to_copy(%\"it's\", dtype=torch.float64)  # f64[2]\n"
-        "    %cat = cat([%_1, %_1], -1)  # f64[4]\n"
-        "    return (%cat, %\"it's\")\n";
+    const char *odd2 = "graph():\n"
+                       "    %'a b' : f32[2]  # None\n"
+                       "    %noval : None  # PlainAOTInput(idx=1)\n"
+                       "    %\"it's\" = neg(%'a b')  # f32[2]  k1=None  k2=True  k3=-7  k4=1e+300  "
+                       "k5='\\t\\udcff\\u20ac\\U0001f600\\x7f'  'odd key'=0.1  seq_nr='x'  "
+                       "stack_trace='line 1\\n\\nline 3'\n"
+                       "    %_1 = _to_copy(%\"it's\", dtype=torch.float64)  # f64[2]\n"
+                       "    %cat = cat([%_1, %_1], -1)  # f64[4]\n"
+                       "    return (%cat, %\"it's\")\n";
     char *s = roundtrip(odd2);
-    assert_text(s,
-                "graph():\n"
-                "    %'a b' : f32[2]  # None\n"
-                "    %noval : None  # PlainAOTInput(idx=1)\n"
-                "    %\"it's\" = neg(%'a b')  # f32[2]  k1=None  k2=True  k3=-7  k4=1e+300  "
-                "k5='\\t\\udcff€😀\\x7f'  'odd key'=0.1  seq_nr='x'  "
-                "stack_trace='line 1\\n\\nline 3'\n"
-                "    %_1 = _to_copy(%\"it's\", dtype=torch.float64)  # f64[2]\n"
-                "    %cat = cat([%_1, %_1], -1)  # f64[4]\n"
-                "    return (%cat, %\"it's\")\n");
+    assert_text(s, "graph():\n"
+                   "    %'a b' : f32[2]  # None\n"
+                   "    %noval : None  # PlainAOTInput(idx=1)\n"
+                   "    %\"it's\" = neg(%'a b')  # f32[2]  k1=None  k2=True  k3=-7  k4=1e+300  "
+                   "k5='\\t\\udcff€😀\\x7f'  'odd key'=0.1  seq_nr='x'  "
+                   "stack_trace='line 1\\n\\nline 3'\n"
+                   "    %_1 = _to_copy(%\"it's\", dtype=torch.float64)  # f64[2]\n"
+                   "    %cat = cat([%_1, %_1], -1)  # f64[4]\n"
+                   "    return (%cat, %\"it's\")\n");
     ag_free(s);
     /* A graph built with such values prints them the same way. */
     ag_graph *g = ag_graph_new();
@@ -511,6 +510,24 @@ static void test_corner_cases(void **state) {
     ag_graph_free(g2);
     ag_graph_free(g);
 
+    /* Keyword-only arguments may be given positionally; they print by name. */
+    s = roundtrip("graph():\n    %a : f32[2]\n    %b = add.Tensor(%a, %a, 2)\n    return (%b,)\n");
+    assert_text(s, "graph():\n"
+                   "    %a : f32[2]  # None\n"
+                   "    %b = add.Tensor(%a, %a, alpha=2)  # f32[2]\n"
+                   "    return (%b,)\n");
+    ag_free(s);
+    /* A node's metadata maps are bounded. */
+    char *many = malloc(40000);
+    strcpy(many, "graph():\n    %a : f32[2]  # None  {");
+    for (int i = 0; i < 1025; i++)
+        sprintf(many + strlen(many), "%s'k%d': %d", i ? ", " : "", i, i);
+    strcat(many, "}\n    return (%a,)\n");
+    ag_graph *gm = ag_graph_parse(many, strlen(many));
+    assert_null(gm);
+    assert_non_null(strstr(ag_last_error(), ": more than 1024 custom annotations on one node"));
+    free(many);
+
     /* An empty graph; constants defined before their use is not required. */
     assert_roundtrip("graph():\n    return ()\n");
     assert_roundtrip("graph():\n"
@@ -562,11 +579,13 @@ static void test_constants(void **state) {
     assert_parse_error(buf, "line 5:23: constant c: more values than the 2 elements of its VAL");
     snprintf(buf, sizeof buf, "%sconstant c : i64[2] = [1, 2.5]\n", head);
     assert_parse_error(buf, "line 5:27: expected an int, got a float");
-    snprintf(buf, sizeof buf, "%sconstant c : f32[2] = [1, 2]\nconstant c : f32[2] = [1, 2]\n", head);
+    snprintf(buf, sizeof buf, "%sconstant c : f32[2] = [1, 2]\nconstant c : f32[2] = [1, 2]\n",
+             head);
     assert_parse_error(buf, "line 6:1: duplicate constant c (first on line 5)");
     /* The VAL in the node line must be the constant's. */
-    snprintf(buf, sizeof buf, "graph():\n    %%a = get_attr(c)  # f32[3]\n    return (%%a,)\n"
-                              "constant c : f32[2] = [1, 2]\n");
+    snprintf(buf, sizeof buf,
+             "graph():\n    %%a = get_attr(c)  # f32[3]\n    return (%%a,)\n"
+             "constant c : f32[2] = [1, 2]\n");
     assert_parse_error(buf, "line 2:25: %a: VAL f32[3] does not match the inferred f32[2]");
     /* Enormous shapes allocate nothing: the values must be there. */
     snprintf(buf, sizeof buf, "%sconstant c : f32[1000000000, 1000000] = [1]\n", head);
@@ -615,7 +634,8 @@ static void test_parse_errors(void **state) {
          "line 5:25: %mm: VAL f32[4, 3] does not match the inferred f32[4, 2]"},
         {5, "    %mm = mm(%t, %x)  # f32[4, 2]\n",
          "line 5:5: %mm: mm: size mismatch: [3, 2] @ [4, 3]"},
-        {3, "    %w : f32[2, 3]  # ParamAOTInput(target='w)\n", "line 3:44: bad descriptor: unterminated string literal for 'target'"},
+        {3, "    %w : f32[2, 3]  # ParamAOTInput(target='w)\n",
+         "line 3:44: bad descriptor: unterminated string literal for 'target'"},
         {3, "    %w : f32[2, 3]  # ParamAOTInput(targt='w')\n",
          "line 3:37: bad descriptor: expected 'target=': ParamAOTInput has no field 'targt'"},
         {3, "    %w : f32[2, 3]  # PlainAOTOutput(idx=0)\n",
@@ -627,7 +647,8 @@ static void test_parse_errors(void **state) {
         {0, "    %late = t(%w)\n", "line 7:5: expected end of input or 'constant', got '%'"},
         {5, "    %mm = mm(%x, %t)  # f32[4, 2]  bogus\n",
          "line 5:36: expected a metadata item, got 'bogus'"},
-        {5, "    %mm = mm(%x, %t) trailing\n", "line 5:22: expected '#' or end of line, got 'trailing'"},
+        {5, "    %mm = mm(%x, %t) trailing\n",
+         "line 5:22: expected '#' or end of line, got 'trailing'"},
         {1, "graph()\n", "line 1:8: expected 'graph():', got end of line"},
         {2, "    %x : f32[4, 3]  # PlainAOTInput(idx=0)\n    %y : f32[2]\n", NULL},
         {5, "    %mm = mm(%x, %t, 3)  # f32[4, 2]\n", "line 5:22: mm takes 2 arguments"},
@@ -664,8 +685,15 @@ static void test_parse_errors(void **state) {
         {5, "    %mm = mm(%x, [1, %t])  # f32[4, 2]\n", "line 5:22: expected a number, got '%'"},
         {5, "    %mm = mm(%x, 1e)  # f32[4, 2]\n", "line 5:20: expected exponent digits, got ')'"},
         {5, "    %mm = mm(%x, %t)  # f32[4, 2]{1}\n", "line 5:25: 1 strides for 2 sizes"},
-        {5, "    %mm = mm(%x, %t)  # (f32[4, 2]\n", "line 5:35: expected ',' or ')', got end of line"},
+        {5, "    %mm = mm(%x, %t)  # (f32[4, 2]\n",
+         "line 5:35: expected ',' or ')', got end of line"},
         {5, "\tgarbage\n", "line 5:1: expected an indented node line or 'return', got byte 0x09"},
+        {6, "    %ln = native_layer_norm(%x, [3], None, None, 1e-05)\n    return (%mm, %ln)\n",
+         "line 7:18: %ln has 3 outputs: return one through getitem"},
+        /* A shape the text could not carry is refused even when the op's meta accepts it. */
+        {5, "    %mm = expand(%x, [4611686018427387904, 4, 3])\n",
+         "line 5:5: %mm: the inferred VAL f32[4611686018427387904, 4, 3]{0, 3, 1} has a size out "
+         "of range"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
         char text[2048] = "";
@@ -800,8 +828,8 @@ static void test_dot(void **state) {
     ag_graph *g = build_reference();
     /* A name that needs every escape. */
     ag_node *x = ag_graph_find(g, "primals_3");
-    ag_node *odd = ag_graph_call(g, ag_op_find("neg"), (ag_garg[]){AG_GA_N(x)}, 1,
-                                 "a\"b\\c{d}|<e>");
+    ag_node *odd =
+        ag_graph_call(g, ag_op_find("neg"), (ag_garg[]){AG_GA_N(x)}, 1, "a\"b\\c{d}|<e>");
     assert_non_null(odd);
     const char *hl[] = {"addmm", "nonexistent"};
     ag_dot_opts o = {.title = "ref \"graph\"", .highlight = hl, .nhighlight = 2};
@@ -810,7 +838,8 @@ static void test_dot(void **state) {
     const char *want[] = {
         "digraph G {\n",
         "  label=\"ref \\\"graph\\\"\";\n",
-        "  n0 [shape=ellipse, label=\"Param linear.weight\\n%primals_1\\nf32[2, 3]\", style=filled, "
+        "  n0 [shape=ellipse, label=\"Param linear.weight\\n%primals_1\\nf32[2, 3]\", "
+        "style=filled, "
         "fillcolor=\"#cfe2ff\"];\n",
         "  n2 [shape=ellipse, label=\"Plain 0\\n%primals_3\\nf32[4, 3]\", style=filled, "
         "fillcolor=\"#cfe2ff\"];\n",
@@ -842,7 +871,8 @@ static void test_dot(void **state) {
             fail_msg("missing fragment:\n%s\n--- dot ---\n%s", want[i], d);
     /* The output node's edges, one per distinct source. */
     assert_non_null(strstr(d, "  n5 -> n14;\n  n11 -> n14;\n  n12 -> n14;\n  n10 -> n14;\n"));
-    assert_int_equal(strstr(d, "penwidth=3") - d, strstr(d, "penwidth=3, color=\"#d00000\"];\n  n6") - d);
+    assert_int_equal(strstr(d, "penwidth=3") - d,
+                     strstr(d, "penwidth=3, color=\"#d00000\"];\n  n6") - d);
     ag_free(d);
     /* Without options: no title, no highlight in the legend. */
     d = ag_graph_to_dot(g, NULL);

@@ -8,6 +8,7 @@
  *   aotgrad export MODEL ...        print a zoo model's joint graph with descriptors
  *   aotgrad descriptors MODEL ...   print its specs and input/grad, output/tangent pairs
  *   aotgrad partition MODEL ...     split its joint graph into forward and backward graphs
+ *   aotgrad bench [MODEL...] ...    the performance suite: step times, GEMM floor, pipeline
  *   aotgrad version
  *
  * Each subcommand lives in its own cmd_*.c file; this file only dispatches. */
@@ -43,6 +44,10 @@ static const struct {
      "split a zoo model's joint graph into forward and backward graphs: MODEL [--config NAME] "
      "[--partitioner default|mincut] [--budget F] [--solver greedy|dp|ilp] "
      "[--format text|dot|svg] [-o FILE]"},
+    {"bench", cli_bench,
+     "the performance suite: eager vs compiled steps, GEMM floor, capture pipeline, planned "
+     "memory: [mlp|cnn|gpt2-small...] [--zoo] [--pipeline-scaling] [--runs N] [--threads T] "
+     "[--json FILE] [--profile] [--gemms]"},
 };
 
 static void usage(FILE *f) {

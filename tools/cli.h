@@ -13,6 +13,7 @@ int cli_export(int argc, char **argv);
 int cli_descriptors(int argc, char **argv);
 int cli_partition(int argc, char **argv);
 int cli_check(int argc, char **argv);
+int cli_bench(int argc, char **argv);
 
 /* Small option helpers: `--name VALUE` parsing with a clear message on bad values. */
 int cli_int_opt(const char *cmd, const char *name, const char *val, long long min, long long max,

@@ -686,8 +686,11 @@ static void engine_free(engine *e) {
 /* Accumulates into leaf.grad outside autograd (ATen's AccumulateGrad). */
 static int accumulate_leaf(ag_tensor *leaf, ag_tensor *g) {
     if (!leaf->grad) {
-        bool steal = g->refcount == 1 && g->storage->refcount == 1 && !g->is_view &&
-                     ag_tensor_is_contiguous(g);
+        /* Take the gradient itself when nobody else can see its memory, or when its producer
+         * donated it (a compiled backward's output: the executor's pool will not reuse the
+         * storage while .grad holds it); otherwise copy, as AccumulateGrad does. */
+        bool steal = ((g->refcount == 1 && g->storage->refcount == 1) || g->grad_donated) &&
+                     !g->is_view && ag_tensor_is_contiguous(g);
         ag_tensor *ng;
         if (steal) {
             ng = ag_tensor_keep(g);

@@ -57,6 +57,7 @@ struct ag_tensor {
     ag_tensor *grad;
     struct ag_anode *grad_fn;
     int output_nr;
+    bool grad_donated;   /* its producer gives it away: may become a leaf's .grad uncopied */
     void *trace;         /* the tracer's graph node, valid when trace_id is the active trace's */
     uint64_t trace_id;
 };
@@ -109,6 +110,10 @@ ag_tensor *ag__scratch_tensor_new(ag__scratch_tensor *tmp, int slot, ag_dtype dt
  * `slot`. Returns 0 or a negative status (error set). */
 int ag__scratch_contiguous(ag__scratch_tensor *tmp, int slot, const ag_tensor *src,
                            const ag_tensor **out);
+/* A view for kernels in the caller's struct *v (on the stack): m's sizes, strides and offset
+ * over t's storage, without a reference, autograd or trace. Never freed; valid while t is.
+ * Returns v. */
+ag_tensor *ag__tensor_view_tmp(ag_tensor *v, const ag_tensor *t, const ag_tmeta *m);
 
 /* ---- scopes (tensor.c) ---- */
 /* Hands a new reference to the caller: registers it with the open scope, if any. Returns t, or

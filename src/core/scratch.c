@@ -5,7 +5,9 @@
  * of its first run. Blocks are freed when their thread exits, by ag__scratch_release_all, and,
  * for the thread that calls exit(), by a library destructor, so leak checkers see a clean heap.
  * Blocks are freed through the allocator hook installed at that time, like every other
- * allocation of the library.
+ * allocation of the library. Two helpers build temporary tensors without allocating: a
+ * contiguous tensor over a slot (ag__scratch_tensor_new, ag__scratch_contiguous) and a view
+ * of another tensor's storage in a struct on the caller's stack (ag__tensor_view_tmp).
  *
  * Rules for kernels:
  *   - A block is valid until the next ag__scratch call with the same slot on the same thread:
@@ -33,6 +35,8 @@
  *                       accumulators; 1, 2, 3: contiguous grad_output, input, weight.
  *                     max_pool2d_with_indices, avg_pool2d, _adaptive_avg_pool2d and their
  *                       backward -> 1 (and 2 for max pooling's indices): contiguous copies.
+ *   views.c           slice_backward, select_backward, as_strided_scatter -> none (their
+ *                       destination is a view on the stack).
  *   index.c           cat, stack, split.Tensor -> none: their slices are views on the stack.
  *                     index_select, index_add, gather, scatter_add -> 0: the wrapped index
  *                       values; 1: contiguous source (index_select, index_add).
@@ -49,9 +53,8 @@
  *   norm.c            native_layer_norm -> 1, 2, 3: contiguous input, weight, bias.
  *                     native_layer_norm_backward -> 1 to 5: contiguous grad, input, mean,
  *                       rstd, weight.
- *                     native_batch_norm (and the functional form) -> 1: contiguous input;
- *                       native_batch_norm_backward -> 1, 2:
- *                       contiguous grad, input.
+ *                     native_batch_norm (and the functional form) -> 1: contiguous input.
+ *                     native_batch_norm_backward -> 1, 2: contiguous grad, input.
  *   linalg.c          mm, bmm, addmm -> 0, 1: copies of operands whose layout BLAS
  *                       cannot read.
  *   pointwise.c       kernels with an operand of another dtype than the computation's -> 0,
@@ -102,9 +105,13 @@ static void release(scratch_slot *s) {
 }
 
 /* Runs at the exit of a thread that took scratch; `v` is that thread's slots array. */
-static void on_thread_exit(void *v) { release(v); }
+static void on_thread_exit(void *v) {
+    release(v);
+}
 
-static void make_exit_key(void) { exit_key_ok = pthread_key_create(&exit_key, on_thread_exit) == 0; }
+static void make_exit_key(void) {
+    exit_key_ok = pthread_key_create(&exit_key, on_thread_exit) == 0;
+}
 
 void *ag__scratch(int slot, size_t bytes) {
     if (slot < 0 || slot >= AG__SCRATCH_SLOTS) {
@@ -144,10 +151,14 @@ void *ag__scratch(int slot, size_t bytes) {
     return s->p;
 }
 
-void ag__scratch_release_all(void) { release(slots); }
+void ag__scratch_release_all(void) {
+    release(slots);
+}
 
 /* The thread running exit() (usually the main thread) gets no key destructor call. */
-__attribute__((destructor)) static void scratch_fini(void) { ag__scratch_release_all(); }
+__attribute__((destructor)) static void scratch_fini(void) {
+    ag__scratch_release_all();
+}
 
 ag_tensor *ag__scratch_tensor_new(ag__scratch_tensor *tmp, int slot, ag_dtype dt, int ndim,
                                   const int64_t *sizes) {
@@ -166,6 +177,18 @@ ag_tensor *ag__scratch_tensor_new(ag__scratch_tensor *tmp, int slot, ag_dtype dt
     memcpy(tmp->t.strides, m.strides, sizeof tmp->t.strides);
     tmp->t.storage = &tmp->s;
     return &tmp->t;
+}
+
+ag_tensor *ag__tensor_view_tmp(ag_tensor *v, const ag_tensor *t, const ag_tmeta *m) {
+    memset(v, 0, sizeof *v);
+    v->refcount = 1;
+    v->dtype = m->dtype;
+    v->ndim = m->ndim;
+    memcpy(v->sizes, m->sizes, sizeof v->sizes);
+    memcpy(v->strides, m->strides, sizeof v->strides);
+    v->offset = m->offset;
+    v->storage = t->storage;
+    return v;
 }
 
 int ag__scratch_contiguous(ag__scratch_tensor *tmp, int slot, const ag_tensor *src,

@@ -274,9 +274,14 @@ double ag__get_f64(const ag_tensor *t, int64_t i) {
 }
 
 double ag_tensor_item_at(const ag_tensor *t, int64_t i) {
-    if (!t || !t->storage->data || i < 0 || i >= ag_tensor_numel(t)) {
-        ag__err(AG_EINVAL, "item_at: index %lld out of range or tensor without data",
-                (long long)i);
+    if (t && !t->storage->data) {
+        char b[128];
+        ag__err(AG_ENOTSUP, "item: %s is a data-less (traced or meta) tensor; reading its values "
+                            "is data-dependent and cannot be traced", ag_tensor_meta_str(t, b, sizeof b));
+        return NAN;
+    }
+    if (!t || i < 0 || i >= ag_tensor_numel(t)) {
+        ag__err(AG_EINVAL, "item_at: index %lld out of range", (long long)i);
         return NAN;
     }
     return ag__get_f64(t, i);

@@ -36,7 +36,13 @@ extern char **environ;
 static void put_esc(ag__sbuf *b, const char *s) {
     for (; *s; s++) {
         switch (*s) {
-        case '"': case '\\': case '{': case '}': case '|': case '<': case '>':
+        case '"':
+        case '\\':
+        case '{':
+        case '}':
+        case '|':
+        case '<':
+        case '>':
             ag__sb_putc(b, '\\');
             ag__sb_putc(b, *s);
             break;
@@ -77,7 +83,9 @@ static void put_desc_label(ag__sbuf *b, const ag_desc *d) {
     ag_desc_kind k = ag_desc_kind_of(d);
     const char *name = ag_desc_kind_name(k);
     size_t n = strlen(name);
-    const char *suffix = strstr(name, "AOTInput") ? "AOTInput" : strstr(name, "AOTOutput") ? "AOTOutput" : "";
+    const char *suffix = strstr(name, "AOTInput")    ? "AOTInput"
+                         : strstr(name, "AOTOutput") ? "AOTOutput"
+                                                     : "";
     size_t sn = strlen(suffix);
     if (sn && n > sn && !strcmp(name + n - sn, suffix))
         n -= sn;

@@ -48,7 +48,9 @@ void ag__sb_putn(ag__sbuf *b, const char *s, size_t n) {
     b->len += n;
 }
 
-void ag__sb_puts(ag__sbuf *b, const char *s) { ag__sb_putn(b, s, strlen(s)); }
+void ag__sb_puts(ag__sbuf *b, const char *s) {
+    ag__sb_putn(b, s, strlen(s));
+}
 
 void ag__sb_putc(ag__sbuf *b, char c) {
     if (b->len + 2 <= b->cap || ag__sb_reserve(b, 1))
@@ -254,8 +256,12 @@ static void put_real(ag__sbuf *b, double v, bool single) {
         ag__sb_puts(b, ".0");
 }
 
-void ag__sb_double(ag__sbuf *b, double v) { put_real(b, v, false); }
-void ag__sb_float(ag__sbuf *b, float v) { put_real(b, v, true); }
+void ag__sb_double(ag__sbuf *b, double v) {
+    put_real(b, v, false);
+}
+void ag__sb_float(ag__sbuf *b, float v) {
+    put_real(b, v, true);
+}
 
 void ag__sb_desc(ag__sbuf *b, const ag_desc *d) {
     size_t n = ag_desc_repr(d, NULL, 0);

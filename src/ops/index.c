@@ -69,41 +69,28 @@ static int64_t *read_index(const char *op, const ag_tensor *index, int dim, int6
     return ix;
 }
 
-/* A view for kernels in the caller's struct *v: t's geometry over t's storage, without a
- * reference, autograd or trace (never freed; valid while t is). */
-static ag_tensor *view_of(ag_tensor *v, const ag_tensor *t) {
-    memset(v, 0, sizeof *v);
-    v->refcount = 1;
-    v->dtype = t->dtype;
-    v->ndim = t->ndim;
-    memcpy(v->sizes, t->sizes, sizeof v->sizes);
-    memcpy(v->strides, t->strides, sizeof v->strides);
-    v->offset = t->offset;
-    v->storage = t->storage;
-    return v;
-}
-
-/* t narrowed to [start, start + len) in dim, in *v (see view_of). */
+/* t narrowed to [start, start + len) in dim: a view in the caller's struct *v, for kernels (no
+ * reference, no autograd; see ag__tensor_view_tmp). */
 static ag_tensor *narrow_view(ag_tensor *v, const ag_tensor *t, int dim, int64_t start,
                               int64_t len) {
-    view_of(v, t);
-    v->sizes[dim] = len;
-    v->offset += start * t->strides[dim];
-    return v;
+    ag_tmeta m;
+    ag__tmeta_of(t, &m);
+    m.sizes[dim] = len;
+    m.offset += start * m.strides[dim];
+    return ag__tensor_view_tmp(v, t, &m);
 }
 
-/* t with dim removed at position i, in *v (see view_of). */
+/* t with dim removed at position i, in *v (as narrow_view). */
 static ag_tensor *select_view(ag_tensor *v, const ag_tensor *t, int dim, int64_t i) {
-    view_of(v, t);
-    v->offset += i * t->strides[dim];
+    ag_tmeta m;
+    ag__tmeta_of(t, &m);
+    m.offset += i * t->strides[dim];
     for (int d = dim; d < t->ndim - 1; d++) {
-        v->sizes[d] = t->sizes[d + 1];
-        v->strides[d] = t->strides[d + 1];
+        m.sizes[d] = t->sizes[d + 1];
+        m.strides[d] = t->strides[d + 1];
     }
-    v->sizes[t->ndim - 1] = 0;
-    v->strides[t->ndim - 1] = 0;
-    v->ndim = t->ndim - 1;
-    return v;
+    m.ndim = t->ndim - 1;
+    return ag__tensor_view_tmp(v, t, &m);
 }
 
 /* Product of sizes[lo..hi). */

@@ -468,12 +468,8 @@ static int slice_bw_kernel(const ag_arg *a, ag_tensor **o) {
     int rc = slice_meta(sa, &m);
     if (rc)
         return rc;
-    ag_tensor *dst = ag__tensor_alias(out, &m);
-    if (!dst)
-        return AG_ENOMEM;
-    rc = ag__copy_into(dst, a[0].u.t);
-    ag_tensor_free(dst);
-    return rc;
+    ag_tensor dst; /* a view on the stack: nothing allocated per call */
+    return ag__copy_into(ag__tensor_view_tmp(&dst, out, &m), a[0].u.t);
 }
 
 static int slice_bw_backward(ag_bwctx *c) {
@@ -572,12 +568,8 @@ static int select_bw_kernel(const ag_arg *a, ag_tensor **o) {
     int rc = select_meta(sa, &m);
     if (rc)
         return rc;
-    ag_tensor *dst = ag__tensor_alias(out, &m);
-    if (!dst)
-        return AG_ENOMEM;
-    rc = ag__copy_into(dst, a[0].u.t);
-    ag_tensor_free(dst);
-    return rc;
+    ag_tensor dst; /* a view on the stack: nothing allocated per call */
+    return ag__copy_into(ag__tensor_view_tmp(&dst, out, &m), a[0].u.t);
 }
 
 static int select_bw_backward(ag_bwctx *c) {
@@ -822,12 +814,8 @@ static int ass_kernel(const ag_arg *a, ag_tensor **o) {
     ag_arg va[4] = {AG_A_T(out), a[2], a[3], a[4]};
     if ((rc = as_strided_meta(va, &m)))
         return rc;
-    ag_tensor *dst = ag__tensor_alias(out, &m);
-    if (!dst)
-        return AG_ENOMEM;
-    rc = ag__copy_into(dst, a[1].u.t);
-    ag_tensor_free(dst);
-    return rc;
+    ag_tensor dst; /* a view on the stack: nothing allocated per call */
+    return ag__copy_into(ag__tensor_view_tmp(&dst, out, &m), a[1].u.t);
 }
 
 static int ass_backward(ag_bwctx *c) {

@@ -229,8 +229,18 @@ static int compiled_backward(void *ud, ag_tensor *const *gout, int nout, ag_tens
     /* The engine runs this inside a scope, which owns what run_graph returned. */
     for (int j = 0; rc == 0 && j < nin; j++) {
         int p = s->rg_primal[j];
-        if (needs[j] && grads[p])
+        if (needs[j] && grads[p]) {
+            /* A gradient made by the executor for this input alone may become a leaf's .grad
+             * uncopied; one that is also another input's gradient, or is one of the backward's
+             * own inputs (a tangent passed straight through), must be copied. */
+            bool shared = false;
+            for (int q = 0; q < c->nprimals && !shared; q++)
+                shared = q != p && grads[q] == grads[p];
+            for (int q = 0; q < nbin && !shared; q++)
+                shared = bin[q] == grads[p];
+            grads[p]->grad_donated = !shared;
             gin[j] = grads[p];
+        }
     }
     ag__free(bin);
     ag__free(grads);

@@ -184,6 +184,7 @@ static void reclaim(ag_plan *p, ag_tensor *t) {
         t->grad_fn = NULL;
     }
     t->requires_grad = false;
+    t->grad_donated = false;
     t->output_nr = 0;
     t->trace = NULL;
     t->trace_id = 0;
