@@ -20,6 +20,9 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1 \
 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   ctest --test-dir build-asan --output-on-failure -j"$jobs"
 
+echo "== fuzz the graph parser (bounded, 60 s) =="
+scripts/fuzz.sh 60
+
 echo "== install: pkg-config and CMake package consumers =="
 stage=$(pwd)/build-test/stage
 rm -rf "$stage" build-test/consumer-cmake

@@ -79,6 +79,25 @@ bool ag__tmeta_is_contiguous(const ag_tmeta *m);
 static inline char *ag__base(const ag_tensor *t) {
     return (char *)t->storage->data + (size_t)t->offset * ag_dtype_size(t->dtype);
 }
+/* Saturating int64 arithmetic for meta functions fed untrusted sizes (graph text): results
+ * that would overflow become INT64_MAX / INT64_MIN, which the size checks then reject. */
+static inline int64_t ag__sat_mul(int64_t a, int64_t b) {
+    int64_t r;
+    if (__builtin_mul_overflow(a, b, &r))
+        return (a < 0) != (b < 0) ? INT64_MIN : INT64_MAX;
+    return r;
+}
+static inline int64_t ag__sat_add(int64_t a, int64_t b) {
+    int64_t r;
+    if (__builtin_add_overflow(a, b, &r))
+        return a < 0 ? INT64_MIN : INT64_MAX;
+    return r;
+}
+/* The largest element count a tensor may have (2^48): anything beyond is an error. */
+#define AG__MAX_NUMEL ((int64_t)1 << 48)
+/* Checks every output meta of an op: sizes >= 0, element count <= AG__MAX_NUMEL. */
+int ag__check_out_metas(const char *op, const ag_tmeta *m, int n);
+
 /* Wraps a negative dim; returns -1 (and sets an error naming `op`) when out of range. */
 int ag__wrap_dim(const char *op, int dim, int ndim);
 /* Copies src into dst elementwise (same shape; dtype conversion allowed). No autograd. */

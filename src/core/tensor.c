@@ -23,8 +23,26 @@ bool ag_dtype_is_float(ag_dtype dt) { return dt == AG_F32 || dt == AG_F64; }
 int64_t ag__numel(int ndim, const int64_t *sizes) {
     int64_t n = 1;
     for (int i = 0; i < ndim; i++)
-        n *= sizes[i];
+        n = ag__sat_mul(n, sizes[i]);
     return n;
+}
+
+int ag__check_out_metas(const char *op, const ag_tmeta *m, int n) {
+    for (int k = 0; k < n; k++) {
+        if (m[k].ndim < 0 || m[k].ndim > AG_MAX_DIMS)
+            return ag__err(AG_EINVAL, "%s: output %d has %d dimensions", op, k, m[k].ndim);
+        for (int d = 0; d < m[k].ndim; d++)
+            if (m[k].sizes[d] < 0)
+                return ag__err(AG_EINVAL, "%s: output %d has negative size %lld in dim %d", op, k,
+                               (long long)m[k].sizes[d], d);
+        int64_t ne = ag__numel(m[k].ndim, m[k].sizes);
+        if (ne > AG__MAX_NUMEL) {
+            char b[256];
+            return ag__err(AG_EINVAL, "%s: output %d of shape %s has too many elements", op, k,
+                           ag__fmt_sizes(b, sizeof b, m[k].ndim, m[k].sizes));
+        }
+    }
+    return 0;
 }
 
 void ag__tmeta_contiguous(ag_tmeta *m, ag_dtype dt, int ndim, const int64_t *sizes) {
@@ -35,7 +53,7 @@ void ag__tmeta_contiguous(ag_tmeta *m, ag_dtype dt, int ndim, const int64_t *siz
     for (int i = ndim - 1; i >= 0; i--) {
         m->sizes[i] = sizes[i];
         m->strides[i] = st;
-        st *= sizes[i] > 1 ? sizes[i] : 1;
+        st = ag__sat_mul(st, sizes[i] > 1 ? sizes[i] : 1);
     }
 }
 

@@ -95,7 +95,7 @@ int ag__infer_meta(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *va
         rc = ag_op_def(op)->meta(full, vals);
         if (rc >= 0) {
             *nvals = ag_op_noutputs(op) < 0 ? rc : ag_op_noutputs(op);
-            rc = 0;
+            rc = ag__check_out_metas(ag_op_name(op), vals, *nvals);
         }
     }
     ag__free(sh);

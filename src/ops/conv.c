@@ -100,6 +100,11 @@ static inline void tap_range(int64_t OW, int64_t W, int64_t stride, int64_t off,
 static int pair_arg(const char *op, const char *name, const ag_arg *a, const int64_t *dflt,
                     int64_t out[2]) {
     int n = a->kind == AG_ARG_INTS ? a->n : 0;
+    /* Window arithmetic (in + 2*pad - dil*(k-1) ...) must not overflow on untrusted values. */
+    for (int i = 0; i < n; i++)
+        if (a->u.ints[i] > ((int64_t)1 << 31) || a->u.ints[i] < -((int64_t)1 << 31))
+            return ag__err(AG_EINVAL, "%s: %s value %lld is out of range", op, name,
+                           (long long)a->u.ints[i]);
     if (n == 0 && dflt) {
         out[0] = dflt[0];
         out[1] = dflt[1];

@@ -153,7 +153,11 @@ static int arange_meta(const ag_arg *a, ag_tmeta *o) {
     if ((end - start) / step < 0)
         return ag__err(AG_EINVAL, "arange: upper bound %g and lower bound %g inconsistent with "
                                   "step sign %g", end, start, step);
-    int64_t n = (int64_t)ceil((end - start) / step);
+    double count = ceil((end - start) / step);
+    if (!(count <= (double)AG__MAX_NUMEL))
+        return ag__err(AG_EINVAL, "arange: %g elements (start %g, end %g, step %g) is too many",
+                       count, start, end, step);
+    int64_t n = (int64_t)count;
     ag__tmeta_contiguous(o, dtype_or(&a[3], AG_I64), 1, &n);
     return 0;
 }

@@ -357,7 +357,7 @@ static int split_meta(const ag_arg *a, ag_tmeta *o) {
                        "split: split_size must be positive (0 only for an empty dimension), got "
                        "%lld for dimension %d of size %lld",
                        (long long)ss, dim, (long long)len);
-    int64_t cnt = ss == 0 ? 1 : (len + ss - 1) / ss;
+    int64_t cnt = ss == 0 ? 1 : len / ss + (len % ss != 0); /* no overflow for huge ss */
     if (cnt < 1)
         cnt = 1;
     if (cnt > AG_MAX_OUTPUTS)
@@ -381,7 +381,7 @@ static int split_kernel(const ag_arg *a, ag_tensor **o) {
     int64_t ss = a[1].u.i;
     int dim = ag__wrap_dim("split", (int)a[2].u.i, x->ndim);
     int64_t len = x->sizes[dim];
-    int64_t cnt = ss == 0 ? 1 : (len + ss - 1) / ss;
+    int64_t cnt = ss == 0 ? 1 : len / ss + (len % ss != 0); /* no overflow for huge ss */
     for (int64_t k = 0; k < cnt; k++) {
         ag_tensor src;
         int rc = ag__copy_into(o[k], narrow_view(&src, x, dim, k * ss, o[k]->sizes[dim]));

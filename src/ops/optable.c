@@ -531,6 +531,8 @@ static int call_raw(const ag_op *op, const ag_arg *full, ag_tensor **outs, int *
     int nouts = op->out_is_list ? rc : op->noutputs;
     if (nouts > AG_MAX_OUTPUTS)
         return ag__err(AG_EINVAL, "%s: %d outputs (at most %d)", op->name, nouts, AG_MAX_OUTPUTS);
+    if ((rc = ag__check_out_metas(op->name, metas, nouts)))
+        return rc;
 
     /* A meta input (or tracing mode) makes the whole call symbolic: no kernel runs. */
     bool meta = ts->tracing;

@@ -26,7 +26,7 @@ static int infer_size(const char *op, const ag_tensor *t, int n, const int64_t *
         } else if (in[i] < 0) {
             return ag__err(AG_EINVAL, "%s: invalid shape dimension %lld", op, (long long)in[i]);
         } else {
-            known *= in[i];
+            known = ag__sat_mul(known, in[i]);
         }
         out[i] = in[i];
     }
@@ -382,9 +382,9 @@ ag_tensor *ag_expand(ag_tensor *a, int ndim, const int64_t *sizes) {
 /* Clamps start/end into [0, size] as Python slicing does. */
 static void slice_bounds(int64_t size, int64_t *start, int64_t *end) {
     if (*start < 0)
-        *start += size;
+        *start = ag__sat_add(*start, size);
     if (*end < 0)
-        *end += size;
+        *end = ag__sat_add(*end, size);
     if (*start < 0)
         *start = 0;
     if (*start > size)
@@ -409,9 +409,13 @@ static int slice_meta(const ag_arg *a, ag_tmeta *o) {
     int64_t end = a[3].kind == AG_ARG_NONE ? INT64_MAX : a[3].u.i;
     slice_bounds(t->sizes[d], &start, &end);
     meta_from(t, o);
-    o->offset = t->offset + start * t->strides[d];
-    o->sizes[d] = (end - start + step - 1) / step;
-    o->strides[d] = t->strides[d] * step;
+    /* end - start <= size here; step may be huge: count without overflowing. */
+    int64_t span = end - start;
+    o->offset = ag__sat_add(t->offset, ag__sat_mul(start, t->strides[d]));
+    o->sizes[d] = span / step + (span % step != 0);
+    o->strides[d] = o->sizes[d] > 1 ? ag__sat_mul(t->strides[d], step) : t->strides[d];
+    if (o->strides[d] == INT64_MAX || o->strides[d] == INT64_MIN || o->offset == INT64_MAX)
+        return ag__err(AG_EINVAL, "slice: step %lld overflows the view's strides", (long long)step);
     return 0;
 }
 
@@ -737,9 +741,10 @@ static int as_strided_meta(const ag_arg *a, ag_tmeta *o) {
         if (a[1].u.ints[i] == 0)
             maxoff = -1;
         else if (maxoff >= 0)
-            maxoff += (a[1].u.ints[i] - 1) * a[2].u.ints[i];
+            maxoff = ag__sat_add(maxoff, ag__sat_mul(a[1].u.ints[i] - 1, a[2].u.ints[i]));
     }
-    if (off < 0 || (size_t)(maxoff + 1) * ag_dtype_size(t->dtype) > t->storage->nbytes)
+    if (off < 0 || maxoff >= AG__MAX_NUMEL ||
+        (size_t)(maxoff + 1) * ag_dtype_size(t->dtype) > t->storage->nbytes)
         return ag__err(AG_EINVAL, "as_strided: view reaches element %lld but the storage holds "
                                   "%zu elements", (long long)maxoff,
                        t->storage->nbytes / ag_dtype_size(t->dtype));
