@@ -10,27 +10,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 /* ---- building joint-shaped graphs ---- */
-
-static ag_tmeta tm_of(ag_dtype dt, int ndim, const int64_t *sizes) {
-    ag_tmeta m;
-    memset(&m, 0, sizeof m);
-    m.dtype = dt;
-    m.ndim = ndim;
-    int64_t st = 1;
-    for (int d = ndim - 1; d >= 0; d--) {
-        m.sizes[d] = sizes[d];
-        m.strides[d] = st;
-        st *= sizes[d];
-    }
-    return m;
-}
-#define NSIZES(...) ((int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
-#define TM(dt, ...) tm_of(dt, NSIZES(__VA_ARGS__), (int64_t[]){__VA_ARGS__})
-#define TM0(dt) tm_of(dt, 0, NULL)
 
 /* Checks a descriptor constructor's result. */
 static ag_desc *D(ag_desc *d) {
@@ -840,61 +822,17 @@ static void test_alloc_failures(void **st) {
 
 /* ---- the CLI: aotgrad export / descriptors ---- */
 
-static char cli_path[4200], tmp_dir[64];
-
-/* Runs the aotgrad binary (next to this test program) with args, stdout and stderr going to
- * files in tmp_dir; returns its exit status. */
-static int run_cli(const char *args) {
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "'%s' %s >'%s/out' 2>'%s/err'", cli_path, args, tmp_dir, tmp_dir);
-    int rc = system(cmd);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-static char *read_tmp(const char *name) {
-    char path[128];
-    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    assert_non_null(s);
-    assert_int_equal(fread(s, 1, (size_t)n, f), (size_t)n);
-    s[n] = 0;
-    fclose(f);
-    return s;
-}
-
-static void assert_tmp_contains(const char *name, const char *needle, bool want) {
-    char *s = read_tmp(name);
-    if (!strstr(s, needle) == want)
-        fail_msg("%s %s '%s':\n%s", name, want ? "has no" : "has", needle, s);
-    free(s);
-}
-#define HAS(name, needle) assert_tmp_contains(name, needle, true)
-#define LACKS(name, needle) assert_tmp_contains(name, needle, false)
+#define HAS(name, needle) tu_cli_has(name, needle)
+#define LACKS(name, needle) tu_cli_lacks(name, needle)
 
 static void test_cli(void **state) {
     (void)state;
-    char self[4096];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0)
+    if (!tu_cli_setup("/tmp/ag_test_fx_XXXXXX"))
         skip();
-    self[n] = 0;
-    *strrchr(self, '/') = 0;
-    snprintf(cli_path, sizeof cli_path, "%s/aotgrad", self);
-    if (access(cli_path, X_OK)) {
-        print_message("no %s: CLI checks skipped\n", cli_path);
-        skip();
-    }
-    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/ag_test_fx_XXXXXX");
-    assert_non_null(mkdtemp(tmp_dir));
     char args[512];
 
     /* descriptors: the specs, then the two tables with aligned columns */
-    assert_int_equal(run_cli("descriptors linear"), 0);
+    assert_int_equal(tu_cli_run("descriptors linear"), 0);
     HAS("out", "params_spec: ['linear.weight', 'linear.bias']\n"
                "buffers_spec: []\n"
                "in_spec: TreeSpec(tuple, None, [TreeSpec(list, None, [*, *, *]), "
@@ -908,66 +846,61 @@ static void test_cli(void **state) {
                "differentiable outputs -> tangents (3):\n");
     HAS("out", "  PlainAOTOutput(idx=0)                                         ");
     HAS("out", "tangents_1\n  GradAOTOutput(grad_of=ParamAOTInput(target='linear.weight'))  ");
-    assert_int_equal(run_cli("descriptors kwargs"), 0);
+    assert_int_equal(tu_cli_run("descriptors kwargs"), 0);
     HAS("out", "TreeSpec(dict, ['scale'], [*])");
     HAS("out", "  PlainAOTInput(idx=1)  ");
-    assert_int_equal(run_cli("descriptors convbn"), 0);
+    assert_int_equal(tu_cli_run("descriptors convbn"), 0);
     HAS("out", "buffers_spec: ['bn.running_mean', 'bn.running_var', 'bn.num_batches_tracked']");
     HAS("out", "differentiable inputs -> grads (9):");
     HAS("out", "differentiable outputs -> tangents (8):");
-    assert_int_equal(run_cli("descriptors multi_output"), 0);
+    assert_int_equal(tu_cli_run("descriptors multi_output"), 0);
     HAS("out", "out_spec: TreeSpec(tuple, None, [*, *])");
 
     /* export prints the joint graph; show parses it back to the same text */
     snprintf(args, sizeof args, "export convbn --seq-nr --stack-traces -o '%s/convbn.txt'",
-             tmp_dir);
-    assert_int_equal(run_cli(args), 0);
+             tu_cli_dir());
+    assert_int_equal(tu_cli_run(args), 0);
     HAS("convbn.txt", "%tangents_1 : f32[2, 3, 4, 4]  # TangentAOTInput(output=PlainAOTOutput("
                       "idx=0))");
     HAS("convbn.txt", "InputMutationAOTOutput(mutated_input=BufferAOTInput(target='bn.running_"
                       "mean'))");
     HAS("convbn.txt", "is_backward");
-    snprintf(args, sizeof args, "show '%s/convbn.txt'", tmp_dir);
-    assert_int_equal(run_cli(args), 0);
-    char *a = read_tmp("convbn.txt"), *b = read_tmp("out");
+    snprintf(args, sizeof args, "show '%s/convbn.txt'", tu_cli_dir());
+    assert_int_equal(tu_cli_run(args), 0);
+    char *a = tu_cli_read("convbn.txt"), *b = tu_cli_read("out");
     assert_string_equal(b, a);
     free(a);
     free(b);
-    assert_int_equal(run_cli("export linear"), 0);
+    assert_int_equal(tu_cli_run("export linear"), 0);
     HAS("out", "addmm(");
-    assert_int_equal(run_cli("export linear --decompose core"), 0);
+    assert_int_equal(tu_cli_run("export linear --decompose core"), 0);
     LACKS("out", "addmm(");
     HAS("out", "mm(%primals_3, ");
-    assert_int_equal(run_cli("export linear --format dot"), 0);
+    assert_int_equal(tu_cli_run("export linear --format dot"), 0);
     HAS("out", "digraph");
     /* gpt2-small exports without its weights */
-    assert_int_equal(run_cli("export gpt2 --config gpt2-small"), 0);
+    assert_int_equal(tu_cli_run("export gpt2 --config gpt2-small"), 0);
     HAS("out", "%primals_1 : f32[50257, 768]  # ParamAOTInput(target='transformer.wte.weight')");
 
     /* usage errors: exit 2; work errors: exit 1 */
-    assert_int_equal(run_cli("export resnet"), 2);
+    assert_int_equal(tu_cli_run("export resnet"), 2);
     HAS("err", "unknown model 'resnet'");
-    assert_int_equal(run_cli("descriptors gpt2 --config gpt2-xl"), 2);
+    assert_int_equal(tu_cli_run("descriptors gpt2 --config gpt2-xl"), 2);
     HAS("err", "tiny, gpt2-small");
-    assert_int_equal(run_cli("export linear --decompose all"), 2);
+    assert_int_equal(tu_cli_run("export linear --decompose all"), 2);
     HAS("err", "--decompose needs 'core'");
-    assert_int_equal(run_cli("export linear --format svg"), 2);
+    assert_int_equal(tu_cli_run("export linear --format svg"), 2);
     HAS("err", "needs -o");
-    assert_int_equal(run_cli("descriptors linear --format dot"), 2);
+    assert_int_equal(tu_cli_run("descriptors linear --format dot"), 2);
     HAS("err", "unknown option '--format'");
-    assert_int_equal(run_cli("descriptors"), 2);
+    assert_int_equal(tu_cli_run("descriptors"), 2);
     HAS("err", "missing MODEL");
-    snprintf(args, sizeof args, "export linear -o '%s/no/such/dir'", tmp_dir);
-    assert_int_equal(run_cli(args), 1);
+    snprintf(args, sizeof args, "export linear -o '%s/no/such/dir'", tu_cli_dir());
+    assert_int_equal(tu_cli_run(args), 1);
     HAS("err", "cannot write");
 
     const char *files[] = {"out", "err", "convbn.txt"};
-    for (int i = 0; i < 3; i++) {
-        char path[128];
-        snprintf(path, sizeof path, "%s/%s", tmp_dir, files[i]);
-        remove(path);
-    }
-    rmdir(tmp_dir);
+    tu_cli_cleanup(files, 3);
 }
 
 int main(void) {

@@ -13,44 +13,8 @@
 
 /* ---- helpers ---- */
 
-static ag_tmeta tm_of(ag_dtype dt, int ndim, const int64_t *sizes) {
-    ag_tmeta m;
-    memset(&m, 0, sizeof m);
-    m.dtype = dt;
-    m.ndim = ndim;
-    int64_t st = 1;
-    for (int d = ndim - 1; d >= 0; d--) {
-        m.sizes[d] = sizes[d];
-        m.strides[d] = st;
-        st *= sizes[d];
-    }
-    return m;
-}
-#define NSIZES(...) ((int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
-#define TM(dt, ...) tm_of(dt, NSIZES(__VA_ARGS__), (int64_t[]){__VA_ARGS__})
-
-static const ag_op *op_(const char *name) {
-    const ag_op *o = ag_op_find(name);
-    if (!o)
-        fail_msg("no op %s", name);
-    return o;
-}
-
-static ag_node *call_(ag_graph *g, const char *op, const ag_garg *a, int n, const char *name) {
-    ag_node *r = ag_graph_call(g, op_(op), a, n, name);
-    if (!r)
-        fail_msg("%s: %s", op, ag_last_error());
-    return r;
-}
-#define GARGS(...) (ag_garg[]){__VA_ARGS__}, (int)(sizeof((ag_garg[]){__VA_ARGS__}) / sizeof(ag_garg))
-#define CALL(g, op, ...) call_(g, op, GARGS(__VA_ARGS__), NULL)
-#define CALLN(g, name, op, ...) call_(g, op, GARGS(__VA_ARGS__), name)
-
-static ag_node *ph(ag_graph *g, const char *name, ag_tmeta m) {
-    ag_node *n = ag_graph_placeholder(g, name, &m);
-    assert_non_null(n);
-    return n;
-}
+#define CALL(g, op, ...) tu_call(g, op, GARGS(__VA_ARGS__), NULL)
+#define CALLN(g, name, op, ...) tu_call(g, op, GARGS(__VA_ARGS__), name)
 
 static ag_node *out1(ag_graph *g, ag_node *a) {
     ag_node *o = ag_graph_output(g, (ag_node *[]){a}, 1);
@@ -105,9 +69,9 @@ static lin build_linear(void) {
     lin l;
     l.g = ag_graph_new();
     assert_non_null(l.g);
-    l.x = ph(l.g, "x", TM(AG_F32, 4, 3));
-    l.w = ph(l.g, "w", TM(AG_F32, 2, 3));
-    l.b = ph(l.g, "b", TM(AG_F32, 2));
+    l.x = tu_ph(l.g, "x", TM(AG_F32, 4, 3));
+    l.w = tu_ph(l.g, "w", TM(AG_F32, 2, 3));
+    l.b = tu_ph(l.g, "b", TM(AG_F32, 2));
     l.t = CALL(l.g, "t", AG_GA_N(l.w));
     l.addmm = CALL(l.g, "addmm", AG_GA_N(l.b), AG_GA_N(l.x), AG_GA_N(l.t));
     l.out = out1(l.g, l.addmm);
@@ -120,7 +84,7 @@ static int effect_runs;
 
 static int effect_meta(const ag_arg *a, ag_tmeta *o) {
     const ag_tensor *t = a[0].u.t;
-    o[0] = tm_of(ag_tensor_dtype(t), ag_tensor_ndim(t), ag_tensor_sizes(t));
+    o[0] = tu_tmeta(ag_tensor_dtype(t), ag_tensor_ndim(t), ag_tensor_sizes(t));
     return 0;
 }
 
@@ -150,8 +114,8 @@ static const ag_op *effect_op(void) {
 static void test_fx_names(void **st) {
     (void)st;
     ag_graph *g = ag_graph_new();
-    ag_node *x = ph(g, "x", TM(AG_F32, 4, 3));
-    ag_node *w = ph(g, "w", TM(AG_F32, 3, 3));
+    ag_node *x = tu_ph(g, "x", TM(AG_F32, 4, 3));
+    ag_node *w = tu_ph(g, "w", TM(AG_F32, 3, 3));
     ag_node *mm1 = CALL(g, "addmm", AG_GA_N(x), AG_GA_N(x), AG_GA_N(w));
     ag_node *mm2 = CALL(g, "addmm", AG_GA_N(x), AG_GA_N(x), AG_GA_N(w));
     ag_node *mm3 = CALL(g, "addmm", AG_GA_N(x), AG_GA_N(x), AG_GA_N(w));
@@ -174,7 +138,7 @@ static void test_fx_names(void **st) {
     ag_node *mine = CALLN(g, "my_relu", "relu", AG_GA_N(x));
     assert_string_equal(ag_node_name(mine), "my_relu");
     assert_ptr_equal(ag_graph_find(g, "my_relu"), mine);
-    assert_null(ag_graph_call(g, op_("relu"), GARGS(AG_GA_N(x)), "addmm_1"));
+    assert_null(ag_graph_call(g, tu_op("relu"), GARGS(AG_GA_N(x)), "addmm_1"));
     tu_assert_error_contains("a node named 'addmm_1' already exists");
     assert_null(ag_graph_placeholder(g, "x", &(ag_tmeta){0}));
     tu_assert_error_contains("'x' already exists");
@@ -217,7 +181,7 @@ static void test_call_args_and_vals(void **st) {
     (void)st;
     lin l = build_linear();
     assert_int_equal(ag_node_kind_of(l.addmm), AG_NODE_CALL);
-    assert_ptr_equal(ag_node_op(l.addmm), op_("addmm"));
+    assert_ptr_equal(ag_node_op(l.addmm), tu_op("addmm"));
     assert_int_equal(ag_node_nargs(l.addmm), 3); /* beta and alpha defaulted: not stored */
     assert_ptr_equal(ag_node_arg_node(l.addmm, 0), l.b);
     assert_ptr_equal(ag_node_arg_node(l.addmm, 2), l.t);
@@ -247,9 +211,9 @@ static void test_call_args_and_vals(void **st) {
     assert_int_equal(ag_node_nargs(mm), 4);
     assert_true(ag_node_arg(mm, 3)->u.f == 0.5);
     /* Schema and meta errors name the op. */
-    assert_null(ag_graph_call(l.g, op_("mm"), GARGS(AG_GA_N(l.x), AG_GA_N(l.x)), NULL));
+    assert_null(ag_graph_call(l.g, tu_op("mm"), GARGS(AG_GA_N(l.x), AG_GA_N(l.x)), NULL));
     tu_assert_error_contains("mm");
-    assert_null(ag_graph_call(l.g, op_("relu"), GARGS(AG_GA_I(3)), NULL));
+    assert_null(ag_graph_call(l.g, tu_op("relu"), GARGS(AG_GA_I(3)), NULL));
     tu_assert_error_contains("relu: argument 'self' must be Tensor");
     /* A second output node is refused. */
     assert_null(ag_graph_output(l.g, NULL, 0));
@@ -260,8 +224,8 @@ static void test_call_args_and_vals(void **st) {
 static void test_users_bookkeeping(void **st) {
     (void)st;
     ag_graph *g = ag_graph_new();
-    ag_node *x = ph(g, "x", TM(AG_F32, 2, 2));
-    ag_node *y = ph(g, "y", TM(AG_F32, 2, 2));
+    ag_node *x = tu_ph(g, "x", TM(AG_F32, 2, 2));
+    ag_node *y = tu_ph(g, "y", TM(AG_F32, 2, 2));
     ag_node *a = CALL(g, "add.Tensor", AG_GA_N(x), AG_GA_N(x));
     ag_node *m = CALL(g, "mul.Tensor", AG_GA_N(a), AG_GA_N(y));
     ag_node *o = out1(g, m);
@@ -324,7 +288,7 @@ static void test_users_bookkeeping(void **st) {
 static void test_insertion_points_and_move(void **st) {
     (void)st;
     ag_graph *g = ag_graph_new();
-    ag_node *x = ph(g, "x", TM(AG_F32, 3));
+    ag_node *x = tu_ph(g, "x", TM(AG_F32, 3));
     ag_node *a = CALLN(g, "a", "neg", AG_GA_N(x));
     ag_node *o = out1(g, a);
     /* Default: before the output node. */
@@ -341,7 +305,7 @@ static void test_insertion_points_and_move(void **st) {
     CALLN(g, "f", "relu", AG_GA_N(x));
     assert_string_equal(order(g), "x e f c d a b output");
     /* Placeholders always join the other placeholders. */
-    ph(g, "y", TM(AG_F32, 3));
+    tu_ph(g, "y", TM(AG_F32, 3));
     assert_string_equal(order(g), "x y e f c d a b output");
     /* Back to the default. */
     ag_graph_insert_at_end(g);
@@ -568,7 +532,7 @@ static void test_verify_accepts(void **st) {
     expect_verify_ok(l.g);
     /* Multi-output calls through getitem; constants; None outputs. */
     ag_graph *g = ag_graph_new();
-    ag_node *x = ph(g, "x", TM(AG_F32, 2, 4));
+    ag_node *x = tu_ph(g, "x", TM(AG_F32, 2, 4));
     ag_tensor *c = ag_ones(AG_F32, 1, (int64_t[]){4});
     ag_node *w = ag_graph_get_attr(g, c, NULL);
     ag_tensor_free(c);
@@ -646,7 +610,7 @@ static void test_verify_wrong_meta(void **st) {
     expect_verify_ok(l.g);
     /* A getitem's index and val; a constant's val. */
     ag_graph *g = ag_graph_new();
-    ag_node *x = ph(g, "x", TM(AG_F32, 2, 4));
+    ag_node *x = tu_ph(g, "x", TM(AG_F32, 2, 4));
     ag_node *ln = CALL(g, "native_layer_norm", AG_GA_N(x), AG_GA_INTS((int64_t[]){4}, 1),
                        AG_GA_NIL, AG_GA_NIL, AG_GA_F(1e-5));
     ag_node *gi = ag_graph_getitem(g, ln, 1, NULL);
@@ -654,7 +618,7 @@ static void test_verify_wrong_meta(void **st) {
     ag_node *k = ag_graph_get_attr(g, c, NULL);
     ag_tensor_free(c);
     /* A multi-output call is read through getitem, never directly. */
-    assert_null(ag_graph_call(g, op_("relu"), GARGS(AG_GA_N(ln)), NULL));
+    assert_null(ag_graph_call(g, tu_op("relu"), GARGS(AG_GA_N(ln)), NULL));
     tu_assert_error_contains("relu: argument 0 (native_layer_norm) is not a single tensor value");
     assert_non_null(ag_graph_output(g, (ag_node *[]){gi, k}, 2));
     expect_verify_ok(g);
@@ -701,7 +665,7 @@ static void test_verify_structure(void **st) {
     (void)st;
     /* No output node. */
     ag_graph *g = ag_graph_new();
-    ag_node *x = ph(g, "x", TM(AG_F32, 3));
+    ag_node *x = tu_ph(g, "x", TM(AG_F32, 3));
     ag_node *r = CALL(g, "relu", AG_GA_N(x));
     expect_verify_error(g, "verify: the graph has no output node");
     /* The output not last. */
@@ -735,9 +699,9 @@ static void test_verify_structure(void **st) {
 static void test_dce(void **st) {
     (void)st;
     ag_graph *g = ag_graph_new();
-    ag_node *x = ph(g, "x", TM(AG_F32, 2, 3));
-    ag_node *y = ph(g, "y", TM(AG_F32, 2, 3));
-    ph(g, "unused", TM(AG_F32, 1));
+    ag_node *x = tu_ph(g, "x", TM(AG_F32, 2, 3));
+    ag_node *y = tu_ph(g, "y", TM(AG_F32, 2, 3));
+    tu_ph(g, "unused", TM(AG_F32, 1));
     ag_tensor *c = ag_ones(AG_F32, 1, (int64_t[]){3});
     ag_node *k = ag_graph_get_attr(g, c, NULL);
     ag_tensor_free(c);
@@ -762,9 +726,9 @@ static void test_dce(void **st) {
     /* Multi-output: dead getitems go; the call stays while one getitem lives, and goes with
      * the last one. A call mutating an argument (batch norm's running stats) stays. */
     g = ag_graph_new();
-    x = ph(g, "x", TM(AG_F32, 2, 3, 2, 2));
-    ag_node *rm = ph(g, "running_mean", TM(AG_F32, 3));
-    ag_node *rv = ph(g, "running_var", TM(AG_F32, 3));
+    x = tu_ph(g, "x", TM(AG_F32, 2, 3, 2, 2));
+    ag_node *rm = tu_ph(g, "running_mean", TM(AG_F32, 3));
+    ag_node *rv = tu_ph(g, "running_var", TM(AG_F32, 3));
     ag_node *ln = CALL(g, "native_layer_norm", AG_GA_N(x), AG_GA_INTS((int64_t[]){2}, 1),
                        AG_GA_NIL, AG_GA_NIL, AG_GA_F(1e-5));
     ag_node *g0 = ag_graph_getitem(g, ln, 0, NULL);
@@ -791,7 +755,7 @@ static void test_dce(void **st) {
 static void test_cse(void **st) {
     (void)st;
     ag_graph *g = ag_graph_new();
-    ag_node *x = ph(g, "x", TM(AG_F32, 3, 3));
+    ag_node *x = tu_ph(g, "x", TM(AG_F32, 3, 3));
     ag_node *t1 = CALL(g, "t", AG_GA_N(x));
     ag_node *t2 = CALL(g, "t", AG_GA_N(x));
     ag_node_set_seq_nr(t1, 5);
@@ -866,8 +830,8 @@ static void test_cse(void **st) {
 
     /* Nothing merges across a mutation: relu(x) before and after x.add_(y) differ. */
     g = ag_graph_new();
-    x = ph(g, "x", TM(AG_F32, 3));
-    ag_node *y = ph(g, "y", TM(AG_F32, 3));
+    x = tu_ph(g, "x", TM(AG_F32, 3));
+    ag_node *y = tu_ph(g, "y", TM(AG_F32, 3));
     ag_node *v1 = CALL(g, "relu", AG_GA_N(x));
     ag_node *v2 = CALL(g, "relu", AG_GA_N(x));
     CALL(g, "add_.Tensor", AG_GA_N(x), AG_GA_N(y));
@@ -886,8 +850,8 @@ static void test_cse(void **st) {
 static void test_reinfer_meta(void **st) {
     (void)st;
     ag_graph *g = ag_graph_new();
-    ag_node *x = ph(g, "x", TM(AG_F32, 4, 3));
-    ag_node *w = ph(g, "w", TM(AG_F32, 3, 2));
+    ag_node *x = tu_ph(g, "x", TM(AG_F32, 4, 3));
+    ag_node *w = tu_ph(g, "w", TM(AG_F32, 3, 2));
     ag_node *r = CALL(g, "relu", AG_GA_N(x));
     ag_node *mm = CALL(g, "mm", AG_GA_N(r), AG_GA_N(w));
     ag_node *ln = CALL(g, "native_layer_norm", AG_GA_N(mm), AG_GA_INTS(((int64_t[]){2}), 1),
@@ -921,7 +885,7 @@ static void test_reinfer_meta(void **st) {
 
     /* A list op whose chunk count changes: split of a dim that grows from 2 to 6. */
     ag_graph *h = ag_graph_new();
-    ag_node *y = ph(h, "y", TM(AG_F32, 2));
+    ag_node *y = tu_ph(h, "y", TM(AG_F32, 2));
     ag_node *sp = CALL(h, "split.Tensor", AG_GA_N(y), AG_GA_I(1));
     ag_node *p1 = ag_graph_getitem(h, sp, 1, NULL);
     out1(h, p1);
@@ -951,11 +915,11 @@ static void test_reinfer_meta(void **st) {
  * h = relu(addmm(b1, x, t(w1))); y = addmm(b2, h, t(w2)); output (y, h). */
 static ag_graph *build_mlp(void) {
     ag_graph *g = ag_graph_new();
-    ag_node *x = ph(g, "x", TM(AG_F32, 4, 3));
-    ag_node *w1 = ph(g, "w1", TM(AG_F32, 5, 3));
-    ag_node *b1 = ph(g, "b1", TM(AG_F32, 5));
-    ag_node *w2 = ph(g, "w2", TM(AG_F32, 2, 5));
-    ag_node *b2 = ph(g, "b2", TM(AG_F32, 2));
+    ag_node *x = tu_ph(g, "x", TM(AG_F32, 4, 3));
+    ag_node *w1 = tu_ph(g, "w1", TM(AG_F32, 5, 3));
+    ag_node *b1 = tu_ph(g, "b1", TM(AG_F32, 5));
+    ag_node *w2 = tu_ph(g, "w2", TM(AG_F32, 2, 5));
+    ag_node *b2 = tu_ph(g, "b2", TM(AG_F32, 2));
     ag_node *t = CALL(g, "t", AG_GA_N(w1));
     ag_node *mm = CALL(g, "addmm", AG_GA_N(b1), AG_GA_N(x), AG_GA_N(t));
     ag_node *h = CALL(g, "relu", AG_GA_N(mm));
@@ -1030,7 +994,7 @@ static void test_run_backward(void **st) {
 static void test_run_multi_output_and_constants(void **st) {
     (void)st;
     ag_graph *g = ag_graph_new();
-    ag_node *x = ph(g, "x", TM(AG_F64, 2, 4));
+    ag_node *x = tu_ph(g, "x", TM(AG_F64, 2, 4));
     ag_tensor *wv = tu_tensor(AG_F64, 1, (int64_t[]){4}, (double[]){1, 2, 3, 4});
     ag_node *w = ag_graph_get_attr(g, wv, NULL);
     ag_node *ln = CALL(g, "native_layer_norm", AG_GA_N(x), AG_GA_INTS(((int64_t[]){4}), 1),
@@ -1091,8 +1055,8 @@ static void test_run_errors(void **st) {
 
     /* An op failing on the data names the node. */
     g = ag_graph_new();
-    ag_node *wt = ph(g, "weight", TM(AG_F32, 5, 3));
-    ag_node *ix = ph(g, "idx", TM(AG_I64, 2));
+    ag_node *wt = tu_ph(g, "weight", TM(AG_F32, 5, 3));
+    ag_node *ix = tu_ph(g, "idx", TM(AG_I64, 2));
     out1(g, CALL(g, "embedding", AG_GA_N(wt), AG_GA_N(ix)));
     ag_scope_begin();
     ag_tensor *ins[2] = {ag_zeros(AG_F32, 2, (int64_t[]){5, 3}),
@@ -1101,7 +1065,7 @@ static void test_run_errors(void **st) {
     tu_assert_error_contains("run: %embedding: embedding: index 7");
     /* No output node. */
     ag_graph *h = ag_graph_new();
-    ph(h, "x", TM(AG_F32, 1));
+    tu_ph(h, "x", TM(AG_F32, 1));
     assert_int_equal(ag_graph_run(h, ins, 1, outs, 1), AG_EINVAL);
     tu_assert_error_contains("run: the graph has no output node");
     ag_graph_free(h);
@@ -1139,7 +1103,7 @@ static void test_run_frees_early(void **st) {
      * node, so the run holds a handful of tensors at any time, not 60. */
     enum { N = 60 };
     ag_graph *g = ag_graph_new();
-    ag_node *n = ph(g, "x", TM(AG_F32, 256, 256));
+    ag_node *n = tu_ph(g, "x", TM(AG_F32, 256, 256));
     ag_node *x = n;
     for (int i = 0; i < N; i++)
         n = CALL(g, "neg", AG_GA_N(n));
@@ -1197,7 +1161,7 @@ static void test_run_scopes(void **st) {
 static void test_run_effect_and_dead_code(void **st) {
     (void)st;
     ag_graph *g = ag_graph_new();
-    ag_node *x = ph(g, "x", TM(AG_F32, 3));
+    ag_node *x = tu_ph(g, "x", TM(AG_F32, 3));
     ag_graph_call(g, effect_op(), GARGS(AG_GA_N(x)), NULL); /* unused, still runs */
     CALL(g, "exp", AG_GA_N(x));                              /* dead, runs harmlessly */
     ag_node *r = CALL(g, "mul.Tensor", AG_GA_N(x), AG_GA_N(x));

@@ -18,44 +18,7 @@
 
 /* ---- helpers ---- */
 
-static ag_tmeta tm_of(ag_dtype dt, int ndim, const int64_t *sizes) {
-    ag_tmeta m;
-    memset(&m, 0, sizeof m);
-    m.dtype = dt;
-    m.ndim = ndim;
-    int64_t st = 1;
-    for (int d = ndim - 1; d >= 0; d--) {
-        m.sizes[d] = sizes[d];
-        m.strides[d] = st;
-        st *= sizes[d];
-    }
-    return m;
-}
-#define NSIZES(...) ((int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
-#define TM(dt, ...) tm_of(dt, NSIZES(__VA_ARGS__), (int64_t[]){__VA_ARGS__})
-
-static const ag_op *op_(const char *name) {
-    const ag_op *o = ag_op_find(name);
-    if (!o)
-        fail_msg("no op %s", name);
-    return o;
-}
-
-static ag_node *call_(ag_graph *g, const char *op, const ag_garg *a, int n, const char *name) {
-    ag_node *r = ag_graph_call(g, op_(op), a, n, name);
-    if (!r)
-        fail_msg("%s: %s", op, ag_last_error());
-    return r;
-}
-#define GARGS(...)                                                                                 \
-    (ag_garg[]){__VA_ARGS__}, (int)(sizeof((ag_garg[]){__VA_ARGS__}) / sizeof(ag_garg))
-#define CALL(g, name, op, ...) call_(g, op, GARGS(__VA_ARGS__), name)
-
-static ag_node *ph(ag_graph *g, const char *name, ag_tmeta m) {
-    ag_node *n = ag_graph_placeholder(g, name, &m);
-    assert_non_null(n);
-    return n;
-}
+#define CALL(g, name, op, ...) tu_call(g, op, GARGS(__VA_ARGS__), name)
 
 static ag_tensor *rnd(ag_dtype dt, int ndim, const int64_t *sizes, uint64_t seed) {
     uint64_t st = seed * 0x9e3779b97f4a7c15ull + 1;
@@ -120,7 +83,7 @@ static void expect_same(const char *what, const ag_graph *g, ag_plan *p, ag_tens
  * a single 256-byte buffer. */
 static ag_graph *chain_graph(void) {
     ag_graph *g = ag_graph_new();
-    ag_node *x = ph(g, "x", TM(AG_F32, 4, 16));
+    ag_node *x = tu_ph(g, "x", TM(AG_F32, 4, 16));
     ag_node *a = CALL(g, "a", "neg", AG_GA_N(x));
     ag_node *b = CALL(g, "b", "exp", AG_GA_N(a));
     ag_node *c = CALL(g, "c", "neg", AG_GA_N(b));
@@ -166,7 +129,7 @@ static void test_chain_arena(void **st) {
  * another buffer): then a/c share one buffer [1, 4] and the peak is 1024 + 64 = 1088. */
 static ag_graph *mixed_graph(void) {
     ag_graph *g = ag_graph_new();
-    ag_node *x = ph(g, "x", TM(AG_F32, 16, 16));
+    ag_node *x = tu_ph(g, "x", TM(AG_F32, 16, 16));
     ag_node *a = CALL(g, "a", "exp", AG_GA_N(x));
     int64_t dim1[] = {1};
     ag_node *b = CALL(g, "b", "sum.dim_IntList", AG_GA_N(a), AG_GA_INTS(dim1, 1), AG_GA_B(true));
@@ -204,7 +167,7 @@ static void test_mixed_sizes_arena(void **st) {
 static void test_inplace_refusals(void **st) {
     (void)st;
     ag_graph *g = ag_graph_new();
-    ag_node *x = ph(g, "x", TM(AG_F32, 8, 8));
+    ag_node *x = tu_ph(g, "x", TM(AG_F32, 8, 8));
     ag_node *a = CALL(g, "a", "exp", AG_GA_N(x)); /* x is an input: no reuse */
     ag_node *at = CALL(g, "at", "t", AG_GA_N(a));
     ag_node *b = CALL(g, "b", "add.Tensor", AG_GA_N(a), AG_GA_N(at)); /* a read through at */
@@ -227,8 +190,8 @@ static void test_inplace_refusals(void **st) {
  * non-contiguous input, whose views must follow the input's strides. */
 static ag_graph *views_graph(void) {
     ag_graph *g = ag_graph_new();
-    ag_node *x = ph(g, "x", TM(AG_F32, 6, 4));
-    ag_node *w = ph(g, "w", TM(AG_F32, 5, 4));
+    ag_node *x = tu_ph(g, "x", TM(AG_F32, 6, 4));
+    ag_node *w = tu_ph(g, "w", TM(AG_F32, 5, 4));
     ag_node *wt = CALL(g, "wt", "t", AG_GA_N(w));
     ag_node *y = CALL(g, "y", "mm", AG_GA_N(x), AG_GA_N(wt)); /* [6, 5] */
     int64_t norm[] = {5};
@@ -493,9 +456,9 @@ static void log_end(alloc_log *l) {
 static void test_no_allocation_after_first_run(void **st) {
     (void)st;
     ag_graph *g = ag_graph_new();
-    ag_node *x = ph(g, "x", TM(AG_F32, 8, 16));
-    ag_node *w = ph(g, "w", TM(AG_F32, 32, 16));
-    ag_node *bias = ph(g, "bias", TM(AG_F32, 32));
+    ag_node *x = tu_ph(g, "x", TM(AG_F32, 8, 16));
+    ag_node *w = tu_ph(g, "w", TM(AG_F32, 32, 16));
+    ag_node *bias = tu_ph(g, "bias", TM(AG_F32, 32));
     ag_node *wt = CALL(g, "wt", "t", AG_GA_N(w));
     ag_node *y = CALL(g, "y", "addmm", AG_GA_N(bias), AG_GA_N(x), AG_GA_N(wt));
     ag_node *r = CALL(g, "r", "relu", AG_GA_N(y));
@@ -659,15 +622,15 @@ static void test_errors(void **st) {
 
     /* A graph that does not verify (no output node). */
     ag_graph *h = ag_graph_new();
-    ph(h, "x", TM(AG_F32, 2));
+    tu_ph(h, "x", TM(AG_F32, 2));
     assert_null(ag_plan_new(h, NULL));
     tu_assert_error_contains("plan_new: the graph does not verify");
     ag_graph_free(h);
 
     /* A node with no kernel that is not a view: a composite op left in the graph. */
     h = ag_graph_new();
-    ag_node *hx = ph(h, "x", TM(AG_F32, 2, 3));
-    ag_node *lin = ag_graph_call(h, op_("contiguous"), (ag_garg[]){AG_GA_N(hx)}, 1, "c");
+    ag_node *hx = tu_ph(h, "x", TM(AG_F32, 2, 3));
+    ag_node *lin = ag_graph_call(h, tu_op("contiguous"), (ag_garg[]){AG_GA_N(hx)}, 1, "c");
     if (lin) {
         assert_non_null(ag_graph_output(h, (ag_node *[]){lin}, 1));
         assert_null(ag_plan_new(h, NULL));

@@ -13,7 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 /* ---- helpers ---- */
@@ -911,127 +910,69 @@ static void test_zoo_alloc_failures(void **state) {
 
 /* ---- the CLI: aotgrad models / trace / show ---- */
 
-static char cli_path[4200], tmp_dir[64];
-
-/* Runs the aotgrad binary (next to this test program) with args, stdout and stderr going to
- * files in tmp_dir; returns its exit status. */
-static int run_cli(const char *args) {
-    char cmd[8192];
-    snprintf(cmd, sizeof cmd, "'%s' %s >'%s/out' 2>'%s/err'", cli_path, args, tmp_dir, tmp_dir);
-    int rc = system(cmd);
-    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
-}
-
-static char *read_tmp(const char *name) {
-    char path[128];
-    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
-    FILE *f = fopen(path, "rb");
-    assert_non_null(f);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc((size_t)n + 1);
-    assert_non_null(s);
-    assert_int_equal(fread(s, 1, (size_t)n, f), (size_t)n);
-    s[n] = 0;
-    fclose(f);
-    return s;
-}
-
-static void assert_tmp_contains(const char *name, const char *needle) {
-    char *s = read_tmp(name);
-    if (!strstr(s, needle))
-        fail_msg("%s has no '%s':\n%s", name, needle, s);
-    free(s);
-}
-
-static void write_tmp(const char *name, const char *text) {
-    char path[128];
-    snprintf(path, sizeof path, "%s/%s", tmp_dir, name);
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
-}
-
 static void test_cli(void **state) {
     (void)state;
-    char self[4096];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0)
+    if (!tu_cli_setup("/tmp/ag_test_trace_XXXXXX"))
         skip();
-    self[n] = 0;
-    *strrchr(self, '/') = 0;
-    snprintf(cli_path, sizeof cli_path, "%s/aotgrad", self);
-    if (access(cli_path, X_OK)) {
-        print_message("no %s: CLI checks skipped\n", cli_path);
-        skip();
-    }
-    snprintf(tmp_dir, sizeof tmp_dir, "/tmp/ag_test_trace_XXXXXX");
-    assert_non_null(mkdtemp(tmp_dir));
     char args[512];
 
-    assert_int_equal(run_cli("models"), 0);
+    assert_int_equal(tu_cli_run("models"), 0);
     for (int i = 0; i < ag_zoo_count(); i++)
-        assert_tmp_contains("out", ag_zoo_name(i));
+        tu_cli_has("out", ag_zoo_name(i));
 
     /* trace, then show: the same text back. */
-    snprintf(args, sizeof args, "trace convbn --seq-nr --stack-traces -o '%s/convbn.txt'", tmp_dir);
-    assert_int_equal(run_cli(args), 0);
-    assert_tmp_contains("convbn.txt",
-                        "%primals_7 : i64[]  # BufferAOTInput(target='bn.num_batches_tracked')");
-    assert_tmp_contains("convbn.txt", "seq_nr=0");
-    assert_tmp_contains("convbn.txt", "zoo.c\", line ");
-    snprintf(args, sizeof args, "show '%s/convbn.txt'", tmp_dir);
-    assert_int_equal(run_cli(args), 0);
-    char *a = read_tmp("convbn.txt"), *b = read_tmp("out");
+    snprintf(args, sizeof args, "trace convbn --seq-nr --stack-traces -o '%s/convbn.txt'",
+             tu_cli_dir());
+    assert_int_equal(tu_cli_run(args), 0);
+    tu_cli_has("convbn.txt",
+               "%primals_7 : i64[]  # BufferAOTInput(target='bn.num_batches_tracked')");
+    tu_cli_has("convbn.txt", "seq_nr=0");
+    tu_cli_has("convbn.txt", "zoo.c\", line ");
+    snprintf(args, sizeof args, "show '%s/convbn.txt'", tu_cli_dir());
+    assert_int_equal(tu_cli_run(args), 0);
+    char *a = tu_cli_read("convbn.txt"), *b = tu_cli_read("out");
     assert_string_equal(b, a);
     free(a);
     free(b);
-    assert_int_equal(run_cli("trace linear --format dot"), 0);
-    assert_tmp_contains("out", "digraph");
+    assert_int_equal(tu_cli_run("trace linear --format dot"), 0);
+    tu_cli_has("out", "digraph");
 
     /* gpt2-small traces without its weights. */
-    assert_int_equal(run_cli("trace gpt2 --config gpt2-small"), 0);
-    assert_tmp_contains(
-        "out", "%primals_1 : f32[50257, 768]  # ParamAOTInput(target='transformer.wte.weight')");
+    assert_int_equal(tu_cli_run("trace gpt2 --config gpt2-small"), 0);
+    tu_cli_has("out",
+               "%primals_1 : f32[50257, 768]  # ParamAOTInput(target='transformer.wte.weight')");
 
     /* Usage errors: exit 2 with a message. */
-    assert_int_equal(run_cli("trace resnet"), 2);
-    assert_tmp_contains("err", "unknown model 'resnet'");
-    assert_tmp_contains("err", "gpt2");
-    assert_int_equal(run_cli("trace gpt2 --config gpt2-xl"), 2);
-    assert_tmp_contains("err", "tiny, gpt2-small");
-    assert_int_equal(run_cli("trace linear --frobnicate"), 2);
-    assert_tmp_contains("err", "unknown option '--frobnicate'");
-    assert_int_equal(run_cli("trace linear --format svg"), 2);
-    assert_tmp_contains("err", "needs -o");
-    assert_int_equal(run_cli("trace linear --format png"), 2);
-    assert_int_equal(run_cli("trace"), 2);
-    assert_int_equal(run_cli("show"), 2);
+    assert_int_equal(tu_cli_run("trace resnet"), 2);
+    tu_cli_has("err", "unknown model 'resnet'");
+    tu_cli_has("err", "gpt2");
+    assert_int_equal(tu_cli_run("trace gpt2 --config gpt2-xl"), 2);
+    tu_cli_has("err", "tiny, gpt2-small");
+    assert_int_equal(tu_cli_run("trace linear --frobnicate"), 2);
+    tu_cli_has("err", "unknown option '--frobnicate'");
+    assert_int_equal(tu_cli_run("trace linear --format svg"), 2);
+    tu_cli_has("err", "needs -o");
+    assert_int_equal(tu_cli_run("trace linear --format png"), 2);
+    assert_int_equal(tu_cli_run("trace"), 2);
+    assert_int_equal(tu_cli_run("show"), 2);
 
     /* A bad file: FILE:LINE:COL: message, exit 1. 'reluu' starts at line 3, column 10. */
-    write_tmp("bad.txt", "graph():\n"
-                         "    %x : f32[2]  # None\n"
-                         "    %y = reluu(%x)  # f32[2]\n"
-                         "    return (%y,)\n");
-    snprintf(args, sizeof args, "show '%s/bad.txt'", tmp_dir);
-    assert_int_equal(run_cli(args), 1);
+    tu_cli_write("bad.txt", "graph():\n"
+                            "    %x : f32[2]  # None\n"
+                            "    %y = reluu(%x)  # f32[2]\n"
+                            "    return (%y,)\n");
+    snprintf(args, sizeof args, "show '%s/bad.txt'", tu_cli_dir());
+    assert_int_equal(tu_cli_run(args), 1);
     char want[160];
-    snprintf(want, sizeof want, "%s/bad.txt:3:10: ", tmp_dir);
-    assert_tmp_contains("err", want);
-    assert_tmp_contains("err", "reluu");
-    snprintf(args, sizeof args, "show '%s/missing.txt'", tmp_dir);
-    assert_int_equal(run_cli(args), 1);
-    assert_tmp_contains("err", "missing.txt");
+    snprintf(want, sizeof want, "%s/bad.txt:3:10: ", tu_cli_dir());
+    tu_cli_has("err", want);
+    tu_cli_has("err", "reluu");
+    snprintf(args, sizeof args, "show '%s/missing.txt'", tu_cli_dir());
+    assert_int_equal(tu_cli_run(args), 1);
+    tu_cli_has("err", "missing.txt");
 
     const char *files[] = {"out", "err", "convbn.txt", "bad.txt"};
-    for (int i = 0; i < 4; i++) {
-        char path[128];
-        snprintf(path, sizeof path, "%s/%s", tmp_dir, files[i]);
-        remove(path);
-    }
-    rmdir(tmp_dir);
+    tu_cli_cleanup(files, 4);
 }
 
 int main(void) {

@@ -12,6 +12,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 /* ---- tensors ---- */
 
@@ -24,11 +26,20 @@ ag_tensor *tu_tensor(ag_dtype dt, int ndim, const int64_t *sizes, const double *
     char *p = ag_tensor_data(t);
     for (int64_t i = 0; i < n; i++) {
         switch (dt) {
-        case AG_F32: ((float *)p)[i] = (float)vals[i]; break;
-        case AG_F64: ((double *)p)[i] = vals[i]; break;
-        case AG_I64: ((int64_t *)p)[i] = (int64_t)vals[i]; break;
-        case AG_BOOL: ((_Bool *)p)[i] = vals[i] != 0; break;
-        default: fail();
+        case AG_F32:
+            ((float *)p)[i] = (float)vals[i];
+            break;
+        case AG_F64:
+            ((double *)p)[i] = vals[i];
+            break;
+        case AG_I64:
+            ((int64_t *)p)[i] = (int64_t)vals[i];
+            break;
+        case AG_BOOL:
+            ((_Bool *)p)[i] = vals[i] != 0;
+            break;
+        default:
+            fail();
         }
     }
     return t;
@@ -364,4 +375,121 @@ int tu_gradcheck_ops(const char *const *names, size_t n) {
         fewest = k < fewest ? k : fewest;
     }
     return fewest;
+}
+
+/* ---- building graphs by hand ---- */
+
+ag_tmeta tu_tmeta(ag_dtype dt, int ndim, const int64_t *sizes) {
+    ag_tmeta m;
+    memset(&m, 0, sizeof m);
+    m.dtype = dt;
+    m.ndim = ndim;
+    int64_t st = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        m.sizes[d] = sizes[d];
+        m.strides[d] = st;
+        st *= sizes[d];
+    }
+    return m;
+}
+
+ag_node *tu_ph(ag_graph *g, const char *name, ag_tmeta m) {
+    ag_node *n = ag_graph_placeholder(g, name, &m);
+    assert_non_null(n);
+    return n;
+}
+
+const ag_op *tu_op(const char *name) {
+    const ag_op *o = ag_op_find(name);
+    if (!o)
+        fail_msg("no op %s", name);
+    return o;
+}
+
+ag_node *tu_call(ag_graph *g, const char *op, const ag_garg *a, int n, const char *name) {
+    ag_node *r = ag_graph_call(g, tu_op(op), a, n, name);
+    if (!r)
+        fail_msg("%s: %s", op, ag_last_error());
+    return r;
+}
+
+/* ---- running the aotgrad CLI ---- */
+
+static char cli_path[4200], cli_dir[64];
+
+bool tu_cli_setup(const char *tmp_template) {
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0)
+        return false;
+    self[n] = 0;
+    *strrchr(self, '/') = 0;
+    snprintf(cli_path, sizeof cli_path, "%s/aotgrad", self);
+    if (access(cli_path, X_OK)) {
+        print_message("no %s: CLI checks skipped\n", cli_path);
+        return false;
+    }
+    snprintf(cli_dir, sizeof cli_dir, "%s", tmp_template);
+    assert_non_null(mkdtemp(cli_dir));
+    return true;
+}
+
+const char *tu_cli_dir(void) {
+    return cli_dir;
+}
+
+int tu_cli_run(const char *args) {
+    char cmd[8192];
+    snprintf(cmd, sizeof cmd, "'%s' %s >'%s/out' 2>'%s/err'", cli_path, args, cli_dir, cli_dir);
+    int rc = system(cmd);
+    return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+char *tu_cli_read(const char *name) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/%s", cli_dir, name);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc((size_t)n + 1);
+    assert_non_null(s);
+    assert_int_equal(fread(s, 1, (size_t)n, f), (size_t)n);
+    s[n] = 0;
+    fclose(f);
+    return s;
+}
+
+static void cli_contains(const char *name, const char *needle, bool want) {
+    char *s = tu_cli_read(name);
+    if (!strstr(s, needle) == want)
+        fail_msg("%s %s '%s':\n%s", name, want ? "has no" : "has", needle, s);
+    free(s);
+}
+
+void tu_cli_has(const char *name, const char *needle) {
+    cli_contains(name, needle, true);
+}
+
+void tu_cli_lacks(const char *name, const char *needle) {
+    cli_contains(name, needle, false);
+}
+
+void tu_cli_write(const char *name, const char *text) {
+    char path[128];
+    snprintf(path, sizeof path, "%s/%s", cli_dir, name);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+void tu_cli_cleanup(const char *const *names, int n) {
+    for (int i = 0; i < n; i++) {
+        char path[128];
+        snprintf(path, sizeof path, "%s/%s", cli_dir, names[i]);
+        remove(path);
+    }
+    rmdir(cli_dir);
 }

@@ -92,6 +92,46 @@ void tu_alloc_resume(void);
 void tu_alloc_count_begin(void);
 int64_t tu_alloc_count_end(void);
 
+/* ---- building graphs by hand ---- */
+
+/* Contiguous metadata: TM(AG_F32, 4, 3) is f32[4, 3], TM0(AG_F32) a scalar. */
+ag_tmeta tu_tmeta(ag_dtype dt, int ndim, const int64_t *sizes);
+#define NSIZES(...) ((int)(sizeof((int64_t[]){__VA_ARGS__}) / sizeof(int64_t)))
+#define TM(dt, ...) tu_tmeta(dt, NSIZES(__VA_ARGS__), (int64_t[]){__VA_ARGS__})
+#define TM0(dt) tu_tmeta(dt, 0, NULL)
+/* A placeholder of metadata m; fails the test when it cannot be made. */
+ag_node *tu_ph(ag_graph *g, const char *name, ag_tmeta m);
+/* The op named `name`; fails the test when there is none. */
+const ag_op *tu_op(const char *name);
+/* ag_graph_call of the op named `op` on n arguments (GARGS(...) spells both); fails the test
+ * when the call fails. */
+ag_node *tu_call(ag_graph *g, const char *op, const ag_garg *a, int n, const char *name);
+#define GARGS(...)                                                                                 \
+    (ag_garg[]){__VA_ARGS__}, (int)(sizeof((ag_garg[]){__VA_ARGS__}) / sizeof(ag_garg))
+
+/* ---- running the aotgrad CLI ----
+ *
+ * The CLI tests run the aotgrad binary that sits next to the test program, with stdout and
+ * stderr going to the files "out" and "err" of a fresh temporary directory. */
+
+/* Finds the binary and makes the directory from tmp_template (a mkdtemp template such as
+ * "/tmp/ag_test_fx_XXXXXX"); returns false when there is no binary (the caller skips). */
+bool tu_cli_setup(const char *tmp_template);
+/* The directory tu_cli_setup made. */
+const char *tu_cli_dir(void);
+/* Runs the binary with args (shell syntax); returns its exit status, or -1. */
+int tu_cli_run(const char *args);
+/* The contents of the file `name` of the directory (malloc'd, NUL-terminated). */
+char *tu_cli_read(const char *name);
+/* Asserts the file `name` of the directory contains needle (tu_cli_has) or not (tu_cli_lacks);
+ * a failure prints the file. */
+void tu_cli_has(const char *name, const char *needle);
+void tu_cli_lacks(const char *name, const char *needle);
+/* Writes text to the file `name` of the directory. */
+void tu_cli_write(const char *name, const char *text);
+/* Removes the n files named and then the directory. */
+void tu_cli_cleanup(const char *const *names, int n);
+
 /* ---- gradcheck of an op's declared samples ---- */
 
 /* Runs ag_gradcheck on every sample of op, as the table-wide test does: every tensor argument

@@ -11,6 +11,7 @@
  * the kind. Field order in a repr is upstream's declaration order, which for every class is
  * nested descriptor, then string, then idx. */
 #include "../core/internal.h"
+#include "../core/pystr.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -159,107 +160,10 @@ static size_t sb_finish(sbuf *b) {
     return b->len;
 }
 
-/* ---- Python's repr() of a str ----
- *
- * The C string is taken as UTF-8. Bytes that are not part of a valid UTF-8 sequence stand for
- * the lone surrogates U+DC80..U+DCFF, as Python's surrogateescape decodes them (os.fsdecode), so
- * they print as '\udcff' and parse back to the same byte. Non-ASCII code points print raw when
- * Python's str.isprintable() holds for them, else escaped; not_printable() approximates
- * isprintable() without the Unicode database: it knows every control, format, separator,
- * private-use, surrogate and noncharacter code point, and the unassigned planes 4-13, but
- * treats unassigned code points in planes 0-3 as printable (Python escapes those, and which
- * ones are unassigned depends on its Unicode version). */
-
-/* Decodes one strict UTF-8 sequence at s[0..n); returns its length, or 0 when invalid. */
-static size_t utf8_decode(const unsigned char *s, size_t n, uint32_t *cp) {
-    unsigned char c = s[0];
-    if (c < 0x80) {
-        *cp = c;
-        return 1;
-    }
-    size_t len;
-    unsigned char lo = 0x80, hi = 0xbf;
-    if (c >= 0xc2 && c <= 0xdf)
-        len = 2;
-    else if (c >= 0xe0 && c <= 0xef) {
-        len = 3;
-        if (c == 0xe0)
-            lo = 0xa0;
-        else if (c == 0xed)
-            hi = 0x9f; /* no surrogates */
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        len = 4;
-        if (c == 0xf0)
-            lo = 0x90;
-        else if (c == 0xf4)
-            hi = 0x8f; /* at most U+10FFFF */
-    } else
-        return 0;
-    if (n < len || s[1] < lo || s[1] > hi)
-        return 0;
-    uint32_t v = c & (0x3f >> (len - 1));
-    v = (v << 6) | (s[1] & 0x3f);
-    for (size_t i = 2; i < len; i++) {
-        if (s[i] < 0x80 || s[i] > 0xbf)
-            return 0;
-        v = (v << 6) | (s[i] & 0x3f);
-    }
-    *cp = v;
-    return len;
-}
-
-static bool not_printable(uint32_t cp) {
-    static const uint32_t ranges[][2] = {
-        {0x80, 0xa0},       {0xad, 0xad},       {0x600, 0x605},     {0x61c, 0x61c},
-        {0x6dd, 0x6dd},     {0x70f, 0x70f},     {0x890, 0x891},     {0x8e2, 0x8e2},
-        {0x1680, 0x1680},   {0x180e, 0x180e},   {0x2000, 0x200f},   {0x2028, 0x202f},
-        {0x205f, 0x206f},   {0x3000, 0x3000},   {0xd800, 0xf8ff},   {0xfdd0, 0xfdef},
-        {0xfeff, 0xfeff},   {0xfff0, 0xfffb},   {0xfffe, 0xffff},   {0x110bd, 0x110bd},
-        {0x110cd, 0x110cd}, {0x13430, 0x1343f}, {0x1bca0, 0x1bca3}, {0x1d173, 0x1d17a},
-        {0x1fffe, 0x1ffff}, {0x2fffe, 0x2ffff}, {0x3fffe, 0xe00ff}, {0xe01f0, 0x10ffff},
-    };
-    for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++)
-        if (cp >= ranges[i][0] && cp <= ranges[i][1])
-            return true;
-    return false;
-}
-
+/* Python's repr() of a str (src/core/pystr.c), appended to b. */
 static void py_repr_str(sbuf *b, const char *str, size_t n) {
-    const unsigned char *s = (const unsigned char *)str;
-    bool has_sq = memchr(s, '\'', n) != NULL, has_dq = memchr(s, '"', n) != NULL;
-    char quote = has_sq && !has_dq ? '"' : '\'';
-    sb_putc(b, quote);
-    for (size_t i = 0; i < n;) {
-        uint32_t cp;
-        size_t k = utf8_decode(s + i, n - i, &cp);
-        if (!k) {
-            sb_printf(b, "\\udc%02x", s[i]);
-            i++;
-            continue;
-        }
-        if (cp == (uint32_t)quote || cp == '\\') {
-            sb_putc(b, '\\');
-            sb_putc(b, (char)cp);
-        } else if (cp == '\t')
-            sb_puts(b, "\\t");
-        else if (cp == '\n')
-            sb_puts(b, "\\n");
-        else if (cp == '\r')
-            sb_puts(b, "\\r");
-        else if (cp < 0x20 || cp == 0x7f)
-            sb_printf(b, "\\x%02x", cp);
-        else if (cp < 0x7f || !not_printable(cp)) {
-            for (size_t j = 0; j < k; j++)
-                sb_putc(b, (char)s[i + j]);
-        } else if (cp <= 0xff)
-            sb_printf(b, "\\x%02x", cp);
-        else if (cp <= 0xffff)
-            sb_printf(b, "\\u%04x", cp);
-        else
-            sb_printf(b, "\\U%08x", cp);
-        i += k;
-    }
-    sb_putc(b, quote);
+    size_t room = b->len < b->n ? b->n - b->len : 0;
+    b->len += ag__pystr_repr(str, n, room ? b->buf + b->len : NULL, room);
 }
 
 /* ---- repr and expr ---- */
@@ -714,41 +618,7 @@ static void perr(size_t col, const char *fmt, ...) {
     ag__err(AG_EFORMAT, "desc: column %zu: %s", col, msg);
 }
 
-static int hex_value(char c) {
-    if (c >= '0' && c <= '9')
-        return c - '0';
-    if (c >= 'a' && c <= 'f')
-        return c - 'a' + 10;
-    if (c >= 'A' && c <= 'F')
-        return c - 'A' + 10;
-    return -1;
-}
-
-static size_t utf8_encode(uint32_t cp, char *out) {
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        out[0] = (char)(0xc0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3f));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xe0 | (cp >> 12));
-        out[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        out[2] = (char)(0x80 | (cp & 0x3f));
-        return 3;
-    }
-    out[0] = (char)(0xf0 | (cp >> 18));
-    out[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-    out[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
-    out[3] = (char)(0x80 | (cp & 0x3f));
-    return 4;
-}
-
-/* Reads a Python string literal into a new ag__malloc'd C string (*out); 0 or an error code.
- * The decoded text is never longer than the literal, which sizes the buffer. */
+/* Reads a Python string literal into a new ag__malloc'd C string (*out); 0 or an error code. */
 static int parse_string(parser *p, const char *field, char **out) {
     const char *s = p->s;
     size_t start = p->pos;
@@ -758,127 +628,41 @@ static int parse_string(parser *p, const char *field, char **out) {
              excerpt(s + start, g, sizeof g));
         return AG_EFORMAT;
     }
-    size_t end = start + 1;
-    for (;; end++) {
-        char c = s[end];
-        if (c == 0 || c == '\n' || c == '\r') {
-            perr(start, "unterminated string literal for '%s'", field);
-            return AG_EFORMAT;
-        }
-        if (c == q)
-            break;
-        if (c == '\\') {
-            if (s[end + 1] == 0) {
-                perr(start, "unterminated string literal for '%s'", field);
-                return AG_EFORMAT;
-            }
-            end++;
-        }
+    size_t used;
+    ag__pystr_err e;
+    int rc = ag__pystr_parse(s + start, strlen(s + start),
+                             AG__PYSTR_NO_NEWLINE | AG__PYSTR_CONTINUATION | AG__PYSTR_NO_NAMED,
+                             NULL, NULL, &used, out, NULL, &e);
+    if (rc != AG_EFORMAT) {
+        if (!rc)
+            p->pos = start + used;
+        return rc;
     }
-    char *buf = ag__malloc(end - start);
-    if (!buf)
-        return AG_ENOMEM;
-    size_t n = 0;
-    for (size_t i = start + 1; i < end;) {
-        if (s[i] != '\\') {
-            buf[n++] = s[i++];
-            continue;
-        }
-        size_t esc = i;
-        char e = s[i + 1];
-        i += 2;
-        int64_t cp = -1;
-        int digits = 0;
-        switch (e) {
-        case '\n':
-        case '\r':
-            continue; /* line continuation */
-        case '\\':
-        case '\'':
-        case '"':
-            cp = e;
-            break;
-        case 'a':
-            cp = 7;
-            break;
-        case 'b':
-            cp = 8;
-            break;
-        case 'f':
-            cp = 12;
-            break;
-        case 'n':
-            cp = 10;
-            break;
-        case 'r':
-            cp = 13;
-            break;
-        case 't':
-            cp = 9;
-            break;
-        case 'v':
-            cp = 11;
-            break;
-        case 'x':
-            digits = 2;
-            break;
-        case 'u':
-            digits = 4;
-            break;
-        case 'U':
-            digits = 8;
-            break;
-        case 'N':
-            perr(esc, "\\N{...} escapes are not supported in descriptor strings");
-            goto fail;
-        default:
-            if (e >= '0' && e <= '7') {
-                cp = e - '0';
-                for (int k = 0; k < 2 && s[i] >= '0' && s[i] <= '7'; k++)
-                    cp = cp * 8 + (s[i++] - '0');
-            } else { /* Python keeps unknown escapes as written */
-                buf[n++] = '\\';
-                buf[n++] = e;
-                continue;
-            }
-        }
-        if (digits) {
-            cp = 0;
-            for (int k = 0; k < digits; k++) {
-                int h = i < end ? hex_value(s[i]) : -1;
-                if (h < 0) {
-                    perr(esc, "truncated \\%c escape: expected %d hex digits", e, digits);
-                    goto fail;
-                }
-                cp = cp * 16 + h;
-                i++;
-            }
-        }
-        if (cp == 0) {
-            perr(esc, "a NUL character cannot appear in a descriptor string");
-            goto fail;
-        }
-        if (cp > 0x10ffff) {
-            perr(esc, "illegal Unicode character \\U%08llx", (long long)cp);
-            goto fail;
-        }
-        if (cp >= 0xdc80 && cp <= 0xdcff) { /* surrogateescape: a raw byte */
-            buf[n++] = (char)(cp - 0xdc00);
-        } else if (cp >= 0xd800 && cp <= 0xdfff) {
-            perr(esc,
-                 "lone surrogate \\u%04llx cannot be encoded as UTF-8 (only \\udc80-\\udcff, "
-                 "which stand for raw bytes)",
-                 (long long)cp);
-            goto fail;
-        } else
-            n += utf8_encode((uint32_t)cp, buf + n);
+    size_t at = start + e.at;
+    switch (e.code) {
+    case AG__PYSTR_NOT_STRING:
+    case AG__PYSTR_UNTERMINATED:
+        perr(at, "unterminated string literal for '%s'", field);
+        break;
+    case AG__PYSTR_NAMED:
+        perr(at, "\\N{...} escapes are not supported in descriptor strings");
+        break;
+    case AG__PYSTR_TRUNCATED:
+        perr(at, "truncated \\%c escape: expected %d hex digits", e.esc, e.digits);
+        break;
+    case AG__PYSTR_NUL:
+        perr(at, "a NUL character cannot appear in a descriptor string");
+        break;
+    case AG__PYSTR_RANGE:
+        perr(at, "illegal Unicode character \\U%08llx", (long long)e.cp);
+        break;
+    case AG__PYSTR_SURROGATE:
+        perr(at,
+             "lone surrogate \\u%04llx cannot be encoded as UTF-8 (only \\udc80-\\udcff, "
+             "which stand for raw bytes)",
+             (long long)e.cp);
+        break;
     }
-    buf[n] = 0;
-    p->pos = end + 1;
-    *out = buf;
-    return 0;
-fail:
-    ag__free(buf);
     return AG_EFORMAT;
 }
 

@@ -18,6 +18,7 @@
  * (a failed constructor's result) fails the container and keeps the first error's message, as
  * ops given a NULL tensor do, so a nested construction can be checked once at its end. */
 #include "../core/internal.h"
+#include "../core/pystr.h"
 
 #include <limits.h>
 
@@ -55,26 +56,12 @@ static const char *kind_type_name(ag_tree_kind k) {
     return "*";
 }
 
-/* Python's repr() of a str. The descriptor printer already implements it exactly (quote
- * choice, escapes, surrogateescape for bytes that are not UTF-8), so the key is printed as a
- * ParamAOTInput target and the surrounding call is cut away, rather than keeping a second copy
- * of those rules here. Returns a new string, or NULL with AG_ENOMEM. */
+/* Python's repr() of a str (src/core/pystr.c). Returns a new string, or NULL with AG_ENOMEM. */
 static char *py_str_repr(const char *s) {
-    static const char prefix[] = "ParamAOTInput(target=";
-    const size_t plen = sizeof prefix - 1;
-    ag_desc *d = ag_desc_param(s);
-    if (!d)
-        return NULL;
-    size_t len = ag_desc_repr(d, NULL, 0);
+    size_t n = strlen(s), len = ag__pystr_repr(s, n, NULL, 0);
     char *buf = ag__malloc(len + 1);
-    if (buf) {
-        ag_desc_repr(d, buf, len + 1);
-        /* buf is `ParamAOTInput(target=<repr>)` */
-        size_t rlen = len - plen - 1;
-        memmove(buf, buf + plen, rlen);
-        buf[rlen] = 0;
-    }
-    ag_desc_release(d);
+    if (buf)
+        ag__pystr_repr(s, n, buf, len + 1);
     return buf;
 }
 

@@ -4,6 +4,7 @@
  * numbers are range-checked and VALs bounded so that no size computation downstream overflows.
  * The grammar that calls these lives in parse.c. */
 #include "parse_internal.h"
+#include "../core/pystr.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -77,37 +78,8 @@ void ag__lx_pool_clear(parser *P) {
     P->npool = 0;
 }
 
-static int hexval(char ch) {
-    if (ch >= '0' && ch <= '9')
-        return ch - '0';
-    if (ch >= 'a' && ch <= 'f')
-        return ch - 'a' + 10;
-    if (ch >= 'A' && ch <= 'F')
-        return ch - 'A' + 10;
-    return -1;
-}
-
-static size_t utf8_encode(uint32_t cp, char *out) {
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        return 1;
-    }
-    if (cp < 0x800) {
-        out[0] = (char)(0xc0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3f));
-        return 2;
-    }
-    if (cp < 0x10000) {
-        out[0] = (char)(0xe0 | (cp >> 12));
-        out[1] = (char)(0x80 | ((cp >> 6) & 0x3f));
-        out[2] = (char)(0x80 | (cp & 0x3f));
-        return 3;
-    }
-    out[0] = (char)(0xf0 | (cp >> 18));
-    out[1] = (char)(0x80 | ((cp >> 12) & 0x3f));
-    out[2] = (char)(0x80 | ((cp >> 6) & 0x3f));
-    out[3] = (char)(0x80 | (cp & 0x3f));
-    return 4;
+static void *pool_alloc(void *P, size_t n) {
+    return ag__lx_alloc(P, n);
 }
 
 /* A Python string literal at the cursor (single or double quotes, Python's escapes; \udc80 ..
@@ -116,102 +88,31 @@ static size_t utf8_encode(uint32_t cp, char *out) {
 int ag__lx_str(cur *c, char **out) {
     lx_skip_ws(c);
     const char *open = c->p;
-    char q = *c->p;
-    if (q != '\'' && q != '"')
+    if (*open != '\'' && *open != '"')
         return ag__lx_expected(c, "a quoted string");
-    const char *s = c->p + 1;
-    size_t span = 0;
-    while (s[span] && s[span] != q)
-        span += s[span] == '\\' && s[span + 1] ? 2 : 1;
-    if (!s[span])
-        return ag__lx_err(c, open, "unterminated string");
-    /* Escapes never decode to more bytes than they are written with. */
-    char *o = ag__lx_alloc(c->P, span + 1);
-    if (!o)
-        return AG_ENOMEM;
-    size_t k = 0;
-    for (size_t i = 0; i < span;) {
-        const char *at = s + i;
-        if (s[i] != '\\') {
-            o[k++] = s[i++];
-            continue;
-        }
-        char e = s[i + 1];
-        i += 2;
-        uint32_t cp;
-        int digits = 0;
-        switch (e) {
-        case '\\':
-        case '\'':
-        case '"':
-            cp = (uint32_t)e;
-            break;
-        case 'n':
-            cp = '\n';
-            break;
-        case 't':
-            cp = '\t';
-            break;
-        case 'r':
-            cp = '\r';
-            break;
-        case 'a':
-            cp = 7;
-            break;
-        case 'b':
-            cp = 8;
-            break;
-        case 'f':
-            cp = 12;
-            break;
-        case 'v':
-            cp = 11;
-            break;
-        case 'x':
-            digits = 2;
-            break;
-        case 'u':
-            digits = 4;
-            break;
-        case 'U':
-            digits = 8;
-            break;
-        default:
-            if (e >= '0' && e <= '7') {
-                cp = (uint32_t)(e - '0');
-                for (int d = 0; d < 2 && s[i] >= '0' && s[i] <= '7'; d++)
-                    cp = cp * 8 + (uint32_t)(s[i++] - '0');
-            } else {
-                /* Python keeps an unknown escape as written. */
-                o[k++] = '\\';
-                o[k++] = e;
-                continue;
-            }
-        }
-        if (digits) {
-            cp = 0;
-            for (int d = 0; d < digits; d++) {
-                int h = i < span ? hexval(s[i]) : -1;
-                if (h < 0)
-                    return ag__lx_err(c, at, "bad \\%c escape: expected %d hex digits", e, digits);
-                cp = cp * 16 + (uint32_t)h;
-                i++;
-            }
-        }
-        if (cp == 0)
-            return ag__lx_err(c, at, "a string may not contain a NUL character");
-        if (cp >= 0xdc80 && cp <= 0xdcff) {
-            o[k++] = (char)(cp - 0xdc00);
-        } else if ((cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff) {
-            return ag__lx_err(c, at, "bad escape: code point 0x%x", (unsigned)cp);
-        } else {
-            k += utf8_encode(cp, o + k);
-        }
+    size_t used;
+    ag__pystr_err e;
+    int rc = ag__pystr_parse(open, strlen(open), 0, pool_alloc, c->P, &used, out, NULL, &e);
+    if (rc != AG_EFORMAT) {
+        if (!rc)
+            c->p = open + used;
+        return rc;
     }
-    o[k] = 0;
-    c->p = s + span + 1;
-    *out = o;
-    return 0;
+    const char *at = open + e.at;
+    switch (e.code) {
+    case AG__PYSTR_NOT_STRING:
+    case AG__PYSTR_UNTERMINATED:
+    case AG__PYSTR_NAMED:
+        break;
+    case AG__PYSTR_TRUNCATED:
+        return ag__lx_err(c, at, "bad \\%c escape: expected %d hex digits", e.esc, e.digits);
+    case AG__PYSTR_NUL:
+        return ag__lx_err(c, at, "a string may not contain a NUL character");
+    case AG__PYSTR_RANGE:
+    case AG__PYSTR_SURROGATE:
+        return ag__lx_err(c, at, "bad escape: code point 0x%x", (unsigned)e.cp);
+    }
+    return ag__lx_err(c, open, "unterminated string");
 }
 
 /* A name: [A-Za-z0-9_]+ or a quoted string (pool-owned). */

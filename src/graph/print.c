@@ -12,6 +12,7 @@
  * stack trace that continuation lines cannot carry exactly (an empty or blank line, a '\r')
  * prints as a quoted `stack_trace='...'` item instead. */
 #include "text_internal.h"
+#include "../core/pystr.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -137,100 +138,12 @@ void ag__sb_val(ag__sbuf *b, const ag_tmeta *m) {
         ag__sb_printf(b, "+%lld", (long long)m->offset);
 }
 
-/* Decodes one strict UTF-8 sequence at s[0..n); returns its length, or 0 when invalid
- * (overlong forms, surrogates and code points past U+10FFFF are invalid). */
-static size_t utf8_decode(const unsigned char *s, size_t n, uint32_t *cp) {
-    unsigned char c = s[0];
-    if (c < 0x80) {
-        *cp = c;
-        return 1;
-    }
-    size_t len;
-    unsigned char lo = 0x80, hi = 0xbf;
-    if (c >= 0xc2 && c <= 0xdf) {
-        len = 2;
-    } else if (c >= 0xe0 && c <= 0xef) {
-        len = 3;
-        if (c == 0xe0)
-            lo = 0xa0;
-        else if (c == 0xed)
-            hi = 0x9f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-        len = 4;
-        if (c == 0xf0)
-            lo = 0x90;
-        else if (c == 0xf4)
-            hi = 0x8f;
-    } else {
-        return 0;
-    }
-    if (n < len || s[1] < lo || s[1] > hi)
-        return 0;
-    uint32_t v = c & (0x3fu >> (len - 1));
-    v = (v << 6) | (s[1] & 0x3f);
-    for (size_t i = 2; i < len; i++) {
-        if (s[i] < 0x80 || s[i] > 0xbf)
-            return 0;
-        v = (v << 6) | (s[i] & 0x3f);
-    }
-    *cp = v;
-    return len;
-}
-
-/* Code points Python's repr() escapes (an approximation of str.isprintable() without the
- * Unicode database, the same as the descriptor printer's). */
-static bool not_printable(uint32_t cp) {
-    static const uint32_t ranges[][2] = {
-        {0x80, 0xa0},       {0xad, 0xad},       {0x600, 0x605},     {0x61c, 0x61c},
-        {0x6dd, 0x6dd},     {0x70f, 0x70f},     {0x890, 0x891},     {0x8e2, 0x8e2},
-        {0x1680, 0x1680},   {0x180e, 0x180e},   {0x2000, 0x200f},   {0x2028, 0x202f},
-        {0x205f, 0x206f},   {0x3000, 0x3000},   {0xd800, 0xf8ff},   {0xfdd0, 0xfdef},
-        {0xfeff, 0xfeff},   {0xfff0, 0xfffb},   {0xfffe, 0xffff},   {0x110bd, 0x110bd},
-        {0x110cd, 0x110cd}, {0x13430, 0x1343f}, {0x1bca0, 0x1bca3}, {0x1d173, 0x1d17a},
-        {0x1fffe, 0x1ffff}, {0x2fffe, 0x2ffff}, {0x3fffe, 0xe00ff}, {0xe01f0, 0x10ffff},
-    };
-    for (size_t i = 0; i < sizeof ranges / sizeof ranges[0]; i++)
-        if (cp >= ranges[i][0] && cp <= ranges[i][1])
-            return true;
-    return false;
-}
-
-void ag__sb_pystr(ag__sbuf *b, const char *str, size_t n) {
-    const unsigned char *s = (const unsigned char *)str;
-    bool has_sq = memchr(s, '\'', n) != NULL, has_dq = memchr(s, '"', n) != NULL;
-    char quote = has_sq && !has_dq ? '"' : '\'';
-    ag__sb_putc(b, quote);
-    for (size_t i = 0; i < n;) {
-        uint32_t cp;
-        size_t k = utf8_decode(s + i, n - i, &cp);
-        if (!k) {
-            ag__sb_printf(b, "\\udc%02x", s[i]);
-            i++;
-            continue;
-        }
-        if (cp == (uint32_t)quote || cp == '\\') {
-            ag__sb_putc(b, '\\');
-            ag__sb_putc(b, (char)cp);
-        } else if (cp == '\t') {
-            ag__sb_puts(b, "\\t");
-        } else if (cp == '\n') {
-            ag__sb_puts(b, "\\n");
-        } else if (cp == '\r') {
-            ag__sb_puts(b, "\\r");
-        } else if (cp < 0x20 || cp == 0x7f) {
-            ag__sb_printf(b, "\\x%02x", (unsigned)cp);
-        } else if (cp < 0x7f || !not_printable(cp)) {
-            ag__sb_putn(b, (const char *)s + i, k);
-        } else if (cp <= 0xff) {
-            ag__sb_printf(b, "\\x%02x", (unsigned)cp);
-        } else if (cp <= 0xffff) {
-            ag__sb_printf(b, "\\u%04x", (unsigned)cp);
-        } else {
-            ag__sb_printf(b, "\\U%08x", (unsigned)cp);
-        }
-        i += k;
-    }
-    ag__sb_putc(b, quote);
+void ag__sb_pystr(ag__sbuf *b, const char *s, size_t n) {
+    size_t need = ag__pystr_repr(s, n, NULL, 0);
+    if (!ag__sb_reserve(b, need))
+        return;
+    ag__pystr_repr(s, n, b->p + b->len, need + 1);
+    b->len += need;
 }
 
 /* Writes the shortest %.{p}g spelling of v that reads back identically (strtof when
