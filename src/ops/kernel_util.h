@@ -55,49 +55,38 @@ void ag__iter_row_offsets(const ag__iter *it, int64_t r, int64_t *off);
         }                                                                                      \
     } while (0)
 
-/* Runs the statement list with `T` typedef'd to the C type of a float dtype. */
+/* Typed dispatch: runs the statement list with `T` typedef'd to the C type of dt. FLOAT covers
+ * f32/f64, NUM adds i64, ALL adds bool; other dtypes return AG_ENOTSUP from the enclosing
+ * function. */
+#define AG__CASE(dtv, CT, T, ...)                                                              \
+    case dtv: {                                                                                \
+        typedef CT T;                                                                          \
+        __VA_ARGS__;                                                                           \
+        break;                                                                                 \
+    }
+#define AG__BAD_DTYPE(dt)                                                                      \
+    default:                                                                                   \
+        return ag__err(AG_ENOTSUP, "kernel: dtype %s not supported", ag_dtype_short(dt));
 #define AG__FLOAT_SWITCH(dt, T, ...)                                                           \
     switch (dt) {                                                                              \
-    case AG_F32: {                                                                             \
-        typedef float T;                                                                       \
-        __VA_ARGS__;                                                                           \
-        break;                                                                                 \
-    }                                                                                          \
-    case AG_F64: {                                                                             \
-        typedef double T;                                                                      \
-        __VA_ARGS__;                                                                           \
-        break;                                                                                 \
-    }                                                                                          \
-    default:                                                                                   \
-        return ag__err(AG_ENOTSUP, "kernel: dtype %s not supported", ag_dtype_short(dt));       \
+        AG__CASE(AG_F32, float, T, __VA_ARGS__)                                                \
+        AG__CASE(AG_F64, double, T, __VA_ARGS__)                                               \
+        AG__BAD_DTYPE(dt)                                                                      \
     }
-
-/* Same for every dtype (bool as `bool`). */
+#define AG__NUM_SWITCH(dt, T, ...)                                                             \
+    switch (dt) {                                                                              \
+        AG__CASE(AG_F32, float, T, __VA_ARGS__)                                                \
+        AG__CASE(AG_F64, double, T, __VA_ARGS__)                                               \
+        AG__CASE(AG_I64, int64_t, T, __VA_ARGS__)                                              \
+        AG__BAD_DTYPE(dt)                                                                      \
+    }
 #define AG__ALL_SWITCH(dt, T, ...)                                                             \
     switch (dt) {                                                                              \
-    case AG_F32: {                                                                             \
-        typedef float T;                                                                       \
-        __VA_ARGS__;                                                                           \
-        break;                                                                                 \
-    }                                                                                          \
-    case AG_F64: {                                                                             \
-        typedef double T;                                                                      \
-        __VA_ARGS__;                                                                           \
-        break;                                                                                 \
-    }                                                                                          \
-    case AG_I64: {                                                                             \
-        typedef int64_t T;                                                                     \
-        __VA_ARGS__;                                                                           \
-        break;                                                                                 \
-    }                                                                                          \
-    case AG_BOOL: {                                                                            \
-        typedef bool T;                                                                        \
-        __VA_ARGS__;                                                                           \
-        break;                                                                                 \
-    }                                                                                          \
-    default:                                                                                   \
-        return ag__err(AG_ENOTSUP, "kernel: dtype %d not supported", (int)(dt));               \
+        AG__CASE(AG_F32, float, T, __VA_ARGS__)                                                \
+        AG__CASE(AG_F64, double, T, __VA_ARGS__)                                               \
+        AG__CASE(AG_I64, int64_t, T, __VA_ARGS__)                                              \
+        AG__CASE(AG_BOOL, bool, T, __VA_ARGS__)                                                \
+        AG__BAD_DTYPE(dt)                                                                      \
     }
-
 
 #endif

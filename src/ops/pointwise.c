@@ -214,28 +214,6 @@ static int arith_meta(arith_kind k, bool scalar, bool inplace, const ag_arg *a, 
     return inplace ? inplace_meta(op, x, o) : 0;
 }
 
-/* AG__ALL_SWITCH without bool, for arithmetic. */
-#define NUM_SWITCH(dt, T, ...)                                                                     \
-    switch (dt) {                                                                                  \
-    case AG_F32: {                                                                                 \
-        typedef float T;                                                                           \
-        __VA_ARGS__;                                                                               \
-        break;                                                                                     \
-    }                                                                                              \
-    case AG_F64: {                                                                                 \
-        typedef double T;                                                                          \
-        __VA_ARGS__;                                                                               \
-        break;                                                                                     \
-    }                                                                                              \
-    case AG_I64: {                                                                                 \
-        typedef int64_t T;                                                                         \
-        __VA_ARGS__;                                                                               \
-        break;                                                                                     \
-    }                                                                                              \
-    default:                                                                                       \
-        return ag__err(AG_ENOTSUP, "kernel: dtype %s not supported", ag_dtype_short(dt));          \
-    }
-
 /* out = x (op) alpha * y, all of out's dtype. */
 static int arith_tensor(arith_kind k, ag_tensor *out, ag_tensor *xt, ag_tensor *yt, double alpha) {
     if (out->dtype == AG_BOOL) { /* logical: add is or, mul is and (sub, div never give bool) */
@@ -246,7 +224,7 @@ static int arith_tensor(arith_kind k, ag_tensor *out, ag_tensor *xt, ag_tensor *
             PW2(out, xt, yt, bool, bool, bool, x && y);
         return 0;
     }
-    NUM_SWITCH(out->dtype, T, {
+    AG__NUM_SWITCH(out->dtype, T, {
         const T al = (T)alpha;
         if (k == AR_ADD && alpha == 1)
             PW2(out, xt, yt, T, T, T, x + y);
@@ -274,7 +252,7 @@ static int arith_scalar(arith_kind k, ag_tensor *out, ag_tensor *xt, double s) {
             PW1(out, xt, bool, bool, x && c);
         return 0;
     }
-    NUM_SWITCH(out->dtype, T, {
+    AG__NUM_SWITCH(out->dtype, T, {
         const T c = (T)s;
         if (k == AR_ADD)
             PW1(out, xt, T, T, x + c);
