@@ -180,9 +180,7 @@ static void edge_of(ag_edge *e, ag_tensor *t) {
 
 int ag__autograd_record(const ag_op *op, const ag_arg *args, int nargs, ag_tensor **outs,
                         int nouts, ag_tensor *orig_self) {
-    if (!ag__autograd_wanted(op, args, nargs))
-        return 0;
-    const ag_opdef *def = op->def;
+    const ag_opdef *def = op->def; /* the caller checked ag__autograd_wanted */
     if (!def->backward)
         return ag__err(AG_ENOTSUP, "%s: an input requires grad but the op has no backward rule",
                        op->name);

@@ -153,7 +153,8 @@ ag__tls_state *ag__tls(void);
 /* Drops one reference to an autograd node (engine.c). */
 void ag__anode_release(struct ag_anode *n);
 /* Dispatcher hooks (engine.c): would this call record a node; is this in-place call allowed;
- * record the node (orig_self: a copy of self taken before an in-place kernel, or NULL). */
+ * record the node for a call that ag__autograd_wanted accepted (orig_self: a copy of self
+ * taken before an in-place kernel, or NULL). */
 bool ag__autograd_wanted(const ag_op *op, const ag_arg *args, int nargs);
 int ag__autograd_check_inplace(const ag_op *op, const ag_arg *args, int nargs);
 int ag__autograd_record(const ag_op *op, const ag_arg *args, int nargs, ag_tensor **outs,

@@ -333,11 +333,8 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
         goto fail;
     j->nuser_out = nouts;
     j->out_info = ag__calloc((size_t)(nouts ? nouts : 1), sizeof *j->out_info);
-    j->out_spec = flat_list_spec(nouts, nouts != 1);
-    if (nouts == 1 && j->out_spec) {
-        ag_treespec_release(j->out_spec);
-        j->out_spec = ag_treespec_leaf();
-    }
+    /* One output is a bare leaf; several are a tuple. */
+    j->out_spec = nouts == 1 ? ag_treespec_leaf() : flat_list_spec(nouts, true);
     if (!j->out_info || !j->out_spec)
         goto fail;
 

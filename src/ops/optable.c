@@ -561,6 +561,9 @@ static int call_raw(const ag_op *op, const ag_arg *full, ag_tensor **outs, int *
     if (!(def->flags & AG_OP_VIEW) && !(def->dtypes & (1u << kdt)))
         return ag__err(AG_ENOTSUP, "%s: no kernel for dtype %s", op->name, ag_dtype_short(kdt));
 
+    /* Whether this call records an autograd node: decided once, used by the in-place copy, the
+     * tracer's seq_nr and the record itself. */
+    const bool wanted = ag__autograd_wanted(op, full, op->nargs);
     rc = ag__autograd_check_inplace(op, full, op->nargs);
     if (rc)
         return rc;
@@ -584,8 +587,7 @@ static int call_raw(const ag_op *op, const ag_arg *full, ag_tensor **outs, int *
     /* An in-place op whose backward needs the original self saves a copy taken before the
      * kernel overwrites it (autograd's original_self). */
     ag_tensor *orig_self = NULL;
-    if ((def->flags & AG_OP_INPLACE) && (def->save_args & 1) &&
-        ag__autograd_wanted(op, full, op->nargs)) {
+    if ((def->flags & AG_OP_INPLACE) && (def->save_args & 1) && wanted) {
         orig_self = ag__tensor_new(full[0].u.t->dtype, full[0].u.t->ndim, full[0].u.t->sizes, meta);
         if (orig_self) {
             /* Under tracing the copy stands for self's value before the mutation. */
@@ -616,7 +618,7 @@ static int call_raw(const ag_op *op, const ag_arg *full, ag_tensor **outs, int *
      * inputs and outputs) already carry their graph nodes; it is told the seq_nr the record is
      * about to assign. */
     if (ag__trace_hook) {
-        bool records = ag__autograd_wanted(op, full, op->nargs) && def->backward;
+        bool records = wanted && def->backward;
         ts->trace_seq = records ? ag__autograd_current_seq() + 1 : ag__autograd_current_seq();
         rc = ag__trace_hook(op, full, op->nargs, outs, nouts);
         if (rc < 0) {
@@ -625,7 +627,7 @@ static int call_raw(const ag_op *op, const ag_arg *full, ag_tensor **outs, int *
             return rc;
         }
     }
-    rc = ag__autograd_record(op, full, op->nargs, outs, nouts, orig_self);
+    rc = wanted ? ag__autograd_record(op, full, op->nargs, outs, nouts, orig_self) : 0;
     ag_tensor_free(orig_self);
     if (rc < 0) {
         free_outs(outs, nouts);
