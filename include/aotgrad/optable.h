@@ -195,6 +195,25 @@ AG_API const ag_op *ag_op_register(const ag_opdef *def);
 /* Comma-separated flag names ("pointwise,view") into buf. */
 AG_API char *ag_op_flags_str(uint32_t flags, char *buf, size_t n);
 
+/* ---- effects ----
+ * An op flagged AG_OP_EFFECTFUL has a side effect (it logs a value, later: a collective), so it
+ * must run exactly once per call and in program order. In exported graphs each such call is
+ * threaded by an effect token, as upstream's with_effects higher-order op:
+ *     with_effects(Tensor token, str op, <the op's own arguments>) -> Tensor[]
+ * returns (new_token, <the op's outputs>...); `op` is the wrapped op's full name. A token is an
+ * empty f32 tensor (f32[0]); the chain token -> with_effects -> new token orders the calls, and
+ * DCE, CSE and the partitioners never remove, merge or recompute a with_effects node.
+ *
+ * ag_op_with_effects returns the with_effects op wrapping `op` (made on first use and kept for
+ * the process; every one is named "with_effects" and none is in the registry, so
+ * ag_op_find("with_effects") is NULL and the graph parser picks one by its `op` argument).
+ * NULL with a message when op is not effectful or cannot be wrapped: a view, in-place,
+ * mutating or composite op, one with more than AG_MAX_ARGS - 2 arguments or AG_MAX_OUTPUTS - 1
+ * outputs, or one with an argument named `token` or `op`. */
+AG_API const ag_op *ag_op_with_effects(const ag_op *op);
+/* The op a with_effects op wraps; NULL when op is not a with_effects op. */
+AG_API const ag_op *ag_op_with_effects_target(const ag_op *op);
+
 /* ---- calling ---- */
 
 /* Calls `op` with `nargs` arguments in schema order (trailing defaulted ones may be omitted).

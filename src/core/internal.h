@@ -197,6 +197,14 @@ extern ag__trace_hook_fn ag__trace_hook;
 /* Checks args against op's schema and fills defaults into full[] (AG_MAX_ARGS entries). */
 int ag__op_check_args(const ag_op *op, const ag_arg *args, int nargs, ag_arg *full);
 
+/* An op parsed from def but not registered (ag_op_find does not see it); freed with
+ * ag__op_free_detached. Used for the with_effects wrappers (ops/effects.c). */
+ag_op *ag__op_new_detached(const ag_opdef *def);
+void ag__op_free_detached(ag_op *op);
+/* ops/effects.c: for a with_effects op, checks that its `op` argument names the op it wraps
+ * (0 for every other op). */
+int ag__with_effects_check(const ag_op *op, const ag_arg *full);
+
 /* Finds a built-in op by name; aborts with a message if missing (a programming error in the
  * library's own tables, never user input). */
 const ag_op *ag__op(const char *name);

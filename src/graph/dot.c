@@ -169,9 +169,13 @@ static void put_node_decl(ag__sbuf *b, const ag_node *n, int id, bool hl) {
         ag__sb_puts(b, "shape=record, label=\"{%");
         put_esc(b, n->name);
         ag__sb_putc(b, '|');
-        if (n->kind == AG_NODE_CALL)
+        if (n->kind == AG_NODE_CALL) {
             put_esc(b, ag_op_name(n->op));
-        else if (n->kind == AG_NODE_GETITEM)
+            if (ag_op_with_effects_target(n->op)) { /* the effect it runs */
+                ag__sb_putc(b, ' ');
+                put_esc(b, ag_op_name(ag_op_with_effects_target(n->op)));
+            }
+        } else if (n->kind == AG_NODE_GETITEM)
             ag__sb_printf(b, "getitem %lld", (long long)n->args[1].u.i);
         else
             ag__sb_puts(b, "get_attr");

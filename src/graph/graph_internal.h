@@ -83,6 +83,21 @@ void ag__tracer_bind(ag__tracer *T, ag_tensor *t, ag_node *n);
 bool ag__tracer_bound(ag__tracer *T, const ag_tensor *t);
 /* t's node in this session (a get_attr constant for a tensor with data made outside). */
 ag_node *ag__tracer_node_of(ag__tracer *T, ag_tensor *t);
+/* Effect tokens of a tracing session (the joint export): while a chain is set, the tracer
+ * records each call of an effectful op as with_effects on the chain's current token and makes
+ * the call's new token current (trace/effects.c). `make` creates the chain's first token (a
+ * placeholder) when the first effect needs it. */
+typedef struct ag__token_chain ag__token_chain;
+struct ag__token_chain {
+    ag_node *(*make)(ag__token_chain *c);
+    ag_node *cur; /* the current token, NULL before the chain's first effect */
+};
+void ag__tracer_set_token_chain(ag__tracer *T, ag__token_chain *c); /* NULL: none */
+/* trace.c: gives n the session's metadata (seq_nr, tag, annotations, stack trace). */
+int ag__tracer_node_meta(ag__tracer *T, ag_node *n);
+/* trace/effects.c: records op's call (graph args ga, outputs outs) as with_effects on c. */
+int ag__trace_effect(ag__tracer *T, ag_graph *g, ag__token_chain *c, const ag_op *op,
+                     const ag_garg *ga, int nargs, ag_tensor **outs, int nouts);
 /* infer.c: runs the op's meta function on argument nodes' vals. */
 int ag__infer_meta(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *vals, int *nvals);
 /* infer.c: the op table's cost estimate (ag_op_cost) of a call node from its arguments' vals;

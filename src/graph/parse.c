@@ -694,6 +694,8 @@ static int call_line(cur *c, const char *start, const char *name) {
         n = ag_graph_get_attr(P->g, ce->t, name);
     } else {
         const ag_op *op = ag_op_find(opname);
+        if (!op && !strcmp(opname, "with_effects") && (rc = ag__lx_with_effects_op(c, &op)))
+            return rc;
         if (!op)
             return ag__lx_err(c, opat, "unknown op '%s'", opname);
         ag_garg args[AG_MAX_ARGS];

@@ -89,6 +89,10 @@ int ag__lx_mval(ag__tcur *c, ag_mval *v);
 /* A descriptor repr, or None (*d = NULL); *d is a new reference. */
 int ag__lx_desc(ag__tcur *c, ag_desc **d);
 
+/* parse_effects.c: the with_effects op of a `with_effects(%token, 'ns::op', ...)` line, found
+ * by looking ahead at its first two arguments (the cursor is left where it was). */
+int ag__lx_with_effects_op(ag__tcur *c, const ag_op **op);
+
 /* ---- small lexing helpers ---- */
 
 static inline bool lx_ident_start(char ch) {

@@ -305,6 +305,23 @@ static const ag_op *register_def(const ag_opdef *def) {
     return op;
 }
 
+/* An op parsed from def but kept out of the registry (the with_effects wrappers of
+ * src/ops/effects.c, which all carry the name `with_effects`). */
+ag_op *ag__op_new_detached(const ag_opdef *def) {
+    ag_op *op = ag__calloc(1, sizeof *op);
+    if (!op)
+        return NULL;
+    op->def = def;
+    op->index = -1;
+    if (parse_schema(op)) {
+        op_free(op);
+        return NULL;
+    }
+    return op;
+}
+
+void ag__op_free_detached(ag_op *op) { op_free(op); }
+
 static int load_builtins(void) {
     if (builtins_loaded)
         return 0;
@@ -479,6 +496,8 @@ int ag__op_check_args(const ag_op *op, const ag_arg *args, int nargs, ag_arg *fu
         if (full[i].kind == AG_ARG_INTS && full[i].n > 0 && !full[i].u.ints)
             return ag__err(AG_EINVAL, "%s: argument '%s' is a NULL int list", op->name, sa->name);
     }
+    if (op->def->flags & AG_OP_EFFECTFUL)
+        return ag__with_effects_check(op, full); /* the wrapped op named matches (effects.c) */
     return 0;
 }
 

@@ -125,6 +125,7 @@ struct ag__tracer {
     bool bare; /* add no metadata of our own (passes copy it from the node they replace) */
     bool functionalize; /* record mutating ops as their functional variants */
     const char *tag;    /* partitioner_tag for new nodes, or NULL */
+    ag__token_chain *tokens; /* effect tokens (the export), or NULL */
     /* saved thread state, restored by tracer_end */
     tracer *prev_active;
     ag__trace_hook_fn prev_hook;
@@ -366,6 +367,8 @@ static int trace_hook(const ag_op *op, const ag_arg *args, int nargs, ag_tensor 
             break;
         }
     }
+    if (T->tokens && (ag_op_def(op)->flags & AG_OP_EFFECTFUL) && !ag_op_with_effects_target(op))
+        return ag__trace_effect(T, T->g, T->tokens, op, ga, nargs, outs, nouts);
     if (T->functionalize) {
         bool mutates = false;
         for (int i = 0; i < nargs; i++)
@@ -452,6 +455,8 @@ void ag__tracer_end(ag__tracer *T) {
 }
 
 void ag__tracer_set_tag(ag__tracer *T, const char *tag) { T->tag = tag; }
+void ag__tracer_set_token_chain(ag__tracer *T, ag__token_chain *c) { T->tokens = c; }
+int ag__tracer_node_meta(ag__tracer *T, ag_node *n) { return set_node_meta(T, n); }
 void ag__tracer_set_stack_traces(ag__tracer *T, bool on) { T->opts.no_stack_traces = !on; }
 
 void ag__tracer_bind(ag__tracer *T, ag_tensor *t, ag_node *n) {
