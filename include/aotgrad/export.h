@@ -141,8 +141,18 @@ AG_API const ag_input_info *ag_joint_input_info(const ag_joint *j, int primal);
 AG_API int ag_joint_num_user_outputs(const ag_joint *j);
 AG_API const ag_output_info *ag_joint_output_info(const ag_joint *j, int user_output);
 AG_API int ag_joint_num_mutated_inputs(const ag_joint *j);
-/* Forward outputs: input mutations plus user outputs (the partitioner's num_fwd_outputs). */
+/* Forward outputs: forward effect tokens, input mutations and user outputs (the partitioner's
+ * num_fwd_outputs). */
 AG_API int ag_joint_num_fw_outputs(const ag_joint *j);
+/* Effect tokens (effectful ops, see ag_op_with_effects in optable.h): forward tokens are the
+ * first primals (ForwardTokenAOTInput(i), placeholders primals_1..) and the first outputs
+ * (ForwardTokenAOTOutput(i)); backward tokens are placeholders tangents_token_1.. after the
+ * tangents (BackwardTokenAOTInput(i), not counted by ag_joint_num_tangents) and the last
+ * outputs, after the gradients (BackwardTokenAOTOutput(i)). Gradients are one per primal that
+ * is not a token. Each count is 0 or 1 (all effectful ops share one token); a joint without
+ * effects has none. Callers feed tokens as empty f32 tensors (f32[0]). */
+AG_API int ag_joint_num_forward_tokens(const ag_joint *j);
+AG_API int ag_joint_num_backward_tokens(const ag_joint *j);
 AG_API bool ag_joint_needs_autograd(const ag_joint *j);
 
 /* ---- FX utilities (upstream's torch._functorch._aot_autograd.fx_utils) ----

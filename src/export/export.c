@@ -15,6 +15,7 @@
  * decomposition table applied. */
 #include "../graph/graph_internal.h"
 #include "aotgrad/export.h"
+#include "effects_internal.h"
 
 #include <stdio.h>
 
@@ -28,7 +29,8 @@ struct ag_joint {
     ag_output_info *out_info;
     bool needs_autograd;
     ag_desc **primal_descs; /* for ag_joint_set_graph's checks */
-    ag_desc **tangent_descs;
+    ag_desc **tangent_descs; /* tangents, then backward tokens */
+    int nfw_tokens, nbw_tokens; /* effect tokens (effects.c): first primals, last tangents */
 };
 
 /* ---- accessors ---- */
@@ -46,7 +48,7 @@ const ag_treespec *ag_joint_in_spec(const ag_joint *j) { return j->in_spec; }
 const ag_treespec *ag_joint_out_spec(const ag_joint *j) { return j->out_spec; }
 int ag_joint_num_static_inputs(const ag_joint *j) { return j->nparams + j->nbuffers; }
 int ag_joint_static_input(const ag_joint *j, int i) {
-    return i >= 0 && i < j->nparams + j->nbuffers ? i : -1;
+    return i >= 0 && i < j->nparams + j->nbuffers ? j->nfw_tokens + i : -1;
 }
 int ag_joint_num_primals(const ag_joint *j) { return j->nprimals; }
 int ag_joint_num_tangents(const ag_joint *j) { return j->ntangents; }
@@ -58,16 +60,20 @@ const ag_output_info *ag_joint_output_info(const ag_joint *j, int i) {
     return i >= 0 && i < j->nuser_out ? &j->out_info[i] : NULL;
 }
 int ag_joint_num_mutated_inputs(const ag_joint *j) { return j->nmutated; }
-int ag_joint_num_fw_outputs(const ag_joint *j) { return j->nmutated + j->nuser_out; }
+int ag_joint_num_fw_outputs(const ag_joint *j) {
+    return j->nfw_tokens + j->nmutated + j->nuser_out;
+}
+int ag_joint_num_forward_tokens(const ag_joint *j) { return j->nfw_tokens; }
+int ag_joint_num_backward_tokens(const ag_joint *j) { return j->nbw_tokens; }
 bool ag_joint_needs_autograd(const ag_joint *j) { return j->needs_autograd; }
 
 void ag_joint_free(ag_joint *j) {
     if (!j)
         return;
     ag_graph_free(j->g);
-    for (int i = 0; i < j->nparams; i++)
+    for (int i = 0; j->params && i < j->nparams; i++)
         ag__free(j->params[i]);
-    for (int i = 0; i < j->nbuffers; i++)
+    for (int i = 0; j->buffers && i < j->nbuffers; i++)
         ag__free(j->buffers[i]);
     ag__free(j->params);
     ag__free(j->buffers);
@@ -77,7 +83,7 @@ void ag_joint_free(ag_joint *j) {
     ag__free(j->out_info);
     for (int i = 0; i < j->nprimals; i++)
         ag_desc_release(j->primal_descs ? j->primal_descs[i] : NULL);
-    for (int i = 0; i < j->ntangents; i++)
+    for (int i = 0; i < j->ntangents + j->nbw_tokens; i++)
         ag_desc_release(j->tangent_descs ? j->tangent_descs[i] : NULL);
     ag__free(j->primal_descs);
     ag__free(j->tangent_descs);
@@ -96,10 +102,10 @@ int ag_joint_set_graph(ag_joint *j, ag_graph *g) {
         ag_graph_free(g);
         return nph;
     }
-    if (nph != j->nprimals + j->ntangents)
+    if (nph != j->nprimals + j->ntangents + j->nbw_tokens)
         rc = ag__err(AG_EINVAL, "joint_set_graph: the graph has %d placeholders; the calling "
                                 "convention has %d primals and %d tangents", nph, j->nprimals,
-                     j->ntangents);
+                     j->ntangents + j->nbw_tokens);
     for (int i = 0; rc == 0 && i < nph; i++) {
         ag_desc *d = ag_node_desc(ph[i]);
         ag_desc *want = i < j->nprimals ? j->primal_descs[i] : j->tangent_descs[i - j->nprimals];
@@ -211,6 +217,23 @@ static ag_treespec *make_in_spec(int nlist, const char *const *kw, int nkw) {
     return top;
 }
 
+/* The forward's effect tokens (effects.c) are the first primals: their descriptors and input
+ * facts go in front of the flat inputs'. */
+static int prepend_forward_tokens(ag_joint *j) {
+    int n = j->nfw_tokens;
+    if (n == 0)
+        return 0;
+    memmove(j->primal_descs + n, j->primal_descs, sizeof *j->primal_descs * (size_t)j->nprimals);
+    memmove(j->in_info + n, j->in_info, sizeof *j->in_info * (size_t)j->nprimals);
+    j->nprimals += n;
+    for (int i = 0; i < n; i++) {
+        j->in_info[i] = (ag_input_info){0};
+        if (!(j->primal_descs[i] = ag_desc_forward_token_input(i)))
+            return AG_ENOMEM;
+    }
+    return 0;
+}
+
 typedef struct export_state {
     ag_joint *j;
     ag__tracer *T;
@@ -247,6 +270,7 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
     ag_tensor **tangent_in = NULL, **needs_out = NULL, **grad_of = NULL, **grads = NULL;
     ag_node **out_nodes = NULL;
     ag_desc **out_descs = NULL;
+    ag__export_tokens tk;
     int rc = 0, nouts = 0, nout_total = 0;
     bool scoped = false, grad_prev = ag_set_grad_enabled(true);
     if (!j)
@@ -273,8 +297,8 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
     st.flat = ag__calloc((size_t)(st.nflat ? st.nflat : 1), sizeof *st.flat);
     st.prim = ag__calloc((size_t)(st.nflat ? st.nflat : 1), sizeof *st.prim);
     st.dup_of = ag__calloc((size_t)(st.nflat ? st.nflat : 1), sizeof *st.dup_of);
-    j->primal_descs = ag__calloc((size_t)(st.nflat ? st.nflat : 1), sizeof(ag_desc *));
-    j->in_info = ag__calloc((size_t)(st.nflat ? st.nflat : 1), sizeof *j->in_info);
+    j->primal_descs = ag__calloc((size_t)st.nflat + 1, sizeof(ag_desc *)); /* + a token */
+    j->in_info = ag__calloc((size_t)st.nflat + 1, sizeof *j->in_info);
     j->g = ag_graph_new();
     if (!st.flat || !st.prim || !st.dup_of || !j->primal_descs || !j->in_info || !j->g)
         goto fail;
@@ -311,10 +335,12 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
     if (!j->in_spec)
         goto fail;
 
-    /* The forward, functionalized, with autograd recording. */
+    /* The forward, functionalized, with autograd recording; effectful ops threaded by tokens. */
     st.T = ag__tracer_begin(j->g, true);
     if (!st.T)
         goto fail;
+    ag__export_tokens_init(&tk, j->g, st.nflat);
+    ag__tracer_set_token_chain(st.T, &tk.fw);
     /* The same tensor may fill two slots (GPT-2's lm_head.weight is transformer.wte.weight):
      * it is bound to its first placeholder, and the later ones stay unused with no gradient
      * (upstream collapses such duplicates to the first occurrence). */
@@ -373,15 +399,18 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
     j->needs_autograd = any_rg_in && any_rg_out;
 
     /* Tangents: one per user output that requires grad and does not alias an input. */
-    nout_total = j->nmutated + nouts + (j->needs_autograd ? st.nflat : 0);
+    nout_total = 2 + j->nmutated + nouts + (j->needs_autograd ? st.nflat : 0); /* 2: tokens */
     out_nodes = ag__calloc((size_t)(nout_total ? nout_total : 1), sizeof *out_nodes);
     out_descs = ag__calloc((size_t)(nout_total ? nout_total : 1), sizeof *out_descs);
     tangent_in = ag__calloc((size_t)(nouts ? nouts : 1), sizeof *tangent_in);
     needs_out = ag__calloc((size_t)(nouts ? nouts : 1), sizeof *needs_out);
-    j->tangent_descs = ag__calloc((size_t)(nouts ? nouts : 1), sizeof(ag_desc *));
+    j->tangent_descs = ag__calloc((size_t)nouts + 1, sizeof(ag_desc *)); /* + a token */
     if (!out_nodes || !out_descs || !tangent_in || !needs_out || !j->tangent_descs)
         goto fail;
-    int no = 0;
+    int no = ag__export_tokens_outputs(&tk, false, out_nodes, out_descs);
+    if (no < 0)
+        goto fail;
+    j->nfw_tokens = no;
     for (int i = 0; i < st.nflat; i++)
         if (j->in_info[i].mutates_data) {
             out_nodes[no] = ag__tracer_node_of(st.T, st.flat[i]);
@@ -406,11 +435,12 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
             if (!oi->requires_grad || oi->alias != AG_OUT_NON_ALIAS ||
                 !ag_dtype_is_float(outs[k]->dtype))
                 continue;
-            ag_desc *od = out_descs[j->nmutated + k];
+            ag_desc *od = out_descs[j->nfw_tokens + j->nmutated + k];
             ag_desc *td = ag_desc_tangent(od);
             if (!td)
                 goto fail;
             j->tangent_descs[nt] = td;
+            j->ntangents = nt + 1; /* so ag_joint_free releases it if what follows fails */
             char name[32];
             snprintf(name, sizeof name, "tangents_%d", nt + 1);
             ag_tmeta mt;
@@ -440,6 +470,7 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
                 grad_of[ng++] = st.flat[i];
         ag__tracer_set_tag(st.T, "is_backward");
         ag__tracer_set_stack_traces(st.T, false);
+        ag__tracer_set_token_chain(st.T, &tk.bw);
         if (ng > 0 && nt > 0 && ag_grad(needs_out, tangent_in, nt, grad_of, ng, grads, false, true))
             goto fail;
         int gi = 0;
@@ -459,9 +490,19 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
             out_nodes[no] = gn;
             out_descs[no++] = gd;
         }
+        int nb = ag__export_tokens_outputs(&tk, true, out_nodes + no, out_descs + no);
+        if (nb < 0)
+            goto fail;
+        j->nbw_tokens = nb;
+        no += nb;
+        for (int k = 0; k < nb; k++)
+            if (!(j->tangent_descs[nt + k] = ag_desc_backward_token_input(k)))
+                goto fail;
     }
     ag__tracer_end(st.T);
     st.T = NULL;
+    if (prepend_forward_tokens(j))
+        goto fail;
     if (!ag_graph_output(j->g, out_nodes, no) ||
         ag_node_set_output_descs(ag_graph_output_node(j->g), out_descs, no))
         goto fail;

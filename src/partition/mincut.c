@@ -113,8 +113,10 @@ static int v_out(int i) {
 }
 
 static bool must_recompute(const ag__pinfo *pi) {
-    /* A random op is never recomputed (see ag__save_random_nodes): its policy is ignored. */
-    return !pi->random && (pi->policy == AG_MUST_RECOMPUTE || pi->policy == AG_PREFER_RECOMPUTE);
+    /* A random op is never recomputed (see ag__save_random_nodes), nor an effectful one (it
+     * would run twice): their policy is ignored. */
+    return !pi->random && !(pi->opflags & AG_OP_EFFECTFUL) &&
+           (pi->policy == AG_MUST_RECOMPUTE || pi->policy == AG_PREFER_RECOMPUTE);
 }
 
 static bool is_fusible(const ag__part *P, int a, int b) {
@@ -177,7 +179,7 @@ static bool should_ban_recomputation(const ag__part *P, const ag__mincut_opts *o
     if (o->ban_if_not_in_allowlist) {
         if (!pi->recomputable)
             return true;
-    } else if (pi->random || pi->compute_intensive) {
+    } else if (pi->random || pi->compute_intensive || (pi->opflags & AG_OP_EFFECTFUL)) {
         return true;
     }
     if (o->ban_if_materialized_backward && is_materialized_backwards(P, i, stack))
@@ -189,10 +191,10 @@ static bool should_ban_recomputation(const ag__part *P, const ag__mincut_opts *o
 }
 
 /* Ties n_in to the source unless n is a view, the knapsack allowed its recomputation, or the
- * user asked for it. Random ops are banned regardless (see must_recompute). */
+ * user asked for it. Random and effectful ops are banned regardless (see must_recompute). */
 static bool ban(builder *b, int i) {
     const ag__pinfo *pi = &b->P->info[i];
-    if (!pi->random) {
+    if (!pi->random && !(pi->opflags & AG_OP_EFFECTFUL)) {
         if (pi->view || (b->dont_ban && b->dont_ban[i]) || must_recompute(pi))
             return false;
     }

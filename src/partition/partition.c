@@ -234,6 +234,12 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
             pi->opflags = ag_op_def(op)->flags;
             pi->tuple = ag_op_noutputs(op) != 1;
             pi->effectful = (pi->opflags & (AG_OP_EFFECTFUL | AG_OP_INPLACE)) != 0;
+            /* upstream's _must_be_in_backward: a backward with_effects stays in the backward;
+             * a forward one stays in the forward (an effect is never run twice). */
+            if (ag_op_with_effects_target(op) && tag) {
+                pi->must_bw |= !strcmp(tag, "is_backward");
+                pi->must_fw |= !strcmp(tag, "is_forward");
+            }
             ag__op_classes(op, &pi->recomputable, &pi->random, &pi->compute_intensive, &pi->view,
                            &pi->is_cat);
             pi->fusible = pi->recomputable || pi->random;
@@ -861,11 +867,43 @@ int ag__default_saved(const ag__part *P, int **saved, int *nsaved) {
     return 0;
 }
 
+/* A forward effect (with_effects, must stay in the forward) is never run by the backward, so
+ * every value it makes is saved; those the backward does not read are dropped by the plan. */
+static int save_effect_outputs(const ag__part *P, int **saved, int *nsaved) {
+    int add = 0;
+    for (int i = 0; i < P->nn; i++)
+        if (P->info[i].must_fw && P->info[i].kind == AG_NODE_CALL && P->info[i].tuple &&
+            (P->info[i].opflags & AG_OP_EFFECTFUL))
+            add += P->info[i].nusers;
+    if (!add)
+        return 0;
+    int *v = ag__malloc(sizeof(int) * (size_t)(*nsaved + add));
+    if (!v)
+        return AG_ENOMEM;
+    memcpy(v, *saved, sizeof(int) * (size_t)*nsaved);
+    int n = *nsaved;
+    for (int i = 0; i < P->nn; i++) {
+        const ag__pinfo *pi = &P->info[i];
+        if (pi->must_fw && pi->kind == AG_NODE_CALL && pi->tuple && (pi->opflags & AG_OP_EFFECTFUL))
+            for (int u = 0; u < pi->nusers; u++)
+                if (P->info[pi->users[u]].kind == AG_NODE_GETITEM)
+                    v[n++] = pi->users[u];
+    }
+    ag__free(*saved);
+    *saved = v;
+    *nsaved = n;
+    return 0;
+}
+
 /* Random ops are not recomputed: aotgrad does not functionalize the generator (upstream's
  * functionalize_rng_ops), so recomputing a draw in the backward would give other numbers.
  * Whatever saved set was chosen, a random node the backward would run again is saved instead
- * (its getitems for a tuple), until none is left. */
+ * (its getitems for a tuple), until none is left. The values of forward effects are saved too
+ * (save_effect_outputs). */
 int ag__save_random_nodes(const ag__part *P, int **saved, int *nsaved) {
+    int rc0 = save_effect_outputs(P, saved, nsaved);
+    if (rc0)
+        return rc0;
     for (int round = 0; round < P->nn; round++) {
         ag__plan pl;
         int rc = ag__plan_make(P, *saved, *nsaved, &pl);

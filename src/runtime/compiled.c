@@ -10,9 +10,11 @@
  * caller's tensors after the forward (BatchNorm running stats change exactly as in eager);
  * outputs that need no grad are left without history; missing output gradients are
  * materialized as zeros; gradients are aligned to inputs; inputs saved for backward are checked
- * against their storage version, so an in-place change before backward is an error. */
+ * against their storage version, so an in-place change before backward is an error; effect
+ * tokens are fed as empty tensors and their outputs dropped (effects.c). */
 #include "../graph/graph_internal.h"
 #include "aotgrad/compile.h"
+#include "effects_internal.h"
 
 #include <stdio.h>
 
@@ -31,6 +33,7 @@ struct ag_compiled {
     int *saved_primal;      /* for each saved value: the primal it is, or -1 */
     bool *grad_out;         /* the backward graph's output i is a gradient (of primal i) */
     bool *out_diff;         /* per user output: carries a gradient */
+    int ntok_fw, ntok_bw;   /* effect tokens, fed and dropped by run_graph (effects.c) */
 };
 
 static void compiled_release(ag_compiled *c) {
@@ -62,6 +65,11 @@ int64_t ag_compiled_peak_bytes(const ag_compiled *c, bool backward) {
 
 static int run_graph(const ag_compiled *c, bool backward, ag_tensor *const *in, int nin,
                      ag_tensor **outs, int max_out) {
+    int ntok = backward ? c->ntok_bw : c->ntok_fw;
+    if (ntok)
+        return ag__effect_tokens_run(backward ? c->bw : c->fw,
+                                     c->interpret ? NULL : backward ? c->bw_plan : c->fw_plan, ntok,
+                                     backward, in, nin, outs, max_out);
     if (c->interpret)
         return ag_graph_run(backward ? c->bw : c->fw, in, nin, outs, max_out);
     return ag_plan_run(backward ? c->bw_plan : c->fw_plan, in, nin, outs, max_out);
@@ -77,7 +85,10 @@ ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts) {
         return NULL;
     c->refcount = 1;
     c->interpret = o.interpret;
-    c->nprimals = ag_joint_num_primals(j);
+    /* The caller's inputs are the primals after the forward effect tokens. */
+    c->ntok_fw = ag_joint_num_forward_tokens(j);
+    c->ntok_bw = ag_joint_num_backward_tokens(j);
+    c->nprimals = ag_joint_num_primals(j) - c->ntok_fw;
     c->nmutated = ag_joint_num_mutated_inputs(j);
     c->nuser = ag_joint_num_user_outputs(j);
     c->ntangents = ag_joint_num_tangents(j);
@@ -97,8 +108,8 @@ ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts) {
     if (nph < 0)
         goto fail;
     for (int i = 0; i < c->nprimals; i++) {
-        c->in_info[i] = *ag_joint_input_info(j, i);
-        c->in_meta[i] = *ag_node_val(ph[i], 0);
+        c->in_info[i] = *ag_joint_input_info(j, c->ntok_fw + i);
+        c->in_meta[i] = *ag_node_val(ph[c->ntok_fw + i], 0);
     }
     int nt = 0;
     for (int k = 0; k < c->nuser; k++) {
@@ -106,7 +117,7 @@ ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts) {
         /* An output gets a tangent (and so carries a gradient) exactly as the export decided. */
         const ag_output_info *oi = &c->out_info[k];
         ag_node *out = ag_graph_output_node(g);
-        ag_node *on = ag_node_arg(out, 0)->u.nodes[c->nmutated + k];
+        ag_node *on = ag_node_arg(out, 0)->u.nodes[c->ntok_fw + c->nmutated + k];
         bool diff = c->needs_autograd && oi->requires_grad && oi->alias == AG_OUT_NON_ALIAS && on &&
                     ag_dtype_is_float(ag_node_val(on, 0)->dtype);
         c->out_diff[k] = diff;
@@ -118,7 +129,7 @@ ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts) {
                 c->ntangents, nt);
         goto fail;
     }
-    int nfw = ag_joint_num_fw_outputs(j);
+    int nfw = ag_joint_num_fw_outputs(j); /* forward effect tokens included */
     if (c->needs_autograd) {
         if (ag_partition(g, nfw, &o.partition, &c->fw, &c->bw, &c->stats))
             goto fail;
@@ -135,18 +146,18 @@ ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts) {
         for (int s = 0; s < c->nsaved; s++) {
             ag_node *v = ag_node_arg(fo, 0)->u.nodes[nfw + s];
             c->saved_primal[s] = -1;
-            for (int i = 0; v && i < nfph; i++)
+            for (int i = c->ntok_fw; v && i < nfph; i++)
                 if (fph[i] == v)
-                    c->saved_primal[s] = i;
+                    c->saved_primal[s] = i - c->ntok_fw;
         }
         ag_node *bo = ag_graph_output_node(c->bw);
         int nbo = ag_node_arg(bo, 0)->n;
-        if (nbo != c->nprimals) {
-            ag__err(AG_EINVAL, "compile: the backward graph has %d outputs for %d primals", nbo,
-                    c->nprimals);
+        if (nbo != c->nprimals + c->ntok_bw) {
+            ag__err(AG_EINVAL, "compile: the backward graph has %d outputs for %d primals and %d "
+                               "effect tokens", nbo, c->nprimals, c->ntok_bw);
             goto fail;
         }
-        for (int i = 0; i < nbo; i++)
+        for (int i = 0; i < c->nprimals; i++)
             c->grad_out[i] = ag_node_arg(bo, 0)->u.nodes[i] != NULL;
     } else {
         c->fw = ag_graph_copy(g);
@@ -274,6 +285,8 @@ int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_t
     ag_tensor **fo = ag__calloc((size_t)(nfo ? nfo : 1), sizeof *fo);
     if (!fo)
         return AG_ENOMEM;
+    for (int k = 0; k < c->nuser; k++)
+        outs[k] = NULL; /* released on failure below */
     /* Everything made here lives in this scope; what must outlive the call is kept. */
     bool scoped = ag__in_scope();
     ag_scope_begin();

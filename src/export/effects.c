@@ -1,0 +1,98 @@
+/* Effect tokens in the joint export (upstream's handle_effect_tokens_fn and token discovery;
+ * spec 6.3 item 5).
+ *
+ * In: the export's graph, its primal placeholders, and the tracer recording effectful ops as
+ * with_effects (trace/effects.c). Out: the token placeholders and the final tokens, in the
+ * joint calling convention:
+ *     placeholders  [ForwardTokenAOTInput(0) = primals_1] [params, buffers, args = primals_2..]
+ *                   [tangents_1..] [BackwardTokenAOTInput(0) = tangents_token_1]
+ *     outputs       [ForwardTokenAOTOutput(0)] [mutated inputs] [user outputs] [grads]
+ *                   [BackwardTokenAOTOutput(0)]
+ * A token exists only for a chain that has effects: a model without effectful ops keeps its
+ * graph exactly as before. Upstream keys tokens by effect; every aotgrad effectful op shares
+ * one key (upstream's ORDERED effect type), so each chain has at most one token, and all the
+ * effects of a side run in one program order. The backward starts a chain of its own (upstream
+ * swaps the token map before autograd.grad): its token is discovered when the backward's first
+ * effect runs, as upstream's tangents_token placeholder. */
+#include "effects_internal.h"
+
+#include <stddef.h>
+#include <stdio.h>
+
+static const ag_tmeta *token_meta(ag_tmeta *m) {
+    ag__tmeta_contiguous(m, AG_F32, 1, (const int64_t[]){0});
+    return m;
+}
+
+/* The forward token: a placeholder moved in front of the primals, which are renamed
+ * primals_2.. (last first, so each new name is free), the token taking primals_1. */
+static ag_node *make_forward_token(ag__token_chain *c) {
+    ag__export_tokens *tk =
+        (ag__export_tokens *)(void *)((char *)c - offsetof(ag__export_tokens, fw));
+    ag_graph *g = tk->g;
+    ag_node **ph;
+    int nph = ag_graph_placeholders(g, &ph);
+    if (nph < 0)
+        return NULL;
+    if (nph != tk->nprimals)
+        return ag__err(AG_ESTATE, "export: an effectful op ran in the forward after placeholders "
+                                  "other than the primals were added"),
+               NULL;
+    /* The placeholder array is the graph's cache: copy it before changing the graph. */
+    ag_node **prim = ag__malloc(sizeof *prim * (size_t)(nph ? nph : 1));
+    if (!prim)
+        return NULL;
+    memcpy(prim, ph, sizeof *prim * (size_t)nph);
+    ag_tmeta m;
+    ag_node *t = ag_graph_placeholder(g, "__forward_token", token_meta(&m));
+    ag_desc *d = ag_desc_forward_token_input(0);
+    int rc = t && d ? ag_node_set_desc(t, d) : AG_ENOMEM;
+    ag_desc_release(d);
+    if (rc == 0 && nph)
+        rc = ag_graph_move_before(g, t, prim[0]);
+    for (int i = nph - 1; rc == 0 && i >= 0; i--) {
+        char name[32];
+        snprintf(name, sizeof name, "primals_%d", i + 2);
+        rc = ag_node_rename(g, prim[i], name);
+    }
+    if (rc == 0)
+        rc = ag_node_rename(g, t, "primals_1");
+    ag__free(prim);
+    return rc == 0 ? t : NULL;
+}
+
+/* The backward token: placeholder tangents_token_1 after the tangents. */
+static ag_node *make_backward_token(ag__token_chain *c) {
+    ag__export_tokens *tk =
+        (ag__export_tokens *)(void *)((char *)c - offsetof(ag__export_tokens, bw));
+    ag_tmeta m;
+    ag_node *t = ag_graph_placeholder(tk->g, "tangents_token_1", token_meta(&m));
+    ag_desc *d = ag_desc_backward_token_input(0);
+    int rc = t && d ? ag_node_set_desc(t, d) : AG_ENOMEM;
+    ag_desc_release(d);
+    if (rc == 0)
+        rc = ag_node_set_partitioner_tag(t, "is_backward");
+    return rc == 0 ? t : NULL;
+}
+
+void ag__export_tokens_init(ag__export_tokens *tk, ag_graph *g, int nprimals) {
+    memset(tk, 0, sizeof *tk);
+    tk->g = g;
+    tk->nprimals = nprimals;
+    tk->fw.make = make_forward_token;
+    tk->bw.make = make_backward_token;
+}
+
+int ag__export_tokens_count(const ag__export_tokens *tk, bool backward) {
+    return (backward ? tk->bw.cur : tk->fw.cur) != NULL;
+}
+
+int ag__export_tokens_outputs(const ag__export_tokens *tk, bool backward, ag_node **nodes,
+                              ag_desc **descs) {
+    ag_node *cur = backward ? tk->bw.cur : tk->fw.cur;
+    if (!cur)
+        return 0;
+    nodes[0] = cur;
+    descs[0] = backward ? ag_desc_backward_token_output(0) : ag_desc_forward_token_output(0);
+    return descs[0] ? 1 : AG_ENOMEM;
+}
