@@ -19,6 +19,7 @@ static void fail(const char *what, const char *detail, const char *text) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    ag_zoo_log_value_op(); /* an effectful user op, so with_effects lines can name one */
     ag_graph *g = ag_graph_parse((const char *)data, size);
     if (!g) {
         const char *e = ag_last_error();

@@ -20,4 +20,9 @@ int cli_int_opt(const char *cmd, const char *name, const char *val, long long mi
                 long long *out);
 int cli_float_opt(const char *cmd, const char *name, const char *val, double *out);
 
+/* cli_effects.c: compares the zoo log records [e0, e1) of an eager phase with [c0, c1) of the
+ * compiled one; 0 when they match, else 1 with the first difference in why. */
+int cli_effect_logs_compare(int e0, int e1, int c0, int c1, double tol, const char *phase,
+                            char *why, size_t n);
+
 #endif

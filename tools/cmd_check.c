@@ -2,7 +2,8 @@
  * [--interpret]`: runs a zoo model eagerly and through export -> partition -> compile side by
  * side for a few SGD steps, and prints the largest differences of outputs, parameter gradients
  * and buffers (BatchNorm running statistics). Exits 1 when a difference exceeds the tolerance:
- * 1e-5 (float32) or 1e-12 (float64), relative to the reference's largest magnitude. */
+ * 1e-5 (float32) or 1e-12 (float64), relative to the reference's largest magnitude, or when the
+ * side effects of effectful ops (the zoo log, cli_effects.c) differ between the two runs. */
 #include "cli.h"
 
 #include <math.h>
@@ -83,11 +84,16 @@ int cli_check(int argc, char **argv) {
     }
     bool f64 = ne > 0 && ag_tensor_dtype(ie[0]) == AG_F64;
     double tol = f64 ? 1e-12 : 1e-5, worst_out = 0, worst_grad = 0, worst_buf = 0;
+    int neffects = 0; /* effect log records per step (the effects model); compared below */
+    char effects_why[512] = "";
     for (long long s = 0; status == 0 && s < steps; s++) {
         ag_scope_begin();
         ag_tensor *oute[16], *outc[16];
+        int log0 = ag_zoo_log_count();
         int n1 = ag_module_call(me, ie, ne, oute, 16);
+        int log1 = ag_zoo_log_count();
         int n2 = n1 > 0 ? ag_compiled_call_module(c, mc, ic, nc, outc, 16) : -1;
+        int log2 = ag_zoo_log_count(), log3 = log2;
         if (n1 < 0 || n2 != n1) {
             fprintf(stderr, "aotgrad check: step %lld: %s\n", s + 1, ag_last_error());
             status = 2;
@@ -107,8 +113,19 @@ int cli_check(int argc, char **argv) {
             lc = lc ? ag_add(lc, b) : b;
         }
         int rc = 0;
-        if (le)
-            rc = ag_backward(le, NULL, false) || ag_backward(lc, NULL, false);
+        if (le) {
+            rc = ag_backward(le, NULL, false);
+            log3 = ag_zoo_log_count();
+            rc = rc || ag_backward(lc, NULL, false);
+        }
+        int log4 = ag_zoo_log_count();
+        neffects = log4 - log0;
+        if (!effects_why[0] && rc == 0 &&
+            (cli_effect_logs_compare(log0, log1, log1, log2, tol, "forward", effects_why,
+                                     sizeof effects_why) ||
+             cli_effect_logs_compare(log2, log3, log3, log4, tol, "backward", effects_why,
+                                     sizeof effects_why)))
+            status = 1;
         if (rc) {
             fprintf(stderr, "aotgrad check: step %lld backward: %s\n", s + 1, ag_last_error());
             status = 2;
@@ -134,12 +151,17 @@ int cli_check(int argc, char **argv) {
     }
     if (status == 0) {
         bool ok = worst_out <= tol && worst_grad <= tol && worst_buf <= tol;
+        if (neffects)
+            printf("%s: side effects: %d logged per step, eager and compiled alike\n", model,
+                   neffects / 2);
         printf("%s (%s, budget %g%s, %lld steps): max relative difference: outputs %.3g, "
                "gradients %.3g, buffers %.3g (tolerance %g): %s\n",
                model, co.partition.partitioner == AG_PARTITION_DEFAULT ? "default" : "mincut",
                co.partition.memory_budget, co.interpret ? ", interpreted" : "", steps, worst_out,
                worst_grad, worst_buf, tol, ok ? "OK" : "MISMATCH");
         status = ok ? 0 : 1;
+    } else if (effects_why[0]) {
+        printf("%s: side effects differ: %s: MISMATCH\n", model, effects_why);
     }
     for (int i = 0; i < ne; i++)
         ag_tensor_free(ie[i]);

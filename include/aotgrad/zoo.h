@@ -23,12 +23,16 @@
  *                 ReLU-Linear(128, 10); x [8, 1, 28, 28]; training mode
  *   gpt2          GPT-2; configs "tiny" (the default, ag_gpt2_config_tiny) and "gpt2-small"
  *                 (ag_gpt2_config_small: 124M); idx [2, 16] i64 random tokens
+ *   effects       h = log_value(linear1(x), 'h'), y = log_value(linear2(relu(h)), 'y'),
+ *                 linear1 = Linear(3, 4), linear2 = Linear(4, 2); x [4, 3]. log_value is the
+ *                 effectful custom op below: the model's joint threads it by effect tokens.
  */
 #ifndef AOTGRAD_ZOO_H
 #define AOTGRAD_ZOO_H
 
 #include "core.h"
 #include "nn.h"
+#include "optable.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -51,6 +55,27 @@ AG_API const char *ag_zoo_configs(int i);
  * configurations. max_inputs must leave room for the model's inputs (at most 2). */
 AG_API int ag_zoo_build(const char *name, const char *config, ag_module **model, ag_tensor **inputs,
                         int max_inputs, int *ninputs);
+
+/* ---- the effects model's custom op and its log ----
+ * aotgrad_demo::log_value(Tensor x, str tag, bool grad=False) -> Tensor is a user op flagged
+ * AG_OP_EFFECTFUL (registered on first use): its kernel returns a copy of x and appends a
+ * record of x to a process-wide log; its backward logs the incoming gradient with the same op
+ * (grad=True) and passes it on. Eager, interpreted and compiled runs of the `effects` model
+ * append the same records in the same order. Thread-safe. */
+typedef struct ag_zoo_log_record {
+    char tag[32];  /* the tag argument (truncated) */
+    bool grad;     /* logged by the backward */
+    int64_t numel; /* elements of x */
+    double sum;    /* their sum, in double, in row-major order */
+} ag_zoo_log_record;
+/* The op (registered on the first call; NULL with a message if registration fails). */
+AG_API const ag_op *ag_zoo_log_value_op(void);
+AG_API int ag_zoo_log_count(void);
+/* Record i (0 = oldest) into *out; AG_EINVAL when there is none. */
+AG_API int ag_zoo_log_get(int i, ag_zoo_log_record *out);
+AG_API void ag_zoo_log_clear(void);
+/* When on, each record is also printed to stderr as it is appended. Off by default. */
+AG_API void ag_zoo_log_echo(bool on);
 
 #ifdef __cplusplus
 }

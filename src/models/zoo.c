@@ -15,6 +15,7 @@
  * in meta mode, so building in meta mode allocates no tensor data. */
 #define AG_RECORD_SITES
 #include "../core/internal.h"
+#include "zoo_effects.h"
 
 #include <stdio.h>
 
@@ -311,6 +312,9 @@ static const zoo_entry zoo[] = {
      NULL, 0, build_cnn, NULL, cnn_inputs, 1},
     {"gpt2", "GPT-2 as nanoGPT: tiny (2 layers, 64 wide) by default, gpt2-small 124M; idx [2, 16]",
      gpt2_configs, 2, NULL, build_gpt2, gpt2_inputs, 1},
+    {"effects", "effectful op: log_value(linear1(x)), relu, log_value(linear2(.)), logged "
+     "in forward and backward; x [4, 3]", NULL, 0, ag__zoo_build_effects, NULL,
+     ag__zoo_effects_inputs, 1},
 };
 enum { NZOO = (int)(sizeof zoo / sizeof zoo[0]) };
 
