@@ -750,12 +750,16 @@ static void check_zoo_numerics(const char *name) {
     assert_non_null(j);
     const ag_graph *g = ag_joint_graph(j);
     int np = ag_joint_num_primals(j), nt = ag_joint_num_tangents(j);
+    /* Effect tokens (empty tensors) come first among the primals and last among the tangents. */
+    int ntf = ag_joint_num_forward_tokens(j), ntb = ag_joint_num_backward_tokens(j);
     ag_named_tensors ps, bs;
     assert_int_equal(ag_module_named_parameters(mx, false, &ps), 0);
     assert_int_equal(ag_module_named_buffers(mx, false, &bs), 0);
     ag_scope_begin();
     ag_tensor *inputs[64];
     int k = 0;
+    for (int i = 0; i < ntf; i++)
+        inputs[k++] = ag_empty(AG_F32, 1, (int64_t[]){0});
     for (int i = 0; i < ps.n; i++)
         inputs[k++] = ps.tensors[i];
     for (int i = 0; i < bs.n; i++)
@@ -775,14 +779,16 @@ static void check_zoo_numerics(const char *name) {
     assert_int_equal(ti, nt);
     for (int i = 0; i < nt; i++)
         inputs[k++] = tang[i];
+    for (int i = 0; i < ntb; i++)
+        inputs[k++] = ag_empty(AG_F32, 1, (int64_t[]){0});
     ag_tensor *go[64];
-    int ngo = ag_graph_run(g, inputs, np + nt, go, 64);
+    int ngo = ag_graph_run(g, inputs, k, go, 64);
     if (ngo < 0)
         print_error("%s: run: %s\n", name, ag_last_error());
-    assert_int_equal(ngo, ag_joint_num_fw_outputs(j) + (nt ? np : 0));
+    assert_int_equal(ngo, ag_joint_num_fw_outputs(j) + (nt ? np - ntf + ntb : 0));
     int nm = ag_joint_num_mutated_inputs(j);
     for (int i = 0; i < neo; i++) {
-        double d = tu_max_abs_diff(eo[i], go[nm + i]);
+        double d = tu_max_abs_diff(eo[i], go[ntf + nm + i]);
         if (!(d <= 1e-5)) {
             print_error("%s: output %d differs by %g\n", name, i, d);
             fail();
@@ -794,9 +800,9 @@ static void check_zoo_numerics(const char *name) {
     int mi = 0;
     for (int i = 0; i < np; i++)
         if (ag_joint_input_info(j, i)->mutates_data) {
-            int b = i - ps.n;
+            int b = i - ntf - ps.n;
             assert_true(b >= 0 && b < ebs.n);
-            assert_true(tu_max_abs_diff(ebs.tensors[b], go[mi++]) <= 1e-5);
+            assert_true(tu_max_abs_diff(ebs.tensors[b], go[ntf + mi++]) <= 1e-5);
         }
     if (nt) {
         ag_named_tensors eps;
