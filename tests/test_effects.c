@@ -128,7 +128,7 @@ static void test_joint_descriptors(void **st) {
                         "primals_5: ParamAOTInput(target='linear2.bias')\n"
                         "primals_6: PlainAOTInput(idx=0)\n"
                         "tangents_1: TangentAOTInput(output=PlainAOTOutput(idx=0))\n"
-                        "tangents_token_1: BackwardTokenAOTInput(idx=0)\n");
+                        "tangents_token: BackwardTokenAOTInput(idx=0)\n");
     assert_string_equal(outputs_str(g),
                         "ForwardTokenAOTOutput(idx=0), PlainAOTOutput(idx=0), "
                         "GradAOTOutput(grad_of=ParamAOTInput(target='linear1.weight')), "
@@ -153,14 +153,14 @@ static void test_joint_descriptors(void **st) {
     assert_int_equal(tv->dtype, AG_F32);
     assert_int_equal(tv->ndim, 1);
     assert_int_equal(tv->sizes[0], 0);
-    assert_string_equal(ag_node_partitioner_tag(ag_graph_find(g, "tangents_token_1")),
+    assert_string_equal(ag_node_partitioner_tag(ag_graph_find(g, "tangents_token")),
                         "is_backward");
 
     /* The effects in program order: forward h, y; backward y's gradient, then h's. */
     assert_string_equal(effects_str(g), "h y y.grad h.grad");
     /* Each takes the previous one's token: the forward chain starts at primals_1, the
-     * backward chain at tangents_token_1, and each chain's last token is an output. */
-    const char *want_token[] = {"primals_1", "getitem", "tangents_token_1", "getitem_4"};
+     * backward chain at tangents_token, and each chain's last token is an output. */
+    const char *want_token[] = {"primals_1", "getitem", "tangents_token", "getitem_4"};
     const char *want_tag[] = {"is_forward", "is_forward", "is_backward", "is_backward"};
     int k = 0;
     int64_t fw_seq[2] = {-1, -1};
@@ -189,10 +189,10 @@ static void test_joint_descriptors(void **st) {
     assert_int_equal(ag_joint_set_graph(md.j, ag_graph_copy(g)), 0);
     ag_graph *bad = ag_graph_copy(ag_joint_graph(md.j));
     ag_desc *wrong = ag_desc_forward_token_input(0);
-    assert_int_equal(ag_node_set_desc(ag_graph_find(bad, "tangents_token_1"), wrong), 0);
+    assert_int_equal(ag_node_set_desc(ag_graph_find(bad, "tangents_token"), wrong), 0);
     ag_desc_release(wrong);
     assert_int_equal(ag_joint_set_graph(md.j, bad), AG_EINVAL);
-    tu_assert_error_contains("placeholder 7 (tangents_token_1) is ForwardTokenAOTInput(idx=0); "
+    tu_assert_error_contains("placeholder 7 (tangents_token) is ForwardTokenAOTInput(idx=0); "
                              "the calling convention expects BackwardTokenAOTInput(idx=0)");
     model_close(&md);
 
@@ -272,7 +272,7 @@ static void test_backward_only_effect(void **st) {
                         "primals_1: ParamAOTInput(target='w')\n"
                         "primals_2: PlainAOTInput(idx=0)\n"
                         "tangents_1: TangentAOTInput(output=PlainAOTOutput(idx=0))\n"
-                        "tangents_token_1: BackwardTokenAOTInput(idx=0)\n");
+                        "tangents_token: BackwardTokenAOTInput(idx=0)\n");
     assert_string_equal(outputs_str(ag_joint_graph(j)),
                         "PlainAOTOutput(idx=0), GradAOTOutput(grad_of=ParamAOTInput(target='w')), "
                         "None, BackwardTokenAOTOutput(idx=0)");
@@ -448,7 +448,7 @@ static void test_text_round_trip(void **st) {
     char *text = ag_graph_to_string(g, &po);
     assert_non_null(strstr(text, "%with_effects = with_effects(%primals_1, "
                                  "'aotgrad_demo::log_value', %addmm, 'h')  # (f32[0], f32[4, 4])"));
-    assert_non_null(strstr(text, "with_effects(%tangents_token_1, 'aotgrad_demo::log_value', "
+    assert_non_null(strstr(text, "with_effects(%tangents_token, 'aotgrad_demo::log_value', "
                                  "%tangents_1, 'y', True)"));
     ag_graph *p = ag_graph_parse(text, strlen(text));
     if (!p)
@@ -544,7 +544,7 @@ static void check_partition(const ag_joint *j, const ag_partition_opts *po) {
     assert_int_equal(ag_desc_kind_of(ag_node_output_desc(fo, 0)), AG_DESC_FORWARD_TOKEN_OUTPUT);
     assert_int_equal(ag_desc_kind_of(ag_node_output_desc(fo, 1)), AG_DESC_PLAIN_OUTPUT);
     nph = ag_graph_placeholders(bw, &ph);
-    assert_string_equal(ag_node_name(ph[nph - 1]), "tangents_token_1");
+    assert_string_equal(ag_node_name(ph[nph - 1]), "tangents_token");
     assert_string_equal(ag_node_name(ph[nph - 2]), "tangents_1");
     ag_node *bo = ag_graph_output_node(bw);
     int nbo = ag_node_arg(bo, 0)->n;
@@ -866,7 +866,7 @@ static void test_cli(void **st) {
     tu_cli_has("out", "OK");
     assert_int_equal(tu_cli_run("export effects"), 0);
     tu_cli_has("out", "%primals_1 : f32[0]  # ForwardTokenAOTInput(idx=0)");
-    tu_cli_has("out", "%tangents_token_1 : f32[0]  # BackwardTokenAOTInput(idx=0)");
+    tu_cli_has("out", "%tangents_token : f32[0]  # BackwardTokenAOTInput(idx=0)");
     tu_cli_has("out", "BackwardTokenAOTOutput(idx=0)]");
     assert_int_equal(tu_cli_run("descriptors effects"), 0);
     tu_cli_has("out", "ParamAOTInput(target='linear1.weight')");

@@ -496,7 +496,7 @@ static void test_filters(void **st) {
     ag_node *vb = ph(g, "primals_6", D(ag_desc_view_base(p0)), TM(AG_F32, 3));
     ag_desc_release(p0);
     ag_node *tg = ph(g, "tangents_1", tangent_of(plain_out(0)), TM(AG_F32, 3));
-    ph(g, "tangents_token_1", D(ag_desc_backward_token_input(0)), TM0(AG_F32));
+    ph(g, "tangents_token", D(ag_desc_backward_token_input(0)), TM0(AG_F32));
     ag_node *o = call1(g, "neg", w, "neg");
     ag_node *gw = call1(g, "neg", o, "neg_1");
     ag_node *gv = call1(g, "relu", vb, "relu");

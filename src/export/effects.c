@@ -5,7 +5,7 @@
  * with_effects (trace/effects.c). Out: the token placeholders and the final tokens, in the
  * joint calling convention:
  *     placeholders  [ForwardTokenAOTInput(0) = primals_1] [params, buffers, args = primals_2..]
- *                   [tangents_1..] [BackwardTokenAOTInput(0) = tangents_token_1]
+ *                   [tangents_1..] [BackwardTokenAOTInput(0) = tangents_token]
  *     outputs       [ForwardTokenAOTOutput(0)] [mutated inputs] [user outputs] [grads]
  *                   [BackwardTokenAOTOutput(0)]
  * A token exists only for a chain that has effects: a model without effectful ops keeps its
@@ -61,12 +61,12 @@ static ag_node *make_forward_token(ag__token_chain *c) {
     return rc == 0 ? t : NULL;
 }
 
-/* The backward token: placeholder tangents_token_1 after the tangents. */
+/* The backward token: placeholder tangents_token after the tangents. */
 static ag_node *make_backward_token(ag__token_chain *c) {
     ag__export_tokens *tk =
         (ag__export_tokens *)(void *)((char *)c - offsetof(ag__export_tokens, bw));
     ag_tmeta m;
-    ag_node *t = ag_graph_placeholder(tk->g, "tangents_token_1", token_meta(&m));
+    ag_node *t = ag_graph_placeholder(tk->g, "tangents_token", token_meta(&m));
     ag_desc *d = ag_desc_backward_token_input(0);
     int rc = t && d ? ag_node_set_desc(t, d) : AG_ENOMEM;
     ag_desc_release(d);

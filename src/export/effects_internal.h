@@ -14,7 +14,7 @@ typedef struct ag__export_tokens {
 /* Chains for the export into g, whose nprimals primal placeholders exist already. The forward
  * token, made on the forward's first effect, becomes the first placeholder primals_1
  * (ForwardTokenAOTInput(0)) and the other primals shift to primals_2..; the backward token,
- * made on the backward's first effect, is placeholder tangents_token_1
+ * made on the backward's first effect, is placeholder tangents_token
  * (BackwardTokenAOTInput(0), tagged is_backward) after the tangents. Every effectful op shares
  * one token per chain (one effect key, as upstream's ORDERED effect type). */
 void ag__export_tokens_init(ag__export_tokens *tk, ag_graph *g, int nprimals);
