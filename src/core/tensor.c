@@ -268,6 +268,8 @@ bool ag_tensor_same_storage(const ag_tensor *a, const ag_tensor *b) {
     return a->storage == b->storage;
 }
 
+ag_tensor *ag_tensor_base(const ag_tensor *t) { return t ? t->base : NULL; }
+
 uint64_t ag_tensor_version(const ag_tensor *t) { return t->storage->version; }
 void ag_tensor_bump_version(ag_tensor *t) { t->storage->version++; }
 
