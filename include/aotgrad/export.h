@@ -8,7 +8,7 @@
  *   inputs  = primals (params in params_spec order, buffers in buffers_spec order, then the
  *             flattened user args and kwargs values) followed by tangents (one per forward
  *             output that requires grad: mutated inputs that require grad first, then user
- *             outputs);
+ *             outputs that alias nothing, then intermediate bases);
  *   outputs = [input mutations..., user outputs..., metadata mutations of merged inputs...,
  *             intermediate bases..., grads (one per primal, None where the primal needs
  *             none)].

@@ -81,9 +81,9 @@ void ag_joint_free(ag_joint *j) {
     if (!j)
         return;
     ag_graph_free(j->g);
-    for (int i = 0; i < j->nparams; i++)
+    for (int i = 0; j->params && i < j->nparams; i++)
         ag__free(j->params[i]);
-    for (int i = 0; i < j->nbuffers; i++)
+    for (int i = 0; j->buffers && i < j->nbuffers; i++)
         ag__free(j->buffers[i]);
     ag__free(j->params);
     ag__free(j->buffers);
@@ -390,6 +390,7 @@ static ag_joint *export_pass(const export_in *in) {
             if (!td)
                 goto fail;
             j->tangent_descs[nt] = td;
+            j->ntangents = nt + 1; /* ag_joint_free releases it from now on */
             char name[32];
             snprintf(name, sizeof name, "tangents_%d", nt + 1);
             ag_tmeta mt;

@@ -320,8 +320,9 @@ int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_t
     ag_tensor **prim = ag__calloc((size_t)npa, sizeof *prim);
     ag_tensor **owned = ag__calloc((size_t)npa, sizeof *owned);
     ag_tensor **node = ag__calloc((size_t)(c->nnode ? c->nnode : 1), sizeof *node);
+    ag_tensor **node_raw = ag__calloc((size_t)(c->nnode ? c->nnode : 1), sizeof *node_raw);
     int nowned = 0;
-    int rc = prim && owned && node ? 0 : AG_ENOMEM;
+    int rc = prim && owned && node && node_raw ? 0 : AG_ENOMEM;
     /* The primals: removed duplicates dropped, merged inputs replaced by their base. */
     if (rc == 0)
         rc = ag__rt_primals(&c->alias, c->in_meta, inputs, ninputs, prim, owned, &nowned);
@@ -348,6 +349,7 @@ int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_t
         ag__free(prim);
         ag__free(owned);
         ag__free(node);
+        ag__free(node_raw);
         return rc;
     }
     /* Everything made here lives in this scope; what must outlive the call is kept. */
@@ -399,6 +401,7 @@ int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_t
         if (ni < 0)
             continue;
         ag_tensor *t = fo[k < c->nuser ? c->nmutated + k : c->nmutated + c->nuser + c->nmetamut + (k - c->nuser)];
+        node_raw[ni] = t;
         node[ni] = t ? ag_detach(t) : NULL;
         if (node[ni])
             node[ni] = ag_tensor_keep(node[ni]); /* owned here until handed out below */
@@ -427,8 +430,9 @@ int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_t
                 s->saved[i] = ag_tensor_keep(pre && pre[i] ? pre[i] : p >= 0 ? prim[p] : fo[nfw + i]);
                 s->saved_versions[i] = s->saved[i] ? s->saved[i]->storage->version : 0;
             }
+            /* The executor's tensors, not the node's outputs (which would hold the node). */
             for (int t = 0; t < c->ntangents; t++)
-                s->zeros_like[t] = ag_tensor_keep(node[c->tangent_of[t]]);
+                s->zeros_like[t] = ag_tensor_keep(node_raw[c->tangent_of[t]]);
             for (int i = 0; i < c->nprimals; i++)
                 if (c->in_info[i].requires_grad && c->grad_out[i] && prim[i]->requires_grad) {
                     s->rg_primal[s->nrg] = i;
@@ -465,6 +469,7 @@ int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_t
     ag__free(prim);
     ag__free(owned);
     ag__free(node);
+    ag__free(node_raw);
     for (int k = 0; k < c->nuser; k++) {
         if (rc) {
             ag_tensor_free(outs[k]);
