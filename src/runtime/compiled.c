@@ -32,7 +32,7 @@ struct ag_compiled {
     ag_input_info *in_info; /* per primal */
     ag_output_info *out_info;
     ag_tmeta *in_meta;      /* expected dtype and shape per primal */
-    int *tangent_of;        /* user output index of each tangent */
+    int *tangent_of;        /* the autograd-node output each tangent belongs to */
     int *saved_primal;      /* for each saved value: the primal it is, or -1 */
     bool *grad_out;         /* the backward graph's output i is a gradient (of primal i) */
     bool *out_diff;         /* per autograd-node output: carries a gradient */
