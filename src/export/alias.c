@@ -542,15 +542,13 @@ void ag__aplan_end(ag__alias_plan *P, ag_module *m) {
 
 /* ---- analysis ---- */
 
-/* The primal an output sharing storage s aliases: the last input with that storage (as
- * upstream's storage map keeps the last), or -1. *flat_i receives that input. */
-static int input_of_storage(const ag__alias_plan *P, const ag_storage *s, int *flat_i) {
+/* The primal an output sharing storage s aliases: that of the last input with that storage
+ * (upstream's storage map keeps the last), or -1. */
+static int input_of_storage(const ag__alias_plan *P, const ag_storage *s) {
     int p = -1;
     for (int i = 0; i < P->nflat; i++)
-        if (P->tt[i] && P->tt[i]->storage == s) {
+        if (P->tt[i] && P->tt[i]->storage == s)
             p = P->flat_primal[i];
-            *flat_i = i;
-        }
     return p;
 }
 
@@ -626,7 +624,7 @@ int ag__aplan_analyze(ag__alias_plan *P, ag__tracer *T, ag_tensor *const *outs, 
         int same = 0; /* outputs sharing t's storage, t included */
         for (int q = 0; q < nouts; q++)
             same += outs[q] && outs[q]->storage == t->storage;
-        int fi = -1, p = input_of_storage(P, t->storage, &fi);
+        int p = input_of_storage(P, t->storage);
         if (p >= 0) {
             int own = -1;
             for (int i = 0; i < P->nflat && own < 0; i++)
@@ -640,7 +638,6 @@ int ag__aplan_analyze(ag__alias_plan *P, ag__tracer *T, ag_tensor *const *outs, 
             }
             o->base_index = p;
             rel_geom(&A->out[k].geom, t, P->ptt[p]->offset);
-            (void)fi;
         } else if (any_rg_in && t->base && t->requires_grad && t->base->requires_grad) {
             if (same == 1) {
                 o->alias = AG_OUT_UNSAFE_VIEW_ALIAS; /* hidden from autograd: a plain output */
@@ -687,10 +684,6 @@ int ag__aplan_analyze(ag__alias_plan *P, ag__tracer *T, ag_tensor *const *outs, 
             }
         }
     }
-    for (int k = 0; k < nouts; k++)
-        if (oi[k].alias == AG_OUT_ALIAS_OF_INTERMEDIATE_BASE_IS_USER_OUTPUT && outs[k]->base &&
-            outs[oi[k].base_index] == outs[k]->base)
-            rel_geom(&A->out[k].geom, outs[k], outs[k]->base->offset);
     A->nintermediate_bases = P->ninter;
     return 0;
 }
