@@ -47,6 +47,8 @@ static void check_model(const char *name, const ag_compile_opts *co, double tol)
         if (m < 0)
             print_error("%s: call: %s\n", name, ag_last_error());
         assert_int_equal(m, n);
+        for (int i = 0; i < ne; i++) /* inputs the model mutates (alias_views) match too */
+            assert_true(rel(ie[i], ic[i]) <= tol);
         ag_tensor *le = NULL, *lc = NULL;
         for (int k = 0; k < n; k++) {
             double d = rel(a[k], b[k]);

@@ -735,7 +735,13 @@ static void test_inference_graph(void **st) {
     free_inputs(in, nin);
 }
 
-/* ---- numerics: the joint graph interpreted equals eager, on every zoo model ---- */
+/* ---- numerics: the joint graph interpreted equals eager, on every zoo model ----
+ * The graph runs on the primals derived from the flat inputs (ag_joint_primals_from_flat:
+ * duplicates, view bases); its outputs are compared with eager's outputs, its input
+ * mutations with eager's inputs after the call, and its gradients with eager's for the
+ * tangents given (a tied weight's gradient is the sum over its slots). Joints with an
+ * intermediate base are checked for the forward only here (tests/test_alias.c checks their
+ * gradients through the compiled callable). */
 
 static void check_zoo_numerics(const char *name) {
     /* Two identical builds: one runs eagerly (and mutates its buffers), one is exported. */
@@ -750,39 +756,57 @@ static void check_zoo_numerics(const char *name) {
     assert_non_null(j);
     const ag_graph *g = ag_joint_graph(j);
     int np = ag_joint_num_primals(j), nt = ag_joint_num_tangents(j);
-    /* Effect tokens (empty tensors) come first among the primals and last among the tangents. */
+    /* Effect tokens (empty tensors) come first among the primals and last among the tangents;
+     * the gradients are one per primal after the forward tokens. */
     int ntf = ag_joint_num_forward_tokens(j), ntb = ag_joint_num_backward_tokens(j);
-    ag_named_tensors ps, bs;
+    ag_named_tensors ps, bs, eps, ebs;
     assert_int_equal(ag_module_named_parameters(mx, false, &ps), 0);
     assert_int_equal(ag_module_named_buffers(mx, false, &bs), 0);
+    assert_int_equal(ag_module_named_parameters(me, false, &eps), 0);
+    assert_int_equal(ag_module_named_buffers(me, false, &ebs), 0);
     ag_scope_begin();
-    ag_tensor *inputs[64];
+    ag_tensor *flat[64], *eflat[64], *inputs[64], *eprim[64];
     int k = 0;
-    for (int i = 0; i < ntf; i++)
-        inputs[k++] = ag_empty(AG_F32, 1, (int64_t[]){0});
-    for (int i = 0; i < ps.n; i++)
-        inputs[k++] = ps.tensors[i];
-    for (int i = 0; i < bs.n; i++)
-        inputs[k++] = ag_clone(bs.tensors[i]); /* the graph does not mutate them */
-    for (int i = 0; i < nx; i++)
-        inputs[k++] = ix[i];
-    assert_int_equal(k, np);
-    /* Eager forward, then grads with deterministic tangents. */
+    for (int i = 0; i < ps.n; i++, k++) {
+        flat[k] = ps.tensors[i];
+        eflat[k] = eps.tensors[i];
+    }
+    for (int i = 0; i < bs.n; i++, k++) {
+        flat[k] = ag_clone(bs.tensors[i]); /* the graph does not mutate them */
+        eflat[k] = ebs.tensors[i];
+    }
+    for (int i = 0; i < nx; i++, k++) {
+        flat[k] = ix[i];
+        eflat[k] = ie[i];
+    }
+    assert_int_equal(k, ag_joint_num_flat_inputs(j));
+    assert_int_equal(ag_joint_primals_from_flat(j, flat, k, inputs, 64), np);
+    /* Eager forward, then grads with deterministic tangents for the outputs that have one. */
     ag_tensor *eo[16];
     int neo = ag_module_call(me, ie, ne, eo, 16);
     assert_true(neo > 0);
-    ag_tensor *tang[16];
-    int ti = 0;
-    for (int i = 0; i < neo; i++)
-        if (ag_tensor_requires_grad(eo[i]))
-        { tang[ti] = ag_full_like(eo[i], 0.5 + 0.25 * ti); ti++; }
-    assert_int_equal(ti, nt);
-    for (int i = 0; i < nt; i++)
-        inputs[k++] = tang[i];
-    for (int i = 0; i < ntb; i++)
-        inputs[k++] = ag_empty(AG_F32, 1, (int64_t[]){0});
+    assert_int_equal(ag_joint_primals_from_flat(j, eflat, k, eprim, 64), np);
+    ag_tensor *tang[16], *roots[16];
+    bool grads = true;
+    ag_node **ph;
+    assert_int_equal(ag_graph_placeholders(g, &ph), np + nt + ntb);
+    for (int t = 0; t < nt; t++) {
+        const ag_desc *of = ag_desc_nested(ag_node_desc(ph[np + t]));
+        if (ag_desc_kind_of(of) != AG_DESC_PLAIN_OUTPUT) {
+            const ag_tmeta *tm = ag_node_val(ph[np + t], 0);
+            grads = false;
+            tang[t] = ag_full(tm->dtype, tm->ndim, tm->sizes, 0.5);
+            continue;
+        }
+        roots[t] = eo[ag_desc_idx(of)];
+        tang[t] = ag_full_like(roots[t], 0.5 + 0.25 * t);
+    }
+    for (int t = 0; t < nt; t++)
+        inputs[np + t] = tang[t];
+    for (int t = 0; t < ntb; t++)
+        inputs[np + nt + t] = ag_empty(AG_F32, 1, (int64_t[]){0});
     ag_tensor *go[64];
-    int ngo = ag_graph_run(g, inputs, k, go, 64);
+    int ngo = ag_graph_run(g, inputs, np + nt + ntb, go, 64);
     if (ngo < 0)
         print_error("%s: run: %s\n", name, ag_last_error());
     assert_int_equal(ngo, ag_joint_num_fw_outputs(j) + (nt ? np - ntf + ntb : 0));
@@ -794,40 +818,34 @@ static void check_zoo_numerics(const char *name) {
             fail();
         }
     }
-    /* Eager's updated buffers equal the mutation outputs. */
-    ag_named_tensors ebs;
-    assert_int_equal(ag_module_named_buffers(me, false, &ebs), 0);
+    /* Eager's mutated inputs (buffers, a view base) equal the mutation outputs. */
     int mi = 0;
-    for (int i = 0; i < np; i++)
-        if (ag_joint_input_info(j, i)->mutates_data) {
-            int b = i - ntf - ps.n;
-            assert_true(b >= 0 && b < ebs.n);
-            assert_true(tu_max_abs_diff(ebs.tensors[b], go[ntf + mi++]) <= 1e-5);
-        }
-    if (nt) {
-        ag_named_tensors eps;
-        assert_int_equal(ag_module_named_parameters(me, false, &eps), 0);
-        ag_tensor *roots[16];
-        int nr = 0;
-        for (int i = 0; i < neo; i++)
-            if (ag_tensor_requires_grad(eo[i]))
-                roots[nr++] = eo[i];
+    for (int p = 0; p < np; p++)
+        if (ag_joint_input_info(j, p)->mutates_data || ag_joint_input_info(j, p)->mutates_metadata)
+            assert_true(tu_max_abs_diff(eprim[p], go[ntf + mi++]) <= 1e-5);
+    assert_int_equal(mi, nm);
+    if (nt && grads) {
         ag_tensor *eg[64];
-        assert_int_equal(ag_grad(roots, tang, nr, eps.tensors, eps.n, eg, false, true), 0);
-        int base = ag_joint_num_fw_outputs(j);
+        assert_int_equal(ag_grad(roots, tang, nt, eps.tensors, eps.n, eg, false, true), 0);
+        int base = ag_joint_num_fw_outputs(j) - ntf; /* grads[p - ntf] of primal p */
         for (int i = 0; i < eps.n; i++) {
-            bool dup = false;
-            for (int k2 = 0; k2 < i; k2++)
-                dup |= eps.tensors[k2] == eps.tensors[i];
-            if (dup) { /* a tied weight's second slot: its gradient goes to the first */
-                assert_null(go[base + i]);
-                continue;
+            /* The joint's gradient of this tensor: the sum over the primals of its slots (a
+             * tied weight has one per name, upstream's separate leaves). */
+            ag_tensor *sum = NULL;
+            bool seen[64] = {false};
+            for (int q = 0; q < ps.n; q++) {
+                int p = ag_joint_flat_input_primal(j, q);
+                if (eps.tensors[q] != eps.tensors[i] || seen[p] || !go[base + p])
+                    continue;
+                seen[p] = true;
+                sum = sum ? ag_add(sum, go[base + p]) : go[base + p];
             }
             if (!eg[i]) {
-                assert_null(go[base + i]);
+                assert_null(sum);
                 continue;
             }
-            double d = tu_max_abs_diff(eg[i], go[base + i]);
+            assert_non_null(sum);
+            double d = tu_max_abs_diff(eg[i], sum);
             double scale = 1.0;
             for (int64_t e = 0; e < ag_tensor_numel(eg[i]); e++)
                 scale = fmax(scale, fabs(ag_tensor_item_at(eg[i], e)));
@@ -836,10 +854,14 @@ static void check_zoo_numerics(const char *name) {
                 fail();
             }
         }
-        ag_named_tensors_free(&eps);
     }
-    ag_named_tensors_free(&ebs);
+    for (int p = 0; p < np; p++) {
+        ag_tensor_free(inputs[p]);
+        ag_tensor_free(eprim[p]);
+    }
     ag_scope_end();
+    ag_named_tensors_free(&eps);
+    ag_named_tensors_free(&ebs);
     ag_named_tensors_free(&ps);
     ag_named_tensors_free(&bs);
     ag_joint_free(j);

@@ -265,18 +265,20 @@ static void zoo_open(zoo_case *z, const char *name, bool core) {
     ag_named_tensors ps, bs;
     assert_int_equal(ag_module_named_parameters(z->m, false, &ps), 0);
     assert_int_equal(ag_module_named_buffers(z->m, false, &bs), 0);
-    int k = 0;
-    for (int i = 0; i < ag_joint_num_forward_tokens(z->j); i++) /* effect tokens: empty */
-        z->in[k++] = ag_empty(AG_F32, 1, (int64_t[]){0});
+    /* The flat inputs, then the primals the graph takes (view bases, deduplication). */
+    ag_tensor *flat[256];
+    int nf = 0;
     for (int i = 0; i < ps.n; i++)
-        z->in[k++] = ag_tensor_keep(ps.tensors[i]);
+        flat[nf++] = ag_tensor_keep(ps.tensors[i]);
     ag_scope_begin();
     for (int i = 0; i < bs.n; i++)
-        z->in[k++] = ag_tensor_keep(ag_clone(bs.tensors[i]));
+        flat[nf++] = ag_tensor_keep(ag_clone(bs.tensors[i]));
     ag_scope_end();
     for (int i = 0; i < nex; i++)
-        z->in[k++] = ex[i];
+        flat[nf++] = ex[i];
+    int k = ag_joint_primals_from_flat(z->j, flat, nf, z->in, 256);
     assert_int_equal(k, ag_joint_num_primals(z->j));
+    free_all(flat, nf);
     ag_node **phs;
     int nph = ag_graph_placeholders(ag_joint_graph(z->j), &phs);
     for (; k < nph; k++) {

@@ -1,7 +1,8 @@
 /* `aotgrad check MODEL [--config NAME] [--partitioner default|mincut] [--budget F] [--steps N]
  * [--interpret]`: runs a zoo model eagerly and through export -> partition -> compile side by
- * side for a few SGD steps, and prints the largest differences of outputs, parameter gradients
- * and buffers (BatchNorm running statistics). Exits 1 when a difference exceeds the tolerance:
+ * side for a few SGD steps, and prints the largest differences of outputs, parameter gradients,
+ * buffers (BatchNorm running statistics) and the inputs after the call (a model may mutate
+ * its inputs, through views too). Exits 1 when a difference exceeds the tolerance:
  * 1e-5 (float32) or 1e-12 (float64), relative to the reference's largest magnitude, or when the
  * side effects of effectful ops (the zoo log, cli_effects.c) differ between the two runs. */
 #include "cli.h"
@@ -83,7 +84,7 @@ int cli_check(int argc, char **argv) {
         status = 2;
     }
     bool f64 = ne > 0 && ag_tensor_dtype(ie[0]) == AG_F64;
-    double tol = f64 ? 1e-12 : 1e-5, worst_out = 0, worst_grad = 0, worst_buf = 0;
+    double tol = f64 ? 1e-12 : 1e-5, worst_out = 0, worst_grad = 0, worst_buf = 0, worst_in = 0;
     int neffects = 0; /* effect log records per step (the effects model); compared below */
     char effects_why[512] = "";
     for (long long s = 0; status == 0 && s < steps; s++) {
@@ -102,6 +103,8 @@ int cli_check(int argc, char **argv) {
         }
         /* loss = sum_k sum(out_k * w_k) with fixed weights, for both. */
         ag_tensor *le = NULL, *lc = NULL;
+        for (int i = 0; i < ne && i < nc; i++) /* the callers' tensors after the call */
+            worst_in = fmax(worst_in, rel_diff(ie[i], ic[i]));
         for (int k = 0; k < n1; k++) {
             worst_out = fmax(worst_out, rel_diff(oute[k], outc[k]));
             if (!ag_tensor_requires_grad(oute[k]))
@@ -150,15 +153,15 @@ int cli_check(int argc, char **argv) {
         ag_scope_end();
     }
     if (status == 0) {
-        bool ok = worst_out <= tol && worst_grad <= tol && worst_buf <= tol;
+        bool ok = worst_out <= tol && worst_grad <= tol && worst_buf <= tol && worst_in <= tol;
         if (neffects)
             printf("%s: side effects: %d logged per step, eager and compiled alike\n", model,
                    neffects / 2);
         printf("%s (%s, budget %g%s, %lld steps): max relative difference: outputs %.3g, "
-               "gradients %.3g, buffers %.3g (tolerance %g): %s\n",
+               "gradients %.3g, buffers %.3g, inputs %.3g (tolerance %g): %s\n",
                model, co.partition.partitioner == AG_PARTITION_DEFAULT ? "default" : "mincut",
                co.partition.memory_budget, co.interpret ? ", interpreted" : "", steps, worst_out,
-               worst_grad, worst_buf, tol, ok ? "OK" : "MISMATCH");
+               worst_grad, worst_buf, worst_in, tol, ok ? "OK" : "MISMATCH");
         status = ok ? 0 : 1;
     } else if (effects_why[0]) {
         printf("%s: side effects differ: %s: MISMATCH\n", model, effects_why);

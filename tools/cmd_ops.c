@@ -9,7 +9,7 @@
 
 static const char *const flag_names[] = {
     "pointwise", "reduction", "view", "inplace", "random", "compute_intensive",
-    "nondiff", "factory", "effectful", "backward_helper", "composite",
+    "nondiff", "factory", "effectful", "backward_helper", "composite", "inplace_view",
 };
 
 static int gradcheck_cases(const ag_op *op) {

@@ -113,6 +113,9 @@ AG_API bool ag_tensor_is_contiguous(const ag_tensor *t);
  * bypasses autograd's version checks: call ag_tensor_bump_version() after in-place writes. */
 AG_API void *ag_tensor_data(const ag_tensor *t);
 AG_API bool ag_tensor_same_storage(const ag_tensor *a, const ag_tensor *b);
+/* PyTorch's ._base: the tensor a view op's output was made from (the root of a chain of
+ * views), borrowed; NULL for a tensor that is not such a view (detach makes none). */
+AG_API ag_tensor *ag_tensor_base(const ag_tensor *t);
 AG_API uint64_t ag_tensor_version(const ag_tensor *t);
 AG_API void ag_tensor_bump_version(ag_tensor *t);
 /* Element read as double, by flat row-major index over the (possibly strided) view. */

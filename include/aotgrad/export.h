@@ -8,9 +8,12 @@
  *   inputs  = primals (params in params_spec order, buffers in buffers_spec order, then the
  *             flattened user args and kwargs values) followed by tangents (one per forward
  *             output that requires grad: mutated inputs that require grad first, then user
- *             outputs);
- *   outputs = [input mutations..., user outputs..., grads (one per primal, None where the primal
- *             needs none)].
+ *             outputs that alias nothing, then intermediate bases);
+ *   outputs = [input mutations..., user outputs..., metadata mutations of merged inputs...,
+ *             intermediate bases..., grads (one per primal, None where the primal needs
+ *             none)].
+ * Primals are the flat inputs after upstream's deduplication and synthetic-base merging (see
+ * ag_joint_flat_input_primal).
  * Every placeholder carries its descriptor and the output node carries one per output. In-place
  * updates of inputs (BatchNorm's running stats) are recorded functionally and returned as
  * InputMutationAOTOutput outputs, placed first; the graph mutates nothing. Forward nodes are
@@ -122,16 +125,22 @@ typedef struct ag_input_info {
     bool requires_grad;
 } ag_input_info;
 
+/* Upstream's OutputType. Outputs that alias an input or an intermediate get no tangent and
+ * are regenerated at run time as views of their base (the caller's tensor, a returned
+ * intermediate base or another output), so they share storage as in eager. */
 typedef enum ag_output_alias {
     AG_OUT_NON_ALIAS = 0,
-    AG_OUT_IS_INPUT,
-    AG_OUT_ALIAS_OF_INPUT,
-    AG_OUT_ALIAS_OF_INTERMEDIATE,
+    AG_OUT_IS_INPUT,                                  /* base_index: the primal */
+    AG_OUT_ALIAS_OF_INPUT,                            /* base_index: the primal */
+    AG_OUT_ALIAS_OF_INTERMEDIATE,                     /* base_index: the intermediate base */
+    AG_OUT_ALIAS_OF_INTERMEDIATE_SAVE_AS_OUTPUT,      /* the first alias of a new base */
+    AG_OUT_ALIAS_OF_INTERMEDIATE_BASE_IS_USER_OUTPUT, /* base_index: that user output */
+    AG_OUT_UNSAFE_VIEW_ALIAS, /* the only output viewing an intermediate: a plain output */
 } ag_output_alias;
 
 typedef struct ag_output_info {
     ag_output_alias alias;
-    int base_index; /* the input (or -1) an aliasing output refers to */
+    int base_index; /* what an aliasing output is regenerated from (see above), or -1 */
     bool requires_grad;
 } ag_output_info;
 
@@ -141,8 +150,12 @@ AG_API const ag_input_info *ag_joint_input_info(const ag_joint *j, int primal);
 AG_API int ag_joint_num_user_outputs(const ag_joint *j);
 AG_API const ag_output_info *ag_joint_output_info(const ag_joint *j, int user_output);
 AG_API int ag_joint_num_mutated_inputs(const ag_joint *j);
-/* Forward outputs: forward effect tokens, input mutations and user outputs (the partitioner's
- * num_fwd_outputs). */
+/* Extra forward outputs after the user outputs: MetadataMutationAOTOutput(i) (aliased inputs
+ * merged into a base whose metadata the forward changed), then IntermediateBaseAOTOutput. */
+AG_API int ag_joint_num_metadata_mutations(const ag_joint *j);
+AG_API int ag_joint_num_intermediate_bases(const ag_joint *j);
+/* Forward outputs: forward effect tokens, input mutations, user outputs, metadata mutations and intermediate bases
+ * (the partitioner's num_fwd_outputs). */
 AG_API int ag_joint_num_fw_outputs(const ag_joint *j);
 /* Effect tokens (effectful ops, see ag_op_with_effects in optable.h): forward tokens are the
  * first primals (ForwardTokenAOTInput(i), placeholders primals_1..) and the first outputs
@@ -154,6 +167,20 @@ AG_API int ag_joint_num_fw_outputs(const ag_joint *j);
 AG_API int ag_joint_num_forward_tokens(const ag_joint *j);
 AG_API int ag_joint_num_backward_tokens(const ag_joint *j);
 AG_API bool ag_joint_needs_autograd(const ag_joint *j);
+
+/* The flat inputs (params, buffers, args, kwargs: what the compiled callable takes) and the
+ * primals they become. A duplicate input (the same tensor twice) that is mutated is removed
+ * and maps to its first occurrence's primal; inputs sharing memory with a mutation among them
+ * map to the primal of their base (ViewBaseAOTInput / SyntheticBaseAOTInput), from which the
+ * graph regenerates them. Otherwise flat input i is its own primal. */
+AG_API int ag_joint_num_flat_inputs(const ag_joint *j);
+AG_API int ag_joint_flat_input_primal(const ag_joint *j, int flat); /* -1 out of range */
+/* The graph's primal inputs for flat inputs, as the compiled callable derives them: stores
+ * num_primals new references in primals (the caller frees them). Checks that removed
+ * duplicates are the same tensor as their first occurrence and that merged inputs are views
+ * of one base as at export; a negative status names the input otherwise. */
+AG_API int ag_joint_primals_from_flat(const ag_joint *j, ag_tensor *const *flat, int nflat,
+                                      ag_tensor **primals, int max);
 
 /* ---- FX utilities (upstream's torch._functorch._aot_autograd.fx_utils) ----
  * Each returns pairs keyed by descriptor in graph order, or NULL with a message (a graph with

@@ -89,6 +89,13 @@ AG_API ag_tensor *ag_squeeze_all(ag_tensor *a);
 AG_API ag_tensor *ag_as_strided(ag_tensor *a, int ndim, const int64_t *sizes,
                                 const int64_t *strides, int64_t offset);
 AG_API ag_tensor *ag_alias(ag_tensor *a);
+/* In-place view ops (metadata mutations): self takes the view's sizes, strides and offset;
+ * its data is untouched. Return self (a new reference). */
+AG_API ag_tensor *ag_t_(ag_tensor *a);
+AG_API ag_tensor *ag_transpose_(ag_tensor *a, int d0, int d1);
+AG_API ag_tensor *ag_unsqueeze_(ag_tensor *a, int dim);
+AG_API ag_tensor *ag_as_strided_(ag_tensor *a, int ndim, const int64_t *sizes,
+                                 const int64_t *strides, int64_t offset); /* offset < 0: keep */
 /* Backward helpers of views. */
 AG_API ag_tensor *ag_slice_backward(ag_tensor *grad, int ndim, const int64_t *input_sizes,
                                     int dim, int64_t start, int64_t end, int64_t step);

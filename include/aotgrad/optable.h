@@ -83,6 +83,10 @@ enum {
     /* Composite (ATen's CompositeImplicitAutograd): always runs its decomposition, so traces
      * and autograd see the ops it is made of (linear -> t + addmm). */
     AG_OP_COMPOSITE = 1u << 10,
+    /* An in-place view op (t_, transpose_, unsqueeze_, as_strided_): it changes only tensor
+     * argument 0's sizes, strides and offset, to what the meta function says (flag it
+     * AG_OP_INPLACE too). */
+    AG_OP_INPLACE_VIEW = 1u << 11,
 };
 
 /* Everything a backward rule sees. Saved tensors are detached aliases taken at forward time;

@@ -60,6 +60,10 @@ struct ag_tensor {
     bool grad_donated;   /* its producer gives it away: may become a leaf's .grad uncopied */
     void *trace;         /* the tracer's graph node, valid when trace_id is the active trace's */
     uint64_t trace_id;
+    /* PyTorch's ._base: the root tensor a view op's output was made from (a reference, or
+     * NULL for tensors that are not views; never itself a view). Set by the dispatcher. */
+    ag_tensor *base;
+    uint64_t trace_ver;  /* the tracer's alias generation trace was valid for (trace.c) */
 };
 
 /* A new tensor with contiguous strides for `m` (m's strides/offset ignored) and fresh storage;

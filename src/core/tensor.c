@@ -168,6 +168,7 @@ ag_tensor *ag__tensor_alias(ag_tensor *src, const ag_tmeta *m) {
     t->storage->refcount++;
     t->trace = src->trace;
     t->trace_id = src->trace_id;
+    t->trace_ver = src->trace_ver;
     return t;
 }
 
@@ -177,6 +178,7 @@ void ag_tensor_free(ag_tensor *t) {
     if (!t || --t->refcount > 0)
         return;
     storage_release(t->storage);
+    ag_tensor_free(t->base);
     ag_tensor_free(t->grad);
     if (t->grad_fn)
         ag__anode_release(t->grad_fn);
@@ -265,6 +267,8 @@ void *ag_tensor_data(const ag_tensor *t) {
 bool ag_tensor_same_storage(const ag_tensor *a, const ag_tensor *b) {
     return a->storage == b->storage;
 }
+
+ag_tensor *ag_tensor_base(const ag_tensor *t) { return t ? t->base : NULL; }
 
 uint64_t ag_tensor_version(const ag_tensor *t) { return t->storage->version; }
 void ag_tensor_bump_version(ag_tensor *t) { t->storage->version++; }

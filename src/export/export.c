@@ -15,6 +15,7 @@
  * decomposition table applied. */
 #include "../graph/graph_internal.h"
 #include "aotgrad/export.h"
+#include "alias.h"
 #include "effects_internal.h"
 
 #include <stdio.h>
@@ -31,6 +32,8 @@ struct ag_joint {
     ag_desc **primal_descs; /* for ag_joint_set_graph's checks */
     ag_desc **tangent_descs; /* tangents, then backward tokens */
     int nfw_tokens, nbw_tokens; /* effect tokens (effects.c): first primals, last tangents */
+    int nmetamut, ninter;   /* extra forward outputs (alias.c) */
+    ag__joint_alias alias;  /* flat inputs -> primals, aliasing outputs (alias.c) */
 };
 
 /* ---- accessors ---- */
@@ -46,10 +49,21 @@ const char *ag_joint_buffer_fqn(const ag_joint *j, int i) {
 }
 const ag_treespec *ag_joint_in_spec(const ag_joint *j) { return j->in_spec; }
 const ag_treespec *ag_joint_out_spec(const ag_joint *j) { return j->out_spec; }
-int ag_joint_num_static_inputs(const ag_joint *j) { return j->nparams + j->nbuffers; }
-int ag_joint_static_input(const ag_joint *j, int i) {
-    return i >= 0 && i < j->nparams + j->nbuffers ? j->nfw_tokens + i : -1;
+/* Static inputs: the primals of parameters and buffers that are primals of their own (not
+ * merged into a base, not removed as duplicates), in primal order, after the effect tokens. */
+static int static_inputs(const ag_joint *j, int want) {
+    int n = 0;
+    for (int p = 0; p < j->nprimals - j->nfw_tokens; p++) {
+        bool is_static = false;
+        for (int i = 0; i < j->nparams + j->nbuffers && !is_static; i++)
+            is_static = j->alias.flat[i].kind == AG__FLAT_PRIMAL && j->alias.flat[i].primal == p;
+        if (is_static && n++ == want)
+            return j->nfw_tokens + p;
+    }
+    return want < 0 ? n : -1;
 }
+int ag_joint_num_static_inputs(const ag_joint *j) { return static_inputs(j, -1); }
+int ag_joint_static_input(const ag_joint *j, int i) { return i >= 0 ? static_inputs(j, i) : -1; }
 int ag_joint_num_primals(const ag_joint *j) { return j->nprimals; }
 int ag_joint_num_tangents(const ag_joint *j) { return j->ntangents; }
 const ag_input_info *ag_joint_input_info(const ag_joint *j, int i) {
@@ -61,7 +75,7 @@ const ag_output_info *ag_joint_output_info(const ag_joint *j, int i) {
 }
 int ag_joint_num_mutated_inputs(const ag_joint *j) { return j->nmutated; }
 int ag_joint_num_fw_outputs(const ag_joint *j) {
-    return j->nfw_tokens + j->nmutated + j->nuser_out;
+    return j->nfw_tokens + j->nmutated + j->nuser_out + j->nmetamut + j->ninter;
 }
 int ag_joint_num_forward_tokens(const ag_joint *j) { return j->nfw_tokens; }
 int ag_joint_num_backward_tokens(const ag_joint *j) { return j->nbw_tokens; }
@@ -87,6 +101,7 @@ void ag_joint_free(ag_joint *j) {
         ag_desc_release(j->tangent_descs ? j->tangent_descs[i] : NULL);
     ag__free(j->primal_descs);
     ag__free(j->tangent_descs);
+    ag__joint_alias_clear(&j->alias);
     ag__free(j);
 }
 
@@ -234,18 +249,277 @@ static int prepend_forward_tokens(ag_joint *j) {
     return 0;
 }
 
-typedef struct export_state {
-    ag_joint *j;
-    ag__tracer *T;
-    ag_tensor **flat;    /* primal tensors (params, buffers, args, kwargs), borrowed */
-    ag_node **prim;      /* their placeholders */
-    int *dup_of;         /* index of an earlier slot holding the same tensor, or -1 */
-    int nflat;
-} export_state;
+/* One pass: the joint for the plan's current layout of the flat inputs (alias.c). */
+typedef struct export_in {
+    ag_module *m;
+    ag__alias_plan *P;
+    const ag_named_tensors *ps, *bs;
+    int nflat, nargs, nkwargs;
+    const char *const *kwarg_names;
+    const ag_export_opts *o;
+} export_in;
 
-static int run_forward(ag_module *m, export_state *st, int first_user, int nuser,
-                       ag_tensor **outs, int max_out) {
-    return ag_module_call(m, st->flat + first_user, nuser, outs, max_out);
+static ag_joint *export_pass(const export_in *in) {
+    const ag_named_tensors *ps = in->ps, *bs = in->bs;
+    ag__alias_plan *P = in->P;
+    ag_joint *j = ag__calloc(1, sizeof *j);
+    ag__tracer *T = NULL;
+    ag_node **prim = NULL;
+    ag_tensor *outs[64] = {0}, *extra[64] = {0}, **user = NULL;
+    ag_desc *extra_desc[64] = {0};
+    ag_tensor **tangent_in = NULL, **needs_out = NULL, **grad_of = NULL, **grads = NULL;
+    ag_node **out_nodes = NULL;
+    ag_desc **out_descs = NULL;
+    ag__export_tokens tk;
+    int rc = 0, nouts = 0, nout_total = 0, nextra = 0;
+    bool scoped = false, begun = false;
+    if (!j)
+        goto fail;
+    j->nparams = ps->n;
+    j->nbuffers = bs->n;
+    j->params = ag__calloc((size_t)(ps->n ? ps->n : 1), sizeof(char *));
+    j->buffers = ag__calloc((size_t)(bs->n ? bs->n : 1), sizeof(char *));
+    if (!j->params || !j->buffers)
+        goto fail;
+    for (int i = 0; i < ps->n; i++)
+        if (!(j->params[i] = ag__strdup(ps->names[i])))
+            goto fail;
+    for (int i = 0; i < bs->n; i++)
+        if (!(j->buffers[i] = ag__strdup(bs->names[i])))
+            goto fail;
+
+    /* The primals' placeholders. */
+    int np = ag__aplan_num_primals(P);
+    j->nprimals = np;
+    prim = ag__calloc((size_t)(np ? np : 1), sizeof *prim);
+    j->primal_descs = ag__calloc((size_t)np + 1, sizeof(ag_desc *)); /* + a token */
+    j->in_info = ag__calloc((size_t)np + 1, sizeof *j->in_info);
+    j->g = ag_graph_new();
+    if (!prim || !j->primal_descs || !j->in_info || !j->g)
+        goto fail;
+    for (int p = 0; p < np; p++) {
+        ag_desc *d = ag_desc_retain(ag__aplan_primal_desc(P, p));
+        j->primal_descs[p] = d;
+        char name[32];
+        snprintf(name, sizeof name, "primals_%d", p + 1);
+        ag_tmeta mt;
+        ag__tmeta_of(ag__aplan_primal_example(P, p), &mt);
+        prim[p] = ag_graph_placeholder(j->g, name, &mt);
+        if (!prim[p] || ag_node_set_desc(prim[p], d))
+            goto fail;
+    }
+    j->in_spec = make_in_spec(in->nflat - in->nkwargs, in->kwarg_names, in->nkwargs);
+    if (!j->in_spec)
+        goto fail;
+
+    /* The forward, functionalized, with autograd recording; effectful ops threaded by tokens. */
+    T = ag__tracer_begin(j->g, true);
+    if (!T)
+        goto fail;
+    ag__export_tokens_init(&tk, j->g, np);
+    ag__tracer_set_token_chain(T, &tk.fw);
+    ag_scope_begin();
+    scoped = true;
+    begun = true;
+    if (ag__aplan_begin(P, in->m, T, prim, &user))
+        goto fail;
+    nouts = ag_module_call(in->m, user, in->nargs + in->nkwargs, outs, 64);
+    if (nouts < 0)
+        goto fail;
+    j->nuser_out = nouts;
+    j->out_info = ag__calloc((size_t)(nouts ? nouts : 1), sizeof *j->out_info);
+    /* One output is a bare leaf; several are a tuple. */
+    j->out_spec = nouts == 1 ? ag_treespec_leaf() : flat_list_spec(nouts, true);
+    if (!j->out_info || !j->out_spec)
+        goto fail;
+
+    /* Mutated inputs and aliasing outputs (alias.c). */
+    bool any_rg_in = false, any_rg_out = false;
+    for (int p = 0; p < np; p++) {
+        ag_tensor *t = ag__aplan_primal_tensor(P, p);
+        any_rg_in |= t->requires_grad && ag_dtype_is_float(t->dtype);
+    }
+    if (ag__aplan_analyze(P, T, outs, nouts, any_rg_in, j->in_info, j->out_info, &j->alias))
+        goto fail;
+    for (int p = 0; p < np; p++) {
+        j->nmutated += j->in_info[p].mutates_data || j->in_info[p].mutates_metadata;
+        if (j->in_info[p].mutates_data && j->in_info[p].requires_grad) {
+            rc = ag__err(AG_ENOTSUP, "export: input %d (%s) requires grad and is mutated in "
+                                     "place; mutating a parameter or input that requires "
+                                     "grad is not supported", p, ag_node_name(prim[p]));
+            goto fail;
+        }
+    }
+    /* Outputs that alias inputs do not make the graph need autograd (upstream). */
+    for (int k = 0; k < nouts; k++)
+        any_rg_out |= j->out_info[k].requires_grad && j->out_info[k].alias != AG_OUT_IS_INPUT &&
+                      j->out_info[k].alias != AG_OUT_ALIAS_OF_INPUT;
+    j->needs_autograd = any_rg_in && any_rg_out;
+    nextra = ag__aplan_extra_outputs(P, j->out_info, extra, extra_desc, 64);
+    if (nextra < 0)
+        goto fail;
+    j->nmetamut = j->alias.nmetadata_mutations;
+    j->ninter = j->alias.nintermediate_bases;
+
+    /* Tangents: user outputs that require grad and alias nothing, then intermediate bases. */
+    nout_total = 2 + j->nmutated + nouts + nextra + (j->needs_autograd ? np : 0); /* 2: tokens */
+    out_nodes = ag__calloc((size_t)(nout_total ? nout_total : 1), sizeof *out_nodes);
+    out_descs = ag__calloc((size_t)(nout_total ? nout_total : 1), sizeof *out_descs);
+    tangent_in = ag__calloc((size_t)(nouts + nextra ? nouts + nextra : 1), sizeof *tangent_in);
+    needs_out = ag__calloc((size_t)(nouts + nextra ? nouts + nextra : 1), sizeof *needs_out);
+    j->tangent_descs = ag__calloc((size_t)(nouts + nextra) + 1, sizeof(ag_desc *)); /* + a token */
+    if (!out_nodes || !out_descs || !tangent_in || !needs_out || !j->tangent_descs)
+        goto fail;
+    int no = ag__export_tokens_outputs(&tk, false, out_nodes, out_descs);
+    if (no < 0)
+        goto fail;
+    j->nfw_tokens = no;
+    for (int p = 0; p < np; p++)
+        if (j->in_info[p].mutates_data || j->in_info[p].mutates_metadata) {
+            out_nodes[no] = ag__tracer_node_of(T, ag__aplan_primal_tensor(P, p));
+            if (!out_nodes[no] || !(out_descs[no++] = ag_desc_input_mutation(j->primal_descs[p])))
+                goto fail;
+        }
+    for (int k = 0; k < nouts; k++) {
+        out_nodes[no] = outs[k] ? ag__tracer_node_of(T, outs[k]) : NULL;
+        if (outs[k] && !out_nodes[no])
+            goto fail;
+        if (!(out_descs[no++] = ag_desc_plain_output(k)))
+            goto fail;
+    }
+    for (int e = 0; e < nextra; e++) {
+        out_nodes[no] = ag__tracer_node_of(T, extra[e]);
+        out_descs[no++] = ag_desc_retain(extra_desc[e]);
+        if (!out_nodes[no - 1])
+            goto fail;
+    }
+    if (j->needs_autograd) {
+        /* Everything traced so far is forward; tangents and what follows is backward. */
+        for (ag_node *n = ag_graph_first(j->g); n; n = ag_node_next(n))
+            if (ag_node_set_partitioner_tag(n, "is_forward"))
+                goto fail;
+        int nt = 0;
+        for (int k = 0; k < nouts + j->ninter; k++) {
+            ag_tensor *out_k;
+            ag_desc *od;
+            if (k < nouts) {
+                const ag_output_info *oi = &j->out_info[k];
+                if (!oi->requires_grad || !ag_dtype_is_float(outs[k]->dtype) ||
+                    (oi->alias != AG_OUT_NON_ALIAS && oi->alias != AG_OUT_UNSAFE_VIEW_ALIAS))
+                    continue;
+                out_k = outs[k];
+                od = out_descs[j->nfw_tokens + j->nmutated + k];
+            } else { /* intermediate bases always take part in the backward */
+                out_k = extra[j->nmetamut + k - nouts];
+                od = out_descs[j->nfw_tokens + j->nmutated + nouts + j->nmetamut + k - nouts];
+            }
+            ag_desc *td = ag_desc_tangent(od);
+            if (!td)
+                goto fail;
+            j->tangent_descs[nt] = td;
+            j->ntangents = nt + 1; /* ag_joint_free releases it from now on */
+            char name[32];
+            snprintf(name, sizeof name, "tangents_%d", nt + 1);
+            ag_tmeta mt;
+            ag__tmeta_contiguous(&mt, out_k->dtype, out_k->ndim, out_k->sizes);
+            ag_node *tp = ag_graph_placeholder(j->g, name, &mt);
+            if (!tp || ag_node_set_desc(tp, td) || ag_node_set_partitioner_tag(tp, "is_backward"))
+                goto fail;
+            ag_tensor *tt = ag__tensor_new(out_k->dtype, out_k->ndim, out_k->sizes, true);
+            if (!tt)
+                goto fail;
+            ag__tracer_bind(T, tt, tp);
+            tangent_in[nt] = ag__give(tt);
+            needs_out[nt++] = out_k;
+            if (!tangent_in[nt - 1])
+                goto fail;
+        }
+        j->ntangents = nt;
+        /* The backward: the engine runs the op table's backward rules, traced here. */
+        grad_of = ag__calloc((size_t)(np ? np : 1), sizeof *grad_of);
+        grads = ag__calloc((size_t)(np ? np : 1), sizeof *grads);
+        if (!grad_of || !grads)
+            goto fail;
+        int ng = 0;
+        for (int p = 0; p < np; p++)
+            if (j->in_info[p].requires_grad)
+                grad_of[ng++] = ag__aplan_primal_tensor(P, p);
+        ag__tracer_set_tag(T, "is_backward");
+        ag__tracer_set_stack_traces(T, false);
+        ag__tracer_set_token_chain(T, &tk.bw);
+        if (ng > 0 && nt > 0 && ag_grad(needs_out, tangent_in, nt, grad_of, ng, grads, false, true))
+            goto fail;
+        int gi = 0;
+        for (int p = 0; p < np; p++) {
+            ag_node *gn = NULL;
+            ag_desc *gd = NULL;
+            if (j->in_info[p].requires_grad) {
+                ag_tensor *gt = grads[gi++];
+                if (gt) {
+                    gn = ag__tracer_node_of(T, gt);
+                    if (!gn)
+                        goto fail;
+                    if (!(gd = ag_desc_grad(j->primal_descs[p])))
+                        goto fail;
+                }
+            }
+            out_nodes[no] = gn;
+            out_descs[no++] = gd;
+        }
+        int nb = ag__export_tokens_outputs(&tk, true, out_nodes + no, out_descs + no);
+        if (nb < 0)
+            goto fail;
+        j->nbw_tokens = nb;
+        no += nb;
+        for (int k = 0; k < nb; k++)
+            if (!(j->tangent_descs[nt + k] = ag_desc_backward_token_input(k)))
+                goto fail;
+    }
+    ag__aplan_end(P, in->m);
+    begun = false;
+    ag__tracer_end(T);
+    T = NULL;
+    if (prepend_forward_tokens(j))
+        goto fail;
+    if (!ag_graph_output(j->g, out_nodes, no) ||
+        ag_node_set_output_descs(ag_graph_output_node(j->g), out_descs, no))
+        goto fail;
+    if (j->needs_autograd && copy_fwd_metadata(j->g))
+        goto fail;
+    if (ag_graph_dce(j->g) < 0)
+        goto fail;
+    if (in->o->decompositions) {
+        if (ag_graph_decompose(j->g, in->o->decompositions) < 0 || ag_graph_dce(j->g) < 0)
+            goto fail;
+    }
+    ag_scope_end();
+    scoped = false;
+    goto done;
+
+fail:
+    if (rc == 0)
+        rc = ag_last_status() ? ag_last_status() : ag__err(AG_EINVAL, "export: failed");
+    if (begun)
+        ag__aplan_end(P, in->m);
+    if (T)
+        ag__tracer_end(T);
+    if (scoped)
+        ag_scope_end();
+    ag_joint_free(j);
+    j = NULL;
+done:
+    for (int i = 0; out_descs && i < nout_total; i++)
+        ag_desc_release(out_descs[i]);
+    for (int e = 0; e < 64; e++)
+        ag_desc_release(extra_desc[e]);
+    ag__free(out_descs);
+    ag__free(out_nodes);
+    ag__free(tangent_in);
+    ag__free(needs_out);
+    ag__free(grad_of);
+    ag__free(grads);
+    ag__free(prim);
+    return j;
 }
 
 ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
@@ -262,285 +536,133 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
     ag_export_opts o = {0};
     if (opts)
         o = *opts;
-
-    ag_joint *j = ag__calloc(1, sizeof *j);
     ag_named_tensors ps = {0}, bs = {0};
-    export_state st = {0};
-    ag_tensor *outs[64] = {0};
-    ag_tensor **tangent_in = NULL, **needs_out = NULL, **grad_of = NULL, **grads = NULL;
-    ag_node **out_nodes = NULL;
-    ag_desc **out_descs = NULL;
-    ag__export_tokens tk;
-    int rc = 0, nouts = 0, nout_total = 0;
-    bool scoped = false, grad_prev = ag_set_grad_enabled(true);
-    if (!j)
-        goto fail;
-    st.j = j;
+    ag_joint *j = NULL;
+    ag_tensor **flat = NULL;
+    ag_desc **descs = NULL;
+    char **fqns = NULL;
+    ag__alias_plan *P = NULL;
+    int nflat = 0;
+    bool grad_prev = ag_set_grad_enabled(true);
     if (ag_module_named_parameters(m, false, &ps) || ag_module_named_buffers(m, false, &bs))
-        goto fail;
-    j->nparams = ps.n;
-    j->nbuffers = bs.n;
-    j->params = ag__calloc((size_t)(ps.n ? ps.n : 1), sizeof(char *));
-    j->buffers = ag__calloc((size_t)(bs.n ? bs.n : 1), sizeof(char *));
-    if (!j->params || !j->buffers)
-        goto fail;
-    for (int i = 0; i < ps.n; i++)
-        if (!(j->params[i] = ag__strdup(ps.names[i])))
-            goto fail;
-    for (int i = 0; i < bs.n; i++)
-        if (!(j->buffers[i] = ag__strdup(bs.names[i])))
-            goto fail;
-
-    /* Flat inputs and their placeholders. */
-    st.nflat = ps.n + bs.n + nargs + nkwargs;
-    j->nprimals = st.nflat;
-    st.flat = ag__calloc((size_t)(st.nflat ? st.nflat : 1), sizeof *st.flat);
-    st.prim = ag__calloc((size_t)(st.nflat ? st.nflat : 1), sizeof *st.prim);
-    st.dup_of = ag__calloc((size_t)(st.nflat ? st.nflat : 1), sizeof *st.dup_of);
-    j->primal_descs = ag__calloc((size_t)st.nflat + 1, sizeof(ag_desc *)); /* + a token */
-    j->in_info = ag__calloc((size_t)st.nflat + 1, sizeof *j->in_info);
-    j->g = ag_graph_new();
-    if (!st.flat || !st.prim || !st.dup_of || !j->primal_descs || !j->in_info || !j->g)
-        goto fail;
-    for (int i = 0; i < st.nflat; i++) {
-        ag_tensor *t;
-        ag_desc *d;
+        goto done;
+    /* The flat inputs and their descriptors. */
+    nflat = ps.n + bs.n + nargs + nkwargs;
+    flat = ag__calloc((size_t)(nflat ? nflat : 1), sizeof *flat);
+    descs = ag__calloc((size_t)(nflat ? nflat : 1), sizeof *descs);
+    fqns = ag__calloc((size_t)(ps.n + bs.n ? ps.n + bs.n : 1), sizeof *fqns);
+    if (!flat || !descs || !fqns)
+        goto done;
+    for (int i = 0; i < nflat; i++) {
         if (i < ps.n) {
-            t = ps.tensors[i];
-            d = ag_desc_param(ps.names[i]);
+            flat[i] = ps.tensors[i];
+            descs[i] = ag_desc_param(ps.names[i]);
+            fqns[i] = ps.names[i];
         } else if (i < ps.n + bs.n) {
-            t = bs.tensors[i - ps.n];
-            d = ag_desc_buffer(bs.names[i - ps.n]);
+            flat[i] = bs.tensors[i - ps.n];
+            descs[i] = ag_desc_buffer(bs.names[i - ps.n]);
+            fqns[i] = bs.names[i - ps.n];
         } else if (i < ps.n + bs.n + nargs) {
-            t = args[i - ps.n - bs.n];
-            d = ag_desc_plain_input(i - ps.n - bs.n);
+            flat[i] = args[i - ps.n - bs.n];
+            descs[i] = ag_desc_plain_input(i - ps.n - bs.n);
         } else {
-            t = kwargs[i - ps.n - bs.n - nargs];
-            d = ag_desc_plain_input(i - ps.n - bs.n);
+            flat[i] = kwargs[i - ps.n - bs.n - nargs];
+            descs[i] = ag_desc_plain_input(i - ps.n - bs.n);
         }
-        st.flat[i] = t;
-        j->primal_descs[i] = d;
-        if (!d)
-            goto fail;
-        char name[32];
-        snprintf(name, sizeof name, "primals_%d", i + 1);
-        ag_tmeta mt;
-        ag__tmeta_of(t, &mt);
-        st.prim[i] = ag_graph_placeholder(j->g, name, &mt);
-        if (!st.prim[i] || ag_node_set_desc(st.prim[i], d))
-            goto fail;
-        j->in_info[i].requires_grad = t->requires_grad && ag_dtype_is_float(t->dtype);
+        if (!descs[i])
+            goto done;
     }
-    j->in_spec = make_in_spec(ps.n + bs.n + nargs, kwarg_names, nkwargs);
-    if (!j->in_spec)
-        goto fail;
-
-    /* The forward, functionalized, with autograd recording; effectful ops threaded by tokens. */
-    st.T = ag__tracer_begin(j->g, true);
-    if (!st.T)
-        goto fail;
-    ag__export_tokens_init(&tk, j->g, st.nflat);
-    ag__tracer_set_token_chain(st.T, &tk.fw);
-    /* The same tensor may fill two slots (GPT-2's lm_head.weight is transformer.wte.weight):
-     * it is bound to its first placeholder, and the later ones stay unused with no gradient
-     * (upstream collapses such duplicates to the first occurrence). */
-    for (int i = 0; i < st.nflat; i++) {
-        st.dup_of[i] = -1;
-        for (int k = 0; k < i && st.dup_of[i] < 0; k++)
-            if (st.flat[k] == st.flat[i])
-                st.dup_of[i] = k;
-        if (st.dup_of[i] < 0)
-            ag__tracer_bind(st.T, st.flat[i], st.prim[i]);
-    }
-    ag_scope_begin();
-    scoped = true;
-    nouts = run_forward(m, &st, ps.n + bs.n, nargs + nkwargs, outs, 64);
-    if (nouts < 0)
-        goto fail;
-    j->nuser_out = nouts;
-    j->out_info = ag__calloc((size_t)(nouts ? nouts : 1), sizeof *j->out_info);
-    /* One output is a bare leaf; several are a tuple. */
-    j->out_spec = nouts == 1 ? ag_treespec_leaf() : flat_list_spec(nouts, true);
-    if (!j->out_info || !j->out_spec)
-        goto fail;
-
-    /* Which inputs were mutated: their tensor is now bound to a node other than their
-     * placeholder. A metadata-only mutation would change their view; we have none yet. */
-    for (int i = 0; i < st.nflat; i++)
-        if (st.dup_of[i] < 0 && ag__tracer_node_of(st.T, st.flat[i]) != st.prim[i]) {
-            j->in_info[i].mutates_data = true;
-            j->nmutated++;
-            if (j->in_info[i].requires_grad) {
-                rc = ag__err(AG_ENOTSUP, "export: input %d (%s) requires grad and is mutated in "
-                                         "place; mutating a parameter or input that requires "
-                                         "grad is not supported", i, ag_node_name(st.prim[i]));
-                goto fail;
-            }
+    /* Upstream's stage-1 wrappers decide which flat inputs become which primals from what
+     * the forward does to them: a first pass assumes the common case, and a second one runs
+     * only when a duplicate input is mutated or aliasing inputs turned out not to need (or to
+     * need) a shared base. */
+    P = ag__aplan_new(flat, descs, nflat, ps.n, bs.n, fqns);
+    if (!P)
+        goto done;
+    export_in in = {m, P, &ps, &bs, nflat, nargs, nkwargs, kwarg_names, &o};
+    j = export_pass(&in);
+    int r = j ? ag__aplan_refine(P, j->in_info + j->nfw_tokens, j->needs_autograd) : 0;
+    if (r != 0) {
+        ag_joint_free(j);
+        j = r > 0 ? export_pass(&in) : NULL;
+        if (j && (r = ag__aplan_refine(P, j->in_info + j->nfw_tokens, j->needs_autograd)) != 0) {
+            ag_joint_free(j);
+            j = NULL;
+            if (r > 0)
+                ag__err(AG_EINVAL, "export: the inputs' layout did not settle after two passes");
         }
-    bool any_rg_in = false, any_rg_out = false;
-    for (int i = 0; i < st.nflat; i++)
-        any_rg_in |= j->in_info[i].requires_grad;
-    for (int k = 0; k < nouts; k++) {
-        ag_tensor *t = outs[k];
-        ag_output_info *oi = &j->out_info[k];
-        oi->base_index = -1;
-        oi->requires_grad = t && t->requires_grad;
-        for (int i = 0; t && i < st.nflat; i++) {
-            if (ag__tracer_node_of(st.T, t) == st.prim[i]) {
-                oi->alias = AG_OUT_IS_INPUT;
-                oi->base_index = i;
-            } else if (t->storage == st.flat[i]->storage && oi->alias == AG_OUT_NON_ALIAS) {
-                oi->alias = AG_OUT_ALIAS_OF_INPUT;
-                oi->base_index = i;
-            }
-        }
-        any_rg_out |= oi->requires_grad;
     }
-    j->needs_autograd = any_rg_in && any_rg_out;
-
-    /* Tangents: one per user output that requires grad and does not alias an input. */
-    nout_total = 2 + j->nmutated + nouts + (j->needs_autograd ? st.nflat : 0); /* 2: tokens */
-    out_nodes = ag__calloc((size_t)(nout_total ? nout_total : 1), sizeof *out_nodes);
-    out_descs = ag__calloc((size_t)(nout_total ? nout_total : 1), sizeof *out_descs);
-    tangent_in = ag__calloc((size_t)(nouts ? nouts : 1), sizeof *tangent_in);
-    needs_out = ag__calloc((size_t)(nouts ? nouts : 1), sizeof *needs_out);
-    j->tangent_descs = ag__calloc((size_t)nouts + 1, sizeof(ag_desc *)); /* + a token */
-    if (!out_nodes || !out_descs || !tangent_in || !needs_out || !j->tangent_descs)
-        goto fail;
-    int no = ag__export_tokens_outputs(&tk, false, out_nodes, out_descs);
-    if (no < 0)
-        goto fail;
-    j->nfw_tokens = no;
-    for (int i = 0; i < st.nflat; i++)
-        if (j->in_info[i].mutates_data) {
-            out_nodes[no] = ag__tracer_node_of(st.T, st.flat[i]);
-            if (!(out_descs[no++] = ag_desc_input_mutation(j->primal_descs[i])))
-                goto fail;
-        }
-    for (int k = 0; k < nouts; k++) {
-        out_nodes[no] = outs[k] ? ag__tracer_node_of(st.T, outs[k]) : NULL;
-        if (outs[k] && !out_nodes[no])
-            goto fail;
-        if (!(out_descs[no++] = ag_desc_plain_output(k)))
-            goto fail;
-    }
-    if (j->needs_autograd) {
-        /* Everything traced so far is forward; tangents and what follows is backward. */
-        for (ag_node *n = ag_graph_first(j->g); n; n = ag_node_next(n))
-            if (ag_node_set_partitioner_tag(n, "is_forward"))
-                goto fail;
-        int nt = 0;
-        for (int k = 0; k < nouts; k++) {
-            ag_output_info *oi = &j->out_info[k];
-            if (!oi->requires_grad || oi->alias != AG_OUT_NON_ALIAS ||
-                !ag_dtype_is_float(outs[k]->dtype))
-                continue;
-            ag_desc *od = out_descs[j->nfw_tokens + j->nmutated + k];
-            ag_desc *td = ag_desc_tangent(od);
-            if (!td)
-                goto fail;
-            j->tangent_descs[nt] = td;
-            j->ntangents = nt + 1; /* so ag_joint_free releases it if what follows fails */
-            char name[32];
-            snprintf(name, sizeof name, "tangents_%d", nt + 1);
-            ag_tmeta mt;
-            ag_tensor *out_k = outs[k];
-            ag__tmeta_contiguous(&mt, out_k->dtype, out_k->ndim, out_k->sizes);
-            ag_node *tp = ag_graph_placeholder(j->g, name, &mt);
-            if (!tp || ag_node_set_desc(tp, td) || ag_node_set_partitioner_tag(tp, "is_backward"))
-                goto fail;
-            ag_tensor *tt = ag__tensor_new(out_k->dtype, out_k->ndim, out_k->sizes, true);
-            if (!tt)
-                goto fail;
-            ag__tracer_bind(st.T, tt, tp);
-            tangent_in[nt] = ag__give(tt);
-            needs_out[nt++] = out_k;
-            if (!tangent_in[nt - 1])
-                goto fail;
-        }
-        j->ntangents = nt;
-        /* The backward: the engine runs the op table's backward rules, traced here. */
-        grad_of = ag__calloc((size_t)st.nflat, sizeof *grad_of);
-        grads = ag__calloc((size_t)st.nflat, sizeof *grads);
-        if (!grad_of || !grads)
-            goto fail;
-        int ng = 0;
-        for (int i = 0; i < st.nflat; i++)
-            if (j->in_info[i].requires_grad && st.dup_of[i] < 0)
-                grad_of[ng++] = st.flat[i];
-        ag__tracer_set_tag(st.T, "is_backward");
-        ag__tracer_set_stack_traces(st.T, false);
-        ag__tracer_set_token_chain(st.T, &tk.bw);
-        if (ng > 0 && nt > 0 && ag_grad(needs_out, tangent_in, nt, grad_of, ng, grads, false, true))
-            goto fail;
-        int gi = 0;
-        for (int i = 0; i < st.nflat; i++) {
-            ag_node *gn = NULL;
-            ag_desc *gd = NULL;
-            if (j->in_info[i].requires_grad && st.dup_of[i] < 0) {
-                ag_tensor *gt = grads[gi++];
-                if (gt) {
-                    gn = ag__tracer_node_of(st.T, gt);
-                    if (!gn)
-                        goto fail;
-                    if (!(gd = ag_desc_grad(j->primal_descs[i])))
-                        goto fail;
-                }
-            }
-            out_nodes[no] = gn;
-            out_descs[no++] = gd;
-        }
-        int nb = ag__export_tokens_outputs(&tk, true, out_nodes + no, out_descs + no);
-        if (nb < 0)
-            goto fail;
-        j->nbw_tokens = nb;
-        no += nb;
-        for (int k = 0; k < nb; k++)
-            if (!(j->tangent_descs[nt + k] = ag_desc_backward_token_input(k)))
-                goto fail;
-    }
-    ag__tracer_end(st.T);
-    st.T = NULL;
-    if (prepend_forward_tokens(j))
-        goto fail;
-    if (!ag_graph_output(j->g, out_nodes, no) ||
-        ag_node_set_output_descs(ag_graph_output_node(j->g), out_descs, no))
-        goto fail;
-    if (j->needs_autograd && copy_fwd_metadata(j->g))
-        goto fail;
-    if (ag_graph_dce(j->g) < 0)
-        goto fail;
-    if (o.decompositions) {
-        if (ag_graph_decompose(j->g, o.decompositions) < 0 || ag_graph_dce(j->g) < 0)
-            goto fail;
-    }
-    ag_scope_end();
-    scoped = false;
-    goto done;
-
-fail:
-    if (rc == 0)
-        rc = ag_last_status() ? ag_last_status() : ag__err(AG_EINVAL, "export: failed");
-    if (st.T)
-        ag__tracer_end(st.T);
-    if (scoped)
-        ag_scope_end();
-    ag_joint_free(j);
-    j = NULL;
 done:
+    if (!j && !ag_last_status())
+        ag__err(AG_EINVAL, "export: failed");
     ag_set_grad_enabled(grad_prev);
-    for (int i = 0; out_descs && i < nout_total; i++)
-        ag_desc_release(out_descs[i]);
-    ag__free(out_descs);
-    ag__free(out_nodes);
-    ag__free(tangent_in);
-    ag__free(needs_out);
-    ag__free(grad_of);
-    ag__free(grads);
-    ag__free(st.flat);
-    ag__free(st.prim);
-    ag__free(st.dup_of);
+    ag__aplan_free(P);
+    for (int i = 0; descs && i < nflat; i++)
+        ag_desc_release(descs[i]);
+    ag__free(descs);
+    ag__free(flat);
+    ag__free(fqns);
     ag_named_tensors_free(&ps);
     ag_named_tensors_free(&bs);
     return j;
+}
+
+/* ---- aliasing facts ---- */
+
+const ag__joint_alias *ag__joint_alias_of(const ag_joint *j) { return &j->alias; }
+int ag_joint_num_metadata_mutations(const ag_joint *j) { return j->nmetamut; }
+int ag_joint_num_intermediate_bases(const ag_joint *j) { return j->ninter; }
+int ag_joint_num_flat_inputs(const ag_joint *j) { return j->alias.nflat; }
+int ag_joint_flat_input_primal(const ag_joint *j, int flat) {
+    if (flat < 0 || flat >= j->alias.nflat || j->alias.flat[flat].primal < 0)
+        return -1;
+    return j->nfw_tokens + j->alias.flat[flat].primal;
+}
+
+int ag_joint_primals_from_flat(const ag_joint *j, ag_tensor *const *flat, int nflat,
+                               ag_tensor **primals, int max) {
+    const ag__joint_alias *a = &j->alias;
+    if (nflat != a->nflat)
+        return ag__err(AG_EINVAL, "joint_primals_from_flat: %d inputs given, the joint takes %d",
+                       nflat, a->nflat);
+    if (max < j->nprimals)
+        return ag__err(AG_EINVAL, "joint_primals_from_flat: room for %d primals, %d needed", max,
+                       j->nprimals);
+    ag_tmeta *pm = ag__calloc((size_t)(j->nprimals ? j->nprimals : 1), sizeof *pm);
+    ag_tensor **owned = ag__calloc((size_t)(j->nprimals ? j->nprimals : 1), sizeof *owned);
+    ag_node **ph;
+    int nowned = 0, rc = pm && owned ? 0 : AG_ENOMEM;
+    if (rc == 0 && ag_graph_placeholders(j->g, &ph) < 0)
+        rc = ag_last_status();
+    for (int p = 0; rc == 0 && p < j->nprimals; p++)
+        pm[p] = *ag_node_val(ph[p], 0);
+    /* Effect tokens first: empty tensors, as upstream's EffectTokensWrapper feeds. */
+    int ntok = j->nfw_tokens;
+    for (int p = 0; rc == 0 && p < ntok; p++) {
+        ag_scope_begin();
+        primals[p] = ag_tensor_keep(ag_empty(AG_F32, 1, (int64_t[]){0}));
+        ag_scope_end();
+        if (!primals[p])
+            rc = ag_last_status();
+        else
+            owned[nowned++] = primals[p];
+    }
+    if (rc == 0) {
+        int nrt = 0;
+        rc = ag__rt_primals(a, pm + ntok, flat, nflat, primals + ntok, owned + nowned, &nrt);
+        nowned += nrt;
+    }
+    for (int p = 0; rc == 0 && p < j->nprimals; p++) {
+        bool own = false;
+        for (int k = 0; k < nowned; k++)
+            own |= owned[k] == primals[p];
+        if (!own)
+            ag_tensor_keep(primals[p]);
+    }
+    if (rc)
+        for (int k = 0; k < nowned; k++)
+            ag_tensor_free(owned[k]);
+    ag__free(pm);
+    ag__free(owned);
+    return rc ? rc : j->nprimals;
 }

@@ -144,6 +144,24 @@ static int cnn_fwd(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
     return finish(&y, 1, out);
 }
 
+/* alias_views: (a [3, 4], b = a[1] [4], a view of a) -> (y[0], y.t(), b) with
+ * y = (a + 1) * w, after b.mul_(2). The in-place update of b reaches a (the export merges
+ * them into one ViewBaseAOTInput primal and writes the new base back into the caller's a);
+ * y[0] and y.t() are two views of one intermediate (an IntermediateBaseAOTOutput with a
+ * tangent; the compiled callable returns them as views of it); b is returned as is (an alias
+ * of the caller's input). */
+static int alias_views_fwd(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
+                           int max_out) {
+    int rc = check_io(m, nin, 2, max_out, 3);
+    if (rc)
+        return rc;
+    ag_scope_begin();
+    ag_tensor *b = ag_mul_scalar_(in[1], 2.0); /* TRACE-MARK: alias-views-mutation */
+    ag_tensor *y = ag_mul(ag_add_scalar(in[0], 1.0), ag_module_param(m, "w"));
+    ag_tensor *res[3] = {ag_select(y, 0, 0), ag_t(y), b};
+    return finish(res, 3, out);
+}
+
 /* ---- builders ---- */
 
 /* Adds child to m unless an earlier step failed, in which case the child is freed and the
@@ -221,6 +239,17 @@ static ag_module *build_cnn(int *rc) {
     return m;
 }
 
+static ag_module *build_alias_views(int *rc) {
+    ag_module *m = new_model("AliasViews", alias_views_fwd, rc);
+    ag_tensor *w = *rc ? NULL : ag_randn(AG_F32, 1, (int64_t[]){4});
+    if (!*rc && !w)
+        *rc = status();
+    if (!*rc)
+        *rc = ag_module_register_parameter(m, "w", w);
+    ag_tensor_free(w); /* the module holds its own reference */
+    return m;
+}
+
 /* Example inputs, made inside the caller's scope by ops only (meta mode makes them
  * data-less). in[] receives scope-owned tensors; returns how many. */
 typedef int (*inputs_fn)(const char *config, ag_tensor **in);
@@ -256,6 +285,12 @@ static int mlp_inputs(const char *config, ag_tensor **in) {
 static int cnn_inputs(const char *config, ag_tensor **in) {
     in[0] = ag_randn(AG_F32, 4, (int64_t[]){8, 1, 28, 28});
     return 1;
+}
+
+static int alias_views_inputs(const char *config, ag_tensor **in) {
+    in[0] = ag_randn(AG_F32, 2, (int64_t[]){3, 4});
+    in[1] = in[0] ? ag_select(in[0], 0, 1) : NULL; /* a view of in[0] */
+    return 2;
 }
 
 /* ---- GPT-2 ---- */
@@ -315,6 +350,10 @@ static const zoo_entry zoo[] = {
     {"effects", "effectful op: log_value(linear1(x)), relu, log_value(linear2(.)), logged "
      "in forward and backward; x [4, 3]", NULL, 0, ag__zoo_build_effects, NULL,
      ag__zoo_effects_inputs, 1},
+    {"alias_views",
+     "b = a[1] mutated in place (b.mul_(2)), returns y[0], y.t() and b for y = (a + 1) * w, "
+     "w [4]; a [3, 4], b a view of a",
+     NULL, 0, build_alias_views, NULL, alias_views_inputs, 2},
 };
 enum { NZOO = (int)(sizeof zoo / sizeof zoo[0]) };
 

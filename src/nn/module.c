@@ -259,6 +259,15 @@ ag_tensor *ag_module_buffer(const ag_module *m, const char *fqn) {
     return e ? e->t : NULL;
 }
 
+ag_tensor *ag__module_swap_tensor(ag_module *m, const char *fqn, bool param, ag_tensor *t) {
+    nn_entry *e = (nn_entry *)lookup(m, fqn, param);
+    if (!e)
+        return NULL;
+    ag_tensor *old = e->t;
+    e->t = t;
+    return old;
+}
+
 int ag_module_num_children(const ag_module *m) {
     return m ? (int)m->nchildren : 0;
 }

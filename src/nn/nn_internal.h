@@ -24,6 +24,12 @@ int ag__nn_add_tensor(ag_module *m, const char *name, bool param, ag_dtype dt, i
  * every name under which a state tensor is reachable. */
 int ag__nn_state_tensors(const ag_module *m, bool remove_duplicate, ag_named_tensors *out);
 
+/* Points the parameter (param) or buffer registered under fqn at t, without checks or
+ * reference counting, and returns the tensor it held (NULL when there is none). The joint
+ * export uses it to show the forward another tensor for a slot (a tied weight's separate
+ * leaf) and swaps the old one back afterwards. */
+ag_tensor *ag__module_swap_tensor(ag_module *m, const char *fqn, bool param, ag_tensor *t);
+
 /* Checks a forward's arity: nin inputs within [min_in, max_in], room for need_out outputs. */
 int ag__nn_check_io(const ag_module *m, int nin, int min_in, int max_in, int max_out, int need_out);
 

@@ -15,5 +15,6 @@ extern const ag_opdef *const ag__ops_norm[];      /* norm.c: layer_norm, batch_n
 extern const ag_opdef *const ag__ops_nn[];        /* nn_ops.c: embedding, losses, dropout, sdpa */
 extern const ag_opdef *const ag__ops_index[];     /* index.c: cat/stack/split/gather/index/... */
 extern const ag_opdef *const ag__ops_factory[];   /* factory.c: zeros/ones/full/arange/rand/... */
+extern const ag_opdef *const ag__ops_inplace_views[]; /* inplace_views.c: t_/transpose_/unsqueeze_/as_strided_ */
 
 #endif

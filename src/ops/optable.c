@@ -24,6 +24,7 @@ static bool builtins_loaded;
 static const ag_opdef *const *const families[] = {
     ag__ops_pointwise, ag__ops_views,  ag__ops_reduce,  ag__ops_linalg,
     ag__ops_conv,      ag__ops_norm,   ag__ops_nn,      ag__ops_index,   ag__ops_factory,
+    ag__ops_inplace_views,
 };
 
 /* ---- schema parsing ---- */
@@ -396,7 +397,7 @@ const ag_op *ag_op_register(const ag_opdef *def) {
 
 static const char *const flag_names[] = {
     "pointwise", "reduction", "view", "inplace", "random", "compute_intensive",
-    "nondiff", "factory", "effectful", "backward_helper", "composite",
+    "nondiff", "factory", "effectful", "backward_helper", "composite", "inplace_view",
 };
 
 char *ag_op_flags_str(uint32_t flags, char *buf, size_t n) {
@@ -592,8 +593,12 @@ static int call_raw(const ag_op *op, const ag_arg *full, ag_tensor **outs, int *
             outs[0] = ag_tensor_keep(full[0].u.t);
         } else if (i == 0 && (def->flags & AG_OP_VIEW)) {
             outs[0] = ag__tensor_alias(full[0].u.t, &metas[0]);
-            if (outs[0])
+            if (outs[0]) {
                 outs[0]->is_view = true;
+                /* ._base: the root of the view chain, as PyTorch keeps it */
+                ag_tensor *root = full[0].u.t->base ? full[0].u.t->base : full[0].u.t;
+                outs[0]->base = ag_tensor_keep(root);
+            }
         } else {
             outs[i] = ag__tensor_from_meta(&metas[i], meta);
         }
@@ -651,6 +656,16 @@ static int call_raw(const ag_op *op, const ag_arg *full, ag_tensor **outs, int *
     if (rc < 0) {
         free_outs(outs, nouts);
         return rc;
+    }
+    /* An in-place view op: self takes the view's geometry, its data untouched. Last, so that
+     * the tracer (which reads self's old value) and the autograd record (self's old shape)
+     * see self as it was. */
+    if (def->flags & AG_OP_INPLACE_VIEW) {
+        ag_tensor *self = full[0].u.t;
+        self->ndim = metas[0].ndim;
+        memcpy(self->sizes, metas[0].sizes, sizeof self->sizes);
+        memcpy(self->strides, metas[0].strides, sizeof self->strides);
+        self->offset = metas[0].offset;
     }
     *nouts_p = nouts;
     return 0;

@@ -11,8 +11,13 @@
  * outputs that need no grad are left without history; missing output gradients are
  * materialized as zeros; gradients are aligned to inputs; inputs saved for backward are checked
  * against their storage version, so an in-place change before backward is an error; effect
- * tokens are fed as empty tensors and their outputs dropped (effects.c). */
+ * tokens are fed as empty tensors and their outputs dropped (effects.c). The
+ * aliasing wrappers (alias_rt.c) map the caller's flat inputs to the graph's primals (removed
+ * duplicates, view and synthetic bases) and regenerate outputs that alias inputs or
+ * intermediates as views of their base; metadata mutations are applied to the caller's
+ * tensors. */
 #include "../graph/graph_internal.h"
+#include "../export/alias.h"
 #include "aotgrad/compile.h"
 #include "effects_internal.h"
 
@@ -29,11 +34,17 @@ struct ag_compiled {
     ag_input_info *in_info; /* per primal */
     ag_output_info *out_info;
     ag_tmeta *in_meta;      /* expected dtype and shape per primal */
-    int *tangent_of;        /* user output index of each tangent */
+    int *tangent_of;        /* the autograd-node output each tangent belongs to */
     int *saved_primal;      /* for each saved value: the primal it is, or -1 */
     bool *grad_out;         /* the backward graph's output i is a gradient (of primal i) */
-    bool *out_diff;         /* per user output: carries a gradient */
+    bool *out_diff;         /* per autograd-node output: carries a gradient */
     int ntok_fw, ntok_bw;   /* effect tokens, fed and dropped by run_graph (effects.c) */
+    /* Aliasing (alias_rt.c): the autograd node's outputs are the user outputs that alias
+     * nothing, then the intermediate bases; the other user outputs are regenerated. */
+    ag__joint_alias alias;
+    int nflat, nmetamut, ninter, nnode;
+    int *node_of_user;      /* per user output: its autograd-node output, or -1 */
+    ag_tmeta *fw_out_meta;  /* per forward output (before saved values): its geometry */
 };
 
 static void compiled_release(ag_compiled *c) {
@@ -50,6 +61,9 @@ static void compiled_release(ag_compiled *c) {
     ag__free(c->saved_primal);
     ag__free(c->grad_out);
     ag__free(c->out_diff);
+    ag__free(c->node_of_user);
+    ag__free(c->fw_out_meta);
+    ag__joint_alias_clear(&c->alias);
     ag__free(c);
 }
 
@@ -85,7 +99,7 @@ ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts) {
         return NULL;
     c->refcount = 1;
     c->interpret = o.interpret;
-    /* The caller's inputs are the primals after the forward effect tokens. */
+    /* The graph's primals after the forward effect tokens (which run_graph feeds). */
     c->ntok_fw = ag_joint_num_forward_tokens(j);
     c->ntok_bw = ag_joint_num_backward_tokens(j);
     c->nprimals = ag_joint_num_primals(j) - c->ntok_fw;
@@ -93,14 +107,22 @@ ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts) {
     c->nuser = ag_joint_num_user_outputs(j);
     c->ntangents = ag_joint_num_tangents(j);
     c->needs_autograd = ag_joint_needs_autograd(j);
+    c->nflat = ag_joint_num_flat_inputs(j);
+    c->nmetamut = ag_joint_num_metadata_mutations(j);
+    c->ninter = ag_joint_num_intermediate_bases(j);
     int np = c->nprimals ? c->nprimals : 1, nu = c->nuser ? c->nuser : 1;
+    int nfwo = ag_joint_num_fw_outputs(j) - c->ntok_fw; /* forward outputs after the tokens */
     c->in_info = ag__calloc((size_t)np, sizeof *c->in_info);
     c->in_meta = ag__calloc((size_t)np, sizeof *c->in_meta);
     c->out_info = ag__calloc((size_t)nu, sizeof *c->out_info);
-    c->out_diff = ag__calloc((size_t)nu, sizeof *c->out_diff);
+    c->out_diff = ag__calloc((size_t)(nu + c->ninter), sizeof *c->out_diff);
     c->tangent_of = ag__calloc((size_t)(c->ntangents ? c->ntangents : 1), sizeof *c->tangent_of);
     c->grad_out = ag__calloc((size_t)np, sizeof *c->grad_out);
-    if (!c->in_info || !c->in_meta || !c->out_info || !c->out_diff || !c->tangent_of || !c->grad_out)
+    c->node_of_user = ag__calloc((size_t)nu, sizeof *c->node_of_user);
+    c->fw_out_meta = ag__calloc((size_t)(nfwo ? nfwo : 1), sizeof *c->fw_out_meta);
+    if (!c->in_info || !c->in_meta || !c->out_info || !c->out_diff || !c->tangent_of ||
+        !c->grad_out || !c->node_of_user || !c->fw_out_meta ||
+        ag__joint_alias_copy(&c->alias, ag__joint_alias_of(j)))
         goto fail;
     const ag_graph *g = ag_joint_graph(j);
     ag_node **ph;
@@ -112,17 +134,32 @@ ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts) {
         c->in_meta[i] = *ag_node_val(ph[c->ntok_fw + i], 0);
     }
     int nt = 0;
+    ag_node *gout = ag_graph_output_node(g);
+    for (int k = 0; k < nfwo; k++) {
+        ag_node *on = ag_node_arg(gout, 0)->u.nodes[c->ntok_fw + k];
+        if (on)
+            c->fw_out_meta[k] = *ag_node_val(on, 0);
+    }
     for (int k = 0; k < c->nuser; k++) {
         c->out_info[k] = *ag_joint_output_info(j, k);
-        /* An output gets a tangent (and so carries a gradient) exactly as the export decided. */
+        /* An output gets a tangent (and so carries a gradient) exactly as the export decided;
+         * outputs aliasing an input or an intermediate are regenerated instead. */
         const ag_output_info *oi = &c->out_info[k];
-        ag_node *out = ag_graph_output_node(g);
-        ag_node *on = ag_node_arg(out, 0)->u.nodes[c->ntok_fw + c->nmutated + k];
-        bool diff = c->needs_autograd && oi->requires_grad && oi->alias == AG_OUT_NON_ALIAS && on &&
+        c->node_of_user[k] = -1;
+        if (oi->alias != AG_OUT_NON_ALIAS && oi->alias != AG_OUT_UNSAFE_VIEW_ALIAS)
+            continue;
+        ag_node *on = ag_node_arg(gout, 0)->u.nodes[c->ntok_fw + c->nmutated + k];
+        bool diff = c->needs_autograd && oi->requires_grad && on &&
                     ag_dtype_is_float(ag_node_val(on, 0)->dtype);
-        c->out_diff[k] = diff;
+        c->node_of_user[k] = c->nnode;
+        c->out_diff[c->nnode++] = diff;
         if (diff && nt < c->ntangents)
-            c->tangent_of[nt++] = k;
+            c->tangent_of[nt++] = c->nnode - 1;
+    }
+    for (int b = 0; b < c->ninter; b++) { /* intermediate bases always have a tangent */
+        c->out_diff[c->nnode++] = c->needs_autograd;
+        if (c->needs_autograd && nt < c->ntangents)
+            c->tangent_of[nt++] = c->nnode - 1;
     }
     if (nt != c->ntangents) {
         ag__err(AG_EINVAL, "compile: %d tangents in the joint but %d differentiable outputs",
@@ -260,53 +297,126 @@ static int compiled_backward(void *ud, ag_tensor *const *gout, int nout, ag_tens
 
 /* ---- calling ---- */
 
+/* Regenerates user output k, which aliases an input, an intermediate base or another output,
+ * as a view of that base (after the autograd node is attached, so gradients reach it). */
+static ag_tensor *regen_output(ag_compiled *c, int k, ag_tensor *const *prim, ag_tensor **node,
+                               ag_tensor **outs) {
+    const ag_output_info *oi = &c->out_info[k];
+    const ag_tmeta *geom = &c->alias.out[k].geom;
+    int b = oi->base_index, nfw0 = c->nmutated + c->nuser + c->nmetamut;
+    switch (oi->alias) {
+    case AG_OUT_IS_INPUT:
+        return prim[b];
+    case AG_OUT_ALIAS_OF_INPUT:
+        return ag__rt_regen(prim[b], geom, &c->in_meta[b], oi->requires_grad);
+    case AG_OUT_ALIAS_OF_INTERMEDIATE:
+    case AG_OUT_ALIAS_OF_INTERMEDIATE_SAVE_AS_OUTPUT:
+        return ag__rt_regen(node[c->nnode - c->ninter + b], geom, &c->fw_out_meta[nfw0 + b],
+                            oi->requires_grad);
+    case AG_OUT_ALIAS_OF_INTERMEDIATE_BASE_IS_USER_OUTPUT:
+        return ag__rt_regen(outs[b], geom, &c->fw_out_meta[c->nmutated + b], oi->requires_grad);
+    default:
+        return NULL;
+    }
+}
+
 int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_tensor **outs,
                      int max_out) {
-    if (ninputs != c->nprimals)
+    if (ninputs != c->nflat)
         return ag__err(AG_EINVAL, "compiled: %d inputs given, the exported function takes %d "
-                                  "(params, buffers, args)", ninputs, c->nprimals);
+                                  "(params, buffers, args)", ninputs, c->nflat);
     if (max_out < c->nuser)
         return ag__err(AG_EINVAL, "compiled: room for %d outputs, %d needed", max_out, c->nuser);
-    for (int i = 0; i < ninputs; i++) {
+    int npa = c->nprimals ? c->nprimals : 1;
+    ag_tensor **prim = ag__calloc((size_t)npa, sizeof *prim);
+    ag_tensor **owned = ag__calloc((size_t)npa, sizeof *owned);
+    ag_tensor **node = ag__calloc((size_t)(c->nnode ? c->nnode : 1), sizeof *node);
+    ag_tensor **node_raw = ag__calloc((size_t)(c->nnode ? c->nnode : 1), sizeof *node_raw);
+    int nowned = 0;
+    int rc = prim && owned && node && node_raw ? 0 : AG_ENOMEM;
+    /* The primals: removed duplicates dropped, merged inputs replaced by their base. */
+    if (rc == 0)
+        rc = ag__rt_primals(&c->alias, c->in_meta, inputs, ninputs, prim, owned, &nowned);
+    for (int i = 0; rc == 0 && i < c->nprimals; i++) {
         const ag_tmeta *m = &c->in_meta[i];
-        ag_tensor *t = inputs[i];
-        if (!t)
-            return ag__has_error() ? ag_last_status() : ag__err(AG_EINVAL, "compiled: input %d is NULL", i);
+        ag_tensor *t = prim[i];
         if (t->dtype != m->dtype || t->ndim != m->ndim ||
             memcmp(t->sizes, m->sizes, sizeof(int64_t) * (size_t)m->ndim)) {
             char a[128], b[128];
-            return ag__err(AG_EINVAL, "compiled: input %d is %s%s; the graph was exported for %s%s", i,
-                           ag_dtype_short(t->dtype), ag__fmt_sizes(a, sizeof a, t->ndim, t->sizes),
-                           ag_dtype_short(m->dtype), ag__fmt_sizes(b, sizeof b, m->ndim, m->sizes));
+            rc = ag__err(AG_EINVAL, "compiled: input %d is %s%s; the graph was exported for %s%s",
+                         c->alias.prim[i].flat, ag_dtype_short(t->dtype),
+                         ag__fmt_sizes(a, sizeof a, t->ndim, t->sizes), ag_dtype_short(m->dtype),
+                         ag__fmt_sizes(b, sizeof b, m->ndim, m->sizes));
         }
     }
-    int nfw = c->nmutated + c->nuser;
+    int nfw = c->nmutated + c->nuser + c->nmetamut + c->ninter;
     int nfo = nfw + c->nsaved;
-    ag_tensor **fo = ag__calloc((size_t)(nfo ? nfo : 1), sizeof *fo);
-    if (!fo)
-        return AG_ENOMEM;
-    for (int k = 0; k < c->nuser; k++)
-        outs[k] = NULL; /* released on failure below */
+    ag_tensor **fo = rc == 0 ? ag__calloc((size_t)(nfo ? nfo : 1), sizeof *fo) : NULL;
+    if (rc == 0 && !fo)
+        rc = AG_ENOMEM;
+    if (rc) {
+        for (int k = 0; k < nowned; k++)
+            ag_tensor_free(owned[k]);
+        ag__free(prim);
+        ag__free(owned);
+        ag__free(node);
+        ag__free(node_raw);
+        return rc;
+    }
     /* Everything made here lives in this scope; what must outlive the call is kept. */
     bool scoped = ag__in_scope();
     ag_scope_begin();
     bool prev = ag_set_grad_enabled(false);
-    int n = run_graph(c, false, inputs, ninputs, fo, nfo);
-    int rc = n < 0 ? n : 0;
-    /* Write input mutations back (BatchNorm's running statistics), as eager mutated them. */
-    for (int i = 0, k = 0; rc == 0 && i < c->nprimals; i++)
-        if (c->in_info[i].mutates_data) {
-            rc = ag__copy_into(inputs[i], fo[k++]);
-            inputs[i]->storage->version++;
+    int n = run_graph(c, false, prim, c->nprimals, fo, nfo);
+    rc = n < 0 ? n : 0;
+    /* A primal the backward reads (a partition that recomputes from inputs) and that the
+     * write-back below changes is saved as it was: the backward sees the forward's value,
+     * as eager's autograd does. */
+    ag_tensor **pre = NULL;
+    for (int i = 0; rc == 0 && i < c->nsaved; i++) {
+        int p = c->saved_primal[i];
+        if (p < 0 || !c->in_info[p].mutates_data)
+            continue;
+        if (!pre && !(pre = ag__calloc((size_t)c->nsaved, sizeof *pre))) {
+            rc = AG_ENOMEM;
+            break;
         }
+        pre[i] = ag__tensor_new(prim[p]->dtype, prim[p]->ndim, prim[p]->sizes, false);
+        rc = pre[i] ? ag__copy_into(pre[i], prim[p]) : ag_last_status();
+    }
+    /* Write input mutations back (BatchNorm's running statistics, a base's new value), as
+     * eager mutated them: metadata first (as_strided_), then data. */
+    for (int i = 0, k = 0; rc == 0 && i < c->nprimals; i++) {
+        const ag_input_info *ii = &c->in_info[i];
+        if (!ii->mutates_data && !ii->mutates_metadata)
+            continue;
+        if (ii->mutates_metadata)
+            ag__rt_set_geometry(prim[i], &c->alias.prim[i].new_geom, prim[i]->offset);
+        if (ii->mutates_data) {
+            rc = ag__copy_into(prim[i], fo[k]);
+            prim[i]->storage->version++;
+        }
+        k++;
+    }
+    /* Metadata mutations of inputs merged into a base. */
+    for (int i = 0; rc == 0 && i < c->nflat; i++) {
+        const ag__flat_info *f = &c->alias.flat[i];
+        if (f->kind == AG__FLAT_VIEW && f->metadata_mutation >= 0)
+            ag__rt_set_geometry(inputs[i], &f->new_geom, prim[f->primal]->offset);
+    }
     ag_set_grad_enabled(prev);
-    /* User outputs: fresh handles, attached to one autograd node when gradients can flow. */
-    for (int k = 0; rc == 0 && k < c->nuser; k++) {
-        ag_tensor *t = fo[c->nmutated + k];
-        outs[k] = t ? ag_detach(t) : NULL;
-        if (outs[k])
-            outs[k] = ag_tensor_keep(outs[k]); /* owned here until handed out below */
-        if (t && !outs[k])
+    /* The autograd node's outputs: fresh handles of the user outputs that alias nothing and
+     * of the intermediate bases, attached to one node when gradients can flow. */
+    for (int k = 0; rc == 0 && k < c->nuser + c->ninter; k++) {
+        int ni = k < c->nuser ? c->node_of_user[k] : c->nnode - c->ninter + (k - c->nuser);
+        if (ni < 0)
+            continue;
+        ag_tensor *t = fo[k < c->nuser ? c->nmutated + k : c->nmutated + c->nuser + c->nmetamut + (k - c->nuser)];
+        node_raw[ni] = t;
+        node[ni] = t ? ag_detach(t) : NULL;
+        if (node[ni])
+            node[ni] = ag_tensor_keep(node[ni]); /* owned here until handed out below */
+        if (t && !node[ni])
             rc = ag_last_status();
     }
     if (rc == 0 && c->needs_autograd) {
@@ -328,23 +438,49 @@ int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_t
             for (int i = 0; i < c->nsaved; i++) {
                 int p = c->saved_primal[i];
                 /* A saved primal is the caller's tensor: remember its version. */
-                s->saved[i] = ag_tensor_keep(p >= 0 ? inputs[p] : fo[nfw + i]);
+                s->saved[i] = ag_tensor_keep(pre && pre[i] ? pre[i] : p >= 0 ? prim[p] : fo[nfw + i]);
                 s->saved_versions[i] = s->saved[i] ? s->saved[i]->storage->version : 0;
             }
+            /* The executor's tensors, not the node's outputs (which would hold the node). */
             for (int t = 0; t < c->ntangents; t++)
-                s->zeros_like[t] = ag_tensor_keep(fo[c->nmutated + c->tangent_of[t]]);
+                s->zeros_like[t] = ag_tensor_keep(node_raw[c->tangent_of[t]]);
             for (int i = 0; i < c->nprimals; i++)
-                if (c->in_info[i].requires_grad && c->grad_out[i] && inputs[i]->requires_grad) {
+                if (c->in_info[i].requires_grad && c->grad_out[i] && prim[i]->requires_grad) {
                     s->rg_primal[s->nrg] = i;
-                    rg[s->nrg++] = inputs[i];
+                    rg[s->nrg++] = prim[i];
                 }
-            rc = ag__autograd_custom("CompiledFunction", rg, s->nrg, outs, c->nuser, c->out_diff,
+            rc = ag__autograd_custom("CompiledFunction", rg, s->nrg, node, c->nnode, c->out_diff,
                                      compiled_backward, s, bw_state_free);
             ag__free(rg);
         }
     }
+    /* User outputs: the node's, then the regenerated aliases (those of other outputs last). */
+    for (int k = 0; k < c->nuser; k++)
+        outs[k] = c->node_of_user[k] >= 0 ? ag_tensor_keep(node[c->node_of_user[k]]) : NULL;
+    for (int pass = 0; pass < 2 && rc == 0; pass++)
+        for (int k = 0; k < c->nuser && rc == 0; k++) {
+            bool of_output = c->out_info[k].alias == AG_OUT_ALIAS_OF_INTERMEDIATE_BASE_IS_USER_OUTPUT;
+            if (c->node_of_user[k] >= 0 || of_output != (pass == 1) || !fo[c->nmutated + k])
+                continue;
+            ag_tensor *r = regen_output(c, k, prim, node, outs);
+            if (!r)
+                rc = ag_last_status() ? ag_last_status() : AG_EINVAL;
+            else
+                outs[k] = ag_tensor_keep(r);
+        }
     ag_scope_end();
+    for (int i = 0; pre && i < c->nsaved; i++)
+        ag_tensor_free(pre[i]);
+    ag__free(pre);
+    for (int k = 0; k < c->nnode; k++)
+        ag_tensor_free(node[k]);
+    for (int k = 0; k < nowned; k++)
+        ag_tensor_free(owned[k]);
     ag__free(fo);
+    ag__free(prim);
+    ag__free(owned);
+    ag__free(node);
+    ag__free(node_raw);
     for (int k = 0; k < c->nuser; k++) {
         if (rc) {
             ag_tensor_free(outs[k]);

@@ -827,6 +827,9 @@ ag_plan *ag_plan_new(const ag_graph *g, const ag_plan_opts *opts) {
     if (opts)
         p->opts = *opts;
     p->dummy.refcount = 1;
+    /* Views of inputs are laid out at plan_new, before any storage is bound: as_strided's
+     * bound check must not fail on the data-less stand-in (runs use the real storage). */
+    p->dummy.nbytes = (size_t)1 << 62;
     if (build(p, g)) {
         int rc = ag_last_status();
         char msg[512];

@@ -10,6 +10,7 @@
  * from an earlier trace are never confused with this one's. */
 #include "../graph/graph_internal.h"
 #include "aotgrad/trace.h"
+#include "trace_views.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -126,6 +127,7 @@ struct ag__tracer {
     bool functionalize; /* record mutating ops as their functional variants */
     const char *tag;    /* partitioner_tag for new nodes, or NULL */
     ag__token_chain *tokens; /* effect tokens (the export), or NULL */
+    ag__alias_table *aliases; /* storages mutated under functionalization (trace_views.c) */
     /* saved thread state, restored by tracer_end */
     tracer *prev_active;
     ag__trace_hook_fn prev_hook;
@@ -239,7 +241,7 @@ static ag_node *node_of(tracer *T, ag_tensor *t) {
     if (!t)
         return NULL;
     if (t->trace && t->trace_id == T->id)
-        return t->trace;
+        return T->aliases ? ag__alias_refresh(T, T->aliases, t) : t->trace;
     if (ag__is_meta(t)) {
         char b[128];
         ag__err(AG_EINVAL, "trace: a data-less tensor %s that was not made in this trace is used "
@@ -252,6 +254,7 @@ static ag_node *node_of(tracer *T, ag_tensor *t) {
         return NULL;
     t->trace = n;
     t->trace_id = T->id;
+    t->trace_ver = ag__alias_current_ver(T->aliases, t);
     return n;
 }
 
@@ -283,7 +286,9 @@ static int set_node_meta(tracer *T, ag_node *n) {
 
 /* Functionalization: a call that mutates arguments is recorded as its functional variant, and
  * each mutated tensor is rebound to the node holding its new value, so later reads see it and
- * the graph itself mutates nothing (PyTorch's FunctionalTensorMode). */
+ * the graph itself mutates nothing (PyTorch's FunctionalTensorMode). A data mutation also
+ * reaches the other aliases of the tensor's storage (trace_views.c); an in-place view op
+ * (t_) changes only the tensor's own metadata. */
 static int record_functional(tracer *T, const ag_op *op, const ag_arg *args, int nargs,
                              const ag_garg *ga, ag_tensor **outs, int nouts) {
     const char *fname = ag_op_def(op)->functional;
@@ -294,12 +299,15 @@ static int record_functional(tracer *T, const ag_op *op, const ag_arg *args, int
     ag_node *n = ag_graph_call(T->g, fop, ga, nargs, NULL);
     if (!n || set_node_meta(T, n))
         return ag_last_status();
-    if (ag_op_def(op)->flags & AG_OP_INPLACE) {
-        /* The functional op's only output is self's new value; outs[0] is self. */
-        outs[0]->trace = n;
-        outs[0]->trace_id = T->id;
+    if (ag_op_def(op)->flags & AG_OP_INPLACE_VIEW) {
+        ag__alias_bind(T, T->aliases, outs[0], n);
         return 0;
     }
+    ag__alias_table *at = ag__tracer_aliases(T, true);
+    if (!at)
+        return AG_ENOMEM;
+    if (ag_op_def(op)->flags & AG_OP_INPLACE) /* the functional op's only output is self's value */
+        return ag__alias_data_mutation(T, at, ag_op_name(op), outs[0], n);
     int k = 0;
     for (; k < nouts; k++) {
         ag_node *v = ag_graph_getitem(T->g, n, k, NULL);
@@ -314,10 +322,24 @@ static int record_functional(tracer *T, const ag_op *op, const ag_arg *args, int
         ag_node *v = ag_graph_getitem(T->g, n, k++, NULL);
         if (!v || set_node_meta(T, v))
             return ag_last_status();
-        args[i].u.t->trace = v;
-        args[i].u.t->trace_id = T->id;
+        int rc = ag__alias_data_mutation(T, at, ag_op_name(op), args[i].u.t, v);
+        if (rc)
+            return rc;
     }
     return 0;
+}
+
+ag_node *ag__tracer_call(ag__tracer *T, const ag_op *op, const ag_garg *args, int nargs) {
+    ag_node *n = ag_graph_call(T->g, op, args, nargs, NULL);
+    if (!n || set_node_meta(T, n))
+        return NULL;
+    return n;
+}
+
+ag__alias_table *ag__tracer_aliases(ag__tracer *T, bool create) {
+    if (!T->aliases && create)
+        T->aliases = ag__alias_table_new();
+    return T->aliases;
 }
 
 static int trace_hook(const ag_op *op, const ag_arg *args, int nargs, ag_tensor **outs, int nouts) {
@@ -379,6 +401,10 @@ static int trace_hook(const ag_op *op, const ag_arg *args, int nargs, ag_tensor 
     ag_tmeta vals[AG_MAX_OUTPUTS];
     for (int k = 0; k < nouts; k++)
         ag__tmeta_of(outs[k], &vals[k]);
+    /* An in-place view op (t_) changes self's geometry after this hook: the node's value has
+     * the new one. */
+    if ((ag_op_def(op)->flags & AG_OP_INPLACE_VIEW) && ag_op_def(op)->meta(args, &vals[0]) < 0)
+        return ag_last_status();
     ag_node *n = ag__graph_call_vals(T->g, op, ga, nargs, vals, nouts, NULL);
     if (!n || set_node_meta(T, n))
         return ag_last_status();
@@ -392,11 +418,15 @@ static int trace_hook(const ag_op *op, const ag_arg *args, int nargs, ag_tensor 
         }
         outs[k]->trace = v;
         outs[k]->trace_id = T->id;
+        if (T->aliases) /* a view of a mutated storage is made from its current value */
+            outs[k]->trace_ver = ag__alias_current_ver(T->aliases, outs[k]);
     }
     return 0;
 }
 
 static void tracer_free(tracer *T) {
+    ag__alias_table_free(T->aliases);
+    T->aliases = NULL;
     ag__free(T->trace_str);
     T->trace_str = NULL;
     for (int64_t i = 0; i < T->nfiles; i++) {
@@ -462,6 +492,7 @@ void ag__tracer_set_stack_traces(ag__tracer *T, bool on) { T->opts.no_stack_trac
 void ag__tracer_bind(ag__tracer *T, ag_tensor *t, ag_node *n) {
     t->trace = n;
     t->trace_id = T->id;
+    t->trace_ver = ag__alias_current_ver(T->aliases, t);
 }
 
 ag_node *ag__tracer_node_of(ag__tracer *T, ag_tensor *t) { return node_of(T, t); }

@@ -1,0 +1,117 @@
+/* Views and aliasing in the joint export and the compiled callable (alias.c, and
+ * src/runtime/alias_rt.c): upstream's stage-1 wrappers (AOTDedupeWrapper,
+ * AOTSyntheticBaseWrapper) and the aliasing half of its RuntimeWrapper epilogue.
+ * Internal to the library. */
+#ifndef AG_EXPORT_ALIAS_H
+#define AG_EXPORT_ALIAS_H
+
+#include "../graph/graph_internal.h"
+#include "aotgrad/export.h"
+
+/* ---- the calling convention's aliasing facts (kept by the joint, copied by the compiled
+ * callable) ---- */
+
+typedef enum ag__flat_kind {
+    AG__FLAT_PRIMAL = 0, /* the flat input is primal `primal` */
+    AG__FLAT_DUP,        /* a duplicate of flat input `dup_of`, dropped (strategy 2) */
+    AG__FLAT_VIEW,       /* regenerated in the graph from base primal `primal` */
+} ag__flat_kind;
+
+typedef enum ag__base_kind {
+    AG__BASE_NONE = 0,  /* an ordinary primal: flat input `flat` itself */
+    AG__BASE_VIEW,      /* ViewBaseAOTInput: flat input `flat`'s ._base */
+    AG__BASE_SYNTHETIC, /* SyntheticBaseAOTInput: flat input `flat`'s whole storage, 1-d */
+} ag__base_kind;
+
+typedef struct ag__flat_info {
+    ag__flat_kind kind;
+    int primal; /* PRIMAL: its primal; VIEW: the base primal; DUP: the kept input's primal */
+    int dup_of; /* DUP: the flat input it repeats */
+    ag_tmeta geom; /* VIEW: its geometry at export, offset relative to the base's */
+    int metadata_mutation; /* VIEW: index of its MetadataMutationAOTOutput, or -1 */
+    ag_tmeta new_geom;     /* ... and the geometry the forward leaves it with (relative) */
+} ag__flat_info;
+
+typedef struct ag__primal_info {
+    ag__base_kind base;
+    int flat;            /* the flat input it is, or whose base / storage it is */
+    ag_tmeta new_geom;   /* mutates_metadata: the geometry the forward leaves it with,
+                          * offset relative to the primal's own offset at export */
+} ag__primal_info;
+
+typedef struct ag__out_info {
+    ag_tmeta geom; /* an aliasing output's geometry, offset relative to its base's */
+} ag__out_info;
+
+typedef struct ag__joint_alias {
+    int nflat, nprimals, nuser;
+    ag__flat_info *flat;     /* nflat */
+    ag__primal_info *prim;   /* nprimals */
+    ag__out_info *out;       /* nuser */
+    int nmetadata_mutations; /* MetadataMutationAOTOutput outputs (after the user outputs) */
+    int nintermediate_bases; /* IntermediateBaseAOTOutput outputs (after those) */
+} ag__joint_alias;
+
+void ag__joint_alias_clear(ag__joint_alias *a);
+int ag__joint_alias_copy(ag__joint_alias *dst, const ag__joint_alias *src);
+/* export.c: the joint's aliasing facts (borrowed). */
+const ag__joint_alias *ag__joint_alias_of(const ag_joint *j);
+
+/* ---- the export's plan (alias.c) ----
+ * One export pass traces the forward with a layout: which flat inputs become which primals.
+ * The first pass assumes no duplicate is mutated (duplicates stay separate leaves, upstream's
+ * strategy 1) and merges every group of distinct inputs that overlap in one storage into a
+ * base; ag__aplan_refine then applies upstream's rules to what the pass saw (a mutated
+ * duplicate removes all duplicates; only groups with a data mutation keep their base) and
+ * says whether a second pass with the final layout is needed. */
+typedef struct ag__alias_plan ag__alias_plan;
+
+/* flat: params, buffers, user args, kwargs (borrowed, they must outlive the plan); descs:
+ * theirs; fqns: the names of the nparams + nbuffers first ones. */
+ag__alias_plan *ag__aplan_new(ag_tensor *const *flat, ag_desc *const *descs, int nflat, int nparams,
+                       int nbuffers, char *const *fqns);
+void ag__aplan_free(ag__alias_plan *P);
+int ag__aplan_num_primals(const ag__alias_plan *P);
+/* Primal p's descriptor (borrowed) and the example tensor its placeholder stands for. */
+const ag_desc *ag__aplan_primal_desc(const ag__alias_plan *P, int p);
+ag_tensor *ag__aplan_primal_example(const ag__alias_plan *P, int p);
+
+/* Starts a pass: binds the placeholders to tensors standing for the primals, regenerates
+ * merged inputs from their base (as_strided ops, traced), and points module m's parameters
+ * and buffers at the tensors the graph must see for them (separate leaves for tied weights).
+ * *user receives the tensors to call the forward with (nflat - nparams - nbuffers). */
+int ag__aplan_begin(ag__alias_plan *P, ag_module *m, ag__tracer *T, ag_node *const *placeholders,
+                   ag_tensor ***user);
+/* The tensor primal p is in this pass (for gradients). */
+ag_tensor *ag__aplan_primal_tensor(const ag__alias_plan *P, int p);
+/* After the forward: mutations of primals (into info, one per primal) and of merged inputs,
+ * the aliasing of the outputs (out_info, one per output; nothing requires grad unless
+ * any_rg_in). Fills *alias (owned by the caller afterwards). */
+int ag__aplan_analyze(ag__alias_plan *P, ag__tracer *T, ag_tensor *const *outs, int nouts,
+                     bool any_rg_in, ag_input_info *info, ag_output_info *out_info,
+                     ag__joint_alias *alias);
+/* The extra forward outputs the analysis found: metadata mutations of merged inputs, then
+ * intermediate bases, as tensors (borrowed) with their descriptors (new references). */
+int ag__aplan_extra_outputs(ag__alias_plan *P, const ag_output_info *out_info, ag_tensor **t,
+                           ag_desc **d, int max);
+/* Undoes begin's changes to the module (its tensors and their geometry). */
+void ag__aplan_end(ag__alias_plan *P, ag_module *m);
+/* Decides the final layout from the pass just made (needs_autograd: its joint's). Returns 1
+ * when another pass is needed, 0 when the pass was final, or a negative status with
+ * upstream's message when the aliasing is not supported. */
+int ag__aplan_refine(ag__alias_plan *P, const ag_input_info *info, bool needs_autograd);
+
+/* ---- the compiled callable's wrappers (src/runtime/alias_rt.c) ---- */
+
+/* The primals for flat inputs: prim[p] is borrowed (a flat input or its ._base) or, for a
+ * synthetic base, a new tensor recorded in owned[] (*nowned of them, the caller frees).
+ * Checks duplicates and merged views against the export; errors name the inputs. */
+int ag__rt_primals(const ag__joint_alias *a, const ag_tmeta *prim_meta, ag_tensor *const *flat,
+                   int nflat, ag_tensor **prim, ag_tensor **owned, int *nowned);
+/* Applies metadata mutations of primal p (data is copied by the caller). */
+void ag__rt_set_geometry(ag_tensor *t, const ag_tmeta *rel, int64_t base_offset);
+/* The output regenerated from its base (an eager view, differentiable through base). */
+ag_tensor *ag__rt_regen(ag_tensor *base, const ag_tmeta *rel, const ag_tmeta *base_meta,
+                        bool requires_grad);
+
+#endif
