@@ -763,7 +763,10 @@ static void check_zoo_numerics(const char *name) {
     for (int i = 0; i < nx; i++)
         inputs[k++] = ix[i];
     assert_int_equal(k, np);
-    /* Eager forward, then grads with deterministic tangents. */
+    /* Eager forward, then grads with deterministic tangents. The joint's philox inputs (a
+     * model with random ops) get the generator's state before the eager call. */
+    uint64_t seed, offset;
+    ag_rng_get_state(&seed, &offset);
     ag_tensor *eo[16];
     int neo = ag_module_call(me, ie, ne, eo, 16);
     assert_true(neo > 0);
@@ -775,8 +778,15 @@ static void check_zoo_numerics(const char *name) {
     assert_int_equal(ti, nt);
     for (int i = 0; i < nt; i++)
         inputs[k++] = tang[i];
+    ag_node **ph;
+    int nph = ag_graph_placeholders(g, &ph), nrng = 0;
+    ag_tensor *rng_in[4];
+    for (; k < nph && nrng < 4; k++)
+        assert_non_null(inputs[k] = rng_in[nrng++] = tu_philox_input(ph[k], seed, offset));
     ag_tensor *go[64];
-    int ngo = ag_graph_run(g, inputs, np + nt, go, 64);
+    int ngo = ag_graph_run(g, inputs, k, go, 64);
+    for (int i = 0; i < nrng; i++)
+        ag_tensor_free(rng_in[i]);
     if (ngo < 0)
         print_error("%s: run: %s\n", name, ag_last_error());
     assert_int_equal(ngo, ag_joint_num_fw_outputs(j) + (nt ? np : 0));

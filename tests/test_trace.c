@@ -168,13 +168,14 @@ static void assert_same(const char *what, const ag_tensor *a, const ag_tensor *b
 static void test_zoo_registry(void **state) {
     (void)state;
     static const char *const want[] = {"linear",   "multi_output", "kwargs", "convbn",
-                                       "grad_acc", "mlp",          "cnn",    "gpt2"};
-    assert_int_equal(ag_zoo_count(), 8);
-    for (int i = 0; i < 8; i++) {
+                                       "grad_acc", "mlp",          "cnn",    "gpt2",
+                                       "dropout_mlp"};
+    assert_int_equal(ag_zoo_count(), 9);
+    for (int i = 0; i < 9; i++) {
         assert_string_equal(ag_zoo_name(i), want[i]);
         assert_true(strlen(ag_zoo_description(i)) > 10);
     }
-    assert_null(ag_zoo_name(8));
+    assert_null(ag_zoo_name(9));
     assert_null(ag_zoo_description(-1));
     assert_string_equal(ag_zoo_configs(7), "tiny, gpt2-small");
     assert_string_equal(ag_zoo_configs(0), "default");

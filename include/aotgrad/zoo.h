@@ -22,7 +22,11 @@
  *                 Conv2d(32, 64, 3, padding=1)-BN-ReLU-MaxPool2 - Flatten - Linear(3136, 128)-
  *                 ReLU-Linear(128, 10); x [8, 1, 28, 28]; training mode
  *   gpt2          GPT-2; configs "tiny" (the default, ag_gpt2_config_tiny) and "gpt2-small"
- *                 (ag_gpt2_config_small: 124M); idx [2, 16] i64 random tokens
+ *                 (ag_gpt2_config_small: 124M); idx [2, 16] i64 random tokens; dropout 0 unless
+ *                 the build options set one (attention-probability, residual, MLP and
+ *                 embedding dropout, as nanoGPT)
+ *   dropout_mlp   fc1 = Linear(16, 32), ReLU, drop = Dropout(0.5), fc2 = Linear(32, 4);
+ *                 x [8, 16]; training mode: every call draws a new mask from the generator
  */
 #ifndef AOTGRAD_ZOO_H
 #define AOTGRAD_ZOO_H
@@ -51,6 +55,17 @@ AG_API const char *ag_zoo_configs(int i);
  * configurations. max_inputs must leave room for the model's inputs (at most 2). */
 AG_API int ag_zoo_build(const char *name, const char *config, ag_module **model, ag_tensor **inputs,
                         int max_inputs, int *ninputs);
+
+/* Build options; all zero means the model's defaults. */
+typedef struct ag_zoo_opts {
+    bool set_dropout; /* use `dropout` as the dropout probability (dropout_mlp, gpt2 only) */
+    double dropout;   /* in [0, 1] */
+} ag_zoo_opts;
+/* ag_zoo_build with options (NULL: defaults). Setting a dropout for a model without dropout
+ * layers, or one outside [0, 1], is an error (AG_EINVAL). */
+AG_API int ag_zoo_build_opts(const char *name, const char *config, const ag_zoo_opts *opts,
+                             ag_module **model, ag_tensor **inputs, int max_inputs,
+                             int *ninputs);
 
 #ifdef __cplusplus
 }

@@ -15,6 +15,7 @@
  * decomposition table applied. */
 #include "../graph/graph_internal.h"
 #include "aotgrad/export.h"
+#include "rng_internal.h"
 
 #include <stdio.h>
 
@@ -29,6 +30,11 @@ struct ag_joint {
     bool needs_autograd;
     ag_desc **primal_descs; /* for ag_joint_set_graph's checks */
     ag_desc **tangent_descs;
+    /* RNG functionalization (rng.c): the philox placeholders after the tangents, and whether
+     * the forward returns its updated offset (before the grads). */
+    int nrng;
+    ag_desc *rng_descs[4];
+    bool rng_fw_out;
 };
 
 /* ---- accessors ---- */
@@ -58,7 +64,9 @@ const ag_output_info *ag_joint_output_info(const ag_joint *j, int i) {
     return i >= 0 && i < j->nuser_out ? &j->out_info[i] : NULL;
 }
 int ag_joint_num_mutated_inputs(const ag_joint *j) { return j->nmutated; }
-int ag_joint_num_fw_outputs(const ag_joint *j) { return j->nmutated + j->nuser_out; }
+int ag_joint_num_fw_outputs(const ag_joint *j) {
+    return j->nmutated + j->nuser_out + j->rng_fw_out;
+}
 bool ag_joint_needs_autograd(const ag_joint *j) { return j->needs_autograd; }
 
 void ag_joint_free(ag_joint *j) {
@@ -81,6 +89,8 @@ void ag_joint_free(ag_joint *j) {
         ag_desc_release(j->tangent_descs ? j->tangent_descs[i] : NULL);
     ag__free(j->primal_descs);
     ag__free(j->tangent_descs);
+    for (int i = 0; i < j->nrng; i++)
+        ag_desc_release(j->rng_descs[i]);
     ag__free(j);
 }
 
@@ -96,13 +106,15 @@ int ag_joint_set_graph(ag_joint *j, ag_graph *g) {
         ag_graph_free(g);
         return nph;
     }
-    if (nph != j->nprimals + j->ntangents)
+    if (nph != j->nprimals + j->ntangents + j->nrng)
         rc = ag__err(AG_EINVAL, "joint_set_graph: the graph has %d placeholders; the calling "
-                                "convention has %d primals and %d tangents", nph, j->nprimals,
-                     j->ntangents);
+                                "convention has %d primals and %d tangents%s", nph, j->nprimals,
+                     j->ntangents, j->nrng ? " and the philox seeds and offsets" : "");
     for (int i = 0; rc == 0 && i < nph; i++) {
         ag_desc *d = ag_node_desc(ph[i]);
-        ag_desc *want = i < j->nprimals ? j->primal_descs[i] : j->tangent_descs[i - j->nprimals];
+        int t = i - j->nprimals;
+        ag_desc *want = t < 0 ? j->primal_descs[i]
+                        : t < j->ntangents ? j->tangent_descs[t] : j->rng_descs[t - j->ntangents];
         char a[256], b[256];
         if (!d)
             rc = ag__err(AG_EINVAL, "joint_set_graph: placeholder %s has no descriptor",
@@ -247,6 +259,7 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
     ag_tensor **tangent_in = NULL, **needs_out = NULL, **grad_of = NULL, **grads = NULL;
     ag_node **out_nodes = NULL;
     ag_desc **out_descs = NULL;
+    ag__rng_fn *rng = NULL;
     int rc = 0, nouts = 0, nout_total = 0;
     bool scoped = false, grad_prev = ag_set_grad_enabled(true);
     if (!j)
@@ -315,6 +328,9 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
     st.T = ag__tracer_begin(j->g, true);
     if (!st.T)
         goto fail;
+    /* Random ops draw from philox seed/offset placeholders (rng.c). */
+    if (!o.keep_random_ops && !(rng = ag__rng_begin(st.T, j->g)))
+        goto fail;
     /* The same tensor may fill two slots (GPT-2's lm_head.weight is transformer.wte.weight):
      * it is bound to its first placeholder, and the later ones stay unused with no gradient
      * (upstream collapses such duplicates to the first occurrence). */
@@ -373,7 +389,7 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
     j->needs_autograd = any_rg_in && any_rg_out;
 
     /* Tangents: one per user output that requires grad and does not alias an input. */
-    nout_total = j->nmutated + nouts + (j->needs_autograd ? st.nflat : 0);
+    nout_total = j->nmutated + nouts + (j->needs_autograd ? st.nflat : 0) + 2; /* + philox */
     out_nodes = ag__calloc((size_t)(nout_total ? nout_total : 1), sizeof *out_nodes);
     out_descs = ag__calloc((size_t)(nout_total ? nout_total : 1), sizeof *out_descs);
     tangent_in = ag__calloc((size_t)(nouts ? nouts : 1), sizeof *tangent_in);
@@ -394,6 +410,13 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
             goto fail;
         if (!(out_descs[no++] = ag_desc_plain_output(k)))
             goto fail;
+    }
+    if (rng) { /* the forward's updated philox offset, after the user outputs */
+        int r = ag__rng_updated_offset(rng, false, &out_nodes[no], &out_descs[no]);
+        if (r < 0)
+            goto fail;
+        j->rng_fw_out = r == 1;
+        no += r;
     }
     if (j->needs_autograd) {
         /* Everything traced so far is forward; tangents and what follows is backward. */
@@ -440,6 +463,8 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
                 grad_of[ng++] = st.flat[i];
         ag__tracer_set_tag(st.T, "is_backward");
         ag__tracer_set_stack_traces(st.T, false);
+        if (rng)
+            ag__rng_mark_backward(rng);
         if (ng > 0 && nt > 0 && ag_grad(needs_out, tangent_in, nt, grad_of, ng, grads, false, true))
             goto fail;
         int gi = 0;
@@ -459,6 +484,16 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
             out_nodes[no] = gn;
             out_descs[no++] = gd;
         }
+        if (rng) { /* the backward's updated philox offset, after the grads */
+            int r = ag__rng_updated_offset(rng, true, &out_nodes[no], &out_descs[no]);
+            if (r < 0)
+                goto fail;
+            no += r;
+        }
+    }
+    if (rng && (j->nrng = ag__rng_finish(rng, j->rng_descs)) < 0) {
+        j->nrng = 0;
+        goto fail;
     }
     ag__tracer_end(st.T);
     st.T = NULL;
@@ -487,6 +522,7 @@ fail:
     ag_joint_free(j);
     j = NULL;
 done:
+    ag__rng_free(rng);
     ag_set_grad_enabled(grad_prev);
     for (int i = 0; out_descs && i < nout_total; i++)
         ag_desc_release(out_descs[i]);

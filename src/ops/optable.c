@@ -24,6 +24,7 @@ static bool builtins_loaded;
 static const ag_opdef *const *const families[] = {
     ag__ops_pointwise, ag__ops_views,  ag__ops_reduce,  ag__ops_linalg,
     ag__ops_conv,      ag__ops_norm,   ag__ops_nn,      ag__ops_index,   ag__ops_factory,
+    ag__ops_philox,
 };
 
 /* ---- schema parsing ---- */

@@ -10,9 +10,12 @@
  * caller's tensors after the forward (BatchNorm running stats change exactly as in eager);
  * outputs that need no grad are left without history; missing output gradients are
  * materialized as zeros; gradients are aligned to inputs; inputs saved for backward are checked
- * against their storage version, so an in-place change before backward is an error. */
+ * against their storage version, so an in-place change before backward is an error; a joint
+ * with functionalized random ops gets the generator's state as its philox inputs and advances
+ * the generator by what it drew (rng_wrap.c), in the forward and in the backward. */
 #include "../graph/graph_internal.h"
 #include "aotgrad/compile.h"
+#include "rng_wrap.h"
 
 #include <stdio.h>
 
@@ -23,6 +26,8 @@ struct ag_compiled {
     bool interpret;
     ag_partition_stats stats;
     int nprimals, nmutated, nuser, nsaved, ntangents;
+    int nfw;                /* forward outputs before the saved ones (the philox offset too) */
+    ag__rng_wrap rng_fw, rng_bw; /* philox inputs and output of each graph */
     bool needs_autograd;
     ag_input_info *in_info; /* per primal */
     ag_output_info *out_info;
@@ -119,6 +124,7 @@ ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts) {
         goto fail;
     }
     int nfw = ag_joint_num_fw_outputs(j);
+    c->nfw = nfw;
     if (c->needs_autograd) {
         if (ag_partition(g, nfw, &o.partition, &c->fw, &c->bw, &c->stats))
             goto fail;
@@ -141,18 +147,22 @@ ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts) {
         }
         ag_node *bo = ag_graph_output_node(c->bw);
         int nbo = ag_node_arg(bo, 0)->n;
-        if (nbo != c->nprimals) {
+        if (ag__rng_wrap_init(&c->rng_bw, c->bw, true))
+            goto fail;
+        if (nbo != c->nprimals + (c->rng_bw.offset_out >= 0)) {
             ag__err(AG_EINVAL, "compile: the backward graph has %d outputs for %d primals", nbo,
                     c->nprimals);
             goto fail;
         }
-        for (int i = 0; i < nbo; i++)
+        for (int i = 0; i < c->nprimals; i++)
             c->grad_out[i] = ag_node_arg(bo, 0)->u.nodes[i] != NULL;
     } else {
         c->fw = ag_graph_copy(g);
         if (!c->fw)
             goto fail;
     }
+    if (ag__rng_wrap_init(&c->rng_fw, c->fw, false))
+        goto fail;
     if (!c->interpret) {
         c->fw_plan = ag_plan_new(c->fw, &o.plan);
         if (!c->fw_plan || (c->bw && !(c->bw_plan = ag_plan_new(c->bw, &o.plan))))
@@ -201,9 +211,10 @@ static int compiled_backward(void *ud, ag_tensor *const *gout, int nout, ag_tens
             return ag__err(AG_ESTATE, "compiled backward: an input saved for backward (forward "
                                       "graph input %d) was modified by an inplace operation "
                                       "after the forward", c->saved_primal[i]);
-    int nbin = c->nsaved + c->ntangents;
+    int nbin = c->nsaved + c->ntangents + ag__rng_wrap_num_inputs(&c->rng_bw);
+    int ngrads = c->nprimals + 1; /* the updated philox offset may follow the grads */
     ag_tensor **bin = ag__calloc((size_t)(nbin ? nbin : 1), sizeof *bin);
-    ag_tensor **grads = ag__calloc((size_t)(c->nprimals ? c->nprimals : 1), sizeof *grads);
+    ag_tensor **grads = ag__calloc((size_t)ngrads, sizeof *grads);
     int rc = bin && grads ? 0 : AG_ENOMEM;
     for (int i = 0; rc == 0 && i < c->nsaved; i++)
         bin[i] = s->saved[i];
@@ -219,12 +230,17 @@ static int compiled_backward(void *ud, ag_tensor *const *gout, int nout, ag_tens
             rc = ag_last_status();
         bin[c->nsaved + t] = g;
     }
+    /* Draws in the backward start where the generator is now, as eager's would. */
+    if (rc == 0)
+        rc = ag__rng_wrap_feed(&c->rng_bw, bin);
     if (rc == 0) {
         bool prev = ag_set_grad_enabled(false);
-        int n = run_graph(c, true, bin, nbin, grads, c->nprimals);
+        int n = run_graph(c, true, bin, nbin, grads, ngrads);
         ag_set_grad_enabled(prev);
         if (n < 0)
             rc = n;
+        else
+            rc = ag__rng_wrap_advance(&c->rng_bw, grads, n);
     }
     /* The engine runs this inside a scope, which owns what run_graph returned. */
     for (int j = 0; rc == 0 && j < nin; j++) {
@@ -269,17 +285,26 @@ int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_t
                            ag_dtype_short(m->dtype), ag__fmt_sizes(b, sizeof b, m->ndim, m->sizes));
         }
     }
-    int nfw = c->nmutated + c->nuser;
+    int nfw = c->nfw;
     int nfo = nfw + c->nsaved;
+    int nfin = ninputs + ag__rng_wrap_num_inputs(&c->rng_fw);
     ag_tensor **fo = ag__calloc((size_t)(nfo ? nfo : 1), sizeof *fo);
-    if (!fo)
+    ag_tensor **fin = ag__calloc((size_t)(nfin ? nfin : 1), sizeof *fin);
+    if (!fo || !fin) {
+        ag__free(fo);
+        ag__free(fin);
         return AG_ENOMEM;
+    }
+    /* The forward's inputs: the caller's, then the generator's state when it draws. */
+    memcpy(fin, inputs, sizeof *fin * (size_t)ninputs);
     /* Everything made here lives in this scope; what must outlive the call is kept. */
     bool scoped = ag__in_scope();
     ag_scope_begin();
     bool prev = ag_set_grad_enabled(false);
-    int n = run_graph(c, false, inputs, ninputs, fo, nfo);
-    int rc = n < 0 ? n : 0;
+    int rc = ag__rng_wrap_feed(&c->rng_fw, fin);
+    int n = rc ? rc : run_graph(c, false, fin, nfin, fo, nfo);
+    if (rc == 0)
+        rc = n < 0 ? n : ag__rng_wrap_advance(&c->rng_fw, fo, n);
     /* Write input mutations back (BatchNorm's running statistics), as eager mutated them. */
     for (int i = 0, k = 0; rc == 0 && i < c->nprimals; i++)
         if (c->in_info[i].mutates_data) {
@@ -315,7 +340,7 @@ int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_t
             for (int i = 0; i < c->nsaved; i++) {
                 int p = c->saved_primal[i];
                 /* A saved primal is the caller's tensor: remember its version. */
-                s->saved[i] = ag_tensor_keep(p >= 0 ? inputs[p] : fo[nfw + i]);
+                s->saved[i] = ag_tensor_keep(p >= 0 ? fin[p] : fo[nfw + i]);
                 s->saved_versions[i] = s->saved[i] ? s->saved[i]->storage->version : 0;
             }
             for (int t = 0; t < c->ntangents; t++)
@@ -332,6 +357,7 @@ int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_t
     }
     ag_scope_end();
     ag__free(fo);
+    ag__free(fin);
     for (int k = 0; k < c->nuser; k++) {
         if (rc) {
             ag_tensor_free(outs[k]);
