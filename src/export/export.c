@@ -73,9 +73,9 @@ void ag_joint_free(ag_joint *j) {
     if (!j)
         return;
     ag_graph_free(j->g);
-    for (int i = 0; i < j->nparams; i++)
+    for (int i = 0; j->params && i < j->nparams; i++)
         ag__free(j->params[i]);
-    for (int i = 0; i < j->nbuffers; i++)
+    for (int i = 0; j->buffers && i < j->nbuffers; i++)
         ag__free(j->buffers[i]);
     ag__free(j->params);
     ag__free(j->buffers);
@@ -434,6 +434,7 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
             if (!td)
                 goto fail;
             j->tangent_descs[nt] = td;
+            j->ntangents = nt + 1; /* released by ag_joint_free should a later step fail */
             char name[32];
             snprintf(name, sizeof name, "tangents_%d", nt + 1);
             ag_tmeta mt;

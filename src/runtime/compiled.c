@@ -285,6 +285,8 @@ int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_t
                            ag_dtype_short(m->dtype), ag__fmt_sizes(b, sizeof b, m->ndim, m->sizes));
         }
     }
+    for (int k = 0; k < c->nuser; k++)
+        outs[k] = NULL; /* what a failure leaves */
     int nfw = c->nfw;
     int nfo = nfw + c->nsaved;
     int nfin = ninputs + ag__rng_wrap_num_inputs(&c->rng_fw);
