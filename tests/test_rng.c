@@ -172,7 +172,8 @@ static void test_philox_ops_equal_eager_draws(void **st) {
         assert_true(same_bits(ag_philox_rand(S, i64_scalar(off), dt, 2, sz, 0, 1), r));
         assert_true(same_bits(ag_philox_randn(S, i64_scalar(off + k), dt, 2, sz, 0, 1), n));
         assert_true(same_bits(ag_philox_rand(S, i64_scalar(off + 2 * k), dt, 2, sz, -2, 3), u));
-        assert_true(same_bits(ag_philox_randn(S, i64_scalar(off + 3 * k), dt, 2, sz, 1.5, 0.25), v));
+        assert_true(
+            same_bits(ag_philox_randn(S, i64_scalar(off + 3 * k), dt, 2, sz, 1.5, 0.25), v));
         assert_true(same_bits(ag_philox_rand(S, i64_scalar(off + 4 * k), dt, 2, sz, 0, 1), ws));
         /* another offset draws other numbers */
         assert_false(same_bits(ag_philox_rand(S, i64_scalar(off + 1), dt, 2, sz, 0, 1), r));
@@ -198,8 +199,8 @@ static void test_native_dropout_equals_functional_form(void **st) {
             ag_rng_get_state(&seed, &off);
             ag_tensor *out, *mask;
             assert_int_equal(ag_native_dropout(x, p, true, &out, &mask), 0);
-            ag_tensor *u = ag_philox_rand(i64_scalar(seed), i64_scalar(off), dt, 2,
-                                          ag_tensor_sizes(x), 0, 1);
+            ag_tensor *u =
+                ag_philox_rand(i64_scalar(seed), i64_scalar(off), dt, 2, ag_tensor_sizes(x), 0, 1);
             ag_tensor *m2 = ag_ge_scalar(u, p);
             ag_tensor *o2 = ag_mul_scalar(ag_mul(m2, x), scale);
             assert_true(same_bits(mask, m2));
@@ -226,8 +227,8 @@ static void test_philox_op_errors(void **st) {
     ag_tensor *bad = ag_zeros(AG_F32, 1, (int64_t[]){2});
     assert_null(ag_philox_rand(bad, o, AG_F32, 1, (int64_t[]){4}, 0, 1));
     tu_assert_error_contains("philox_rand: seed must be a 0-dim int64 tensor, got f32[2]");
-    assert_null(ag_philox_randn(s, ag_zeros(AG_I64, 1, (int64_t[]){1}), AG_F32, 1,
-                                (int64_t[]){4}, 0, 1));
+    assert_null(
+        ag_philox_randn(s, ag_zeros(AG_I64, 1, (int64_t[]){1}), AG_F32, 1, (int64_t[]){4}, 0, 1));
     tu_assert_error_contains("philox_randn: offset must be a 0-dim int64 tensor");
     assert_null(ag_philox_rand(s, o, AG_I64, 1, (int64_t[]){4}, 0, 1));
     tu_assert_error_contains("philox_rand: dtype i64 is not supported (float32 or float64)");
@@ -242,9 +243,8 @@ static void test_philox_op_errors(void **st) {
 
 /* ---- the export: dropout_mlp ---- */
 
-static const char *const mlp_names[] = {"primals_1",  "primals_2", "primals_3",
-                                        "primals_4",  "primals_5", "tangents_1",
-                                        "fwd_seed",   "fwd_base_offset"};
+static const char *const mlp_names[] = {"primals_1", "primals_2",  "primals_3", "primals_4",
+                                        "primals_5", "tangents_1", "fwd_seed",  "fwd_base_offset"};
 static const char *const mlp_in_descs[] = {
     "ParamAOTInput(target='fc1.weight')",
     "ParamAOTInput(target='fc1.bias')",
@@ -413,18 +413,20 @@ static void test_offsets_per_draw(void **st) {
                                               "PhiloxForwardBaseOffsetAOTInput()"},
                         5);
     expect_outputs(g,
-                   (const char *const[]){"PlainAOTOutput(idx=0)", "PlainAOTOutput(idx=1)",
-                                         "PlainAOTOutput(idx=2)", "PlainAOTOutput(idx=3)",
-                                         "PhiloxUpdatedForwardOffsetAOTOutput()",
-                                         "GradAOTOutput(grad_of=ParamAOTInput(target='w'))",
-                                         "None"},
+                   (const char *const[]){
+                       "PlainAOTOutput(idx=0)", "PlainAOTOutput(idx=1)", "PlainAOTOutput(idx=2)",
+                       "PlainAOTOutput(idx=3)", "PhiloxUpdatedForwardOffsetAOTOutput()",
+                       "GradAOTOutput(grad_of=ParamAOTInput(target='w'))", "None"},
                    7);
     /* The draws in order: op, offset k, affine parameters. */
     static const struct {
         const char *op;
         double k, a, b;
-    } want[] = {{"philox_rand", 0, 0, 1},   {"philox_rand", 20, 0, 1},   {"philox_randn", 40, 0, 1},
-                {"philox_rand", 47, -2, 3}, {"philox_randn", 50, 1, 0.5}};
+    } want[] = {{"philox_rand", 0, 0, 1},
+                {"philox_rand", 20, 0, 1},
+                {"philox_randn", 40, 0, 1},
+                {"philox_rand", 47, -2, 3},
+                {"philox_randn", 50, 1, 0.5}};
     ag_node *base = ag_graph_find(g, "fwd_base_offset");
     int d = 0;
     for (ag_node *n = ag_graph_first(g); n; n = ag_node_next(n)) {
@@ -532,9 +534,8 @@ static void test_partition_recomputes_mask(void **st) {
             if (ag_partition(jg, ag_joint_num_fw_outputs(j), &po, &fw, &bw, NULL))
                 fail_msg("partition: %s", ag_last_error());
             /* forward: primals then the forward's seed and offset */
-            const char *const fw_names[] = {mlp_names[0], mlp_names[1], mlp_names[2],
-                                            mlp_names[3], mlp_names[4], mlp_names[6],
-                                            mlp_names[7]};
+            const char *const fw_names[] = {mlp_names[0], mlp_names[1], mlp_names[2], mlp_names[3],
+                                            mlp_names[4], mlp_names[6], mlp_names[7]};
             const char *const fw_descs[] = {mlp_in_descs[0], mlp_in_descs[1], mlp_in_descs[2],
                                             mlp_in_descs[3], mlp_in_descs[4], mlp_in_descs[6],
                                             mlp_in_descs[7]};
@@ -592,8 +593,8 @@ static void expect_same_params(ag_module *a, ag_module *b, bool grads) {
 /* Trains model `name` (dropout p) eagerly and compiled for `steps` SGD steps from the same
  * generator state each step; outputs, gradients, parameters and the generator's offset after
  * each step must agree bit for bit. Returns the offset advance of one step. */
-static uint64_t train_side_by_side(const char *name, double p, const ag_compile_opts *co,
-                                   int steps, ag_module *(*make)(void), ag_tensor *make_x) {
+static uint64_t train_side_by_side(const char *name, double p, const ag_compile_opts *co, int steps,
+                                   ag_module *(*make)(void), ag_tensor *make_x) {
     ag_module *me, *mc;
     ag_tensor *ie[8], *ic[8];
     int ne, nc;
@@ -763,21 +764,20 @@ static void test_backward_draws(void **st) {
     ag_tensor *x = ag_randn(AG_F32, 1, (int64_t[]){6});
     ag_joint *j = export_or_fail(m, &x, 1, NULL);
     const ag_graph *g = ag_joint_graph(j);
-    expect_placeholders(g,
-                        (const char *const[]){"primals_1", "primals_2", "tangents_1", "fwd_seed",
-                                              "fwd_base_offset", "bwd_seed", "bwd_base_offset"},
-                        (const char *const[]){"ParamAOTInput(target='w')", "PlainAOTInput(idx=0)",
-                                              "TangentAOTInput(output=PlainAOTOutput(idx=0))",
-                                              "PhiloxForwardSeedAOTInput()",
-                                              "PhiloxForwardBaseOffsetAOTInput()",
-                                              "PhiloxBackwardSeedAOTInput()",
-                                              "PhiloxBackwardBaseOffsetAOTInput()"},
-                        7);
+    expect_placeholders(
+        g,
+        (const char *const[]){"primals_1", "primals_2", "tangents_1", "fwd_seed", "fwd_base_offset",
+                              "bwd_seed", "bwd_base_offset"},
+        (const char *const[]){"ParamAOTInput(target='w')", "PlainAOTInput(idx=0)",
+                              "TangentAOTInput(output=PlainAOTOutput(idx=0))",
+                              "PhiloxForwardSeedAOTInput()", "PhiloxForwardBaseOffsetAOTInput()",
+                              "PhiloxBackwardSeedAOTInput()", "PhiloxBackwardBaseOffsetAOTInput()"},
+        7);
     expect_outputs(g,
                    (const char *const[]){"PlainAOTOutput(idx=0)",
                                          "PhiloxUpdatedForwardOffsetAOTOutput()",
-                                         "GradAOTOutput(grad_of=ParamAOTInput(target='w'))",
-                                         "None", "PhiloxUpdatedBackwardOffsetAOTOutput()"},
+                                         "GradAOTOutput(grad_of=ParamAOTInput(target='w'))", "None",
+                                         "PhiloxUpdatedBackwardOffsetAOTOutput()"},
                    5);
     assert_int_equal(ag_joint_num_fw_outputs(j), 2);
     /* the backward's draw reads add(bwd_base_offset, 0) and is a backward node */
@@ -927,7 +927,8 @@ static void test_interpreter_equals_executor(void **st) {
             assert_int_equal(nb, na);
             for (int k = 0; k < na; k++)
                 if (!same_bits(a[k], b[k]))
-                    fail_msg("%s: output %d differs between interpreter and executor", models[i], k);
+                    fail_msg("%s: output %d differs between interpreter and executor", models[i],
+                             k);
             free_all(b, nb);
             ag_plan_free(p);
         }
@@ -957,14 +958,13 @@ static const ag_opdef coin_def = {
     .dtypes = 1u << AG_F32,
 };
 
-static int coin_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
-                        int max_out) {
+static int coin_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
     (void)nin;
     (void)max_out;
     const ag_op *op = ag_op_find("rng_test::coin");
     ag_scope_begin();
-    out[0] = ag_tensor_keep(ag_mul(ag_op_call1(op, (ag_arg[]){AG_A_T(in[0])}, 1),
-                                   ag_module_param(m, "w")));
+    out[0] = ag_tensor_keep(
+        ag_mul(ag_op_call1(op, (ag_arg[]){AG_A_T(in[0])}, 1), ag_module_param(m, "w")));
     ag_scope_end();
     return out[0] ? 1 : ag_last_status();
 }
@@ -980,7 +980,8 @@ static void test_errors(void **st) {
     tu_assert_error_contains("export: rng_test::coin draws random numbers and has no functional "
                              "form for RNG functionalization");
     /* kept as it is, it exports */
-    ag_joint *j = ag_export_joint(m, &x, 1, NULL, NULL, 0, &(ag_export_opts){.keep_random_ops = true});
+    ag_joint *j =
+        ag_export_joint(m, &x, 1, NULL, NULL, 0, &(ag_export_opts){.keep_random_ops = true});
     assert_non_null(j);
     ag_joint_free(j);
     ag_tensor_free(w);

@@ -155,7 +155,8 @@ AG_API const ag_input_info *ag_joint_input_info(const ag_joint *j, int primal);
 AG_API int ag_joint_num_user_outputs(const ag_joint *j);
 AG_API const ag_output_info *ag_joint_output_info(const ag_joint *j, int user_output);
 AG_API int ag_joint_num_mutated_inputs(const ag_joint *j);
-/* Forward outputs: input mutations plus user outputs (the partitioner's num_fwd_outputs). */
+/* Forward outputs: input mutations plus user outputs, plus the updated philox offset when the
+ * forward draws random numbers (the partitioner's num_fwd_outputs). */
 AG_API int ag_joint_num_fw_outputs(const ag_joint *j);
 AG_API bool ag_joint_needs_autograd(const ag_joint *j);
 

@@ -48,10 +48,10 @@ static int ensure_side(ag__rng_fn *R, int s) {
     ag_tmeta m;
     ag__tmeta_contiguous(&m, AG_I64, 0, NULL);
     for (int k = 0; k < 2; k++) {
-        ag_desc *d = s == 0 ? (k == 0 ? ag_desc_philox_forward_seed()
-                                      : ag_desc_philox_forward_base_offset())
-                            : (k == 0 ? ag_desc_philox_backward_seed()
-                                      : ag_desc_philox_backward_base_offset());
+        ag_desc *d =
+            s == 0
+                ? (k == 0 ? ag_desc_philox_forward_seed() : ag_desc_philox_forward_base_offset())
+                : (k == 0 ? ag_desc_philox_backward_seed() : ag_desc_philox_backward_base_offset());
         ag_node *p = d ? ag_graph_placeholder(R->g, names[s][k], &m) : NULL;
         int rc = p ? ag_node_set_desc(p, d) : ag_last_status();
         ag_desc_release(d);
@@ -98,10 +98,18 @@ static int emit(ag__rng_fn *R, rkind k, const ag_arg *args, ag_tensor **outs) {
     ag_tensor *r = NULL, *mask = NULL;
     if (off) {
         switch (k) {
-        case R_RAND: r = ag_philox_rand(S->seed, off, dt, nd, sz, 0.0, 1.0); break;
-        case R_RANDN: r = ag_philox_randn(S->seed, off, dt, nd, sz, 0.0, 1.0); break;
-        case R_UNIFORM: r = ag_philox_rand(S->seed, off, dt, nd, sz, args[1].u.f, args[2].u.f); break;
-        case R_NORMAL: r = ag_philox_randn(S->seed, off, dt, nd, sz, args[1].u.f, args[2].u.f); break;
+        case R_RAND:
+            r = ag_philox_rand(S->seed, off, dt, nd, sz, 0.0, 1.0);
+            break;
+        case R_RANDN:
+            r = ag_philox_randn(S->seed, off, dt, nd, sz, 0.0, 1.0);
+            break;
+        case R_UNIFORM:
+            r = ag_philox_rand(S->seed, off, dt, nd, sz, args[1].u.f, args[2].u.f);
+            break;
+        case R_NORMAL:
+            r = ag_philox_randn(S->seed, off, dt, nd, sz, args[1].u.f, args[2].u.f);
+            break;
         case R_DROPOUT: {
             const double p = args[1].u.f, scale = p < 1 ? 1.0 / (1.0 - p) : 0.0;
             mask = ag_ge_scalar(ag_philox_rand(S->seed, off, dt, nd, sz, 0.0, 1.0), p);
@@ -132,17 +140,22 @@ static int random_hook(void *ud, const ag_op *op, const ag_arg *args, int nargs,
     static const struct {
         const char *name;
         rkind kind;
-    } forms[] = {{"rand", R_RAND},       {"randn", R_RANDN},   {"uniform_", R_UNIFORM},
-                 {"normal_", R_NORMAL},  {"native_dropout", R_DROPOUT}};
+    } forms[] = {{"rand", R_RAND},
+                 {"randn", R_RANDN},
+                 {"uniform_", R_UNIFORM},
+                 {"normal_", R_NORMAL},
+                 {"native_dropout", R_DROPOUT}};
     const char *name = ag_op_name(op);
     int f = -1;
     for (int i = 0; i < (int)(sizeof forms / sizeof forms[0]) && f < 0; i++)
         if (!strcmp(name, forms[i].name))
             f = i;
     if (f < 0)
-        return ag__err(AG_ENOTSUP, "export: %s draws random numbers and has no functional form "
-                                   "for RNG functionalization (rand, randn, uniform_, normal_ and "
-                                   "native_dropout have one)", name);
+        return ag__err(AG_ENOTSUP,
+                       "export: %s draws random numbers and has no functional form "
+                       "for RNG functionalization (rand, randn, uniform_, normal_ and "
+                       "native_dropout have one)",
+                       name);
     if (forms[f].kind == R_DROPOUT && !(args[2].kind == AG_ARG_NONE || args[2].u.b))
         return 1; /* evaluation: no draw */
     int rc = ensure_side(R, R->backward);
@@ -155,7 +168,8 @@ static int random_hook(void *ud, const ag_op *op, const ag_arg *args, int nargs,
     bool prev = ag_set_grad_enabled(false);
     rc = emit(R, forms[f].kind, args, outs);
     ag_set_grad_enabled(prev);
-    for (ag_node *m = last ? ag_node_next(last) : NULL; m && rc == 0 && seq >= 0; m = ag_node_next(m))
+    for (ag_node *m = last ? ag_node_next(last) : NULL; m && rc == 0 && seq >= 0;
+         m = ag_node_next(m))
         rc = ag_node_set_seq_nr(m, seq);
     return rc;
 }
@@ -170,7 +184,9 @@ ag__rng_fn *ag__rng_begin(ag__tracer *T, ag_graph *g) {
     return R;
 }
 
-void ag__rng_mark_backward(ag__rng_fn *R) { R->backward = true; }
+void ag__rng_mark_backward(ag__rng_fn *R) {
+    R->backward = true;
+}
 
 int ag__rng_updated_offset(ag__rng_fn *R, bool backward, ag_node **node, ag_desc **desc) {
     rng_side *S = &R->side[backward];

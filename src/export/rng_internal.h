@@ -26,7 +26,7 @@ int ag__rng_updated_offset(ag__rng_fn *R, bool backward, ag_node **node, ag_desc
  * fwd_base_offset, bwd_seed, bwd_base_offset, and stores their descriptors (new references)
  * in descs[0..4); returns how many there are. */
 int ag__rng_finish(ag__rng_fn *R, ag_desc **descs);
-/* Uninstalls (when the tracer is still active) and frees; NULL is a no-op. */
+/* Frees the state (call it once the tracer has ended); NULL is a no-op. */
 void ag__rng_free(ag__rng_fn *R);
 
 #endif

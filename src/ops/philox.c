@@ -76,41 +76,59 @@ static int philox_meta(const char *op, const ag_arg *a, ag_tmeta *o) {
 }
 
 static int philox_kernel(const ag_arg *a, ag_tensor **o, bool normal) {
-    uint64_t seed = (uint64_t)*(const int64_t *)ag__base(a[1].u.t);
-    uint64_t offset = (uint64_t)*(const int64_t *)ag__base(a[2].u.t);
+    uint64_t seed = (uint64_t) * (const int64_t *)ag__base(a[1].u.t);
+    uint64_t offset = (uint64_t) * (const int64_t *)ag__base(a[2].u.t);
     return ag__philox_fill(o[0], seed, offset, normal, a[3].u.f, a[4].u.f);
 }
 
-static int rand_meta(const ag_arg *a, ag_tmeta *o) { return philox_meta("philox_rand", a, o); }
-static int randn_meta(const ag_arg *a, ag_tmeta *o) { return philox_meta("philox_randn", a, o); }
-static int rand_kernel(const ag_arg *a, ag_tensor **o) { return philox_kernel(a, o, false); }
-static int randn_kernel(const ag_arg *a, ag_tensor **o) { return philox_kernel(a, o, true); }
+static int rand_meta(const ag_arg *a, ag_tmeta *o) {
+    return philox_meta("philox_rand", a, o);
+}
+static int randn_meta(const ag_arg *a, ag_tmeta *o) {
+    return philox_meta("philox_randn", a, o);
+}
+static int rand_kernel(const ag_arg *a, ag_tensor **o) {
+    return philox_kernel(a, o, false);
+}
+static int randn_kernel(const ag_arg *a, ag_tensor **o) {
+    return philox_kernel(a, o, true);
+}
 
 /* The dispatcher checks `dtypes` against the first tensor argument, here the int64 seed; the
  * output dtype is checked by the meta function. */
 static const ag_opdef op_philox_rand = {
     .schema = "philox_rand(SymInt[] size, Tensor seed, Tensor offset, float low=0, float high=1, "
               "*, ScalarType? dtype=None) -> Tensor",
-    .flags = AG_OP_NONDIFF, .meta = rand_meta, .kernel = rand_kernel, .dtypes = 1u << AG_I64,
+    .flags = AG_OP_NONDIFF,
+    .meta = rand_meta,
+    .kernel = rand_kernel,
+    .dtypes = 1u << AG_I64,
 };
 static const ag_opdef op_philox_randn = {
     .schema = "philox_randn(SymInt[] size, Tensor seed, Tensor offset, float mean=0, float std=1, "
               "*, ScalarType? dtype=None) -> Tensor",
-    .flags = AG_OP_NONDIFF, .meta = randn_meta, .kernel = randn_kernel, .dtypes = 1u << AG_I64,
+    .flags = AG_OP_NONDIFF,
+    .meta = randn_meta,
+    .kernel = randn_kernel,
+    .dtypes = 1u << AG_I64,
 };
 
 ag_tensor *ag_philox_rand(ag_tensor *seed, ag_tensor *offset, ag_dtype dt, int ndim,
                           const int64_t *sizes, double low, double high) {
     AG__OP(op, "philox_rand");
-    return ag__call1(op, (ag_arg[]){AG_A_INTS(sizes, ndim), AG_A_T(seed), AG_A_T(offset),
-                                    AG_A_F(low), AG_A_F(high), AG_A_DT(dt)}, 6);
+    return ag__call1(op,
+                     (ag_arg[]){AG_A_INTS(sizes, ndim), AG_A_T(seed), AG_A_T(offset), AG_A_F(low),
+                                AG_A_F(high), AG_A_DT(dt)},
+                     6);
 }
 
 ag_tensor *ag_philox_randn(ag_tensor *seed, ag_tensor *offset, ag_dtype dt, int ndim,
                            const int64_t *sizes, double mean, double std) {
     AG__OP(op, "philox_randn");
-    return ag__call1(op, (ag_arg[]){AG_A_INTS(sizes, ndim), AG_A_T(seed), AG_A_T(offset),
-                                    AG_A_F(mean), AG_A_F(std), AG_A_DT(dt)}, 6);
+    return ag__call1(op,
+                     (ag_arg[]){AG_A_INTS(sizes, ndim), AG_A_T(seed), AG_A_T(offset), AG_A_F(mean),
+                                AG_A_F(std), AG_A_DT(dt)},
+                     6);
 }
 
 const ag_opdef *const ag__ops_philox[] = {

@@ -18,11 +18,12 @@ int ag__rng_wrap_init(ag__rng_wrap *w, const ag_graph *g, bool backward) {
     w->seed_in = w->offset_in = w->offset_out = -1;
     if (!g)
         return 0;
-    const ag_desc_kind seed_k = backward ? AG_DESC_PHILOX_BACKWARD_SEED : AG_DESC_PHILOX_FORWARD_SEED;
+    const ag_desc_kind seed_k =
+        backward ? AG_DESC_PHILOX_BACKWARD_SEED : AG_DESC_PHILOX_FORWARD_SEED;
     const ag_desc_kind off_k =
         backward ? AG_DESC_PHILOX_BACKWARD_BASE_OFFSET : AG_DESC_PHILOX_FORWARD_BASE_OFFSET;
-    const ag_desc_kind out_k = backward ? AG_DESC_PHILOX_UPDATED_BACKWARD_OFFSET
-                                        : AG_DESC_PHILOX_UPDATED_FORWARD_OFFSET;
+    const ag_desc_kind out_k =
+        backward ? AG_DESC_PHILOX_UPDATED_BACKWARD_OFFSET : AG_DESC_PHILOX_UPDATED_FORWARD_OFFSET;
     ag_node **ph;
     int nph = ag_graph_placeholders(g, &ph);
     if (nph < 0)
@@ -43,14 +44,18 @@ int ag__rng_wrap_init(ag__rng_wrap *w, const ag_graph *g, bool backward) {
     }
     const char *side = backward ? "backward" : "forward";
     if ((w->seed_in < 0) != (w->offset_in < 0) || (w->seed_in < 0) != (w->offset_out < 0))
-        return ag__err(AG_EINVAL, "compile: the %s graph has %s philox seed, %s base offset and "
-                                  "%s updated offset; RNG functionalization needs all three or "
-                                  "none", side, w->seed_in < 0 ? "no" : "a",
-                       w->offset_in < 0 ? "no" : "a", w->offset_out < 0 ? "no" : "an");
+        return ag__err(AG_EINVAL,
+                       "compile: the %s graph has %s philox seed, %s base offset and "
+                       "%s updated offset; RNG functionalization needs all three or "
+                       "none",
+                       side, w->seed_in < 0 ? "no" : "a", w->offset_in < 0 ? "no" : "a",
+                       w->offset_out < 0 ? "no" : "an");
     return 0;
 }
 
-int ag__rng_wrap_num_inputs(const ag__rng_wrap *w) { return w->seed_in < 0 ? 0 : 2; }
+int ag__rng_wrap_num_inputs(const ag__rng_wrap *w) {
+    return w->seed_in < 0 ? 0 : 2;
+}
 
 int ag__rng_wrap_feed(const ag__rng_wrap *w, ag_tensor **in) {
     if (w->seed_in < 0)
@@ -69,10 +74,12 @@ int ag__rng_wrap_advance(const ag__rng_wrap *w, ag_tensor *const *outs, int nout
         return 0;
     const ag_tensor *t = w->offset_out < nouts ? outs[w->offset_out] : NULL;
     if (!t || t->dtype != AG_I64 || t->ndim != 0)
-        return ag__err(AG_EINVAL, "compiled: the updated philox offset (output %d) is not a 0-dim "
-                                  "int64 tensor", w->offset_out);
+        return ag__err(AG_EINVAL,
+                       "compiled: the updated philox offset (output %d) is not a 0-dim "
+                       "int64 tensor",
+                       w->offset_out);
     uint64_t seed, offset;
     ag_rng_get_state(&seed, &offset);
-    ag_rng_set_state(seed, (uint64_t)*(const int64_t *)ag__base(t));
+    ag_rng_set_state(seed, (uint64_t) * (const int64_t *)ag__base(t));
     return 0;
 }
