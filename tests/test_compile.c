@@ -42,13 +42,21 @@ static void check_model(const char *name, const ag_compile_opts *co, double tol)
     for (int step = 0; step < 2; step++) {
         ag_scope_begin();
         ag_tensor *a[16], *b[16];
+        /* Both calls start from the same generator state (they draw the same numbers) and
+         * leave it at the same offset. */
+        uint64_t seed, offset, eager_seed, eager_offset, cseed, coffset;
+        ag_rng_get_state(&seed, &offset);
         int n = ag_module_call(me, ie, ne, a, 16);
+        ag_rng_get_state(&eager_seed, &eager_offset);
+        ag_rng_set_state(seed, offset);
         int m = ag_compiled_call_module(c, mc, ic, nc, b, 16);
         if (m < 0)
             print_error("%s: call: %s\n", name, ag_last_error());
         assert_int_equal(m, n);
         for (int i = 0; i < ne; i++) /* inputs the model mutates (alias_views) match too */
             assert_true(rel(ie[i], ic[i]) <= tol);
+        ag_rng_get_state(&cseed, &coffset);
+        assert_true(cseed == eager_seed && coffset == eager_offset);
         ag_tensor *le = NULL, *lc = NULL;
         for (int k = 0; k < n; k++) {
             double d = rel(a[k], b[k]);

@@ -781,7 +781,11 @@ static void check_zoo_numerics(const char *name) {
     }
     assert_int_equal(k, ag_joint_num_flat_inputs(j));
     assert_int_equal(ag_joint_primals_from_flat(j, flat, k, inputs, 64), np);
-    /* Eager forward, then grads with deterministic tangents for the outputs that have one. */
+    /* Eager forward, then grads with deterministic tangents for the outputs that have one. The
+     * joint's philox inputs (a model with random ops) get the generator's state before the
+     * eager call. */
+    uint64_t seed, offset;
+    ag_rng_get_state(&seed, &offset);
     ag_tensor *eo[16];
     int neo = ag_module_call(me, ie, ne, eo, 16);
     assert_true(neo > 0);
@@ -789,7 +793,7 @@ static void check_zoo_numerics(const char *name) {
     ag_tensor *tang[16], *roots[16];
     bool grads = true;
     ag_node **ph;
-    assert_int_equal(ag_graph_placeholders(g, &ph), np + nt + ntb);
+    int nph = ag_graph_placeholders(g, &ph);
     for (int t = 0; t < nt; t++) {
         const ag_desc *of = ag_desc_nested(ag_node_desc(ph[np + t]));
         if (ag_desc_kind_of(of) != AG_DESC_PLAIN_OUTPUT) {
@@ -805,8 +809,15 @@ static void check_zoo_numerics(const char *name) {
         inputs[np + t] = tang[t];
     for (int t = 0; t < ntb; t++)
         inputs[np + nt + t] = ag_empty(AG_F32, 1, (int64_t[]){0});
+    int nrng = 0;
+    ag_tensor *rng_in[4];
+    for (int k2 = np + nt + ntb; k2 < nph && nrng < 4; k2++)
+        assert_non_null(inputs[k2] = rng_in[nrng++] = tu_philox_input(ph[k2], seed, offset));
+    assert_int_equal(nph, np + nt + ntb + nrng);
     ag_tensor *go[64];
-    int ngo = ag_graph_run(g, inputs, np + nt + ntb, go, 64);
+    int ngo = ag_graph_run(g, inputs, nph, go, 64);
+    for (int r = 0; r < nrng; r++)
+        ag_tensor_free(rng_in[r]);
     if (ngo < 0)
         print_error("%s: run: %s\n", name, ag_last_error());
     assert_int_equal(ngo, ag_joint_num_fw_outputs(j) + (nt ? np - ntf + ntb : 0));

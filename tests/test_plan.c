@@ -354,19 +354,25 @@ static void check_partitioned(const char *name, ag_partitioner part) {
     ag_partition_opts po = {.partitioner = part, .memory_budget = 1.0};
     if (ag_partition(jg, nfo, &po, &fw, &bw, NULL) != 0)
         fail_msg("%s: partition: %s", name, ag_last_error());
-    ag_tensor *ref[256], *fo[256], *go[256], *bin[256];
+    ag_tensor *ref[256], *fo[256], *go[256], *bin[256], *fin[256];
     int nref = ag_graph_run(jg, z.in, z.nin, ref, 256);
     /* Gradients (one per primal that is not an effect token) and backward tokens. */
-    int ngrad = np - ag_joint_num_forward_tokens(z.j) + ag_joint_num_backward_tokens(z.j);
+    int ntb = ag_joint_num_backward_tokens(z.j);
+    int ngrad = np - ag_joint_num_forward_tokens(z.j) + ntb;
     assert_true(nref == nfo + ngrad);
+    /* The forward's inputs: the primals, then the philox seed and offset of a model with
+     * random ops (the joint's last placeholders, after the tangents and backward tokens). */
+    int nrng = z.nin - np - nt - ntb;
+    memcpy(fin, z.in, sizeof *fin * (size_t)np);
+    memcpy(fin + np, z.in + np + nt + ntb, sizeof *fin * (size_t)nrng);
     for (int chk = 0; chk < 2; chk++) {
         char what[96];
         snprintf(what, sizeof what, "%s %s%s", name, part ? "mincut" : "default",
                  chk ? " checking" : "");
         ag_plan *pf = plan_ok(fw, chk, false), *pb = plan_ok(bw, chk, false);
-        expect_same(what, fw, pf, z.in, np);
+        expect_same(what, fw, pf, fin, np + nrng);
         for (int step = 0; step < 2; step++) {
-            int nf = ag_plan_run(pf, z.in, np, fo, 256);
+            int nf = ag_plan_run(pf, fin, np + nrng, fo, 256);
             if (nf < 0)
                 fail_msg("%s: forward: %s", what, ag_last_error());
             for (int k = 0; k < nfo; k++)
@@ -374,7 +380,7 @@ static void check_partitioned(const char *name, ag_partitioner part) {
             int nb = 0;
             for (int k = nfo; k < nf; k++)
                 bin[nb++] = fo[k];
-            for (int k = np; k < z.nin; k++) /* tangents, backward tokens */
+            for (int k = np; k < np + nt + ntb; k++) /* tangents, backward tokens */
                 bin[nb++] = z.in[k];
             int ng = ag_plan_run(pb, bin, nb, go, 256);
             if (ng < 0)

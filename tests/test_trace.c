@@ -169,7 +169,7 @@ static void test_zoo_registry(void **state) {
     (void)state;
     static const char *const want[] = {"linear",   "multi_output", "kwargs", "convbn",
                                        "grad_acc", "mlp",          "cnn",    "gpt2",
-                                       "effects",  "alias_views"};
+                                       "effects",  "alias_views", "dropout_mlp"};
     enum { NWANT = (int)(sizeof want / sizeof want[0]) };
     assert_int_equal(ag_zoo_count(), NWANT);
     for (int i = 0; i < NWANT; i++) {

@@ -493,3 +493,21 @@ void tu_cli_cleanup(const char *const *names, int n) {
     }
     rmdir(cli_dir);
 }
+
+/* ---- RNG functionalization ---- */
+
+ag_tensor *tu_philox_input(const ag_node *placeholder, uint64_t seed, uint64_t offset) {
+    const ag_desc *d = ag_node_desc(placeholder);
+    ag_desc_kind k = d ? ag_desc_kind_of(d) : AG_DESC_PLAIN_INPUT;
+    int64_t v;
+    if (k == AG_DESC_PHILOX_FORWARD_SEED || k == AG_DESC_PHILOX_BACKWARD_SEED)
+        v = (int64_t)seed;
+    else if (k == AG_DESC_PHILOX_FORWARD_BASE_OFFSET || k == AG_DESC_PHILOX_BACKWARD_BASE_OFFSET)
+        v = (int64_t)offset;
+    else
+        return NULL;
+    ag_scope_begin();
+    ag_tensor *t = ag_tensor_keep(ag_from_data(AG_I64, 0, NULL, &v));
+    ag_scope_end();
+    return t;
+}

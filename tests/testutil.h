@@ -147,4 +147,12 @@ int tu_gradcheck_op(const char *name);
 /* tu_gradcheck_op of each of the n names; returns the fewest samples any of them has. */
 int tu_gradcheck_ops(const char *const *names, size_t n);
 
+/* ---- RNG functionalization ---- */
+
+/* What to feed a philox placeholder of a joint (or partitioned) graph so that its draws are
+ * eager's with the generator at (seed, offset): a new 0-dim int64 tensor holding the seed for
+ * a Philox*SeedAOTInput, the offset for a Philox*BaseOffsetAOTInput; NULL for any other
+ * placeholder. Caller frees. */
+ag_tensor *tu_philox_input(const ag_node *placeholder, uint64_t seed, uint64_t offset);
+
 #endif

@@ -27,22 +27,24 @@ static const struct {
      "the main job: export, partition, compile and train the cnn on Fashion-MNIST "
      "[--steps N] [--model cnn|gpt2] [--data PATH]"},
     {"check", cli_check,
-     "eager vs compiled side by side: MODEL [--partitioner default|mincut] [--budget F]"},
+     "eager vs compiled side by side: MODEL [--dropout P] [--partitioner default|mincut] "
+     "[--budget F]"},
     {"models", cli_models, "list the model zoo"},
     {"trace", cli_trace,
-     "print a zoo model's traced forward graph: MODEL [--config NAME] [--format text|dot|svg] "
-     "[-o FILE] [--seq-nr] [--stack-traces]"},
+     "print a zoo model's traced forward graph: MODEL [--config NAME] [--dropout P] "
+     "[--format text|dot|svg] [-o FILE] [--seq-nr] [--stack-traces]"},
     {"show", cli_show,
      "parse, verify and print a graph file: FILE [--format text|dot|svg] [-o FILE]"},
     {"export", cli_export,
      "print a zoo model's joint fw+bw graph with descriptors: MODEL [--config NAME] "
-     "[--decompose core] [--format text|dot|svg] [-o FILE] [--seq-nr] [--stack-traces]"},
+     "[--dropout P] [--decompose core] [--format text|dot|svg] [-o FILE] [--seq-nr] "
+     "[--stack-traces]"},
     {"descriptors", cli_descriptors,
      "print a zoo model's params/buffers/in/out specs and its input->grad and "
-     "output->tangent pairs: MODEL [--config NAME]"},
+     "output->tangent pairs: MODEL [--config NAME] [--dropout P]"},
     {"partition", cli_partition,
      "split a zoo model's joint graph into forward and backward graphs: MODEL [--config NAME] "
-     "[--partitioner default|mincut] [--budget F] [--solver greedy|dp|ilp] "
+     "[--dropout P] [--partitioner default|mincut] [--budget F] [--solver greedy|dp|ilp] "
      "[--format text|dot|svg] [-o FILE]"},
     {"bench", cli_bench,
      "the performance suite: eager vs compiled steps, GEMM floor, capture pipeline, planned "

@@ -19,6 +19,9 @@ int cli_bench(int argc, char **argv);
 int cli_int_opt(const char *cmd, const char *name, const char *val, long long min, long long max,
                 long long *out);
 int cli_float_opt(const char *cmd, const char *name, const char *val, double *out);
+/* `--dropout P` of the commands that build zoo models (export, descriptors, trace, partition,
+ * check): the dropout probability of the models that have dropout layers (ag_zoo_build_opts). */
+int cli_dropout_opt(const char *cmd, const char *val, ag_zoo_opts *o);
 
 /* cli_effects.c: compares the zoo log records [e0, e1) of an eager phase with [c0, c1) of the
  * compiled one; 0 when they match, else 1 with the first difference in why. */

@@ -29,3 +29,17 @@ int cli_float_opt(const char *cmd, const char *name, const char *val, double *ou
     *out = v;
     return 0;
 }
+
+int cli_dropout_opt(const char *cmd, const char *val, ag_zoo_opts *o) {
+    double p;
+    if (cli_float_opt(cmd, "--dropout", val, &p))
+        return -1;
+    if (!(p >= 0 && p <= 1)) {
+        fprintf(stderr, "aotgrad %s: --dropout needs a probability in [0, 1], got '%s'\n", cmd,
+                val);
+        return -1;
+    }
+    o->set_dropout = true;
+    o->dropout = p;
+    return 0;
+}

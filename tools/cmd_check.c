@@ -1,10 +1,13 @@
-/* `aotgrad check MODEL [--config NAME] [--partitioner default|mincut] [--budget F] [--steps N]
- * [--interpret]`: runs a zoo model eagerly and through export -> partition -> compile side by
- * side for a few SGD steps, and prints the largest differences of outputs, parameter gradients,
- * buffers (BatchNorm running statistics) and the inputs after the call (a model may mutate
- * its inputs, through views too). Exits 1 when a difference exceeds the tolerance:
- * 1e-5 (float32) or 1e-12 (float64), relative to the reference's largest magnitude, or when the
- * side effects of effectful ops (the zoo log, cli_effects.c) differ between the two runs. */
+/* `aotgrad check MODEL [--config NAME] [--dropout P] [--partitioner default|mincut] [--budget F]
+ * [--steps N] [--interpret]`: runs a zoo model eagerly and through export -> partition ->
+ * compile side by side for a few SGD steps, and prints the largest differences of outputs,
+ * parameter gradients, buffers (BatchNorm running statistics) and the inputs after the call (a
+ * model may mutate its inputs, through views too). Exits 1 when a difference exceeds the
+ * tolerance: 1e-5 (float32) or 1e-12 (float64), relative to the reference's largest magnitude,
+ * or when the side effects of effectful ops (the zoo log, cli_effects.c) differ between the two
+ * runs. Both runs share the one generator: each step saves its state before the eager step and
+ * restores it before the compiled one, so both draw the same numbers; a model with random ops
+ * (its joint has philox inputs) must then match bit for bit (tolerance 0). */
 #include "cli.h"
 
 #include <math.h>
@@ -16,6 +19,19 @@ static double max_abs(const ag_tensor *t) {
     for (int64_t i = 0; i < ag_tensor_numel(t); i++)
         m = fmax(m, fabs(ag_tensor_item_at(t, i)));
     return m;
+}
+
+/* Whether the joint draws random numbers (RNG functionalization gave it philox inputs). */
+static bool draws(const ag_joint *j) {
+    ag_node **ph;
+    int n = ag_graph_placeholders(ag_joint_graph(j), &ph);
+    for (int i = 0; i < n; i++) {
+        const ag_desc *d = ag_node_desc(ph[i]);
+        ag_desc_kind k = d ? ag_desc_kind_of(d) : AG_DESC_PLAIN_INPUT;
+        if (k == AG_DESC_PHILOX_FORWARD_SEED || k == AG_DESC_PHILOX_BACKWARD_SEED)
+            return true;
+    }
+    return false;
 }
 
 /* Largest |a-b| relative to max(1, max|a|); inf when shapes differ or a value is NaN. */
@@ -36,13 +52,18 @@ static double rel_diff(const ag_tensor *ref, const ag_tensor *got) {
 
 int cli_check(int argc, char **argv) {
     const char *model = NULL, *config = NULL;
+    ag_zoo_opts zo = {0};
     long long steps = 3;
     ag_compile_opts co = {.partition = {.partitioner = AG_PARTITION_MINCUT, .memory_budget = 1.0}};
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "--config") && v)
             config = v, i++;
-        else if (!strcmp(argv[i], "--partitioner") && v && (!strcmp(v, "default") || !strcmp(v, "mincut"))) {
+        else if (!strcmp(argv[i], "--dropout") && v) {
+            if (cli_dropout_opt("check", v, &zo))
+                return 2;
+            i++;
+        } else if (!strcmp(argv[i], "--partitioner") && v && (!strcmp(v, "default") || !strcmp(v, "mincut"))) {
             co.partition.partitioner = !strcmp(v, "default") ? AG_PARTITION_DEFAULT : AG_PARTITION_MINCUT;
             i++;
         } else if (!strcmp(argv[i], "--budget") && v) {
@@ -59,7 +80,8 @@ int cli_check(int argc, char **argv) {
             model = argv[i];
         } else {
             fprintf(stderr, "aotgrad check: bad option '%s'\nusage: aotgrad check MODEL [--config NAME] "
-                            "[--partitioner default|mincut] [--budget F] [--steps N] [--interpret]\n",
+                            "[--dropout P] [--partitioner default|mincut] [--budget F] [--steps N] "
+                            "[--interpret]\n",
                     argv[i]);
             return 2;
         }
@@ -71,7 +93,8 @@ int cli_check(int argc, char **argv) {
     ag_module *me = NULL, *mc = NULL;
     ag_tensor *ie[8], *ic[8];
     int ne = 0, nc = 0;
-    if (ag_zoo_build(model, config, &me, ie, 8, &ne) || ag_zoo_build(model, config, &mc, ic, 8, &nc)) {
+    if (ag_zoo_build_opts(model, config, &zo, &me, ie, 8, &ne) ||
+        ag_zoo_build_opts(model, config, &zo, &mc, ic, 8, &nc)) {
         fprintf(stderr, "aotgrad check: %s\n", ag_last_error());
         return 2;
     }
@@ -83,52 +106,74 @@ int cli_check(int argc, char **argv) {
         fprintf(stderr, "aotgrad check: %s\n", ag_last_error());
         status = 2;
     }
-    bool f64 = ne > 0 && ag_tensor_dtype(ie[0]) == AG_F64;
-    double tol = f64 ? 1e-12 : 1e-5, worst_out = 0, worst_grad = 0, worst_buf = 0, worst_in = 0;
+    bool f64 = ne > 0 && ag_tensor_dtype(ie[0]) == AG_F64, random = j && draws(j);
+    double tol = random ? 0 : f64 ? 1e-12 : 1e-5;
+    double worst_out = 0, worst_grad = 0, worst_buf = 0, worst_in = 0;
     int neffects = 0; /* effect log records per step (the effects model); compared below */
     char effects_why[512] = "";
     for (long long s = 0; status == 0 && s < steps; s++) {
         ag_scope_begin();
         ag_tensor *oute[16], *outc[16];
+        /* The generator as the eager step found it, again for the compiled step; each backward
+         * runs right after its forward, so backward draws line up too. The effect log is read
+         * between the phases: eager forward, eager backward, compiled forward, compiled
+         * backward. */
+        uint64_t seed, offset;
+        ag_rng_get_state(&seed, &offset);
         int log0 = ag_zoo_log_count();
         int n1 = ag_module_call(me, ie, ne, oute, 16);
         int log1 = ag_zoo_log_count();
-        int n2 = n1 > 0 ? ag_compiled_call_module(c, mc, ic, nc, outc, 16) : -1;
-        int log2 = ag_zoo_log_count(), log3 = log2;
+        ag_tensor *le = NULL, *lc = NULL;
+        int rc = 0;
+        for (int k = 0; n1 > 0 && k < n1; k++) {
+            if (!ag_tensor_requires_grad(oute[k]))
+                continue;
+            ag_tensor *a = ag_sum_all(ag_mul_scalar(oute[k], 0.5 + 0.25 * k));
+            le = le ? ag_add(le, a) : a;
+        }
+        if (le)
+            rc = ag_backward(le, NULL, false);
+        int log2 = ag_zoo_log_count();
+        uint64_t eager_seed, eager_offset;
+        ag_rng_get_state(&eager_seed, &eager_offset);
+        ag_rng_set_state(seed, offset);
+        int n2 = n1 > 0 && !rc ? ag_compiled_call_module(c, mc, ic, nc, outc, 16) : -1;
+        int log3 = ag_zoo_log_count();
         if (n1 < 0 || n2 != n1) {
             fprintf(stderr, "aotgrad check: step %lld: %s\n", s + 1, ag_last_error());
             status = 2;
             ag_scope_end();
             break;
         }
-        /* loss = sum_k sum(out_k * w_k) with fixed weights, for both. */
-        ag_tensor *le = NULL, *lc = NULL;
         for (int i = 0; i < ne && i < nc; i++) /* the callers' tensors after the call */
             worst_in = fmax(worst_in, rel_diff(ie[i], ic[i]));
+        /* loss = sum_k sum(out_k * w_k) with fixed weights, for both. */
         for (int k = 0; k < n1; k++) {
             worst_out = fmax(worst_out, rel_diff(oute[k], outc[k]));
             if (!ag_tensor_requires_grad(oute[k]))
                 continue;
-            double w = 0.5 + 0.25 * k;
-            ag_tensor *a = ag_sum_all(ag_mul_scalar(oute[k], w));
-            ag_tensor *b = ag_sum_all(ag_mul_scalar(outc[k], w));
-            le = le ? ag_add(le, a) : a;
+            ag_tensor *b = ag_sum_all(ag_mul_scalar(outc[k], 0.5 + 0.25 * k));
             lc = lc ? ag_add(lc, b) : b;
         }
-        int rc = 0;
-        if (le) {
-            rc = ag_backward(le, NULL, false);
-            log3 = ag_zoo_log_count();
-            rc = rc || ag_backward(lc, NULL, false);
-        }
+        if (lc && !rc)
+            rc = ag_backward(lc, NULL, false);
         int log4 = ag_zoo_log_count();
         neffects = log4 - log0;
         if (!effects_why[0] && rc == 0 &&
-            (cli_effect_logs_compare(log0, log1, log1, log2, tol, "forward", effects_why,
+            (cli_effect_logs_compare(log0, log1, log2, log3, tol, "forward", effects_why,
                                      sizeof effects_why) ||
-             cli_effect_logs_compare(log2, log3, log3, log4, tol, "backward", effects_why,
+             cli_effect_logs_compare(log1, log2, log3, log4, tol, "backward", effects_why,
                                      sizeof effects_why)))
             status = 1;
+        /* The compiled step leaves the generator where eager's did. */
+        uint64_t cs, co_;
+        ag_rng_get_state(&cs, &co_);
+        if (!rc && (cs != eager_seed || co_ != eager_offset)) {
+            fprintf(stderr, "aotgrad check: step %lld: the generator's offset is %llu after the "
+                            "compiled step, %llu after the eager one\n", s + 1,
+                    (unsigned long long)co_, (unsigned long long)eager_offset);
+            status = 1;
+        }
         if (rc) {
             fprintf(stderr, "aotgrad check: step %lld backward: %s\n", s + 1, ag_last_error());
             status = 2;

@@ -10,7 +10,10 @@
  *   aotgrad descriptors MODEL [--config NAME]
  *       prints params_spec, buffers_spec, in_spec and out_spec, then every differentiable input
  *       with its placeholder and gradient (ag_fx_all_input_and_grad_nodes) and every
- *       differentiable output with its node and tangent (ag_fx_all_output_and_tangent_nodes).
+ *       differentiable output with its node and tangent (ag_fx_all_output_and_tangent_nodes),
+ *       then, when there are any, the inputs and outputs no gradient pairs with (the philox
+ *       seeds and offsets of a model with random ops).
+ *   Both take --dropout P: the dropout probability of zoo models with dropout layers.
  *
  * C has no keyword arguments, so the zoo passes keyword inputs positionally, last; the table
  * zoo_kwargs below names them, and they reach the export as kwargs (upstream's
@@ -29,6 +32,7 @@
 typedef enum { FMT_TEXT, FMT_DOT, FMT_SVG } out_format;
 
 typedef struct opts {
+    ag_zoo_opts zoo;
     const char *model, *config, *out_path;
     out_format format;
     bool decompose;
@@ -36,10 +40,10 @@ typedef struct opts {
 } opts;
 
 static const char export_usage[] =
-    "usage: aotgrad export MODEL [--config NAME] [--decompose core] [--format text|dot|svg] "
-    "[-o FILE] [--seq-nr] [--stack-traces]\n"
+    "usage: aotgrad export MODEL [--config NAME] [--dropout P] [--decompose core] "
+    "[--format text|dot|svg] [-o FILE] [--seq-nr] [--stack-traces]\n"
     "       (aotgrad models lists the models)\n";
-static const char desc_usage[] = "usage: aotgrad descriptors MODEL [--config NAME]\n"
+static const char desc_usage[] = "usage: aotgrad descriptors MODEL [--config NAME] [--dropout P]\n"
                                  "       (aotgrad models lists the models)\n";
 
 /* The zoo models whose last inputs are keyword arguments, and their names. */
@@ -64,6 +68,12 @@ static int parse_opts(const char *cmd, int argc, char **argv, bool is_export, co
                 return 2;
             }
             o->config = v;
+            i++;
+        } else if (!strcmp(a, "--dropout")) {
+            if (cli_dropout_opt(cmd, v, &o->zoo)) {
+                fputs(usage, stderr);
+                return 2;
+            }
             i++;
         } else if (is_export && !strcmp(a, "--decompose")) {
             if (!v || strcmp(v, "core")) {
@@ -139,7 +149,7 @@ static int export_model(const char *cmd, const opts *o, ag_joint **joint) {
     ag_tensor *in[4] = {0};
     int nin = 0;
     bool prev = ag_set_meta_mode(true);
-    int rc = ag_zoo_build(o->model, o->config, &m, in, 4, &nin);
+    int rc = ag_zoo_build_opts(o->model, o->config, &o->zoo, &m, in, 4, &nin);
     ag_set_meta_mode(prev);
     if (rc) {
         /* The only way a known model fails to build here is a bad configuration. */
@@ -353,6 +363,52 @@ static void sb_pairs(sbuf *b, const char *title, const ag_fx_pairs *p, const cha
     }
 }
 
+/* The placeholders and outputs whose descriptors are not differentiable (no gradient or tangent
+ * pairs with them: philox seeds and offsets, ...), as `descriptor  node` lines; nothing when
+ * there are none. */
+static void sb_other(sbuf *b, const ag_graph *g) {
+    ag_node **ph;
+    int nph = ag_graph_placeholders(g, &ph);
+    const ag_node *out = ag_graph_output_node(g);
+    int nout = out ? ag_node_arg(out, 0)->n : 0;
+    const ag_desc *d[64];
+    const ag_node *nd[64];
+    int n = 0;
+    for (int i = 0; i < nph && n < 64; i++)
+        if (ag_node_desc(ph[i]) && !ag_desc_is_differentiable(ag_node_desc(ph[i]))) {
+            d[n] = ag_node_desc(ph[i]);
+            nd[n++] = ph[i];
+        }
+    for (int i = 0; i < nout && n < 64; i++) {
+        const ag_desc *od = ag_node_output_desc(out, i);
+        if (od && !ag_desc_is_differentiable(od)) {
+            d[n] = od;
+            nd[n++] = ag_node_arg(out, 0)->u.nodes[i];
+        }
+    }
+    if (n == 0)
+        return;
+    size_t w = strlen("descriptor");
+    for (int i = 0; i < n; i++) {
+        size_t k = ag_desc_repr(d[i], NULL, 0);
+        w = k > w ? k : w;
+    }
+    char line[64];
+    snprintf(line, sizeof line, "\nnon-differentiable inputs and outputs (%d):\n  ", n);
+    sb_str(b, line);
+    sb_str(b, "descriptor");
+    for (size_t k = strlen("descriptor"); k < w; k++)
+        sb_str(b, " ");
+    sb_str(b, "  node\n");
+    for (int i = 0; i < n; i++) {
+        sb_str(b, "  ");
+        sb_desc(b, d[i], w);
+        sb_str(b, "  ");
+        sb_str(b, nd[i] ? ag_node_name(nd[i]) : "None");
+        sb_str(b, "\n");
+    }
+}
+
 int cli_descriptors(int argc, char **argv) {
     opts o = {0};
     int rc = parse_opts("descriptors", argc, argv, false, desc_usage, &o);
@@ -385,6 +441,7 @@ int cli_descriptors(int argc, char **argv) {
     sb_str(&b, "\n");
     sb_pairs(&b, "differentiable outputs -> tangents", ot,
              (const char *const[]){"output", "node", "tangent"});
+    sb_other(&b, g);
     if (b.oom) {
         fprintf(stderr, "aotgrad descriptors: out of memory\n");
         rc = 1;

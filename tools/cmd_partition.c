@@ -1,7 +1,8 @@
 /* `aotgrad partition`: a zoo model's joint graph split into its forward and backward graphs.
  *
- *   aotgrad partition MODEL [--config NAME] [--partitioner default|mincut] [--budget F]
- *                           [--solver greedy|dp|ilp] [--format text|dot|svg] [-o FILE]
+ *   aotgrad partition MODEL [--config NAME] [--dropout P] [--partitioner default|mincut]
+ *                           [--budget F] [--solver greedy|dp|ilp] [--format text|dot|svg]
+ *                           [-o FILE]
  *
  * builds MODEL in meta mode (shapes only), exports its joint graph (ag_export_joint),
  * partitions it (ag_partition: the default partitioner saves every forward value the backward
@@ -32,14 +33,15 @@
 typedef enum { FMT_TEXT, FMT_DOT, FMT_SVG } out_format;
 
 typedef struct opts {
+    ag_zoo_opts zoo;
     const char *model, *config, *out_path;
     out_format format;
     ag_partition_opts part;
 } opts;
 
 static const char usage[] =
-    "usage: aotgrad partition MODEL [--config NAME] [--partitioner default|mincut] [--budget F] "
-    "[--solver greedy|dp|ilp] [--format text|dot|svg] [-o FILE]\n"
+    "usage: aotgrad partition MODEL [--config NAME] [--dropout P] [--partitioner default|mincut] "
+    "[--budget F] [--solver greedy|dp|ilp] [--format text|dot|svg] [-o FILE]\n"
     "       (aotgrad models lists the models)\n";
 
 /* The zoo models whose last inputs are keyword arguments (as `aotgrad export`). */
@@ -65,6 +67,10 @@ static int parse_opts(int argc, char **argv, opts *o) {
             if (!v)
                 return bad("--config needs a configuration name", v);
             o->config = v;
+            i++;
+        } else if (!strcmp(a, "--dropout")) {
+            if (cli_dropout_opt("partition", v, &o->zoo))
+                return 2;
             i++;
         } else if (!strcmp(a, "--partitioner")) {
             if (v && !strcmp(v, "default"))
@@ -142,7 +148,7 @@ static int export_model(const opts *o, ag_joint **joint) {
     ag_tensor *in[4] = {0};
     int nin = 0;
     bool prev = ag_set_meta_mode(true);
-    int rc = ag_zoo_build(o->model, o->config, &m, in, 4, &nin);
+    int rc = ag_zoo_build_opts(o->model, o->config, &o->zoo, &m, in, 4, &nin);
     ag_set_meta_mode(prev);
     if (rc) {
         fprintf(stderr, "aotgrad partition: %s\n", ag_last_error());

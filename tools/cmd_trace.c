@@ -2,8 +2,8 @@
  *
  *   aotgrad models
  *       lists the zoo: name, configurations and a one-line description.
- *   aotgrad trace MODEL [--config NAME] [--format text|dot|svg] [-o FILE] [--seq-nr]
- *                       [--stack-traces]
+ *   aotgrad trace MODEL [--config NAME] [--dropout P] [--format text|dot|svg] [-o FILE]
+ *                       [--seq-nr] [--stack-traces]
  *       builds MODEL in meta mode (no weights are allocated, so gpt2-small costs kilobytes),
  *       traces its forward and prints the graph as text (docs/GRAPH_FORMAT.md), as Graphviz DOT,
  *       or renders it to SVG (needs -o).
@@ -30,8 +30,8 @@ typedef struct out_opts {
 } out_opts;
 
 static const char trace_usage[] =
-    "usage: aotgrad trace MODEL [--config NAME] [--format text|dot|svg] [-o FILE] [--seq-nr] "
-    "[--stack-traces]\n"
+    "usage: aotgrad trace MODEL [--config NAME] [--dropout P] [--format text|dot|svg] [-o FILE] "
+    "[--seq-nr] [--stack-traces]\n"
     "       (aotgrad models lists the models)\n";
 static const char show_usage[] = "usage: aotgrad show FILE [--format text|dot|svg] [-o FILE]\n";
 
@@ -114,7 +114,8 @@ static int emit(const char *cmd, const ag_graph *g, const out_opts *o, const cha
 /* Parses the options both commands take; the first non-option argument goes to *positional.
  * Returns 0, or 2 after printing a usage message. is_trace allows trace's own options. */
 static int parse_opts(const char *cmd, int argc, char **argv, bool is_trace, const char *usage,
-                      out_opts *o, const char **positional, const char **config) {
+                      out_opts *o, const char **positional, const char **config,
+                      ag_zoo_opts *zoo) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--format")) {
@@ -134,6 +135,12 @@ static int parse_opts(const char *cmd, int argc, char **argv, bool is_trace, con
                 return 2;
             }
             *config = v;
+            i++;
+        } else if (is_trace && !strcmp(a, "--dropout")) {
+            if (cli_dropout_opt(cmd, v, zoo)) {
+                fputs(usage, stderr);
+                return 2;
+            }
             i++;
         } else if (is_trace && !strcmp(a, "--seq-nr")) {
             o->print.seq_nr = true;
@@ -172,7 +179,8 @@ static int find_model(const char *name) {
 int cli_trace(int argc, char **argv) {
     out_opts o = {0};
     const char *model_name = NULL, *config = NULL;
-    int rc = parse_opts("trace", argc, argv, true, trace_usage, &o, &model_name, &config);
+    ag_zoo_opts zoo = {0};
+    int rc = parse_opts("trace", argc, argv, true, trace_usage, &o, &model_name, &config, &zoo);
     if (rc)
         return rc;
     int idx = find_model(model_name);
@@ -188,7 +196,7 @@ int cli_trace(int argc, char **argv) {
     ag_tensor *in[4] = {0};
     int nin = 0;
     bool prev = ag_set_meta_mode(true);
-    rc = ag_zoo_build(model_name, config, &m, in, 4, &nin);
+    rc = ag_zoo_build_opts(model_name, config, &zoo, &m, in, 4, &nin);
     ag_set_meta_mode(prev);
     if (rc) {
         /* The only way a known model fails to build here is a bad configuration. */
@@ -252,7 +260,7 @@ static char *read_file(const char *path, size_t *len) {
 int cli_show(int argc, char **argv) {
     out_opts o = {0};
     const char *path = NULL, *unused = NULL;
-    int rc = parse_opts("show", argc, argv, false, show_usage, &o, &path, &unused);
+    int rc = parse_opts("show", argc, argv, false, show_usage, &o, &path, &unused, NULL);
     if (rc)
         return rc;
     /* Show everything the file holds. */

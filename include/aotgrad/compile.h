@@ -7,7 +7,12 @@
  *             SavedForBackwardsAOTOutput(i); the other outputs keep the joint's descriptors;
  *   backward: (saved..., tangents...) -> (grads...)        tangent and grad descriptors kept,
  *             nodes in the order the autograd engine would run them.
- * Both graphs verify. */
+ * Both graphs verify. A joint with functionalized random ops (ag_export_joint) adds the philox
+ * placeholders: fwd_seed and fwd_base_offset are forward inputs after the primals (the updated
+ * forward offset is a forward output, counted in num_fwd_outputs), bwd_seed and
+ * bwd_base_offset backward inputs after the tangents (the updated backward offset follows the
+ * grads). The min-cut may recompute philox draws in the backward from the saved seed and
+ * offset, e.g. a dropout mask rather than saving it. */
 #ifndef AOTGRAD_COMPILE_H
 #define AOTGRAD_COMPILE_H
 

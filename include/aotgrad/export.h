@@ -20,7 +20,18 @@
  * tagged is_forward and carry the seq_nr of the autograd node they created; backward nodes are
  * tagged is_backward, carry their forward op's seq_nr, annotations and stack trace; gradient
  * accumulations are add nodes with is_gradient_acc. When no input requires grad the result is a
- * forward-only graph without tangents, as upstream. */
+ * forward-only graph without tangents, as upstream.
+ *
+ * Random ops (dropout, rand, randn, uniform_, normal_) are functionalized (upstream's
+ * functionalize_rng_ops): they draw with philox_rand / philox_randn from placeholders fwd_seed
+ * and fwd_base_offset (PhiloxForwardSeedAOTInput, PhiloxForwardBaseOffsetAOTInput), placed after
+ * the tangents, each draw at add(fwd_base_offset, numbers drawn before it); the forward returns
+ * add(fwd_base_offset, total) as PhiloxUpdatedForwardOffsetAOTOutput after the user outputs
+ * (counted by ag_joint_num_fw_outputs). Draws in the backward use bwd_seed / bwd_base_offset
+ * (after the forward's) and return PhiloxUpdatedBackwardOffsetAOTOutput after the grads. Feed
+ * the generator's seed and offset (ag_rng_get_state) as 0-dim int64 tensors and set its offset
+ * to the returned one to draw what eager draws; ag_compile_joint's callable does so. A model
+ * without random ops gets none of these. */
 #ifndef AOTGRAD_EXPORT_H
 #define AOTGRAD_EXPORT_H
 
@@ -89,6 +100,9 @@ AG_API ag_tree *ag_tree_unflatten(const ag_treespec *spec, ag_tensor *const *lea
 typedef struct ag_export_opts {
     const ag_decomp_table *decompositions; /* NULL: none (composites still decompose) */
     bool keep_inference_input_mutations;
+    /* Record random ops as they are, drawing from the process-wide generator when the graph
+     * runs, instead of functionalizing the generator (see ag_export_joint). */
+    bool keep_random_ops;
 } ag_export_opts;
 
 typedef struct ag_joint ag_joint;
@@ -154,7 +168,8 @@ AG_API int ag_joint_num_mutated_inputs(const ag_joint *j);
  * merged into a base whose metadata the forward changed), then IntermediateBaseAOTOutput. */
 AG_API int ag_joint_num_metadata_mutations(const ag_joint *j);
 AG_API int ag_joint_num_intermediate_bases(const ag_joint *j);
-/* Forward outputs: forward effect tokens, input mutations, user outputs, metadata mutations and intermediate bases
+/* Forward outputs: forward effect tokens, input mutations, user outputs, metadata mutations,
+ * intermediate bases, and the updated philox offset when the forward draws random numbers
  * (the partitioner's num_fwd_outputs). */
 AG_API int ag_joint_num_fw_outputs(const ag_joint *j);
 /* Effect tokens (effectful ops, see ag_op_with_effects in optable.h): forward tokens are the

@@ -214,6 +214,15 @@ AG_API ag_tensor *ag_full_like(ag_tensor *a, double v);
 /* ---- random ---- */
 AG_API ag_tensor *ag_rand(ag_dtype dt, int ndim, const int64_t *sizes);  /* U[0,1) */
 AG_API ag_tensor *ag_randn(ag_dtype dt, int ndim, const int64_t *sizes); /* N(0,1) */
+/* Functional draws from an explicit generator state (seed, offset: 0-dim int64 tensors); the
+ * generator is neither read nor advanced. philox_rand gives U[low, high), philox_randn
+ * N(mean, std^2); with the generator at (seed, offset), ag_rand / ag_randn (low 0, high 1 /
+ * mean 0, std 1) and uniform_ / normal_ of a tensor of the same size give the same values,
+ * bit for bit. The joint export records random ops as these (RNG functionalization). */
+AG_API ag_tensor *ag_philox_rand(ag_tensor *seed, ag_tensor *offset, ag_dtype dt, int ndim,
+                                 const int64_t *sizes, double low, double high);
+AG_API ag_tensor *ag_philox_randn(ag_tensor *seed, ag_tensor *offset, ag_dtype dt, int ndim,
+                                  const int64_t *sizes, double mean, double std);
 
 /* ---- in place (bump the storage version; return a new reference to `a`) ---- */
 AG_API ag_tensor *ag_add_(ag_tensor *a, ag_tensor *b, double alpha); /* add_.Tensor */

@@ -89,6 +89,8 @@
 #define ag_normal_(...) AG__SITE(ag_normal_(__VA_ARGS__))
 #define ag_ones_like(...) AG__SITE(ag_ones_like(__VA_ARGS__))
 #define ag_permute(...) AG__SITE(ag_permute(__VA_ARGS__))
+#define ag_philox_rand(...) AG__SITE(ag_philox_rand(__VA_ARGS__))
+#define ag_philox_randn(...) AG__SITE(ag_philox_randn(__VA_ARGS__))
 #define ag_pow_scalar(...) AG__SITE(ag_pow_scalar(__VA_ARGS__))
 #define ag_rand(...) AG__SITE(ag_rand(__VA_ARGS__))
 #define ag_randn(...) AG__SITE(ag_randn(__VA_ARGS__))

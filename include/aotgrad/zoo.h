@@ -22,7 +22,11 @@
  *                 Conv2d(32, 64, 3, padding=1)-BN-ReLU-MaxPool2 - Flatten - Linear(3136, 128)-
  *                 ReLU-Linear(128, 10); x [8, 1, 28, 28]; training mode
  *   gpt2          GPT-2; configs "tiny" (the default, ag_gpt2_config_tiny) and "gpt2-small"
- *                 (ag_gpt2_config_small: 124M); idx [2, 16] i64 random tokens
+ *                 (ag_gpt2_config_small: 124M); idx [2, 16] i64 random tokens; dropout 0 unless
+ *                 the build options set one (attention-probability, residual, MLP and
+ *                 embedding dropout, as nanoGPT)
+ *   dropout_mlp   fc1 = Linear(16, 32), ReLU, drop = Dropout(0.5), fc2 = Linear(32, 4);
+ *                 x [8, 16]; training mode: every call draws a new mask from the generator
  *   effects       h = log_value(linear1(x), 'h'), y = log_value(linear2(relu(h)), 'y'),
  *                 linear1 = Linear(3, 4), linear2 = Linear(4, 2); x [4, 3]. log_value is the
  *                 effectful custom op below: the model's joint threads it by effect tokens.
@@ -76,6 +80,16 @@ AG_API int ag_zoo_log_get(int i, ag_zoo_log_record *out);
 AG_API void ag_zoo_log_clear(void);
 /* When on, each record is also printed to stderr as it is appended. Off by default. */
 AG_API void ag_zoo_log_echo(bool on);
+/* Build options; all zero means the model's defaults. */
+typedef struct ag_zoo_opts {
+    bool set_dropout; /* use `dropout` as the dropout probability (dropout_mlp, gpt2 only) */
+    double dropout;   /* in [0, 1] */
+} ag_zoo_opts;
+/* ag_zoo_build with options (NULL: defaults). Setting a dropout for a model without dropout
+ * layers, or one outside [0, 1], is an error (AG_EINVAL). */
+AG_API int ag_zoo_build_opts(const char *name, const char *config, const ag_zoo_opts *opts,
+                             ag_module **model, ag_tensor **inputs, int max_inputs,
+                             int *ninputs);
 
 #ifdef __cplusplus
 }

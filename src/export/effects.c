@@ -34,10 +34,12 @@ static ag_node *make_forward_token(ag__token_chain *c) {
     int nph = ag_graph_placeholders(g, &ph);
     if (nph < 0)
         return NULL;
-    if (nph != tk->nprimals)
-        return ag__err(AG_ESTATE, "export: an effectful op ran in the forward after placeholders "
-                                  "other than the primals were added"),
+    /* The primals are the first placeholders; others (philox seeds) may follow already. */
+    if (nph < tk->nprimals)
+        return ag__err(AG_ESTATE, "export: the graph has %d placeholders, fewer than its %d "
+                                  "primals", nph, tk->nprimals),
                NULL;
+    nph = tk->nprimals;
     /* The placeholder array is the graph's cache: copy it before changing the graph. */
     ag_node **prim = ag__malloc(sizeof *prim * (size_t)(nph ? nph : 1));
     if (!prim)

@@ -17,6 +17,7 @@
 #include "aotgrad/export.h"
 #include "alias.h"
 #include "effects_internal.h"
+#include "rng_internal.h"
 
 #include <stdio.h>
 
@@ -34,6 +35,11 @@ struct ag_joint {
     int nfw_tokens, nbw_tokens; /* effect tokens (effects.c): first primals, last tangents */
     int nmetamut, ninter;   /* extra forward outputs (alias.c) */
     ag__joint_alias alias;  /* flat inputs -> primals, aliasing outputs (alias.c) */
+    /* RNG functionalization (rng.c): the philox placeholders after the tangents and backward
+     * tokens, and whether the forward returns its updated offset (before the grads). */
+    int nrng;
+    ag_desc *rng_descs[4];
+    bool rng_fw_out;
 };
 
 /* ---- accessors ---- */
@@ -75,7 +81,7 @@ const ag_output_info *ag_joint_output_info(const ag_joint *j, int i) {
 }
 int ag_joint_num_mutated_inputs(const ag_joint *j) { return j->nmutated; }
 int ag_joint_num_fw_outputs(const ag_joint *j) {
-    return j->nfw_tokens + j->nmutated + j->nuser_out + j->nmetamut + j->ninter;
+    return j->nfw_tokens + j->nmutated + j->nuser_out + j->nmetamut + j->ninter + j->rng_fw_out;
 }
 int ag_joint_num_forward_tokens(const ag_joint *j) { return j->nfw_tokens; }
 int ag_joint_num_backward_tokens(const ag_joint *j) { return j->nbw_tokens; }
@@ -102,6 +108,8 @@ void ag_joint_free(ag_joint *j) {
     ag__free(j->primal_descs);
     ag__free(j->tangent_descs);
     ag__joint_alias_clear(&j->alias);
+    for (int i = 0; i < j->nrng; i++)
+        ag_desc_release(j->rng_descs[i]);
     ag__free(j);
 }
 
@@ -117,13 +125,15 @@ int ag_joint_set_graph(ag_joint *j, ag_graph *g) {
         ag_graph_free(g);
         return nph;
     }
-    if (nph != j->nprimals + j->ntangents + j->nbw_tokens)
+    int nt = j->ntangents + j->nbw_tokens;
+    if (nph != j->nprimals + nt + j->nrng)
         rc = ag__err(AG_EINVAL, "joint_set_graph: the graph has %d placeholders; the calling "
-                                "convention has %d primals and %d tangents", nph, j->nprimals,
-                     j->ntangents + j->nbw_tokens);
+                                "convention has %d primals and %d tangents%s", nph, j->nprimals,
+                     nt, j->nrng ? " and the philox seeds and offsets" : "");
     for (int i = 0; rc == 0 && i < nph; i++) {
         ag_desc *d = ag_node_desc(ph[i]);
-        ag_desc *want = i < j->nprimals ? j->primal_descs[i] : j->tangent_descs[i - j->nprimals];
+        int t = i - j->nprimals;
+        ag_desc *want = t < 0 ? j->primal_descs[i] : t < nt ? j->tangent_descs[t] : j->rng_descs[t - nt];
         char a[256], b[256];
         if (!d)
             rc = ag__err(AG_EINVAL, "joint_set_graph: placeholder %s has no descriptor",
@@ -271,6 +281,7 @@ static ag_joint *export_pass(const export_in *in) {
     ag_node **out_nodes = NULL;
     ag_desc **out_descs = NULL;
     ag__export_tokens tk;
+    ag__rng_fn *rng = NULL;
     int rc = 0, nouts = 0, nout_total = 0, nextra = 0;
     bool scoped = false, begun = false;
     if (!j)
@@ -318,6 +329,9 @@ static ag_joint *export_pass(const export_in *in) {
         goto fail;
     ag__export_tokens_init(&tk, j->g, np);
     ag__tracer_set_token_chain(T, &tk.fw);
+    /* Random ops draw from philox seed/offset placeholders (rng.c). */
+    if (!in->o->keep_random_ops && !(rng = ag__rng_begin(T, j->g)))
+        goto fail;
     ag_scope_begin();
     scoped = true;
     begun = true;
@@ -362,7 +376,8 @@ static ag_joint *export_pass(const export_in *in) {
     j->ninter = j->alias.nintermediate_bases;
 
     /* Tangents: user outputs that require grad and alias nothing, then intermediate bases. */
-    nout_total = 2 + j->nmutated + nouts + nextra + (j->needs_autograd ? np : 0); /* 2: tokens */
+    /* + 2 tokens, + 2 philox offsets */
+    nout_total = 4 + j->nmutated + nouts + nextra + (j->needs_autograd ? np : 0);
     out_nodes = ag__calloc((size_t)(nout_total ? nout_total : 1), sizeof *out_nodes);
     out_descs = ag__calloc((size_t)(nout_total ? nout_total : 1), sizeof *out_descs);
     tangent_in = ag__calloc((size_t)(nouts + nextra ? nouts + nextra : 1), sizeof *tangent_in);
@@ -392,6 +407,13 @@ static ag_joint *export_pass(const export_in *in) {
         out_descs[no++] = ag_desc_retain(extra_desc[e]);
         if (!out_nodes[no - 1])
             goto fail;
+    }
+    if (rng) { /* the forward's updated philox offset, after the user outputs */
+        int r = ag__rng_updated_offset(rng, false, &out_nodes[no], &out_descs[no]);
+        if (r < 0)
+            goto fail;
+        j->rng_fw_out = r == 1;
+        no += r;
     }
     if (j->needs_autograd) {
         /* Everything traced so far is forward; tangents and what follows is backward. */
@@ -447,6 +469,8 @@ static ag_joint *export_pass(const export_in *in) {
         ag__tracer_set_tag(T, "is_backward");
         ag__tracer_set_stack_traces(T, false);
         ag__tracer_set_token_chain(T, &tk.bw);
+        if (rng)
+            ag__rng_mark_backward(rng);
         if (ng > 0 && nt > 0 && ag_grad(needs_out, tangent_in, nt, grad_of, ng, grads, false, true))
             goto fail;
         int gi = 0;
@@ -466,6 +490,12 @@ static ag_joint *export_pass(const export_in *in) {
             out_nodes[no] = gn;
             out_descs[no++] = gd;
         }
+        if (rng) { /* the backward's updated philox offset, after the grads */
+            int r = ag__rng_updated_offset(rng, true, &out_nodes[no], &out_descs[no]);
+            if (r < 0)
+                goto fail;
+            no += r;
+        }
         int nb = ag__export_tokens_outputs(&tk, true, out_nodes + no, out_descs + no);
         if (nb < 0)
             goto fail;
@@ -474,6 +504,10 @@ static ag_joint *export_pass(const export_in *in) {
         for (int k = 0; k < nb; k++)
             if (!(j->tangent_descs[nt + k] = ag_desc_backward_token_input(k)))
                 goto fail;
+    }
+    if (rng && (j->nrng = ag__rng_finish(rng, j->rng_descs)) < 0) {
+        j->nrng = 0;
+        goto fail;
     }
     ag__aplan_end(P, in->m);
     begun = false;
@@ -519,6 +553,7 @@ done:
     ag__free(grad_of);
     ag__free(grads);
     ag__free(prim);
+    ag__rng_free(rng);
     return j;
 }
 

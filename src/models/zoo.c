@@ -125,6 +125,20 @@ static int mlp_fwd(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
     return finish(&y, 1, out);
 }
 
+/* dropout_mlp: x [N, 16] -> fc2(drop(relu(fc1(x)))) [N, 4]; drop = Dropout(p) in training, so
+ * every call draws a fresh mask. */
+static int dropout_mlp_fwd(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
+                           int max_out) {
+    int rc = check_io(m, nin, 1, max_out, 1);
+    if (rc)
+        return rc;
+    ag_scope_begin();
+    ag_tensor *h = ag_relu(child(m, "fc1", in[0]));
+    h = child(m, "drop", h); /* TRACE-MARK: dropout-mlp-drop */
+    ag_tensor *y = child(m, "fc2", h);
+    return finish(&y, 1, out);
+}
+
 /* cnn: x [N, 1, 28, 28] -> logits [N, 10].
  * [N,1,28,28] -conv1,bn1,relu-> [N,32,28,28] -pool1-> [N,32,14,14]
  *             -conv2,bn2,relu-> [N,64,14,14] -pool2-> [N,64,7,7] -flatten-> [N,3136]
@@ -250,6 +264,24 @@ static ag_module *build_alias_views(int *rc) {
     return m;
 }
 
+/* The options of the build in progress (ag_zoo_build_opts). Models with dropout layers take
+ * their probability from them. */
+static _Thread_local const ag_zoo_opts *build_opts;
+
+static double dropout_or(double def) {
+    return build_opts && build_opts->set_dropout ? build_opts->dropout : def;
+}
+
+static ag_module *build_dropout_mlp(int *rc) {
+    ag_module *m = new_model("DropoutMLP", dropout_mlp_fwd, rc);
+    *rc = add(m, *rc, "fc1", ag_nn_linear(16, 32, true));
+    *rc = add(m, *rc, "drop", ag_nn_dropout(dropout_or(0.5)));
+    *rc = add(m, *rc, "fc2", ag_nn_linear(32, 4, true));
+    if (!*rc)
+        ag_module_train(m, true);
+    return m;
+}
+
 /* Example inputs, made inside the caller's scope by ops only (meta mode makes them
  * data-less). in[] receives scope-owned tensors; returns how many. */
 typedef int (*inputs_fn)(const char *config, ag_tensor **in);
@@ -282,6 +314,11 @@ static int mlp_inputs(const char *config, ag_tensor **in) {
     return 1;
 }
 
+static int dropout_mlp_inputs(const char *config, ag_tensor **in) {
+    in[0] = ag_randn(AG_F32, 2, (int64_t[]){8, 16});
+    return 1;
+}
+
 static int cnn_inputs(const char *config, ag_tensor **in) {
     in[0] = ag_randn(AG_F32, 4, (int64_t[]){8, 1, 28, 28});
     return 1;
@@ -303,6 +340,7 @@ static ag_gpt2_config gpt2_config(const char *config) {
 
 static ag_module *build_gpt2(const char *config, int *rc) {
     ag_gpt2_config cfg = gpt2_config(config);
+    cfg.dropout = dropout_or(cfg.dropout);
     ag_module *m = ag_nn_gpt2(&cfg);
     *rc = m ? 0 : status();
     return m;
@@ -354,7 +392,15 @@ static const zoo_entry zoo[] = {
      "b = a[1] mutated in place (b.mul_(2)), returns y[0], y.t() and b for y = (a + 1) * w, "
      "w [4]; a [3, 4], b a view of a",
      NULL, 0, build_alias_views, NULL, alias_views_inputs, 2},
+    {"dropout_mlp",
+     "Linear(16, 32)-ReLU-Dropout(0.5)-Linear(32, 4), training: draws a mask per call; x [8, 16]",
+     NULL, 0, build_dropout_mlp, NULL, dropout_mlp_inputs, 1},
 };
+
+/* The models whose dropout probability the build options may set. */
+static bool has_dropout(const char *name) {
+    return !strcmp(name, "dropout_mlp") || !strcmp(name, "gpt2");
+}
 enum { NZOO = (int)(sizeof zoo / sizeof zoo[0]) };
 
 int ag_zoo_count(void) {
@@ -410,6 +456,11 @@ static int check_config(const zoo_entry *e, const char *config) {
 
 int ag_zoo_build(const char *name, const char *config, ag_module **model, ag_tensor **inputs,
                  int max_inputs, int *ninputs) {
+    return ag_zoo_build_opts(name, config, NULL, model, inputs, max_inputs, ninputs);
+}
+
+int ag_zoo_build_opts(const char *name, const char *config, const ag_zoo_opts *opts,
+                      ag_module **model, ag_tensor **inputs, int max_inputs, int *ninputs) {
     if (model)
         *model = NULL;
     if (ninputs)
@@ -428,12 +479,22 @@ int ag_zoo_build(const char *name, const char *config, ag_module **model, ag_ten
     int rc = check_config(e, config);
     if (rc)
         return rc;
+    if (opts && opts->set_dropout) {
+        if (!has_dropout(name))
+            return ag__err(AG_EINVAL, "zoo: model '%s' has no dropout (models with dropout: "
+                                      "dropout_mlp, gpt2)", name);
+        if (!(opts->dropout >= 0 && opts->dropout <= 1))
+            return ag__err(AG_EINVAL, "zoo: dropout probability %g is not in [0, 1]",
+                           opts->dropout);
+    }
     if (max_inputs < e->ninputs)
         return ag__err(AG_EINVAL, "zoo: model '%s' takes %d input%s, room for %d", name, e->ninputs,
                        e->ninputs == 1 ? "" : "s", max_inputs);
 
     ag_manual_seed(0);
+    build_opts = opts;
     ag_module *m = e->build ? e->build(&rc) : e->build_cfg(config, &rc);
+    build_opts = NULL;
     if (rc) {
         ag_module_free(m);
         return rc;

@@ -85,6 +85,7 @@ static int check_bct(const ag_module *m, const ag_tensor *x, int64_t C) {
 
 typedef struct attn_ud {
     int64_t n_head, n_embd;
+    double dropout;
 } attn_ud;
 
 /* x is (B, T, C); q, k, v are (B, nh, T, hs) with hs = C / nh. */
@@ -105,9 +106,20 @@ static int attn_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor *
     ag_tensor *k = ag_transpose(ag_view(qkv[1], 4, heads), 1, 2);
     ag_tensor *q = ag_transpose(ag_view(qkv[0], 4, heads), 1, 2);
     ag_tensor *v = ag_transpose(ag_view(qkv[2], 4, heads), 1, 2);
-    /* Attention-probability dropout is not applied: the attention op has no dropout_p (the
-     * configurations we ship use dropout 0). */
-    ag_tensor *y = ag_scaled_dot_product_attention(q, k, v, true, 0.0); /* (B, nh, T, hs) */
+    ag_tensor *y;
+    if (u->dropout > 0 && ag_module_is_training(m)) {
+        /* Attention-probability dropout: the attention op has none, so this is nanoGPT's
+         * explicit path, softmax(causal(q k^T / sqrt(hs))) through attn_dropout, then @ v. */
+        ag_tensor *att = ag_mul_scalar(ag_matmul(q, ag_transpose(k, 2, 3)),
+                                       1.0 / sqrt((double)(C / nh))); /* (B, nh, T, T) */
+        ag_tensor *pos = ag_arange(AG_I64, 0, (double)T, 1);
+        ag_tensor *future = ag_gt(ag_view(pos, 2, (int64_t[]){1, T}),
+                                  ag_view(pos, 2, (int64_t[]){T, 1})); /* (T, T): j > i */
+        att = ag_softmax(ag_masked_fill(att, future, -INFINITY), -1);
+        y = ag_matmul(sub(m, "attn_dropout", att), v);
+    } else {
+        y = ag_scaled_dot_product_attention(q, k, v, true, 0.0); /* (B, nh, T, hs) */
+    }
     y = ag_view(ag_contiguous(ag_transpose(y, 1, 2)), 3, (int64_t[]){B, T, C});
     y = sub(m, "resid_dropout", sub(m, "c_proj", y));
     return ag__nn_return1(y, out);
@@ -119,7 +131,7 @@ ag_module *ag_nn_causal_self_attention(const ag_gpt2_config *cfg) {
     attn_ud *u = ag__malloc(sizeof *u);
     if (!u)
         return NULL;
-    *u = (attn_ud){cfg->n_head, cfg->n_embd};
+    *u = (attn_ud){cfg->n_head, cfg->n_embd, cfg->dropout};
     ag_module *m = ag_module_new("CausalSelfAttention", attn_forward, u, ag__free);
     if (!m)
         return NULL;

@@ -186,33 +186,12 @@ ag_tensor *ag_arange(ag_dtype dt, double start, double end, double step) {
 
 /* ---- random ---- */
 
-/* Fills n contiguous elements from (seed, offset). */
+/* Reserves the tensor's counters from the generator and fills it (contiguous) from them with
+ * the fill philox_rand shares (philox.c), so a functional draw reproduces it exactly. */
 static int draw(ag_tensor *t, bool normal, double lo, double hi) {
-    int64_t n = ag_tensor_numel(t);
     uint64_t seed, offset;
-    ag__rng_reserve(n, &seed, &offset);
-    if (t->dtype == AG_F32) {
-        float *p = (float *)ag__base(t);
-        if (normal)
-            ag__philox_normal_f32(seed, offset, n, p);
-        else
-            ag__philox_uniform_f32(seed, offset, n, p);
-        if (lo != 0.0 || hi != 1.0)
-            for (int64_t i = 0; i < n; i++)
-                p[i] = (float)(normal ? lo + hi * p[i] : lo + (hi - lo) * p[i]);
-    } else if (t->dtype == AG_F64) {
-        double *p = (double *)ag__base(t);
-        if (normal)
-            ag__philox_normal_f64(seed, offset, n, p);
-        else
-            ag__philox_uniform_f64(seed, offset, n, p);
-        if (lo != 0.0 || hi != 1.0)
-            for (int64_t i = 0; i < n; i++)
-                p[i] = normal ? lo + hi * p[i] : lo + (hi - lo) * p[i];
-    } else {
-        return ag__err(AG_ENOTSUP, "random: dtype %s not supported", ag_dtype_short(t->dtype));
-    }
-    return 0;
+    ag__rng_reserve(ag_tensor_numel(t), &seed, &offset);
+    return ag__philox_fill(t, seed, offset, normal, lo, hi);
 }
 
 static int rand_meta(const ag_arg *a, ag_tmeta *o) { return sized_meta("rand", &a[0], dtype_or(&a[1], AG_F32), o); }

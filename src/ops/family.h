@@ -16,5 +16,11 @@ extern const ag_opdef *const ag__ops_nn[];        /* nn_ops.c: embedding, losses
 extern const ag_opdef *const ag__ops_index[];     /* index.c: cat/stack/split/gather/index/... */
 extern const ag_opdef *const ag__ops_factory[];   /* factory.c: zeros/ones/full/arange/rand/... */
 extern const ag_opdef *const ag__ops_inplace_views[]; /* inplace_views.c: t_/transpose_/unsqueeze_/as_strided_ */
+extern const ag_opdef *const ag__ops_philox[];    /* philox.c: philox_rand, philox_randn */
+
+/* philox.c: fills contiguous t from generator counters offset.. (uniform [lo, hi) or normal with
+ * mean lo and std hi); eager's random ops and the functional philox ops share it. */
+int ag__philox_fill(ag_tensor *t, uint64_t seed, uint64_t offset, bool normal, double lo,
+                    double hi);
 
 #endif

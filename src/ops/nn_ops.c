@@ -569,7 +569,10 @@ static bool train_arg(const ag_arg *a) { return a->kind == AG_ARG_NONE || a->u.b
 
 /* In training, element i is kept when its uniform draw u_i >= p (probability 1 - p) and
  * scaled by 1 / (1 - p); the draw reserves numel counters of the generator whatever p is, as
- * ATen's bernoulli_ does. The uniforms are written into the output first, then replaced. */
+ * ATen's bernoulli_ does. The uniforms are written into the output first, then replaced.
+ * The output is (mask * x) * scale computed in the tensor's dtype, the order and precision of
+ * the functional form the joint export records (ge(philox_rand, p), mul, mul.Scalar; see
+ * src/export/rng.c), so eager and compiled dropout agree bit for bit. */
 static int nd_kernel(const ag_arg *a, ag_tensor **o) {
     ag_tensor *x = a[0].u.t, *out = o[0], *mask = o[1];
     const double p = a[1].u.f;
@@ -590,6 +593,7 @@ static int nd_kernel(const ag_arg *a, ag_tensor **o) {
             ag__philox_uniform_f32(seed, offset, n, data_of(out));
         else
             ag__philox_uniform_f64(seed, offset, n, data_of(out));
+        const T sc = (T)scale;
         AG__ITER_ROWS(it, {
             T *po = (T *)it.base[0] + off[0];
             const T *px = (const T *)it.base[1] + off[1];
@@ -599,7 +603,7 @@ static int nd_kernel(const ag_arg *a, ag_tensor **o) {
             for (int64_t k = 0; k < len; k++) {
                 const bool keep = po[k * so] >= (T)p;
                 pm[k * sm] = keep;
-                po[k * so] = keep ? (T)(px[k * sx] * scale) : (T)0;
+                po[k * so] = ((T)keep * px[k * sx]) * sc;
             }
         });
     });

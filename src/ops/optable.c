@@ -25,6 +25,7 @@ static const ag_opdef *const *const families[] = {
     ag__ops_pointwise, ag__ops_views,  ag__ops_reduce,  ag__ops_linalg,
     ag__ops_conv,      ag__ops_norm,   ag__ops_nn,      ag__ops_index,   ag__ops_factory,
     ag__ops_inplace_views,
+    ag__ops_philox,
 };
 
 /* ---- schema parsing ---- */

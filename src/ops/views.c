@@ -132,13 +132,17 @@ ag_tensor *ag_view(ag_tensor *a, int ndim, const int64_t *sizes) {
 /* ---- reshape (composite: a view when strides allow, else clone + view) ---- */
 
 static int reshape_decomp(const ag_arg *a, ag_tensor **outs) {
-    ag_tmeta m;
     ag_tensor *t = a[0].u.t;
-    if (view_meta(a, &m) == 0) {
+    int64_t sizes[AG_MAX_DIMS], strides[AG_MAX_DIMS];
+    int rc = infer_size("reshape", t, a[1].n, a[1].u.ints, sizes);
+    if (rc)
+        return rc;
+    /* Asked without setting (and then clearing) an error, so that an error pending from an
+     * earlier failed op of the caller's chain survives. */
+    if (view_strides(t, a[1].n, sizes, strides)) {
         outs[0] = ag_view(t, a[1].n, a[1].u.ints);
         return outs[0] ? 0 : ag_last_status();
     }
-    ag_clear_error();
     outs[0] = ag_view(ag_clone(t), a[1].n, a[1].u.ints);
     return outs[0] ? 0 : ag_last_status();
 }

@@ -17,7 +17,10 @@
  *   recomputable = pointwise, reduction, view and factory ops (neither random, in-place,
  *                  effectful nor compute-intensive) plus getitem and the named ops below
  *                  (clone, _to_copy, index.Tensor, gather: upstream's list; split.Tensor: a view
- *                  in ATen, decomposed into slices by upstream's decompositions);
+ *                  in ATen, decomposed into slices by upstream's decompositions; the
+ *                  functional random ops philox_rand and philox_randn, which the RNG
+ *                  functionalization of the export emits: recomputed from the saved seed and
+ *                  offset they give the same numbers, so a dropout mask need not be saved);
  *   random       = AG_OP_RANDOM (native_dropout, rand, randn, ...);
  *   compute-intensive = AG_OP_COMPUTE_INTENSIVE (mm, bmm, addmm, convolution(+backward),
  *                  flash attention(+backward));
@@ -34,8 +37,9 @@
  * Recompute policies (node meta "recompute", as activation checkpointing sets them): MUST_SAVE
  * bans recomputation; MUST_RECOMPUTE and PREFER_RECOMPUTE tie n_in to the sink so n is never
  * saved (upstream treats both alike); PREFER_SAVE has no effect, as in upstream's min-cut. One
- * deviation: random ops are never recomputed whatever their tag or the budget, because aotgrad
- * does not functionalize the generator (upstream's functionalize_rng_ops); they are saved.
+ * deviation: random ops (AG_OP_RANDOM, left in a graph only when the export kept them:
+ * ag_export_opts.keep_random_ops, or in graphs built otherwise) are never recomputed whatever
+ * their tag or the budget, because they read the process-wide generator; they are saved.
  *
  * Max-flow: our Dinic (below), measured against igraph_maxflow in bench/bench_maxflow.c and
  * clearly faster on these networks; igraph_maxflow is kept as the reference.
@@ -51,8 +55,9 @@
 
 void ag__op_classes(const ag_op *op, bool *recomputable, bool *random, bool *compute_intensive,
                     bool *view, bool *is_cat) {
-    static const char *const extra[] = {"clone",  "_to_copy",     "index.Tensor",
-                                        "gather", "split.Tensor", "alias"};
+    static const char *const extra[] = {"clone",       "_to_copy",     "index.Tensor",
+                                        "gather",      "split.Tensor", "alias",
+                                        "philox_rand", "philox_randn"};
     uint32_t f = ag_op_def(op)->flags;
     const char *name = ag_op_name(op);
     *random = (f & AG_OP_RANDOM) != 0;

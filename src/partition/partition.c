@@ -213,7 +213,12 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
         if (mb.kind == AG_MV_FLOAT && P->meta_budget < 0)
             P->meta_budget = mb.u.f;
         if (pi->kind == AG_NODE_PLACEHOLDER) {
-            pi->tangent = strstr(ag_node_name(n), "tangents") != NULL;
+            /* Backward inputs: tangents and the backward's philox seed and offset, told by name
+             * as upstream does; other placeholders (primals, the forward's philox seed and
+             * offset) are forward inputs. */
+            const char *nm = ag_node_name(n);
+            pi->tangent = strstr(nm, "tangents") || strstr(nm, "bwd_seed") ||
+                          strstr(nm, "bwd_base_offset");
             pi->primal = !pi->tangent;
             if (pi->primal)
                 P->primals[P->nprimals++] = i;
@@ -895,11 +900,12 @@ static int save_effect_outputs(const ag__part *P, int **saved, int *nsaved) {
     return 0;
 }
 
-/* Random ops are not recomputed: aotgrad does not functionalize the generator (upstream's
- * functionalize_rng_ops), so recomputing a draw in the backward would give other numbers.
- * Whatever saved set was chosen, a random node the backward would run again is saved instead
- * (its getitems for a tuple), until none is left. The values of forward effects are saved too
- * (save_effect_outputs). */
+/* Random ops (AG_OP_RANDOM) are not recomputed: they read the process-wide generator, so
+ * recomputing a draw in the backward would give other numbers. The export functionalizes them
+ * into philox ops, which may be recomputed; random ops remain only in graphs exported with
+ * keep_random_ops or built otherwise. Whatever saved set was chosen, a random node the
+ * backward would run again is saved instead (its getitems for a tuple), until none is left.
+ * The values of forward effects are saved too (save_effect_outputs). */
 int ag__save_random_nodes(const ag__part *P, int **saved, int *nsaved) {
     int rc0 = save_effect_outputs(P, saved, nsaved);
     if (rc0)

@@ -15,11 +15,14 @@
  * aliasing wrappers (alias_rt.c) map the caller's flat inputs to the graph's primals (removed
  * duplicates, view and synthetic bases) and regenerate outputs that alias inputs or
  * intermediates as views of their base; metadata mutations are applied to the caller's
- * tensors. */
+ * tensors. A joint with functionalized random ops gets the generator's state as its philox
+ * inputs and advances the generator by what it drew (rng_wrap.c), in the forward and in the
+ * backward. */
 #include "../graph/graph_internal.h"
 #include "../export/alias.h"
 #include "aotgrad/compile.h"
 #include "effects_internal.h"
+#include "rng_wrap.h"
 
 #include <stdio.h>
 
@@ -39,6 +42,9 @@ struct ag_compiled {
     bool *grad_out;         /* the backward graph's output i is a gradient (of primal i) */
     bool *out_diff;         /* per autograd-node output: carries a gradient */
     int ntok_fw, ntok_bw;   /* effect tokens, fed and dropped by run_graph (effects.c) */
+    /* Philox inputs and output of each graph (rng_wrap.c), as positions in the arrays the
+     * callable passes to run_graph (effect tokens excluded). */
+    ag__rng_wrap rng_fw, rng_bw;
     /* Aliasing (alias_rt.c): the autograd node's outputs are the user outputs that alias
      * nothing, then the intermediate bases; the other user outputs are regenerated. */
     ag__joint_alias alias;
@@ -189,7 +195,14 @@ ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts) {
         }
         ag_node *bo = ag_graph_output_node(c->bw);
         int nbo = ag_node_arg(bo, 0)->n;
-        if (nbo != c->nprimals + c->ntok_bw) {
+        if (ag__rng_wrap_init(&c->rng_bw, c->bw, true))
+            goto fail;
+        /* Backward tokens come before the philox placeholders and after its offset output. */
+        if (c->rng_bw.seed_in >= 0) {
+            c->rng_bw.seed_in -= c->ntok_bw;
+            c->rng_bw.offset_in -= c->ntok_bw;
+        }
+        if (nbo != c->nprimals + c->ntok_bw + (c->rng_bw.offset_out >= 0)) {
             ag__err(AG_EINVAL, "compile: the backward graph has %d outputs for %d primals and %d "
                                "effect tokens", nbo, c->nprimals, c->ntok_bw);
             goto fail;
@@ -201,6 +214,15 @@ ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts) {
         if (!c->fw)
             goto fail;
     }
+    if (ag__rng_wrap_init(&c->rng_fw, c->fw, false))
+        goto fail;
+    /* Forward tokens are the first inputs and outputs. */
+    if (c->rng_fw.seed_in >= 0) {
+        c->rng_fw.seed_in -= c->ntok_fw;
+        c->rng_fw.offset_in -= c->ntok_fw;
+    }
+    if (c->rng_fw.offset_out >= 0)
+        c->rng_fw.offset_out -= c->ntok_fw;
     if (!c->interpret) {
         c->fw_plan = ag_plan_new(c->fw, &o.plan);
         if (!c->fw_plan || (c->bw && !(c->bw_plan = ag_plan_new(c->bw, &o.plan))))
@@ -249,9 +271,10 @@ static int compiled_backward(void *ud, ag_tensor *const *gout, int nout, ag_tens
             return ag__err(AG_ESTATE, "compiled backward: an input saved for backward (forward "
                                       "graph input %d) was modified by an inplace operation "
                                       "after the forward", c->saved_primal[i]);
-    int nbin = c->nsaved + c->ntangents;
+    int nbin = c->nsaved + c->ntangents + ag__rng_wrap_num_inputs(&c->rng_bw);
+    int ngrads = c->nprimals + 1; /* the updated philox offset may follow the grads */
     ag_tensor **bin = ag__calloc((size_t)(nbin ? nbin : 1), sizeof *bin);
-    ag_tensor **grads = ag__calloc((size_t)(c->nprimals ? c->nprimals : 1), sizeof *grads);
+    ag_tensor **grads = ag__calloc((size_t)ngrads, sizeof *grads);
     int rc = bin && grads ? 0 : AG_ENOMEM;
     for (int i = 0; rc == 0 && i < c->nsaved; i++)
         bin[i] = s->saved[i];
@@ -267,12 +290,17 @@ static int compiled_backward(void *ud, ag_tensor *const *gout, int nout, ag_tens
             rc = ag_last_status();
         bin[c->nsaved + t] = g;
     }
+    /* Draws in the backward start where the generator is now, as eager's would. */
+    if (rc == 0)
+        rc = ag__rng_wrap_feed(&c->rng_bw, bin);
     if (rc == 0) {
         bool prev = ag_set_grad_enabled(false);
-        int n = run_graph(c, true, bin, nbin, grads, c->nprimals);
+        int n = run_graph(c, true, bin, nbin, grads, ngrads);
         ag_set_grad_enabled(prev);
         if (n < 0)
             rc = n;
+        else
+            rc = ag__rng_wrap_advance(&c->rng_bw, grads, n);
     }
     /* The engine runs this inside a scope, which owns what run_graph returned. */
     for (int j = 0; rc == 0 && j < nin; j++) {
@@ -328,7 +356,9 @@ int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_t
     if (max_out < c->nuser)
         return ag__err(AG_EINVAL, "compiled: room for %d outputs, %d needed", max_out, c->nuser);
     int npa = c->nprimals ? c->nprimals : 1;
-    ag_tensor **prim = ag__calloc((size_t)npa, sizeof *prim);
+    /* The forward's inputs: the primals, then the generator's state when it draws. */
+    int nfin = c->nprimals + ag__rng_wrap_num_inputs(&c->rng_fw);
+    ag_tensor **prim = ag__calloc((size_t)nfin + 1, sizeof *prim);
     ag_tensor **owned = ag__calloc((size_t)npa, sizeof *owned);
     ag_tensor **node = ag__calloc((size_t)(c->nnode ? c->nnode : 1), sizeof *node);
     ag_tensor **node_raw = ag__calloc((size_t)(c->nnode ? c->nnode : 1), sizeof *node_raw);
@@ -349,7 +379,7 @@ int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_t
                          ag__fmt_sizes(b, sizeof b, m->ndim, m->sizes));
         }
     }
-    int nfw = c->nmutated + c->nuser + c->nmetamut + c->ninter;
+    int nfw = c->nmutated + c->nuser + c->nmetamut + c->ninter + (c->rng_fw.offset_out >= 0);
     int nfo = nfw + c->nsaved;
     ag_tensor **fo = rc == 0 ? ag__calloc((size_t)(nfo ? nfo : 1), sizeof *fo) : NULL;
     if (rc == 0 && !fo)
@@ -367,15 +397,17 @@ int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_t
     bool scoped = ag__in_scope();
     ag_scope_begin();
     bool prev = ag_set_grad_enabled(false);
-    int n = run_graph(c, false, prim, c->nprimals, fo, nfo);
-    rc = n < 0 ? n : 0;
+    rc = ag__rng_wrap_feed(&c->rng_fw, prim);
+    int n = rc ? rc : run_graph(c, false, prim, nfin, fo, nfo);
+    if (rc == 0)
+        rc = n < 0 ? n : ag__rng_wrap_advance(&c->rng_fw, fo, n);
     /* A primal the backward reads (a partition that recomputes from inputs) and that the
      * write-back below changes is saved as it was: the backward sees the forward's value,
      * as eager's autograd does. */
     ag_tensor **pre = NULL;
     for (int i = 0; rc == 0 && i < c->nsaved; i++) {
         int p = c->saved_primal[i];
-        if (p < 0 || !c->in_info[p].mutates_data)
+        if (p < 0 || p >= c->nprimals || !c->in_info[p].mutates_data)
             continue;
         if (!pre && !(pre = ag__calloc((size_t)c->nsaved, sizeof *pre))) {
             rc = AG_ENOMEM;

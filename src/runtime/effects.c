@@ -1,8 +1,9 @@
 /* The effect-token runtime wrapper (upstream's EffectTokensWrapper, spec section 8): a
  * compiled graph with effect tokens is called as if it had none.
  *
- * In: a partitioned forward graph (tokens are its first inputs and first outputs) or backward
- * graph (tokens are its last inputs and last outputs), run by its plan or by the interpreter.
+ * In: a partitioned forward or backward graph whose token placeholders and outputs carry
+ * token descriptors (Forward/BackwardTokenAOTInput/Output), run by its plan or by the
+ * interpreter.
  * Out: the graph's outputs without the token outputs. Each token fed is an empty f32 tensor
  * (upstream's torch.tensor([])): a token carries no data, only the order that the with_effects
  * nodes of the graph keep among themselves, so the effects run exactly once per run, in program
@@ -10,18 +11,32 @@
 #include "../core/internal.h"
 #include "effects_internal.h"
 
+static bool is_token(const ag_desc *d) {
+    ag_desc_kind k = d ? ag_desc_kind_of(d) : (ag_desc_kind)-1;
+    return k == AG_DESC_FORWARD_TOKEN_INPUT || k == AG_DESC_BACKWARD_TOKEN_INPUT ||
+           k == AG_DESC_FORWARD_TOKEN_OUTPUT || k == AG_DESC_BACKWARD_TOKEN_OUTPUT;
+}
+
 int ag__effect_tokens_run(const ag_graph *g, ag_plan *p, int ntok, bool backward,
                           ag_tensor *const *in, int nin, ag_tensor **outs, int max_out) {
+    (void)backward; /* the descriptors say where the tokens are */
+    ag_node **ph;
+    int nph = ag_graph_placeholders(g, &ph);
+    if (nph < 0)
+        return nph;
+    if (nph != nin + ntok)
+        return ag__err(AG_EINVAL, "compiled: the graph takes %d inputs, %d given and %d effect "
+                                  "tokens", nph, nin, ntok);
+    ag_node *on = ag_graph_output_node(g);
     ag_tensor **xin = ag__malloc(sizeof *xin * (size_t)(nin + ntok));
     ag_tensor **xout = ag__calloc((size_t)(max_out + ntok), sizeof *xout);
     ag_tensor *tok = ag__tensor_new(AG_F32, 1, (const int64_t[]){0}, false);
     int n = xin && xout && tok ? 0 : AG_ENOMEM;
     if (n == 0) {
-        int first = backward ? nin : 0; /* where the tokens go */
-        for (int i = 0; i < nin; i++)
-            xin[backward ? i : ntok + i] = in[i];
-        for (int k = 0; k < ntok; k++)
-            xin[first + k] = tok;
+        /* Tokens go where the graph's token placeholders are; the caller's inputs fill the
+         * others in order. */
+        for (int i = 0, k = 0; i < nph; i++)
+            xin[i] = is_token(ag_node_desc(ph[i])) || k >= nin ? tok : in[k++];
         n = p ? ag_plan_run(p, xin, nin + ntok, xout, max_out + ntok)
               : ag_graph_run(g, xin, nin + ntok, xout, max_out + ntok);
     }
@@ -34,16 +49,16 @@ int ag__effect_tokens_run(const ag_graph *g, ag_plan *p, int ntok, bool backward
                     n, ntok);
     }
     if (n >= 0) {
-        int drop = backward ? n - ntok : 0; /* the token outputs */
-        for (int k = 0, o = 0; k < n; k++) {
-            if (k >= drop && k < drop + ntok) {
+        int o = 0;
+        for (int k = 0; k < n; k++) {
+            if (on && is_token(ag_node_output_desc(on, k))) {
                 if (!ag__in_scope()) /* else the open scope owns it */
                     ag_tensor_free(xout[k]);
             } else {
                 outs[o++] = xout[k];
             }
         }
-        n -= ntok;
+        n = o;
     }
     ag_tensor_free(tok);
     ag__free(xin);

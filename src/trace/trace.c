@@ -128,6 +128,8 @@ struct ag__tracer {
     const char *tag;    /* partitioner_tag for new nodes, or NULL */
     ag__token_chain *tokens; /* effect tokens (the export), or NULL */
     ag__alias_table *aliases; /* storages mutated under functionalization (trace_views.c) */
+    ag__trace_random_fn random_fn; /* RNG functionalization (the joint export), or NULL */
+    void *random_ud;
     /* saved thread state, restored by tracer_end */
     tracer *prev_active;
     ag__trace_hook_fn prev_hook;
@@ -346,6 +348,12 @@ static int trace_hook(const ag_op *op, const ag_arg *args, int nargs, ag_tensor 
     tracer *T = active;
     if (!T)
         return 0;
+    if (T->random_fn && (ag_op_def(op)->flags & AG_OP_RANDOM)) {
+        /* The functional form is recorded there; 1 means "record the call as it is". */
+        int rc = T->random_fn(T->random_ud, op, args, nargs, outs, nouts);
+        if (rc <= 0)
+            return rc;
+    }
     ag_garg ga[AG_MAX_ARGS];
     ag_node *lists[AG_MAX_ARGS][64];
     for (int i = 0; i < nargs; i++) {
@@ -488,6 +496,10 @@ void ag__tracer_set_tag(ag__tracer *T, const char *tag) { T->tag = tag; }
 void ag__tracer_set_token_chain(ag__tracer *T, ag__token_chain *c) { T->tokens = c; }
 int ag__tracer_node_meta(ag__tracer *T, ag_node *n) { return set_node_meta(T, n); }
 void ag__tracer_set_stack_traces(ag__tracer *T, bool on) { T->opts.no_stack_traces = !on; }
+void ag__tracer_set_random(ag__tracer *T, ag__trace_random_fn fn, void *ud) {
+    T->random_fn = fn;
+    T->random_ud = ud;
+}
 
 void ag__tracer_bind(ag__tracer *T, ag_tensor *t, ag_node *n) {
     t->trace = n;

@@ -1,0 +1,85 @@
+/* The functionalized-RNG runtime wrapper (upstream's FunctionalizedRngRuntimeWrapper; spec 8).
+ *
+ * In: a partitioned graph whose random draws read philox seed and offset placeholders (the
+ * export's RNG functionalization, src/export/rng.c). Out: around each run of it, the
+ * process-wide generator's state goes in as those two inputs, and the generator's offset is
+ * moved to the updated offset the graph returns, exactly as far as eager's draws would have
+ * moved it. The forward feeds the state at the time of the forward, the backward at the time
+ * of the backward, as eager's draws happen then. So a compiled model trains bit-identically to
+ * eager from the same seed.
+ *
+ * The positions come from descriptors, not from counting: whatever else the graphs take and
+ * return, the wrapper feeds the placeholders described PhiloxForwardSeedAOTInput and
+ * PhiloxForwardBaseOffsetAOTInput (backward: PhiloxBackward...) and reads the output described
+ * PhiloxUpdatedForwardOffsetAOTOutput (PhiloxUpdatedBackwardOffsetAOTOutput). */
+#include "rng_wrap.h"
+
+int ag__rng_wrap_init(ag__rng_wrap *w, const ag_graph *g, bool backward) {
+    w->seed_in = w->offset_in = w->offset_out = -1;
+    if (!g)
+        return 0;
+    const ag_desc_kind seed_k =
+        backward ? AG_DESC_PHILOX_BACKWARD_SEED : AG_DESC_PHILOX_FORWARD_SEED;
+    const ag_desc_kind off_k =
+        backward ? AG_DESC_PHILOX_BACKWARD_BASE_OFFSET : AG_DESC_PHILOX_FORWARD_BASE_OFFSET;
+    const ag_desc_kind out_k =
+        backward ? AG_DESC_PHILOX_UPDATED_BACKWARD_OFFSET : AG_DESC_PHILOX_UPDATED_FORWARD_OFFSET;
+    ag_node **ph;
+    int nph = ag_graph_placeholders(g, &ph);
+    if (nph < 0)
+        return nph;
+    for (int i = 0; i < nph; i++) {
+        const ag_desc *d = ag_node_desc(ph[i]);
+        if (d && ag_desc_kind_of(d) == seed_k)
+            w->seed_in = i;
+        else if (d && ag_desc_kind_of(d) == off_k)
+            w->offset_in = i;
+    }
+    ag_node *out = ag_graph_output_node(g);
+    int nout = out ? ag_node_arg(out, 0)->n : 0;
+    for (int i = 0; i < nout; i++) {
+        const ag_desc *d = ag_node_output_desc(out, i);
+        if (d && ag_desc_kind_of(d) == out_k)
+            w->offset_out = i;
+    }
+    const char *side = backward ? "backward" : "forward";
+    if ((w->seed_in < 0) != (w->offset_in < 0) || (w->seed_in < 0) != (w->offset_out < 0))
+        return ag__err(AG_EINVAL,
+                       "compile: the %s graph has %s philox seed, %s base offset and "
+                       "%s updated offset; RNG functionalization needs all three or "
+                       "none",
+                       side, w->seed_in < 0 ? "no" : "a", w->offset_in < 0 ? "no" : "a",
+                       w->offset_out < 0 ? "no" : "an");
+    return 0;
+}
+
+int ag__rng_wrap_num_inputs(const ag__rng_wrap *w) {
+    return w->seed_in < 0 ? 0 : 2;
+}
+
+int ag__rng_wrap_feed(const ag__rng_wrap *w, ag_tensor **in) {
+    if (w->seed_in < 0)
+        return 0;
+    uint64_t seed, offset;
+    ag_rng_get_state(&seed, &offset);
+    /* The bits as they are: the graph's int64 arithmetic wraps as the generator's does. */
+    int64_t s = (int64_t)seed, o = (int64_t)offset;
+    in[w->seed_in] = ag_from_data(AG_I64, 0, NULL, &s);
+    in[w->offset_in] = ag_from_data(AG_I64, 0, NULL, &o);
+    return in[w->seed_in] && in[w->offset_in] ? 0 : ag_last_status();
+}
+
+int ag__rng_wrap_advance(const ag__rng_wrap *w, ag_tensor *const *outs, int nouts) {
+    if (w->offset_out < 0)
+        return 0;
+    const ag_tensor *t = w->offset_out < nouts ? outs[w->offset_out] : NULL;
+    if (!t || t->dtype != AG_I64 || t->ndim != 0)
+        return ag__err(AG_EINVAL,
+                       "compiled: the updated philox offset (output %d) is not a 0-dim "
+                       "int64 tensor",
+                       w->offset_out);
+    uint64_t seed, offset;
+    ag_rng_get_state(&seed, &offset);
+    ag_rng_set_state(seed, (uint64_t) * (const int64_t *)ag__base(t));
+    return 0;
+}
