@@ -79,6 +79,8 @@ bool ag__is_meta(const ag_tensor *t);
 void ag__tmeta_contiguous(ag_tmeta *m, ag_dtype dt, int ndim, const int64_t *sizes);
 int64_t ag__numel(int ndim, const int64_t *sizes);
 bool ag__tmeta_is_contiguous(const ag_tmeta *m);
+/* Same dtype, sizes, strides and offset. */
+bool ag__tmeta_equal(const ag_tmeta *a, const ag_tmeta *b);
 /* Element pointer arithmetic. */
 static inline char *ag__base(const ag_tensor *t) {
     return (char *)t->storage->data + (size_t)t->offset * ag_dtype_size(t->dtype);

@@ -432,3 +432,12 @@ ag_tensor *ag_detach(ag_tensor *t) {
         d->is_view = true;
     return ag__give(d);
 }
+
+bool ag__tmeta_equal(const ag_tmeta *a, const ag_tmeta *b) {
+    if (a->dtype != b->dtype || a->ndim != b->ndim || a->offset != b->offset)
+        return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->sizes[d] != b->sizes[d] || a->strides[d] != b->strides[d])
+            return false;
+    return true;
+}

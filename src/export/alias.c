@@ -51,15 +51,6 @@ static void rel_geom(ag_tmeta *out, const ag_tensor *t, int64_t base_offset) {
     out->offset -= base_offset;
 }
 
-static bool same_geom(const ag_tmeta *a, const ag_tmeta *b) {
-    if (a->dtype != b->dtype || a->ndim != b->ndim || a->offset != b->offset)
-        return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->sizes[d] != b->sizes[d] || a->strides[d] != b->strides[d])
-            return false;
-    return true;
-}
-
 /* Lowest and highest element offset of t (empty: hi < lo). */
 static void extent(const ag_tensor *t, int64_t *lo, int64_t *hi) {
     *lo = t->offset;
@@ -575,7 +566,7 @@ int ag__aplan_analyze(ag__alias_plan *P, ag__tracer *T, ag_tensor *const *outs, 
         ag_tmeta now;
         ag__tmeta_of(P->tt[i], &now);
         P->data_mut[i] = ag__tracer_storage_mutations(T, P->tt[i]) > 0;
-        P->meta_mut[i] = !same_geom(&now, &P->start[i]);
+        P->meta_mut[i] = !ag__tmeta_equal(&now, &P->start[i]);
     }
     for (int p = 0; p < P->nprim; p++) {
         ag_tensor *t = P->ptt[p];
@@ -676,7 +667,7 @@ int ag__aplan_analyze(ag__alias_plan *P, ag__tracer *T, ag_tensor *const *outs, 
                     !outs[q]->requires_grad)
                     continue;
                 ag__tmeta_of(outs[q], &mq);
-                if (same_geom(&mt, &mq)) {
+                if (ag__tmeta_equal(&mt, &mq)) {
                     o->alias = AG_OUT_ALIAS_OF_INTERMEDIATE_BASE_IS_USER_OUTPUT;
                     o->base_index = q;
                     rel_geom(&A->out[k].geom, t, outs[q]->offset);

@@ -151,15 +151,6 @@ static bool garg_equal(const ag_garg *a, const ag_garg *b) {
     return false;
 }
 
-static bool tmeta_equal(const ag_tmeta *a, const ag_tmeta *b) {
-    if (a->dtype != b->dtype || a->ndim != b->ndim || a->offset != b->offset)
-        return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->sizes[d] != b->sizes[d] || a->strides[d] != b->strides[d])
-            return false;
-    return true;
-}
-
 static bool node_equal(const ag_node *a, const ag_node *b) {
     if (a->kind != b->kind || a->op != b->op || a->nargs != b->nargs || a->nvals != b->nvals)
         return false;
@@ -169,7 +160,7 @@ static bool node_equal(const ag_node *a, const ag_node *b) {
     /* Equal arguments give equal vals; comparing them anyway keeps a graph whose vals were
      * edited by hand from merging nodes that would then disagree. */
     for (int i = 0; i < a->nvals; i++)
-        if (!tmeta_equal(&a->vals[i], &b->vals[i]))
+        if (!ag__tmeta_equal(&a->vals[i], &b->vals[i]))
             return false;
     return true;
 }

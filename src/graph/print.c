@@ -98,15 +98,6 @@ void ag__sb_free(ag__sbuf *b) {
 
 /* ---- values ---- */
 
-bool ag__tmeta_equal(const ag_tmeta *a, const ag_tmeta *b) {
-    if (a->dtype != b->dtype || a->ndim != b->ndim || a->offset != b->offset)
-        return false;
-    for (int i = 0; i < a->ndim; i++)
-        if (a->sizes[i] != b->sizes[i] || a->strides[i] != b->strides[i])
-            return false;
-    return true;
-}
-
 static const char *dtype_short(ag_dtype dt) {
     const char *s = (unsigned)dt < AG_NDTYPES ? ag_dtype_short(dt) : NULL;
     return s ? s : "?";

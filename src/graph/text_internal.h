@@ -43,6 +43,5 @@ void ag__sb_name(ag__sbuf *b, const char *name);
 bool ag__is_plain_name(const char *s);
 
 /* Equality of two metas over their dims (unused tail entries ignored). */
-bool ag__tmeta_equal(const ag_tmeta *a, const ag_tmeta *b);
 
 #endif

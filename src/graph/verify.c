@@ -68,15 +68,6 @@ static int64_t ptab_get(const ptab *t, const ag_node *n) {
 
 /* ---- helpers ---- */
 
-static bool tmeta_equal(const ag_tmeta *a, const ag_tmeta *b) {
-    if (a->dtype != b->dtype || a->ndim != b->ndim || a->offset != b->offset)
-        return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->sizes[d] != b->sizes[d] || a->strides[d] != b->strides[d])
-            return false;
-    return true;
-}
-
 /* "f32[4, 3]", with strides and offset added when `full` (the sizes alone do not show the
  * difference). */
 static char *tmeta_str(const ag_tmeta *m, bool full, char *buf, size_t n) {
@@ -216,7 +207,7 @@ static int check_call(const ag_node *n) {
         return ag__err(AG_EINVAL, "verify: %%%s: stores %d val(s) but %s has %d output(s)",
                        n->name, n->nvals, ag_op_name(n->op), nvals);
     for (int i = 0; i < nvals; i++)
-        if (!tmeta_equal(&n->vals[i], &vals[i])) {
+        if (!ag__tmeta_equal(&n->vals[i], &vals[i])) {
             char what[160];
             if (nvals == 1)
                 snprintf(what, sizeof what, "%s infers", ag_op_name(n->op));
@@ -241,7 +232,7 @@ static int check_getitem(const ag_node *n) {
                        n->name, (long long)idx, src->name, src->nvals);
     if (n->nvals != 1)
         return ag__err(AG_EINVAL, "verify: %%%s: getitem stores %d vals", n->name, n->nvals);
-    if (!tmeta_equal(&n->vals[0], &src->vals[idx])) {
+    if (!ag__tmeta_equal(&n->vals[0], &src->vals[idx])) {
         char what[160];
         snprintf(what, sizeof what, "output %lld of %%%s is", (long long)idx, src->name);
         return val_mismatch(n, what, &n->vals[0], &src->vals[idx]);
@@ -258,7 +249,7 @@ static int check_get_attr(const ag_node *n) {
         return ag__err(AG_EINVAL, "verify: %%%s: get_attr stores %d vals", n->name, n->nvals);
     ag_tmeta m;
     ag__tmeta_of(n->constant, &m);
-    if (!tmeta_equal(&n->vals[0], &m))
+    if (!ag__tmeta_equal(&n->vals[0], &m))
         return val_mismatch(n, "its constant is", &n->vals[0], &m);
     return 0;
 }

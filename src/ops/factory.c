@@ -11,7 +11,7 @@ static ag_dtype dtype_or(const ag_arg *a, ag_dtype def) {
     return a->kind == AG_ARG_DTYPE ? a->u.dt : def;
 }
 
-static int sizes_check(const char *op, const ag_arg *sz) {
+int ag__sizes_check(const char *op, const ag_arg *sz) {
     if (sz->n > AG_MAX_DIMS)
         return ag__err(AG_EINVAL, "%s: %d dimensions (at most %d)", op, sz->n, AG_MAX_DIMS);
     for (int i = 0; i < sz->n; i++)
@@ -38,7 +38,7 @@ static int fill_value(ag_tensor *t, double v) {
 /* ---- empty / zeros / ones / full (sizes first) ---- */
 
 static int sized_meta(const char *op, const ag_arg *sz, ag_dtype dt, ag_tmeta *o) {
-    int rc = sizes_check(op, sz);
+    int rc = ag__sizes_check(op, sz);
     if (rc)
         return rc;
     ag__tmeta_contiguous(o, dt, sz->n, sz->u.ints);

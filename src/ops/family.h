@@ -20,6 +20,9 @@ extern const ag_opdef *const ag__ops_philox[];    /* philox.c: philox_rand, phil
 
 /* philox.c: fills contiguous t from generator counters offset.. (uniform [lo, hi) or normal with
  * mean lo and std hi); eager's random ops and the functional philox ops share it. */
+/* factory.c: a SymInt[] size argument has at most AG_MAX_DIMS non-negative sizes. */
+int ag__sizes_check(const char *op, const ag_arg *sz);
+
 int ag__philox_fill(ag_tensor *t, uint64_t seed, uint64_t offset, bool normal, double lo,
                     double hi);
 

@@ -52,12 +52,9 @@ int ag__philox_fill(ag_tensor *t, uint64_t seed, uint64_t offset, bool normal, d
 /* a: size, seed, offset, low|mean, high|std, dtype. */
 static int philox_meta(const char *op, const ag_arg *a, ag_tmeta *o) {
     const ag_arg *sz = &a[0];
-    if (sz->n > AG_MAX_DIMS)
-        return ag__err(AG_EINVAL, "%s: %d dimensions (at most %d)", op, sz->n, AG_MAX_DIMS);
-    for (int i = 0; i < sz->n; i++)
-        if (sz->u.ints[i] < 0)
-            return ag__err(AG_EINVAL, "%s: negative size %lld in dim %d", op,
-                           (long long)sz->u.ints[i], i);
+    int rc = ag__sizes_check(op, sz);
+    if (rc)
+        return rc;
     static const char *const names[] = {"seed", "offset"};
     for (int k = 0; k < 2; k++) {
         const ag_tensor *t = a[1 + k].u.t;
