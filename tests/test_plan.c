@@ -265,15 +265,20 @@ static void zoo_open(zoo_case *z, const char *name, bool core) {
     ag_named_tensors ps, bs;
     assert_int_equal(ag_module_named_parameters(z->m, false, &ps), 0);
     assert_int_equal(ag_module_named_buffers(z->m, false, &bs), 0);
+    /* Tensor subclass instances (two_tensor's parameters) are flattened, as the joint's primals. */
     int k = 0;
-    for (int i = 0; i < ps.n; i++)
-        z->in[k++] = ag_tensor_keep(ps.tensors[i]);
     ag_scope_begin();
-    for (int i = 0; i < bs.n; i++)
-        z->in[k++] = ag_tensor_keep(ag_clone(bs.tensors[i]));
+    for (int i = 0; i < ps.n + bs.n + nex; i++) {
+        ag_tensor *v = i < ps.n ? ps.tensors[i] : i < ps.n + bs.n ? ag_clone(bs.tensors[i - ps.n])
+                                                                 : ex[i - ps.n - bs.n];
+        int n = ag_subclass_flatten_tensors(&v, 1, z->in + k, 256 - k);
+        for (int e = 0; e < n; e++)
+            ag_tensor_keep(z->in[k + e]);
+        k += n;
+    }
     ag_scope_end();
     for (int i = 0; i < nex; i++)
-        z->in[k++] = ex[i];
+        ag_tensor_free(ex[i]);
     assert_int_equal(k, ag_joint_num_primals(z->j));
     ag_node **phs;
     int nph = ag_graph_placeholders(ag_joint_graph(z->j), &phs);

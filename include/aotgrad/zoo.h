@@ -23,6 +23,9 @@
  *                 ReLU-Linear(128, 10); x [8, 1, 28, 28]; training mode
  *   gpt2          GPT-2; configs "tiny" (the default, ag_gpt2_config_tiny) and "gpt2-small"
  *                 (ag_gpt2_config_small: 124M); idx [2, 16] i64 random tokens
+ *   two_tensor    linear(x, weight, bias) where weight [2, 3] and bias [2] are TwoTensor
+ *                 parameters (include/aotgrad/subclass.h); x [4, 3] plain; the output is a
+ *                 TwoTensor [4, 2]
  */
 #ifndef AOTGRAD_ZOO_H
 #define AOTGRAD_ZOO_H

@@ -15,6 +15,7 @@
  * decomposition table applied. */
 #include "../graph/graph_internal.h"
 #include "aotgrad/export.h"
+#include "subclass.h"
 
 #include <stdio.h>
 
@@ -29,6 +30,7 @@ struct ag_joint {
     bool needs_autograd;
     ag_desc **primal_descs; /* for ag_joint_set_graph's checks */
     ag_desc **tangent_descs;
+    ag__subx_info *subclass; /* tensor subclasses flattened (subclass.c), or NULL */
 };
 
 /* ---- accessors ---- */
@@ -44,10 +46,13 @@ const char *ag_joint_buffer_fqn(const ag_joint *j, int i) {
 }
 const ag_treespec *ag_joint_in_spec(const ag_joint *j) { return j->in_spec; }
 const ag_treespec *ag_joint_out_spec(const ag_joint *j) { return j->out_spec; }
-int ag_joint_num_static_inputs(const ag_joint *j) { return j->nparams + j->nbuffers; }
-int ag_joint_static_input(const ag_joint *j, int i) {
-    return i >= 0 && i < j->nparams + j->nbuffers ? i : -1;
+int ag_joint_num_static_inputs(const ag_joint *j) {
+    return j->subclass ? j->subclass->nstatic : j->nparams + j->nbuffers;
 }
+int ag_joint_static_input(const ag_joint *j, int i) {
+    return i >= 0 && i < ag_joint_num_static_inputs(j) ? i : -1;
+}
+ag__subx_info *ag__joint_subclass_info(const ag_joint *j) { return j->subclass; }
 int ag_joint_num_primals(const ag_joint *j) { return j->nprimals; }
 int ag_joint_num_tangents(const ag_joint *j) { return j->ntangents; }
 const ag_input_info *ag_joint_input_info(const ag_joint *j, int i) {
@@ -81,6 +86,7 @@ void ag_joint_free(ag_joint *j) {
         ag_desc_release(j->tangent_descs ? j->tangent_descs[i] : NULL);
     ag__free(j->primal_descs);
     ag__free(j->tangent_descs);
+    ag__subx_info_release(j->subclass);
     ag__free(j);
 }
 
@@ -218,11 +224,13 @@ typedef struct export_state {
     ag_node **prim;      /* their placeholders */
     int *dup_of;         /* index of an earlier slot holding the same tensor, or -1 */
     int nflat;
+    ag__subx *sx;        /* tensor subclasses flattened (subclass.c); NULL when none is used */
 } export_state;
 
 static int run_forward(ag_module *m, export_state *st, int first_user, int nuser,
                        ag_tensor **outs, int max_out) {
-    return ag_module_call(m, st->flat + first_user, nuser, outs, max_out);
+    ag_tensor **in = st->sx ? ag__subx_outer_inputs(st->sx) : st->flat; /* the outer inputs */
+    return ag_module_call(m, in + first_user, nuser, outs, max_out);
 }
 
 ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
@@ -269,6 +277,11 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
 
     /* Flat inputs and their placeholders. */
     st.nflat = ps.n + bs.n + nargs + nkwargs;
+    /* Tensor subclass inputs are flattened into their plain inner tensors. */
+    if (ag__subx_begin(&st.sx, &ps, &bs, args, nargs, kwargs, nkwargs))
+        goto fail;
+    if (st.sx)
+        st.nflat = ag__subx_num_flat(st.sx);
     j->nprimals = st.nflat;
     st.flat = ag__calloc((size_t)(st.nflat ? st.nflat : 1), sizeof *st.flat);
     st.prim = ag__calloc((size_t)(st.nflat ? st.nflat : 1), sizeof *st.prim);
@@ -281,7 +294,9 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
     for (int i = 0; i < st.nflat; i++) {
         ag_tensor *t;
         ag_desc *d;
-        if (i < ps.n) {
+        if (st.sx) {
+            t = ag__subx_flat(st.sx, i, &d);
+        } else if (i < ps.n) {
             t = ps.tensors[i];
             d = ag_desc_param(ps.names[i]);
         } else if (i < ps.n + bs.n) {
@@ -305,7 +320,8 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
         st.prim[i] = ag_graph_placeholder(j->g, name, &mt);
         if (!st.prim[i] || ag_node_set_desc(st.prim[i], d))
             goto fail;
-        j->in_info[i].requires_grad = t->requires_grad && ag_dtype_is_float(t->dtype);
+        j->in_info[i].requires_grad = st.sx ? ag__subx_flat_requires_grad(st.sx, i)
+                                            : t->requires_grad && ag_dtype_is_float(t->dtype);
     }
     j->in_spec = make_in_spec(ps.n + bs.n + nargs, kwarg_names, nkwargs);
     if (!j->in_spec)
@@ -331,10 +347,14 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
     nouts = run_forward(m, &st, ps.n + bs.n, nargs + nkwargs, outs, 64);
     if (nouts < 0)
         goto fail;
+    int nspec = nouts; /* the user's outputs; subclass ones are flattened from here on */
+    if ((nouts = ag__subx_outputs(&st.sx, outs, nouts, 64, st.flat, j->primal_descs, st.nflat,
+                                  ps.n + bs.n)) < 0)
+        goto fail;
     j->nuser_out = nouts;
     j->out_info = ag__calloc((size_t)(nouts ? nouts : 1), sizeof *j->out_info);
     /* One output is a bare leaf; several are a tuple. */
-    j->out_spec = nouts == 1 ? ag_treespec_leaf() : flat_list_spec(nouts, true);
+    j->out_spec = nspec == 1 ? ag_treespec_leaf() : flat_list_spec(nspec, true);
     if (!j->out_info || !j->out_spec)
         goto fail;
 
@@ -358,7 +378,7 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
         ag_tensor *t = outs[k];
         ag_output_info *oi = &j->out_info[k];
         oi->base_index = -1;
-        oi->requires_grad = t && t->requires_grad;
+        oi->requires_grad = st.sx ? ag__subx_out_requires_grad(st.sx, k) : t && t->requires_grad;
         for (int i = 0; t && i < st.nflat; i++) {
             if (ag__tracer_node_of(st.T, t) == st.prim[i]) {
                 oi->alias = AG_OUT_IS_INPUT;
@@ -385,17 +405,23 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
     for (int i = 0; i < st.nflat; i++)
         if (j->in_info[i].mutates_data) {
             out_nodes[no] = ag__tracer_node_of(st.T, st.flat[i]);
-            if (!(out_descs[no++] = ag_desc_input_mutation(j->primal_descs[i])))
+            if (!(out_descs[no++] = st.sx ? ag__subx_mutation_desc(st.sx, i)
+                                          : ag_desc_input_mutation(j->primal_descs[i])))
                 goto fail;
         }
     for (int k = 0; k < nouts; k++) {
         out_nodes[no] = outs[k] ? ag__tracer_node_of(st.T, outs[k]) : NULL;
         if (outs[k] && !out_nodes[no])
             goto fail;
-        if (!(out_descs[no++] = ag_desc_plain_output(k)))
+        if (!(out_descs[no++] = st.sx ? ag__subx_out_desc(st.sx, k) : ag_desc_plain_output(k)))
             goto fail;
     }
-    if (j->needs_autograd) {
+    if (j->needs_autograd && st.sx) {
+        /* Tensor subclasses: tangents and gradients at the outer level, flattened. */
+        if (ag__subx_backward(st.sx, j->g, st.T, j->out_info, out_nodes, out_descs, &no,
+                              j->tangent_descs, &j->ntangents))
+            goto fail;
+    } else if (j->needs_autograd) {
         /* Everything traced so far is forward; tangents and what follows is backward. */
         for (ag_node *n = ag_graph_first(j->g); n; n = ag_node_next(n))
             if (ag_node_set_partitioner_tag(n, "is_forward"))
@@ -473,6 +499,8 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
         if (ag_graph_decompose(j->g, o.decompositions) < 0 || ag_graph_dce(j->g) < 0)
             goto fail;
     }
+    if (ag__subx_finish(st.sx, &j->subclass))
+        goto fail;
     ag_scope_end();
     scoped = false;
     goto done;
@@ -499,6 +527,7 @@ done:
     ag__free(st.flat);
     ag__free(st.prim);
     ag__free(st.dup_of);
+    ag__subx_free(st.sx);
     ag_named_tensors_free(&ps);
     ag_named_tensors_free(&bs);
     return j;

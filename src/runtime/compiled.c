@@ -13,6 +13,7 @@
  * against their storage version, so an in-place change before backward is an error. */
 #include "../graph/graph_internal.h"
 #include "aotgrad/compile.h"
+#include "subclass.h"
 
 #include <stdio.h>
 
@@ -29,8 +30,11 @@ struct ag_compiled {
     ag_tmeta *in_meta;      /* expected dtype and shape per primal */
     int *tangent_of;        /* user output index of each tangent */
     int *saved_primal;      /* for each saved value: the primal it is, or -1 */
-    bool *grad_out;         /* the backward graph's output i is a gradient (of primal i) */
+    bool *grad_out;         /* primal i gets a gradient from the backward graph */
     bool *out_diff;         /* per user output: carries a gradient */
+    int *grad_slot;         /* per primal: the backward graph's output that is its gradient, or -1 */
+    int nbw_out;
+    ag__subx_info *sub;     /* tensor subclasses to unwrap and rewrap (subclass.c), or NULL */
 };
 
 static void compiled_release(ag_compiled *c) {
@@ -47,6 +51,8 @@ static void compiled_release(ag_compiled *c) {
     ag__free(c->saved_primal);
     ag__free(c->grad_out);
     ag__free(c->out_diff);
+    ag__free(c->grad_slot);
+    ag__subx_info_release(c->sub);
     ag__free(c);
 }
 
@@ -89,8 +95,13 @@ ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts) {
     c->out_diff = ag__calloc((size_t)nu, sizeof *c->out_diff);
     c->tangent_of = ag__calloc((size_t)(c->ntangents ? c->ntangents : 1), sizeof *c->tangent_of);
     c->grad_out = ag__calloc((size_t)np, sizeof *c->grad_out);
-    if (!c->in_info || !c->in_meta || !c->out_info || !c->out_diff || !c->tangent_of || !c->grad_out)
+    c->grad_slot = ag__calloc((size_t)np, sizeof *c->grad_slot);
+    c->sub = ag__subx_info_retain(ag__joint_subclass_info(j));
+    if (!c->in_info || !c->in_meta || !c->out_info || !c->out_diff || !c->tangent_of || !c->grad_out ||
+        !c->grad_slot)
         goto fail;
+    for (int i = 0; i < c->nprimals; i++)
+        c->grad_slot[i] = i;
     const ag_graph *g = ag_joint_graph(j);
     ag_node **ph;
     int nph = ag_graph_placeholders(g, &ph);
@@ -141,13 +152,19 @@ ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts) {
         }
         ag_node *bo = ag_graph_output_node(c->bw);
         int nbo = ag_node_arg(bo, 0)->n;
-        if (nbo != c->nprimals) {
+        c->nbw_out = nbo;
+        /* With subclasses a primal's gradient is found by descriptor (an input without one has
+         * a single None however many primals it flattened into). */
+        if (c->sub) {
+            if (ag__subx_grad_slots(bo, ph, c->nprimals, c->grad_slot))
+                goto fail;
+        } else if (nbo != c->nprimals) {
             ag__err(AG_EINVAL, "compile: the backward graph has %d outputs for %d primals", nbo,
                     c->nprimals);
             goto fail;
         }
-        for (int i = 0; i < nbo; i++)
-            c->grad_out[i] = ag_node_arg(bo, 0)->u.nodes[i] != NULL;
+        for (int i = 0; i < c->nprimals; i++)
+            c->grad_out[i] = c->grad_slot[i] >= 0 && ag_node_arg(bo, 0)->u.nodes[c->grad_slot[i]];
     } else {
         c->fw = ag_graph_copy(g);
         if (!c->fw)
@@ -203,7 +220,7 @@ static int compiled_backward(void *ud, ag_tensor *const *gout, int nout, ag_tens
                                       "after the forward", c->saved_primal[i]);
     int nbin = c->nsaved + c->ntangents;
     ag_tensor **bin = ag__calloc((size_t)(nbin ? nbin : 1), sizeof *bin);
-    ag_tensor **grads = ag__calloc((size_t)(c->nprimals ? c->nprimals : 1), sizeof *grads);
+    ag_tensor **grads = ag__calloc((size_t)(c->nbw_out ? c->nbw_out : 1), sizeof *grads);
     int rc = bin && grads ? 0 : AG_ENOMEM;
     for (int i = 0; rc == 0 && i < c->nsaved; i++)
         bin[i] = s->saved[i];
@@ -221,20 +238,20 @@ static int compiled_backward(void *ud, ag_tensor *const *gout, int nout, ag_tens
     }
     if (rc == 0) {
         bool prev = ag_set_grad_enabled(false);
-        int n = run_graph(c, true, bin, nbin, grads, c->nprimals);
+        int n = run_graph(c, true, bin, nbin, grads, c->nbw_out);
         ag_set_grad_enabled(prev);
         if (n < 0)
             rc = n;
     }
     /* The engine runs this inside a scope, which owns what run_graph returned. */
     for (int j = 0; rc == 0 && j < nin; j++) {
-        int p = s->rg_primal[j];
+        int p = c->grad_slot[s->rg_primal[j]];
         if (needs[j] && grads[p]) {
             /* A gradient made by the executor for this input alone may become a leaf's .grad
              * uncopied; one that is also another input's gradient, or is one of the backward's
              * own inputs (a tangent passed straight through), must be copied. */
             bool shared = false;
-            for (int q = 0; q < c->nprimals && !shared; q++)
+            for (int q = 0; q < c->nbw_out && !shared; q++)
                 shared = q != p && grads[q] == grads[p];
             for (int q = 0; q < nbin && !shared; q++)
                 shared = bin[q] == grads[p];
@@ -251,6 +268,13 @@ static int compiled_backward(void *ud, ag_tensor *const *gout, int nout, ag_tens
 
 int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_tensor **outs,
                      int max_out) {
+    if (c->sub) /* unwraps subclass inputs, calls the flat callable, rewraps */
+        return ag__subx_call(c, c->sub, inputs, ninputs, outs, max_out);
+    return ag__compiled_call_flat(c, inputs, ninputs, outs, max_out);
+}
+
+int ag__compiled_call_flat(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_tensor **outs,
+                           int max_out) {
     if (ninputs != c->nprimals)
         return ag__err(AG_EINVAL, "compiled: %d inputs given, the exported function takes %d "
                                   "(params, buffers, args)", ninputs, c->nprimals);
