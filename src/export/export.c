@@ -70,9 +70,9 @@ void ag_joint_free(ag_joint *j) {
     if (!j)
         return;
     ag_graph_free(j->g);
-    for (int i = 0; i < j->nparams; i++)
+    for (int i = 0; j->params && i < j->nparams; i++) /* NULL when its allocation failed */
         ag__free(j->params[i]);
-    for (int i = 0; i < j->nbuffers; i++)
+    for (int i = 0; j->buffers && i < j->nbuffers; i++)
         ag__free(j->buffers[i]);
     ag__free(j->params);
     ag__free(j->buffers);

@@ -57,11 +57,10 @@ static int run_dispatch(const ag_subclass_type *type, const ag_op *op, const ag_
             n = ag__err(AG_EINVAL, "%s: %s's dispatch returned no output %d", op->name, type->name, k);
         } else if (t->dtype != metas[k].dtype || t->ndim != metas[k].ndim ||
                    memcmp(t->sizes, metas[k].sizes, sizeof(int64_t) * (size_t)t->ndim)) {
-            ag_tmeta m = metas[k];
-            snprintf(b, sizeof b, "%s", ag_dtype_short(m.dtype));
             n = ag__err(AG_EINVAL, "%s: %s's dispatch returned %s for output %d; the op gives %s%s",
-                        op->name, type->name, ag_tensor_meta_str(t, a, sizeof a), k, b,
-                        ag__fmt_sizes(a, sizeof a, m.ndim, m.sizes));
+                        op->name, type->name, ag_tensor_meta_str(t, a, sizeof a), k,
+                        ag_dtype_short(metas[k].dtype),
+                        ag__fmt_sizes(b, sizeof b, metas[k].ndim, metas[k].sizes));
         }
     }
     for (int k = 0; k < nouts; k++)
