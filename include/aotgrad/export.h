@@ -17,7 +17,18 @@
  * tagged is_forward and carry the seq_nr of the autograd node they created; backward nodes are
  * tagged is_backward, carry their forward op's seq_nr, annotations and stack trace; gradient
  * accumulations are add nodes with is_gradient_acc. When no input requires grad the result is a
- * forward-only graph without tangents, as upstream. */
+ * forward-only graph without tangents, as upstream.
+ *
+ * Tensor subclass instances (include/aotgrad/subclass.h) among the inputs or outputs are
+ * flattened into their plain inner tensors, as upstream's aot_dispatch_subclass: a primal per
+ * inner tensor (SubclassGetAttrAOTInput(base=ParamAOTInput(target='w'), attr='a')), an output
+ * per inner tensor of an output (SubclassGetAttrAOTOutput(base=PlainAOTOutput(idx=0), 'a')),
+ * of its tangent (SubclassGetAttrAOTInput(base=TangentAOTInput(...), 'a')) and of each
+ * gradient (SubclassGetAttrAOTOutput(base=GradAOTOutput(...), 'a')); an input without a
+ * gradient has one None however many primals it has. The counts below (primals, tangents, user
+ * and forward outputs, static inputs) are the graph's, flattened; params_spec, in_spec and
+ * out_spec describe the user's (outer) tensors. Shapes are static: there are no
+ * SubclassSize/SubclassStride descriptors. */
 #ifndef AOTGRAD_EXPORT_H
 #define AOTGRAD_EXPORT_H
 

@@ -17,7 +17,15 @@
  * SubclassGetAttrAOTOutput(base=..., attr='a') (recursively for nested subclasses); the
  * compiled callable unwraps subclass inputs, runs the dense graphs and rewraps outputs and
  * gradients (see include/aotgrad/export.h and compile.h). Shapes are static, so there are no
- * SubclassSizeAOTInput / SubclassStrideAOTInput inputs.
+ * SubclassSizeAOTInput / SubclassStrideAOTInput inputs. A gradient must have its input's
+ * structure (a TwoTensor parameter's gradient is a TwoTensor, a plain input's is plain; the
+ * export refuses others), and a compiled instance output needs an instance gradient (no
+ * coercion of a plain gradient). The optimizers update an instance parameter through its
+ * plain inner tensors with the matching parts of its gradient. ag_trace refuses instances.
+ *
+ * Every aotgrad op returns tensors, so a dispatch wraps or returns tensors only (TwoTensor
+ * comparisons give TwoTensors of bools). An instance has no values of its own: reading them
+ * (ag_tensor_item, ag_tensor_data) is an error or NULL; read the inner tensors.
  *
  * Two types ship with the library:
  *   TwoTensor        attrs ("a", "b"): every op runs on a and on b and the results are wrapped
