@@ -650,6 +650,86 @@ static void test_two_tensor_input_requires_grad(void **st) {
     ag_tensor_free(xc);
 }
 
+/* Nested: a TwoTensor of TwoTensors flattens recursively, w.a.b being
+ * SubclassGetAttrAOTInput(base=SubclassGetAttrAOTInput(base=ParamAOTInput(target='w'),
+ * attr='a'), attr='b'), as upstream's recursive flatten_subclass. */
+static int nested_fwd(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
+    (void)nin, (void)max_out;
+    ag_scope_begin();
+    out[0] = ag_tensor_keep(ag_mul(ag_sin(in[0]), ag_module_param(m, "w")));
+    ag_scope_end();
+    return out[0] ? 1 : ag_last_status();
+}
+
+static void test_nested_two_tensor(void **st) {
+    (void)st;
+    uint64_t seed = 9;
+    ag_tensor *p[4];
+    for (int i = 0; i < 4; i++)
+        p[i] = tu_rand_tensor(F32, 1, SZ(3), -1, 1, tu_xorshift, &seed);
+    ag_tensor *ab = ag_two_tensor(p[0], p[1]), *cd = ag_two_tensor(p[2], p[3]);
+    ag_tensor *w = ag_two_tensor(ab, cd);
+    ag_module *m = ag_module_new("Nested", nested_fwd, NULL, NULL);
+    assert_int_equal(ag_module_register_parameter(m, "w", w), 0);
+    ag_tensor *x = tu_rand_tensor(F32, 1, SZ(3), -1, 1, tu_xorshift, &seed);
+    ag_joint *j = ag_export_joint(m, &x, 1, NULL, NULL, 0, NULL);
+    assert_non_null(j);
+#define NW(x, y) "SubclassGetAttrAOTInput(base=SubclassGetAttrAOTInput(base=ParamAOTInput(target='w'), attr='" x "'), attr='" y "')"
+#define NG(x, y) "SubclassGetAttrAOTOutput(base=SubclassGetAttrAOTOutput(base=GradAOTOutput(grad_of=ParamAOTInput(target='w')), attr='" x "'), attr='" y "')"
+    expect_placeholders(ag_joint_graph(j),
+                        (const char *[]){"primals_1", "primals_2", "primals_3", "primals_4",
+                                         "primals_5", "tangents_1", "tangents_2", "tangents_3",
+                                         "tangents_4"},
+                        (const char *[]){NW("a", "a"), NW("a", "b"), NW("b", "a"), NW("b", "b"),
+                                         "PlainAOTInput(idx=0)",
+                                         "SubclassGetAttrAOTInput(base=SubclassGetAttrAOTInput(base="
+                                         "TangentAOTInput(output=PlainAOTOutput(idx=0)), attr='a'), "
+                                         "attr='a')",
+                                         "SubclassGetAttrAOTInput(base=SubclassGetAttrAOTInput(base="
+                                         "TangentAOTInput(output=PlainAOTOutput(idx=0)), attr='a'), "
+                                         "attr='b')",
+                                         "SubclassGetAttrAOTInput(base=SubclassGetAttrAOTInput(base="
+                                         "TangentAOTInput(output=PlainAOTOutput(idx=0)), attr='b'), "
+                                         "attr='a')",
+                                         "SubclassGetAttrAOTInput(base=SubclassGetAttrAOTInput(base="
+                                         "TangentAOTInput(output=PlainAOTOutput(idx=0)), attr='b'), "
+                                         "attr='b')"},
+                        (const char *[]){"f32[3]", "f32[3]", "f32[3]", "f32[3]", "f32[3]", "f32[3]",
+                                         "f32[3]", "f32[3]", "f32[3]"},
+                        9);
+    const ag_node *out = ag_graph_output_node(ag_joint_graph(j));
+    assert_string_equal(repr(ag_node_output_desc(out, 4)), NG("a", "a"));
+    assert_string_equal(repr(ag_node_output_desc(out, 7)), NG("b", "b"));
+    assert_string_equal(repr(ag_node_output_desc(out, 8)), "None");
+#undef NW
+#undef NG
+    ag_compiled *c = ag_compile_joint(j, NULL);
+    assert_non_null(c);
+    ag_scope_begin();
+    ag_tensor *yc, *ye = ag_mul(ag_sin(x), w);
+    assert_int_equal(ag_compiled_call_module(c, m, &x, 1, &yc, 1), 1);
+    assert_ptr_equal(ag_tensor_subclass(ag_subclass_attr(yc, "b")), ag_two_tensor_type());
+    assert_true(rel(ye, yc) == 0);
+    assert_int_equal(ag_backward(ag_sum_all(yc), NULL, false), 0);
+    ag_tensor *g = ag_tensor_grad(w), *flat[8];
+    assert_int_equal(ag_subclass_flatten_tensors(&g, 1, flat, 8), 4);
+    assert_ptr_equal(ag_tensor_subclass(ag_subclass_attr(g, "a")), ag_two_tensor_type());
+    for (int i = 0; i < 4; i++)
+        for (int64_t e = 0; e < 3; e++) /* d sum(sin(x) * w) / dw = sin(x) */
+            tu_assert_near(ag_tensor_item_at(flat[i], e), sin(ag_tensor_item_at(x, e)), 1e-6,
+                           "grad", e);
+    ag_scope_end();
+    ag_compiled_free(c);
+    ag_joint_free(j);
+    ag_module_free(m);
+    ag_tensor_free(x);
+    ag_tensor_free(w);
+    ag_tensor_free(ab);
+    ag_tensor_free(cd);
+    for (int i = 0; i < 4; i++)
+        ag_tensor_free(p[i]);
+}
+
 /* A gradient must have its input's structure: a plain parameter multiplied by a TwoTensor
  * input gets a TwoTensor gradient, which the flattened convention cannot pair with it. */
 static int mul_p_fwd(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
@@ -1192,6 +1272,7 @@ int main(void) {
         cmocka_unit_test(test_two_tensor_joint_descriptors),
         cmocka_unit_test(test_two_tensor_partitioned),
         cmocka_unit_test(test_two_tensor_input_requires_grad),
+        cmocka_unit_test(test_nested_two_tensor),
         cmocka_unit_test(test_gradient_structure_mismatch),
         cmocka_unit_test(test_scaled_int8_frozen_weight),
         cmocka_unit_test(test_two_tensor_buffer_mutation),

@@ -49,12 +49,10 @@ int ag__subx_grad_slots(const ag_node *bo, ag_node *const *ph, int nprimals, int
         char r[256];
         uint64_t errs = ag__err_count();
         ag_desc *x = primal_of_grad(d);
-        if (!x) {
-            if (ag__err_count() != errs)
-                return ag_last_status();
-            ag_desc_repr(d, r, sizeof r);
-            return ag__err(AG_EINVAL, "compile: backward output %d is %s, not a gradient", b, r);
-        }
+        if (!x && ag__err_count() != errs)
+            return ag_last_status();
+        if (!x) /* not a gradient (a token, an RNG offset): no primal's */
+            continue;
         int p = -1;
         for (int i = 0; i < nprimals && p < 0; i++)
             if (ag_desc_equal(ag_node_desc(ph[i]), x))
