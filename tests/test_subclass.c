@@ -135,7 +135,8 @@ static void test_two_tensor_eager_ops(void **st) {
         {ag_mul(t, ag_t(x)), ag_mul(a, ag_t(x)), ag_mul(b, ag_t(x))}, /* with a plain tensor */
         {ag_sum(t, SZ(1), 1, false), ag_sum(a, SZ(1), 1, false), ag_sum(b, SZ(1), 1, false)},
         {ag_gt_scalar(t, 0), ag_gt_scalar(a, 0), ag_gt_scalar(b, 0)}, /* TwoTensor of bools */
-        {ag_reshape(ag_t(t), 1, SZ(6)), ag_reshape(ag_t(a), 1, SZ(6)), ag_reshape(ag_t(b), 1, SZ(6))},
+        {ag_reshape(ag_t(t), 1, SZ(6)), ag_reshape(ag_t(a), 1, SZ(6)),
+         ag_reshape(ag_t(b), 1, SZ(6))},
         {ag_cat((ag_tensor *[]){t, a}, 2, 0), ag_cat((ag_tensor *[]){a, a}, 2, 0),
          ag_cat((ag_tensor *[]){b, a}, 2, 0)},
     };
@@ -154,7 +155,8 @@ static void test_two_tensor_eager_ops(void **st) {
     ag_tensor *parts[4];
     assert_int_equal(ag_split(t, 1, 0, parts, 4), 2);
     assert_ptr_equal(ag_tensor_subclass(parts[1]), ag_two_tensor_type());
-    assert_same_values(ag_subclass_attr(parts[1], "b"), ag_select(b, 0, 1) ? ag_unsqueeze(ag_select(b, 0, 1), 0) : NULL);
+    assert_same_values(ag_subclass_attr(parts[1], "b"),
+                       ag_select(b, 0, 1) ? ag_unsqueeze(ag_select(b, 0, 1), 0) : NULL);
     /* A view shares the instance's version counter; an in-place op writes both halves and
      * returns the outer tensor itself. */
     ag_tensor *v = ag_t(t);
@@ -384,7 +386,10 @@ static int bad_dispatch(const ag_subclass_type *type, const ag_op *op, const ag_
     return 1;
 }
 static const ag_subclass_type bad_type = {
-    .name = "Bad", .ninner = 1, .attrs = shift_attrs, .unflatten = shift_unflatten,
+    .name = "Bad",
+    .ninner = 1,
+    .attrs = shift_attrs,
+    .unflatten = shift_unflatten,
     .dispatch = bad_dispatch,
 };
 
@@ -417,11 +422,11 @@ static void test_user_type_with_metadata(void **st) {
     ag_tensor *v = tu_leaf(F32, 1, SZ(3), VALS(1, -1, 2));
     ag_joint *j = ag_export_joint(mod, &v, 1, NULL, NULL, 0, NULL);
     assert_non_null(j);
-    expect_placeholders(ag_joint_graph(j), (const char *[]){"primals_1", "primals_2", "tangents_1"},
-                        (const char *[]){"SubclassGetAttrAOTInput(base=BufferAOTInput(target='s'), attr='x')",
-                                         "PlainAOTInput(idx=0)",
-                                         "TangentAOTInput(output=PlainAOTOutput(idx=0))"},
-                        (const char *[]){"f32[3]", "f32[3]", "f32[3]"}, 3);
+    expect_placeholders(
+        ag_joint_graph(j), (const char *[]){"primals_1", "primals_2", "tangents_1"},
+        (const char *[]){"SubclassGetAttrAOTInput(base=BufferAOTInput(target='s'), attr='x')",
+                         "PlainAOTInput(idx=0)", "TangentAOTInput(output=PlainAOTOutput(idx=0))"},
+        (const char *[]){"f32[3]", "f32[3]", "f32[3]"}, 3);
     expect_outputs(ag_joint_graph(j),
                    (const char *[]){"PlainAOTOutput(idx=0)", "None",
                                     "GradAOTOutput(grad_of=PlainAOTInput(idx=0))"},
@@ -442,11 +447,12 @@ static void test_user_type_with_metadata(void **st) {
     /* A dispatch whose result contradicts the op's meta function is an error. */
     ag_tensor *bad = ag_subclass_new(&bad_type, F32, 1, SZ(3), NULL, &x, NULL);
     assert_null(ag_neg(bad));
-    tu_assert_error_contains("neg: Bad's dispatch returned f32[5] for output 0; the op gives f32[3]");
+    tu_assert_error_contains(
+        "neg: Bad's dispatch returned f32[5] for output 0; the op gives f32[3]");
     ag_scope_end(); /* bad, v, ... were made inside the scope */
     /* Types are checked. */
-    static const ag_subclass_type incomplete = {.name = "Incomplete", .ninner = 1,
-                                                .attrs = shift_attrs};
+    static const ag_subclass_type incomplete = {
+        .name = "Incomplete", .ninner = 1, .attrs = shift_attrs};
     assert_null(ag_subclass_new(&incomplete, F32, 1, SZ(3), NULL, &x, NULL));
     tu_assert_error_contains("subclass type 'Incomplete' needs");
     assert_null(ag_subclass_new(&shift_type, F32, 1, SZ(3), NULL, &x, NULL));
@@ -473,8 +479,12 @@ static ag_joint *export_zoo(const char *name, ag_module **m, ag_tensor **in, int
 #define T_B "SubclassGetAttrAOTInput(base=TangentAOTInput(output=PlainAOTOutput(idx=0)), attr='b')"
 #define O_A "SubclassGetAttrAOTOutput(base=PlainAOTOutput(idx=0), attr='a')"
 #define O_B "SubclassGetAttrAOTOutput(base=PlainAOTOutput(idx=0), attr='b')"
-#define GW(x) "SubclassGetAttrAOTOutput(base=GradAOTOutput(grad_of=ParamAOTInput(target='weight')), attr='" x "')"
-#define GB(x) "SubclassGetAttrAOTOutput(base=GradAOTOutput(grad_of=ParamAOTInput(target='bias')), attr='" x "')"
+#define GW(x)                                                                                      \
+    "SubclassGetAttrAOTOutput(base=GradAOTOutput(grad_of=ParamAOTInput(target='weight')), "        \
+    "attr='" x "')"
+#define GB(x)                                                                                      \
+    "SubclassGetAttrAOTOutput(base=GradAOTOutput(grad_of=ParamAOTInput(target='bias')), attr='" x  \
+    "')"
 
 /* two_tensor: upstream flattens each TwoTensor parameter into its a and b (primals), the
  * TwoTensor output and its tangent likewise, each TwoTensor gradient into a and b, and leaves
@@ -486,14 +496,13 @@ static void test_two_tensor_joint_descriptors(void **st) {
     int nin;
     ag_joint *j = export_zoo("two_tensor", &m, in, &nin);
     const ag_graph *g = ag_joint_graph(j);
-    expect_placeholders(
-        g,
-        (const char *[]){"primals_1", "primals_2", "primals_3", "primals_4", "primals_5",
-                         "tangents_1", "tangents_2"},
-        (const char *[]){W_A, W_B, B_A, B_B, "PlainAOTInput(idx=0)", T_A, T_B},
-        (const char *[]){"f32[2, 3]", "f32[2, 3]", "f32[2]", "f32[2]", "f32[4, 3]", "f32[4, 2]",
-                         "f32[4, 2]"},
-        7);
+    expect_placeholders(g,
+                        (const char *[]){"primals_1", "primals_2", "primals_3", "primals_4",
+                                         "primals_5", "tangents_1", "tangents_2"},
+                        (const char *[]){W_A, W_B, B_A, B_B, "PlainAOTInput(idx=0)", T_A, T_B},
+                        (const char *[]){"f32[2, 3]", "f32[2, 3]", "f32[2]", "f32[2]", "f32[4, 3]",
+                                         "f32[4, 2]", "f32[4, 2]"},
+                        7);
     expect_outputs(g, (const char *[]){O_A, O_B, GW("a"), GW("b"), GB("a"), GB("b"), "None"}, 7);
     /* The forward runs each op on the a halves, then on the b halves. */
     const ag_node *out = ag_graph_output_node(g);
@@ -541,8 +550,9 @@ static void test_two_tensor_partitioned(void **st) {
     int nin;
     ag_joint *j = export_zoo("two_tensor", &m, in, &nin);
     for (int p = 0; p < 2; p++) {
-        ag_compile_opts co = {.partition = {.partitioner = p ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT,
-                                            .memory_budget = 1.0}};
+        ag_compile_opts co = {
+            .partition = {.partitioner = p ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT,
+                          .memory_budget = 1.0}};
         ag_compiled *c = ag_compile_joint(j, &co);
         assert_non_null(c);
         expect_outputs(ag_compiled_forward_graph(c),
@@ -674,29 +684,33 @@ static void test_nested_two_tensor(void **st) {
     ag_tensor *x = tu_rand_tensor(F32, 1, SZ(3), -1, 1, tu_xorshift, &seed);
     ag_joint *j = ag_export_joint(m, &x, 1, NULL, NULL, 0, NULL);
     assert_non_null(j);
-#define NW(x, y) "SubclassGetAttrAOTInput(base=SubclassGetAttrAOTInput(base=ParamAOTInput(target='w'), attr='" x "'), attr='" y "')"
-#define NG(x, y) "SubclassGetAttrAOTOutput(base=SubclassGetAttrAOTOutput(base=GradAOTOutput(grad_of=ParamAOTInput(target='w')), attr='" x "'), attr='" y "')"
-    expect_placeholders(ag_joint_graph(j),
-                        (const char *[]){"primals_1", "primals_2", "primals_3", "primals_4",
-                                         "primals_5", "tangents_1", "tangents_2", "tangents_3",
-                                         "tangents_4"},
-                        (const char *[]){NW("a", "a"), NW("a", "b"), NW("b", "a"), NW("b", "b"),
-                                         "PlainAOTInput(idx=0)",
-                                         "SubclassGetAttrAOTInput(base=SubclassGetAttrAOTInput(base="
-                                         "TangentAOTInput(output=PlainAOTOutput(idx=0)), attr='a'), "
-                                         "attr='a')",
-                                         "SubclassGetAttrAOTInput(base=SubclassGetAttrAOTInput(base="
-                                         "TangentAOTInput(output=PlainAOTOutput(idx=0)), attr='a'), "
-                                         "attr='b')",
-                                         "SubclassGetAttrAOTInput(base=SubclassGetAttrAOTInput(base="
-                                         "TangentAOTInput(output=PlainAOTOutput(idx=0)), attr='b'), "
-                                         "attr='a')",
-                                         "SubclassGetAttrAOTInput(base=SubclassGetAttrAOTInput(base="
-                                         "TangentAOTInput(output=PlainAOTOutput(idx=0)), attr='b'), "
-                                         "attr='b')"},
-                        (const char *[]){"f32[3]", "f32[3]", "f32[3]", "f32[3]", "f32[3]", "f32[3]",
-                                         "f32[3]", "f32[3]", "f32[3]"},
-                        9);
+#define NW(x, y)                                                                                   \
+    "SubclassGetAttrAOTInput(base=SubclassGetAttrAOTInput(base=ParamAOTInput(target='w'), "        \
+    "attr='" x "'), attr='" y "')"
+#define NG(x, y)                                                                                   \
+    "SubclassGetAttrAOTOutput(base=SubclassGetAttrAOTOutput(base=GradAOTOutput(grad_of="           \
+    "ParamAOTInput(target='w')), attr='" x "'), attr='" y "')"
+    expect_placeholders(
+        ag_joint_graph(j),
+        (const char *[]){"primals_1", "primals_2", "primals_3", "primals_4", "primals_5",
+                         "tangents_1", "tangents_2", "tangents_3", "tangents_4"},
+        (const char *[]){NW("a", "a"), NW("a", "b"), NW("b", "a"), NW("b", "b"),
+                         "PlainAOTInput(idx=0)",
+                         "SubclassGetAttrAOTInput(base=SubclassGetAttrAOTInput(base="
+                         "TangentAOTInput(output=PlainAOTOutput(idx=0)), attr='a'), "
+                         "attr='a')",
+                         "SubclassGetAttrAOTInput(base=SubclassGetAttrAOTInput(base="
+                         "TangentAOTInput(output=PlainAOTOutput(idx=0)), attr='a'), "
+                         "attr='b')",
+                         "SubclassGetAttrAOTInput(base=SubclassGetAttrAOTInput(base="
+                         "TangentAOTInput(output=PlainAOTOutput(idx=0)), attr='b'), "
+                         "attr='a')",
+                         "SubclassGetAttrAOTInput(base=SubclassGetAttrAOTInput(base="
+                         "TangentAOTInput(output=PlainAOTOutput(idx=0)), attr='b'), "
+                         "attr='b')"},
+        (const char *[]){"f32[3]", "f32[3]", "f32[3]", "f32[3]", "f32[3]", "f32[3]", "f32[3]",
+                         "f32[3]", "f32[3]"},
+        9);
     const ag_node *out = ag_graph_output_node(ag_joint_graph(j));
     assert_string_equal(repr(ag_node_output_desc(out, 4)), NG("a", "a"));
     assert_string_equal(repr(ag_node_output_desc(out, 7)), NG("b", "b"));
@@ -762,7 +776,8 @@ static void test_gradient_structure_mismatch(void **st) {
 static int qlinear_fwd(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
     (void)nin, (void)max_out;
     ag_scope_begin();
-    ag_tensor *h = ag_relu(ag_linear(in[0], ag_module_buffer(m, "weight"), ag_module_param(m, "bias")));
+    ag_tensor *h =
+        ag_relu(ag_linear(in[0], ag_module_buffer(m, "weight"), ag_module_param(m, "bias")));
     out[0] = ag_tensor_keep(ag_module_forward(ag_module_child(m, "head"), h));
     ag_scope_end();
     return out[0] ? 1 : ag_last_status();
@@ -795,11 +810,12 @@ static void test_scaled_int8_frozen_weight(void **st) {
         ag_joint_graph(j),
         (const char *[]){"primals_1", "primals_2", "primals_3", "primals_4", "primals_5",
                          "primals_6", "tangents_1"},
-        (const char *[]){"ParamAOTInput(target='bias')", "ParamAOTInput(target='head.weight')",
-                         "ParamAOTInput(target='head.bias')",
-                         "SubclassGetAttrAOTInput(base=BufferAOTInput(target='weight'), attr='qdata')",
-                         "SubclassGetAttrAOTInput(base=BufferAOTInput(target='weight'), attr='scale')",
-                         "PlainAOTInput(idx=0)", "TangentAOTInput(output=PlainAOTOutput(idx=0))"},
+        (const char *[]){
+            "ParamAOTInput(target='bias')", "ParamAOTInput(target='head.weight')",
+            "ParamAOTInput(target='head.bias')",
+            "SubclassGetAttrAOTInput(base=BufferAOTInput(target='weight'), attr='qdata')",
+            "SubclassGetAttrAOTInput(base=BufferAOTInput(target='weight'), attr='scale')",
+            "PlainAOTInput(idx=0)", "TangentAOTInput(output=PlainAOTOutput(idx=0))"},
         (const char *[]){"f32[5]", "f32[2, 5]", "f32[2]", "i8[5, 3]", "f32[]", "f32[4, 3]",
                          "f32[4, 2]"},
         7);
@@ -819,8 +835,9 @@ static void test_scaled_int8_frozen_weight(void **st) {
             found = true;
     assert_true(found);
     for (int p = 0; p < 2; p++) {
-        ag_compile_opts co = {.partition = {.partitioner = p ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT,
-                                            .memory_budget = 1.0}};
+        ag_compile_opts co = {
+            .partition = {.partitioner = p ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT,
+                          .memory_budget = 1.0}};
         ag_compiled *c = ag_compile_joint(j, &co);
         assert_non_null(c);
         ag_optim *oe = ag_optim_sgd(me, 0.1, 0, 0, false), *oc = ag_optim_sgd(mc, 0.1, 0, 0, false);
@@ -836,7 +853,8 @@ static void test_scaled_int8_frozen_weight(void **st) {
             assert_int_equal(ag_module_named_parameters(me, false, &pe), 0);
             assert_int_equal(ag_module_named_parameters(mc, false, &pc), 0);
             for (int i = 0; i < pe.n; i++)
-                assert_true(rel(ag_tensor_grad(pe.tensors[i]), ag_tensor_grad(pc.tensors[i])) <= 1e-6);
+                assert_true(rel(ag_tensor_grad(pe.tensors[i]), ag_tensor_grad(pc.tensors[i])) <=
+                            1e-6);
             ag_named_tensors_free(&pe);
             ag_named_tensors_free(&pc);
             assert_int_equal(ag_optim_step(oe), 0);
@@ -895,8 +913,8 @@ static void test_two_tensor_buffer_mutation(void **st) {
                          "BufferAOTInput(target='count')), attr='a')",
                          "SubclassGetAttrAOTOutput(base=InputMutationAOTOutput(mutated_input="
                          "BufferAOTInput(target='count')), attr='b')",
-                         "PlainAOTOutput(idx=0)", "GradAOTOutput(grad_of=ParamAOTInput(target='w'))",
-                         "None", "None"},
+                         "PlainAOTOutput(idx=0)",
+                         "GradAOTOutput(grad_of=ParamAOTInput(target='w'))", "None", "None"},
         6);
     ag_compiled *c = ag_compile_joint(j, NULL);
     assert_non_null(c);
@@ -933,13 +951,15 @@ static void test_two_tensor_compiled_sgd(void **st) {
         int ne, nc;
         assert_int_equal(ag_zoo_build("two_tensor", NULL, &me, ie, 4, &ne), 0);
         ag_joint *j = export_zoo("two_tensor", &mc, ic, &nc);
-        ag_compile_opts co = {.partition = {.partitioner = p ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT,
-                                            .memory_budget = budgets[p == 2]},
-                              .interpret = p == 0};
+        ag_compile_opts co = {
+            .partition = {.partitioner = p ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT,
+                          .memory_budget = budgets[p == 2]},
+            .interpret = p == 0};
         ag_compiled *c = ag_compile_joint(j, &co);
         assert_non_null(c);
         ag_joint_free(j); /* the callable keeps what it needs */
-        ag_optim *oe = ag_optim_sgd(me, 0.05, 0.9, 0, false), *oc = ag_optim_sgd(mc, 0.05, 0.9, 0, false);
+        ag_optim *oe = ag_optim_sgd(me, 0.05, 0.9, 0, false),
+                 *oc = ag_optim_sgd(mc, 0.05, 0.9, 0, false);
         for (int step = 0; step < 3; step++) {
             ag_scope_begin();
             ag_tensor *ye, *yc;
@@ -1052,8 +1072,9 @@ static void test_fx_utils_refuse(void **st) {
     assert_null(ag_fx_param_and_grad_nodes(g));
     assert_null(ag_fx_plain_output_and_tangent_nodes(g));
     assert_null(ag_fx_named_param_nodes(g));
-    tu_assert_error_contains("found at primals_1 (" W_A ").  The problem is that there may not "
-                             "necessarily be a 1-1 correspondence between a FQN and a plain tensor");
+    tu_assert_error_contains(
+        "found at primals_1 (" W_A ").  The problem is that there may not "
+        "necessarily be a 1-1 correspondence between a FQN and a plain tensor");
     assert_int_equal(ag_fx_param_nodes(g, NULL, 0), AG_ENOTSUP);
     ag_joint_free(j);
     ag_module_free(m);
@@ -1129,7 +1150,8 @@ static void test_text_round_trip(void **st) {
     ag_tensor_free(out[0]);
     round_trip(g);
     ag_graph_free(g);
-    text = "graph():\n    %c = get_attr(c)  # i8[1]\n    return (%c,)\nconstant c : i8[1] = [128]\n";
+    text =
+        "graph():\n    %c = get_attr(c)  # i8[1]\n    return (%c,)\nconstant c : i8[1] = [128]\n";
     assert_null(ag_graph_parse(text, strlen(text)));
     tu_assert_error_contains("expected an int8 (-128 .. 127)");
 }
@@ -1153,7 +1175,8 @@ static void test_trace_refuses_instances(void **st) {
     assert_true(ag_is_meta(ag_subclass_attr(ag_module_param(mm, "weight"), "a")));
     ag_joint *j1 = ag_export_joint(m, in, nin, NULL, NULL, 0, NULL);
     ag_joint *j2 = ag_export_joint(mm, im, nim, NULL, NULL, 0, NULL);
-    char *s1 = ag_graph_to_string(ag_joint_graph(j1), NULL), *s2 = ag_graph_to_string(ag_joint_graph(j2), NULL);
+    char *s1 = ag_graph_to_string(ag_joint_graph(j1), NULL),
+         *s2 = ag_graph_to_string(ag_joint_graph(j2), NULL);
     assert_string_equal(s1, s2);
     ag_free(s1);
     ag_free(s2);

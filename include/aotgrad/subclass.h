@@ -58,8 +58,8 @@ typedef struct ag_subclass_type ag_subclass_type;
  * the metadata (meta_size bytes, or NULL) and the outer sizes. Returns what ag_subclass_new
  * returns, or NULL with a message naming the type and what is wrong. */
 typedef ag_tensor *(*ag_subclass_unflatten_fn)(const ag_subclass_type *type,
-                                               ag_tensor *const *inner, const void *meta,
-                                               int ndim, const int64_t *outer_sizes);
+                                               ag_tensor *const *inner, const void *meta, int ndim,
+                                               const int64_t *outer_sizes);
 /* __torch_dispatch__: runs `op` on `args` (all op->nargs arguments in schema order, defaults
  * filled; at least one tensor is an instance of `type`). Stores the op's outputs in outs and
  * returns their count, or a negative status. It runs inside an autorelease scope of the

@@ -13,7 +13,9 @@
 
 /* ---- the shared record ---- */
 
-void ag__subdata_retain(struct ag__subdata *s) { s->refcount++; }
+void ag__subdata_retain(struct ag__subdata *s) {
+    s->refcount++;
+}
 
 void ag__subdata_release(struct ag__subdata *s) {
     if (!s || --s->refcount > 0)
@@ -37,14 +39,14 @@ static int check_type(const char *who, const ag_subclass_type *type) {
                        who, type->name ? type->name : "?", AG_SUBCLASS_MAX_INNER);
     for (int i = 0; i < type->ninner; i++)
         if (!type->attrs[i])
-            return ag__err(AG_EINVAL, "%s: subclass type '%s' has no name for inner tensor %d",
-                           who, type->name, i);
+            return ag__err(AG_EINVAL, "%s: subclass type '%s' has no name for inner tensor %d", who,
+                           type->name, i);
     return 0;
 }
 
 ag_tensor *ag_subclass_new(const ag_subclass_type *type, ag_dtype dtype, int ndim,
-                           const int64_t *sizes, const int64_t *strides,
-                           ag_tensor *const *inner, const void *meta) {
+                           const int64_t *sizes, const int64_t *strides, ag_tensor *const *inner,
+                           const void *meta) {
     if (check_type("subclass_new", type))
         return NULL;
     for (int i = 0; i < type->ninner; i++)

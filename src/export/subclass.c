@@ -33,12 +33,12 @@
 struct ag__subx {
     /* outer inputs */
     int nin;
-    ag_tensor **in;     /* borrowed */
-    ag_desc **in_desc;  /* owned */
+    ag_tensor **in;    /* borrowed */
+    ag_desc **in_desc; /* owned */
     ag__scmeta *in_meta;
     ag__scmeta *grad_meta;
-    int *in_start;      /* first flattened primal of each outer input; [nin] = nflat */
-    bool *in_dup;       /* the same tensor as an earlier outer input */
+    int *in_start; /* first flattened primal of each outer input; [nin] = nflat */
+    bool *in_dup;  /* the same tensor as an earlier outer input */
     int nstatic;
     /* flattened primals */
     int nflat;
@@ -47,9 +47,9 @@ struct ag__subx {
     int *flat_of;        /* outer input of each */
     /* outer outputs and their flattening */
     int nout;
-    ag_tensor **out;     /* references of ours */
+    ag_tensor **out; /* references of ours */
     ag__scmeta *out_meta;
-    int *out_start;      /* [nout] = nout_flat */
+    int *out_start; /* [nout] = nout_flat */
     int nout_flat;
     int *oflat_of;
     ag_desc **oflat_desc; /* owned */
@@ -130,7 +130,8 @@ int ag__subx_finish(ag__subx *sx, ag__subx_info **out) {
 /* ---- inputs ---- */
 
 /* Builds the state over n outer inputs (tensors borrowed, descriptors taken over). */
-static int subx_new(ag__subx **out, ag_tensor *const *in, ag_desc **descs, int n, int nstatic_outer) {
+static int subx_new(ag__subx **out, ag_tensor *const *in, ag_desc **descs, int n,
+                    int nstatic_outer) {
     ag__subx *sx = ag__calloc(1, sizeof *sx);
     size_t cn = (size_t)(n ? n : 1);
     if (sx) {
@@ -233,7 +234,9 @@ int ag__subx_begin(ag__subx **sx, const ag_named_tensors *ps, const ag_named_ten
     return rc;
 }
 
-int ag__subx_num_flat(const ag__subx *sx) { return sx->nflat; }
+int ag__subx_num_flat(const ag__subx *sx) {
+    return sx->nflat;
+}
 
 ag_tensor *ag__subx_flat(const ag__subx *sx, int i, ag_desc **desc) {
     *desc = ag_desc_retain(sx->flat_desc[i]);
@@ -246,7 +249,9 @@ bool ag__subx_flat_requires_grad(const ag__subx *sx, int i) {
            ag_dtype_is_float(ag_tensor_dtype(sx->flat[i]));
 }
 
-ag_tensor **ag__subx_outer_inputs(const ag__subx *sx) { return sx->in; }
+ag_tensor **ag__subx_outer_inputs(const ag__subx *sx) {
+    return sx->in;
+}
 
 /* ---- outputs ---- */
 
@@ -314,13 +319,17 @@ int ag__subx_outputs(ag__subx **sxp, ag_tensor **outs, int nouts, int max_out,
     return nf;
 }
 
-int ag__subx_num_outer_outputs(const ag__subx *sx) { return sx->nout; }
+int ag__subx_num_outer_outputs(const ag__subx *sx) {
+    return sx->nout;
+}
 
 bool ag__subx_out_requires_grad(const ag__subx *sx, int k) {
     return ag_tensor_requires_grad(sx->out[sx->oflat_of[k]]);
 }
 
-ag_desc *ag__subx_out_desc(const ag__subx *sx, int k) { return ag_desc_retain(sx->oflat_desc[k]); }
+ag_desc *ag__subx_out_desc(const ag__subx *sx, int k) {
+    return ag_desc_retain(sx->oflat_desc[k]);
+}
 
 ag_desc *ag__subx_mutation_desc(const ag__subx *sx, int i) {
     int o = sx->flat_of[i];
@@ -373,8 +382,9 @@ int ag__subx_backward(ag__subx *sx, ag_graph *g, ag__tracer *T, const ag_output_
         if (cnt == 0)
             continue;
         if (cnt != n || n > 64) {
-            rc = ag__err(AG_ENOTSUP, "export: output %d is a %s whose inner tensors cannot all "
-                                     "carry a gradient (%d of %d can)",
+            rc = ag__err(AG_ENOTSUP,
+                         "export: output %d is a %s whose inner tensors cannot all "
+                         "carry a gradient (%d of %d can)",
                          k, ag__scmeta_name(&sx->out_meta[k]), cnt, n);
             break;
         }
@@ -388,7 +398,8 @@ int ag__subx_backward(ag__subx *sx, ag_graph *g, ag__tracer *T, const ag_output_
             ag_tmeta mt;
             ag__tmeta_contiguous(&mt, pl[e]->dtype, pl[e]->ndim, pl[e]->sizes);
             ag_node *tp = ag_graph_placeholder(g, name, &mt);
-            ag_tensor *tt = tp ? ag__tensor_new(pl[e]->dtype, pl[e]->ndim, pl[e]->sizes, true) : NULL;
+            ag_tensor *tt =
+                tp ? ag__tensor_new(pl[e]->dtype, pl[e]->ndim, pl[e]->sizes, true) : NULL;
             if (!tt || ag_node_set_desc(tp, descs[e]) ||
                 ag_node_set_partitioner_tag(tp, "is_backward")) {
                 ag_tensor_free(tt);
@@ -440,8 +451,9 @@ int ag__subx_backward(ag__subx *sx, ag_graph *g, ag__tracer *T, const ag_output_
         if (!ag__scmeta_same_structure(gm, &sx->in_meta[i])) {
             char b[256];
             ag_desc_repr(sx->in_desc[i], b, sizeof b);
-            rc = ag__err(AG_ENOTSUP, "export: the gradient of %s is a %s but the input is a %s; "
-                                     "a gradient must have its input's subclass structure",
+            rc = ag__err(AG_ENOTSUP,
+                         "export: the gradient of %s is a %s but the input is a %s; "
+                         "a gradient must have its input's subclass structure",
                          b, ag__scmeta_name(gm), ag__scmeta_name(&sx->in_meta[i]));
             break;
         }

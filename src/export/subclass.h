@@ -18,12 +18,12 @@
  * each compiled callable made from it hold one. */
 typedef struct ag__subx_info {
     int64_t refcount;
-    int nin;           /* outer inputs: params, buffers, args, kwargs */
-    ag__scmeta *in;    /* per outer input */
-    ag__scmeta *grad;  /* per outer input: its gradient's structure (a leaf when plain or none) */
-    int nout;          /* outer user outputs */
-    ag__scmeta *out;   /* per outer user output */
-    int nstatic;       /* flattened primals that come from params and buffers */
+    int nin;          /* outer inputs: params, buffers, args, kwargs */
+    ag__scmeta *in;   /* per outer input */
+    ag__scmeta *grad; /* per outer input: its gradient's structure (a leaf when plain or none) */
+    int nout;         /* outer user outputs */
+    ag__scmeta *out;  /* per outer user output */
+    int nstatic;      /* flattened primals that come from params and buffers */
     int nflat_in, nflat_out;
 } ag__subx_info;
 
@@ -53,8 +53,8 @@ int ag__subx_outputs(ag__subx **sx, ag_tensor **outs, int nouts, int max_out,
                      ag_tensor *const *flat, ag_desc *const *flat_descs, int nflat, int nstatic);
 int ag__subx_num_outer_outputs(const ag__subx *sx);
 bool ag__subx_out_requires_grad(const ag__subx *sx, int k); /* flattened output k's outer's */
-ag_desc *ag__subx_out_desc(const ag__subx *sx, int k);       /* new reference */
-ag_desc *ag__subx_mutation_desc(const ag__subx *sx, int i);  /* of flattened primal i; new */
+ag_desc *ag__subx_out_desc(const ag__subx *sx, int k);      /* new reference */
+ag_desc *ag__subx_mutation_desc(const ag__subx *sx, int i); /* of flattened primal i; new */
 /* The autograd part of the export with subclasses: tags the forward, adds one tangent
  * placeholder per plain inner tensor of each output that gets a tangent (tangent_descs[]
  * receives their descriptors), runs the backward at the outer level and appends the

@@ -54,7 +54,8 @@ static int run_dispatch(const ag_subclass_type *type, const ag_op *op, const ag_
         const ag_tensor *t = tmp[k];
         char a[160], b[160];
         if (!t) {
-            n = ag__err(AG_EINVAL, "%s: %s's dispatch returned no output %d", op->name, type->name, k);
+            n = ag__err(AG_EINVAL, "%s: %s's dispatch returned no output %d", op->name, type->name,
+                        k);
         } else if (t->dtype != metas[k].dtype || t->ndim != metas[k].ndim ||
                    memcmp(t->sizes, metas[k].sizes, sizeof(int64_t) * (size_t)t->ndim)) {
             n = ag__err(AG_EINVAL, "%s: %s's dispatch returned %s for output %d; the op gives %s%s",

@@ -22,13 +22,15 @@ static ag_tensor *two_unflatten(const ag_subclass_type *type, ag_tensor *const *
     ag_tensor *a = inner[0], *b = inner[1];
     char x[128], y[128];
     if (!a || !b)
-        return ag__has_error() ? NULL
-                               : (ag__err(AG_EINVAL, "TwoTensor: inner tensor %s is NULL",
-                                          a ? "b" : "a"),
-                                  NULL);
+        return ag__has_error()
+                   ? NULL
+                   : (ag__err(AG_EINVAL, "TwoTensor: inner tensor %s is NULL", a ? "b" : "a"),
+                      NULL);
     if (ag_tensor_dtype(a) != ag_tensor_dtype(b) || ag_tensor_ndim(a) != ag_tensor_ndim(b) ||
-        memcmp(ag_tensor_sizes(a), ag_tensor_sizes(b), sizeof(int64_t) * (size_t)ag_tensor_ndim(a)) ||
-        memcmp(ag_tensor_strides(a), ag_tensor_strides(b), sizeof(int64_t) * (size_t)ag_tensor_ndim(a)))
+        memcmp(ag_tensor_sizes(a), ag_tensor_sizes(b),
+               sizeof(int64_t) * (size_t)ag_tensor_ndim(a)) ||
+        memcmp(ag_tensor_strides(a), ag_tensor_strides(b),
+               sizeof(int64_t) * (size_t)ag_tensor_ndim(a)))
         return ag__err(AG_EINVAL,
                        "TwoTensor: tensors a and b must have the same dtype, shape and strides; "
                        "got a %s and b %s",
@@ -39,7 +41,8 @@ static ag_tensor *two_unflatten(const ag_subclass_type *type, ag_tensor *const *
         return ag__err(AG_EINVAL, "TwoTensor: outer size %s differs from a's %s",
                        ag__fmt_sizes(x, sizeof x, ndim, sizes), ag_tensor_meta_str(a, y, sizeof y)),
                NULL;
-    return ag_subclass_new(type, ag_tensor_dtype(a), ndim, sizes, ag_tensor_strides(a), inner, NULL);
+    return ag_subclass_new(type, ag_tensor_dtype(a), ndim, sizes, ag_tensor_strides(a), inner,
+                           NULL);
 }
 
 /* __torch_dispatch__: the op on the a's, the op on the b's, outputs paired up. Every output of
@@ -54,8 +57,8 @@ static int two_dispatch(const ag_subclass_type *type, const ag_op *op, const ag_
     if (nb < 0)
         return nb;
     if (na != nb)
-        return ag__err(AG_EINVAL, "TwoTensor: %s gave %d outputs on a and %d on b",
-                       ag_op_name(op), na, nb);
+        return ag__err(AG_EINVAL, "TwoTensor: %s gave %d outputs on a and %d on b", ag_op_name(op),
+                       na, nb);
     for (int k = 0; k < na; k++)
         if (!(outs[k] = ag_two_tensor(ra[k], rb[k])))
             return ag_last_status();
@@ -70,7 +73,9 @@ static const ag_subclass_type two_type = {
     .dispatch = two_dispatch,
 };
 
-const ag_subclass_type *ag_two_tensor_type(void) { return &two_type; }
+const ag_subclass_type *ag_two_tensor_type(void) {
+    return &two_type;
+}
 
 ag_tensor *ag_two_tensor(ag_tensor *a, ag_tensor *b) {
     if (!a || !b) {
@@ -99,7 +104,9 @@ static ag_tensor *sq_unflatten(const ag_subclass_type *type, ag_tensor *const *i
     if (!q || !s || !m)
         return ag__has_error() ? NULL
                                : (ag__err(AG_EINVAL, "ScaledInt8Tensor: NULL %s",
-                                          !q ? "qdata" : !s ? "scale" : "metadata"),
+                                          !q   ? "qdata"
+                                          : !s ? "scale"
+                                               : "metadata"),
                                   NULL);
     if (ag_tensor_dtype(q) != AG_I8 || ag_tensor_ndim(q) != ndim ||
         memcmp(ag_tensor_sizes(q), sizes, sizeof(int64_t) * (size_t)ndim) ||
@@ -115,8 +122,8 @@ static ag_tensor *sq_unflatten(const ag_subclass_type *type, ag_tensor *const *i
 
 /* __torch_dispatch__: every ScaledInt8Tensor argument is replaced by its dequantized value and
  * the op runs densely; nothing may write into one. */
-static int sq_dispatch(const ag_subclass_type *type, const ag_op *op, const ag_arg *args,
-                       int nargs, ag_tensor **outs) {
+static int sq_dispatch(const ag_subclass_type *type, const ag_op *op, const ag_arg *args, int nargs,
+                       ag_tensor **outs) {
     ag_arg a[AG_MAX_ARGS];
     ag_tensor *list[AG_MAX_ARGS][64];
     for (int i = 0; i < nargs; i++) {
@@ -131,7 +138,8 @@ static int sq_dispatch(const ag_subclass_type *type, const ag_op *op, const ag_a
                 return ag_last_status();
         } else if (a[i].kind == AG_ARG_TENSORS) {
             if (a[i].n > 64)
-                return ag__err(AG_ENOTSUP, "%s: ScaledInt8Tensor in a list of %d tensors (at most 64)",
+                return ag__err(AG_ENOTSUP,
+                               "%s: ScaledInt8Tensor in a list of %d tensors (at most 64)",
                                ag_op_name(op), a[i].n);
             for (int k = 0; k < a[i].n; k++) {
                 ag_tensor *t = a[i].u.ts[k];
@@ -155,7 +163,9 @@ static const ag_subclass_type sq_type = {
     .dispatch = sq_dispatch,
 };
 
-const ag_subclass_type *ag_scaled_int8_type(void) { return &sq_type; }
+const ag_subclass_type *ag_scaled_int8_type(void) {
+    return &sq_type;
+}
 
 ag_tensor *ag_scaled_int8_quantize(ag_tensor *x) {
     if (!x) {
@@ -172,8 +182,8 @@ ag_tensor *ag_scaled_int8_quantize(ag_tensor *x) {
     }
     bool prev = ag_set_grad_enabled(false);
     ag_scope_begin();
-    ag_tensor *scale = ag_div_scalar(ag_clamp(ag_amax(ag_abs(x), NULL, 0, false), 1e-12, NAN),
-                                     127.0);
+    ag_tensor *scale =
+        ag_div_scalar(ag_clamp(ag_amax(ag_abs(x), NULL, 0, false), 1e-12, NAN), 127.0);
     ag_tensor *y = ag_div(x, scale);
     /* round half away from zero, then clamp; the int8 conversion truncates */
     y = ag_clamp(ag_add(y, ag_mul_scalar(ag_sign(y), 0.5)), -127.0, 127.0);

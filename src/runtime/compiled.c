@@ -10,7 +10,8 @@
  * caller's tensors after the forward (BatchNorm running stats change exactly as in eager);
  * outputs that need no grad are left without history; missing output gradients are
  * materialized as zeros; gradients are aligned to inputs; inputs saved for backward are checked
- * against their storage version, so an in-place change before backward is an error. */
+ * against their storage version, so an in-place change before backward is an error. Tensor
+ * subclass inputs and outputs are unwrapped and rewrapped around this callable (subclass.c). */
 #include "../graph/graph_internal.h"
 #include "aotgrad/compile.h"
 #include "subclass.h"

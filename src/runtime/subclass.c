@@ -60,8 +60,10 @@ int ag__subx_grad_slots(const ag_node *bo, ag_node *const *ph, int nprimals, int
         ag_desc_release(x);
         if (p < 0) {
             ag_desc_repr(d, r, sizeof r);
-            return ag__err(AG_EINVAL, "compile: backward output %d (%s) is the gradient of no "
-                                      "primal of the joint", b, r);
+            return ag__err(AG_EINVAL,
+                           "compile: backward output %d (%s) is the gradient of no "
+                           "primal of the joint",
+                           b, r);
         }
         slot[p] = b;
     }
@@ -148,8 +150,10 @@ static int wrap_backward(void *ud, ag_tensor *const *gout, int nout, ag_tensor *
 int ag__subx_call(ag_compiled *c, ag__subx_info *info, ag_tensor *const *inputs, int ninputs,
                   ag_tensor **outs, int max_out) {
     if (ninputs != info->nin)
-        return ag__err(AG_EINVAL, "compiled: %d inputs given, the exported function takes %d "
-                                  "(params, buffers, args)", ninputs, info->nin);
+        return ag__err(AG_EINVAL,
+                       "compiled: %d inputs given, the exported function takes %d "
+                       "(params, buffers, args)",
+                       ninputs, info->nin);
     if (max_out < info->nout)
         return ag__err(AG_EINVAL, "compiled: room for %d outputs, %d needed", max_out, info->nout);
     for (int i = 0; i < ninputs; i++)
@@ -158,8 +162,8 @@ int ag__subx_call(ag_compiled *c, ag__subx_info *info, ag_tensor *const *inputs,
                                    : ag__err(AG_EINVAL, "compiled: input %d is NULL", i);
     for (int i = 0; i < info->nin; i++)
         if (info->in[i].nflat > 64)
-            return ag__err(AG_ENOTSUP, "compiled: input %d flattens into %d tensors (at most 64)", i,
-                           info->in[i].nflat);
+            return ag__err(AG_ENOTSUP, "compiled: input %d flattens into %d tensors (at most 64)",
+                           i, info->in[i].nflat);
     for (int k = 0; k < info->nout; k++)
         if (info->out[k].nflat > 64)
             return ag__err(AG_ENOTSUP, "compiled: output %d flattens into %d tensors (at most 64)",
