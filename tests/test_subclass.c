@@ -868,6 +868,28 @@ static void test_scaled_int8_frozen_weight(void **st) {
         ag_compiled_free(c);
     }
     ag_joint_free(j);
+    /* Nothing requires grad: a forward-only joint, still flattened, compiled the same way. */
+    ag_named_tensors ps;
+    assert_int_equal(ag_module_named_parameters(mc, false, &ps), 0);
+    for (int i = 0; i < ps.n; i++)
+        ag_tensor_set_requires_grad(ps.tensors[i], false);
+    ag_named_tensors_free(&ps);
+    j = ag_export_joint(mc, &x, 1, NULL, NULL, 0, NULL);
+    assert_non_null(j);
+    assert_false(ag_joint_needs_autograd(j));
+    assert_int_equal(ag_joint_num_primals(j), 6);
+    expect_outputs(ag_joint_graph(j), (const char *[]){"PlainAOTOutput(idx=0)"}, 1);
+    ag_compiled *c = ag_compile_joint(j, NULL);
+    assert_non_null(c);
+    ag_scope_begin();
+    ag_tensor *ye, *yc;
+    assert_int_equal(ag_module_call(mc, &x, 1, &ye, 1), 1);
+    assert_int_equal(ag_compiled_call_module(c, mc, &x, 1, &yc, 1), 1);
+    assert_same_values(ye, yc);
+    assert_false(ag_tensor_requires_grad(yc));
+    ag_scope_end();
+    ag_compiled_free(c);
+    ag_joint_free(j);
     ag_module_free(me);
     ag_module_free(mc);
     ag_tensor_free(x);

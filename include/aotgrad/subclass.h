@@ -32,13 +32,14 @@
  *                    in TwoTensors (upstream's torch.testing._internal.two_tensor.TwoTensor).
  *                    Outer dtype, sizes and strides are a's.
  *   ScaledInt8Tensor attrs ("qdata", "scale"): qdata int8 of the outer shape, scale a 0-dim
- *                    tensor of the outer dtype (one scale per tensor, max|x| / 127). Ops
- *                    dequantize (qdata.to(dtype) * scale) and run densely, returning plain
- *                    tensors. It is meant for frozen weights: ops that would write into it
- *                    fail.
+ *                    f32 tensor (one scale per tensor, max|x| / 127), and the outer dtype as
+ *                    metadata. Ops dequantize (qdata.to(dtype) * scale) and run densely,
+ *                    returning plain tensors. It is meant for frozen weights (buffers): ops
+ *                    that would write into it fail.
  *
  * Users define their own types by filling an ag_subclass_type (a static that outlives every
- * instance) and building instances with ag_subclass_new. */
+ * instance) and building instances with ag_subclass_new. __tensor_flatten__ is not a callback:
+ * an instance stores its inner tensors and metadata, and ag_subclass_flatten returns them. */
 #ifndef AOTGRAD_SUBCLASS_H
 #define AOTGRAD_SUBCLASS_H
 
@@ -112,17 +113,19 @@ AG_API int ag_subclass_call_inner(const ag_op *op, const ag_arg *args, int nargs
                                   const ag_subclass_type *type, int k, ag_tensor **outs);
 
 /* ---- TwoTensor ---- */
-AG_API const ag_subclass_type *ag_two_tensor_type(void);
-/* TwoTensor(a, b): a and b must have the same dtype, sizes and strides. */
+AG_API const ag_subclass_type *ag_two_tensor_type(void); /* static: never freed */
+/* TwoTensor(a, b): a and b must have the same dtype, sizes and strides. The instance takes a
+ * reference to each; returns a new reference (inside a scope, a scope-owned one) or NULL. */
 AG_API ag_tensor *ag_two_tensor(ag_tensor *a, ag_tensor *b);
 
 /* ---- ScaledInt8Tensor ---- */
-AG_API const ag_subclass_type *ag_scaled_int8_type(void);
-/* Quantizes a float tensor: scale = max(max|x|, 1e-12) / 127 (a 0-dim tensor of x's dtype),
- * qdata = x / scale rounded half away from zero, clamped to [-127, 127], as int8. Made of ops,
- * so it works on data-less tensors too. */
+AG_API const ag_subclass_type *ag_scaled_int8_type(void); /* static: never freed */
+/* Quantizes a plain float tensor x (borrowed): scale = max(max|x|, 1e-12) / 127 (a 0-dim f32
+ * tensor), qdata = x / scale rounded half away from zero, clamped to [-127, 127], as int8; the
+ * outer dtype (what ops see) is x's. Made of ops (run without grad), so it works on data-less
+ * tensors too. Returns a new reference (inside a scope, a scope-owned one) or NULL. */
 AG_API ag_tensor *ag_scaled_int8_quantize(ag_tensor *x);
-/* qdata.to(dtype) * scale: a plain tensor. */
+/* qdata.to(dtype) * scale: a plain tensor, returned as ops return theirs. */
 AG_API ag_tensor *ag_scaled_int8_dequantize(ag_tensor *t);
 
 #ifdef __cplusplus
