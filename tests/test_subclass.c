@@ -323,6 +323,10 @@ static void test_scaled_int8(void **st) {
     assert_same_values(ag_mm(q, y), ag_mm(dq, y));
     assert_same_values(ag_add(y, ag_t(q)), ag_add(y, ag_t(dq)));
     assert_same_values(ag_linear(ag_t(y), q, NULL), ag_linear(ag_t(y), dq, NULL));
+    ag_tensor *parts[4], *dparts[4]; /* a list-output op */
+    assert_int_equal(ag_split(q, 1, 0, parts, 4), 2);
+    assert_int_equal(ag_split(dq, 1, 0, dparts, 4), 2);
+    assert_same_values(parts[1], dparts[1]);
     /* int8 has no arithmetic kernels. */
     assert_null(ag_add(qd, qd));
     tu_assert_error_contains("no kernel for dtype i8");
@@ -366,7 +370,7 @@ static int shift_dispatch(const ag_subclass_type *type, const ag_op *op, const a
         }
     }
     int rc = ag_op_call(op, a, nargs, outs);
-    return rc < 0 ? rc : ag_op_noutputs(op);
+    return rc < 0 || ag_op_noutputs(op) < 0 ? rc : ag_op_noutputs(op);
 }
 
 static const ag_subclass_type shift_type = {

@@ -171,7 +171,7 @@ int ag_subclass_call_inner(const ag_op *op, const ag_arg *args, int nargs,
     }
     if (rc == 0) {
         rc = ag_op_call(op, a, nargs, outs);
-        if (rc == 0)
+        if (rc >= 0 && ag_op_noutputs(op) >= 0) /* a list op returned its count */
             rc = ag_op_noutputs(op);
     }
     for (int i = 0; i < nargs; i++)

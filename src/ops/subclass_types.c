@@ -151,7 +151,7 @@ static int sq_dispatch(const ag_subclass_type *type, const ag_op *op, const ag_a
         }
     }
     int rc = ag_op_call(op, a, nargs, outs);
-    return rc == 0 ? ag_op_noutputs(op) : rc;
+    return rc >= 0 && ag_op_noutputs(op) >= 0 ? ag_op_noutputs(op) : rc; /* lists: their count */
 }
 
 static const ag_subclass_type sq_type = {
