@@ -22,6 +22,7 @@
 #include "aotgrad/compile.h"
 #include "aotgrad/data.h"
 #include "aotgrad/zoo.h"
+#include "aotgrad/subclass.h"
 
 /* Last: the call-site macros wrap the functions declared above. */
 #include "aotgrad/sites.h"

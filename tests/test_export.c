@@ -885,7 +885,8 @@ static void check_zoo_numerics(const char *name) {
 static void test_zoo_numerics(void **st) {
     (void)st;
     for (int i = 0; i < ag_zoo_count(); i++)
-        check_zoo_numerics(ag_zoo_name(i));
+        if (strcmp(ag_zoo_name(i), "two_tensor")) /* flattened subclasses: test_subclass.c */
+            check_zoo_numerics(ag_zoo_name(i));
 }
 
 int main(void) {

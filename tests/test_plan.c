@@ -265,17 +265,22 @@ static void zoo_open(zoo_case *z, const char *name, bool core) {
     ag_named_tensors ps, bs;
     assert_int_equal(ag_module_named_parameters(z->m, false, &ps), 0);
     assert_int_equal(ag_module_named_buffers(z->m, false, &bs), 0);
-    /* The flat inputs, then the primals the graph takes (view bases, deduplication). */
+    /* The flat inputs (tensor subclass instances, as two_tensor's parameters, flattened into
+     * their inner tensors), then the primals the graph takes (view bases, deduplication). */
     ag_tensor *flat[256];
     int nf = 0;
-    for (int i = 0; i < ps.n; i++)
-        flat[nf++] = ag_tensor_keep(ps.tensors[i]);
     ag_scope_begin();
-    for (int i = 0; i < bs.n; i++)
-        flat[nf++] = ag_tensor_keep(ag_clone(bs.tensors[i]));
+    for (int i = 0; i < ps.n + bs.n + nex; i++) {
+        ag_tensor *v = i < ps.n ? ps.tensors[i] : i < ps.n + bs.n ? ag_clone(bs.tensors[i - ps.n])
+                                                                 : ex[i - ps.n - bs.n];
+        int n = ag_subclass_flatten_tensors(&v, 1, flat + nf, 256 - nf);
+        for (int e = 0; e < n; e++)
+            ag_tensor_keep(flat[nf + e]);
+        nf += n;
+    }
     ag_scope_end();
     for (int i = 0; i < nex; i++)
-        flat[nf++] = ex[i];
+        ag_tensor_free(ex[i]);
     int k = ag_joint_primals_from_flat(z->j, flat, nf, z->in, 256);
     assert_int_equal(k, ag_joint_num_primals(z->j));
     free_all(flat, nf);

@@ -34,10 +34,22 @@ static bool draws(const ag_joint *j) {
     return false;
 }
 
-/* Largest |a-b| relative to max(1, max|a|); inf when shapes differ or a value is NaN. */
+/* Largest |a-b| relative to max(1, max|a|); inf when shapes differ or a value is NaN. Tensor
+ * subclass instances (two_tensor's TwoTensors) compare by their plain inner tensors. */
 static double rel_diff(const ag_tensor *ref, const ag_tensor *got) {
     if (!ref || !got)
         return ref == got ? 0 : INFINITY;
+    if (ag_tensor_subclass(ref) || ag_tensor_subclass(got)) {
+        ag_tensor *a[64], *b[64];
+        int na = ag_subclass_flatten_tensors((ag_tensor *const *)&ref, 1, a, 64);
+        int nb = ag_subclass_flatten_tensors((ag_tensor *const *)&got, 1, b, 64);
+        if (ag_tensor_subclass(ref) != ag_tensor_subclass(got) || na != nb || na > 64)
+            return INFINITY;
+        double m = 0;
+        for (int i = 0; i < na; i++)
+            m = fmax(m, rel_diff(a[i], b[i]));
+        return m;
+    }
     if (ag_tensor_numel(ref) != ag_tensor_numel(got))
         return INFINITY;
     double m = 0;

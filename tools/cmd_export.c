@@ -12,7 +12,9 @@
  *       with its placeholder and gradient (ag_fx_all_input_and_grad_nodes) and every
  *       differentiable output with its node and tangent (ag_fx_all_output_and_tangent_nodes),
  *       then, when there are any, the inputs and outputs no gradient pairs with (the philox
- *       seeds and offsets of a model with random ops).
+ *       seeds and offsets of a model with random ops); for a joint with tensor subclasses,
+ *       which those utilities refuse, every placeholder and output with its descriptor
+ *       instead, and the utilities' message.
  *   Both take --dropout P: the dropout probability of zoo models with dropout layers.
  *
  * C has no keyword arguments, so the zoo passes keyword inputs positionally, last; the table
@@ -409,6 +411,43 @@ static void sb_other(sbuf *b, const ag_graph *g) {
     }
 }
 
+/* For a graph the FX utilities refuse (tensor subclasses: no 1-1 pairing), every placeholder
+ * and every output with its descriptor, in graph order. */
+static void sb_flat_descs(sbuf *b, const ag_graph *g) {
+    ag_node **ph;
+    int nph = ag_graph_placeholders(g, &ph);
+    const ag_node *out = ag_graph_output_node(g);
+    const ag_garg *oa = out ? ag_node_arg(out, 0) : NULL;
+    int nout = oa && oa->kind == AG_GA_NODES ? oa->n : 0;
+    size_t w = strlen("placeholder");
+    for (int i = 0; i < nph; i++)
+        w = strlen(ag_node_name(ph[i])) > w ? strlen(ag_node_name(ph[i])) : w;
+    for (int i = 0; i < nout; i++)
+        if (oa->u.nodes[i] && strlen(ag_node_name(oa->u.nodes[i])) > w)
+            w = strlen(ag_node_name(oa->u.nodes[i]));
+    char line[64];
+    for (int pass = 0; pass < 2; pass++) {
+        int n = pass ? nout : nph;
+        snprintf(line, sizeof line, "%s (%d):\n", pass ? "outputs" : "inputs", n < 0 ? 0 : n);
+        sb_str(b, line);
+        for (int i = -1; i < n; i++) {
+            const ag_node *nd = i < 0 ? NULL : pass ? oa->u.nodes[i] : ph[i];
+            const char *c1 = i < 0 ? (pass ? "node" : "placeholder") : nd ? ag_node_name(nd) : "None";
+            sb_str(b, "  ");
+            sb_str(b, c1);
+            for (size_t k = strlen(c1); k < w + 2; k++)
+                sb_str(b, " ");
+            if (i < 0)
+                sb_str(b, "descriptor");
+            else
+                sb_desc(b, pass ? ag_node_output_desc(out, i) : ag_node_desc(ph[i]), 0);
+            sb_str(b, "\n");
+        }
+        if (!pass)
+            sb_str(b, "\n");
+    }
+}
+
 int cli_descriptors(int argc, char **argv) {
     opts o = {0};
     int rc = parse_opts("descriptors", argc, argv, false, desc_usage, &o);
@@ -420,7 +459,11 @@ int cli_descriptors(int argc, char **argv) {
     const ag_graph *g = ag_joint_graph(j);
     ag_fx_pairs *ig = ag_fx_all_input_and_grad_nodes(g);
     ag_fx_pairs *ot = ig ? ag_fx_all_output_and_tangent_nodes(g) : NULL;
-    if (!ot) {
+    /* Tensor subclasses: the utilities refuse (as upstream's do); list the descriptors. */
+    char refusal[1024] = "";
+    if (!ot && ag_last_status() == AG_ENOTSUP)
+        snprintf(refusal, sizeof refusal, "%s", ag_last_error());
+    if (!ot && !refusal[0]) {
         fprintf(stderr, "aotgrad descriptors: %s: %s\n", o.model, ag_last_error());
         ag_fx_pairs_free(ig);
         ag_joint_free(j);
@@ -436,12 +479,19 @@ int cli_descriptors(int argc, char **argv) {
     sb_str(&b, "\nout_spec: ");
     sb_spec(&b, ag_joint_out_spec(j));
     sb_str(&b, "\n\n");
-    sb_pairs(&b, "differentiable inputs -> grads", ig,
-             (const char *const[]){"input", "placeholder", "grad"});
-    sb_str(&b, "\n");
-    sb_pairs(&b, "differentiable outputs -> tangents", ot,
-             (const char *const[]){"output", "node", "tangent"});
-    sb_other(&b, g);
+    if (refusal[0]) {
+        sb_flat_descs(&b, g);
+        sb_str(&b, "\nno input/grad or output/tangent pairs: ");
+        sb_str(&b, refusal);
+        sb_str(&b, "\n");
+    } else {
+        sb_pairs(&b, "differentiable inputs -> grads", ig,
+                 (const char *const[]){"input", "placeholder", "grad"});
+        sb_str(&b, "\n");
+        sb_pairs(&b, "differentiable outputs -> tangents", ot,
+                 (const char *const[]){"output", "node", "tangent"});
+        sb_other(&b, g);
+    }
     if (b.oom) {
         fprintf(stderr, "aotgrad descriptors: out of memory\n");
         rc = 1;

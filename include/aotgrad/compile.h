@@ -103,7 +103,12 @@ AG_API void ag_compiled_free(ag_compiled *c);
  * in_spec). Outputs are eager tensors attached to the autograd graph through one node:
  * ag_backward on a loss computed from them runs the compiled backward and accumulates into
  * each parameter's .grad as the eager model would. Input mutations (BatchNorm running stats)
- * are written back into the given tensors. Returns the number of user outputs. */
+ * are written back into the given tensors. Returns the number of user outputs.
+ * Tensor subclass instances are passed and returned as such (upstream's
+ * AOTDispatchSubclassWrapper): inputs must have the structure the export saw (a TwoTensor
+ * where it saw one) and are taken apart for the plain graphs; outputs are rebuilt; an
+ * instance input's gradient is rebuilt from its parts' gradients; an instance output needs an
+ * instance gradient (a plain one is an error naming the output). */
 AG_API int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs,
                             ag_tensor **outs, int max_out);
 /* Calls it on a module: gathers its parameters and buffers (named_parameters order, duplicates

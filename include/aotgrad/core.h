@@ -43,10 +43,11 @@ typedef enum ag_dtype {
     AG_F64 = 1,
     AG_I64 = 2,
     AG_BOOL = 3,
+    AG_I8 = 4, /* storage only (quantized data): copies and conversions, no arithmetic */
     AG_NDTYPES
 } ag_dtype;
 
-/* "f32", "f64", "i64", "b8" (the graph printer's spelling) and "float32", ... */
+/* "f32", "f64", "i64", "b8", "i8" (the graph printer's spelling) and "float32", ... */
 AG_API const char *ag_dtype_short(ag_dtype dt);
 AG_API const char *ag_dtype_name(ag_dtype dt);
 AG_API size_t ag_dtype_size(ag_dtype dt);

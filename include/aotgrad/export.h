@@ -31,7 +31,18 @@
  * (after the forward's) and return PhiloxUpdatedBackwardOffsetAOTOutput after the grads. Feed
  * the generator's seed and offset (ag_rng_get_state) as 0-dim int64 tensors and set its offset
  * to the returned one to draw what eager draws; ag_compile_joint's callable does so. A model
- * without random ops gets none of these. */
+ * without random ops gets none of these.
+ *
+ * Tensor subclass instances (include/aotgrad/subclass.h) among the inputs or outputs are
+ * flattened into their plain inner tensors, as upstream's aot_dispatch_subclass: a primal per
+ * inner tensor (SubclassGetAttrAOTInput(base=ParamAOTInput(target='w'), attr='a')), an output
+ * per inner tensor of an output (SubclassGetAttrAOTOutput(base=PlainAOTOutput(idx=0), 'a')),
+ * of its tangent (SubclassGetAttrAOTInput(base=TangentAOTInput(...), 'a')) and of each
+ * gradient (SubclassGetAttrAOTOutput(base=GradAOTOutput(...), 'a')); an input without a
+ * gradient has one None however many primals it has. The counts below (primals, tangents, user
+ * and forward outputs, static inputs) are the graph's, flattened; params_spec, in_spec and
+ * out_spec describe the user's (outer) tensors. Shapes are static: there are no
+ * SubclassSize/SubclassStride descriptors. */
 #ifndef AOTGRAD_EXPORT_H
 #define AOTGRAD_EXPORT_H
 

@@ -30,6 +30,10 @@
  *   effects       h = log_value(linear1(x), 'h'), y = log_value(linear2(relu(h)), 'y'),
  *                 linear1 = Linear(3, 4), linear2 = Linear(4, 2); x [4, 3]. log_value is the
  *                 effectful custom op below: the model's joint threads it by effect tokens.
+ *                 (ag_gpt2_config_small: 124M); idx [2, 16] i64 random tokens
+ *   two_tensor    linear(x, weight, bias) where weight [2, 3] and bias [2] are TwoTensor
+ *                 parameters (include/aotgrad/subclass.h); x [4, 3] plain; the output is a
+ *                 TwoTensor [4, 2]
  */
 #ifndef AOTGRAD_ZOO_H
 #define AOTGRAD_ZOO_H

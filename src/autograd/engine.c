@@ -688,7 +688,8 @@ static int accumulate_leaf(ag_tensor *leaf, ag_tensor *g) {
          * donated it (a compiled backward's output: the executor's pool will not reuse the
          * storage while .grad holds it); otherwise copy, as AccumulateGrad does. */
         bool steal = ((g->refcount == 1 && g->storage->refcount == 1) || g->grad_donated) &&
-                     !g->is_view && ag_tensor_is_contiguous(g);
+                     !g->is_view && ag_tensor_is_contiguous(g) &&
+                     !g->sub; /* a subclass gradient's inner tensors may be shared: copy */
         ag_tensor *ng;
         if (steal) {
             ng = ag_tensor_keep(g);

@@ -64,6 +64,8 @@ struct ag_tensor {
      * NULL for tensors that are not views; never itself a view). Set by the dispatcher. */
     ag_tensor *base;
     uint64_t trace_ver;  /* the tracer's alias generation trace was valid for (trace.c) */
+    struct ag__subdata *sub; /* a tensor subclass instance's type and inner tensors, shared by
+                              * its aliases (core/subclass.c); NULL for plain tensors */
 };
 
 /* A new tensor with contiguous strides for `m` (m's strides/offset ignored) and fresh storage;
@@ -181,6 +183,18 @@ int ag__autograd_custom(const char *name, ag_tensor *const *inputs, int nin, ag_
 int64_t ag__autograd_current_seq(void);
 /* Element i (flat, row-major over the view) as double. */
 double ag__get_f64(const ag_tensor *t, int64_t i);
+
+/* ---- tensor subclasses (core/subclass.c, ops/subclass_call.c) ---- */
+struct ag__subdata;
+void ag__subdata_retain(struct ag__subdata *s);
+void ag__subdata_release(struct ag__subdata *s); /* NULL: no-op */
+/* The dispatcher's path for a call with a subclass instance among its (filled) arguments:
+ * the type that dispatches it (the first instance's, in schema order), or NULL. */
+const ag_subclass_type *ag__subclass_dispatcher(const ag_op *op, const ag_arg *full);
+/* Runs such a call: autograd records it on the outer tensors, the type's dispatch computes
+ * the outputs (checked against the op's metas). Same contract as the dispatcher's raw call. */
+int ag__subclass_call(const ag_subclass_type *type, const ag_op *op, const ag_arg *full,
+                      const ag_tmeta *metas, int nouts, ag_tensor **outs);
 
 /* ---- op registry (ops/optable.c) ---- */
 struct ag_op {

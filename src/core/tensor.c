@@ -9,9 +9,9 @@
 
 /* ---- dtypes ---- */
 
-static const char *const dt_short[] = {"f32", "f64", "i64", "b8"};
-static const char *const dt_name[] = {"float32", "float64", "int64", "bool"};
-static const size_t dt_size[] = {4, 8, 8, 1};
+static const char *const dt_short[] = {"f32", "f64", "i64", "b8", "i8"};
+static const char *const dt_name[] = {"float32", "float64", "int64", "bool", "int8"};
+static const size_t dt_size[] = {4, 8, 8, 1, 1};
 
 const char *ag_dtype_short(ag_dtype dt) { return (unsigned)dt < AG_NDTYPES ? dt_short[dt] : "?"; }
 const char *ag_dtype_name(ag_dtype dt) { return (unsigned)dt < AG_NDTYPES ? dt_name[dt] : "?"; }
@@ -169,6 +169,9 @@ ag_tensor *ag__tensor_alias(ag_tensor *src, const ag_tmeta *m) {
     t->trace = src->trace;
     t->trace_id = src->trace_id;
     t->trace_ver = src->trace_ver;
+    t->sub = src->sub; /* an alias of a subclass instance shares its inner tensors */
+    if (t->sub)
+        ag__subdata_retain(t->sub);
     return t;
 }
 
@@ -179,6 +182,7 @@ void ag_tensor_free(ag_tensor *t) {
         return;
     storage_release(t->storage);
     ag_tensor_free(t->base);
+    ag__subdata_release(t->sub);
     ag_tensor_free(t->grad);
     if (t->grad_fn)
         ag__anode_release(t->grad_fn);
@@ -290,12 +294,21 @@ double ag__get_f64(const ag_tensor *t, int64_t i) {
         return (double)((const int64_t *)p)[off];
     case AG_BOOL:
         return ((const bool *)p)[off] ? 1.0 : 0.0;
+    case AG_I8:
+        return (double)((const int8_t *)p)[off];
     default:
         return NAN;
     }
 }
 
 double ag_tensor_item_at(const ag_tensor *t, int64_t i) {
+    if (t && t->sub) {
+        char b[128];
+        ag__err(AG_EINVAL, "item: %s %s is a tensor subclass instance without data of its own; "
+                           "read its inner tensors (ag_subclass_inner)",
+                ag_tensor_subclass(t)->name, ag_tensor_meta_str(t, b, sizeof b));
+        return NAN;
+    }
     if (t && !t->storage->data) {
         char b[128];
         ag__err(AG_ENOTSUP, "item: %s is a data-less (traced or meta) tensor; reading its values "
@@ -341,6 +354,15 @@ void ag_tensor_print(const ag_tensor *t, const char *name, int max_elems) {
         return;
     }
     printf("%s: %s", name ? name : "tensor", ag_tensor_meta_str(t, b, sizeof b));
+    if (t->sub) {
+        printf(" %s\n", ag_tensor_subclass(t)->name);
+        for (int i = 0; ag_subclass_inner(t, i); i++) {
+            char nm[160];
+            snprintf(nm, sizeof nm, "  %s.%s", name ? name : "tensor", ag_tensor_subclass(t)->attrs[i]);
+            ag_tensor_print(ag_subclass_inner(t, i), nm, max_elems);
+        }
+        return;
+    }
     if (!t->storage->data) {
         printf(" (meta)\n");
         return;
@@ -368,16 +390,19 @@ int ag__copy_into(ag_tensor *dst, const ag_tensor *src) {
     })
     switch (src->dtype) {
     case AG_F32:
-        AG__ALL_SWITCH(dst->dtype, TD, AG__COPY_LOOP(TD, float));
+        AG__COPY_SWITCH(dst->dtype, TD, AG__COPY_LOOP(TD, float));
         break;
     case AG_F64:
-        AG__ALL_SWITCH(dst->dtype, TD, AG__COPY_LOOP(TD, double));
+        AG__COPY_SWITCH(dst->dtype, TD, AG__COPY_LOOP(TD, double));
         break;
     case AG_I64:
-        AG__ALL_SWITCH(dst->dtype, TD, AG__COPY_LOOP(TD, int64_t));
+        AG__COPY_SWITCH(dst->dtype, TD, AG__COPY_LOOP(TD, int64_t));
         break;
     case AG_BOOL:
-        AG__ALL_SWITCH(dst->dtype, TD, AG__COPY_LOOP(TD, bool));
+        AG__COPY_SWITCH(dst->dtype, TD, AG__COPY_LOOP(TD, bool));
+        break;
+    case AG_I8:
+        AG__COPY_SWITCH(dst->dtype, TD, AG__COPY_LOOP(TD, int8_t));
         break;
     default:
         return ag__err(AG_ENOTSUP, "copy: bad dtype");

@@ -18,6 +18,7 @@
 #include "alias.h"
 #include "effects_internal.h"
 #include "rng_internal.h"
+#include "subclass.h"
 
 #include <stdio.h>
 
@@ -40,6 +41,10 @@ struct ag_joint {
     int nrng;
     ag_desc *rng_descs[4];
     bool rng_fw_out;
+    /* Tensor subclasses flattened (subclass.c), or NULL; the flat inputs that are parameters
+     * and buffers (their inner tensors when flattened). */
+    ag__subx_info *subclass;
+    int npb_flat;
 };
 
 /* ---- accessors ---- */
@@ -61,7 +66,7 @@ static int static_inputs(const ag_joint *j, int want) {
     int n = 0;
     for (int p = 0; p < j->nprimals - j->nfw_tokens; p++) {
         bool is_static = false;
-        for (int i = 0; i < j->nparams + j->nbuffers && !is_static; i++)
+        for (int i = 0; i < j->npb_flat && !is_static; i++)
             is_static = j->alias.flat[i].kind == AG__FLAT_PRIMAL && j->alias.flat[i].primal == p;
         if (is_static && n++ == want)
             return j->nfw_tokens + p;
@@ -69,6 +74,7 @@ static int static_inputs(const ag_joint *j, int want) {
     return want < 0 ? n : -1;
 }
 int ag_joint_num_static_inputs(const ag_joint *j) { return static_inputs(j, -1); }
+ag__subx_info *ag__joint_subclass_info(const ag_joint *j) { return j->subclass; }
 int ag_joint_static_input(const ag_joint *j, int i) { return i >= 0 ? static_inputs(j, i) : -1; }
 int ag_joint_num_primals(const ag_joint *j) { return j->nprimals; }
 int ag_joint_num_tangents(const ag_joint *j) { return j->ntangents; }
@@ -110,6 +116,7 @@ void ag_joint_free(ag_joint *j) {
     ag__joint_alias_clear(&j->alias);
     for (int i = 0; i < j->nrng; i++)
         ag_desc_release(j->rng_descs[i]);
+    ag__subx_info_release(j->subclass);
     ag__free(j);
 }
 
@@ -259,11 +266,46 @@ static int prepend_forward_tokens(ag_joint *j) {
     return 0;
 }
 
+/* With tensor subclasses: the facts the alias plan gathered on the inner tensors are the
+ * outer tensors' (requires_grad is the instance's), and the aliasing the flattening cannot
+ * express is refused with upstream's message. */
+static int subclass_facts(const ag__subx *sx, ag_joint *j, ag_node *const *prim) {
+    const ag__joint_alias *a = &j->alias;
+    if (a->nintermediate_bases > 0 || a->nmetadata_mutations > 0)
+        return ag__err(AG_ENOTSUP, "export: outputs aliasing intermediates and metadata "
+                                   "mutations are not supported together with tensor subclasses");
+    for (int p = 0; p < a->nprimals; p++) {
+        const ag_tmeta *m = ag_node_val(prim[p], 0);
+        j->in_info[p].requires_grad =
+            ag__subx_flat_requires_grad(sx, a->prim[p].flat) && ag_dtype_is_float(m->dtype);
+    }
+    for (int k = 0; k < j->nuser_out; k++)
+        j->out_info[k].requires_grad = ag__subx_out_requires_grad(sx, k);
+    return 0;
+}
+
+/* The final layout with tensor subclasses: inputs merged into a base, or removed duplicates
+ * among a subclass's inner tensors, are refused with upstream's message. */
+static int subclass_layout_check(const ag__subx *sx, const ag_joint *j) {
+    const ag__joint_alias *a = &j->alias;
+    for (int i = 0; i < a->nflat; i++)
+        if (a->flat[i].kind == AG__FLAT_VIEW ||
+            (a->flat[i].kind == AG__FLAT_DUP && ag__subx_flat_is_inner(sx, i)))
+            return ag__err(AG_ENOTSUP,
+                           "Encountered aliased inputs that are mutated in the graph, but at "
+                           "least one input/output to the graph is a tensor subclass. This is "
+                           "not supported today. You can try to remove the aliasing yourself as "
+                           "a workaround, or otherwise file an issue on github.");
+    return 0;
+}
+
 /* One pass: the joint for the plan's current layout of the flat inputs (alias.c). */
 typedef struct export_in {
     ag_module *m;
     ag__alias_plan *P;
     const ag_named_tensors *ps, *bs;
+    ag_desc *const *descs; /* of the flat inputs */
+    ag__subx **sxp;        /* tensor subclasses flattened (subclass.c); *sxp NULL when none */
     int nflat, nargs, nkwargs;
     const char *const *kwarg_names;
     const ag_export_opts *o;
@@ -284,6 +326,7 @@ static ag_joint *export_pass(const export_in *in) {
     ag__rng_fn *rng = NULL;
     int rc = 0, nouts = 0, nout_total = 0, nextra = 0;
     bool scoped = false, begun = false;
+    ag__subx *sx = *in->sxp;
     if (!j)
         goto fail;
     j->nparams = ps->n;
@@ -319,7 +362,7 @@ static ag_joint *export_pass(const export_in *in) {
         if (!prim[p] || ag_node_set_desc(prim[p], d))
             goto fail;
     }
-    j->in_spec = make_in_spec(in->nflat - in->nkwargs, in->kwarg_names, in->nkwargs);
+    j->in_spec = make_in_spec(ps->n + bs->n + in->nargs, in->kwarg_names, in->nkwargs);
     if (!j->in_spec)
         goto fail;
 
@@ -337,23 +380,50 @@ static ag_joint *export_pass(const export_in *in) {
     begun = true;
     if (ag__aplan_begin(P, in->m, T, prim, &user))
         goto fail;
+    /* With tensor subclasses the plan's tensors are the inner ones: the forward gets the outer
+     * inputs rebuilt from them. */
+    if (sx && ag__subx_pass_begin(sx, in->m, user, &user))
+        goto fail;
     nouts = ag_module_call(in->m, user, in->nargs + in->nkwargs, outs, 64);
     if (nouts < 0)
         goto fail;
+    int nspec = nouts; /* the user's outputs; subclass instances are flattened from here on */
+    {
+        ag_tensor *pass_flat[256];
+        int nf = in->nflat < 256 ? in->nflat : 256;
+        for (int i = 0; i < nf; i++)
+            pass_flat[i] = ag__aplan_flat_tensor(P, i);
+        if (!sx && in->nflat > 256) {
+            for (int k = 0; k < nouts; k++)
+                if (ag_tensor_subclass(outs[k])) {
+                    rc = ag__err(AG_ENOTSUP, "export: a tensor subclass output with %d inputs "
+                                             "(at most 256)", in->nflat);
+                    goto fail;
+                }
+        } else if ((nouts = ag__subx_outputs(in->sxp, outs, nouts, 64, pass_flat, in->descs,
+                                             in->nflat, ps->n + bs->n)) < 0) {
+            goto fail;
+        }
+        sx = *in->sxp;
+    }
     j->nuser_out = nouts;
     j->out_info = ag__calloc((size_t)(nouts ? nouts : 1), sizeof *j->out_info);
     /* One output is a bare leaf; several are a tuple. */
-    j->out_spec = nouts == 1 ? ag_treespec_leaf() : flat_list_spec(nouts, true);
+    j->out_spec = nspec == 1 ? ag_treespec_leaf() : flat_list_spec(nspec, true);
     if (!j->out_info || !j->out_spec)
         goto fail;
 
     /* Mutated inputs and aliasing outputs (alias.c). */
     bool any_rg_in = false, any_rg_out = false;
-    for (int p = 0; p < np; p++) {
+    for (int p = 0; p < np && !sx; p++) {
         ag_tensor *t = ag__aplan_primal_tensor(P, p);
         any_rg_in |= t->requires_grad && ag_dtype_is_float(t->dtype);
     }
+    for (int i = 0; sx && i < in->nflat; i++)
+        any_rg_in |= ag__subx_flat_requires_grad(sx, i);
     if (ag__aplan_analyze(P, T, outs, nouts, any_rg_in, j->in_info, j->out_info, &j->alias))
+        goto fail;
+    if (sx && subclass_facts(sx, j, prim))
         goto fail;
     for (int p = 0; p < np; p++) {
         j->nmutated += j->in_info[p].mutates_data || j->in_info[p].mutates_metadata;
@@ -377,7 +447,7 @@ static ag_joint *export_pass(const export_in *in) {
 
     /* Tangents: user outputs that require grad and alias nothing, then intermediate bases. */
     /* + 2 tokens, + 2 philox offsets */
-    nout_total = 4 + j->nmutated + nouts + nextra + (j->needs_autograd ? np : 0);
+    nout_total = 4 + j->nmutated + nouts + nextra + (j->needs_autograd ? (sx ? in->nflat : np) : 0);
     out_nodes = ag__calloc((size_t)(nout_total ? nout_total : 1), sizeof *out_nodes);
     out_descs = ag__calloc((size_t)(nout_total ? nout_total : 1), sizeof *out_descs);
     tangent_in = ag__calloc((size_t)(nouts + nextra ? nouts + nextra : 1), sizeof *tangent_in);
@@ -392,14 +462,16 @@ static ag_joint *export_pass(const export_in *in) {
     for (int p = 0; p < np; p++)
         if (j->in_info[p].mutates_data || j->in_info[p].mutates_metadata) {
             out_nodes[no] = ag__tracer_node_of(T, ag__aplan_primal_tensor(P, p));
-            if (!out_nodes[no] || !(out_descs[no++] = ag_desc_input_mutation(j->primal_descs[p])))
+            out_descs[no] = sx ? ag__subx_mutation_desc(sx, j->alias.prim[p].flat)
+                               : ag_desc_input_mutation(j->primal_descs[p]);
+            if (!out_nodes[no] || !out_descs[no++])
                 goto fail;
         }
     for (int k = 0; k < nouts; k++) {
         out_nodes[no] = outs[k] ? ag__tracer_node_of(T, outs[k]) : NULL;
         if (outs[k] && !out_nodes[no])
             goto fail;
-        if (!(out_descs[no++] = ag_desc_plain_output(k)))
+        if (!(out_descs[no++] = sx ? ag__subx_out_desc(sx, k) : ag_desc_plain_output(k)))
             goto fail;
     }
     for (int e = 0; e < nextra; e++) {
@@ -420,75 +492,87 @@ static ag_joint *export_pass(const export_in *in) {
         for (ag_node *n = ag_graph_first(j->g); n; n = ag_node_next(n))
             if (ag_node_set_partitioner_tag(n, "is_forward"))
                 goto fail;
-        int nt = 0;
-        for (int k = 0; k < nouts + j->ninter; k++) {
-            ag_tensor *out_k;
-            ag_desc *od;
-            if (k < nouts) {
-                const ag_output_info *oi = &j->out_info[k];
-                if (!oi->requires_grad || !ag_dtype_is_float(outs[k]->dtype) ||
-                    (oi->alias != AG_OUT_NON_ALIAS && oi->alias != AG_OUT_UNSAFE_VIEW_ALIAS))
-                    continue;
-                out_k = outs[k];
-                od = out_descs[j->nfw_tokens + j->nmutated + k];
-            } else { /* intermediate bases always take part in the backward */
-                out_k = extra[j->nmetamut + k - nouts];
-                od = out_descs[j->nfw_tokens + j->nmutated + nouts + j->nmetamut + k - nouts];
-            }
-            ag_desc *td = ag_desc_tangent(od);
-            if (!td)
+        if (sx) {
+            /* Tangents and gradients of the outer tensors, flattened (subclass.c). */
+            ag__tracer_set_tag(T, "is_backward");
+            ag__tracer_set_stack_traces(T, false);
+            ag__tracer_set_token_chain(T, &tk.bw);
+            if (rng)
+                ag__rng_mark_backward(rng);
+            if (ag__subx_backward(sx, j->g, T, j->out_info, out_nodes, out_descs, &no,
+                                  j->tangent_descs, &j->ntangents))
                 goto fail;
-            j->tangent_descs[nt] = td;
-            j->ntangents = nt + 1; /* ag_joint_free releases it from now on */
-            char name[32];
-            snprintf(name, sizeof name, "tangents_%d", nt + 1);
-            ag_tmeta mt;
-            ag__tmeta_contiguous(&mt, out_k->dtype, out_k->ndim, out_k->sizes);
-            ag_node *tp = ag_graph_placeholder(j->g, name, &mt);
-            if (!tp || ag_node_set_desc(tp, td) || ag_node_set_partitioner_tag(tp, "is_backward"))
-                goto fail;
-            ag_tensor *tt = ag__tensor_new(out_k->dtype, out_k->ndim, out_k->sizes, true);
-            if (!tt)
-                goto fail;
-            ag__tracer_bind(T, tt, tp);
-            tangent_in[nt] = ag__give(tt);
-            needs_out[nt++] = out_k;
-            if (!tangent_in[nt - 1])
-                goto fail;
-        }
-        j->ntangents = nt;
-        /* The backward: the engine runs the op table's backward rules, traced here. */
-        grad_of = ag__calloc((size_t)(np ? np : 1), sizeof *grad_of);
-        grads = ag__calloc((size_t)(np ? np : 1), sizeof *grads);
-        if (!grad_of || !grads)
-            goto fail;
-        int ng = 0;
-        for (int p = 0; p < np; p++)
-            if (j->in_info[p].requires_grad)
-                grad_of[ng++] = ag__aplan_primal_tensor(P, p);
-        ag__tracer_set_tag(T, "is_backward");
-        ag__tracer_set_stack_traces(T, false);
-        ag__tracer_set_token_chain(T, &tk.bw);
-        if (rng)
-            ag__rng_mark_backward(rng);
-        if (ng > 0 && nt > 0 && ag_grad(needs_out, tangent_in, nt, grad_of, ng, grads, false, true))
-            goto fail;
-        int gi = 0;
-        for (int p = 0; p < np; p++) {
-            ag_node *gn = NULL;
-            ag_desc *gd = NULL;
-            if (j->in_info[p].requires_grad) {
-                ag_tensor *gt = grads[gi++];
-                if (gt) {
-                    gn = ag__tracer_node_of(T, gt);
-                    if (!gn)
-                        goto fail;
-                    if (!(gd = ag_desc_grad(j->primal_descs[p])))
-                        goto fail;
+        } else {
+            int nt = 0;
+            for (int k = 0; k < nouts + j->ninter; k++) {
+                ag_tensor *out_k;
+                ag_desc *od;
+                if (k < nouts) {
+                    const ag_output_info *oi = &j->out_info[k];
+                    if (!oi->requires_grad || !ag_dtype_is_float(outs[k]->dtype) ||
+                        (oi->alias != AG_OUT_NON_ALIAS && oi->alias != AG_OUT_UNSAFE_VIEW_ALIAS))
+                        continue;
+                    out_k = outs[k];
+                    od = out_descs[j->nfw_tokens + j->nmutated + k];
+                } else { /* intermediate bases always take part in the backward */
+                    out_k = extra[j->nmetamut + k - nouts];
+                    od = out_descs[j->nfw_tokens + j->nmutated + nouts + j->nmetamut + k - nouts];
                 }
+                ag_desc *td = ag_desc_tangent(od);
+                if (!td)
+                    goto fail;
+                j->tangent_descs[nt] = td;
+                j->ntangents = nt + 1; /* ag_joint_free releases it from now on */
+                char name[32];
+                snprintf(name, sizeof name, "tangents_%d", nt + 1);
+                ag_tmeta mt;
+                ag__tmeta_contiguous(&mt, out_k->dtype, out_k->ndim, out_k->sizes);
+                ag_node *tp = ag_graph_placeholder(j->g, name, &mt);
+                if (!tp || ag_node_set_desc(tp, td) || ag_node_set_partitioner_tag(tp, "is_backward"))
+                    goto fail;
+                ag_tensor *tt = ag__tensor_new(out_k->dtype, out_k->ndim, out_k->sizes, true);
+                if (!tt)
+                    goto fail;
+                ag__tracer_bind(T, tt, tp);
+                tangent_in[nt] = ag__give(tt);
+                needs_out[nt++] = out_k;
+                if (!tangent_in[nt - 1])
+                    goto fail;
             }
-            out_nodes[no] = gn;
-            out_descs[no++] = gd;
+            j->ntangents = nt;
+            /* The backward: the engine runs the op table's backward rules, traced here. */
+            grad_of = ag__calloc((size_t)(np ? np : 1), sizeof *grad_of);
+            grads = ag__calloc((size_t)(np ? np : 1), sizeof *grads);
+            if (!grad_of || !grads)
+                goto fail;
+            int ng = 0;
+            for (int p = 0; p < np; p++)
+                if (j->in_info[p].requires_grad)
+                    grad_of[ng++] = ag__aplan_primal_tensor(P, p);
+            ag__tracer_set_tag(T, "is_backward");
+            ag__tracer_set_stack_traces(T, false);
+            ag__tracer_set_token_chain(T, &tk.bw);
+            if (rng)
+                ag__rng_mark_backward(rng);
+            if (ng > 0 && nt > 0 && ag_grad(needs_out, tangent_in, nt, grad_of, ng, grads, false, true))
+                goto fail;
+            int gi = 0;
+            for (int p = 0; p < np; p++) {
+                ag_node *gn = NULL;
+                ag_desc *gd = NULL;
+                if (j->in_info[p].requires_grad) {
+                    ag_tensor *gt = grads[gi++];
+                    if (gt) {
+                        gn = ag__tracer_node_of(T, gt);
+                        if (!gn)
+                            goto fail;
+                        if (!(gd = ag_desc_grad(j->primal_descs[p])))
+                            goto fail;
+                    }
+                }
+                out_nodes[no] = gn;
+                out_descs[no++] = gd;
+            }
         }
         if (rng) { /* the backward's updated philox offset, after the grads */
             int r = ag__rng_updated_offset(rng, true, &out_nodes[no], &out_descs[no]);
@@ -502,13 +586,18 @@ static ag_joint *export_pass(const export_in *in) {
         j->nbw_tokens = nb;
         no += nb;
         for (int k = 0; k < nb; k++)
-            if (!(j->tangent_descs[nt + k] = ag_desc_backward_token_input(k)))
+            if (!(j->tangent_descs[j->ntangents + k] = ag_desc_backward_token_input(k)))
                 goto fail;
     }
     if (rng && (j->nrng = ag__rng_finish(rng, j->rng_descs)) < 0) {
         j->nrng = 0;
         goto fail;
     }
+    j->npb_flat = sx ? ag__subx_num_static(sx) : ps->n + bs->n;
+    if (ag__subx_finish(sx, &j->subclass))
+        goto fail;
+    if (sx)
+        ag__subx_pass_end(sx, in->m);
     ag__aplan_end(P, in->m);
     begun = false;
     ag__tracer_end(T);
@@ -533,6 +622,8 @@ static ag_joint *export_pass(const export_in *in) {
 fail:
     if (rc == 0)
         rc = ag_last_status() ? ag_last_status() : ag__err(AG_EINVAL, "export: failed");
+    if (begun && sx)
+        ag__subx_pass_end(sx, in->m);
     if (begun)
         ag__aplan_end(P, in->m);
     if (T)
@@ -554,6 +645,10 @@ done:
     ag__free(grads);
     ag__free(prim);
     ag__rng_free(rng);
+    if (ag__subx_pass_owned(sx)) { /* made for this pass's subclass outputs */
+        ag__subx_free(sx);
+        *in->sxp = NULL;
+    }
     return j;
 }
 
@@ -577,7 +672,8 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
     ag_desc **descs = NULL;
     char **fqns = NULL;
     ag__alias_plan *P = NULL;
-    int nflat = 0;
+    ag__subx *sx = NULL;
+    int nflat = 0, nouter = 0, npb = 0;
     bool grad_prev = ag_set_grad_enabled(true);
     if (ag_module_named_parameters(m, false, &ps) || ag_module_named_buffers(m, false, &bs))
         goto done;
@@ -607,14 +703,36 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
         if (!descs[i])
             goto done;
     }
+    nouter = nflat;
+    npb = ps.n + bs.n;
+    /* Tensor subclass instances are flattened into their inner tensors, which the alias plan
+     * then lays out like any flat input (all of them fresh leaves: the forward sees instances
+     * rebuilt from them, subclass.c). */
+    if (ag__subx_begin(&sx, &ps, &bs, args, nargs, kwargs, nkwargs))
+        goto done;
+    if (sx) {
+        for (int i = 0; i < nouter; i++)
+            ag_desc_release(descs[i]);
+        ag__free(descs);
+        ag__free(flat);
+        nflat = 0;
+        int n = ag__subx_num_flat(sx);
+        flat = ag__calloc((size_t)(n ? n : 1), sizeof *flat);
+        descs = ag__calloc((size_t)(n ? n : 1), sizeof *descs);
+        if (!flat || !descs)
+            goto done;
+        for (nflat = 0; nflat < n; nflat++)
+            flat[nflat] = ag__subx_flat(sx, nflat, &descs[nflat]);
+        npb = 0;
+    }
     /* Upstream's stage-1 wrappers decide which flat inputs become which primals from what
      * the forward does to them: a first pass assumes the common case, and a second one runs
      * only when a duplicate input is mutated or aliasing inputs turned out not to need (or to
      * need) a shared base. */
-    P = ag__aplan_new(flat, descs, nflat, ps.n, bs.n, fqns);
+    P = ag__aplan_new(flat, descs, nflat, npb ? ps.n : 0, npb ? bs.n : 0, fqns);
     if (!P)
         goto done;
-    export_in in = {m, P, &ps, &bs, nflat, nargs, nkwargs, kwarg_names, &o};
+    export_in in = {m, P, &ps, &bs, descs, &sx, nflat, nargs, nkwargs, kwarg_names, &o};
     j = export_pass(&in);
     int r = j ? ag__aplan_refine(P, j->in_info + j->nfw_tokens, j->needs_autograd) : 0;
     if (r != 0) {
@@ -627,11 +745,16 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
                 ag__err(AG_EINVAL, "export: the inputs' layout did not settle after two passes");
         }
     }
+    if (j && sx && subclass_layout_check(sx, j)) {
+        ag_joint_free(j);
+        j = NULL;
+    }
 done:
     if (!j && !ag_last_status())
         ag__err(AG_EINVAL, "export: failed");
     ag_set_grad_enabled(grad_prev);
     ag__aplan_free(P);
+    ag__subx_free(sx);
     for (int i = 0; descs && i < nflat; i++)
         ag_desc_release(descs[i]);
     ag__free(descs);

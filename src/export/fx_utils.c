@@ -134,24 +134,29 @@ static const ag_desc *ph_desc(const char *who, const ag_node *n) {
     return d;
 }
 
-static int subclass_input_error(const char *who, const ag_node *n, const ag_desc *d) {
+/* Upstream's _raise_autograd_subclass_not_implemented, word for word after the function's
+ * name (it says "input" for outputs too). */
+static int subclass_error(const char *who, const char *node, const ag_desc *d) {
     char b[256];
     return ag__err(AG_ENOTSUP,
-                   "%s: placeholder %s is %s, an inner tensor of a tensor subclass input; "
-                   "subclass inputs are not supported by this utility, because there is no 1-1 "
-                   "correspondence between a subclass input and its gradient (please file an "
-                   "issue)",
-                   who, ag_node_name(n), drepr(d, b, sizeof b));
+                   "%s: Subclasses are currently not supported by this function, but a desugared "
+                   "subclass input was found at %s (%s).  The problem is that there may not "
+                   "necessarily be a 1-1 correspondence between primals/tangents/outputs/grads "
+                   "when subclasses are involved: for example, the primal might be a plain tensor "
+                   "but the tangent a tensor subclass that desugared into multiple plain tensors. "
+                   "It is not clear what exactly you would like this function to do in this case "
+                   "(Collect all nodes for the subclass together?  Match up the inner nodes if "
+                   "subclasses match exactly?)  If you have a concrete use case, please file an "
+                   "issue so we can understand it and design an API that works for your case.",
+                   who, node, drepr(d, b, sizeof b));
 }
 
-static int subclass_output_error(const char *who, int i, const ag_node *n, const ag_desc *d) {
-    char b[256];
-    return ag__err(AG_ENOTSUP,
-                   "%s: output %d (%s) is %s, an inner tensor of a tensor subclass output; "
-                   "subclass outputs are not supported by this utility, because there is no 1-1 "
-                   "correspondence between a subclass output and its tangent (please file an "
-                   "issue)",
-                   who, i, nname(n), drepr(d, b, sizeof b));
+static int subclass_input_error(const char *who, const ag_node *n, const ag_desc *d) {
+    return subclass_error(who, ag_node_name(n), d);
+}
+
+static int subclass_output_error(const char *who, const ag_node *n, const ag_desc *d) {
+    return subclass_error(who, nname(n), d);
 }
 
 /* ---- input -> grad ---- */
@@ -188,7 +193,7 @@ static ag_fx_pairs *input_and_grad(const char *who, const ag_graph *g) {
                 if (!d)
                     continue;
                 if (ag_desc_kind_of(d) == AG_DESC_SUBCLASS_GETATTR_OUTPUT) {
-                    subclass_output_error(who, i, outs[i], d);
+                    subclass_output_error(who, outs[i], d);
                     goto fail;
                 }
                 if (ag_desc_kind_of(d) != AG_DESC_GRAD)
@@ -247,7 +252,7 @@ static ag_fx_pairs *output_and_tangent(const char *who, const ag_graph *g) {
             if (!d)
                 continue;
             if (ag_desc_kind_of(d) == AG_DESC_SUBCLASS_GETATTR_OUTPUT) {
-                subclass_output_error(who, i, outs[i], d);
+                subclass_output_error(who, outs[i], d);
                 goto fail;
             }
             if (ag_desc_is_differentiable(d) && pairs_put(p, d, outs[i], NULL) < 0)
@@ -382,10 +387,18 @@ static ag_fx_named *named_nodes(const char *who, const ag_graph *g, ag_desc_kind
         if (!d)
             goto fail;
         if (ag_desc_kind_of(d) == AG_DESC_SUBCLASS_GETATTR_INPUT) {
+            /* upstream's _raise_fqn_subclass_not_implemented */
             ag__err(AG_ENOTSUP,
-                    "%s: placeholder %s is %s, an inner tensor of a tensor subclass; an FQN "
-                    "cannot name a single placeholder for a subclass parameter or buffer "
-                    "(subclasses are not supported by this utility; please file an issue)",
+                    "%s: Subclasses are currently not supported by this function, but a "
+                    "desugared subclass input was found at %s (%s).  The problem is that there "
+                    "may not necessarily be a 1-1 correspondence between a FQN and a plain tensor "
+                    "when subclasses are involved: for example, a parameter that is a subclass "
+                    "would desugar into multiple plain tensors, which we can't uniquely assign the "
+                    "FQN to.  It's not clear what you want the API to do in this case: do you want "
+                    "to instead return a struct of nodes showing how to assemble the subclass?  "
+                    "But you don't (directly) have the metadata for the subclass?  If you have a "
+                    "concrete use case, please file an issue so we can understand it and design an "
+                    "API that works for your case.",
                     who, ag_node_name(n), drepr(d, b, sizeof b));
             goto fail;
         }

@@ -261,7 +261,8 @@ static int parse_arg(cur *c, ag_type ty, ag_garg *out) {
     if (lx_accept_word(c, "False"))
         return (*out = AG_GA_B(false), 0);
     if (!strncmp(c->p, "torch.", 6)) {
-        static const char *const dts[AG_NDTYPES] = {"float32", "float64", "int64", "bool"};
+        static const char *const dts[AG_NDTYPES] = {"float32", "float64", "int64", "bool",
+                                                     "int8"};
         const char *w = c->p + 6;
         size_t n = lx_ident_len(w);
         for (int i = 0; i < AG_NDTYPES; i++)
@@ -454,6 +455,10 @@ static int const_value(cur *c, ag_dtype dt, char *dst) {
         if (flt)
             return ag__lx_err(c, at, "expected an int, got a float");
         memcpy(dst, &i, 8);
+    } else if (dt == AG_I8) {
+        if (flt || i < INT8_MIN || i > INT8_MAX)
+            return ag__lx_err(c, at, "expected an int8 (-128 .. 127)");
+        *dst = (char)(int8_t)i;
     } else if (dt == AG_F32) {
         /* Ints are converted as strtof would read them. */
         float v = (float)f;

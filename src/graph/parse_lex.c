@@ -226,7 +226,7 @@ int ag__lx_val(cur *c, ag_tmeta *m) {
     lx_skip_ws(c);
     memset(m, 0, sizeof *m);
     const char *at = c->p;
-    static const char *const names[AG_NDTYPES] = {"f32", "f64", "i64", "b8"};
+    static const char *const names[AG_NDTYPES] = {"f32", "f64", "i64", "b8", "i8"};
     size_t w = lx_ident_len(c->p);
     int dt = -1;
     for (int i = 0; i < AG_NDTYPES; i++)

@@ -195,7 +195,7 @@ void ag__sb_name(ag__sbuf *b, const char *name) {
 /* ---- nodes ---- */
 
 static const char *const torch_dtypes[AG_NDTYPES] = {"torch.float32", "torch.float64",
-                                                     "torch.int64", "torch.bool"};
+                                                     "torch.int64", "torch.bool", "torch.int8"};
 
 static void put_node_ref(ag__sbuf *b, const ag_node *n) {
     if (!n) {
@@ -513,6 +513,9 @@ static void put_elem(ag__sbuf *b, ag_dtype dt, const char *base, int64_t off) {
         ag__sb_printf(b, "%lld", (long long)v);
         break;
     }
+    case AG_I8:
+        ag__sb_printf(b, "%d", (int)(int8_t)base[off]);
+        break;
     default:
         ag__sb_puts(b, base[off] ? "True" : "False");
         break;

@@ -113,6 +113,18 @@ static int grad_acc_fwd(ag_module *m, ag_tensor *const *in, int nin, ag_tensor *
     return finish(&y, 1, out);
 }
 
+/* two_tensor: x [N, 3] -> linear(x, weight, bias) [N, 2], a TwoTensor (weight and bias are
+ * TwoTensor parameters: every op runs on their a halves and on their b halves). */
+static int two_tensor_fwd(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
+                          int max_out) {
+    int rc = check_io(m, nin, 1, max_out, 1);
+    if (rc)
+        return rc;
+    ag_scope_begin();
+    ag_tensor *y = ag_linear(in[0], ag_module_param(m, "weight"), ag_module_param(m, "bias"));
+    return finish(&y, 1, out);
+}
+
 /* mlp: x [N, 784] -> fc3(relu(fc2(relu(fc1(x))))) [N, 10] */
 static int mlp_fwd(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
     int rc = check_io(m, nin, 1, max_out, 1);
@@ -226,6 +238,27 @@ static ag_module *build_grad_acc(int *rc) {
     ag_module *m = new_model("GradAcc", grad_acc_fwd, rc);
     *rc = add(m, *rc, "linear", ag_nn_linear(3, 2, true));
     *rc = add(m, *rc, "linear2", ag_nn_linear(3, 2, true));
+    return m;
+}
+
+/* A TwoTensor parameter of the given shape: both halves uniform in [-0.5, 0.5). */
+static int add_two_tensor_param(ag_module *m, int rc, const char *name, int ndim,
+                                const int64_t *sizes) {
+    if (rc)
+        return rc;
+    ag_scope_begin();
+    ag_tensor *a = ag_sub_scalar(ag_rand(AG_F32, ndim, sizes), 0.5);
+    ag_tensor *b = ag_sub_scalar(ag_rand(AG_F32, ndim, sizes), 0.5);
+    ag_tensor *w = ag_two_tensor(a, b);
+    rc = w ? ag_module_register_parameter(m, name, w) : status();
+    ag_scope_end();
+    return rc;
+}
+
+static ag_module *build_two_tensor(int *rc) {
+    ag_module *m = new_model("TwoTensorLinear", two_tensor_fwd, rc);
+    *rc = add_two_tensor_param(m, *rc, "weight", 2, (int64_t[]){2, 3});
+    *rc = add_two_tensor_param(m, *rc, "bias", 1, (int64_t[]){2});
     return m;
 }
 
@@ -395,6 +428,10 @@ static const zoo_entry zoo[] = {
     {"dropout_mlp",
      "Linear(16, 32)-ReLU-Dropout(0.5)-Linear(32, 4), training: draws a mask per call; x [8, 16]",
      NULL, 0, build_dropout_mlp, NULL, dropout_mlp_inputs, 1},
+    {"two_tensor",
+     "linear(x, weight, bias) with TwoTensor parameters weight [2, 3] and bias [2] (a tensor "
+     "subclass); x [4, 3]; the output is a TwoTensor",
+     NULL, 0, build_two_tensor, NULL, x_4x3, 1},
 };
 
 /* The models whose dropout probability the build options may set. */

@@ -25,6 +25,11 @@ enum { OPT_SGD, OPT_ADAMW };
 
 typedef struct opt_param {
     ag_tensor *p;
+    /* A tensor subclass parameter is updated through its plain inner tensors, one entry each:
+     * p is inner tensor `inner` of the flattened `outer`, whose gradient (an instance of the
+     * same type) gives the matching inner gradient. NULL for plain parameters. */
+    ag_tensor *outer;
+    int inner;
     ag_tensor *s1, *s2; /* SGD: momentum_buffer; AdamW: exp_avg, exp_avg_sq */
     int64_t step;
     ag_tensor *g; /* this step's gradient, borrowed or a converted copy (gtmp) */
@@ -47,19 +52,38 @@ static ag_optim *optim_new(ag_module *m, int kind, const char *who) {
     }
     if (ag_module_named_parameters(m, true, &nt))
         return NULL;
+    int total = 0;
+    for (int i = 0; i < nt.n; i++) {
+        int nf = ag_subclass_flatten_tensors(&nt.tensors[i], 1, NULL, 0);
+        if (nf > 64) {
+            ag__err(AG_ENOTSUP, "%s: parameter %s is made of %d plain tensors (at most 64)", who,
+                    nt.names[i], nf);
+            ag_named_tensors_free(&nt);
+            return NULL;
+        }
+        total += nf;
+    }
     ag_optim *o = ag__calloc(1, sizeof *o);
-    opt_param *ps = o ? ag__calloc(nt.n ? (size_t)nt.n : 1, sizeof *ps) : NULL;
+    opt_param *ps = o ? ag__calloc(total ? (size_t)total : 1, sizeof *ps) : NULL;
     if (!ps) {
         ag__free(o);
         ag_named_tensors_free(&nt);
         return NULL;
     }
     o->kind = kind;
-    o->n = nt.n;
+    o->n = total;
     o->ps = ps;
-    for (int i = 0; i < nt.n; i++) {
-        ps[i].p = nt.tensors[i];
-        ag__tensor_retain(ps[i].p);
+    for (int i = 0, k = 0; i < nt.n; i++) {
+        ag_tensor *flat[64];
+        int nf = ag_subclass_flatten_tensors(&nt.tensors[i], 1, flat, 64);
+        for (int f = 0; f < nf; f++, k++) {
+            ps[k].p = flat[f];
+            ag__tensor_retain(ps[k].p);
+            if (ag_tensor_subclass(nt.tensors[i])) {
+                ps[k].outer = ag_tensor_keep(nt.tensors[i]);
+                ps[k].inner = f;
+            }
+        }
     }
     ag_named_tensors_free(&nt);
     return o;
@@ -128,6 +152,7 @@ void ag_optim_free(ag_optim *o) {
         return;
     for (int i = 0; i < o->n; i++) {
         ag_tensor_free(o->ps[i].p);
+        ag_tensor_free(o->ps[i].outer);
         ag_tensor_free(o->ps[i].s1);
         ag_tensor_free(o->ps[i].s2);
     }
@@ -144,7 +169,7 @@ void ag_optim_zero_grad(ag_optim *o) {
     if (!o)
         return;
     for (int i = 0; i < o->n; i++)
-        ag_tensor_set_grad(o->ps[i].p, NULL);
+        ag_tensor_set_grad(o->ps[i].outer ? o->ps[i].outer : o->ps[i].p, NULL);
 }
 
 /* ---- the update loops ----
@@ -266,9 +291,22 @@ static int prepare(ag_optim *o, const char *who) {
         ag_tensor *p = q->p, *g = p->grad;
         q->g = NULL;
         q->gtmp = false;
+        char b[128];
+        if (q->outer && (g = q->outer->grad)) {
+            ag_tensor *flat[64];
+            const ag_subclass_type *want = ag_tensor_subclass(q->outer);
+            if (ag_tensor_subclass(g) != want ||
+                ag_subclass_flatten_tensors(&g, 1, flat, 64) !=
+                    ag_subclass_flatten_tensors(&q->outer, 1, NULL, 0))
+                return ag__err(AG_EINVAL,
+                               "%s: parameter %d is a %s but its gradient is a %s of another "
+                               "structure",
+                               who, i, want->name,
+                               ag_tensor_subclass(g) ? ag_tensor_subclass(g)->name : "plain tensor");
+            g = flat[q->inner];
+        }
         if (!g)
             continue;
-        char b[128];
         if (!ag_dtype_is_float(p->dtype) || !ag_tensor_is_contiguous(p) || !p->storage->data)
             return ag__err(AG_EINVAL,
                            "%s: parameter %d (%s) must be a contiguous float32 or "
@@ -326,6 +364,8 @@ int ag_optim_step(ag_optim *o) {
         q->step++;
         update_param(o, q);
         ag_tensor_bump_version(q->p);
+        if (q->outer)
+            ag_tensor_bump_version(q->outer);
         if (q->s1)
             ag_tensor_bump_version(q->s1);
         if (q->s2)

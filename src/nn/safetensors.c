@@ -33,7 +33,7 @@
 /* The format's cap on the header size (safetensors refuses larger headers too). */
 #define ST_MAX_HEADER (100u << 20)
 
-static const char *const st_dtype[AG_NDTYPES] = {"F32", "F64", "I64", "BOOL"};
+static const char *const st_dtype[AG_NDTYPES] = {"F32", "F64", "I64", "BOOL", "I8"};
 
 /* ---- jansson through the library's allocator ---- */
 

@@ -88,5 +88,15 @@ void ag__iter_row_offsets(const ag__iter *it, int64_t r, int64_t *off);
         AG__CASE(AG_BOOL, bool, T, __VA_ARGS__)                                                \
         AG__BAD_DTYPE(dt)                                                                      \
     }
+/* Every dtype, int8 included (copies and dtype conversions only: int8 has no arithmetic). */
+#define AG__COPY_SWITCH(dt, T, ...)                                                            \
+    switch (dt) {                                                                              \
+        AG__CASE(AG_F32, float, T, __VA_ARGS__)                                                \
+        AG__CASE(AG_F64, double, T, __VA_ARGS__)                                               \
+        AG__CASE(AG_I64, int64_t, T, __VA_ARGS__)                                              \
+        AG__CASE(AG_BOOL, bool, T, __VA_ARGS__)                                                \
+        AG__CASE(AG_I8, int8_t, T, __VA_ARGS__)                                                \
+        AG__BAD_DTYPE(dt)                                                                      \
+    }
 
 #endif

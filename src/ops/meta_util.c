@@ -24,9 +24,9 @@ int ag__broadcast(const char *op, int na, const int64_t *a, int nb, const int64_
 }
 
 ag_dtype ag__promote(ag_dtype a, ag_dtype b) {
-    /* Ranks: bool 0, i64 1, f32 2, f64 3. */
-    static const int rank[] = {2, 3, 1, 0};
-    static const ag_dtype of_rank[] = {AG_BOOL, AG_I64, AG_F32, AG_F64};
+    /* Ranks: bool 0, i8 1, i64 2, f32 3, f64 4 (indexed by dtype: f32, f64, i64, bool, i8). */
+    static const int rank[] = {3, 4, 2, 0, 1};
+    static const ag_dtype of_rank[] = {AG_BOOL, AG_I8, AG_I64, AG_F32, AG_F64};
     int r = rank[a] > rank[b] ? rank[a] : rank[b];
     return of_rank[r];
 }

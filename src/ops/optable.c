@@ -554,6 +554,14 @@ static int call_raw(const ag_op *op, const ag_arg *full, ag_tensor **outs, int *
         return ag__err(AG_EINVAL, "%s: %d outputs (at most %d)", op->name, nouts, AG_MAX_OUTPUTS);
     if ((rc = ag__check_out_metas(op->name, metas, nouts)))
         return rc;
+    /* A tensor subclass argument: autograd above, the type's dispatch instead of the kernel. */
+    const ag_subclass_type *sub = ag__subclass_dispatcher(op, full);
+    if (sub) {
+        rc = ag__subclass_call(sub, op, full, metas, nouts, outs);
+        if (rc == 0)
+            *nouts_p = nouts;
+        return rc;
+    }
 
     /* A meta input (or tracing mode) makes the whole call symbolic: no kernel runs. */
     bool meta = ts->tracing;

@@ -905,7 +905,7 @@ static const ag_opdef op_clone = {
     .flags = 0,
     .meta = clone_meta,
     .kernel = copy_kernel,
-    .dtypes = AG_DT_ALL,
+    .dtypes = AG_DT_ALL | (1u << AG_I8), /* int8: copies and conversions */
     .backward = identity_backward,
     .samples = unary_samples,
 };
@@ -957,7 +957,7 @@ static const ag_opdef op_to_copy = {
     .flags = 0,
     .meta = to_copy_meta,
     .kernel = copy_kernel,
-    .dtypes = AG_DT_ALL,
+    .dtypes = AG_DT_ALL | (1u << AG_I8), /* int8: copies and conversions */
     .backward = to_copy_backward,
     .samples = to_copy_samples,
 };

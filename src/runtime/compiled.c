@@ -17,12 +17,14 @@
  * intermediates as views of their base; metadata mutations are applied to the caller's
  * tensors. A joint with functionalized random ops gets the generator's state as its philox
  * inputs and advances the generator by what it drew (rng_wrap.c), in the forward and in the
- * backward. */
+ * backward. Tensor subclass inputs and outputs are unwrapped and rewrapped around this
+ * callable (subclass.c): the flat inputs are then the instances' inner tensors. */
 #include "../graph/graph_internal.h"
 #include "../export/alias.h"
 #include "aotgrad/compile.h"
 #include "effects_internal.h"
 #include "rng_wrap.h"
+#include "subclass.h"
 
 #include <stdio.h>
 
@@ -51,6 +53,12 @@ struct ag_compiled {
     int nflat, nmetamut, ninter, nnode;
     int *node_of_user;      /* per user output: its autograd-node output, or -1 */
     ag_tmeta *fw_out_meta;  /* per forward output (before saved values): its geometry */
+    /* Tensor subclasses (subclass.c): the backward graph's output that is each primal's
+     * gradient, or -1 (found by descriptor: an input without a gradient has one None however
+     * many primals it flattened into), and the structures to unwrap and rewrap, or NULL. */
+    int *grad_slot;
+    int nbw_grads;
+    ag__subx_info *sub;
 };
 
 static void compiled_release(ag_compiled *c) {
@@ -69,6 +77,8 @@ static void compiled_release(ag_compiled *c) {
     ag__free(c->out_diff);
     ag__free(c->node_of_user);
     ag__free(c->fw_out_meta);
+    ag__free(c->grad_slot);
+    ag__subx_info_release(c->sub);
     ag__joint_alias_clear(&c->alias);
     ag__free(c);
 }
@@ -126,8 +136,10 @@ ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts) {
     c->grad_out = ag__calloc((size_t)np, sizeof *c->grad_out);
     c->node_of_user = ag__calloc((size_t)nu, sizeof *c->node_of_user);
     c->fw_out_meta = ag__calloc((size_t)(nfwo ? nfwo : 1), sizeof *c->fw_out_meta);
+    c->grad_slot = ag__calloc((size_t)np, sizeof *c->grad_slot);
+    c->sub = ag__subx_info_retain(ag__joint_subclass_info(j));
     if (!c->in_info || !c->in_meta || !c->out_info || !c->out_diff || !c->tangent_of ||
-        !c->grad_out || !c->node_of_user || !c->fw_out_meta ||
+        !c->grad_out || !c->node_of_user || !c->fw_out_meta || !c->grad_slot ||
         ag__joint_alias_copy(&c->alias, ag__joint_alias_of(j)))
         goto fail;
     const ag_graph *g = ag_joint_graph(j);
@@ -202,13 +214,20 @@ ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts) {
             c->rng_bw.seed_in -= c->ntok_bw;
             c->rng_bw.offset_in -= c->ntok_bw;
         }
-        if (nbo != c->nprimals + c->ntok_bw + (c->rng_bw.offset_out >= 0)) {
+        c->nbw_grads = nbo - c->ntok_bw - (c->rng_bw.offset_out >= 0);
+        if (c->sub) {
+            if (ag__subx_grad_slots(bo, ph + c->ntok_fw, c->nprimals, c->grad_slot))
+                goto fail;
+        } else if (c->nbw_grads != c->nprimals) {
             ag__err(AG_EINVAL, "compile: the backward graph has %d outputs for %d primals and %d "
                                "effect tokens", nbo, c->nprimals, c->ntok_bw);
             goto fail;
+        } else {
+            for (int i = 0; i < c->nprimals; i++)
+                c->grad_slot[i] = i;
         }
         for (int i = 0; i < c->nprimals; i++)
-            c->grad_out[i] = ag_node_arg(bo, 0)->u.nodes[i] != NULL;
+            c->grad_out[i] = c->grad_slot[i] >= 0 && ag_node_arg(bo, 0)->u.nodes[c->grad_slot[i]];
     } else {
         c->fw = ag_graph_copy(g);
         if (!c->fw)
@@ -272,7 +291,7 @@ static int compiled_backward(void *ud, ag_tensor *const *gout, int nout, ag_tens
                                       "graph input %d) was modified by an inplace operation "
                                       "after the forward", c->saved_primal[i]);
     int nbin = c->nsaved + c->ntangents + ag__rng_wrap_num_inputs(&c->rng_bw);
-    int ngrads = c->nprimals + 1; /* the updated philox offset may follow the grads */
+    int ngrads = c->nbw_grads + 1; /* the updated philox offset may follow the grads */
     ag_tensor **bin = ag__calloc((size_t)(nbin ? nbin : 1), sizeof *bin);
     ag_tensor **grads = ag__calloc((size_t)ngrads, sizeof *grads);
     int rc = bin && grads ? 0 : AG_ENOMEM;
@@ -304,13 +323,13 @@ static int compiled_backward(void *ud, ag_tensor *const *gout, int nout, ag_tens
     }
     /* The engine runs this inside a scope, which owns what run_graph returned. */
     for (int j = 0; rc == 0 && j < nin; j++) {
-        int p = s->rg_primal[j];
+        int p = c->grad_slot[s->rg_primal[j]];
         if (needs[j] && grads[p]) {
             /* A gradient made by the executor for this input alone may become a leaf's .grad
              * uncopied; one that is also another input's gradient, or is one of the backward's
              * own inputs (a tangent passed straight through), must be copied. */
             bool shared = false;
-            for (int q = 0; q < c->nprimals && !shared; q++)
+            for (int q = 0; q < c->nbw_grads && !shared; q++)
                 shared = q != p && grads[q] == grads[p];
             for (int q = 0; q < nbin && !shared; q++)
                 shared = bin[q] == grads[p];
@@ -350,6 +369,13 @@ static ag_tensor *regen_output(ag_compiled *c, int k, ag_tensor *const *prim, ag
 
 int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_tensor **outs,
                      int max_out) {
+    if (c->sub) /* unwraps subclass inputs, calls the plain callable, rewraps */
+        return ag__subx_call(c, c->sub, inputs, ninputs, outs, max_out);
+    return ag__compiled_call_flat(c, inputs, ninputs, outs, max_out);
+}
+
+int ag__compiled_call_flat(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_tensor **outs,
+                           int max_out) {
     if (ninputs != c->nflat)
         return ag__err(AG_EINVAL, "compiled: %d inputs given, the exported function takes %d "
                                   "(params, buffers, args)", ninputs, c->nflat);

@@ -529,6 +529,12 @@ ag_graph *ag_trace(ag_trace_fn fn, void *ud, ag_tensor *const *inputs, int ninpu
             rc = ag__has_error() ? ag_last_status() : ag__err(AG_EINVAL, "trace: input %d is NULL", i);
             break;
         }
+        if (t->sub) {
+            rc = ag__err(AG_ENOTSUP, "trace: input %d is a %s (a tensor subclass); ag_trace takes "
+                                     "plain tensors (ag_export_joint flattens subclasses)",
+                         i, ag_tensor_subclass(t)->name);
+            break;
+        }
         ag_tmeta m;
         ag__tmeta_of(t, &m);
         char nm[32];

@@ -1,0 +1,571 @@
+/* Tensor subclasses in ag_export_joint: upstream's aot_dispatch_subclass for the joint
+ * (spec section 6.3, item 4), with static shapes.
+ *
+ * In: the outer inputs of an export (params, buffers, args, kwargs), some of them subclass
+ * instances, and after the forward the outer user outputs. Out: the flattened calling
+ * convention the joint graph has, and the record (ag__subx_info) the compiled callable uses to
+ * unwrap inputs and rewrap outputs and gradients.
+ *
+ *   primals   each outer input flattened recursively into its plain inner tensors, in attrs
+ *             order: SubclassGetAttrAOTInput(base=ParamAOTInput(target='w'), attr='a'), ...
+ *             (a plain input keeps its own descriptor);
+ *   outputs   each user output flattened: SubclassGetAttrAOTOutput(base=PlainAOTOutput(idx=k),
+ *             attr='a'); an input mutation of an inner tensor is
+ *             SubclassGetAttrAOTOutput(base=InputMutationAOTOutput(<outer>), attr=...);
+ *   tangents  one per plain inner tensor of an output that gets a tangent:
+ *             SubclassGetAttrAOTInput(base=TangentAOTInput(output=PlainAOTOutput(idx=k)), 'a');
+ *   grads     per outer input, its gradient flattened:
+ *             SubclassGetAttrAOTOutput(base=GradAOTOutput(grad_of=ParamAOTInput('w')), 'a'),
+ *             or one None for an input without a gradient (as upstream, which unwraps the
+ *             list of gradients, a None staying one None).
+ * Shapes are static, so no SubclassSize/SubclassStride descriptors are made.
+ *
+ * Autograd runs at the outer level, as in eager: the forward's autograd nodes are recorded on
+ * the outer tensors, the tangents of a subclass output are wrapped into an instance of the
+ * output's structure, and ag_grad differentiates with respect to the outer inputs; the
+ * subclasses' dispatch callbacks emit the inner ops the trace records. A gradient must have
+ * its input's structure (a TwoTensor's gradient is a TwoTensor, a plain input's is plain): the
+ * compiled callable pairs gradients with primals by descriptor. */
+#include "subclass.h"
+#include "../nn/nn_internal.h"
+
+#include <stdio.h>
+
+struct ag__subx {
+    /* outer inputs */
+    int nin;
+    ag_tensor **in;    /* borrowed */
+    ag_desc **in_desc; /* owned */
+    ag__scmeta *in_meta;
+    ag__scmeta *grad_meta;
+    int *in_start; /* first flattened primal of each outer input; [nin] = nflat */
+    int nstatic, nstatic_outer;
+    const ag_named_tensors *ps, *bs; /* the module's parameters and buffers (borrowed) */
+    /* this pass: the outer tensors the forward sees (references), and the module tensors they
+     * replace while it runs */
+    ag_tensor **cur;
+    ag_tensor **swapped;
+    bool pass_owned; /* made by ag__subx_outputs for this pass only (plain inputs) */
+    /* flattened primals */
+    int nflat;
+    ag_tensor **flat;
+    ag_desc **flat_desc; /* owned */
+    int *flat_of;        /* outer input of each */
+    /* outer outputs and their flattening */
+    int nout;
+    ag_tensor **out; /* references of ours */
+    ag__scmeta *out_meta;
+    int *out_start; /* [nout] = nout_flat */
+    int nout_flat;
+    int *oflat_of;
+    ag_desc **oflat_desc; /* owned */
+};
+
+static void metas_free(ag__scmeta *m, int n) {
+    for (int i = 0; m && i < n; i++)
+        ag__scmeta_clear(&m[i]);
+    ag__free(m);
+}
+
+void ag__subx_free(ag__subx *sx) {
+    if (!sx)
+        return;
+    for (int i = 0; sx->in_desc && i < sx->nin; i++)
+        ag_desc_release(sx->in_desc[i]);
+    for (int i = 0; sx->flat_desc && i < sx->nflat; i++)
+        ag_desc_release(sx->flat_desc[i]);
+    for (int i = 0; sx->out && i < sx->nout; i++)
+        ag_tensor_free(sx->out[i]);
+    for (int i = 0; sx->oflat_desc && i < sx->nout_flat; i++)
+        ag_desc_release(sx->oflat_desc[i]);
+    ag__free(sx->in);
+    ag__free(sx->in_desc);
+    metas_free(sx->in_meta, sx->nin);
+    metas_free(sx->grad_meta, sx->nin);
+    ag__free(sx->in_start);
+    for (int i = 0; sx->cur && i < sx->nin; i++)
+        ag_tensor_free(sx->cur[i]);
+    ag__free(sx->cur);
+    ag__free(sx->swapped);
+    ag__free(sx->flat);
+    ag__free(sx->flat_desc);
+    ag__free(sx->flat_of);
+    ag__free(sx->out);
+    metas_free(sx->out_meta, sx->nout);
+    ag__free(sx->out_start);
+    ag__free(sx->oflat_of);
+    ag__free(sx->oflat_desc);
+    ag__free(sx);
+}
+
+/* ---- the record ---- */
+
+void ag__subx_info_release(ag__subx_info *info) {
+    if (!info || --info->refcount > 0)
+        return;
+    metas_free(info->in, info->nin);
+    metas_free(info->grad, info->nin);
+    metas_free(info->out, info->nout);
+    ag__free(info);
+}
+
+ag__subx_info *ag__subx_info_retain(ag__subx_info *info) {
+    if (info)
+        info->refcount++;
+    return info;
+}
+
+int ag__subx_finish(ag__subx *sx, ag__subx_info **out) {
+    *out = NULL;
+    if (!sx)
+        return 0;
+    ag__subx_info *info = ag__calloc(1, sizeof *info);
+    if (!info)
+        return AG_ENOMEM;
+    info->refcount = 1;
+    info->nin = sx->nin;
+    info->nout = sx->nout;
+    info->nstatic = sx->nstatic;
+    info->nflat_in = sx->nflat;
+    info->nflat_out = sx->nout_flat;
+    size_t ci = (size_t)(sx->nin ? sx->nin : 1), co = (size_t)(sx->nout ? sx->nout : 1);
+    info->in = ag__calloc(ci, sizeof *info->in);
+    info->grad = ag__calloc(ci, sizeof *info->grad);
+    info->out = ag__calloc(co, sizeof *info->out);
+    int rc = info->in && info->grad && info->out ? 0 : AG_ENOMEM;
+    for (int i = 0; i < sx->nin && rc == 0; i++)
+        if ((rc = ag__scmeta_copy(&info->in[i], &sx->in_meta[i])) == 0)
+            rc = ag__scmeta_copy(&info->grad[i], &sx->grad_meta[i]);
+    for (int k = 0; k < sx->nout && rc == 0; k++)
+        rc = ag__scmeta_copy(&info->out[k], &sx->out_meta[k]);
+    if (rc) {
+        ag__subx_info_release(info);
+        return rc;
+    }
+    *out = info;
+    return 0;
+}
+
+/* ---- inputs ---- */
+
+/* Builds the state over n outer inputs (tensors borrowed, descriptors taken over). */
+static int subx_new(ag__subx **out, ag_tensor *const *in, ag_desc **descs, int n,
+                    int nstatic_outer) {
+    ag__subx *sx = ag__calloc(1, sizeof *sx);
+    size_t cn = (size_t)(n ? n : 1);
+    if (sx) {
+        sx->nin = n;
+        sx->in = ag__calloc(cn, sizeof *sx->in);
+        sx->in_desc = ag__calloc(cn, sizeof *sx->in_desc);
+        sx->in_meta = ag__calloc(cn, sizeof *sx->in_meta);
+        sx->grad_meta = ag__calloc(cn, sizeof *sx->grad_meta);
+        sx->in_start = ag__calloc(cn + 1, sizeof *sx->in_start);
+        sx->cur = ag__calloc(cn, sizeof *sx->cur);
+        sx->swapped = ag__calloc(cn, sizeof *sx->swapped);
+    }
+    if (!sx || !sx->in || !sx->in_desc || !sx->in_meta || !sx->grad_meta || !sx->in_start ||
+        !sx->cur || !sx->swapped) {
+        for (int i = 0; i < n; i++)
+            ag_desc_release(descs[i]);
+        if (sx)
+            sx->nin = 0;
+        ag__subx_free(sx);
+        return AG_ENOMEM;
+    }
+    for (int i = 0; i < n; i++) {
+        sx->in[i] = in[i];
+        sx->in_desc[i] = descs[i];
+        sx->in_meta[i].nflat = sx->grad_meta[i].nflat = 1;
+    }
+    int rc = 0, nf = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        rc = ag__scmeta_of(in[i], &sx->in_meta[i]);
+        sx->in_start[i] = nf;
+        nf += sx->in_meta[i].nflat;
+    }
+    sx->in_start[n] = nf;
+    sx->nflat = nf;
+    sx->nstatic = nstatic_outer < n ? sx->in_start[nstatic_outer] : nf;
+    sx->nstatic_outer = nstatic_outer;
+    size_t cf = (size_t)(nf ? nf : 1);
+    if (rc == 0) {
+        sx->flat = ag__calloc(cf, sizeof *sx->flat);
+        sx->flat_desc = ag__calloc(cf, sizeof *sx->flat_desc);
+        sx->flat_of = ag__calloc(cf, sizeof *sx->flat_of);
+        rc = sx->flat && sx->flat_desc && sx->flat_of ? 0 : AG_ENOMEM;
+    }
+    for (int i = 0; i < n && rc == 0; i++) {
+        int s = sx->in_start[i];
+        ag_subclass_flatten_tensors(&in[i], 1, sx->flat + s, sx->in_meta[i].nflat);
+        rc = ag__scmeta_descs(&sx->in_meta[i], sx->in_desc[i], sx->flat_desc + s);
+        for (int k = 0; k < sx->in_meta[i].nflat; k++)
+            sx->flat_of[s + k] = i;
+    }
+    if (rc) {
+        ag__subx_free(sx);
+        return rc;
+    }
+    *out = sx;
+    return 0;
+}
+
+int ag__subx_begin(ag__subx **sx, const ag_named_tensors *ps, const ag_named_tensors *bs,
+                   ag_tensor *const *args, int nargs, ag_tensor *const *kwargs, int nkwargs) {
+    *sx = NULL;
+    int n = ps->n + bs->n + nargs + nkwargs;
+    bool any = false;
+    for (int i = 0; i < ps->n; i++)
+        any |= ag_tensor_subclass(ps->tensors[i]) != NULL;
+    for (int i = 0; i < bs->n; i++)
+        any |= ag_tensor_subclass(bs->tensors[i]) != NULL;
+    for (int i = 0; i < nargs; i++)
+        any |= ag_tensor_subclass(args[i]) != NULL;
+    for (int i = 0; i < nkwargs; i++)
+        any |= ag_tensor_subclass(kwargs[i]) != NULL;
+    if (!any)
+        return 0;
+    ag_tensor **in = ag__calloc((size_t)(n ? n : 1), sizeof *in);
+    ag_desc **d = ag__calloc((size_t)(n ? n : 1), sizeof *d);
+    int rc = in && d ? 0 : AG_ENOMEM;
+    for (int i = 0; i < n && rc == 0; i++) {
+        if (i < ps->n) {
+            in[i] = ps->tensors[i];
+            d[i] = ag_desc_param(ps->names[i]);
+        } else if (i < ps->n + bs->n) {
+            in[i] = bs->tensors[i - ps->n];
+            d[i] = ag_desc_buffer(bs->names[i - ps->n]);
+        } else {
+            int u = i - ps->n - bs->n;
+            in[i] = u < nargs ? args[u] : kwargs[u - nargs];
+            d[i] = ag_desc_plain_input(u);
+        }
+        if (!d[i])
+            rc = ag_last_status();
+    }
+    if (rc == 0) {
+        rc = subx_new(sx, in, d, n, ps->n + bs->n); /* takes the descriptors */
+        if (rc == 0) {
+            (*sx)->ps = ps;
+            (*sx)->bs = bs;
+        }
+    } else {
+        for (int i = 0; d && i < n; i++)
+            ag_desc_release(d[i]);
+    }
+    ag__free(in);
+    ag__free(d);
+    return rc;
+}
+
+int ag__subx_num_flat(const ag__subx *sx) {
+    return sx->nflat;
+}
+
+ag_tensor *ag__subx_flat(const ag__subx *sx, int i, ag_desc **desc) {
+    *desc = ag_desc_retain(sx->flat_desc[i]);
+    return sx->flat[i];
+}
+
+bool ag__subx_flat_requires_grad(const ag__subx *sx, int i) {
+    const ag_tensor *o = sx->in[sx->flat_of[i]];
+    return ag_tensor_requires_grad(o) && ag_dtype_is_float(ag_tensor_dtype(o)) &&
+           ag_dtype_is_float(ag_tensor_dtype(sx->flat[i]));
+}
+
+bool ag__subx_flat_is_inner(const ag__subx *sx, int i) {
+    return sx->in_meta[sx->flat_of[i]].type != NULL;
+}
+
+/* ---- one export pass ---- */
+
+int ag__subx_pass_begin(ag__subx *sx, ag_module *m, ag_tensor *const *inner, ag_tensor ***user) {
+    int rc = 0;
+    for (int o = 0; o < sx->nin && rc == 0; o++) {
+        const ag__scmeta *mt = &sx->in_meta[o];
+        ag_tensor *t;
+        if (!mt->type) {
+            t = ag_tensor_keep(inner[sx->in_start[o]]);
+        } else {
+            ag_scope_begin();
+            t = ag_tensor_keep(ag__scmeta_wrap(mt, inner + sx->in_start[o]));
+            ag_scope_end();
+            if (t)
+                t->requires_grad = sx->in[o]->requires_grad;
+        }
+        if (!t) {
+            rc = ag_last_status() ? ag_last_status() : AG_ENOMEM;
+            break;
+        }
+        sx->cur[o] = t;
+    }
+    /* The module's parameters and buffers are the pass's tensors while the forward runs. */
+    for (int o = 0; o < sx->nstatic_outer && rc == 0 && m; o++) {
+        bool param = o < sx->ps->n;
+        const char *fqn = param ? sx->ps->names[o] : sx->bs->names[o - sx->ps->n];
+        sx->swapped[o] = ag__module_swap_tensor(m, fqn, param, sx->cur[o]);
+    }
+    *user = sx->cur + sx->nstatic_outer;
+    return rc;
+}
+
+void ag__subx_pass_end(ag__subx *sx, ag_module *m) {
+    for (int o = sx->nstatic_outer - 1; o >= 0; o--) { /* reversed: tied names restore last */
+        if (sx->swapped[o] && m) {
+            bool param = o < sx->ps->n;
+            const char *fqn = param ? sx->ps->names[o] : sx->bs->names[o - sx->ps->n];
+            ag__module_swap_tensor(m, fqn, param, sx->swapped[o]);
+        }
+        sx->swapped[o] = NULL;
+    }
+    for (int o = 0; o < sx->nin; o++) {
+        ag_tensor_free(sx->cur[o]);
+        sx->cur[o] = NULL;
+    }
+    /* The outputs are the pass's. */
+    for (int k = 0; sx->out && k < sx->nout; k++)
+        ag_tensor_free(sx->out[k]);
+    for (int e = 0; sx->oflat_desc && e < sx->nout_flat; e++)
+        ag_desc_release(sx->oflat_desc[e]);
+    metas_free(sx->out_meta, sx->nout);
+    ag__free(sx->out);
+    ag__free(sx->out_start);
+    ag__free(sx->oflat_of);
+    ag__free(sx->oflat_desc);
+    sx->out = NULL;
+    sx->out_meta = NULL;
+    sx->out_start = sx->oflat_of = NULL;
+    sx->oflat_desc = NULL;
+    sx->nout = sx->nout_flat = 0;
+}
+
+bool ag__subx_pass_owned(const ag__subx *sx) { return sx && sx->pass_owned; }
+int ag__subx_num_static(const ag__subx *sx) { return sx->nstatic; }
+
+/* ---- outputs ---- */
+
+int ag__subx_outputs(ag__subx **sxp, ag_tensor **outs, int nouts, int max_out,
+                     ag_tensor *const *flat, ag_desc *const *flat_descs, int nflat, int nstatic) {
+    bool any = false;
+    for (int k = 0; k < nouts; k++)
+        any |= ag_tensor_subclass(outs[k]) != NULL;
+    if (!*sxp && !any)
+        return nouts;
+    if (!*sxp) { /* plain inputs: the flat primals are the outer inputs */
+        ag_desc **d = ag__calloc((size_t)(nflat ? nflat : 1), sizeof *d);
+        if (!d)
+            return AG_ENOMEM;
+        for (int i = 0; i < nflat; i++)
+            d[i] = ag_desc_retain(flat_descs[i]);
+        int rc = subx_new(sxp, flat, d, nflat, nstatic);
+        ag__free(d);
+        if (rc)
+            return rc;
+        (*sxp)->pass_owned = true;
+        for (int i = 0; i < nflat; i++)
+            (*sxp)->cur[i] = ag_tensor_keep(flat[i]);
+    }
+    ag__subx *sx = *sxp;
+    size_t cn = (size_t)(nouts ? nouts : 1);
+    sx->out = ag__calloc(cn, sizeof *sx->out);
+    sx->out_meta = ag__calloc(cn, sizeof *sx->out_meta);
+    sx->out_start = ag__calloc(cn + 1, sizeof *sx->out_start);
+    if (!sx->out || !sx->out_meta || !sx->out_start)
+        return AG_ENOMEM;
+    sx->nout = nouts;
+    for (int k = 0; k < nouts; k++)
+        sx->out_meta[k].nflat = 1;
+    int nf = 0;
+    for (int k = 0; k < nouts; k++) {
+        if (!outs[k])
+            return ag__err(AG_EINVAL, "export: output %d is NULL", k);
+        if (ag__scmeta_of(outs[k], &sx->out_meta[k]))
+            return AG_ENOMEM;
+        sx->out_start[k] = nf;
+        nf += sx->out_meta[k].nflat;
+    }
+    sx->out_start[nouts] = nf;
+    if (nf > max_out)
+        return ag__err(AG_ENOTSUP, "export: the outputs flatten into %d plain tensors (at most %d)",
+                       nf, max_out);
+    size_t cf = (size_t)(nf ? nf : 1);
+    sx->oflat_of = ag__calloc(cf, sizeof *sx->oflat_of);
+    sx->oflat_desc = ag__calloc(cf, sizeof *sx->oflat_desc);
+    if (!sx->oflat_of || !sx->oflat_desc)
+        return AG_ENOMEM;
+    sx->nout_flat = nf;
+    for (int k = 0; k < nouts; k++) {
+        ag_desc *base = ag_desc_plain_output(k);
+        int rc = base ? ag__scmeta_descs(&sx->out_meta[k], base, sx->oflat_desc + sx->out_start[k])
+                      : ag_last_status();
+        ag_desc_release(base);
+        if (rc)
+            return rc;
+        for (int e = sx->out_start[k]; e < sx->out_start[k + 1]; e++)
+            sx->oflat_of[e] = k;
+    }
+    /* Keep the outer outputs, then put their plain tensors in their place. */
+    for (int k = 0; k < nouts; k++)
+        sx->out[k] = ag_tensor_keep(outs[k]);
+    ag_subclass_flatten_tensors(sx->out, nouts, outs, max_out);
+    return nf;
+}
+
+int ag__subx_num_outer_outputs(const ag__subx *sx) {
+    return sx->nout;
+}
+
+bool ag__subx_out_requires_grad(const ag__subx *sx, int k) {
+    return ag_tensor_requires_grad(sx->out[sx->oflat_of[k]]);
+}
+
+ag_desc *ag__subx_out_desc(const ag__subx *sx, int k) {
+    return ag_desc_retain(sx->oflat_desc[k]);
+}
+
+ag_desc *ag__subx_mutation_desc(const ag__subx *sx, int i) {
+    int o = sx->flat_of[i];
+    ag_desc *base = ag_desc_input_mutation(sx->in_desc[o]);
+    ag_desc *all[64] = {0}, *r = NULL;
+    if (!base)
+        return NULL;
+    if (sx->in_meta[o].nflat > 64) {
+        ag_desc_release(base);
+        return ag__err(AG_ENOTSUP, "export: input %d flattens into %d tensors (at most 64)", o,
+                       sx->in_meta[o].nflat),
+               NULL;
+    }
+    if (ag__scmeta_descs(&sx->in_meta[o], base, all) == 0) {
+        r = ag_desc_retain(all[i - sx->in_start[o]]);
+        for (int e = 0; e < sx->in_meta[o].nflat; e++)
+            ag_desc_release(all[e]);
+    }
+    ag_desc_release(base);
+    return r;
+}
+
+/* ---- tangents and gradients ---- */
+
+static bool gets_tangent(const ag_output_info *oi, const ag_tensor *t) {
+    return oi->requires_grad &&
+           (oi->alias == AG_OUT_NON_ALIAS || oi->alias == AG_OUT_UNSAFE_VIEW_ALIAS) &&
+           ag_dtype_is_float(t->dtype);
+}
+
+int ag__subx_backward(ag__subx *sx, ag_graph *g, ag__tracer *T, const ag_output_info *out_info,
+                      ag_node **out_nodes, ag_desc **out_descs, int *no, ag_desc **tangent_descs,
+                      int *ntangents) {
+    size_t cn = (size_t)(sx->nout ? sx->nout : 1), ci = (size_t)(sx->nin ? sx->nin : 1);
+    ag_tensor **roots = ag__calloc(cn, sizeof *roots), **seeds = ag__calloc(cn, sizeof *seeds);
+    ag_tensor **grad_of = ag__calloc(ci, sizeof *grad_of), **grads = ag__calloc(ci, sizeof *grads);
+    ag_tensor *flat[64];
+    ag_desc *descs[64] = {0};
+    int rc = roots && seeds && grad_of && grads ? 0 : AG_ENOMEM;
+    int nt = 0, nr = 0;
+    /* Tangents: one placeholder per plain tensor of an output that gets one, wrapped back into
+     * the output's structure to seed the backward. */
+    for (int k = 0; k < sx->nout && rc == 0; k++) {
+        int s = sx->out_start[k], n = sx->out_meta[k].nflat, cnt = 0;
+        ag_tensor *pl[64];
+        ag_subclass_flatten_tensors(&sx->out[k], 1, pl, 64);
+        for (int e = 0; e < n && e < 64; e++)
+            cnt += gets_tangent(&out_info[s + e], pl[e]);
+        if (cnt == 0)
+            continue;
+        if (cnt != n || n > 64) {
+            rc = ag__err(AG_ENOTSUP,
+                         "export: output %d is a %s whose inner tensors cannot all "
+                         "carry a gradient (%d of %d can)",
+                         k, ag__scmeta_name(&sx->out_meta[k]), cnt, n);
+            break;
+        }
+        ag_desc *od = ag_desc_plain_output(k), *td = od ? ag_desc_tangent(od) : NULL;
+        rc = td ? ag__scmeta_descs(&sx->out_meta[k], td, descs) : ag_last_status();
+        ag_desc_release(od);
+        ag_desc_release(td);
+        for (int e = 0; e < n && rc == 0; e++) {
+            char name[32];
+            snprintf(name, sizeof name, "tangents_%d", nt + 1);
+            ag_tmeta mt;
+            ag__tmeta_contiguous(&mt, pl[e]->dtype, pl[e]->ndim, pl[e]->sizes);
+            ag_node *tp = ag_graph_placeholder(g, name, &mt);
+            ag_tensor *tt =
+                tp ? ag__tensor_new(pl[e]->dtype, pl[e]->ndim, pl[e]->sizes, true) : NULL;
+            if (!tt || ag_node_set_desc(tp, descs[e]) ||
+                ag_node_set_partitioner_tag(tp, "is_backward")) {
+                ag_tensor_free(tt);
+                rc = ag_last_status();
+                break;
+            }
+            tangent_descs[nt++] = descs[e];
+            descs[e] = NULL;
+            ag__tracer_bind(T, tt, tp);
+            if (!(flat[e] = ag__give(tt)))
+                rc = ag_last_status();
+        }
+        for (int e = 0; e < n; e++) {
+            ag_desc_release(descs[e]);
+            descs[e] = NULL;
+        }
+        if (rc == 0) {
+            roots[nr] = sx->out[k];
+            if (!(seeds[nr++] = ag__scmeta_wrap(&sx->out_meta[k], flat)))
+                rc = ag_last_status();
+        }
+    }
+    *ntangents = nt;
+    /* The backward, differentiating with respect to the outer inputs. */
+    int ng = 0;
+    for (int i = 0; i < sx->nin && rc == 0; i++)
+        if (ag_tensor_requires_grad(sx->cur[i]) && ag_dtype_is_float(ag_tensor_dtype(sx->cur[i])))
+            grad_of[ng++] = sx->cur[i];
+    if (rc == 0 && ng > 0 && nr > 0)
+        rc = ag_grad(roots, seeds, nr, grad_of, ng, grads, false, true);
+    /* Gradients, flattened: one None for an input without one. */
+    for (int i = 0, gi = 0; i < sx->nin && rc == 0; i++) {
+        ag_tensor *gt = NULL;
+        if (ag_tensor_requires_grad(sx->cur[i]) && ag_dtype_is_float(ag_tensor_dtype(sx->cur[i])))
+            gt = grads[gi++];
+        if (!gt) {
+            out_nodes[*no] = NULL;
+            out_descs[(*no)++] = NULL;
+            continue;
+        }
+        ag__scmeta *gm = &sx->grad_meta[i];
+        ag__scmeta_clear(gm);
+        if ((rc = ag__scmeta_of(gt, gm)))
+            break;
+        if (!ag__scmeta_same_structure(gm, &sx->in_meta[i])) {
+            char b[256];
+            ag_desc_repr(sx->in_desc[i], b, sizeof b);
+            rc = ag__err(AG_ENOTSUP,
+                         "export: the gradient of %s is a %s but the input is a %s; "
+                         "a gradient must have its input's subclass structure",
+                         b, ag__scmeta_name(gm), ag__scmeta_name(&sx->in_meta[i]));
+            break;
+        }
+        if (gm->nflat > 64) {
+            rc = ag__err(AG_ENOTSUP, "export: a gradient flattens into %d tensors (at most 64)",
+                         gm->nflat);
+            break;
+        }
+        ag_desc *gd = ag_desc_grad(sx->in_desc[i]);
+        rc = gd ? ag__scmeta_descs(gm, gd, descs) : ag_last_status();
+        ag_desc_release(gd);
+        if (rc)
+            break;
+        ag_subclass_flatten_tensors(&gt, 1, flat, 64);
+        for (int e = 0; e < gm->nflat; e++) {
+            ag_node *gn = rc == 0 ? ag__tracer_node_of(T, flat[e]) : NULL;
+            if (!gn && rc == 0)
+                rc = ag_last_status();
+            out_nodes[*no] = gn;
+            out_descs[(*no)++] = descs[e]; /* the caller releases every entry */
+            descs[e] = NULL;
+        }
+    }
+    ag__free(roots);
+    ag__free(seeds);
+    ag__free(grad_of);
+    ag__free(grads);
+    return rc;
+}
