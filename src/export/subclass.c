@@ -338,8 +338,12 @@ void ag__subx_pass_end(ag__subx *sx, ag_module *m) {
     sx->nout = sx->nout_flat = 0;
 }
 
-bool ag__subx_pass_owned(const ag__subx *sx) { return sx && sx->pass_owned; }
-int ag__subx_num_static(const ag__subx *sx) { return sx->nstatic; }
+bool ag__subx_pass_owned(const ag__subx *sx) {
+    return sx && sx->pass_owned;
+}
+int ag__subx_num_static(const ag__subx *sx) {
+    return sx->nstatic;
+}
 
 /* ---- outputs ---- */
 
