@@ -7,6 +7,8 @@
  * serves all of them at once: compiled training equals eager bit for bit, with the same side
  * effects in the same order and the generator advanced alike. */
 #include "testutil.h"
+#include "runtime/effects_internal.h"
+#include "runtime/rng_wrap.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -549,6 +551,85 @@ static void test_subclass_aliasing_refused(void **st) {
     ag_module_free(m);
 }
 
+/* The compiled callable's token and RNG wrappers keep what they feed between runs: a warm run
+ * allocates nothing, and a seed tensor still held (saved for a pending backward) is not
+ * overwritten but replaced. */
+static void test_wrappers_allocate_nothing_warm(void **st) {
+    (void)st;
+    ag_module *m;
+    ag_tensor *ex[4];
+    int nex;
+    assert_int_equal(ag_zoo_build("effects", NULL, &m, ex, 4, &nex), 0);
+    ag_joint *j = ag_export_joint(m, ex, nex, NULL, NULL, 0, NULL);
+    assert_non_null(j);
+    ag_compiled *c = ag_compile_joint(j, NULL);
+    assert_non_null(c);
+    const ag_graph *fw = ag_compiled_forward_graph(c);
+    ag_plan *p = ag_plan_new(fw, NULL);
+    assert_non_null(p);
+    ag_named_tensors ps;
+    assert_int_equal(ag_module_named_parameters(m, false, &ps), 0);
+    ag_tensor *flat[8], *prim[8], *outs[16];
+    int nf = 0;
+    for (int i = 0; i < ps.n; i++)
+        flat[nf++] = ps.tensors[i];
+    flat[nf++] = ex[0];
+    int np = ag_joint_primals_from_flat(j, flat, nf, prim, 8);
+    assert_int_equal(np, nf + 1); /* the token first */
+    ag__effect_cache e = {0};
+    int64_t calls[2];
+    for (int run = 0; run < 2; run++) {
+        tu_alloc_count_begin();
+        int n = ag__effect_tokens_run(&e, fw, p, 1, false, prim + 1, np - 1, outs, 16);
+        calls[run] = tu_alloc_count_end();
+        assert_true(n > 0);
+        for (int k = 0; k < n; k++)
+            ag_tensor_free(outs[k]);
+    }
+    assert_true(calls[0] > 0);
+    assert_int_equal(calls[1], 0);
+    ag__effect_cache_clear(&e);
+    for (int i = 0; i < np; i++)
+        ag_tensor_free(prim[i]);
+    ag_named_tensors_free(&ps);
+    ag_plan_free(p);
+    ag_compiled_free(c);
+    ag_joint_free(j);
+    ag_module_free(m);
+    ag_tensor_free(ex[0]);
+
+    /* RNG: the forward of dropout_mlp takes the generator's state. */
+    assert_int_equal(ag_zoo_build("dropout_mlp", NULL, &m, ex, 4, &nex), 0);
+    j = ag_export_joint(m, ex, nex, NULL, NULL, 0, NULL);
+    c = j ? ag_compile_joint(j, NULL) : NULL;
+    assert_non_null(c);
+    ag__rng_wrap w;
+    assert_int_equal(ag__rng_wrap_init(&w, ag_compiled_forward_graph(c), false), 0);
+    assert_true(w.seed_in >= 0 && w.offset_in >= 0);
+    ag_tensor *in[64] = {0};
+    ag_rng_set_state(5, 100);
+    assert_int_equal(ag__rng_wrap_feed(&w, in), 0);
+    ag_rng_set_state(5, 200);
+    tu_alloc_count_begin();
+    assert_int_equal(ag__rng_wrap_feed(&w, in), 0);
+    assert_int_equal(tu_alloc_count_end(), 0);
+    assert_true(ag_tensor_item_at(in[w.offset_in], 0) == 200);
+    ag_tensor *held = ag_tensor_keep(in[w.offset_in]); /* as a pending backward would */
+    ag_rng_set_state(5, 300);
+    tu_alloc_count_begin();
+    assert_int_equal(ag__rng_wrap_feed(&w, in), 0);
+    assert_true(tu_alloc_count_end() > 0);
+    assert_true(ag_tensor_item_at(held, 0) == 200);
+    assert_true(ag_tensor_item_at(in[w.offset_in], 0) == 300);
+    assert_true(ag_tensor_item_at(in[w.seed_in], 0) == 5);
+    ag_tensor_free(held);
+    ag__rng_wrap_clear(&w);
+    ag_compiled_free(c);
+    ag_joint_free(j);
+    ag_module_free(m);
+    ag_tensor_free(ex[0]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dropout_with_effects),
@@ -556,6 +637,7 @@ int main(void) {
         cmocka_unit_test(test_subclass_with_effects_and_dropout),
         cmocka_unit_test(test_subclass_with_duplicate_input),
         cmocka_unit_test(test_subclass_aliasing_refused),
+        cmocka_unit_test(test_wrappers_allocate_nothing_warm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

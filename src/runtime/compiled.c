@@ -47,6 +47,7 @@ struct ag_compiled {
     /* Philox inputs and output of each graph (rng_wrap.c), as positions in the arrays the
      * callable passes to run_graph (effect tokens excluded). */
     ag__rng_wrap rng_fw, rng_bw;
+    ag__effect_cache eff_fw, eff_bw; /* the token wrapper's state between runs */
     /* Aliasing (alias_rt.c): the autograd node's outputs are the user outputs that alias
      * nothing, then the intermediate bases; the other user outputs are regenerated. */
     ag__joint_alias alias;
@@ -79,6 +80,10 @@ static void compiled_release(ag_compiled *c) {
     ag__free(c->fw_out_meta);
     ag__free(c->grad_slot);
     ag__subx_info_release(c->sub);
+    ag__rng_wrap_clear(&c->rng_fw);
+    ag__rng_wrap_clear(&c->rng_bw);
+    ag__effect_cache_clear(&c->eff_fw);
+    ag__effect_cache_clear(&c->eff_bw);
     ag__joint_alias_clear(&c->alias);
     ag__free(c);
 }
@@ -93,11 +98,12 @@ int64_t ag_compiled_peak_bytes(const ag_compiled *c, bool backward) {
     return p ? ag_plan_peak_bytes(p) : -1;
 }
 
-static int run_graph(const ag_compiled *c, bool backward, ag_tensor *const *in, int nin,
+static int run_graph(ag_compiled *c, bool backward, ag_tensor *const *in, int nin,
                      ag_tensor **outs, int max_out) {
     int ntok = backward ? c->ntok_bw : c->ntok_fw;
     if (ntok)
-        return ag__effect_tokens_run(backward ? c->bw : c->fw,
+        return ag__effect_tokens_run(backward ? &c->eff_bw : &c->eff_fw,
+                                     backward ? c->bw : c->fw,
                                      c->interpret ? NULL : backward ? c->bw_plan : c->fw_plan, ntok,
                                      backward, in, nin, outs, max_out);
     if (c->interpret)

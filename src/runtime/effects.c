@@ -17,22 +17,54 @@ static bool is_token(const ag_desc *d) {
            k == AG_DESC_FORWARD_TOKEN_OUTPUT || k == AG_DESC_BACKWARD_TOKEN_OUTPUT;
 }
 
-int ag__effect_tokens_run(const ag_graph *g, ag_plan *p, int ntok, bool backward,
-                          ag_tensor *const *in, int nin, ag_tensor **outs, int max_out) {
+void ag__effect_cache_clear(ag__effect_cache *e) {
+    ag_tensor_free(e->tok);
+    ag__free(e->xin);
+    ag__free(e->xout);
+    *e = (ag__effect_cache){0};
+}
+
+/* e's arrays with room for nin inputs and nout outputs; 0 or AG_ENOMEM. */
+static int cache_reserve(ag__effect_cache *e, int nin, int nout) {
+    if (!e->tok && !(e->tok = ag__tensor_new(AG_F32, 1, (const int64_t[]){0}, false)))
+        return AG_ENOMEM;
+    if (nin > e->cap_in) {
+        ag_tensor **x = ag__malloc(sizeof *x * (size_t)nin);
+        if (!x)
+            return AG_ENOMEM;
+        ag__free(e->xin);
+        e->xin = x;
+        e->cap_in = nin;
+    }
+    if (nout > e->cap_out) {
+        ag_tensor **x = ag__malloc(sizeof *x * (size_t)nout);
+        if (!x)
+            return AG_ENOMEM;
+        ag__free(e->xout);
+        e->xout = x;
+        e->cap_out = nout;
+    }
+    return 0;
+}
+
+int ag__effect_tokens_run(ag__effect_cache *e, const ag_graph *g, ag_plan *p, int ntok,
+                          bool backward, ag_tensor *const *in, int nin, ag_tensor **outs,
+                          int max_out) {
     (void)backward; /* the descriptors say where the tokens are */
     ag_node **ph;
     int nph = ag_graph_placeholders(g, &ph);
     if (nph < 0)
         return nph;
     if (nph != nin + ntok)
-        return ag__err(AG_EINVAL, "compiled: the graph takes %d inputs, %d given and %d effect "
-                                  "tokens", nph, nin, ntok);
+        return ag__err(AG_EINVAL,
+                       "compiled: the graph takes %d inputs, %d given and %d effect "
+                       "tokens",
+                       nph, nin, ntok);
     ag_node *on = ag_graph_output_node(g);
-    ag_tensor **xin = ag__malloc(sizeof *xin * (size_t)(nin + ntok));
-    ag_tensor **xout = ag__calloc((size_t)(max_out + ntok), sizeof *xout);
-    ag_tensor *tok = ag__tensor_new(AG_F32, 1, (const int64_t[]){0}, false);
-    int n = xin && xout && tok ? 0 : AG_ENOMEM;
+    int n = cache_reserve(e, nin + ntok, max_out + ntok);
+    ag_tensor **xin = e->xin, **xout = e->xout, *tok = e->tok;
     if (n == 0) {
+        memset(xout, 0, sizeof *xout * (size_t)(max_out + ntok));
         /* Tokens go where the graph's token placeholders are; the caller's inputs fill the
          * others in order. */
         for (int i = 0, k = 0; i < nph; i++)
@@ -60,8 +92,5 @@ int ag__effect_tokens_run(const ag_graph *g, ag_plan *p, int ntok, bool backward
         }
         n = o;
     }
-    ag_tensor_free(tok);
-    ag__free(xin);
-    ag__free(xout);
     return n;
 }

@@ -16,6 +16,7 @@
 
 int ag__rng_wrap_init(ag__rng_wrap *w, const ag_graph *g, bool backward) {
     w->seed_in = w->offset_in = w->offset_out = -1;
+    w->seed_t = w->offset_t = NULL;
     if (!g)
         return 0;
     const ag_desc_kind seed_k =
@@ -57,16 +58,38 @@ int ag__rng_wrap_num_inputs(const ag__rng_wrap *w) {
     return w->seed_in < 0 ? 0 : 2;
 }
 
-int ag__rng_wrap_feed(const ag__rng_wrap *w, ag_tensor **in) {
+/* *slot holding v: refilled in place when the wrapper's tensor is free, else a new one. */
+static int fill_scalar(ag_tensor **slot, int64_t v) {
+    ag_tensor *t = *slot;
+    if (!t || t->refcount != 1 || t->storage->refcount != 1) {
+        ag_tensor_free(t);
+        *slot = t = ag__tensor_new(AG_I64, 0, NULL, false);
+        if (!t)
+            return ag_last_status();
+    }
+    *(int64_t *)ag__base(t) = v;
+    t->storage->version++;
+    return 0;
+}
+
+int ag__rng_wrap_feed(ag__rng_wrap *w, ag_tensor **in) {
     if (w->seed_in < 0)
         return 0;
     uint64_t seed, offset;
     ag_rng_get_state(&seed, &offset);
     /* The bits as they are: the graph's int64 arithmetic wraps as the generator's does. */
-    int64_t s = (int64_t)seed, o = (int64_t)offset;
-    in[w->seed_in] = ag_from_data(AG_I64, 0, NULL, &s);
-    in[w->offset_in] = ag_from_data(AG_I64, 0, NULL, &o);
-    return in[w->seed_in] && in[w->offset_in] ? 0 : ag_last_status();
+    int rc = fill_scalar(&w->seed_t, (int64_t)seed);
+    if (rc == 0)
+        rc = fill_scalar(&w->offset_t, (int64_t)offset);
+    in[w->seed_in] = w->seed_t;
+    in[w->offset_in] = w->offset_t;
+    return rc;
+}
+
+void ag__rng_wrap_clear(ag__rng_wrap *w) {
+    ag_tensor_free(w->seed_t);
+    ag_tensor_free(w->offset_t);
+    w->seed_t = w->offset_t = NULL;
 }
 
 int ag__rng_wrap_advance(const ag__rng_wrap *w, ag_tensor *const *outs, int nouts) {
