@@ -15,43 +15,6 @@
 
 /* ---- helpers ---- */
 
-static const char *repr(const ag_desc *d, char *b, size_t n) {
-    if (!d)
-        snprintf(b, n, "None");
-    else
-        ag_desc_repr(d, b, n);
-    return b;
-}
-
-/* Placeholders as "name: desc" lines and outputs' descriptors as ", "-separated. */
-static const char *placeholders_str(const ag_graph *g) {
-    static char out[8192];
-    size_t k = 0;
-    ag_node **ph;
-    int n = ag_graph_placeholders(g, &ph);
-    out[0] = 0;
-    for (int i = 0; i < n; i++) {
-        char b[256];
-        k += (size_t)snprintf(out + k, sizeof out - k, "%s: %s\n", ag_node_name(ph[i]),
-                              repr(ag_node_desc(ph[i]), b, sizeof b));
-    }
-    return out;
-}
-
-static const char *outputs_str(const ag_graph *g) {
-    static char out[8192];
-    size_t k = 0;
-    const ag_node *o = ag_graph_output_node(g);
-    int n = ag_node_arg(o, 0)->n;
-    out[0] = 0;
-    for (int i = 0; i < n; i++) {
-        char b[256];
-        k += (size_t)snprintf(out + k, sizeof out - k, "%s%s", i ? ", " : "",
-                              repr(ag_node_output_desc(o, i), b, sizeof b));
-    }
-    return out;
-}
-
 /* The log from record `from` on, as "tag[.grad]:sum" words (values included: the compiled
  * run must log the same numbers, not just the same tags). */
 static const char *log_str(int from, char *out, size_t cap) {
@@ -90,37 +53,6 @@ static ag_tensor *log_value(ag_tensor *x, const char *tag) {
     return ag_op_call1(ag_zoo_log_value_op(), (ag_arg[]){AG_A_T(x), AG_A_S(tag)}, 2);
 }
 
-/* combos_test::noisy(x) = 2 x; its backward multiplies the gradient by 2 (1 + U[0, 1)), a
- * fresh draw of x's size in the backward. */
-static int noisy_meta(const ag_arg *a, ag_tmeta *o) {
-    const ag_tensor *x = a[0].u.t;
-    *o = tu_tmeta(ag_tensor_dtype(x), ag_tensor_ndim(x), ag_tensor_sizes(x));
-    return 0;
-}
-static int noisy_kernel(const ag_arg *a, ag_tensor **o) {
-    float *d = ag_tensor_data(o[0]);
-    for (int64_t i = 0; i < ag_tensor_numel(o[0]); i++)
-        d[i] = (float)(2.0 * ag_tensor_item_at(a[0].u.t, i));
-    return 0;
-}
-static int noisy_backward(ag_bwctx *c) {
-    const ag_tmeta *m = &c->input_meta[0];
-    ag_tensor *u = ag_rand(m->dtype, m->ndim, m->sizes);
-    c->grad_inputs[0] = ag_mul(c->grad_outputs[0], ag_mul_scalar(ag_add_scalar(u, 1.0), 2.0));
-    return c->grad_inputs[0] ? 0 : ag_last_status();
-}
-static const ag_opdef noisy_def = {
-    .schema = "combos_test::noisy(Tensor x) -> Tensor",
-    .meta = noisy_meta,
-    .kernel = noisy_kernel,
-    .dtypes = 1u << AG_F32,
-    .backward = noisy_backward,
-};
-static const ag_op *noisy_op(void) {
-    const ag_op *op = ag_op_find("combos_test::noisy");
-    return op ? op : ag_op_register(&noisy_def);
-}
-
 /* ---- the models ---- */
 
 static ag_module *with_param(const char *type, ag_forward_fn fwd, const char *name, ag_tensor *p) {
@@ -138,7 +70,7 @@ static int drop_log_fwd(ag_module *m, ag_tensor *const *in, int nin, ag_tensor *
     (void)max_out;
     ag_scope_begin();
     ag_tensor *h = ag_dropout(ag_mul(in[0], ag_module_param(m, "w")), 0.5, true);
-    ag_tensor *y = ag_op_call1(noisy_op(), (ag_arg[]){AG_A_T(log_value(h, "h"))}, 1);
+    ag_tensor *y = ag_op_call1(tu_noisy_op(), (ag_arg[]){AG_A_T(log_value(h, "h"))}, 1);
     out[0] = ag_tensor_keep(y);
     ag_scope_end();
     return out[0] ? 1 : ag_last_status();
@@ -274,7 +206,7 @@ static void train_all_partitioners(ag_module *(*make)(void), ag_tensor *const *i
  * grads. */
 static void test_dropout_with_effects(void **st) {
     (void)st;
-    assert_non_null(noisy_op());
+    assert_non_null(tu_noisy_op());
     ag_manual_seed(3);
     ag_module *m = drop_log_module();
     ag_tensor *x = ag_randn(AG_F32, 2, (int64_t[]){6, 4});
@@ -282,7 +214,7 @@ static void test_dropout_with_effects(void **st) {
     if (!j)
         fail_msg("export: %s", ag_last_error());
     const ag_graph *g = ag_joint_graph(j);
-    assert_string_equal(placeholders_str(g),
+    assert_string_equal(tu_placeholders_str(g),
                         "primals_1: ForwardTokenAOTInput(idx=0)\n"
                         "primals_2: ParamAOTInput(target='w')\n"
                         "primals_3: PlainAOTInput(idx=0)\n"
@@ -292,7 +224,7 @@ static void test_dropout_with_effects(void **st) {
                         "fwd_base_offset: PhiloxForwardBaseOffsetAOTInput()\n"
                         "bwd_seed: PhiloxBackwardSeedAOTInput()\n"
                         "bwd_base_offset: PhiloxBackwardBaseOffsetAOTInput()\n");
-    assert_string_equal(outputs_str(g),
+    assert_string_equal(tu_outputs_str(g),
                         "ForwardTokenAOTOutput(idx=0), PlainAOTOutput(idx=0), "
                         "PhiloxUpdatedForwardOffsetAOTOutput(), "
                         "GradAOTOutput(grad_of=ParamAOTInput(target='w')), None, "
@@ -339,13 +271,13 @@ static void test_aliasing_with_effects(void **st) {
     const ag_graph *g = ag_joint_graph(j);
     /* The merged base comes first among the primals (upstream's merge_view_inputs puts the
      * bases before the other inputs), named after the input whose ._base it is (b). */
-    assert_string_equal(placeholders_str(g),
+    assert_string_equal(tu_placeholders_str(g),
                         "primals_1: ForwardTokenAOTInput(idx=0)\n"
                         "primals_2: ViewBaseAOTInput(base_of=PlainAOTInput(idx=1))\n"
                         "primals_3: ParamAOTInput(target='w')\n"
                         "tangents_1: TangentAOTInput(output=PlainAOTOutput(idx=0))\n"
                         "tangents_token: BackwardTokenAOTInput(idx=0)\n");
-    assert_string_equal(outputs_str(g),
+    assert_string_equal(tu_outputs_str(g),
                         "ForwardTokenAOTOutput(idx=0), "
                         "InputMutationAOTOutput(mutated_input=ViewBaseAOTInput(base_of="
                         "PlainAOTInput(idx=1))), PlainAOTOutput(idx=0), None, "
@@ -414,7 +346,7 @@ static void test_subclass_with_effects_and_dropout(void **st) {
         fail_msg("export: %s", ag_last_error());
     const ag_graph *g = ag_joint_graph(j);
     assert_string_equal(
-        placeholders_str(g),
+        tu_placeholders_str(g),
         "primals_1: ForwardTokenAOTInput(idx=0)\n"
         "primals_2: SubclassGetAttrAOTInput(base=ParamAOTInput(target='w'), attr='a')\n"
         "primals_3: SubclassGetAttrAOTInput(base=ParamAOTInput(target='w'), attr='b')\n"
@@ -426,7 +358,7 @@ static void test_subclass_with_effects_and_dropout(void **st) {
         "fwd_seed: PhiloxForwardSeedAOTInput()\n"
         "fwd_base_offset: PhiloxForwardBaseOffsetAOTInput()\n");
     assert_string_equal(
-        outputs_str(g),
+        tu_outputs_str(g),
         "ForwardTokenAOTOutput(idx=0), "
         "SubclassGetAttrAOTOutput(base=PlainAOTOutput(idx=0), attr='a'), "
         "SubclassGetAttrAOTOutput(base=PlainAOTOutput(idx=0), attr='b'), "
@@ -474,7 +406,7 @@ static void test_subclass_with_duplicate_input(void **st) {
         fail_msg("export: %s", ag_last_error());
     const ag_graph *g = ag_joint_graph(j);
     assert_string_equal(
-        placeholders_str(g),
+        tu_placeholders_str(g),
         "primals_1: SubclassGetAttrAOTInput(base=ParamAOTInput(target='w'), attr='a')\n"
         "primals_2: SubclassGetAttrAOTInput(base=ParamAOTInput(target='w'), attr='b')\n"
         "primals_3: PlainAOTInput(idx=0)\n"
@@ -485,7 +417,7 @@ static void test_subclass_with_duplicate_input(void **st) {
         "attr='b')\n"
         "tangents_3: TangentAOTInput(output=PlainAOTOutput(idx=1))\n");
     assert_string_equal(
-        outputs_str(g),
+        tu_outputs_str(g),
         "SubclassGetAttrAOTOutput(base=PlainAOTOutput(idx=0), attr='a'), "
         "SubclassGetAttrAOTOutput(base=PlainAOTOutput(idx=0), attr='b'), PlainAOTOutput(idx=1), "
         "SubclassGetAttrAOTOutput(base=GradAOTOutput(grad_of=ParamAOTInput(target='w')), "

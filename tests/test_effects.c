@@ -15,44 +15,6 @@
 
 /* ---- helpers ---- */
 
-static char *repr(const ag_desc *d, char *buf, size_t n) {
-    if (!d)
-        snprintf(buf, n, "None");
-    else
-        ag_desc_repr(d, buf, n);
-    return buf;
-}
-
-/* "name: desc" for every placeholder, one per line. */
-static char *placeholders_str(const ag_graph *g) {
-    static char out[4096];
-    size_t k = 0;
-    ag_node **ph;
-    int n = ag_graph_placeholders(g, &ph);
-    out[0] = 0;
-    for (int i = 0; i < n; i++) {
-        char b[256];
-        k += (size_t)snprintf(out + k, sizeof out - k, "%s: %s\n", ag_node_name(ph[i]),
-                              repr(ag_node_desc(ph[i]), b, sizeof b));
-    }
-    return out;
-}
-
-/* The output node's descriptors, comma-separated. */
-static char *outputs_str(const ag_graph *g) {
-    static char out[4096];
-    size_t k = 0;
-    ag_node *o = ag_graph_output_node(g);
-    int n = ag_node_arg(o, 0)->n;
-    out[0] = 0;
-    for (int i = 0; i < n; i++) {
-        char b[256];
-        k += (size_t)snprintf(out + k, sizeof out - k, "%s%s", i ? ", " : "",
-                              repr(ag_node_output_desc(o, i), b, sizeof b));
-    }
-    return out;
-}
-
 /* The with_effects nodes of g in graph order, as "tag" or "tag.grad" (from their arguments),
  * space-separated. */
 static char *effects_str(const ag_graph *g) {
@@ -120,7 +82,7 @@ static void test_joint_descriptors(void **st) {
     model md;
     model_open(&md, "effects");
     const ag_graph *g = ag_joint_graph(md.j);
-    assert_string_equal(placeholders_str(g),
+    assert_string_equal(tu_placeholders_str(g),
                         "primals_1: ForwardTokenAOTInput(idx=0)\n"
                         "primals_2: ParamAOTInput(target='linear1.weight')\n"
                         "primals_3: ParamAOTInput(target='linear1.bias')\n"
@@ -129,7 +91,7 @@ static void test_joint_descriptors(void **st) {
                         "primals_6: PlainAOTInput(idx=0)\n"
                         "tangents_1: TangentAOTInput(output=PlainAOTOutput(idx=0))\n"
                         "tangents_token: BackwardTokenAOTInput(idx=0)\n");
-    assert_string_equal(outputs_str(g),
+    assert_string_equal(tu_outputs_str(g),
                         "ForwardTokenAOTOutput(idx=0), PlainAOTOutput(idx=0), "
                         "GradAOTOutput(grad_of=ParamAOTInput(target='linear1.weight')), "
                         "GradAOTOutput(grad_of=ParamAOTInput(target='linear1.bias')), "
@@ -200,7 +162,7 @@ static void test_joint_descriptors(void **st) {
     model_open(&md, "linear");
     assert_int_equal(ag_joint_num_forward_tokens(md.j), 0);
     assert_int_equal(ag_joint_num_backward_tokens(md.j), 0);
-    assert_string_equal(placeholders_str(ag_joint_graph(md.j)),
+    assert_string_equal(tu_placeholders_str(ag_joint_graph(md.j)),
                         "primals_1: ParamAOTInput(target='linear.weight')\n"
                         "primals_2: ParamAOTInput(target='linear.bias')\n"
                         "primals_3: PlainAOTInput(idx=0)\n"
@@ -268,12 +230,12 @@ static void test_backward_only_effect(void **st) {
     assert_int_equal(ag_joint_num_forward_tokens(j), 0);
     assert_int_equal(ag_joint_num_backward_tokens(j), 1);
     assert_int_equal(ag_joint_num_fw_outputs(j), 1);
-    assert_string_equal(placeholders_str(ag_joint_graph(j)),
+    assert_string_equal(tu_placeholders_str(ag_joint_graph(j)),
                         "primals_1: ParamAOTInput(target='w')\n"
                         "primals_2: PlainAOTInput(idx=0)\n"
                         "tangents_1: TangentAOTInput(output=PlainAOTOutput(idx=0))\n"
                         "tangents_token: BackwardTokenAOTInput(idx=0)\n");
-    assert_string_equal(outputs_str(ag_joint_graph(j)),
+    assert_string_equal(tu_outputs_str(ag_joint_graph(j)),
                         "PlainAOTOutput(idx=0), GradAOTOutput(grad_of=ParamAOTInput(target='w')), "
                         "None, BackwardTokenAOTOutput(idx=0)");
     /* Compiled: nothing logged by the forward, the gradient logged once by the backward,
@@ -734,7 +696,7 @@ static void test_inference_effects(void **st) {
     assert_false(ag_joint_needs_autograd(md.j));
     assert_int_equal(ag_joint_num_forward_tokens(md.j), 1);
     assert_int_equal(ag_joint_num_backward_tokens(md.j), 0);
-    assert_string_equal(outputs_str(ag_joint_graph(md.j)),
+    assert_string_equal(tu_outputs_str(ag_joint_graph(md.j)),
                         "ForwardTokenAOTOutput(idx=0), PlainAOTOutput(idx=0)");
     assert_string_equal(effects_str(ag_joint_graph(md.j)), "h y");
     ag_compiled *c = ag_compile_joint(md.j, NULL);

@@ -704,38 +704,6 @@ static void test_gpt2_dropout(void **st) {
 
 /* ---- a backward that draws ---- */
 
-/* rng_test::noisy(x) = 2 x; its backward multiplies the gradient by 2 (1 + U[0, 1)), a fresh
- * draw of x's size in the backward. */
-static int noisy_meta(const ag_arg *a, ag_tmeta *o) {
-    const ag_tensor *x = a[0].u.t;
-    *o = tu_tmeta(ag_tensor_dtype(x), ag_tensor_ndim(x), ag_tensor_sizes(x));
-    return 0;
-}
-static int noisy_kernel(const ag_arg *a, ag_tensor **o) {
-    float *d = ag_tensor_data(o[0]);
-    for (int64_t i = 0; i < ag_tensor_numel(o[0]); i++)
-        d[i] = (float)(2.0 * ag_tensor_item_at(a[0].u.t, i));
-    return 0;
-}
-static int noisy_backward(ag_bwctx *c) {
-    const ag_tmeta *m = &c->input_meta[0];
-    ag_tensor *u = ag_rand(m->dtype, m->ndim, m->sizes);
-    c->grad_inputs[0] = ag_mul(c->grad_outputs[0], ag_mul_scalar(ag_add_scalar(u, 1.0), 2.0));
-    return c->grad_inputs[0] ? 0 : ag_last_status();
-}
-static const ag_opdef noisy_def = {
-    .schema = "rng_test::noisy(Tensor x) -> Tensor",
-    .meta = noisy_meta,
-    .kernel = noisy_kernel,
-    .dtypes = 1u << AG_F32,
-    .backward = noisy_backward,
-};
-
-static const ag_op *noisy_op(void) {
-    const ag_op *op = ag_op_find("rng_test::noisy");
-    return op ? op : ag_op_register(&noisy_def);
-}
-
 /* x [6]: h = dropout(x * w, 0.5) (a forward draw of 6), out = noisy(h) (a backward draw of 6) */
 static int noisy_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
                          int max_out) {
@@ -743,7 +711,7 @@ static int noisy_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor 
     (void)max_out;
     ag_scope_begin();
     ag_tensor *h = ag_dropout(ag_mul(in[0], ag_module_param(m, "w")), 0.5, true);
-    out[0] = ag_tensor_keep(ag_op_call1(noisy_op(), (ag_arg[]){AG_A_T(h)}, 1));
+    out[0] = ag_tensor_keep(ag_op_call1(tu_noisy_op(), (ag_arg[]){AG_A_T(h)}, 1));
     ag_scope_end();
     return out[0] ? 1 : ag_last_status();
 }
@@ -758,7 +726,7 @@ static ag_module *noisy_module(void) {
 
 static void test_backward_draws(void **st) {
     (void)st;
-    assert_non_null(noisy_op());
+    assert_non_null(tu_noisy_op());
     ag_manual_seed(8);
     ag_module *m = noisy_module();
     ag_tensor *x = ag_randn(AG_F32, 1, (int64_t[]){6});
@@ -897,7 +865,7 @@ static void test_text_round_trip(void **st) {
     ag_joint_free(j);
     zoo_close(&z);
     ag_manual_seed(8);
-    assert_non_null(noisy_op());
+    assert_non_null(tu_noisy_op());
     ag_module *m = noisy_module();
     ag_tensor *x = ag_randn(AG_F32, 1, (int64_t[]){6});
     j = export_or_fail(m, &x, 1, NULL);
@@ -943,7 +911,9 @@ static void test_interpreter_equals_executor(void **st) {
 
 /* A user op that draws but has no functional form is refused by the export, by name. */
 static int coin_meta(const ag_arg *a, ag_tmeta *o) {
-    return noisy_meta(a, o);
+    const ag_tensor *x = a[0].u.t;
+    *o = tu_tmeta(ag_tensor_dtype(x), ag_tensor_ndim(x), ag_tensor_sizes(x));
+    return 0;
 }
 static int coin_kernel(const ag_arg *a, ag_tensor **o) {
     (void)a;
@@ -1032,7 +1002,7 @@ static int oom_scenario(void *ud) {
 
 static void test_alloc_failures(void **st) {
     (void)st;
-    assert_non_null(noisy_op());
+    assert_non_null(tu_noisy_op());
     ag_manual_seed(8);
     oom_case c = {noisy_module(), ag_randn(AG_F32, 1, (int64_t[]){6})};
     assert_int_equal(oom_scenario(&c), 0); /* warm-up: registries, scratch, scopes */

@@ -511,3 +511,76 @@ ag_tensor *tu_philox_input(const ag_node *placeholder, uint64_t seed, uint64_t o
     ag_scope_end();
     return t;
 }
+
+/* ---- descriptor lists ---- */
+
+static const char *desc_or_none(const ag_desc *d, char *b, size_t n) {
+    if (!d)
+        snprintf(b, n, "None");
+    else
+        ag_desc_repr(d, b, n);
+    return b;
+}
+
+const char *tu_placeholders_str(const ag_graph *g) {
+    static char out[8192];
+    size_t k = 0;
+    ag_node **ph;
+    int n = ag_graph_placeholders(g, &ph);
+    out[0] = 0;
+    for (int i = 0; i < n && k < sizeof out; i++) {
+        char b[256];
+        k += (size_t)snprintf(out + k, sizeof out - k, "%s: %s\n", ag_node_name(ph[i]),
+                              desc_or_none(ag_node_desc(ph[i]), b, sizeof b));
+    }
+    return out;
+}
+
+const char *tu_outputs_str(const ag_graph *g) {
+    static char out[8192];
+    size_t k = 0;
+    const ag_node *o = ag_graph_output_node(g);
+    int n = o ? ag_node_arg(o, 0)->n : 0;
+    out[0] = 0;
+    for (int i = 0; i < n && k < sizeof out; i++) {
+        char b[256];
+        k += (size_t)snprintf(out + k, sizeof out - k, "%s%s", i ? ", " : "",
+                              desc_or_none(ag_node_output_desc(o, i), b, sizeof b));
+    }
+    return out;
+}
+
+/* ---- an op whose backward draws random numbers ---- */
+
+static int noisy_meta(const ag_arg *a, ag_tmeta *o) {
+    const ag_tensor *x = a[0].u.t;
+    *o = tu_tmeta(ag_tensor_dtype(x), ag_tensor_ndim(x), ag_tensor_sizes(x));
+    return 0;
+}
+
+static int noisy_kernel(const ag_arg *a, ag_tensor **o) {
+    float *d = ag_tensor_data(o[0]);
+    for (int64_t i = 0; i < ag_tensor_numel(o[0]); i++)
+        d[i] = (float)(2.0 * ag_tensor_item_at(a[0].u.t, i));
+    return 0;
+}
+
+static int noisy_backward(ag_bwctx *c) {
+    const ag_tmeta *m = &c->input_meta[0];
+    ag_tensor *u = ag_rand(m->dtype, m->ndim, m->sizes);
+    c->grad_inputs[0] = ag_mul(c->grad_outputs[0], ag_mul_scalar(ag_add_scalar(u, 1.0), 2.0));
+    return c->grad_inputs[0] ? 0 : ag_last_status();
+}
+
+static const ag_opdef noisy_def = {
+    .schema = "testutil::noisy(Tensor x) -> Tensor",
+    .meta = noisy_meta,
+    .kernel = noisy_kernel,
+    .dtypes = 1u << AG_F32,
+    .backward = noisy_backward,
+};
+
+const ag_op *tu_noisy_op(void) {
+    const ag_op *op = ag_op_find("testutil::noisy");
+    return op ? op : ag_op_register(&noisy_def);
+}

@@ -92,6 +92,17 @@ void tu_alloc_resume(void);
 void tu_alloc_count_begin(void);
 int64_t tu_alloc_count_end(void);
 
+/* ---- descriptor lists ---- */
+
+/* "name: desc" for every placeholder of g, one per line, and g's output descriptors ("None"
+ * for a missing one), ", "-separated. Static buffers: the next call overwrites them. */
+const char *tu_placeholders_str(const ag_graph *g);
+const char *tu_outputs_str(const ag_graph *g);
+
+/* testutil::noisy(Tensor x) -> Tensor: 2 x; its backward multiplies the gradient by
+ * 2 (1 + U[0, 1)), a fresh draw of x's size in the backward (registered on first use). */
+const ag_op *tu_noisy_op(void);
+
 /* ---- building graphs by hand ---- */
 
 /* Contiguous metadata: TM(AG_F32, 4, 3) is f32[4, 3], TM0(AG_F32) a scalar. */
