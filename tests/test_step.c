@@ -102,7 +102,8 @@ static void case_open(step_case *sc, const char *name, bool compile) {
     if (compile) {
         sc->j = ag_export_joint(sc->step, sc->in, sc->nin, NULL, NULL, 0, NULL);
         assert_non_null(sc->j);
-        ag_compile_opts co = {.partition = {.partitioner = AG_PARTITION_MINCUT, .memory_budget = 1}};
+        ag_compile_opts co = {
+            .partition = {.partitioner = AG_PARTITION_MINCUT, .memory_budget = 1}};
         sc->c = ag_compile_joint(sc->j, &co);
         if (!sc->c)
             print_error("%s: %s\n", name, ag_last_error());
