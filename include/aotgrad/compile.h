@@ -72,6 +72,8 @@ typedef struct ag_plan ag_plan;
 typedef struct ag_plan_opts {
     bool checking;      /* poison freed regions and check that live buffers never overlap */
     bool no_inplace;    /* disable in-place reuse */
+    bool no_fusion;     /* run every node's kernel on its own (no fused groups, see
+                         * src/runtime/fuse.c; also turned off by AG_NO_FUSION=1) */
     /* outputs whose memory must stay valid after the run (saved tensors, user outputs) are
      * always given their own storage */
 } ag_plan_opts;

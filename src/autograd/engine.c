@@ -43,6 +43,7 @@ typedef struct ag_anode {
     int64_t idx;
     int64_t bufoff; /* first slot of this node's output grads in engine.buf */
     struct ag_anode *free_next; /* release worklist */
+    int cap_in;                 /* custom nodes: room in edges and in_meta (recycling) */
     /* A custom node (op == NULL): a compiled function's backward. */
     const char *custom_name;
     ag__custom_bw_fn custom_bw;
@@ -84,6 +85,9 @@ static void release_saved(ag_anode *n) {
     }
 }
 
+static bool keep_custom_node(ag_anode *n);
+static ag_anode *take_custom_node(int nin);
+
 void ag__anode_release(ag_anode *first) {
     /* Iterative and allocation-free, so freeing a deep chain can neither overflow the stack nor
      * fail: nodes whose count reaches zero are chained through free_next. */
@@ -105,6 +109,8 @@ void ag__anode_release(ag_anode *first) {
         }
         if (n->custom_free)
             n->custom_free(n->custom_ud);
+        if (!n->op && keep_custom_node(n))
+            continue;
         ag__free(n->edges);
         ag__free(n->in_meta);
         ag__free(n->argmem);
@@ -310,10 +316,11 @@ int ag__autograd_custom(const char *name, ag_tensor *const *inputs, int nin, ag_
             ud_free(ud);
         return 0;
     }
-    ag_anode *n = ag__calloc(1, sizeof *n);
-    if (n) {
-        n->edges = ag__calloc((size_t)(nin ? nin : 1), sizeof *n->edges);
-        n->in_meta = ag__calloc((size_t)(nin ? nin : 1), sizeof *n->in_meta);
+    ag_anode *n = take_custom_node(nin);
+    if (!n && (n = ag__calloc(1, sizeof *n))) {
+        n->cap_in = nin ? nin : 1;
+        n->edges = ag__calloc((size_t)n->cap_in, sizeof *n->edges);
+        n->in_meta = ag__calloc((size_t)n->cap_in, sizeof *n->in_meta);
     }
     if (!n || !n->edges || !n->in_meta) {
         if (n) {
@@ -359,9 +366,31 @@ typedef struct leaf_slot {
     ag_tensor *grad;
 } leaf_slot;
 
+typedef struct dfs_frame {
+    ag_anode *n;
+    int j; /* next edge */
+} dfs_frame;
+
+/* The arrays of one backward pass, with their capacities. */
+typedef struct engine_mem {
+    ag_anode **nodes;
+    int64_t cap;
+    char *pernode; /* deps, heap, needed, captured: per collected node */
+    int64_t pernode_cap;
+    ag_tensor **buf;
+    int64_t buf_cap;
+    leaf_slot *leaves;
+    int64_t leaves_cap;
+    dfs_frame *stack;
+    int64_t stack_cap;
+    char *node_tmp; /* run_node's arrays for a node with many inputs */
+    int64_t node_tmp_cap;
+} engine_mem;
+
 typedef struct engine {
-    ag_anode **nodes; /* reachable nodes, DFS post-order */
-    int64_t nnodes, cap;
+    engine_mem m;
+    ag_anode **nodes; /* reachable nodes, DFS post-order (m.nodes) */
+    int64_t nnodes;
     bool *needed;
     bool *captured;
     int64_t *deps;
@@ -369,14 +398,135 @@ typedef struct engine {
     int64_t nbuf;
     ag_anode **heap;
     int64_t nheap;
-    leaf_slot *leaves;
-    int64_t nleaves, leaves_cap;
+    leaf_slot *leaves; /* m.leaves */
+    int64_t nleaves;
+    bool kept; /* m is the thread's kept memory, given back at the end */
     /* what is wanted */
     bool accumulate;
     ag_tensor *const *inputs;
     int ninputs;
     uint64_t epoch;
 } engine;
+
+/* ---- per-thread kept memory ----
+ * A backward pass needs arrays sized by the graph it runs (nodes, flags, dependency counts,
+ * gradient slots, the ready heap, leaves, the DFS stack), a ones tensor to seed a scalar
+ * output, and a compiled function's call makes one custom node. All of these are kept per
+ * thread between passes, so the backward of a training step allocates no bookkeeping once
+ * warm. A pass that starts while another holds the memory (a backward run from inside a
+ * backward rule) allocates its own. Released at thread exit (ag__thread_caches_release). */
+static _Thread_local engine_mem kept_mem;
+static _Thread_local bool kept_busy;
+static _Thread_local ag_tensor *kept_ones[2]; /* 0-dim f32 and f64 seeds */
+static _Thread_local ag_anode *kept_node;     /* one released custom node, for reuse */
+
+static void mem_free(engine_mem *m) {
+    ag__free(m->nodes);
+    ag__free(m->pernode);
+    ag__free(m->buf);
+    ag__free(m->leaves);
+    ag__free(m->stack);
+    ag__free(m->node_tmp);
+    memset(m, 0, sizeof *m);
+}
+
+static void free_custom_node(ag_anode *n) {
+    ag__free(n->edges);
+    ag__free(n->in_meta);
+    ag__free(n);
+}
+
+void ag__engine_release_kept(void) {
+    if (!kept_busy)
+        mem_free(&kept_mem);
+    for (int k = 0; k < 2; k++) {
+        ag_tensor_free(kept_ones[k]);
+        kept_ones[k] = NULL;
+    }
+    if (kept_node)
+        free_custom_node(kept_node);
+    kept_node = NULL;
+}
+
+/* Called by ag__anode_release for a custom node whose last reference went (its ud already
+ * freed): keeps it as the thread's spare unless the spare has at least as much room. */
+static bool keep_custom_node(ag_anode *n) {
+    if (kept_node && kept_node->cap_in >= n->cap_in)
+        return false;
+    if (kept_node)
+        free_custom_node(kept_node);
+    ag__thread_caches_register();
+    kept_node = n;
+    return true;
+}
+
+/* The spare custom node, cleared, if it has room for nin inputs. */
+static ag_anode *take_custom_node(int nin) {
+    ag_anode *n = kept_node;
+    if (!n || n->cap_in < nin)
+        return NULL;
+    kept_node = NULL;
+    ag_edge *edges = n->edges;
+    ag_tmeta *in_meta = n->in_meta;
+    int cap = n->cap_in;
+    memset(n, 0, sizeof *n);
+    memset(edges, 0, sizeof *edges * (size_t)cap);
+    n->edges = edges;
+    n->in_meta = in_meta;
+    n->cap_in = cap;
+    return n;
+}
+
+static void engine_init(engine *e) {
+    memset(e, 0, sizeof *e);
+    if (!kept_busy) {
+        e->m = kept_mem;
+        e->kept = kept_busy = true;
+        memset(&kept_mem, 0, sizeof kept_mem);
+    }
+}
+
+/* Room for n elements of elem bytes in *p, zeroed. */
+static int reserve_zero(void **p, int64_t *cap, int64_t n, size_t elem) {
+    if (ag__grow(p, cap, n > 0 ? n : 1, elem))
+        return AG_ENOMEM;
+    memset(*p, 0, elem * (size_t)(n > 0 ? n : 1));
+    return 0;
+}
+
+/* The implicit gradient of a scalar output r: ones_like(r), or for a 0-dim f32/f64 output
+ * outside tracing the thread's kept one when nobody else holds it. A new reference. */
+static ag_tensor *ones_seed(const engine *e, ag_tensor *r) {
+    int k = r->dtype == AG_F32 ? 0 : r->dtype == AG_F64 ? 1 : -1;
+    if (!e->kept || k < 0 || r->ndim != 0 || tls.tracing || !r->storage->data) {
+        ag_scope_begin();
+        ag_tensor *s = ag_tensor_keep(ag_ones_like(r));
+        ag_scope_end();
+        return s;
+    }
+    ag_tensor *s = kept_ones[k];
+    if (s && (s->refcount != 1 || s->storage->refcount != 1 || s->grad || s->grad_fn ||
+              s->requires_grad)) {
+        ag_tensor_free(s); /* someone kept it: theirs now */
+        s = kept_ones[k] = NULL;
+    }
+    if (!s) {
+        ag_scope_begin();
+        s = kept_ones[k] = ag_tensor_keep(ag_ones_like(r));
+        ag_scope_end();
+        if (!s)
+            return NULL;
+        ag__thread_caches_register();
+    } else {
+        /* Whoever held it last may have written to it. */
+        if (k == 0)
+            *(float *)ag_tensor_data(s) = 1;
+        else
+            *(double *)ag_tensor_data(s) = 1;
+        s->storage->version++;
+    }
+    return ag_tensor_keep(s);
+}
 
 static bool is_wanted_leaf(const engine *e, const ag_tensor *leaf) {
     if (e->accumulate)
@@ -402,6 +552,18 @@ static int acc_into(ag_tensor **slot, ag_tensor *g) {
         *slot = ag_tensor_keep(g);
         return 0;
     }
+    ag_tensor *s0 = *slot;
+    if (s0->grad_donated && !tls.tracing && s0->storage->data && ag_tensor_is_contiguous(s0) &&
+        s0->dtype == g->dtype && s0->ndim == g->ndim &&
+        !memcmp(s0->sizes, g->sizes, sizeof(int64_t) * (size_t)g->ndim) &&
+        s0->storage != g->storage) {
+        /* A gradient its producer gave away (a compiled backward's output, memory no one else
+         * reads) takes the sum in place, as a tied weight's two gradients meet. */
+        ag_scope_begin();
+        ag_tensor *r = ag_add_(s0, g, 1.0);
+        ag_scope_end();
+        return r ? 0 : ag_last_status();
+    }
     tls.in_grad_acc = true;
     ag_scope_begin();
     ag_tensor *s = ag_tensor_keep(ag_add(*slot, g));
@@ -418,33 +580,32 @@ static int collect(engine *e, ag_anode *root) {
     if (!root || root->epoch == e->epoch)
         return 0;
     /* Iterative post-order DFS: (node, next edge) pairs. */
-    typedef struct { ag_anode *n; int j; } frame;
-    frame *st = NULL;
-    int64_t sp = 0, cap = 0;
-    if (ag__grow((void **)&st, &cap, 1, sizeof *st))
+    engine_mem *m = &e->m;
+    int64_t sp = 0;
+    if (ag__grow((void **)&m->stack, &m->stack_cap, 1, sizeof *m->stack))
         return AG_ENOMEM;
     root->epoch = e->epoch;
-    st[sp++] = (frame){root, 0};
+    m->stack[sp++] = (dfs_frame){root, 0};
     int rc = 0;
     while (sp) {
-        frame *f = &st[sp - 1];
+        dfs_frame *f = &m->stack[sp - 1];
         if (f->j < f->n->ntin) {
             ag_anode *c = f->n->edges[f->j++].fn;
             if (c && c->epoch != e->epoch) {
                 c->epoch = e->epoch;
-                if ((rc = ag__grow((void **)&st, &cap, sp + 1, sizeof *st)))
+                if ((rc = ag__grow((void **)&m->stack, &m->stack_cap, sp + 1, sizeof *m->stack)))
                     break;
-                st[sp++] = (frame){c, 0};
+                m->stack[sp++] = (dfs_frame){c, 0};
             }
             continue;
         }
-        if ((rc = ag__grow((void **)&e->nodes, &e->cap, e->nnodes + 1, sizeof *e->nodes)))
+        if ((rc = ag__grow((void **)&m->nodes, &m->cap, e->nnodes + 1, sizeof *m->nodes)))
             break;
+        e->nodes = m->nodes;
         f->n->idx = e->nnodes;
         e->nodes[e->nnodes++] = f->n;
         sp--;
     }
-    ag__free(st);
     return rc;
 }
 
@@ -486,8 +647,9 @@ static int leaf_deliver(engine *e, ag_tensor *leaf, ag_tensor *g) {
     for (int64_t i = 0; i < e->nleaves; i++)
         if (e->leaves[i].leaf == leaf)
             return acc_into(&e->leaves[i].grad, g);
-    if (ag__grow((void **)&e->leaves, &e->leaves_cap, e->nleaves + 1, sizeof *e->leaves))
+    if (ag__grow((void **)&e->m.leaves, &e->m.leaves_cap, e->nleaves + 1, sizeof *e->leaves))
         return AG_ENOMEM;
+    e->leaves = e->m.leaves;
     e->leaves[e->nleaves++] = (leaf_slot){leaf, ag_tensor_keep(g)};
     return 0;
 }
@@ -597,12 +759,11 @@ static int run_node(engine *e, ag_anode *n) {
     ag_tensor *gin_s[SMALL], *fitted_s[SMALL];
     bool *needs = needs_s;
     ag_tensor **gin = gin_s, **fitted = fitted_s;
-    void *heap = NULL;
     if (n->ntin > SMALL) {
-        heap = ag__malloc((sizeof(bool) + 2 * sizeof(ag_tensor *)) * (size_t)n->ntin);
-        if (!heap)
+        if (ag__grow((void **)&e->m.node_tmp, &e->m.node_tmp_cap,
+                     (int64_t)(sizeof(bool) + 2 * sizeof(ag_tensor *)) * n->ntin, 1))
             return AG_ENOMEM;
-        gin = heap;
+        gin = (ag_tensor **)(void *)e->m.node_tmp;
         fitted = gin + n->ntin;
         needs = (bool *)(fitted + n->ntin);
     }
@@ -614,10 +775,8 @@ static int run_node(engine *e, ag_anode *n) {
         any |= needs[j];
         gin[j] = NULL;
     }
-    if (!any) {
-        ag__free(heap);
+    if (!any)
         return 0;
-    }
     ag_bwctx ctx = {
         .op = n->op ? n->op->def : NULL,
         .args = n->args,
@@ -662,7 +821,6 @@ static int run_node(engine *e, ag_anode *n) {
     }
     for (int j = 0; j < n->ntin; j++)
         ag_tensor_free(fitted[j]);
-    ag__free(heap);
     return rc;
 }
 
@@ -672,13 +830,14 @@ static void engine_free(engine *e) {
             ag_tensor_free(e->buf[i]);
     for (int64_t i = 0; i < e->nleaves; i++)
         ag_tensor_free(e->leaves[i].grad);
-    ag__free(e->nodes);
-    ag__free(e->needed);
-    ag__free(e->captured);
-    ag__free(e->deps);
-    ag__free(e->buf);
-    ag__free(e->heap);
-    ag__free(e->leaves);
+    if (e->kept) {
+        mem_free(&kept_mem); /* a nested pass's leftovers, if any */
+        kept_mem = e->m;
+        kept_busy = false;
+        ag__thread_caches_register();
+    } else {
+        mem_free(&e->m);
+    }
 }
 
 /* Accumulates into leaf.grad outside autograd (ATen's AccumulateGrad). */
@@ -687,8 +846,9 @@ static int accumulate_leaf(ag_tensor *leaf, ag_tensor *g) {
         /* Take the gradient itself when nobody else can see its memory, or when its producer
          * donated it (a compiled backward's output: the executor's pool will not reuse the
          * storage while .grad holds it); otherwise copy, as AccumulateGrad does. */
-        bool steal = ((g->refcount == 1 && g->storage->refcount == 1) || g->grad_donated) &&
-                     !g->is_view && ag_tensor_is_contiguous(g) &&
+        bool steal = ((g->refcount == 1 && g->storage->refcount == 1 && !g->is_view) ||
+                      g->grad_donated) &&
+                     ag_tensor_is_contiguous(g) &&
                      !g->sub; /* a subclass gradient's inner tensors may be shared: copy */
         ag_tensor *ng;
         if (steal) {
@@ -712,15 +872,18 @@ static int accumulate_leaf(ag_tensor *leaf, ag_tensor *g) {
 static int run_engine(ag_tensor *const *roots, ag_tensor *const *root_grads, int nroots,
                       ag_tensor *const *inputs, int ninputs, ag_tensor **grads, bool retain,
                       bool allow_unused) {
-    engine e = {0};
+    engine e;
+    engine_init(&e);
     e.accumulate = inputs == NULL;
     e.inputs = inputs;
     e.ninputs = ninputs;
     e.epoch = ++engine_epoch;
     int rc = 0;
     ag_tensor *seeds[64];
-    if (nroots > 64)
+    if (nroots > 64) {
+        engine_free(&e);
         return ag__err(AG_EINVAL, "backward: at most 64 outputs at once");
+    }
     for (int i = 0; i < nroots; i++)
         seeds[i] = NULL;
     bool prev_grad = ag_set_grad_enabled(false);
@@ -745,9 +908,7 @@ static int run_engine(ag_tensor *const *roots, ag_tensor *const *root_grads, int
                              i, ag__fmt_sizes(b, sizeof b, r->ndim, r->sizes));
                 break;
             }
-            ag_scope_begin();
-            seeds[i] = ag_tensor_keep(ag_ones_like(r));
-            ag_scope_end();
+            seeds[i] = ones_seed(&e, r);
             if (!seeds[i])
                 rc = ag_last_status();
         } else {
@@ -769,17 +930,25 @@ static int run_engine(ag_tensor *const *roots, ag_tensor *const *root_grads, int
     }
     int64_t nn = e.nnodes;
     if (rc == 0) {
-        e.needed = ag__calloc((size_t)(nn ? nn : 1), sizeof(bool));
-        e.captured = ag__calloc((size_t)(nn ? nn : 1), sizeof(bool));
-        e.deps = ag__calloc((size_t)(nn ? nn : 1), sizeof(int64_t));
+        /* deps and heap (8-byte items) first, then the two flag arrays. */
+        size_t per = sizeof(int64_t) + sizeof(ag_anode *) + 2 * sizeof(bool);
+        int64_t nbuf = 0;
         for (int64_t i = 0; i < nn; i++) {
-            e.nodes[i]->bufoff = e.nbuf;
-            e.nbuf += e.nodes[i]->nout;
+            e.nodes[i]->bufoff = nbuf;
+            nbuf += e.nodes[i]->nout;
         }
-        e.buf = ag__calloc((size_t)(e.nbuf ? e.nbuf : 1), sizeof(ag_tensor *));
-        e.heap = ag__calloc((size_t)(nn ? nn : 1), sizeof(ag_anode *));
-        if (!e.needed || !e.captured || !e.deps || !e.buf || !e.heap)
-            rc = AG_ENOMEM;
+        rc = reserve_zero((void **)&e.m.pernode, &e.m.pernode_cap, nn, per);
+        if (rc == 0)
+            rc = reserve_zero((void **)&e.m.buf, &e.m.buf_cap, nbuf, sizeof(ag_tensor *));
+        if (rc == 0) {
+            size_t n1 = (size_t)(nn ? nn : 1);
+            e.deps = (int64_t *)(void *)e.m.pernode;
+            e.heap = (ag_anode **)(void *)(e.deps + n1);
+            e.needed = (bool *)(e.heap + n1);
+            e.captured = e.needed + n1;
+            e.buf = e.m.buf;
+            e.nbuf = nbuf;
+        }
     }
     if (rc == 0) {
         /* Post-order: every child precedes its parents, so needed[] is final when read. */

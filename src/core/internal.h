@@ -124,6 +124,12 @@ void *ag__scratch(int slot, size_t bytes);
 /* Frees this thread's scratch blocks (done at thread exit and, for the thread that calls
  * exit(), by a library destructor; tests call it to check the heap). */
 void ag__scratch_release_all(void);
+/* Other per-thread memory kept between calls (the autograd engine's arrays, seeds and spare
+ * node: ag__engine_release_kept in engine.c) is freed with the scratch blocks at thread exit;
+ * register marks this thread as holding some. ag__thread_caches_release frees it now. */
+void ag__thread_caches_register(void);
+void ag__thread_caches_release(void);
+void ag__engine_release_kept(void);
 /* A temporary tensor whose struct and storage struct are the caller's (on the stack) and whose
  * data is a scratch slot: never ag_tensor_free'd, valid as long as the slot. */
 typedef struct ag__scratch_tensor {

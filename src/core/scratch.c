@@ -5,7 +5,8 @@
  * of its first run. Blocks are freed when their thread exits, by ag__scratch_release_all, and,
  * for the thread that calls exit(), by a library destructor, so leak checkers see a clean heap.
  * Blocks are freed through the allocator hook installed at that time, like every other
- * allocation of the library. Two helpers build temporary tensors without allocating: a
+ * allocation of the library. The same exit hook frees the autograd engine's kept memory
+ * (ag__thread_caches_register). Two helpers build temporary tensors without allocating: a
  * contiguous tensor over a slot (ag__scratch_tensor_new, ag__scratch_contiguous) and a view
  * of another tensor's storage in a struct on the caller's stack (ag__tensor_view_tmp).
  *
@@ -107,10 +108,28 @@ static void release(scratch_slot *s) {
 /* Runs at the exit of a thread that took scratch; `v` is that thread's slots array. */
 static void on_thread_exit(void *v) {
     release(v);
+    ag__engine_release_kept();
 }
 
 static void make_exit_key(void) {
     exit_key_ok = pthread_key_create(&exit_key, on_thread_exit) == 0;
+}
+
+static void register_thread(void) {
+    if (!registered) {
+        pthread_once(&exit_once, make_exit_key);
+        if (exit_key_ok)
+            pthread_setspecific(exit_key, slots);
+        registered = true;
+    }
+}
+
+void ag__thread_caches_register(void) {
+    register_thread();
+}
+
+void ag__thread_caches_release(void) {
+    ag__engine_release_kept();
 }
 
 void *ag__scratch(int slot, size_t bytes) {
@@ -137,12 +156,7 @@ void *ag__scratch(int slot, size_t bytes) {
         void *p = ag__malloc_data(cap);
         if (!p)
             return NULL;
-        if (!registered) {
-            pthread_once(&exit_once, make_exit_key);
-            if (exit_key_ok)
-                pthread_setspecific(exit_key, slots);
-            registered = true;
-        }
+        register_thread();
         s->p = p;
         s->cap = cap;
     }
@@ -158,6 +172,7 @@ void ag__scratch_release_all(void) {
 /* The thread running exit() (usually the main thread) gets no key destructor call. */
 __attribute__((destructor)) static void scratch_fini(void) {
     ag__scratch_release_all();
+    ag__thread_caches_release();
 }
 
 ag_tensor *ag__scratch_tensor_new(ag__scratch_tensor *tmp, int slot, ag_dtype dt, int ndim,

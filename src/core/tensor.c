@@ -197,6 +197,11 @@ ag_tensor *ag_tensor_keep(ag_tensor *t) {
 
 /* ---- scopes ---- */
 
+/* The first SCOPE_INLINE entries live in a per-thread array, so the scopes of a compiled
+ * training step (its outputs and saved values) allocate nothing; more go to a heap array, freed
+ * when the outermost scope ends. */
+#define SCOPE_INLINE 1024
+static _Thread_local ag_tensor *scope_inline[SCOPE_INLINE];
 static _Thread_local ag_tensor **scope_items;
 static _Thread_local int64_t scope_len, scope_cap;
 /* Scope marks live in a fixed array so that opening a scope can never fail; nesting deeper
@@ -222,7 +227,7 @@ void ag_scope_end(void) {
     /* Newest first, so views die before their bases. */
     while (scope_len > mark)
         ag_tensor_free(scope_items[--scope_len]);
-    if (scope_depth == 0) {
+    if (scope_depth == 0 && scope_items != scope_inline) {
         ag__free(scope_items);
         scope_items = NULL;
         scope_len = scope_cap = 0;
@@ -234,9 +239,24 @@ bool ag__in_scope(void) { return scope_depth > 0; }
 ag_tensor *ag__give(ag_tensor *t) {
     if (!t || scope_depth == 0)
         return t;
-    if (ag__grow((void **)&scope_items, &scope_cap, scope_len + 1, sizeof(ag_tensor *))) {
-        ag_tensor_free(t);
-        return NULL;
+    if (!scope_items) {
+        scope_items = scope_inline;
+        scope_cap = SCOPE_INLINE;
+    }
+    if (scope_len == scope_cap) {
+        /* Past the inline entries: a heap array (ag__grow frees the array it grows, so the
+         * inline one is copied here instead). */
+        bool inl = scope_items == scope_inline;
+        ag_tensor **items = inl ? NULL : scope_items;
+        int64_t cap = inl ? 0 : scope_cap;
+        if (ag__grow((void **)&items, &cap, scope_len + 1, sizeof *items)) {
+            ag_tensor_free(t);
+            return NULL;
+        }
+        if (inl)
+            memcpy(items, scope_inline, sizeof *items * (size_t)scope_len);
+        scope_items = items;
+        scope_cap = cap;
     }
     scope_items[scope_len++] = t;
     return t;

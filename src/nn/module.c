@@ -378,6 +378,23 @@ int ag_module_named_buffers(const ag_module *m, bool remove_duplicate, ag_named_
     return named(m, WALK_BUFFERS, remove_duplicate, out, "named_buffers");
 }
 
+static int64_t flat_walk(const ag_module *m, bool params, ag_tensor **out, int64_t cap,
+                         int64_t n) {
+    const nn_entry *e = params ? m->params : m->buffers;
+    int64_t ne = params ? m->nparams : m->nbuffers;
+    for (int64_t i = 0; i < ne; i++, n++)
+        if (n < cap)
+            out[n] = e[i].t;
+    for (int64_t i = 0; i < m->nchildren; i++)
+        n = flat_walk(m->children[i].m, params, out, cap, n);
+    return n;
+}
+
+int64_t ag__module_flat_tensors(const ag_module *m, ag_tensor **out, int64_t cap) {
+    int64_t n = flat_walk(m, true, out, cap, 0);
+    return flat_walk(m, false, out, cap, n);
+}
+
 int ag__nn_state_tensors(const ag_module *m, bool remove_duplicate, ag_named_tensors *out) {
     if (!out)
         return ag__err(AG_EINVAL, "state_tensors: NULL output");

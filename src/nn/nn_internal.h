@@ -30,6 +30,11 @@ int ag__nn_state_tensors(const ag_module *m, bool remove_duplicate, ag_named_ten
  * leaf) and swaps the old one back afterwards. */
 ag_tensor *ag__module_swap_tensor(ag_module *m, const char *fqn, bool param, ag_tensor *t);
 
+/* The tensors a module's exported function takes before its arguments, without allocating:
+ * named_parameters then named_buffers, both with remove_duplicate false, in that order. Stores
+ * the first `cap` in out (may be NULL when cap is 0) and returns how many there are. */
+int64_t ag__module_flat_tensors(const ag_module *m, ag_tensor **out, int64_t cap);
+
 /* Checks a forward's arity: nin inputs within [min_in, max_in], room for need_out outputs. */
 int ag__nn_check_io(const ag_module *m, int nin, int min_in, int max_in, int max_out, int need_out);
 

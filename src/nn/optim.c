@@ -4,10 +4,11 @@
  * An optimizer holds a reference to each parameter of a module (deduplicated, in
  * named_parameters order) and its per-parameter state (momentum buffer; AdamW's exp_avg,
  * exp_avg_sq and step count), allocated on the parameter's first step. ag_optim_step is the
- * hot path of training: one fused OpenMP loop per parameter over the raw data, written outside
- * autograd (like torch.no_grad), bumping each parameter's version so stale saved tensors are
- * caught. After the first step it allocates nothing (unless a gradient arrives non-contiguous
- * or in another dtype, which needs a converted copy). */
+ * hot path of training: one fused pass over the raw data of all parameters (each element of
+ * p, grad and state read and written once) in one OpenMP region, written outside autograd
+ * (like torch.no_grad), bumping each parameter's version so stale saved tensors are caught.
+ * After the first step it allocates nothing (unless a gradient arrives non-contiguous or in
+ * another dtype, which needs a converted copy). */
 #include "nn_internal.h"
 
 #include <math.h>
@@ -15,7 +16,7 @@
 
 enum { OPT_SGD, OPT_ADAMW };
 
-/* Parameters above this many elements are updated by all OpenMP threads. */
+/* Steps with more elements than this (all parameters together) use all OpenMP threads. */
 #define OPT_PAR_MIN 32768
 
 /* The AdamW loop vectorizes only when the build passes -fno-math-errno: with errno semantics
@@ -241,7 +242,8 @@ ADAMW_SPAN(double)
 
 typedef void (*span_fn)(const opt_param *q, const upd_coef *c, int64_t lo, int64_t hi);
 
-static void update_param(const ag_optim *o, const opt_param *q) {
+/* Elements [lo, hi) of parameter q. */
+static void update_param(const ag_optim *o, const opt_param *q, int64_t lo, int64_t hi) {
     upd_coef c = {0};
     span_fn f;
     bool f32 = q->p->dtype == AG_F32;
@@ -264,15 +266,42 @@ static void update_param(const ag_optim *o, const opt_param *q) {
         c.bc2_sqrt = sqrt(bc2);
         f = f32 ? adamw_span_float : adamw_span_double;
     }
-    int64_t n = ag_tensor_numel(q->p);
-    if (n <= OPT_PAR_MIN) {
-        f(q, &c, 0, n);
+    f(q, &c, lo, hi);
+}
+
+/* Elements [lo, hi) of the concatenation of every parameter with a gradient this step, in
+ * parameter order: one span per parameter the range touches. */
+static void update_range(const ag_optim *o, int64_t lo, int64_t hi) {
+    int64_t base = 0;
+    for (int i = 0; i < o->n && base < hi; i++) {
+        const opt_param *q = &o->ps[i];
+        if (!q->g)
+            continue;
+        int64_t n = ag_tensor_numel(q->p);
+        int64_t a = lo > base ? lo - base : 0, b = hi - base < n ? hi - base : n;
+        if (a < b)
+            update_param(o, q, a, b);
+        base += n;
+    }
+}
+
+/* One pass over all parameters: each element of p, g and the state is read and written once,
+ * and the parameters' elements, taken together, are split evenly over the threads in one
+ * parallel region (small parameters do not get a region each). The arithmetic is the span
+ * functions' whatever the split, so results do not depend on the thread count. */
+static void update_all(const ag_optim *o) {
+    int64_t total = 0;
+    for (int i = 0; i < o->n; i++)
+        if (o->ps[i].g)
+            total += ag_tensor_numel(o->ps[i].p);
+    if (total <= OPT_PAR_MIN) {
+        update_range(o, 0, total);
         return;
     }
 #pragma omp parallel
     {
         int64_t t = omp_get_thread_num(), k = omp_get_num_threads();
-        f(q, &c, n * t / k, n * (t + 1) / k);
+        update_range(o, total * t / k, total * (t + 1) / k);
     }
 }
 
@@ -357,12 +386,14 @@ int ag_optim_step(ag_optim *o) {
         release_tmp(o);
         return rc;
     }
+    /* A parameter no gradient reached is skipped, as torch does. */
+    for (int i = 0; i < o->n; i++)
+        o->ps[i].step += o->ps[i].g != NULL;
+    update_all(o);
     for (int i = 0; i < o->n; i++) {
         opt_param *q = &o->ps[i];
         if (!q->g)
-            continue; /* no gradient reached this parameter: skipped, as torch does */
-        q->step++;
-        update_param(o, q);
+            continue;
         ag_tensor_bump_version(q->p);
         if (q->outer)
             ag_tensor_bump_version(q->outer);

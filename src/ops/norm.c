@@ -6,6 +6,7 @@
  * in training; its schema marks them (a!) so the dispatcher bumps their versions. */
 #include "nn_util.h"
 #include "family.h"
+#include "fused.h"
 
 #include <tgmath.h> /* sqrt follows the element type inside AG__FLOAT_SWITCH bodies */
 
@@ -55,6 +56,28 @@ static int ln_meta(const ag_arg *a, ag_tmeta *o) {
     return 0;
 }
 
+/* Row i of layer norm (a statement; T the element type): xi (N) -> yi, mean[i], rstd[i]. */
+#define LN_FWD_ROW(T, xi, yi, w, b, mean, rstd, i, N, eps)                                         \
+    do {                                                                                           \
+        double s = 0, v = 0;                                                                       \
+        for (int64_t j = 0; j < N; j++)                                                            \
+            s += xi[j];                                                                            \
+        const double mu = s / (double)N;                                                           \
+        for (int64_t j = 0; j < N; j++)                                                            \
+            v += (xi[j] - mu) * (xi[j] - mu);                                                      \
+        const double r = 1.0 / sqrt(v / (double)N + eps);                                          \
+        for (int64_t j = 0; j < N; j++) {                                                          \
+            double t = (xi[j] - mu) * r;                                                           \
+            if (w)                                                                                 \
+                t *= w[j];                                                                         \
+            if (b)                                                                                 \
+                t += b[j];                                                                         \
+            yi[j] = (T)t;                                                                          \
+        }                                                                                          \
+        mean[i] = (T)mu;                                                                           \
+        rstd[i] = (T)r;                                                                            \
+    } while (0)
+
 /* x, y are (M, N) contiguous; w, b (N) or NULL; mean, rstd (M). */
 static int ln_fwd(ag_dtype dt, const void *xv, const void *wv, const void *bv, void *yv,
                   void *meanv, void *rstdv, int64_t M, int64_t N, double eps) {
@@ -66,23 +89,26 @@ static int ln_fwd(ag_dtype dt, const void *xv, const void *wv, const void *bv, v
         for (int64_t i = 0; i < M; i++) {
             const T *xi = x + i * N;
             T *yi = y + i * N;
-            double s = 0, v = 0;
+            LN_FWD_ROW(T, xi, yi, w, b, mean, rstd, i, N, eps);
+        }
+    });
+    return 0;
+}
+
+int ag__fused_add_layer_norm(ag_dtype dt, const void *av, const void *bv, void *sv,
+                             const void *wv, const void *biasv, void *yv, void *meanv,
+                             void *rstdv, int64_t M, int64_t N, double eps) {
+    const bool par = M > 1 && M * N >= AG__PAR_MIN;
+    AG__FLOAT_SWITCH(dt, T, {
+        const T *a = av, *b = bv, *w = wv, *bias = biasv;
+        T *sum = sv, *y = yv, *mean = meanv, *rstd = rstdv;
+        _Pragma("omp parallel for schedule(static) if (par)")
+        for (int64_t i = 0; i < M; i++) {
+            T *xi = sum + i * N;
             for (int64_t j = 0; j < N; j++)
-                s += xi[j];
-            const double mu = s / (double)N;
-            for (int64_t j = 0; j < N; j++)
-                v += (xi[j] - mu) * (xi[j] - mu);
-            const double r = 1.0 / sqrt(v / (double)N + eps);
-            for (int64_t j = 0; j < N; j++) {
-                double t = (xi[j] - mu) * r;
-                if (w)
-                    t *= w[j];
-                if (b)
-                    t += b[j];
-                yi[j] = (T)t;
-            }
-            mean[i] = (T)mu;
-            rstd[i] = (T)r;
+                xi[j] = a[i * N + j] + b[i * N + j];
+            T *yi = y + i * N;
+            LN_FWD_ROW(T, xi, yi, w, bias, mean, rstd, i, N, eps);
         }
     });
     return 0;
@@ -231,9 +257,9 @@ static int lnb_meta(const ag_arg *a, ag_tmeta *o) {
  * xhat = (x - mean) * rstd and gh = g * w, per row:
  *   gx = rstd * (gh - mean_j(gh) - xhat * mean_j(gh * xhat)),
  * and over rows gw = sum_i g * xhat, gb = sum_i g. */
-static int ln_bwd(ag_dtype dt, const void *gv, const void *xv, const void *meanv,
-                  const void *rstdv, const void *wv, void *gxv, void *gwv, void *gbv, int64_t M,
-                  int64_t N) {
+static int ln_bwd_acc(ag_dtype dt, const void *gv, const void *xv, const void *meanv,
+                      const void *rstdv, const void *wv, void *gxv, void *gwv, void *gbv,
+                      int64_t M, int64_t N, const void *accv, void *outv) {
     const bool par = M * N >= AG__PAR_MIN;
     enum { BLK = 64 };
     AG__FLOAT_SWITCH(dt, T, {
@@ -255,6 +281,12 @@ static int ln_bwd(ag_dtype dt, const void *gv, const void *xv, const void *meanv
                 for (int64_t j = 0; j < N; j++) {
                     const double gh = w ? gi[j] * (double)w[j] : gi[j];
                     gx[i * N + j] = (T)(r * (gh - sg - (xi[j] - mu) * r * sgx));
+                }
+                if (outv) {
+                    const T *acc = (const T *)accv + i * N;
+                    T *out = (T *)outv + i * N;
+                    for (int64_t j = 0; j < N; j++)
+                        out[j] = acc[j] + gx[i * N + j];
                 }
             }
         }
@@ -282,6 +314,19 @@ static int ln_bwd(ag_dtype dt, const void *gv, const void *xv, const void *meanv
         }
     });
     return 0;
+}
+
+static int ln_bwd(ag_dtype dt, const void *gv, const void *xv, const void *meanv,
+                  const void *rstdv, const void *wv, void *gxv, void *gwv, void *gbv, int64_t M,
+                  int64_t N) {
+    return ln_bwd_acc(dt, gv, xv, meanv, rstdv, wv, gxv, gwv, gbv, M, N, NULL, NULL);
+}
+
+int ag__fused_layer_norm_backward_add(ag_dtype dt, const void *g, const void *x,
+                                      const void *mean, const void *rstd, const void *w,
+                                      void *gx, void *gw, void *gb, int64_t M, int64_t N,
+                                      const void *acc, void *out) {
+    return ln_bwd_acc(dt, g, x, mean, rstd, w, gx, gw, gb, M, N, acc, out);
 }
 
 static int lnb_kernel(const ag_arg *a, ag_tensor **o) {

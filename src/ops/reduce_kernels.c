@@ -24,6 +24,7 @@
  * Temporary buffers (results in double, chunk partials, gathered rows) are per-thread scratch
  * (ag__scratch, slots 0 and 1: see src/core/scratch.c), so repeated calls allocate nothing. */
 #include "reduce_kernels.h"
+#include "fused.h"
 
 #include <math.h>
 #include <omp.h>
@@ -874,4 +875,52 @@ int ag__softmax_backward(ag_tensor *g, ag_tensor *y, int dim, bool logp, ag_tens
     char *base[3] = {ag__base(out), ag__base(g), ag__base(y)};
     return rows_apply(&w, base, ag_dtype_size(out->dtype),
                       out->dtype == AG_F32 ? bwdata_row_f32 : bwdata_row_f64, logp);
+}
+
+/* ---- fused with nll_loss_backward (the executor's fusion, src/runtime/fuse.c) ---- */
+
+/* Row i of nll_loss_backward (no weight) is zero but at the target, where it is
+ * val_i = -g_i (g_i = g[i] for reduction none, g[0] else, divided by `total` for mean; 0 for an
+ * ignored row); log_softmax's backward helper then gives gi = d - exp(y) sum(d), and sum(d) is
+ * val_i exactly (a sum of zeros and one value). The same expressions as nllb_kernel and
+ * bwdata_row, without writing or reading the dense d unless `dnll` asks for it. */
+#define FUSED_CE_BWD(T, EXP)                                                                       \
+    do {                                                                                           \
+        const T *y = yv;                                                                           \
+        T *gx = outv, *d = dnllv;                                                                  \
+        _Pragma("omp parallel for schedule(static) if (par)")                                      \
+        for (int64_t i = 0; i < N; i++) {                                                          \
+            const int64_t t = target[i];                                                           \
+            T val = 0;                                                                             \
+            if (t != ignore) {                                                                     \
+                double gi = ag__get_f64(g, per_row ? i : 0);                                       \
+                if (mean)                                                                          \
+                    gi /= total;                                                                   \
+                val = (T)(-1.0 * gi);                                                              \
+            }                                                                                      \
+            const T s = val, *yi = y + i * C;                                                      \
+            T *o = gx + i * C;                                                                     \
+            for (int64_t j = 0; j < C; j++)                                                        \
+                o[j] = (j == t ? val : (T)0) - EXP(yi[j]) * s;                                     \
+            if (d) {                                                                               \
+                memset(d + i * C, 0, sizeof(T) * (size_t)C);                                       \
+                if (t != ignore)                                                                   \
+                    d[i * C + t] = val;                                                            \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+
+int ag__fused_nll_log_softmax_backward(const ag_tensor *g, bool per_row, bool mean, double total,
+                                       const int64_t *target, int64_t ignore, ag_dtype dt,
+                                       const void *yv, void *outv, void *dnllv, int64_t N,
+                                       int64_t C) {
+    for (int64_t i = 0; i < N; i++)
+        if (target[i] != ignore && (target[i] < 0 || target[i] >= C))
+            return 1; /* out of range: the ops themselves report it */
+    const bool par = N > 1 && N * C >= AG__PAR_MIN;
+    if (dt == AG_F32)
+        FUSED_CE_BWD(float, exp_f32);
+    else
+        FUSED_CE_BWD(double, exp_f64);
+    return 0;
 }

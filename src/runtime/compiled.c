@@ -21,12 +21,44 @@
  * callable (subclass.c): the flat inputs are then the instances' inner tensors. */
 #include "../graph/graph_internal.h"
 #include "../export/alias.h"
+#include "../nn/nn_internal.h"
 #include "aotgrad/compile.h"
 #include "effects_internal.h"
 #include "rng_wrap.h"
 #include "subclass.h"
 
 #include <stdio.h>
+
+/* Pointer arrays a call (or a backward) needs, kept in the callable between uses; a use that
+ * finds them taken (a reentrant one) allocates its own. */
+typedef struct kept_ptrs {
+    ag_tensor **p;
+    int64_t cap;
+    bool busy;
+} kept_ptrs;
+
+/* n zeroed pointers: the kept array when free, else a new one (NULL: ENOMEM). */
+static ag_tensor **ptrs_take(kept_ptrs *k, int64_t n) {
+    if (n < 1)
+        n = 1;
+    if (k->busy)
+        return ag__calloc((size_t)n, sizeof(ag_tensor *));
+    if (ag__grow((void **)&k->p, &k->cap, n, sizeof *k->p))
+        return NULL;
+    memset(k->p, 0, sizeof *k->p * (size_t)n);
+    k->busy = true;
+    return k->p;
+}
+
+static void ptrs_give(kept_ptrs *k, ag_tensor **p) {
+    if (p && p == k->p)
+        k->busy = false;
+    else
+        ag__free(p);
+}
+
+typedef struct bw_state bw_state;
+static void bw_state_destroy(bw_state *s);
 
 struct ag_compiled {
     int64_t refcount; /* the callable and every pending backward node hold one */
@@ -60,6 +92,9 @@ struct ag_compiled {
     int *grad_slot;
     int nbw_grads;
     ag__subx_info *sub;
+    /* Kept between calls so a training step allocates no bookkeeping once warm. */
+    kept_ptrs call_mem, bw_mem; /* a call's and a backward's pointer arrays */
+    bw_state *spare_bw;         /* a released backward node's state, for the next call */
 };
 
 static void compiled_release(ag_compiled *c) {
@@ -85,6 +120,9 @@ static void compiled_release(ag_compiled *c) {
     ag__effect_cache_clear(&c->eff_fw);
     ag__effect_cache_clear(&c->eff_bw);
     ag__joint_alias_clear(&c->alias);
+    ag__free(c->call_mem.p);
+    ag__free(c->bw_mem.p);
+    bw_state_destroy(c->spare_bw);
     ag__free(c);
 }
 
@@ -261,29 +299,68 @@ fail:
 
 /* ---- the backward node ---- */
 
-typedef struct bw_state {
+struct bw_state {
     ag_compiled *c;
     ag_tensor **saved;      /* nsaved references */
     uint64_t *saved_versions;
     ag_tensor **zeros_like; /* per tangent: an output to shape missing gradients after */
     int *rg_primal;         /* the node's inputs: primal index of each */
     int nrg;
-} bw_state;
+};
 
-static void bw_state_free(void *ud) {
-    bw_state *s = ud;
+static void bw_state_destroy(bw_state *s) {
     if (!s)
         return;
-    for (int i = 0; i < s->c->nsaved; i++)
-        ag_tensor_free(s->saved ? s->saved[i] : NULL);
-    for (int i = 0; i < s->c->ntangents; i++)
-        ag_tensor_free(s->zeros_like ? s->zeros_like[i] : NULL);
     ag__free(s->saved);
     ag__free(s->saved_versions);
     ag__free(s->zeros_like);
     ag__free(s->rg_primal);
-    compiled_release(s->c);
     ag__free(s);
+}
+
+/* The node's release: drops the tensors and keeps the arrays as the callable's spare. */
+static void bw_state_free(void *ud) {
+    bw_state *s = ud;
+    if (!s)
+        return;
+    ag_compiled *c = s->c;
+    for (int i = 0; i < c->nsaved; i++)
+        ag_tensor_free(s->saved ? s->saved[i] : NULL);
+    for (int i = 0; i < c->ntangents; i++)
+        ag_tensor_free(s->zeros_like ? s->zeros_like[i] : NULL);
+    if (!c->spare_bw && s->saved && s->saved_versions && s->zeros_like && s->rg_primal) {
+        c->spare_bw = s;
+    } else {
+        bw_state_destroy(s);
+    }
+    compiled_release(c);
+}
+
+/* A backward state for the next call: the spare, cleared, or new arrays. */
+static bw_state *bw_state_new(ag_compiled *c) {
+    bw_state *s = c->spare_bw;
+    size_t ns = (size_t)(c->nsaved ? c->nsaved : 1), nt = (size_t)(c->ntangents ? c->ntangents : 1);
+    size_t np = (size_t)(c->nprimals ? c->nprimals : 1);
+    if (s) {
+        c->spare_bw = NULL;
+        memset(s->saved, 0, sizeof *s->saved * ns);
+        memset(s->zeros_like, 0, sizeof *s->zeros_like * nt);
+        s->nrg = 0;
+    } else if ((s = ag__calloc(1, sizeof *s))) {
+        s->saved = ag__calloc(ns, sizeof *s->saved);
+        s->saved_versions = ag__calloc(ns, sizeof(uint64_t));
+        s->zeros_like = ag__calloc(nt, sizeof(ag_tensor *));
+        s->rg_primal = ag__calloc(np, sizeof(int));
+        if (!s->saved || !s->saved_versions || !s->zeros_like || !s->rg_primal) {
+            bw_state_destroy(s);
+            return NULL;
+        }
+    }
+    if (s) {
+        c->refcount++;
+        s->c = c;
+    }
+    return s;
 }
 
 static int compiled_backward(void *ud, ag_tensor *const *gout, int nout, ag_tensor **gin, int nin,
@@ -298,9 +375,9 @@ static int compiled_backward(void *ud, ag_tensor *const *gout, int nout, ag_tens
                                       "after the forward", c->saved_primal[i]);
     int nbin = c->nsaved + c->ntangents + ag__rng_wrap_num_inputs(&c->rng_bw);
     int ngrads = c->nbw_grads + 1; /* the updated philox offset may follow the grads */
-    ag_tensor **bin = ag__calloc((size_t)(nbin ? nbin : 1), sizeof *bin);
-    ag_tensor **grads = ag__calloc((size_t)ngrads, sizeof *grads);
-    int rc = bin && grads ? 0 : AG_ENOMEM;
+    ag_tensor **bin = ptrs_take(&c->bw_mem, (int64_t)nbin + ngrads);
+    ag_tensor **grads = bin ? bin + nbin : NULL;
+    int rc = bin ? 0 : AG_ENOMEM;
     for (int i = 0; rc == 0 && i < c->nsaved; i++)
         bin[i] = s->saved[i];
     for (int t = 0; rc == 0 && t < c->ntangents; t++) {
@@ -332,19 +409,19 @@ static int compiled_backward(void *ud, ag_tensor *const *gout, int nout, ag_tens
         int p = c->grad_slot[s->rg_primal[j]];
         if (needs[j] && grads[p]) {
             /* A gradient made by the executor for this input alone may become a leaf's .grad
-             * uncopied; one that is also another input's gradient, or is one of the backward's
-             * own inputs (a tangent passed straight through), must be copied. */
+             * uncopied (even as a view of its own buffer, such as t(t(mm))); one whose storage
+             * is also another input's gradient's, or one of the backward's own inputs' (a
+             * tangent passed straight through), must be copied. */
             bool shared = false;
             for (int q = 0; q < c->nbw_grads && !shared; q++)
-                shared = q != p && grads[q] == grads[p];
+                shared = q != p && grads[q] && grads[q]->storage == grads[p]->storage;
             for (int q = 0; q < nbin && !shared; q++)
-                shared = bin[q] == grads[p];
+                shared = bin[q] && bin[q]->storage == grads[p]->storage;
             grads[p]->grad_donated = !shared;
             gin[j] = grads[p];
         }
     }
-    ag__free(bin);
-    ag__free(grads);
+    ptrs_give(&c->bw_mem, bin);
     return rc;
 }
 
@@ -390,12 +467,18 @@ int ag__compiled_call_flat(ag_compiled *c, ag_tensor *const *inputs, int ninputs
     int npa = c->nprimals ? c->nprimals : 1;
     /* The forward's inputs: the primals, then the generator's state when it draws. */
     int nfin = c->nprimals + ag__rng_wrap_num_inputs(&c->rng_fw);
-    ag_tensor **prim = ag__calloc((size_t)nfin + 1, sizeof *prim);
-    ag_tensor **owned = ag__calloc((size_t)npa, sizeof *owned);
-    ag_tensor **node = ag__calloc((size_t)(c->nnode ? c->nnode : 1), sizeof *node);
-    ag_tensor **node_raw = ag__calloc((size_t)(c->nnode ? c->nnode : 1), sizeof *node_raw);
+    int nn1 = c->nnode ? c->nnode : 1;
+    int nfw = c->nmutated + c->nuser + c->nmetamut + c->ninter + (c->rng_fw.offset_out >= 0);
+    int nfo = nfw + c->nsaved;
+    /* One block: prim, owned, node, node_raw, fo, rg. */
+    ag_tensor **prim =
+        ptrs_take(&c->call_mem, (int64_t)nfin + 1 + 2 * npa + 2 * nn1 + (nfo ? nfo : 1));
+    ag_tensor **owned = prim ? prim + nfin + 1 : NULL;
+    ag_tensor **node = prim ? owned + npa : NULL;
+    ag_tensor **node_raw = prim ? node + nn1 : NULL;
+    ag_tensor **fo = prim ? node_raw + nn1 : NULL;
     int nowned = 0;
-    int rc = prim && owned && node && node_raw ? 0 : AG_ENOMEM;
+    int rc = prim ? 0 : AG_ENOMEM;
     /* The primals: removed duplicates dropped, merged inputs replaced by their base. */
     if (rc == 0)
         rc = ag__rt_primals(&c->alias, c->in_meta, inputs, ninputs, prim, owned, &nowned);
@@ -411,18 +494,10 @@ int ag__compiled_call_flat(ag_compiled *c, ag_tensor *const *inputs, int ninputs
                          ag__fmt_sizes(b, sizeof b, m->ndim, m->sizes));
         }
     }
-    int nfw = c->nmutated + c->nuser + c->nmetamut + c->ninter + (c->rng_fw.offset_out >= 0);
-    int nfo = nfw + c->nsaved;
-    ag_tensor **fo = rc == 0 ? ag__calloc((size_t)(nfo ? nfo : 1), sizeof *fo) : NULL;
-    if (rc == 0 && !fo)
-        rc = AG_ENOMEM;
     if (rc) {
         for (int k = 0; k < nowned; k++)
             ag_tensor_free(owned[k]);
-        ag__free(prim);
-        ag__free(owned);
-        ag__free(node);
-        ag__free(node_raw);
+        ptrs_give(&c->call_mem, prim);
         return rc;
     }
     /* Everything made here lives in this scope; what must outlive the call is kept. */
@@ -484,19 +559,9 @@ int ag__compiled_call_flat(ag_compiled *c, ag_tensor *const *inputs, int ninputs
             rc = ag_last_status();
     }
     if (rc == 0 && c->needs_autograd) {
-        bw_state *s = ag__calloc(1, sizeof *s);
-        ag_tensor **rg = ag__calloc((size_t)(c->nprimals ? c->nprimals : 1), sizeof *rg);
-        if (s) {
-            c->refcount++;
-            s->c = c;
-            s->saved = ag__calloc((size_t)(c->nsaved ? c->nsaved : 1), sizeof *s->saved);
-            s->saved_versions = ag__calloc((size_t)(c->nsaved ? c->nsaved : 1), sizeof(uint64_t));
-            s->zeros_like = ag__calloc((size_t)(c->ntangents ? c->ntangents : 1), sizeof(ag_tensor *));
-            s->rg_primal = ag__calloc((size_t)(c->nprimals ? c->nprimals : 1), sizeof(int));
-        }
-        if (!s || !rg || !s->saved || !s->saved_versions || !s->zeros_like || !s->rg_primal) {
-            bw_state_free(s);
-            ag__free(rg);
+        bw_state *s = bw_state_new(c);
+        ag_tensor **rg = fo + (nfo ? nfo : 1); /* the node's inputs */
+        if (!s) {
             rc = AG_ENOMEM;
         } else {
             for (int i = 0; i < c->nsaved; i++) {
@@ -515,7 +580,6 @@ int ag__compiled_call_flat(ag_compiled *c, ag_tensor *const *inputs, int ninputs
                 }
             rc = ag__autograd_custom("CompiledFunction", rg, s->nrg, node, c->nnode, c->out_diff,
                                      compiled_backward, s, bw_state_free);
-            ag__free(rg);
         }
     }
     /* User outputs: the node's, then the regenerated aliases (those of other outputs last). */
@@ -540,11 +604,7 @@ int ag__compiled_call_flat(ag_compiled *c, ag_tensor *const *inputs, int ninputs
         ag_tensor_free(node[k]);
     for (int k = 0; k < nowned; k++)
         ag_tensor_free(owned[k]);
-    ag__free(fo);
-    ag__free(prim);
-    ag__free(owned);
-    ag__free(node);
-    ag__free(node_raw);
+    ptrs_give(&c->call_mem, prim);
     for (int k = 0; k < c->nuser; k++) {
         if (rc) {
             ag_tensor_free(outs[k]);
@@ -558,26 +618,19 @@ int ag__compiled_call_flat(ag_compiled *c, ag_tensor *const *inputs, int ninputs
 
 int ag_compiled_call_module(ag_compiled *c, ag_module *m, ag_tensor *const *args, int nargs,
                             ag_tensor **outs, int max_out) {
-    ag_named_tensors ps = {0}, bs = {0};
-    if (ag_module_named_parameters(m, false, &ps) || ag_module_named_buffers(m, false, &bs)) {
-        ag_named_tensors_free(&ps);
-        return ag_last_status();
-    }
-    int n = ps.n + bs.n + nargs;
-    ag_tensor **in = ag__calloc((size_t)(n ? n : 1), sizeof *in);
-    int rc = in ? 0 : AG_ENOMEM;
-    if (in) {
-        int k = 0;
-        for (int i = 0; i < ps.n; i++)
-            in[k++] = ps.tensors[i];
-        for (int i = 0; i < bs.n; i++)
-            in[k++] = bs.tensors[i];
-        for (int i = 0; i < nargs; i++)
-            in[k++] = args[i];
-        rc = ag_compiled_call(c, in, n, outs, max_out);
-    }
-    ag__free(in);
-    ag_named_tensors_free(&ps);
-    ag_named_tensors_free(&bs);
+    if (!m || nargs < 0)
+        return ag__err(AG_EINVAL, "compiled: NULL module or negative argument count");
+    /* The flat inputs (parameters, buffers, args), on the stack when they fit. */
+    ag_tensor *stack_in[512];
+    int64_t nt = ag__module_flat_tensors(m, NULL, 0), n = nt + nargs;
+    ag_tensor **in = n <= 512 ? stack_in : ag__calloc((size_t)n, sizeof *in);
+    if (!in)
+        return AG_ENOMEM;
+    ag__module_flat_tensors(m, in, nt);
+    for (int i = 0; i < nargs; i++)
+        in[nt + i] = args[i];
+    int rc = ag_compiled_call(c, in, (int)n, outs, max_out);
+    if (in != stack_in)
+        ag__free(in);
     return rc;
 }

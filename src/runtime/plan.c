@@ -36,12 +36,21 @@
  * conversions of mixed-dtype operands; tests/test_plan.c counts them) and the caller's scope
  * growing when outputs are given to it.
  *
+ * Fusion (fuse.c, unless ag_plan_opts.no_fusion or AG_NO_FUSION=1). Runs of consecutive
+ * kernel calls that a fused kernel computes in one pass (a residual add and the layer norm
+ * after it, a layer norm's backward and the gradient add after it, cross-entropy's backward,
+ * ...) become groups: the first step of a group runs the fused kernel on all members' bound
+ * arguments, and the values the members read live until the group's last node, so the memory
+ * plan never places a member's output over what the fused kernel still reads. A group whose
+ * operands a run finds unsuitable runs its members one by one. Results are bit-identical.
+ *
  * Checking mode (ag_plan_opts.checking) fills every arena buffer with a poison pattern (a
  * NaN with a fixed payload for floats, 0xAB bytes otherwise) at the start of a run and as soon
  * as its last reader ran; before each kernel it checks that no two buffers alive at that node
  * overlap in the arena and that the first, middle and last elements of every arena operand
  * are not poison. A plan is not reentrant: one run at a time. */
 #include "plan_internal.h"
+#include "fuse.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -94,6 +103,7 @@ typedef struct pstep {
     int *reads;   /* values of the tensor arguments (checking) */
     int nreads;
     void *mem; /* lists, int arrays and strings the args point to */
+    ag__fuse_group fuse; /* the first step of a fused group: its rule (fuse.f->n steps) */
 } pstep;
 
 typedef struct pout {
@@ -127,6 +137,9 @@ struct ag_plan {
     ag_tensor **pick; /* per output slot: the struct chosen this run */
     int *by_end;      /* checking: arena buffers by end */
     int *live;        /* checking: scratch */
+    ag__fuse_group *fuse_at; /* building: per node, the fused group it starts */
+    int nfused;             /* fused groups */
+    int64_t fused_declined; /* group runs that fell back to one kernel per node */
 };
 
 static int64_t align_up(int64_t n) {
@@ -753,6 +766,60 @@ static int make_outputs(ag_plan *p, const ag_graph *g, bool *out_root) {
     return 0;
 }
 
+/* Fusion (fuse.c): runs of consecutive kernel calls that one fused kernel computes. The
+ * values a group's members read stay alive until its last member, so that no member's output
+ * is placed over memory the fused kernel still reads (one-by-one execution would allow it). */
+static int extend_read(ag_plan *p, const ag_node *user, int v, void *ud) {
+    (void)user;
+    int end = *(const int *)ud;
+    if (p->vals[v].last < end)
+        p->vals[v].last = end;
+    return 0;
+}
+
+static int find_fused_groups(ag_plan *p, const ag_graph *g) {
+    p->fuse_at = ag__calloc((size_t)(p->nnodes ? p->nnodes : 1), sizeof *p->fuse_at);
+    if (!p->fuse_at)
+        return AG_ENOMEM;
+    ag_node *chain[AG__FUSE_MAX];
+    ag_node *x = ag_graph_first(g);
+    while (x) {
+        if (ag_node_kind_of(x) != AG_NODE_CALL || (ag_op_def(ag_node_op(x))->flags & AG_OP_VIEW)) {
+            x = ag_node_next(x);
+            continue;
+        }
+        /* The kernel calls from x on, up to the next step that is not one (a view of an input
+         * is recomputed each run: a step of its own). */
+        int n = 0;
+        for (ag_node *y = x; y && n < AG__FUSE_MAX; y = ag_node_next(y)) {
+            if (ag_node_kind_of(y) != AG_NODE_CALL)
+                continue;
+            if (ag_op_def(ag_node_op(y))->flags & AG_OP_VIEW) {
+                if (p->vals[p->node_val[ag_node_index(y)]].dyn)
+                    break;
+                continue;
+            }
+            chain[n++] = y;
+        }
+        ag__fuse_group grp;
+        int len = n >= 2 ? ag__fuse_match(chain, n, &grp) : 0;
+        if (len < 2) {
+            x = ag_node_next(x);
+            continue;
+        }
+        int end = ag_node_index(chain[len - 1]);
+        for (int k = 0; k < len - 1; k++) {
+            int rc = for_each_read(p, chain[k], extend_read, &end);
+            if (rc)
+                return rc;
+        }
+        p->fuse_at[ag_node_index(x)] = grp;
+        p->nfused++;
+        x = ag_node_next(chain[len - 1]);
+    }
+    return 0;
+}
+
 static int build(ag_plan *p, const ag_graph *g) {
     int rc = ag_graph_verify(g);
     if (rc) {
@@ -791,6 +858,8 @@ static int build(ag_plan *p, const ag_graph *g) {
     for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x))
         if ((rc = for_each_read(p, x, note_read, NULL)))
             goto done;
+    if (!p->opts.no_fusion && !ag__fuse_disabled_by_env() && (rc = find_fused_groups(p, g)))
+        goto done;
     for (int v = 0; v < p->nvals; v++)
         rend[v] = p->vals[v].last;
     for (int v = 0; v < p->nvals; v++) {
@@ -801,6 +870,9 @@ static int build(ag_plan *p, const ag_graph *g) {
     if ((rc = make_outputs(p, g, out_root)) || (rc = plan_buffers(p, g, rend, out_root)) ||
         (rc = make_steps(p, g)))
         goto done;
+    if (p->fuse_at)
+        for (int si = 0; si < p->nsteps; si++)
+            p->steps[si].fuse = p->fuse_at[p->steps[si].node];
     if (p->opts.checking) {
         size_t b1 = (size_t)(p->nbufs ? p->nbufs : 1);
         p->by_end = ag__malloc(sizeof *p->by_end * b1);
@@ -814,6 +886,19 @@ done:
     ag__free(rend);
     ag__free(out_root);
     return rc;
+}
+
+int ag__plan_fused_groups(const ag_plan *p, const char **names, const char **first, int max) {
+    int k = 0;
+    for (int si = 0; p && si < p->nsteps; si++)
+        if (p->steps[si].fuse.f) {
+            if (k < max) {
+                names[k] = p->steps[si].fuse.f->name;
+                first[k] = nname(p, p->steps[si].node);
+            }
+            k++;
+        }
+    return k;
 }
 
 ag_plan *ag_plan_new(const ag_graph *g, const ag_plan_opts *opts) {
@@ -873,6 +958,7 @@ void ag_plan_free(ag_plan *p) {
     ag__free(p->arena);
     ag__free(p->by_end);
     ag__free(p->live);
+    ag__free(p->fuse_at);
     ag__free(p);
 }
 
@@ -898,6 +984,8 @@ void ag__plan_get_stats(const ag_plan *p, ag__plan_stats *s) {
             s->output_buffers++;
             s->pooled_storages += p->bufs[b].owners.n;
         }
+    s->fused_groups = p->nfused;
+    s->fused_declined = p->fused_declined;
     s->arena_bytes = p->arena_bytes;
     s->sum_bytes = p->sum_bytes;
     s->ideal_bytes = p->ideal_bytes;
@@ -1109,6 +1197,46 @@ void ag__plan_set_step_hook(ag__plan_step_fn fn, void *ud) {
     step_hook_ud = ud;
 }
 
+/* Calls one step's kernel; bumps the versions of what it mutates. */
+static int run_kernel(ag_plan *p, pstep *s, ag__tls_state *ts) {
+    if (step_hook)
+        step_hook(ag_op_name(s->op), nname(p, s->node), step_hook_ud);
+    ts->dispatch_depth++;
+    int rc = ag_op_def(s->op)->kernel(s->args, s->outs);
+    ts->dispatch_depth--;
+    if (rc < 0) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", ag_last_error());
+        return ag__err(rc, "plan: %%%s: %s", nname(p, s->node), msg);
+    }
+    for (int i = 0; i < s->op->nargs; i++)
+        if (s->op->mutates[i] && s->args[i].kind == AG_ARG_TENSOR && s->args[i].u.t)
+            s->args[i].u.t->storage->version++;
+    return 0;
+}
+
+/* Runs the fused group that starts at step si: 0, a negative status, or 1 (declined, nothing
+ * written that the members' one-by-one run would not overwrite). */
+static int run_fused(ag_plan *p, int si, ag__tls_state *ts) {
+    const pstep *s = &p->steps[si];
+    ag__fuse_member m[AG__FUSE_MAX];
+    for (int k = 0; k < s->fuse.f->n; k++) {
+        const pstep *x = &p->steps[si + k];
+        m[k] = (ag__fuse_member){x->op, x->args, x->outs};
+    }
+    if (step_hook)
+        step_hook(s->fuse.f->label, nname(p, s->node), step_hook_ud);
+    ts->dispatch_depth++;
+    int rc = s->fuse.f->run(m, s->fuse.flags);
+    ts->dispatch_depth--;
+    if (rc < 0) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", ag_last_error());
+        return ag__err(rc, "plan: %%%s (fused %s): %s", nname(p, s->node), s->fuse.f->name, msg);
+    }
+    return rc;
+}
+
 static int run_steps(ag_plan *p) {
     int nend = 0, next_end = 0;
     if (p->opts.checking) {
@@ -1131,20 +1259,19 @@ static int run_steps(ag_plan *p) {
             if (rc)
                 return rc;
         }
-        const ag_opdef *def = ag_op_def(s->op);
-        if (step_hook)
-            step_hook(ag_op_name(s->op), nname(p, s->node), step_hook_ud);
-        ts->dispatch_depth++;
-        int rc = def->kernel(s->args, s->outs);
-        ts->dispatch_depth--;
-        if (rc < 0) {
-            char msg[512];
-            snprintf(msg, sizeof msg, "%s", ag_last_error());
-            return ag__err(rc, "plan: %%%s: %s", nname(p, s->node), msg);
+        /* A fused group runs as one kernel, unless it declines this run's operands: then its
+         * members run one by one, this one now and the others as the next steps. */
+        int rc = s->fuse.f ? run_fused(p, si, ts) : 1;
+        if (rc < 0)
+            return rc;
+        if (rc == 0) {
+            si += s->fuse.f->n - 1;
+        } else {
+            if (s->fuse.f)
+                p->fused_declined++;
+            if ((rc = run_kernel(p, s, ts)))
+                return rc;
         }
-        for (int i = 0; i < s->op->nargs; i++)
-            if (s->op->mutates[i] && s->args[i].kind == AG_ARG_TENSOR && s->args[i].u.t)
-                s->args[i].u.t->storage->version++;
         if (p->opts.checking) {
             /* Poison what no later step reads. */
             int horizon = si + 1 < p->nsteps ? p->steps[si + 1].node : p->nnodes;

@@ -54,6 +54,8 @@ typedef struct ag__plan_stats {
     int64_t ideal_bytes;     /* most bytes alive at one step (after in-place merging) */
     int64_t output_bytes;    /* ag_plan_output_bytes */
     int64_t pooled_storages; /* output storages the pools hold now (in use or spare) */
+    int fused_groups;        /* groups of kernel calls that run as one fused kernel */
+    int64_t fused_declined;  /* group runs so far that fell back to one call per node */
 } ag__plan_stats;
 
 void ag__plan_get_stats(const ag_plan *p, ag__plan_stats *s);
@@ -63,6 +65,10 @@ void ag__plan_get_stats(const ag_plan *p, ag__plan_stats *s);
  * so tests can check that checking mode catches overlapping and freed buffers. Only before
  * the first run; the offset must keep the buffer inside the arena. */
 int ag__plan_debug_move(ag_plan *p, const char *name, int64_t offset, const char *end_at);
+
+/* The fused groups of a plan in step order: up to max of their names ("addmm+gelu", ...) and
+ * first nodes' names; returns how many groups there are. */
+int ag__plan_fused_groups(const ag_plan *p, const char **names, const char **first, int max);
 
 /* Test hook: fn(op name, node name, ud) runs before each kernel call of every plan (and
  * fn(NULL, NULL, ud) after a run's last), so a counting allocator can charge allocations to
