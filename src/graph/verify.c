@@ -103,18 +103,83 @@ static int val_mismatch(const ag_node *n, const char *what, const ag_tmeta *stor
                    tmeta_str(stored, full, a, sizeof a), what, tmeta_str(want, full, b, sizeof b));
 }
 
-/* How many times n's arguments reference d. */
-static int refs_to(const ag_node *n, const ag_node *d) {
+/* ---- an edge table: (user, definition) -> how many times the user's arguments reference it
+ * ----
+ * Filled in one pass over the graph before the checks, so that both directions of the users
+ * invariant are checked in time linear in the number of references (a user with thousands of
+ * arguments, such as a forward graph's output node, would otherwise make it quadratic). */
+
+typedef struct edge {
+    const ag_node *user, *def;
+    int count;
+    bool seen; /* the def's users list has an entry for this user (a second one is a duplicate) */
+} edge;
+
+typedef struct etab {
+    edge *e;
+    uint64_t mask;
+} etab;
+
+static uint64_t edge_hash(const ag_node *u, const ag_node *d) {
+    return ptr_hash(u) ^ (ptr_hash(d) * 0x9e3779b97f4a7c15ull);
+}
+
+static edge *edge_slot(const etab *t, const ag_node *u, const ag_node *d) {
+    uint64_t i = edge_hash(u, d) & t->mask;
+    while (t->e[i].user && (t->e[i].user != u || t->e[i].def != d))
+        i = (i + 1) & t->mask;
+    return &t->e[i];
+}
+
+/* The entry of (u, d), or NULL when u does not reference d. */
+static edge *edge_get(const etab *t, const ag_node *u, const ag_node *d) {
+    edge *x = edge_slot(t, u, d);
+    return x->user ? x : NULL;
+}
+
+static int nrefs(const ag_node *n) {
     int c = 0;
     for (int i = 0; i < n->nargs; i++) {
         const ag_garg *a = &n->args[i];
-        if (a->kind == AG_GA_NODE)
-            c += a->u.node == d;
-        else if (a->kind == AG_GA_NODES)
+        if (a->kind == AG_GA_NODE && a->u.node)
+            c++;
+        else if (a->kind == AG_GA_NODES && a->u.nodes)
             for (int k = 0; k < a->n; k++)
-                c += a->u.nodes[k] == d;
+                c += a->u.nodes[k] != NULL;
     }
     return c;
+}
+
+static void edge_add(etab *t, const ag_node *u, const ag_node *d) {
+    edge *x = edge_slot(t, u, d);
+    if (!x->user)
+        *x = (edge){u, d, 0, false};
+    x->count++;
+}
+
+/* Every reference of every node of the (well-linked) graph. */
+static int etab_fill(etab *t, const ag_graph *g) {
+    int64_t total = 0;
+    for (const ag_node *n = g->first; n; n = n->next)
+        total += nrefs(n);
+    uint64_t cap = 16;
+    while (cap < (uint64_t)total * 2)
+        cap <<= 1;
+    t->e = ag__calloc(cap, sizeof *t->e);
+    t->mask = cap - 1;
+    if (!t->e)
+        return AG_ENOMEM;
+    for (const ag_node *n = g->first; n; n = n->next)
+        for (int i = 0; i < n->nargs; i++) {
+            const ag_garg *a = &n->args[i];
+            if (a->kind == AG_GA_NODE && a->u.node)
+                edge_add(t, n, a->u.node);
+            else if (a->kind == AG_GA_NODES && a->u.nodes)
+                for (int k = 0; k < a->n; k++)
+                    if (a->u.nodes[k])
+                        edge_add(t, n, a->u.nodes[k]);
+        }
+    return 0;
 }
 
 static const char *kind_name(ag_node_kind k) {
@@ -137,7 +202,7 @@ static const char *kind_name(ag_node_kind k) {
 
 /* One referenced node d of user n (at position pos): in the graph, defined earlier, a value,
  * and n registered among d's users with the right count. */
-static int check_ref(const ag_graph *g, const ptab *t, const ag_node *n, int64_t pos,
+static int check_ref(const ptab *t, const etab *et, const ag_node *n, int64_t pos,
                      const ag_node *d) {
     int64_t dpos = ptab_get(t, d);
     if (dpos < 0)
@@ -147,7 +212,7 @@ static int check_ref(const ag_graph *g, const ptab *t, const ag_node *n, int64_t
         return ag__err(AG_EINVAL, "verify: %%%s uses %%%s before it is defined", n->name, d->name);
     if (d->kind == AG_NODE_OUTPUT)
         return ag__err(AG_EINVAL, "verify: %%%s uses the output node %%%s", n->name, d->name);
-    int want = refs_to(n, d);
+    int want = edge_get(et, n, d)->count;
     for (int i = 0; i < d->nusers; i++)
         if (d->users[i].node == n) {
             if (d->users[i].count != want)
@@ -160,18 +225,21 @@ static int check_ref(const ag_graph *g, const ptab *t, const ag_node *n, int64_t
 }
 
 /* Every entry of n's users list names a node of the graph that references n, once per entry. */
-static int check_users(const ptab *t, const ag_node *n) {
+static int check_users(const ptab *t, const etab *et, const ag_node *n) {
     for (int i = 0; i < n->nusers; i++) {
         const ag_node *u = n->users[i].node;
         if (!u || ptab_get(t, u) < 0)
             return ag__err(AG_EINVAL, "verify: %%%s lists user %s, which is not in the graph",
                            n->name, u ? u->name : "NULL");
-        for (int j = 0; j < i; j++)
-            if (n->users[j].node == u)
-                return ag__err(AG_EINVAL, "verify: %%%s lists user %%%s twice", n->name, u->name);
-        if (n->users[i].count <= 0 || refs_to(u, n) == 0)
+        /* An entry for a user that references n marks its edge; meeting a marked edge again
+         * is a duplicate (a user that does not reference n fails at its first entry). */
+        edge *e = edge_get(et, u, n);
+        if (e && e->seen)
+            return ag__err(AG_EINVAL, "verify: %%%s lists user %%%s twice", n->name, u->name);
+        if (n->users[i].count <= 0 || !e)
             return ag__err(AG_EINVAL, "verify: %%%s lists user %%%s, which does not use it",
                            n->name, u->name);
+        e->seen = true;
         /* The count itself is compared from the user's side (check_ref). */
     }
     return 0;
@@ -350,9 +418,9 @@ static int check_name(const ag_graph *g, const ag_node *n, int64_t pos) {
     return 0;
 }
 
-static int verify(const ag_graph *g, ptab *t) {
+static int verify(const ag_graph *g, ptab *t, etab *et) {
     int rc = check_links(g, t);
-    if (rc)
+    if (rc || (rc = etab_fill(et, g)))
         return rc;
     const ag_node *first_other = NULL, *output = NULL;
     int64_t pos = 0;
@@ -372,7 +440,7 @@ static int verify(const ag_graph *g, ptab *t) {
         for (int i = 0; i < n->nargs; i++) {
             const ag_garg *a = &n->args[i];
             if (a->kind == AG_GA_NODE && a->u.node)
-                rc = check_ref(g, t, n, pos, a->u.node);
+                rc = check_ref(t, et, n, pos, a->u.node);
             else if (a->kind == AG_GA_NODE && n->kind != AG_NODE_OUTPUT)
                 rc = ag__err(AG_EINVAL, "verify: %%%s: argument %d is a NULL node", n->name, i);
             else if (a->kind == AG_GA_NODES && a->n > 0 && !a->u.nodes)
@@ -380,11 +448,11 @@ static int verify(const ag_graph *g, ptab *t) {
             else if (a->kind == AG_GA_NODES)
                 for (int k = 0; k < a->n && rc == 0; k++)
                     if (a->u.nodes[k])
-                        rc = check_ref(g, t, n, pos, a->u.nodes[k]);
+                        rc = check_ref(t, et, n, pos, a->u.nodes[k]);
             if (rc)
                 return rc;
         }
-        if ((rc = check_users(t, n)) || (rc = check_node(g, n)))
+        if ((rc = check_users(t, et, n)) || (rc = check_node(g, n)))
             return rc;
     }
     if (!output)
@@ -401,7 +469,9 @@ int ag_graph_verify(const ag_graph *g) {
     ptab t;
     if (ptab_init(&t, g->count))
         return AG_ENOMEM;
-    int rc = verify(g, &t);
+    etab et = {0};
+    int rc = verify(g, &t, &et);
     ptab_free(&t);
+    ag__free(et.e);
     return rc;
 }

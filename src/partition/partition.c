@@ -61,7 +61,9 @@ void ag__part_free(ag__part *P) {
 }
 
 /* Distinct argument nodes of n, as indices. */
-static int collect_args(ag__pinfo *pi, const ag_node *n) {
+/* pi->args: the distinct nodes n reads, in argument order. mark[] (one int per node, never
+ * equal to `stamp` before this call) tells the ones already taken. */
+static int collect_args(ag__pinfo *pi, const ag_node *n, int *mark, int stamp) {
     int cnt = 0;
     int64_t cap = 0;
     for (int a = 0; a < ag_node_nargs(n); a++) {
@@ -72,10 +74,10 @@ static int collect_args(ag__pinfo *pi, const ag_node *n) {
             if (!m)
                 continue;
             int x = idx_of(m);
-            bool dup = false;
-            for (int j = 0; j < cnt && !dup; j++)
-                dup = pi->args[j] == x;
-            if (!dup && push_int(&pi->args, &cnt, &cap, x))
+            if (mark[x] == stamp)
+                continue;
+            mark[x] = stamp;
+            if (push_int(&pi->args, &cnt, &cap, x))
                 return AG_ENOMEM;
         }
     }
@@ -163,6 +165,7 @@ static bool is_body_kind(ag_node_kind k) {
 }
 
 int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
+    int *mark = NULL;
     memset(P, 0, sizeof *P);
     P->meta_budget = -1;
     if (!joint)
@@ -189,9 +192,12 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
     P->outs = ag__malloc(sizeof(int) * (size_t)(nouts ? nouts : 1));
     P->primals = ag__malloc(sizeof(int) * (size_t)P->nn);
     P->tangents = ag__malloc(sizeof(int) * (size_t)P->nn);
+    mark = ag__malloc(sizeof(int) * (size_t)P->nn);
     rc = AG_ENOMEM;
-    if (!P->info || !P->outs || !P->primals || !P->tangents)
+    if (!P->info || !P->outs || !P->primals || !P->tangents || !mark)
         goto fail;
+    for (int k = 0; k < P->nn; k++)
+        mark[k] = -1;
 
     /* Per-node facts. */
     int i = 0;
@@ -201,7 +207,7 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
         pi->kind = ag_node_kind_of(n);
         pi->fw_order = -1;
         pi->root = i;
-        if ((rc = collect_args(pi, n)))
+        if ((rc = collect_args(pi, n, mark, i)))
             goto fail;
         const char *tag = ag_node_partitioner_tag(n);
         pi->must_fw = tag && !strcmp(tag, "must_be_in_forward");
@@ -263,6 +269,8 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
         for (int v = 0; v < ag_node_num_vals(n); v++)
             pi->bytes += tmeta_bytes(ag_node_val(n, v));
     }
+    ag__free(mark);
+    mark = NULL;
     /* Users: distinct, in graph order (each user appears once in ag_node_user). */
     for (i = 0; i < P->nn; i++) {
         ag__pinfo *pi = &P->info[i];
@@ -336,6 +344,7 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
     }
     return 0;
 fail:
+    ag__free(mark);
     if (rc >= 0)
         rc = AG_ENOMEM;
     ag__part_free(P);

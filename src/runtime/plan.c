@@ -730,27 +730,32 @@ static int make_outputs(ag_plan *p, const ag_graph *g, bool *out_root) {
     p->nouts = a->n;
     p->outs = ag__calloc((size_t)(a->n ? a->n : 1), sizeof *p->outs);
     p->pick = ag__calloc((size_t)(a->n ? a->n : 1), sizeof *p->pick);
-    if (!p->outs || !p->pick)
+    /* per value: its first output slot, or -1 */
+    int *first_slot = ag__malloc(sizeof *first_slot * (size_t)(p->nvals ? p->nvals : 1));
+    if (!p->outs || !p->pick || !first_slot) {
+        ag__free(first_slot);
         return AG_ENOMEM;
-    for (int k = 0; k < a->n; k++) {
+    }
+    for (int v = 0; v < p->nvals; v++)
+        first_slot[v] = -1;
+    int rc = 0;
+    for (int k = 0; k < a->n && rc == 0; k++) {
         pout *po = &p->outs[k];
         po->val = -1;
         po->same_as = -1;
         if (!a->u.nodes[k])
             continue;
-        int rc = val_of_node(p, o, a->u.nodes[k], &po->val);
-        if (rc)
-            return rc;
-        for (int j = 0; j < k; j++)
-            if (p->outs[j].val == po->val) {
-                po->same_as = j;
-                break;
-            }
+        if ((rc = val_of_node(p, o, a->u.nodes[k], &po->val)))
+            break;
+        po->same_as = first_slot[po->val];
+        if (po->same_as < 0)
+            first_slot[po->val] = k;
         int r = p->vals[po->val].root;
         if (p->vals[r].kind == PV_BUF)
             out_root[r] = true;
     }
-    return 0;
+    ag__free(first_slot);
+    return rc;
 }
 
 static int build(ag_plan *p, const ag_graph *g) {
