@@ -12,10 +12,21 @@ typedef struct ag__use {
     int count; /* how many arguments of `node` reference the definition */
 } ag__use;
 
+/* A metadata entry. Well-known keys (seq_nr, partitioner_tag, ...) and string values
+ * (is_forward, MUST_SAVE, ...) point at one interned copy in graph.c; other keys are the
+ * entry's own copies; other string values are counted strings (ag__rcstr) that copies of the
+ * entry share, so copying a node's stack trace to another node or graph copies no text. */
 typedef struct ag__mentry {
-    char *key;
-    ag_mval v; /* strings owned */
+    const char *key;
+    ag_mval v;
+    bool key_owned;   /* key is a heap copy (else interned) */
+    bool val_counted; /* v.u.s is a counted string (else interned, or not a string) */
 } ag__mentry;
+
+enum {
+    AG__META_INLINE = 4,  /* metadata entries held in the node before the list moves to the heap */
+    AG__NAME_INLINE = 40, /* names shorter than this live in the node */
+};
 
 struct ag_node {
     ag_graph *graph;
@@ -31,14 +42,25 @@ struct ag_node {
     ag_tmeta *vals;
     int nvals;
     ag_tensor *constant;
-    ag__mentry *meta, *custom;
+    ag__mentry *meta, *custom; /* meta is meta_inline until it outgrows it */
     int nmeta, meta_cap, ncustom, custom_cap;
     ag_desc *desc;
     ag_desc **out_descs;
     int nout_descs;
     bool has_out_descs;
     int index;
+    uint32_t stamp; /* scratch mark for a pass's sweep (DCE) */
+    ag__mentry meta_inline[AG__META_INLINE];
+    char name_inline[AG__NAME_INLINE];
 };
+
+/* Nodes are carved from blocks owned by the graph (consecutive nodes sit together in memory,
+ * which keeps walks over a large graph cache-friendly); erased nodes go to a free list. */
+typedef struct ag__node_block {
+    struct ag__node_block *next;
+    int cap, used;
+    ag_node nodes[];
+} ag__node_block;
 
 typedef struct ag__base_count {
     char *base;
@@ -58,10 +80,19 @@ struct ag_graph {
     ag_node **ph_cache;
     int64_t ph_cap;
     ag_node *last_ph; /* the last placeholder, or NULL when unknown (recomputed on demand) */
+    int64_t nph;      /* placeholders in the list */
+    ag__strmap base_idx; /* name base -> its index in bases, plus one */
+    ag__node_block *blocks;
+    ag_node *free_nodes; /* erased nodes, linked through next */
+    uint32_t stamp;
 };
 
 /* Deep copy / free of an argument value (lists and strings). */
 int ag__garg_copy(ag_garg *dst, const ag_garg *src);
+/* Copies every metadata entry of src onto dst (same keys replaced), sharing string values. */
+int ag__node_meta_copy(ag_node *dst, const ag_node *src);
+/* Gives dst src's entry for key, sharing its string (removes dst's when src has none). */
+int ag__node_meta_copy_key(ag_node *dst, const ag_node *src, const char *key);
 void ag__garg_free(ag_garg *a);
 const char *ag__recompute_name(ag_recompute r);
 

@@ -683,14 +683,8 @@ int ag__plan_peak(const ag__part *P, const ag__plan *pl, ag__peak *out) {
 
 /* Copies node metadata (every key, custom annotations) from src to dst. */
 static int copy_meta(ag_node *dst, const ag_node *src) {
-    for (int k = 0; k < ag_node_meta_count(src); k++) {
-        ag_mval v;
-        const char *key = ag_node_meta_key_at(src, k, &v);
-        int rc = ag_node_meta_set(dst, key, v);
-        if (rc)
-            return rc;
-    }
-    return ag_node_custom_copy(dst, src);
+    int rc = ag__node_meta_copy(dst, src); /* strings shared with the joint's nodes */
+    return rc ? rc : ag_node_custom_copy(dst, src);
 }
 
 /* Copies body node x of the joint into dst, its node arguments mapped through env. */
