@@ -102,3 +102,10 @@ void ag__strmap_free(ag__strmap *m) {
     m->vals = NULL;
     m->cap = m->len = m->tombs = 0;
 }
+
+int ag__strmap_reserve(ag__strmap *m, int64_t n) {
+    int64_t ncap = m->cap ? m->cap : 16;
+    while ((n + 1) * 10 >= ncap * 5)
+        ncap *= 2;
+    return ncap > m->cap ? rehash(m, ncap) : 0;
+}

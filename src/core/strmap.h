@@ -19,6 +19,8 @@ void *ag__strmap_get(const ag__strmap *m, const char *key);
 bool ag__strmap_has(const ag__strmap *m, const char *key);
 void ag__strmap_del(ag__strmap *m, const char *key);
 void ag__strmap_free(ag__strmap *m);
+/* Room for n keys without rebuilding the table. */
+int ag__strmap_reserve(ag__strmap *m, int64_t n);
 uint64_t ag__strhash(const char *s);
 
 #endif

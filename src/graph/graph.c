@@ -148,16 +148,26 @@ static int add_use(ag_node *def, ag_node *user, bool fresh) {
             def->users[i].count++;
             return 0;
         }
-    int64_t cap = def->users_cap;
-    if (ag__grow((void **)&def->users, &cap, def->nusers + 1, sizeof *def->users))
-        return AG_ENOMEM;
-    def->users_cap = cap;
+    if (def->nusers == def->users_cap) {
+        /* Most values have one or two users: the list starts inside the node. */
+        int ncap = def->users_cap ? 2 * def->users_cap : AG__USERS_INLINE;
+        ag__use *nu = ncap == AG__USERS_INLINE ? def->users_inline
+                                               : ag__malloc(sizeof *nu * (size_t)ncap);
+        if (!nu)
+            return AG_ENOMEM;
+        if (def->nusers)
+            memcpy(nu, def->users, sizeof *nu * (size_t)def->nusers);
+        if (def->users != def->users_inline)
+            ag__free(def->users);
+        def->users = nu;
+        def->users_cap = ncap;
+    }
     def->users[def->nusers++] = (ag__use){user, 1};
     return 0;
 }
 
 static void drop_use(ag_node *def, ag_node *user) {
-    for (int i = 0; i < def->nusers; i++)
+    for (int i = def->nusers - 1; i >= 0; i--) /* the latest users go first (DCE erases them) */
         if (def->users[i].node == user) {
             if (--def->users[i].count == 0) {
                 memmove(&def->users[i], &def->users[i + 1],
@@ -272,7 +282,8 @@ static void meta_entries_free(ag__mentry *e, int n, const ag__mentry *inline_buf
 static void node_clear(ag_node *n) {
     for (int i = 0; i < n->nargs; i++)
         ag__garg_free(&n->args[i]);
-    ag__free(n->users);
+    if (n->users != n->users_inline)
+        ag__free(n->users);
     node_free_name(n);
     if (n->vals != &n->val1)
         ag__free(n->vals);
@@ -1113,6 +1124,10 @@ ag_desc *ag_node_output_desc(const ag_node *out, int i) {
 }
 bool ag_node_has_output_descs(const ag_node *out) { return out->has_out_descs; }
 
+int ag__graph_reserve(ag_graph *g, int64_t nnodes) {
+    return ag__strmap_reserve(&g->names, nnodes);
+}
+
 /* ---- copy ---- */
 
 ag_graph *ag_graph_copy(const ag_graph *src) {
@@ -1121,6 +1136,8 @@ ag_graph *ag_graph_copy(const ag_graph *src) {
         return NULL;
     ag__ptrmap map = {0}; /* source node -> its copy */
     int rc = ag__ptrmap_reserve(&map, src->count);
+    if (rc == 0)
+        rc = ag__graph_reserve(g, src->count);
     for (ag_node *n = src->first; n && rc == 0; n = n->next) {
         ag_node *m = node_alloc(g);
         if (!m) {

@@ -26,6 +26,7 @@ typedef struct ag__mentry {
 enum {
     AG__META_INLINE = 4,  /* metadata entries held in the node before the list moves to the heap */
     AG__NAME_INLINE = 40, /* names shorter than this live in the node */
+    AG__USERS_INLINE = 2, /* users listed in the node before the list moves to the heap */
 };
 
 struct ag_node {
@@ -50,6 +51,7 @@ struct ag_node {
     bool has_out_descs;
     int index;
     uint32_t stamp; /* scratch mark for a pass's sweep (DCE) */
+    ag__use users_inline[AG__USERS_INLINE];
     ag__mentry meta_inline[AG__META_INLINE];
     char name_inline[AG__NAME_INLINE];
 };
@@ -89,6 +91,8 @@ struct ag_graph {
 
 /* Deep copy / free of an argument value (lists and strings). */
 int ag__garg_copy(ag_garg *dst, const ag_garg *src);
+/* Sizes the graph's tables for nnodes nodes (a copy or an extraction knows its size). */
+int ag__graph_reserve(ag_graph *g, int64_t nnodes);
 /* Copies every metadata entry of src onto dst (same keys replaced), sharing string values. */
 int ag__node_meta_copy(ag_node *dst, const ag_node *src);
 /* Gives dst src's entry for key, sharing its string (removes dst's when src has none). */

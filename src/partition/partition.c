@@ -32,14 +32,6 @@ static int cmp_int(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Appends v to a growable int array. */
-static int push_int(int **v, int *n, int64_t *cap, int x) {
-    if (ag__grow((void **)v, cap, *n + 1, sizeof **v))
-        return AG_ENOMEM;
-    (*v)[(*n)++] = x;
-    return 0;
-}
-
 static int64_t tmeta_bytes(const ag_tmeta *m) {
     return ag__numel(m->ndim, m->sizes) * (int64_t)ag_dtype_size(m->dtype);
 }
@@ -47,11 +39,7 @@ static int64_t tmeta_bytes(const ag_tmeta *m) {
 /* ---- classification ---- */
 
 void ag__part_free(ag__part *P) {
-    if (P->info)
-        for (int i = 0; i < P->nn; i++) {
-            ag__free(P->info[i].args);
-            ag__free(P->info[i].users);
-        }
+    ag__free(P->pool);
     ag__free(P->info);
     ag__free(P->outs);
     ag__free(P->primals);
@@ -61,11 +49,25 @@ void ag__part_free(ag__part *P) {
 }
 
 /* Distinct argument nodes of n, as indices. */
-/* pi->args: the distinct nodes n reads, in argument order. mark[] (one int per node, never
- * equal to `stamp` before this call) tells the ones already taken. */
-static int collect_args(ag__pinfo *pi, const ag_node *n, int *mark, int stamp) {
+/* The node references of n's arguments (None elements not counted). */
+static int64_t count_refs(const ag_node *n) {
+    int64_t c = 0;
+    for (int a = 0; a < ag_node_nargs(n); a++) {
+        const ag_garg *g = ag_node_arg(n, a);
+        if (g->kind == AG_GA_NODE)
+            c += g->u.node != NULL;
+        else if (g->kind == AG_GA_NODES)
+            for (int e = 0; e < g->n; e++)
+                c += g->u.nodes[e] != NULL;
+    }
+    return c;
+}
+
+/* pi->args (already pointing at room for every reference of n): the distinct nodes n reads,
+ * in argument order. mark[] (one int per node, never equal to `stamp` before this call) tells
+ * the ones already taken. */
+static void collect_args(ag__pinfo *pi, const ag_node *n, int *mark, int stamp) {
     int cnt = 0;
-    int64_t cap = 0;
     for (int a = 0; a < ag_node_nargs(n); a++) {
         const ag_garg *g = ag_node_arg(n, a);
         int k = g->kind == AG_GA_NODE ? 1 : g->kind == AG_GA_NODES ? g->n : 0;
@@ -77,12 +79,10 @@ static int collect_args(ag__pinfo *pi, const ag_node *n, int *mark, int stamp) {
             if (mark[x] == stamp)
                 continue;
             mark[x] = stamp;
-            if (push_int(&pi->args, &cnt, &cap, x))
-                return AG_ENOMEM;
+            pi->args[cnt++] = x;
         }
     }
     pi->nargs = cnt;
-    return 0;
 }
 
 /* upstream's cleanup_recompute_tags: when two checkpointed regions touch with no operator in
@@ -193,8 +193,14 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
     P->primals = ag__malloc(sizeof(int) * (size_t)P->nn);
     P->tangents = ag__malloc(sizeof(int) * (size_t)P->nn);
     mark = ag__malloc(sizeof(int) * (size_t)P->nn);
+    /* Every node's distinct arguments and distinct users, in one block: each list holds at
+     * most the node's references, so twice the graph's references bound the total. */
+    int64_t refs = 0, pooled = 0;
+    for (ag_node *n = ag_graph_first(P->g); n; n = ag_node_next(n))
+        refs += count_refs(n);
+    P->pool = ag__malloc(sizeof(int) * (size_t)(2 * refs + 1));
     rc = AG_ENOMEM;
-    if (!P->info || !P->outs || !P->primals || !P->tangents || !mark)
+    if (!P->info || !P->outs || !P->primals || !P->tangents || !mark || !P->pool)
         goto fail;
     for (int k = 0; k < P->nn; k++)
         mark[k] = -1;
@@ -207,8 +213,9 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
         pi->kind = ag_node_kind_of(n);
         pi->fw_order = -1;
         pi->root = i;
-        if ((rc = collect_args(pi, n, mark, i)))
-            goto fail;
+        pi->args = P->pool + pooled;
+        collect_args(pi, n, mark, i);
+        pooled += pi->nargs;
         const char *tag = ag_node_partitioner_tag(n);
         pi->must_fw = tag && !strcmp(tag, "must_be_in_forward");
         pi->must_bw = tag && !strcmp(tag, "must_be_in_backward");
@@ -276,9 +283,8 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
         ag__pinfo *pi = &P->info[i];
         int k = ag_node_num_users(pi->node);
         if (k) {
-            pi->users = ag__malloc(sizeof(int) * (size_t)k);
-            if (!pi->users)
-                goto fail;
+            pi->users = P->pool + pooled;
+            pooled += k;
             for (int u = 0; u < k; u++)
                 pi->users[u] = idx_of(ag_node_user(pi->node, u));
             qsort(pi->users, (size_t)k, sizeof(int), cmp_int);
@@ -762,7 +768,7 @@ static ag_graph *build_graph(const ag__part *P, const int *inputs, int nin, cons
     ag_graph *g = ag_graph_new();
     ag_node **env = ag__calloc((size_t)P->nn, sizeof *env);
     ag_node **on = ag__malloc(sizeof *on * (size_t)(nouts ? nouts : 1));
-    bool ok = g && env && on;
+    bool ok = g && env && on && ag__graph_reserve(g, nin + nbody + 1) == 0;
     for (int k = 0; ok && k < nin; k++)
         ok = (env[inputs[k]] = copy_placeholder(g, P, inputs[k])) != NULL;
     for (int k = 0; ok && k < nbody; k++)

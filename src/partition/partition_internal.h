@@ -54,6 +54,7 @@ typedef struct ag__part {
     int nreq_bw;
     bool has_recompute_tags; /* some node is MUST/PREFER_RECOMPUTE */
     double meta_budget;      /* a node's float meta "memory_budget", or -1 */
+    int *pool;               /* the nodes' args and users lists */
 } ag__part;
 
 /* Copies and classifies `joint` (spec 7.2 step 2, dist_from_bw of step 3). On failure a

@@ -93,7 +93,7 @@ typedef struct pstep {
     int view_val; /* STEP_VIEW: the view's value */
     int *reads;   /* values of the tensor arguments (checking) */
     int nreads;
-    void *mem; /* lists, int arrays and strings the args point to */
+    void *mem; /* lists, int arrays and strings the args point to (in the plan's step_mem) */
 } pstep;
 
 typedef struct pout {
@@ -105,7 +105,10 @@ typedef struct pout {
 struct ag_plan {
     ag_plan_opts opts;
     int nnodes;
-    char **names;
+    char **names;      /* per node, into name_chars */
+    char *name_chars;  /* the node names, one block */
+    char *step_mem;    /* the steps' mem, one block */
+    size_t step_mem_used, step_mem_size;
     int *node_val; /* per node: its first value, -1 when none */
     int nvals;
     pv *vals;
@@ -509,15 +512,12 @@ static int plan_buffers(ag_plan *p, const ag_graph *g, const int *rend, const bo
 
 /* ---- building: tensor structs and steps ---- */
 
-/* Converts node arguments to kernel arguments over the plan's structs into s->args (defaults
- * filled); lists, int arrays and strings are copied into s->mem. */
-static int bind_args(ag_plan *p, const ag_node *x, pstep *s) {
-    const ag_op *op = ag_node_op(x);
-    int na = ag_node_nargs(x);
-    /* One block: 8-byte items (tensor pointers, ints) first, then the reads, then strings. */
+/* The bytes of a call's step memory: 8-byte items (tensor pointers, ints) first, then the
+ * reads, then strings, rounded up to 8 so that the next step's block stays aligned. */
+static size_t step_mem_bytes(const ag_node *x, size_t *wide_out, int *nreads_out) {
     size_t wide = 0, chars = 0;
     int nreads = 0;
-    for (int i = 0; i < na; i++) {
+    for (int i = 0; i < ag_node_nargs(x); i++) {
         const ag_garg *a = ag_node_arg(x, i);
         if (a->kind == AG_GA_NODES) {
             wide += sizeof(ag_tensor *) * (size_t)a->n;
@@ -529,9 +529,25 @@ static int bind_args(ag_plan *p, const ag_node *x, pstep *s) {
         else if (a->kind == AG_GA_NODE)
             nreads++;
     }
-    s->mem = ag__malloc(wide + sizeof(int) * (size_t)nreads + chars);
-    if (!s->mem)
-        return AG_ENOMEM;
+    if (wide_out)
+        *wide_out = wide;
+    if (nreads_out)
+        *nreads_out = nreads;
+    return (wide + sizeof(int) * (size_t)nreads + chars + 7) / 8 * 8;
+}
+
+/* Converts node arguments to kernel arguments over the plan's structs into s->args (defaults
+ * filled); lists, int arrays and strings are copied into s->mem, carved from p->step_mem. */
+static int bind_args(ag_plan *p, const ag_node *x, pstep *s) {
+    const ag_op *op = ag_node_op(x);
+    int na = ag_node_nargs(x);
+    size_t wide = 0;
+    int nreads = 0;
+    size_t bytes = step_mem_bytes(x, &wide, &nreads);
+    if (p->step_mem_used + bytes > p->step_mem_size)
+        return ag__err(AG_EINVAL, "plan_new: %%%s: step memory miscounted", ag_node_name(x));
+    s->mem = p->step_mem + p->step_mem_used;
+    p->step_mem_used += bytes;
     char *m = s->mem;
     s->reads = (int *)(m + wide);
     char *mstr = m + wide + sizeof(int) * (size_t)nreads;
@@ -687,21 +703,15 @@ static int make_steps(ag_plan *p, const ag_graph *g) {
         s->node = i;
         s->op = op;
         int rc = bind_args(p, x, s);
-        if (rc) {
-            ag__free(s->mem);
+        if (rc)
             return rc;
-        }
         if (def->flags & AG_OP_VIEW) {
             int v = p->node_val[i];
             rc = view_geometry(p, s, v, "plan_new");
-            if (rc) {
-                ag__free(s->mem);
+            if (rc)
                 return rc;
-            }
-            if (!p->vals[v].dyn) { /* fixed geometry: nothing to do at run time */
-                ag__free(s->mem);
+            if (!p->vals[v].dyn) /* fixed geometry: nothing to do at run time */
                 continue;
-            }
             s->kind = STEP_VIEW;
             s->view_val = v;
             p->nview++;
@@ -785,11 +795,26 @@ static int build(ag_plan *p, const ag_graph *g) {
         rc = AG_ENOMEM;
         goto done;
     }
-    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x))
-        if (!(p->names[ag_node_index(x)] = ag__strdup(ag_node_name(x)))) {
-            rc = AG_ENOMEM;
-            goto done;
-        }
+    /* Node names and the steps' argument memory, each in one block. */
+    size_t name_bytes = 0;
+    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
+        name_bytes += strlen(ag_node_name(x)) + 1;
+        if (ag_node_kind_of(x) == AG_NODE_CALL)
+            p->step_mem_size += step_mem_bytes(x, NULL, NULL);
+    }
+    p->name_chars = ag__malloc(name_bytes);
+    p->step_mem = ag__malloc(p->step_mem_size ? p->step_mem_size : 1);
+    if (!p->name_chars || !p->step_mem) {
+        rc = AG_ENOMEM;
+        goto done;
+    }
+    char *nc = p->name_chars;
+    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
+        size_t len = strlen(ag_node_name(x)) + 1;
+        memcpy(nc, ag_node_name(x), len);
+        p->names[ag_node_index(x)] = nc;
+        nc += len;
+    }
     if ((rc = assign_values(p, g)))
         goto done;
     /* Last reads; a view's reads keep its root alive. */
@@ -859,12 +884,8 @@ void ag_plan_free(ag_plan *p) {
         for (int v = 0; v < p->nvals; v++)
             if (p->vals[v].kind == PV_CONST)
                 ag_tensor_free(p->tp[v]);
-    if (p->steps)
-        for (int s = 0; s < p->nsteps; s++)
-            ag__free(p->steps[s].mem);
-    if (p->names)
-        for (int i = 0; i < p->nnodes; i++)
-            ag__free(p->names[i]);
+    ag__free(p->step_mem);
+    ag__free(p->name_chars);
     ag__free(p->names);
     ag__free(p->node_val);
     ag__free(p->ph_val);
