@@ -72,32 +72,78 @@ static const char *intern(const char *s) {
     return NULL;
 }
 
-/* Counted strings: shared by the metadata entries of node copies, freed with the last one.
- * Atomic counts, as copies of a graph may live on other threads. */
-typedef struct rcstr {
+/* ---- string pools ----
+ * Metadata strings that are not interned live in string pools: append-only chunks, freed
+ * together when the last graph using the pool is freed. A graph writes only into its own
+ * pool; an entry copied from another graph's node shares the string, and the graph holds the
+ * pool it lives in (one count per pool and graph, not one per string). So copying a stack
+ * trace to another node or graph touches neither the text nor a count beside it. A string
+ * that is replaced or deleted stays in its pool until the pool is freed. Counts are atomic:
+ * copies of a graph may be freed on other threads. */
+typedef struct strchunk {
+    struct strchunk *next;
+    size_t cap, used;
+    char data[];
+} strchunk;
+
+struct ag__strpool {
     _Atomic int64_t refs;
-    char s[];
-} rcstr;
+    strchunk *chunks;
+};
 
-static rcstr *rc_of(const char *s) { return (rcstr *)(void *)(s - offsetof(rcstr, s)); }
+static void pool_release(ag__strpool *p) {
+    if (!p || atomic_fetch_sub_explicit(&p->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    for (strchunk *c = p->chunks, *next; c; c = next) {
+        next = c->next;
+        ag__free(c);
+    }
+    ag__free(p);
+}
 
-static const char *rcstr_new(const char *s) {
+/* A copy of s in g's own pool. */
+static const char *pool_add(ag_graph *g, const char *s) {
+    if (!g->strings) {
+        g->strings = ag__calloc(1, sizeof *g->strings);
+        if (!g->strings)
+            return NULL;
+        atomic_init(&g->strings->refs, 1);
+    }
+    ag__strpool *p = g->strings;
     size_t n = strlen(s) + 1;
-    rcstr *r = ag__malloc(sizeof *r + n);
-    if (!r)
-        return NULL;
-    atomic_init(&r->refs, 1);
-    memcpy(r->s, s, n);
-    return r->s;
+    strchunk *c = p->chunks;
+    if (!c || c->cap - c->used < n) {
+        size_t cap = 16384 - sizeof *c;
+        if (cap < n)
+            cap = n;
+        c = ag__malloc(sizeof *c + cap);
+        if (!c)
+            return NULL;
+        c->cap = cap;
+        c->used = 0;
+        c->next = p->chunks;
+        p->chunks = c;
+    }
+    char *d = c->data + c->used;
+    memcpy(d, s, n);
+    c->used += n;
+    return d;
 }
 
-static void rcstr_retain(const char *s) {
-    atomic_fetch_add_explicit(&rc_of(s)->refs, 1, memory_order_relaxed);
-}
-
-static void rcstr_release(const char *s) {
-    if (atomic_fetch_sub_explicit(&rc_of(s)->refs, 1, memory_order_acq_rel) == 1)
-        ag__free(rc_of(s));
+/* Makes g hold pool p (nothing to do when it is g's own or already held). */
+static int pool_hold(ag_graph *g, ag__strpool *p) {
+    if (p == g->strings)
+        return 0;
+    for (int i = 0; i < g->nshared; i++)
+        if (g->shared[i] == p)
+            return 0;
+    int64_t cap = g->shared_cap;
+    if (ag__grow((void **)&g->shared, &cap, g->nshared + 1, sizeof *g->shared))
+        return AG_ENOMEM;
+    g->shared_cap = cap;
+    atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
+    g->shared[g->nshared++] = p;
+    return 0;
 }
 
 int ag__garg_copy(ag_garg *dst, const ag_garg *src) {
@@ -267,8 +313,6 @@ ag_graph *ag_graph_new(void) {
 static void entry_clear(ag__mentry *x) {
     if (x->key_owned)
         ag__free((void *)x->key);
-    if (x->val_counted)
-        rcstr_release(x->v.u.s);
 }
 
 static void meta_entries_free(ag__mentry *e, int n, const ag__mentry *inline_buf) {
@@ -313,6 +357,10 @@ void ag_graph_free(ag_graph *g) {
     }
     ag__strmap_free(&g->names);
     ag__strmap_free(&g->base_idx);
+    pool_release(g->strings);
+    for (int i = 0; i < g->nshared; i++)
+        pool_release(g->shared[i]);
+    ag__free(g->shared);
     for (int64_t i = 0; i < g->nbases; i++)
         ag__free(g->bases[i].base);
     ag__free(g->bases);
@@ -869,53 +917,50 @@ static int entries_reserve(ag__mentry **e, int n, int *cap, ag__mentry *inline_b
     return 0;
 }
 
-/* Sets key to v. `shared`: v.u.s is another entry's counted string, to be shared. */
-static int entry_set_ex(ag__mentry **e, int *n, int *cap, ag__mentry *inline_buf,
-                        const char *key, ag_mval v, bool shared) {
+/* Sets key to v on a list of g's. `from`: the pool v.u.s lives in, to share it from (NULL:
+ * an outside string, interned or copied into g's pool). */
+static int entry_set_ex(ag_graph *g, ag__mentry **e, int *n, int *cap, ag__mentry *inline_buf,
+                        const char *key, ag_mval v, ag__strpool *from) {
     ag_mval copy = v;
-    bool counted = false;
-    if (v.kind == AG_MV_STR) {
+    ag__strpool *pool = NULL;
+    if (v.kind == AG_MV_STR && from) {
+        if (pool_hold(g, from))
+            return AG_ENOMEM;
+        pool = from;
+    } else if (v.kind == AG_MV_STR) {
         const char *str = v.u.s ? v.u.s : "";
-        const char *is = shared ? NULL : intern(str);
-        if (shared) {
-            rcstr_retain(str);
-        } else if (!is) {
-            str = rcstr_new(str);
-            if (!str)
+        copy.u.s = intern(str);
+        if (!copy.u.s) {
+            if (!(copy.u.s = pool_add(g, str)))
                 return AG_ENOMEM;
+            pool = g->strings;
         }
-        copy.u.s = is ? is : str;
-        counted = !is;
     }
     const char *ik = intern(key);
     ag__mentry *x = entry_find(*e, *n, key, ik);
     if (x) {
-        if (x->val_counted)
-            rcstr_release(x->v.u.s);
         x->v = copy;
-        x->val_counted = counted;
+        x->pool = pool;
         return 0;
     }
     char *k = ik ? NULL : ag__strdup(key);
     if ((!ik && !k) || entries_reserve(e, *n, cap, inline_buf)) {
         ag__free(k);
-        if (counted)
-            rcstr_release(copy.u.s);
         return AG_ENOMEM;
     }
-    (*e)[(*n)++] = (ag__mentry){ik ? ik : k, copy, !ik, counted};
+    (*e)[(*n)++] = (ag__mentry){ik ? ik : k, copy, pool, !ik};
     return 0;
 }
 
-static int entry_set(ag__mentry **e, int *n, int *cap, ag__mentry *inline_buf, const char *key,
-                     ag_mval v) {
-    return entry_set_ex(e, n, cap, inline_buf, key, v, false);
+static int entry_set(ag_graph *g, ag__mentry **e, int *n, int *cap, ag__mentry *inline_buf,
+                     const char *key, ag_mval v) {
+    return entry_set_ex(g, e, n, cap, inline_buf, key, v, NULL);
 }
 
-/* Sets x's key and value on a list, sharing x's counted string. */
-static int entry_copy(ag__mentry **e, int *n, int *cap, ag__mentry *inline_buf,
+/* Sets x's key and value on a list of g's, sharing x's string. */
+static int entry_copy(ag_graph *g, ag__mentry **e, int *n, int *cap, ag__mentry *inline_buf,
                       const ag__mentry *x) {
-    return entry_set_ex(e, n, cap, inline_buf, x->key, x->v, x->val_counted);
+    return entry_set_ex(g, e, n, cap, inline_buf, x->key, x->v, x->pool);
 }
 
 static int entry_del(ag__mentry *e, int *n, const char *key) {
@@ -943,7 +988,7 @@ static ag_mval meta_get_interned(const ag_node *n, int k) {
 }
 
 int ag_node_meta_set(ag_node *n, const char *key, ag_mval v) {
-    return entry_set(&n->meta, &n->nmeta, &n->meta_cap, n->meta_inline, key, v);
+    return entry_set(n->graph, &n->meta, &n->nmeta, &n->meta_cap, n->meta_inline, key, v);
 }
 ag_mval ag_node_meta_get(const ag_node *n, const char *key) {
     return entry_get(n->meta, n->nmeta, key);
@@ -962,7 +1007,8 @@ int ag__node_meta_copy(ag_node *dst, const ag_node *src) {
     if (dst == src)
         return 0;
     for (int i = 0; i < src->nmeta; i++)
-        if (entry_copy(&dst->meta, &dst->nmeta, &dst->meta_cap, dst->meta_inline, &src->meta[i]))
+        if (entry_copy(dst->graph, &dst->meta, &dst->nmeta, &dst->meta_cap, dst->meta_inline,
+                       &src->meta[i]))
             return AG_ENOMEM;
     return 0;
 }
@@ -973,7 +1019,7 @@ int ag__node_meta_copy_key(ag_node *dst, const ag_node *src, const char *key) {
     const ag__mentry *x = entry_find(src->meta, src->nmeta, key, intern(key));
     if (!x)
         return ag_node_meta_del(dst, key), 0;
-    return entry_copy(&dst->meta, &dst->nmeta, &dst->meta_cap, dst->meta_inline, x);
+    return entry_copy(dst->graph, &dst->meta, &dst->nmeta, &dst->meta_cap, dst->meta_inline, x);
 }
 
 int64_t ag_node_seq_nr(const ag_node *n) {
@@ -1047,7 +1093,7 @@ int ag_node_set_recompute(ag_node *n, ag_recompute r) {
 int ag_node_custom_set(ag_node *n, const char *key, ag_mval v) {
     if (v.kind == AG_MV_NONE)
         return ag__err(AG_EINVAL, "custom: value of '%s' is None", key);
-    return entry_set(&n->custom, &n->ncustom, &n->custom_cap, NULL, key, v);
+    return entry_set(n->graph, &n->custom, &n->ncustom, &n->custom_cap, NULL, key, v);
 }
 ag_mval ag_node_custom_get(const ag_node *n, const char *key) {
     return entry_get(n->custom, n->ncustom, key);
@@ -1071,7 +1117,7 @@ int ag_node_custom_copy(ag_node *dst, const ag_node *src) {
     ag__mentry *e = NULL;
     int cnt = 0, cap = 0;
     for (int i = 0; i < src->ncustom; i++)
-        if (entry_copy(&e, &cnt, &cap, NULL, &src->custom[i])) {
+        if (entry_copy(dst->graph, &e, &cnt, &cap, NULL, &src->custom[i])) {
             meta_entries_free(e, cnt, NULL);
             return AG_ENOMEM;
         }
@@ -1181,9 +1227,9 @@ ag_graph *ag_graph_copy(const ag_graph *src) {
                 m->nargs = i + 1;
         }
         for (int i = 0; i < n->nmeta && rc == 0; i++)
-            rc = entry_copy(&m->meta, &m->nmeta, &m->meta_cap, m->meta_inline, &n->meta[i]);
+            rc = entry_copy(g, &m->meta, &m->nmeta, &m->meta_cap, m->meta_inline, &n->meta[i]);
         for (int i = 0; i < n->ncustom && rc == 0; i++)
-            rc = entry_copy(&m->custom, &m->ncustom, &m->custom_cap, NULL, &n->custom[i]);
+            rc = entry_copy(g, &m->custom, &m->ncustom, &m->custom_cap, NULL, &n->custom[i]);
         m->desc = ag_desc_retain(n->desc);
         if (rc == 0 && n->has_out_descs) {
             m->out_descs = ag__calloc((size_t)(n->nout_descs ? n->nout_descs : 1), sizeof(ag_desc *));

@@ -14,13 +14,15 @@ typedef struct ag__use {
 
 /* A metadata entry. Well-known keys (seq_nr, partitioner_tag, ...) and string values
  * (is_forward, MUST_SAVE, ...) point at one interned copy in graph.c; other keys are the
- * entry's own copies; other string values are counted strings (ag__rcstr) that copies of the
+ * entry's own copies; other string values live in a string pool (graph.c) that copies of the
  * entry share, so copying a node's stack trace to another node or graph copies no text. */
+typedef struct ag__strpool ag__strpool;
+
 typedef struct ag__mentry {
     const char *key;
     ag_mval v;
-    bool key_owned;   /* key is a heap copy (else interned) */
-    bool val_counted; /* v.u.s is a counted string (else interned, or not a string) */
+    ag__strpool *pool; /* the pool holding v.u.s; NULL when interned or not a string */
+    bool key_owned;    /* key is a heap copy (else interned) */
 } ag__mentry;
 
 enum {
@@ -86,6 +88,10 @@ struct ag_graph {
     ag__strmap base_idx; /* name base -> its index in bases, plus one */
     ag__node_block *blocks;
     ag_node *free_nodes; /* erased nodes, linked through next */
+    ag__strpool *strings;  /* this graph's metadata strings (NULL until the first) */
+    ag__strpool **shared;  /* other graphs' pools its entries point into */
+    int nshared;
+    int64_t shared_cap;
     uint32_t stamp;
 };
 
