@@ -1,5 +1,7 @@
 /* String-keyed open-addressing hash map (see strmap.h). Deleted slots become tombstones; the
- * table is rebuilt when live entries plus tombstones pass 70% of its capacity. */
+ * table is rebuilt when live entries plus tombstones pass 70% of its capacity. Each slot keeps
+ * its key's hash: probes compare hashes before strings, and a rebuild reads no key (the keys
+ * are the callers' strings, such as graph node names, spread over memory). */
 #include "strmap.h"
 #include "internal.h"
 
@@ -13,47 +15,59 @@ uint64_t ag__strhash(const char *s) {
     return h;
 }
 
-static int64_t find_slot(const ag__strmap *m, const char *key, bool for_insert) {
+static int64_t find_slot_h(const ag__strmap *m, const char *key, uint64_t h, bool for_insert) {
     if (!m->cap)
         return -1;
     uint64_t mask = (uint64_t)m->cap - 1;
     int64_t first_tomb = -1;
-    for (uint64_t i = ag__strhash(key) & mask;; i = (i + 1) & mask) {
+    for (uint64_t i = h & mask;; i = (i + 1) & mask) {
         const char *k = m->keys[i];
         if (!k)
             return for_insert && first_tomb >= 0 ? first_tomb : (for_insert ? (int64_t)i : -1);
         if (k == TOMB) {
             if (first_tomb < 0)
                 first_tomb = (int64_t)i;
-        } else if (!strcmp(k, key)) {
+        } else if (m->hashes[i] == h && (k == key || !strcmp(k, key))) {
             return (int64_t)i;
         }
     }
 }
 
+static int64_t find_slot(const ag__strmap *m, const char *key, bool for_insert) {
+    return m->cap ? find_slot_h(m, key, ag__strhash(key), for_insert) : -1;
+}
+
 static int rehash(ag__strmap *m, int64_t ncap) {
     const char **keys = ag__calloc((size_t)ncap, sizeof *keys);
     void **vals = ag__calloc((size_t)ncap, sizeof *vals);
-    if (!keys || !vals) {
+    uint64_t *hashes = ag__malloc(sizeof *hashes * (size_t)ncap);
+    if (!keys || !vals || !hashes) {
         ag__free(keys);
         ag__free(vals);
+        ag__free(hashes);
         return AG_ENOMEM;
     }
     ag__strmap old = *m;
     m->keys = keys;
     m->vals = vals;
+    m->hashes = hashes;
     m->cap = ncap;
     m->len = 0;
     m->tombs = 0;
+    uint64_t mask = (uint64_t)ncap - 1;
     for (int64_t i = 0; i < old.cap; i++)
         if (old.keys[i] && old.keys[i] != TOMB) {
-            int64_t s = find_slot(m, old.keys[i], true);
+            uint64_t s = old.hashes[i] & mask; /* the keys are distinct: the first free slot */
+            while (m->keys[s])
+                s = (s + 1) & mask;
             m->keys[s] = old.keys[i];
             m->vals[s] = old.vals[i];
+            m->hashes[s] = old.hashes[i];
             m->len++;
         }
     ag__free(old.keys);
     ag__free(old.vals);
+    ag__free(old.hashes);
     return 0;
 }
 
@@ -65,7 +79,8 @@ int ag__strmap_put(ag__strmap *m, const char *key, void *val) {
         if (rehash(m, ncap))
             return AG_ENOMEM;
     }
-    int64_t s = find_slot(m, key, true);
+    uint64_t h = ag__strhash(key);
+    int64_t s = find_slot_h(m, key, h, true);
     if (m->keys[s] && m->keys[s] != TOMB) {
         m->vals[s] = val;
         return 0;
@@ -74,6 +89,7 @@ int ag__strmap_put(ag__strmap *m, const char *key, void *val) {
         m->tombs--;
     m->keys[s] = key;
     m->vals[s] = val;
+    m->hashes[s] = h;
     m->len++;
     return 0;
 }
@@ -98,8 +114,10 @@ void ag__strmap_del(ag__strmap *m, const char *key) {
 void ag__strmap_free(ag__strmap *m) {
     ag__free(m->keys);
     ag__free(m->vals);
+    ag__free(m->hashes);
     m->keys = NULL;
     m->vals = NULL;
+    m->hashes = NULL;
     m->cap = m->len = m->tombs = 0;
 }
 

@@ -10,6 +10,7 @@
 typedef struct ag__strmap {
     const char **keys;
     void **vals;
+    uint64_t *hashes; /* each live key's ag__strhash */
     int64_t cap, len, tombs;
 } ag__strmap;
 

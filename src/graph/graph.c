@@ -61,10 +61,14 @@ enum {
 };
 _Static_assert(NINTERNED == sizeof interned / sizeof interned[0], "interned table and enum");
 
+static bool is_interned(const char *s) {
+    uintptr_t p = (uintptr_t)s, lo = (uintptr_t)interned[0];
+    return p >= lo && p < (uintptr_t)interned[NINTERNED] && (p - lo) % sizeof interned[0] == 0;
+}
+
 /* The interned copy of s, or NULL when s is not one of the table's strings. */
 static const char *intern(const char *s) {
-    uintptr_t p = (uintptr_t)s, lo = (uintptr_t)interned[0];
-    if (p >= lo && p < (uintptr_t)interned[NINTERNED] && (p - lo) % sizeof interned[0] == 0)
+    if (is_interned(s))
         return s;
     for (int i = 0; i < NINTERNED; i++)
         if (interned[i][0] == s[0] && !strcmp(interned[i], s))
@@ -277,7 +281,20 @@ static ag_node *node_alloc(ag_graph *g) {
         n = &b->nodes[b->used++];
     }
     memset(n, 0, sizeof *n);
+    n->args = n->args_inline;
     return n;
+}
+
+/* Room for `count` arguments. */
+static int node_args_reserve(ag_node *n, int count) {
+    if (count <= AG__ARGS_INLINE || n->args != n->args_inline)
+        return 0;
+    ag_garg *a = ag__malloc(sizeof *a * AG_MAX_ARGS);
+    if (!a)
+        return AG_ENOMEM;
+    memcpy(a, n->args, sizeof *a * (size_t)n->nargs);
+    n->args = a;
+    return 0;
 }
 
 static void node_release(ag_graph *g, ag_node *n) {
@@ -311,7 +328,7 @@ ag_graph *ag_graph_new(void) {
 }
 
 static void entry_clear(ag__mentry *x) {
-    if (x->key_owned)
+    if (!is_interned(x->key))
         ag__free((void *)x->key);
 }
 
@@ -326,6 +343,8 @@ static void meta_entries_free(ag__mentry *e, int n, const ag__mentry *inline_buf
 static void node_clear(ag_node *n) {
     for (int i = 0; i < n->nargs; i++)
         ag__garg_free(&n->args[i]);
+    if (n->args != n->args_inline)
+        ag__free(n->args);
     if (n->users != n->users_inline)
         ag__free(n->users);
     node_free_name(n);
@@ -658,6 +677,10 @@ ag_node *ag__graph_call_vals(ag_graph *g, const ag_op *op, const ag_garg *args, 
     if (!n)
         return NULL;
     n->op = op;
+    if (node_args_reserve(n, nargs)) {
+        node_free(n);
+        return NULL;
+    }
     for (int i = 0; i < nargs; i++) {
         if (ag__garg_copy(&n->args[i], &args[i])) {
             n->nargs = i;
@@ -747,7 +770,7 @@ int ag_node_set_arg(ag_node *n, int i, ag_garg a) {
     if (i < 0 || i > n->nargs || i >= AG_MAX_ARGS)
         return ag__err(AG_EINVAL, "set_arg: %s has no argument %d", n->name, i);
     ag_garg copy;
-    if (ag__garg_copy(&copy, &a))
+    if (node_args_reserve(n, i + 1) || ag__garg_copy(&copy, &a))
         return AG_ENOMEM;
     if (arg_uses(n, &copy, true)) {
         ag__garg_free(&copy);
@@ -890,7 +913,7 @@ ag_tensor *ag_node_constant(const ag_node *n) { return n->constant; }
  * the entries that own their key. */
 static ag__mentry *entry_find(ag__mentry *e, int n, const char *key, const char *ik) {
     for (int i = 0; i < n; i++)
-        if (ik ? e[i].key == ik : (e[i].key_owned && !strcmp(e[i].key, key)))
+        if (ik ? e[i].key == ik : (!is_interned(e[i].key) && !strcmp(e[i].key, key)))
             return &e[i];
     return NULL;
 }
@@ -948,7 +971,7 @@ static int entry_set_ex(ag_graph *g, ag__mentry **e, int *n, int *cap, ag__mentr
         ag__free(k);
         return AG_ENOMEM;
     }
-    (*e)[(*n)++] = (ag__mentry){ik ? ik : k, copy, pool, !ik};
+    (*e)[(*n)++] = (ag__mentry){ik ? ik : k, copy, pool};
     return 0;
 }
 
@@ -1200,6 +1223,7 @@ ag_graph *ag_graph_copy(const ag_graph *src) {
             break;
         }
         m->constant = ag_tensor_keep(n->constant);
+        rc = node_args_reserve(m, n->nargs);
         for (int i = 0; i < n->nargs && rc == 0; i++) {
             ag_garg a = n->args[i];
             ag_node *tmp[64];

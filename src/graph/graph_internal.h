@@ -14,7 +14,7 @@ typedef struct ag__use {
 
 /* A metadata entry. Well-known keys (seq_nr, partitioner_tag, ...) and string values
  * (is_forward, MUST_SAVE, ...) point at one interned copy in graph.c; other keys are the
- * entry's own copies; other string values live in a string pool (graph.c) that copies of the
+ * entry's own heap copies; other string values live in a string pool (graph.c) that copies of the
  * entry share, so copying a node's stack trace to another node or graph copies no text. */
 typedef struct ag__strpool ag__strpool;
 
@@ -22,13 +22,13 @@ typedef struct ag__mentry {
     const char *key;
     ag_mval v;
     ag__strpool *pool; /* the pool holding v.u.s; NULL when interned or not a string */
-    bool key_owned;    /* key is a heap copy (else interned) */
 } ag__mentry;
 
 enum {
     AG__META_INLINE = 4,  /* metadata entries held in the node before the list moves to the heap */
     AG__NAME_INLINE = 40, /* names shorter than this live in the node */
     AG__USERS_INLINE = 2, /* users listed in the node before the list moves to the heap */
+    AG__ARGS_INLINE = 6,  /* arguments held in the node (more: AG_MAX_ARGS on the heap) */
 };
 
 struct ag_node {
@@ -38,7 +38,7 @@ struct ag_node {
     char *name;
     const ag_op *op;
     int nargs;
-    ag_garg args[AG_MAX_ARGS];
+    ag_garg *args; /* args_inline, or AG_MAX_ARGS on the heap for calls with more */
     ag__use *users;
     int nusers, users_cap;
     ag_tmeta val1; /* storage for the common single-output case */
@@ -53,6 +53,7 @@ struct ag_node {
     bool has_out_descs;
     int index;
     uint32_t stamp; /* scratch mark for a pass's sweep (DCE) */
+    ag_garg args_inline[AG__ARGS_INLINE];
     ag__use users_inline[AG__USERS_INLINE];
     ag__mentry meta_inline[AG__META_INLINE];
     char name_inline[AG__NAME_INLINE];
@@ -97,6 +98,8 @@ struct ag_graph {
 
 /* Deep copy / free of an argument value (lists and strings). */
 int ag__garg_copy(ag_garg *dst, const ag_garg *src);
+/* passes.c: whether ag_graph_dce would remove anything. */
+bool ag__graph_has_dead_code(const ag_graph *g);
 /* Sizes the graph's tables for nnodes nodes (a copy or an extraction knows its size). */
 int ag__graph_reserve(ag_graph *g, int64_t nnodes);
 /* Copies every metadata entry of src onto dst (same keys replaced), sharing string values. */

@@ -44,6 +44,13 @@ static bool removable(const ag_node *n) {
     }
 }
 
+bool ag__graph_has_dead_code(const ag_graph *g) {
+    for (const ag_node *n = g->first; n; n = n->next)
+        if (n->nusers == 0 && removable(n))
+            return true;
+    return false;
+}
+
 int ag_graph_dce(ag_graph *g) {
     int removed = 0;
     /* Walking backwards, a node's users (all later) were visited before it, so one sweep

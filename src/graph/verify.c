@@ -103,38 +103,35 @@ static int val_mismatch(const ag_node *n, const char *what, const ag_tmeta *stor
                    tmeta_str(stored, full, a, sizeof a), what, tmeta_str(want, full, b, sizeof b));
 }
 
-/* ---- an edge table: (user, definition) -> how many times the user's arguments reference it
- * ----
- * Filled in one pass over the graph before the checks, so that both directions of the users
- * invariant are checked in time linear in the number of references (a user with thousands of
- * arguments, such as a forward graph's output node, would otherwise make it quadratic). */
+/* ---- references between nodes ----
+ * Both directions of the users invariant need "how many times does u reference d". A node with
+ * a few arguments answers by scanning them; the wide ones (a forward graph's output node lists
+ * thousands of values) would make that quadratic, so their references go into an edge table
+ * filled once. seen[] (one int per position) catches a user listed twice. */
+
+enum { WIDE_REFS = 16 };
 
 typedef struct edge {
     const ag_node *user, *def;
     int count;
-    bool seen; /* the def's users list has an entry for this user (a second one is a duplicate) */
 } edge;
 
-typedef struct etab {
-    edge *e;
+typedef struct refs {
+    edge *e; /* the wide users' references */
     uint64_t mask;
-} etab;
+    bool *wide; /* per position */
+    int *seen;  /* per position: the position + 1 of the node whose users list named it last */
+} refs;
 
 static uint64_t edge_hash(const ag_node *u, const ag_node *d) {
     return ptr_hash(u) ^ (ptr_hash(d) * 0x9e3779b97f4a7c15ull);
 }
 
-static edge *edge_slot(const etab *t, const ag_node *u, const ag_node *d) {
-    uint64_t i = edge_hash(u, d) & t->mask;
-    while (t->e[i].user && (t->e[i].user != u || t->e[i].def != d))
-        i = (i + 1) & t->mask;
-    return &t->e[i];
-}
-
-/* The entry of (u, d), or NULL when u does not reference d. */
-static edge *edge_get(const etab *t, const ag_node *u, const ag_node *d) {
-    edge *x = edge_slot(t, u, d);
-    return x->user ? x : NULL;
+static edge *edge_slot(const refs *r, const ag_node *u, const ag_node *d) {
+    uint64_t i = edge_hash(u, d) & r->mask;
+    while (r->e[i].user && (r->e[i].user != u || r->e[i].def != d))
+        i = (i + 1) & r->mask;
+    return &r->e[i];
 }
 
 static int nrefs(const ag_node *n) {
@@ -150,35 +147,74 @@ static int nrefs(const ag_node *n) {
     return c;
 }
 
-static void edge_add(etab *t, const ag_node *u, const ag_node *d) {
-    edge *x = edge_slot(t, u, d);
-    if (!x->user)
-        *x = (edge){u, d, 0, false};
-    x->count++;
+/* How many times n's arguments reference d (by scanning them). */
+static int refs_scan(const ag_node *n, const ag_node *d) {
+    int c = 0;
+    for (int i = 0; i < n->nargs; i++) {
+        const ag_garg *a = &n->args[i];
+        if (a->kind == AG_GA_NODE)
+            c += a->u.node == d;
+        else if (a->kind == AG_GA_NODES && a->u.nodes)
+            for (int k = 0; k < a->n; k++)
+                c += a->u.nodes[k] == d;
+    }
+    return c;
 }
 
-/* Every reference of every node of the (well-linked) graph. */
-static int etab_fill(etab *t, const ag_graph *g) {
-    int64_t total = 0;
-    for (const ag_node *n = g->first; n; n = n->next)
-        total += nrefs(n);
+/* How many times user u (at position upos) references d. */
+static int refs_to(const refs *r, const ag_node *u, int64_t upos, const ag_node *d) {
+    if (!r->wide[upos])
+        return refs_scan(u, d);
+    const edge *x = edge_slot(r, u, d);
+    return x->user ? x->count : 0;
+}
+
+static void refs_free(refs *r) {
+    ag__free(r->e);
+    ag__free(r->wide);
+    ag__free(r->seen);
+}
+
+/* Marks the wide nodes of the (well-linked) graph and tables their references. */
+static int refs_init(refs *r, const ag_graph *g) {
+    size_t n = (size_t)(g->count ? g->count : 1);
+    r->wide = ag__calloc(n, sizeof *r->wide);
+    r->seen = ag__calloc(n, sizeof *r->seen);
+    if (!r->wide || !r->seen)
+        return AG_ENOMEM;
+    int64_t total = 0, pos = 0;
+    for (const ag_node *x = g->first; x; x = x->next, pos++) {
+        int c = nrefs(x);
+        if (c > WIDE_REFS) {
+            r->wide[pos] = true;
+            total += c;
+        }
+    }
     uint64_t cap = 16;
     while (cap < (uint64_t)total * 2)
         cap <<= 1;
-    t->e = ag__calloc(cap, sizeof *t->e);
-    t->mask = cap - 1;
-    if (!t->e)
+    r->e = ag__calloc(cap, sizeof *r->e);
+    r->mask = cap - 1;
+    if (!r->e)
         return AG_ENOMEM;
-    for (const ag_node *n = g->first; n; n = n->next)
-        for (int i = 0; i < n->nargs; i++) {
-            const ag_garg *a = &n->args[i];
-            if (a->kind == AG_GA_NODE && a->u.node)
-                edge_add(t, n, a->u.node);
-            else if (a->kind == AG_GA_NODES && a->u.nodes)
-                for (int k = 0; k < a->n; k++)
-                    if (a->u.nodes[k])
-                        edge_add(t, n, a->u.nodes[k]);
+    pos = 0;
+    for (const ag_node *x = g->first; x; x = x->next, pos++) {
+        if (!r->wide[pos])
+            continue;
+        for (int i = 0; i < x->nargs; i++) {
+            const ag_garg *a = &x->args[i];
+            int cnt = a->kind == AG_GA_NODE ? 1 : a->kind == AG_GA_NODES && a->u.nodes ? a->n : 0;
+            for (int k = 0; k < cnt; k++) {
+                const ag_node *d = a->kind == AG_GA_NODE ? a->u.node : a->u.nodes[k];
+                if (!d)
+                    continue;
+                edge *e = edge_slot(r, x, d);
+                if (!e->user)
+                    *e = (edge){x, d, 0};
+                e->count++;
+            }
         }
+    }
     return 0;
 }
 
@@ -202,7 +238,7 @@ static const char *kind_name(ag_node_kind k) {
 
 /* One referenced node d of user n (at position pos): in the graph, defined earlier, a value,
  * and n registered among d's users with the right count. */
-static int check_ref(const ptab *t, const etab *et, const ag_node *n, int64_t pos,
+static int check_ref(const ptab *t, const refs *r, const ag_node *n, int64_t pos,
                      const ag_node *d) {
     int64_t dpos = ptab_get(t, d);
     if (dpos < 0)
@@ -212,7 +248,7 @@ static int check_ref(const ptab *t, const etab *et, const ag_node *n, int64_t po
         return ag__err(AG_EINVAL, "verify: %%%s uses %%%s before it is defined", n->name, d->name);
     if (d->kind == AG_NODE_OUTPUT)
         return ag__err(AG_EINVAL, "verify: %%%s uses the output node %%%s", n->name, d->name);
-    int want = edge_get(et, n, d)->count;
+    int want = refs_to(r, n, pos, d);
     for (int i = 0; i < d->nusers; i++)
         if (d->users[i].node == n) {
             if (d->users[i].count != want)
@@ -225,21 +261,19 @@ static int check_ref(const ptab *t, const etab *et, const ag_node *n, int64_t po
 }
 
 /* Every entry of n's users list names a node of the graph that references n, once per entry. */
-static int check_users(const ptab *t, const etab *et, const ag_node *n) {
+static int check_users(const ptab *t, const refs *r, const ag_node *n, int64_t pos) {
     for (int i = 0; i < n->nusers; i++) {
         const ag_node *u = n->users[i].node;
-        if (!u || ptab_get(t, u) < 0)
+        int64_t upos = u ? ptab_get(t, u) : -1;
+        if (upos < 0)
             return ag__err(AG_EINVAL, "verify: %%%s lists user %s, which is not in the graph",
                            n->name, u ? u->name : "NULL");
-        /* An entry for a user that references n marks its edge; meeting a marked edge again
-         * is a duplicate (a user that does not reference n fails at its first entry). */
-        edge *e = edge_get(et, u, n);
-        if (e && e->seen)
+        if (r->seen[upos] == pos + 1)
             return ag__err(AG_EINVAL, "verify: %%%s lists user %%%s twice", n->name, u->name);
-        if (n->users[i].count <= 0 || !e)
+        r->seen[upos] = (int)pos + 1;
+        if (n->users[i].count <= 0 || refs_to(r, u, upos, n) == 0)
             return ag__err(AG_EINVAL, "verify: %%%s lists user %%%s, which does not use it",
                            n->name, u->name);
-        e->seen = true;
         /* The count itself is compared from the user's side (check_ref). */
     }
     return 0;
@@ -418,9 +452,9 @@ static int check_name(const ag_graph *g, const ag_node *n, int64_t pos) {
     return 0;
 }
 
-static int verify(const ag_graph *g, ptab *t, etab *et) {
+static int verify(const ag_graph *g, ptab *t, refs *r) {
     int rc = check_links(g, t);
-    if (rc || (rc = etab_fill(et, g)))
+    if (rc || (rc = refs_init(r, g)))
         return rc;
     const ag_node *first_other = NULL, *output = NULL;
     int64_t pos = 0;
@@ -440,7 +474,7 @@ static int verify(const ag_graph *g, ptab *t, etab *et) {
         for (int i = 0; i < n->nargs; i++) {
             const ag_garg *a = &n->args[i];
             if (a->kind == AG_GA_NODE && a->u.node)
-                rc = check_ref(t, et, n, pos, a->u.node);
+                rc = check_ref(t, r, n, pos, a->u.node);
             else if (a->kind == AG_GA_NODE && n->kind != AG_NODE_OUTPUT)
                 rc = ag__err(AG_EINVAL, "verify: %%%s: argument %d is a NULL node", n->name, i);
             else if (a->kind == AG_GA_NODES && a->n > 0 && !a->u.nodes)
@@ -448,11 +482,11 @@ static int verify(const ag_graph *g, ptab *t, etab *et) {
             else if (a->kind == AG_GA_NODES)
                 for (int k = 0; k < a->n && rc == 0; k++)
                     if (a->u.nodes[k])
-                        rc = check_ref(t, et, n, pos, a->u.nodes[k]);
+                        rc = check_ref(t, r, n, pos, a->u.nodes[k]);
             if (rc)
                 return rc;
         }
-        if ((rc = check_users(t, et, n)) || (rc = check_node(g, n)))
+        if ((rc = check_users(t, r, n, pos)) || (rc = check_node(g, n)))
             return rc;
     }
     if (!output)
@@ -469,9 +503,9 @@ int ag_graph_verify(const ag_graph *g) {
     ptab t;
     if (ptab_init(&t, g->count))
         return AG_ENOMEM;
-    etab et = {0};
-    int rc = verify(g, &t, &et);
+    refs r = {0};
+    int rc = verify(g, &t, &r);
     ptab_free(&t);
-    ag__free(et.e);
+    refs_free(&r);
     return rc;
 }

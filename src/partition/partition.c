@@ -41,6 +41,8 @@ static int64_t tmeta_bytes(const ag_tmeta *m) {
 void ag__part_free(ag__part *P) {
     ag__free(P->pool);
     ag__free(P->info);
+    if (P->g_borrowed)
+        P->g = NULL;
     ag__free(P->outs);
     ag__free(P->primals);
     ag__free(P->tangents);
@@ -108,6 +110,15 @@ static int cleanup_recompute_tags(ag_graph *g) {
         }
     }
     return 0;
+}
+
+static bool has_recompute_tags(const ag_graph *g) {
+    for (ag_node *n = ag_graph_first(g); n; n = ag_node_next(n)) {
+        ag_recompute r = ag_node_recompute(n);
+        if (r == AG_MUST_RECOMPUTE || r == AG_PREFER_RECOMPUTE)
+            return true;
+    }
+    return false;
 }
 
 /* Marks valid[i] for the nodes a side can compute from its inputs (upstream's InvalidNode
@@ -179,12 +190,19 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
     if (num_fwd_outputs < 0 || num_fwd_outputs > nouts)
         return ag__err(AG_EINVAL, "partition: num_fwd_outputs %d is outside [0, %d]",
                        num_fwd_outputs, nouts);
-    P->g = ag_graph_copy(joint);
-    if (!P->g)
-        return ag_last_status() ? ag_last_status() : AG_ENOMEM;
-    /* upstream: DCE first, then clean the recompute tags of touching regions. */
-    if ((rc = ag_graph_dce(P->g)) < 0 || (rc = cleanup_recompute_tags(P->g)) < 0)
-        goto fail;
+    /* upstream: DCE first, then clean the recompute tags of touching regions. Both change a
+     * private copy; a joint they would leave as it is (an exported joint has no dead code and
+     * usually no recompute tags) is read in place. */
+    if (!ag__graph_has_dead_code(joint) && !has_recompute_tags(joint)) {
+        P->g = (ag_graph *)joint; /* only read from here on */
+        P->g_borrowed = true;
+    } else {
+        P->g = ag_graph_copy(joint);
+        if (!P->g)
+            return ag_last_status() ? ag_last_status() : AG_ENOMEM;
+        if ((rc = ag_graph_dce(P->g)) < 0 || (rc = cleanup_recompute_tags(P->g)) < 0)
+            goto fail;
+    }
     P->nn = ag_graph_num_nodes(P->g);
     P->num_fwd_outputs = num_fwd_outputs;
     P->nouts = nouts;

@@ -42,7 +42,9 @@ typedef struct ag__pinfo {
 
 /* The classified joint graph. */
 typedef struct ag__part {
-    ag_graph *g; /* private copy of the joint (dead code removed, recompute tags cleaned) */
+    ag_graph *g; /* private copy of the joint (dead code removed, recompute tags cleaned), or
+                  * the joint itself when those change nothing (g_borrowed: never written) */
+    bool g_borrowed;
     int nn;      /* nodes in g, the output node last */
     ag__pinfo *info;
     int out; /* index of the output node */
