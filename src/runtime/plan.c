@@ -255,13 +255,16 @@ static int new_value(ag_plan *p, pv_kind kind, int node, const ag_tmeta *m) {
     return v;
 }
 
-static int count_values(const ag_graph *g) {
+/* The values of g; *ncalls: its call nodes (the most steps a plan can have). */
+static int count_values(const ag_graph *g, int *ncalls) {
     int n = 0;
+    *ncalls = 0;
     for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
         ag_node_kind k = ag_node_kind_of(x);
         if (k == AG_NODE_PLACEHOLDER || k == AG_NODE_GET_ATTR)
             n++;
         else if (k == AG_NODE_CALL) {
+            (*ncalls)++;
             uint32_t f = ag_op_def(ag_node_op(x))->flags;
             n += (f & AG_OP_VIEW) ? 1 : (f & AG_OP_INPLACE) ? 0 : ag_node_num_vals(x);
         }
@@ -781,8 +784,8 @@ static int build(ag_plan *p, const ag_graph *g) {
     p->names = ag__calloc(n1, sizeof *p->names);
     p->node_val = ag__malloc(sizeof *p->node_val * n1);
     p->ph_val = ag__malloc(sizeof *p->ph_val * n1);
-    p->steps = ag__malloc(sizeof *p->steps * n1);
-    int nv = count_values(g);
+    int ncalls = 0, nv = count_values(g, &ncalls);
+    p->steps = ag__malloc(sizeof *p->steps * (size_t)(ncalls ? ncalls : 1));
     size_t v1 = (size_t)(nv ? nv : 1);
     p->vals = ag__malloc(sizeof *p->vals * v1);
     p->tens = ag__malloc(sizeof *p->tens * v1);
