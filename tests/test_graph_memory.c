@@ -56,10 +56,10 @@ static void test_ptrmap_matches_array(void **st) {
     ag__ptrmap_free(&m);
     /* reserve: no rebuild while filling up to the reserved count */
     assert_int_equal(ag__ptrmap_reserve(&m, 1000), 0);
-    const void **keys = m.keys;
+    const ag__ptrslot *slots = m.slots;
     for (int i = 0; i < 1000; i++)
         assert_int_equal(ag__ptrmap_put(&m, &objs[i], i), 0);
-    assert_ptr_equal(m.keys, keys);
+    assert_ptr_equal(m.slots, slots);
     ag__ptrmap_free(&m);
 }
 

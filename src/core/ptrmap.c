@@ -15,31 +15,22 @@ static uint64_t ptr_hash(const void *p) {
 static int64_t find_slot(const ag__ptrmap *m, const void *key) {
     uint64_t mask = (uint64_t)m->cap - 1;
     uint64_t i = ptr_hash(key) & mask;
-    while (m->keys[i] && m->keys[i] != key)
+    while (m->slots[i].key && m->slots[i].key != key)
         i = (i + 1) & mask;
     return (int64_t)i;
 }
 
 static int rehash(ag__ptrmap *m, int64_t ncap) {
-    const void **keys = ag__calloc((size_t)ncap, sizeof *keys);
-    int64_t *vals = ag__malloc(sizeof *vals * (size_t)ncap);
-    if (!keys || !vals) {
-        ag__free(keys);
-        ag__free(vals);
+    ag__ptrslot *slots = ag__calloc((size_t)ncap, sizeof *slots);
+    if (!slots)
         return AG_ENOMEM;
-    }
     ag__ptrmap old = *m;
-    m->keys = keys;
-    m->vals = vals;
+    m->slots = slots;
     m->cap = ncap;
     for (int64_t i = 0; i < old.cap; i++)
-        if (old.keys[i]) {
-            int64_t s = find_slot(m, old.keys[i]);
-            m->keys[s] = old.keys[i];
-            m->vals[s] = old.vals[i];
-        }
-    ag__free(old.keys);
-    ag__free(old.vals);
+        if (old.slots[i].key)
+            m->slots[find_slot(m, old.slots[i].key)] = old.slots[i];
+    ag__free(old.slots);
     return 0;
 }
 
@@ -53,30 +44,28 @@ int ag__ptrmap_reserve(ag__ptrmap *m, int64_t n) {
 int ag__ptrmap_put(ag__ptrmap *m, const void *key, int64_t val) {
     if ((m->len + 1) * 2 > m->cap && ag__ptrmap_reserve(m, m->len + 1))
         return AG_ENOMEM;
-    int64_t s = find_slot(m, key);
-    if (!m->keys[s]) {
-        m->keys[s] = key;
+    ag__ptrslot *x = &m->slots[find_slot(m, key)];
+    if (!x->key) {
+        x->key = key;
         m->len++;
     }
-    m->vals[s] = val;
+    x->val = val;
     return 0;
 }
 
 int64_t ag__ptrmap_get(const ag__ptrmap *m, const void *key, int64_t dflt) {
     if (!m->cap)
         return dflt;
-    int64_t s = find_slot(m, key);
-    return m->keys[s] ? m->vals[s] : dflt;
+    const ag__ptrslot *x = &m->slots[find_slot(m, key)];
+    return x->key ? x->val : dflt;
 }
 
 bool ag__ptrmap_has(const ag__ptrmap *m, const void *key) {
-    return m->cap && m->keys[find_slot(m, key)];
+    return m->cap && m->slots[find_slot(m, key)].key;
 }
 
 void ag__ptrmap_free(ag__ptrmap *m) {
-    ag__free(m->keys);
-    ag__free(m->vals);
-    m->keys = NULL;
-    m->vals = NULL;
+    ag__free(m->slots);
+    m->slots = NULL;
     m->cap = m->len = 0;
 }

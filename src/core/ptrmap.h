@@ -8,9 +8,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
+typedef struct ag__ptrslot {
+    const void *key; /* NULL: empty */
+    int64_t val;
+} ag__ptrslot;
+
 typedef struct ag__ptrmap {
-    const void **keys;
-    int64_t *vals;
+    ag__ptrslot *slots;
     int64_t cap, len;
 } ag__ptrmap;
 

@@ -21,13 +21,13 @@ static int64_t find_slot_h(const ag__strmap *m, const char *key, uint64_t h, boo
     uint64_t mask = (uint64_t)m->cap - 1;
     int64_t first_tomb = -1;
     for (uint64_t i = h & mask;; i = (i + 1) & mask) {
-        const char *k = m->keys[i];
-        if (!k)
+        const ag__strslot *x = &m->slots[i];
+        if (!x->key)
             return for_insert && first_tomb >= 0 ? first_tomb : (for_insert ? (int64_t)i : -1);
-        if (k == TOMB) {
+        if (x->key == TOMB) {
             if (first_tomb < 0)
                 first_tomb = (int64_t)i;
-        } else if (m->hashes[i] == h && (k == key || !strcmp(k, key))) {
+        } else if (x->hash == h && (x->key == key || !strcmp(x->key, key))) {
             return (int64_t)i;
         }
     }
@@ -38,36 +38,24 @@ static int64_t find_slot(const ag__strmap *m, const char *key, bool for_insert) 
 }
 
 static int rehash(ag__strmap *m, int64_t ncap) {
-    const char **keys = ag__calloc((size_t)ncap, sizeof *keys);
-    void **vals = ag__calloc((size_t)ncap, sizeof *vals);
-    uint64_t *hashes = ag__malloc(sizeof *hashes * (size_t)ncap);
-    if (!keys || !vals || !hashes) {
-        ag__free(keys);
-        ag__free(vals);
-        ag__free(hashes);
+    ag__strslot *slots = ag__calloc((size_t)ncap, sizeof *slots);
+    if (!slots)
         return AG_ENOMEM;
-    }
     ag__strmap old = *m;
-    m->keys = keys;
-    m->vals = vals;
-    m->hashes = hashes;
+    m->slots = slots;
     m->cap = ncap;
     m->len = 0;
     m->tombs = 0;
     uint64_t mask = (uint64_t)ncap - 1;
     for (int64_t i = 0; i < old.cap; i++)
-        if (old.keys[i] && old.keys[i] != TOMB) {
-            uint64_t s = old.hashes[i] & mask; /* the keys are distinct: the first free slot */
-            while (m->keys[s])
+        if (old.slots[i].key && old.slots[i].key != TOMB) {
+            uint64_t s = old.slots[i].hash & mask; /* the keys are distinct: the first free slot */
+            while (slots[s].key)
                 s = (s + 1) & mask;
-            m->keys[s] = old.keys[i];
-            m->vals[s] = old.vals[i];
-            m->hashes[s] = old.hashes[i];
+            slots[s] = old.slots[i];
             m->len++;
         }
-    ag__free(old.keys);
-    ag__free(old.vals);
-    ag__free(old.hashes);
+    ag__free(old.slots);
     return 0;
 }
 
@@ -81,22 +69,21 @@ int ag__strmap_put(ag__strmap *m, const char *key, void *val) {
     }
     uint64_t h = ag__strhash(key);
     int64_t s = find_slot_h(m, key, h, true);
-    if (m->keys[s] && m->keys[s] != TOMB) {
-        m->vals[s] = val;
+    ag__strslot *x = &m->slots[s];
+    if (x->key && x->key != TOMB) {
+        x->val = val;
         return 0;
     }
-    if (m->keys[s] == TOMB)
+    if (x->key == TOMB)
         m->tombs--;
-    m->keys[s] = key;
-    m->vals[s] = val;
-    m->hashes[s] = h;
+    *x = (ag__strslot){key, val, h};
     m->len++;
     return 0;
 }
 
 void *ag__strmap_get(const ag__strmap *m, const char *key) {
     int64_t s = find_slot(m, key, false);
-    return s >= 0 ? m->vals[s] : NULL;
+    return s >= 0 ? m->slots[s].val : NULL;
 }
 
 bool ag__strmap_has(const ag__strmap *m, const char *key) { return find_slot(m, key, false) >= 0; }
@@ -105,19 +92,15 @@ void ag__strmap_del(ag__strmap *m, const char *key) {
     int64_t s = find_slot(m, key, false);
     if (s < 0)
         return;
-    m->keys[s] = TOMB;
-    m->vals[s] = NULL;
+    m->slots[s].key = TOMB;
+    m->slots[s].val = NULL;
     m->len--;
     m->tombs++;
 }
 
 void ag__strmap_free(ag__strmap *m) {
-    ag__free(m->keys);
-    ag__free(m->vals);
-    ag__free(m->hashes);
-    m->keys = NULL;
-    m->vals = NULL;
-    m->hashes = NULL;
+    ag__free(m->slots);
+    m->slots = NULL;
     m->cap = m->len = m->tombs = 0;
 }
 

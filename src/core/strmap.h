@@ -7,10 +7,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+typedef struct ag__strslot {
+    const char *key; /* NULL: empty */
+    void *val;
+    uint64_t hash; /* the key's ag__strhash */
+} ag__strslot;
+
 typedef struct ag__strmap {
-    const char **keys;
-    void **vals;
-    uint64_t *hashes; /* each live key's ag__strhash */
+    ag__strslot *slots; /* key, value and hash together: a probe touches one place */
     int64_t cap, len, tombs;
 } ag__strmap;
 

@@ -16,9 +16,13 @@
 
 /* ---- a pointer -> position table (open addressing, positions 0..n-1) ---- */
 
+typedef struct pslot {
+    const ag_node *key;
+    int64_t pos;
+} pslot;
+
 typedef struct ptab {
-    const ag_node **keys;
-    int64_t *pos;
+    pslot *s; /* key and position together: a lookup touches one place */
     uint64_t mask;
 } ptab;
 
@@ -34,35 +38,25 @@ static int ptab_init(ptab *t, int64_t n) {
     uint64_t cap = 16;
     while (cap < (uint64_t)n * 2)
         cap <<= 1;
-    t->keys = ag__calloc(cap, sizeof *t->keys);
-    t->pos = ag__malloc(cap * sizeof *t->pos);
+    t->s = ag__calloc(cap, sizeof *t->s);
     t->mask = cap - 1;
-    if (!t->keys || !t->pos) {
-        ag__free(t->keys);
-        ag__free(t->pos);
-        return AG_ENOMEM;
-    }
-    return 0;
+    return t->s ? 0 : AG_ENOMEM;
 }
 
-static void ptab_free(ptab *t) {
-    ag__free(t->keys);
-    ag__free(t->pos);
-}
+static void ptab_free(ptab *t) { ag__free(t->s); }
 
 static void ptab_put(ptab *t, const ag_node *n, int64_t pos) {
     uint64_t i = ptr_hash(n) & t->mask;
-    while (t->keys[i] && t->keys[i] != n)
+    while (t->s[i].key && t->s[i].key != n)
         i = (i + 1) & t->mask;
-    t->keys[i] = n;
-    t->pos[i] = pos;
+    t->s[i] = (pslot){n, pos};
 }
 
 /* The node's position, or -1 when it is not in the graph. */
 static int64_t ptab_get(const ptab *t, const ag_node *n) {
-    for (uint64_t i = ptr_hash(n) & t->mask; t->keys[i]; i = (i + 1) & t->mask)
-        if (t->keys[i] == n)
-            return t->pos[i];
+    for (uint64_t i = ptr_hash(n) & t->mask; t->s[i].key; i = (i + 1) & t->mask)
+        if (t->s[i].key == n)
+            return t->s[i].pos;
     return -1;
 }
 
