@@ -898,7 +898,9 @@ static void test_allocation_failures(void **st) {
     int64_t n2 = tu_alloc_failure_sweep(oom_scenario, &c, &so);
     print_message("allocation points: export %lld, export + compile + call %lld\n", (long long)n1,
                   (long long)n2);
-    assert_true(n1 > 200);
+    /* The sweeps reach many allocation points (fewer since graph nodes come from blocks and
+     * well-known metadata is interned: 281 -> 198 for the export). */
+    assert_true(n1 > 150);
     assert_true(n2 > n1 + 200);
     for (int i = 0; i < nin; i++)
         ag_tensor_free(in[i]);

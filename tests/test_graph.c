@@ -661,6 +661,40 @@ static void test_verify_users(void **st) {
     ag_graph_free(l.g);
 }
 
+/* The same checks when the user is wide (more than 16 references: the verifier tables its
+ * edges instead of scanning its arguments) and for a user listed twice. */
+static void test_verify_wide_users(void **st) {
+    (void)st;
+    ag_graph *g = ag_graph_new();
+    ag_node *x = tu_ph(g, "x", TM(AG_F32, 3));
+    ag_node *y = CALL(g, "relu", AG_GA_N(x));
+    ag_node *z = CALL(g, "neg", AG_GA_N(x));
+    ag_node *outs[20];
+    for (int i = 0; i < 20; i++)
+        outs[i] = i % 2 ? y : z;
+    assert_non_null(ag_graph_output(g, outs, 20));
+    ag_node *o = ag_graph_output_node(g);
+    expect_verify_ok(g);
+    assert_int_equal(y->nusers, 1);
+    assert_ptr_equal(y->users[0].node, o);
+    assert_int_equal(y->users[0].count, 10);
+    y->users[0].count = 9;
+    expect_verify_error(g, "verify: %relu lists user %output 9 time(s) but it is used 10 time(s)");
+    y->users[0].count = 10;
+    y->users[1] = y->users[0]; /* the node holds room for two users */
+    y->nusers = 2;
+    expect_verify_error(g, "verify: %relu lists user %output twice");
+    y->nusers = 1;
+    assert_int_equal(x->nusers, 2);
+    x->users[1].node = o; /* the output node does not read x */
+    expect_verify_error(g, "verify: %x lists user %output, which does not use it");
+    x->users[1].node = y; /* relu listed twice */
+    expect_verify_error(g, "verify: %x lists user %relu twice");
+    x->users[1].node = z;
+    expect_verify_ok(g);
+    ag_graph_free(g);
+}
+
 static void test_verify_structure(void **st) {
     (void)st;
     /* No output node. */
@@ -1257,6 +1291,7 @@ int main(void) {
         cmocka_unit_test(test_verify_use_before_def),
         cmocka_unit_test(test_verify_wrong_meta),
         cmocka_unit_test(test_verify_users),
+        cmocka_unit_test(test_verify_wide_users),
         cmocka_unit_test(test_verify_structure),
         cmocka_unit_test(test_dce),
         cmocka_unit_test(test_cse),

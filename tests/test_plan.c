@@ -700,6 +700,143 @@ static void test_memplan_strategies(void **st) {
                   (long long)ag__memplan_ideal(r, 200));
 }
 
+/* The planner as it was first written, kept as the reference for the indexed one: each item
+ * scans every placed item (O(n^2) per strategy). Same orders, same gap rules. */
+typedef struct ref_key {
+    int idx;
+    int64_t k1, k2, k3;
+} ref_key;
+
+static int ref_cmp(const void *pa, const void *pb) {
+    const ref_key *a = pa, *b = pb;
+    if (a->k1 != b->k1)
+        return a->k1 > b->k1 ? -1 : 1;
+    if (a->k2 != b->k2)
+        return a->k2 > b->k2 ? -1 : 1;
+    if (a->k3 != b->k3)
+        return a->k3 > b->k3 ? -1 : 1;
+    return a->idx - b->idx;
+}
+
+static int64_t ref_pass(const ag__mp_item *items, int n, ag__mp_strategy s, int64_t *off) {
+    int maxstep = 0;
+    for (int i = 0; i < n; i++)
+        maxstep = items[i].end > maxstep ? items[i].end : maxstep;
+    int64_t *live = calloc((size_t)maxstep + 2, sizeof *live);
+    ref_key *keys = malloc(sizeof *keys * (size_t)n);
+    int *placed = malloc(sizeof *placed * (size_t)n);
+    assert_non_null(live);
+    assert_non_null(keys);
+    assert_non_null(placed);
+    for (int i = 0; i < n; i++) {
+        live[items[i].start] += items[i].size;
+        live[items[i].end + 1] -= items[i].size;
+    }
+    for (int t = 1; t <= maxstep + 1; t++)
+        live[t] += live[t - 1];
+    for (int i = 0; i < n; i++) {
+        const ag__mp_item *it = &items[i];
+        ref_key k = {.idx = i};
+        int64_t len = (int64_t)it->end - it->start;
+        if (s == AG__MP_BREADTH) {
+            for (int t = it->start; t <= it->end; t++)
+                k.k1 = live[t] > k.k1 ? live[t] : k.k1;
+            k.k2 = it->size;
+            k.k3 = len;
+        } else if (s == AG__MP_ORDER_BEST_FIT) {
+            k.k1 = -(int64_t)it->start;
+            k.k2 = it->size;
+            k.k3 = len;
+        } else {
+            k.k1 = it->size;
+            k.k2 = len;
+            k.k3 = -(int64_t)it->start;
+        }
+        keys[i] = k;
+    }
+    qsort(keys, (size_t)n, sizeof *keys, ref_cmp);
+    bool best_fit = s == AG__MP_SIZE_BEST_FIT || s == AG__MP_ORDER_BEST_FIT;
+    int np = 0;
+    int64_t arena = 0;
+    for (int r = 0; r < n; r++) {
+        int i = keys[r].idx;
+        const ag__mp_item *it = &items[i];
+        if (it->size == 0) {
+            off[i] = 0;
+            continue;
+        }
+        int64_t cursor = 0, best = -1, best_gap = INT64_MAX;
+        for (int q = 0; q < np; q++) {
+            const ag__mp_item *o = &items[placed[q]];
+            if (!(it->start <= o->end && o->start <= it->end))
+                continue;
+            int64_t o_off = off[placed[q]];
+            if (o_off > cursor) {
+                int64_t gap = o_off - cursor;
+                if (gap >= it->size && (!best_fit || gap < best_gap)) {
+                    best = cursor;
+                    best_gap = gap;
+                    if (!best_fit)
+                        break;
+                }
+            }
+            if (o_off + o->size > cursor)
+                cursor = o_off + o->size;
+        }
+        if (best < 0)
+            best = cursor;
+        off[i] = best;
+        if (best + it->size > arena)
+            arena = best + it->size;
+        int pos = np;
+        while (pos > 0 && off[placed[pos - 1]] > best) {
+            placed[pos] = placed[pos - 1];
+            pos--;
+        }
+        placed[pos] = i;
+        np++;
+    }
+    free(live);
+    free(keys);
+    free(placed);
+    return arena;
+}
+
+/* The indexed planner gives exactly the reference's offsets, for every strategy, on random
+ * item sets with short and long lifetimes, equal sizes and empty items. */
+static void test_memplan_matches_reference(void **st) {
+    (void)st;
+    uint64_t rs = 7;
+    for (int trial = 0; trial < 60; trial++) {
+        int n = 1 + (int)(tu_xorshift_next(&rs) % (trial < 30 ? 40 : 600));
+        int steps = 1 + (int)(tu_xorshift_next(&rs) % (2 * n));
+        ag__mp_item *items = calloc((size_t)n, sizeof *items);
+        int64_t *want = calloc((size_t)n, sizeof *want);
+        assert_non_null(items);
+        assert_non_null(want);
+        for (int i = 0; i < n; i++) {
+            int s0 = (int)(tu_xorshift_next(&rs) % (uint64_t)steps);
+            uint64_t kind = tu_xorshift_next(&rs) % 10;
+            int len = kind == 0   ? (int)(tu_xorshift_next(&rs) % (uint64_t)steps) /* long */
+                      : kind < 3 ? 0
+                                 : (int)(tu_xorshift_next(&rs) % 8);
+            int64_t size = kind == 9 ? 0 : (int64_t)(tu_xorshift_next(&rs) % 6 + 1) * 64;
+            items[i] = (ag__mp_item){size, s0, s0 + len, 0};
+        }
+        for (int s = AG__MP_SIZE_FIRST_FIT; s <= AG__MP_ORDER_BEST_FIT; s++) {
+            int64_t want_arena = ref_pass(items, n, (ag__mp_strategy)s, want), arena;
+            assert_int_equal(ag__memplan(items, n, (ag__mp_strategy)s, &arena), 0);
+            assert_int_equal(arena, want_arena);
+            for (int i = 0; i < n; i++)
+                assert_int_equal(items[i].offset, want[i]);
+            int a, b;
+            assert_true(ag__memplan_valid(items, n, &a, &b));
+        }
+        free(items);
+        free(want);
+    }
+}
+
 /* ---- allocation failures ---- */
 
 static int sweep_scenario(void *ud) {
@@ -754,6 +891,7 @@ int main(void) {
         cmocka_unit_test(test_inplace_refusals),
         cmocka_unit_test(test_views_getitem_outputs),
         cmocka_unit_test(test_memplan_strategies),
+        cmocka_unit_test(test_memplan_matches_reference),
         cmocka_unit_test(test_zoo_joints),
         cmocka_unit_test(test_partitioned_graphs),
         cmocka_unit_test(test_no_allocation_after_first_run),

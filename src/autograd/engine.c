@@ -13,6 +13,7 @@
  * the thread's in_grad_acc flag set, so a tracer can tag them. Gradients whose shape differs
  * from the input's (broadcasting) are reduced with sum(keepdim) + view, as ATen's sum_to. */
 #include "../core/internal.h"
+#include "../core/ptrmap.h"
 
 #include <stdio.h>
 
@@ -406,6 +407,7 @@ typedef struct engine {
     ag_tensor *const *inputs;
     int ninputs;
     uint64_t epoch;
+    ag__ptrmap wanted, wanted_fn, leaf_idx; /* inputs; their grad_fns; leaf -> leaves[] slot */
 } engine;
 
 /* ---- per-thread kept memory ----
@@ -531,19 +533,13 @@ static ag_tensor *ones_seed(const engine *e, ag_tensor *r) {
 static bool is_wanted_leaf(const engine *e, const ag_tensor *leaf) {
     if (e->accumulate)
         return leaf->requires_grad;
-    for (int i = 0; i < e->ninputs; i++)
-        if (e->inputs[i] == leaf)
-            return true;
-    return false;
+    return ag__ptrmap_has(&e->wanted, leaf);
 }
 
 static bool node_captured(const engine *e, const ag_anode *n) {
     if (e->accumulate)
         return false;
-    for (int i = 0; i < e->ninputs; i++)
-        if (e->inputs[i]->grad_fn == n)
-            return true;
-    return false;
+    return ag__ptrmap_has(&e->wanted_fn, n);
 }
 
 /* Sums b into *slot (either may be NULL); *slot owns its reference. */
@@ -644,10 +640,16 @@ static ag_anode *heap_pop(engine *e) {
 }
 
 static int leaf_deliver(engine *e, ag_tensor *leaf, ag_tensor *g) {
-    for (int64_t i = 0; i < e->nleaves; i++)
-        if (e->leaves[i].leaf == leaf)
-            return acc_into(&e->leaves[i].grad, g);
-    if (ag__grow((void **)&e->m.leaves, &e->m.leaves_cap, e->nleaves + 1, sizeof *e->leaves))
+    /* ag_grad (the export's backward, many inputs) finds a leaf's slot by map; a training
+     * step's backward scans, allocating nothing. */
+    int64_t i = e->accumulate ? -1 : ag__ptrmap_get(&e->leaf_idx, leaf, -1);
+    for (int64_t k = 0; e->accumulate && k < e->nleaves && i < 0; k++)
+        if (e->leaves[k].leaf == leaf)
+            i = k;
+    if (i >= 0)
+        return acc_into(&e->leaves[i].grad, g);
+    if (ag__grow((void **)&e->m.leaves, &e->m.leaves_cap, e->nleaves + 1, sizeof *e->leaves) ||
+        (!e->accumulate && ag__ptrmap_put(&e->leaf_idx, leaf, e->nleaves)))
         return AG_ENOMEM;
     e->leaves = e->m.leaves;
     e->leaves[e->nleaves++] = (leaf_slot){leaf, ag_tensor_keep(g)};
@@ -838,6 +840,9 @@ static void engine_free(engine *e) {
     } else {
         mem_free(&e->m);
     }
+    ag__ptrmap_free(&e->wanted);
+    ag__ptrmap_free(&e->wanted_fn);
+    ag__ptrmap_free(&e->leaf_idx);
 }
 
 /* Accumulates into leaf.grad outside autograd (ATen's AccumulateGrad). */
@@ -927,6 +932,9 @@ static int run_engine(ag_tensor *const *roots, ag_tensor *const *root_grads, int
     for (int i = 0; i < ninputs && rc == 0; i++) {
         if (!inputs[i] || !inputs[i]->requires_grad)
             rc = ag__err(AG_EINVAL, "grad: input %d does not require grad", i);
+        else if (ag__ptrmap_put(&e.wanted, inputs[i], i) ||
+                 (inputs[i]->grad_fn && ag__ptrmap_put(&e.wanted_fn, inputs[i]->grad_fn, i)))
+            rc = AG_ENOMEM;
     }
     int64_t nn = e.nnodes;
     if (rc == 0) {
@@ -1022,9 +1030,8 @@ static int run_engine(ag_tensor *const *roots, ag_tensor *const *root_grads, int
             if (in->grad_fn) {
                 g = e.buf[in->grad_fn->bufoff + in->output_nr];
             } else {
-                for (int64_t k = 0; k < e.nleaves; k++)
-                    if (e.leaves[k].leaf == in)
-                        g = e.leaves[k].grad;
+                int64_t k = ag__ptrmap_get(&e.leaf_idx, in, -1);
+                g = k >= 0 ? e.leaves[k].grad : NULL;
             }
             if (!g && !allow_unused) {
                 rc = ag__err(AG_EINVAL, "grad: one of the differentiated tensors (input %d) "

@@ -1,5 +1,7 @@
 /* String-keyed open-addressing hash map (see strmap.h). Deleted slots become tombstones; the
- * table is rebuilt when live entries plus tombstones pass 70% of its capacity. */
+ * table is rebuilt when live entries plus tombstones pass 70% of its capacity. Each slot keeps
+ * its key's hash: probes compare hashes before strings, and a rebuild reads no key (the keys
+ * are the callers' strings, such as graph node names, spread over memory). */
 #include "strmap.h"
 #include "internal.h"
 
@@ -13,47 +15,47 @@ uint64_t ag__strhash(const char *s) {
     return h;
 }
 
-static int64_t find_slot(const ag__strmap *m, const char *key, bool for_insert) {
+static int64_t find_slot_h(const ag__strmap *m, const char *key, uint64_t h, bool for_insert) {
     if (!m->cap)
         return -1;
     uint64_t mask = (uint64_t)m->cap - 1;
     int64_t first_tomb = -1;
-    for (uint64_t i = ag__strhash(key) & mask;; i = (i + 1) & mask) {
-        const char *k = m->keys[i];
-        if (!k)
+    for (uint64_t i = h & mask;; i = (i + 1) & mask) {
+        const ag__strslot *x = &m->slots[i];
+        if (!x->key)
             return for_insert && first_tomb >= 0 ? first_tomb : (for_insert ? (int64_t)i : -1);
-        if (k == TOMB) {
+        if (x->key == TOMB) {
             if (first_tomb < 0)
                 first_tomb = (int64_t)i;
-        } else if (!strcmp(k, key)) {
+        } else if (x->hash == h && (x->key == key || !strcmp(x->key, key))) {
             return (int64_t)i;
         }
     }
 }
 
+static int64_t find_slot(const ag__strmap *m, const char *key, bool for_insert) {
+    return m->cap ? find_slot_h(m, key, ag__strhash(key), for_insert) : -1;
+}
+
 static int rehash(ag__strmap *m, int64_t ncap) {
-    const char **keys = ag__calloc((size_t)ncap, sizeof *keys);
-    void **vals = ag__calloc((size_t)ncap, sizeof *vals);
-    if (!keys || !vals) {
-        ag__free(keys);
-        ag__free(vals);
+    ag__strslot *slots = ag__calloc((size_t)ncap, sizeof *slots);
+    if (!slots)
         return AG_ENOMEM;
-    }
     ag__strmap old = *m;
-    m->keys = keys;
-    m->vals = vals;
+    m->slots = slots;
     m->cap = ncap;
     m->len = 0;
     m->tombs = 0;
+    uint64_t mask = (uint64_t)ncap - 1;
     for (int64_t i = 0; i < old.cap; i++)
-        if (old.keys[i] && old.keys[i] != TOMB) {
-            int64_t s = find_slot(m, old.keys[i], true);
-            m->keys[s] = old.keys[i];
-            m->vals[s] = old.vals[i];
+        if (old.slots[i].key && old.slots[i].key != TOMB) {
+            uint64_t s = old.slots[i].hash & mask; /* the keys are distinct: the first free slot */
+            while (slots[s].key)
+                s = (s + 1) & mask;
+            slots[s] = old.slots[i];
             m->len++;
         }
-    ag__free(old.keys);
-    ag__free(old.vals);
+    ag__free(old.slots);
     return 0;
 }
 
@@ -65,22 +67,23 @@ int ag__strmap_put(ag__strmap *m, const char *key, void *val) {
         if (rehash(m, ncap))
             return AG_ENOMEM;
     }
-    int64_t s = find_slot(m, key, true);
-    if (m->keys[s] && m->keys[s] != TOMB) {
-        m->vals[s] = val;
+    uint64_t h = ag__strhash(key);
+    int64_t s = find_slot_h(m, key, h, true);
+    ag__strslot *x = &m->slots[s];
+    if (x->key && x->key != TOMB) {
+        x->val = val;
         return 0;
     }
-    if (m->keys[s] == TOMB)
+    if (x->key == TOMB)
         m->tombs--;
-    m->keys[s] = key;
-    m->vals[s] = val;
+    *x = (ag__strslot){key, val, h};
     m->len++;
     return 0;
 }
 
 void *ag__strmap_get(const ag__strmap *m, const char *key) {
     int64_t s = find_slot(m, key, false);
-    return s >= 0 ? m->vals[s] : NULL;
+    return s >= 0 ? m->slots[s].val : NULL;
 }
 
 bool ag__strmap_has(const ag__strmap *m, const char *key) { return find_slot(m, key, false) >= 0; }
@@ -89,16 +92,21 @@ void ag__strmap_del(ag__strmap *m, const char *key) {
     int64_t s = find_slot(m, key, false);
     if (s < 0)
         return;
-    m->keys[s] = TOMB;
-    m->vals[s] = NULL;
+    m->slots[s].key = TOMB;
+    m->slots[s].val = NULL;
     m->len--;
     m->tombs++;
 }
 
 void ag__strmap_free(ag__strmap *m) {
-    ag__free(m->keys);
-    ag__free(m->vals);
-    m->keys = NULL;
-    m->vals = NULL;
+    ag__free(m->slots);
+    m->slots = NULL;
     m->cap = m->len = m->tombs = 0;
+}
+
+int ag__strmap_reserve(ag__strmap *m, int64_t n) {
+    int64_t ncap = m->cap ? m->cap : 16;
+    while ((n + 1) * 10 >= ncap * 5)
+        ncap *= 2;
+    return ncap > m->cap ? rehash(m, ncap) : 0;
 }

@@ -7,9 +7,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+typedef struct ag__strslot {
+    const char *key; /* NULL: empty */
+    void *val;
+    uint64_t hash; /* the key's ag__strhash */
+} ag__strslot;
+
 typedef struct ag__strmap {
-    const char **keys;
-    void **vals;
+    ag__strslot *slots; /* key, value and hash together: a probe touches one place */
     int64_t cap, len, tombs;
 } ag__strmap;
 
@@ -19,6 +24,8 @@ void *ag__strmap_get(const ag__strmap *m, const char *key);
 bool ag__strmap_has(const ag__strmap *m, const char *key);
 void ag__strmap_del(ag__strmap *m, const char *key);
 void ag__strmap_free(ag__strmap *m);
+/* Room for n keys without rebuilding the table. */
+int ag__strmap_reserve(ag__strmap *m, int64_t n);
 uint64_t ag__strhash(const char *s);
 
 #endif

@@ -41,6 +41,7 @@
  * upstream's multi-output-view exception never applies; an `is_input` output refers to the
  * slot whose tensor it is (upstream takes the last input sharing its storage). */
 #include "alias.h"
+#include "../core/ptrmap.h"
 #include "../nn/nn_internal.h"
 #include "../trace/trace_views.h"
 
@@ -260,26 +261,45 @@ static int build_layout(ag__alias_plan *P, int (*merge)(ag__alias_plan *, const 
     P->flat_primal = ag__calloc((size_t)(n ? n : 1), sizeof(int));
     P->prim_desc = ag__calloc((size_t)(n ? n : 1), sizeof(ag_desc *));
     P->example = ag__calloc((size_t)(n ? n : 1), sizeof(ag_tensor *));
-    bool *done = ag__calloc((size_t)(n ? n : 1), sizeof(bool));
     if (!order || !gstart || !P->groups || !P->prim_flat || !P->prim_group || !P->flat_primal ||
-        !P->prim_desc || !P->example || !done) {
+        !P->prim_desc || !P->example) {
         rc = AG_ENOMEM;
         goto out;
     }
-    /* Storage groups of the kept inputs, in order of first appearance. */
-    int no = 0, ng = 0;
+    /* Storage groups of the kept inputs, in order of first appearance, each in input order:
+     * group numbers from a storage -> group map, then a counting sort. */
+    int ng = 0;
+    ag__ptrmap gmap = {0};
+    int *gid = ag__malloc(sizeof *gid * (size_t)(n ? n : 1));
+    if (!gid || ag__ptrmap_reserve(&gmap, n)) {
+        ag__free(gid);
+        ag__ptrmap_free(&gmap);
+        rc = AG_ENOMEM;
+        goto out;
+    }
     for (int i = 0; i < n; i++) {
         P->group[i] = -1;
-        if (!kept(P, i) || done[i])
+        gid[i] = -1;
+        if (!kept(P, i))
             continue;
-        gstart[ng++] = no;
-        for (int k = i; k < n; k++)
-            if (kept(P, k) && !done[k] && P->flat[k]->storage == P->flat[i]->storage) {
-                done[k] = true;
-                order[no++] = k;
-            }
+        int64_t g = ag__ptrmap_get(&gmap, P->flat[i]->storage, -1);
+        if (g < 0) {
+            g = ng++;
+            ag__ptrmap_put(&gmap, P->flat[i]->storage, g); /* reserved: cannot fail */
+        }
+        gid[i] = (int)g;
+        gstart[g + 1]++;
     }
-    gstart[ng] = no;
+    for (int s = 0; s < ng; s++)
+        gstart[s + 1] += gstart[s];
+    for (int i = 0; i < n; i++)
+        if (gid[i] >= 0)
+            order[gstart[gid[i]]++] = i;
+    for (int s = ng; s > 0; s--) /* the fill advanced each start to the next group's */
+        gstart[s] = gstart[s - 1];
+    gstart[0] = 0;
+    ag__free(gid);
+    ag__ptrmap_free(&gmap);
     /* Which groups merge, and their bases: the bases come first among the primals. */
     bool *merged = ag__calloc((size_t)(ng ? ng : 1), sizeof(bool));
     if (!merged) {
@@ -350,7 +370,6 @@ static int build_layout(ag__alias_plan *P, int (*merge)(ag__alias_plan *, const 
 out:
     ag__free(order);
     ag__free(gstart);
-    ag__free(done);
     return rc;
 }
 
@@ -408,12 +427,17 @@ ag__alias_plan *ag__aplan_new(ag_tensor *const *flat, ag_desc *const *descs, int
         ag__aplan_free(P);
         return NULL;
     }
-    for (int i = 0; i < nflat; i++) {
-        P->dup_of[i] = -1;
-        for (int k = 0; k < i && P->dup_of[i] < 0; k++)
-            if (flat[k] == flat[i])
-                P->dup_of[i] = k;
+    ag__ptrmap first = {0}; /* tensor -> its first slot */
+    if (ag__ptrmap_reserve(&first, nflat)) {
+        ag__aplan_free(P);
+        return NULL;
     }
+    for (int i = 0; i < nflat; i++) {
+        P->dup_of[i] = flat[i] ? (int)ag__ptrmap_get(&first, flat[i], -1) : -1;
+        if (P->dup_of[i] < 0 && flat[i])
+            ag__ptrmap_put(&first, flat[i], i); /* reserved: cannot fail */
+    }
+    ag__ptrmap_free(&first);
     if (build_layout(P, merge_speculative, NULL, false, false)) {
         ag__aplan_free(P);
         return NULL;

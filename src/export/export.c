@@ -206,7 +206,7 @@ static int copy_fwd_metadata(ag_graph *g) {
         ag_node *f = first[seq - lo];
         rc = ag_node_custom_copy(n, f);
         if (rc == 0 && ag_node_stack_trace(f))
-            rc = ag_node_set_stack_trace(n, ag_node_stack_trace(f));
+            rc = ag__node_meta_copy_key(n, f, "stack_trace"); /* the text shared, not copied */
     }
     ag__free(first);
     return rc;

@@ -6,9 +6,21 @@
  * here: names are unique; each node's users list holds exactly the nodes whose arguments
  * reference it (with a use count per user); the output node, if any, is last. */
 #include "graph_internal.h"
+#include "../core/ptrmap.h"
 
+#include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
+#else
+#define POISON(p, n) ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
 
 /* ---- small helpers ---- */
 
@@ -27,9 +39,115 @@ static const char *const python_builtins[] = {
 
 static bool illegal_name(const char *s) {
     for (size_t i = 0; i < sizeof python_builtins / sizeof python_builtins[0]; i++)
-        if (!strcmp(s, python_builtins[i]))
+        if (python_builtins[i][0] == s[0] && !strcmp(s, python_builtins[i]))
             return true;
     return false;
+}
+
+/* ---- interned metadata strings ----
+ * The keys the library sets on most nodes and the values of partitioner_tag and recompute are
+ * stored once here; entries point at them instead of holding copies (graph_internal.h). A
+ * pointer into this table is recognized by its address, so the typed accessors below, which
+ * pass these pointers, find their entries without comparing strings. */
+static const char interned[][24] = {
+    "seq_nr", "partitioner_tag", "stack_trace", "is_gradient_acc", "recompute", "ac_graph_id",
+    "memory_budget", "is_forward", "is_backward", "must_be_in_forward", "must_be_in_backward",
+    "MUST_SAVE", "PREFER_SAVE", "MUST_RECOMPUTE", "PREFER_RECOMPUTE",
+};
+enum {
+    K_SEQ_NR, K_TAG, K_STACK_TRACE, K_GRAD_ACC, K_RECOMPUTE, K_AC_GRAPH_ID, K_MEMORY_BUDGET,
+    V_IS_FORWARD, V_IS_BACKWARD, V_MUST_FW, V_MUST_BW, V_MUST_SAVE, V_PREFER_SAVE,
+    V_MUST_RECOMPUTE, V_PREFER_RECOMPUTE, NINTERNED
+};
+_Static_assert(NINTERNED == sizeof interned / sizeof interned[0], "interned table and enum");
+
+static bool is_interned(const char *s) {
+    uintptr_t p = (uintptr_t)s, lo = (uintptr_t)interned[0];
+    return p >= lo && p < (uintptr_t)interned[NINTERNED] && (p - lo) % sizeof interned[0] == 0;
+}
+
+/* The interned copy of s, or NULL when s is not one of the table's strings. */
+static const char *intern(const char *s) {
+    if (is_interned(s))
+        return s;
+    for (int i = 0; i < NINTERNED; i++)
+        if (interned[i][0] == s[0] && !strcmp(interned[i], s))
+            return interned[i];
+    return NULL;
+}
+
+/* ---- string pools ----
+ * Metadata strings that are not interned live in string pools: append-only chunks, freed
+ * together when the last graph using the pool is freed. A graph writes only into its own
+ * pool; an entry copied from another graph's node shares the string, and the graph holds the
+ * pool it lives in (one count per pool and graph, not one per string). So copying a stack
+ * trace to another node or graph touches neither the text nor a count beside it. A string
+ * that is replaced or deleted stays in its pool until the pool is freed. Counts are atomic:
+ * copies of a graph may be freed on other threads. */
+typedef struct strchunk {
+    struct strchunk *next;
+    size_t cap, used;
+    char data[];
+} strchunk;
+
+struct ag__strpool {
+    _Atomic int64_t refs;
+    strchunk *chunks;
+};
+
+static void pool_release(ag__strpool *p) {
+    if (!p || atomic_fetch_sub_explicit(&p->refs, 1, memory_order_acq_rel) != 1)
+        return;
+    for (strchunk *c = p->chunks, *next; c; c = next) {
+        next = c->next;
+        ag__free(c);
+    }
+    ag__free(p);
+}
+
+/* A copy of s in g's own pool. */
+static const char *pool_add(ag_graph *g, const char *s) {
+    if (!g->strings) {
+        g->strings = ag__calloc(1, sizeof *g->strings);
+        if (!g->strings)
+            return NULL;
+        atomic_init(&g->strings->refs, 1);
+    }
+    ag__strpool *p = g->strings;
+    size_t n = strlen(s) + 1;
+    strchunk *c = p->chunks;
+    if (!c || c->cap - c->used < n) {
+        size_t cap = 16384 - sizeof *c;
+        if (cap < n)
+            cap = n;
+        c = ag__malloc(sizeof *c + cap);
+        if (!c)
+            return NULL;
+        c->cap = cap;
+        c->used = 0;
+        c->next = p->chunks;
+        p->chunks = c;
+    }
+    char *d = c->data + c->used;
+    memcpy(d, s, n);
+    c->used += n;
+    return d;
+}
+
+/* Makes g hold pool p (nothing to do when it is g's own or already held). */
+static int pool_hold(ag_graph *g, ag__strpool *p) {
+    if (p == g->strings)
+        return 0;
+    for (int i = 0; i < g->nshared; i++)
+        if (g->shared[i] == p)
+            return 0;
+    int64_t cap = g->shared_cap;
+    if (ag__grow((void **)&g->shared, &cap, g->nshared + 1, sizeof *g->shared))
+        return AG_ENOMEM;
+    g->shared_cap = cap;
+    atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
+    g->shared[g->nshared++] = p;
+    return 0;
 }
 
 int ag__garg_copy(ag_garg *dst, const ag_garg *src) {
@@ -68,22 +186,38 @@ void ag__garg_free(ag_garg *a) {
 
 /* ---- users ---- */
 
-static int add_use(ag_node *def, ag_node *user) {
-    for (int i = 0; i < def->nusers; i++)
+/* `fresh`: user is a node being committed, so it can only be def's last user already (from
+ * an earlier argument of its own) and the list need not be searched. */
+static int add_use(ag_node *def, ag_node *user, bool fresh) {
+    if (def->nusers > 0 && def->users[def->nusers - 1].node == user) {
+        def->users[def->nusers - 1].count++;
+        return 0;
+    }
+    for (int i = 0; !fresh && i < def->nusers; i++)
         if (def->users[i].node == user) {
             def->users[i].count++;
             return 0;
         }
-    int64_t cap = def->users_cap;
-    if (ag__grow((void **)&def->users, &cap, def->nusers + 1, sizeof *def->users))
-        return AG_ENOMEM;
-    def->users_cap = cap;
+    if (def->nusers == def->users_cap) {
+        /* Most values have one or two users: the list starts inside the node. */
+        int ncap = def->users_cap ? 2 * def->users_cap : AG__USERS_INLINE;
+        ag__use *nu = ncap == AG__USERS_INLINE ? def->users_inline
+                                               : ag__malloc(sizeof *nu * (size_t)ncap);
+        if (!nu)
+            return AG_ENOMEM;
+        if (def->nusers)
+            memcpy(nu, def->users, sizeof *nu * (size_t)def->nusers);
+        if (def->users != def->users_inline)
+            ag__free(def->users);
+        def->users = nu;
+        def->users_cap = ncap;
+    }
     def->users[def->nusers++] = (ag__use){user, 1};
     return 0;
 }
 
 static void drop_use(ag_node *def, ag_node *user) {
-    for (int i = 0; i < def->nusers; i++)
+    for (int i = def->nusers - 1; i >= 0; i--) /* the latest users go first (DCE erases them) */
         if (def->users[i].node == user) {
             if (--def->users[i].count == 0) {
                 memmove(&def->users[i], &def->users[i + 1],
@@ -96,13 +230,13 @@ static void drop_use(ag_node *def, ag_node *user) {
 
 /* Registers (or, with add=false, unregisters) the uses made by one argument. On failure while
  * adding, the uses added so far are undone. */
-static int arg_uses(ag_node *user, const ag_garg *a, bool add) {
+static int arg_uses_ex(ag_node *user, const ag_garg *a, bool add, bool fresh) {
     if (a->kind == AG_GA_NODE && a->u.node) {
         if (!add) {
             drop_use(a->u.node, user);
             return 0;
         }
-        return add_use(a->u.node, user);
+        return add_use(a->u.node, user, fresh);
     }
     if (a->kind == AG_GA_NODES)
         for (int k = 0; k < a->n; k++) {
@@ -111,7 +245,7 @@ static int arg_uses(ag_node *user, const ag_garg *a, bool add) {
                 continue;
             if (!add) {
                 drop_use(d, user);
-            } else if (add_use(d, user)) {
+            } else if (add_use(d, user, fresh)) {
                 for (int j = 0; j < k; j++)
                     if (a->u.nodes[j])
                         drop_use(a->u.nodes[j], user);
@@ -121,6 +255,71 @@ static int arg_uses(ag_node *user, const ag_garg *a, bool add) {
     return 0;
 }
 
+static int arg_uses(ag_node *user, const ag_garg *a, bool add) {
+    return arg_uses_ex(user, a, add, false);
+}
+
+/* ---- node memory ---- */
+
+static ag_node *node_alloc(ag_graph *g) {
+    ag_node *n = g->free_nodes;
+    if (n) {
+        UNPOISON(n, sizeof *n);
+        g->free_nodes = n->next;
+    } else {
+        ag__node_block *b = g->blocks;
+        if (!b || b->used == b->cap) {
+            int cap = !b ? 8 : b->cap < 128 ? 2 * b->cap : 128;
+            b = ag__malloc(sizeof *b + sizeof(ag_node) * (size_t)cap);
+            if (!b)
+                return NULL;
+            b->cap = cap;
+            b->used = 0;
+            b->next = g->blocks;
+            g->blocks = b;
+        }
+        n = &b->nodes[b->used++];
+    }
+    memset(n, 0, sizeof *n);
+    n->args = n->args_inline;
+    return n;
+}
+
+/* Room for `count` arguments. */
+static int node_args_reserve(ag_node *n, int count) {
+    if (count <= AG__ARGS_INLINE || n->args != n->args_inline)
+        return 0;
+    ag_garg *a = ag__malloc(sizeof *a * AG_MAX_ARGS);
+    if (!a)
+        return AG_ENOMEM;
+    memcpy(a, n->args, sizeof *a * (size_t)n->nargs);
+    n->args = a;
+    return 0;
+}
+
+static void node_release(ag_graph *g, ag_node *n) {
+    n->next = g->free_nodes;
+    g->free_nodes = n;
+    POISON(n, sizeof *n);
+}
+
+static int node_set_name(ag_node *n, const char *s) {
+    size_t len = strlen(s);
+    if (len < sizeof n->name_inline) {
+        memcpy(n->name_inline, s, len + 1);
+        n->name = n->name_inline;
+        return 0;
+    }
+    n->name = ag__strdup(s);
+    return n->name ? 0 : AG_ENOMEM;
+}
+
+static void node_free_name(ag_node *n) {
+    if (n->name != n->name_inline)
+        ag__free(n->name);
+    n->name = NULL;
+}
+
 /* ---- graph ---- */
 
 ag_graph *ag_graph_new(void) {
@@ -128,40 +327,59 @@ ag_graph *ag_graph_new(void) {
     return g;
 }
 
-static void meta_entries_free(ag__mentry *e, int n) {
-    for (int i = 0; i < n; i++) {
-        ag__free(e[i].key);
-        if (e[i].v.kind == AG_MV_STR)
-            ag__free((void *)e[i].v.u.s);
-    }
-    ag__free(e);
+static void entry_clear(ag__mentry *x) {
+    if (!is_interned(x->key))
+        ag__free((void *)x->key);
 }
 
-static void node_free(ag_node *n) {
+static void meta_entries_free(ag__mentry *e, int n, const ag__mentry *inline_buf) {
+    for (int i = 0; i < n; i++)
+        entry_clear(&e[i]);
+    if (e != inline_buf)
+        ag__free(e);
+}
+
+/* Frees what the node owns (not the node itself). */
+static void node_clear(ag_node *n) {
     for (int i = 0; i < n->nargs; i++)
         ag__garg_free(&n->args[i]);
-    ag__free(n->users);
-    ag__free(n->name);
+    if (n->args != n->args_inline)
+        ag__free(n->args);
+    if (n->users != n->users_inline)
+        ag__free(n->users);
+    node_free_name(n);
     if (n->vals != &n->val1)
         ag__free(n->vals);
     ag_tensor_free(n->constant);
-    meta_entries_free(n->meta, n->nmeta);
-    meta_entries_free(n->custom, n->ncustom);
+    meta_entries_free(n->meta, n->nmeta, n->meta_inline);
+    meta_entries_free(n->custom, n->ncustom, NULL);
     ag_desc_release(n->desc);
     for (int i = 0; i < n->nout_descs; i++)
         ag_desc_release(n->out_descs[i]);
     ag__free(n->out_descs);
-    ag__free(n);
+}
+
+static void node_free(ag_node *n) {
+    node_clear(n);
+    node_release(n->graph, n);
 }
 
 void ag_graph_free(ag_graph *g) {
     if (!g)
         return;
-    for (ag_node *n = g->first, *next; n; n = next) {
-        next = n->next;
-        node_free(n);
+    for (ag_node *n = g->first; n; n = n->next)
+        node_clear(n);
+    for (ag__node_block *b = g->blocks, *next; b; b = next) {
+        next = b->next;
+        UNPOISON(b, sizeof *b + sizeof(ag_node) * (size_t)b->cap);
+        ag__free(b);
     }
     ag__strmap_free(&g->names);
+    ag__strmap_free(&g->base_idx);
+    pool_release(g->strings);
+    for (int i = 0; i < g->nshared; i++)
+        pool_release(g->shared[i]);
+    ag__free(g->shared);
     for (int64_t i = 0; i < g->nbases; i++)
         ag__free(g->bases[i].base);
     ag__free(g->bases);
@@ -179,15 +397,14 @@ ag_node *ag_graph_find(const ag_graph *g, const char *name) { return ag__strmap_
 
 int ag_graph_placeholders(const ag_graph *g_, ag_node ***out) {
     ag_graph *g = (ag_graph *)g_;
-    int cnt = 0;
-    for (ag_node *n = g->first; n; n = n->next)
-        cnt += n->kind == AG_NODE_PLACEHOLDER;
+    int cnt = (int)g->nph;
     int64_t cap = g->ph_cap;
     if (ag__grow((void **)&g->ph_cache, &cap, cnt + 1, sizeof *g->ph_cache))
         return AG_ENOMEM;
     g->ph_cap = cap;
+    /* Placeholders normally lead the list, so the walk stops after them. */
     int k = 0;
-    for (ag_node *n = g->first; n; n = n->next)
+    for (ag_node *n = g->first; n && k < cnt; n = n->next)
         if (n->kind == AG_NODE_PLACEHOLDER)
             g->ph_cache[k++] = n;
     *out = g->ph_cache;
@@ -207,9 +424,29 @@ int ag_node_index(const ag_node *n) {
 
 /* ---- names ---- */
 
-/* The next free name for `candidate`, FX's rules: a trailing _<digits> is split off as a
- * counter, and the base keeps its own running count. Returns a malloc'd name. */
-static char *make_name(ag_graph *g, const char *candidate) {
+/* "<base>_<num>" into out (as snprintf "%s_%lld" would write it; out holds 160 bytes and
+ * base at most 127 characters). */
+static void fmt_numbered(char *out, const char *base, int64_t num) {
+    size_t n = strlen(base);
+    memcpy(out, base, n);
+    out[n++] = '_';
+    char digits[24];
+    int k = 0;
+    uint64_t u = num < 0 ? (uint64_t)0 - (uint64_t)num : (uint64_t)num;
+    do {
+        digits[k++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u);
+    if (num < 0)
+        out[n++] = '-';
+    while (k)
+        out[n++] = digits[--k];
+    out[n] = 0;
+}
+
+/* The next free name for `candidate` into out (160 bytes), FX's rules: a trailing _<digits> is
+ * split off as a counter, and the base keeps its own running count. */
+static int make_name(ag_graph *g, const char *candidate, char *out) {
     char base[128];
     size_t n = 0;
     for (const char *c = candidate; *c && n + 1 < sizeof base; c++)
@@ -235,35 +472,35 @@ static char *make_name(ag_graph *g, const char *candidate) {
             *us = 0;
         }
     }
-    ag__base_count *bc = NULL;
-    for (int64_t i = 0; i < g->nbases; i++)
-        if (!strcmp(g->bases[i].base, base))
-            bc = &g->bases[i];
+    void *bi = ag__strmap_get(&g->base_idx, base);
+    ag__base_count *bc = bi ? &g->bases[(intptr_t)bi - 1] : NULL;
     if (!bc) {
         int64_t cap = g->bases_cap;
         if (ag__grow((void **)&g->bases, &cap, g->nbases + 1, sizeof *g->bases))
-            return NULL;
+            return AG_ENOMEM;
         g->bases_cap = cap;
         char *b = ag__strdup(base);
-        if (!b)
-            return NULL;
+        if (!b || ag__strmap_put(&g->base_idx, b, (void *)(intptr_t)(g->nbases + 1))) {
+            ag__free(b);
+            return AG_ENOMEM;
+        }
         bc = &g->bases[g->nbases++];
         bc->base = b;
         bc->count = 0;
     }
-    char cand[160];
+    char *cand = out;
     if (num >= 0)
-        snprintf(cand, sizeof cand, "%s_%lld", base, (long long)num);
+        fmt_numbered(cand, base, num);
     else
-        snprintf(cand, sizeof cand, "%s", base);
+        memcpy(cand, base, strlen(base) + 1);
     if (num <= 0)
         num = bc->count;
     while (ag__strmap_has(&g->names, cand) || illegal_name(cand)) {
         num++;
-        snprintf(cand, sizeof cand, "%s_%lld", base, (long long)num);
+        fmt_numbered(cand, base, num);
     }
     bc->count = num;
-    return ag__strdup(cand);
+    return 0;
 }
 
 /* ---- node creation ---- */
@@ -293,6 +530,7 @@ static void link_at_insert_point(ag_graph *g, ag_node *n) {
         g->last = n;
     }
     g->count++;
+    g->nph += n->kind == AG_NODE_PLACEHOLDER;
     g->order_dirty = true;
 }
 
@@ -309,6 +547,7 @@ static void unlink_node(ag_graph *g, ag_node *n) {
         g->last = n->prev;
     n->prev = n->next = NULL;
     g->count--;
+    g->nph -= n->kind == AG_NODE_PLACEHOLDER;
     g->order_dirty = true;
     if (g->insert_before == n)
         g->insert_before = NULL, g->explicit_insert = 0;
@@ -336,24 +575,19 @@ void ag_graph_insert_at_end(ag_graph *g) {
 
 /* A node with name and args set up, not yet linked. */
 static ag_node *node_new(ag_graph *g, ag_node_kind kind, const char *name, const char *candidate) {
-    ag_node *n = ag__calloc(1, sizeof *n);
+    if (name && (ag__strmap_has(&g->names, name) || !*name)) {
+        ag__err(AG_EINVAL, "graph: a node named '%s' already exists", name);
+        return NULL;
+    }
+    ag_node *n = node_alloc(g);
     if (!n)
         return NULL;
     n->graph = g;
     n->kind = kind;
     n->vals = &n->val1;
-    if (name) {
-        if (ag__strmap_has(&g->names, name) || !*name) {
-            ag__err(AG_EINVAL, "graph: a node named '%s' already exists", name);
-            ag__free(n);
-            return NULL;
-        }
-        n->name = ag__strdup(name);
-    } else {
-        n->name = make_name(g, candidate);
-    }
-    if (!n->name) {
-        ag__free(n);
+    char made[160];
+    if ((!name && make_name(g, candidate, made)) || node_set_name(n, name ? name : made)) {
+        node_release(g, n);
         return NULL;
     }
     return n;
@@ -362,7 +596,7 @@ static ag_node *node_new(ag_graph *g, ag_node_kind kind, const char *name, const
 /* Registers the node's name and uses and links it; frees it on failure. */
 static ag_node *node_commit(ag_graph *g, ag_node *n, bool at_placeholders) {
     for (int i = 0; i < n->nargs; i++)
-        if (arg_uses(n, &n->args[i], true)) {
+        if (arg_uses_ex(n, &n->args[i], true, true)) {
             for (int j = 0; j < i; j++)
                 arg_uses(n, &n->args[j], false);
             node_free(n);
@@ -443,6 +677,10 @@ ag_node *ag__graph_call_vals(ag_graph *g, const ag_op *op, const ag_garg *args, 
     if (!n)
         return NULL;
     n->op = op;
+    if (node_args_reserve(n, nargs)) {
+        node_free(n);
+        return NULL;
+    }
     for (int i = 0; i < nargs; i++) {
         if (ag__garg_copy(&n->args[i], &args[i])) {
             n->nargs = i;
@@ -532,7 +770,7 @@ int ag_node_set_arg(ag_node *n, int i, ag_garg a) {
     if (i < 0 || i > n->nargs || i >= AG_MAX_ARGS)
         return ag__err(AG_EINVAL, "set_arg: %s has no argument %d", n->name, i);
     ag_garg copy;
-    if (ag__garg_copy(&copy, &a))
+    if (node_args_reserve(n, i + 1) || ag__garg_copy(&copy, &a))
         return AG_ENOMEM;
     if (arg_uses(n, &copy, true)) {
         ag__garg_free(&copy);
@@ -559,7 +797,7 @@ int ag_node_replace_all_uses(ag_node *n, ag_node *by) {
         for (int i = 0; i < u->nargs; i++) {
             ag_garg *a = &u->args[i];
             if (a->kind == AG_GA_NODE && a->u.node == n) {
-                if (by && add_use(by, u))
+                if (by && add_use(by, u, false))
                     return AG_ENOMEM;
                 a->u.node = by;
                 if (!by)
@@ -568,7 +806,7 @@ int ag_node_replace_all_uses(ag_node *n, ag_node *by) {
             } else if (a->kind == AG_GA_NODES) {
                 for (int k = 0; k < a->n; k++)
                     if (a->u.nodes[k] == n) {
-                        if (by && add_use(by, u))
+                        if (by && add_use(by, u, false))
                             return AG_ENOMEM;
                         a->u.nodes[k] = by;
                         replaced++;
@@ -630,7 +868,7 @@ int ag_node_rename(ag_graph *g, ag_node *n, const char *name) {
         ag__free(nn);
         return AG_ENOMEM;
     }
-    ag__free(n->name);
+    node_free_name(n);
     n->name = nn;
     return 0;
 }
@@ -671,59 +909,112 @@ ag_tensor *ag_node_constant(const ag_node *n) { return n->constant; }
 
 /* ---- metadata ---- */
 
-static ag__mentry *entry_find(ag__mentry *e, int n, const char *key) {
+/* The entry for key: an interned key is found by its pointer, any other by its text among
+ * the entries that own their key. */
+static ag__mentry *entry_find(ag__mentry *e, int n, const char *key, const char *ik) {
     for (int i = 0; i < n; i++)
-        if (!strcmp(e[i].key, key))
+        if (ik ? e[i].key == ik : (!is_interned(e[i].key) && !strcmp(e[i].key, key)))
             return &e[i];
     return NULL;
 }
 
-static int entry_set(ag__mentry **e, int *n, int *cap, const char *key, ag_mval v) {
-    ag_mval copy = v;
-    if (v.kind == AG_MV_STR) {
-        copy.u.s = ag__strdup(v.u.s ? v.u.s : "");
-        if (!copy.u.s)
-            return AG_ENOMEM;
-    }
-    ag__mentry *x = entry_find(*e, *n, key);
-    if (x) {
-        if (x->v.kind == AG_MV_STR)
-            ag__free((void *)x->v.u.s);
-        x->v = copy;
+/* Room for one more entry; a node's metadata starts in its inline array. */
+static int entries_reserve(ag__mentry **e, int n, int *cap, ag__mentry *inline_buf) {
+    if (n < *cap)
+        return 0;
+    if (!*e && inline_buf) {
+        *e = inline_buf;
+        *cap = AG__META_INLINE;
         return 0;
     }
-    int64_t c = *cap;
-    char *k = ag__strdup(key);
-    if (!k || ag__grow((void **)e, &c, *n + 1, sizeof **e)) {
-        ag__free(k);
-        if (copy.kind == AG_MV_STR)
-            ag__free((void *)copy.u.s);
+    int ncap = *cap ? 2 * *cap : 4;
+    ag__mentry *ne = ag__malloc(sizeof *ne * (size_t)ncap);
+    if (!ne)
         return AG_ENOMEM;
-    }
-    *cap = (int)c;
-    (*e)[(*n)++] = (ag__mentry){k, copy};
+    if (n)
+        memcpy(ne, *e, sizeof *ne * (size_t)n);
+    if (*e != inline_buf)
+        ag__free(*e);
+    *e = ne;
+    *cap = ncap;
     return 0;
 }
 
+/* Sets key to v on a list of g's. `from`: the pool v.u.s lives in, to share it from (NULL:
+ * an outside string, interned or copied into g's pool). */
+static int entry_set_ex(ag_graph *g, ag__mentry **e, int *n, int *cap, ag__mentry *inline_buf,
+                        const char *key, ag_mval v, ag__strpool *from) {
+    ag_mval copy = v;
+    ag__strpool *pool = NULL;
+    if (v.kind == AG_MV_STR && from) {
+        if (pool_hold(g, from))
+            return AG_ENOMEM;
+        pool = from;
+    } else if (v.kind == AG_MV_STR) {
+        const char *str = v.u.s ? v.u.s : "";
+        copy.u.s = intern(str);
+        if (!copy.u.s) {
+            if (!(copy.u.s = pool_add(g, str)))
+                return AG_ENOMEM;
+            pool = g->strings;
+        }
+    }
+    const char *ik = intern(key);
+    ag__mentry *x = entry_find(*e, *n, key, ik);
+    if (x) {
+        x->v = copy;
+        x->pool = pool;
+        return 0;
+    }
+    char *k = ik ? NULL : ag__strdup(key);
+    if ((!ik && !k) || entries_reserve(e, *n, cap, inline_buf)) {
+        ag__free(k);
+        return AG_ENOMEM;
+    }
+    (*e)[(*n)++] = (ag__mentry){ik ? ik : k, copy, pool};
+    return 0;
+}
+
+static int entry_set(ag_graph *g, ag__mentry **e, int *n, int *cap, ag__mentry *inline_buf,
+                     const char *key, ag_mval v) {
+    return entry_set_ex(g, e, n, cap, inline_buf, key, v, NULL);
+}
+
+/* Sets x's key and value on a list of g's, sharing x's string. */
+static int entry_copy(ag_graph *g, ag__mentry **e, int *n, int *cap, ag__mentry *inline_buf,
+                      const ag__mentry *x) {
+    return entry_set_ex(g, e, n, cap, inline_buf, x->key, x->v, x->pool);
+}
+
 static int entry_del(ag__mentry *e, int *n, const char *key) {
-    ag__mentry *x = entry_find(e, *n, key);
+    ag__mentry *x = entry_find(e, *n, key, intern(key));
     if (!x)
         return 0;
-    ag__free(x->key);
-    if (x->v.kind == AG_MV_STR)
-        ag__free((void *)x->v.u.s);
+    entry_clear(x);
     int i = (int)(x - e);
     memmove(&e[i], &e[i + 1], sizeof *e * (size_t)(*n - i - 1));
     (*n)--;
     return 1;
 }
 
+static ag_mval entry_get(const ag__mentry *e, int n, const char *key) {
+    ag__mentry *x = entry_find((ag__mentry *)e, n, key, intern(key));
+    return x ? x->v : (ag_mval){.kind = AG_MV_NONE};
+}
+
+/* The typed accessors pass interned keys: found by pointer. */
+static ag_mval meta_get_interned(const ag_node *n, int k) {
+    for (int i = 0; i < n->nmeta; i++)
+        if (n->meta[i].key == interned[k])
+            return n->meta[i].v;
+    return (ag_mval){.kind = AG_MV_NONE};
+}
+
 int ag_node_meta_set(ag_node *n, const char *key, ag_mval v) {
-    return entry_set(&n->meta, &n->nmeta, &n->meta_cap, key, v);
+    return entry_set(n->graph, &n->meta, &n->nmeta, &n->meta_cap, n->meta_inline, key, v);
 }
 ag_mval ag_node_meta_get(const ag_node *n, const char *key) {
-    ag__mentry *x = entry_find(n->meta, n->nmeta, key);
-    return x ? x->v : (ag_mval){.kind = AG_MV_NONE};
+    return entry_get(n->meta, n->nmeta, key);
 }
 int ag_node_meta_del(ag_node *n, const char *key) { return entry_del(n->meta, &n->nmeta, key); }
 int ag_node_meta_count(const ag_node *n) { return n->nmeta; }
@@ -735,81 +1026,100 @@ const char *ag_node_meta_key_at(const ag_node *n, int i, ag_mval *v) {
     return n->meta[i].key;
 }
 
+int ag__node_meta_copy(ag_node *dst, const ag_node *src) {
+    if (dst == src)
+        return 0;
+    for (int i = 0; i < src->nmeta; i++)
+        if (entry_copy(dst->graph, &dst->meta, &dst->nmeta, &dst->meta_cap, dst->meta_inline,
+                       &src->meta[i]))
+            return AG_ENOMEM;
+    return 0;
+}
+
+int ag__node_meta_copy_key(ag_node *dst, const ag_node *src, const char *key) {
+    if (dst == src)
+        return 0;
+    const ag__mentry *x = entry_find(src->meta, src->nmeta, key, intern(key));
+    if (!x)
+        return ag_node_meta_del(dst, key), 0;
+    return entry_copy(dst->graph, &dst->meta, &dst->nmeta, &dst->meta_cap, dst->meta_inline, x);
+}
+
 int64_t ag_node_seq_nr(const ag_node *n) {
-    ag_mval v = ag_node_meta_get(n, "seq_nr");
+    ag_mval v = meta_get_interned(n, K_SEQ_NR);
     return v.kind == AG_MV_INT ? v.u.i : -1;
 }
 int ag_node_set_seq_nr(ag_node *n, int64_t s) {
     if (s < 0)
-        return ag_node_meta_del(n, "seq_nr"), 0;
-    return ag_node_meta_set(n, "seq_nr", (ag_mval){.kind = AG_MV_INT, .u.i = s});
+        return ag_node_meta_del(n, interned[K_SEQ_NR]), 0;
+    return ag_node_meta_set(n, interned[K_SEQ_NR], (ag_mval){.kind = AG_MV_INT, .u.i = s});
 }
 const char *ag_node_stack_trace(const ag_node *n) {
-    ag_mval v = ag_node_meta_get(n, "stack_trace");
+    ag_mval v = meta_get_interned(n, K_STACK_TRACE);
     return v.kind == AG_MV_STR ? v.u.s : NULL;
 }
 int ag_node_set_stack_trace(ag_node *n, const char *t) {
     if (!t)
-        return ag_node_meta_del(n, "stack_trace"), 0;
-    return ag_node_meta_set(n, "stack_trace", (ag_mval){.kind = AG_MV_STR, .u.s = t});
+        return ag_node_meta_del(n, interned[K_STACK_TRACE]), 0;
+    return ag_node_meta_set(n, interned[K_STACK_TRACE], (ag_mval){.kind = AG_MV_STR, .u.s = t});
 }
 const char *ag_node_partitioner_tag(const ag_node *n) {
-    ag_mval v = ag_node_meta_get(n, "partitioner_tag");
+    ag_mval v = meta_get_interned(n, K_TAG);
     return v.kind == AG_MV_STR ? v.u.s : NULL;
 }
 int ag_node_set_partitioner_tag(ag_node *n, const char *tag) {
     if (!tag)
-        return ag_node_meta_del(n, "partitioner_tag"), 0;
-    static const char *const ok[] = {"is_forward", "is_backward", "must_be_in_forward",
-                                     "must_be_in_backward"};
-    for (size_t i = 0; i < 4; i++)
-        if (!strcmp(tag, ok[i]))
-            return ag_node_meta_set(n, "partitioner_tag", (ag_mval){.kind = AG_MV_STR, .u.s = tag});
+        return ag_node_meta_del(n, interned[K_TAG]), 0;
+    for (int i = V_IS_FORWARD; i <= V_MUST_BW; i++)
+        if (!strcmp(tag, interned[i]))
+            return ag_node_meta_set(n, interned[K_TAG],
+                                    (ag_mval){.kind = AG_MV_STR, .u.s = interned[i]});
     return ag__err(AG_EINVAL, "partitioner_tag: '%s' is not one of is_forward, is_backward, "
                               "must_be_in_forward, must_be_in_backward", tag);
 }
 bool ag_node_is_gradient_acc(const ag_node *n) {
-    ag_mval v = ag_node_meta_get(n, "is_gradient_acc");
+    ag_mval v = meta_get_interned(n, K_GRAD_ACC);
     return v.kind == AG_MV_BOOL && v.u.b;
 }
 int ag_node_set_gradient_acc(ag_node *n, bool v) {
     if (!v)
-        return ag_node_meta_del(n, "is_gradient_acc"), 0;
-    return ag_node_meta_set(n, "is_gradient_acc", (ag_mval){.kind = AG_MV_BOOL, .u.b = true});
+        return ag_node_meta_del(n, interned[K_GRAD_ACC]), 0;
+    return ag_node_meta_set(n, interned[K_GRAD_ACC], (ag_mval){.kind = AG_MV_BOOL, .u.b = true});
 }
 
-static const char *const recompute_names[] = {NULL, "MUST_SAVE", "PREFER_SAVE", "MUST_RECOMPUTE",
-                                              "PREFER_RECOMPUTE"};
+static const char *const recompute_names[] = {NULL, interned[V_MUST_SAVE], interned[V_PREFER_SAVE],
+                                              interned[V_MUST_RECOMPUTE],
+                                              interned[V_PREFER_RECOMPUTE]};
 
 const char *ag__recompute_name(ag_recompute r) {
     return (unsigned)r < 5 ? recompute_names[r] : NULL;
 }
 
 ag_recompute ag_node_recompute(const ag_node *n) {
-    ag_mval v = ag_node_meta_get(n, "recompute");
+    ag_mval v = meta_get_interned(n, K_RECOMPUTE);
     if (v.kind != AG_MV_STR)
         return AG_RECOMPUTE_NONE;
     for (int i = 1; i < 5; i++)
-        if (!strcmp(v.u.s, recompute_names[i]))
+        if (v.u.s == recompute_names[i] || !strcmp(v.u.s, recompute_names[i]))
             return (ag_recompute)i;
     return AG_RECOMPUTE_NONE;
 }
 int ag_node_set_recompute(ag_node *n, ag_recompute r) {
     if (r == AG_RECOMPUTE_NONE)
-        return ag_node_meta_del(n, "recompute"), 0;
+        return ag_node_meta_del(n, interned[K_RECOMPUTE]), 0;
     if ((unsigned)r >= 5)
         return ag__err(AG_EINVAL, "recompute: bad policy %d", (int)r);
-    return ag_node_meta_set(n, "recompute", (ag_mval){.kind = AG_MV_STR, .u.s = recompute_names[r]});
+    return ag_node_meta_set(n, interned[K_RECOMPUTE],
+                            (ag_mval){.kind = AG_MV_STR, .u.s = recompute_names[r]});
 }
 
 int ag_node_custom_set(ag_node *n, const char *key, ag_mval v) {
     if (v.kind == AG_MV_NONE)
         return ag__err(AG_EINVAL, "custom: value of '%s' is None", key);
-    return entry_set(&n->custom, &n->ncustom, &n->custom_cap, key, v);
+    return entry_set(n->graph, &n->custom, &n->ncustom, &n->custom_cap, NULL, key, v);
 }
 ag_mval ag_node_custom_get(const ag_node *n, const char *key) {
-    ag__mentry *x = entry_find(n->custom, n->ncustom, key);
-    return x ? x->v : (ag_mval){.kind = AG_MV_NONE};
+    return entry_get(n->custom, n->ncustom, key);
 }
 int ag_node_custom_count(const ag_node *n) { return n->ncustom; }
 const char *ag_node_custom_key_at(const ag_node *n, int i, ag_mval *v) {
@@ -820,7 +1130,7 @@ const char *ag_node_custom_key_at(const ag_node *n, int i, ag_mval *v) {
     return n->custom[i].key;
 }
 void ag_node_custom_clear(ag_node *n) {
-    meta_entries_free(n->custom, n->ncustom);
+    meta_entries_free(n->custom, n->ncustom, NULL);
     n->custom = NULL;
     n->ncustom = n->custom_cap = 0;
 }
@@ -830,11 +1140,11 @@ int ag_node_custom_copy(ag_node *dst, const ag_node *src) {
     ag__mentry *e = NULL;
     int cnt = 0, cap = 0;
     for (int i = 0; i < src->ncustom; i++)
-        if (entry_set(&e, &cnt, &cap, src->custom[i].key, src->custom[i].v)) {
-            meta_entries_free(e, cnt);
+        if (entry_copy(dst->graph, &e, &cnt, &cap, NULL, &src->custom[i])) {
+            meta_entries_free(e, cnt, NULL);
             return AG_ENOMEM;
         }
-    meta_entries_free(dst->custom, dst->ncustom);
+    meta_entries_free(dst->custom, dst->ncustom, NULL);
     dst->custom = e;
     dst->ncustom = cnt;
     dst->custom_cap = cap;
@@ -883,16 +1193,22 @@ ag_desc *ag_node_output_desc(const ag_node *out, int i) {
 }
 bool ag_node_has_output_descs(const ag_node *out) { return out->has_out_descs; }
 
+int ag__graph_reserve(ag_graph *g, int64_t nnodes) {
+    return ag__strmap_reserve(&g->names, nnodes);
+}
+
 /* ---- copy ---- */
 
 ag_graph *ag_graph_copy(const ag_graph *src) {
     ag_graph *g = ag_graph_new();
     if (!g)
         return NULL;
-    ag__strmap map = {0}; /* old name -> new node */
-    int rc = 0;
+    ag__ptrmap map = {0}; /* source node -> its copy */
+    int rc = ag__ptrmap_reserve(&map, src->count);
+    if (rc == 0)
+        rc = ag__graph_reserve(g, src->count);
     for (ag_node *n = src->first; n && rc == 0; n = n->next) {
-        ag_node *m = ag__calloc(1, sizeof *m);
+        ag_node *m = node_alloc(g);
         if (!m) {
             rc = AG_ENOMEM;
             break;
@@ -901,18 +1217,18 @@ ag_graph *ag_graph_copy(const ag_graph *src) {
         m->kind = n->kind;
         m->op = n->op;
         m->vals = &m->val1;
-        m->name = ag__strdup(n->name);
-        if (!m->name || set_vals(m, n->vals, n->nvals)) {
+        if (node_set_name(m, n->name) || set_vals(m, n->vals, n->nvals)) {
             node_free(m);
             rc = AG_ENOMEM;
             break;
         }
         m->constant = ag_tensor_keep(n->constant);
+        rc = node_args_reserve(m, n->nargs);
         for (int i = 0; i < n->nargs && rc == 0; i++) {
             ag_garg a = n->args[i];
             ag_node *tmp[64];
             if (a.kind == AG_GA_NODE && a.u.node) {
-                a.u.node = ag__strmap_get(&map, a.u.node->name);
+                a.u.node = (ag_node *)(intptr_t)ag__ptrmap_get(&map, a.u.node, 0);
             } else if (a.kind == AG_GA_NODES) {
                 ag_node **nv = a.n <= 64 ? tmp : ag__malloc(sizeof(ag_node *) * (size_t)a.n);
                 if (!nv) {
@@ -920,7 +1236,8 @@ ag_graph *ag_graph_copy(const ag_graph *src) {
                     break;
                 }
                 for (int k = 0; k < a.n; k++)
-                    nv[k] = a.u.nodes[k] ? ag__strmap_get(&map, a.u.nodes[k]->name) : NULL;
+                    nv[k] = a.u.nodes[k] ? (ag_node *)(intptr_t)ag__ptrmap_get(&map, a.u.nodes[k], 0)
+                                         : NULL;
                 a.u.nodes = nv;
                 rc = ag__garg_copy(&m->args[i], &a);
                 if (nv != tmp)
@@ -934,9 +1251,9 @@ ag_graph *ag_graph_copy(const ag_graph *src) {
                 m->nargs = i + 1;
         }
         for (int i = 0; i < n->nmeta && rc == 0; i++)
-            rc = entry_set(&m->meta, &m->nmeta, &m->meta_cap, n->meta[i].key, n->meta[i].v);
+            rc = entry_copy(g, &m->meta, &m->nmeta, &m->meta_cap, m->meta_inline, &n->meta[i]);
         for (int i = 0; i < n->ncustom && rc == 0; i++)
-            rc = entry_set(&m->custom, &m->ncustom, &m->custom_cap, n->custom[i].key, n->custom[i].v);
+            rc = entry_copy(g, &m->custom, &m->ncustom, &m->custom_cap, NULL, &n->custom[i]);
         m->desc = ag_desc_retain(n->desc);
         if (rc == 0 && n->has_out_descs) {
             m->out_descs = ag__calloc((size_t)(n->nout_descs ? n->nout_descs : 1), sizeof(ag_desc *));
@@ -953,7 +1270,7 @@ ag_graph *ag_graph_copy(const ag_graph *src) {
             node_free(m);
             break;
         }
-        if (ag__strmap_put(&map, n->name, m)) {
+        if (ag__ptrmap_put(&map, n, (int64_t)(intptr_t)m)) {
             node_free(m);
             rc = AG_ENOMEM;
             break;
@@ -970,7 +1287,8 @@ ag_graph *ag_graph_copy(const ag_graph *src) {
     for (int64_t i = 0; i < src->nbases && rc == 0; i++) {
         int64_t cap = g->bases_cap;
         char *b = ag__strdup(src->bases[i].base);
-        if (!b || ag__grow((void **)&g->bases, &cap, g->nbases + 1, sizeof *g->bases)) {
+        if (!b || ag__grow((void **)&g->bases, &cap, g->nbases + 1, sizeof *g->bases) ||
+            ag__strmap_put(&g->base_idx, b, (void *)(intptr_t)(g->nbases + 1))) {
             ag__free(b);
             rc = AG_ENOMEM;
             break;
@@ -979,7 +1297,7 @@ ag_graph *ag_graph_copy(const ag_graph *src) {
         g->bases[g->nbases++] = (ag__base_count){b, src->bases[i].count};
     }
     g->nconst = src->nconst;
-    ag__strmap_free(&map);
+    ag__ptrmap_free(&map);
     if (rc) {
         ag_graph_free(g);
         return NULL;

@@ -12,10 +12,24 @@ typedef struct ag__use {
     int count; /* how many arguments of `node` reference the definition */
 } ag__use;
 
+/* A metadata entry. Well-known keys (seq_nr, partitioner_tag, ...) and string values
+ * (is_forward, MUST_SAVE, ...) point at one interned copy in graph.c; other keys are the
+ * entry's own heap copies; other string values live in a string pool (graph.c) that copies of the
+ * entry share, so copying a node's stack trace to another node or graph copies no text. */
+typedef struct ag__strpool ag__strpool;
+
 typedef struct ag__mentry {
-    char *key;
-    ag_mval v; /* strings owned */
+    const char *key;
+    ag_mval v;
+    ag__strpool *pool; /* the pool holding v.u.s; NULL when interned or not a string */
 } ag__mentry;
+
+enum {
+    AG__META_INLINE = 4,  /* metadata entries held in the node before the list moves to the heap */
+    AG__NAME_INLINE = 40, /* names shorter than this live in the node */
+    AG__USERS_INLINE = 2, /* users listed in the node before the list moves to the heap */
+    AG__ARGS_INLINE = 6,  /* arguments held in the node (more: AG_MAX_ARGS on the heap) */
+};
 
 struct ag_node {
     ag_graph *graph;
@@ -24,21 +38,34 @@ struct ag_node {
     char *name;
     const ag_op *op;
     int nargs;
-    ag_garg args[AG_MAX_ARGS];
+    ag_garg *args; /* args_inline, or AG_MAX_ARGS on the heap for calls with more */
     ag__use *users;
     int nusers, users_cap;
     ag_tmeta val1; /* storage for the common single-output case */
     ag_tmeta *vals;
     int nvals;
     ag_tensor *constant;
-    ag__mentry *meta, *custom;
+    ag__mentry *meta, *custom; /* meta is meta_inline until it outgrows it */
     int nmeta, meta_cap, ncustom, custom_cap;
     ag_desc *desc;
     ag_desc **out_descs;
     int nout_descs;
     bool has_out_descs;
     int index;
+    uint32_t stamp; /* scratch mark for a pass's sweep (DCE) */
+    ag_garg args_inline[AG__ARGS_INLINE];
+    ag__use users_inline[AG__USERS_INLINE];
+    ag__mentry meta_inline[AG__META_INLINE];
+    char name_inline[AG__NAME_INLINE];
 };
+
+/* Nodes are carved from blocks owned by the graph (consecutive nodes sit together in memory,
+ * which keeps walks over a large graph cache-friendly); erased nodes go to a free list. */
+typedef struct ag__node_block {
+    struct ag__node_block *next;
+    int cap, used;
+    ag_node nodes[];
+} ag__node_block;
 
 typedef struct ag__base_count {
     char *base;
@@ -58,10 +85,27 @@ struct ag_graph {
     ag_node **ph_cache;
     int64_t ph_cap;
     ag_node *last_ph; /* the last placeholder, or NULL when unknown (recomputed on demand) */
+    int64_t nph;      /* placeholders in the list */
+    ag__strmap base_idx; /* name base -> its index in bases, plus one */
+    ag__node_block *blocks;
+    ag_node *free_nodes; /* erased nodes, linked through next */
+    ag__strpool *strings;  /* this graph's metadata strings (NULL until the first) */
+    ag__strpool **shared;  /* other graphs' pools its entries point into */
+    int nshared;
+    int64_t shared_cap;
+    uint32_t stamp;
 };
 
 /* Deep copy / free of an argument value (lists and strings). */
 int ag__garg_copy(ag_garg *dst, const ag_garg *src);
+/* passes.c: whether ag_graph_dce would remove anything. */
+bool ag__graph_has_dead_code(const ag_graph *g);
+/* Sizes the graph's tables for nnodes nodes (a copy or an extraction knows its size). */
+int ag__graph_reserve(ag_graph *g, int64_t nnodes);
+/* Copies every metadata entry of src onto dst (same keys replaced), sharing string values. */
+int ag__node_meta_copy(ag_node *dst, const ag_node *src);
+/* Gives dst src's entry for key, sharing its string (removes dst's when src has none). */
+int ag__node_meta_copy_key(ag_node *dst, const ag_node *src, const char *key);
 void ag__garg_free(ag_garg *a);
 const char *ag__recompute_name(ag_recompute r);
 

@@ -5,15 +5,52 @@
 
 #include <math.h>
 
+/* Tensor shells for one call's arguments, sized for its node references: on the stack for the
+ * usual handful, else one heap block (a call runs for every node created, verified and costed,
+ * so a fixed worst-case block per call would be tens of kB of allocator traffic each time). */
+enum { SHELLS_MAX = AG_MAX_ARGS * 8, SHELLS_STACK = 8 };
+
 typedef struct shells {
-    ag_tensor t[AG_MAX_ARGS * 8];
-    ag_storage s[AG_MAX_ARGS * 8];
-    ag_tensor *lists[AG_MAX_ARGS][64];
-    int used;
+    ag_tensor *t;
+    ag_storage *s;
+    ag_tensor **lists; /* the tensor lists' elements, list after list */
+    int used, cap, nlist;
+    ag_tensor t_stack[SHELLS_STACK];
+    ag_storage s_stack[SHELLS_STACK];
+    ag_tensor *l_stack[SHELLS_STACK];
+    void *heap;
 } shells;
 
+static int shells_init(shells *sh, const ag_garg *args, int nargs) {
+    int refs = 0, listed = 0;
+    for (int i = 0; i < nargs; i++)
+        if (args[i].kind == AG_GA_NODE)
+            refs++;
+        else if (args[i].kind == AG_GA_NODES && args[i].n > 0 && args[i].n <= 64) {
+            refs += args[i].n;
+            listed += args[i].n;
+        }
+    sh->used = sh->nlist = 0;
+    sh->cap = refs < SHELLS_MAX ? refs : SHELLS_MAX;
+    sh->heap = NULL;
+    if (sh->cap <= SHELLS_STACK && listed <= SHELLS_STACK) {
+        sh->t = sh->t_stack;
+        sh->s = sh->s_stack;
+        sh->lists = sh->l_stack;
+        return 0;
+    }
+    size_t nt = (size_t)sh->cap, nl = (size_t)listed;
+    sh->heap = ag__malloc(nt * (sizeof(ag_tensor) + sizeof(ag_storage)) + nl * sizeof(ag_tensor *) + 1);
+    if (!sh->heap)
+        return AG_ENOMEM;
+    sh->t = sh->heap;
+    sh->s = (ag_storage *)(void *)(sh->t + nt);
+    sh->lists = (ag_tensor **)(void *)(sh->s + nt);
+    return 0;
+}
+
 static ag_tensor *shell_of(shells *sh, const ag_node *n) {
-    if (!n || n->nvals != 1 || sh->used >= (int)(sizeof sh->t / sizeof sh->t[0]))
+    if (!n || n->nvals != 1 || sh->used >= sh->cap)
         return NULL;
     ag_tensor *t = &sh->t[sh->used];
     ag_storage *s = &sh->s[sh->used++];
@@ -48,13 +85,15 @@ static int to_args(const ag_op *op, const ag_garg *args, int nargs, ag_arg *out,
         case AG_GA_NODES:
             if (g->n > 64)
                 return ag__err(AG_EINVAL, "%s: tensor list of %d elements (at most 64)", ag_op_name(op), g->n);
+            ag_tensor **list = sh->lists + sh->nlist;
+            sh->nlist += g->n;
             for (int k = 0; k < g->n; k++) {
-                sh->lists[i][k] = g->u.nodes[k] ? shell_of(sh, g->u.nodes[k]) : NULL;
-                if (g->u.nodes[k] && !sh->lists[i][k])
+                list[k] = g->u.nodes[k] ? shell_of(sh, g->u.nodes[k]) : NULL;
+                if (g->u.nodes[k] && !list[k])
                     return ag__err(AG_EINVAL, "%s: element %d of argument %d is not a tensor value",
                                    ag_op_name(op), k, i);
             }
-            out[i] = AG_A_TS(sh->lists[i], g->n);
+            out[i] = AG_A_TS(list, g->n);
             break;
         case AG_GA_INT:
             out[i] = AG_A_I(g->u.i);
@@ -82,10 +121,9 @@ static int to_args(const ag_op *op, const ag_garg *args, int nargs, ag_arg *out,
 int ag__infer_meta(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *vals, int *nvals) {
     if (nargs > AG_MAX_ARGS)
         return ag__err(AG_EINVAL, "%s: %d arguments", ag_op_name(op), nargs);
-    shells *sh = ag__malloc(sizeof *sh);
-    if (!sh)
+    shells shv, *sh = &shv;
+    if (shells_init(sh, args, nargs))
         return AG_ENOMEM;
-    sh->used = 0;
     ag_arg a[AG_MAX_ARGS], full[AG_MAX_ARGS];
     int rc = to_args(op, args, nargs, a, sh);
     if (rc == 0)
@@ -98,7 +136,7 @@ int ag__infer_meta(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *va
             rc = ag__check_out_metas(ag_op_name(op), vals, *nvals);
         }
     }
-    ag__free(sh);
+    ag__free(sh->heap);
     return rc;
 }
 
@@ -106,15 +144,14 @@ int ag__node_cost(const ag_node *n, ag_cost *c) {
     c->flops = c->bytes = 0;
     if (n->kind != AG_NODE_CALL)
         return 0;
-    shells *sh = ag__malloc(sizeof *sh);
-    if (!sh)
+    shells shv, *sh = &shv;
+    if (shells_init(sh, n->args, n->nargs))
         return AG_ENOMEM;
-    sh->used = 0;
     ag_arg a[AG_MAX_ARGS];
     int rc = to_args(n->op, n->args, n->nargs, a, sh);
     if (rc == 0)
         rc = ag_op_cost(n->op, a, n->nargs, c);
-    ag__free(sh);
+    ag__free(sh->heap);
     return rc;
 }
 

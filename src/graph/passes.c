@@ -44,22 +44,46 @@ static bool removable(const ag_node *n) {
     }
 }
 
+bool ag__graph_has_dead_code(const ag_graph *g) {
+    for (const ag_node *n = g->first; n; n = n->next)
+        if (n->nusers == 0 && removable(n))
+            return true;
+    return false;
+}
+
 int ag_graph_dce(ag_graph *g) {
     int removed = 0;
     /* Walking backwards, a node's users (all later) were visited before it, so one sweep
-     * removes whole dead chains; sweep again until nothing changes in case a graph that does
-     * not verify has a use before its definition. Erasing a node without users cannot fail. */
-    for (bool changed = true; changed;) {
-        changed = false;
+     * removes whole dead chains. A graph that does not verify may use a node before its
+     * definition: when an erased node's argument becomes dead after the sweep passed it (its
+     * stamp says so), sweep again. Erasing a node without users cannot fail. */
+    for (bool again = true; again;) {
+        again = false;
+        uint32_t stamp = ++g->stamp;
         for (ag_node *n = g->last, *prev; n; n = prev) {
             prev = n->prev;
-            if (n->nusers == 0 && removable(n)) {
-                int rc = ag_graph_erase(g, n);
-                if (rc < 0)
-                    return rc;
-                removed++;
-                changed = true;
+            n->stamp = stamp;
+            if (n->nusers != 0 || !removable(n))
+                continue;
+            ag_node *defs[64];
+            int nd = 0;
+            for (int i = 0; i < n->nargs; i++) {
+                const ag_garg *a = &n->args[i];
+                int cnt = a->kind == AG_GA_NODE ? 1 : a->kind == AG_GA_NODES ? a->n : 0;
+                for (int k = 0; k < cnt; k++) {
+                    ag_node *d = a->kind == AG_GA_NODE ? a->u.node : a->u.nodes[k];
+                    if (d && nd < 64)
+                        defs[nd++] = d;
+                    else if (d)
+                        again = true; /* too many to follow: settle them with another sweep */
+                }
             }
+            int rc = ag_graph_erase(g, n);
+            if (rc < 0)
+                return rc;
+            removed++;
+            for (int i = 0; i < nd; i++)
+                again |= defs[i]->stamp == stamp && defs[i]->nusers == 0 && removable(defs[i]);
         }
     }
     return removed;

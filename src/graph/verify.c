@@ -16,9 +16,13 @@
 
 /* ---- a pointer -> position table (open addressing, positions 0..n-1) ---- */
 
+typedef struct pslot {
+    const ag_node *key;
+    int64_t pos;
+} pslot;
+
 typedef struct ptab {
-    const ag_node **keys;
-    int64_t *pos;
+    pslot *s; /* key and position together: a lookup touches one place */
     uint64_t mask;
 } ptab;
 
@@ -34,35 +38,25 @@ static int ptab_init(ptab *t, int64_t n) {
     uint64_t cap = 16;
     while (cap < (uint64_t)n * 2)
         cap <<= 1;
-    t->keys = ag__calloc(cap, sizeof *t->keys);
-    t->pos = ag__malloc(cap * sizeof *t->pos);
+    t->s = ag__calloc(cap, sizeof *t->s);
     t->mask = cap - 1;
-    if (!t->keys || !t->pos) {
-        ag__free(t->keys);
-        ag__free(t->pos);
-        return AG_ENOMEM;
-    }
-    return 0;
+    return t->s ? 0 : AG_ENOMEM;
 }
 
-static void ptab_free(ptab *t) {
-    ag__free(t->keys);
-    ag__free(t->pos);
-}
+static void ptab_free(ptab *t) { ag__free(t->s); }
 
 static void ptab_put(ptab *t, const ag_node *n, int64_t pos) {
     uint64_t i = ptr_hash(n) & t->mask;
-    while (t->keys[i] && t->keys[i] != n)
+    while (t->s[i].key && t->s[i].key != n)
         i = (i + 1) & t->mask;
-    t->keys[i] = n;
-    t->pos[i] = pos;
+    t->s[i] = (pslot){n, pos};
 }
 
 /* The node's position, or -1 when it is not in the graph. */
 static int64_t ptab_get(const ptab *t, const ag_node *n) {
-    for (uint64_t i = ptr_hash(n) & t->mask; t->keys[i]; i = (i + 1) & t->mask)
-        if (t->keys[i] == n)
-            return t->pos[i];
+    for (uint64_t i = ptr_hash(n) & t->mask; t->s[i].key; i = (i + 1) & t->mask)
+        if (t->s[i].key == n)
+            return t->s[i].pos;
     return -1;
 }
 
@@ -103,18 +97,119 @@ static int val_mismatch(const ag_node *n, const char *what, const ag_tmeta *stor
                    tmeta_str(stored, full, a, sizeof a), what, tmeta_str(want, full, b, sizeof b));
 }
 
-/* How many times n's arguments reference d. */
-static int refs_to(const ag_node *n, const ag_node *d) {
+/* ---- references between nodes ----
+ * Both directions of the users invariant need "how many times does u reference d". A node with
+ * a few arguments answers by scanning them; the wide ones (a forward graph's output node lists
+ * thousands of values) would make that quadratic, so their references go into an edge table
+ * filled once. seen[] (one int per position) catches a user listed twice. */
+
+enum { WIDE_REFS = 16 };
+
+typedef struct edge {
+    const ag_node *user, *def;
+    int count;
+} edge;
+
+typedef struct refs {
+    edge *e; /* the wide users' references */
+    uint64_t mask;
+    bool *wide; /* per position */
+    int *seen;  /* per position: the position + 1 of the node whose users list named it last */
+} refs;
+
+static uint64_t edge_hash(const ag_node *u, const ag_node *d) {
+    return ptr_hash(u) ^ (ptr_hash(d) * 0x9e3779b97f4a7c15ull);
+}
+
+static edge *edge_slot(const refs *r, const ag_node *u, const ag_node *d) {
+    uint64_t i = edge_hash(u, d) & r->mask;
+    while (r->e[i].user && (r->e[i].user != u || r->e[i].def != d))
+        i = (i + 1) & r->mask;
+    return &r->e[i];
+}
+
+static int nrefs(const ag_node *n) {
+    int c = 0;
+    for (int i = 0; i < n->nargs; i++) {
+        const ag_garg *a = &n->args[i];
+        if (a->kind == AG_GA_NODE && a->u.node)
+            c++;
+        else if (a->kind == AG_GA_NODES && a->u.nodes)
+            for (int k = 0; k < a->n; k++)
+                c += a->u.nodes[k] != NULL;
+    }
+    return c;
+}
+
+/* How many times n's arguments reference d (by scanning them). */
+static int refs_scan(const ag_node *n, const ag_node *d) {
     int c = 0;
     for (int i = 0; i < n->nargs; i++) {
         const ag_garg *a = &n->args[i];
         if (a->kind == AG_GA_NODE)
             c += a->u.node == d;
-        else if (a->kind == AG_GA_NODES)
+        else if (a->kind == AG_GA_NODES && a->u.nodes)
             for (int k = 0; k < a->n; k++)
                 c += a->u.nodes[k] == d;
     }
     return c;
+}
+
+/* How many times user u (at position upos) references d. */
+static int refs_to(const refs *r, const ag_node *u, int64_t upos, const ag_node *d) {
+    if (!r->wide[upos])
+        return refs_scan(u, d);
+    const edge *x = edge_slot(r, u, d);
+    return x->user ? x->count : 0;
+}
+
+static void refs_free(refs *r) {
+    ag__free(r->e);
+    ag__free(r->wide);
+    ag__free(r->seen);
+}
+
+/* Marks the wide nodes of the (well-linked) graph and tables their references. */
+static int refs_init(refs *r, const ag_graph *g) {
+    size_t n = (size_t)(g->count ? g->count : 1);
+    r->wide = ag__calloc(n, sizeof *r->wide);
+    r->seen = ag__calloc(n, sizeof *r->seen);
+    if (!r->wide || !r->seen)
+        return AG_ENOMEM;
+    int64_t total = 0, pos = 0;
+    for (const ag_node *x = g->first; x; x = x->next, pos++) {
+        int c = nrefs(x);
+        if (c > WIDE_REFS) {
+            r->wide[pos] = true;
+            total += c;
+        }
+    }
+    uint64_t cap = 16;
+    while (cap < (uint64_t)total * 2)
+        cap <<= 1;
+    r->e = ag__calloc(cap, sizeof *r->e);
+    r->mask = cap - 1;
+    if (!r->e)
+        return AG_ENOMEM;
+    pos = 0;
+    for (const ag_node *x = g->first; x; x = x->next, pos++) {
+        if (!r->wide[pos])
+            continue;
+        for (int i = 0; i < x->nargs; i++) {
+            const ag_garg *a = &x->args[i];
+            int cnt = a->kind == AG_GA_NODE ? 1 : a->kind == AG_GA_NODES && a->u.nodes ? a->n : 0;
+            for (int k = 0; k < cnt; k++) {
+                const ag_node *d = a->kind == AG_GA_NODE ? a->u.node : a->u.nodes[k];
+                if (!d)
+                    continue;
+                edge *e = edge_slot(r, x, d);
+                if (!e->user)
+                    *e = (edge){x, d, 0};
+                e->count++;
+            }
+        }
+    }
+    return 0;
 }
 
 static const char *kind_name(ag_node_kind k) {
@@ -137,7 +232,7 @@ static const char *kind_name(ag_node_kind k) {
 
 /* One referenced node d of user n (at position pos): in the graph, defined earlier, a value,
  * and n registered among d's users with the right count. */
-static int check_ref(const ag_graph *g, const ptab *t, const ag_node *n, int64_t pos,
+static int check_ref(const ptab *t, const refs *r, const ag_node *n, int64_t pos,
                      const ag_node *d) {
     int64_t dpos = ptab_get(t, d);
     if (dpos < 0)
@@ -147,7 +242,7 @@ static int check_ref(const ag_graph *g, const ptab *t, const ag_node *n, int64_t
         return ag__err(AG_EINVAL, "verify: %%%s uses %%%s before it is defined", n->name, d->name);
     if (d->kind == AG_NODE_OUTPUT)
         return ag__err(AG_EINVAL, "verify: %%%s uses the output node %%%s", n->name, d->name);
-    int want = refs_to(n, d);
+    int want = refs_to(r, n, pos, d);
     for (int i = 0; i < d->nusers; i++)
         if (d->users[i].node == n) {
             if (d->users[i].count != want)
@@ -160,16 +255,17 @@ static int check_ref(const ag_graph *g, const ptab *t, const ag_node *n, int64_t
 }
 
 /* Every entry of n's users list names a node of the graph that references n, once per entry. */
-static int check_users(const ptab *t, const ag_node *n) {
+static int check_users(const ptab *t, const refs *r, const ag_node *n, int64_t pos) {
     for (int i = 0; i < n->nusers; i++) {
         const ag_node *u = n->users[i].node;
-        if (!u || ptab_get(t, u) < 0)
+        int64_t upos = u ? ptab_get(t, u) : -1;
+        if (upos < 0)
             return ag__err(AG_EINVAL, "verify: %%%s lists user %s, which is not in the graph",
                            n->name, u ? u->name : "NULL");
-        for (int j = 0; j < i; j++)
-            if (n->users[j].node == u)
-                return ag__err(AG_EINVAL, "verify: %%%s lists user %%%s twice", n->name, u->name);
-        if (n->users[i].count <= 0 || refs_to(u, n) == 0)
+        if (r->seen[upos] == pos + 1)
+            return ag__err(AG_EINVAL, "verify: %%%s lists user %%%s twice", n->name, u->name);
+        r->seen[upos] = (int)pos + 1;
+        if (n->users[i].count <= 0 || refs_to(r, u, upos, n) == 0)
             return ag__err(AG_EINVAL, "verify: %%%s lists user %%%s, which does not use it",
                            n->name, u->name);
         /* The count itself is compared from the user's side (check_ref). */
@@ -350,9 +446,9 @@ static int check_name(const ag_graph *g, const ag_node *n, int64_t pos) {
     return 0;
 }
 
-static int verify(const ag_graph *g, ptab *t) {
+static int verify(const ag_graph *g, ptab *t, refs *r) {
     int rc = check_links(g, t);
-    if (rc)
+    if (rc || (rc = refs_init(r, g)))
         return rc;
     const ag_node *first_other = NULL, *output = NULL;
     int64_t pos = 0;
@@ -372,7 +468,7 @@ static int verify(const ag_graph *g, ptab *t) {
         for (int i = 0; i < n->nargs; i++) {
             const ag_garg *a = &n->args[i];
             if (a->kind == AG_GA_NODE && a->u.node)
-                rc = check_ref(g, t, n, pos, a->u.node);
+                rc = check_ref(t, r, n, pos, a->u.node);
             else if (a->kind == AG_GA_NODE && n->kind != AG_NODE_OUTPUT)
                 rc = ag__err(AG_EINVAL, "verify: %%%s: argument %d is a NULL node", n->name, i);
             else if (a->kind == AG_GA_NODES && a->n > 0 && !a->u.nodes)
@@ -380,11 +476,11 @@ static int verify(const ag_graph *g, ptab *t) {
             else if (a->kind == AG_GA_NODES)
                 for (int k = 0; k < a->n && rc == 0; k++)
                     if (a->u.nodes[k])
-                        rc = check_ref(g, t, n, pos, a->u.nodes[k]);
+                        rc = check_ref(t, r, n, pos, a->u.nodes[k]);
             if (rc)
                 return rc;
         }
-        if ((rc = check_users(t, n)) || (rc = check_node(g, n)))
+        if ((rc = check_users(t, r, n, pos)) || (rc = check_node(g, n)))
             return rc;
     }
     if (!output)
@@ -401,7 +497,9 @@ int ag_graph_verify(const ag_graph *g) {
     ptab t;
     if (ptab_init(&t, g->count))
         return AG_ENOMEM;
-    int rc = verify(g, &t);
+    refs r = {0};
+    int rc = verify(g, &t, &r);
     ptab_free(&t);
+    refs_free(&r);
     return rc;
 }

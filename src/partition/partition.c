@@ -32,14 +32,6 @@ static int cmp_int(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Appends v to a growable int array. */
-static int push_int(int **v, int *n, int64_t *cap, int x) {
-    if (ag__grow((void **)v, cap, *n + 1, sizeof **v))
-        return AG_ENOMEM;
-    (*v)[(*n)++] = x;
-    return 0;
-}
-
 static int64_t tmeta_bytes(const ag_tmeta *m) {
     return ag__numel(m->ndim, m->sizes) * (int64_t)ag_dtype_size(m->dtype);
 }
@@ -47,12 +39,10 @@ static int64_t tmeta_bytes(const ag_tmeta *m) {
 /* ---- classification ---- */
 
 void ag__part_free(ag__part *P) {
-    if (P->info)
-        for (int i = 0; i < P->nn; i++) {
-            ag__free(P->info[i].args);
-            ag__free(P->info[i].users);
-        }
+    ag__free(P->pool);
     ag__free(P->info);
+    if (P->g_borrowed)
+        P->g = NULL;
     ag__free(P->outs);
     ag__free(P->primals);
     ag__free(P->tangents);
@@ -61,9 +51,25 @@ void ag__part_free(ag__part *P) {
 }
 
 /* Distinct argument nodes of n, as indices. */
-static int collect_args(ag__pinfo *pi, const ag_node *n) {
+/* The node references of n's arguments (None elements not counted). */
+static int64_t count_refs(const ag_node *n) {
+    int64_t c = 0;
+    for (int a = 0; a < ag_node_nargs(n); a++) {
+        const ag_garg *g = ag_node_arg(n, a);
+        if (g->kind == AG_GA_NODE)
+            c += g->u.node != NULL;
+        else if (g->kind == AG_GA_NODES)
+            for (int e = 0; e < g->n; e++)
+                c += g->u.nodes[e] != NULL;
+    }
+    return c;
+}
+
+/* pi->args (already pointing at room for every reference of n): the distinct nodes n reads,
+ * in argument order. mark[] (one int per node, never equal to `stamp` before this call) tells
+ * the ones already taken. */
+static void collect_args(ag__pinfo *pi, const ag_node *n, int *mark, int stamp) {
     int cnt = 0;
-    int64_t cap = 0;
     for (int a = 0; a < ag_node_nargs(n); a++) {
         const ag_garg *g = ag_node_arg(n, a);
         int k = g->kind == AG_GA_NODE ? 1 : g->kind == AG_GA_NODES ? g->n : 0;
@@ -72,15 +78,13 @@ static int collect_args(ag__pinfo *pi, const ag_node *n) {
             if (!m)
                 continue;
             int x = idx_of(m);
-            bool dup = false;
-            for (int j = 0; j < cnt && !dup; j++)
-                dup = pi->args[j] == x;
-            if (!dup && push_int(&pi->args, &cnt, &cap, x))
-                return AG_ENOMEM;
+            if (mark[x] == stamp)
+                continue;
+            mark[x] = stamp;
+            pi->args[cnt++] = x;
         }
     }
     pi->nargs = cnt;
-    return 0;
 }
 
 /* upstream's cleanup_recompute_tags: when two checkpointed regions touch with no operator in
@@ -106,6 +110,15 @@ static int cleanup_recompute_tags(ag_graph *g) {
         }
     }
     return 0;
+}
+
+static bool has_recompute_tags(const ag_graph *g) {
+    for (ag_node *n = ag_graph_first(g); n; n = ag_node_next(n)) {
+        ag_recompute r = ag_node_recompute(n);
+        if (r == AG_MUST_RECOMPUTE || r == AG_PREFER_RECOMPUTE)
+            return true;
+    }
+    return false;
 }
 
 /* Marks valid[i] for the nodes a side can compute from its inputs (upstream's InvalidNode
@@ -163,6 +176,7 @@ static bool is_body_kind(ag_node_kind k) {
 }
 
 int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
+    int *mark = NULL;
     memset(P, 0, sizeof *P);
     P->meta_budget = -1;
     if (!joint)
@@ -176,12 +190,19 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
     if (num_fwd_outputs < 0 || num_fwd_outputs > nouts)
         return ag__err(AG_EINVAL, "partition: num_fwd_outputs %d is outside [0, %d]",
                        num_fwd_outputs, nouts);
-    P->g = ag_graph_copy(joint);
-    if (!P->g)
-        return ag_last_status() ? ag_last_status() : AG_ENOMEM;
-    /* upstream: DCE first, then clean the recompute tags of touching regions. */
-    if ((rc = ag_graph_dce(P->g)) < 0 || (rc = cleanup_recompute_tags(P->g)) < 0)
-        goto fail;
+    /* upstream: DCE first, then clean the recompute tags of touching regions. Both change a
+     * private copy; a joint they would leave as it is (an exported joint has no dead code and
+     * usually no recompute tags) is read in place. */
+    if (!ag__graph_has_dead_code(joint) && !has_recompute_tags(joint)) {
+        P->g = (ag_graph *)joint; /* only read from here on */
+        P->g_borrowed = true;
+    } else {
+        P->g = ag_graph_copy(joint);
+        if (!P->g)
+            return ag_last_status() ? ag_last_status() : AG_ENOMEM;
+        if ((rc = ag_graph_dce(P->g)) < 0 || (rc = cleanup_recompute_tags(P->g)) < 0)
+            goto fail;
+    }
     P->nn = ag_graph_num_nodes(P->g);
     P->num_fwd_outputs = num_fwd_outputs;
     P->nouts = nouts;
@@ -189,9 +210,18 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
     P->outs = ag__malloc(sizeof(int) * (size_t)(nouts ? nouts : 1));
     P->primals = ag__malloc(sizeof(int) * (size_t)P->nn);
     P->tangents = ag__malloc(sizeof(int) * (size_t)P->nn);
+    mark = ag__malloc(sizeof(int) * (size_t)P->nn);
+    /* Every node's distinct arguments and distinct users, in one block: each list holds at
+     * most the node's references, so twice the graph's references bound the total. */
+    int64_t refs = 0, pooled = 0;
+    for (ag_node *n = ag_graph_first(P->g); n; n = ag_node_next(n))
+        refs += count_refs(n);
+    P->pool = ag__malloc(sizeof(int) * (size_t)(2 * refs + 1));
     rc = AG_ENOMEM;
-    if (!P->info || !P->outs || !P->primals || !P->tangents)
+    if (!P->info || !P->outs || !P->primals || !P->tangents || !mark || !P->pool)
         goto fail;
+    for (int k = 0; k < P->nn; k++)
+        mark[k] = -1;
 
     /* Per-node facts. */
     int i = 0;
@@ -201,8 +231,9 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
         pi->kind = ag_node_kind_of(n);
         pi->fw_order = -1;
         pi->root = i;
-        if ((rc = collect_args(pi, n)))
-            goto fail;
+        pi->args = P->pool + pooled;
+        collect_args(pi, n, mark, i);
+        pooled += pi->nargs;
         const char *tag = ag_node_partitioner_tag(n);
         pi->must_fw = tag && !strcmp(tag, "must_be_in_forward");
         pi->must_bw = tag && !strcmp(tag, "must_be_in_backward");
@@ -263,14 +294,15 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
         for (int v = 0; v < ag_node_num_vals(n); v++)
             pi->bytes += tmeta_bytes(ag_node_val(n, v));
     }
+    ag__free(mark);
+    mark = NULL;
     /* Users: distinct, in graph order (each user appears once in ag_node_user). */
     for (i = 0; i < P->nn; i++) {
         ag__pinfo *pi = &P->info[i];
         int k = ag_node_num_users(pi->node);
         if (k) {
-            pi->users = ag__malloc(sizeof(int) * (size_t)k);
-            if (!pi->users)
-                goto fail;
+            pi->users = P->pool + pooled;
+            pooled += k;
             for (int u = 0; u < k; u++)
                 pi->users[u] = idx_of(ag_node_user(pi->node, u));
             qsort(pi->users, (size_t)k, sizeof(int), cmp_int);
@@ -336,6 +368,7 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
     }
     return 0;
 fail:
+    ag__free(mark);
     if (rc >= 0)
         rc = AG_ENOMEM;
     ag__part_free(P);
@@ -674,14 +707,8 @@ int ag__plan_peak(const ag__part *P, const ag__plan *pl, ag__peak *out) {
 
 /* Copies node metadata (every key, custom annotations) from src to dst. */
 static int copy_meta(ag_node *dst, const ag_node *src) {
-    for (int k = 0; k < ag_node_meta_count(src); k++) {
-        ag_mval v;
-        const char *key = ag_node_meta_key_at(src, k, &v);
-        int rc = ag_node_meta_set(dst, key, v);
-        if (rc)
-            return rc;
-    }
-    return ag_node_custom_copy(dst, src);
+    int rc = ag__node_meta_copy(dst, src); /* strings shared with the joint's nodes */
+    return rc ? rc : ag_node_custom_copy(dst, src);
 }
 
 /* Copies body node x of the joint into dst, its node arguments mapped through env. */
@@ -759,7 +786,7 @@ static ag_graph *build_graph(const ag__part *P, const int *inputs, int nin, cons
     ag_graph *g = ag_graph_new();
     ag_node **env = ag__calloc((size_t)P->nn, sizeof *env);
     ag_node **on = ag__malloc(sizeof *on * (size_t)(nouts ? nouts : 1));
-    bool ok = g && env && on;
+    bool ok = g && env && on && ag__graph_reserve(g, nin + nbody + 1) == 0;
     for (int k = 0; ok && k < nin; k++)
         ok = (env[inputs[k]] = copy_placeholder(g, P, inputs[k])) != NULL;
     for (int k = 0; ok && k < nbody; k++)

@@ -42,7 +42,9 @@ typedef struct ag__pinfo {
 
 /* The classified joint graph. */
 typedef struct ag__part {
-    ag_graph *g; /* private copy of the joint (dead code removed, recompute tags cleaned) */
+    ag_graph *g; /* private copy of the joint (dead code removed, recompute tags cleaned), or
+                  * the joint itself when those change nothing (g_borrowed: never written) */
+    bool g_borrowed;
     int nn;      /* nodes in g, the output node last */
     ag__pinfo *info;
     int out; /* index of the output node */
@@ -54,6 +56,7 @@ typedef struct ag__part {
     int nreq_bw;
     bool has_recompute_tags; /* some node is MUST/PREFER_RECOMPUTE */
     double meta_budget;      /* a node's float meta "memory_budget", or -1 */
+    int *pool;               /* the nodes' args and users lists */
 } ag__part;
 
 /* Copies and classifies `joint` (spec 7.2 step 2, dist_from_bw of step 3). On failure a

@@ -245,9 +245,10 @@ ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts) {
         for (int s = 0; s < c->nsaved; s++) {
             ag_node *v = ag_node_arg(fo, 0)->u.nodes[nfw + s];
             c->saved_primal[s] = -1;
-            for (int i = c->ntok_fw; v && i < nfph; i++)
-                if (fph[i] == v)
-                    c->saved_primal[s] = i - c->ntok_fw;
+            /* Placeholders come first (verified), so a placeholder's index is its position. */
+            int i = v && ag_node_kind_of(v) == AG_NODE_PLACEHOLDER ? ag_node_index(v) : -1;
+            if (i >= c->ntok_fw && i < nfph && fph[i] == v)
+                c->saved_primal[s] = i - c->ntok_fw;
         }
         ag_node *bo = ag_graph_output_node(c->bw);
         int nbo = ag_node_arg(bo, 0)->n;

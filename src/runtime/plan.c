@@ -102,7 +102,7 @@ typedef struct pstep {
     int view_val; /* STEP_VIEW: the view's value */
     int *reads;   /* values of the tensor arguments (checking) */
     int nreads;
-    void *mem; /* lists, int arrays and strings the args point to */
+    void *mem; /* lists, int arrays and strings the args point to (in the plan's step_mem) */
     ag__fuse_group fuse; /* the first step of a fused group: its rule (fuse.f->n steps) */
 } pstep;
 
@@ -115,7 +115,10 @@ typedef struct pout {
 struct ag_plan {
     ag_plan_opts opts;
     int nnodes;
-    char **names;
+    char **names;      /* per node, into name_chars */
+    char *name_chars;  /* the node names, one block */
+    char *step_mem;    /* the steps' mem, one block */
+    size_t step_mem_used, step_mem_size;
     int *node_val; /* per node: its first value, -1 when none */
     int nvals;
     pv *vals;
@@ -265,13 +268,16 @@ static int new_value(ag_plan *p, pv_kind kind, int node, const ag_tmeta *m) {
     return v;
 }
 
-static int count_values(const ag_graph *g) {
+/* The values of g; *ncalls: its call nodes (the most steps a plan can have). */
+static int count_values(const ag_graph *g, int *ncalls) {
     int n = 0;
+    *ncalls = 0;
     for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
         ag_node_kind k = ag_node_kind_of(x);
         if (k == AG_NODE_PLACEHOLDER || k == AG_NODE_GET_ATTR)
             n++;
         else if (k == AG_NODE_CALL) {
+            (*ncalls)++;
             uint32_t f = ag_op_def(ag_node_op(x))->flags;
             n += (f & AG_OP_VIEW) ? 1 : (f & AG_OP_INPLACE) ? 0 : ag_node_num_vals(x);
         }
@@ -522,15 +528,12 @@ static int plan_buffers(ag_plan *p, const ag_graph *g, const int *rend, const bo
 
 /* ---- building: tensor structs and steps ---- */
 
-/* Converts node arguments to kernel arguments over the plan's structs into s->args (defaults
- * filled); lists, int arrays and strings are copied into s->mem. */
-static int bind_args(ag_plan *p, const ag_node *x, pstep *s) {
-    const ag_op *op = ag_node_op(x);
-    int na = ag_node_nargs(x);
-    /* One block: 8-byte items (tensor pointers, ints) first, then the reads, then strings. */
+/* The bytes of a call's step memory: 8-byte items (tensor pointers, ints) first, then the
+ * reads, then strings, rounded up to 8 so that the next step's block stays aligned. */
+static size_t step_mem_bytes(const ag_node *x, size_t *wide_out, int *nreads_out) {
     size_t wide = 0, chars = 0;
     int nreads = 0;
-    for (int i = 0; i < na; i++) {
+    for (int i = 0; i < ag_node_nargs(x); i++) {
         const ag_garg *a = ag_node_arg(x, i);
         if (a->kind == AG_GA_NODES) {
             wide += sizeof(ag_tensor *) * (size_t)a->n;
@@ -542,9 +545,25 @@ static int bind_args(ag_plan *p, const ag_node *x, pstep *s) {
         else if (a->kind == AG_GA_NODE)
             nreads++;
     }
-    s->mem = ag__malloc(wide + sizeof(int) * (size_t)nreads + chars);
-    if (!s->mem)
-        return AG_ENOMEM;
+    if (wide_out)
+        *wide_out = wide;
+    if (nreads_out)
+        *nreads_out = nreads;
+    return (wide + sizeof(int) * (size_t)nreads + chars + 7) / 8 * 8;
+}
+
+/* Converts node arguments to kernel arguments over the plan's structs into s->args (defaults
+ * filled); lists, int arrays and strings are copied into s->mem, carved from p->step_mem. */
+static int bind_args(ag_plan *p, const ag_node *x, pstep *s) {
+    const ag_op *op = ag_node_op(x);
+    int na = ag_node_nargs(x);
+    size_t wide = 0;
+    int nreads = 0;
+    size_t bytes = step_mem_bytes(x, &wide, &nreads);
+    if (p->step_mem_used + bytes > p->step_mem_size)
+        return ag__err(AG_EINVAL, "plan_new: %%%s: step memory miscounted", ag_node_name(x));
+    s->mem = p->step_mem + p->step_mem_used;
+    p->step_mem_used += bytes;
     char *m = s->mem;
     s->reads = (int *)(m + wide);
     char *mstr = m + wide + sizeof(int) * (size_t)nreads;
@@ -700,21 +719,15 @@ static int make_steps(ag_plan *p, const ag_graph *g) {
         s->node = i;
         s->op = op;
         int rc = bind_args(p, x, s);
-        if (rc) {
-            ag__free(s->mem);
+        if (rc)
             return rc;
-        }
         if (def->flags & AG_OP_VIEW) {
             int v = p->node_val[i];
             rc = view_geometry(p, s, v, "plan_new");
-            if (rc) {
-                ag__free(s->mem);
+            if (rc)
                 return rc;
-            }
-            if (!p->vals[v].dyn) { /* fixed geometry: nothing to do at run time */
-                ag__free(s->mem);
+            if (!p->vals[v].dyn) /* fixed geometry: nothing to do at run time */
                 continue;
-            }
             s->kind = STEP_VIEW;
             s->view_val = v;
             p->nview++;
@@ -743,27 +756,32 @@ static int make_outputs(ag_plan *p, const ag_graph *g, bool *out_root) {
     p->nouts = a->n;
     p->outs = ag__calloc((size_t)(a->n ? a->n : 1), sizeof *p->outs);
     p->pick = ag__calloc((size_t)(a->n ? a->n : 1), sizeof *p->pick);
-    if (!p->outs || !p->pick)
+    /* per value: its first output slot, or -1 */
+    int *first_slot = ag__malloc(sizeof *first_slot * (size_t)(p->nvals ? p->nvals : 1));
+    if (!p->outs || !p->pick || !first_slot) {
+        ag__free(first_slot);
         return AG_ENOMEM;
-    for (int k = 0; k < a->n; k++) {
+    }
+    for (int v = 0; v < p->nvals; v++)
+        first_slot[v] = -1;
+    int rc = 0;
+    for (int k = 0; k < a->n && rc == 0; k++) {
         pout *po = &p->outs[k];
         po->val = -1;
         po->same_as = -1;
         if (!a->u.nodes[k])
             continue;
-        int rc = val_of_node(p, o, a->u.nodes[k], &po->val);
-        if (rc)
-            return rc;
-        for (int j = 0; j < k; j++)
-            if (p->outs[j].val == po->val) {
-                po->same_as = j;
-                break;
-            }
+        if ((rc = val_of_node(p, o, a->u.nodes[k], &po->val)))
+            break;
+        po->same_as = first_slot[po->val];
+        if (po->same_as < 0)
+            first_slot[po->val] = k;
         int r = p->vals[po->val].root;
         if (p->vals[r].kind == PV_BUF)
             out_root[r] = true;
     }
-    return 0;
+    ag__free(first_slot);
+    return rc;
 }
 
 /* Fusion (fuse.c): runs of consecutive kernel calls that one fused kernel computes. The
@@ -833,8 +851,8 @@ static int build(ag_plan *p, const ag_graph *g) {
     p->names = ag__calloc(n1, sizeof *p->names);
     p->node_val = ag__malloc(sizeof *p->node_val * n1);
     p->ph_val = ag__malloc(sizeof *p->ph_val * n1);
-    p->steps = ag__malloc(sizeof *p->steps * n1);
-    int nv = count_values(g);
+    int ncalls = 0, nv = count_values(g, &ncalls);
+    p->steps = ag__malloc(sizeof *p->steps * (size_t)(ncalls ? ncalls : 1));
     size_t v1 = (size_t)(nv ? nv : 1);
     p->vals = ag__malloc(sizeof *p->vals * v1);
     p->tens = ag__malloc(sizeof *p->tens * v1);
@@ -847,11 +865,26 @@ static int build(ag_plan *p, const ag_graph *g) {
         rc = AG_ENOMEM;
         goto done;
     }
-    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x))
-        if (!(p->names[ag_node_index(x)] = ag__strdup(ag_node_name(x)))) {
-            rc = AG_ENOMEM;
-            goto done;
-        }
+    /* Node names and the steps' argument memory, each in one block. */
+    size_t name_bytes = 0;
+    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
+        name_bytes += strlen(ag_node_name(x)) + 1;
+        if (ag_node_kind_of(x) == AG_NODE_CALL)
+            p->step_mem_size += step_mem_bytes(x, NULL, NULL);
+    }
+    p->name_chars = ag__malloc(name_bytes);
+    p->step_mem = ag__malloc(p->step_mem_size ? p->step_mem_size : 1);
+    if (!p->name_chars || !p->step_mem) {
+        rc = AG_ENOMEM;
+        goto done;
+    }
+    char *nc = p->name_chars;
+    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
+        size_t len = strlen(ag_node_name(x)) + 1;
+        memcpy(nc, ag_node_name(x), len);
+        p->names[ag_node_index(x)] = nc;
+        nc += len;
+    }
     if ((rc = assign_values(p, g)))
         goto done;
     /* Last reads; a view's reads keep its root alive. */
@@ -939,12 +972,8 @@ void ag_plan_free(ag_plan *p) {
         for (int v = 0; v < p->nvals; v++)
             if (p->vals[v].kind == PV_CONST)
                 ag_tensor_free(p->tp[v]);
-    if (p->steps)
-        for (int s = 0; s < p->nsteps; s++)
-            ag__free(p->steps[s].mem);
-    if (p->names)
-        for (int i = 0; i < p->nnodes; i++)
-            ag__free(p->names[i]);
+    ag__free(p->step_mem);
+    ag__free(p->name_chars);
     ag__free(p->names);
     ag__free(p->node_val);
     ag__free(p->ph_val);

@@ -659,8 +659,7 @@ int ag__trace_replace_node(ag_graph *g, ag_node *n, ag_decomp_fn fn) {
             rc = 0;
             /* New nodes take the replaced node's metadata (seq_nr, tags, annotations, trace). */
             for (ag_node *m = first_new ? first_new->next : g->first; m && m != n && rc == 0; m = m->next) {
-                for (int i = 0; i < n->nmeta && rc == 0; i++)
-                    rc = ag_node_meta_set(m, n->meta[i].key, n->meta[i].v);
+                rc = ag__node_meta_copy(m, n);
                 if (rc == 0)
                     rc = ag_node_custom_copy(m, n);
             }
