@@ -181,8 +181,9 @@ static void test_meta_inline_and_heap(void **st) {
     assert_int_equal(ag_node_meta_del(r, "k2"), 1);
     assert_int_equal(ag_node_set_seq_nr(r, 9), 0); /* replaces in place */
     ag_mval v;
-    const char *order[] = {"partitioner_tag", "seq_nr", "stack_trace", "recompute", "k0", "k1",
-                           "k3", "k4", "k5", "is_gradient_acc"};
+    const char *order[] = {
+        "partitioner_tag", "seq_nr", "stack_trace", "recompute", "k0", "k1", "k3", "k4", "k5",
+        "is_gradient_acc"};
     assert_int_equal(ag_node_meta_count(r), 10);
     for (int i = 0; i < 10; i++)
         assert_string_equal(ag_node_meta_key_at(r, i, &v), order[i]);
@@ -209,7 +210,8 @@ static void test_meta_strings_outlive_source(void **st) {
         snprintf(trace, sizeof trace, "File \"model.c\", line %d, in forward%060d", i, i);
         assert_int_equal(ag_node_set_stack_trace(prev, trace), 0);
         snprintf(ann, sizeof ann, "stage%d", i % 3);
-        assert_int_equal(ag_node_custom_set(prev, "pp", (ag_mval){.kind = AG_MV_STR, .u.s = ann}), 0);
+        assert_int_equal(ag_node_custom_set(prev, "pp", (ag_mval){.kind = AG_MV_STR, .u.s = ann}),
+                         0);
     }
     assert_non_null(ag_graph_output(g, (ag_node *[]){prev}, 1));
     ag_graph *h = ag_graph_copy(g);

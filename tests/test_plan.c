@@ -817,7 +817,7 @@ static void test_memplan_matches_reference(void **st) {
         for (int i = 0; i < n; i++) {
             int s0 = (int)(tu_xorshift_next(&rs) % (uint64_t)steps);
             uint64_t kind = tu_xorshift_next(&rs) % 10;
-            int len = kind == 0   ? (int)(tu_xorshift_next(&rs) % (uint64_t)steps) /* long */
+            int len = kind == 0  ? (int)(tu_xorshift_next(&rs) % (uint64_t)steps) /* long */
                       : kind < 3 ? 0
                                  : (int)(tu_xorshift_next(&rs) % 8);
             int64_t size = kind == 9 ? 0 : (int64_t)(tu_xorshift_next(&rs) % 6 + 1) * 64;

@@ -50,14 +50,28 @@ static bool illegal_name(const char *s) {
  * pointer into this table is recognized by its address, so the typed accessors below, which
  * pass these pointers, find their entries without comparing strings. */
 static const char interned[][24] = {
-    "seq_nr", "partitioner_tag", "stack_trace", "is_gradient_acc", "recompute", "ac_graph_id",
-    "memory_budget", "is_forward", "is_backward", "must_be_in_forward", "must_be_in_backward",
-    "MUST_SAVE", "PREFER_SAVE", "MUST_RECOMPUTE", "PREFER_RECOMPUTE",
+    "seq_nr",      "partitioner_tag",    "stack_trace",         "is_gradient_acc",
+    "recompute",   "ac_graph_id",        "memory_budget",       "is_forward",
+    "is_backward", "must_be_in_forward", "must_be_in_backward", "MUST_SAVE",
+    "PREFER_SAVE", "MUST_RECOMPUTE",     "PREFER_RECOMPUTE",
 };
 enum {
-    K_SEQ_NR, K_TAG, K_STACK_TRACE, K_GRAD_ACC, K_RECOMPUTE, K_AC_GRAPH_ID, K_MEMORY_BUDGET,
-    V_IS_FORWARD, V_IS_BACKWARD, V_MUST_FW, V_MUST_BW, V_MUST_SAVE, V_PREFER_SAVE,
-    V_MUST_RECOMPUTE, V_PREFER_RECOMPUTE, NINTERNED
+    K_SEQ_NR,
+    K_TAG,
+    K_STACK_TRACE,
+    K_GRAD_ACC,
+    K_RECOMPUTE,
+    K_AC_GRAPH_ID,
+    K_MEMORY_BUDGET,
+    V_IS_FORWARD,
+    V_IS_BACKWARD,
+    V_MUST_FW,
+    V_MUST_BW,
+    V_MUST_SAVE,
+    V_PREFER_SAVE,
+    V_MUST_RECOMPUTE,
+    V_PREFER_RECOMPUTE,
+    NINTERNED
 };
 _Static_assert(NINTERNED == sizeof interned / sizeof interned[0], "interned table and enum");
 
@@ -201,8 +215,8 @@ static int add_use(ag_node *def, ag_node *user, bool fresh) {
     if (def->nusers == def->users_cap) {
         /* Most values have one or two users: the list starts inside the node. */
         int ncap = def->users_cap ? 2 * def->users_cap : AG__USERS_INLINE;
-        ag__use *nu = ncap == AG__USERS_INLINE ? def->users_inline
-                                               : ag__malloc(sizeof *nu * (size_t)ncap);
+        ag__use *nu =
+            ncap == AG__USERS_INLINE ? def->users_inline : ag__malloc(sizeof *nu * (size_t)ncap);
         if (!nu)
             return AG_ENOMEM;
         if (def->nusers)
@@ -1236,8 +1250,9 @@ ag_graph *ag_graph_copy(const ag_graph *src) {
                     break;
                 }
                 for (int k = 0; k < a.n; k++)
-                    nv[k] = a.u.nodes[k] ? (ag_node *)(intptr_t)ag__ptrmap_get(&map, a.u.nodes[k], 0)
-                                         : NULL;
+                    nv[k] = a.u.nodes[k]
+                                ? (ag_node *)(intptr_t)ag__ptrmap_get(&map, a.u.nodes[k], 0)
+                                : NULL;
                 a.u.nodes = nv;
                 rc = ag__garg_copy(&m->args[i], &a);
                 if (nv != tmp)

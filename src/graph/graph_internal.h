@@ -88,9 +88,9 @@ struct ag_graph {
     int64_t nph;      /* placeholders in the list */
     ag__strmap base_idx; /* name base -> its index in bases, plus one */
     ag__node_block *blocks;
-    ag_node *free_nodes; /* erased nodes, linked through next */
-    ag__strpool *strings;  /* this graph's metadata strings (NULL until the first) */
-    ag__strpool **shared;  /* other graphs' pools its entries point into */
+    ag_node *free_nodes;  /* erased nodes, linked through next */
+    ag__strpool *strings; /* this graph's metadata strings (NULL until the first) */
+    ag__strpool **shared; /* other graphs' pools its entries point into */
     int nshared;
     int64_t shared_cap;
     uint32_t stamp;

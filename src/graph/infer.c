@@ -40,7 +40,8 @@ static int shells_init(shells *sh, const ag_garg *args, int nargs) {
         return 0;
     }
     size_t nt = (size_t)sh->cap, nl = (size_t)listed;
-    sh->heap = ag__malloc(nt * (sizeof(ag_tensor) + sizeof(ag_storage)) + nl * sizeof(ag_tensor *) + 1);
+    sh->heap =
+        ag__malloc(nt * (sizeof(ag_tensor) + sizeof(ag_storage)) + nl * sizeof(ag_tensor *) + 1);
     if (!sh->heap)
         return AG_ENOMEM;
     sh->t = sh->heap;

@@ -43,7 +43,9 @@ static int ptab_init(ptab *t, int64_t n) {
     return t->s ? 0 : AG_ENOMEM;
 }
 
-static void ptab_free(ptab *t) { ag__free(t->s); }
+static void ptab_free(ptab *t) {
+    ag__free(t->s);
+}
 
 static void ptab_put(ptab *t, const ag_node *n, int64_t pos) {
     uint64_t i = ptr_hash(n) & t->mask;

@@ -104,11 +104,11 @@ static int cmp_key(const void *pa, const void *pb) {
  * one the quadratic scan gives. */
 
 typedef struct live_index {
-    int n, leaves;  /* leaves: a power of two >= n */
-    int *by_start;  /* item indices sorted by start (then index) */
-    int *starts;    /* starts in that order */
-    int *leaf_of;   /* item -> its position in by_start */
-    int *maxend;    /* tree of 2 * leaves nodes: latest end of the placed items below, or -1 */
+    int n, leaves; /* leaves: a power of two >= n */
+    int *by_start; /* item indices sorted by start (then index) */
+    int *starts;   /* starts in that order */
+    int *leaf_of;  /* item -> its position in by_start */
+    int *maxend;   /* tree of 2 * leaves nodes: latest end of the placed items below, or -1 */
 } live_index;
 
 typedef struct start_key {

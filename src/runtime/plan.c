@@ -115,9 +115,9 @@ typedef struct pout {
 struct ag_plan {
     ag_plan_opts opts;
     int nnodes;
-    char **names;      /* per node, into name_chars */
-    char *name_chars;  /* the node names, one block */
-    char *step_mem;    /* the steps' mem, one block */
+    char **names;     /* per node, into name_chars */
+    char *name_chars; /* the node names, one block */
+    char *step_mem;   /* the steps' mem, one block */
     size_t step_mem_used, step_mem_size;
     int *node_val; /* per node: its first value, -1 when none */
     int nvals;
