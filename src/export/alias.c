@@ -449,7 +449,7 @@ int ag__aplan_num_primals(const ag__alias_plan *P) { return P->nprim; }
 const ag_desc *ag__aplan_primal_desc(const ag__alias_plan *P, int p) { return P->prim_desc[p]; }
 ag_tensor *ag__aplan_primal_example(const ag__alias_plan *P, int p) { return P->example[p]; }
 ag_tensor *ag__aplan_primal_tensor(const ag__alias_plan *P, int p) { return P->ptt[p]; }
-ag_tensor *ag__aplan_flat_tensor(const ag__alias_plan *P, int i) { return P->tt[i]; }
+ag_tensor *const *ag__aplan_flat_tensors(const ag__alias_plan *P) { return P->tt; }
 
 /* A new leaf over t's storage with t's geometry: what a slot of the forward sees in place of
  * the caller's tensor (upstream's `a.detach().requires_grad_(a.requires_grad)`). */

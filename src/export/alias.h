@@ -84,8 +84,8 @@ int ag__aplan_begin(ag__alias_plan *P, ag_module *m, ag__tracer *T, ag_node *con
                    ag_tensor ***user);
 /* The tensor primal p is in this pass (for gradients). */
 ag_tensor *ag__aplan_primal_tensor(const ag__alias_plan *P, int p);
-/* The tensor flat input i is in this pass (what the forward sees for it). */
-ag_tensor *ag__aplan_flat_tensor(const ag__alias_plan *P, int i);
+/* The tensors the flat inputs are in this pass (what the forward sees for them; nflat). */
+ag_tensor *const *ag__aplan_flat_tensors(const ag__alias_plan *P);
 /* After the forward: mutations of primals (into info, one per primal) and of merged inputs,
  * the aliasing of the outputs (out_info, one per output; nothing requires grad unless
  * any_rg_in). Fills *alias (owned by the caller afterwards). */

@@ -388,24 +388,12 @@ static ag_joint *export_pass(const export_in *in) {
     if (nouts < 0)
         goto fail;
     int nspec = nouts; /* the user's outputs; subclass instances are flattened from here on */
-    {
-        ag_tensor *pass_flat[256];
-        int nf = in->nflat < 256 ? in->nflat : 256;
-        for (int i = 0; i < nf; i++)
-            pass_flat[i] = ag__aplan_flat_tensor(P, i);
-        if (!sx && in->nflat > 256) {
-            for (int k = 0; k < nouts; k++)
-                if (ag_tensor_subclass(outs[k])) {
-                    rc = ag__err(AG_ENOTSUP, "export: a tensor subclass output with %d inputs "
-                                             "(at most 256)", in->nflat);
-                    goto fail;
-                }
-        } else if ((nouts = ag__subx_outputs(in->sxp, outs, nouts, 64, pass_flat, in->descs,
-                                             in->nflat, ps->n + bs->n)) < 0) {
-            goto fail;
-        }
-        sx = *in->sxp;
-    }
+    /* (plain inputs with subclass outputs: the pass's flat tensors are the outer inputs) */
+    nouts = ag__subx_outputs(in->sxp, outs, nouts, 64, ag__aplan_flat_tensors(P), in->descs,
+                             in->nflat, ps->n + bs->n);
+    if (nouts < 0)
+        goto fail;
+    sx = *in->sxp;
     j->nuser_out = nouts;
     j->out_info = ag__calloc((size_t)(nouts ? nouts : 1), sizeof *j->out_info);
     /* One output is a bare leaf; several are a tuple. */
