@@ -29,26 +29,6 @@ static const char *log_str(int from, char *out, size_t cap) {
     return out;
 }
 
-/* Bitwise equality of two tensors, or of the inner tensors of two subclass instances. */
-static bool same_bits(ag_tensor *a, ag_tensor *b) {
-    ag_tensor *fa[16], *fb[16];
-    int na = ag_subclass_flatten_tensors(&a, 1, fa, 16);
-    int nb = ag_subclass_flatten_tensors(&b, 1, fb, 16);
-    if (na != nb || na <= 0)
-        return false;
-    for (int i = 0; i < na; i++) {
-        if (ag_tensor_numel(fa[i]) != ag_tensor_numel(fb[i]) ||
-            ag_tensor_dtype(fa[i]) != ag_tensor_dtype(fb[i]))
-            return false;
-        for (int64_t e = 0; e < ag_tensor_numel(fa[i]); e++) {
-            double x = ag_tensor_item_at(fa[i], e), y = ag_tensor_item_at(fb[i], e);
-            if (memcmp(&x, &y, sizeof x) != 0)
-                return false;
-        }
-    }
-    return true;
-}
-
 static ag_tensor *log_value(ag_tensor *x, const char *tag) {
     return ag_op_call1(ag_zoo_log_value_op(), (ag_arg[]){AG_A_T(x), AG_A_S(tag)}, 2);
 }
@@ -165,10 +145,10 @@ static void train_side_by_side(ag_module *(*make)(void), ag_tensor *const *in, i
         assert_true(strlen(le) > 0);
         assert_true(cs == es && coff == eo);
         assert_ptr_equal(ag_tensor_subclass(a), ag_tensor_subclass(b));
-        assert_true(same_bits(a, b));
+        assert_true(tu_same_bits(a, b));
         for (int i = 0; i < pe.n; i++) {
             assert_non_null(ag_tensor_grad(pc.tensors[i]));
-            if (!same_bits(ag_tensor_grad(pe.tensors[i]), ag_tensor_grad(pc.tensors[i])))
+            if (!tu_same_bits(ag_tensor_grad(pe.tensors[i]), ag_tensor_grad(pc.tensors[i])))
                 fail_msg("step %d: the gradient of %s differs", step, pe.names[i]);
         }
         assert_int_equal(ag_optim_step(oe), 0);
@@ -178,7 +158,7 @@ static void train_side_by_side(ag_module *(*make)(void), ag_tensor *const *in, i
         ag_scope_end();
     }
     for (int i = 0; i < pe.n; i++)
-        assert_true(same_bits(pe.tensors[i], pc.tensors[i]));
+        assert_true(tu_same_bits(pe.tensors[i], pc.tensors[i]));
     ag_named_tensors_free(&pe);
     ag_named_tensors_free(&pc);
     ag_optim_free(oe);
@@ -318,10 +298,10 @@ static void test_aliasing_with_effects(void **st) {
         log_str(l1, lc, sizeof lc);
         assert_string_equal(le, lc);
         assert_non_null(strstr(le, "y.grad"));
-        assert_true(same_bits(ye, yc));
-        assert_true(same_bits(ae, ac)); /* row 1 doubled in both */
-        assert_false(same_bits(ae, a));
-        assert_true(same_bits(ag_tensor_grad(ag_module_param(me, "w")),
+        assert_true(tu_same_bits(ye, yc));
+        assert_true(tu_same_bits(ae, ac)); /* row 1 doubled in both */
+        assert_false(tu_same_bits(ae, a));
+        assert_true(tu_same_bits(ag_tensor_grad(ag_module_param(me, "w")),
                               ag_tensor_grad(ag_module_param(mc, "w"))));
         ag_scope_end();
         ag_compiled_free(c);
@@ -442,12 +422,12 @@ static void test_subclass_with_duplicate_input(void **st) {
     assert_null(ag_tensor_subclass(yc[1]));
     assert_int_equal(ag_backward(ag_sum_all(ag_mul(yc[0], yc[0])), NULL, true), 0);
     assert_int_equal(ag_backward(ag_sum_all(ag_mul(yc[1], yc[1])), NULL, false), 0);
-    assert_true(same_bits(ye[0], yc[0]));
-    assert_true(same_bits(ye[1], yc[1]));
+    assert_true(tu_same_bits(ye[0], yc[0]));
+    assert_true(tu_same_bits(ye[1], yc[1]));
     assert_true(tu_max_abs_diff(ge, ag_tensor_grad(x)) <= 1e-6);
     ag_tensor *gw = ag_tensor_grad(w);
     assert_ptr_equal(ag_tensor_subclass(gw), ag_two_tensor_type());
-    assert_true(same_bits(gwe, gw));
+    assert_true(tu_same_bits(gwe, gw));
     ag_scope_end();
     ag_compiled_free(c);
     ag_joint_free(j);

@@ -38,19 +38,6 @@ static ag_plan *plan(const ag_graph *g, bool fusion, bool checking) {
     return p;
 }
 
-static bool bits_equal(const ag_tensor *a, const ag_tensor *b) {
-    if (!a || !b)
-        return a == b;
-    if (ag_tensor_dtype(a) != ag_tensor_dtype(b) || ag_tensor_numel(a) != ag_tensor_numel(b))
-        return false;
-    for (int64_t i = 0; i < ag_tensor_numel(a); i++) {
-        double x = ag_tensor_item_at(a, i), y = ag_tensor_item_at(b, i);
-        if (memcmp(&x, &y, sizeof x) && !(isnan(x) && isnan(y)))
-            return false;
-    }
-    return true;
-}
-
 /* Runs g fused (checking mode as asked) and unfused on in; asserts the outputs are
  * bit-identical, twice (the second run reuses the pools). Returns the fused plan's stats. */
 static ag__plan_stats compare(const char *what, const ag_graph *g, ag_plan *fused,
@@ -63,7 +50,7 @@ static ag__plan_stats compare(const char *what, const ag_graph *g, ag_plan *fuse
             fail_msg("%s: run: %s", what, ag_last_error());
         assert_int_equal(na, nb);
         for (int k = 0; k < na; k++) {
-            if (!bits_equal(a[k], b[k]))
+            if (!tu_same_bits(a[k], b[k]))
                 fail_msg("%s: output %d differs (max %g)", what, k, tu_max_abs_diff(a[k], b[k]));
             ag_tensor_free(a[k]);
             ag_tensor_free(b[k]);
@@ -386,7 +373,7 @@ static void test_zoo_fused_vs_unfused(void **st) {
             assert_int_equal(na, nb);
             ag_tensor *la = NULL, *lb = NULL;
             for (int k = 0; k < na; k++) {
-                if (!bits_equal(oa[k], ob[k]))
+                if (!tu_same_bits(oa[k], ob[k]))
                     fail_msg("%s: step %d: output %d differs", name, step, k);
                 if (!ag_tensor_requires_grad(oa[k]))
                     continue;
@@ -405,14 +392,14 @@ static void test_zoo_fused_vs_unfused(void **st) {
             assert_int_equal(ag_module_named_parameters(a.m, true, &pa), 0);
             assert_int_equal(ag_module_named_parameters(b.m, true, &pb), 0);
             for (int i = 0; i < pa.n; i++)
-                if (!bits_equal(ag_tensor_grad(pa.tensors[i]), ag_tensor_grad(pb.tensors[i])))
+                if (!tu_same_bits(ag_tensor_grad(pa.tensors[i]), ag_tensor_grad(pb.tensors[i])))
                     fail_msg("%s: step %d: grad of %s differs", name, step, pa.names[i]);
             assert_int_equal(ag_optim_step(a.o), 0);
             assert_int_equal(ag_optim_step(b.o), 0);
             ag_optim_zero_grad(a.o);
             ag_optim_zero_grad(b.o);
             for (int i = 0; i < pa.n; i++)
-                assert_true(bits_equal(pa.tensors[i], pb.tensors[i]));
+                assert_true(tu_same_bits(pa.tensors[i], pb.tensors[i]));
             ag_named_tensors_free(&pa);
             ag_named_tensors_free(&pb);
             ag_scope_end();

@@ -12,21 +12,6 @@
 
 /* ---- helpers ---- */
 
-/* Same dtype, shape and bits (element by element as doubles, so -0.0 differs from 0.0). */
-static bool same_bits(const ag_tensor *a, const ag_tensor *b) {
-    if (!a || !b)
-        return a == b;
-    if (ag_tensor_dtype(a) != ag_tensor_dtype(b) || ag_tensor_ndim(a) != ag_tensor_ndim(b) ||
-        memcmp(ag_tensor_sizes(a), ag_tensor_sizes(b), sizeof(int64_t) * (size_t)ag_tensor_ndim(a)))
-        return false;
-    for (int64_t i = 0; i < ag_tensor_numel(a); i++) {
-        double x = ag_tensor_item_at(a, i), y = ag_tensor_item_at(b, i);
-        if (memcmp(&x, &y, sizeof x))
-            return false;
-    }
-    return true;
-}
-
 static ag_tensor *i64_scalar(uint64_t v) {
     int64_t x = (int64_t)v;
     return ag_from_data(AG_I64, 0, NULL, &x);
@@ -169,14 +154,14 @@ static void test_philox_ops_equal_eager_draws(void **st) {
         ag_tensor *S = i64_scalar(seed);
         /* philox ops neither read nor advance the generator */
         ag_rng_set_state(1, 2);
-        assert_true(same_bits(ag_philox_rand(S, i64_scalar(off), dt, 2, sz, 0, 1), r));
-        assert_true(same_bits(ag_philox_randn(S, i64_scalar(off + k), dt, 2, sz, 0, 1), n));
-        assert_true(same_bits(ag_philox_rand(S, i64_scalar(off + 2 * k), dt, 2, sz, -2, 3), u));
+        assert_true(tu_same_bits(ag_philox_rand(S, i64_scalar(off), dt, 2, sz, 0, 1), r));
+        assert_true(tu_same_bits(ag_philox_randn(S, i64_scalar(off + k), dt, 2, sz, 0, 1), n));
+        assert_true(tu_same_bits(ag_philox_rand(S, i64_scalar(off + 2 * k), dt, 2, sz, -2, 3), u));
         assert_true(
-            same_bits(ag_philox_randn(S, i64_scalar(off + 3 * k), dt, 2, sz, 1.5, 0.25), v));
-        assert_true(same_bits(ag_philox_rand(S, i64_scalar(off + 4 * k), dt, 2, sz, 0, 1), ws));
+            tu_same_bits(ag_philox_randn(S, i64_scalar(off + 3 * k), dt, 2, sz, 1.5, 0.25), v));
+        assert_true(tu_same_bits(ag_philox_rand(S, i64_scalar(off + 4 * k), dt, 2, sz, 0, 1), ws));
         /* another offset draws other numbers */
-        assert_false(same_bits(ag_philox_rand(S, i64_scalar(off + 1), dt, 2, sz, 0, 1), r));
+        assert_false(tu_same_bits(ag_philox_rand(S, i64_scalar(off + 1), dt, 2, sz, 0, 1), r));
         ag_rng_get_state(&s2, &end);
         assert_true(s2 == 1 && end == 2);
         ag_scope_end();
@@ -203,8 +188,8 @@ static void test_native_dropout_equals_functional_form(void **st) {
                 ag_philox_rand(i64_scalar(seed), i64_scalar(off), dt, 2, ag_tensor_sizes(x), 0, 1);
             ag_tensor *m2 = ag_ge_scalar(u, p);
             ag_tensor *o2 = ag_mul_scalar(ag_mul(m2, x), scale);
-            assert_true(same_bits(mask, m2));
-            assert_true(same_bits(out, o2));
+            assert_true(tu_same_bits(mask, m2));
+            assert_true(tu_same_bits(out, o2));
             if (p < 1) { /* kept elements are x / (1 - p), dropped ones zero */
                 bool some_dropped = false;
                 for (int64_t i = 0; i < ag_tensor_numel(x); i++) {
@@ -461,7 +446,7 @@ static void test_offsets_per_draw(void **st) {
     ag_rng_get_state(&s, &o);
     assert_true(o == 1052);
     for (int i = 0; i < 4; i++)
-        assert_true(same_bits(go[i], eo[i]));
+        assert_true(tu_same_bits(go[i], eo[i]));
     assert_int_equal((int64_t)ag_tensor_item_at(go[4], 0), 1052);
     free_all(go, ngo);
     free_all(eo, 4);
@@ -497,9 +482,9 @@ static void check_partition_numerics(const ag_graph *jg, const ag_graph *fw, con
         fail_msg("backward: %s", ag_last_error());
     assert_int_equal(nfo + nb, nref);
     for (int k = 0; k < nfo; k++)
-        assert_true(same_bits(ref[k], fo[k]));
+        assert_true(tu_same_bits(ref[k], fo[k]));
     for (int k = 0; k < nb; k++)
-        assert_true(same_bits(ref[nfo + k], bo[k]));
+        assert_true(tu_same_bits(ref[nfo + k], bo[k]));
     free_all(ref, nref);
     free_all(fo, nf);
     free_all(bo, nb);
@@ -581,9 +566,9 @@ static void expect_same_params(ag_module *a, ag_module *b, bool grads) {
     assert_int_equal(ag_module_named_parameters(b, true, &pb), 0);
     assert_int_equal(pa.n, pb.n);
     for (int i = 0; i < pa.n; i++) {
-        if (!same_bits(pa.tensors[i], pb.tensors[i]))
+        if (!tu_same_bits(pa.tensors[i], pb.tensors[i]))
             fail_msg("parameter %s differs", pa.names[i]);
-        if (grads && !same_bits(ag_tensor_grad(pa.tensors[i]), ag_tensor_grad(pb.tensors[i])))
+        if (grads && !tu_same_bits(ag_tensor_grad(pa.tensors[i]), ag_tensor_grad(pb.tensors[i])))
             fail_msg("gradient of %s differs", pa.names[i]);
     }
     ag_named_tensors_free(&pa);
@@ -636,14 +621,14 @@ static uint64_t train_side_by_side(const char *name, double p, const ag_compile_
             ag_rng_set_state(seed, off + 1);
             ag_tensor *x[8];
             assert_int_equal(ag_compiled_call_module(c, mc, ic, nc, x, 8), n);
-            assert_false(same_bits(a[0], x[0]));
+            assert_false(tu_same_bits(a[0], x[0]));
         }
         ag_rng_set_state(seed, off);
         int m = ag_compiled_call_module(c, mc, ic, nc, b, 8);
         if (m != n)
             fail_msg("compiled call: %s", ag_last_error());
         for (int k = 0; k < n; k++)
-            assert_true(same_bits(a[k], b[k]));
+            assert_true(tu_same_bits(a[k], b[k]));
         ag_tensor *lc = ag_sum_all(ag_mul_scalar(b[0], 0.75));
         assert_int_equal(ag_backward(lc, NULL, false), 0);
         ag_rng_get_state(&cs, &coff);
@@ -894,7 +879,7 @@ static void test_interpreter_equals_executor(void **st) {
             int nb = ag_plan_run(p, in.t, in.n, b, 256);
             assert_int_equal(nb, na);
             for (int k = 0; k < na; k++)
-                if (!same_bits(a[k], b[k]))
+                if (!tu_same_bits(a[k], b[k]))
                     fail_msg("%s: output %d differs between interpreter and executor", models[i],
                              k);
             free_all(b, nb);

@@ -512,6 +512,29 @@ ag_tensor *tu_philox_input(const ag_node *placeholder, uint64_t seed, uint64_t o
     return t;
 }
 
+bool tu_same_bits(ag_tensor *a, ag_tensor *b) {
+    if (!a || !b)
+        return a == b;
+    ag_tensor *fa[16], *fb[16];
+    int na = ag_subclass_flatten_tensors(&a, 1, fa, 16);
+    int nb = ag_subclass_flatten_tensors(&b, 1, fb, 16);
+    if (na != nb || na <= 0 || na > 16)
+        return false;
+    for (int k = 0; k < na; k++) {
+        const ag_tensor *x = fa[k], *y = fb[k];
+        int nd = ag_tensor_ndim(x);
+        if (ag_tensor_dtype(x) != ag_tensor_dtype(y) || nd != ag_tensor_ndim(y) ||
+            memcmp(ag_tensor_sizes(x), ag_tensor_sizes(y), sizeof(int64_t) * (size_t)nd))
+            return false;
+        for (int64_t i = 0; i < ag_tensor_numel(x); i++) {
+            double u = ag_tensor_item_at(x, i), v = ag_tensor_item_at(y, i);
+            if (memcmp(&u, &v, sizeof u) && !(isnan(u) && isnan(v)))
+                return false;
+        }
+    }
+    return true;
+}
+
 /* ---- descriptor lists ---- */
 
 static const char *desc_or_none(const ag_desc *d, char *b, size_t n) {

@@ -92,6 +92,10 @@ void tu_alloc_resume(void);
 void tu_alloc_count_begin(void);
 int64_t tu_alloc_count_end(void);
 
+/* Same dtype, shape and bits, element by element as doubles (so -0.0 differs from 0.0; any
+ * NaN equals any NaN); subclass instances compare by their inner tensors. NULL equals NULL. */
+bool tu_same_bits(ag_tensor *a, ag_tensor *b);
+
 /* ---- descriptor lists ---- */
 
 /* "name: desc" for every placeholder of g, one per line, and g's output descriptors ("None"
