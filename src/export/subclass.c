@@ -414,10 +414,6 @@ int ag__subx_outputs(ag__subx **sxp, ag_tensor **outs, int nouts, int max_out,
     return nf;
 }
 
-int ag__subx_num_outer_outputs(const ag__subx *sx) {
-    return sx->nout;
-}
-
 bool ag__subx_out_requires_grad(const ag__subx *sx, int k) {
     return ag_tensor_requires_grad(sx->out[sx->oflat_of[k]]);
 }

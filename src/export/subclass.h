@@ -64,7 +64,6 @@ int ag__subx_num_static(const ag__subx *sx); /* flattened inputs from params and
  * are then the outer inputs: flat/flat_descs, nstatic of them from params and buffers). */
 int ag__subx_outputs(ag__subx **sx, ag_tensor **outs, int nouts, int max_out,
                      ag_tensor *const *flat, ag_desc *const *flat_descs, int nflat, int nstatic);
-int ag__subx_num_outer_outputs(const ag__subx *sx);
 bool ag__subx_out_requires_grad(const ag__subx *sx, int k); /* flattened output k's outer's */
 ag_desc *ag__subx_out_desc(const ag__subx *sx, int k);      /* new reference */
 ag_desc *ag__subx_mutation_desc(const ag__subx *sx, int i); /* of flattened primal i; new */
