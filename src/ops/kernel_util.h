@@ -55,6 +55,28 @@ void ag__iter_row_offsets(const ag__iter *it, int64_t r, int64_t *off);
         }                                                                                      \
     } while (0)
 
+/* A loop over i in [0, n) whose body calls BLAS (or anything else that opens OpenMP regions):
+ * on the team when `par`, else as a plain loop on the calling thread, with `pragma` the OpenMP
+ * directive as a string ("omp parallel for schedule(static)").
+ *
+ * Never put `#pragma omp parallel ... if (cond)` around such a body. A false `if` still opens a
+ * team of one thread, and the BLAS call's own parallel region inside it is then nested: libgomp
+ * serves nested teams from no pool, so every GEMM started and ended a thread of its own while the
+ * pool's idle thread kept spinning (libgomp's default wait policy) on the other core. On two
+ * cores the GEMM's second half then shared a core with that spinner: the mlp step's GEMMs ran
+ * 2.4x slower than the same GEMMs alone (docs/PERFORMANCE.md, "Threads"). */
+#define AG__BLAS_FOR(par, pragma, i, n, ...)                                                   \
+    do {                                                                                       \
+        const int64_t ag__n = (n);                                                             \
+        if (par) {                                                                             \
+            _Pragma(pragma) for (int64_t i = 0; i < ag__n; i++) { __VA_ARGS__ }                \
+        } else {                                                                               \
+            for (int64_t i = 0; i < ag__n; i++) {                                              \
+                __VA_ARGS__                                                                    \
+            }                                                                                  \
+        }                                                                                      \
+    } while (0)
+
 /* Typed dispatch: runs the statement list with `T` typedef'd to the C type of dt. FLOAT covers
  * f32/f64, NUM adds i64, ALL adds bool; other dtypes return AG_ENOTSUP from the enclosing
  * function. */

@@ -991,8 +991,7 @@ static int sdpa_fwd(sdpa *s, void *outv, void *lsev) {
     const int nth = s->nth;
     AG__FLOAT_SWITCH(s->dt, T, {
         T *out = outv, *lse = lsev;
-        _Pragma("omp parallel for schedule(dynamic) num_threads(nth) if (nth > 1)")
-        for (int64_t b = 0; b < s->nb; b++) {
+        AG__BLAS_FOR(nth > 1, "omp parallel for schedule(dynamic) num_threads(nth)", b, s->nb, {
             T *P = (T *)s->scratch + (size_t)omp_get_thread_num() * (size_t)(L * S);
             const T *qb = (const T *)s->q.base + mats_off(&s->q, b);
             const T *kb = (const T *)s->k.base + mats_off(&s->k, b);
@@ -1024,7 +1023,7 @@ static int sdpa_fwd(sdpa *s, void *outv, void *lsev) {
                 lse[b * L + i] = mx + log(sum);
             }
             gemm(s->dt, false, false, L, Ev, S, 1.0, P, S, vb, s->v.ld, out + b * L * Ev, Ev);
-        }
+        });
     });
     return 0;
 }
@@ -1147,8 +1146,7 @@ static int sdpa_bwd(sdpa *s, const void *lsev, void *gqv, void *gkv, void *gvv) 
     AG__FLOAT_SWITCH(s->dt, T, {
         const T *lse = lsev;
         T *gq = gqv, *gk = gkv, *gv = gvv;
-        _Pragma("omp parallel for schedule(dynamic) num_threads(nth) if (nth > 1)")
-        for (int64_t b = 0; b < s->nb; b++) {
+        AG__BLAS_FOR(nth > 1, "omp parallel for schedule(dynamic) num_threads(nth)", b, s->nb, {
             T *P = (T *)s->scratch + (size_t)omp_get_thread_num() * 2 * (size_t)(L * S);
             T *dP = P + L * S;
             const T *qb = (const T *)s->q.base + mats_off(&s->q, b);
@@ -1179,7 +1177,7 @@ static int sdpa_bwd(sdpa *s, const void *lsev, void *gqv, void *gkv, void *gvv) 
             }
             gemm(s->dt, false, false, L, E, S, s->scale, dP, S, kb, s->k.ld, gq + b * L * E, E);
             gemm(s->dt, true, false, S, E, L, s->scale, dP, S, qb, s->q.ld, gk + b * S * E, E);
-        }
+        });
     });
     return 0;
 }
