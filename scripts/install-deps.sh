@@ -15,6 +15,7 @@ PACKAGES=(
   libglpk-dev                           # ILP knapsack for the memory budget
   dataset-fashion-mnist                 # the main job's data
   clang libclang-rt-14-dev              # fuzzing and sanitizer runtimes
+  libdnnl-dev                           # oneDNN sgemm: the reference of bench/bench_sgemm only
 )
 
 missing=()

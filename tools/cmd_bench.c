@@ -28,6 +28,7 @@
  * its outputs); --pipeline-scaling times export and compile of data-less (meta mode) GPT-2
  * small variants with 12, 48 and 96 layers; --profile breaks the compiled step down into
  * phases and kernels; --gemms lists the GEMM calls of the floor. */
+#include "bench_env.h"
 #include "cli.h"
 #include "runtime/plan_internal.h" /* ag__plan_set_step_hook: the per-kernel profile */
 
@@ -791,6 +792,22 @@ static void print_gemms(const char *model, const gemm_list *l) {
     }
 }
 
+/* The list as JSON, one object per call in order (bench/bench_sgemm times it against other
+ * BLAS libraries). */
+static json_t *gemms_json(const gemm_list *l) {
+    json_t *a = json_array();
+    for (int i = 0; a && i < l->n; i++) {
+        const gemm_call *g = &l->v[i];
+        json_array_append_new(
+            a, json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:f, s:b, s:b}", "op", g->op, "ta",
+                         g->ta == CblasTrans ? "T" : "N", "tb", g->tb == CblasTrans ? "T" : "N",
+                         "m", (json_int_t)g->m, "n", (json_int_t)g->n, "k", (json_int_t)g->k,
+                         "count", (json_int_t)g->count, "beta", (double)g->beta, "par", g->par,
+                         "shared_a", g->shared_a));
+    }
+    return a;
+}
+
 /* ---- the per-kernel profile (--profile) ---- */
 
 typedef struct prof_entry {
@@ -917,7 +934,8 @@ static json_t *peak_json(const model_result *r, bool detail) {
     return o;
 }
 
-static json_t *model_json(const model_result *r, const bench_case *bc, json_t *profile) {
+static json_t *model_json(const model_result *r, const bench_case *bc, const gemm_list *gl,
+                          json_t *profile) {
     const pipe_times *p = &r->pipe;
     json_t *j = json_pack("{s:s, s:s, s:i, s:f, s:{s:f, s:f}, s:f, s:o, s:f, s:i, s:o, s:i, "
                           "s:{s:f, s:f, s:f, s:f, s:f}, s:{s:i, s:i, s:i}}",
@@ -932,6 +950,7 @@ static json_t *model_json(const model_result *r, const bench_case *bc, json_t *p
                           p->nodes, "forward", p->fw_nodes, "backward", p->bw_nodes);
     json_object_set_new(j, "peak_bytes", peak_json(r, false));
     json_object_set_new(j, "peak_detail", peak_json(r, true));
+    json_object_set_new(j, "gemms", gemms_json(gl));
     if (profile)
         json_object_set_new(j, "profile", profile);
     return j;
@@ -1000,7 +1019,7 @@ static int bench_model(int which, const bench_opts *o, model_result *r, json_t *
     r->mincut = med[2];
     if (o->profile && !(profile = profile_step(&bc, cs[1], o->runs, r->floor_s)))
         goto done;
-    *out = model_json(r, &bc, profile);
+    *out = model_json(r, &bc, &gl, profile);
     status = 0;
 done:
     free(gl.v);
@@ -1258,22 +1277,14 @@ int cli_bench(int argc, char **argv) {
            "warm-up step(s); seed %llu\n",
            cpu, cores, mem / (1024.0 * 1024 * 1024), o.threads, o.runs, o.warmup,
            (unsigned long long)o.seed);
-    /* OpenMP's waiting policy decides how threads behave on a loaded machine: say it. */
-    static const char *const env_names[] = {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS"};
-    json_t *env = json_object();
-    printf("load average at start: %s; environment:", load0);
-    for (size_t i = 0; i < sizeof env_names / sizeof env_names[0]; i++) {
-        const char *e = getenv(env_names[i]);
-        printf(" %s=%s", env_names[i], e ? e : "(unset)");
-        json_object_set_new(env, env_names[i], e ? json_string(e) : json_null());
-    }
-    printf("\n");
+    printf("load average at start: %s\n", load0);
+    json_t *env = bench_env_report(o.threads);
 
     json_t *root = json_pack("{s:s, s:{s:s, s:I, s:I}, s:i, s:i, s:i, s:I, s:s}", "command", cmd,
                              "machine", "cpu", cpu, "cores", (json_int_t)cores, "memory_bytes",
                              (json_int_t)mem, "threads", o.threads, "runs", o.runs, "warmup",
                              o.warmup, "seed", (json_int_t)o.seed, "loadavg_start", load0);
-    json_object_set_new(root, "environment", env);
+    json_object_set_new(root, "blas_and_threads", env);
     json_t *results = json_array(), *zoo_arr = json_array(), *scaling_arr = json_array();
     model_result rs[NMODELS];
     int nres = 0, status = 0;
