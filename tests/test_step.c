@@ -14,9 +14,17 @@
  *      parameters split evenly over threads): parameters of assorted sizes (below and above
  *      the parallel threshold, odd, one without a gradient) follow a float64 reference for
  *      three steps with weight decay, and the result is bit-identical with 1 and 2 threads
- *      (the split moves; the arithmetic may not). */
+ *      (the split moves; the arithmetic may not).
+ *   5. No threads started per step: a warm eager or compiled step of mlp, cnn and gpt2 starts
+ *      no thread (counted by interposing pthread_create, which libgomp calls for every thread
+ *      it starts). A kernel that opened an OpenMP team of one around a BLAS call made OpenBLAS's
+ *      own region nested, and libgomp then started and ended a thread per GEMM while its pool
+ *      thread spun on the other core (the mlp step ran 2x slower with nothing set). */
+#define _GNU_SOURCE /* RTLD_NEXT */
 #include "testutil.h"
 #include "core/internal.h"
+
+#include <dlfcn.h>
 
 #include <math.h>
 #include <pthread.h>
@@ -54,6 +62,20 @@ static void cnt_begin(void) {
 
 static void cnt_end(void) {
     ag_set_allocator(&cnt.prev);
+}
+
+/* ---- counting the threads started: this definition interposes libc's for the whole process
+ * (libgomp's calls included) and forwards to the next one (libc's, or a sanitizer's) ---- */
+
+static _Atomic int64_t threads_started;
+
+int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg) {
+    typedef int (*create_fn)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+    static create_fn real;
+    if (!real)
+        *(void **)&real = dlsym(RTLD_NEXT, "pthread_create");
+    atomic_fetch_add(&threads_started, 1);
+    return real(t, attr, fn, arg);
 }
 
 /* ---- the step: loss = sum_k (0.5 + 0.25 k) sum(out_k), as aotgrad check and bench --zoo ---- */
@@ -164,6 +186,36 @@ static void test_warm_step_allocations(void **st) {
         assert_int_equal(atomic_load(&cnt.frees), 2);
         case_close(&sc);
     }
+}
+
+/* ---- 5. threads started by a warm step ---- */
+
+static void test_warm_step_threads(void **st) {
+    (void)st;
+    const char *models[] = {"mlp", "cnn", "gpt2"};
+    for (size_t i = 0; i < sizeof models / sizeof *models; i++)
+        for (int compiled = 0; compiled < 2; compiled++) {
+            step_case sc;
+            case_open(&sc, models[i], compiled);
+            for (int k = 0; k < 2; k++)
+                train_step(&sc);
+            int64_t before = atomic_load(&threads_started);
+            for (int k = 0; k < 3; k++)
+                train_step(&sc);
+            int64_t started = atomic_load(&threads_started) - before;
+            print_message("  %-5s %-8s %lld threads started in 3 warm steps\n", models[i],
+                          compiled ? "compiled" : "eager", (long long)started);
+            assert_int_equal(started, 0);
+            case_close(&sc);
+        }
+    /* The counter sees libgomp's threads at all: a first team of a new size starts some. */
+    int64_t before = atomic_load(&threads_started);
+    int nt = ag_get_num_threads();
+    _Atomic int ran = 0;
+#pragma omp parallel num_threads(nt + 2)
+    atomic_fetch_add(&ran, 1);
+    assert_int_equal(atomic_load(&ran), nt + 2);
+    assert_true(atomic_load(&threads_started) > before);
 }
 
 /* ---- 2. donated gradients against eager ---- */
@@ -435,6 +487,7 @@ int main(void) {
         cmocka_unit_test(test_nested_backward),
         cmocka_unit_test(test_kept_memory_released),
         cmocka_unit_test(test_adamw_one_pass),
+        cmocka_unit_test(test_warm_step_threads),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
