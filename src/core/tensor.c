@@ -79,13 +79,15 @@ void ag__tmeta_of(const ag_tensor *t, ag_tmeta *m) {
 
 bool ag__is_meta(const ag_tensor *t) { return t->storage->data == NULL; }
 
-int ag__wrap_dim(const char *op, int dim, int ndim) {
+int ag__wrap_dim(const char *op, int64_t dim, int ndim) {
     int n = ndim > 0 ? ndim : 1;
     if (dim < -n || dim >= n) {
-        ag__err(AG_EINVAL, "%s: dimension %d out of range for a %d-d tensor", op, dim, ndim);
+        ag__err(AG_EINVAL,
+                "%s: Dimension out of range (expected to be in range of [%d, %d], but got %lld)",
+                op, -n, n - 1, (long long)dim);
         return -1;
     }
-    return dim < 0 ? dim + n : dim;
+    return (int)(dim < 0 ? dim + n : dim);
 }
 
 /* ---- construction ---- */
@@ -134,6 +136,24 @@ ag_tensor *ag__tensor_new(ag_dtype dt, int ndim, const int64_t *sizes, bool meta
             ag__err(AG_EINVAL, "tensor: negative size %lld in dim %d", (long long)sizes[i], i);
             return NULL;
         }
+    if ((unsigned)dt >= AG_NDTYPES) {
+        ag__err(AG_EINVAL, "tensor: bad dtype %d", (int)dt);
+        return NULL;
+    }
+    /* The byte count must describe every element: a shape whose element count saturates or
+     * whose byte count wraps around size_t would get a storage smaller than its geometry. */
+    int64_t numel = ag__numel(ndim, sizes);
+    size_t nbytes;
+    if (numel > AG__MAX_NUMEL ||
+        __builtin_mul_overflow((size_t)numel, ag_dtype_size(dt), &nbytes)) {
+        char b[256];
+        ag__err(AG_EINVAL,
+                "tensor: storage size calculation overflowed with sizes=%s and dtype %s (at "
+                "most %lld elements)",
+                ag__fmt_sizes(b, sizeof b, ndim, sizes), ag_dtype_name(dt),
+                (long long)AG__MAX_NUMEL);
+        return NULL;
+    }
     ag_tensor *t = tensor_shell();
     if (!t)
         return NULL;
@@ -143,7 +163,7 @@ ag_tensor *ag__tensor_new(ag_dtype dt, int ndim, const int64_t *sizes, bool meta
     t->ndim = ndim;
     memcpy(t->sizes, m.sizes, sizeof t->sizes);
     memcpy(t->strides, m.strides, sizeof t->strides);
-    t->storage = storage_new((size_t)ag__numel(ndim, sizes) * ag_dtype_size(dt), meta);
+    t->storage = storage_new(nbytes, meta);
     if (!t->storage) {
         ag__free(t);
         return NULL;
