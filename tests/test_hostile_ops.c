@@ -11,6 +11,7 @@
 #include "testutil.h"
 
 #include <limits.h>
+#include <math.h>
 #include <string.h>
 
 #define S(...) ((int64_t[]){__VA_ARGS__})
@@ -480,6 +481,106 @@ static void test_negative_list_length(void **st) {
     ag_scope_end();
 }
 
+/* ---- int64 arithmetic and conversions to integers ---- */
+
+static ag_tensor *i64s(int n, const int64_t *v) {
+    return ag_from_data(AG_I64, 1, (int64_t[]){n}, v);
+}
+
+static int64_t at(ag_tensor *t, int64_t i) {
+    return ((const int64_t *)ag_tensor_data(t))[i];
+}
+
+/* Overflow wraps (two's complement) as PyTorch's integer tensors do; no undefined behaviour
+ * (the sanitizer build halts on signed overflow). */
+static void test_int64_wraps(void **st) {
+    (void)st;
+    ag_scope_begin();
+    ag_tensor *big = i64s(3, S(INT64_MAX, INT64_MIN, -7));
+    ag_tensor *one = i64s(3, S(1, 1, 1));
+    ag_tensor *r = ag_add(big, one);
+    assert_true(at(r, 0) == INT64_MIN && at(r, 1) == INT64_MIN + 1 && at(r, 2) == -6);
+    r = ag_sub(big, ag_neg(one));
+    assert_true(at(r, 0) == INT64_MIN);
+    r = ag_sub(big, one);
+    assert_true(at(r, 1) == INT64_MAX);
+    r = ag_mul(big, i64s(3, S(2, -1, 3)));
+    assert_true(at(r, 0) == -2 && at(r, 1) == INT64_MIN && at(r, 2) == -21);
+    r = ag_neg(big);
+    assert_true(at(r, 0) == -INT64_MAX && at(r, 1) == INT64_MIN && at(r, 2) == 7);
+    r = ag_abs(big);
+    assert_true(at(r, 0) == INT64_MAX && at(r, 1) == INT64_MIN && at(r, 2) == 7);
+    r = ag_add_scalar(big, 1);
+    assert_true(at(r, 0) == INT64_MIN);
+    r = ag_mul_scalar(big, 2);
+    assert_true(at(r, 1) == 0 && at(r, 2) == -14);
+    r = ag_pow_scalar(i64s(2, S(3, (int64_t)1 << 32)), 2);
+    assert_true(at(r, 0) == 9 && at(r, 1) == 0);
+    /* add with alpha: x + alpha * y in int64 */
+    r = ag_op_call1(ag_op_find("add.Tensor"), (ag_arg[]){AG_A_T(big), AG_A_T(one), AG_A_F(-2)}, 3);
+    assert_true(at(r, 0) == INT64_MAX - 2 && at(r, 1) == INT64_MAX - 1 && at(r, 2) == -9);
+    r = ag_sum_all(big);
+    assert_int_equal(at(r, 0), -8); /* MAX + MIN - 7 */
+    ag_scope_end();
+}
+
+static void test_int64_scalars_out_of_range(void **st) {
+    (void)st;
+    ag_scope_begin();
+    ag_tensor *x = i64s(2, S(1, 2));
+    assert_null(ag_add_scalar(x, 1e30));
+    expect_einval(-1, "add: value 1e+30 cannot be converted to type int64 without overflow");
+    assert_null(ag_mul_scalar(x, -1e19));
+    expect_einval(-1, "mul: value -1e+19 cannot be converted to type int64");
+    assert_null(
+        ag_op_call1(ag_op_find("add.Tensor"), (ag_arg[]){AG_A_T(x), AG_A_T(x), AG_A_F(0x1p63)}, 3));
+    expect_einval(-1, "add: value 9.22337e+18 cannot be converted to type int64");
+    assert_null(ag_pow_scalar(x, 1e300));
+    expect_einval(-1, "pow: value 1e+300 cannot be converted to type int64");
+    assert_null(ag_full(AG_I64, 1, S(2), NAN));
+    expect_einval(-1, "full: value nan cannot be converted to type int64");
+    assert_null(ag_full(AG_I64, 1, S(2), INFINITY));
+    expect_einval(-1, "full: value inf cannot be converted");
+    assert_null(ag_masked_fill(x, ag_full(AG_BOOL, 1, S(2), 1), -1e20));
+    expect_einval(-1, "masked_fill: value -1e+20 cannot be converted");
+    assert_null(ag_arange(AG_I64, 0, 1e20, 1e18));
+    expect_einval(-1, "arange: value 9.9e+19 cannot be converted to type int64");
+    /* bounds beyond the range clamp nothing */
+    ag_tensor *c = ag_clamp(i64s(2, S(INT64_MIN, INT64_MAX)), -1e30, 1e30);
+    assert_true(at(c, 0) == INT64_MIN && at(c, 1) == INT64_MAX);
+    ag_tensor *cn =
+        ag_op_call1(ag_op_find("clamp"), (ag_arg[]){AG_A_T(x), AG_A_F(NAN), AG_A_NONE}, 3);
+    assert_int_equal(ag_tensor_dtype(cn), AG_F32); /* a NaN bound makes it a float op */
+    /* a comparison with an integer beyond int64 compares as doubles */
+    ag_tensor *e = ag_lt_scalar(x, 1e30);
+    assert_true(((const bool *)ag_tensor_data(e))[0] && ((const bool *)ag_tensor_data(e))[1]);
+    ag_scope_end();
+}
+
+static void test_float_to_int_conversion(void **st) {
+    (void)st;
+    ag_scope_begin();
+    ag_tensor *f = ag_from_data(AG_F32, 1, S(4), (float[]){1.5f, -2.5f, NAN, 3});
+    assert_null(ag_to_dtype(f, AG_I64));
+    expect_einval(-1, "_to_copy: cannot convert float32 value nan (element 2) to int64");
+    ag_tensor *g = ag_from_data(AG_F64, 1, S(2), (double[]){1, 1e19});
+    assert_null(ag_to_dtype(g, AG_I64));
+    expect_einval(-1, "_to_copy: cannot convert float64 value 1e+19 (element 1) to int64");
+    assert_null(ag_to_dtype(ag_from_data(AG_F64, 1, S(1), (double[]){-INFINITY}), AG_I8));
+    expect_einval(-1, "to int8");
+    assert_null(ag_to_dtype(ag_from_data(AG_F64, 1, S(1), (double[]){300}), AG_I8));
+    expect_einval(-1, "_to_copy: cannot convert float64 value 300 (element 0) to int8");
+    /* copy_ into an int64 tensor refuses before writing anything */
+    ag_tensor *dst = i64s(2, S(7, 8));
+    assert_null(ag_copy_(dst, g));
+    expect_einval(-1, "copy_: cannot convert float64 value 1e+19");
+    assert_true(at(dst, 0) == 7 && at(dst, 1) == 8);
+    /* in range: truncation toward zero, as C and PyTorch */
+    ag_tensor *ok = ag_to_dtype(ag_from_data(AG_F32, 1, S(2), (float[]){1.5f, -2.5f}), AG_I64);
+    assert_true(at(ok, 0) == 1 && at(ok, 1) == -2);
+    ag_scope_end();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_slice_backward_wrong_grad),
@@ -490,6 +591,9 @@ int main(void) {
         cmocka_unit_test(test_as_strided_extent),
         cmocka_unit_test(test_view_ops_table),
         cmocka_unit_test(test_negative_list_length),
+        cmocka_unit_test(test_int64_wraps),
+        cmocka_unit_test(test_int64_scalars_out_of_range),
+        cmocka_unit_test(test_float_to_int_conversion),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

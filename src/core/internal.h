@@ -112,6 +112,10 @@ int ag__check_out_metas(const char *op, const ag_tmeta *m, int n);
 int ag__wrap_dim(const char *op, int64_t dim, int ndim);
 /* Copies src into dst elementwise (same shape; dtype conversion allowed). No autograd. */
 int ag__copy_into(ag_tensor *dst, const ag_tensor *src);
+/* ag__copy_into for a dtype conversion an op asked for (_to_copy, copy_): a float element that
+ * is NaN, infinite or outside an integral dst's range is refused (AG_EINVAL naming `op`, the
+ * value and its position) before anything is written, instead of an undefined C cast. */
+int ag__copy_convert(const char *op, ag_tensor *dst, const ag_tensor *src);
 
 /* ---- per-thread scratch (scratch.c) ---- */
 /* Kernel scratch that is kept between calls, so a step that repeats the shapes of an earlier

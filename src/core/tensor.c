@@ -451,6 +451,44 @@ int ag__copy_into(ag_tensor *dst, const ag_tensor *src) {
     return 0;
 }
 
+/* Flat row-major position of the first element of float tensor t that does not convert to
+ * the integral dtype dt, or -1. */
+static int64_t first_unfit(const ag_tensor *t, ag_dtype dt, double *bad) {
+    ag__iter it;
+    ag_tensor *ops[1] = {(ag_tensor *)t};
+    ag__iter_build(&it, ops, 1);
+    for (int64_t r = 0; r < it.rows; r++) {
+        int64_t off[AG__ITER_MAX];
+        ag__iter_row_offsets(&it, r, off);
+        for (int64_t k = 0; k < it.inner; k++) {
+            const char *p =
+                it.base[0] + (off[0] + k * it.inner_stride[0]) * (int64_t)ag_dtype_size(t->dtype);
+            double v = t->dtype == AG_F32 ? (double)*(const float *)(const void *)p
+                                          : *(const double *)(const void *)p;
+            if (!ag__fits_dtype(v, dt)) {
+                *bad = v;
+                return r * it.inner + k;
+            }
+        }
+    }
+    return -1;
+}
+
+int ag__copy_convert(const char *op, ag_tensor *dst, const ag_tensor *src) {
+    if (ag_dtype_is_float(src->dtype) && (dst->dtype == AG_I64 || dst->dtype == AG_I8) &&
+        ag_tensor_numel(src) > 0) {
+        double v = 0;
+        int64_t i = first_unfit(src, dst->dtype, &v);
+        if (i >= 0)
+            return ag__err(AG_EINVAL,
+                           "%s: cannot convert %s value %g (element %lld) to %s: NaN, "
+                           "infinity or out of range",
+                           op, ag_dtype_name(src->dtype), v, (long long)i,
+                           ag_dtype_name(dst->dtype));
+    }
+    return ag__copy_into(dst, src);
+}
+
 /* ---- autograd flags ---- */
 
 int ag_tensor_set_requires_grad(ag_tensor *t, bool rg) {

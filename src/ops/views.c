@@ -980,7 +980,11 @@ static int clone_meta(const ag_arg *a, ag_tmeta *o) {
     return 0;
 }
 
-static int copy_kernel(const ag_arg *a, ag_tensor **o) { return ag__copy_into(o[0], a[0].u.t); }
+/* clone and _to_copy: a float -> integral conversion refuses NaN, inf and out-of-range
+ * values (C leaves their cast undefined). */
+static int copy_kernel(const ag_arg *a, ag_tensor **o) {
+    return ag__copy_convert("_to_copy", o[0], a[0].u.t);
+}
 
 static const ag_opdef op_clone = {
     .schema = "clone(Tensor self) -> Tensor",
