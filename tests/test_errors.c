@@ -19,7 +19,8 @@ static void test_shape_messages(void **st) {
     expect(ag_add(a, ag_zeros(AG_F32, 1, (int64_t[]){4})), "[4, 3] and [4] cannot be broadcast");
     expect(ag_bmm(ag_zeros(AG_F32, 3, (int64_t[]){2, 4, 3}), ag_zeros(AG_F32, 3, (int64_t[]){3, 3, 5})),
            "bmm");
-    expect(ag_sum(a, (int64_t[]){2}, 1, false), "dimension 2 out of range");
+    expect(ag_sum(a, (int64_t[]){2}, 1, false),
+           "Dimension out of range (expected to be in range of [-2, 1], but got 2)");
     expect(ag_view(a, 1, (int64_t[]){5}), "view: shape [5] is invalid for input of size 12");
     expect(ag_cat((ag_tensor *[]){a, ag_zeros(AG_F32, 2, (int64_t[]){4, 2})}, 2, 0), "cat");
     ag_tensor *x = ag_zeros(AG_F32, 4, (int64_t[]){2, 3, 8, 8});

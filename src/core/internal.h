@@ -106,10 +106,16 @@ static inline int64_t ag__sat_add(int64_t a, int64_t b) {
 /* Checks every output meta of an op: sizes >= 0, element count <= AG__MAX_NUMEL. */
 int ag__check_out_metas(const char *op, const ag_tmeta *m, int n);
 
-/* Wraps a negative dim; returns -1 (and sets an error naming `op`) when out of range. */
-int ag__wrap_dim(const char *op, int dim, int ndim);
+/* Wraps a negative dim; returns -1 (and sets an error naming `op`) when out of range. dim is
+ * the argument's full int64 value (a graph file's dim=4294967296 is out of range, not 0): never
+ * narrow it to int before this check. A 0-d tensor takes dims -1 and 0, as in ATen. */
+int ag__wrap_dim(const char *op, int64_t dim, int ndim);
 /* Copies src into dst elementwise (same shape; dtype conversion allowed). No autograd. */
 int ag__copy_into(ag_tensor *dst, const ag_tensor *src);
+/* ag__copy_into for a dtype conversion an op asked for (_to_copy, copy_): a float element that
+ * is NaN, infinite or outside an integral dst's range is refused (AG_EINVAL naming `op`, the
+ * value and its position) before anything is written, instead of an undefined C cast. */
+int ag__copy_convert(const char *op, ag_tensor *dst, const ag_tensor *src);
 
 /* ---- per-thread scratch (scratch.c) ---- */
 /* Kernel scratch that is kept between calls, so a step that repeats the shapes of an earlier

@@ -79,13 +79,15 @@ void ag__tmeta_of(const ag_tensor *t, ag_tmeta *m) {
 
 bool ag__is_meta(const ag_tensor *t) { return t->storage->data == NULL; }
 
-int ag__wrap_dim(const char *op, int dim, int ndim) {
+int ag__wrap_dim(const char *op, int64_t dim, int ndim) {
     int n = ndim > 0 ? ndim : 1;
     if (dim < -n || dim >= n) {
-        ag__err(AG_EINVAL, "%s: dimension %d out of range for a %d-d tensor", op, dim, ndim);
+        ag__err(AG_EINVAL,
+                "%s: Dimension out of range (expected to be in range of [%d, %d], but got %lld)",
+                op, -n, n - 1, (long long)dim);
         return -1;
     }
-    return dim < 0 ? dim + n : dim;
+    return (int)(dim < 0 ? dim + n : dim);
 }
 
 /* ---- construction ---- */
@@ -134,6 +136,24 @@ ag_tensor *ag__tensor_new(ag_dtype dt, int ndim, const int64_t *sizes, bool meta
             ag__err(AG_EINVAL, "tensor: negative size %lld in dim %d", (long long)sizes[i], i);
             return NULL;
         }
+    if ((unsigned)dt >= AG_NDTYPES) {
+        ag__err(AG_EINVAL, "tensor: bad dtype %d", (int)dt);
+        return NULL;
+    }
+    /* The byte count must describe every element: a shape whose element count saturates or
+     * whose byte count wraps around size_t would get a storage smaller than its geometry. */
+    int64_t numel = ag__numel(ndim, sizes);
+    size_t nbytes;
+    if (numel > AG__MAX_NUMEL ||
+        __builtin_mul_overflow((size_t)numel, ag_dtype_size(dt), &nbytes)) {
+        char b[256];
+        ag__err(AG_EINVAL,
+                "tensor: storage size calculation overflowed with sizes=%s and dtype %s (at "
+                "most %lld elements)",
+                ag__fmt_sizes(b, sizeof b, ndim, sizes), ag_dtype_name(dt),
+                (long long)AG__MAX_NUMEL);
+        return NULL;
+    }
     ag_tensor *t = tensor_shell();
     if (!t)
         return NULL;
@@ -143,7 +163,7 @@ ag_tensor *ag__tensor_new(ag_dtype dt, int ndim, const int64_t *sizes, bool meta
     t->ndim = ndim;
     memcpy(t->sizes, m.sizes, sizeof t->sizes);
     memcpy(t->strides, m.strides, sizeof t->strides);
-    t->storage = storage_new((size_t)ag__numel(ndim, sizes) * ag_dtype_size(dt), meta);
+    t->storage = storage_new(nbytes, meta);
     if (!t->storage) {
         ag__free(t);
         return NULL;
@@ -429,6 +449,44 @@ int ag__copy_into(ag_tensor *dst, const ag_tensor *src) {
     }
 #undef AG__COPY_LOOP
     return 0;
+}
+
+/* Flat row-major position of the first element of float tensor t that does not convert to
+ * the integral dtype dt, or -1. */
+static int64_t first_unfit(const ag_tensor *t, ag_dtype dt, double *bad) {
+    ag__iter it;
+    ag_tensor *ops[1] = {(ag_tensor *)t};
+    ag__iter_build(&it, ops, 1);
+    for (int64_t r = 0; r < it.rows; r++) {
+        int64_t off[AG__ITER_MAX];
+        ag__iter_row_offsets(&it, r, off);
+        for (int64_t k = 0; k < it.inner; k++) {
+            const char *p =
+                it.base[0] + (off[0] + k * it.inner_stride[0]) * (int64_t)ag_dtype_size(t->dtype);
+            double v = t->dtype == AG_F32 ? (double)*(const float *)(const void *)p
+                                          : *(const double *)(const void *)p;
+            if (!ag__fits_dtype(v, dt)) {
+                *bad = v;
+                return r * it.inner + k;
+            }
+        }
+    }
+    return -1;
+}
+
+int ag__copy_convert(const char *op, ag_tensor *dst, const ag_tensor *src) {
+    if (ag_dtype_is_float(src->dtype) && (dst->dtype == AG_I64 || dst->dtype == AG_I8) &&
+        ag_tensor_numel(src) > 0) {
+        double v = 0;
+        int64_t i = first_unfit(src, dst->dtype, &v);
+        if (i >= 0)
+            return ag__err(AG_EINVAL,
+                           "%s: cannot convert %s value %g (element %lld) to %s: NaN, "
+                           "infinity or out of range",
+                           op, ag_dtype_name(src->dtype), v, (long long)i,
+                           ag_dtype_name(dst->dtype));
+    }
+    return ag__copy_into(dst, src);
 }
 
 /* ---- autograd flags ---- */

@@ -23,6 +23,9 @@ int ag__sizes_check(const char *op, const ag_arg *sz) {
 
 /* Fills every element of a contiguous tensor with v. */
 static int fill_value(ag_tensor *t, double v) {
+    int rc = ag__check_fits("full", v, t->dtype);
+    if (rc)
+        return rc;
     int64_t n = ag_tensor_numel(t);
     const int par = n > AG__PAR_MIN;
     AG__ALL_SWITCH(t->dtype, T, {
@@ -158,7 +161,14 @@ static int arange_meta(const ag_arg *a, ag_tmeta *o) {
         return ag__err(AG_EINVAL, "arange: %g elements (start %g, end %g, step %g) is too many",
                        count, start, end, step);
     int64_t n = (int64_t)count;
-    ag__tmeta_contiguous(o, dtype_or(&a[3], AG_I64), 1, &n);
+    ag_dtype dt = dtype_or(&a[3], AG_I64);
+    /* every value start + i * step must convert to dt (the last one is the extreme) */
+    int rc = n ? ag__check_fits("arange", start, dt) : 0;
+    if (!rc && n)
+        rc = ag__check_fits("arange", start + (double)(n - 1) * step, dt);
+    if (rc)
+        return rc;
+    ag__tmeta_contiguous(o, dt, 1, &n);
     return 0;
 }
 

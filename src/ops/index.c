@@ -156,7 +156,7 @@ static int cat_meta(const ag_arg *a, ag_tmeta *o) {
         ag__tmeta_contiguous(o, dt, 1, (int64_t[]){0});
         return 0;
     }
-    int dim = ag__wrap_dim("cat", (int)a[1].u.i, ref->ndim);
+    int dim = ag__wrap_dim("cat", a[1].u.i, ref->ndim);
     if (dim < 0)
         return AG_EINVAL;
     int64_t sizes[AG_MAX_DIMS];
@@ -197,7 +197,7 @@ static int cat_kernel(const ag_arg *a, ag_tensor **o) {
         if (cat_skipped(t))
             continue;
         if (dim < 0)
-            dim = ag__wrap_dim("cat", (int)a[1].u.i, out->ndim);
+            dim = ag__wrap_dim("cat", a[1].u.i, out->ndim);
         ag_tensor dst;
         int rc = ag__copy_into(narrow_view(&dst, out, dim, off, t->sizes[dim]), t);
         if (rc)
@@ -217,7 +217,7 @@ static int cat_backward(ag_bwctx *c) {
         const ag_tmeta *m = &c->input_meta[j];
         if (m->ndim == 1 && m->sizes[0] == 0)
             continue;
-        if (dim < 0 && (dim = ag__wrap_dim("cat", (int)c->args[1].u.i, g->ndim)) < 0)
+        if (dim < 0 && (dim = ag__wrap_dim("cat", c->args[1].u.i, g->ndim)) < 0)
             return AG_EINVAL;
         int64_t len = m->sizes[dim];
         int rc = c->needs_grad[j] ? set_grad(c, j, ag_slice(g, dim, off, off + len, 1)) : 0;
@@ -276,7 +276,7 @@ static int stack_meta(const ag_arg *a, ag_tmeta *o) {
     if (ref->ndim + 1 > AG_MAX_DIMS)
         return ag__err(AG_EINVAL, "stack: the result would have %d dims (at most %d)",
                        ref->ndim + 1, AG_MAX_DIMS);
-    int dim = ag__wrap_dim("stack", (int)a[1].u.i, ref->ndim + 1);
+    int dim = ag__wrap_dim("stack", a[1].u.i, ref->ndim + 1);
     if (dim < 0)
         return AG_EINVAL;
     int64_t sizes[AG_MAX_DIMS];
@@ -288,7 +288,7 @@ static int stack_meta(const ag_arg *a, ag_tmeta *o) {
 
 static int stack_kernel(const ag_arg *a, ag_tensor **o) {
     ag_tensor *out = o[0];
-    int dim = ag__wrap_dim("stack", (int)a[1].u.i, out->ndim);
+    int dim = ag__wrap_dim("stack", a[1].u.i, out->ndim);
     for (int i = 0; i < a[0].n; i++) {
         ag_tensor dst;
         int rc = ag__copy_into(select_view(&dst, out, dim, i), a[0].u.ts[i]);
@@ -301,7 +301,7 @@ static int stack_kernel(const ag_arg *a, ag_tensor **o) {
 /* derivatives.yaml: tensors: stack_tensors_backward = grad.select(dim, i) per input. */
 static int stack_backward(ag_bwctx *c) {
     ag_tensor *g = c->grad_outputs[0];
-    int dim = ag__wrap_dim("stack", (int)c->args[1].u.i, g->ndim);
+    int dim = ag__wrap_dim("stack", c->args[1].u.i, g->ndim);
     if (dim < 0)
         return AG_EINVAL;
     for (int j = 0; j < c->args[0].n; j++) {
@@ -348,7 +348,7 @@ static int split_meta(const ag_arg *a, ag_tmeta *o) {
     char b[128];
     if (x->ndim == 0)
         return ag__err(AG_EINVAL, "split: expected at least a 1-dimensional tensor");
-    int dim = ag__wrap_dim("split", (int)a[2].u.i, x->ndim);
+    int dim = ag__wrap_dim("split", a[2].u.i, x->ndim);
     if (dim < 0)
         return AG_EINVAL;
     int64_t len = x->sizes[dim];
@@ -379,7 +379,7 @@ static int split_meta(const ag_arg *a, ag_tmeta *o) {
 static int split_kernel(const ag_arg *a, ag_tensor **o) {
     ag_tensor *x = a[0].u.t;
     int64_t ss = a[1].u.i;
-    int dim = ag__wrap_dim("split", (int)a[2].u.i, x->ndim);
+    int dim = ag__wrap_dim("split", a[2].u.i, x->ndim);
     int64_t len = x->sizes[dim];
     int64_t cnt = ss == 0 ? 1 : len / ss + (len % ss != 0); /* no overflow for huge ss */
     for (int64_t k = 0; k < cnt; k++) {
@@ -398,7 +398,7 @@ static int split_backward(ag_bwctx *c) {
         return 0;
     const ag_tmeta *x = &c->input_meta[0];
     int64_t ss = c->args[1].u.i;
-    int dim = ag__wrap_dim("split", (int)c->args[2].u.i, x->ndim);
+    int dim = ag__wrap_dim("split", c->args[2].u.i, x->ndim);
     if (dim < 0)
         return AG_EINVAL;
     ag_tensor *like = NULL;
@@ -453,7 +453,7 @@ static int index_select_meta(const ag_arg *a, ag_tmeta *o) {
     int rc = check_index_tensor("index_select", index, 1);
     if (rc)
         return rc;
-    int dim = ag__wrap_dim("index_select", (int)a[1].u.i, x->ndim);
+    int dim = ag__wrap_dim("index_select", a[1].u.i, x->ndim);
     if (dim < 0)
         return AG_EINVAL;
     int64_t k = ag_tensor_numel(index);
@@ -475,7 +475,7 @@ static int index_select_meta(const ag_arg *a, ag_tmeta *o) {
 /* x viewed as (outer, size, inner) around dim; out is (outer, k, inner). */
 static int index_select_kernel(const ag_arg *a, ag_tensor **o) {
     ag_tensor *x = a[0].u.t, *index = a[2].u.t, *out = o[0];
-    int dim = x->ndim ? ag__wrap_dim("index_select", (int)a[1].u.i, x->ndim) : 0;
+    int dim = x->ndim ? ag__wrap_dim("index_select", a[1].u.i, x->ndim) : 0;
     int64_t size = x->ndim ? x->sizes[dim] : 1;
     int64_t k = ag_tensor_numel(index);
     int64_t outer = prod(x->sizes, 0, dim), inner = x->ndim ? prod(x->sizes, dim + 1, x->ndim) : 1;
@@ -547,7 +547,7 @@ static int index_add_meta(const ag_arg *a, ag_tmeta *o) {
     if (src->dtype != x->dtype)
         return ag__err(AG_EINVAL, "index_add: self (%s) and source (%s) must have the same dtype",
                        ag_dtype_short(x->dtype), ag_dtype_short(src->dtype));
-    int dim = ag__wrap_dim("index_add", (int)a[1].u.i, x->ndim);
+    int dim = ag__wrap_dim("index_add", a[1].u.i, x->ndim);
     if (dim < 0)
         return AG_EINVAL;
     int64_t k = ag_tensor_numel(index);
@@ -593,7 +593,7 @@ static int index_add_loop(ag_dtype dt, char *outp, const char *srcp, const int64
 
 static int index_add_kernel(const ag_arg *a, ag_tensor **o) {
     ag_tensor *x = a[0].u.t, *index = a[2].u.t, *src = a[3].u.t, *out = o[0];
-    int dim = x->ndim ? ag__wrap_dim("index_add", (int)a[1].u.i, x->ndim) : 0;
+    int dim = x->ndim ? ag__wrap_dim("index_add", a[1].u.i, x->ndim) : 0;
     int64_t size = x->ndim ? x->sizes[dim] : 1;
     int64_t outer = prod(x->sizes, 0, dim), inner = x->ndim ? prod(x->sizes, dim + 1, x->ndim) : 1;
     int rc = ag__copy_into(out, x);
@@ -664,7 +664,7 @@ static int gather_meta(const ag_arg *a, ag_tmeta *o) {
     int rc = check_index_tensor("gather", index, -1);
     if (rc)
         return rc;
-    int dim = ag__wrap_dim("gather", (int)a[1].u.i, x->ndim);
+    int dim = ag__wrap_dim("gather", a[1].u.i, x->ndim);
     if (dim < 0)
         return AG_EINVAL;
     bool ok = index->ndim == x->ndim;
@@ -712,7 +712,7 @@ static int gather_loop(const ag_tensor *x, int dim, const int64_t *ix, ag_tensor
 
 static int gather_kernel(const ag_arg *a, ag_tensor **o) {
     ag_tensor *x = a[0].u.t, *index = a[2].u.t;
-    int dim = x->ndim ? ag__wrap_dim("gather", (int)a[1].u.i, x->ndim) : 0;
+    int dim = x->ndim ? ag__wrap_dim("gather", a[1].u.i, x->ndim) : 0;
     int64_t *ix = read_index("gather", index, dim, x->ndim ? x->sizes[dim] : 1);
     if (!ix)
         return ag_last_status();
@@ -769,7 +769,7 @@ static int scatter_add_meta(const ag_arg *a, ag_tmeta *o) {
     if (src->dtype != x->dtype)
         return ag__err(AG_EINVAL, "scatter_add: self (%s) and src (%s) must have the same dtype",
                        ag_dtype_short(x->dtype), ag_dtype_short(src->dtype));
-    int dim = ag__wrap_dim("scatter_add", (int)a[1].u.i, x->ndim);
+    int dim = ag__wrap_dim("scatter_add", a[1].u.i, x->ndim);
     if (dim < 0)
         return AG_EINVAL;
     bool ok = index->ndim == x->ndim && src->ndim == x->ndim;
@@ -833,7 +833,7 @@ static int scatter_add_loop(const ag_tensor *index, int dim, const int64_t *ix,
 
 static int scatter_add_kernel(const ag_arg *a, ag_tensor **o) {
     ag_tensor *x = a[0].u.t, *index = a[2].u.t, *src = a[3].u.t, *out = o[0];
-    int dim = x->ndim ? ag__wrap_dim("scatter_add", (int)a[1].u.i, x->ndim) : 0;
+    int dim = x->ndim ? ag__wrap_dim("scatter_add", a[1].u.i, x->ndim) : 0;
     int rc = ag__copy_into(out, x);
     if (rc)
         return rc;

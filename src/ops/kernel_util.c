@@ -69,3 +69,10 @@ void ag__iter_row_offsets(const ag__iter *it, int64_t r, int64_t *off) {
             off[k] += i * it->strides[k][d];
     }
 }
+
+int ag__check_fits(const char *op, double v, ag_dtype dt) {
+    if (ag__fits_dtype(v, dt))
+        return 0;
+    return ag__err(AG_EINVAL, "%s: value %g cannot be converted to type %s without overflow", op, v,
+                   ag_dtype_name(dt));
+}

@@ -77,6 +77,33 @@ void ag__iter_row_offsets(const ag__iter *it, int64_t r, int64_t *off);
         }                                                                                      \
     } while (0)
 
+/* Double -> integral conversions. C leaves a cast of NaN, an infinity or a value outside the
+ * target's range undefined, so every scalar argument (fill values, alpha, exponents, clamp
+ * bounds) and every float element converted to int64 or int8 is checked first. Float and bool
+ * targets take anything. */
+static inline bool ag__fits_dtype(double v, ag_dtype dt) {
+    if (dt == AG_I64)
+        return v >= -0x1p63 && v < 0x1p63; /* false for NaN */
+    if (dt == AG_I8)
+        return v > -129.0 && v < 128.0;
+    return true;
+}
+/* 0, or AG_EINVAL "<op>: value <v> cannot be converted to type int64 without overflow"
+ * (PyTorch's wording) when v does not fit dt. */
+int ag__check_fits(const char *op, double v, ag_dtype dt);
+
+/* int64 arithmetic that wraps (two's complement, computed in uint64) instead of overflowing:
+ * signed overflow is undefined in C; PyTorch's integer tensors wrap. */
+static inline int64_t ag__wadd(int64_t a, int64_t b) {
+    return (int64_t)((uint64_t)a + (uint64_t)b);
+}
+static inline int64_t ag__wsub(int64_t a, int64_t b) {
+    return (int64_t)((uint64_t)a - (uint64_t)b);
+}
+static inline int64_t ag__wmul(int64_t a, int64_t b) {
+    return (int64_t)((uint64_t)a * (uint64_t)b);
+}
+
 /* Typed dispatch: runs the statement list with `T` typedef'd to the C type of dt. FLOAT covers
  * f32/f64, NUM adds i64, ALL adds bool; other dtypes return AG_ENOTSUP from the enclosing
  * function. */

@@ -43,7 +43,7 @@ int ag__reduce_dims(const char *op, int ndim, const int64_t *dims, int ndims, bo
     for (int d = 0; d < ndim; d++)
         reduce[d] = ndims == 0;
     for (int i = 0; i < ndims; i++) {
-        int d = ag__wrap_dim(op, (int)dims[i], ndim);
+        int d = ag__wrap_dim(op, dims[i], ndim);
         if (d < 0)
             return AG_EINVAL;
         if (ndim == 0)

@@ -497,6 +497,9 @@ int ag__op_check_args(const ag_op *op, const ag_arg *args, int nargs, ag_arg *fu
         }
         if (full[i].kind == AG_ARG_INTS && full[i].n > 0 && !full[i].u.ints)
             return ag__err(AG_EINVAL, "%s: argument '%s' is a NULL int list", op->name, sa->name);
+        if (full[i].kind == AG_ARG_INTS && full[i].n < 0)
+            return ag__err(AG_EINVAL, "%s: argument '%s' has a negative length %d", op->name,
+                           sa->name, full[i].n);
     }
     if (op->def->flags & AG_OP_EFFECTFUL)
         return ag__with_effects_check(op, full); /* the wrapped op named matches (effects.c) */

@@ -211,6 +211,12 @@ static int arith_meta(arith_kind k, bool scalar, bool inplace, const ag_arg *a, 
     if ((k == AR_ADD || k == AR_SUB) && !is_float(dt) && a[2].u.f != floor(a[2].u.f))
         return ag__err(AG_EINVAL, "%s: for integral input tensors, argument alpha must not be a "
                                   "floating point number (alpha %g)", op, a[2].u.f);
+    /* int64 results: the scalars become int64 (checked: no undefined casts) and the kernel
+     * wraps on overflow, as PyTorch's integer arithmetic does. */
+    if (dt == AG_I64 && (k == AR_ADD || k == AR_SUB) && (rc = ag__check_fits(op, a[2].u.f, dt)))
+        return rc;
+    if (dt == AG_I64 && scalar && (rc = ag__check_fits(op, a[1].u.f, dt)))
+        return rc;
     return inplace ? inplace_meta(op, x, o) : 0;
 }
 
@@ -224,7 +230,19 @@ static int arith_tensor(arith_kind k, ag_tensor *out, ag_tensor *xt, ag_tensor *
             PW2(out, xt, yt, bool, bool, bool, x && y);
         return 0;
     }
-    AG__NUM_SWITCH(out->dtype, T, {
+    if (out->dtype == AG_I64) { /* wrapping; alpha was checked to fit in the meta */
+        const int64_t al = (int64_t)alpha;
+        if (k == AR_ADD)
+            PW2(out, xt, yt, int64_t, int64_t, int64_t, ag__wadd(x, ag__wmul(al, y)));
+        else if (k == AR_SUB)
+            PW2(out, xt, yt, int64_t, int64_t, int64_t, ag__wsub(x, ag__wmul(al, y)));
+        else if (k == AR_MUL)
+            PW2(out, xt, yt, int64_t, int64_t, int64_t, ag__wmul(x, y));
+        else
+            return ag__err(AG_ENOTSUP, "div: no integer kernel (true division is floating)");
+        return 0;
+    }
+    AG__FLOAT_SWITCH(out->dtype, T, {
         const T al = (T)alpha;
         if (k == AR_ADD && alpha == 1)
             PW2(out, xt, yt, T, T, T, x + y);
@@ -242,8 +260,8 @@ static int arith_tensor(arith_kind k, ag_tensor *out, ag_tensor *xt, ag_tensor *
     return 0;
 }
 
-/* out = x (op) s; for add and sub s already includes alpha. */
-static int arith_scalar(arith_kind k, ag_tensor *out, ag_tensor *xt, double s) {
+/* out = x (op) s * alpha (alpha 1 for mul and div). */
+static int arith_scalar(arith_kind k, ag_tensor *out, ag_tensor *xt, double s, double alpha) {
     if (out->dtype == AG_BOOL) {
         const bool c = s != 0;
         if (k == AR_ADD)
@@ -252,7 +270,20 @@ static int arith_scalar(arith_kind k, ag_tensor *out, ag_tensor *xt, double s) {
             PW1(out, xt, bool, bool, x && c);
         return 0;
     }
-    AG__NUM_SWITCH(out->dtype, T, {
+    if (out->dtype == AG_I64) { /* wrapping; s and alpha were checked to fit in the meta */
+        const int64_t c = ag__wmul((int64_t)s, (int64_t)alpha);
+        if (k == AR_ADD)
+            PW1(out, xt, int64_t, int64_t, ag__wadd(x, c));
+        else if (k == AR_SUB)
+            PW1(out, xt, int64_t, int64_t, ag__wsub(x, c));
+        else if (k == AR_MUL)
+            PW1(out, xt, int64_t, int64_t, ag__wmul(x, c));
+        else
+            return ag__err(AG_ENOTSUP, "div: no integer kernel (true division is floating)");
+        return 0;
+    }
+    s *= alpha;
+    AG__FLOAT_SWITCH(out->dtype, T, {
         const T c = (T)s;
         if (k == AR_ADD)
             PW1(out, xt, T, T, x + c);
@@ -274,7 +305,7 @@ static int arith_kernel(arith_kind k, bool scalar, const ag_arg *a, ag_tensor *o
     if (!rc && y)
         rc = to_dtype_tmp(&y, out->dtype, &ty, 1);
     if (!rc)
-        rc = y ? arith_tensor(k, out, x, y, alpha) : arith_scalar(k, out, x, a[1].u.f * alpha);
+        rc = y ? arith_tensor(k, out, x, y, alpha) : arith_scalar(k, out, x, a[1].u.f, alpha);
     return rc;
 }
 
@@ -421,7 +452,8 @@ static int pow_meta(const ag_arg *a, ag_tmeta *o) {
     if (!is_float(dt) && e < 0)
         return ag__err(AG_EINVAL, "pow: integers to negative integer powers are not allowed "
                                   "(exponent %g)", e);
-    return pw_meta("pow", x, NULL, dt, o);
+    int rc = ag__check_fits("pow", e, dt);
+    return rc ? rc : pw_meta("pow", x, NULL, dt, o);
 }
 
 /* Common exponents get exact, vectorizable forms, as in ATen's CPU kernel. */
@@ -514,8 +546,13 @@ static int unary_run(unary_kind k, ag_tensor *out, ag_tensor *xt) {
     if (out->dtype == AG_I64) {
         typedef int64_t T;
         switch (k) {
-        case UN_NEG: PW1(out, xt, T, T, -x); break;
-        case UN_ABS: PW1(out, xt, T, T, x < 0 ? -x : x); break;
+        /* -INT64_MIN wraps to INT64_MIN (so does its abs), as in PyTorch */
+        case UN_NEG:
+            PW1(out, xt, T, T, ag__wsub(0, x));
+            break;
+        case UN_ABS:
+            PW1(out, xt, T, T, x < 0 ? ag__wsub(0, x) : x);
+            break;
         case UN_RELU: PW1(out, xt, T, T, x < 0 ? 0 : x); break;
         case UN_SIGN: PW1(out, xt, T, T, (x > 0) - (x < 0)); break;
         default: return ag__err(AG_ENOTSUP, "%s: no integer kernel", unary_names[k]);
@@ -739,12 +776,18 @@ static int clamp_meta(const ag_arg *a, ag_tmeta *o) {
     return pw_meta("clamp", x, NULL, dt, o);
 }
 
+/* A clamp bound for int64 tensors (integral: the meta promoted anything else to float): bounds
+ * beyond the range clamp nothing on that side. */
+static int64_t sat_i64(double v) {
+    return v >= 0x1p63 ? INT64_MAX : v < -0x1p63 ? INT64_MIN : (int64_t)v;
+}
+
 /* min(max(x, lo), hi) as PyTorch: lo > hi gives hi everywhere; NaN inputs stay NaN. */
 static int clamp_run(ag_tensor *out, ag_tensor *xt, const ag_arg *a) {
     bool has_lo = a[1].kind == AG_ARG_FLOAT, has_hi = a[2].kind == AG_ARG_FLOAT;
     if (out->dtype == AG_I64) {
-        const int64_t hi = has_hi ? (int64_t)a[2].u.f : INT64_MAX;
-        int64_t lo = has_lo ? (int64_t)a[1].u.f : INT64_MIN;
+        const int64_t hi = has_hi ? sat_i64(a[2].u.f) : INT64_MAX;
+        int64_t lo = has_lo ? sat_i64(a[1].u.f) : INT64_MIN;
         lo = lo > hi ? hi : lo;
         PW1(out, xt, int64_t, int64_t, x < lo ? lo : (x > hi ? hi : x));
         return 0;
@@ -869,6 +912,9 @@ static int masked_fill_meta(const ag_arg *a, ag_tmeta *o) {
 }
 
 static int masked_fill_kernel(const ag_arg *a, ag_tensor **o) {
+    int rc = ag__check_fits("masked_fill", a[2].u.f, o[0]->dtype);
+    if (rc)
+        return rc;
     AG__ALL_SWITCH(o[0]->dtype, T, {
         const T v = (T)a[2].u.f;
         PW2(o[0], a[0].u.t, a[1].u.t, T, T, uint8_t, y ? v : x); /* bytes: see where_run */
@@ -957,6 +1003,8 @@ static int cmp_kernel(cmp_kind k, bool scalar, const ag_arg *a, ag_tensor *out) 
     ag_tensor *x = a[0].u.t, *y = scalar ? NULL : a[1].u.t;
     ag__scratch_tensor tx, ty;
     ag_dtype dt = y ? result_type(x, y) : ag__promote_scalar(x->dtype, a[1].u.f);
+    if (!y && !ag__fits_dtype(a[1].u.f, dt))
+        dt = AG_F64; /* an integer beyond int64's range: compare as doubles, not via a cast */
     int rc = to_dtype_tmp(&x, dt, &tx, 0);
     if (!rc && y)
         rc = to_dtype_tmp(&y, dt, &ty, 1);
@@ -1167,7 +1215,7 @@ static int copy_meta(const ag_arg *a, ag_tmeta *o) {
 static int copy_kernel(const ag_arg *a, ag_tensor **o) {
     ag_tensor *src = a[1].u.t;
     if (src->dtype != o[0]->dtype)
-        return ag__copy_into(o[0], src);
+        return ag__copy_convert("copy_", o[0], src);
     AG__ALL_SWITCH(src->dtype, T, PW1(o[0], src, T, T, x));
     return 0;
 }
@@ -1178,6 +1226,9 @@ static int self_meta(const ag_arg *a, ag_tmeta *o) {
 }
 
 static int fill_value(ag_tensor *out, double v) {
+    int rc = ag__check_fits("fill_", v, out->dtype);
+    if (rc)
+        return rc;
     AG__ALL_SWITCH(out->dtype, T, {
         const T c = (T)v;
         PW1(out, out, T, T, c);

@@ -484,7 +484,7 @@ static int argmax_meta(const ag_arg *a, ag_tmeta *o) {
         ag__tmeta_contiguous(o, AG_I64, keepdim ? x->ndim : 0, ones);
         return 0;
     }
-    int d = ag__wrap_dim("argmax", (int)a[1].u.i, x->ndim);
+    int d = ag__wrap_dim("argmax", a[1].u.i, x->ndim);
     if (d < 0)
         return AG_EINVAL;
     if (x->ndim > 0 && x->sizes[d] == 0)
@@ -502,7 +502,7 @@ static int argmax_kernel(const ag_arg *a, ag_tensor **o) {
     ag_tensor *x = a[0].u.t;
     if (a[1].kind == AG_ARG_NONE)
         return ag__argmax(x, -1, o[0]);
-    return ag__argmax(x, x->ndim ? ag__wrap_dim("argmax", (int)a[1].u.i, x->ndim) : 0, o[0]);
+    return ag__argmax(x, x->ndim ? ag__wrap_dim("argmax", a[1].u.i, x->ndim) : 0, o[0]);
 }
 
 static const ag_opdef op_argmax = {
@@ -528,7 +528,7 @@ ag_tensor *ag_argmax_all(ag_tensor *a) {
 
 static int softmax_meta_common(const char *op, const ag_arg *a, ag_tmeta *o) {
     const ag_tensor *x = a[0].u.t;
-    if (ag__wrap_dim(op, (int)a[1].u.i, x->ndim) < 0)
+    if (ag__wrap_dim(op, a[1].u.i, x->ndim) < 0)
         return AG_EINVAL;
     if (a[2].u.b)
         return ag__err(AG_ENOTSUP, "%s: half_to_float is only supported for half inputs (got %s)",
@@ -546,7 +546,7 @@ static int log_softmax_meta(const ag_arg *a, ag_tmeta *o) {
 
 static int softmax_run(const ag_arg *a, ag_tensor **o, bool logp) {
     ag_tensor *x = a[0].u.t;
-    int d = x->ndim ? ag__wrap_dim("_softmax", (int)a[1].u.i, x->ndim) : 0;
+    int d = x->ndim ? ag__wrap_dim("_softmax", a[1].u.i, x->ndim) : 0;
     return ag__softmax(x, d, logp, o[0]);
 }
 
@@ -654,7 +654,7 @@ static int bwdata_meta(const char *op, const ag_arg *a, ag_tmeta *o) {
     if (a[3].u.dt != g->dtype)
         return ag__err(AG_ENOTSUP, "%s: input_dtype %s differs from grad_output's %s", op,
                        ag_dtype_short(a[3].u.dt), ag_dtype_short(g->dtype));
-    if (ag__wrap_dim(op, (int)a[2].u.i, g->ndim) < 0)
+    if (ag__wrap_dim(op, a[2].u.i, g->ndim) < 0)
         return AG_EINVAL;
     ag__tmeta_contiguous(o, g->dtype, g->ndim, g->sizes);
     return 0;
@@ -669,7 +669,7 @@ static int log_softmax_bwd_meta(const ag_arg *a, ag_tmeta *o) {
 
 static int bwdata_run(const ag_arg *a, ag_tensor **o, bool logp) {
     ag_tensor *g = a[0].u.t;
-    int d = g->ndim ? ag__wrap_dim("_softmax_backward_data", (int)a[2].u.i, g->ndim) : 0;
+    int d = g->ndim ? ag__wrap_dim("_softmax_backward_data", a[2].u.i, g->ndim) : 0;
     return ag__softmax_backward(g, a[1].u.t, d, logp, o[0]);
 }
 

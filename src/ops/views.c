@@ -185,7 +185,7 @@ static int permute_meta(const ag_arg *a, ag_tmeta *o) {
     bool seen[AG_MAX_DIMS] = {0};
     meta_from(t, o);
     for (int i = 0; i < t->ndim; i++) {
-        int d = ag__wrap_dim("permute", (int)a[1].u.ints[i], t->ndim);
+        int d = ag__wrap_dim("permute", a[1].u.ints[i], t->ndim);
         if (d < 0)
             return AG_EINVAL;
         if (seen[d])
@@ -229,8 +229,8 @@ ag_tensor *ag_permute(ag_tensor *a, int ndim, const int64_t *dims) {
 
 static int transpose_meta(const ag_arg *a, ag_tmeta *o) {
     const ag_tensor *t = a[0].u.t;
-    int d0 = ag__wrap_dim("transpose", (int)a[1].u.i, t->ndim);
-    int d1 = d0 < 0 ? -1 : ag__wrap_dim("transpose", (int)a[2].u.i, t->ndim);
+    int d0 = ag__wrap_dim("transpose", a[1].u.i, t->ndim);
+    int d1 = d0 < 0 ? -1 : ag__wrap_dim("transpose", a[2].u.i, t->ndim);
     if (d1 < 0)
         return AG_EINVAL;
     meta_from(t, o);
@@ -338,6 +338,11 @@ static int expand_meta(const ag_arg *a, ag_tmeta *o) {
         }
         if (want == -1)
             want = t->sizes[ti];
+        if (want < 0)
+            return ag__err(AG_EINVAL,
+                           "expand: Trying to create tensor with negative dimension "
+                           "%lld: %s",
+                           (long long)want, ag__fmt_sizes(x, sizeof x, n, sz));
         if (t->sizes[ti] == want) {
             o->sizes[i] = want;
             o->strides[i] = t->strides[ti];
@@ -399,28 +404,36 @@ static void slice_bounds(int64_t size, int64_t *start, int64_t *end) {
         *end = size;
 }
 
-static int slice_meta(const ag_arg *a, ag_tmeta *o) {
-    const ag_tensor *t = a[0].u.t;
-    int d = ag__wrap_dim("slice", (int)a[1].u.i, t->ndim);
+/* The view t[dim, start:end:step] of the geometry t (a = dim, start, end, step; start and end
+ * may be None). Shared by slice and slice_backward, whose messages name `op`. */
+static int slice_geom(const char *op, const ag_tmeta *t, const ag_arg *a, ag_tmeta *o) {
+    int d = ag__wrap_dim(op, a[0].u.i, t->ndim);
     if (d < 0)
         return AG_EINVAL;
     if (t->ndim == 0)
-        return ag__err(AG_EINVAL, "slice: cannot slice a 0-d tensor");
-    int64_t step = a[4].u.i;
+        return ag__err(AG_EINVAL, "%s: cannot slice a 0-d tensor", op);
+    int64_t step = a[3].u.i;
     if (step <= 0)
-        return ag__err(AG_EINVAL, "slice: step must be positive, got %lld", (long long)step);
-    int64_t start = a[2].kind == AG_ARG_NONE ? 0 : a[2].u.i;
-    int64_t end = a[3].kind == AG_ARG_NONE ? INT64_MAX : a[3].u.i;
+        return ag__err(AG_EINVAL, "%s: slice step must be positive, got %lld", op, (long long)step);
+    int64_t start = a[1].kind == AG_ARG_NONE ? 0 : a[1].u.i;
+    int64_t end = a[2].kind == AG_ARG_NONE ? INT64_MAX : a[2].u.i;
     slice_bounds(t->sizes[d], &start, &end);
-    meta_from(t, o);
+    *o = *t;
     /* end - start <= size here; step may be huge: count without overflowing. */
     int64_t span = end - start;
     o->offset = ag__sat_add(t->offset, ag__sat_mul(start, t->strides[d]));
     o->sizes[d] = span / step + (span % step != 0);
     o->strides[d] = o->sizes[d] > 1 ? ag__sat_mul(t->strides[d], step) : t->strides[d];
     if (o->strides[d] == INT64_MAX || o->strides[d] == INT64_MIN || o->offset == INT64_MAX)
-        return ag__err(AG_EINVAL, "slice: step %lld overflows the view's strides", (long long)step);
+        return ag__err(AG_EINVAL, "%s: step %lld overflows the view's strides", op,
+                       (long long)step);
     return 0;
+}
+
+static int slice_meta(const ag_arg *a, ag_tmeta *o) {
+    ag_tmeta t;
+    meta_from(a[0].u.t, &t);
+    return slice_geom("slice", &t, &a[1], o);
 }
 
 static int slice_backward_rule(ag_bwctx *c) {
@@ -455,25 +468,47 @@ ag_tensor *ag_slice(ag_tensor *a, int dim, int64_t start, int64_t end, int64_t s
     return ag__call1(op, (ag_arg[]){AG_A_T(a), AG_A_I(dim), AG_A_I(start), AG_A_I(end), AG_A_I(step)}, 5);
 }
 
+/* The result is zeros(input_sizes) with grad_output written into one view of it, so
+ * grad_output must have exactly that view's shape: the kernel copies it element by element. */
+static int bw_check_grad(const char *op, const ag_tensor *g, const ag_tmeta *view) {
+    if (g->ndim == view->ndim && !memcmp(g->sizes, view->sizes, sizeof(int64_t) * (size_t)g->ndim))
+        return 0;
+    char x[128], y[128];
+    return ag__err(AG_EINVAL,
+                   "%s: grad_output of shape %s does not match the shape %s of the "
+                   "view of input_sizes it is the gradient of",
+                   op, ag__fmt_sizes(x, sizeof x, g->ndim, g->sizes),
+                   ag__fmt_sizes(y, sizeof y, view->ndim, view->sizes));
+}
+
+/* input_sizes as a contiguous geometry (sizes >= 0, at most AG__MAX_NUMEL elements). */
+static int bw_input_sizes(const char *op, const ag_tensor *g, const ag_arg *in, ag_tmeta *o) {
+    char x[128];
+    if (in->n < 1 || in->n > AG_MAX_DIMS)
+        return ag__err(AG_EINVAL, "%s: input_sizes %s must have 1 to %d dimensions", op,
+                       ag__fmt_sizes(x, sizeof x, in->n > 0 ? in->n : 0, in->u.ints), AG_MAX_DIMS);
+    ag__tmeta_contiguous(o, g->dtype, in->n, in->u.ints);
+    return ag__check_out_metas(op, o, 1);
+}
+
 static int slice_bw_meta(const ag_arg *a, ag_tmeta *o) {
-    const ag_tensor *g = a[0].u.t;
-    int n = a[1].n;
-    if (n < 1 || n > AG_MAX_DIMS)
-        return ag__err(AG_EINVAL, "slice_backward: bad input_sizes");
-    ag__tmeta_contiguous(o, g->dtype, n, a[1].u.ints);
-    int d = ag__wrap_dim("slice_backward", (int)a[2].u.i, n);
-    if (d < 0)
-        return AG_EINVAL;
-    return 0;
+    const char *op = "slice_backward";
+    ag_tmeta view;
+    int rc = bw_input_sizes(op, a[0].u.t, &a[1], o);
+    if (!rc)
+        rc = slice_geom(op, o, &a[2], &view);
+    if (!rc)
+        rc = bw_check_grad(op, a[0].u.t, &view);
+    return rc;
 }
 
 /* grad_input = zeros(input_sizes); grad_input[dim, start:end:step] = grad */
 static int slice_bw_kernel(const ag_arg *a, ag_tensor **o) {
     ag_tensor *out = o[0];
     memset(out->storage->data, 0, out->storage->nbytes);
-    ag_arg sa[5] = {AG_A_T(out), a[2], a[3], a[4], a[5]};
-    ag_tmeta m;
-    int rc = slice_meta(sa, &m);
+    ag_tmeta t, m;
+    meta_from(out, &t);
+    int rc = slice_geom("slice_backward", &t, &a[2], &m);
     if (rc)
         return rc;
     ag_tensor dst; /* a view on the stack: nothing allocated per call */
@@ -510,28 +545,37 @@ ag_tensor *ag_slice_backward(ag_tensor *grad, int ndim, const int64_t *input_siz
                                     AG_A_I(start), AG_A_I(end), AG_A_I(step)}, 6);
 }
 
-static int select_meta(const ag_arg *a, ag_tmeta *o) {
-    const ag_tensor *t = a[0].u.t;
+/* The view t.select(dim, index) of the geometry t (a = dim, index); shared by select and
+ * select_backward, whose messages name `op`. */
+static int select_geom(const char *op, const ag_tmeta *t, const ag_arg *a, ag_tmeta *o) {
     if (t->ndim == 0)
-        return ag__err(AG_EINVAL, "select: cannot select from a 0-d tensor");
-    int d = ag__wrap_dim("select", (int)a[1].u.i, t->ndim);
+        return ag__err(AG_EINVAL, "%s: select() cannot be applied to a 0-dim tensor.", op);
+    int d = ag__wrap_dim(op, a[0].u.i, t->ndim);
     if (d < 0)
         return AG_EINVAL;
-    int64_t idx = a[2].u.i, size = t->sizes[d];
+    int64_t idx = a[1].u.i, size = t->sizes[d];
     if (idx < -size || idx >= size)
-        return ag__err(AG_EINVAL, "select: index %lld out of range for tensor of size %lld at "
-                                  "dimension %d", (long long)idx, (long long)size, d);
+        return ag__err(AG_EINVAL,
+                       "%s: index %lld out of range for tensor of size %lld at "
+                       "dimension %d",
+                       op, (long long)idx, (long long)size, d);
     if (idx < 0)
         idx += size;
     o->dtype = t->dtype;
     o->ndim = t->ndim - 1;
-    o->offset = t->offset + idx * t->strides[d];
+    o->offset = ag__sat_add(t->offset, ag__sat_mul(idx, t->strides[d]));
     for (int i = 0, k = 0; i < t->ndim; i++)
         if (i != d) {
             o->sizes[k] = t->sizes[i];
             o->strides[k++] = t->strides[i];
         }
     return 0;
+}
+
+static int select_meta(const ag_arg *a, ag_tmeta *o) {
+    ag_tmeta t;
+    meta_from(a[0].u.t, &t);
+    return select_geom("select", &t, &a[1], o);
 }
 
 static int select_backward_rule(ag_bwctx *c) {
@@ -561,19 +605,22 @@ ag_tensor *ag_select(ag_tensor *a, int dim, int64_t index) {
 }
 
 static int select_bw_meta(const ag_arg *a, ag_tmeta *o) {
-    int n = a[1].n;
-    if (n < 1 || n > AG_MAX_DIMS)
-        return ag__err(AG_EINVAL, "select_backward: bad input_sizes");
-    ag__tmeta_contiguous(o, a[0].u.t->dtype, n, a[1].u.ints);
-    return ag__wrap_dim("select_backward", (int)a[2].u.i, n) < 0 ? AG_EINVAL : 0;
+    const char *op = "select_backward";
+    ag_tmeta view;
+    int rc = bw_input_sizes(op, a[0].u.t, &a[1], o);
+    if (!rc)
+        rc = select_geom(op, o, &a[2], &view);
+    if (!rc)
+        rc = bw_check_grad(op, a[0].u.t, &view);
+    return rc;
 }
 
 static int select_bw_kernel(const ag_arg *a, ag_tensor **o) {
     ag_tensor *out = o[0];
     memset(out->storage->data, 0, out->storage->nbytes);
-    ag_arg sa[3] = {AG_A_T(out), a[2], a[3]};
-    ag_tmeta m;
-    int rc = select_meta(sa, &m);
+    ag_tmeta t, m;
+    meta_from(out, &t);
+    int rc = select_geom("select_backward", &t, &a[2], &m);
     if (rc)
         return rc;
     ag_tensor dst; /* a view on the stack: nothing allocated per call */
@@ -613,7 +660,7 @@ static int unsqueeze_meta(const ag_arg *a, ag_tmeta *o) {
     const ag_tensor *t = a[0].u.t;
     if (t->ndim >= AG_MAX_DIMS)
         return ag__err(AG_EINVAL, "unsqueeze: a %d-d tensor cannot grow", t->ndim);
-    int d = ag__wrap_dim("unsqueeze", (int)a[1].u.i, t->ndim + 1);
+    int d = ag__wrap_dim("unsqueeze", a[1].u.i, t->ndim + 1);
     if (d < 0)
         return AG_EINVAL;
     o->dtype = t->dtype;
@@ -622,7 +669,7 @@ static int unsqueeze_meta(const ag_arg *a, ag_tmeta *o) {
     for (int i = 0, k = 0; i < o->ndim; i++) {
         if (i == d) {
             o->sizes[i] = 1;
-            o->strides[i] = d < t->ndim ? t->sizes[d] * t->strides[d] : 1;
+            o->strides[i] = d < t->ndim ? ag__sat_mul(t->sizes[d], t->strides[d]) : 1;
         } else {
             o->sizes[i] = t->sizes[k];
             o->strides[i] = t->strides[k++];
@@ -660,7 +707,7 @@ static int squeeze_dim_meta(const ag_arg *a, ag_tmeta *o) {
     meta_from(t, o);
     if (t->ndim == 0)
         return 0;
-    int d = ag__wrap_dim("squeeze", (int)a[1].u.i, t->ndim);
+    int d = ag__wrap_dim("squeeze", a[1].u.i, t->ndim);
     if (d < 0)
         return AG_EINVAL;
     if (t->sizes[d] != 1)
@@ -733,31 +780,60 @@ ag_tensor *ag_squeeze_all(ag_tensor *a) {
 
 /* ---- as_strided / as_strided_scatter / alias ---- */
 
+/* The view (a = size, stride, storage_offset or None for def_off) of a storage of `elems`
+ * elements. Its extent, storage_offset + sum (size - 1) * stride over the non-empty dims, is
+ * computed without overflow and must stay below AG__MAX_NUMEL even for an empty view (so
+ * later offset arithmetic on it, such as select's, cannot overflow); a non-empty view must fit
+ * in the storage. */
+static int as_strided_geom(const char *op, ag_dtype dt, int64_t elems, int64_t def_off,
+                           const ag_arg *a, ag_tmeta *o) {
+    char x[128], y[128];
+    if (a[0].n != a[1].n || a[0].n > AG_MAX_DIMS)
+        return ag__err(AG_EINVAL,
+                       "%s: mismatch in length of strides and shape (%d sizes, %d "
+                       "strides; at most %d dims)",
+                       op, a[0].n, a[1].n, AG_MAX_DIMS);
+    const int n = a[0].n;
+    const int64_t *sz = a[0].u.ints, *st = a[1].u.ints;
+    int64_t off = a[2].kind == AG_ARG_NONE ? def_off : a[2].u.i;
+    if (off < 0)
+        return ag__err(AG_EINVAL, "%s: Tensor: invalid storage offset %lld", op, (long long)off);
+    int64_t ext = off;
+    bool empty = false;
+    for (int i = 0; i < n; i++) {
+        if (sz[i] < 0)
+            return ag__err(AG_EINVAL,
+                           "%s: Trying to create tensor with negative dimension %lld: "
+                           "%s",
+                           op, (long long)sz[i], ag__fmt_sizes(x, sizeof x, n, sz));
+        if (st[i] < 0)
+            return ag__err(AG_EINVAL,
+                           "%s: Negative strides are not supported at the moment, got "
+                           "strides: %s",
+                           op, ag__fmt_sizes(x, sizeof x, n, st));
+        if (sz[i] == 0)
+            empty = true;
+        else
+            ext = ag__sat_add(ext, ag__sat_mul(sz[i] - 1, st[i]));
+    }
+    if (ext >= AG__MAX_NUMEL || (!empty && ext >= elems))
+        return ag__err(AG_EINVAL,
+                       "%s: sizes %s, strides %s and storage offset %lld reach "
+                       "element %lld, out of bounds for a storage of %lld elements",
+                       op, ag__fmt_sizes(x, sizeof x, n, sz), ag__fmt_sizes(y, sizeof y, n, st),
+                       (long long)off, (long long)ext, (long long)elems);
+    o->dtype = dt;
+    o->ndim = n;
+    o->offset = off;
+    memcpy(o->sizes, sz, sizeof(int64_t) * (size_t)n);
+    memcpy(o->strides, st, sizeof(int64_t) * (size_t)n);
+    return 0;
+}
+
 static int as_strided_meta(const ag_arg *a, ag_tmeta *o) {
     const ag_tensor *t = a[0].u.t;
-    if (a[1].n != a[2].n || a[1].n > AG_MAX_DIMS)
-        return ag__err(AG_EINVAL, "as_strided: %d sizes but %d strides", a[1].n, a[2].n);
-    int64_t off = a[3].kind == AG_ARG_NONE ? t->offset : a[3].u.i;
-    int64_t maxoff = off;
-    for (int i = 0; i < a[1].n; i++) {
-        if (a[1].u.ints[i] < 0 || a[2].u.ints[i] < 0)
-            return ag__err(AG_EINVAL, "as_strided: negative size or stride in dim %d", i);
-        if (a[1].u.ints[i] == 0)
-            maxoff = -1;
-        else if (maxoff >= 0)
-            maxoff = ag__sat_add(maxoff, ag__sat_mul(a[1].u.ints[i] - 1, a[2].u.ints[i]));
-    }
-    if (off < 0 || maxoff >= AG__MAX_NUMEL ||
-        (size_t)(maxoff + 1) * ag_dtype_size(t->dtype) > t->storage->nbytes)
-        return ag__err(AG_EINVAL, "as_strided: view reaches element %lld but the storage holds "
-                                  "%zu elements", (long long)maxoff,
-                       t->storage->nbytes / ag_dtype_size(t->dtype));
-    o->dtype = t->dtype;
-    o->ndim = a[1].n;
-    o->offset = off;
-    memcpy(o->sizes, a[1].u.ints, sizeof(int64_t) * (size_t)a[1].n);
-    memcpy(o->strides, a[2].u.ints, sizeof(int64_t) * (size_t)a[2].n);
-    return 0;
+    int64_t elems = (int64_t)(t->storage->nbytes / ag_dtype_size(t->dtype));
+    return as_strided_geom("as_strided", t->dtype, elems, t->offset, &a[1], o);
 }
 
 static int as_strided_backward(ag_bwctx *c) {
@@ -797,11 +873,17 @@ ag_tensor *ag_as_strided(ag_tensor *a, int ndim, const int64_t *sizes, const int
                                     offset < 0 ? AG_A_NONE : AG_A_I(offset)}, 4);
 }
 
+/* The result is a contiguous copy of self, so the view (relative to it, default offset 0) must
+ * fit in self's elements, and src must have the view's shape. */
 static int ass_meta(const ag_arg *a, ag_tmeta *o) {
     const ag_tensor *t = a[0].u.t;
     ag__tmeta_contiguous(o, t->dtype, t->ndim, t->sizes);
     const ag_tensor *src = a[1].u.t;
-    bool ok = a[2].n == a[3].n && a[2].n == src->ndim;
+    ag_tmeta view;
+    int rc = as_strided_geom("as_strided_scatter", t->dtype, ag_tensor_numel(t), 0, &a[2], &view);
+    if (rc)
+        return rc;
+    bool ok = a[2].n == src->ndim;
     for (int i = 0; ok && i < src->ndim; i++)
         ok = src->sizes[i] == a[2].u.ints[i];
     if (!ok) {
@@ -820,8 +902,8 @@ static int ass_kernel(const ag_arg *a, ag_tensor **o) {
     if (rc)
         return rc;
     ag_tmeta m;
-    ag_arg va[4] = {AG_A_T(out), a[2], a[3], a[4]};
-    if ((rc = as_strided_meta(va, &m)))
+    if ((rc =
+             as_strided_geom("as_strided_scatter", out->dtype, ag_tensor_numel(out), 0, &a[2], &m)))
         return rc;
     ag_tensor dst; /* a view on the stack: nothing allocated per call */
     return ag__copy_into(ag__tensor_view_tmp(&dst, out, &m), a[1].u.t);
@@ -898,7 +980,11 @@ static int clone_meta(const ag_arg *a, ag_tmeta *o) {
     return 0;
 }
 
-static int copy_kernel(const ag_arg *a, ag_tensor **o) { return ag__copy_into(o[0], a[0].u.t); }
+/* clone and _to_copy: a float -> integral conversion refuses NaN, inf and out-of-range
+ * values (C leaves their cast undefined). */
+static int copy_kernel(const ag_arg *a, ag_tensor **o) {
+    return ag__copy_convert("_to_copy", o[0], a[0].u.t);
+}
 
 static const ag_opdef op_clone = {
     .schema = "clone(Tensor self) -> Tensor",
