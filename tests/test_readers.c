@@ -338,6 +338,183 @@ static void test_fashion_mnist(void **state) {
     remove_fashion("t10k");
 }
 
+/* ---- safetensors ---- */
+
+/* Writes path: the 8-byte length of json, json, then ndata data bytes (byte i is i % 256). */
+static void write_st(const char *path, const char *json, size_t ndata) {
+    size_t h = strlen(json), n = 8 + h + ndata;
+    unsigned char *b = malloc(n);
+    for (int i = 0; i < 8; i++)
+        b[i] = (unsigned char)((uint64_t)h >> (8 * i));
+    memcpy(b + 8, json, h);
+    for (size_t i = 0; i < ndata; i++)
+        b[8 + h + i] = (unsigned char)i;
+    write_raw(path, b, n);
+    free(b);
+}
+
+/* Linear(3, 4): weight f32[4, 3] (48 bytes) and bias f32[4] (16 bytes). */
+#define W_F32(b, e)                                                                                \
+    "\"weight\":{\"dtype\":\"F32\",\"shape\":[4,3],\"data_offsets\":[" #b "," #e "]}"
+#define B_F32(b, e) "\"bias\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[" #b "," #e "]}"
+
+/* The bytes of m's weight and bias, to see that a failed load changed nothing. */
+static void lin_bytes(ag_module *m, unsigned char out[64]) {
+    memcpy(out, ag_tensor_data(ag_module_param(m, "weight")), 48);
+    memcpy(out + 48, ag_tensor_data(ag_module_param(m, "bias")), 16);
+}
+
+/* Loading a file of header json and ndata bytes into Linear(3, 4) fails with code, a message
+ * holding the path and needle, and the module unchanged. */
+static void st_refused(const char *json, size_t ndata, int code, const char *needle) {
+    const char *p = tmp_path("bad.safetensors");
+    write_st(p, json, ndata);
+    ag_module *m = ag_nn_linear(3, 4, true);
+    unsigned char before[64], after[64];
+    lin_bytes(m, before);
+    int rc = ag_module_load(m, p);
+    if (rc != code)
+        fail_msg("loading %s gave %d (%s), expected %d with '%s'", json, rc,
+                 rc ? ag_last_error() : "success", code, needle);
+    tu_assert_error_contains(p);
+    tu_assert_error_contains(needle);
+    lin_bytes(m, after);
+    assert_memory_equal(before, after, 64);
+    ag_module_free(m);
+    unlink(p);
+}
+
+static void st_loads(const char *json, size_t ndata, const float *want_w, const float *want_b) {
+    const char *p = tmp_path("ok.safetensors");
+    write_st(p, json, ndata);
+    ag_module *m = ag_nn_linear(3, 4, true);
+    if (ag_module_load(m, p))
+        fail_msg("loading %s: %s", json, ag_last_error());
+    assert_memory_equal(ag_tensor_data(ag_module_param(m, "weight")), want_w, 48);
+    assert_memory_equal(ag_tensor_data(ag_module_param(m, "bias")), want_b, 16);
+    ag_module_free(m);
+    unlink(p);
+}
+
+static void test_safetensors_valid(void **state) {
+    (void)state;
+    /* Data bytes are i % 256: weight's floats are the bytes at their offsets. */
+    unsigned char data[64];
+    for (int i = 0; i < 64; i++)
+        data[i] = (unsigned char)i;
+    float w[12], b[4];
+    memcpy(w, data, 48);
+    memcpy(b, data + 48, 16);
+    st_loads("{" W_F32(0, 48) "," B_F32(48, 64) "}", 64, w, b);
+    /* Any key order, any data order, with string metadata. */
+    memcpy(b, data, 16);
+    memcpy(w, data + 16, 48);
+    st_loads(
+        "{\"__metadata__\":{\"format\":\"pt\",\"note\":\"x\"}," W_F32(16, 64) "," B_F32(0, 16) "}",
+        64, w, b);
+}
+
+static void test_safetensors_offsets(void **state) {
+    (void)state;
+    /* The data must be tiled exactly: overlaps, shared bytes, gaps and trailing bytes are
+     * refused (the loader used to take all of them). */
+    st_refused("{" W_F32(0, 48) "," B_F32(32, 48) "}", 48, AG_EFORMAT, "overlaps");
+    st_refused("{" W_F32(0, 48) "," B_F32(0, 16) "}", 48, AG_EFORMAT,
+               "the data of 'weight' (data_offsets [0, 48]) overlaps that of 'bias' ([0, 16])");
+    st_refused("{" W_F32(0, 48) "," B_F32(56, 72) "}", 72, AG_EFORMAT,
+               "data bytes [48, 56) belong to no tensor");
+    st_refused("{" W_F32(8, 56) "," B_F32(56, 72) "}", 72, AG_EFORMAT,
+               "data bytes [0, 8) belong to no tensor");
+    st_refused("{" W_F32(0, 48) "," B_F32(48, 64) "}", 72, AG_EFORMAT,
+               "8 trailing bytes after the tensors' data");
+    st_refused("{" W_F32(0, 48) "," B_F32(48, 64) "}", 65, AG_EFORMAT, "1 trailing bytes");
+    /* Offsets past the data, reversed, negative. */
+    st_refused("{" W_F32(0, 48) "," B_F32(48, 64) "}", 60, AG_EFORMAT,
+               "data_offsets [48, 64] are outside the 60 data bytes");
+    st_refused("{" W_F32(48, 0) "," B_F32(48, 64) "}", 64, AG_EFORMAT, "[48, 0]");
+    st_refused("{" W_F32(-16, 32) "," B_F32(48, 64) "}", 64, AG_EFORMAT, "[-16, 32]");
+}
+
+static void test_safetensors_entries(void **state) {
+    (void)state;
+    /* A shape whose byte count overflows 64 bits: the message says so (it used to compute
+     * the product anyway, a signed overflow). */
+    st_refused("{\"weight\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904],"
+               "\"data_offsets\":[0,48]}," B_F32(48, 64) "}",
+               64, AG_EFORMAT, "needs more than 9223372036854775807");
+    st_refused("{\"weight\":{\"dtype\":\"I64\",\"shape\":[1152921504606846976],"
+               "\"data_offsets\":[0,48]}," B_F32(48, 64) "}",
+               64, AG_EFORMAT, "needs more than 9223372036854775807");
+    st_refused("{\"weight\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,4],"
+               "\"data_offsets\":[0,48]}," B_F32(48, 64) "}",
+               64, AG_EFORMAT, "needs more than");
+    /* Shape and offsets that disagree. */
+    st_refused("{\"weight\":{\"dtype\":\"F32\",\"shape\":[4,2],\"data_offsets\":[0,48]}," B_F32(
+                   48, 64) "}",
+               64, AG_EFORMAT, "data_offsets span 48 bytes; 8 elements of F32 need 32");
+    /* Dtype names: unknown ones are refused, the format's other dtypes are sized by their
+     * own width (F16: 2 bytes; F4: half a byte, whole bytes only). */
+    st_refused("{\"weight\":{\"dtype\":\"F17\",\"shape\":[4,3],\"data_offsets\":[0,48]}," B_F32(
+                   48, 64) "}",
+               64, AG_EFORMAT, "unknown dtype 'F17'");
+    st_refused("{" W_F32(0, 48) "," B_F32(
+                   48, 64) ",\"extra\":{\"dtype\":\"F16\",\"shape\":[3],\"data_offsets\":[64,68]}}",
+               68, AG_EFORMAT, "3 elements of F16 need 6");
+    st_refused("{" W_F32(0, 48) "," B_F32(
+                   48, 64) ",\"extra\":{\"dtype\":\"F4\",\"shape\":[3],\"data_offsets\":[64,66]}}",
+               66, AG_EFORMAT, "3 elements of F4 do not fill whole bytes");
+    /* A well-formed entry the module lacks is PyTorch's strict-loading error. */
+    st_refused("{" W_F32(0, 48) "," B_F32(
+                   48, 64) ",\"extra\":{\"dtype\":\"F16\",\"shape\":[3],\"data_offsets\":[64,70]}}",
+               70, AG_EINVAL, "holds 'extra', which the module does not have");
+    /* The module's dtype, shape. */
+    st_refused("{\"weight\":{\"dtype\":\"I32\",\"shape\":[4,3],\"data_offsets\":[0,48]}," B_F32(
+                   48, 64) "}",
+               64, AG_EINVAL, "'weight' has dtype I32");
+    /* __metadata__ maps names to strings. */
+    st_refused("{\"__metadata__\":{\"format\":3}," W_F32(0, 48) "," B_F32(48, 64) "}", 64,
+               AG_EFORMAT, "__metadata__ entry 'format' is not a string");
+    st_refused("{\"__metadata__\":[\"pt\"]," W_F32(0, 48) "," B_F32(48, 64) "}", 64, AG_EFORMAT,
+               "__metadata__ must be an object");
+    /* Duplicate names. */
+    st_refused("{" W_F32(0, 48) "," B_F32(48, 64) "," B_F32(48, 64) "}", 64, AG_EFORMAT,
+               "duplicate");
+    /* A header that is not an object, and one that is not JSON. */
+    st_refused("[1, 2]", 0, AG_EFORMAT, "not a JSON object");
+    st_refused("{\"weight\": ", 0, AG_EFORMAT, "malformed header");
+}
+
+static void test_safetensors_header_length(void **state) {
+    (void)state;
+    const char *p = tmp_path("len.safetensors");
+    ag_module *m = ag_nn_linear(3, 4, true);
+    /* Shorter than the length field. */
+    write_raw(p, "\x10\0\0", 3);
+    assert_int_equal(ag_module_load(m, p), AG_EFORMAT);
+    tu_assert_error_contains("too short");
+    /* A length beyond the file, beyond the format's 100 MB cap, and 2^64 - 1. */
+    const char *json = "{" W_F32(0, 48) "," B_F32(48, 64) "}";
+    size_t h = strlen(json);
+    unsigned char *b = calloc(1, 8 + h + 64);
+    memcpy(b + 8, json, h);
+    uint64_t lens[] = {h + 65, 100u << 20 | 1, UINT64_MAX};
+    for (size_t k = 0; k < 3; k++) {
+        for (int i = 0; i < 8; i++)
+            b[i] = (unsigned char)(lens[k] >> (8 * i));
+        write_raw(p, b, 8 + h + 64);
+        assert_int_equal(ag_module_load(m, p), AG_EFORMAT);
+        tu_assert_error_contains("header length");
+    }
+    /* A length that cuts the JSON short. */
+    for (int i = 0; i < 8; i++)
+        b[i] = (unsigned char)((uint64_t)(h - 1) >> (8 * i));
+    write_raw(p, b, 8 + h + 64);
+    assert_int_equal(ag_module_load(m, p), AG_EFORMAT);
+    free(b);
+    ag_module_free(m);
+    unlink(p);
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/ag_test_readers_XXXXXX");
     if (!mkdtemp(tmpdir)) {
@@ -350,6 +527,10 @@ int main(void) {
         cmocka_unit_test(test_idx_huge_sizes),
         cmocka_unit_test(test_idx_gzip_errors),
         cmocka_unit_test(test_fashion_mnist),
+        cmocka_unit_test(test_safetensors_valid),
+        cmocka_unit_test(test_safetensors_offsets),
+        cmocka_unit_test(test_safetensors_entries),
+        cmocka_unit_test(test_safetensors_header_length),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     rmdir(tmpdir);
