@@ -9,7 +9,8 @@
  * name) then the persistent buffers, each written contiguously. Saving writes a temporary
  * file next to the target and renames it over the target, so a crash never leaves a half
  * written checkpoint. Loading treats the file as untrusted: the header is parsed and every
- * entry checked (dtype, shape, offsets inside the data) and every module tensor matched by
+ * entry checked (dtype, shape, offsets inside the data, the offsets of all entries tiling the
+ * data exactly, __metadata__ a map of strings) and every module tensor matched by
  * name, dtype and shape before any tensor is written, so a bad file changes nothing. Names in
  * the file that the module lacks are an error (PyTorch's strict loading), except the other
  * names of a tied tensor.
