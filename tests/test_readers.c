@@ -338,6 +338,39 @@ static void test_fashion_mnist(void **state) {
     remove_fashion("t10k");
 }
 
+/* Every allocation of a load failing in turn: AG_ENOMEM, nothing leaked (the sweep checks). */
+static int idx_load_run(void *ud) {
+    ag_tensor *t = ag_load_idx((const char *)ud, true, 1.0);
+    if (!t)
+        return ag_last_status();
+    ag_tensor_free(t);
+    return 0;
+}
+
+static int fashion_load_run(void *ud) {
+    (void)ud;
+    ag_tensor *im, *lb;
+    int rc = ag_fashion_mnist_load(tmpdir, false, &im, &lb);
+    if (rc)
+        return rc;
+    ag_tensor_free(im);
+    ag_tensor_free(lb);
+    return 0;
+}
+
+static void test_idx_alloc_failures(void **state) {
+    (void)state;
+    const char *p = tmp_path("sweep.idx.gz");
+    write_idx(p, true, 2, (uint32_t[]){3, 5}, NULL, 15);
+    tu_sweep_opts o = {.what = "ag_load_idx", .one_thread = true};
+    assert_true(tu_alloc_failure_sweep(idx_load_run, (void *)p, &o) >= 2);
+    unlink(p);
+    write_fashion("t10k", 2, 28, 28, (unsigned char[]){4, 5}, 2);
+    o.what = "ag_fashion_mnist_load";
+    assert_true(tu_alloc_failure_sweep(fashion_load_run, NULL, &o) >= 5);
+    remove_fashion("t10k");
+}
+
 /* ---- safetensors ---- */
 
 /* Writes path: the 8-byte length of json, json, then ndata data bytes (byte i is i % 256). */
@@ -527,6 +560,7 @@ int main(void) {
         cmocka_unit_test(test_idx_huge_sizes),
         cmocka_unit_test(test_idx_gzip_errors),
         cmocka_unit_test(test_fashion_mnist),
+        cmocka_unit_test(test_idx_alloc_failures),
         cmocka_unit_test(test_safetensors_valid),
         cmocka_unit_test(test_safetensors_offsets),
         cmocka_unit_test(test_safetensors_entries),
