@@ -5,12 +5,16 @@
  * printed byte for byte with and without seq_nr/stack traces; parse(print(g)) prints the same
  * and verifies; hand-written text (the format doc's example); corner cases of names, floats,
  * traces and constants; parse errors with exact line:column; allocation failures; the fuzz
- * corpus replayed (under ASan in the sanitizer build); DOT fragments and SVG through Graphviz. */
+ * corpus replayed (under ASan in the sanitizer build); bounds on huge, binary and endless
+ * input; every zoo model's traced, exported and partitioned graphs read back under every
+ * printing option, in process and through `aotgrad show`; DOT fragments and SVG through
+ * Graphviz. */
 #include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -821,6 +825,205 @@ static void test_corpus_replay(void **state) {
     assert_true(parsed >= 8);
 }
 
+/* ---- bounds on the input ---- */
+
+/* Text that is huge, binary or endless is refused at its first offending byte, before the
+ * parser copies it: a reader of /dev/zero or of an endless line stops at
+ * AG_GRAPH_TEXT_MAX + 1 bytes and gets a message. The large inputs are anonymous mappings of
+ * untouched pages (the parser must not read, let alone copy, what it refuses). */
+static void test_parse_bounds(void **state) {
+    (void)state;
+    /* NUL bytes: endless zeros, and one inside a line. */
+    size_t big = AG_GRAPH_TEXT_MAX + 1;
+    char *zeros = mmap(NULL, big, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    assert_true(zeros != MAP_FAILED);
+    assert_null(ag_graph_parse(zeros, 4096));
+    assert_int_equal(ag_last_status(), AG_EFORMAT);
+    assert_string_equal(ag_last_error(), "line 1:1: unexpected NUL byte");
+    assert_null(ag_graph_parse(zeros, AG_GRAPH_TEXT_MAX));
+    assert_string_equal(ag_last_error(), "line 1:1: unexpected NUL byte");
+    const char nul[] = "graph():\n    %x : f32[2]\0  # PlainAOTInput(idx=0)\n";
+    assert_null(ag_graph_parse(nul, sizeof nul - 1));
+    assert_string_equal(ag_last_error(), "line 2:16: unexpected NUL byte");
+    /* More than AG_GRAPH_TEXT_MAX bytes: refused by their count alone. */
+    assert_null(ag_graph_parse(zeros, big));
+    assert_int_equal(ag_last_status(), AG_EFORMAT);
+    tu_assert_error_contains("the text is 1073741825 bytes; a graph text may have at most "
+                             "1073741824");
+    munmap(zeros, big);
+
+    /* One endless line (64 MiB without a newline): a clean error at its start. */
+    size_t n = (size_t)64 << 20;
+    char *line = malloc(n);
+    assert_non_null(line);
+    memset(line, 'x', n);
+    assert_null(ag_graph_parse(line, n));
+    tu_assert_error_contains("line 1:1: expected");
+    free(line);
+
+    /* Lines: AG_GRAPH_TEXT_MAX_LINES of them (a trailing newline ends the last) are read;
+     * one more is refused, naming the first line beyond the limit. */
+    const char head[] = "graph():\n    return ()\n";           /* two lines, then blank ones */
+    n = sizeof head - 1 + (size_t)AG_GRAPH_TEXT_MAX_LINES - 1; /* 2^24 + 1 newlines */
+    char *nls = malloc(n);
+    assert_non_null(nls);
+    memcpy(nls, head, sizeof head - 1);
+    memset(nls + sizeof head - 1, '\n', n - (sizeof head - 1));
+    ag_graph *g = ag_graph_parse(nls, n - 1);
+    if (!g)
+        fail_msg("%d lines: %s", AG_GRAPH_TEXT_MAX_LINES, ag_last_error());
+    ag_graph_free(g);
+    assert_null(ag_graph_parse(nls, n));
+    assert_int_equal(ag_last_status(), AG_EFORMAT);
+    assert_string_equal(ag_last_error(), "line 16777217:1: more than 16777216 lines");
+    free(nls);
+}
+
+/* ---- every zoo graph reads back ---- */
+
+static const ag_print_opts zoo_print_opts[] = {
+    {0},
+    {.seq_nr = true},
+    {.stack_trace = true},
+    {.seq_nr = true, .stack_trace = true},
+    {.no_custom = true},
+    {.no_meta = true},
+    {.seq_nr = true, .stack_trace = true, .no_custom = true, .no_meta = true},
+};
+
+/* print(parse(print(g))) == print(g) under every printing option; what = the graph's name. */
+static void assert_zoo_roundtrip(const ag_graph *g, const char *what) {
+    for (size_t k = 0; k < sizeof zoo_print_opts / sizeof zoo_print_opts[0]; k++) {
+        const ag_print_opts *o = &zoo_print_opts[k];
+        char *s = ag_graph_to_string(g, o);
+        if (!s)
+            fail_msg("%s: print: %s", what, ag_last_error());
+        ag_graph *g2 = ag_graph_parse(s, strlen(s));
+        if (!g2)
+            fail_msg("%s (print options %zu): parse: %s\n%s", what, k, ag_last_error(), s);
+        if (ag_graph_verify(g2))
+            fail_msg("%s (print options %zu): verify: %s", what, k, ag_last_error());
+        char *s2 = ag_graph_to_string(g2, o);
+        assert_text(s2, s);
+        ag_free(s);
+        ag_free(s2);
+        ag_graph_free(g2);
+    }
+}
+
+/* Every zoo model in every configuration, as `aotgrad trace`, `export` (with and without
+ * --decompose core) and `partition` (both partitioners) print it: the model built in meta mode,
+ * the kwargs model's last input passed as the kwarg `scale`. */
+static void test_zoo_roundtrip(void **state) {
+    (void)state;
+    ag_decomp_table *core = ag_decomp_table_core();
+    assert_non_null(core);
+    int graphs = 0;
+    for (int i = 0; i < ag_zoo_count(); i++) {
+        const char *name = ag_zoo_name(i);
+        char configs[256];
+        snprintf(configs, sizeof configs, "%s", ag_zoo_configs(i));
+        for (char *save = NULL, *cfg = strtok_r(configs, ", ", &save); cfg;
+             cfg = strtok_r(NULL, ", ", &save)) {
+            ag_module *m = NULL;
+            ag_tensor *in[4] = {0};
+            int nin = 0;
+            bool prev = ag_set_meta_mode(true);
+            int rc = ag_zoo_build(name, strcmp(cfg, "default") ? cfg : NULL, &m, in, 4, &nin);
+            ag_set_meta_mode(prev);
+            if (rc)
+                fail_msg("%s %s: build: %s", name, cfg, ag_last_error());
+            char what[128];
+            /* Tracing takes plain tensors (the export flattens subclasses): two_tensor's
+             * parameters are TwoTensors. */
+            bool plain = true;
+            for (int k = 0; k < nin; k++)
+                plain = plain && !ag_tensor_subclass(in[k]);
+            ag_named_tensors ps;
+            assert_int_equal(ag_module_named_parameters(m, true, &ps), 0);
+            for (int k = 0; k < ps.n; k++)
+                plain = plain && !ag_tensor_subclass(ps.tensors[k]);
+            ag_named_tensors_free(&ps);
+            if (plain) {
+                ag_graph *g = ag_trace_module(m, in, nin, NULL);
+                if (!g)
+                    fail_msg("%s %s: trace: %s", name, cfg, ag_last_error());
+                snprintf(what, sizeof what, "%s %s trace", name, cfg);
+                assert_zoo_roundtrip(g, what);
+                ag_graph_free(g);
+                graphs++;
+            }
+            int nkw = !strcmp(name, "kwargs") ? 1 : 0;
+            const char *const kw[] = {"scale"};
+            for (int dec = 0; dec < 2; dec++) {
+                ag_export_opts eo = {.decompositions = dec ? core : NULL};
+                ag_joint *j =
+                    ag_export_joint(m, in, nin - nkw, nkw ? kw : NULL, in + nin - nkw, nkw, &eo);
+                if (!j)
+                    fail_msg("%s %s: export: %s", name, cfg, ag_last_error());
+                snprintf(what, sizeof what, "%s %s export%s", name, cfg,
+                         dec ? " --decompose core" : "");
+                assert_zoo_roundtrip(ag_joint_graph(j), what);
+                graphs++;
+                for (int pk = 0; pk < 2 && !dec; pk++) {
+                    ag_partition_opts po = {.partitioner =
+                                                pk ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT,
+                                            .memory_budget = 1.0};
+                    ag_graph *fw = NULL, *bw = NULL;
+                    if (ag_partition(ag_joint_graph(j), ag_joint_num_fw_outputs(j), &po, &fw, &bw,
+                                     NULL))
+                        fail_msg("%s %s: partition: %s", name, cfg, ag_last_error());
+                    snprintf(what, sizeof what, "%s %s partition %d forward", name, cfg, pk);
+                    assert_zoo_roundtrip(fw, what);
+                    snprintf(what, sizeof what, "%s %s partition %d backward", name, cfg, pk);
+                    assert_zoo_roundtrip(bw, what);
+                    ag_graph_free(fw);
+                    ag_graph_free(bw);
+                    graphs += 2;
+                }
+                ag_joint_free(j);
+            }
+            for (int k = 0; k < nin; k++)
+                ag_tensor_free(in[k]);
+            ag_module_free(m);
+        }
+    }
+    ag_decomp_table_free(core);
+    assert_true(graphs >= 6 * ag_zoo_count());
+}
+
+/* The same through the CLI, whose process has registered nothing before `show` reads the file:
+ * `aotgrad show` prints back exactly what `trace` and `export` wrote (the effects model's graph
+ * names the zoo's custom op, aotgrad_demo::log_value, which `show` did not know). */
+static void test_cli_show_reads_exports(void **state) {
+    (void)state;
+    if (!tu_cli_setup("/tmp/ag_test_text_XXXXXX"))
+        skip();
+    const char *cmds[] = {"trace effects",
+                          "export effects",
+                          "export effects --decompose core",
+                          "export effects --seq-nr --stack-traces",
+                          "export two_tensor",
+                          "export kwargs --seq-nr",
+                          "export dropout_mlp --decompose core",
+                          "export gpt2 --config gpt2-small --stack-traces"};
+    char args[512];
+    for (size_t k = 0; k < sizeof cmds / sizeof cmds[0]; k++) {
+        snprintf(args, sizeof args, "%s -o '%s/g.txt'", cmds[k], tu_cli_dir());
+        if (tu_cli_run(args))
+            fail_msg("aotgrad %s failed:\n%s", cmds[k], tu_cli_read("err"));
+        snprintf(args, sizeof args, "show '%s/g.txt'", tu_cli_dir());
+        if (tu_cli_run(args))
+            fail_msg("aotgrad show of `aotgrad %s` failed:\n%s", cmds[k], tu_cli_read("err"));
+        char *want = tu_cli_read("g.txt"), *got = tu_cli_read("out");
+        assert_text(got, want);
+        free(want);
+        free(got);
+    }
+    const char *names[] = {"g.txt", "out", "err"};
+    tu_cli_cleanup(names, 3);
+}
+
 /* ---- DOT and SVG ---- */
 
 static void test_dot(void **state) {
@@ -953,6 +1156,9 @@ int main(void) {
         cmocka_unit_test(test_alloc_failures),
         cmocka_unit_test(test_large_graph),
         cmocka_unit_test(test_corpus_replay),
+        cmocka_unit_test(test_parse_bounds),
+        cmocka_unit_test(test_zoo_roundtrip),
+        cmocka_unit_test(test_cli_show_reads_exports),
         cmocka_unit_test(test_dot),
         cmocka_unit_test(test_svg),
     };

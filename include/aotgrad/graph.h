@@ -264,7 +264,11 @@ typedef struct ag_print_opts {
 AG_API char *ag_graph_to_string(const ag_graph *g, const ag_print_opts *opts);
 AG_API int ag_graph_print(const ag_graph *g, FILE *f, const ag_print_opts *opts);
 /* Parses text written by ag_graph_to_string (or by hand). On failure NULL with a message
- * "line L:C: expected ...". The parsed graph verifies. */
+ * "line L:C: expected ...". The parsed graph verifies. The text may hold at most
+ * AG_GRAPH_TEXT_MAX bytes and AG_GRAPH_TEXT_MAX_LINES lines and no NUL byte; these are checked
+ * first, so a reader of an endless stream can stop at AG_GRAPH_TEXT_MAX + 1 bytes. */
+#define AG_GRAPH_TEXT_MAX ((size_t)1 << 30)
+#define AG_GRAPH_TEXT_MAX_LINES (1 << 24)
 AG_API ag_graph *ag_graph_parse(const char *text, size_t len);
 
 /* ---- pictures ---- */

@@ -72,7 +72,10 @@ AG_API ag_tensor *ag_module_forward(ag_module *m, ag_tensor *x);
 
 /* ---- state (safetensors: params and persistent buffers by FQN) ---- */
 AG_API int ag_module_save(const ag_module *m, const char *path);
-/* Every tensor of the module must be in the file with the same dtype and shape. */
+/* Every tensor of the module must be in the file with the same dtype and shape. The file must
+ * be well formed (AG_EFORMAT otherwise): known dtype names, each entry's data_offsets spanning
+ * exactly its shape's bytes, the entries' data tiling the data after the header with no
+ * overlap, gap or trailing byte. On failure the module is unchanged. */
 AG_API int ag_module_load(ag_module *m, const char *path);
 
 /* ---- built-in modules (PyTorch's default initializations, drawn from the generator) ---- */

@@ -28,6 +28,18 @@ typedef ag__tcur cur;
 typedef ag__tparser parser;
 typedef ag__tconst centry;
 
+int ag__lx_find_op(const char *name, const ag_op **op) {
+    *op = ag_op_find(name);
+    if (*op || strcmp(name, "aotgrad_demo::log_value"))
+        return 0;
+    /* The zoo's effectful op is registered on the first use of the effects model; a text
+     * that names it (what `aotgrad export effects` prints) registers it, so it reads back in
+     * a process that never built the model. */
+    if (!(*op = ag_zoo_log_value_op()))
+        return ag_last_status();
+    return 0;
+}
+
 /* `# VAL` after a call: checks it against the vals the graph inferred. */
 static int check_vals(cur *c, ag_node *n) {
     lx_skip_ws(c);
@@ -698,7 +710,9 @@ static int call_line(cur *c, const char *start, const char *name) {
             return rc;
         n = ag_graph_get_attr(P->g, ce->t, name);
     } else {
-        const ag_op *op = ag_op_find(opname);
+        const ag_op *op = NULL;
+        if ((rc = ag__lx_find_op(opname, &op)))
+            return rc;
         if (!op && !strcmp(opname, "with_effects") && (rc = ag__lx_with_effects_op(c, &op)))
             return rc;
         if (!op)
@@ -955,6 +969,30 @@ static int parse_lines(parser *P) {
 ag_graph *ag_graph_parse(const char *text, size_t len) {
     if (!text && len)
         return ag__err(AG_EINVAL, "graph_parse: NULL text"), NULL;
+    /* Bounds first, over the caller's text before anything is allocated, so that a huge or
+     * binary input (a device's endless bytes read into a buffer) is refused at its first bad
+     * byte: the size, NUL bytes, the number of lines (the line table costs 8 bytes a line). */
+    if (len > AG_GRAPH_TEXT_MAX)
+        return ag__err(AG_EFORMAT,
+                       "graph_parse: the text is %zu bytes; a graph text may have at most %zu", len,
+                       (size_t)AG_GRAPH_TEXT_MAX),
+               NULL;
+    int64_t nl = 1;
+    size_t ls = 0; /* start of line nl */
+    for (size_t i = 0; i < len; i++) {
+        if (text[i] == '\n') {
+            if (nl == AG_GRAPH_TEXT_MAX_LINES && i + 1 < len)
+                return ag__err(AG_EFORMAT, "line %lld:1: more than %d lines", (long long)nl + 1,
+                               AG_GRAPH_TEXT_MAX_LINES),
+                       NULL;
+            nl++;
+            ls = i + 1;
+        } else if (!text[i]) {
+            return ag__err(AG_EFORMAT, "line %lld:%zu: unexpected NUL byte", (long long)nl,
+                           i - ls + 1),
+                   NULL;
+        }
+    }
     parser P = {0};
     int rc = 0;
     /* The text as lines, each NUL-terminated ("\r\n" ends a line as "\n" does). */
@@ -964,22 +1002,6 @@ ag_graph *ag_graph_parse(const char *text, size_t len) {
     if (len)
         memcpy(P.buf, text, len);
     P.buf[len] = 0;
-    int64_t nl = 1;
-    for (size_t i = 0; i < len; i++) {
-        if (P.buf[i] == '\n')
-            nl++;
-        if (!P.buf[i] || nl > INT32_MAX - 1) {
-            int line = 1;
-            size_t ls = 0;
-            for (size_t k = 0; k < i; k++)
-                if (P.buf[k] == '\n')
-                    line++, ls = k + 1;
-            const char *what = P.buf[i] ? "too many lines" : "unexpected NUL byte";
-            ag__err(AG_EFORMAT, "line %d:%d: %s", line, (int)(i - ls) + 1, what);
-            ag__free(P.buf);
-            return NULL;
-        }
-    }
     P.lines = ag__malloc(sizeof(char *) * (size_t)nl);
     if (!P.lines) {
         ag__free(P.buf);

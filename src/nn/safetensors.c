@@ -9,7 +9,8 @@
  * name) then the persistent buffers, each written contiguously. Saving writes a temporary
  * file next to the target and renames it over the target, so a crash never leaves a half
  * written checkpoint. Loading treats the file as untrusted: the header is parsed and every
- * entry checked (dtype, shape, offsets inside the data) and every module tensor matched by
+ * entry checked (dtype, shape, offsets inside the data, the offsets of all entries tiling the
+ * data exactly, __metadata__ a map of strings) and every module tensor matched by
  * name, dtype and shape before any tensor is written, so a bad file changes nothing. Names in
  * the file that the module lacks are an error (PyTorch's strict loading), except the other
  * names of a tied tensor.
@@ -227,6 +228,17 @@ int ag_module_save(const ag_module *m, const char *path) {
 
 /* ---- load ---- */
 
+/* The format's dtypes (upstream's Dtype enum) and their sizes in bits. */
+static const struct {
+    const char *name;
+    int bits;
+} st_formats[] = {
+    {"BOOL", 8}, {"F4", 4},      {"F6_E2M3", 6}, {"F6_E3M2", 6}, {"U8", 8},
+    {"I8", 8},   {"F8_E5M2", 8}, {"F8_E4M3", 8}, {"F8_E8M0", 8}, {"I16", 16},
+    {"U16", 16}, {"F16", 16},    {"BF16", 16},   {"I32", 32},    {"U32", 32},
+    {"F32", 32}, {"C64", 64},    {"F64", 64},    {"I64", 64},    {"U64", 64},
+};
+
 /* One checked header entry. */
 typedef struct st_entry {
     int dtype; /* ag_dtype, or -1 for a dtype aotgrad does not have (F16, ...) */
@@ -234,13 +246,15 @@ typedef struct st_entry {
     int ndim;
     int64_t sizes[AG_MAX_DIMS];
     int64_t begin, end;
+    const char *name; /* the entry's key (owned by the parsed header) */
 } st_entry;
 
 static int fmt_err(const char *path, const char *name, const char *what) {
     return ag__err(AG_EFORMAT, "load: '%s': bad header entry '%s': %s", path, name, what);
 }
 
-/* Validates an entry of the header against the data size. */
+/* Validates an entry of the header against the data size: a known dtype, a shape whose
+ * element count times the dtype's size is exactly end - begin, offsets inside the data. */
 static int parse_entry(const char *path, const char *name, json_t *v, int64_t data_len,
                        st_entry *e) {
     json_t *dt = json_object_get(v, "dtype"), *shape = json_object_get(v, "shape");
@@ -250,11 +264,21 @@ static int parse_entry(const char *path, const char *name, json_t *v, int64_t da
         return fmt_err(path, name,
                        "expected {\"dtype\": str, \"shape\": [int...], "
                        "\"data_offsets\": [begin, end]}");
+    e->name = name;
     e->dtype_name = json_string_value(dt);
     e->dtype = -1;
     for (int d = 0; d < AG_NDTYPES; d++)
         if (!strcmp(e->dtype_name, st_dtype[d]))
             e->dtype = d;
+    int bits = 0;
+    for (size_t k = 0; k < sizeof st_formats / sizeof st_formats[0]; k++)
+        if (!strcmp(e->dtype_name, st_formats[k].name))
+            bits = st_formats[k].bits;
+    if (!bits) {
+        char msg[200];
+        snprintf(msg, sizeof msg, "unknown dtype '%.64s' (not a safetensors dtype)", e->dtype_name);
+        return fmt_err(path, name, msg);
+    }
     size_t nd = json_array_size(shape);
     /* Shapes with more dims than aotgrad supports can still be skipped if unused; they can
      * never match a module tensor, so only their first AG_MAX_DIMS sizes are kept. */
@@ -284,15 +308,76 @@ static int parse_entry(const char *path, const char *name, json_t *v, int64_t da
                  (long long)e->begin, (long long)e->end, (long long)data_len);
         return fmt_err(path, name, msg);
     }
-    if (e->dtype >= 0) {
-        int64_t esz = (int64_t)ag_dtype_size((ag_dtype)e->dtype);
-        if (overflow || numel > INT64_MAX / esz || numel * esz != e->end - e->begin) {
-            char msg[160];
-            snprintf(msg, sizeof msg, "data_offsets span %lld bytes, the shape needs %s%lld",
-                     (long long)(e->end - e->begin), overflow ? "more than " : "",
-                     (long long)(overflow ? INT64_MAX : numel * esz));
-            return fmt_err(path, name, msg);
-        }
+    /* Bytes the shape needs: numel * bits / 8, a whole number of bytes (upstream refuses a
+     * sub-byte dtype's tensor that ends inside a byte). Computed only when it fits. */
+    overflow = overflow || numel > INT64_MAX / bits;
+    int64_t nbits = overflow ? 0 : numel * bits;
+    if (overflow || nbits % 8 || nbits / 8 != e->end - e->begin) {
+        char msg[200];
+        if (overflow)
+            snprintf(msg, sizeof msg,
+                     "data_offsets span %lld bytes; its shape of %s needs more than %lld",
+                     (long long)(e->end - e->begin), e->dtype_name, (long long)INT64_MAX);
+        else if (nbits % 8)
+            snprintf(msg, sizeof msg, "%lld elements of %s do not fill whole bytes",
+                     (long long)numel, e->dtype_name);
+        else
+            snprintf(msg, sizeof msg, "data_offsets span %lld bytes; %lld elements of %s need %lld",
+                     (long long)(e->end - e->begin), (long long)numel, e->dtype_name,
+                     (long long)(nbits / 8));
+        return fmt_err(path, name, msg);
+    }
+    return 0;
+}
+
+static int by_offsets(const void *pa, const void *pb) {
+    const st_entry *a = pa, *b = pb;
+    if (a->begin != b->begin)
+        return a->begin < b->begin ? -1 : 1;
+    return (a->end > b->end) - (a->end < b->end);
+}
+
+/* The entries' data_offsets must tile the data exactly, as upstream requires: sorted by
+ * offset, each begins where the previous one ended, the first at 0 and the last at the end of
+ * the file. Sorts e[0..n). */
+static int check_tiling(const char *path, st_entry *e, int64_t n, int64_t data_len) {
+    qsort(e, (size_t)n, sizeof *e, by_offsets);
+    int64_t pos = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (e[i].begin < pos)
+            return ag__err(AG_EFORMAT,
+                           "load: '%s': the data of '%s' (data_offsets [%lld, %lld]) overlaps "
+                           "that of '%s' ([%lld, %lld])",
+                           path, e[i].name, (long long)e[i].begin, (long long)e[i].end,
+                           e[i - 1].name, (long long)e[i - 1].begin, (long long)e[i - 1].end);
+        if (e[i].begin > pos)
+            return ag__err(AG_EFORMAT,
+                           "load: '%s': data bytes [%lld, %lld) belong to no tensor (the next, "
+                           "'%s', begins at %lld)",
+                           path, (long long)pos, (long long)e[i].begin, e[i].name,
+                           (long long)e[i].begin);
+        pos = e[i].end;
+    }
+    if (pos != data_len)
+        return ag__err(AG_EFORMAT,
+                       "load: '%s': %lld trailing bytes after the tensors' data (the tensors "
+                       "end at data offset %lld, the file's data is %lld bytes)",
+                       path, (long long)(data_len - pos), (long long)pos, (long long)data_len);
+    return 0;
+}
+
+/* __metadata__, when present, maps names to strings (upstream's HashMap<String, String>). */
+static int check_metadata(const char *path, json_t *meta) {
+    if (!json_is_object(meta))
+        return ag__err(AG_EFORMAT, "load: '%s': __metadata__ must be an object of strings", path);
+    const char *key;
+    json_t *v;
+    json_object_foreach(meta, key, v) {
+        if (!json_is_string(v))
+            return ag__err(AG_EFORMAT,
+                           "load: '%s': __metadata__ entry '%s' is not a string; __metadata__ "
+                           "maps names to strings",
+                           path, key);
     }
     return 0;
 }
@@ -313,24 +398,37 @@ static int nt_index(const ag_named_tensors *nt, const char *name) {
     return -1;
 }
 
-/* Matches the parsed header against the module: every state tensor present with its dtype
- * and shape, every file name known. Fills ents[i] for keep's tensors and creates staging
+/* Checks the parsed header (every entry, __metadata__, the offsets tiling the data) and
+ * matches it against the module: every state tensor present with its dtype and shape, every
+ * file name known. Fills ents[i] for keep's tensors and creates staging
  * tensors for the non-contiguous ones. */
 static int match(const char *path, json_t *root, int64_t data_len, const ag_named_tensors *keep,
                  const ag_named_tensors *all, st_entry *ents, ag_tensor **stage) {
+    size_t nfile = json_object_size(root);
+    st_entry *fe = ag__malloc(sizeof *fe * (nfile ? nfile : 1));
+    if (!fe)
+        return AG_ENOMEM;
+    int64_t n = 0;
+    int rc = 0;
     const char *key;
     json_t *v;
     json_object_foreach(root, key, v) {
         if (!strcmp(key, "__metadata__"))
-            continue;
-        st_entry e;
-        int rc = parse_entry(path, key, v, data_len, &e);
+            rc = check_metadata(path, v);
+        else
+            rc = parse_entry(path, key, v, data_len, &fe[n++]);
         if (rc)
-            return rc;
-        if (nt_index(all, key) < 0)
-            return ag__err(AG_EINVAL, "load: '%s' holds '%s', which the module does not have", path,
-                           key);
+            break;
     }
+    if (!rc)
+        rc = check_tiling(path, fe, n, data_len);
+    for (int64_t i = 0; i < n && !rc; i++)
+        if (nt_index(all, fe[i].name) < 0)
+            rc = ag__err(AG_EINVAL, "load: '%s' holds '%s', which the module does not have", path,
+                         fe[i].name);
+    ag__free(fe);
+    if (rc)
+        return rc;
     for (int i = 0; i < keep->n; i++) {
         const char *name = keep->names[i];
         ag_tensor *t = keep->tensors[i];
