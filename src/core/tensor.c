@@ -452,14 +452,30 @@ bool ag_tensor_is_leaf(const ag_tensor *t) { return t && t->grad_fn == NULL; }
 ag_tensor *ag_tensor_grad(const ag_tensor *t) { return t ? t->grad : NULL; }
 
 int ag_tensor_set_grad(ag_tensor *t, ag_tensor *g) {
-    if (!t)
-        return ag__err(AG_EINVAL, "set_grad: NULL tensor");
+    AG__CHECK_NULL("tensor_set_grad", t);
+    /* The checks of PyTorch's .grad setter: the gradient must match t in dtype, size and
+     * device (meta or not; a subclass wrapper holds no data of its own and is checked by the
+     * optimizer), and t cannot be its own gradient. */
+    if (g == t)
+        return ag__err(AG_EINVAL, "tensor_set_grad: can't assign a tensor as its own grad");
+    if (g && g->dtype != t->dtype)
+        return ag__err(AG_EINVAL,
+                       "tensor_set_grad: assigned grad has data of a different type (%s for a "
+                       "tensor of %s)",
+                       ag_dtype_name(g->dtype), ag_dtype_name(t->dtype));
     if (g && (g->ndim != t->ndim || memcmp(g->sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim))) {
         char a[128], b[128];
-        return ag__err(AG_EINVAL, "set_grad: gradient shape %s does not match tensor shape %s",
+        return ag__err(AG_EINVAL,
+                       "tensor_set_grad: assigned grad has data of a different size (%s for a "
+                       "tensor of size %s)",
                        ag__fmt_sizes(a, sizeof a, g->ndim, g->sizes),
                        ag__fmt_sizes(b, sizeof b, t->ndim, t->sizes));
     }
+    if (g && !t->sub && !g->sub && ag__is_meta(g) != ag__is_meta(t))
+        return ag__err(AG_EINVAL,
+                       "tensor_set_grad: assigned grad has data located on a different device "
+                       "(%s for a %s tensor)",
+                       ag__is_meta(g) ? "meta" : "data", ag__is_meta(t) ? "meta" : "data");
     if (g)
         g->refcount++;
     ag_tensor_free(t->grad);
