@@ -83,6 +83,9 @@ done:
 }
 
 int ag_fashion_mnist_load(const char *dir, bool train, ag_tensor **images, ag_tensor **labels) {
+    AG__CHECK_NULL("fashion_mnist_load", dir);
+    AG__CHECK_NULL("fashion_mnist_load", images);
+    AG__CHECK_NULL("fashion_mnist_load", labels);
     char ip[4096], lp[4096];
     snprintf(ip, sizeof ip, "%s/%s-images-idx3-ubyte.gz", dir, train ? "train" : "t10k");
     snprintf(lp, sizeof lp, "%s/%s-labels-idx1-ubyte.gz", dir, train ? "train" : "t10k");

@@ -347,6 +347,7 @@ __attribute__((destructor)) static void registry_free(void) {
 }
 
 const ag_op *ag_op_find(const char *name) {
+    AG__CHECK_NULL_RET("op_find", name, NULL);
     load_builtins();
     for (int64_t i = 0; i < nops; i++)
         if (!strcmp(ops[i]->name, name))
@@ -373,13 +374,31 @@ const ag_op *ag_op_at(int i) {
     return i >= 0 && i < nops ? ops[i] : NULL;
 }
 
-const char *ag_op_name(const ag_op *op) { return op->name; }
-const ag_opdef *ag_op_def(const ag_op *op) { return op->def; }
-int ag_op_nargs(const ag_op *op) { return op->nargs; }
+const char *ag_op_name(const ag_op *op) {
+    if (!op)
+        return NULL;
+    return op->name;
+}
+const ag_opdef *ag_op_def(const ag_op *op) {
+    if (!op)
+        return NULL;
+    return op->def;
+}
+int ag_op_nargs(const ag_op *op) {
+    if (!op)
+        return 0;
+    return op->nargs;
+}
 const ag_schema_arg *ag_op_arg(const ag_op *op, int i) {
+    if (!op)
+        return NULL;
     return i >= 0 && i < op->nargs ? &op->args[i] : NULL;
 }
-int ag_op_noutputs(const ag_op *op) { return op->noutputs; }
+int ag_op_noutputs(const ag_op *op) {
+    if (!op)
+        return 0;
+    return op->noutputs;
+}
 
 const ag_op *ag_op_register(const ag_opdef *def) {
     load_builtins();
@@ -403,6 +422,7 @@ static const char *const flag_names[] = {
 };
 
 char *ag_op_flags_str(uint32_t flags, char *buf, size_t n) {
+    AG__CHECK_NULL_RET("op_flags_str", buf, NULL);
     size_t k = 0;
     buf[0] = 0;
     for (size_t i = 0; i < sizeof flag_names / sizeof flag_names[0]; i++)
@@ -792,6 +812,9 @@ int ag__calln(const ag_op *op, const ag_arg *args, int nargs, ag_tensor **outs, 
 /* ---- cost ---- */
 
 int ag_op_cost(const ag_op *op, const ag_arg *args, int nargs, ag_cost *c) {
+    AG__CHECK_NULL("op_cost", op);
+    AG__CHECK_NULL("op_cost", args);
+    AG__CHECK_NULL("op_cost", c);
     ag_arg full[AG_MAX_ARGS];
     int rc = ag__op_check_args(op, args, nargs, full);
     if (rc)
