@@ -14,9 +14,8 @@
 
 /* Kinds: F, a fallible call (error status or NULL, message set); A, an accessor or action
  * (no crash; a pointer accessor returns NULL); N, a call for which these NULLs are valid
- * arguments (zero sizes of a 0-dim tensor, an empty tuple, a default gelu, an accessor with a
- * static empty result): no crash. R: the call returns a pointer (1 when NULL),
- * I: an int status, O: anything else. */
+ * arguments (zero sizes of a 0-dim tensor, an empty tuple, a default gelu): no crash. R: the call
+ * returns a pointer (1 when NULL), I: an int status, O: anything else. */
 typedef struct row {
     const char *name;
     char kind, ret;
@@ -1406,7 +1405,7 @@ static const row rows[] = {
     {"ag_compiled_call_module", 'F', 'I', false, c_ag_compiled_call_module},
     {"ag_compiled_forward_graph", 'A', 'R', false, c_ag_compiled_forward_graph},
     {"ag_compiled_backward_graph", 'A', 'R', false, c_ag_compiled_backward_graph},
-    {"ag_compiled_stats", 'N', 'R', false, c_ag_compiled_stats},
+    {"ag_compiled_stats", 'A', 'R', false, c_ag_compiled_stats},
     {"ag_compiled_peak_bytes", 'A', 'O', false, c_ag_compiled_peak_bytes},
     {"ag_empty", 'N', 'R', false, c_ag_empty},
     {"ag_zeros", 'N', 'R', false, c_ag_zeros},
@@ -1417,8 +1416,8 @@ static const row rows[] = {
     {"ag_tensor_keep", 'A', 'R', false, c_ag_tensor_keep},
     {"ag_tensor_dtype", 'A', 'O', false, c_ag_tensor_dtype},
     {"ag_tensor_ndim", 'A', 'I', false, c_ag_tensor_ndim},
-    {"ag_tensor_sizes", 'N', 'R', false, c_ag_tensor_sizes},
-    {"ag_tensor_strides", 'N', 'R', false, c_ag_tensor_strides},
+    {"ag_tensor_sizes", 'A', 'R', false, c_ag_tensor_sizes},
+    {"ag_tensor_strides", 'A', 'R', false, c_ag_tensor_strides},
     {"ag_tensor_size", 'A', 'O', false, c_ag_tensor_size},
     {"ag_tensor_offset", 'A', 'O', false, c_ag_tensor_offset},
     {"ag_tensor_numel", 'A', 'O', false, c_ag_tensor_numel},

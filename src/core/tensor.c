@@ -274,8 +274,12 @@ int ag_tensor_ndim(const ag_tensor *t) {
         return 0;
     return t->ndim;
 }
-const int64_t *ag_tensor_sizes(const ag_tensor *t) { return t->sizes; }
-const int64_t *ag_tensor_strides(const ag_tensor *t) { return t->strides; }
+const int64_t *ag_tensor_sizes(const ag_tensor *t) {
+    return t ? t->sizes : NULL;
+}
+const int64_t *ag_tensor_strides(const ag_tensor *t) {
+    return t ? t->strides : NULL;
+}
 int64_t ag_tensor_offset(const ag_tensor *t) {
     if (!t)
         return 0;

@@ -138,7 +138,9 @@ const ag_graph *ag_compiled_backward_graph(const ag_compiled *c) {
         return NULL;
     return c->bw;
 }
-const ag_partition_stats *ag_compiled_stats(const ag_compiled *c) { return &c->stats; }
+const ag_partition_stats *ag_compiled_stats(const ag_compiled *c) {
+    return c ? &c->stats : NULL;
+}
 int64_t ag_compiled_peak_bytes(const ag_compiled *c, bool backward) {
     if (!c)
         return 0;
