@@ -181,7 +181,88 @@ static void test_explicit_grad_output(void **st) {
     ag_tensor *bad = ag_zeros(AG_F64, 1, (int64_t[]){4});
     ag_tensor *y2 = ag_mul_scalar(x, 2.0);
     assert_int_equal(ag_backward(y2, bad, false), AG_EINVAL);
-    tu_assert_error_contains("grad of shape [4] given for output 0 of shape [2, 2]");
+    tu_assert_error_contains(
+        "backward: Mismatch in shape: grad_output[0] has a shape of [4] and output[0] has a "
+        "shape of [2, 2]");
+    ag_scope_end();
+}
+
+/* A gradient of another dtype than its output (an integer or bool one above all) is refused,
+ * as torch.autograd refuses it, and the refused call changes nothing: no .grad, and the graph
+ * can still be run with a proper gradient. */
+static void test_grad_output_dtype_and_shape(void **st) {
+    (void)st;
+    ag_scope_begin();
+    ag_tensor *x = tu_tensor(AG_F32, 1, (int64_t[]){3}, (double[]){1, 2, 3});
+    ag_tensor_set_requires_grad(x, true);
+    ag_tensor *y = ag_mul(x, x); /* saves x */
+    ag_tensor *gi = tu_tensor(AG_I64, 1, (int64_t[]){3}, (double[]){1, 1, 1});
+    assert_int_equal(ag_backward(y, gi, false), AG_EINVAL);
+    tu_assert_error_contains("backward: Mismatch in dtype: grad_output[0] has a dtype of int64 "
+                             "and output[0] has a dtype of float32");
+    tu_assert_error_contains("only floating point");
+    ag_tensor *gb = ag_ones(AG_BOOL, 1, (int64_t[]){3});
+    assert_int_equal(ag_backward(y, gb, false), AG_EINVAL);
+    tu_assert_error_contains("grad_output[0] has a dtype of bool");
+    ag_tensor *g64 = ag_ones(AG_F64, 1, (int64_t[]){3});
+    assert_int_equal(ag_backward(y, g64, false), AG_EINVAL);
+    tu_assert_error_contains("grad_output[0] has a dtype of float64 and output[0] has a dtype of "
+                             "float32");
+    assert_null(ag_tensor_grad(x));
+
+    /* ag_grad: the second output's gradient is the bad one, then a wrong shape. */
+    ag_tensor *z = ag_mul_scalar(x, 3.0);
+    ag_tensor *outs[2] = {y, z}, *gr[1] = {x};
+    ag_tensor *gf = ag_ones(AG_F32, 1, (int64_t[]){3});
+    assert_int_equal(ag_grad(outs, (ag_tensor *[]){gf, gi}, 2, &x, 1, gr, true, false), AG_EINVAL);
+    tu_assert_error_contains("grad: Mismatch in dtype: grad_output[1] has a dtype of int64 and "
+                             "output[1] has a dtype of float32");
+    assert_null(gr[0]);
+    ag_tensor *g2 = ag_ones(AG_F32, 2, (int64_t[]){3, 1});
+    assert_int_equal(ag_grad(outs, (ag_tensor *[]){gf, g2}, 2, &x, 1, gr, true, false), AG_EINVAL);
+    tu_assert_error_contains("grad: Mismatch in shape: grad_output[1] has a shape of [3, 1] and "
+                             "output[1] has a shape of [3]");
+    ag_clear_error();
+
+    /* Nothing was freed or accumulated by the refused calls. */
+    assert_int_equal(ag_grad(outs, (ag_tensor *[]){gf, gf}, 2, &x, 1, gr, true, false), 0);
+    tu_assert_values(gr[0], 1, (int64_t[]){3}, (double[]){2 + 3, 4 + 3, 6 + 3}, 0);
+    assert_int_equal(ag_backward(y, gf, false), 0);
+    tu_assert_values(ag_tensor_grad(x), 1, (int64_t[]){3}, (double[]){2, 4, 6}, 0);
+    ag_scope_end();
+}
+
+/* set_grad refuses what PyTorch's .grad setter refuses: another dtype, another size, the
+ * tensor itself; a refused call keeps the old gradient. */
+static void test_set_grad_checks(void **st) {
+    (void)st;
+    ag_scope_begin();
+    ag_tensor *p = ag_zeros(AG_F32, 2, (int64_t[]){2, 3});
+    ag_tensor_set_requires_grad(p, true);
+    ag_tensor *good = ag_ones(AG_F32, 2, (int64_t[]){2, 3});
+    assert_int_equal(ag_tensor_set_grad(p, good), 0);
+    assert_ptr_equal(ag_tensor_grad(p), good);
+
+    assert_int_equal(ag_tensor_set_grad(p, ag_ones(AG_F64, 2, (int64_t[]){2, 3})), AG_EINVAL);
+    tu_assert_error_contains("tensor_set_grad: assigned grad has data of a different type "
+                             "(float64 for a tensor of float32)");
+    assert_int_equal(ag_tensor_set_grad(p, ag_ones(AG_I64, 2, (int64_t[]){2, 3})), AG_EINVAL);
+    tu_assert_error_contains("assigned grad has data of a different type");
+    assert_int_equal(ag_tensor_set_grad(p, ag_ones(AG_F32, 2, (int64_t[]){3, 2})), AG_EINVAL);
+    tu_assert_error_contains("tensor_set_grad: assigned grad has data of a different size "
+                             "([3, 2] for a tensor of size [2, 3])");
+    assert_int_equal(ag_tensor_set_grad(p, ag_ones(AG_F32, 1, (int64_t[]){6})), AG_EINVAL);
+    tu_assert_error_contains("different size");
+    assert_int_equal(ag_tensor_set_grad(p, p), AG_EINVAL);
+    tu_assert_error_contains("own grad");
+    assert_ptr_equal(ag_tensor_grad(p), good);
+
+    /* A refused gradient never reaches the optimizer: backward accumulates into the old one. */
+    ag_tensor *loss = ag_sum_all(ag_mul_scalar(p, 2.0));
+    assert_int_equal(ag_backward(loss, NULL, false), 0);
+    tu_assert_values(ag_tensor_grad(p), 2, (int64_t[]){2, 3}, (double[]){3, 3, 3, 3, 3, 3}, 0);
+    assert_int_equal(ag_tensor_set_grad(p, NULL), 0);
+    assert_null(ag_tensor_grad(p));
     ag_scope_end();
 }
 
@@ -208,6 +289,8 @@ int main(void) {
         cmocka_unit_test(test_order_highest_seq_nr_first),
         cmocka_unit_test(test_grad_function),
         cmocka_unit_test(test_explicit_grad_output),
+        cmocka_unit_test(test_grad_output_dtype_and_shape),
+        cmocka_unit_test(test_set_grad_checks),
         cmocka_unit_test(test_views_backward),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -69,12 +69,76 @@ static void test_module_messages(void **st) {
     ag_scope_end();
 }
 
+/* A write into a tensor whose elements share memory (an expanded view, an overlapping
+ * as_strided) is refused, as PyTorch refuses it, and leaves the data and version untouched.
+ * fill_ and zero_ write one value everywhere and are allowed (as in PyTorch), and so are
+ * in-place view ops, which write no data. */
+static void expect_overlap_refused(ag_tensor *r, const char *op, ag_tensor *base, uint64_t v) {
+    assert_null(r);
+    assert_int_equal(ag_last_status(), AG_EINVAL);
+    tu_assert_error_contains(op);
+    tu_assert_error_contains("more than one element of the written-to tensor");
+    tu_assert_error_contains("clone");
+    ag_clear_error();
+    tu_assert_close(base, (double[]){1, 2, 3}, 0);
+    assert_int_equal(ag_tensor_version(base), v);
+}
+
+static void test_write_into_overlapping_tensor(void **st) {
+    (void)st;
+    ag_scope_begin();
+    ag_tensor *base = tu_tensor(AG_F32, 2, (int64_t[]){1, 3}, (double[]){1, 2, 3});
+    ag_tensor *e = ag_expand(base, 2, (int64_t[]){4, 3});
+    ag_tensor *ones = ag_ones(AG_F32, 2, (int64_t[]){4, 3});
+    uint64_t v = ag_tensor_version(base);
+    expect_overlap_refused(ag_add_(e, ones, 1.0), "add_", base, v);
+    expect_overlap_refused(ag_add_scalar_(e, 1.0), "add_", base, v);
+    expect_overlap_refused(ag_mul_(e, ones), "mul_", base, v);
+    expect_overlap_refused(ag_mul_scalar_(e, 2.0), "mul_", base, v);
+    expect_overlap_refused(ag_copy_(e, ones), "copy_", base, v);
+    expect_overlap_refused(ag_uniform_(e, 0, 1), "uniform_", base, v);
+    expect_overlap_refused(ag_normal_(e, 0, 1), "normal_", base, v);
+    ag_tensor *idx = tu_tensor(AG_I64, 1, (int64_t[]){1}, (double[]){0});
+    expect_overlap_refused(
+        ag_index_put_(e, (ag_tensor *[]){idx}, 1, ag_zeros(AG_F32, 1, (int64_t[]){3}), false),
+        "index_put_", base, v);
+    /* The message names the sizes and strides. */
+    assert_null(ag_add_scalar_(e, 1.0));
+    tu_assert_error_contains("sizes [4, 3], strides [0, 1]");
+    ag_clear_error();
+
+    /* Overlap without a zero stride: sizes [2, 2], strides [1, 1] reach element 1 twice. */
+    ag_tensor *flat = tu_tensor(AG_F32, 1, (int64_t[]){3}, (double[]){1, 2, 3});
+    ag_tensor *ov = ag_as_strided(flat, 2, (int64_t[]){2, 2}, (int64_t[]){1, 1}, 0);
+    expect_overlap_refused(ag_add_scalar_(ov, 1.0), "add_", flat, ag_tensor_version(flat));
+    /* A strided view whose elements are distinct is written as usual (sizes [2, 2], strides
+     * [1, 2]: elements 0, 2, 1, 3 of a 4-vector, and a transposed matrix). */
+    ag_tensor *four = tu_tensor(AG_F32, 1, (int64_t[]){4}, (double[]){1, 2, 3, 4});
+    assert_non_null(
+        ag_add_scalar_(ag_as_strided(four, 2, (int64_t[]){2, 2}, (int64_t[]){1, 2}, 0), 1.0));
+    tu_assert_close(four, (double[]){2, 3, 4, 5}, 0);
+    ag_tensor *m = tu_tensor(AG_F32, 2, (int64_t[]){2, 3}, (double[]){1, 2, 3, 4, 5, 6});
+    assert_non_null(ag_mul_scalar_(ag_t(m), 2.0));
+    tu_assert_close(m, (double[]){2, 4, 6, 8, 10, 12}, 0);
+
+    /* fill_ and zero_ may write an expanded view; so may in-place view ops. */
+    assert_non_null(ag_fill_(e, 7.0));
+    tu_assert_close(base, (double[]){7, 7, 7}, 0);
+    assert_non_null(ag_zero_(e));
+    tu_assert_close(base, (double[]){0, 0, 0}, 0);
+    assert_non_null(ag_t_(e));
+    tu_assert_shape(e, 2, (int64_t[]){3, 4});
+    assert_int_equal(ag_last_status(), 0);
+    ag_scope_end();
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shape_messages),
         cmocka_unit_test(test_data_dependent_messages),
         cmocka_unit_test(test_dtype_messages),
         cmocka_unit_test(test_module_messages),
+        cmocka_unit_test(test_write_into_overlapping_tensor),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

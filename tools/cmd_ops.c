@@ -8,8 +8,9 @@
 #include <string.h>
 
 static const char *const flag_names[] = {
-    "pointwise", "reduction", "view", "inplace", "random", "compute_intensive",
-    "nondiff", "factory", "effectful", "backward_helper", "composite", "inplace_view",
+    "pointwise",         "reduction",    "view",    "inplace",   "random",
+    "compute_intensive", "nondiff",      "factory", "effectful", "backward_helper",
+    "composite",         "inplace_view", "fill",
 };
 
 static int gradcheck_cases(const ag_op *op) {

@@ -7,7 +7,17 @@
  * ag_scope_end() every tensor returned by an op is owned by the scope instead, so chained calls
  * such as ag_relu(ag_linear(x, w, b)) leak nothing; ag_tensor_keep(t) takes a reference of your
  * own that outlives the scope. Ops given a NULL tensor return NULL and keep the first error
- * message, so a chain can be checked once at its end. */
+ * message, so a chain can be checked once at its end.
+ *
+ * NULL arguments, for every public function. No function crashes on a NULL pointer argument.
+ * A fallible call (one returning a status or a new object) given a NULL handle or required
+ * pointer fails with AG_EINVAL and a message naming the call ("graph_erase: g is NULL"), with
+ * no other effect. Destructors and releases (ag_tensor_free, ag_graph_free, ...) accept NULL
+ * as a no-op. Accessors and predicates of a NULL handle (ag_tensor_ndim, ag_node_name,
+ * ag_joint_num_params, ...) return a neutral value (0, -1 for indices, false, NULL) and leave
+ * the error state alone, so they can sit inside expressions. Where NULL means something else
+ * (a default, an empty list with n == 0), the function's comment says so.
+ * tests/test_api_contract.c calls every public function taking a pointer with NULLs. */
 #ifndef AOTGRAD_CORE_H
 #define AOTGRAD_CORE_H
 

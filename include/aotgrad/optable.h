@@ -72,14 +72,14 @@ typedef struct ag_tmeta {
 enum {
     AG_OP_POINTWISE = 1u << 0,
     AG_OP_REDUCTION = 1u << 1,
-    AG_OP_VIEW = 1u << 2,          /* output 0 aliases tensor argument 0 */
-    AG_OP_INPLACE = 1u << 3,       /* output 0 is tensor argument 0, written in place */
-    AG_OP_RANDOM = 1u << 4,        /* draws from the generator */
+    AG_OP_VIEW = 1u << 2,              /* output 0 aliases tensor argument 0 */
+    AG_OP_INPLACE = 1u << 3,           /* output 0 is tensor argument 0, written in place */
+    AG_OP_RANDOM = 1u << 4,            /* draws from the generator */
     AG_OP_COMPUTE_INTENSIVE = 1u << 5, /* matmul, conv: never recomputed by the partitioner */
-    AG_OP_NONDIFF = 1u << 6,       /* no gradient flows through (comparisons, argmax, ...) */
-    AG_OP_FACTORY = 1u << 7,       /* creates a tensor from no tensor input */
-    AG_OP_EFFECTFUL = 1u << 8,     /* has side effects: never reordered or eliminated */
-    AG_OP_BACKWARD_HELPER = 1u << 9, /* exists to express another op's backward */
+    AG_OP_NONDIFF = 1u << 6,           /* no gradient flows through (comparisons, argmax, ...) */
+    AG_OP_FACTORY = 1u << 7,           /* creates a tensor from no tensor input */
+    AG_OP_EFFECTFUL = 1u << 8,         /* has side effects: never reordered or eliminated */
+    AG_OP_BACKWARD_HELPER = 1u << 9,   /* exists to express another op's backward */
     /* Composite (ATen's CompositeImplicitAutograd): always runs its decomposition, so traces
      * and autograd see the ops it is made of (linear -> t + addmm). */
     AG_OP_COMPOSITE = 1u << 10,
@@ -87,6 +87,10 @@ enum {
      * argument 0's sizes, strides and offset, to what the meta function says (flag it
      * AG_OP_INPLACE too). */
     AG_OP_INPLACE_VIEW = 1u << 11,
+    /* Writes one value to every element of its mutated argument (fill_, zero_): allowed on a
+     * tensor whose elements share memory (an expanded view), as PyTorch allows fill_. Every
+     * other write into such a tensor is refused by the dispatcher. */
+    AG_OP_FILL = 1u << 12,
 };
 
 /* Everything a backward rule sees. Saved tensors are detached aliases taken at forward time;

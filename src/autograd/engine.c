@@ -874,9 +874,10 @@ static int accumulate_leaf(ag_tensor *leaf, ag_tensor *g) {
     return r ? 0 : ag_last_status();
 }
 
-static int run_engine(ag_tensor *const *roots, ag_tensor *const *root_grads, int nroots,
-                      ag_tensor *const *inputs, int ninputs, ag_tensor **grads, bool retain,
-                      bool allow_unused) {
+/* fn names the public entry ("backward" or "grad") in messages. */
+static int run_engine(const char *fn, ag_tensor *const *roots, ag_tensor *const *root_grads,
+                      int nroots, ag_tensor *const *inputs, int ninputs, ag_tensor **grads,
+                      bool retain, bool allow_unused) {
     engine e;
     engine_init(&e);
     e.accumulate = inputs == NULL;
@@ -887,7 +888,7 @@ static int run_engine(ag_tensor *const *roots, ag_tensor *const *root_grads, int
     ag_tensor *seeds[64];
     if (nroots > 64) {
         engine_free(&e);
-        return ag__err(AG_EINVAL, "backward: at most 64 outputs at once");
+        return ag__err(AG_EINVAL, "%s: at most 64 outputs at once (%d given)", fn, nroots);
     }
     for (int i = 0; i < nroots; i++)
         seeds[i] = NULL;
@@ -896,32 +897,50 @@ static int run_engine(ag_tensor *const *roots, ag_tensor *const *root_grads, int
     for (int i = 0; i < nroots && rc == 0; i++) {
         ag_tensor *r = roots[i];
         if (!r) {
-            rc = ag__has_error() ? ag_last_status() : ag__err(AG_EINVAL, "backward: NULL output");
+            rc = ag__has_error() ? ag_last_status()
+                                 : ag__err(AG_EINVAL, "%s: output %d is NULL", fn, i);
             break;
         }
         if (!r->requires_grad) {
-            rc = ag__err(AG_EINVAL, "backward: element %d of tensors does not require grad and "
-                                    "does not have a grad_fn", i);
+            rc = ag__err(AG_EINVAL,
+                         "%s: element %d of tensors does not require grad and "
+                         "does not have a grad_fn",
+                         fn, i);
             break;
         }
         ag_tensor *g = root_grads ? root_grads[i] : NULL;
         if (!g) {
             if (ag_tensor_numel(r) != 1) {
                 char b[128];
-                rc = ag__err(AG_EINVAL, "backward: grad can be implicitly created only for "
-                                        "outputs with one element (output %d has shape %s)",
-                             i, ag__fmt_sizes(b, sizeof b, r->ndim, r->sizes));
+                rc = ag__err(AG_EINVAL,
+                             "%s: grad can be implicitly created only for "
+                             "outputs with one element (output %d has shape %s)",
+                             fn, i, ag__fmt_sizes(b, sizeof b, r->ndim, r->sizes));
                 break;
             }
             seeds[i] = ones_seed(&e, r);
             if (!seeds[i])
                 rc = ag_last_status();
         } else {
+            /* As torch.autograd's checks of grad_outputs: same shape, same dtype (an integer
+             * or bool gradient of a floating output is refused, not converted). */
             if (g->ndim != r->ndim || memcmp(g->sizes, r->sizes, sizeof(int64_t) * (size_t)r->ndim)) {
                 char a[128], b[128];
-                rc = ag__err(AG_EINVAL, "backward: grad of shape %s given for output %d of shape %s",
-                             ag__fmt_sizes(a, sizeof a, g->ndim, g->sizes), i,
+                rc = ag__err(AG_EINVAL,
+                             "%s: Mismatch in shape: grad_output[%d] has a shape of %s and "
+                             "output[%d] has a shape of %s",
+                             fn, i, ag__fmt_sizes(a, sizeof a, g->ndim, g->sizes), i,
                              ag__fmt_sizes(b, sizeof b, r->ndim, r->sizes));
+                break;
+            }
+            if (g->dtype != r->dtype) {
+                rc = ag__err(AG_EINVAL,
+                             "%s: Mismatch in dtype: grad_output[%d] has a dtype of %s and "
+                             "output[%d] has a dtype of %s%s",
+                             fn, i, ag_dtype_name(g->dtype), i, ag_dtype_name(r->dtype),
+                             ag_dtype_is_float(g->dtype) ? ""
+                                                         : " (only floating point tensors can "
+                                                           "be gradients)");
                 break;
             }
             seeds[i] = ag_tensor_keep(g);
@@ -1066,16 +1085,20 @@ static int run_engine(ag_tensor *const *roots, ag_tensor *const *root_grads, int
 int ag_backward(ag_tensor *output, ag_tensor *grad, bool retain_graph) {
     ag_tensor *roots[1] = {output};
     ag_tensor *gs[1] = {grad};
-    return run_engine(roots, gs, 1, NULL, 0, NULL, retain_graph, true);
+    return run_engine("backward", roots, gs, 1, NULL, 0, NULL, retain_graph, true);
 }
 
 int ag_grad(ag_tensor *const *outputs, ag_tensor *const *grad_outputs, int noutputs,
             ag_tensor *const *inputs, int ninputs, ag_tensor **grads, bool retain_graph,
             bool allow_unused) {
-    if (ninputs <= 0 || !inputs || !grads)
-        return ag__err(AG_EINVAL, "grad: no inputs given");
+    AG__CHECK_NULL("grad", outputs);
+    AG__CHECK_NULL("grad", inputs);
+    AG__CHECK_NULL("grad", grads);
+    if (noutputs <= 0 || ninputs <= 0)
+        return ag__err(AG_EINVAL, "grad: %d outputs and %d inputs given (need at least one each)",
+                       noutputs, ninputs);
     for (int i = 0; i < ninputs; i++)
         grads[i] = NULL;
-    return run_engine(outputs, grad_outputs, noutputs, inputs, ninputs, grads, retain_graph,
+    return run_engine("grad", outputs, grad_outputs, noutputs, inputs, ninputs, grads, retain_graph,
                       allow_unused);
 }

@@ -39,6 +39,7 @@ static int eval_dot(ag_gradcheck_fn fn, void *ud, ag_tensor *const *inputs, int 
 
 int ag_gradcheck(ag_gradcheck_fn fn, void *ud, ag_tensor *const *inputs, int n,
                  const ag_gradcheck_opts *opts) {
+    AG__CHECK_NULL("gradcheck", fn);
     ag_gradcheck_opts o = {1e-6, 1e-5, 1e-3};
     if (opts)
         o = *opts;

@@ -35,16 +35,19 @@ static ag_tensor *rand_tensor(ag_samples *s, int ndim, const int64_t *sizes, dou
 }
 
 ag_tensor *ag_samples_rand(ag_samples *s, int ndim, const int64_t *sizes, double lo, double hi) {
+    AG__CHECK_NULL_RET("samples_rand", s, NULL);
     return rand_tensor(s, ndim, sizes, lo, hi, true);
 }
 
 ag_tensor *ag_samples_rand_nograd(ag_samples *s, int ndim, const int64_t *sizes, double lo,
                                   double hi) {
+    AG__CHECK_NULL_RET("samples_rand_nograd", s, NULL);
     return rand_tensor(s, ndim, sizes, lo, hi, false);
 }
 
 ag_tensor *ag_samples_rand_strided(ag_samples *s, int ndim, const int64_t *sizes, double lo,
                                    double hi) {
+    AG__CHECK_NULL_RET("samples_rand_strided", s, NULL);
     if (ndim < 2)
         return ag_samples_rand(s, ndim, sizes, lo, hi);
     int64_t sw[AG_MAX_DIMS];
@@ -71,6 +74,7 @@ ag_tensor *ag_samples_rand_strided(ag_samples *s, int ndim, const int64_t *sizes
 }
 
 void ag_samples_add(ag_samples *s, const char *note, const ag_arg *args, int nargs) {
+    AG__CHECK_NULL_RET("samples_add", s, );
     bool bad = s->failed || nargs > AG_MAX_ARGS;
     for (int i = 0; i < nargs && !bad; i++)
         if (args[i].kind == AG_ARG_TENSOR && !args[i].u.t)

@@ -24,6 +24,23 @@ bool ag__has_error(void);
 /* Formats sizes as "[4, 3]" into buf. */
 char *ag__fmt_sizes(char *buf, size_t n, int ndim, const int64_t *sizes);
 
+/* The public API's NULL policy (core.h): a NULL handle or required pointer argument makes the
+ * call fail with AG_EINVAL and "fn: p is NULL", and nothing else happens. For the top of a
+ * function returning a status; AG__CHECK_NULL_RET(fn, p, ret) returns ret (NULL, false, -1)
+ * instead. */
+#define AG__CHECK_NULL(fn, p)                                                                      \
+    do {                                                                                           \
+        if (!(p))                                                                                  \
+            return ag__err(AG_EINVAL, "%s: %s is NULL", fn, #p);                                   \
+    } while (0)
+#define AG__CHECK_NULL_RET(fn, p, ret)                                                             \
+    do {                                                                                           \
+        if (!(p)) {                                                                                \
+            ag__err(AG_EINVAL, "%s: %s is NULL", fn, #p);                                          \
+            return ret;                                                                            \
+        }                                                                                          \
+    } while (0)
+
 /* ---- allocation (alloc.c) ---- */
 /* NULL + AG_ENOMEM error on failure. 16-byte aligned below 256 bytes, 64 from there. */
 void *ag__malloc(size_t size);

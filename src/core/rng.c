@@ -33,6 +33,8 @@ void ag_manual_seed(uint64_t seed) {
     g_offset = 0;
 }
 void ag_rng_get_state(uint64_t *seed, uint64_t *offset) {
+    AG__CHECK_NULL_RET("rng_get_state", seed, );
+    AG__CHECK_NULL_RET("rng_get_state", offset, );
     *seed = g_seed;
     *offset = g_offset;
 }

@@ -284,14 +284,36 @@ ag_tensor *ag__give(ag_tensor *t) {
 
 /* ---- accessors ---- */
 
-ag_dtype ag_tensor_dtype(const ag_tensor *t) { return t->dtype; }
-int ag_tensor_ndim(const ag_tensor *t) { return t->ndim; }
-const int64_t *ag_tensor_sizes(const ag_tensor *t) { return t->sizes; }
-const int64_t *ag_tensor_strides(const ag_tensor *t) { return t->strides; }
-int64_t ag_tensor_offset(const ag_tensor *t) { return t->offset; }
-int64_t ag_tensor_numel(const ag_tensor *t) { return ag__numel(t->ndim, t->sizes); }
+ag_dtype ag_tensor_dtype(const ag_tensor *t) {
+    if (!t)
+        return AG_F32;
+    return t->dtype;
+}
+int ag_tensor_ndim(const ag_tensor *t) {
+    if (!t)
+        return 0;
+    return t->ndim;
+}
+const int64_t *ag_tensor_sizes(const ag_tensor *t) {
+    return t ? t->sizes : NULL;
+}
+const int64_t *ag_tensor_strides(const ag_tensor *t) {
+    return t ? t->strides : NULL;
+}
+int64_t ag_tensor_offset(const ag_tensor *t) {
+    if (!t)
+        return 0;
+    return t->offset;
+}
+int64_t ag_tensor_numel(const ag_tensor *t) {
+    if (!t)
+        return 0;
+    return ag__numel(t->ndim, t->sizes);
+}
 
 int64_t ag_tensor_size(const ag_tensor *t, int dim) {
+    if (!t)
+        return 0;
     int d = ag__wrap_dim("size", dim, t->ndim);
     if (d < 0)
         return -1;
@@ -299,23 +321,38 @@ int64_t ag_tensor_size(const ag_tensor *t, int dim) {
 }
 
 bool ag_tensor_is_contiguous(const ag_tensor *t) {
+    if (!t)
+        return false;
     ag_tmeta m;
     ag__tmeta_of(t, &m);
     return ag__tmeta_is_contiguous(&m);
 }
 
 void *ag_tensor_data(const ag_tensor *t) {
+    if (!t)
+        return NULL;
     return t->storage->data ? ag__base(t) : NULL;
 }
 
 bool ag_tensor_same_storage(const ag_tensor *a, const ag_tensor *b) {
+    if (!a)
+        return false;
+    if (!b)
+        return false;
     return a->storage == b->storage;
 }
 
 ag_tensor *ag_tensor_base(const ag_tensor *t) { return t ? t->base : NULL; }
 
-uint64_t ag_tensor_version(const ag_tensor *t) { return t->storage->version; }
-void ag_tensor_bump_version(ag_tensor *t) { t->storage->version++; }
+uint64_t ag_tensor_version(const ag_tensor *t) {
+    if (!t)
+        return 0;
+    return t->storage->version;
+}
+void ag_tensor_bump_version(ag_tensor *t) {
+    AG__CHECK_NULL_RET("tensor_bump_version", t, );
+    t->storage->version++;
+}
 
 double ag__get_f64(const ag_tensor *t, int64_t i) {
     int64_t off = t->offset;
@@ -382,6 +419,8 @@ int ag_tensor_to_doubles(const ag_tensor *t, double *out) {
 }
 
 char *ag_tensor_meta_str(const ag_tensor *t, char *buf, size_t n) {
+    AG__CHECK_NULL_RET("tensor_meta_str", t, NULL);
+    AG__CHECK_NULL_RET("tensor_meta_str", buf, NULL);
     char s[256];
     snprintf(buf, n, "%s%s", ag_dtype_short(t->dtype), ag__fmt_sizes(s, sizeof s, t->ndim, t->sizes));
     return buf;
@@ -510,14 +549,30 @@ bool ag_tensor_is_leaf(const ag_tensor *t) { return t && t->grad_fn == NULL; }
 ag_tensor *ag_tensor_grad(const ag_tensor *t) { return t ? t->grad : NULL; }
 
 int ag_tensor_set_grad(ag_tensor *t, ag_tensor *g) {
-    if (!t)
-        return ag__err(AG_EINVAL, "set_grad: NULL tensor");
+    AG__CHECK_NULL("tensor_set_grad", t);
+    /* The checks of PyTorch's .grad setter: the gradient must match t in dtype, size and
+     * device (meta or not; a subclass wrapper holds no data of its own and is checked by the
+     * optimizer), and t cannot be its own gradient. */
+    if (g == t)
+        return ag__err(AG_EINVAL, "tensor_set_grad: can't assign a tensor as its own grad");
+    if (g && g->dtype != t->dtype)
+        return ag__err(AG_EINVAL,
+                       "tensor_set_grad: assigned grad has data of a different type (%s for a "
+                       "tensor of %s)",
+                       ag_dtype_name(g->dtype), ag_dtype_name(t->dtype));
     if (g && (g->ndim != t->ndim || memcmp(g->sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim))) {
         char a[128], b[128];
-        return ag__err(AG_EINVAL, "set_grad: gradient shape %s does not match tensor shape %s",
+        return ag__err(AG_EINVAL,
+                       "tensor_set_grad: assigned grad has data of a different size (%s for a "
+                       "tensor of size %s)",
                        ag__fmt_sizes(a, sizeof a, g->ndim, g->sizes),
                        ag__fmt_sizes(b, sizeof b, t->ndim, t->sizes));
     }
+    if (g && !t->sub && !g->sub && ag__is_meta(g) != ag__is_meta(t))
+        return ag__err(AG_EINVAL,
+                       "tensor_set_grad: assigned grad has data located on a different device "
+                       "(%s for a %s tensor)",
+                       ag__is_meta(g) ? "meta" : "data", ag__is_meta(t) ? "meta" : "data");
     if (g)
         g->refcount++;
     ag_tensor_free(t->grad);

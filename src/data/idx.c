@@ -199,11 +199,10 @@ static int check_pair(const char *ip, const char *lp, const ag_tensor *img, cons
 }
 
 int ag_fashion_mnist_load(const char *dir, bool train, ag_tensor **images, ag_tensor **labels) {
-    if (!images || !labels)
-        return ag__err(AG_EINVAL, "fashion_mnist: NULL %s", images ? "labels" : "images");
+    AG__CHECK_NULL("fashion_mnist_load", dir);
+    AG__CHECK_NULL("fashion_mnist_load", images);
+    AG__CHECK_NULL("fashion_mnist_load", labels);
     *images = *labels = NULL;
-    if (!dir)
-        return ag__err(AG_EINVAL, "fashion_mnist: NULL dir");
     char ip[4096], lp[4096];
     if (snprintf(ip, sizeof ip, "%s/%s-images-idx3-ubyte.gz", dir, train ? "train" : "t10k") >=
             (int)sizeof ip ||

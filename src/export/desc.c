@@ -499,6 +499,8 @@ const char *ag_desc_kind_nested_field(ag_desc_kind kind) {
 }
 
 ag_desc_kind ag_desc_kind_of(const ag_desc *d) {
+    if (!d)
+        return (ag_desc_kind)0;
     return d->kind;
 }
 bool ag_desc_is_input(const ag_desc *d) {
@@ -509,22 +511,32 @@ bool ag_desc_is_output(const ag_desc *d) {
 }
 
 const char *ag_desc_target(const ag_desc *d) {
+    if (!d)
+        return NULL;
     return d->kind == AG_DESC_PARAM || d->kind == AG_DESC_BUFFER ? d->str : NULL;
 }
 
 const char *ag_desc_attr(const ag_desc *d) {
+    if (!d)
+        return NULL;
     return d->kind == AG_DESC_SUBCLASS_GETATTR_INPUT || d->kind == AG_DESC_SUBCLASS_GETATTR_OUTPUT
                ? d->str
                : NULL;
 }
 
 int64_t ag_desc_idx(const ag_desc *d) {
+    if (!d)
+        return -1;
     return d->idx;
 }
 const ag_desc *ag_desc_nested(const ag_desc *d) {
+    if (!d)
+        return NULL;
     return d->nested;
 }
 int ag_desc_depth(const ag_desc *d) {
+    if (!d)
+        return 0;
     return d->depth;
 }
 

@@ -49,17 +49,41 @@ struct ag_joint {
 
 /* ---- accessors ---- */
 
-ag_graph *ag_joint_graph(const ag_joint *j) { return j->g; }
-int ag_joint_num_params(const ag_joint *j) { return j->nparams; }
+ag_graph *ag_joint_graph(const ag_joint *j) {
+    if (!j)
+        return NULL;
+    return j->g;
+}
+int ag_joint_num_params(const ag_joint *j) {
+    if (!j)
+        return 0;
+    return j->nparams;
+}
 const char *ag_joint_param_fqn(const ag_joint *j, int i) {
+    if (!j)
+        return NULL;
     return i >= 0 && i < j->nparams ? j->params[i] : NULL;
 }
-int ag_joint_num_buffers(const ag_joint *j) { return j->nbuffers; }
+int ag_joint_num_buffers(const ag_joint *j) {
+    if (!j)
+        return 0;
+    return j->nbuffers;
+}
 const char *ag_joint_buffer_fqn(const ag_joint *j, int i) {
+    if (!j)
+        return NULL;
     return i >= 0 && i < j->nbuffers ? j->buffers[i] : NULL;
 }
-const ag_treespec *ag_joint_in_spec(const ag_joint *j) { return j->in_spec; }
-const ag_treespec *ag_joint_out_spec(const ag_joint *j) { return j->out_spec; }
+const ag_treespec *ag_joint_in_spec(const ag_joint *j) {
+    if (!j)
+        return NULL;
+    return j->in_spec;
+}
+const ag_treespec *ag_joint_out_spec(const ag_joint *j) {
+    if (!j)
+        return NULL;
+    return j->out_spec;
+}
 /* Static inputs: the primals of parameters and buffers that are primals of their own (not
  * merged into a base, not removed as duplicates), in primal order, after the effect tokens. */
 static int static_inputs(const ag_joint *j, int want) {
@@ -73,25 +97,67 @@ static int static_inputs(const ag_joint *j, int want) {
     }
     return want < 0 ? n : -1;
 }
-int ag_joint_num_static_inputs(const ag_joint *j) { return static_inputs(j, -1); }
+int ag_joint_num_static_inputs(const ag_joint *j) {
+    if (!j)
+        return 0;
+    return static_inputs(j, -1);
+}
 ag__subx_info *ag__joint_subclass_info(const ag_joint *j) { return j->subclass; }
-int ag_joint_static_input(const ag_joint *j, int i) { return i >= 0 ? static_inputs(j, i) : -1; }
-int ag_joint_num_primals(const ag_joint *j) { return j->nprimals; }
-int ag_joint_num_tangents(const ag_joint *j) { return j->ntangents; }
+int ag_joint_static_input(const ag_joint *j, int i) {
+    if (!j)
+        return -1;
+    return i >= 0 ? static_inputs(j, i) : -1;
+}
+int ag_joint_num_primals(const ag_joint *j) {
+    if (!j)
+        return 0;
+    return j->nprimals;
+}
+int ag_joint_num_tangents(const ag_joint *j) {
+    if (!j)
+        return 0;
+    return j->ntangents;
+}
 const ag_input_info *ag_joint_input_info(const ag_joint *j, int i) {
+    if (!j)
+        return NULL;
     return i >= 0 && i < j->nprimals ? &j->in_info[i] : NULL;
 }
-int ag_joint_num_user_outputs(const ag_joint *j) { return j->nuser_out; }
+int ag_joint_num_user_outputs(const ag_joint *j) {
+    if (!j)
+        return 0;
+    return j->nuser_out;
+}
 const ag_output_info *ag_joint_output_info(const ag_joint *j, int i) {
+    if (!j)
+        return NULL;
     return i >= 0 && i < j->nuser_out ? &j->out_info[i] : NULL;
 }
-int ag_joint_num_mutated_inputs(const ag_joint *j) { return j->nmutated; }
+int ag_joint_num_mutated_inputs(const ag_joint *j) {
+    if (!j)
+        return 0;
+    return j->nmutated;
+}
 int ag_joint_num_fw_outputs(const ag_joint *j) {
+    if (!j)
+        return 0;
     return j->nfw_tokens + j->nmutated + j->nuser_out + j->nmetamut + j->ninter + j->rng_fw_out;
 }
-int ag_joint_num_forward_tokens(const ag_joint *j) { return j->nfw_tokens; }
-int ag_joint_num_backward_tokens(const ag_joint *j) { return j->nbw_tokens; }
-bool ag_joint_needs_autograd(const ag_joint *j) { return j->needs_autograd; }
+int ag_joint_num_forward_tokens(const ag_joint *j) {
+    if (!j)
+        return 0;
+    return j->nfw_tokens;
+}
+int ag_joint_num_backward_tokens(const ag_joint *j) {
+    if (!j)
+        return 0;
+    return j->nbw_tokens;
+}
+bool ag_joint_needs_autograd(const ag_joint *j) {
+    if (!j)
+        return false;
+    return j->needs_autograd;
+}
 
 void ag_joint_free(ag_joint *j) {
     if (!j)
@@ -756,10 +822,24 @@ done:
 /* ---- aliasing facts ---- */
 
 const ag__joint_alias *ag__joint_alias_of(const ag_joint *j) { return &j->alias; }
-int ag_joint_num_metadata_mutations(const ag_joint *j) { return j->nmetamut; }
-int ag_joint_num_intermediate_bases(const ag_joint *j) { return j->ninter; }
-int ag_joint_num_flat_inputs(const ag_joint *j) { return j->alias.nflat; }
+int ag_joint_num_metadata_mutations(const ag_joint *j) {
+    if (!j)
+        return 0;
+    return j->nmetamut;
+}
+int ag_joint_num_intermediate_bases(const ag_joint *j) {
+    if (!j)
+        return 0;
+    return j->ninter;
+}
+int ag_joint_num_flat_inputs(const ag_joint *j) {
+    if (!j)
+        return 0;
+    return j->alias.nflat;
+}
 int ag_joint_flat_input_primal(const ag_joint *j, int flat) {
+    if (!j)
+        return -1;
     if (flat < 0 || flat >= j->alias.nflat || j->alias.flat[flat].primal < 0)
         return -1;
     return j->nfw_tokens + j->alias.flat[flat].primal;
@@ -767,6 +847,7 @@ int ag_joint_flat_input_primal(const ag_joint *j, int flat) {
 
 int ag_joint_primals_from_flat(const ag_joint *j, ag_tensor *const *flat, int nflat,
                                ag_tensor **primals, int max) {
+    AG__CHECK_NULL("joint_primals_from_flat", j);
     const ag__joint_alias *a = &j->alias;
     if (nflat != a->nflat)
         return ag__err(AG_EINVAL, "joint_primals_from_flat: %d inputs given, the joint takes %d",

@@ -217,6 +217,7 @@ static void put_edges(ag__sbuf *b, const ag_node *n) {
 }
 
 char *ag_graph_to_dot(const ag_graph *g, const ag_dot_opts *opts) {
+    AG__CHECK_NULL_RET("graph_to_dot", g, NULL);
     static const ag_dot_opts defaults = {0};
     const ag_dot_opts *o = opts ? opts : &defaults;
     int count = (int)g->count;

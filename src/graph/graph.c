@@ -401,15 +401,47 @@ void ag_graph_free(ag_graph *g) {
     ag__free(g);
 }
 
-int ag_graph_num_nodes(const ag_graph *g) { return (int)g->count; }
-ag_node *ag_graph_first(const ag_graph *g) { return g->first; }
-ag_node *ag_graph_last(const ag_graph *g) { return g->last; }
-ag_node *ag_node_next(const ag_node *n) { return n->next; }
-ag_node *ag_node_prev(const ag_node *n) { return n->prev; }
-ag_node *ag_graph_output_node(const ag_graph *g) { return g->output; }
-ag_node *ag_graph_find(const ag_graph *g, const char *name) { return ag__strmap_get(&g->names, name); }
+int ag_graph_num_nodes(const ag_graph *g) {
+    if (!g)
+        return 0;
+    return (int)g->count;
+}
+ag_node *ag_graph_first(const ag_graph *g) {
+    if (!g)
+        return NULL;
+    return g->first;
+}
+ag_node *ag_graph_last(const ag_graph *g) {
+    if (!g)
+        return NULL;
+    return g->last;
+}
+ag_node *ag_node_next(const ag_node *n) {
+    if (!n)
+        return NULL;
+    return n->next;
+}
+ag_node *ag_node_prev(const ag_node *n) {
+    if (!n)
+        return NULL;
+    return n->prev;
+}
+ag_node *ag_graph_output_node(const ag_graph *g) {
+    if (!g)
+        return NULL;
+    return g->output;
+}
+ag_node *ag_graph_find(const ag_graph *g, const char *name) {
+    if (!g)
+        return NULL;
+    if (!name)
+        return NULL;
+    return ag__strmap_get(&g->names, name);
+}
 
 int ag_graph_placeholders(const ag_graph *g_, ag_node ***out) {
+    AG__CHECK_NULL("graph_placeholders", g_);
+    AG__CHECK_NULL("graph_placeholders", out);
     ag_graph *g = (ag_graph *)g_;
     int cnt = (int)g->nph;
     int64_t cap = g->ph_cap;
@@ -426,6 +458,8 @@ int ag_graph_placeholders(const ag_graph *g_, ag_node ***out) {
 }
 
 int ag_node_index(const ag_node *n) {
+    if (!n)
+        return -1;
     ag_graph *g = n->graph;
     if (g->order_dirty) {
         int i = 0;
@@ -570,18 +604,21 @@ static void unlink_node(ag_graph *g, ag_node *n) {
 }
 
 void ag_graph_insert_before(ag_graph *g, ag_node *n) {
+    AG__CHECK_NULL_RET("graph_insert_before", g, );
     g->insert_before = n;
     g->insert_after = NULL;
     g->explicit_insert = 1;
 }
 
 void ag_graph_insert_after(ag_graph *g, ag_node *n) {
+    AG__CHECK_NULL_RET("graph_insert_after", g, );
     g->insert_after = n;
     g->insert_before = NULL;
     g->explicit_insert = 2;
 }
 
 void ag_graph_insert_at_end(ag_graph *g) {
+    AG__CHECK_NULL_RET("graph_insert_at_end", g, );
     g->insert_before = NULL;
     g->insert_after = NULL;
     g->explicit_insert = 0;
@@ -644,6 +681,7 @@ static ag_node *node_commit(ag_graph *g, ag_node *n, bool at_placeholders) {
 }
 
 ag_node *ag_graph_placeholder(ag_graph *g, const char *name, const ag_tmeta *val) {
+    AG__CHECK_NULL_RET("graph_placeholder", g, NULL);
     ag_node *n = node_new(g, AG_NODE_PLACEHOLDER, name, "arg");
     if (!n)
         return NULL;
@@ -757,6 +795,7 @@ ag_node *ag_graph_get_attr(ag_graph *g, ag_tensor *value, const char *name) {
 }
 
 ag_node *ag_graph_output(ag_graph *g, ag_node *const *outs, int cnt) {
+    AG__CHECK_NULL_RET("graph_output", g, NULL);
     if (g->output)
         return ag__err(AG_ESTATE, "graph: the graph already has an output node"), NULL;
     ag_node *n = node_new(g, AG_NODE_OUTPUT, "output", NULL);
@@ -781,6 +820,7 @@ ag_node *ag_graph_output(ag_graph *g, ag_node *const *outs, int cnt) {
 /* ---- mutation ---- */
 
 int ag_node_set_arg(ag_node *n, int i, ag_garg a) {
+    AG__CHECK_NULL("node_set_arg", n);
     if (i < 0 || i > n->nargs || i >= AG_MAX_ARGS)
         return ag__err(AG_EINVAL, "set_arg: %s has no argument %d", n->name, i);
     ag_garg copy;
@@ -834,6 +874,8 @@ int ag_node_replace_all_uses(ag_node *n, ag_node *by) {
 }
 
 int ag_graph_erase(ag_graph *g, ag_node *n) {
+    AG__CHECK_NULL("graph_erase", g);
+    AG__CHECK_NULL("graph_erase", n);
     if (n->nusers > 0)
         return ag__err(AG_ESTATE, "erase: %s still has %d user(s), e.g. %s", n->name, n->nusers,
                        n->users[0].node->name);
@@ -889,25 +931,59 @@ int ag_node_rename(ag_graph *g, ag_node *n, const char *name) {
 
 /* ---- reading ---- */
 
-ag_node_kind ag_node_kind_of(const ag_node *n) { return n->kind; }
-const char *ag_node_name(const ag_node *n) { return n->name; }
-const ag_op *ag_node_op(const ag_node *n) { return n->op; }
-int ag_node_nargs(const ag_node *n) { return n->nargs; }
+ag_node_kind ag_node_kind_of(const ag_node *n) {
+    if (!n)
+        return (ag_node_kind)0;
+    return n->kind;
+}
+const char *ag_node_name(const ag_node *n) {
+    if (!n)
+        return NULL;
+    return n->name;
+}
+const ag_op *ag_node_op(const ag_node *n) {
+    if (!n)
+        return NULL;
+    return n->op;
+}
+int ag_node_nargs(const ag_node *n) {
+    if (!n)
+        return 0;
+    return n->nargs;
+}
 const ag_garg *ag_node_arg(const ag_node *n, int i) {
+    if (!n)
+        return NULL;
     return i >= 0 && i < n->nargs ? &n->args[i] : NULL;
 }
 ag_node *ag_node_arg_node(const ag_node *n, int i) {
+    if (!n)
+        return NULL;
     return i >= 0 && i < n->nargs && n->args[i].kind == AG_GA_NODE ? n->args[i].u.node : NULL;
 }
-int ag_node_num_users(const ag_node *n) { return n->nusers; }
+int ag_node_num_users(const ag_node *n) {
+    if (!n)
+        return 0;
+    return n->nusers;
+}
 ag_node *ag_node_user(const ag_node *n, int i) {
+    if (!n)
+        return NULL;
     return i >= 0 && i < n->nusers ? n->users[i].node : NULL;
 }
-int ag_node_num_vals(const ag_node *n) { return n->nvals; }
+int ag_node_num_vals(const ag_node *n) {
+    if (!n)
+        return 0;
+    return n->nvals;
+}
 const ag_tmeta *ag_node_val(const ag_node *n, int i) {
+    if (!n)
+        return NULL;
     return i >= 0 && i < n->nvals ? &n->vals[i] : NULL;
 }
 int ag_node_set_val(ag_node *n, int i, const ag_tmeta *m) {
+    AG__CHECK_NULL("node_set_val", n);
+    AG__CHECK_NULL("node_set_val", m);
     if (i < 0 || i > n->nvals || i >= AG_MAX_OUTPUTS)
         return ag__err(AG_EINVAL, "set_val: %s has no output %d", n->name, i);
     if (i == n->nvals) {
@@ -919,7 +995,11 @@ int ag_node_set_val(ag_node *n, int i, const ag_tmeta *m) {
     n->vals[i] = *m;
     return 0;
 }
-ag_tensor *ag_node_constant(const ag_node *n) { return n->constant; }
+ag_tensor *ag_node_constant(const ag_node *n) {
+    if (!n)
+        return NULL;
+    return n->constant;
+}
 
 /* ---- metadata ---- */
 
@@ -1025,14 +1105,28 @@ static ag_mval meta_get_interned(const ag_node *n, int k) {
 }
 
 int ag_node_meta_set(ag_node *n, const char *key, ag_mval v) {
+    AG__CHECK_NULL("node_meta_set", n);
+    AG__CHECK_NULL("node_meta_set", key);
     return entry_set(n->graph, &n->meta, &n->nmeta, &n->meta_cap, n->meta_inline, key, v);
 }
 ag_mval ag_node_meta_get(const ag_node *n, const char *key) {
+    if (!n || !key)
+        return (ag_mval){.kind = AG_MV_NONE};
     return entry_get(n->meta, n->nmeta, key);
 }
-int ag_node_meta_del(ag_node *n, const char *key) { return entry_del(n->meta, &n->nmeta, key); }
-int ag_node_meta_count(const ag_node *n) { return n->nmeta; }
+int ag_node_meta_del(ag_node *n, const char *key) {
+    AG__CHECK_NULL("node_meta_del", n);
+    AG__CHECK_NULL("node_meta_del", key);
+    return entry_del(n->meta, &n->nmeta, key);
+}
+int ag_node_meta_count(const ag_node *n) {
+    if (!n)
+        return 0;
+    return n->nmeta;
+}
 const char *ag_node_meta_key_at(const ag_node *n, int i, ag_mval *v) {
+    if (!n)
+        return NULL;
     if (i < 0 || i >= n->nmeta)
         return NULL;
     if (v)
@@ -1060,28 +1154,37 @@ int ag__node_meta_copy_key(ag_node *dst, const ag_node *src, const char *key) {
 }
 
 int64_t ag_node_seq_nr(const ag_node *n) {
+    if (!n)
+        return -1;
     ag_mval v = meta_get_interned(n, K_SEQ_NR);
     return v.kind == AG_MV_INT ? v.u.i : -1;
 }
 int ag_node_set_seq_nr(ag_node *n, int64_t s) {
+    AG__CHECK_NULL("node_set_seq_nr", n);
     if (s < 0)
         return ag_node_meta_del(n, interned[K_SEQ_NR]), 0;
     return ag_node_meta_set(n, interned[K_SEQ_NR], (ag_mval){.kind = AG_MV_INT, .u.i = s});
 }
 const char *ag_node_stack_trace(const ag_node *n) {
+    if (!n)
+        return NULL;
     ag_mval v = meta_get_interned(n, K_STACK_TRACE);
     return v.kind == AG_MV_STR ? v.u.s : NULL;
 }
 int ag_node_set_stack_trace(ag_node *n, const char *t) {
+    AG__CHECK_NULL("node_set_stack_trace", n);
     if (!t)
         return ag_node_meta_del(n, interned[K_STACK_TRACE]), 0;
     return ag_node_meta_set(n, interned[K_STACK_TRACE], (ag_mval){.kind = AG_MV_STR, .u.s = t});
 }
 const char *ag_node_partitioner_tag(const ag_node *n) {
+    if (!n)
+        return NULL;
     ag_mval v = meta_get_interned(n, K_TAG);
     return v.kind == AG_MV_STR ? v.u.s : NULL;
 }
 int ag_node_set_partitioner_tag(ag_node *n, const char *tag) {
+    AG__CHECK_NULL("node_set_partitioner_tag", n);
     if (!tag)
         return ag_node_meta_del(n, interned[K_TAG]), 0;
     for (int i = V_IS_FORWARD; i <= V_MUST_BW; i++)
@@ -1092,10 +1195,13 @@ int ag_node_set_partitioner_tag(ag_node *n, const char *tag) {
                               "must_be_in_forward, must_be_in_backward", tag);
 }
 bool ag_node_is_gradient_acc(const ag_node *n) {
+    if (!n)
+        return false;
     ag_mval v = meta_get_interned(n, K_GRAD_ACC);
     return v.kind == AG_MV_BOOL && v.u.b;
 }
 int ag_node_set_gradient_acc(ag_node *n, bool v) {
+    AG__CHECK_NULL("node_set_gradient_acc", n);
     if (!v)
         return ag_node_meta_del(n, interned[K_GRAD_ACC]), 0;
     return ag_node_meta_set(n, interned[K_GRAD_ACC], (ag_mval){.kind = AG_MV_BOOL, .u.b = true});
@@ -1110,6 +1216,8 @@ const char *ag__recompute_name(ag_recompute r) {
 }
 
 ag_recompute ag_node_recompute(const ag_node *n) {
+    if (!n)
+        return (ag_recompute)0;
     ag_mval v = meta_get_interned(n, K_RECOMPUTE);
     if (v.kind != AG_MV_STR)
         return AG_RECOMPUTE_NONE;
@@ -1119,6 +1227,7 @@ ag_recompute ag_node_recompute(const ag_node *n) {
     return AG_RECOMPUTE_NONE;
 }
 int ag_node_set_recompute(ag_node *n, ag_recompute r) {
+    AG__CHECK_NULL("node_set_recompute", n);
     if (r == AG_RECOMPUTE_NONE)
         return ag_node_meta_del(n, interned[K_RECOMPUTE]), 0;
     if ((unsigned)r >= 5)
@@ -1133,10 +1242,18 @@ int ag_node_custom_set(ag_node *n, const char *key, ag_mval v) {
     return entry_set(n->graph, &n->custom, &n->ncustom, &n->custom_cap, NULL, key, v);
 }
 ag_mval ag_node_custom_get(const ag_node *n, const char *key) {
+    if (!n || !key)
+        return (ag_mval){.kind = AG_MV_NONE};
     return entry_get(n->custom, n->ncustom, key);
 }
-int ag_node_custom_count(const ag_node *n) { return n->ncustom; }
+int ag_node_custom_count(const ag_node *n) {
+    if (!n)
+        return 0;
+    return n->ncustom;
+}
 const char *ag_node_custom_key_at(const ag_node *n, int i, ag_mval *v) {
+    if (!n)
+        return NULL;
     if (i < 0 || i >= n->ncustom)
         return NULL;
     if (v)
@@ -1144,6 +1261,7 @@ const char *ag_node_custom_key_at(const ag_node *n, int i, ag_mval *v) {
     return n->custom[i].key;
 }
 void ag_node_custom_clear(ag_node *n) {
+    AG__CHECK_NULL_RET("node_custom_clear", n, );
     meta_entries_free(n->custom, n->ncustom, NULL);
     n->custom = NULL;
     n->ncustom = n->custom_cap = 0;
@@ -1166,6 +1284,7 @@ int ag_node_custom_copy(ag_node *dst, const ag_node *src) {
 }
 
 int ag_node_set_desc(ag_node *n, ag_desc *d) {
+    AG__CHECK_NULL("node_set_desc", n);
     if (n->kind != AG_NODE_PLACEHOLDER)
         return ag__err(AG_EINVAL, "set_desc: %s is not a placeholder", n->name);
     if (d && !ag_desc_is_input(d))
@@ -1176,9 +1295,14 @@ int ag_node_set_desc(ag_node *n, ag_desc *d) {
     return 0;
 }
 
-ag_desc *ag_node_desc(const ag_node *n) { return n->desc; }
+ag_desc *ag_node_desc(const ag_node *n) {
+    if (!n)
+        return NULL;
+    return n->desc;
+}
 
 int ag_node_set_output_descs(ag_node *out, ag_desc *const *descs, int cnt) {
+    AG__CHECK_NULL("node_set_output_descs", out);
     if (out->kind != AG_NODE_OUTPUT)
         return ag__err(AG_EINVAL, "set_output_descs: %s is not the output node", out->name);
     int nouts = out->nargs ? out->args[0].n : 0;
@@ -1203,9 +1327,15 @@ int ag_node_set_output_descs(ag_node *out, ag_desc *const *descs, int cnt) {
 }
 
 ag_desc *ag_node_output_desc(const ag_node *out, int i) {
+    if (!out)
+        return NULL;
     return i >= 0 && i < out->nout_descs ? out->out_descs[i] : NULL;
 }
-bool ag_node_has_output_descs(const ag_node *out) { return out->has_out_descs; }
+bool ag_node_has_output_descs(const ag_node *out) {
+    if (!out)
+        return false;
+    return out->has_out_descs;
+}
 
 int ag__graph_reserve(ag_graph *g, int64_t nnodes) {
     return ag__strmap_reserve(&g->names, nnodes);
@@ -1214,6 +1344,7 @@ int ag__graph_reserve(ag_graph *g, int64_t nnodes) {
 /* ---- copy ---- */
 
 ag_graph *ag_graph_copy(const ag_graph *src) {
+    AG__CHECK_NULL_RET("graph_copy", src, NULL);
     ag_graph *g = ag_graph_new();
     if (!g)
         return NULL;

@@ -52,6 +52,7 @@ bool ag__graph_has_dead_code(const ag_graph *g) {
 }
 
 int ag_graph_dce(ag_graph *g) {
+    AG__CHECK_NULL("graph_dce", g);
     int removed = 0;
     /* Walking backwards, a node's users (all later) were visited before it, so one sweep
      * removes whole dead chains. A graph that does not verify may use a node before its
@@ -210,6 +211,7 @@ typedef struct cse_slot {
 } cse_slot;
 
 int ag_graph_cse(ag_graph *g) {
+    AG__CHECK_NULL("graph_cse", g);
     uint64_t cap = 16;
     while (cap < (uint64_t)g->count * 2)
         cap <<= 1;
@@ -302,6 +304,7 @@ static int reinfer_node(ag_node *n, const saved_vals *sv) {
 }
 
 int ag_graph_reinfer_meta(ag_graph *g) {
+    AG__CHECK_NULL("graph_reinfer_meta", g);
     /* Vals are rewritten in order (each call's inference reads its arguments' new vals). A
      * backup of every val taken first restores the graph when a later node fails, so a failed
      * call changes nothing. */

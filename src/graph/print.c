@@ -558,6 +558,7 @@ static void put_constant(ag__sbuf *b, const ag_node *n) {
 }
 
 char *ag_graph_to_string(const ag_graph *g, const ag_print_opts *opts) {
+    AG__CHECK_NULL_RET("graph_to_string", g, NULL);
     static const ag_print_opts defaults = {0};
     const ag_print_opts *o = opts ? opts : &defaults;
     ag__sbuf b = {0};
@@ -579,6 +580,7 @@ char *ag_graph_to_string(const ag_graph *g, const ag_print_opts *opts) {
 }
 
 int ag_graph_print(const ag_graph *g, FILE *f, const ag_print_opts *opts) {
+    AG__CHECK_NULL("graph_print", g);
     char *s = ag_graph_to_string(g, opts);
     if (!s)
         return AG_ENOMEM;

@@ -472,6 +472,10 @@ int ag_convolution_backward(ag_tensor *grad, ag_tensor *x, ag_tensor *w, const i
                             const int64_t stride[2], const int64_t padding[2],
                             const int64_t dilation[2], int64_t groups, const bool output_mask[3],
                             ag_tensor **outs) {
+    AG__CHECK_NULL("convolution_backward", grad);
+    AG__CHECK_NULL("convolution_backward", x);
+    AG__CHECK_NULL("convolution_backward", w);
+    AG__CHECK_NULL("convolution_backward", outs);
     AG__OP(op, "convolution_backward");
     static const int64_t one[2] = {1, 1}, zero[2] = {0, 0};
     int64_t mask[3];

@@ -347,6 +347,7 @@ __attribute__((destructor)) static void registry_free(void) {
 }
 
 const ag_op *ag_op_find(const char *name) {
+    AG__CHECK_NULL_RET("op_find", name, NULL);
     load_builtins();
     for (int64_t i = 0; i < nops; i++)
         if (!strcmp(ops[i]->name, name))
@@ -373,13 +374,31 @@ const ag_op *ag_op_at(int i) {
     return i >= 0 && i < nops ? ops[i] : NULL;
 }
 
-const char *ag_op_name(const ag_op *op) { return op->name; }
-const ag_opdef *ag_op_def(const ag_op *op) { return op->def; }
-int ag_op_nargs(const ag_op *op) { return op->nargs; }
+const char *ag_op_name(const ag_op *op) {
+    if (!op)
+        return NULL;
+    return op->name;
+}
+const ag_opdef *ag_op_def(const ag_op *op) {
+    if (!op)
+        return NULL;
+    return op->def;
+}
+int ag_op_nargs(const ag_op *op) {
+    if (!op)
+        return 0;
+    return op->nargs;
+}
 const ag_schema_arg *ag_op_arg(const ag_op *op, int i) {
+    if (!op)
+        return NULL;
     return i >= 0 && i < op->nargs ? &op->args[i] : NULL;
 }
-int ag_op_noutputs(const ag_op *op) { return op->noutputs; }
+int ag_op_noutputs(const ag_op *op) {
+    if (!op)
+        return 0;
+    return op->noutputs;
+}
 
 const ag_op *ag_op_register(const ag_opdef *def) {
     load_builtins();
@@ -397,11 +416,13 @@ const ag_op *ag_op_register(const ag_opdef *def) {
 }
 
 static const char *const flag_names[] = {
-    "pointwise", "reduction", "view", "inplace", "random", "compute_intensive",
-    "nondiff", "factory", "effectful", "backward_helper", "composite", "inplace_view",
+    "pointwise",         "reduction",    "view",    "inplace",   "random",
+    "compute_intensive", "nondiff",      "factory", "effectful", "backward_helper",
+    "composite",         "inplace_view", "fill",
 };
 
 char *ag_op_flags_str(uint32_t flags, char *buf, size_t n) {
+    AG__CHECK_NULL_RET("op_flags_str", buf, NULL);
     size_t k = 0;
     buf[0] = 0;
     for (size_t i = 0; i < sizeof flag_names / sizeof flag_names[0]; i++)
@@ -515,6 +536,57 @@ static void free_outs(ag_tensor **outs, int n) {
     }
 }
 
+/* Whether two different index tuples of t reach one memory location, when that is cheap to
+ * see: a dim of size > 1 with stride 0 (an expanded view), or two dims of size > 1 whose
+ * strides s <= s' have s' = m*s with m < size of the s dim (stepping m along the one and once
+ * along the other lands on one element). Other overlapping geometries (only as_strided makes
+ * them) are not caught, as PyTorch does not catch them. */
+static bool internal_overlap(const ag_tensor *t) {
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->sizes[i] < 2)
+            continue;
+        int64_t si = t->strides[i] < 0 ? -t->strides[i] : t->strides[i];
+        if (si == 0)
+            return true;
+        for (int j = 0; j < t->ndim; j++) {
+            if (j == i || t->sizes[j] < 2)
+                continue;
+            int64_t sj = t->strides[j] < 0 ? -t->strides[j] : t->strides[j];
+            if (sj >= si && sj % si == 0 && sj / si < t->sizes[i])
+                return true;
+        }
+    }
+    return false;
+}
+
+/* Refuses a write into a tensor with internal overlap: which element the kernel leaves where
+ * two share memory would depend on its loop order (and on the thread count). Ops flagged
+ * AG_OP_FILL write one value everywhere and may; in-place view ops write no data. */
+static int check_mutated_overlap(const ag_op *op, const ag_arg *full) {
+    if (op->def->flags & (AG_OP_FILL | AG_OP_INPLACE_VIEW))
+        return 0;
+    for (int i = 0; i < op->nargs; i++) {
+        if (!op->mutates[i])
+            continue;
+        int n = full[i].kind == AG_ARG_TENSOR ? 1 : full[i].kind == AG_ARG_TENSORS ? full[i].n : 0;
+        for (int k = 0; k < n; k++) {
+            const ag_tensor *t = full[i].kind == AG_ARG_TENSOR ? full[i].u.t : full[i].u.ts[k];
+            if (t && internal_overlap(t)) {
+                char sz[128], st[128];
+                return ag__err(AG_EINVAL,
+                               "%s: unsupported operation: more than one element of the "
+                               "written-to tensor '%s' (sizes %s, strides %s) refers to a single "
+                               "memory location. Please clone() the tensor before performing "
+                               "the operation.",
+                               op->name, op->args[i].name,
+                               ag__fmt_sizes(sz, sizeof sz, t->ndim, t->sizes),
+                               ag__fmt_sizes(st, sizeof st, t->ndim, t->strides));
+            }
+        }
+    }
+    return 0;
+}
+
 /* Runs the call; on success outs hold references owned by the caller (not given to a scope). */
 static int call_raw(const ag_op *op, const ag_arg *full, ag_tensor **outs, int *nouts_p) {
     const ag_opdef *def = op->def;
@@ -556,6 +628,8 @@ static int call_raw(const ag_op *op, const ag_arg *full, ag_tensor **outs, int *
     if (nouts > AG_MAX_OUTPUTS)
         return ag__err(AG_EINVAL, "%s: %d outputs (at most %d)", op->name, nouts, AG_MAX_OUTPUTS);
     if ((rc = ag__check_out_metas(op->name, metas, nouts)))
+        return rc;
+    if ((rc = check_mutated_overlap(op, full)))
         return rc;
     /* A tensor subclass argument: autograd above, the type's dispatch instead of the kernel. */
     const ag_subclass_type *sub = ag__subclass_dispatcher(op, full);
@@ -741,6 +815,9 @@ int ag__calln(const ag_op *op, const ag_arg *args, int nargs, ag_tensor **outs, 
 /* ---- cost ---- */
 
 int ag_op_cost(const ag_op *op, const ag_arg *args, int nargs, ag_cost *c) {
+    AG__CHECK_NULL("op_cost", op);
+    AG__CHECK_NULL("op_cost", args);
+    AG__CHECK_NULL("op_cost", c);
     ag_arg full[AG_MAX_ARGS];
     int rc = ag__op_check_args(op, args, nargs, full);
     if (rc)

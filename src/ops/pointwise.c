@@ -1273,10 +1273,18 @@ static void fill_samples(ag_samples *s) { inplace_samples(s, 2, false, 0.5, 0); 
 /* `fn` names the functional variant that functionalization (the joint export) records in
  * place of the in-place op: same arguments, result = the new value of self. */
 #define INPLACE_OP(name, sch, meta_fn, kernel_fn, bw, save, smp, fn)                               \
+    INPLACE_OP_FLAGS(name, 0, sch, meta_fn, kernel_fn, bw, save, smp, fn)
+#define INPLACE_OP_FLAGS(name, more, sch, meta_fn, kernel_fn, bw, save, smp, fn)                   \
     static const ag_opdef op_##name = {                                                            \
-        .schema = sch, .flags = AG_OP_POINTWISE | AG_OP_INPLACE, .meta = meta_fn,                  \
-        .kernel = kernel_fn, .dtypes = AG_DT_ALL, .backward = bw, .save_args = save,               \
-        .samples = smp, .functional = fn,                                                          \
+        .schema = sch,                                                                             \
+        .flags = AG_OP_POINTWISE | AG_OP_INPLACE | (more),                                         \
+        .meta = meta_fn,                                                                           \
+        .kernel = kernel_fn,                                                                       \
+        .dtypes = AG_DT_ALL,                                                                       \
+        .backward = bw,                                                                            \
+        .save_args = save,                                                                         \
+        .samples = smp,                                                                            \
+        .functional = fn,                                                                          \
     };
 INPLACE_OP(add_inplace,
            "add_.Tensor(Tensor(a!) self, Tensor other, *, Scalar alpha=1) -> Tensor(a!)",
@@ -1295,10 +1303,10 @@ INPLACE_OP(mul_scalar_inplace, "mul_.Scalar(Tensor(a!) self, Scalar other) -> Te
            mul_scalar_inplace_samples, "mul.Scalar")
 INPLACE_OP(copy, "copy_(Tensor(a!) self, Tensor src, bool non_blocking=False) -> Tensor(a!)",
            copy_meta, copy_kernel, copy_backward, 0, copy_samples, "copy")
-INPLACE_OP(zero, "zero_(Tensor(a!) self) -> Tensor(a!)", self_meta, zero_kernel, copy_backward,
-           0, zero_samples, "zero")
-INPLACE_OP(fill, "fill_.Scalar(Tensor(a!) self, Scalar value) -> Tensor(a!)", self_meta,
-           fill_kernel, copy_backward, 0, fill_samples, "fill.Scalar")
+INPLACE_OP_FLAGS(zero, AG_OP_FILL, "zero_(Tensor(a!) self) -> Tensor(a!)", self_meta, zero_kernel,
+                 copy_backward, 0, zero_samples, "zero")
+INPLACE_OP_FLAGS(fill, AG_OP_FILL, "fill_.Scalar(Tensor(a!) self, Scalar value) -> Tensor(a!)",
+                 self_meta, fill_kernel, copy_backward, 0, fill_samples, "fill.Scalar")
 
 /* The functional variants of copy_, zero_ and fill_ (what functionalization records): a new
  * contiguous tensor of self's shape and dtype. */

@@ -128,10 +128,22 @@ static void compiled_release(ag_compiled *c) {
 
 void ag_compiled_free(ag_compiled *c) { compiled_release(c); }
 
-const ag_graph *ag_compiled_forward_graph(const ag_compiled *c) { return c->fw; }
-const ag_graph *ag_compiled_backward_graph(const ag_compiled *c) { return c->bw; }
-const ag_partition_stats *ag_compiled_stats(const ag_compiled *c) { return &c->stats; }
+const ag_graph *ag_compiled_forward_graph(const ag_compiled *c) {
+    if (!c)
+        return NULL;
+    return c->fw;
+}
+const ag_graph *ag_compiled_backward_graph(const ag_compiled *c) {
+    if (!c)
+        return NULL;
+    return c->bw;
+}
+const ag_partition_stats *ag_compiled_stats(const ag_compiled *c) {
+    return c ? &c->stats : NULL;
+}
 int64_t ag_compiled_peak_bytes(const ag_compiled *c, bool backward) {
+    if (!c)
+        return 0;
     const ag_plan *p = backward ? c->bw_plan : c->fw_plan;
     return p ? ag_plan_peak_bytes(p) : -1;
 }
@@ -150,6 +162,7 @@ static int run_graph(ag_compiled *c, bool backward, ag_tensor *const *in, int ni
 }
 
 ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts) {
+    AG__CHECK_NULL_RET("compile_joint", j, NULL);
     ag_compile_opts o = {0};
     o.partition.memory_budget = 1.0;
     if (opts)
@@ -453,6 +466,7 @@ static ag_tensor *regen_output(ag_compiled *c, int k, ag_tensor *const *prim, ag
 
 int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_tensor **outs,
                      int max_out) {
+    AG__CHECK_NULL("compiled_call", c);
     if (c->sub) /* unwraps subclass inputs, calls the plain callable, rewraps */
         return ag__subx_call(c, c->sub, inputs, ninputs, outs, max_out);
     return ag__compiled_call_flat(c, inputs, ninputs, outs, max_out);

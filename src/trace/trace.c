@@ -83,6 +83,7 @@ void ag_annotate_end(void) {
 
 int ag_annotate_fn(const char *key, ag_mval value, const char *fn_name, int (*fn)(void *),
                    void *ud) {
+    AG__CHECK_NULL("annotate_fn", fn);
     ag_annotate_begin(key, value);
     ag_site_push();
     /* Until fn records sites of its own, its ops are attributed to fn itself. */
@@ -515,6 +516,7 @@ bool ag__tracer_bound(ag__tracer *T, const ag_tensor *t) {
 
 ag_graph *ag_trace(ag_trace_fn fn, void *ud, ag_tensor *const *inputs, int ninputs,
                    const char *const *names, ag_desc *const *descs, const ag_trace_opts *opts) {
+    AG__CHECK_NULL_RET("trace", fn, NULL);
     tracer T = {0};
     T.g = ag_graph_new();
     if (!T.g)

@@ -1,0 +1,1905 @@
+/* The public API's NULL policy (core.h), checked for every public function that takes a
+ * pointer: each is called with NULL for all its pointer arguments (zero for the rest), in a
+ * child process so that a crash fails one row instead of the program. Fallible calls (a status
+ * or a new object) must fail with a negative status and a message; where the message follows
+ * the "name: p is NULL" form it must name the call (function name without ag_). Accessors,
+ * predicates, void calls and destructors must not crash; accessors returning pointers return
+ * NULL. The rows were listed from the headers' AG_API declarations. */
+#define AG_NO_SITES
+#include "testutil.h"
+
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* Kinds: F, a fallible call (error status or NULL, message set); A, an accessor or action
+ * (no crash; a pointer accessor returns NULL); N, a call for which these NULLs are valid
+ * arguments (zero sizes of a 0-dim tensor, an empty tuple, a default gelu): no crash. R: the call
+ * returns a pointer (1 when NULL), I: an int status, O: anything else. */
+typedef struct row {
+    const char *name;
+    char kind, ret;
+    bool named; /* the message names the call */
+    long (*call)(void);
+} row;
+
+static long c_ag_backward(void) {
+    return (ag_backward)(NULL, NULL, false);
+}
+static long c_ag_grad(void) {
+    return (ag_grad)(NULL, NULL, 0, NULL, 0, NULL, false, false);
+}
+static long c_ag_tensor_seq_nr(void) {
+    return (long)(ag_tensor_seq_nr)(NULL);
+}
+static long c_ag_tensor_grad_fn_name(void) {
+    return ag_tensor_grad_fn_name(NULL) == NULL;
+}
+static long c_ag_gradcheck(void) {
+    return (ag_gradcheck)((ag_gradcheck_fn)0, NULL, NULL, 0, NULL);
+}
+static long c_ag_partition(void) {
+    return (ag_partition)(NULL, 0, NULL, NULL, NULL, NULL);
+}
+static long c_ag_tag_region_recompute(void) {
+    return (ag_tag_region_recompute)(NULL, NULL, NULL, (ag_recompute)0);
+}
+static long c_ag_plan_new(void) {
+    return ag_plan_new(NULL, NULL) == NULL;
+}
+static long c_ag_plan_free(void) {
+    (ag_plan_free)(NULL);
+    return 0;
+}
+static long c_ag_plan_run(void) {
+    return (ag_plan_run)(NULL, NULL, 0, NULL, 0);
+}
+static long c_ag_plan_peak_bytes(void) {
+    return (long)(ag_plan_peak_bytes)(NULL);
+}
+static long c_ag_plan_output_bytes(void) {
+    return (long)(ag_plan_output_bytes)(NULL);
+}
+static long c_ag_compile_joint(void) {
+    return ag_compile_joint(NULL, NULL) == NULL;
+}
+static long c_ag_compiled_free(void) {
+    (ag_compiled_free)(NULL);
+    return 0;
+}
+static long c_ag_compiled_call(void) {
+    return (ag_compiled_call)(NULL, NULL, 0, NULL, 0);
+}
+static long c_ag_compiled_call_module(void) {
+    return (ag_compiled_call_module)(NULL, NULL, NULL, 0, NULL, 0);
+}
+static long c_ag_compiled_forward_graph(void) {
+    return ag_compiled_forward_graph(NULL) == NULL;
+}
+static long c_ag_compiled_backward_graph(void) {
+    return ag_compiled_backward_graph(NULL) == NULL;
+}
+static long c_ag_compiled_stats(void) {
+    return ag_compiled_stats(NULL) == NULL;
+}
+static long c_ag_compiled_peak_bytes(void) {
+    return (long)(ag_compiled_peak_bytes)(NULL, false);
+}
+static long c_ag_empty(void) {
+    return ag_empty((ag_dtype)0, 0, NULL) == NULL;
+}
+static long c_ag_zeros(void) {
+    return ag_zeros((ag_dtype)0, 0, NULL) == NULL;
+}
+static long c_ag_ones(void) {
+    return ag_ones((ag_dtype)0, 0, NULL) == NULL;
+}
+static long c_ag_full(void) {
+    return ag_full((ag_dtype)0, 0, NULL, 0) == NULL;
+}
+static long c_ag_from_data(void) {
+    return ag_from_data((ag_dtype)0, 0, NULL, NULL) == NULL;
+}
+static long c_ag_tensor_free(void) {
+    (ag_tensor_free)(NULL);
+    return 0;
+}
+static long c_ag_tensor_keep(void) {
+    return ag_tensor_keep(NULL) == NULL;
+}
+static long c_ag_tensor_dtype(void) {
+    (void)(ag_tensor_dtype)(NULL);
+    return 0;
+}
+static long c_ag_tensor_ndim(void) {
+    return (ag_tensor_ndim)(NULL);
+}
+static long c_ag_tensor_sizes(void) {
+    return ag_tensor_sizes(NULL) == NULL;
+}
+static long c_ag_tensor_strides(void) {
+    return ag_tensor_strides(NULL) == NULL;
+}
+static long c_ag_tensor_size(void) {
+    return (long)(ag_tensor_size)(NULL, 0);
+}
+static long c_ag_tensor_offset(void) {
+    return (long)(ag_tensor_offset)(NULL);
+}
+static long c_ag_tensor_numel(void) {
+    return (long)(ag_tensor_numel)(NULL);
+}
+static long c_ag_tensor_is_contiguous(void) {
+    return (ag_tensor_is_contiguous)(NULL);
+}
+static long c_ag_tensor_data(void) {
+    return ag_tensor_data(NULL) == NULL;
+}
+static long c_ag_tensor_same_storage(void) {
+    return (ag_tensor_same_storage)(NULL, NULL);
+}
+static long c_ag_tensor_base(void) {
+    return ag_tensor_base(NULL) == NULL;
+}
+static long c_ag_tensor_version(void) {
+    return (long)(ag_tensor_version)(NULL);
+}
+static long c_ag_tensor_bump_version(void) {
+    (ag_tensor_bump_version)(NULL);
+    return 0;
+}
+static long c_ag_tensor_item_at(void) {
+    return (long)(ag_tensor_item_at)(NULL, 0);
+}
+static long c_ag_tensor_item(void) {
+    return (long)(ag_tensor_item)(NULL);
+}
+static long c_ag_tensor_to_doubles(void) {
+    return (ag_tensor_to_doubles)(NULL, NULL);
+}
+static long c_ag_tensor_meta_str(void) {
+    return ag_tensor_meta_str(NULL, NULL, 0) == NULL;
+}
+static long c_ag_tensor_print(void) {
+    (ag_tensor_print)(NULL, NULL, 0);
+    return 0;
+}
+static long c_ag_tensor_set_requires_grad(void) {
+    return (ag_tensor_set_requires_grad)(NULL, false);
+}
+static long c_ag_tensor_requires_grad(void) {
+    return (ag_tensor_requires_grad)(NULL);
+}
+static long c_ag_tensor_is_leaf(void) {
+    return (ag_tensor_is_leaf)(NULL);
+}
+static long c_ag_tensor_grad(void) {
+    return ag_tensor_grad(NULL) == NULL;
+}
+static long c_ag_tensor_set_grad(void) {
+    return (ag_tensor_set_grad)(NULL, NULL);
+}
+static long c_ag_detach(void) {
+    return ag_detach(NULL) == NULL;
+}
+static long c_ag_rng_get_state(void) {
+    (ag_rng_get_state)(NULL, NULL);
+    return 0;
+}
+static long c_ag_load_idx(void) {
+    return ag_load_idx(NULL, false, 0) == NULL;
+}
+static long c_ag_fashion_mnist_load(void) {
+    return (ag_fashion_mnist_load)(NULL, false, NULL, NULL);
+}
+static long c_ag_desc_param(void) {
+    return ag_desc_param(NULL) == NULL;
+}
+static long c_ag_desc_buffer(void) {
+    return ag_desc_buffer(NULL) == NULL;
+}
+static long c_ag_desc_tangent(void) {
+    return ag_desc_tangent(NULL) == NULL;
+}
+static long c_ag_desc_view_base(void) {
+    return ag_desc_view_base(NULL) == NULL;
+}
+static long c_ag_desc_synthetic_base(void) {
+    return ag_desc_synthetic_base(NULL) == NULL;
+}
+static long c_ag_desc_subclass_getattr_input(void) {
+    return ag_desc_subclass_getattr_input(NULL, NULL) == NULL;
+}
+static long c_ag_desc_subclass_size_input(void) {
+    return ag_desc_subclass_size_input(NULL, 0) == NULL;
+}
+static long c_ag_desc_subclass_stride_input(void) {
+    return ag_desc_subclass_stride_input(NULL, 0) == NULL;
+}
+static long c_ag_desc_input_mutation(void) {
+    return ag_desc_input_mutation(NULL) == NULL;
+}
+static long c_ag_desc_intermediate_base(void) {
+    return ag_desc_intermediate_base(NULL) == NULL;
+}
+static long c_ag_desc_grad(void) {
+    return ag_desc_grad(NULL) == NULL;
+}
+static long c_ag_desc_subclass_getattr_output(void) {
+    return ag_desc_subclass_getattr_output(NULL, NULL) == NULL;
+}
+static long c_ag_desc_subclass_size_output(void) {
+    return ag_desc_subclass_size_output(NULL, 0) == NULL;
+}
+static long c_ag_desc_subclass_stride_output(void) {
+    return ag_desc_subclass_stride_output(NULL, 0) == NULL;
+}
+static long c_ag_desc_new(void) {
+    return ag_desc_new((ag_desc_kind)0, NULL, NULL, 0) == NULL;
+}
+static long c_ag_desc_retain(void) {
+    return ag_desc_retain(NULL) == NULL;
+}
+static long c_ag_desc_release(void) {
+    (ag_desc_release)(NULL);
+    return 0;
+}
+static long c_ag_desc_kind_of(void) {
+    (void)(ag_desc_kind_of)(NULL);
+    return 0;
+}
+static long c_ag_desc_is_input(void) {
+    return (ag_desc_is_input)(NULL);
+}
+static long c_ag_desc_is_output(void) {
+    return (ag_desc_is_output)(NULL);
+}
+static long c_ag_desc_target(void) {
+    return ag_desc_target(NULL) == NULL;
+}
+static long c_ag_desc_attr(void) {
+    return ag_desc_attr(NULL) == NULL;
+}
+static long c_ag_desc_idx(void) {
+    return (long)(ag_desc_idx)(NULL);
+}
+static long c_ag_desc_nested(void) {
+    return ag_desc_nested(NULL) == NULL;
+}
+static long c_ag_desc_depth(void) {
+    return (ag_desc_depth)(NULL);
+}
+static long c_ag_desc_is_param(void) {
+    return (ag_desc_is_param)(NULL);
+}
+static long c_ag_desc_is_buffer(void) {
+    return (ag_desc_is_buffer)(NULL);
+}
+static long c_ag_desc_is_tangent(void) {
+    return (ag_desc_is_tangent)(NULL);
+}
+static long c_ag_desc_is_grad(void) {
+    return (ag_desc_is_grad)(NULL);
+}
+static long c_ag_desc_is_differentiable(void) {
+    return (ag_desc_is_differentiable)(NULL);
+}
+static long c_ag_desc_equal(void) {
+    return (ag_desc_equal)(NULL, NULL);
+}
+static long c_ag_desc_hash(void) {
+    return (long)(ag_desc_hash)(NULL);
+}
+static long c_ag_desc_repr(void) {
+    return (long)(ag_desc_repr)(NULL, NULL, 0);
+}
+static long c_ag_desc_expr(void) {
+    return (long)(ag_desc_expr)(NULL, NULL, 0);
+}
+static long c_ag_desc_parse(void) {
+    return ag_desc_parse(NULL, NULL) == NULL;
+}
+static long c_ag_desc_map_free(void) {
+    (ag_desc_map_free)(NULL);
+    return 0;
+}
+static long c_ag_desc_map_put(void) {
+    return (ag_desc_map_put)(NULL, NULL, NULL);
+}
+static long c_ag_desc_map_get(void) {
+    return ag_desc_map_get(NULL, NULL) == NULL;
+}
+static long c_ag_desc_map_find(void) {
+    return (long)(ag_desc_map_find)(NULL, NULL);
+}
+static long c_ag_desc_map_size(void) {
+    return (long)(ag_desc_map_size)(NULL);
+}
+static long c_ag_desc_map_key(void) {
+    return ag_desc_map_key(NULL, 0) == NULL;
+}
+static long c_ag_desc_map_value(void) {
+    return ag_desc_map_value(NULL, 0) == NULL;
+}
+static long c_ag_desc_map_set_value(void) {
+    return (ag_desc_map_set_value)(NULL, 0, NULL);
+}
+static long c_ag_treespec_tuple(void) {
+    return ag_treespec_tuple(NULL, 0) == NULL;
+}
+static long c_ag_treespec_list(void) {
+    return ag_treespec_list(NULL, 0) == NULL;
+}
+static long c_ag_treespec_dict(void) {
+    return ag_treespec_dict(NULL, NULL, 0) == NULL;
+}
+static long c_ag_treespec_retain(void) {
+    return ag_treespec_retain(NULL) == NULL;
+}
+static long c_ag_treespec_release(void) {
+    (ag_treespec_release)(NULL);
+    return 0;
+}
+static long c_ag_treespec_kind(void) {
+    (void)(ag_treespec_kind)(NULL);
+    return 0;
+}
+static long c_ag_treespec_num_children(void) {
+    return (ag_treespec_num_children)(NULL);
+}
+static long c_ag_treespec_child(void) {
+    return ag_treespec_child(NULL, 0) == NULL;
+}
+static long c_ag_treespec_key(void) {
+    return ag_treespec_key(NULL, 0) == NULL;
+}
+static long c_ag_treespec_num_leaves(void) {
+    return (ag_treespec_num_leaves)(NULL);
+}
+static long c_ag_treespec_equal(void) {
+    return (ag_treespec_equal)(NULL, NULL);
+}
+static long c_ag_treespec_repr(void) {
+    return (long)(ag_treespec_repr)(NULL, NULL, 0);
+}
+static long c_ag_tree_leaf(void) {
+    return ag_tree_leaf(NULL) == NULL;
+}
+static long c_ag_tree_tuple(void) {
+    return ag_tree_tuple(NULL, 0) == NULL;
+}
+static long c_ag_tree_list(void) {
+    return ag_tree_list(NULL, 0) == NULL;
+}
+static long c_ag_tree_dict(void) {
+    return ag_tree_dict(NULL, NULL, 0) == NULL;
+}
+static long c_ag_tree_free(void) {
+    (ag_tree_free)(NULL);
+    return 0;
+}
+static long c_ag_tree_kind_of(void) {
+    (void)(ag_tree_kind_of)(NULL);
+    return 0;
+}
+static long c_ag_tree_num_children(void) {
+    return (ag_tree_num_children)(NULL);
+}
+static long c_ag_tree_child(void) {
+    return ag_tree_child(NULL, 0) == NULL;
+}
+static long c_ag_tree_key(void) {
+    return ag_tree_key(NULL, 0) == NULL;
+}
+static long c_ag_tree_tensor(void) {
+    return ag_tree_tensor(NULL) == NULL;
+}
+static long c_ag_tree_flatten(void) {
+    return (ag_tree_flatten)(NULL, NULL, NULL);
+}
+static long c_ag_tree_unflatten(void) {
+    return ag_tree_unflatten(NULL, NULL, 0) == NULL;
+}
+static long c_ag_export_joint(void) {
+    return ag_export_joint(NULL, NULL, 0, NULL, NULL, 0, NULL) == NULL;
+}
+static long c_ag_joint_free(void) {
+    (ag_joint_free)(NULL);
+    return 0;
+}
+static long c_ag_joint_graph(void) {
+    return ag_joint_graph(NULL) == NULL;
+}
+static long c_ag_joint_set_graph(void) {
+    return (ag_joint_set_graph)(NULL, NULL);
+}
+static long c_ag_joint_num_params(void) {
+    return (ag_joint_num_params)(NULL);
+}
+static long c_ag_joint_param_fqn(void) {
+    return ag_joint_param_fqn(NULL, 0) == NULL;
+}
+static long c_ag_joint_num_buffers(void) {
+    return (ag_joint_num_buffers)(NULL);
+}
+static long c_ag_joint_buffer_fqn(void) {
+    return ag_joint_buffer_fqn(NULL, 0) == NULL;
+}
+static long c_ag_joint_in_spec(void) {
+    return ag_joint_in_spec(NULL) == NULL;
+}
+static long c_ag_joint_out_spec(void) {
+    return ag_joint_out_spec(NULL) == NULL;
+}
+static long c_ag_joint_num_static_inputs(void) {
+    return (ag_joint_num_static_inputs)(NULL);
+}
+static long c_ag_joint_static_input(void) {
+    return (ag_joint_static_input)(NULL, 0);
+}
+static long c_ag_joint_num_primals(void) {
+    return (ag_joint_num_primals)(NULL);
+}
+static long c_ag_joint_num_tangents(void) {
+    return (ag_joint_num_tangents)(NULL);
+}
+static long c_ag_joint_input_info(void) {
+    return ag_joint_input_info(NULL, 0) == NULL;
+}
+static long c_ag_joint_num_user_outputs(void) {
+    return (ag_joint_num_user_outputs)(NULL);
+}
+static long c_ag_joint_output_info(void) {
+    return ag_joint_output_info(NULL, 0) == NULL;
+}
+static long c_ag_joint_num_mutated_inputs(void) {
+    return (ag_joint_num_mutated_inputs)(NULL);
+}
+static long c_ag_joint_num_metadata_mutations(void) {
+    return (ag_joint_num_metadata_mutations)(NULL);
+}
+static long c_ag_joint_num_intermediate_bases(void) {
+    return (ag_joint_num_intermediate_bases)(NULL);
+}
+static long c_ag_joint_num_fw_outputs(void) {
+    return (ag_joint_num_fw_outputs)(NULL);
+}
+static long c_ag_joint_num_forward_tokens(void) {
+    return (ag_joint_num_forward_tokens)(NULL);
+}
+static long c_ag_joint_num_backward_tokens(void) {
+    return (ag_joint_num_backward_tokens)(NULL);
+}
+static long c_ag_joint_needs_autograd(void) {
+    return (ag_joint_needs_autograd)(NULL);
+}
+static long c_ag_joint_num_flat_inputs(void) {
+    return (ag_joint_num_flat_inputs)(NULL);
+}
+static long c_ag_joint_flat_input_primal(void) {
+    return (ag_joint_flat_input_primal)(NULL, 0);
+}
+static long c_ag_joint_primals_from_flat(void) {
+    return (ag_joint_primals_from_flat)(NULL, NULL, 0, NULL, 0);
+}
+static long c_ag_fx_pairs_free(void) {
+    (ag_fx_pairs_free)(NULL);
+    return 0;
+}
+static long c_ag_fx_pairs_count(void) {
+    return (ag_fx_pairs_count)(NULL);
+}
+static long c_ag_fx_pairs_desc(void) {
+    return ag_fx_pairs_desc(NULL, 0) == NULL;
+}
+static long c_ag_fx_pairs_first(void) {
+    return ag_fx_pairs_first(NULL, 0) == NULL;
+}
+static long c_ag_fx_pairs_second(void) {
+    return ag_fx_pairs_second(NULL, 0) == NULL;
+}
+static long c_ag_fx_pairs_find(void) {
+    return (ag_fx_pairs_find)(NULL, NULL);
+}
+static long c_ag_fx_all_input_and_grad_nodes(void) {
+    return ag_fx_all_input_and_grad_nodes(NULL) == NULL;
+}
+static long c_ag_fx_all_output_and_tangent_nodes(void) {
+    return ag_fx_all_output_and_tangent_nodes(NULL) == NULL;
+}
+static long c_ag_fx_param_and_grad_nodes(void) {
+    return ag_fx_param_and_grad_nodes(NULL) == NULL;
+}
+static long c_ag_fx_plain_input_and_grad_nodes(void) {
+    return ag_fx_plain_input_and_grad_nodes(NULL) == NULL;
+}
+static long c_ag_fx_plain_output_and_tangent_nodes(void) {
+    return ag_fx_plain_output_and_tangent_nodes(NULL) == NULL;
+}
+static long c_ag_fx_named_free(void) {
+    (ag_fx_named_free)(NULL);
+    return 0;
+}
+static long c_ag_fx_named_count(void) {
+    return (ag_fx_named_count)(NULL);
+}
+static long c_ag_fx_named_name(void) {
+    return ag_fx_named_name(NULL, 0) == NULL;
+}
+static long c_ag_fx_named_node(void) {
+    return ag_fx_named_node(NULL, 0) == NULL;
+}
+static long c_ag_fx_named_get(void) {
+    return ag_fx_named_get(NULL, NULL) == NULL;
+}
+static long c_ag_fx_named_param_nodes(void) {
+    return ag_fx_named_param_nodes(NULL) == NULL;
+}
+static long c_ag_fx_named_buffer_nodes(void) {
+    return ag_fx_named_buffer_nodes(NULL) == NULL;
+}
+static long c_ag_fx_param_nodes(void) {
+    return (ag_fx_param_nodes)(NULL, NULL, 0);
+}
+static long c_ag_fx_buffer_nodes(void) {
+    return (ag_fx_buffer_nodes)(NULL, NULL, 0);
+}
+static long c_ag_graph_free(void) {
+    (ag_graph_free)(NULL);
+    return 0;
+}
+static long c_ag_graph_copy(void) {
+    return ag_graph_copy(NULL) == NULL;
+}
+static long c_ag_graph_num_nodes(void) {
+    return (ag_graph_num_nodes)(NULL);
+}
+static long c_ag_graph_first(void) {
+    return ag_graph_first(NULL) == NULL;
+}
+static long c_ag_graph_last(void) {
+    return ag_graph_last(NULL) == NULL;
+}
+static long c_ag_node_next(void) {
+    return ag_node_next(NULL) == NULL;
+}
+static long c_ag_node_prev(void) {
+    return ag_node_prev(NULL) == NULL;
+}
+static long c_ag_graph_output_node(void) {
+    return ag_graph_output_node(NULL) == NULL;
+}
+static long c_ag_graph_find(void) {
+    return ag_graph_find(NULL, NULL) == NULL;
+}
+static long c_ag_graph_placeholders(void) {
+    return (ag_graph_placeholders)(NULL, NULL);
+}
+static long c_ag_graph_insert_before(void) {
+    (ag_graph_insert_before)(NULL, NULL);
+    return 0;
+}
+static long c_ag_graph_insert_after(void) {
+    (ag_graph_insert_after)(NULL, NULL);
+    return 0;
+}
+static long c_ag_graph_insert_at_end(void) {
+    (ag_graph_insert_at_end)(NULL);
+    return 0;
+}
+static long c_ag_graph_placeholder(void) {
+    return ag_graph_placeholder(NULL, NULL, NULL) == NULL;
+}
+static long c_ag_graph_call(void) {
+    return ag_graph_call(NULL, NULL, NULL, 0, NULL) == NULL;
+}
+static long c_ag_graph_getitem(void) {
+    return ag_graph_getitem(NULL, NULL, 0, NULL) == NULL;
+}
+static long c_ag_graph_get_attr(void) {
+    return ag_graph_get_attr(NULL, NULL, NULL) == NULL;
+}
+static long c_ag_graph_output(void) {
+    return ag_graph_output(NULL, NULL, 0) == NULL;
+}
+static long c_ag_node_replace_all_uses(void) {
+    return (ag_node_replace_all_uses)(NULL, NULL);
+}
+static long c_ag_node_set_arg(void) {
+    return (ag_node_set_arg)(NULL, 0, (ag_garg){0});
+}
+static long c_ag_graph_erase(void) {
+    return (ag_graph_erase)(NULL, NULL);
+}
+static long c_ag_graph_move_before(void) {
+    return (ag_graph_move_before)(NULL, NULL, NULL);
+}
+static long c_ag_graph_move_after(void) {
+    return (ag_graph_move_after)(NULL, NULL, NULL);
+}
+static long c_ag_node_rename(void) {
+    return (ag_node_rename)(NULL, NULL, NULL);
+}
+static long c_ag_node_kind_of(void) {
+    (void)(ag_node_kind_of)(NULL);
+    return 0;
+}
+static long c_ag_node_name(void) {
+    return ag_node_name(NULL) == NULL;
+}
+static long c_ag_node_op(void) {
+    return ag_node_op(NULL) == NULL;
+}
+static long c_ag_node_nargs(void) {
+    return (ag_node_nargs)(NULL);
+}
+static long c_ag_node_arg(void) {
+    return ag_node_arg(NULL, 0) == NULL;
+}
+static long c_ag_node_arg_node(void) {
+    return ag_node_arg_node(NULL, 0) == NULL;
+}
+static long c_ag_node_num_users(void) {
+    return (ag_node_num_users)(NULL);
+}
+static long c_ag_node_user(void) {
+    return ag_node_user(NULL, 0) == NULL;
+}
+static long c_ag_node_num_vals(void) {
+    return (ag_node_num_vals)(NULL);
+}
+static long c_ag_node_val(void) {
+    return ag_node_val(NULL, 0) == NULL;
+}
+static long c_ag_node_set_val(void) {
+    return (ag_node_set_val)(NULL, 0, NULL);
+}
+static long c_ag_node_constant(void) {
+    return ag_node_constant(NULL) == NULL;
+}
+static long c_ag_node_index(void) {
+    return (ag_node_index)(NULL);
+}
+static long c_ag_node_meta_set(void) {
+    return (ag_node_meta_set)(NULL, NULL, (ag_mval){0});
+}
+static long c_ag_node_meta_get(void) {
+    (void)(ag_node_meta_get)(NULL, NULL);
+    return 0;
+}
+static long c_ag_node_meta_del(void) {
+    return (ag_node_meta_del)(NULL, NULL);
+}
+static long c_ag_node_meta_count(void) {
+    return (ag_node_meta_count)(NULL);
+}
+static long c_ag_node_meta_key_at(void) {
+    return ag_node_meta_key_at(NULL, 0, NULL) == NULL;
+}
+static long c_ag_node_seq_nr(void) {
+    return (long)(ag_node_seq_nr)(NULL);
+}
+static long c_ag_node_set_seq_nr(void) {
+    return (ag_node_set_seq_nr)(NULL, 0);
+}
+static long c_ag_node_stack_trace(void) {
+    return ag_node_stack_trace(NULL) == NULL;
+}
+static long c_ag_node_set_stack_trace(void) {
+    return (ag_node_set_stack_trace)(NULL, NULL);
+}
+static long c_ag_node_partitioner_tag(void) {
+    return ag_node_partitioner_tag(NULL) == NULL;
+}
+static long c_ag_node_set_partitioner_tag(void) {
+    return (ag_node_set_partitioner_tag)(NULL, NULL);
+}
+static long c_ag_node_is_gradient_acc(void) {
+    return (ag_node_is_gradient_acc)(NULL);
+}
+static long c_ag_node_set_gradient_acc(void) {
+    return (ag_node_set_gradient_acc)(NULL, false);
+}
+static long c_ag_node_recompute(void) {
+    (void)(ag_node_recompute)(NULL);
+    return 0;
+}
+static long c_ag_node_set_recompute(void) {
+    return (ag_node_set_recompute)(NULL, (ag_recompute)0);
+}
+static long c_ag_node_custom_set(void) {
+    return (ag_node_custom_set)(NULL, NULL, (ag_mval){0});
+}
+static long c_ag_node_custom_get(void) {
+    (void)(ag_node_custom_get)(NULL, NULL);
+    return 0;
+}
+static long c_ag_node_custom_count(void) {
+    return (ag_node_custom_count)(NULL);
+}
+static long c_ag_node_custom_key_at(void) {
+    return ag_node_custom_key_at(NULL, 0, NULL) == NULL;
+}
+static long c_ag_node_custom_clear(void) {
+    (ag_node_custom_clear)(NULL);
+    return 0;
+}
+static long c_ag_node_custom_copy(void) {
+    return (ag_node_custom_copy)(NULL, NULL);
+}
+static long c_ag_node_set_desc(void) {
+    return (ag_node_set_desc)(NULL, NULL);
+}
+static long c_ag_node_desc(void) {
+    return ag_node_desc(NULL) == NULL;
+}
+static long c_ag_node_set_output_descs(void) {
+    return (ag_node_set_output_descs)(NULL, NULL, 0);
+}
+static long c_ag_node_output_desc(void) {
+    return ag_node_output_desc(NULL, 0) == NULL;
+}
+static long c_ag_node_has_output_descs(void) {
+    return (ag_node_has_output_descs)(NULL);
+}
+static long c_ag_graph_verify(void) {
+    return (ag_graph_verify)(NULL);
+}
+static long c_ag_graph_dce(void) {
+    return (ag_graph_dce)(NULL);
+}
+static long c_ag_graph_cse(void) {
+    return (ag_graph_cse)(NULL);
+}
+static long c_ag_graph_reinfer_meta(void) {
+    return (ag_graph_reinfer_meta)(NULL);
+}
+static long c_ag_decomp_table_free(void) {
+    (ag_decomp_table_free)(NULL);
+    return 0;
+}
+static long c_ag_decomp_table_add(void) {
+    return (ag_decomp_table_add)(NULL, NULL, (ag_decomp_fn)0);
+}
+static long c_ag_graph_decompose(void) {
+    return (ag_graph_decompose)(NULL, NULL);
+}
+static long c_ag_graph_run(void) {
+    return (ag_graph_run)(NULL, NULL, 0, NULL, 0);
+}
+static long c_ag_graph_to_string(void) {
+    return ag_graph_to_string(NULL, NULL) == NULL;
+}
+static long c_ag_graph_print(void) {
+    return (ag_graph_print)(NULL, NULL, NULL);
+}
+static long c_ag_graph_parse(void) {
+    return ag_graph_parse(NULL, 0) == NULL;
+}
+static long c_ag_graph_to_dot(void) {
+    return ag_graph_to_dot(NULL, NULL) == NULL;
+}
+static long c_ag_graph_write_svg(void) {
+    return (ag_graph_write_svg)(NULL, NULL, NULL);
+}
+static long c_ag_module_new(void) {
+    return ag_module_new(NULL, (ag_forward_fn)0, NULL, NULL) == NULL;
+}
+static long c_ag_module_free(void) {
+    (ag_module_free)(NULL);
+    return 0;
+}
+static long c_ag_module_register_parameter(void) {
+    return (ag_module_register_parameter)(NULL, NULL, NULL);
+}
+static long c_ag_module_register_buffer(void) {
+    return (ag_module_register_buffer)(NULL, NULL, NULL, false);
+}
+static long c_ag_module_add_child(void) {
+    return (ag_module_add_child)(NULL, NULL, NULL);
+}
+static long c_ag_module_ud(void) {
+    return ag_module_ud(NULL) == NULL;
+}
+static long c_ag_module_type(void) {
+    return ag_module_type(NULL) == NULL;
+}
+static long c_ag_module_param(void) {
+    return ag_module_param(NULL, NULL) == NULL;
+}
+static long c_ag_module_buffer(void) {
+    return ag_module_buffer(NULL, NULL) == NULL;
+}
+static long c_ag_module_child(void) {
+    return ag_module_child(NULL, NULL) == NULL;
+}
+static long c_ag_module_num_children(void) {
+    return (ag_module_num_children)(NULL);
+}
+static long c_ag_module_child_at(void) {
+    return ag_module_child_at(NULL, 0, NULL) == NULL;
+}
+static long c_ag_module_named_parameters(void) {
+    return (ag_module_named_parameters)(NULL, false, NULL);
+}
+static long c_ag_module_named_buffers(void) {
+    return (ag_module_named_buffers)(NULL, false, NULL);
+}
+static long c_ag_named_tensors_free(void) {
+    (ag_named_tensors_free)(NULL);
+    return 0;
+}
+static long c_ag_module_num_parameters(void) {
+    return (long)(ag_module_num_parameters)(NULL);
+}
+static long c_ag_module_train(void) {
+    (ag_module_train)(NULL, false);
+    return 0;
+}
+static long c_ag_module_is_training(void) {
+    return (ag_module_is_training)(NULL);
+}
+static long c_ag_module_call(void) {
+    return (ag_module_call)(NULL, NULL, 0, NULL, 0);
+}
+static long c_ag_module_forward(void) {
+    return ag_module_forward(NULL, NULL) == NULL;
+}
+static long c_ag_module_save(void) {
+    return (ag_module_save)(NULL, NULL);
+}
+static long c_ag_module_load(void) {
+    return (ag_module_load)(NULL, NULL);
+}
+static long c_ag_nn_gelu(void) {
+    return ag_nn_gelu(NULL) == NULL;
+}
+static long c_ag_nn_append(void) {
+    return (ag_nn_append)(NULL, NULL);
+}
+static long c_ag_nn_causal_self_attention(void) {
+    return ag_nn_causal_self_attention(NULL) == NULL;
+}
+static long c_ag_nn_gpt2_block(void) {
+    return ag_nn_gpt2_block(NULL) == NULL;
+}
+static long c_ag_nn_gpt2(void) {
+    return ag_nn_gpt2(NULL) == NULL;
+}
+static long c_ag_optim_sgd(void) {
+    return ag_optim_sgd(NULL, 0, 0, 0, false) == NULL;
+}
+static long c_ag_optim_adamw(void) {
+    return ag_optim_adamw(NULL, 0, 0, 0, 0, 0) == NULL;
+}
+static long c_ag_optim_step(void) {
+    return (ag_optim_step)(NULL);
+}
+static long c_ag_optim_zero_grad(void) {
+    (ag_optim_zero_grad)(NULL);
+    return 0;
+}
+static long c_ag_optim_set_lr(void) {
+    (ag_optim_set_lr)(NULL, 0);
+    return 0;
+}
+static long c_ag_optim_free(void) {
+    (ag_optim_free)(NULL);
+    return 0;
+}
+static long c_ag_add(void) {
+    return ag_add(NULL, NULL) == NULL;
+}
+static long c_ag_add_alpha(void) {
+    return ag_add_alpha(NULL, NULL, 0) == NULL;
+}
+static long c_ag_sub(void) {
+    return ag_sub(NULL, NULL) == NULL;
+}
+static long c_ag_mul(void) {
+    return ag_mul(NULL, NULL) == NULL;
+}
+static long c_ag_div(void) {
+    return ag_div(NULL, NULL) == NULL;
+}
+static long c_ag_add_scalar(void) {
+    return ag_add_scalar(NULL, 0) == NULL;
+}
+static long c_ag_sub_scalar(void) {
+    return ag_sub_scalar(NULL, 0) == NULL;
+}
+static long c_ag_mul_scalar(void) {
+    return ag_mul_scalar(NULL, 0) == NULL;
+}
+static long c_ag_div_scalar(void) {
+    return ag_div_scalar(NULL, 0) == NULL;
+}
+static long c_ag_pow_scalar(void) {
+    return ag_pow_scalar(NULL, 0) == NULL;
+}
+static long c_ag_neg(void) {
+    return ag_neg(NULL) == NULL;
+}
+static long c_ag_exp(void) {
+    return ag_exp(NULL) == NULL;
+}
+static long c_ag_log(void) {
+    return ag_log(NULL) == NULL;
+}
+static long c_ag_sqrt(void) {
+    return ag_sqrt(NULL) == NULL;
+}
+static long c_ag_rsqrt(void) {
+    return ag_rsqrt(NULL) == NULL;
+}
+static long c_ag_abs(void) {
+    return ag_abs(NULL) == NULL;
+}
+static long c_ag_tanh(void) {
+    return ag_tanh(NULL) == NULL;
+}
+static long c_ag_sigmoid(void) {
+    return ag_sigmoid(NULL) == NULL;
+}
+static long c_ag_relu(void) {
+    return ag_relu(NULL) == NULL;
+}
+static long c_ag_gelu(void) {
+    return ag_gelu(NULL, NULL) == NULL;
+}
+static long c_ag_silu(void) {
+    return ag_silu(NULL) == NULL;
+}
+static long c_ag_sin(void) {
+    return ag_sin(NULL) == NULL;
+}
+static long c_ag_cos(void) {
+    return ag_cos(NULL) == NULL;
+}
+static long c_ag_sign(void) {
+    return ag_sign(NULL) == NULL;
+}
+static long c_ag_clamp(void) {
+    return ag_clamp(NULL, 0, 0) == NULL;
+}
+static long c_ag_where(void) {
+    return ag_where(NULL, NULL, NULL) == NULL;
+}
+static long c_ag_masked_fill(void) {
+    return ag_masked_fill(NULL, NULL, 0) == NULL;
+}
+static long c_ag_eq(void) {
+    return ag_eq(NULL, NULL) == NULL;
+}
+static long c_ag_ne(void) {
+    return ag_ne(NULL, NULL) == NULL;
+}
+static long c_ag_lt(void) {
+    return ag_lt(NULL, NULL) == NULL;
+}
+static long c_ag_le(void) {
+    return ag_le(NULL, NULL) == NULL;
+}
+static long c_ag_gt(void) {
+    return ag_gt(NULL, NULL) == NULL;
+}
+static long c_ag_ge(void) {
+    return ag_ge(NULL, NULL) == NULL;
+}
+static long c_ag_eq_scalar(void) {
+    return ag_eq_scalar(NULL, 0) == NULL;
+}
+static long c_ag_ne_scalar(void) {
+    return ag_ne_scalar(NULL, 0) == NULL;
+}
+static long c_ag_lt_scalar(void) {
+    return ag_lt_scalar(NULL, 0) == NULL;
+}
+static long c_ag_le_scalar(void) {
+    return ag_le_scalar(NULL, 0) == NULL;
+}
+static long c_ag_gt_scalar(void) {
+    return ag_gt_scalar(NULL, 0) == NULL;
+}
+static long c_ag_ge_scalar(void) {
+    return ag_ge_scalar(NULL, 0) == NULL;
+}
+static long c_ag_threshold_backward(void) {
+    return ag_threshold_backward(NULL, NULL, 0) == NULL;
+}
+static long c_ag_sigmoid_backward(void) {
+    return ag_sigmoid_backward(NULL, NULL) == NULL;
+}
+static long c_ag_tanh_backward(void) {
+    return ag_tanh_backward(NULL, NULL) == NULL;
+}
+static long c_ag_gelu_backward(void) {
+    return ag_gelu_backward(NULL, NULL, NULL) == NULL;
+}
+static long c_ag_silu_backward(void) {
+    return ag_silu_backward(NULL, NULL) == NULL;
+}
+static long c_ag_to_dtype(void) {
+    return ag_to_dtype(NULL, (ag_dtype)0) == NULL;
+}
+static long c_ag_clone(void) {
+    return ag_clone(NULL) == NULL;
+}
+static long c_ag_contiguous(void) {
+    return ag_contiguous(NULL) == NULL;
+}
+static long c_ag_view(void) {
+    return ag_view(NULL, 0, NULL) == NULL;
+}
+static long c_ag_reshape(void) {
+    return ag_reshape(NULL, 0, NULL) == NULL;
+}
+static long c_ag_permute(void) {
+    return ag_permute(NULL, 0, NULL) == NULL;
+}
+static long c_ag_transpose(void) {
+    return ag_transpose(NULL, 0, 0) == NULL;
+}
+static long c_ag_t(void) {
+    return ag_t(NULL) == NULL;
+}
+static long c_ag_expand(void) {
+    return ag_expand(NULL, 0, NULL) == NULL;
+}
+static long c_ag_slice(void) {
+    return ag_slice(NULL, 0, 0, 0, 0) == NULL;
+}
+static long c_ag_select(void) {
+    return ag_select(NULL, 0, 0) == NULL;
+}
+static long c_ag_unsqueeze(void) {
+    return ag_unsqueeze(NULL, 0) == NULL;
+}
+static long c_ag_squeeze(void) {
+    return ag_squeeze(NULL, 0) == NULL;
+}
+static long c_ag_squeeze_all(void) {
+    return ag_squeeze_all(NULL) == NULL;
+}
+static long c_ag_as_strided(void) {
+    return ag_as_strided(NULL, 0, NULL, NULL, 0) == NULL;
+}
+static long c_ag_alias(void) {
+    return ag_alias(NULL) == NULL;
+}
+static long c_ag_t_(void) {
+    return ag_t_(NULL) == NULL;
+}
+static long c_ag_transpose_(void) {
+    return ag_transpose_(NULL, 0, 0) == NULL;
+}
+static long c_ag_unsqueeze_(void) {
+    return ag_unsqueeze_(NULL, 0) == NULL;
+}
+static long c_ag_as_strided_(void) {
+    return ag_as_strided_(NULL, 0, NULL, NULL, 0) == NULL;
+}
+static long c_ag_slice_backward(void) {
+    return ag_slice_backward(NULL, 0, NULL, 0, 0, 0, 0) == NULL;
+}
+static long c_ag_select_backward(void) {
+    return ag_select_backward(NULL, 0, NULL, 0, 0) == NULL;
+}
+static long c_ag_sum(void) {
+    return ag_sum(NULL, NULL, 0, false) == NULL;
+}
+static long c_ag_sum_all(void) {
+    return ag_sum_all(NULL) == NULL;
+}
+static long c_ag_mean(void) {
+    return ag_mean(NULL, NULL, 0, false) == NULL;
+}
+static long c_ag_mean_all(void) {
+    return ag_mean_all(NULL) == NULL;
+}
+static long c_ag_amax(void) {
+    return ag_amax(NULL, NULL, 0, false) == NULL;
+}
+static long c_ag_var(void) {
+    return ag_var(NULL, NULL, 0, 0, false) == NULL;
+}
+static long c_ag_logsumexp(void) {
+    return ag_logsumexp(NULL, NULL, 0, false) == NULL;
+}
+static long c_ag_argmax(void) {
+    return ag_argmax(NULL, 0, false) == NULL;
+}
+static long c_ag_argmax_all(void) {
+    return ag_argmax_all(NULL) == NULL;
+}
+static long c_ag_softmax(void) {
+    return ag_softmax(NULL, 0) == NULL;
+}
+static long c_ag_log_softmax(void) {
+    return ag_log_softmax(NULL, 0) == NULL;
+}
+static long c_ag_softmax_backward_data(void) {
+    return ag_softmax_backward_data(NULL, NULL, 0, (ag_dtype)0) == NULL;
+}
+static long c_ag_log_softmax_backward_data(void) {
+    return ag_log_softmax_backward_data(NULL, NULL, 0, (ag_dtype)0) == NULL;
+}
+static long c_ag_mm(void) {
+    return ag_mm(NULL, NULL) == NULL;
+}
+static long c_ag_bmm(void) {
+    return ag_bmm(NULL, NULL) == NULL;
+}
+static long c_ag_addmm(void) {
+    return ag_addmm(NULL, NULL, NULL, 0, 0) == NULL;
+}
+static long c_ag_matmul(void) {
+    return ag_matmul(NULL, NULL) == NULL;
+}
+static long c_ag_linear(void) {
+    return ag_linear(NULL, NULL, NULL) == NULL;
+}
+static long c_ag_conv2d(void) {
+    return ag_conv2d(NULL, NULL, NULL, 0, 0, 0, 0) == NULL;
+}
+static long c_ag_convolution_backward(void) {
+    return (ag_convolution_backward)(NULL, NULL, NULL, NULL, 0, 0, 0, 0, 0, NULL);
+}
+static long c_ag_max_pool2d_with_indices(void) {
+    return (ag_max_pool2d_with_indices)(NULL, 0, 0, 0, 0, false, NULL, NULL);
+}
+static long c_ag_max_pool2d(void) {
+    return ag_max_pool2d(NULL, 0, 0, 0) == NULL;
+}
+static long c_ag_avg_pool2d(void) {
+    return ag_avg_pool2d(NULL, 0, 0, 0, false, false) == NULL;
+}
+static long c_ag_adaptive_avg_pool2d(void) {
+    return ag_adaptive_avg_pool2d(NULL, 0) == NULL;
+}
+static long c_ag_native_layer_norm(void) {
+    return (ag_native_layer_norm)(NULL, 0, NULL, NULL, NULL, 0, NULL, NULL, NULL);
+}
+static long c_ag_layer_norm(void) {
+    return ag_layer_norm(NULL, 0, NULL, NULL, NULL, 0) == NULL;
+}
+static long c_ag_native_batch_norm(void) {
+    return (ag_native_batch_norm)(NULL, NULL, NULL, NULL, NULL, false, 0, 0, NULL, NULL, NULL);
+}
+static long c_ag_embedding(void) {
+    return ag_embedding(NULL, NULL) == NULL;
+}
+static long c_ag_embedding_dense_backward(void) {
+    return ag_embedding_dense_backward(NULL, NULL, 0, 0) == NULL;
+}
+static long c_ag_nll_loss(void) {
+    return ag_nll_loss(NULL, NULL, 0, 0) == NULL;
+}
+static long c_ag_cross_entropy(void) {
+    return ag_cross_entropy(NULL, NULL, 0, 0) == NULL;
+}
+static long c_ag_native_dropout(void) {
+    return (ag_native_dropout)(NULL, 0, false, NULL, NULL);
+}
+static long c_ag_dropout(void) {
+    return ag_dropout(NULL, 0, false) == NULL;
+}
+static long c_ag_scaled_dot_product_attention(void) {
+    return ag_scaled_dot_product_attention(NULL, NULL, NULL, false, 0) == NULL;
+}
+static long c_ag_cat(void) {
+    return ag_cat(NULL, 0, 0) == NULL;
+}
+static long c_ag_stack(void) {
+    return ag_stack(NULL, 0, 0) == NULL;
+}
+static long c_ag_split(void) {
+    return (ag_split)(NULL, 0, 0, NULL, 0);
+}
+static long c_ag_index_select(void) {
+    return ag_index_select(NULL, 0, NULL) == NULL;
+}
+static long c_ag_gather(void) {
+    return ag_gather(NULL, 0, NULL) == NULL;
+}
+static long c_ag_index(void) {
+    return ag_index(NULL, NULL, 0) == NULL;
+}
+static long c_ag_index_put(void) {
+    return ag_index_put(NULL, NULL, 0, NULL, false) == NULL;
+}
+static long c_ag_new_empty(void) {
+    return ag_new_empty(NULL, 0, NULL) == NULL;
+}
+static long c_ag_new_zeros(void) {
+    return ag_new_zeros(NULL, 0, NULL) == NULL;
+}
+static long c_ag_index_add(void) {
+    return ag_index_add(NULL, 0, NULL, NULL, 0) == NULL;
+}
+static long c_ag_scatter_add(void) {
+    return ag_scatter_add(NULL, 0, NULL, NULL) == NULL;
+}
+static long c_ag_zeros_like(void) {
+    return ag_zeros_like(NULL) == NULL;
+}
+static long c_ag_ones_like(void) {
+    return ag_ones_like(NULL) == NULL;
+}
+static long c_ag_full_like(void) {
+    return ag_full_like(NULL, 0) == NULL;
+}
+static long c_ag_rand(void) {
+    return ag_rand((ag_dtype)0, 0, NULL) == NULL;
+}
+static long c_ag_randn(void) {
+    return ag_randn((ag_dtype)0, 0, NULL) == NULL;
+}
+static long c_ag_philox_rand(void) {
+    return ag_philox_rand(NULL, NULL, (ag_dtype)0, 0, NULL, 0, 0) == NULL;
+}
+static long c_ag_philox_randn(void) {
+    return ag_philox_randn(NULL, NULL, (ag_dtype)0, 0, NULL, 0, 0) == NULL;
+}
+static long c_ag_add_(void) {
+    return ag_add_(NULL, NULL, 0) == NULL;
+}
+static long c_ag_add_scalar_(void) {
+    return ag_add_scalar_(NULL, 0) == NULL;
+}
+static long c_ag_mul_(void) {
+    return ag_mul_(NULL, NULL) == NULL;
+}
+static long c_ag_mul_scalar_(void) {
+    return ag_mul_scalar_(NULL, 0) == NULL;
+}
+static long c_ag_copy_(void) {
+    return ag_copy_(NULL, NULL) == NULL;
+}
+static long c_ag_zero_(void) {
+    return ag_zero_(NULL) == NULL;
+}
+static long c_ag_fill_(void) {
+    return ag_fill_(NULL, 0) == NULL;
+}
+static long c_ag_index_put_(void) {
+    return ag_index_put_(NULL, NULL, 0, NULL, false) == NULL;
+}
+static long c_ag_uniform_(void) {
+    return ag_uniform_(NULL, 0, 0) == NULL;
+}
+static long c_ag_normal_(void) {
+    return ag_normal_(NULL, 0, 0) == NULL;
+}
+static long c_ag_op_find(void) {
+    return ag_op_find(NULL) == NULL;
+}
+static long c_ag_op_name(void) {
+    return ag_op_name(NULL) == NULL;
+}
+static long c_ag_op_def(void) {
+    return ag_op_def(NULL) == NULL;
+}
+static long c_ag_op_nargs(void) {
+    return (ag_op_nargs)(NULL);
+}
+static long c_ag_op_arg(void) {
+    return ag_op_arg(NULL, 0) == NULL;
+}
+static long c_ag_op_noutputs(void) {
+    return (ag_op_noutputs)(NULL);
+}
+static long c_ag_op_register(void) {
+    return ag_op_register(NULL) == NULL;
+}
+static long c_ag_op_flags_str(void) {
+    return ag_op_flags_str(0, NULL, 0) == NULL;
+}
+static long c_ag_op_with_effects(void) {
+    return ag_op_with_effects(NULL) == NULL;
+}
+static long c_ag_op_with_effects_target(void) {
+    return ag_op_with_effects_target(NULL) == NULL;
+}
+static long c_ag_op_call(void) {
+    return (ag_op_call)(NULL, NULL, 0, NULL);
+}
+static long c_ag_op_call1(void) {
+    return ag_op_call1(NULL, NULL, 0) == NULL;
+}
+static long c_ag_op_cost(void) {
+    return (ag_op_cost)(NULL, NULL, 0, NULL);
+}
+static long c_ag_samples_add(void) {
+    (ag_samples_add)(NULL, NULL, NULL, 0);
+    return 0;
+}
+static long c_ag_samples_rand(void) {
+    return ag_samples_rand(NULL, 0, NULL, 0, 0) == NULL;
+}
+static long c_ag_samples_rand_nograd(void) {
+    return ag_samples_rand_nograd(NULL, 0, NULL, 0, 0) == NULL;
+}
+static long c_ag_samples_rand_strided(void) {
+    return ag_samples_rand_strided(NULL, 0, NULL, 0, 0) == NULL;
+}
+static long c_ag_subclass_new(void) {
+    return ag_subclass_new(NULL, (ag_dtype)0, 0, NULL, NULL, NULL, NULL) == NULL;
+}
+static long c_ag_tensor_subclass(void) {
+    return ag_tensor_subclass(NULL) == NULL;
+}
+static long c_ag_subclass_flatten(void) {
+    return (ag_subclass_flatten)(NULL, NULL, NULL);
+}
+static long c_ag_subclass_inner(void) {
+    return ag_subclass_inner(NULL, 0) == NULL;
+}
+static long c_ag_subclass_attr(void) {
+    return ag_subclass_attr(NULL, NULL) == NULL;
+}
+static long c_ag_subclass_unflatten(void) {
+    return ag_subclass_unflatten(NULL, NULL, NULL, 0, NULL) == NULL;
+}
+static long c_ag_subclass_flatten_tensors(void) {
+    return (ag_subclass_flatten_tensors)(NULL, 0, NULL, 0);
+}
+static long c_ag_subclass_call_inner(void) {
+    return (ag_subclass_call_inner)(NULL, NULL, 0, NULL, 0, NULL);
+}
+static long c_ag_two_tensor(void) {
+    return ag_two_tensor(NULL, NULL) == NULL;
+}
+static long c_ag_scaled_int8_quantize(void) {
+    return ag_scaled_int8_quantize(NULL) == NULL;
+}
+static long c_ag_scaled_int8_dequantize(void) {
+    return ag_scaled_int8_dequantize(NULL) == NULL;
+}
+static long c_ag_is_meta(void) {
+    return (ag_is_meta)(NULL);
+}
+static long c_ag_trace(void) {
+    return ag_trace((ag_trace_fn)0, NULL, NULL, 0, NULL, NULL, NULL) == NULL;
+}
+static long c_ag_trace_module(void) {
+    return ag_trace_module(NULL, NULL, 0, NULL) == NULL;
+}
+static long c_ag_annotate_begin(void) {
+    (ag_annotate_begin)(NULL, (ag_mval){0});
+    return 0;
+}
+static long c_ag_annotate_fn(void) {
+    return (ag_annotate_fn)(NULL, (ag_mval){0}, NULL, NULL, NULL);
+}
+static long c_ag_site(void) {
+    (ag_site)(NULL, 0, NULL);
+    return 0;
+}
+static long c_ag_zoo_build(void) {
+    return (ag_zoo_build)(NULL, NULL, NULL, NULL, 0, NULL);
+}
+static long c_ag_zoo_log_get(void) {
+    return (ag_zoo_log_get)(0, NULL);
+}
+static long c_ag_zoo_build_opts(void) {
+    return (ag_zoo_build_opts)(NULL, NULL, NULL, NULL, NULL, 0, NULL);
+}
+
+static const row rows[] = {
+    {"ag_backward", 'F', 'I', true, c_ag_backward},
+    {"ag_grad", 'F', 'I', true, c_ag_grad},
+    {"ag_tensor_seq_nr", 'A', 'O', false, c_ag_tensor_seq_nr},
+    {"ag_tensor_grad_fn_name", 'A', 'R', false, c_ag_tensor_grad_fn_name},
+    {"ag_gradcheck", 'F', 'I', true, c_ag_gradcheck},
+    {"ag_partition", 'F', 'I', true, c_ag_partition},
+    {"ag_tag_region_recompute", 'F', 'I', true, c_ag_tag_region_recompute},
+    {"ag_plan_new", 'F', 'R', true, c_ag_plan_new},
+    {"ag_plan_free", 'A', 'O', false, c_ag_plan_free},
+    {"ag_plan_run", 'F', 'I', false, c_ag_plan_run},
+    {"ag_plan_peak_bytes", 'A', 'O', false, c_ag_plan_peak_bytes},
+    {"ag_plan_output_bytes", 'A', 'O', false, c_ag_plan_output_bytes},
+    {"ag_compile_joint", 'F', 'R', true, c_ag_compile_joint},
+    {"ag_compiled_free", 'A', 'O', false, c_ag_compiled_free},
+    {"ag_compiled_call", 'F', 'I', true, c_ag_compiled_call},
+    {"ag_compiled_call_module", 'F', 'I', false, c_ag_compiled_call_module},
+    {"ag_compiled_forward_graph", 'A', 'R', false, c_ag_compiled_forward_graph},
+    {"ag_compiled_backward_graph", 'A', 'R', false, c_ag_compiled_backward_graph},
+    {"ag_compiled_stats", 'A', 'R', false, c_ag_compiled_stats},
+    {"ag_compiled_peak_bytes", 'A', 'O', false, c_ag_compiled_peak_bytes},
+    {"ag_empty", 'N', 'R', false, c_ag_empty},
+    {"ag_zeros", 'N', 'R', false, c_ag_zeros},
+    {"ag_ones", 'N', 'R', false, c_ag_ones},
+    {"ag_full", 'N', 'R', false, c_ag_full},
+    {"ag_from_data", 'F', 'R', true, c_ag_from_data},
+    {"ag_tensor_free", 'A', 'O', false, c_ag_tensor_free},
+    {"ag_tensor_keep", 'A', 'R', false, c_ag_tensor_keep},
+    {"ag_tensor_dtype", 'A', 'O', false, c_ag_tensor_dtype},
+    {"ag_tensor_ndim", 'A', 'I', false, c_ag_tensor_ndim},
+    {"ag_tensor_sizes", 'A', 'R', false, c_ag_tensor_sizes},
+    {"ag_tensor_strides", 'A', 'R', false, c_ag_tensor_strides},
+    {"ag_tensor_size", 'A', 'O', false, c_ag_tensor_size},
+    {"ag_tensor_offset", 'A', 'O', false, c_ag_tensor_offset},
+    {"ag_tensor_numel", 'A', 'O', false, c_ag_tensor_numel},
+    {"ag_tensor_is_contiguous", 'A', 'O', false, c_ag_tensor_is_contiguous},
+    {"ag_tensor_data", 'A', 'R', false, c_ag_tensor_data},
+    {"ag_tensor_same_storage", 'A', 'O', false, c_ag_tensor_same_storage},
+    {"ag_tensor_base", 'A', 'R', false, c_ag_tensor_base},
+    {"ag_tensor_version", 'A', 'O', false, c_ag_tensor_version},
+    {"ag_tensor_bump_version", 'F', 'O', true, c_ag_tensor_bump_version},
+    {"ag_tensor_item_at", 'F', 'O', false, c_ag_tensor_item_at},
+    {"ag_tensor_item", 'F', 'O', false, c_ag_tensor_item},
+    {"ag_tensor_to_doubles", 'F', 'I', false, c_ag_tensor_to_doubles},
+    {"ag_tensor_meta_str", 'F', 'R', true, c_ag_tensor_meta_str},
+    {"ag_tensor_print", 'A', 'O', false, c_ag_tensor_print},
+    {"ag_tensor_set_requires_grad", 'F', 'I', false, c_ag_tensor_set_requires_grad},
+    {"ag_tensor_requires_grad", 'A', 'O', false, c_ag_tensor_requires_grad},
+    {"ag_tensor_is_leaf", 'A', 'O', false, c_ag_tensor_is_leaf},
+    {"ag_tensor_grad", 'A', 'R', false, c_ag_tensor_grad},
+    {"ag_tensor_set_grad", 'F', 'I', true, c_ag_tensor_set_grad},
+    {"ag_detach", 'A', 'R', false, c_ag_detach},
+    {"ag_rng_get_state", 'F', 'O', true, c_ag_rng_get_state},
+    {"ag_load_idx", 'F', 'R', false, c_ag_load_idx},
+    {"ag_fashion_mnist_load", 'F', 'I', true, c_ag_fashion_mnist_load},
+    {"ag_desc_param", 'F', 'R', true, c_ag_desc_param},
+    {"ag_desc_buffer", 'F', 'R', true, c_ag_desc_buffer},
+    {"ag_desc_tangent", 'F', 'R', true, c_ag_desc_tangent},
+    {"ag_desc_view_base", 'F', 'R', true, c_ag_desc_view_base},
+    {"ag_desc_synthetic_base", 'F', 'R', true, c_ag_desc_synthetic_base},
+    {"ag_desc_subclass_getattr_input", 'F', 'R', true, c_ag_desc_subclass_getattr_input},
+    {"ag_desc_subclass_size_input", 'F', 'R', true, c_ag_desc_subclass_size_input},
+    {"ag_desc_subclass_stride_input", 'F', 'R', true, c_ag_desc_subclass_stride_input},
+    {"ag_desc_input_mutation", 'F', 'R', true, c_ag_desc_input_mutation},
+    {"ag_desc_intermediate_base", 'F', 'R', true, c_ag_desc_intermediate_base},
+    {"ag_desc_grad", 'F', 'R', true, c_ag_desc_grad},
+    {"ag_desc_subclass_getattr_output", 'F', 'R', true, c_ag_desc_subclass_getattr_output},
+    {"ag_desc_subclass_size_output", 'F', 'R', true, c_ag_desc_subclass_size_output},
+    {"ag_desc_subclass_stride_output", 'F', 'R', true, c_ag_desc_subclass_stride_output},
+    {"ag_desc_new", 'F', 'R', true, c_ag_desc_new},
+    {"ag_desc_retain", 'A', 'R', false, c_ag_desc_retain},
+    {"ag_desc_release", 'A', 'O', false, c_ag_desc_release},
+    {"ag_desc_kind_of", 'A', 'O', false, c_ag_desc_kind_of},
+    {"ag_desc_is_input", 'A', 'O', false, c_ag_desc_is_input},
+    {"ag_desc_is_output", 'A', 'O', false, c_ag_desc_is_output},
+    {"ag_desc_target", 'A', 'R', false, c_ag_desc_target},
+    {"ag_desc_attr", 'A', 'R', false, c_ag_desc_attr},
+    {"ag_desc_idx", 'A', 'O', false, c_ag_desc_idx},
+    {"ag_desc_nested", 'A', 'R', false, c_ag_desc_nested},
+    {"ag_desc_depth", 'A', 'I', false, c_ag_desc_depth},
+    {"ag_desc_is_param", 'A', 'O', false, c_ag_desc_is_param},
+    {"ag_desc_is_buffer", 'A', 'O', false, c_ag_desc_is_buffer},
+    {"ag_desc_is_tangent", 'A', 'O', false, c_ag_desc_is_tangent},
+    {"ag_desc_is_grad", 'A', 'O', false, c_ag_desc_is_grad},
+    {"ag_desc_is_differentiable", 'A', 'O', false, c_ag_desc_is_differentiable},
+    {"ag_desc_equal", 'A', 'O', false, c_ag_desc_equal},
+    {"ag_desc_hash", 'A', 'O', false, c_ag_desc_hash},
+    {"ag_desc_repr", 'A', 'O', false, c_ag_desc_repr},
+    {"ag_desc_expr", 'A', 'O', false, c_ag_desc_expr},
+    {"ag_desc_parse", 'F', 'R', true, c_ag_desc_parse},
+    {"ag_desc_map_free", 'A', 'O', false, c_ag_desc_map_free},
+    {"ag_desc_map_put", 'F', 'I', true, c_ag_desc_map_put},
+    {"ag_desc_map_get", 'A', 'R', false, c_ag_desc_map_get},
+    {"ag_desc_map_find", 'A', 'O', false, c_ag_desc_map_find},
+    {"ag_desc_map_size", 'A', 'O', false, c_ag_desc_map_size},
+    {"ag_desc_map_key", 'A', 'R', false, c_ag_desc_map_key},
+    {"ag_desc_map_value", 'A', 'R', false, c_ag_desc_map_value},
+    {"ag_desc_map_set_value", 'F', 'I', true, c_ag_desc_map_set_value},
+    {"ag_treespec_tuple", 'N', 'R', false, c_ag_treespec_tuple},
+    {"ag_treespec_list", 'N', 'R', false, c_ag_treespec_list},
+    {"ag_treespec_dict", 'N', 'R', false, c_ag_treespec_dict},
+    {"ag_treespec_retain", 'A', 'R', false, c_ag_treespec_retain},
+    {"ag_treespec_release", 'A', 'O', false, c_ag_treespec_release},
+    {"ag_treespec_kind", 'A', 'O', false, c_ag_treespec_kind},
+    {"ag_treespec_num_children", 'A', 'I', false, c_ag_treespec_num_children},
+    {"ag_treespec_child", 'A', 'R', false, c_ag_treespec_child},
+    {"ag_treespec_key", 'A', 'R', false, c_ag_treespec_key},
+    {"ag_treespec_num_leaves", 'A', 'I', false, c_ag_treespec_num_leaves},
+    {"ag_treespec_equal", 'A', 'O', false, c_ag_treespec_equal},
+    {"ag_treespec_repr", 'A', 'O', false, c_ag_treespec_repr},
+    {"ag_tree_leaf", 'F', 'R', true, c_ag_tree_leaf},
+    {"ag_tree_tuple", 'N', 'R', false, c_ag_tree_tuple},
+    {"ag_tree_list", 'N', 'R', false, c_ag_tree_list},
+    {"ag_tree_dict", 'N', 'R', false, c_ag_tree_dict},
+    {"ag_tree_free", 'A', 'O', false, c_ag_tree_free},
+    {"ag_tree_kind_of", 'A', 'O', false, c_ag_tree_kind_of},
+    {"ag_tree_num_children", 'A', 'I', false, c_ag_tree_num_children},
+    {"ag_tree_child", 'A', 'R', false, c_ag_tree_child},
+    {"ag_tree_key", 'A', 'R', false, c_ag_tree_key},
+    {"ag_tree_tensor", 'A', 'R', false, c_ag_tree_tensor},
+    {"ag_tree_flatten", 'F', 'I', true, c_ag_tree_flatten},
+    {"ag_tree_unflatten", 'F', 'R', true, c_ag_tree_unflatten},
+    {"ag_export_joint", 'F', 'R', false, c_ag_export_joint},
+    {"ag_joint_free", 'A', 'O', false, c_ag_joint_free},
+    {"ag_joint_graph", 'A', 'R', false, c_ag_joint_graph},
+    {"ag_joint_set_graph", 'F', 'I', true, c_ag_joint_set_graph},
+    {"ag_joint_num_params", 'A', 'I', false, c_ag_joint_num_params},
+    {"ag_joint_param_fqn", 'A', 'R', false, c_ag_joint_param_fqn},
+    {"ag_joint_num_buffers", 'A', 'I', false, c_ag_joint_num_buffers},
+    {"ag_joint_buffer_fqn", 'A', 'R', false, c_ag_joint_buffer_fqn},
+    {"ag_joint_in_spec", 'A', 'R', false, c_ag_joint_in_spec},
+    {"ag_joint_out_spec", 'A', 'R', false, c_ag_joint_out_spec},
+    {"ag_joint_num_static_inputs", 'A', 'I', false, c_ag_joint_num_static_inputs},
+    {"ag_joint_static_input", 'A', 'I', false, c_ag_joint_static_input},
+    {"ag_joint_num_primals", 'A', 'I', false, c_ag_joint_num_primals},
+    {"ag_joint_num_tangents", 'A', 'I', false, c_ag_joint_num_tangents},
+    {"ag_joint_input_info", 'A', 'R', false, c_ag_joint_input_info},
+    {"ag_joint_num_user_outputs", 'A', 'I', false, c_ag_joint_num_user_outputs},
+    {"ag_joint_output_info", 'A', 'R', false, c_ag_joint_output_info},
+    {"ag_joint_num_mutated_inputs", 'A', 'I', false, c_ag_joint_num_mutated_inputs},
+    {"ag_joint_num_metadata_mutations", 'A', 'I', false, c_ag_joint_num_metadata_mutations},
+    {"ag_joint_num_intermediate_bases", 'A', 'I', false, c_ag_joint_num_intermediate_bases},
+    {"ag_joint_num_fw_outputs", 'A', 'I', false, c_ag_joint_num_fw_outputs},
+    {"ag_joint_num_forward_tokens", 'A', 'I', false, c_ag_joint_num_forward_tokens},
+    {"ag_joint_num_backward_tokens", 'A', 'I', false, c_ag_joint_num_backward_tokens},
+    {"ag_joint_needs_autograd", 'A', 'O', false, c_ag_joint_needs_autograd},
+    {"ag_joint_num_flat_inputs", 'A', 'I', false, c_ag_joint_num_flat_inputs},
+    {"ag_joint_flat_input_primal", 'A', 'I', false, c_ag_joint_flat_input_primal},
+    {"ag_joint_primals_from_flat", 'F', 'I', true, c_ag_joint_primals_from_flat},
+    {"ag_fx_pairs_free", 'A', 'O', false, c_ag_fx_pairs_free},
+    {"ag_fx_pairs_count", 'A', 'I', false, c_ag_fx_pairs_count},
+    {"ag_fx_pairs_desc", 'A', 'R', false, c_ag_fx_pairs_desc},
+    {"ag_fx_pairs_first", 'A', 'R', false, c_ag_fx_pairs_first},
+    {"ag_fx_pairs_second", 'A', 'R', false, c_ag_fx_pairs_second},
+    {"ag_fx_pairs_find", 'A', 'I', false, c_ag_fx_pairs_find},
+    {"ag_fx_all_input_and_grad_nodes", 'F', 'R', true, c_ag_fx_all_input_and_grad_nodes},
+    {"ag_fx_all_output_and_tangent_nodes", 'F', 'R', true, c_ag_fx_all_output_and_tangent_nodes},
+    {"ag_fx_param_and_grad_nodes", 'F', 'R', true, c_ag_fx_param_and_grad_nodes},
+    {"ag_fx_plain_input_and_grad_nodes", 'F', 'R', true, c_ag_fx_plain_input_and_grad_nodes},
+    {"ag_fx_plain_output_and_tangent_nodes", 'F', 'R', true,
+     c_ag_fx_plain_output_and_tangent_nodes},
+    {"ag_fx_named_free", 'A', 'O', false, c_ag_fx_named_free},
+    {"ag_fx_named_count", 'A', 'I', false, c_ag_fx_named_count},
+    {"ag_fx_named_name", 'A', 'R', false, c_ag_fx_named_name},
+    {"ag_fx_named_node", 'A', 'R', false, c_ag_fx_named_node},
+    {"ag_fx_named_get", 'A', 'R', false, c_ag_fx_named_get},
+    {"ag_fx_named_param_nodes", 'F', 'R', true, c_ag_fx_named_param_nodes},
+    {"ag_fx_named_buffer_nodes", 'F', 'R', true, c_ag_fx_named_buffer_nodes},
+    {"ag_fx_param_nodes", 'F', 'I', true, c_ag_fx_param_nodes},
+    {"ag_fx_buffer_nodes", 'F', 'I', true, c_ag_fx_buffer_nodes},
+    {"ag_graph_free", 'A', 'O', false, c_ag_graph_free},
+    {"ag_graph_copy", 'F', 'R', true, c_ag_graph_copy},
+    {"ag_graph_num_nodes", 'A', 'I', false, c_ag_graph_num_nodes},
+    {"ag_graph_first", 'A', 'R', false, c_ag_graph_first},
+    {"ag_graph_last", 'A', 'R', false, c_ag_graph_last},
+    {"ag_node_next", 'A', 'R', false, c_ag_node_next},
+    {"ag_node_prev", 'A', 'R', false, c_ag_node_prev},
+    {"ag_graph_output_node", 'A', 'R', false, c_ag_graph_output_node},
+    {"ag_graph_find", 'A', 'R', false, c_ag_graph_find},
+    {"ag_graph_placeholders", 'F', 'I', true, c_ag_graph_placeholders},
+    {"ag_graph_insert_before", 'F', 'O', true, c_ag_graph_insert_before},
+    {"ag_graph_insert_after", 'F', 'O', true, c_ag_graph_insert_after},
+    {"ag_graph_insert_at_end", 'F', 'O', true, c_ag_graph_insert_at_end},
+    {"ag_graph_placeholder", 'F', 'R', true, c_ag_graph_placeholder},
+    {"ag_graph_call", 'F', 'R', true, c_ag_graph_call},
+    {"ag_graph_getitem", 'F', 'R', false, c_ag_graph_getitem},
+    {"ag_graph_get_attr", 'F', 'R', false, c_ag_graph_get_attr},
+    {"ag_graph_output", 'F', 'R', true, c_ag_graph_output},
+    {"ag_node_replace_all_uses", 'A', 'I', false, c_ag_node_replace_all_uses},
+    {"ag_node_set_arg", 'F', 'I', true, c_ag_node_set_arg},
+    {"ag_graph_erase", 'F', 'I', true, c_ag_graph_erase},
+    {"ag_graph_move_before", 'A', 'I', false, c_ag_graph_move_before},
+    {"ag_graph_move_after", 'A', 'I', false, c_ag_graph_move_after},
+    {"ag_node_rename", 'F', 'I', false, c_ag_node_rename},
+    {"ag_node_kind_of", 'A', 'O', false, c_ag_node_kind_of},
+    {"ag_node_name", 'A', 'R', false, c_ag_node_name},
+    {"ag_node_op", 'A', 'R', false, c_ag_node_op},
+    {"ag_node_nargs", 'A', 'I', false, c_ag_node_nargs},
+    {"ag_node_arg", 'A', 'R', false, c_ag_node_arg},
+    {"ag_node_arg_node", 'A', 'R', false, c_ag_node_arg_node},
+    {"ag_node_num_users", 'A', 'I', false, c_ag_node_num_users},
+    {"ag_node_user", 'A', 'R', false, c_ag_node_user},
+    {"ag_node_num_vals", 'A', 'I', false, c_ag_node_num_vals},
+    {"ag_node_val", 'A', 'R', false, c_ag_node_val},
+    {"ag_node_set_val", 'F', 'I', true, c_ag_node_set_val},
+    {"ag_node_constant", 'A', 'R', false, c_ag_node_constant},
+    {"ag_node_index", 'A', 'I', false, c_ag_node_index},
+    {"ag_node_meta_set", 'F', 'I', true, c_ag_node_meta_set},
+    {"ag_node_meta_get", 'A', 'O', false, c_ag_node_meta_get},
+    {"ag_node_meta_del", 'F', 'I', true, c_ag_node_meta_del},
+    {"ag_node_meta_count", 'A', 'I', false, c_ag_node_meta_count},
+    {"ag_node_meta_key_at", 'A', 'R', false, c_ag_node_meta_key_at},
+    {"ag_node_seq_nr", 'A', 'O', false, c_ag_node_seq_nr},
+    {"ag_node_set_seq_nr", 'F', 'I', true, c_ag_node_set_seq_nr},
+    {"ag_node_stack_trace", 'A', 'R', false, c_ag_node_stack_trace},
+    {"ag_node_set_stack_trace", 'F', 'I', true, c_ag_node_set_stack_trace},
+    {"ag_node_partitioner_tag", 'A', 'R', false, c_ag_node_partitioner_tag},
+    {"ag_node_set_partitioner_tag", 'F', 'I', true, c_ag_node_set_partitioner_tag},
+    {"ag_node_is_gradient_acc", 'A', 'O', false, c_ag_node_is_gradient_acc},
+    {"ag_node_set_gradient_acc", 'F', 'I', true, c_ag_node_set_gradient_acc},
+    {"ag_node_recompute", 'A', 'O', false, c_ag_node_recompute},
+    {"ag_node_set_recompute", 'F', 'I', true, c_ag_node_set_recompute},
+    {"ag_node_custom_set", 'F', 'I', false, c_ag_node_custom_set},
+    {"ag_node_custom_get", 'A', 'O', false, c_ag_node_custom_get},
+    {"ag_node_custom_count", 'A', 'I', false, c_ag_node_custom_count},
+    {"ag_node_custom_key_at", 'A', 'R', false, c_ag_node_custom_key_at},
+    {"ag_node_custom_clear", 'F', 'O', true, c_ag_node_custom_clear},
+    {"ag_node_custom_copy", 'A', 'I', false, c_ag_node_custom_copy},
+    {"ag_node_set_desc", 'F', 'I', true, c_ag_node_set_desc},
+    {"ag_node_desc", 'A', 'R', false, c_ag_node_desc},
+    {"ag_node_set_output_descs", 'F', 'I', true, c_ag_node_set_output_descs},
+    {"ag_node_output_desc", 'A', 'R', false, c_ag_node_output_desc},
+    {"ag_node_has_output_descs", 'A', 'O', false, c_ag_node_has_output_descs},
+    {"ag_graph_verify", 'F', 'I', false, c_ag_graph_verify},
+    {"ag_graph_dce", 'F', 'I', true, c_ag_graph_dce},
+    {"ag_graph_cse", 'F', 'I', true, c_ag_graph_cse},
+    {"ag_graph_reinfer_meta", 'F', 'I', true, c_ag_graph_reinfer_meta},
+    {"ag_decomp_table_free", 'A', 'O', false, c_ag_decomp_table_free},
+    {"ag_decomp_table_add", 'F', 'I', true, c_ag_decomp_table_add},
+    {"ag_graph_decompose", 'F', 'I', false, c_ag_graph_decompose},
+    {"ag_graph_run", 'F', 'I', false, c_ag_graph_run},
+    {"ag_graph_to_string", 'F', 'R', true, c_ag_graph_to_string},
+    {"ag_graph_print", 'F', 'I', true, c_ag_graph_print},
+    {"ag_graph_parse", 'F', 'R', false, c_ag_graph_parse},
+    {"ag_graph_to_dot", 'F', 'R', true, c_ag_graph_to_dot},
+    {"ag_graph_write_svg", 'F', 'I', false, c_ag_graph_write_svg},
+    {"ag_module_new", 'N', 'R', false, c_ag_module_new},
+    {"ag_module_free", 'A', 'O', false, c_ag_module_free},
+    {"ag_module_register_parameter", 'F', 'I', false, c_ag_module_register_parameter},
+    {"ag_module_register_buffer", 'F', 'I', false, c_ag_module_register_buffer},
+    {"ag_module_add_child", 'F', 'I', false, c_ag_module_add_child},
+    {"ag_module_ud", 'A', 'R', false, c_ag_module_ud},
+    {"ag_module_type", 'A', 'R', false, c_ag_module_type},
+    {"ag_module_param", 'A', 'R', false, c_ag_module_param},
+    {"ag_module_buffer", 'A', 'R', false, c_ag_module_buffer},
+    {"ag_module_child", 'A', 'R', false, c_ag_module_child},
+    {"ag_module_num_children", 'A', 'I', false, c_ag_module_num_children},
+    {"ag_module_child_at", 'A', 'R', false, c_ag_module_child_at},
+    {"ag_module_named_parameters", 'F', 'I', false, c_ag_module_named_parameters},
+    {"ag_module_named_buffers", 'F', 'I', false, c_ag_module_named_buffers},
+    {"ag_named_tensors_free", 'A', 'O', false, c_ag_named_tensors_free},
+    {"ag_module_num_parameters", 'F', 'O', false, c_ag_module_num_parameters},
+    {"ag_module_train", 'A', 'O', false, c_ag_module_train},
+    {"ag_module_is_training", 'A', 'O', false, c_ag_module_is_training},
+    {"ag_module_call", 'F', 'I', true, c_ag_module_call},
+    {"ag_module_forward", 'F', 'R', false, c_ag_module_forward},
+    {"ag_module_save", 'F', 'I', false, c_ag_module_save},
+    {"ag_module_load", 'F', 'I', false, c_ag_module_load},
+    {"ag_nn_gelu", 'N', 'R', false, c_ag_nn_gelu},
+    {"ag_nn_append", 'F', 'I', false, c_ag_nn_append},
+    {"ag_nn_causal_self_attention", 'F', 'R', false, c_ag_nn_causal_self_attention},
+    {"ag_nn_gpt2_block", 'F', 'R', false, c_ag_nn_gpt2_block},
+    {"ag_nn_gpt2", 'F', 'R', false, c_ag_nn_gpt2},
+    {"ag_optim_sgd", 'F', 'R', false, c_ag_optim_sgd},
+    {"ag_optim_adamw", 'F', 'R', false, c_ag_optim_adamw},
+    {"ag_optim_step", 'F', 'I', true, c_ag_optim_step},
+    {"ag_optim_zero_grad", 'A', 'O', false, c_ag_optim_zero_grad},
+    {"ag_optim_set_lr", 'A', 'O', false, c_ag_optim_set_lr},
+    {"ag_optim_free", 'A', 'O', false, c_ag_optim_free},
+    {"ag_add", 'F', 'R', true, c_ag_add},
+    {"ag_add_alpha", 'F', 'R', false, c_ag_add_alpha},
+    {"ag_sub", 'F', 'R', true, c_ag_sub},
+    {"ag_mul", 'F', 'R', true, c_ag_mul},
+    {"ag_div", 'F', 'R', true, c_ag_div},
+    {"ag_add_scalar", 'F', 'R', false, c_ag_add_scalar},
+    {"ag_sub_scalar", 'F', 'R', false, c_ag_sub_scalar},
+    {"ag_mul_scalar", 'F', 'R', false, c_ag_mul_scalar},
+    {"ag_div_scalar", 'F', 'R', false, c_ag_div_scalar},
+    {"ag_pow_scalar", 'F', 'R', false, c_ag_pow_scalar},
+    {"ag_neg", 'F', 'R', true, c_ag_neg},
+    {"ag_exp", 'F', 'R', true, c_ag_exp},
+    {"ag_log", 'F', 'R', true, c_ag_log},
+    {"ag_sqrt", 'F', 'R', true, c_ag_sqrt},
+    {"ag_rsqrt", 'F', 'R', true, c_ag_rsqrt},
+    {"ag_abs", 'F', 'R', true, c_ag_abs},
+    {"ag_tanh", 'F', 'R', true, c_ag_tanh},
+    {"ag_sigmoid", 'F', 'R', true, c_ag_sigmoid},
+    {"ag_relu", 'F', 'R', true, c_ag_relu},
+    {"ag_gelu", 'F', 'R', true, c_ag_gelu},
+    {"ag_silu", 'F', 'R', true, c_ag_silu},
+    {"ag_sin", 'F', 'R', true, c_ag_sin},
+    {"ag_cos", 'F', 'R', true, c_ag_cos},
+    {"ag_sign", 'F', 'R', true, c_ag_sign},
+    {"ag_clamp", 'F', 'R', true, c_ag_clamp},
+    {"ag_where", 'F', 'R', true, c_ag_where},
+    {"ag_masked_fill", 'F', 'R', true, c_ag_masked_fill},
+    {"ag_eq", 'F', 'R', true, c_ag_eq},
+    {"ag_ne", 'F', 'R', true, c_ag_ne},
+    {"ag_lt", 'F', 'R', true, c_ag_lt},
+    {"ag_le", 'F', 'R', true, c_ag_le},
+    {"ag_gt", 'F', 'R', true, c_ag_gt},
+    {"ag_ge", 'F', 'R', true, c_ag_ge},
+    {"ag_eq_scalar", 'F', 'R', false, c_ag_eq_scalar},
+    {"ag_ne_scalar", 'F', 'R', false, c_ag_ne_scalar},
+    {"ag_lt_scalar", 'F', 'R', false, c_ag_lt_scalar},
+    {"ag_le_scalar", 'F', 'R', false, c_ag_le_scalar},
+    {"ag_gt_scalar", 'F', 'R', false, c_ag_gt_scalar},
+    {"ag_ge_scalar", 'F', 'R', false, c_ag_ge_scalar},
+    {"ag_threshold_backward", 'F', 'R', true, c_ag_threshold_backward},
+    {"ag_sigmoid_backward", 'F', 'R', true, c_ag_sigmoid_backward},
+    {"ag_tanh_backward", 'F', 'R', true, c_ag_tanh_backward},
+    {"ag_gelu_backward", 'F', 'R', true, c_ag_gelu_backward},
+    {"ag_silu_backward", 'F', 'R', true, c_ag_silu_backward},
+    {"ag_to_dtype", 'F', 'R', false, c_ag_to_dtype},
+    {"ag_clone", 'F', 'R', true, c_ag_clone},
+    {"ag_contiguous", 'F', 'R', true, c_ag_contiguous},
+    {"ag_view", 'F', 'R', true, c_ag_view},
+    {"ag_reshape", 'F', 'R', true, c_ag_reshape},
+    {"ag_permute", 'F', 'R', true, c_ag_permute},
+    {"ag_transpose", 'F', 'R', true, c_ag_transpose},
+    {"ag_t", 'F', 'R', true, c_ag_t},
+    {"ag_expand", 'F', 'R', true, c_ag_expand},
+    {"ag_slice", 'F', 'R', true, c_ag_slice},
+    {"ag_select", 'F', 'R', true, c_ag_select},
+    {"ag_unsqueeze", 'F', 'R', true, c_ag_unsqueeze},
+    {"ag_squeeze", 'F', 'R', true, c_ag_squeeze},
+    {"ag_squeeze_all", 'F', 'R', false, c_ag_squeeze_all},
+    {"ag_as_strided", 'F', 'R', true, c_ag_as_strided},
+    {"ag_alias", 'F', 'R', true, c_ag_alias},
+    {"ag_t_", 'F', 'R', true, c_ag_t_},
+    {"ag_transpose_", 'F', 'R', true, c_ag_transpose_},
+    {"ag_unsqueeze_", 'F', 'R', true, c_ag_unsqueeze_},
+    {"ag_as_strided_", 'F', 'R', true, c_ag_as_strided_},
+    {"ag_slice_backward", 'F', 'R', true, c_ag_slice_backward},
+    {"ag_select_backward", 'F', 'R', true, c_ag_select_backward},
+    {"ag_sum", 'F', 'R', true, c_ag_sum},
+    {"ag_sum_all", 'F', 'R', false, c_ag_sum_all},
+    {"ag_mean", 'F', 'R', true, c_ag_mean},
+    {"ag_mean_all", 'F', 'R', false, c_ag_mean_all},
+    {"ag_amax", 'F', 'R', true, c_ag_amax},
+    {"ag_var", 'F', 'R', true, c_ag_var},
+    {"ag_logsumexp", 'F', 'R', true, c_ag_logsumexp},
+    {"ag_argmax", 'F', 'R', true, c_ag_argmax},
+    {"ag_argmax_all", 'F', 'R', false, c_ag_argmax_all},
+    {"ag_softmax", 'F', 'R', true, c_ag_softmax},
+    {"ag_log_softmax", 'F', 'R', true, c_ag_log_softmax},
+    {"ag_softmax_backward_data", 'F', 'R', true, c_ag_softmax_backward_data},
+    {"ag_log_softmax_backward_data", 'F', 'R', true, c_ag_log_softmax_backward_data},
+    {"ag_mm", 'F', 'R', true, c_ag_mm},
+    {"ag_bmm", 'F', 'R', true, c_ag_bmm},
+    {"ag_addmm", 'F', 'R', true, c_ag_addmm},
+    {"ag_matmul", 'F', 'R', true, c_ag_matmul},
+    {"ag_linear", 'F', 'R', true, c_ag_linear},
+    {"ag_conv2d", 'F', 'R', false, c_ag_conv2d},
+    {"ag_convolution_backward", 'F', 'I', true, c_ag_convolution_backward},
+    {"ag_max_pool2d_with_indices", 'F', 'I', true, c_ag_max_pool2d_with_indices},
+    {"ag_max_pool2d", 'F', 'R', true, c_ag_max_pool2d},
+    {"ag_avg_pool2d", 'F', 'R', true, c_ag_avg_pool2d},
+    {"ag_adaptive_avg_pool2d", 'F', 'R', true, c_ag_adaptive_avg_pool2d},
+    {"ag_native_layer_norm", 'F', 'I', true, c_ag_native_layer_norm},
+    {"ag_layer_norm", 'F', 'R', true, c_ag_layer_norm},
+    {"ag_native_batch_norm", 'F', 'I', true, c_ag_native_batch_norm},
+    {"ag_embedding", 'F', 'R', true, c_ag_embedding},
+    {"ag_embedding_dense_backward", 'F', 'R', true, c_ag_embedding_dense_backward},
+    {"ag_nll_loss", 'F', 'R', true, c_ag_nll_loss},
+    {"ag_cross_entropy", 'F', 'R', true, c_ag_cross_entropy},
+    {"ag_native_dropout", 'F', 'I', true, c_ag_native_dropout},
+    {"ag_dropout", 'F', 'R', true, c_ag_dropout},
+    {"ag_scaled_dot_product_attention", 'F', 'R', true, c_ag_scaled_dot_product_attention},
+    {"ag_cat", 'F', 'R', true, c_ag_cat},
+    {"ag_stack", 'F', 'R', true, c_ag_stack},
+    {"ag_split", 'F', 'I', true, c_ag_split},
+    {"ag_index_select", 'F', 'R', true, c_ag_index_select},
+    {"ag_gather", 'F', 'R', true, c_ag_gather},
+    {"ag_index", 'F', 'R', true, c_ag_index},
+    {"ag_index_put", 'F', 'R', true, c_ag_index_put},
+    {"ag_new_empty", 'F', 'R', true, c_ag_new_empty},
+    {"ag_new_zeros", 'F', 'R', true, c_ag_new_zeros},
+    {"ag_index_add", 'F', 'R', true, c_ag_index_add},
+    {"ag_scatter_add", 'F', 'R', true, c_ag_scatter_add},
+    {"ag_zeros_like", 'F', 'R', true, c_ag_zeros_like},
+    {"ag_ones_like", 'F', 'R', true, c_ag_ones_like},
+    {"ag_full_like", 'F', 'R', true, c_ag_full_like},
+    {"ag_rand", 'N', 'R', false, c_ag_rand},
+    {"ag_randn", 'N', 'R', false, c_ag_randn},
+    {"ag_philox_rand", 'F', 'R', true, c_ag_philox_rand},
+    {"ag_philox_randn", 'F', 'R', true, c_ag_philox_randn},
+    {"ag_add_", 'F', 'R', true, c_ag_add_},
+    {"ag_add_scalar_", 'F', 'R', false, c_ag_add_scalar_},
+    {"ag_mul_", 'F', 'R', true, c_ag_mul_},
+    {"ag_mul_scalar_", 'F', 'R', false, c_ag_mul_scalar_},
+    {"ag_copy_", 'F', 'R', true, c_ag_copy_},
+    {"ag_zero_", 'F', 'R', true, c_ag_zero_},
+    {"ag_fill_", 'F', 'R', true, c_ag_fill_},
+    {"ag_index_put_", 'F', 'R', true, c_ag_index_put_},
+    {"ag_uniform_", 'F', 'R', true, c_ag_uniform_},
+    {"ag_normal_", 'F', 'R', true, c_ag_normal_},
+    {"ag_op_find", 'F', 'R', true, c_ag_op_find},
+    {"ag_op_name", 'A', 'R', false, c_ag_op_name},
+    {"ag_op_def", 'A', 'R', false, c_ag_op_def},
+    {"ag_op_nargs", 'A', 'I', false, c_ag_op_nargs},
+    {"ag_op_arg", 'A', 'R', false, c_ag_op_arg},
+    {"ag_op_noutputs", 'A', 'I', false, c_ag_op_noutputs},
+    {"ag_op_register", 'F', 'R', true, c_ag_op_register},
+    {"ag_op_flags_str", 'F', 'R', true, c_ag_op_flags_str},
+    {"ag_op_with_effects", 'F', 'R', false, c_ag_op_with_effects},
+    {"ag_op_with_effects_target", 'A', 'R', false, c_ag_op_with_effects_target},
+    {"ag_op_call", 'F', 'I', true, c_ag_op_call},
+    {"ag_op_call1", 'F', 'R', false, c_ag_op_call1},
+    {"ag_op_cost", 'F', 'I', true, c_ag_op_cost},
+    {"ag_samples_add", 'F', 'O', true, c_ag_samples_add},
+    {"ag_samples_rand", 'F', 'R', true, c_ag_samples_rand},
+    {"ag_samples_rand_nograd", 'F', 'R', true, c_ag_samples_rand_nograd},
+    {"ag_samples_rand_strided", 'F', 'R', true, c_ag_samples_rand_strided},
+    {"ag_subclass_new", 'F', 'R', true, c_ag_subclass_new},
+    {"ag_tensor_subclass", 'A', 'R', false, c_ag_tensor_subclass},
+    {"ag_subclass_flatten", 'F', 'I', true, c_ag_subclass_flatten},
+    {"ag_subclass_inner", 'A', 'R', false, c_ag_subclass_inner},
+    {"ag_subclass_attr", 'A', 'R', false, c_ag_subclass_attr},
+    {"ag_subclass_unflatten", 'F', 'R', true, c_ag_subclass_unflatten},
+    {"ag_subclass_flatten_tensors", 'A', 'I', false, c_ag_subclass_flatten_tensors},
+    {"ag_subclass_call_inner", 'F', 'I', true, c_ag_subclass_call_inner},
+    {"ag_two_tensor", 'F', 'R', true, c_ag_two_tensor},
+    {"ag_scaled_int8_quantize", 'F', 'R', true, c_ag_scaled_int8_quantize},
+    {"ag_scaled_int8_dequantize", 'F', 'R', true, c_ag_scaled_int8_dequantize},
+    {"ag_is_meta", 'A', 'O', false, c_ag_is_meta},
+    {"ag_trace", 'F', 'R', true, c_ag_trace},
+    {"ag_trace_module", 'F', 'R', false, c_ag_trace_module},
+    {"ag_annotate_begin", 'A', 'O', false, c_ag_annotate_begin},
+    {"ag_annotate_fn", 'F', 'I', true, c_ag_annotate_fn},
+    {"ag_site", 'A', 'O', false, c_ag_site},
+    {"ag_zoo_build", 'F', 'I', false, c_ag_zoo_build},
+    {"ag_zoo_log_get", 'F', 'I', false, c_ag_zoo_log_get},
+    {"ag_zoo_build_opts", 'F', 'I', false, c_ag_zoo_build_opts},
+};
+
+/* Runs one row in a child; returns its exit status (0 when the row held). */
+static int run_row(const row *r) {
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        ag_clear_error();
+        long v = r->call();
+        int bad = 0;
+        if (r->kind == 'F') {
+            if (ag_last_status() >= 0 || !ag_last_error()[0])
+                bad = 2;
+            else if (r->ret == 'R' && v != 1)
+                bad = 3;
+            else if (r->ret == 'I' && v >= 0)
+                bad = 4;
+            else if (r->named && !strstr(ag_last_error(), r->name + 3))
+                bad = 5;
+        } else if (r->kind == 'A' && r->ret == 'R' && v != 1) {
+            bad = 6;
+        }
+        if (bad)
+            fprintf(stderr, "%s: check %d failed (returned %ld, status %d, message '%s')\n",
+                    r->name, bad, v, ag_last_status(), ag_last_error());
+        _exit(bad);
+    }
+    int st = 0;
+    if (waitpid(pid, &st, 0) != pid)
+        return 100;
+    if (!WIFEXITED(st)) {
+        fprintf(stderr, "%s: crashed with signal %d\n", r->name, WTERMSIG(st));
+        return 101;
+    }
+    return WEXITSTATUS(st);
+}
+
+static void test_null_arguments(void **st) {
+    (void)st;
+    int failures = 0, n = (int)(sizeof rows / sizeof rows[0]);
+    for (int i = 0; i < n; i++)
+        failures += run_row(&rows[i]) != 0;
+    if (failures)
+        fail_msg("%d of %d public functions broke the NULL policy", failures, n);
+}
+
+/* The macro-made messages read "name: p is NULL". */
+static void test_null_message_form(void **st) {
+    (void)st;
+    ag_clear_error();
+    assert_int_equal(ag_graph_erase(NULL, NULL), AG_EINVAL);
+    tu_assert_error_contains("graph_erase: g is NULL");
+    assert_int_equal(ag_tensor_set_grad(NULL, NULL), AG_EINVAL);
+    tu_assert_error_contains("tensor_set_grad: t is NULL");
+    assert_int_equal(ag_node_set_seq_nr(NULL, 3), AG_EINVAL);
+    tu_assert_error_contains("node_set_seq_nr: n is NULL");
+    /* Accessors return their neutral value and leave the error alone. */
+    ag_clear_error();
+    assert_int_equal(ag_tensor_ndim(NULL), 0);
+    assert_null(ag_node_name(NULL));
+    assert_int_equal(ag_node_index(NULL), -1);
+    assert_int_equal(ag_joint_num_params(NULL), 0);
+    assert_int_equal(ag_last_status(), 0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_null_arguments),
+        cmocka_unit_test(test_null_message_form),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
