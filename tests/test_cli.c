@@ -408,6 +408,10 @@ static void test_train_batch_vs_data(void **state) {
     run(&r, NULL, 0, (const char *const[]){"train", "--data", dir, "--batch", "11", NULL});
     expect(&r, 2, "aotgrad train: --batch 11 is larger than the training set (10 images)\n",
            "train --batch 11");
+    run(&r, NULL, 0,
+        (const char *const[]){"train", "--data", dir, "--batch", "11", "--steps", "2", NULL});
+    expect(&r, 2, "aotgrad train: --batch 11 is larger than the training set (10 images)\n",
+           "train --batch 11 --steps 2");
     /* As large as it, and smaller (3 steps of 3, wrapping around the epoch), train. */
     run(&r, NULL, 0,
         (const char *const[]){"train", "--data", dir, "--batch", "10", "--steps", "2", NULL});
