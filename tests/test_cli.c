@@ -159,8 +159,8 @@ static void test_stdout_full(void **state) {
     path_in(g, sizeof g, "g.txt");
     spit(g, graph_text);
     const char *const cmds[][6] = {
-        {"models", NULL},        {"version", NULL},          {"ops", NULL},
-        {"trace", "mlp", NULL},  {"export", "mlp", NULL},    {"descriptors", "mlp", NULL},
+        {"models", NULL},           {"version", NULL},       {"ops", NULL},
+        {"trace", "mlp", NULL},     {"export", "mlp", NULL}, {"descriptors", "mlp", NULL},
         {"partition", "mlp", NULL}, {"show", g, NULL},
     };
     char out[256];
@@ -286,19 +286,27 @@ static void test_numeric_flags(void **state) {
     } cases[] = {
         {{"partition", "mlp", "--budget", "", NULL},
          "aotgrad partition: --budget: expected a number in [0, 1], got ''\n"},
-        {{"partition", "mlp", "--budget", "0.5x", NULL}, "--budget: expected a number in [0, 1], got '0.5x'"},
+        {{"partition", "mlp", "--budget", "0.5x", NULL},
+         "--budget: expected a number in [0, 1], got '0.5x'"},
         {{"partition", "mlp", "--budget", "nan", NULL}, "got 'nan'"},
         {{"partition", "mlp", "--budget", "1.5", NULL}, "got '1.5'"},
         {{"partition", "mlp", "--budget", " 0.5", NULL}, "got ' 0.5'"},
-        {{"partition", "mlp", "--budget", NULL}, "--budget: expected a number in [0, 1], got nothing"},
+        {{"partition", "mlp", "--budget", NULL},
+         "--budget: expected a number in [0, 1], got nothing"},
         {{"partition", "mlp", "--dropout", "", NULL}, "aotgrad partition: --dropout: expected"},
-        {{"check", "mlp", "--budget", "", NULL}, "aotgrad check: --budget: expected a number in [0, 1], got ''"},
-        {{"check", "mlp", "--steps", "", NULL}, "aotgrad check: --steps: expected an integer in [1, 1000], got ''"},
-        {{"check", "mlp", "--steps", "0", NULL}, "--steps: expected an integer in [1, 1000], got '0'"},
-        {{"check", "dropout_mlp", "--dropout", "", NULL}, "aotgrad check: --dropout: expected a number in [0, 1], got ''"},
+        {{"check", "mlp", "--budget", "", NULL},
+         "aotgrad check: --budget: expected a number in [0, 1], got ''"},
+        {{"check", "mlp", "--steps", "", NULL},
+         "aotgrad check: --steps: expected an integer in [1, 1000], got ''"},
+        {{"check", "mlp", "--steps", "0", NULL},
+         "--steps: expected an integer in [1, 1000], got '0'"},
+        {{"check", "dropout_mlp", "--dropout", "", NULL},
+         "aotgrad check: --dropout: expected a number in [0, 1], got ''"},
         {{"trace", "mlp", "--dropout", "", NULL}, "aotgrad trace: --dropout: expected"},
-        {{"export", "mlp", "--dropout", "1.5", NULL}, "aotgrad export: --dropout: expected a number in [0, 1], got '1.5'"},
-        {{"descriptors", "mlp", "--dropout", "-0.1", NULL}, "aotgrad descriptors: --dropout: expected"},
+        {{"export", "mlp", "--dropout", "1.5", NULL},
+         "aotgrad export: --dropout: expected a number in [0, 1], got '1.5'"},
+        {{"descriptors", "mlp", "--dropout", "-0.1", NULL},
+         "aotgrad descriptors: --dropout: expected"},
         {{"train", "--steps", "", NULL}, "aotgrad train: --steps: expected an integer in [1, "},
         {{"train", "--steps", "0", NULL}, "--steps: expected an integer in [1, "},
         {{"train", "--steps", "-3", NULL}, "got '-3'"},
@@ -307,16 +315,19 @@ static void test_numeric_flags(void **state) {
         {{"train", "--batch", "", NULL}, "aotgrad train: --batch: expected an integer in [1, "},
         {{"train", "--batch", "0", NULL}, "--batch: expected an integer in [1, "},
         {{"train", "--batch", "-1", NULL}, "got '-1'"},
-        {{"train", "--lr", "inf", NULL}, "aotgrad train: --lr: expected a finite number > 0, got 'inf'"},
+        {{"train", "--lr", "inf", NULL},
+         "aotgrad train: --lr: expected a finite number > 0, got 'inf'"},
         {{"train", "--lr", "nan", NULL}, "--lr: expected a finite number > 0, got 'nan'"},
         {{"train", "--lr", "0", NULL}, "got '0'"},
         {{"train", "--lr", "-1e-3", NULL}, "got '-1e-3'"},
         {{"train", "--lr", "1e999", NULL}, "got '1e999'"},
         {{"train", "--lr", "", NULL}, "--lr: expected a finite number > 0, got ''"},
-        {{"train", "--budget", "", NULL}, "aotgrad train: --budget: expected a number in [0, 1], got ''"},
+        {{"train", "--budget", "", NULL},
+         "aotgrad train: --budget: expected a number in [0, 1], got ''"},
         {{"train", "--seed", "", NULL}, "aotgrad train: --seed: expected an integer"},
         {{"train", "--seed", "-1", NULL}, "aotgrad train: --seed: expected an integer"},
-        {{"bench", "--runs", "", NULL}, "aotgrad bench: --runs: expected an integer in [1, 1000], got ''"},
+        {{"bench", "--runs", "", NULL},
+         "aotgrad bench: --runs: expected an integer in [1, 1000], got ''"},
         {{"bench", "--threads", "0", NULL}, "aotgrad bench: --threads: expected an integer"},
         {{"bench", "--warmup", "x", NULL}, "aotgrad bench: --warmup: expected an integer"},
     };
@@ -352,8 +363,8 @@ static void test_train_nonfinite_loss(void **state) {
     write_text(text);
     result r;
     run(&r, NULL, 0,
-        (const char *const[]){"train", "--model", "gpt2", "--data", text, "--batch", "2",
-                              "--steps", "30", "--lr", "1e30", NULL});
+        (const char *const[]){"train", "--model", "gpt2", "--data", text, "--batch", "2", "--steps",
+                              "30", "--lr", "1e30", NULL});
     expect(&r, 1, "; stopping (lower --lr?)\n", "train --lr 1e30");
     assert_non_null(strstr(r.err, "aotgrad train: step "));
     assert_true(strstr(r.err, ": loss is nan;") || strstr(r.err, ": loss is inf;") ||

@@ -279,8 +279,8 @@ char *cli_read_file(const char *cmd, const char *path, const char *what, size_t 
     /* A regular file says its size: refuse a large one before reading any of it. Devices and
      * pipes (/dev/zero, a FIFO) are read until the limit. */
     struct stat st;
-    bool too_big = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) &&
-                   (uintmax_t)st.st_size > (uintmax_t)max;
+    bool too_big =
+        fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode) && (uintmax_t)st.st_size > (uintmax_t)max;
     size_t cap = 0, n = 0;
     char *buf = NULL;
     int err = 0;
@@ -311,8 +311,9 @@ char *cli_read_file(const char *cmd, const char *path, const char *what, size_t 
     fclose(f);
     if (too_big || err) {
         if (too_big)
-            fprintf(stderr, "aotgrad %s: %s: larger than %zu MiB, the limit for %s; stopped "
-                            "reading\n",
+            fprintf(stderr,
+                    "aotgrad %s: %s: larger than %zu MiB, the limit for %s; stopped "
+                    "reading\n",
                     cmd, path, max >> 20, what);
         else
             fprintf(stderr, "aotgrad %s: cannot read %s: %s\n", cmd, path, strerror(err));

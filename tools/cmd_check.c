@@ -41,7 +41,8 @@ int cli_check(int argc, char **argv) {
             if (cli_dropout_opt("check", v, &zo))
                 return 2;
             i++;
-        } else if (!strcmp(argv[i], "--partitioner") && v && (!strcmp(v, "default") || !strcmp(v, "mincut"))) {
+        } else if (!strcmp(argv[i], "--partitioner") && v &&
+                   (!strcmp(v, "default") || !strcmp(v, "mincut"))) {
             co.partition.partitioner = !strcmp(v, "default") ? AG_PARTITION_DEFAULT : AG_PARTITION_MINCUT;
             i++;
         } else if (!strcmp(argv[i], "--budget")) {
@@ -160,7 +161,8 @@ int cli_check(int argc, char **argv) {
         ag_module_named_parameters(me, true, &pe);
         ag_module_named_parameters(mc, true, &pc);
         for (int i = 0; status == 0 && i < pe.n; i++)
-            worst_grad = fmax(worst_grad, cli_rel_diff(ag_tensor_grad(pe.tensors[i]), ag_tensor_grad(pc.tensors[i])));
+            worst_grad = fmax(worst_grad, cli_rel_diff(ag_tensor_grad(pe.tensors[i]),
+                                                       ag_tensor_grad(pc.tensors[i])));
         ag_module_named_buffers(me, true, &be);
         ag_module_named_buffers(mc, true, &bc);
         for (int i = 0; status == 0 && i < be.n; i++)

@@ -247,8 +247,10 @@ static int check_memory(const ag_compiled *c, const ag_module *model, long long 
     double avail = available_bytes();
     if (need <= avail)
         return 0;
-    fprintf(stderr, "aotgrad train: --batch %lld needs about %.3g GB; this machine has %.1f GB "
-                    "available\n", batch, need / 1e9, avail / 1e9);
+    fprintf(stderr,
+            "aotgrad train: --batch %lld needs about %.3g GB; this machine has %.1f GB "
+            "available\n",
+            batch, need / 1e9, avail / 1e9);
     return 1;
 }
 
@@ -257,7 +259,9 @@ static int check_loss(long long step, double loss) {
     if (isfinite(loss))
         return 0;
     fprintf(stderr, "\naotgrad train: step %lld: loss is %s; stopping (lower --lr?)\n", step,
-            isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf");
+            isnan(loss) ? "nan"
+            : loss > 0  ? "inf"
+                        : "-inf");
     return 1;
 }
 
@@ -276,8 +280,10 @@ static int train_cnn(const train_opts *o) {
     }
     int64_t ntr = ag_tensor_size(xtr, 0), B = o->batch;
     if (B > ntr) {
-        fprintf(stderr, "aotgrad train: --batch %lld is larger than the training set (%lld "
-                        "images)\n", (long long)B, (long long)ntr);
+        fprintf(stderr,
+                "aotgrad train: --batch %lld is larger than the training set (%lld "
+                "images)\n",
+                (long long)B, (long long)ntr);
         ag_tensor_free(xtr);
         ag_tensor_free(ytr);
         ag_tensor_free(xte);
