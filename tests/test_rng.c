@@ -1035,9 +1035,9 @@ static void test_cli(void **st) {
     assert_int_equal(tu_cli_run("check linear --dropout 0.1"), 2);
     HAS("err", "model 'linear' has no dropout");
     assert_int_equal(tu_cli_run("export gpt2 --dropout 2"), 2);
-    HAS("err", "--dropout needs a probability in [0, 1], got '2'");
+    HAS("err", "aotgrad export: --dropout: expected a number in [0, 1], got '2'");
     assert_int_equal(tu_cli_run("descriptors gpt2 --dropout x"), 2);
-    HAS("err", "--dropout needs a number, got 'x'");
+    HAS("err", "aotgrad descriptors: --dropout: expected a number in [0, 1], got 'x'");
     const char *files[] = {"out", "err"};
     tu_cli_cleanup(files, 2);
 }

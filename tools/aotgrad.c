@@ -11,7 +11,9 @@
  *   aotgrad bench [MODEL...] ...    the performance suite: step times, GEMM floor, pipeline
  *   aotgrad version
  *
- * Each subcommand lives in its own cmd_*.c file; this file only dispatches. */
+ * Each subcommand lives in its own cmd_*.c file; this file only dispatches. Exit status: 0 on
+ * success, 1 when the work fails (a failed write to a file or to stdout included), 2 for a
+ * usage error. */
 #include "cli.h"
 
 #include <stdio.h>
@@ -63,15 +65,17 @@ int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") ||
         !strcmp(argv[1], "help")) {
         usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+        return cli_stdout_finish("help", argc < 2 ? 2 : 0);
     }
     if (!strcmp(argv[1], "version") || !strcmp(argv[1], "--version")) {
         printf("aotgrad %s\n", AG_VERSION_STRING);
-        return 0;
+        return cli_stdout_finish("version", 0);
     }
+    /* Every command's output to stdout is checked once here, at the end (a full disk must not
+     * exit 0); commands that write a lot may stop early on a failed write. */
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name))
-            return commands[i].fn(argc - 1, argv + 1);
+            return cli_stdout_finish(commands[i].name, commands[i].fn(argc - 1, argv + 1));
     fprintf(stderr, "aotgrad: unknown command '%s'\n\n", argv[1]);
     usage(stderr);
     return 2;

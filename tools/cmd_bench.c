@@ -1225,7 +1225,7 @@ int cli_bench(int argc, char **argv) {
             m++;
         if (m < NMODELS) {
             want[m] = any_model = true;
-        } else if (!strcmp(argv[i], "--json") && v) {
+        } else if (!strcmp(argv[i], "--json") && v && v[0]) {
             json_path = v, i++;
         } else if (!strcmp(argv[i], "--runs")) {
             rc = cli_int_opt("bench", "--runs", v, 1, 1000, &x), o.runs = (int)x, i++;
@@ -1316,9 +1316,21 @@ int cli_bench(int argc, char **argv) {
         json_object_set_new(root, "pipeline_scaling", scaling_arr);
     else
         json_decref(scaling_arr);
-    if (json_path && json_dump_file(root, json_path, JSON_INDENT(2)) != 0) {
-        fprintf(stderr, "aotgrad bench: cannot write %s\n", json_path);
-        status = 1;
+    if (json_path) {
+        char *text = json_dumps(root, JSON_INDENT(2));
+        cli_out out;
+        if (!text) {
+            fprintf(stderr, "aotgrad bench: writing %s: out of memory\n", json_path);
+            status = 1;
+        } else if (cli_out_open(&out, "bench", json_path)) {
+            status = 1;
+        } else {
+            cli_out_puts(&out, text);
+            cli_out_puts(&out, "\n");
+            if (cli_out_close(&out))
+                status = 1;
+        }
+        free(text);
     }
     json_decref(root);
     return status;

@@ -4,6 +4,7 @@
  * parameter gradients, buffers (BatchNorm running statistics) and the inputs after the call (a
  * model may mutate its inputs, through views too). Exits 1 when a difference exceeds the
  * tolerance: 1e-5 (float32) or 1e-12 (float64), relative to the reference's largest magnitude,
+ * NaN matching NaN and infinities matching the same infinities (cli_compare.c),
  * or when the side effects of effectful ops (the zoo log, cli_effects.c) differ between the two
  * runs. Both runs share the one generator: each step saves its state before the eager step and
  * restores it before the compiled one, so both draw the same numbers; a model with random ops
@@ -13,13 +14,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-
-static double max_abs(const ag_tensor *t) {
-    double m = 0;
-    for (int64_t i = 0; i < ag_tensor_numel(t); i++)
-        m = fmax(m, fabs(ag_tensor_item_at(t, i)));
-    return m;
-}
 
 /* Whether the joint draws random numbers (RNG functionalization gave it philox inputs). */
 static bool draws(const ag_joint *j) {
@@ -34,34 +28,6 @@ static bool draws(const ag_joint *j) {
     return false;
 }
 
-/* Largest |a-b| relative to max(1, max|a|); inf when shapes differ or a value is NaN. Tensor
- * subclass instances (two_tensor's TwoTensors) compare by their plain inner tensors. */
-static double rel_diff(const ag_tensor *ref, const ag_tensor *got) {
-    if (!ref || !got)
-        return ref == got ? 0 : INFINITY;
-    if (ag_tensor_subclass(ref) || ag_tensor_subclass(got)) {
-        ag_tensor *a[64], *b[64];
-        int na = ag_subclass_flatten_tensors((ag_tensor *const *)&ref, 1, a, 64);
-        int nb = ag_subclass_flatten_tensors((ag_tensor *const *)&got, 1, b, 64);
-        if (ag_tensor_subclass(ref) != ag_tensor_subclass(got) || na != nb || na > 64)
-            return INFINITY;
-        double m = 0;
-        for (int i = 0; i < na; i++)
-            m = fmax(m, rel_diff(a[i], b[i]));
-        return m;
-    }
-    if (ag_tensor_numel(ref) != ag_tensor_numel(got))
-        return INFINITY;
-    double m = 0;
-    for (int64_t i = 0; i < ag_tensor_numel(ref); i++) {
-        double d = fabs(ag_tensor_item_at(ref, i) - ag_tensor_item_at(got, i));
-        if (isnan(d))
-            return INFINITY;
-        m = fmax(m, d);
-    }
-    return m / fmax(1.0, max_abs(ref));
-}
-
 int cli_check(int argc, char **argv) {
     const char *model = NULL, *config = NULL;
     ag_zoo_opts zo = {0};
@@ -71,18 +37,19 @@ int cli_check(int argc, char **argv) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(argv[i], "--config") && v)
             config = v, i++;
-        else if (!strcmp(argv[i], "--dropout") && v) {
+        else if (!strcmp(argv[i], "--dropout")) {
             if (cli_dropout_opt("check", v, &zo))
                 return 2;
             i++;
-        } else if (!strcmp(argv[i], "--partitioner") && v && (!strcmp(v, "default") || !strcmp(v, "mincut"))) {
+        } else if (!strcmp(argv[i], "--partitioner") && v &&
+                   (!strcmp(v, "default") || !strcmp(v, "mincut"))) {
             co.partition.partitioner = !strcmp(v, "default") ? AG_PARTITION_DEFAULT : AG_PARTITION_MINCUT;
             i++;
-        } else if (!strcmp(argv[i], "--budget") && v) {
-            if (cli_float_opt("check", "--budget", v, &co.partition.memory_budget))
+        } else if (!strcmp(argv[i], "--budget")) {
+            if (cli_float_opt("check", "--budget", v, 0, false, 1, &co.partition.memory_budget))
                 return 2;
             i++;
-        } else if (!strcmp(argv[i], "--steps") && v) {
+        } else if (!strcmp(argv[i], "--steps")) {
             if (cli_int_opt("check", "--steps", v, 1, 1000, &steps))
                 return 2;
             i++;
@@ -158,10 +125,10 @@ int cli_check(int argc, char **argv) {
             break;
         }
         for (int i = 0; i < ne && i < nc; i++) /* the callers' tensors after the call */
-            worst_in = fmax(worst_in, rel_diff(ie[i], ic[i]));
+            worst_in = fmax(worst_in, cli_rel_diff(ie[i], ic[i]));
         /* loss = sum_k sum(out_k * w_k) with fixed weights, for both. */
         for (int k = 0; k < n1; k++) {
-            worst_out = fmax(worst_out, rel_diff(oute[k], outc[k]));
+            worst_out = fmax(worst_out, cli_rel_diff(oute[k], outc[k]));
             if (!ag_tensor_requires_grad(oute[k]))
                 continue;
             ag_tensor *b = ag_sum_all(ag_mul_scalar(outc[k], 0.5 + 0.25 * k));
@@ -194,11 +161,12 @@ int cli_check(int argc, char **argv) {
         ag_module_named_parameters(me, true, &pe);
         ag_module_named_parameters(mc, true, &pc);
         for (int i = 0; status == 0 && i < pe.n; i++)
-            worst_grad = fmax(worst_grad, rel_diff(ag_tensor_grad(pe.tensors[i]), ag_tensor_grad(pc.tensors[i])));
+            worst_grad = fmax(worst_grad, cli_rel_diff(ag_tensor_grad(pe.tensors[i]),
+                                                       ag_tensor_grad(pc.tensors[i])));
         ag_module_named_buffers(me, true, &be);
         ag_module_named_buffers(mc, true, &bc);
         for (int i = 0; status == 0 && i < be.n; i++)
-            worst_buf = fmax(worst_buf, rel_diff(be.tensors[i], bc.tensors[i]));
+            worst_buf = fmax(worst_buf, cli_rel_diff(be.tensors[i], bc.tensors[i]));
         ag_named_tensors_free(&pe);
         ag_named_tensors_free(&pc);
         ag_named_tensors_free(&be);

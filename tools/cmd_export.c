@@ -26,7 +26,6 @@
  * usage error (an unknown option, model or configuration). */
 #include "cli.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -187,26 +186,6 @@ static int export_model(const char *cmd, const opts *o, ag_joint **joint) {
 
 /* ---- export ---- */
 
-static int write_text(const char *path, const char *s) {
-    if (!path) {
-        fputs(s, stdout);
-        return fflush(stdout) ? 1 : 0;
-    }
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        fprintf(stderr, "aotgrad export: cannot write %s: %s\n", path, strerror(errno));
-        return 1;
-    }
-    size_t n = strlen(s);
-    bool ok = fwrite(s, 1, n, f) == n;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok) {
-        fprintf(stderr, "aotgrad export: error writing %s\n", path);
-        return 1;
-    }
-    return 0;
-}
-
 int cli_export(int argc, char **argv) {
     opts o = {0};
     int rc = parse_opts("export", argc, argv, true, export_usage, &o);
@@ -220,10 +199,16 @@ int cli_export(int argc, char **argv) {
     snprintf(title, sizeof title, "%s%s%s joint", o.model, o.config ? " " : "",
              o.config ? o.config : "");
     ag_dot_opts dopts = {.title = title};
+    cli_out out;
     if (o.format == FMT_SVG) {
-        if (ag_graph_write_svg(g, o.out_path, &dopts)) {
-            fprintf(stderr, "aotgrad export: %s\n", ag_last_error());
+        if (cli_out_open_name(&out, "export", o.out_path)) {
             rc = 1;
+        } else if (ag_graph_write_svg(g, cli_out_name(&out), &dopts)) {
+            fprintf(stderr, "aotgrad export: %s\n", ag_last_error());
+            cli_out_discard(&out);
+            rc = 1;
+        } else {
+            rc = cli_out_close(&out);
         }
     } else {
         char *s =
@@ -232,7 +217,11 @@ int cli_export(int argc, char **argv) {
             fprintf(stderr, "aotgrad export: %s\n", ag_last_error());
             rc = 1;
         } else {
-            rc = write_text(o.out_path, s);
+            rc = cli_out_open(&out, "export", o.out_path);
+            if (!rc) {
+                cli_out_puts(&out, s);
+                rc = cli_out_close(&out);
+            }
             ag_free(s);
         }
     }
@@ -496,8 +485,12 @@ int cli_descriptors(int argc, char **argv) {
         fprintf(stderr, "aotgrad descriptors: out of memory\n");
         rc = 1;
     } else {
-        fputs(b.s, stdout);
-        rc = fflush(stdout) ? 1 : 0;
+        cli_out out;
+        rc = cli_out_open(&out, "descriptors", NULL);
+        if (!rc) {
+            cli_out_puts(&out, b.s);
+            rc = cli_out_close(&out);
+        }
     }
     free(b.s);
     ag_fx_pairs_free(ot);

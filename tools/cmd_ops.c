@@ -89,6 +89,11 @@ int cli_ops(int argc, char **argv) {
     }
     if (as_json) {
         char *s = json_dumps(arr, JSON_INDENT(2));
+        if (!s) {
+            fprintf(stderr, "aotgrad ops: out of memory\n");
+            json_decref(arr);
+            return 1;
+        }
         puts(s);
         free(s);
     } else {

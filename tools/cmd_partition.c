@@ -24,7 +24,6 @@
 #include "cli.h"
 #include "partition/partition_internal.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,8 +68,10 @@ static int parse_opts(int argc, char **argv, opts *o) {
             o->config = v;
             i++;
         } else if (!strcmp(a, "--dropout")) {
-            if (cli_dropout_opt("partition", v, &o->zoo))
+            if (cli_dropout_opt("partition", v, &o->zoo)) {
+                fputs(usage, stderr);
                 return 2;
+            }
             i++;
         } else if (!strcmp(a, "--partitioner")) {
             if (v && !strcmp(v, "default"))
@@ -81,10 +82,10 @@ static int parse_opts(int argc, char **argv, opts *o) {
                 return bad("--partitioner needs default or mincut", v);
             i++;
         } else if (!strcmp(a, "--budget")) {
-            if (cli_float_opt("partition", "--budget", v, &o->part.memory_budget))
+            if (cli_float_opt("partition", "--budget", v, 0, false, 1, &o->part.memory_budget)) {
+                fputs(usage, stderr);
                 return 2;
-            if (!(o->part.memory_budget >= 0 && o->part.memory_budget <= 1))
-                return bad("--budget needs a number in [0, 1]", v);
+            }
             i++;
         } else if (!strcmp(a, "--solver")) {
             if (v && !strcmp(v, "greedy"))
@@ -181,15 +182,6 @@ static int saved_names(const ag_graph *fw, int nf, const char **names, int max) 
     return n;
 }
 
-static int write_all(FILE *f, const char *path, const char *s) {
-    size_t n = strlen(s);
-    if (fwrite(s, 1, n, f) != n) {
-        fprintf(stderr, "aotgrad partition: error writing %s\n", path ? path : "stdout");
-        return 1;
-    }
-    return 0;
-}
-
 /* path with its extension replaced by suffix ("out.svg" + "-forward.svg"). */
 static char *with_suffix(const char *path, const char *suffix) {
     const char *slash = strrchr(path, '/'), *dot = strrchr(path, '.');
@@ -214,12 +206,21 @@ static int print_graphs(const opts *o, const ag_graph *fw, const ag_graph *bw, c
         static const char *const sfx[2] = {"-forward.svg", "-backward.svg"};
         for (int k = 0; k < 2; k++) {
             char *path = with_suffix(o->out_path, sfx[k]);
+            if (!path) {
+                fprintf(stderr, "aotgrad partition: out of memory\n");
+                return 1;
+            }
             ag_dot_opts d = {.title = title[k], .highlight = hl, .nhighlight = nhl};
-            int rc = path ? ag_graph_write_svg(gs[k], path, &d) : AG_ENOMEM;
-            if (rc)
-                fprintf(stderr, "aotgrad partition: %s\n",
-                        path ? ag_last_error() : "out of memory");
-            else
+            cli_out out;
+            int rc = cli_out_open_name(&out, "partition", path);
+            if (!rc && ag_graph_write_svg(gs[k], cli_out_name(&out), &d)) {
+                fprintf(stderr, "aotgrad partition: %s\n", ag_last_error());
+                cli_out_discard(&out);
+                rc = 1;
+            } else if (!rc) {
+                rc = cli_out_close(&out);
+            }
+            if (!rc)
                 fprintf(stderr, "wrote %s\n", path);
             free(path);
             if (rc)
@@ -227,39 +228,33 @@ static int print_graphs(const opts *o, const ag_graph *fw, const ag_graph *bw, c
         }
         return 0;
     }
-    FILE *f = stdout;
-    if (o->out_path && !(f = fopen(o->out_path, "w"))) {
-        fprintf(stderr, "aotgrad partition: cannot write %s: %s\n", o->out_path, strerror(errno));
-        return 1;
-    }
-    int rc = 0;
-    for (int k = 0; k < 2 && !rc; k++) {
-        char *s;
+    /* Both graphs are rendered before anything is written: a failure leaves -o's file alone. */
+    char *s[2] = {0};
+    for (int k = 0; k < 2; k++) {
         if (o->format == FMT_DOT) {
             ag_dot_opts d = {.title = title[k], .highlight = hl, .nhighlight = nhl};
-            s = ag_graph_to_dot(gs[k], &d);
+            s[k] = ag_graph_to_dot(gs[k], &d);
         } else {
-            s = ag_graph_to_string(gs[k], NULL);
+            s[k] = ag_graph_to_string(gs[k], NULL);
         }
-        if (!s) {
+        if (!s[k]) {
             fprintf(stderr, "aotgrad partition: %s\n", ag_last_error());
-            rc = 1;
-            break;
+            ag_free(s[0]);
+            return 1;
         }
-        if (o->format == FMT_TEXT)
-            rc = write_all(f, o->out_path, k ? "\n# backward\n" : "# forward\n");
-        if (!rc)
-            rc = write_all(f, o->out_path, s);
-        ag_free(s);
     }
-    if (f != stdout) {
-        if (fclose(f) && !rc) {
-            fprintf(stderr, "aotgrad partition: error writing %s\n", o->out_path);
-            rc = 1;
+    cli_out out;
+    int rc = cli_out_open(&out, "partition", o->out_path);
+    if (!rc) {
+        for (int k = 0; k < 2; k++) {
+            if (o->format == FMT_TEXT)
+                cli_out_puts(&out, k ? "\n# backward\n" : "# forward\n");
+            cli_out_puts(&out, s[k]);
         }
-    } else if (fflush(stdout)) {
-        rc = 1;
+        rc = cli_out_close(&out);
     }
+    ag_free(s[0]);
+    ag_free(s[1]);
     return rc;
 }
 

@@ -9,13 +9,13 @@
  *       or renders it to SVG (needs -o).
  *   aotgrad show FILE [--format text|dot|svg] [-o FILE]
  *       parses a graph file, verifies it and prints it again with all the metadata it holds;
- *       a malformed file gives "FILE:LINE:COL: message" on stderr.
+ *       a malformed file gives "FILE:LINE:COL: message" on stderr. FILE may be a device or a
+ *       pipe (/dev/stdin); at most CLI_MAX_INPUT bytes (256 MiB) are read.
  *
  * Exit status: 0 on success, 1 when the work fails (a trace error, a bad graph file, an I/O
  * error), 2 for a usage error (an unknown option, model or configuration). */
 #include "cli.h"
 
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,43 +70,30 @@ static int parse_format(const char *cmd, const char *v, out_format *f) {
     return 0;
 }
 
-/* Writes s to path (NULL: stdout). */
-static int write_text(const char *cmd, const char *path, const char *s) {
-    if (!path) {
-        fputs(s, stdout);
-        return fflush(stdout) ? 1 : 0;
-    }
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        fprintf(stderr, "aotgrad %s: cannot write %s: %s\n", cmd, path, strerror(errno));
-        return 1;
-    }
-    size_t n = strlen(s);
-    bool ok = fwrite(s, 1, n, f) == n;
-    ok = (fclose(f) == 0) && ok;
-    if (!ok) {
-        fprintf(stderr, "aotgrad %s: error writing %s\n", cmd, path);
-        return 1;
-    }
-    return 0;
-}
-
 /* Prints g as the options ask; returns the exit status. */
 static int emit(const char *cmd, const ag_graph *g, const out_opts *o, const char *title) {
     ag_dot_opts dopts = {.title = title};
+    cli_out out;
     if (o->format == FMT_SVG) {
-        if (ag_graph_write_svg(g, o->out_path, &dopts)) {
+        if (cli_out_open_name(&out, cmd, o->out_path))
+            return 1;
+        if (ag_graph_write_svg(g, cli_out_name(&out), &dopts)) {
             fprintf(stderr, "aotgrad %s: %s\n", cmd, ag_last_error());
+            cli_out_discard(&out);
             return 1;
         }
-        return 0;
+        return cli_out_close(&out);
     }
     char *s = o->format == FMT_DOT ? ag_graph_to_dot(g, &dopts) : ag_graph_to_string(g, &o->print);
     if (!s) {
         fprintf(stderr, "aotgrad %s: %s\n", cmd, ag_last_error());
         return 1;
     }
-    int rc = write_text(cmd, o->out_path, s);
+    int rc = cli_out_open(&out, cmd, o->out_path);
+    if (!rc) {
+        cli_out_puts(&out, s);
+        rc = cli_out_close(&out);
+    }
     ag_free(s);
     return rc;
 }
@@ -222,41 +209,6 @@ int cli_trace(int argc, char **argv) {
 
 /* ---- show ---- */
 
-/* Reads the whole file (NUL-terminated) or prints why not. */
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "aotgrad show: cannot open %s: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - 1 - n, f);
-        if (n < cap - 1)
-            break;
-        char *nb = realloc(buf, cap * 2);
-        if (!nb) {
-            free(buf);
-            buf = NULL;
-            break;
-        }
-        buf = nb;
-        cap *= 2;
-    }
-    bool err = ferror(f);
-    fclose(f);
-    if (!buf || err) {
-        fprintf(stderr, "aotgrad show: cannot read %s: %s\n", path,
-                buf ? "read error" : "out of memory");
-        free(buf);
-        return NULL;
-    }
-    buf[n] = 0;
-    *len = n;
-    return buf;
-}
-
 int cli_show(int argc, char **argv) {
     out_opts o = {0};
     const char *path = NULL, *unused = NULL;
@@ -267,7 +219,7 @@ int cli_show(int argc, char **argv) {
     o.print.seq_nr = true;
     o.print.stack_trace = true;
     size_t len = 0;
-    char *text = read_file(path, &len);
+    char *text = cli_read_file("show", path, "graph files", CLI_MAX_INPUT, &len);
     if (!text)
         return 1;
     ag_graph *g = ag_graph_parse(text, len);

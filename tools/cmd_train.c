@@ -5,9 +5,22 @@
  *   aotgrad train                      the `cnn` zoo model on Fashion-MNIST, one epoch
  *   aotgrad train --steps N            stop after N steps
  *   aotgrad train --model gpt2 [--data FILE]   a character-level tiny GPT-2 on a text file
- *                                      (default /usr/share/common-licenses/GPL-3), then a sample */
+ *                                      (default /usr/share/common-licenses/GPL-3), then a sample
+ *
+ * Before the first step it checks what a hostile command line can get wrong: every numeric
+ * flag is strictly parsed and range-checked (cli_util.c; --lr must be finite and > 0), a batch
+ * larger than the training set is refused, and the memory one step needs (the compiled plan's
+ * arenas, saved activations, parameters with their gradients and AdamW state, the batch) is
+ * estimated from a capture on data-less example inputs and compared with the memory this
+ * process can get (MemAvailable, or less under a cgroup limit), so a batch that cannot fit is
+ * refused before anything large is allocated. During training a non-finite loss stops the run
+ * (exit 1) before the optimizer applies it; so does a failed write to stdout.
+ *
+ * Exit status: 0 on success, 1 when training fails (data, capture, a non-finite loss, memory),
+ * 2 for a usage error (a bad flag or value). */
 #include "cli.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -132,7 +145,8 @@ typedef struct train_opts {
     ag_partitioner partitioner;
 } train_opts;
 
-/* Exports and compiles the step module for example inputs; prints the summary. */
+/* Exports and compiles the step module for example inputs (data-less: the capture reads only
+ * shapes); prints the summary. */
 static ag_compiled *capture(ag_module *step, ag_tensor *const *ex, int nex, const train_opts *o) {
     double t0 = now_s();
     ag_joint *j = ag_export_joint(step, ex, nex, NULL, NULL, 0, NULL);
@@ -148,6 +162,109 @@ static ag_compiled *capture(ag_module *step, ag_tensor *const *ex, int nex, cons
     return c;
 }
 
+/* ---- memory ---- */
+
+/* A number from the first line of a file, or -1 ("max", missing, unreadable). */
+static double read_number_file(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    char line[64];
+    double v = -1;
+    if (fgets(line, sizeof line, f)) {
+        char *end;
+        errno = 0;
+        double x = strtod(line, &end);
+        if (end != line && errno == 0 && x >= 0)
+            v = x;
+    }
+    fclose(f);
+    return v;
+}
+
+/* Bytes this process can still allocate: MemAvailable (the kernel's estimate, page cache it
+ * can drop included), or less when a cgroup (v2 or v1) limits the memory. */
+static double available_bytes(void) {
+    double avail = -1;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[128];
+        long long kb;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %lld kB", &kb) == 1) {
+                avail = (double)kb * 1024;
+                break;
+            }
+        fclose(f);
+    }
+    if (avail < 0)
+        avail = (double)sysconf(_SC_AVPHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    /* The process's groups from /proc/self/cgroup: "0::/path" (v2), "N:memory:/path" (v1).
+     * Inside a container the group may not be mounted under its path: try the root too. */
+    char group[2][512] = {"", ""};
+    if ((f = fopen("/proc/self/cgroup", "r"))) {
+        char line[512];
+        while (fgets(line, sizeof line, f)) {
+            line[strcspn(line, "\n")] = 0;
+            const char *v1 = strstr(line, ":memory:");
+            if (!strncmp(line, "0::", 3))
+                snprintf(group[0], sizeof group[0], "%s", line + 3);
+            else if (v1)
+                snprintf(group[1], sizeof group[1], "%s", v1 + 8);
+        }
+        fclose(f);
+    }
+    static const char *const files[2][2] = {
+        {"/sys/fs/cgroup%s/memory.max", "/sys/fs/cgroup%s/memory.current"},
+        {"/sys/fs/cgroup/memory%s/memory.limit_in_bytes",
+         "/sys/fs/cgroup/memory%s/memory.usage_in_bytes"},
+    };
+    for (int k = 0; k < 4; k++) {
+        const char *g = k & 1 ? "" : group[k / 2];
+        if (!(k & 1) && (!g[0] || !strcmp(g, "/")))
+            continue;
+        char path[640];
+        snprintf(path, sizeof path, files[k / 2][0], g);
+        double limit = read_number_file(path);
+        snprintf(path, sizeof path, files[k / 2][1], g);
+        double used = read_number_file(path);
+        /* v1 says "no limit" with a number near 2^63. */
+        if (limit > 0 && used >= 0 && limit < 1e18 && limit - used < avail)
+            avail = limit > used ? limit - used : 0;
+    }
+    return avail;
+}
+
+/* Refuses a step that cannot fit: the compiled plans' arenas (forward and backward), the saved
+ * activations between them, parameters with gradients and two AdamW moments (4 x float32), and
+ * the batch's own buffers (data_bytes). 0, or 1 after the message. */
+static int check_memory(const ag_compiled *c, const ag_module *model, long long batch,
+                        double data_bytes) {
+    double need = (double)ag_compiled_peak_bytes(c, false) +
+                  (double)ag_compiled_peak_bytes(c, true) +
+                  (double)ag_compiled_stats(c)->saved_bytes +
+                  4.0 * 4.0 * (double)ag_module_num_parameters(model) + data_bytes;
+    double avail = available_bytes();
+    if (need <= avail)
+        return 0;
+    fprintf(stderr,
+            "aotgrad train: --batch %lld needs about %.3g GB; this machine has %.1f GB "
+            "available\n",
+            batch, need / 1e9, avail / 1e9);
+    return 1;
+}
+
+/* A loss that is NaN or infinite ends the run: the optimizer would spread it to every weight. */
+static int check_loss(long long step, double loss) {
+    if (isfinite(loss))
+        return 0;
+    fprintf(stderr, "\naotgrad train: step %lld: loss is %s; stopping (lower --lr?)\n", step,
+            isnan(loss) ? "nan"
+            : loss > 0  ? "inf"
+                        : "-inf");
+    return 1;
+}
+
 /* ---- Fashion-MNIST ---- */
 
 static int train_cnn(const train_opts *o) {
@@ -161,25 +278,42 @@ static int train_cnn(const train_opts *o) {
                             "dataset-fashion-mnist (scripts/install-deps.sh installs it)\n");
         return 1;
     }
+    int64_t ntr = ag_tensor_size(xtr, 0), B = o->batch;
+    if (B > ntr) {
+        fprintf(stderr,
+                "aotgrad train: --batch %lld is larger than the training set (%lld "
+                "images)\n",
+                (long long)B, (long long)ntr);
+        ag_tensor_free(xtr);
+        ag_tensor_free(ytr);
+        ag_tensor_free(xte);
+        ag_tensor_free(yte);
+        return 2;
+    }
     ag_module *model = NULL;
     ag_tensor *zin[8];
     int nzin = 0;
     if (ag_zoo_build("cnn", NULL, &model, zin, 8, &nzin)) {
         fprintf(stderr, "aotgrad train: %s\n", ag_last_error());
+        ag_tensor_free(xtr);
+        ag_tensor_free(ytr);
+        ag_tensor_free(xte);
+        ag_tensor_free(yte);
         return 1;
     }
     for (int i = 0; i < nzin; i++)
         ag_tensor_free(zin[i]);
     ag_module *step = make_step(model, false);
     ag_optim *opt = step ? ag_optim_adamw(step, o->lr, 0.9, 0.999, 1e-8, 0.01) : NULL;
-    int64_t ntr = ag_tensor_size(xtr, 0), B = o->batch;
     long long total = o->steps > 0 ? o->steps : ntr / B;
     printf("aotgrad train: cnn on Fashion-MNIST (%lld training images, %lld test), batch %lld, "
            "AdamW lr %g, %d threads, %lld steps\n", (long long)ntr, (long long)ag_tensor_size(xte, 0),
            (long long)B, o->lr, ag_get_num_threads(), total);
+    bool meta = ag_set_meta_mode(true);
     ag_tensor *ex[2] = {ag_zeros(AG_F32, 4, (int64_t[]){B, 1, 28, 28}),
                         ag_zeros(AG_I64, 1, (int64_t[]){B})};
-    ag_compiled *c = opt ? capture(step, ex, 2, o) : NULL;
+    ag_set_meta_mode(meta);
+    ag_compiled *c = opt && ex[0] && ex[1] ? capture(step, ex, 2, o) : NULL;
     ag_tensor_free(ex[0]);
     ag_tensor_free(ex[1]);
     int status = 0;
@@ -187,7 +321,14 @@ static int train_cnn(const train_opts *o) {
         fprintf(stderr, "aotgrad train: %s\n", ag_last_error());
         status = 1;
     }
-    int64_t *perm = malloc(sizeof(int64_t) * (size_t)ntr);
+    /* The batch: indices, the gathered images and labels. */
+    if (!status && check_memory(c, model, B, (double)B * (8 + 28 * 28 * 4 + 8)))
+        status = 1;
+    int64_t *perm = status ? NULL : malloc(sizeof(int64_t) * (size_t)ntr);
+    if (!status && !perm) {
+        fprintf(stderr, "aotgrad train: out of memory\n");
+        status = 1;
+    }
     uint64_t rng = (uint64_t)o->seed * 2654435761u + 1;
     bool tty = isatty(1);
     double t0 = now_s(), loss_v = NAN;
@@ -201,21 +342,28 @@ static int train_cnn(const train_opts *o) {
         ag_tensor *loss = NULL;
         ag_tensor *in[2] = {xb, yb};
         int rc = (xb && yb) ? ag_compiled_call_module(c, step, in, 2, &loss, 1) : -1;
+        bool bad_loss = false;
         if (rc == 1) {
             loss_v = ag_tensor_item(loss);
-            rc = ag_backward(loss, NULL, false);
+            bad_loss = check_loss(s + 1, loss_v);
+            rc = bad_loss ? 0 : ag_backward(loss, NULL, false);
         }
-        if (rc == 0)
+        if (rc == 0 && !bad_loss)
             rc = ag_optim_step(opt);
         ag_optim_zero_grad(opt);
         ag_scope_end();
-        if (rc) {
-            fprintf(stderr, "\naotgrad train: step %lld: %s\n", s + 1, ag_last_error());
+        if (rc || bad_loss) {
+            if (rc)
+                fprintf(stderr, "\naotgrad train: step %lld: %s\n", s + 1, ag_last_error());
             status = 1;
             break;
         }
         double el = now_s() - t0;
         progress(s + 1, total, loss_v, (double)((s + 1) * B) / (el > 0 ? el : 1e-9), tty);
+        if (ferror(stdout)) { /* reported by main */
+            status = 1;
+            break;
+        }
     }
     if (status == 0) {
         /* Test accuracy, eagerly in evaluation mode (running statistics). */
@@ -254,33 +402,20 @@ static int train_cnn(const train_opts *o) {
 
 /* ---- character-level GPT-2 ---- */
 
-static unsigned char *read_file(const char *path, int64_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long len = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *buf = len > 0 ? malloc((size_t)len) : NULL;
-    if (buf && fread(buf, 1, (size_t)len, f) != (size_t)len) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    *n = len;
-    return buf;
-}
-
 static int train_gpt2(const train_opts *o) {
     const char *path = o->data ? o->data : "/usr/share/common-licenses/GPL-3";
-    int64_t n;
-    unsigned char *text = read_file(path, &n);
+    size_t nbytes = 0;
+    unsigned char *text =
+        (unsigned char *)cli_read_file("train", path, "training text", CLI_MAX_INPUT, &nbytes);
+    int64_t n = (int64_t)nbytes;
     ag_gpt2_config cfg = ag_gpt2_config_tiny();
     int64_t T = cfg.block_size, B = o->batch;
     if (!text || n < T + 2) {
-        fprintf(stderr, "aotgrad train: cannot read %s (or it holds fewer than %lld bytes)%s\n",
-                path, (long long)(T + 2),
-                o->data ? "" : "; it comes with Debian's base-files package");
+        if (text)
+            fprintf(stderr, "aotgrad train: %s holds %lld bytes; the model needs at least %lld\n",
+                    path, (long long)n, (long long)(T + 2));
+        else if (!o->data)
+            fprintf(stderr, "aotgrad train: %s comes with Debian's base-files package\n", path);
         free(text);
         return 1;
     }
@@ -294,14 +429,24 @@ static int train_gpt2(const train_opts *o) {
            (long long)cfg.n_layer, (long long)cfg.n_embd, (long long)cfg.n_head, (long long)T,
            (long long)(model ? ag_module_num_parameters(model) : 0), path, (long long)n,
            (long long)B, total);
+    bool meta = ag_set_meta_mode(true);
     ag_tensor *ex[2] = {ag_zeros(AG_I64, 2, (int64_t[]){B, T}), ag_zeros(AG_I64, 2, (int64_t[]){B, T})};
-    ag_compiled *c = opt ? capture(step, ex, 2, o) : NULL;
+    ag_set_meta_mode(meta);
+    ag_compiled *c = opt && ex[0] && ex[1] ? capture(step, ex, 2, o) : NULL;
     ag_tensor_free(ex[0]);
     ag_tensor_free(ex[1]);
     int status = c ? 0 : 1;
     if (!c)
         fprintf(stderr, "aotgrad train: %s\n", ag_last_error());
-    int64_t *xs = malloc(sizeof(int64_t) * (size_t)(B * T)), *ys = malloc(sizeof(int64_t) * (size_t)(B * T));
+    /* The batch: xs and ys here, and the two tensors made from them each step. */
+    if (!status && check_memory(c, model, B, 4.0 * 8.0 * (double)B * (double)T))
+        status = 1;
+    int64_t *xs = NULL, *ys = NULL;
+    if (!status && (!(xs = malloc(sizeof(int64_t) * (size_t)(B * T))) ||
+                    !(ys = malloc(sizeof(int64_t) * (size_t)(B * T))))) {
+        fprintf(stderr, "aotgrad train: out of memory\n");
+        status = 1;
+    }
     uint64_t rng = (uint64_t)o->seed * 2654435761u + 7;
     bool tty = isatty(1);
     double t0 = now_s(), loss_v = NAN;
@@ -319,21 +464,28 @@ static int train_gpt2(const train_opts *o) {
                             ag_from_data(AG_I64, 2, (int64_t[]){B, T}, ys)};
         ag_tensor *loss = NULL;
         int rc = ag_compiled_call_module(c, step, in, 2, &loss, 1);
+        bool bad_loss = false;
         if (rc == 1) {
             loss_v = ag_tensor_item(loss);
-            rc = ag_backward(loss, NULL, false);
+            bad_loss = check_loss(s + 1, loss_v);
+            rc = bad_loss ? 0 : ag_backward(loss, NULL, false);
         }
-        if (rc == 0)
+        if (rc == 0 && !bad_loss)
             rc = ag_optim_step(opt);
         ag_optim_zero_grad(opt);
         ag_scope_end();
-        if (rc) {
-            fprintf(stderr, "\naotgrad train: step %lld: %s\n", s + 1, ag_last_error());
+        if (rc || bad_loss) {
+            if (rc)
+                fprintf(stderr, "\naotgrad train: step %lld: %s\n", s + 1, ag_last_error());
             status = 1;
             break;
         }
         double el = now_s() - t0;
         progress(s + 1, total, loss_v, (double)((s + 1) * B * T) / (el > 0 ? el : 1e-9), tty);
+        if (ferror(stdout)) { /* reported by main */
+            status = 1;
+            break;
+        }
     }
     if (status == 0) {
         /* A sample: temperature 0.8 from the first line of the text, eagerly. */
@@ -389,15 +541,15 @@ int cli_train(int argc, char **argv) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         int rc = 0;
         if (!strcmp(argv[i], "--steps"))
-            rc = cli_int_opt("train", "--steps", v, 1, 100000000, &o.steps), i++;
+            rc = cli_int_opt("train", "--steps", v, 1, 1000000000, &o.steps), i++;
         else if (!strcmp(argv[i], "--seed"))
             rc = cli_int_opt("train", "--seed", v, 0, (long long)1 << 62, &o.seed), i++;
-        else if (!strcmp(argv[i], "--batch"))
-            rc = cli_int_opt("train", "--batch", v, 1, 1 << 16, &o.batch), i++;
+        else if (!strcmp(argv[i], "--batch")) /* memory is checked once the step is compiled */
+            rc = cli_int_opt("train", "--batch", v, 1, (long long)1 << 30, &o.batch), i++;
         else if (!strcmp(argv[i], "--lr"))
-            rc = cli_float_opt("train", "--lr", v, &o.lr), i++;
+            rc = cli_float_opt("train", "--lr", v, 0, true, HUGE_VAL, &o.lr), i++;
         else if (!strcmp(argv[i], "--budget"))
-            rc = cli_float_opt("train", "--budget", v, &o.budget), i++;
+            rc = cli_float_opt("train", "--budget", v, 0, false, 1, &o.budget), i++;
         else if (!strcmp(argv[i], "--model") && v)
             o.model = v, i++;
         else if (!strcmp(argv[i], "--data") && v)
@@ -407,14 +559,17 @@ int cli_train(int argc, char **argv) {
         else if (!strcmp(argv[i], "--partitioner") && v && !strcmp(v, "mincut"))
             o.partitioner = AG_PARTITION_MINCUT, i++;
         else {
-            fprintf(stderr, "aotgrad train: bad option '%s'\nusage: aotgrad train [--model cnn|gpt2] "
-                            "[--data PATH] [--steps N] [--batch B] [--lr F] [--seed S] "
-                            "[--partitioner default|mincut] [--budget F]\n", argv[i]);
+            fprintf(stderr, "aotgrad train: bad option '%s'\n", argv[i]);
+            rc = -1;
+        }
+        if (rc) {
+            fprintf(stderr, "usage: aotgrad train [--model cnn|gpt2] [--data PATH] [--steps N] "
+                            "[--batch B] [--lr F] [--seed S] [--partitioner default|mincut] "
+                            "[--budget F]\n");
             return 2;
         }
-        if (rc)
-            return 2;
     }
+    /* Unset options are 0 (no flag can set 0: --steps, --batch and --lr must be positive). */
     if (!strcmp(o.model, "cnn")) {
         o.batch = o.batch ? o.batch : 128;
         o.lr = o.lr ? o.lr : 2e-3;

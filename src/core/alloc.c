@@ -3,6 +3,7 @@
  * AG_ENOMEM error for the caller to propagate; tests inject failures through the hook. */
 #include "internal.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 
 static void *default_alloc(void *ud, size_t size, size_t align) {
@@ -11,6 +12,9 @@ static void *default_alloc(void *ud, size_t size, size_t align) {
      * allocations (nodes, names, lists) are small. */
     if (align <= 16)
         return malloc(size ? size : 1);
+    /* Rounding up a size near SIZE_MAX would wrap to a tiny block. */
+    if (size > SIZE_MAX - align)
+        return NULL;
     size_t rounded = (size + align - 1) / align * align;
     return aligned_alloc(align, rounded ? rounded : align);
 }

@@ -1,0 +1,519 @@
+/* The aotgrad command-line tool against a hostile user: the built binary (AG_CLI_PATH, set by
+ * CMakeLists.txt) is run in a child process with its stdout sent to /dev/full or to a file,
+ * under a file size limit (a disk that fills up half way), with empty and non-numeric flag
+ * values, with a learning rate that makes the loss NaN, a batch larger than its data set or
+ * than memory, and an endless input file; each run must end quickly with the right exit status
+ * and message, and never leave a truncated file where a good one was. check's comparison of
+ * NaN and infinities (tools/cli_compare.c, linked in) is tested directly. */
+#include "testutil.h"
+#include "cli.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#ifndef AG_CLI_PATH
+#error "AG_CLI_PATH must name the built aotgrad binary"
+#endif
+
+static char dir[64];     /* this run's scratch directory */
+static char errfile[96]; /* the child's stderr */
+
+typedef struct result {
+    int status; /* exit status, or 128 + the signal that ended it */
+    double secs;
+    char err[8192]; /* its stderr */
+} result;
+
+/* Runs aotgrad with args (NULL-terminated) and stdout to out (NULL: /dev/null). fsize > 0
+ * limits the size of every file it writes (SIGXFSZ ignored: writes fail with EFBIG). The child
+ * is killed after 120 s, so a hang fails the test instead of stalling it. */
+static void run(result *r, const char *out, long fsize, const char *const *args) {
+    const char *argv[40] = {AG_CLI_PATH};
+    int n = 1;
+    for (; args[n - 1]; n++)
+        argv[n] = args[n - 1];
+    argv[n] = NULL;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int o = open(out ? out : "/dev/null", O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        int e = open(errfile, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (o < 0 || e < 0 || dup2(o, 1) < 0 || dup2(e, 2) < 0)
+            _exit(126);
+        if (fsize > 0) {
+            struct rlimit rl = {(rlim_t)fsize, (rlim_t)fsize};
+            signal(SIGXFSZ, SIG_IGN);
+            if (setrlimit(RLIMIT_FSIZE, &rl))
+                _exit(126);
+        }
+        alarm(120);
+        execv(AG_CLI_PATH, (char *const *)argv);
+        _exit(127);
+    }
+    int ws = 0;
+    while (waitpid(pid, &ws, 0) < 0)
+        assert_int_equal(errno, EINTR);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    r->secs = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    r->status = WIFEXITED(ws) ? WEXITSTATUS(ws) : 128 + WTERMSIG(ws);
+    FILE *f = fopen(errfile, "r");
+    assert_non_null(f);
+    size_t k = fread(r->err, 1, sizeof r->err - 1, f);
+    r->err[k] = 0;
+    fclose(f);
+}
+
+static void expect(const result *r, int status, const char *needle, const char *what) {
+    if (r->status != status || (needle && !strstr(r->err, needle)))
+        fail_msg("%s: exit status %d (want %d), stderr:\n%s\n(want it to contain: %s)", what,
+                 r->status, status, r->err, needle ? needle : "-");
+}
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    static char buf[1 << 20];
+    size_t k = fread(buf, 1, sizeof buf - 1, f);
+    buf[k] = 0;
+    fclose(f);
+    return buf;
+}
+
+static void spit(const char *path, const char *s) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(s, 1, strlen(s), f), strlen(s));
+    assert_int_equal(fclose(f), 0);
+}
+
+static void path_in(char *buf, size_t n, const char *name) {
+    snprintf(buf, n, "%s/%s", dir, name);
+}
+
+/* Names in the scratch directory other than `keep...`: temporary files left behind. */
+static int count_other_files(const char *keep1, const char *keep2) {
+    DIR *d = opendir(dir);
+    assert_non_null(d);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && strcmp(e->d_name, "stderr") &&
+            (!keep1 || strcmp(e->d_name, keep1)) && (!keep2 || strcmp(e->d_name, keep2)))
+            n++;
+    closedir(d);
+    return n;
+}
+
+static int setup(void **state) {
+    (void)state;
+    snprintf(dir, sizeof dir, "/tmp/aotgrad-test-cli-XXXXXX");
+    if (!mkdtemp(dir))
+        return -1;
+    snprintf(errfile, sizeof errfile, "%s/stderr", dir);
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        char p[512];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+            unlink(p);
+    }
+    if (d)
+        closedir(d);
+    rmdir(dir);
+    return 0;
+}
+
+/* A small graph file for `show`. */
+static const char graph_text[] = "graph():\n"
+                                 "    %x : f32[4, 3]\n"
+                                 "    %r = relu(%x)\n"
+                                 "    return (%r,)\n";
+
+/* ---- output: stdout ---- */
+
+static void test_stdout_full(void **state) {
+    (void)state;
+    char g[256];
+    path_in(g, sizeof g, "g.txt");
+    spit(g, graph_text);
+    const char *const cmds[][6] = {
+        {"models", NULL},           {"version", NULL},       {"ops", NULL},
+        {"trace", "mlp", NULL},     {"export", "mlp", NULL}, {"descriptors", "mlp", NULL},
+        {"partition", "mlp", NULL}, {"show", g, NULL},
+    };
+    char out[256];
+    path_in(out, sizeof out, "out.txt");
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        result r;
+        char want[128];
+        snprintf(want, sizeof want, "aotgrad %s: writing stdout: No space left on device\n",
+                 cmds[i][0]);
+        run(&r, "/dev/full", 0, cmds[i]);
+        expect(&r, 1, want, cmds[i][0]);
+        /* Reported once. */
+        assert_null(strstr(strstr(r.err, want) + strlen(want), "writing stdout"));
+        /* The same command to a file works. */
+        run(&r, out, 0, cmds[i]);
+        expect(&r, 0, NULL, cmds[i][0]);
+        assert_true(strlen(slurp(out)) > 0);
+    }
+}
+
+/* ---- output: -o FILE ---- */
+
+static void test_o_dev_full(void **state) {
+    (void)state;
+    const char *const cmds[][6] = {
+        {"trace", "mlp", "-o", "/dev/full", NULL},
+        {"export", "mlp", "-o", "/dev/full", NULL},
+        {"partition", "mlp", "-o", "/dev/full", NULL},
+    };
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        result r;
+        char want[128];
+        snprintf(want, sizeof want, "aotgrad %s: writing /dev/full: No space left on device\n",
+                 cmds[i][0]);
+        run(&r, NULL, 0, cmds[i]);
+        expect(&r, 1, want, cmds[i][0]);
+    }
+}
+
+/* A disk that fills up half way through -o FILE: FILE keeps its old contents and no temporary
+ * file is left; without the limit FILE is replaced. */
+static void test_o_keeps_old_file(void **state) {
+    (void)state;
+    char out[256], g[256], g_name[] = "g.txt";
+    path_in(out, sizeof out, "out.txt");
+    path_in(g, sizeof g, g_name);
+    /* A graph file long enough to pass the limit when `show` prints it back. */
+    char big[16384];
+    size_t len = (size_t)snprintf(big, sizeof big, "graph():\n    %%r0 : f32[4, 3]\n");
+    for (int k = 1; k < 100; k++)
+        len += (size_t)snprintf(big + len, sizeof big - len, "    %%r%d = relu(%%r%d)\n", k, k - 1);
+    snprintf(big + len, sizeof big - len, "    return (%%r99,)\n");
+    spit(g, big);
+    const char *const cmds[][8] = {
+        {"trace", "gpt2", "-o", out, NULL},
+        {"export", "mlp", "-o", out, NULL},
+        {"partition", "mlp", "-o", out, NULL},
+        {"show", g, "-o", out, NULL},
+        {"export", "mlp", "--format", "dot", "-o", out, NULL},
+    };
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+        result r;
+        spit(out, "old contents\n");
+        run(&r, NULL, 1024, cmds[i]);
+        char want[512];
+        snprintf(want, sizeof want, "aotgrad %s: writing %s: File too large\n", cmds[i][0], out);
+        expect(&r, 1, want, cmds[i][0]);
+        assert_string_equal(slurp(out), "old contents\n");
+        assert_int_equal(count_other_files("out.txt", g_name), 0);
+        run(&r, NULL, 0, cmds[i]);
+        expect(&r, 0, NULL, cmds[i][0]);
+        const char *s = slurp(out);
+        assert_true(strlen(s) > 1024);
+        assert_true(!strncmp(s, "graph():", 8) || !strncmp(s, "# forward", 9) ||
+                    !strncmp(s, "digraph", 7));
+        assert_int_equal(count_other_files("out.txt", g_name), 0);
+    }
+}
+
+/* -o through a symbolic link replaces the link's target and keeps the link; a new file gets
+ * the permissions fopen would give it, an existing one keeps its own. */
+static void test_o_link_and_mode(void **state) {
+    (void)state;
+    char target[256], link_path[256];
+    path_in(target, sizeof target, "target.txt");
+    path_in(link_path, sizeof link_path, "link.txt");
+    spit(target, "old\n");
+    assert_int_equal(chmod(target, 0640), 0);
+    assert_int_equal(symlink(target, link_path), 0);
+    result r;
+    run(&r, NULL, 0, (const char *const[]){"trace", "mlp", "-o", link_path, NULL});
+    expect(&r, 0, NULL, "trace -o link");
+    struct stat st;
+    assert_int_equal(lstat(link_path, &st), 0);
+    assert_true(S_ISLNK(st.st_mode));
+    assert_int_equal(stat(target, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0640);
+    assert_int_equal(strncmp(slurp(target), "graph():", 8), 0);
+    unlink(link_path);
+    unlink(target);
+    mode_t mask = umask(0);
+    umask(mask);
+    run(&r, NULL, 0, (const char *const[]){"trace", "mlp", "-o", target, NULL});
+    expect(&r, 0, NULL, "trace -o new");
+    assert_int_equal(stat(target, &st), 0);
+    assert_int_equal(st.st_mode & 0777, 0666 & ~mask);
+    unlink(target);
+    /* A directory that does not exist. */
+    char missing[300];
+    snprintf(missing, sizeof missing, "%s/no/such/dir.txt", dir);
+    run(&r, NULL, 0, (const char *const[]){"trace", "mlp", "-o", missing, NULL});
+    expect(&r, 1, "writing", "trace -o missing dir");
+    assert_non_null(strstr(r.err, "No such file or directory"));
+}
+
+/* ---- numeric flags ---- */
+
+static void test_numeric_flags(void **state) {
+    (void)state;
+    static const struct {
+        const char *args[8];
+        const char *want;
+    } cases[] = {
+        {{"partition", "mlp", "--budget", "", NULL},
+         "aotgrad partition: --budget: expected a number in [0, 1], got ''\n"},
+        {{"partition", "mlp", "--budget", "0.5x", NULL},
+         "--budget: expected a number in [0, 1], got '0.5x'"},
+        {{"partition", "mlp", "--budget", "nan", NULL}, "got 'nan'"},
+        {{"partition", "mlp", "--budget", "1.5", NULL}, "got '1.5'"},
+        {{"partition", "mlp", "--budget", " 0.5", NULL}, "got ' 0.5'"},
+        {{"partition", "mlp", "--budget", NULL},
+         "--budget: expected a number in [0, 1], got nothing"},
+        {{"partition", "mlp", "--dropout", "", NULL}, "aotgrad partition: --dropout: expected"},
+        {{"check", "mlp", "--budget", "", NULL},
+         "aotgrad check: --budget: expected a number in [0, 1], got ''"},
+        {{"check", "mlp", "--steps", "", NULL},
+         "aotgrad check: --steps: expected an integer in [1, 1000], got ''"},
+        {{"check", "mlp", "--steps", "0", NULL},
+         "--steps: expected an integer in [1, 1000], got '0'"},
+        {{"check", "dropout_mlp", "--dropout", "", NULL},
+         "aotgrad check: --dropout: expected a number in [0, 1], got ''"},
+        {{"trace", "mlp", "--dropout", "", NULL}, "aotgrad trace: --dropout: expected"},
+        {{"export", "mlp", "--dropout", "1.5", NULL},
+         "aotgrad export: --dropout: expected a number in [0, 1], got '1.5'"},
+        {{"descriptors", "mlp", "--dropout", "-0.1", NULL},
+         "aotgrad descriptors: --dropout: expected"},
+        {{"train", "--steps", "", NULL}, "aotgrad train: --steps: expected an integer in [1, "},
+        {{"train", "--steps", "0", NULL}, "--steps: expected an integer in [1, "},
+        {{"train", "--steps", "-3", NULL}, "got '-3'"},
+        {{"train", "--steps", "1e3", NULL}, "got '1e3'"},
+        {{"train", "--steps", "99999999999999999999", NULL}, "got '99999999999999999999'"},
+        {{"train", "--batch", "", NULL}, "aotgrad train: --batch: expected an integer in [1, "},
+        {{"train", "--batch", "0", NULL}, "--batch: expected an integer in [1, "},
+        {{"train", "--batch", "-1", NULL}, "got '-1'"},
+        {{"train", "--lr", "inf", NULL},
+         "aotgrad train: --lr: expected a finite number > 0, got 'inf'"},
+        {{"train", "--lr", "nan", NULL}, "--lr: expected a finite number > 0, got 'nan'"},
+        {{"train", "--lr", "0", NULL}, "got '0'"},
+        {{"train", "--lr", "-1e-3", NULL}, "got '-1e-3'"},
+        {{"train", "--lr", "1e999", NULL}, "got '1e999'"},
+        {{"train", "--lr", "", NULL}, "--lr: expected a finite number > 0, got ''"},
+        {{"train", "--budget", "", NULL},
+         "aotgrad train: --budget: expected a number in [0, 1], got ''"},
+        {{"train", "--seed", "", NULL}, "aotgrad train: --seed: expected an integer"},
+        {{"train", "--seed", "-1", NULL}, "aotgrad train: --seed: expected an integer"},
+        {{"bench", "--runs", "", NULL},
+         "aotgrad bench: --runs: expected an integer in [1, 1000], got ''"},
+        {{"bench", "--threads", "0", NULL}, "aotgrad bench: --threads: expected an integer"},
+        {{"bench", "--warmup", "x", NULL}, "aotgrad bench: --warmup: expected an integer"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        result r;
+        run(&r, NULL, 0, cases[i].args);
+        char what[160];
+        snprintf(what, sizeof what, "%s %s %s '%s'", cases[i].args[0], cases[i].args[1],
+                 cases[i].args[2] ? cases[i].args[2] : "",
+                 cases[i].args[2] && cases[i].args[3] ? cases[i].args[3] : "");
+        expect(&r, 2, cases[i].want, what);
+        /* Refused before any work: no model is built, no data is read. */
+        assert_true(r.secs < 30);
+    }
+}
+
+/* ---- train ---- */
+
+/* A text for the character-level GPT-2: a few kilobytes. */
+static void write_text(const char *path) {
+    char s[8192] = "";
+    size_t len = 0;
+    for (int k = 0; len + 80 < sizeof s; k++)
+        len += (size_t)snprintf(s + len, sizeof s - len,
+                                "line %d: the quick brown fox jumps over the lazy dog.\n", k);
+    spit(path, s);
+}
+
+static void test_train_nonfinite_loss(void **state) {
+    (void)state;
+    char text[256];
+    path_in(text, sizeof text, "text.txt");
+    write_text(text);
+    result r;
+    run(&r, NULL, 0,
+        (const char *const[]){"train", "--model", "gpt2", "--data", text, "--batch", "2", "--steps",
+                              "30", "--lr", "1e30", NULL});
+    expect(&r, 1, "; stopping (lower --lr?)\n", "train --lr 1e30");
+    assert_non_null(strstr(r.err, "aotgrad train: step "));
+    assert_true(strstr(r.err, ": loss is nan;") || strstr(r.err, ": loss is inf;") ||
+                strstr(r.err, ": loss is -inf;"));
+}
+
+/* An IDX file (the MNIST format), gzip-compressed: n items of the given item shape. */
+static void write_idx(const char *path, int ndim, const uint32_t *sizes, unsigned char fill) {
+    gzFile f = gzopen(path, "wb");
+    assert_non_null(f);
+    unsigned char hdr[4] = {0, 0, 0x08, (unsigned char)ndim};
+    assert_int_equal(gzwrite(f, hdr, 4), 4);
+    size_t n = 1;
+    for (int d = 0; d < ndim; d++) {
+        unsigned char b[4] = {(unsigned char)(sizes[d] >> 24), (unsigned char)(sizes[d] >> 16),
+                              (unsigned char)(sizes[d] >> 8), (unsigned char)sizes[d]};
+        assert_int_equal(gzwrite(f, b, 4), 4);
+        n *= sizes[d];
+    }
+    for (size_t i = 0; i < n; i++) {
+        unsigned char v = (unsigned char)(ndim == 1 ? i % 10 : (i * 37 + fill) & 0xff);
+        assert_int_equal(gzwrite(f, &v, 1), 1);
+    }
+    assert_int_equal(gzclose(f), Z_OK);
+}
+
+/* A Fashion-MNIST-shaped data set with 10 training and 4 test images. */
+static void write_fake_mnist(void) {
+    char p[300];
+    static const char *const names[4] = {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                                         "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"};
+    for (int k = 0; k < 4; k++) {
+        uint32_t n = k < 2 ? 10 : 4;
+        path_in(p, sizeof p, names[k]);
+        if (k % 2 == 0)
+            write_idx(p, 3, (uint32_t[]){n, 28, 28}, (unsigned char)k);
+        else
+            write_idx(p, 1, (uint32_t[]){n}, 0);
+    }
+}
+
+static void test_train_batch_vs_data(void **state) {
+    (void)state;
+    write_fake_mnist();
+    result r;
+    /* Larger than the training set: refused (it divided by zero). */
+    run(&r, NULL, 0, (const char *const[]){"train", "--data", dir, "--batch", "11", NULL});
+    expect(&r, 2, "aotgrad train: --batch 11 is larger than the training set (10 images)\n",
+           "train --batch 11");
+    run(&r, NULL, 0,
+        (const char *const[]){"train", "--data", dir, "--batch", "11", "--steps", "2", NULL});
+    expect(&r, 2, "aotgrad train: --batch 11 is larger than the training set (10 images)\n",
+           "train --batch 11 --steps 2");
+    /* As large as it, and smaller (3 steps of 3, wrapping around the epoch), train. */
+    run(&r, NULL, 0,
+        (const char *const[]){"train", "--data", dir, "--batch", "10", "--steps", "2", NULL});
+    expect(&r, 0, NULL, "train --batch 10");
+    run(&r, NULL, 0,
+        (const char *const[]){"train", "--data", dir, "--batch", "3", "--steps", "5", NULL});
+    expect(&r, 0, NULL, "train --batch 3");
+}
+
+/* A batch that cannot fit in memory is refused before anything large is allocated. */
+static void test_train_batch_too_large_for_memory(void **state) {
+    (void)state;
+    char text[256];
+    path_in(text, sizeof text, "text.txt");
+    write_text(text);
+    result r;
+    run(&r, NULL, 0,
+        (const char *const[]){"train", "--model", "gpt2", "--data", text, "--batch", "1000000000",
+                              NULL});
+    expect(&r, 1, "aotgrad train: --batch 1000000000 needs about ", "train --batch 1e9");
+    assert_non_null(strstr(r.err, " GB; this machine has "));
+    assert_non_null(strstr(r.err, " GB available\n"));
+    assert_true(r.secs < 60);
+}
+
+/* ---- input ---- */
+
+static void test_show_endless_input(void **state) {
+    (void)state;
+    result r;
+    run(&r, NULL, 0, (const char *const[]){"show", "/dev/zero", NULL});
+    expect(&r, 1, "aotgrad show: /dev/zero: larger than 256 MiB, the limit for graph files",
+           "show /dev/zero");
+    assert_true(r.secs < 60);
+    /* A regular file over the limit is refused by its size, before reading (sparse file). */
+    char big[256];
+    path_in(big, sizeof big, "big.txt");
+    int fd = open(big, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    assert_true(fd >= 0);
+    assert_int_equal(ftruncate(fd, (off_t)1 << 32), 0);
+    close(fd);
+    run(&r, NULL, 0, (const char *const[]){"show", big, NULL});
+    expect(&r, 1, "larger than 256 MiB", "show big.txt");
+    unlink(big);
+    /* An empty device is read to its end: the parser's own error, no crash. */
+    run(&r, NULL, 0, (const char *const[]){"show", "/dev/null", NULL});
+    assert_int_equal(r.status, 1);
+}
+
+/* ---- check's comparison ---- */
+
+static ag_tensor *vec(int n, const double *v) {
+    return tu_tensor(AG_F32, 1, (int64_t[]){n}, v);
+}
+
+static void test_check_compare_nonfinite(void **state) {
+    (void)state;
+    const double nan = NAN, inf = INFINITY;
+    ag_tensor *a = vec(4, (double[]){1, nan, inf, -inf});
+    ag_tensor *b = vec(4, (double[]){1, nan, inf, -inf});
+    assert_true(cli_rel_diff(a, b) == 0); /* NaN == NaN, inf == inf at the same places */
+    ag_tensor *c = vec(4, (double[]){1, 2, inf, -inf});
+    assert_true(isinf(cli_rel_diff(a, c))); /* NaN on one side only */
+    assert_true(isinf(cli_rel_diff(c, a)));
+    ag_tensor *d = vec(4, (double[]){1, nan, -inf, -inf});
+    assert_true(isinf(cli_rel_diff(a, d))); /* inf against -inf */
+    ag_tensor *e = vec(4, (double[]){1, nan, 3e38, -inf});
+    assert_true(isinf(cli_rel_diff(a, e))); /* inf against a finite value */
+    /* An infinity in the reference does not scale the other differences away. */
+    ag_tensor *f = vec(3, (double[]){inf, 3, 5});
+    ag_tensor *g = vec(3, (double[]){inf, 3, 5.5});
+    assert_float_equal(cli_rel_diff(f, g), 0.1, 1e-6);
+    /* Finite values: largest difference over max(1, largest |ref|). */
+    ag_tensor *h = vec(2, (double[]){0.25, -0.5});
+    ag_tensor *k = vec(2, (double[]){0.5, -0.5});
+    assert_float_equal(cli_rel_diff(h, k), 0.25, 1e-7);
+    /* Shapes must agree. */
+    ag_tensor *m = tu_tensor(AG_F32, 2, (int64_t[]){2, 1}, (double[]){0.25, -0.5});
+    assert_true(isinf(cli_rel_diff(h, m)));
+    ag_tensor *all[] = {a, b, c, d, e, f, g, h, k, m};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+        ag_tensor_free(all[i]);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_stdout_full),
+        cmocka_unit_test(test_o_dev_full),
+        cmocka_unit_test(test_o_keeps_old_file),
+        cmocka_unit_test(test_o_link_and_mode),
+        cmocka_unit_test(test_numeric_flags),
+        cmocka_unit_test(test_train_nonfinite_loss),
+        cmocka_unit_test(test_train_batch_vs_data),
+        cmocka_unit_test(test_train_batch_too_large_for_memory),
+        cmocka_unit_test(test_show_endless_input),
+        cmocka_unit_test(test_check_compare_nonfinite),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
