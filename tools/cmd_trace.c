@@ -222,6 +222,14 @@ int cli_show(int argc, char **argv) {
     char *text = cli_read_file("show", path, "graph files", CLI_MAX_INPUT, &len);
     if (!text)
         return 1;
+    /* show reads what every aotgrad command prints, so the zoo's custom ops (the effects
+     * model's aotgrad_demo::log_value) are registered first, as building the model would. A
+     * library user registers their own ops before parsing text that names them. */
+    if (!ag_zoo_log_value_op()) {
+        fprintf(stderr, "aotgrad show: %s\n", ag_last_error());
+        free(text);
+        return 1;
+    }
     ag_graph *g = ag_graph_parse(text, len);
     free(text);
     if (!g) {

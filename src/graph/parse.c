@@ -30,13 +30,6 @@ typedef ag__tconst centry;
 
 int ag__lx_find_op(const char *name, const ag_op **op) {
     *op = ag_op_find(name);
-    if (*op || strcmp(name, "aotgrad_demo::log_value"))
-        return 0;
-    /* The zoo's effectful op is registered on the first use of the effects model; a text
-     * that names it (what `aotgrad export effects` prints) registers it, so it reads back in
-     * a process that never built the model. */
-    if (!(*op = ag_zoo_log_value_op()))
-        return ag_last_status();
     return 0;
 }
 
