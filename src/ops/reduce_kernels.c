@@ -649,8 +649,12 @@ static void rows_build(rows *w, ag_tensor *const *ts, int n, int dim) {
         for (int k = 0; k < n; k++)
             w->st[k][at] = ts[k]->strides[d];
     }
-    if (w->len == 0)
+    /* No rows when any dim is empty: nothing to visit, and no 0-sized dim left for rows_start
+     * to divide by. */
+    if (w->len == 0 || w->nrows == 0) {
         w->nrows = 0;
+        w->nd = 0;
+    }
 }
 
 /* Row r's offsets, and an odometer to step to the next row without divisions. */
@@ -714,6 +718,8 @@ static void strided_copy(char *dst, int64_t ds, const char *src, int64_t ss, int
  * of neighbouring threads' work share cache lines, so the gathers mostly hit cache. */
 static int rows_apply(const rows *w, char *const *base, size_t esz, row_fn fn, bool logp) {
     const int nops = w->nops;
+    if (w->nrows == 0)
+        return 0;
     bool contig = true;
     for (int k = 0; k < nops; k++)
         contig &= w->step[k] == 1 || w->len <= 1;
