@@ -193,6 +193,43 @@ static ag_tensor *f_sdpa_causal(ag_tensor *x) {
     return ag_scaled_dot_product_attention(x, x, x, true, 0);
 }
 
+static ag_tensor *f_softmax_t(ag_tensor *x) {
+    return ag_softmax(ag_transpose(x, 0, 1), 1);
+}
+static ag_tensor *f_log_softmax_t0(ag_tensor *x) {
+    return ag_log_softmax(ag_transpose(x, 0, 1), 0);
+}
+static ag_tensor *f_argmax_t(ag_tensor *x) {
+    return ag_argmax(ag_transpose(x, 0, 1), 1, false);
+}
+static ag_tensor *f_lse_keep(ag_tensor *x) {
+    return ag_logsumexp(x, S(0, 1), 2, true);
+}
+static ag_tensor *f_sum_t(ag_tensor *x) {
+    return ag_sum(ag_transpose(x, 0, 1), S(1), 1, false);
+}
+static ag_tensor *f_index_select0(ag_tensor *x) {
+    return ag_index_select(x, 0, P[0]);
+}
+static ag_tensor *f_index_select1(ag_tensor *x) {
+    return ag_index_select(x, 1, P[0]);
+}
+static ag_tensor *f_gather1(ag_tensor *x) {
+    return ag_gather(x, 1, P[0]);
+}
+static ag_tensor *f_index0(ag_tensor *x) {
+    return ag_index(x, (ag_tensor *const[]){P[0]}, 1);
+}
+static ag_tensor *f_index_add(ag_tensor *x) {
+    return ag_index_add(x, 0, P[0], ag_zeros(AG_F32, 2, S(0, ag_tensor_size(x, 1))), 1);
+}
+static ag_tensor *f_scatter_add(ag_tensor *x) {
+    return ag_scatter_add(x, 0, P[0], ag_zeros(AG_F32, 2, S(0, ag_tensor_size(x, 1))));
+}
+static ag_tensor *f_cat(ag_tensor *x) {
+    return ag_cat((ag_tensor *const[]){x, P[0]}, 2, 0);
+}
+
 /* The extra tensors: P[k] of shape psz[k] filled with pfill[k], requires grad when pgrad. */
 typedef struct ecase {
     const char *name;
@@ -209,6 +246,8 @@ typedef struct ecase {
     double pfill[4];
     bool pgrad[4]; /* backward gives P[k] a gradient of zeros */
     bool pint;     /* P[0] is an i64 index tensor */
+    ag_dtype dt;   /* of x: AG_F32 unless given */
+    double gfill;  /* every element of x's gradient: 0 unless given */
 } ecase;
 
 #define X(...) .xnd = NS(__VA_ARGS__), .xs = {__VA_ARGS__}
@@ -382,6 +421,96 @@ static const ecase cases[] = {
      {0},
      {false},
      true},
+    /* float64, non-contiguous and integer inputs */
+    {"softmax f64 batch 0", f_softmax1, X(0, 5), O(0, 5), 0, true, .dt = AG_F64},
+    {"log_softmax f64 over a 0-length dim", f_log_softmax1, X(3, 0), O(3, 0), 0, true,
+     .dt = AG_F64},
+    {"mean f64 over an empty dim", f_mean0, X(0, 4), O(4), NAN, true, .dt = AG_F64},
+    {"var f64 of everything", f_var_all, X(0), O0, NAN, true, .dt = AG_F64},
+    {"softmax of a transposed empty tensor", f_softmax_t, X(5, 0), O(0, 5), 0, true},
+    {"log_softmax over a transposed 0-length dim", f_log_softmax_t0, X(5, 0), O(0, 5), 0, true},
+    {"argmax of a transposed empty tensor", f_argmax_t, X(4, 0), O(0), 0, false},
+    {"logsumexp keepdim of everything", f_lse_keep, X(0, 3), O(1, 1), -INFINITY, true},
+    {"sum over a transposed empty dim", f_sum_t, X(0, 3), O(3), 0, true},
+    {"sum i64 over an empty dim", f_sum0, X(0, 4), O(4), 0, false, .dt = AG_I64},
+    {"amax i64 over a full dim", f_amax1, X(0, 4), O(0), 0, false, .dt = AG_I64},
+    {"argmax i64 over a full dim", f_argmax1, X(0, 4), O(0), 0, false, .dt = AG_I64},
+    /* indexing with no indices, and of empty tensors */
+    {"index_select of no indices",
+     f_index_select0,
+     X(5, 3),
+     O(0, 3),
+     0,
+     true,
+     1,
+     {1},
+     {{0}},
+     {0},
+     {false},
+     true},
+    {"index_select of an empty tensor",
+     f_index_select1,
+     X(0, 3),
+     O(0, 2),
+     0,
+     true,
+     1,
+     {1},
+     {{2}},
+     {1},
+     {false},
+     true},
+    {"gather of no indices",
+     f_gather1,
+     X(3, 4),
+     O(3, 0),
+     0,
+     true,
+     1,
+     {2},
+     {{3, 0}},
+     {0},
+     {false},
+     true},
+    {"index with an empty index",
+     f_index0,
+     X(3, 4),
+     O(0, 4),
+     0,
+     true,
+     1,
+     {1},
+     {{0}},
+     {0},
+     {false},
+     true},
+    {"index_add of nothing",
+     f_index_add,
+     X(5, 3),
+     O(5, 3),
+     0.25,
+     true,
+     1,
+     {1},
+     {{0}},
+     {0},
+     {false},
+     true,
+     .gfill = 1},
+    {"scatter_add of nothing",
+     f_scatter_add,
+     X(3, 4),
+     O(3, 4),
+     0.25,
+     true,
+     1,
+     {2},
+     {{0, 4}},
+     {0},
+     {false},
+     true,
+     .gfill = 1},
+    {"cat of an empty tensor", f_cat, X(0, 3), O(2, 3), 1, true, 1, {2}, {{2, 3}}, {1}},
     /* attention */
     {"sdpa batch 0", f_sdpa, X(0, 2, 4, 8), O(0, 2, 4, 8), 0, true},
     {"sdpa length 0", f_sdpa, X(1, 2, 0, 8), O(1, 2, 0, 8), 0, true},
@@ -390,7 +519,7 @@ static const ecase cases[] = {
 
 static void run_case(const ecase *c) {
     ag_scope_begin();
-    ag_tensor *x = ag_full(AG_F32, c->xnd, c->xs, 0.25);
+    ag_tensor *x = ag_full(c->dt, c->xnd, c->xs, c->dt == AG_I64 ? 1 : 0.25);
     assert_non_null(x);
     if (c->grad)
         assert_int_equal(ag_tensor_set_requires_grad(x, true), 0);
@@ -416,7 +545,7 @@ static void run_case(const ecase *c) {
         if (!gx)
             fail_msg("%s: no gradient for the input", c->name);
         tu_assert_shape(gx, c->xnd, c->xs);
-        assert_all(gx, 0, c->name);
+        assert_all(gx, c->gfill, c->name);
         for (int k = 0; k < c->np; k++) {
             if (!c->pgrad[k])
                 continue;
@@ -526,37 +655,86 @@ static void test_backward_helpers(void **st) {
     ag_scope_end();
 }
 
-/* The compiled path: the zoo's mlp exported, compiled and run with a batch of 0 gives an
- * empty output, and zero gradients for its parameters. */
-static void test_compiled_mlp_batch0(void **st) {
-    (void)st;
+/* Backward of the sum of every float output of a call: the module's parameters' gradients are
+ * all zero, and at least one parameter gets one. */
+static void backward_zero_grads(const char *what, ag_module *m, ag_tensor **outs, int n) {
+    ag_tensor *total = NULL;
+    for (int k = 0; k < n; k++) {
+        if (!ag_dtype_is_float(ag_tensor_dtype(outs[k])) || !ag_tensor_requires_grad(outs[k]))
+            continue;
+        ag_tensor *s = ag_sum_all(outs[k]);
+        total = total ? ag_add(total, s) : s;
+    }
+    if (!total)
+        fail_msg("%s: no differentiable output", what);
+    if (ag_backward(total, NULL, false) < 0)
+        fail_msg("%s: backward: %s", what, ag_last_error());
+    ag_named_tensors ps;
+    assert_int_equal(ag_module_named_parameters(m, true, &ps), 0);
+    int with_grad = 0;
+    for (int i = 0; i < ps.n; i++) {
+        ag_tensor *g = ag_tensor_grad(ps.tensors[i]);
+        if (g) {
+            tu_assert_shape(g, ag_tensor_ndim(ps.tensors[i]), ag_tensor_sizes(ps.tensors[i]));
+            assert_all(g, 0, ps.names[i]);
+            with_grad++;
+        }
+        ag_tensor_set_grad(ps.tensors[i], NULL);
+    }
+    ag_named_tensors_free(&ps);
+    if (with_grad == 0)
+        fail_msg("%s: no parameter got a gradient", what);
+}
+
+/* Every output of a batch-0 call has no elements (or is a scalar). */
+static void outputs_empty(const char *what, ag_tensor **outs, int n) {
+    for (int k = 0; k < n; k++)
+        if (ag_tensor_ndim(outs[k]) > 0 && ag_tensor_numel(outs[k]) != 0)
+            fail_msg("%s: output %d has %lld elements", what, k,
+                     (long long)ag_tensor_numel(outs[k]));
+}
+
+/* The compiled path: zoo models exported, compiled and run with a batch of 0 (their input
+ * replaced by an empty one of the same shape otherwise) give the eager result: empty outputs
+ * and zero gradients for the parameters. */
+static void check_zoo_batch0(const char *name) {
     ag_module *m = NULL;
     ag_tensor *in[4] = {NULL};
     int nin = 0;
-    assert_int_equal(ag_zoo_build("mlp", NULL, &m, in, 4, &nin), 0);
+    assert_int_equal(ag_zoo_build(name, NULL, &m, in, 4, &nin), 0);
     assert_int_equal(nin, 1);
-    int64_t feat = ag_tensor_size(in[0], 1);
-    ag_tensor *x = ag_zeros(ag_tensor_dtype(in[0]), 2, S(0, feat));
+    int64_t sz[AG_MAX_DIMS];
+    int nd = ag_tensor_ndim(in[0]);
+    memcpy(sz, ag_tensor_sizes(in[0]), sizeof(int64_t) * (size_t)nd);
+    sz[0] = 0;
+    ag_tensor *x = ag_zeros(ag_tensor_dtype(in[0]), nd, sz);
+    ag_tensor *outs[8];
+    /* eager */
+    ag_scope_begin();
+    int n = ag_module_call(m, &x, 1, outs, 8);
+    if (n < 0)
+        fail_msg("%s: eager call with a batch of 0: %s", name, ag_last_error());
+    outputs_empty(name, outs, n);
+    backward_zero_grads(name, m, outs, n);
+    ag_scope_end();
+    /* compiled */
     ag_joint *j = ag_export_joint(m, &x, 1, NULL, NULL, 0, NULL);
     if (!j)
-        fail_msg("export: %s", ag_last_error());
+        fail_msg("%s: export: %s", name, ag_last_error());
     ag_compiled *c = ag_compile_joint(j, NULL);
     if (!c)
-        fail_msg("compile: %s", ag_last_error());
+        fail_msg("%s: compile: %s", name, ag_last_error());
     ag_scope_begin();
-    ag_tensor *y = NULL;
-    int n = ag_compiled_call_module(c, m, &x, 1, &y, 1);
-    if (n != 1)
-        fail_msg("compiled call: %d %s", n, ag_last_error());
-    assert_int_equal(ag_tensor_size(y, 0), 0);
-    ag_tensor *s = ag_sum_all(y);
-    assert_int_equal(ag_backward(s, NULL, false), 0);
+    int nc = ag_compiled_call_module(c, m, &x, 1, outs, 8);
+    if (nc != n)
+        fail_msg("%s: compiled call: %d (eager %d): %s", name, nc, n, ag_last_error());
+    outputs_empty(name, outs, nc);
+    backward_zero_grads(name, m, outs, nc);
     ag_scope_end();
-    /* A batch-0 model called with a batch of 32 (and back) is refused or run, never a crash. */
+    /* The batch-0 program called with the model's own batch is refused or runs, never a
+     * crash. */
     ag_scope_begin();
-    ag_tensor *y2 = NULL;
-    n = ag_compiled_call_module(c, m, in, 1, &y2, 1);
-    if (n < 0)
+    if (ag_compiled_call_module(c, m, in, 1, outs, 8) < 0)
         ag_clear_error();
     ag_scope_end();
     ag_compiled_free(c);
@@ -566,13 +744,72 @@ static void test_compiled_mlp_batch0(void **st) {
     ag_module_free(m);
 }
 
+static void test_compiled_zoo_batch0(void **st) {
+    (void)st;
+    check_zoo_batch0("mlp");
+    check_zoo_batch0("cnn");
+    check_zoo_batch0("gpt2");
+    check_zoo_batch0("dropout_mlp");
+}
+
+/* cross_entropy(x @ w^T, target) with the reduction in the module's ud. */
+static int ce_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
+    (void)nin;
+    (void)max_out;
+    ag_scope_begin();
+    int red = *(const int *)ag_module_ud(m);
+    ag_tensor *logits = ag_linear(in[0], ag_module_param(m, "w"), NULL);
+    out[0] = ag_tensor_keep(ag_cross_entropy(logits, in[1], red, -100));
+    ag_scope_end();
+    return out[0] ? 1 : ag_last_status();
+}
+
+/* A compiled cross-entropy with a batch of 0 (the executor fuses nll_loss_backward with
+ * log_softmax's backward): 'mean' NaN, 'sum' 0, 'none' empty, the weight's gradient zeros. */
+static void test_compiled_cross_entropy_batch0(void **st) {
+    (void)st;
+    static const int reds[3] = {AG_REDUCTION_MEAN, AG_REDUCTION_SUM, AG_REDUCTION_NONE};
+    static const double want[3] = {NAN, 0, 0};
+    for (int r = 0; r < 3; r++) {
+        ag_module *m = ag_module_new("CE", ce_forward, (void *)&reds[r], NULL);
+        assert_non_null(m);
+        ag_tensor *w = ag_full(AG_F32, 2, S(5, 4), 0.5);
+        assert_int_equal(ag_module_register_parameter(m, "w", w), 0);
+        ag_tensor_free(w);
+        ag_tensor *in[2] = {ag_zeros(AG_F32, 2, S(0, 4)), ag_zeros(AG_I64, 1, S(0))};
+        ag_joint *j = ag_export_joint(m, in, 2, NULL, NULL, 0, NULL);
+        if (!j)
+            fail_msg("export: %s", ag_last_error());
+        ag_compiled *c = ag_compile_joint(j, NULL);
+        if (!c)
+            fail_msg("compile: %s", ag_last_error());
+        ag_scope_begin();
+        ag_tensor *y = NULL;
+        if (ag_compiled_call_module(c, m, in, 2, &y, 1) != 1)
+            fail_msg("compiled call: %s", ag_last_error());
+        if (reds[r] == AG_REDUCTION_NONE)
+            tu_assert_shape(y, 1, S(0));
+        else
+            tu_assert_shape(y, 0, NULL);
+        assert_all(y, want[r], "compiled cross_entropy");
+        backward_zero_grads("compiled cross_entropy", m, &y, 1);
+        ag_scope_end();
+        ag_compiled_free(c);
+        ag_joint_free(j);
+        ag_tensor_free(in[0]);
+        ag_tensor_free(in[1]);
+        ag_module_free(m);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_table),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_batch_norm_running_stats),
         cmocka_unit_test(test_backward_helpers),
-        cmocka_unit_test(test_compiled_mlp_batch0),
+        cmocka_unit_test(test_compiled_zoo_batch0),
+        cmocka_unit_test(test_compiled_cross_entropy_batch0),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

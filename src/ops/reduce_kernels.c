@@ -82,6 +82,10 @@ static void plan_build(rplan *p, const ag_tensor *x, const bool *reduce) {
             p->kst[p->nk++] = st;
         }
     }
+    /* An empty reduction has nothing to walk: without reduced dims no odometer divides by the
+     * 0-sized one, and every output is the identity (sum 0, max -inf). */
+    if (p->nred == 0)
+        nr = 0;
     /* Reduction order is free (except for argmax, which does not use plans): walk memory in
      * order, largest stride first, so a transposed input still reduces contiguous runs. */
     for (int i = 1; i < nr; i++) {
