@@ -607,6 +607,12 @@ static void test_batch_norm_running_stats(void **st) {
     tu_assert_shape(si, 1, S(2));
     tu_assert_values(rm, 1, S(2), V(0.5, -1), 0);
     tu_assert_values(rv, 1, S(2), V(2, 3), 0);
+    /* no channels either */
+    assert_int_equal(ag_native_batch_norm(ag_zeros(AG_F32, 2, S(0, 0)), NULL, NULL, NULL, NULL,
+                                          true, 0.1, 1e-5, &out, &sm, &si),
+                     0);
+    tu_assert_shape(out, 2, S(0, 0));
+    tu_assert_shape(sm, 1, S(0));
     /* one value per channel is still refused, in PyTorch's words */
     ag_tensor *one = ag_zeros(AG_F32, 2, S(1, 2));
     assert_int_equal(ag_native_batch_norm(one, NULL, NULL, rm, rv, true, 0.1, 1e-5, &out, &sm, &si),

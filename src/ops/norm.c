@@ -512,8 +512,11 @@ static int bn_kernel(const ag_arg *a, ag_tensor **o) {
      * save_invstd are 0 and the running statistics stay as they are (PyTorch's batch_norm
      * returns before computing or updating statistics for an input with no elements). */
     if (a[5].u.b && bn_count(x) == 0) {
-        memset(data_of(o[1]), 0, (size_t)x->sizes[1] * ag_dtype_size(x->dtype));
-        memset(data_of(o[2]), 0, (size_t)x->sizes[1] * ag_dtype_size(x->dtype));
+        const size_t nb = (size_t)x->sizes[1] * ag_dtype_size(x->dtype);
+        if (nb) {
+            memset(data_of(o[1]), 0, nb);
+            memset(data_of(o[2]), 0, nb);
+        }
         return 0;
     }
     ag__scratch_tensor tx;
