@@ -381,7 +381,7 @@ static void test_amax_values(void **st) {
     assert_true(isnan(ag_tensor_item(ag_amax(lng, NULL, 0, false))));
     /* an empty reduced dim is an error naming the op */
     assert_null(ag_amax(ag_zeros(AG_F32, 2, S(2, 0)), S(1), 1, false));
-    tu_assert_error_contains("amax: expected reduction dim 1 to have non-zero size");
+    tu_assert_error_contains("amax(): Expected reduction dim 1 to have non-zero size.");
     ag_clear_error();
     ag_scope_end();
 }

@@ -102,7 +102,9 @@ AG_API ag_tensor *ag_slice_backward(ag_tensor *grad, int ndim, const int64_t *in
 AG_API ag_tensor *ag_select_backward(ag_tensor *grad, int ndim, const int64_t *input_sizes,
                                      int dim, int64_t index);
 
-/* ---- reductions. dims == NULL (ndims 0) reduces over every dim. ---- */
+/* ---- reductions. dims == NULL (ndims 0) reduces over every dim. Over an empty dim (as in
+ * PyTorch) sum gives 0, mean and var NaN, logsumexp -inf; amax and argmax refuse one (there is
+ * no maximum), and argmax_all refuses a tensor with no elements. ---- */
 AG_API ag_tensor *ag_sum(ag_tensor *a, const int64_t *dims, int ndims, bool keepdim); /* sum.dim_IntList */
 AG_API ag_tensor *ag_sum_all(ag_tensor *a);
 AG_API ag_tensor *ag_mean(ag_tensor *a, const int64_t *dims, int ndims, bool keepdim); /* mean.dim */
@@ -163,7 +165,9 @@ AG_API int ag_native_layer_norm(ag_tensor *x, int nnorm, const int64_t *normaliz
 AG_API ag_tensor *ag_layer_norm(ag_tensor *x, int nnorm, const int64_t *normalized_shape,
                                 ag_tensor *weight, ag_tensor *bias, double eps);
 /* native_batch_norm on (N,C,...): out, save_mean, save_invstd. In training it updates
- * running_mean/running_var in place (momentum, unbiased variance) when they are given. */
+ * running_mean/running_var in place (momentum, unbiased variance) when they are given; one
+ * value per channel is an error, and no values (a batch of 0) give an empty out, save_mean and
+ * save_invstd 0 and leave the running statistics as they are. */
 AG_API int ag_native_batch_norm(ag_tensor *x, ag_tensor *weight, ag_tensor *bias,
                                 ag_tensor *running_mean, ag_tensor *running_var, bool training,
                                 double momentum, double eps, ag_tensor **out,

@@ -441,10 +441,13 @@ static int bn_meta(const ag_arg *a, ag_tmeta *o) {
         return ag__err(AG_EINVAL,
                        "%s: running_mean and running_var must be given in evaluation mode "
                        "(training=false)", op);
-    if (training && bn_count(x) <= 1)
+    /* One value per channel has no variance; no values at all is an empty batch, which runs
+     * (kernel below), as PyTorch's batch_norm does. */
+    if (training && bn_count(x) == 1)
         return ag__err(AG_EINVAL,
-                       "%s: expected more than 1 value per channel when training, got input of "
-                       "shape %s", op, shape_str(x, s, sizeof s));
+                       "%s: Expected more than 1 value per channel when training, got input "
+                       "size %s",
+                       op, shape_str(x, s, sizeof s));
     ag__tmeta_contiguous(&o[0], x->dtype, x->ndim, x->sizes);
     ag__tmeta_contiguous(&o[1], x->dtype, 1, &x->sizes[1]);
     ag__tmeta_contiguous(&o[2], x->dtype, 1, &x->sizes[1]);
@@ -505,6 +508,17 @@ static int bn_fwd(ag_dtype dt, const void *xv, chan w, chan b, chan rm, chan rv,
 
 static int bn_kernel(const ag_arg *a, ag_tensor **o) {
     ag_tensor *x = a[0].u.t;
+    /* An empty batch in training: nothing to average, so the output is empty, save_mean and
+     * save_invstd are 0 and the running statistics stay as they are (PyTorch's batch_norm
+     * returns before computing or updating statistics for an input with no elements). */
+    if (a[5].u.b && bn_count(x) == 0) {
+        const size_t nb = (size_t)x->sizes[1] * ag_dtype_size(x->dtype);
+        if (nb) {
+            memset(data_of(o[1]), 0, nb);
+            memset(data_of(o[2]), 0, nb);
+        }
+        return 0;
+    }
     ag__scratch_tensor tx;
     const void *px = pack(x, &tx, 1);
     if (!px)

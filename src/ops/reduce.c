@@ -276,7 +276,8 @@ ag_tensor *ag_mean_all(ag_tensor *a) {
 static int check_nonempty(const char *op, const ag_tensor *x, const bool *reduce) {
     for (int d = 0; d < x->ndim; d++)
         if (reduce[d] && x->sizes[d] == 0)
-            return ag__err(AG_EINVAL, "%s: expected reduction dim %d to have non-zero size", op, d);
+            return ag__err(AG_EINVAL, "%s(): Expected reduction dim %d to have non-zero size.", op,
+                           d);
     return 0;
 }
 
@@ -476,8 +477,8 @@ static int argmax_meta(const ag_arg *a, ag_tmeta *o) {
     bool keepdim = a[2].u.b;
     if (a[1].kind == AG_ARG_NONE) {
         if (ag__numel(x->ndim, x->sizes) == 0)
-            return ag__err(AG_EINVAL, "argmax: expected reduction dim to be specified for an "
-                                      "input with no elements");
+            return ag__err(AG_EINVAL, "argmax(): Expected reduction dim to be specified for "
+                                      "input.numel() == 0.");
         int64_t ones[AG_MAX_DIMS];
         for (int d = 0; d < x->ndim; d++)
             ones[d] = 1;
@@ -488,7 +489,7 @@ static int argmax_meta(const ag_arg *a, ag_tmeta *o) {
     if (d < 0)
         return AG_EINVAL;
     if (x->ndim > 0 && x->sizes[d] == 0)
-        return ag__err(AG_EINVAL, "argmax: expected reduction dim %d to have non-zero size", d);
+        return ag__err(AG_EINVAL, "argmax(): Expected reduction dim %d to have non-zero size.", d);
     bool reduce[AG_MAX_DIMS] = {0};
     if (x->ndim > 0)
         reduce[d] = true;

@@ -82,6 +82,10 @@ static void plan_build(rplan *p, const ag_tensor *x, const bool *reduce) {
             p->kst[p->nk++] = st;
         }
     }
+    /* An empty reduction has nothing to walk: without reduced dims no odometer divides by the
+     * 0-sized one, and every output is the identity (sum 0, max -inf). */
+    if (p->nred == 0)
+        nr = 0;
     /* Reduction order is free (except for argmax, which does not use plans): walk memory in
      * order, largest stride first, so a transposed input still reduces contiguous runs. */
     for (int i = 1; i < nr; i++) {
@@ -649,8 +653,12 @@ static void rows_build(rows *w, ag_tensor *const *ts, int n, int dim) {
         for (int k = 0; k < n; k++)
             w->st[k][at] = ts[k]->strides[d];
     }
-    if (w->len == 0)
+    /* No rows when any dim is empty: nothing to visit, and no 0-sized dim left for rows_start
+     * to divide by. */
+    if (w->len == 0 || w->nrows == 0) {
         w->nrows = 0;
+        w->nd = 0;
+    }
 }
 
 /* Row r's offsets, and an odometer to step to the next row without divisions. */
@@ -714,6 +722,8 @@ static void strided_copy(char *dst, int64_t ds, const char *src, int64_t ss, int
  * of neighbouring threads' work share cache lines, so the gathers mostly hit cache. */
 static int rows_apply(const rows *w, char *const *base, size_t esz, row_fn fn, bool logp) {
     const int nops = w->nops;
+    if (w->nrows == 0)
+        return 0;
     bool contig = true;
     for (int k = 0; k < nops; k++)
         contig &= w->step[k] == 1 || w->len <= 1;
