@@ -254,8 +254,8 @@ int64_t tu_alloc_failure_sweep(int (*scenario)(void *ud), void *ud, const tu_swe
         SWEEP_FAIL(&s, "the clean run failed: status %d (%s)", rc, ag_last_error());
     if (o.clean_run_frees_all && atomic_load(&ca.live) != 0)
         SWEEP_FAIL(&s, "the clean run leaked %lld allocations", (long long)atomic_load(&ca.live));
-    int64_t base = atomic_load(&ca.live), n;
-    for (n = 1;; n++) {
+    int64_t base = atomic_load(&ca.live), n, points = 0;
+    for (n = 1;; n += o.every_up_to > 0 && n >= o.every_up_to && o.stride > 1 ? o.stride : 1) {
         if (n > max_points)
             SWEEP_FAIL(&s, "more than %lld allocation points", (long long)max_points);
         atomic_store(&ca.count, 0);
@@ -271,9 +271,9 @@ int64_t tu_alloc_failure_sweep(int (*scenario)(void *ud), void *ud, const tu_swe
             if (rc == 0)
                 SWEEP_FAIL(&s, "allocation %lld failed but the scenario reported success",
                            (long long)n);
-            if (rc != AG_ENOMEM || status != AG_ENOMEM)
-                SWEEP_FAIL(&s, "allocation %lld failed: returned %d, status %d (%s)", (long long)n,
-                           rc, status, ag_last_error());
+            if (rc != AG_ENOMEM || status != AG_ENOMEM || !ag_last_error()[0])
+                SWEEP_FAIL(&s, "allocation %lld failed: returned %d, status %d (message '%s')",
+                           (long long)n, rc, status, ag_last_error());
         } else if (!failed && rc != 0) {
             SWEEP_FAIL(&s, "run %lld reached no failure but returned %d (%s)", (long long)n, rc,
                        ag_last_error());
@@ -285,9 +285,12 @@ int64_t tu_alloc_failure_sweep(int (*scenario)(void *ud), void *ud, const tu_swe
                        (long long)(live - base), rc, ag_last_error());
         if (!failed)
             break;
+        points++;
     }
     sweep_end(&s);
-    return n - 1;
+    if (o.allocations)
+        *o.allocations = n - 1;
+    return points;
 }
 
 /* ---- gradcheck of an op's declared samples ---- */
