@@ -53,6 +53,8 @@ static void test_alloc_failures_mlp(void **st) {
     int64_t points = tu_alloc_failure_sweep(scenario_mlp, NULL, &o);
     print_message("mlp scenario: %lld allocation points exercised\n", (long long)points);
     assert_true(points >= 50);
+    o.persistent = true;
+    assert_true(tu_alloc_failure_sweep(scenario_mlp, NULL, &o) >= 50);
 }
 
 /* Tensors outside scopes are owned by the caller: explicit frees, views, a composite op
@@ -75,6 +77,8 @@ static int scenario_owned(void *ud) {
 static void test_alloc_failures_owned(void **st) {
     (void)st;
     tu_sweep_opts o = {.what = "owned"};
+    assert_true(tu_alloc_failure_sweep(scenario_owned, NULL, &o) >= 5);
+    o.persistent = true;
     assert_true(tu_alloc_failure_sweep(scenario_owned, NULL, &o) >= 5);
 }
 
@@ -417,6 +421,7 @@ typedef struct job_case {
     double ref_loss[JOB_STEPS];
     snap ref;
     int64_t retried; /* steps retried after a failed call */
+    bool persistent; /* memory stays exhausted after the failure: no retry, only cleanup */
 } job_case;
 
 static int scenario_job_build(void *ud) {
@@ -467,6 +472,10 @@ static int scenario_job_train(void *ud) {
     for (int s = 0; s < JOB_STEPS; s++) {
         double loss = NAN;
         int rc = job_step(&jb, jc->data->in[s], &loss);
+        if (rc && jc->persistent) {
+            first = rc;
+            break;
+        }
         if (rc) {
             first = first ? first : rc;
             jc->retried++;
@@ -485,7 +494,9 @@ static int scenario_job_train(void *ud) {
             fail();
         }
     }
-    if (!jc->have_ref) {
+    if (first && jc->persistent) {
+        /* Only the leak check: the objects must be destroyable. */
+    } else if (!jc->have_ref) {
         snap_take(&jc->ref, jb.step, false);
         jc->have_ref = true;
     } else {
@@ -527,6 +538,7 @@ static int64_t job_sweep(int (*scenario)(void *), job_case *jc, const char *what
                        .one_thread = true,
                        .every_up_to = every_up_to,
                        .stride = stride,
+                       .persistent = jc->persistent,
                        .allocations = &total};
     int64_t points = tu_alloc_failure_sweep(scenario, jc, &o);
     print_message("%s: failed %lld of %lld allocations (%.1f s)\n", what, (long long)points,
@@ -543,12 +555,16 @@ static void sweep_job(bool gpt2) {
     job_case jc = {.gpt2 = gpt2, .data = &data};
 
     snprintf(what, sizeof what, "%s: build", name);
-    assert_true(job_sweep(scenario_job_build, &jc, what, 0, 0) >= 10);
+    assert_true(job_sweep(scenario_job_build, &jc, what, 30, 7) >= 10);
 
     assert_int_equal(job_build(&jc.proto, gpt2), 0);
     snap_take(&jc.init, jc.proto.step, true);
     snprintf(what, sizeof what, "%s: export", name);
     assert_true(job_sweep(scenario_job_export, &jc, what, 0, 0) >= 100);
+    jc.persistent = true;
+    snprintf(what, sizeof what, "%s: export, memory exhausted", name);
+    assert_true(job_sweep(scenario_job_export, &jc, what, 0, 0) >= 100);
+    jc.persistent = false;
     snap_check(&jc.init, jc.proto.step, true, "the module after the export sweep");
     ag_joint *j = ag_export_joint(jc.proto.step, data.in[0], 2, NULL, NULL, 0, NULL);
     assert_non_null(j);
@@ -563,10 +579,18 @@ static void sweep_job(bool gpt2) {
         jc.have_ref = false;
         jc.retried = 0;
         snprintf(what, sizeof what, "%s: %d AdamW steps (budget %g)", name, JOB_STEPS, jc.budget);
-        int64_t points = b == 0 ? job_sweep(scenario_job_train, &jc, what, gpt2 ? 60 : 40, 7)
-                                : job_sweep(scenario_job_train, &jc, what, 30, 7);
-        assert_true(points >= 50);
+        int64_t points = b == 0 ? job_sweep(scenario_job_train, &jc, what, gpt2 ? 60 : 30, 11)
+                                : job_sweep(scenario_job_train, &jc, what, 20, gpt2 ? 11 : 17);
+        assert_true(points >= 30);
         assert_int_equal(jc.retried, points); /* every failure was a call's, none cleanup's */
+        if (b == 0) {
+            jc.persistent = true;
+            snprintf(what, sizeof what, "%s: compile (budget 1), memory exhausted", name);
+            assert_true(job_sweep(scenario_job_compile, &jc, what, 0, 0) >= 100);
+            snprintf(what, sizeof what, "%s: AdamW steps (budget 1), memory exhausted", name);
+            assert_true(job_sweep(scenario_job_train, &jc, what, gpt2 ? 60 : 30, 11) >= 30);
+            jc.persistent = false;
+        }
         snap_free(&jc.ref);
     }
     snap_free(&jc.init);
@@ -689,6 +713,8 @@ static void test_alloc_failures_idx(void **st) {
         idx_write(idx_dir, names[i], i < 2, i % 2 == 1);
     tu_sweep_opts o = {.what = "idx"};
     int64_t points = tu_alloc_failure_sweep(scenario_idx, NULL, &o);
+    o.persistent = true;
+    assert_int_equal(tu_alloc_failure_sweep(scenario_idx, NULL, &o), points);
     for (int i = 0; i < 4; i++) {
         char path[512];
         snprintf(path, sizeof path, "%s/%s", idx_dir, names[i]);
@@ -811,6 +837,12 @@ static void test_alloc_failures_safetensors(void **st) {
     assert_int_equal(ag_module_save(c.src, c.path), 0);
     o.what = "safetensors load";
     int64_t load_points = tu_alloc_failure_sweep(scenario_st_load, &c, &o);
+    o.persistent = true;
+    assert_int_equal(tu_alloc_failure_sweep(scenario_st_load, &c, &o), load_points);
+    assert_int_equal(ag_module_save(c.dst, c.path), 0);
+    o.what = "safetensors save, memory exhausted";
+    assert_int_equal(tu_alloc_failure_sweep(scenario_st_save, &c, &o), save_points);
+    assert_int_equal(ag_module_save(c.src, c.path), 0);
     print_message("safetensors: %lld allocation points saving, %lld loading\n",
                   (long long)save_points, (long long)load_points);
     unlink(c.path);

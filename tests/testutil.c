@@ -144,6 +144,7 @@ static struct {
     _Atomic int64_t count; /* allocations counted since the last reset */
     _Atomic int64_t live;  /* allocations made through the wrapper and not freed */
     int64_t fail_at;       /* the counted allocation that fails (1-based); 0: none */
+    bool persistent;       /* every counted allocation after fail_at fails too */
     _Atomic bool failed, failed_in_cleanup;
     int paused, cleanup;
 } ca;
@@ -152,9 +153,9 @@ static void *counting_alloc(void *ud, size_t size, size_t align) {
     (void)ud;
     if (!ca.paused) {
         int64_t k = atomic_fetch_add(&ca.count, 1) + 1;
-        if (ca.fail_at && k == ca.fail_at) {
+        if (ca.fail_at && (k == ca.fail_at || (ca.persistent && k > ca.fail_at))) {
             atomic_store(&ca.failed, true);
-            if (ca.cleanup)
+            if (ca.cleanup && k == ca.fail_at)
                 atomic_store(&ca.failed_in_cleanup, true);
             return NULL;
         }
@@ -180,6 +181,7 @@ static void counting_install(void) {
     atomic_store(&ca.count, 0);
     atomic_store(&ca.live, 0);
     ca.fail_at = 0;
+    ca.persistent = false;
     ca.paused = ca.cleanup = 0;
     ca.installed = true;
     ag_set_allocator(&(ag_allocator){counting_alloc, counting_free, NULL});
@@ -262,11 +264,13 @@ int64_t tu_alloc_failure_sweep(int (*scenario)(void *ud), void *ud, const tu_swe
         atomic_store(&ca.failed, false);
         atomic_store(&ca.failed_in_cleanup, false);
         ca.fail_at = n;
+        ca.persistent = o.persistent;
         ag_clear_error();
         rc = scenario(ud);
         int status = ag_last_status();
         bool failed = atomic_load(&ca.failed), in_cleanup = atomic_load(&ca.failed_in_cleanup);
         ca.fail_at = 0;
+        ca.persistent = false;
         if (failed && !in_cleanup) {
             if (rc == 0)
                 SWEEP_FAIL(&s, "allocation %lld failed but the scenario reported success",
