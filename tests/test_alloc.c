@@ -609,6 +609,72 @@ static void test_alloc_failures_train_gpt2(void **st) {
     sweep_job(true);
 }
 
+/* ---- a compiled call that draws random numbers ----
+ * dropout_mlp's compiled forward reads the generator's state and moves its offset past its
+ * draws. A failed call must leave the offset where it was (so the retried call draws the same
+ * mask as a call that never failed), and a call that succeeds must move it as the clean run
+ * did. */
+
+typedef struct rng_case {
+    ag_module *model;
+    ag_tensor *in[8];
+    int nin;
+    ag_joint *j;
+    uint64_t offset_after; /* the clean run's */
+    bool have_ref;
+} rng_case;
+
+static int scenario_rng_call(void *ud) {
+    rng_case *rc_ = ud;
+    /* A callable of its own, cold: its first call allocates its buffers. */
+    tu_alloc_pause();
+    ag_compile_opts co = job_compile_opts(1.0);
+    ag_compiled *c = ag_compile_joint(rc_->j, &co);
+    assert_non_null(c);
+    tu_alloc_resume();
+    ag_manual_seed(7);
+    uint64_t seed0, off0, seed1, off1;
+    ag_rng_get_state(&seed0, &off0);
+    ag_scope_begin();
+    ag_tensor *out[2] = {0};
+    int n = ag_compiled_call_module(c, rc_->model, rc_->in, rc_->nin, out, 2);
+    tu_alloc_cleanup_begin();
+    ag_scope_end();
+    ag_compiled_free(c);
+    tu_alloc_cleanup_end();
+    ag_rng_get_state(&seed1, &off1);
+    assert_int_equal(seed1, seed0);
+    if (n < 0) {
+        if (off1 != off0)
+            fail_msg("a failed compiled call moved the generator's offset from %llu to %llu (%s)",
+                     (unsigned long long)off0, (unsigned long long)off1, ag_last_error());
+        return n;
+    }
+    if (!rc_->have_ref) {
+        rc_->offset_after = off1;
+        rc_->have_ref = true;
+    }
+    assert_true(off1 != off0);
+    assert_int_equal(off1, rc_->offset_after);
+    return 0;
+}
+
+static void test_alloc_failures_compiled_rng(void **st) {
+    (void)st;
+    rng_case c = {0};
+    assert_int_equal(ag_zoo_build("dropout_mlp", NULL, &c.model, c.in, 8, &c.nin), 0);
+    c.j = ag_export_joint(c.model, c.in, c.nin, NULL, NULL, 0, NULL);
+    assert_non_null(c.j);
+    tu_sweep_opts o = {.what = "dropout_mlp compiled call", .one_thread = true};
+    int64_t points = tu_alloc_failure_sweep(scenario_rng_call, &c, &o);
+    print_message("dropout_mlp compiled call: %lld allocation points\n", (long long)points);
+    assert_true(points >= 5);
+    ag_joint_free(c.j);
+    ag_module_free(c.model);
+    for (int i = 0; i < c.nin; i++)
+        ag_tensor_free(c.in[i]);
+}
+
 /* ---- the IDX reader (src/data/idx.c) ----
  * A directory with Fashion-MNIST's four file names holding tiny IDX pairs: the training pair
  * gzip-compressed, the test pair plain (gzread reads both). The scenario loads both pairs
@@ -861,6 +927,7 @@ int main(void) {
         cmocka_unit_test(test_alloc_failures_owned),
         cmocka_unit_test(test_alloc_failures_train_cnn),
         cmocka_unit_test(test_alloc_failures_train_gpt2),
+        cmocka_unit_test(test_alloc_failures_compiled_rng),
         cmocka_unit_test(test_alloc_failures_idx),
         cmocka_unit_test(test_alloc_failures_safetensors),
     };
