@@ -2,7 +2,10 @@
  * run again and again with the N-th allocation failing, for N = 1, 2, ... until a run completes
  * without reaching N (tu_alloc_failure_sweep). Each failing run must report AG_ENOMEM (no
  * crash), and once everything is released the number of live allocations must be back where it
- * started: nothing leaked. */
+ * started: nothing leaked. Scenarios: eager ops, the main job's pipeline (cnn and a small GPT-2
+ * through export, min-cut compile and AdamW steps, with the objects reused after a failure), a
+ * compiled call that draws random numbers, the IDX reader and safetensors save/load; most also
+ * with memory staying exhausted from the N-th allocation on. */
 #include "testutil.h"
 
 #include <dirent.h>
