@@ -144,6 +144,7 @@ static struct {
     _Atomic int64_t count; /* allocations counted since the last reset */
     _Atomic int64_t live;  /* allocations made through the wrapper and not freed */
     int64_t fail_at;       /* the counted allocation that fails (1-based); 0: none */
+    bool persistent;       /* every counted allocation after fail_at fails too */
     _Atomic bool failed, failed_in_cleanup;
     int paused, cleanup;
 } ca;
@@ -152,9 +153,9 @@ static void *counting_alloc(void *ud, size_t size, size_t align) {
     (void)ud;
     if (!ca.paused) {
         int64_t k = atomic_fetch_add(&ca.count, 1) + 1;
-        if (ca.fail_at && k == ca.fail_at) {
+        if (ca.fail_at && (k == ca.fail_at || (ca.persistent && k > ca.fail_at))) {
             atomic_store(&ca.failed, true);
-            if (ca.cleanup)
+            if (ca.cleanup && k == ca.fail_at)
                 atomic_store(&ca.failed_in_cleanup, true);
             return NULL;
         }
@@ -180,6 +181,7 @@ static void counting_install(void) {
     atomic_store(&ca.count, 0);
     atomic_store(&ca.live, 0);
     ca.fail_at = 0;
+    ca.persistent = false;
     ca.paused = ca.cleanup = 0;
     ca.installed = true;
     ag_set_allocator(&(ag_allocator){counting_alloc, counting_free, NULL});
@@ -254,26 +256,28 @@ int64_t tu_alloc_failure_sweep(int (*scenario)(void *ud), void *ud, const tu_swe
         SWEEP_FAIL(&s, "the clean run failed: status %d (%s)", rc, ag_last_error());
     if (o.clean_run_frees_all && atomic_load(&ca.live) != 0)
         SWEEP_FAIL(&s, "the clean run leaked %lld allocations", (long long)atomic_load(&ca.live));
-    int64_t base = atomic_load(&ca.live), n;
-    for (n = 1;; n++) {
+    int64_t base = atomic_load(&ca.live), n, points = 0;
+    for (n = 1;; n += o.every_up_to > 0 && n >= o.every_up_to && o.stride > 1 ? o.stride : 1) {
         if (n > max_points)
             SWEEP_FAIL(&s, "more than %lld allocation points", (long long)max_points);
         atomic_store(&ca.count, 0);
         atomic_store(&ca.failed, false);
         atomic_store(&ca.failed_in_cleanup, false);
         ca.fail_at = n;
+        ca.persistent = o.persistent;
         ag_clear_error();
         rc = scenario(ud);
         int status = ag_last_status();
         bool failed = atomic_load(&ca.failed), in_cleanup = atomic_load(&ca.failed_in_cleanup);
         ca.fail_at = 0;
+        ca.persistent = false;
         if (failed && !in_cleanup) {
             if (rc == 0)
                 SWEEP_FAIL(&s, "allocation %lld failed but the scenario reported success",
                            (long long)n);
-            if (rc != AG_ENOMEM || status != AG_ENOMEM)
-                SWEEP_FAIL(&s, "allocation %lld failed: returned %d, status %d (%s)", (long long)n,
-                           rc, status, ag_last_error());
+            if (rc != AG_ENOMEM || status != AG_ENOMEM || !ag_last_error()[0])
+                SWEEP_FAIL(&s, "allocation %lld failed: returned %d, status %d (message '%s')",
+                           (long long)n, rc, status, ag_last_error());
         } else if (!failed && rc != 0) {
             SWEEP_FAIL(&s, "run %lld reached no failure but returned %d (%s)", (long long)n, rc,
                        ag_last_error());
@@ -285,9 +289,12 @@ int64_t tu_alloc_failure_sweep(int (*scenario)(void *ud), void *ud, const tu_swe
                        (long long)(live - base), rc, ag_last_error());
         if (!failed)
             break;
+        points++;
     }
     sweep_end(&s);
-    return n - 1;
+    if (o.allocations)
+        *o.allocations = n - 1;
+    return points;
 }
 
 /* ---- gradcheck of an op's declared samples ---- */

@@ -69,6 +69,15 @@ typedef struct tu_sweep_opts {
     /* Runs the sweep on one thread, so the N-th allocation is the same one in every run. */
     bool one_thread;
     int64_t max_points; /* fails beyond this many allocation points; 0: 100000 */
+    /* For scenarios too slow to fail every allocation: N = 1 .. every_up_to, then only every
+     * stride-th N (every_up_to + stride, + 2 stride, ...) until a run completes. 0: every N. */
+    int64_t every_up_to, stride;
+    /* Every allocation from the N-th on fails, not only the N-th (memory stays exhausted):
+     * the scenario's error and cleanup paths must cope with further failures. */
+    bool persistent;
+    /* When not NULL, gets the number of allocations a failure-free run makes (with a stride,
+     * the first swept N that the scenario did not reach, less one). */
+    int64_t *allocations;
 } tu_sweep_opts;
 
 /* Runs the sweep described above over scenario(ud), which returns 0 or a negative status and

@@ -40,7 +40,13 @@ static const char *const st_dtype[AG_NDTYPES] = {"F32", "F64", "I64", "BOOL", "I
 
 static _Thread_local bool json_oom;
 
+/* Once an allocation has failed, every later one of the same save or load fails too. jansson
+ * 2.14's lexer ignores a failure to grow its token buffer (the byte is dropped) and then
+ * copies the token by scanning for its closing quote, past the end of the copy's buffer;
+ * with this, the copy's own allocation fails first and the parse stops. */
 static void *json_alloc(size_t n) {
+    if (json_oom)
+        return NULL;
     void *p = ag__malloc(n);
     if (!p)
         json_oom = true;

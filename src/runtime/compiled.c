@@ -521,8 +521,8 @@ int ag__compiled_call_flat(ag_compiled *c, ag_tensor *const *inputs, int ninputs
     bool prev = ag_set_grad_enabled(false);
     rc = ag__rng_wrap_feed(&c->rng_fw, prim);
     int n = rc ? rc : run_graph(c, false, prim, nfin, fo, nfo);
-    if (rc == 0)
-        rc = n < 0 ? n : ag__rng_wrap_advance(&c->rng_fw, fo, n);
+    if (rc == 0 && n < 0)
+        rc = n;
     /* A primal the backward reads (a partition that recomputes from inputs) and that the
      * write-back below changes is saved as it was: the backward sees the forward's value,
      * as eager's autograd does. */
@@ -537,26 +537,6 @@ int ag__compiled_call_flat(ag_compiled *c, ag_tensor *const *inputs, int ninputs
         }
         pre[i] = ag__tensor_new(prim[p]->dtype, prim[p]->ndim, prim[p]->sizes, false);
         rc = pre[i] ? ag__copy_into(pre[i], prim[p]) : ag_last_status();
-    }
-    /* Write input mutations back (BatchNorm's running statistics, a base's new value), as
-     * eager mutated them: metadata first (as_strided_), then data. */
-    for (int i = 0, k = 0; rc == 0 && i < c->nprimals; i++) {
-        const ag_input_info *ii = &c->in_info[i];
-        if (!ii->mutates_data && !ii->mutates_metadata)
-            continue;
-        if (ii->mutates_metadata)
-            ag__rt_set_geometry(prim[i], &c->alias.prim[i].new_geom, prim[i]->offset);
-        if (ii->mutates_data) {
-            rc = ag__copy_into(prim[i], fo[k]);
-            prim[i]->storage->version++;
-        }
-        k++;
-    }
-    /* Metadata mutations of inputs merged into a base. */
-    for (int i = 0; rc == 0 && i < c->nflat; i++) {
-        const ag__flat_info *f = &c->alias.flat[i];
-        if (f->kind == AG__FLAT_VIEW && f->metadata_mutation >= 0)
-            ag__rt_set_geometry(inputs[i], &f->new_geom, prim[f->primal]->offset);
     }
     ag_set_grad_enabled(prev);
     /* The autograd node's outputs: fresh handles of the user outputs that alias nothing and
@@ -611,6 +591,30 @@ int ag__compiled_call_flat(ag_compiled *c, ag_tensor *const *inputs, int ninputs
             else
                 outs[k] = ag_tensor_keep(r);
         }
+    /* The call's effects come last, once nothing can fail, so a failed call has none: the
+     * generator's offset moves past the forward's draws, and input mutations are written back
+     * (BatchNorm's running statistics, a base's new value) as eager mutated them: metadata
+     * first (as_strided_), then data. */
+    if (rc == 0)
+        rc = ag__rng_wrap_advance(&c->rng_fw, fo, n);
+    for (int i = 0, k = 0; rc == 0 && i < c->nprimals; i++) {
+        const ag_input_info *ii = &c->in_info[i];
+        if (!ii->mutates_data && !ii->mutates_metadata)
+            continue;
+        if (ii->mutates_metadata)
+            ag__rt_set_geometry(prim[i], &c->alias.prim[i].new_geom, prim[i]->offset);
+        if (ii->mutates_data) {
+            rc = ag__copy_into(prim[i], fo[k]);
+            prim[i]->storage->version++;
+        }
+        k++;
+    }
+    /* Metadata mutations of inputs merged into a base. */
+    for (int i = 0; rc == 0 && i < c->nflat; i++) {
+        const ag__flat_info *f = &c->alias.flat[i];
+        if (f->kind == AG__FLAT_VIEW && f->metadata_mutation >= 0)
+            ag__rt_set_geometry(inputs[i], &f->new_geom, prim[f->primal]->offset);
+    }
     ag_scope_end();
     for (int i = 0; pre && i < c->nsaved; i++)
         ag_tensor_free(pre[i]);
