@@ -62,14 +62,21 @@ static int step_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor *
 
 /* The step module owns the model as its child "model" (so parameter names read
  * model.conv1.weight, ...). */
+/* The step module, owning model (freed here when the step cannot be made). */
 static ag_module *make_step(ag_module *model, bool gpt2) {
     step_ud *u = calloc(1, sizeof *u);
-    if (!u)
+    if (!u) {
+        ag_module_free(model);
         return NULL;
+    }
     u->model = model;
     u->gpt2 = gpt2;
-    ag_module *s = ag_module_new("TrainStep", step_forward, u, free);
-    if (!s || ag_module_add_child(s, "model", model)) {
+    ag_module *s = ag_module_new("TrainStep", step_forward, u, free); /* frees u on failure */
+    if (!s) {
+        ag_module_free(model);
+        return NULL;
+    }
+    if (ag_module_add_child(s, "model", model)) { /* frees model on failure */
         ag_module_free(s);
         return NULL;
     }
