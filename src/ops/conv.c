@@ -78,18 +78,22 @@ static inline void tap_range(int64_t OW, int64_t W, int64_t stride, int64_t off,
 }
 
 #define T float
+#define TI int32_t
 #define SUF f32
 #define GEMM cblas_sgemm
 #include "conv_kernels.inc"
 #undef T
+#undef TI
 #undef SUF
 #undef GEMM
 
 #define T double
+#define TI int64_t
 #define SUF f64
 #define GEMM cblas_dgemm
 #include "conv_kernels.inc"
 #undef T
+#undef TI
 #undef SUF
 #undef GEMM
 

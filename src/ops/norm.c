@@ -451,6 +451,103 @@ static int bn_meta(const ag_arg *a, ag_tmeta *o) {
     return 0;
 }
 
+/* Per-channel sums of batch norm, vectorized: 8 double lanes in two accumulators, so that the
+ * float32 data is read 16 values a step while the statistics stay in double (a serial double
+ * sum waits on the add's latency at every element: ~1 ns each, 3 ms per pass over a 32-channel
+ * 28x28 batch of 128). bn_vload widens 8 values of either float type to double. */
+typedef double bn_vd __attribute__((vector_size(8 * sizeof(double))));
+typedef float bn_vf __attribute__((vector_size(8 * sizeof(float))));
+
+static inline bn_vd bn_vload_f32(const float *p) {
+    bn_vf v;
+    memcpy(&v, p, sizeof v);
+    return __builtin_convertvector(v, bn_vd);
+}
+
+static inline bn_vd bn_vload_f64(const double *p) {
+    bn_vd v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+#define bn_vload(p) _Generic((p), const float * : bn_vload_f32, const double * : bn_vload_f64)(p)
+
+static inline double bn_hsum(bn_vd a, bn_vd b, double tail) {
+    const bn_vd v = a + b;
+    double s = 0;
+    for (int k = 0; k < 8; k++)
+        s += v[k];
+    return s + tail;
+}
+
+/* sum(x) and sum((x - mean)^2) over the N rows of S values at x, stride C * S (one channel). */
+#define BN_SUMS(T)                                                                                 \
+    static double bn_sum_##T(const T *x, int64_t N, int64_t rs, int64_t S) {                       \
+        bn_vd a = {0}, b = {0};                                                                    \
+        double t = 0;                                                                              \
+        for (int64_t n = 0; n < N; n++) {                                                          \
+            const T *r = x + n * rs;                                                               \
+            int64_t j = 0;                                                                         \
+            for (; j + 16 <= S; j += 16) {                                                         \
+                a += bn_vload(r + j);                                                              \
+                b += bn_vload(r + j + 8);                                                          \
+            }                                                                                      \
+            for (; j < S; j++)                                                                     \
+                t += r[j];                                                                         \
+        }                                                                                          \
+        return bn_hsum(a, b, t);                                                                   \
+    }                                                                                              \
+    static double bn_sqdev_##T(const T *x, int64_t N, int64_t rs, int64_t S, double mean) {        \
+        bn_vd a = {0}, b = {0};                                                                    \
+        double t = 0;                                                                              \
+        for (int64_t n = 0; n < N; n++) {                                                          \
+            const T *r = x + n * rs;                                                               \
+            int64_t j = 0;                                                                         \
+            for (; j + 16 <= S; j += 16) {                                                         \
+                const bn_vd d0 = bn_vload(r + j) - mean, d1 = bn_vload(r + j + 8) - mean;          \
+                a += d0 * d0;                                                                      \
+                b += d1 * d1;                                                                      \
+            }                                                                                      \
+            for (; j < S; j++) {                                                                   \
+                const double d = r[j] - mean;                                                      \
+                t += d * d;                                                                        \
+            }                                                                                      \
+        }                                                                                          \
+        return bn_hsum(a, b, t);                                                                   \
+    }                                                                                              \
+    /* sum(g) into *sg and sum(g * (x - mean)) into *sgd. */                                       \
+    static void bn_gsums_##T(const T *g, const T *x, int64_t N, int64_t rs, int64_t S,             \
+                             double mean, double *sg, double *sgd) {                               \
+        bn_vd a = {0}, b = {0}, c = {0}, d = {0};                                                  \
+        double t = 0, u = 0;                                                                       \
+        for (int64_t n = 0; n < N; n++) {                                                          \
+            const T *gr = g + n * rs, *xr = x + n * rs;                                            \
+            int64_t j = 0;                                                                         \
+            for (; j + 16 <= S; j += 16) {                                                         \
+                const bn_vd g0 = bn_vload(gr + j), g1 = bn_vload(gr + j + 8);                      \
+                a += g0;                                                                           \
+                b += g1;                                                                           \
+                c += g0 * (bn_vload(xr + j) - mean);                                               \
+                d += g1 * (bn_vload(xr + j + 8) - mean);                                           \
+            }                                                                                      \
+            for (; j < S; j++) {                                                                   \
+                t += gr[j];                                                                        \
+                u += gr[j] * (xr[j] - mean);                                                       \
+            }                                                                                      \
+        }                                                                                          \
+        *sg = bn_hsum(a, b, t);                                                                    \
+        *sgd = bn_hsum(c, d, u);                                                                   \
+    }
+BN_SUMS(float)
+BN_SUMS(double)
+#undef BN_SUMS
+#define bn_sum(x, ...)                                                                             \
+    _Generic((x), const float * : bn_sum_float, const double * : bn_sum_double)(x, __VA_ARGS__)
+#define bn_sqdev(x, ...)                                                                           \
+    _Generic((x), const float * : bn_sqdev_float, const double * : bn_sqdev_double)(x, __VA_ARGS__)
+#define bn_gsums(g, ...)                                                                           \
+    _Generic((g), const float * : bn_gsums_float, const double * : bn_gsums_double)(g, __VA_ARGS__)
+
 /* x, y are (N, C, S) contiguous; save_mean, save_invstd (C). In training the statistics come
  * from the batch (biased variance) and the running ones are updated; in evaluation they come
  * from the running ones, and save_mean/save_invstd return them (ATen's CPU kernel returns
@@ -467,17 +564,8 @@ static int bn_fwd(ag_dtype dt, const void *xv, chan w, chan b, chan rm, chan rv,
         for (int64_t c = 0; c < C; c++) {
             double mean, invstd;
             if (train) {
-                double s = 0, v = 0;
-                for (int64_t n = 0; n < N; n++)
-                    for (int64_t j = 0; j < S; j++)
-                        s += x[(n * C + c) * S + j];
-                mean = s / (double)count;
-                for (int64_t n = 0; n < N; n++)
-                    for (int64_t j = 0; j < S; j++) {
-                        const double d = x[(n * C + c) * S + j] - mean;
-                        v += d * d;
-                    }
-                const double var = v / (double)count;
+                mean = bn_sum(x + c * S, N, C * S, S) / (double)count;
+                const double var = bn_sqdev(x + c * S, N, C * S, S, mean) / (double)count;
                 invstd = 1.0 / sqrt(var + eps);
                 if (rm.p) {
                     T *pm = (T *)rm.p + c * rm.stride, *pv = (T *)rv.p + c * rv.stride;
@@ -711,13 +799,9 @@ static int bn_bwd(ag_dtype dt, const void *gv, const void *xv, chan w, chan rm, 
                 mean = ((const T *)rm.p)[c * rm.stride];
                 invstd = 1.0 / sqrt((double)((const T *)rv.p)[c * rv.stride] + eps);
             }
-            double sg = 0, sgx = 0;
-            for (int64_t n = 0; n < N; n++)
-                for (int64_t j = 0; j < S; j++) {
-                    const int64_t i = (n * C + c) * S + j;
-                    sg += g[i];
-                    sgx += g[i] * (x[i] - mean) * invstd;
-                }
+            double sg, sgx;
+            bn_gsums(g + c * S, x + c * S, N, C * S, S, mean, &sg, &sgx);
+            sgx *= invstd;
             if (gx) {
                 const double wc = w.p ? (double)((const T *)w.p)[c * w.stride] : 1.0;
                 const double k1 = train ? sg / count : 0, k2 = train ? sgx / count : 0;
