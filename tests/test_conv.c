@@ -187,6 +187,12 @@ static void test_conv_backward_op(void **state) {
                             rand_tensor(dt, 4, SZ(6, 4, 1, 1)), SZ(1, 1), SZ(0, 0), SZ(1, 1), 1);
         check_conv_backward(dt, rand_tensor(dt, 4, SZ(1, 2, 6, 6)),
                             rand_tensor(dt, 4, SZ(4, 1, 3, 3)), SZ(1, 1), SZ(1, 1), SZ(1, 1), 2);
+        /* Unit width stride (col2im's register path): the cnn's 3x3 "same" layer; a wide row
+         * (20 > 16 lanes) with dilation 2 and more padding than the taps reach. */
+        check_conv_backward(dt, rand_tensor(dt, 4, SZ(2, 3, 14, 14)),
+                            rand_tensor(dt, 4, SZ(4, 3, 3, 3)), SZ(1, 1), SZ(1, 1), SZ(1, 1), 1);
+        check_conv_backward(dt, rand_tensor(dt, 4, SZ(2, 2, 7, 20)),
+                            rand_tensor(dt, 4, SZ(3, 2, 2, 3)), SZ(2, 1), SZ(1, 3), SZ(2, 2), 1);
     }
     ag_scope_end();
 }

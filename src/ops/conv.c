@@ -21,6 +21,9 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 /* Element [0, ...] of t as an untyped pointer, for the typed kernels. */
 static inline void *dptr(const ag_tensor *t) {
