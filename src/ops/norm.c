@@ -458,27 +458,29 @@ static int bn_meta(const ag_arg *a, ag_tmeta *o) {
 typedef double bn_vd __attribute__((vector_size(8 * sizeof(double))));
 typedef float bn_vf __attribute__((vector_size(8 * sizeof(float))));
 
-static inline bn_vd bn_vload_f32(const float *p) {
-    bn_vf v;
-    memcpy(&v, p, sizeof v);
-    return __builtin_convertvector(v, bn_vd);
-}
+/* Macros rather than functions: a 64-byte vector argument or result changes the ABI on builds
+ * without AVX-512 (-Wpsabi). */
+#define bn_vload(p)                                                                                \
+    ({                                                                                             \
+        bn_vd r_;                                                                                  \
+        if (sizeof(*(p)) == sizeof(float)) {                                                       \
+            bn_vf f_;                                                                              \
+            memcpy(&f_, (p), sizeof f_);                                                           \
+            r_ = __builtin_convertvector(f_, bn_vd);                                               \
+        } else {                                                                                   \
+            memcpy(&r_, (p), sizeof r_);                                                           \
+        }                                                                                          \
+        r_;                                                                                        \
+    })
 
-static inline bn_vd bn_vload_f64(const double *p) {
-    bn_vd v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-#define bn_vload(p) _Generic((p), const float * : bn_vload_f32, const double * : bn_vload_f64)(p)
-
-static inline double bn_hsum(bn_vd a, bn_vd b, double tail) {
-    const bn_vd v = a + b;
-    double s = 0;
-    for (int k = 0; k < 8; k++)
-        s += v[k];
-    return s + tail;
-}
+#define bn_hsum(a, b, tail)                                                                        \
+    ({                                                                                             \
+        const bn_vd v_ = (a) + (b);                                                                \
+        double s_ = 0;                                                                             \
+        for (int k_ = 0; k_ < 8; k_++)                                                             \
+            s_ += v_[k_];                                                                          \
+        s_ + (tail);                                                                               \
+    })
 
 /* sum(x) and sum((x - mean)^2) over the N rows of S values at x, stride C * S (one channel). */
 #define BN_SUMS(T)                                                                                 \
