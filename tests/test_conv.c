@@ -193,6 +193,12 @@ static void test_conv_backward_op(void **state) {
                             rand_tensor(dt, 4, SZ(4, 3, 3, 3)), SZ(1, 1), SZ(1, 1), SZ(1, 1), 1);
         check_conv_backward(dt, rand_tensor(dt, 4, SZ(2, 2, 7, 20)),
                             rand_tensor(dt, 4, SZ(3, 2, 2, 3)), SZ(2, 1), SZ(1, 3), SZ(2, 2), 1);
+        /* Output rows as wide as the input's at unit stride (im2col's one-piece copy): with
+         * width dilation, and with height padding beyond the kernel (rows wholly outside). */
+        check_conv_backward(dt, rand_tensor(dt, 4, SZ(2, 2, 6, 9)),
+                            rand_tensor(dt, 4, SZ(3, 2, 3, 3)), SZ(1, 1), SZ(1, 2), SZ(1, 2), 1);
+        check_conv_backward(dt, rand_tensor(dt, 4, SZ(2, 2, 4, 5)),
+                            rand_tensor(dt, 4, SZ(2, 2, 2, 3)), SZ(1, 1), SZ(3, 1), SZ(1, 1), 1);
     }
     ag_scope_end();
 }
@@ -370,12 +376,14 @@ static void test_max_pool(void **state) {
 /* The 2x2, stride 2 window (MaxPool2d(2)) against a sequential window loop written here with
  * ATen's rule (a tap replaces the running maximum when greater or NaN, so the first maximum and
  * the last NaN win): ties from a few distinct values, NaNs (two in some windows), windows of
- * -inf only, odd plane sizes whose last row and column are left out, rows of 1, 7, 14 and 20
- * outputs (runs of 8 with and without a partial one), float32 and float64. */
+ * -inf only, odd plane sizes whose last row and column are left out, rows of 1, 3, 5, 7, 14
+ * and 20 outputs (whole runs of 8, an overlapping last run, short rows read past their end
+ * except the plane's last, tiles), float32 and float64. */
 static void test_max_pool_2x2(void **state) {
     (void)state;
     ag_scope_begin();
-    const int64_t shapes[][4] = {{2, 3, 28, 28}, {1, 2, 5, 7}, {1, 1, 4, 40}, {2, 1, 3, 2}};
+    const int64_t shapes[][4] = {{2, 3, 28, 28}, {1, 2, 5, 7},   {1, 1, 4, 40},
+                                 {2, 1, 3, 2},   {1, 2, 14, 14}, {2, 1, 9, 11}};
     for (int dt = AG_F32; dt <= AG_F64; dt++)
         for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
             const int64_t *xs = shapes[k], H = xs[2], W = xs[3], planes = xs[0] * xs[1];
