@@ -826,7 +826,7 @@ static int find_fused_groups(ag_plan *p, const ag_graph *g) {
             continue;
         }
         int end = ag_node_index(chain[len - 1]);
-        for (int k = 0; k < len - 1; k++) {
+        for (int k = 0; k < len - 1 && !grp.f->reads_end_early; k++) {
             int rc = for_each_read(p, chain[k], extend_read, &end);
             if (rc)
                 return rc;
