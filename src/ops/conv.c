@@ -7,10 +7,12 @@
  * Images are spread over OpenMP threads, each with its own column buffer, while BLAS runs
  * single-threaded inside the parallel region; a batch of one leaves the threading to BLAS.
  * 1x1 convolutions with stride 1 and no padding skip im2col (the image is its own column
- * matrix). The typed loops live in conv_kernels.inc, included once per float type. Column
- * buffers and contiguous copies of strided inputs are per-thread scratch (ag__scratch; slots
- * in src/core/scratch.c), taken before the parallel regions, so repeated calls allocate
- * nothing but their outputs.
+ * matrix); at unit stride im2col copies a "same"-width plane as one shifted piece, and with
+ * AVX-512 im2col and col2im move their short rows with masked register loads and stores (col2im
+ * summing a row's taps in a register). max_pool2d's 2x2 window at stride 2 has a vector path. The
+ * typed loops live in conv_kernels.inc, included once per float type. Column buffers and contiguous
+ * copies of strided inputs are per-thread scratch (ag__scratch; slots in src/core/scratch.c), taken
+ * before the parallel regions, so repeated calls allocate nothing but their outputs.
  *
  * The backward rules call the ATen helper ops (convolution_backward with the output mask taken
  * from which inputs need a gradient, max_pool2d_with_indices_backward, ...) so traced backward
