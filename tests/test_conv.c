@@ -187,6 +187,18 @@ static void test_conv_backward_op(void **state) {
                             rand_tensor(dt, 4, SZ(6, 4, 1, 1)), SZ(1, 1), SZ(0, 0), SZ(1, 1), 1);
         check_conv_backward(dt, rand_tensor(dt, 4, SZ(1, 2, 6, 6)),
                             rand_tensor(dt, 4, SZ(4, 1, 3, 3)), SZ(1, 1), SZ(1, 1), SZ(1, 1), 2);
+        /* Unit width stride (col2im's register path): the cnn's 3x3 "same" layer; a wide row
+         * (20 > 16 lanes) with dilation 2 and more padding than the taps reach. */
+        check_conv_backward(dt, rand_tensor(dt, 4, SZ(2, 3, 14, 14)),
+                            rand_tensor(dt, 4, SZ(4, 3, 3, 3)), SZ(1, 1), SZ(1, 1), SZ(1, 1), 1);
+        check_conv_backward(dt, rand_tensor(dt, 4, SZ(2, 2, 7, 20)),
+                            rand_tensor(dt, 4, SZ(3, 2, 2, 3)), SZ(2, 1), SZ(1, 3), SZ(2, 2), 1);
+        /* Output rows as wide as the input's at unit stride (im2col's one-piece copy): with
+         * width dilation, and with height padding beyond the kernel (rows wholly outside). */
+        check_conv_backward(dt, rand_tensor(dt, 4, SZ(2, 2, 6, 9)),
+                            rand_tensor(dt, 4, SZ(3, 2, 3, 3)), SZ(1, 1), SZ(1, 2), SZ(1, 2), 1);
+        check_conv_backward(dt, rand_tensor(dt, 4, SZ(2, 2, 4, 5)),
+                            rand_tensor(dt, 4, SZ(2, 2, 2, 3)), SZ(1, 1), SZ(3, 1), SZ(1, 1), 1);
     }
     ag_scope_end();
 }
@@ -358,6 +370,62 @@ static void test_max_pool(void **state) {
                    8, r) < 0);
     tu_assert_error_contains("max_pool2d_with_indices_backward: an index is outside");
     ag_clear_error();
+    ag_scope_end();
+}
+
+/* The 2x2, stride 2 window (MaxPool2d(2)) against a sequential window loop written here with
+ * ATen's rule (a tap replaces the running maximum when greater or NaN, so the first maximum and
+ * the last NaN win): ties from a few distinct values, NaNs (two in some windows), windows of
+ * -inf only, odd plane sizes whose last row and column are left out, rows of 1, 3, 5, 7, 14
+ * and 20 outputs (whole runs of 8, an overlapping last run, short rows read past their end
+ * except the plane's last, tiles), float32 and float64. */
+static void test_max_pool_2x2(void **state) {
+    (void)state;
+    ag_scope_begin();
+    const int64_t shapes[][4] = {{2, 3, 28, 28}, {1, 2, 5, 7},   {1, 1, 4, 40},
+                                 {2, 1, 3, 2},   {1, 2, 14, 14}, {2, 1, 9, 11}};
+    for (int dt = AG_F32; dt <= AG_F64; dt++)
+        for (size_t k = 0; k < sizeof shapes / sizeof shapes[0]; k++) {
+            const int64_t *xs = shapes[k], H = xs[2], W = xs[3], planes = xs[0] * xs[1];
+            const int64_t M = planes * H * W;
+            double *v = test_malloc(sizeof(double) * (size_t)M);
+            uint64_t st = 0x9E3779B97F4A7C15ull + (uint64_t)k;
+            for (int64_t i = 0; i < M; i++) {
+                const uint64_t r = tu_xorshift_next(&st) % 16;
+                v[i] = r == 0 ? NAN : r == 1 ? -INFINITY : (double)(r % 3);
+            }
+            v[0] = v[1] = v[W] = v[W + 1] = -INFINITY; /* the first window is all -inf */
+            ag_tensor *x = tu_tensor(dt, 4, xs, v), *out, *ind;
+            assert_int_equal(ag_max_pool2d_with_indices(x, SZ(2, 2), SZ(2, 2), SZ(0, 0), NULL,
+                                                        false, &out, &ind),
+                             0);
+            const int64_t OH = H / 2, OW = W / 2;
+            assert_int_equal(ag_tensor_size(out, 2), OH);
+            assert_int_equal(ag_tensor_size(out, 3), OW);
+            for (int64_t pl = 0; pl < planes; pl++)
+                for (int64_t oh = 0; oh < OH; oh++)
+                    for (int64_t ow = 0; ow < OW; ow++) {
+                        double best = -INFINITY;
+                        int64_t bi = 2 * oh * W + 2 * ow;
+                        for (int64_t ki = 0; ki < 2; ki++)
+                            for (int64_t kj = 0; kj < 2; kj++) {
+                                const int64_t j = (2 * oh + ki) * W + 2 * ow + kj;
+                                const double e = v[pl * H * W + j];
+                                if (e > best || isnan(e)) {
+                                    best = e;
+                                    bi = j;
+                                }
+                            }
+                        const int64_t o = (pl * OH + oh) * OW + ow;
+                        const double got = ag_tensor_item_at(out, o);
+                        if (isnan(best))
+                            assert_true(isnan(got));
+                        else
+                            assert_true(got == best);
+                        assert_int_equal((int64_t)ag_tensor_item_at(ind, o), bi);
+                    }
+            test_free(v);
+        }
     ag_scope_end();
 }
 
@@ -534,11 +602,12 @@ static void test_conv_cost(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_conv_forward),      cmocka_unit_test(test_conv_backward_op),
-        cmocka_unit_test(test_conv_autograd),     cmocka_unit_test(test_conv_errors),
-        cmocka_unit_test(test_max_pool),          cmocka_unit_test(test_avg_pool),
-        cmocka_unit_test(test_adaptive_pool),     cmocka_unit_test(test_pool_errors),
-        cmocka_unit_test(test_gradcheck_samples), cmocka_unit_test(test_conv_cost),
+        cmocka_unit_test(test_conv_forward),  cmocka_unit_test(test_conv_backward_op),
+        cmocka_unit_test(test_conv_autograd), cmocka_unit_test(test_conv_errors),
+        cmocka_unit_test(test_max_pool),      cmocka_unit_test(test_max_pool_2x2),
+        cmocka_unit_test(test_avg_pool),      cmocka_unit_test(test_adaptive_pool),
+        cmocka_unit_test(test_pool_errors),   cmocka_unit_test(test_gradcheck_samples),
+        cmocka_unit_test(test_conv_cost),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

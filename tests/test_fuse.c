@@ -251,6 +251,87 @@ static void test_nll_log_softmax_backward(void **st) {
         ag_tensor_free(in[i]);
 }
 
+/* A training batch norm and its relu over (4, 3, 5, 7) (35 values a plane: the kernels' vector
+ * steps and a tail), once with the batch norm output read only by the relu (not written) and
+ * once also returned; then relu's backward into the batch norm backward, self with exact zeros
+ * (relu of values of both signs). Both dtypes (TY is replaced). */
+static const char *bn_relu_text =
+    "graph():\n"
+    "    %x : TY[4, 3, 5, 7]  # None\n"
+    "    %w : TY[3]  # None\n"
+    "    %b : TY[3]  # None\n"
+    "    %rm : TY[3]  # None\n"
+    "    %rv0 : TY[3]  # None\n"
+    "    %rv = exp(%rv0)  # TY[3]\n"
+    "    %bn = _native_batch_norm_legit_functional(%x, %w, %b, %rm, %rv, True, 0.1, 1e-05)  # "
+    "(TY[4, 3, 5, 7], TY[3], TY[3], TY[3], TY[3])\n"
+    "    %getitem = getitem(%bn, 0)  # TY[4, 3, 5, 7]\n"
+    "    %getitem_1 = getitem(%bn, 1)  # TY[3]\n"
+    "    %getitem_2 = getitem(%bn, 2)  # TY[3]\n"
+    "    %getitem_3 = getitem(%bn, 3)  # TY[3]\n"
+    "    %getitem_4 = getitem(%bn, 4)  # TY[3]\n"
+    "    %relu = relu(%getitem)  # TY[4, 3, 5, 7]\n"
+    "    %bn_1 = _native_batch_norm_legit_functional(%relu, None, None, %rm, %rv, True, 0.1, "
+    "1e-05)  # (TY[4, 3, 5, 7], TY[3], TY[3], TY[3], TY[3])\n"
+    "    %getitem_5 = getitem(%bn_1, 0)  # TY[4, 3, 5, 7]\n"
+    "    %relu_1 = relu(%getitem_5)  # TY[4, 3, 5, 7]\n"
+    "    %relu_2 = relu(%w)  # TY[3]\n"
+    "    %r = relu(%x)  # TY[4, 3, 5, 7]\n"
+    "    %neg = neg(%x)  # TY[4, 3, 5, 7]\n"
+    "    %tb = threshold_backward(%neg, %r, 0.0)  # TY[4, 3, 5, 7]\n"
+    "    %bnb = native_batch_norm_backward(%tb, %relu, %w, None, None, %getitem_1, %getitem_2, "
+    "True, 1e-05, [1, 1, 1])  # (TY[4, 3, 5, 7], TY[3], TY[3])\n"
+    "    %getitem_6 = getitem(%bnb, 0)  # TY[4, 3, 5, 7]\n"
+    "    %getitem_7 = getitem(%bnb, 1)  # TY[3]\n"
+    "    %getitem_8 = getitem(%bnb, 2)  # TY[3]\n"
+    "    return (%relu, %getitem_1, %getitem_2, %getitem_3, %getitem_4, %relu_1, %getitem_5, "
+    "%relu_2, %getitem_6, %getitem_7, %getitem_8)  # [None, None, None, None, None, None, None, "
+    "None, None, None, None]\n";
+
+static void test_batch_norm_relu(void **st) {
+    (void)st;
+    for (int d = 0; d < 2; d++) {
+        const ag_dtype dt = d ? AG_F64 : AG_F32;
+        char text[4096];
+        const char *src = bn_relu_text;
+        size_t k = 0;
+        while (*src && k + 4 < sizeof text) {
+            if (!strncmp(src, "TY", 2)) {
+                memcpy(text + k, d ? "f64" : "f32", 3);
+                k += 3;
+                src += 2;
+            } else {
+                text[k++] = *src++;
+            }
+        }
+        text[k] = 0;
+        ag_graph *g = parse(text);
+        ag_tensor *in[5] = {rnd(dt, 4, (int64_t[]){4, 3, 5, 7}, 30), rnd(dt, 1, (int64_t[]){3}, 31),
+                            rnd(dt, 1, (int64_t[]){3}, 32), rnd(dt, 1, (int64_t[]){3}, 33),
+                            rnd(dt, 1, (int64_t[]){3}, 34)};
+        const char *want[] = {"batch_norm+relu", "batch_norm+relu",
+                              "threshold_backward+batch_norm_backward"};
+        ag__plan_stats ref;
+        ag_plan *rp = plan(g, false, false);
+        ag__plan_get_stats(rp, &ref);
+        ag_plan_free(rp);
+        for (int checking = 0; checking < 2; checking++) {
+            ag_plan *p = plan(g, true, checking);
+            expect_groups("batch_norm+relu", p, want, 3);
+            ag__plan_stats s = compare("batch_norm+relu", g, p, in, 5);
+            assert_int_equal(s.fused_groups, 3);
+            assert_int_equal(s.fused_declined, 0);
+            /* The backward group keeps nothing alive longer than unfused: grad_input may take
+             * the place of the relu's gradient or output, as it would unfused. */
+            assert_int_equal(s.arena_bytes, ref.arena_bytes);
+            ag_plan_free(p);
+        }
+        for (int i = 0; i < 5; i++)
+            ag_tensor_free(in[i]);
+        ag_graph_free(g);
+    }
+}
+
 /* ---- 2. a group declines when a later output is placed over an earlier input ---- */
 
 /* Arena buffers (no in-place reuse): a [a, s], s [s, ln], ln's output [ln, out], each 115200
@@ -404,6 +485,17 @@ static void test_zoo_fused_vs_unfused(void **st) {
             ag_named_tensors_free(&pb);
             ag_scope_end();
         }
+        if (!strcmp(name, "cnn") || !strcmp(name, "convbn")) {
+            /* Each conv + batch norm + relu block: its forward and its backward. */
+            int n1 = count_groups(a.c, "batch_norm+relu"),
+                n2 = count_groups(a.c, "threshold_backward+batch_norm_backward");
+            print_message("  %s: batch_norm+relu %d, threshold_backward+batch_norm_backward %d\n",
+                          name, n1, n2);
+            assert_true(n1 >= 1);
+            assert_int_equal(n1, n2);
+            if (!strcmp(name, "cnn"))
+                assert_int_equal(n1, 2);
+        }
         if (!strcmp(name, "gpt2")) {
             /* Two layers: two MLPs, two residual adds per layer (before ln_2, and before the
              * next ln_1 or ln_f), and layer norm backward + residual gradient adds. */
@@ -428,6 +520,7 @@ int main(void) {
         cmocka_unit_test(test_add_layer_norm),
         cmocka_unit_test(test_layer_norm_backward_add),
         cmocka_unit_test(test_nll_log_softmax_backward),
+        cmocka_unit_test(test_batch_norm_relu),
         cmocka_unit_test(test_declines_on_overlap),
         cmocka_unit_test(test_zoo_fused_vs_unfused),
     };

@@ -298,6 +298,83 @@ static void test_batch_norm_eval_and_strided(void **st) {
     ag_scope_end();
 }
 
+/* Planes wide enough for the kernels' vector loops (16 values a step) plus a scalar tail: 35
+ * and 784 values per image, float32 and float64, data centred far from 0 (the variance must
+ * come from deviations, not from a difference of large squares). Forward and
+ * native_batch_norm_backward against sums in double written here. */
+static void test_batch_norm_wide(void **st) {
+    (void)st;
+    ag_scope_begin();
+    const int64_t shapes[2][4] = {{3, 4, 5, 7}, {2, 3, 28, 28}};
+    const ag_op *bwop = ag_op_find("native_batch_norm_backward");
+    for (int dt = AG_F32; dt <= AG_F64; dt++)
+        for (int k = 0; k < 2; k++) {
+            const int64_t *xs = shapes[k], N = xs[0], C = xs[1], S = xs[2] * xs[3];
+            const int64_t cs[] = {C}, M = N * C * S;
+            const double tol = dt == AG_F32 ? 2e-5 : 1e-11;
+            ag_tensor *x = rand_t(dt, 4, xs, 99, 101, 50 + k);
+            ag_tensor *g = rand_t(dt, 4, xs, -1, 1, 52 + k);
+            ag_tensor *w = rand_t(dt, 1, cs, 0.5, 1.5, 54), *b = rand_t(dt, 1, cs, -1, 1, 55);
+            ag_tensor *out, *sm, *si;
+            assert_int_equal(
+                ag_native_batch_norm(x, w, b, NULL, NULL, true, 0.1, 1e-5, &out, &sm, &si), 0);
+            double *mean = test_malloc(sizeof(double) * (size_t)C);
+            double *var = test_malloc(sizeof(double) * (size_t)C);
+            double *invstd = test_malloc(sizeof(double) * (size_t)C);
+            double *y = test_malloc(sizeof(double) * (size_t)M);
+            batch_stats(x, N, C, S, mean, var);
+            bn_ref(x, N, C, S, mean, var, w, b, 1e-5, y);
+            for (int64_t c = 0; c < C; c++)
+                invstd[c] = 1 / sqrt(var[c] + 1e-5);
+            tu_assert_close_named(out, y, tol, "bn out (wide)");
+            tu_assert_close_named(sm, mean, tol * 100, "save_mean (wide)");
+            tu_assert_close_named(si, invstd, tol, "save_invstd (wide)");
+
+            /* gx = (g - mean(g) - xhat * mean(g * xhat)) * invstd * w, gw = sum(g * xhat),
+             * gb = sum(g), with the saved statistics. */
+            int64_t mask[3] = {1, 1, 1};
+            ag_tensor *r[3];
+            assert_true(ag_op_call(bwop,
+                                   (ag_arg[]){AG_A_T(g), AG_A_T(x), AG_A_T(w), AG_A_NONE, AG_A_NONE,
+                                              AG_A_T(sm), AG_A_T(si), AG_A_B(true), AG_A_F(1e-5),
+                                              AG_A_INTS(mask, 3)},
+                                   10, r) >= 0);
+            double *gx = test_malloc(sizeof(double) * (size_t)M);
+            double *gw = test_malloc(sizeof(double) * (size_t)C);
+            double *gb = test_malloc(sizeof(double) * (size_t)C);
+            for (int64_t c = 0; c < C; c++) {
+                const double mu = at(sm, c), is = at(si, c);
+                double sg = 0, sgx = 0;
+                for (int64_t n = 0; n < N; n++)
+                    for (int64_t j = 0; j < S; j++) {
+                        const int64_t i = (n * C + c) * S + j;
+                        sg += at(g, i);
+                        sgx += at(g, i) * (at(x, i) - mu) * is;
+                    }
+                gw[c] = sgx;
+                gb[c] = sg;
+                for (int64_t n = 0; n < N; n++)
+                    for (int64_t j = 0; j < S; j++) {
+                        const int64_t i = (n * C + c) * S + j;
+                        const double xh = (at(x, i) - mu) * is;
+                        gx[i] = (at(g, i) - sg / (double)(N * S) - xh * sgx / (double)(N * S)) *
+                                is * at(w, c);
+                    }
+            }
+            tu_assert_close_named(r[0], gx, tol, "bn grad_input (wide)");
+            tu_assert_close_named(r[1], gw, tol * (double)(N * S), "bn grad_weight (wide)");
+            tu_assert_close_named(r[2], gb, tol * (double)(N * S), "bn grad_bias (wide)");
+            test_free(mean);
+            test_free(var);
+            test_free(invstd);
+            test_free(y);
+            test_free(gx);
+            test_free(gw);
+            test_free(gb);
+        }
+    ag_scope_end();
+}
+
 typedef struct {
     bool training;
     ag_tensor *rm, *rv;
@@ -908,6 +985,7 @@ int main(void) {
         cmocka_unit_test(test_layer_norm_errors),
         cmocka_unit_test(test_batch_norm_training),
         cmocka_unit_test(test_batch_norm_eval_and_strided),
+        cmocka_unit_test(test_batch_norm_wide),
         cmocka_unit_test(test_batch_norm_backward),
         cmocka_unit_test(test_embedding_forward),
         cmocka_unit_test(test_embedding_backward),

@@ -7,10 +7,12 @@
  * Images are spread over OpenMP threads, each with its own column buffer, while BLAS runs
  * single-threaded inside the parallel region; a batch of one leaves the threading to BLAS.
  * 1x1 convolutions with stride 1 and no padding skip im2col (the image is its own column
- * matrix). The typed loops live in conv_kernels.inc, included once per float type. Column
- * buffers and contiguous copies of strided inputs are per-thread scratch (ag__scratch; slots
- * in src/core/scratch.c), taken before the parallel regions, so repeated calls allocate
- * nothing but their outputs.
+ * matrix); at unit stride im2col copies a "same"-width plane as one shifted piece, and with
+ * AVX-512 im2col and col2im move their short rows with masked register loads and stores (col2im
+ * summing a row's taps in a register). max_pool2d's 2x2 window at stride 2 has a vector path. The
+ * typed loops live in conv_kernels.inc, included once per float type. Column buffers and contiguous
+ * copies of strided inputs are per-thread scratch (ag__scratch; slots in src/core/scratch.c), taken
+ * before the parallel regions, so repeated calls allocate nothing but their outputs.
  *
  * The backward rules call the ATen helper ops (convolution_backward with the output mask taken
  * from which inputs need a gradient, max_pool2d_with_indices_backward, ...) so traced backward
@@ -21,6 +23,9 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 /* Element [0, ...] of t as an untyped pointer, for the typed kernels. */
 static inline void *dptr(const ag_tensor *t) {
@@ -78,18 +83,22 @@ static inline void tap_range(int64_t OW, int64_t W, int64_t stride, int64_t off,
 }
 
 #define T float
+#define TI int32_t
 #define SUF f32
 #define GEMM cblas_sgemm
 #include "conv_kernels.inc"
 #undef T
+#undef TI
 #undef SUF
 #undef GEMM
 
 #define T double
+#define TI int64_t
 #define SUF f64
 #define GEMM cblas_dgemm
 #include "conv_kernels.inc"
 #undef T
+#undef TI
 #undef SUF
 #undef GEMM
 

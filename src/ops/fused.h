@@ -20,6 +20,16 @@ int ag__fused_layer_norm_backward_add(ag_dtype dt, const void *g, const void *x,
                                       const void *rstd, const void *w, void *gx, void *gw, void *gb,
                                       int64_t M, int64_t N, const void *acc, void *out);
 
+/* _native_batch_norm_legit_functional (its bound arguments a[0..7] and outputs o[0..4], x of
+ * any layout) then relu of its output into z (contiguous, x's size): z = relu(y) with y as the op
+ * computes it, y written to o[0] only when write_y. norm.c. */
+int ag__fused_batch_norm_relu(const ag_arg *a, ag_tensor *const *o, ag_tensor *z, bool write_y);
+
+/* threshold_backward(grad, self, threshold) (arguments t[0..2]; grad and self contiguous, of
+ * the input's size and dtype) then native_batch_norm_backward of its result (arguments b[0..9],
+ * b[0] standing for the thresholded gradient, which is not written; outputs o[0..2]). norm.c. */
+int ag__fused_threshold_batch_norm_backward(const ag_arg *t, const ag_arg *b, ag_tensor *const *o);
+
 /* nll_loss_backward (no class weights) then _log_softmax_backward_data over the classes of the
  * (N, C) log-probabilities y: out = d - exp(y) sum_row(d), d being nll_loss_backward's dense
  * gradient, written to dnll only when that is not NULL. g is the loss gradient (per row when

@@ -13,7 +13,15 @@
  *   nll_loss_backward+log_softmax_backward
  *                                  cross-entropy's backward without the dense one-hot
  *                                  gradient in between (written only when something else
- *                                  reads it).
+ *                                  reads it);
+ *   batch_norm+relu                a training batch norm
+ *                                  (_native_batch_norm_legit_functional) writing relu of its
+ *                                  output directly (the output itself only when something
+ *                                  else reads it): the conv+bn+relu blocks of CNNs;
+ *   threshold_backward+batch_norm_backward
+ *                                  relu's backward computed inside the batch norm backward's
+ *                                  passes, the thresholded gradient never written (fused only
+ *                                  when the batch norm backward is its one reader).
  *
  * Matching looks at the graph (ops, which value feeds which, through views and getitems, and
  * who else reads an intermediate). What depends on a run (layouts, and where the memory plan
@@ -153,7 +161,7 @@ static int run_addmm_gelu(const ag__fuse_member *m, uint32_t flags) {
                                 !strcmp(approx, "tanh"));
 }
 
-static const ag__fusion addmm_gelu = {"addmm+gelu", "fused:addmm+gelu", 2, run_addmm_gelu};
+static const ag__fusion addmm_gelu = {"addmm+gelu", "fused:addmm+gelu", 2, run_addmm_gelu, false};
 
 /* ---- (clone +) add + native_layer_norm ---- */
 
@@ -219,9 +227,9 @@ static int run_clone_add_ln(const ag__fuse_member *m, uint32_t flags) {
     return add_ln(x, y, m[1].outs[0], &m[2], NULL, 0);
 }
 
-static const ag__fusion add_ln_f = {"add+layer_norm", "fused:add+layer_norm", 2, run_add_ln};
+static const ag__fusion add_ln_f = {"add+layer_norm", "fused:add+layer_norm", 2, run_add_ln, false};
 static const ag__fusion clone_add_ln_f = {"clone+add+layer_norm", "fused:clone+add+layer_norm", 3,
-                                          run_clone_add_ln};
+                                          run_clone_add_ln, false};
 
 /* ---- native_layer_norm_backward + add ---- */
 
@@ -254,7 +262,7 @@ static int run_lnb_add(const ag__fuse_member *m, uint32_t flags) {
 }
 
 static const ag__fusion lnb_add_f = {"layer_norm_backward+add", "fused:layer_norm_backward+add", 2,
-                                     run_lnb_add};
+                                     run_lnb_add, false};
 
 /* ---- nll_loss_backward + _log_softmax_backward_data ---- */
 
@@ -282,8 +290,76 @@ static int run_nll_lsm(const ag__fuse_member *m, uint32_t flags) {
 }
 
 static const ag__fusion nll_lsm_f = {"nll_loss_backward+log_softmax_backward",
-                                     "fused:nll_loss_backward+log_softmax_backward", 2,
-                                     run_nll_lsm};
+                                     "fused:nll_loss_backward+log_softmax_backward", 2, run_nll_lsm,
+                                     false};
+
+/* ---- _native_batch_norm_legit_functional + relu ---- */
+
+static int run_bn_relu(const ag__fuse_member *m, uint32_t flags) {
+    const ag_arg *a = m[0].args;
+    ag_tensor *x = a[0].u.t, *y = m[0].outs[0], *z = m[1].outs[0];
+    if (!same_data(m[1].args[0].u.t, y) || !contig(z) || z->dtype != y->dtype ||
+        ag_tensor_numel(z) != ag_tensor_numel(y) || x->ndim < 2)
+        return 1;
+    /* Each channel's relu values are written while later channels of x are still to be read;
+     * z may take y's place (exactly) but no other operand's. */
+    ag_tensor *ins[5] = {x, opt_t(&a[1]), opt_t(&a[2]), opt_t(&a[3]), opt_t(&a[4])};
+    ag_tensor *small[4] = {m[0].outs[1], m[0].outs[2], m[0].outs[3], m[0].outs[4]};
+    if (any_overlap(&z, 1, ins, 5) || any_overlap(&z, 1, small, 4) ||
+        (ag__base(z) != ag__base(y) && overlap(z, y)))
+        return 1;
+    return ag__fused_batch_norm_relu(a, m[0].outs, z, !(flags & FUSE_SKIP_FIRST));
+}
+
+static const ag__fusion bn_relu_f = {"batch_norm+relu", "fused:batch_norm+relu", 2, run_bn_relu,
+                                     false};
+
+/* ---- threshold_backward + native_batch_norm_backward ---- */
+
+static int run_thr_bnb(const ag__fuse_member *m, uint32_t flags) {
+    const ag_arg *t = m[0].args, *b = m[1].args;
+    ag_tensor *g = t[0].u.t, *r = t[1].u.t, *x = b[1].u.t;
+    const int64_t *mask = b[9].u.ints;
+    if (!(flags & FUSE_SKIP_FIRST) || !same_data(b[0].u.t, m[0].outs[0]) || !contig(g) ||
+        !contig(r) || g->dtype != x->dtype || r->dtype != x->dtype ||
+        ag_tensor_numel(g) != ag_tensor_numel(x) || ag_tensor_numel(r) != ag_tensor_numel(x) ||
+        x->ndim < 2)
+        return 1;
+    /* grad_input is written channel by channel, after that channel's sums: it may take the
+     * place of grad or self exactly (elementwise) but overlap nothing else; the weight and bias
+     * gradients overlap no input. */
+    ag_tensor *gx = mask[0] ? m[1].outs[0] : NULL;
+    ag_tensor *gwb[2] = {mask[1] ? m[1].outs[1] : NULL, mask[2] ? m[1].outs[2] : NULL};
+    ag_tensor *ins[7] = {g, r, x, opt_t(&b[2]), opt_t(&b[3]), opt_t(&b[4]), opt_t(&b[5])};
+    if ((gx && ((ag__base(gx) != ag__base(g) && overlap(gx, g)) ||
+                (ag__base(gx) != ag__base(r) && overlap(gx, r)) ||
+                any_overlap(&gx, 1, ins + 2, 5) || !contig(gx))) ||
+        any_overlap(gwb, 2, ins, 7) || overlap(gx, gwb[0]) || overlap(gx, gwb[1]) ||
+        overlap(opt_t(&b[6]), gx) || any_overlap(gwb, 2, (ag_tensor *[]){opt_t(&b[6])}, 1))
+        return 1;
+    return ag__fused_threshold_batch_norm_backward(t, b, m[1].outs);
+}
+
+/* grad and self die at the threshold_backward as they would unfused (reads_end_early): the
+ * batch norm backward's grad_input often takes one of their places, exactly, which the kernel
+ * allows; any other overlap declines. Keeping them alive instead cost the cnn's backward plan
+ * one more 12.8 MB activation. */
+static const ag__fusion thr_bnb_f = {"threshold_backward+batch_norm_backward",
+                                     "fused:threshold_backward+batch_norm_backward", 2, run_thr_bnb,
+                                     true};
+
+/* Whether output k of multi-output n is read only by `only` (through its getitem and views). */
+static bool output_only_reader(const ag_node *n, int k, const ag_node *only) {
+    for (int u = 0; u < ag_node_num_users(n); u++) {
+        ag_node *x = ag_node_user(n, u);
+        if (ag_node_kind_of(x) != AG_NODE_GETITEM)
+            return false;
+        const ag_garg *i = ag_node_arg(x, 1);
+        if (i && i->kind == AG_GA_INT && i->u.i == k && !only_reader(x, only))
+            return false;
+    }
+    return true;
+}
 
 /* ---- the matcher ---- */
 
@@ -315,6 +391,18 @@ int ag__fuse_match(ag_node *const *c, int n, ag__fuse_group *g) {
         reads(c[1], 0, c[0], 0)) {
         g->f = &nll_lsm_f;
         g->flags = only_reader(c[0], c[1]) ? FUSE_SKIP_FIRST : 0;
+        return 2;
+    }
+    if (n >= 2 && is_op(c[0], "_native_batch_norm_legit_functional") && is_op(c[1], "relu") &&
+        reads(c[1], 0, c[0], 0)) {
+        g->f = &bn_relu_f;
+        g->flags = output_only_reader(c[0], 0, c[1]) ? FUSE_SKIP_FIRST : 0;
+        return 2;
+    }
+    if (n >= 2 && is_op(c[0], "threshold_backward") && is_op(c[1], "native_batch_norm_backward") &&
+        reads(c[1], 0, c[0], 0) && !reads(c[1], 1, c[0], 0) && only_reader(c[0], c[1])) {
+        g->f = &thr_bnb_f;
+        g->flags = FUSE_SKIP_FIRST;
         return 2;
     }
     return 0;

@@ -31,6 +31,13 @@ typedef struct ag__fusion {
     const char *label; /* the name the profile's step hook sees: "fused:addmm+gelu" */
     int n;             /* members */
     ag__fused_fn run;
+    /* The plan keeps what every member reads alive until the group's last member, so that no
+     * member's output is placed over memory the fused kernel still reads. A group whose kernel
+     * tolerates a later member's output placed exactly over an earlier member's input (the
+     * same elements, each read before it is written) and whose glue declines every other
+     * overlap sets this: its members' reads end where they would one by one, and the plan
+     * needs no more memory than unfused. */
+    bool reads_end_early;
 } ag__fusion;
 
 /* A match: the rule and what the match found out about the chain (FUSE_* flags of fuse.c). */

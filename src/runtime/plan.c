@@ -826,7 +826,7 @@ static int find_fused_groups(ag_plan *p, const ag_graph *g) {
             continue;
         }
         int end = ag_node_index(chain[len - 1]);
-        for (int k = 0; k < len - 1; k++) {
+        for (int k = 0; k < len - 1 && !grp.f->reads_end_early; k++) {
             int rc = for_each_read(p, chain[k], extend_read, &end);
             if (rc)
                 return rc;
@@ -1293,7 +1293,14 @@ static int run_steps(ag_plan *p) {
         int rc = s->fuse.f ? run_fused(p, si, ts) : 1;
         if (rc < 0)
             return rc;
+        /* Values that died inside a group whose reads end early may have had their bytes
+         * written by a later member's outputs already: not poisoned. */
+        int keep_from = p->nnodes, keep_to = -1;
         if (rc == 0) {
+            if (s->fuse.f->reads_end_early) {
+                keep_from = s->node;
+                keep_to = p->steps[si + s->fuse.f->n - 1].node;
+            }
             si += s->fuse.f->n - 1;
         } else {
             if (s->fuse.f)
@@ -1306,7 +1313,8 @@ static int run_steps(ag_plan *p) {
             int horizon = si + 1 < p->nsteps ? p->steps[si + 1].node : p->nnodes;
             while (next_end < nend && p->bufs[p->by_end[next_end]].end < horizon) {
                 pbuf *b = &p->bufs[p->by_end[next_end++]];
-                poison(b, p->vals[b->root].val.dtype);
+                if (b->end < keep_from || b->end >= keep_to)
+                    poison(b, p->vals[b->root].val.dtype);
             }
         }
     }
