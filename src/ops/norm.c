@@ -571,6 +571,17 @@ static int bn_fwd(ag_dtype dt, const void *xv, chan w, chan b, chan rm, chan rv,
                   void *smv, void *siv, int64_t N, int64_t C, int64_t S, bool train,
                   double momentum, double eps) {
     const int64_t count = N * S;
+    /* An empty batch in training: nothing to average, so the output is empty, save_mean and
+     * save_invstd are 0 and the running statistics stay as they are (PyTorch's batch_norm
+     * returns before computing or updating statistics for an input with no elements). Here,
+     * not in the op's kernel, so that the fused batch_norm+relu does the same. */
+    if (train && count == 0) {
+        if (C > 0) {
+            memset(smv, 0, (size_t)C * ag_dtype_size(dt));
+            memset(siv, 0, (size_t)C * ag_dtype_size(dt));
+        }
+        return 0;
+    }
     const bool par = C > 1 && N * C * S >= AG__PAR_MIN;
     AG__FLOAT_SWITCH(dt, T, {
         const T *x = xv;
@@ -627,17 +638,6 @@ static int bn_fwd(ag_dtype dt, const void *xv, chan w, chan b, chan rm, chan rv,
 
 static int bn_kernel(const ag_arg *a, ag_tensor **o) {
     ag_tensor *x = a[0].u.t;
-    /* An empty batch in training: nothing to average, so the output is empty, save_mean and
-     * save_invstd are 0 and the running statistics stay as they are (PyTorch's batch_norm
-     * returns before computing or updating statistics for an input with no elements). */
-    if (a[5].u.b && bn_count(x) == 0) {
-        const size_t nb = (size_t)x->sizes[1] * ag_dtype_size(x->dtype);
-        if (nb) {
-            memset(data_of(o[1]), 0, nb);
-            memset(data_of(o[2]), 0, nb);
-        }
-        return 0;
-    }
     ag__scratch_tensor tx;
     const void *px = pack(x, &tx, 1);
     if (!px)
