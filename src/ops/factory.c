@@ -273,7 +273,7 @@ ag_tensor *ag_from_data(ag_dtype dt, int ndim, const int64_t *sizes, const void 
     if ((unsigned)dt >= AG_NDTYPES)
         return ag__err(AG_EINVAL, "from_data: bad dtype %d", (int)dt), NULL;
     if (!data && ag__numel(ndim, sizes) > 0)
-        return ag__err(AG_EINVAL, "from_data: NULL data"), NULL;
+        return ag__err(AG_EINVAL, "from_data: data is NULL"), NULL;
     ag_tensor *t = ag__tensor_new(dt, ndim, sizes, false);
     if (!t)
         return NULL;

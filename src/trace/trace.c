@@ -704,6 +704,9 @@ static int call_module(void *ud, ag_tensor *const *in, int nin, ag_tensor **out,
 
 ag_graph *ag_trace_module(ag_module *m, ag_tensor *const *inputs, int ninputs,
                           const ag_trace_opts *opts) {
+    AG__CHECK_NULL_RET("trace_module", m, NULL);
+    if (ninputs > 0)
+        AG__CHECK_NULL_RET("trace_module", inputs, NULL);
     ag_named_tensors ps = {0}, bs = {0};
     if (ag_module_named_parameters(m, false, &ps) || ag_module_named_buffers(m, false, &bs)) {
         ag_named_tensors_free(&ps);
