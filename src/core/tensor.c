@@ -584,8 +584,11 @@ int ag_tensor_set_grad(ag_tensor *t, ag_tensor *g) {
 }
 
 ag_tensor *ag_detach(ag_tensor *t) {
-    if (!t)
+    if (!t) { /* like an op, keeps an earlier error: ag_detach(ag_relu(NULL)) */
+        if (!ag__has_error() || ag_last_status() >= 0)
+            ag__err(AG_EINVAL, "detach: t is NULL");
         return NULL;
+    }
     ag_tmeta m;
     ag__tmeta_of(t, &m);
     ag_tensor *d = ag__tensor_alias(t, &m);

@@ -189,6 +189,10 @@ void ag_joint_free(ag_joint *j) {
 /* ---- the convention checks of ag_joint_set_graph ---- */
 
 int ag_joint_set_graph(ag_joint *j, ag_graph *g) {
+    if (!j) { /* the joint would have owned g */
+        ag_graph_free(g);
+        return ag__err(AG_EINVAL, "joint_set_graph: j is NULL");
+    }
     int rc = 0;
     ag_node **ph;
     int nph = g ? ag_graph_placeholders(g, &ph) : AG_EINVAL;
@@ -854,6 +858,10 @@ int ag_joint_flat_input_primal(const ag_joint *j, int flat) {
 int ag_joint_primals_from_flat(const ag_joint *j, ag_tensor *const *flat, int nflat,
                                ag_tensor **primals, int max) {
     AG__CHECK_NULL("joint_primals_from_flat", j);
+    if (nflat > 0)
+        AG__CHECK_NULL("joint_primals_from_flat", flat);
+    if (max > 0)
+        AG__CHECK_NULL("joint_primals_from_flat", primals);
     const ag__joint_alias *a = &j->alias;
     if (nflat != a->nflat)
         return ag__err(AG_EINVAL, "joint_primals_from_flat: %d inputs given, the joint takes %d",

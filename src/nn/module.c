@@ -47,8 +47,13 @@ int ag__nn_status(void) {
 /* The module owns `ud` from here on: it is freed with ud_free even when this fails. */
 ag_module *ag_module_new(const char *type_name, ag_forward_fn forward, void *ud,
                          void (*ud_free)(void *)) {
+    if (!type_name) { /* the module owns ud from the call on, as when allocation fails */
+        if (ud && ud_free)
+            ud_free(ud);
+        return ag__err(AG_EINVAL, "module_new: type_name is NULL"), NULL;
+    }
     ag_module *m = ag__calloc(1, sizeof *m);
-    char *type = m ? ag__strdup(type_name ? type_name : "Module") : NULL;
+    char *type = m ? ag__strdup(type_name) : NULL;
     if (!type) {
         ag__free(m);
         if (ud && ud_free)
@@ -106,7 +111,9 @@ static ag_module *find_child(const ag_module *m, const char *name, size_t len) {
 static int check_name(const ag_module *m, const char *what, const char *name) {
     if (!m)
         return ag__err(AG_EINVAL, "%s: m is NULL", what);
-    if (!name || !*name)
+    if (!name)
+        return ag__err(AG_EINVAL, "%s: name is NULL", what);
+    if (!*name)
         return ag__err(AG_EINVAL, "%s: name can't be empty", what);
     if (strchr(name, '.'))
         return ag__err(AG_EINVAL, "%s: name '%s' can't contain '.'", what, name);
@@ -178,7 +185,7 @@ int ag_module_add_child(ag_module *m, const char *name, ag_module *child) {
         /* Owned by another module: freeing it here would break that one; leave it alone. */
         return ag__err(AG_EINVAL, "add_child: module '%s' (%s) already has a parent",
                        name ? name : "?", child->type);
-    } else if ((rc = check_name(m, "add_child", name)) == 0) {
+    } else if ((rc = check_name(m, "module_add_child", name)) == 0) {
         for (const ag_module *a = m; a; a = a->parent)
             if (a == child) {
                 /* A cycle: the tree would own itself. Freeing child would free m too. */
@@ -467,6 +474,9 @@ int ag_module_call(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
             out[i] = NULL;
     if (!m)
         return null_arg("module_call", "m", NULL);
+    AG__CHECK_NULL("module_call", out);
+    if (nin > 0)
+        AG__CHECK_NULL("module_call", in);
     if (!m->forward)
         return ag__err(AG_EINVAL,
                        "%s: this module has no forward (it is a container: call its children)",
@@ -518,6 +528,8 @@ int ag_module_call(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
 ag_tensor *ag_module_forward(ag_module *m, ag_tensor *x) {
     if (!m)
         return null_arg("module_forward", "m", NULL), NULL;
+    if (!x)
+        return null_arg("module_forward", "x", NULL), NULL;
     ag_tensor *y = NULL;
     int n = ag_module_call(m, &x, 1, &y, 1);
     if (n == 0) {

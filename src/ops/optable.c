@@ -504,7 +504,9 @@ int ag__op_check_args(const ag_op *op, const ag_arg *args, int nargs, ag_arg *fu
             return ag__err(AG_EINVAL, "%s: argument '%s' must be %s", op->name, sa->name,
                            type_name(sa->type));
         if (full[i].kind == AG_ARG_TENSORS) {
-            if (full[i].n < 0 || (full[i].n > 0 && !full[i].u.ts))
+            if (full[i].n > 0 && !full[i].u.ts)
+                return ag__err(AG_EINVAL, "%s: argument '%s' is NULL", op->name, sa->name);
+            if (full[i].n < 0)
                 return ag__err(AG_EINVAL, "%s: argument '%s' is a bad tensor list", op->name,
                                sa->name);
             if (sa->type == AG_TY_TENSOR_LIST)

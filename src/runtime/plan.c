@@ -1375,6 +1375,8 @@ int ag_plan_run(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor **o
     AG__CHECK_NULL("plan_run", p);
     if (ninputs > 0)
         AG__CHECK_NULL("plan_run", inputs);
+    if (max_out > 0)
+        AG__CHECK_NULL("plan_run", outs);
     if (p->nouts > max_out || (p->nouts > 0 && !outs))
         return ag__err(AG_EINVAL, "plan: the graph has %d outputs, room for %d given", p->nouts,
                        max_out);

@@ -517,6 +517,8 @@ bool ag__tracer_bound(ag__tracer *T, const ag_tensor *t) {
 ag_graph *ag_trace(ag_trace_fn fn, void *ud, ag_tensor *const *inputs, int ninputs,
                    const char *const *names, ag_desc *const *descs, const ag_trace_opts *opts) {
     AG__CHECK_NULL_RET("trace", fn, NULL);
+    if (ninputs > 0)
+        AG__CHECK_NULL_RET("trace", inputs, NULL);
     tracer T = {0};
     T.g = ag_graph_new();
     if (!T.g)
