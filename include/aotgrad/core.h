@@ -18,12 +18,12 @@
  * ("add.Tensor: argument 'other' is NULL", "_softmax: argument 'self' is NULL"). They, and
  * the module calls given a NULL tensor or child (ag_module_register_parameter, _buffer,
  * ag_module_add_child, ag_nn_append, ag_module_call, ag_module_forward), keep an earlier
- * error's message instead, so the first failure of a chain is the one reported. Destructors and releases (ag_tensor_free, ag_graph_free, ...) accept NULL
- * as a no-op. Accessors and predicates of a NULL handle (ag_tensor_ndim, ag_node_name,
- * ag_joint_num_params, ...) return a neutral value (0, -1 for indices, false, NULL) and leave
- * the error state alone, so they can sit inside expressions. Where NULL means something else
- * (a default, an empty list with n == 0), the function's comment says so.
- * tests/test_api_contract.c calls every public function taking a pointer with NULLs. */
+ * error's message instead, so the first failure of a chain is the one reported. Destructors and
+ * releases (ag_tensor_free, ag_graph_free, ...) accept NULL as a no-op. Accessors and predicates of
+ * a NULL handle (ag_tensor_ndim, ag_node_name, ag_joint_num_params, ...) return a neutral value (0,
+ * -1 for indices, false, NULL) and leave the error state alone, so they can sit inside expressions.
+ * Where NULL means something else (a default, an empty list with n == 0), the function's comment
+ * says so. tests/test_api_contract.c calls every public function taking a pointer with NULLs. */
 #ifndef AOTGRAD_CORE_H
 #define AOTGRAD_CORE_H
 
