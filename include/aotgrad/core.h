@@ -23,7 +23,8 @@
  * a NULL handle (ag_tensor_ndim, ag_node_name, ag_joint_num_params, ...) return a neutral value (0,
  * -1 for indices, false, NULL) and leave the error state alone, so they can sit inside expressions.
  * Where NULL means something else (a default, an empty list with n == 0), the function's comment
- * says so. tests/test_api_contract.c calls every public function taking a pointer with NULLs. */
+ * says so. tests/test_api_contract.c calls every public function taking a pointer with NULLs,
+ * tests/test_api_null_args.c the main entry points of each family with one NULL at a time. */
 #ifndef AOTGRAD_CORE_H
 #define AOTGRAD_CORE_H
 
@@ -153,7 +154,8 @@ AG_API bool ag_tensor_is_leaf(const ag_tensor *t);
 AG_API ag_tensor *ag_tensor_grad(const ag_tensor *t);
 /* Replaces .grad (NULL clears it); the tensor takes its own reference to g. */
 AG_API int ag_tensor_set_grad(ag_tensor *t, ag_tensor *g);
-/* A new tensor sharing storage with t, outside the autograd graph. */
+/* A new tensor sharing storage with t, outside the autograd graph. Given NULL it keeps an
+ * earlier error, as ops do, so ag_detach(ag_relu(x)) reports relu's failure. */
 AG_API ag_tensor *ag_detach(ag_tensor *t);
 
 /* ---- random numbers (Philox-4x32-10, counter based) ---- */
