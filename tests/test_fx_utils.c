@@ -660,7 +660,7 @@ static void test_error_missing_desc(void **st) {
     ag_fx_named_free(n);
     ag_graph_free(g);
 
-    assert_all_fail(NULL, true, true, true, AG_EINVAL, "NULL graph");
+    assert_all_fail(NULL, true, true, true, AG_EINVAL, "g is NULL");
 }
 
 static void test_error_grad_of_unknown_input(void **st) {

@@ -634,7 +634,7 @@ static void test_errors(void **st) {
     ag_plan_free(p);
     ag_plan_free(NULL);
     assert_null(ag_plan_new(NULL, NULL));
-    tu_assert_error_contains("NULL graph");
+    tu_assert_error_contains("plan_new: g is NULL");
     assert_int_equal(ag_plan_peak_bytes(NULL), 0);
 
     /* A graph that does not verify (no output node). */

@@ -11,13 +11,20 @@
  *
  * NULL arguments, for every public function. No function crashes on a NULL pointer argument.
  * A fallible call (one returning a status or a new object) given a NULL handle or required
- * pointer fails with AG_EINVAL and a message naming the call ("graph_erase: g is NULL"), with
- * no other effect. Destructors and releases (ag_tensor_free, ag_graph_free, ...) accept NULL
- * as a no-op. Accessors and predicates of a NULL handle (ag_tensor_ndim, ag_node_name,
- * ag_joint_num_params, ...) return a neutral value (0, -1 for indices, false, NULL) and leave
- * the error state alone, so they can sit inside expressions. Where NULL means something else
- * (a default, an empty list with n == 0), the function's comment says so.
- * tests/test_api_contract.c calls every public function taking a pointer with NULLs. */
+ * pointer fails with AG_EINVAL and a message that starts with the call's name, without or
+ * (descriptors, pytrees, FX utilities) with its ag_ prefix, and names the parameter
+ * ("graph_erase: g is NULL", "plan_run: p is NULL"), with no other effect. Op entry points
+ * (ag_add, ag_softmax, ...) name the ATen op they run instead, as all their errors do
+ * ("add.Tensor: argument 'other' is NULL", "_softmax: argument 'self' is NULL"). They, and
+ * the module calls given a NULL tensor or child (ag_module_register_parameter, _buffer,
+ * ag_module_add_child, ag_nn_append, ag_module_call, ag_module_forward), keep an earlier
+ * error's message instead, so the first failure of a chain is the one reported. Destructors and
+ * releases (ag_tensor_free, ag_graph_free, ...) accept NULL as a no-op. Accessors and predicates of
+ * a NULL handle (ag_tensor_ndim, ag_node_name, ag_joint_num_params, ...) return a neutral value (0,
+ * -1 for indices, false, NULL) and leave the error state alone, so they can sit inside expressions.
+ * Where NULL means something else (a default, an empty list with n == 0), the function's comment
+ * says so. tests/test_api_contract.c calls every public function taking a pointer with NULLs,
+ * tests/test_api_null_args.c the main entry points of each family with one NULL at a time. */
 #ifndef AOTGRAD_CORE_H
 #define AOTGRAD_CORE_H
 
@@ -147,7 +154,8 @@ AG_API bool ag_tensor_is_leaf(const ag_tensor *t);
 AG_API ag_tensor *ag_tensor_grad(const ag_tensor *t);
 /* Replaces .grad (NULL clears it); the tensor takes its own reference to g. */
 AG_API int ag_tensor_set_grad(ag_tensor *t, ag_tensor *g);
-/* A new tensor sharing storage with t, outside the autograd graph. */
+/* A new tensor sharing storage with t, outside the autograd graph. Given NULL it keeps an
+ * earlier error, as ops do, so ag_detach(ag_relu(x)) reports relu's failure. */
 AG_API ag_tensor *ag_detach(ag_tensor *t);
 
 /* ---- random numbers (Philox-4x32-10, counter based) ---- */

@@ -104,7 +104,8 @@ AG_API void ag_graph_insert_before(ag_graph *g, ag_node *n);
 AG_API void ag_graph_insert_after(ag_graph *g, ag_node *n);
 AG_API void ag_graph_insert_at_end(ag_graph *g);
 
-/* Placeholders always go after the last existing placeholder. */
+/* Placeholders always go after the last existing placeholder. val may be NULL: a placeholder
+ * without a val yet (set it with ag_node_set_val before verifying or running the graph). */
 AG_API ag_node *ag_graph_placeholder(ag_graph *g, const char *name, const ag_tmeta *val);
 /* A call of `op` with `nargs` args in schema order (omitted trailing args take their
  * defaults); its val is inferred by the op's meta function from the argument nodes' vals.

@@ -23,8 +23,10 @@ typedef int (*ag_forward_fn)(ag_module *m, ag_tensor *const *in, int nin, ag_ten
                              int max_out);
 
 /* ---- building modules (for custom modules; the built-ins below use the same calls) ---- */
-/* A new empty module with a type name ("Linear") and forward (may be NULL for containers
- * that are not called). `ud` is the module's user data, freed with `ud_free` if given. */
+/* A new empty module with a type name ("Linear", required, as every nn.Module has a class
+ * name) and forward (may be NULL for containers that are not called). `ud` is the module's
+ * user data, freed with `ud_free` if given, also when this fails (a NULL type_name, no
+ * memory). */
 AG_API ag_module *ag_module_new(const char *type_name, ag_forward_fn forward, void *ud,
                                 void (*ud_free)(void *));
 /* Frees the module, its children, and its references to parameters and buffers. NULL is a

@@ -379,6 +379,7 @@ double ag__get_f64(const ag_tensor *t, int64_t i) {
 }
 
 double ag_tensor_item_at(const ag_tensor *t, int64_t i) {
+    AG__CHECK_NULL_RET("tensor_item_at", t, NAN);
     if (t && t->sub) {
         char b[128];
         ag__err(AG_EINVAL, "item: %s %s is a tensor subclass instance without data of its own; "
@@ -392,7 +393,7 @@ double ag_tensor_item_at(const ag_tensor *t, int64_t i) {
                             "is data-dependent and cannot be traced", ag_tensor_meta_str(t, b, sizeof b));
         return NAN;
     }
-    if (!t || i < 0 || i >= ag_tensor_numel(t)) {
+    if (i < 0 || i >= ag_tensor_numel(t)) {
         ag__err(AG_EINVAL, "item_at: index %lld out of range", (long long)i);
         return NAN;
     }
@@ -400,6 +401,7 @@ double ag_tensor_item_at(const ag_tensor *t, int64_t i) {
 }
 
 double ag_tensor_item(const ag_tensor *t) {
+    AG__CHECK_NULL_RET("tensor_item", t, NAN);
     if (t && ag_tensor_numel(t) != 1) {
         char b[128];
         ag__err(AG_EINVAL, "item: a tensor of shape %s has %lld elements, not 1",
@@ -410,7 +412,9 @@ double ag_tensor_item(const ag_tensor *t) {
 }
 
 int ag_tensor_to_doubles(const ag_tensor *t, double *out) {
-    if (!t || !t->storage->data)
+    AG__CHECK_NULL("tensor_to_doubles", t);
+    AG__CHECK_NULL("tensor_to_doubles", out);
+    if (!t->storage->data)
         return ag__err(AG_EINVAL, "to_doubles: tensor without data");
     int64_t n = ag_tensor_numel(t);
     for (int64_t i = 0; i < n; i++)
@@ -531,8 +535,7 @@ int ag__copy_convert(const char *op, ag_tensor *dst, const ag_tensor *src) {
 /* ---- autograd flags ---- */
 
 int ag_tensor_set_requires_grad(ag_tensor *t, bool rg) {
-    if (!t)
-        return ag__err(AG_EINVAL, "set_requires_grad: NULL tensor");
+    AG__CHECK_NULL("tensor_set_requires_grad", t);
     if (t->grad_fn)
         return ag__err(AG_EINVAL,
                        "set_requires_grad: you can only change requires_grad flags of leaf "
@@ -581,8 +584,11 @@ int ag_tensor_set_grad(ag_tensor *t, ag_tensor *g) {
 }
 
 ag_tensor *ag_detach(ag_tensor *t) {
-    if (!t)
+    if (!t) { /* like an op, keeps an earlier error: ag_detach(ag_relu(NULL)) */
+        if (!ag__has_error() || ag_last_status() >= 0)
+            ag__err(AG_EINVAL, "detach: t is NULL");
         return NULL;
+    }
     ag_tmeta m;
     ag__tmeta_of(t, &m);
     ag_tensor *d = ag__tensor_alias(t, &m);

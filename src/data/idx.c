@@ -55,8 +55,7 @@ static bool gzip_failed(gzFile f, const char *path) {
 }
 
 ag_tensor *ag_load_idx(const char *path, bool as_float, double scale) {
-    if (!path)
-        return ag__err(AG_EINVAL, "idx: NULL path"), NULL;
+    AG__CHECK_NULL_RET("load_idx", path, NULL);
     errno = 0;
     gzFile f = gzopen(path, "rb");
     if (!f) {

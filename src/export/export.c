@@ -189,11 +189,15 @@ void ag_joint_free(ag_joint *j) {
 /* ---- the convention checks of ag_joint_set_graph ---- */
 
 int ag_joint_set_graph(ag_joint *j, ag_graph *g) {
+    if (!j) { /* the joint would have owned g */
+        ag_graph_free(g);
+        return ag__err(AG_EINVAL, "joint_set_graph: j is NULL");
+    }
     int rc = 0;
     ag_node **ph;
     int nph = g ? ag_graph_placeholders(g, &ph) : AG_EINVAL;
     if (!g)
-        return ag__err(AG_EINVAL, "joint_set_graph: NULL graph");
+        return ag__err(AG_EINVAL, "joint_set_graph: g is NULL");
     if (nph < 0) {
         ag_graph_free(g);
         return nph;
@@ -709,14 +713,20 @@ done:
 ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
                           const char *const *kwarg_names, ag_tensor *const *kwargs, int nkwargs,
                           const ag_export_opts *opts) {
-    if (!m)
-        return ag__err(AG_EINVAL, "export: NULL module"), NULL;
+    AG__CHECK_NULL_RET("export_joint", m, NULL);
+    if (nargs > 0)
+        AG__CHECK_NULL_RET("export_joint", args, NULL);
+    if (nkwargs > 0) {
+        AG__CHECK_NULL_RET("export_joint", kwarg_names, NULL);
+        AG__CHECK_NULL_RET("export_joint", kwargs, NULL);
+    }
     for (int i = 0; i < nargs; i++)
         if (!args[i])
-            return ag__err(AG_EINVAL, "export: argument %d is NULL", i), NULL;
+            return ag__err(AG_EINVAL, "export_joint: argument %d is NULL", i), NULL;
     for (int i = 0; i < nkwargs; i++)
-        if (!kwargs[i] || !kwarg_names || !kwarg_names[i])
-            return ag__err(AG_EINVAL, "export: keyword argument %d is NULL or unnamed", i), NULL;
+        if (!kwargs[i] || !kwarg_names[i])
+            return ag__err(AG_EINVAL, "export_joint: keyword argument %d is NULL or unnamed", i),
+                   NULL;
     ag_export_opts o = {0};
     if (opts)
         o = *opts;
@@ -848,6 +858,10 @@ int ag_joint_flat_input_primal(const ag_joint *j, int flat) {
 int ag_joint_primals_from_flat(const ag_joint *j, ag_tensor *const *flat, int nflat,
                                ag_tensor **primals, int max) {
     AG__CHECK_NULL("joint_primals_from_flat", j);
+    if (nflat > 0)
+        AG__CHECK_NULL("joint_primals_from_flat", flat);
+    if (max > 0)
+        AG__CHECK_NULL("joint_primals_from_flat", primals);
     const ag__joint_alias *a = &j->alias;
     if (nflat != a->nflat)
         return ag__err(AG_EINVAL, "joint_primals_from_flat: %d inputs given, the joint takes %d",

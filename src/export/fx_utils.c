@@ -163,7 +163,7 @@ static int subclass_output_error(const char *who, const ag_node *n, const ag_des
 
 static ag_fx_pairs *input_and_grad(const char *who, const ag_graph *g) {
     if (!g)
-        return ag__err(AG_EINVAL, "%s: NULL graph", who), NULL;
+        return ag__err(AG_EINVAL, "%s: g is NULL", who), NULL;
     ag_fx_pairs *p = pairs_new();
     if (!p)
         return NULL;
@@ -233,7 +233,7 @@ ag_fx_pairs *ag_fx_all_input_and_grad_nodes(const ag_graph *g) {
 
 static ag_fx_pairs *output_and_tangent(const char *who, const ag_graph *g) {
     if (!g)
-        return ag__err(AG_EINVAL, "%s: NULL graph", who), NULL;
+        return ag__err(AG_EINVAL, "%s: g is NULL", who), NULL;
     ag_fx_pairs *p = pairs_new();
     if (!p)
         return NULL;
@@ -375,7 +375,7 @@ static int named_put(ag_fx_named *m, const char *name, ag_node *node) {
 
 static ag_fx_named *named_nodes(const char *who, const ag_graph *g, ag_desc_kind kind) {
     if (!g)
-        return ag__err(AG_EINVAL, "%s: NULL graph", who), NULL;
+        return ag__err(AG_EINVAL, "%s: g is NULL", who), NULL;
     ag_fx_named *m = ag__calloc(1, sizeof *m);
     if (!m)
         return NULL;

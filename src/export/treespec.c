@@ -463,7 +463,7 @@ static ag_tree *unflatten_from(const ag_treespec *s, ag_tensor *const *leaves, i
 
 ag_tree *ag_tree_unflatten(const ag_treespec *spec, ag_tensor *const *leaves, int n) {
     if (!spec)
-        return ag__err(AG_EINVAL, "ag_tree_unflatten: NULL spec"), NULL;
+        return ag__err(AG_EINVAL, "ag_tree_unflatten: spec is NULL"), NULL;
     if (n != spec->num_leaves)
         return ag__err(AG_EINVAL, "ag_tree_unflatten: the spec has %d leaves but %d were given",
                        spec->num_leaves, n),

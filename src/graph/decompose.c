@@ -20,8 +20,9 @@ void ag_decomp_table_free(ag_decomp_table *t) {
 }
 
 int ag_decomp_table_add(ag_decomp_table *t, const ag_op *op, ag_decomp_fn fn) {
-    if (!t || !op || !fn)
-        return ag__err(AG_EINVAL, "decomp_table_add: NULL argument");
+    AG__CHECK_NULL("decomp_table_add", t);
+    AG__CHECK_NULL("decomp_table_add", op);
+    AG__CHECK_NULL("decomp_table_add", fn);
     for (int64_t i = 0; i < t->n; i++)
         if (t->ops[i] == op) {
             t->fns[i] = fn;
@@ -58,8 +59,8 @@ static ag_decomp_fn lookup(const ag_decomp_table *t, const ag_op *op) {
 }
 
 int ag_graph_decompose(ag_graph *g, const ag_decomp_table *t) {
-    if (!g || !t)
-        return ag__err(AG_EINVAL, "decompose: NULL argument");
+    AG__CHECK_NULL("graph_decompose", g);
+    AG__CHECK_NULL("graph_decompose", t);
     int replaced = 0;
     /* A decomposition may emit ops that are themselves in the table: sweep until none is left.
      * Each sweep only visits nodes that existed when it started. */

@@ -319,8 +319,10 @@ static int pump(int fd, const char *s, size_t n, int errfd, char *errbuf, size_t
 }
 
 int ag_graph_write_svg(const ag_graph *g, const char *path, const ag_dot_opts *opts) {
-    if (!path || !*path)
-        return ag__err(AG_EINVAL, "write_svg: no output path");
+    AG__CHECK_NULL("graph_write_svg", g);
+    AG__CHECK_NULL("graph_write_svg", path);
+    if (!*path)
+        return ag__err(AG_EINVAL, "graph_write_svg: no output path");
     char *dot = ag_graph_to_dot(g, opts);
     if (!dot)
         return AG_ENOMEM;

@@ -750,8 +750,10 @@ ag_node *ag__graph_call_vals(ag_graph *g, const ag_op *op, const ag_garg *args, 
 
 ag_node *ag_graph_call(ag_graph *g, const ag_op *op, const ag_garg *args, int nargs,
                        const char *name) {
-    if (!op)
-        return ag__err(AG_EINVAL, "graph_call: NULL op"), NULL;
+    AG__CHECK_NULL_RET("graph_call", g, NULL);
+    AG__CHECK_NULL_RET("graph_call", op, NULL);
+    if (nargs > 0)
+        AG__CHECK_NULL_RET("graph_call", args, NULL);
     ag_tmeta vals[AG_MAX_OUTPUTS];
     int nvals = 0;
     if (ag__infer_meta(op, args, nargs, vals, &nvals))
@@ -760,9 +762,10 @@ ag_node *ag_graph_call(ag_graph *g, const ag_op *op, const ag_garg *args, int na
 }
 
 ag_node *ag_graph_getitem(ag_graph *g, ag_node *src, int idx, const char *name) {
-    if (!src || src->kind != AG_NODE_CALL || idx < 0 || idx >= src->nvals || src->nvals < 2)
-        return ag__err(AG_EINVAL, "getitem: %s has no output %d",
-                       src ? src->name : "(null)", idx), NULL;
+    AG__CHECK_NULL_RET("graph_getitem", g, NULL);
+    AG__CHECK_NULL_RET("graph_getitem", src, NULL);
+    if (src->kind != AG_NODE_CALL || idx < 0 || idx >= src->nvals || src->nvals < 2)
+        return ag__err(AG_EINVAL, "getitem: %s has no output %d", src->name, idx), NULL;
     ag_node *n = node_new(g, AG_NODE_GETITEM, name, "getitem");
     if (!n)
         return NULL;
@@ -775,8 +778,8 @@ ag_node *ag_graph_getitem(ag_graph *g, ag_node *src, int idx, const char *name) 
 }
 
 ag_node *ag_graph_get_attr(ag_graph *g, ag_tensor *value, const char *name) {
-    if (!value)
-        return ag__err(AG_EINVAL, "get_attr: NULL tensor"), NULL;
+    AG__CHECK_NULL_RET("graph_get_attr", g, NULL);
+    AG__CHECK_NULL_RET("graph_get_attr", value, NULL);
     char cand[64];
     if (!name) {
         snprintf(cand, sizeof cand, "_tensor_constant%lld", (long long)g->nconst);
@@ -796,6 +799,8 @@ ag_node *ag_graph_get_attr(ag_graph *g, ag_tensor *value, const char *name) {
 
 ag_node *ag_graph_output(ag_graph *g, ag_node *const *outs, int cnt) {
     AG__CHECK_NULL_RET("graph_output", g, NULL);
+    if (cnt > 0)
+        AG__CHECK_NULL_RET("graph_output", outs, NULL);
     if (g->output)
         return ag__err(AG_ESTATE, "graph: the graph already has an output node"), NULL;
     ag_node *n = node_new(g, AG_NODE_OUTPUT, "output", NULL);
@@ -841,6 +846,7 @@ int ag_node_set_arg(ag_node *n, int i, ag_garg a) {
 }
 
 int ag_node_replace_all_uses(ag_node *n, ag_node *by) {
+    AG__CHECK_NULL("node_replace_all_uses", n);
     if (by == n)
         return 0;
     int replaced = 0;
@@ -907,11 +913,24 @@ static int move_node(ag_graph *g, ag_node *n, ag_node *pos, bool before) {
     return 0;
 }
 
-int ag_graph_move_before(ag_graph *g, ag_node *n, ag_node *pos) { return move_node(g, n, pos, true); }
-int ag_graph_move_after(ag_graph *g, ag_node *n, ag_node *pos) { return move_node(g, n, pos, false); }
+int ag_graph_move_before(ag_graph *g, ag_node *n, ag_node *pos) {
+    AG__CHECK_NULL("graph_move_before", g);
+    AG__CHECK_NULL("graph_move_before", n);
+    AG__CHECK_NULL("graph_move_before", pos);
+    return move_node(g, n, pos, true);
+}
+int ag_graph_move_after(ag_graph *g, ag_node *n, ag_node *pos) {
+    AG__CHECK_NULL("graph_move_after", g);
+    AG__CHECK_NULL("graph_move_after", n);
+    AG__CHECK_NULL("graph_move_after", pos);
+    return move_node(g, n, pos, false);
+}
 
 int ag_node_rename(ag_graph *g, ag_node *n, const char *name) {
-    if (!name || !*name)
+    AG__CHECK_NULL("node_rename", g);
+    AG__CHECK_NULL("node_rename", n);
+    AG__CHECK_NULL("node_rename", name);
+    if (!*name)
         return ag__err(AG_EINVAL, "rename: empty name");
     if (ag__strmap_has(&g->names, name))
         return ag__err(AG_EINVAL, "rename: a node named '%s' already exists", name);
@@ -1237,6 +1256,8 @@ int ag_node_set_recompute(ag_node *n, ag_recompute r) {
 }
 
 int ag_node_custom_set(ag_node *n, const char *key, ag_mval v) {
+    AG__CHECK_NULL("node_custom_set", n);
+    AG__CHECK_NULL("node_custom_set", key);
     if (v.kind == AG_MV_NONE)
         return ag__err(AG_EINVAL, "custom: value of '%s' is None", key);
     return entry_set(n->graph, &n->custom, &n->ncustom, &n->custom_cap, NULL, key, v);
@@ -1267,6 +1288,8 @@ void ag_node_custom_clear(ag_node *n) {
     n->ncustom = n->custom_cap = 0;
 }
 int ag_node_custom_copy(ag_node *dst, const ag_node *src) {
+    AG__CHECK_NULL("node_custom_copy", dst);
+    AG__CHECK_NULL("node_custom_copy", src);
     if (dst == src)
         return 0;
     ag__mentry *e = NULL;

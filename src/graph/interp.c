@@ -275,8 +275,11 @@ static int run_nodes(run_state *st, const ag_graph *g, ag_tensor *const *inputs,
 
 int ag_graph_run(const ag_graph *g, ag_tensor *const *inputs, int ninputs, ag_tensor **outs,
                  int max_out) {
-    if (!g)
-        return ag__err(AG_EINVAL, "run: NULL graph");
+    AG__CHECK_NULL("graph_run", g);
+    if (ninputs > 0)
+        AG__CHECK_NULL("graph_run", inputs);
+    if (max_out > 0)
+        AG__CHECK_NULL("graph_run", outs);
     const ag_node *out = g->output;
     if (!out || out->nargs != 1 || out->args[0].kind != AG_GA_NODES)
         return ag__err(AG_EINVAL, "run: the graph has no output node");

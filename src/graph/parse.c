@@ -960,8 +960,7 @@ static int parse_lines(parser *P) {
 }
 
 ag_graph *ag_graph_parse(const char *text, size_t len) {
-    if (!text && len)
-        return ag__err(AG_EINVAL, "graph_parse: NULL text"), NULL;
+    AG__CHECK_NULL_RET("graph_parse", text, NULL);
     /* Bounds first, over the caller's text before anything is allocated, so that a huge or
      * binary input (a device's endless bytes read into a buffer) is refused at its first bad
      * byte: the size, NUL bytes, the number of lines (the line table costs 8 bytes a line). */

@@ -581,6 +581,7 @@ char *ag_graph_to_string(const ag_graph *g, const ag_print_opts *opts) {
 
 int ag_graph_print(const ag_graph *g, FILE *f, const ag_print_opts *opts) {
     AG__CHECK_NULL("graph_print", g);
+    AG__CHECK_NULL("graph_print", f);
     char *s = ag_graph_to_string(g, opts);
     if (!s)
         return AG_ENOMEM;

@@ -494,8 +494,7 @@ static int verify(const ag_graph *g, ptab *t, refs *r) {
 }
 
 int ag_graph_verify(const ag_graph *g) {
-    if (!g)
-        return ag__err(AG_EINVAL, "verify: NULL graph");
+    AG__CHECK_NULL("graph_verify", g);
     ptab t;
     if (ptab_init(&t, g->count))
         return AG_ENOMEM;

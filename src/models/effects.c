@@ -45,9 +45,10 @@ int ag_zoo_log_count(void) {
 }
 
 int ag_zoo_log_get(int i, ag_zoo_log_record *out) {
+    AG__CHECK_NULL("zoo_log_get", out);
     pthread_mutex_lock(&log_lock);
     int rc = 0;
-    if (!out || i < 0 || i >= log_n)
+    if (i < 0 || i >= log_n)
         rc = ag__err(AG_EINVAL, "zoo log: no record %d (the log has %lld)", i, (long long)log_n);
     else
         *out = log_recs[i];

@@ -493,6 +493,14 @@ static int check_config(const zoo_entry *e, const char *config) {
 
 int ag_zoo_build(const char *name, const char *config, ag_module **model, ag_tensor **inputs,
                  int max_inputs, int *ninputs) {
+    if (model)
+        *model = NULL;
+    if (ninputs)
+        *ninputs = 0;
+    AG__CHECK_NULL("zoo_build", name);
+    AG__CHECK_NULL("zoo_build", model);
+    AG__CHECK_NULL("zoo_build", inputs);
+    AG__CHECK_NULL("zoo_build", ninputs);
     return ag_zoo_build_opts(name, config, NULL, model, inputs, max_inputs, ninputs);
 }
 
@@ -502,8 +510,10 @@ int ag_zoo_build_opts(const char *name, const char *config, const ag_zoo_opts *o
         *model = NULL;
     if (ninputs)
         *ninputs = 0;
-    if (!name || !model || !inputs || !ninputs)
-        return ag__err(AG_EINVAL, "zoo: NULL %s", !name ? "model name" : "output pointer");
+    AG__CHECK_NULL("zoo_build_opts", name);
+    AG__CHECK_NULL("zoo_build_opts", model);
+    AG__CHECK_NULL("zoo_build_opts", inputs);
+    AG__CHECK_NULL("zoo_build_opts", ninputs);
     const zoo_entry *e = find_entry(name);
     if (!e) {
         const char *names[NZOO];

@@ -126,6 +126,7 @@ static int attn_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor *
 }
 
 ag_module *ag_nn_causal_self_attention(const ag_gpt2_config *cfg) {
+    AG__CHECK_NULL_RET("nn_causal_self_attention", cfg, NULL);
     if (check_config("CausalSelfAttention", cfg))
         return NULL;
     attn_ud *u = ag__malloc(sizeof *u);
@@ -189,6 +190,7 @@ static int block_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor 
 }
 
 ag_module *ag_nn_gpt2_block(const ag_gpt2_config *cfg) {
+    AG__CHECK_NULL_RET("nn_gpt2_block", cfg, NULL);
     if (check_config("Block", cfg))
         return NULL;
     ag_module *m = ag_module_new("Block", block_forward, NULL, NULL);
@@ -262,6 +264,7 @@ static int gpt_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **
 }
 
 ag_module *ag_nn_gpt2(const ag_gpt2_config *cfg) {
+    AG__CHECK_NULL_RET("nn_gpt2", cfg, NULL);
     if (check_config("GPT", cfg))
         return NULL;
     gpt_ud *u = ag__malloc(sizeof *u);

@@ -435,8 +435,12 @@ ag_module *ag_nn_module_list(void) {
 int ag_nn_append(ag_module *seq, ag_module *child) {
     if (!seq) {
         ag_module_free(child);
-        return ag__err(AG_EINVAL, "append: NULL container");
+        return ag__err(AG_EINVAL, "nn_append: seq is NULL");
     }
+    if (!child) /* a failed constructor's message stays: ag_nn_append(seq, ag_nn_linear(...)) */
+        return ag__has_error() && ag_last_status() < 0
+                   ? ag_last_status()
+                   : ag__err(AG_EINVAL, "nn_append: child is NULL");
     char name[24];
     snprintf(name, sizeof name, "%d", ag_module_num_children(seq));
     return ag_module_add_child(seq, name, child);

@@ -47,8 +47,13 @@ int ag__nn_status(void) {
 /* The module owns `ud` from here on: it is freed with ud_free even when this fails. */
 ag_module *ag_module_new(const char *type_name, ag_forward_fn forward, void *ud,
                          void (*ud_free)(void *)) {
+    if (!type_name) { /* the module owns ud from the call on, as when allocation fails */
+        if (ud && ud_free)
+            ud_free(ud);
+        return ag__err(AG_EINVAL, "module_new: type_name is NULL"), NULL;
+    }
     ag_module *m = ag__calloc(1, sizeof *m);
-    char *type = m ? ag__strdup(type_name ? type_name : "Module") : NULL;
+    char *type = m ? ag__strdup(type_name) : NULL;
     if (!type) {
         ag__free(m);
         if (ud && ud_free)
@@ -105,8 +110,10 @@ static ag_module *find_child(const ag_module *m, const char *name, size_t len) {
  * buffer or child of the same module. */
 static int check_name(const ag_module *m, const char *what, const char *name) {
     if (!m)
-        return ag__err(AG_EINVAL, "%s: NULL module", what);
-    if (!name || !*name)
+        return ag__err(AG_EINVAL, "%s: m is NULL", what);
+    if (!name)
+        return ag__err(AG_EINVAL, "%s: name is NULL", what);
+    if (!*name)
         return ag__err(AG_EINVAL, "%s: name can't be empty", what);
     if (strchr(name, '.'))
         return ag__err(AG_EINVAL, "%s: name '%s' can't contain '.'", what, name);
@@ -122,7 +129,7 @@ static int null_arg(const char *what, const char *noun, const char *name) {
     if (ag__has_error() && ag_last_status() < 0)
         return ag_last_status();
     if (!name)
-        return ag__err(AG_EINVAL, "%s: NULL %s", what, noun);
+        return ag__err(AG_EINVAL, "%s: %s is NULL", what, noun);
     return ag__err(AG_EINVAL, "%s: %s '%s' is NULL", what, noun, name);
 }
 
@@ -139,11 +146,11 @@ static int add_entry(nn_entry **e, int64_t *n, int64_t *cap, const char *name, a
 }
 
 int ag_module_register_parameter(ag_module *m, const char *name, ag_tensor *t) {
-    int rc = check_name(m, "register_parameter", name);
+    int rc = check_name(m, "module_register_parameter", name);
     if (rc)
         return rc;
     if (!t)
-        return null_arg("register_parameter", "parameter", name);
+        return null_arg("module_register_parameter", "parameter", name);
     if (t->grad_fn)
         return ag__err(AG_EINVAL,
                        "register_parameter: cannot assign a non-leaf tensor to parameter '%s' "
@@ -161,11 +168,11 @@ int ag_module_register_parameter(ag_module *m, const char *name, ag_tensor *t) {
 }
 
 int ag_module_register_buffer(ag_module *m, const char *name, ag_tensor *t, bool persistent) {
-    int rc = check_name(m, "register_buffer", name);
+    int rc = check_name(m, "module_register_buffer", name);
     if (rc)
         return rc;
     if (!t)
-        return null_arg("register_buffer", "buffer", name);
+        return null_arg("module_register_buffer", "buffer", name);
     return add_entry(&m->buffers, &m->nbuffers, &m->cap_buffers, name, t, persistent);
 }
 
@@ -173,12 +180,12 @@ int ag_module_register_buffer(ag_module *m, const char *name, ag_tensor *t, bool
 int ag_module_add_child(ag_module *m, const char *name, ag_module *child) {
     int rc;
     if (!child) {
-        rc = null_arg("add_child", "child", name);
+        rc = null_arg("module_add_child", "child", name);
     } else if (child->parent) {
         /* Owned by another module: freeing it here would break that one; leave it alone. */
         return ag__err(AG_EINVAL, "add_child: module '%s' (%s) already has a parent",
                        name ? name : "?", child->type);
-    } else if ((rc = check_name(m, "add_child", name)) == 0) {
+    } else if ((rc = check_name(m, "module_add_child", name)) == 0) {
         for (const ag_module *a = m; a; a = a->parent)
             if (a == child) {
                 /* A cycle: the tree would own itself. Freeing child would free m too. */
@@ -358,11 +365,9 @@ void ag_named_tensors_free(ag_named_tensors *nt) {
 }
 
 static int named(const ag_module *m, int what, bool dedup, ag_named_tensors *out, const char *fn) {
-    if (!out)
-        return ag__err(AG_EINVAL, "%s: NULL output", fn);
+    AG__CHECK_NULL(fn, out);
     memset(out, 0, sizeof *out);
-    if (!m)
-        return ag__err(AG_EINVAL, "%s: NULL module", fn);
+    AG__CHECK_NULL(fn, m);
     nt_builder b = {.out = out, .dedup = dedup};
     int rc = walk(m, "", what, &b);
     if (rc)
@@ -371,11 +376,11 @@ static int named(const ag_module *m, int what, bool dedup, ag_named_tensors *out
 }
 
 int ag_module_named_parameters(const ag_module *m, bool remove_duplicate, ag_named_tensors *out) {
-    return named(m, WALK_PARAMS, remove_duplicate, out, "named_parameters");
+    return named(m, WALK_PARAMS, remove_duplicate, out, "module_named_parameters");
 }
 
 int ag_module_named_buffers(const ag_module *m, bool remove_duplicate, ag_named_tensors *out) {
-    return named(m, WALK_BUFFERS, remove_duplicate, out, "named_buffers");
+    return named(m, WALK_BUFFERS, remove_duplicate, out, "module_named_buffers");
 }
 
 static int64_t flat_walk(const ag_module *m, bool params, ag_tensor **out, int64_t cap,
@@ -412,6 +417,7 @@ int ag__nn_state_tensors(const ag_module *m, bool remove_duplicate, ag_named_ten
 
 /* Returns the element count, or a negative status when the list cannot be built. */
 int64_t ag_module_num_parameters(const ag_module *m) {
+    AG__CHECK_NULL("module_num_parameters", m);
     ag_named_tensors nt;
     int rc = ag_module_named_parameters(m, true, &nt);
     if (rc)
@@ -467,7 +473,10 @@ int ag_module_call(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
         for (int i = 0; i < max_out; i++)
             out[i] = NULL;
     if (!m)
-        return null_arg("module_call", "module", NULL);
+        return null_arg("module_call", "m", NULL);
+    AG__CHECK_NULL("module_call", out);
+    if (nin > 0)
+        AG__CHECK_NULL("module_call", in);
     if (!m->forward)
         return ag__err(AG_EINVAL,
                        "%s: this module has no forward (it is a container: call its children)",
@@ -517,6 +526,10 @@ int ag_module_call(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
 }
 
 ag_tensor *ag_module_forward(ag_module *m, ag_tensor *x) {
+    if (!m)
+        return null_arg("module_forward", "m", NULL), NULL;
+    if (!x)
+        return null_arg("module_forward", "x", NULL), NULL;
     ag_tensor *y = NULL;
     int n = ag_module_call(m, &x, 1, &y, 1);
     if (n == 0) {

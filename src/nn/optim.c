@@ -92,6 +92,7 @@ static ag_optim *optim_new(ag_module *m, int kind, const char *who) {
 
 ag_optim *ag_optim_sgd(ag_module *m, double lr, double momentum, double weight_decay,
                        bool nesterov) {
+    AG__CHECK_NULL_RET("optim_sgd", m, NULL);
     if (!(lr >= 0)) {
         ag__err(AG_EINVAL, "SGD: invalid learning rate: %g", lr);
         return NULL;
@@ -120,6 +121,7 @@ ag_optim *ag_optim_sgd(ag_module *m, double lr, double momentum, double weight_d
 
 ag_optim *ag_optim_adamw(ag_module *m, double lr, double beta1, double beta2, double eps,
                          double weight_decay) {
+    AG__CHECK_NULL_RET("optim_adamw", m, NULL);
     if (!(lr >= 0)) {
         ag__err(AG_EINVAL, "AdamW: invalid learning rate: %g", lr);
         return NULL;
@@ -378,8 +380,7 @@ static void release_tmp(ag_optim *o) {
 }
 
 int ag_optim_step(ag_optim *o) {
-    if (!o)
-        return ag__err(AG_EINVAL, "optim_step: NULL optimizer");
+    AG__CHECK_NULL("optim_step", o);
     const char *who = o->kind == OPT_SGD ? "SGD" : "AdamW";
     int rc = prepare(o, who);
     if (rc) {

@@ -191,8 +191,8 @@ static FILE *open_temp(const char *path, char **tmp_out) {
 }
 
 int ag_module_save(const ag_module *m, const char *path) {
-    if (!m || !path)
-        return ag__err(AG_EINVAL, "save: NULL %s", m ? "path" : "module");
+    AG__CHECK_NULL("module_save", m);
+    AG__CHECK_NULL("module_save", path);
     ag_named_tensors nt;
     int rc = ag__nn_state_tensors(m, true, &nt);
     if (rc)
@@ -538,8 +538,8 @@ static json_t *read_header(FILE *f, const char *path, int64_t fsize, int64_t *hl
 }
 
 int ag_module_load(ag_module *m, const char *path) {
-    if (!m || !path)
-        return ag__err(AG_EINVAL, "load: NULL %s", m ? "path" : "module");
+    AG__CHECK_NULL("module_load", m);
+    AG__CHECK_NULL("module_load", path);
     FILE *f = fopen(path, "rb");
     if (!f)
         return ag__err(AG_EIO, "load: cannot open '%s': %s", path, strerror(errno));

@@ -151,7 +151,7 @@ static int arg_list(const char *schema, const char **b, size_t *n) {
 
 const ag_op *ag_op_with_effects(const ag_op *op) {
     if (!op)
-        return ag__err(AG_EINVAL, "with_effects: NULL op"), NULL;
+        return ag__err(AG_EINVAL, "op_with_effects: op is NULL"), NULL;
     for (int64_t i = 0; i < nwrappers; i++)
         if (wrappers[i]->target == op)
             return wrappers[i]->op;

@@ -272,8 +272,10 @@ ag_tensor *ag_normal_(ag_tensor *a, double mean, double std) {
 ag_tensor *ag_from_data(ag_dtype dt, int ndim, const int64_t *sizes, const void *data) {
     if ((unsigned)dt >= AG_NDTYPES)
         return ag__err(AG_EINVAL, "from_data: bad dtype %d", (int)dt), NULL;
+    if (ndim > 0)
+        AG__CHECK_NULL_RET("from_data", sizes, NULL);
     if (!data && ag__numel(ndim, sizes) > 0)
-        return ag__err(AG_EINVAL, "from_data: NULL data"), NULL;
+        return ag__err(AG_EINVAL, "from_data: data is NULL"), NULL;
     ag_tensor *t = ag__tensor_new(dt, ndim, sizes, false);
     if (!t)
         return NULL;

@@ -504,7 +504,9 @@ int ag__op_check_args(const ag_op *op, const ag_arg *args, int nargs, ag_arg *fu
             return ag__err(AG_EINVAL, "%s: argument '%s' must be %s", op->name, sa->name,
                            type_name(sa->type));
         if (full[i].kind == AG_ARG_TENSORS) {
-            if (full[i].n < 0 || (full[i].n > 0 && !full[i].u.ts))
+            if (full[i].n > 0 && !full[i].u.ts)
+                return ag__err(AG_EINVAL, "%s: argument '%s' is NULL", op->name, sa->name);
+            if (full[i].n < 0)
                 return ag__err(AG_EINVAL, "%s: argument '%s' is a bad tensor list", op->name,
                                sa->name);
             if (sa->type == AG_TY_TENSOR_LIST)
@@ -758,8 +760,7 @@ static int call_raw(const ag_op *op, const ag_arg *full, ag_tensor **outs, int *
 }
 
 int ag_op_call(const ag_op *op, const ag_arg *args, int nargs, ag_tensor **outs) {
-    if (!op)
-        return ag__err(AG_EINVAL, "op_call: NULL op");
+    AG__CHECK_NULL("op_call", op);
     ag_arg full[AG_MAX_ARGS];
     int rc = ag__op_check_args(op, args, nargs, full);
     if (rc)
@@ -780,6 +781,7 @@ int ag_op_call(const ag_op *op, const ag_arg *args, int nargs, ag_tensor **outs)
 }
 
 ag_tensor *ag_op_call1(const ag_op *op, const ag_arg *args, int nargs) {
+    AG__CHECK_NULL_RET("op_call1", op, NULL);
     ag_tensor *outs[AG_MAX_OUTPUTS] = {0};
     int rc = ag_op_call(op, args, nargs, outs);
     if (rc < 0)

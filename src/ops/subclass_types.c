@@ -170,7 +170,7 @@ const ag_subclass_type *ag_scaled_int8_type(void) {
 ag_tensor *ag_scaled_int8_quantize(ag_tensor *x) {
     if (!x) {
         if (!ag__has_error())
-            ag__err(AG_EINVAL, "scaled_int8_quantize: NULL tensor");
+            ag__err(AG_EINVAL, "scaled_int8_quantize: x is NULL");
         return NULL;
     }
     if (ag_tensor_subclass(x) || !ag_dtype_is_float(ag_tensor_dtype(x))) {

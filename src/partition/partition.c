@@ -1051,8 +1051,9 @@ int ag_partition(const ag_graph *joint, int num_fwd_outputs, const ag_partition_
 }
 
 int ag_tag_region_recompute(ag_graph *g, ag_node *first, ag_node *last, ag_recompute policy) {
-    if (!g || !first || !last)
-        return ag__err(AG_EINVAL, "tag_region_recompute: NULL argument");
+    AG__CHECK_NULL("tag_region_recompute", g);
+    AG__CHECK_NULL("tag_region_recompute", first);
+    AG__CHECK_NULL("tag_region_recompute", last);
     if ((unsigned)policy > AG_PREFER_RECOMPUTE)
         return ag__err(AG_EINVAL, "tag_region_recompute: bad policy %d", (int)policy);
     if (ag_graph_find(g, ag_node_name(first)) != first ||

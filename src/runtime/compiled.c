@@ -467,6 +467,10 @@ static ag_tensor *regen_output(ag_compiled *c, int k, ag_tensor *const *prim, ag
 int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_tensor **outs,
                      int max_out) {
     AG__CHECK_NULL("compiled_call", c);
+    if (ninputs > 0)
+        AG__CHECK_NULL("compiled_call", inputs);
+    if (max_out > 0)
+        AG__CHECK_NULL("compiled_call", outs);
     if (c->sub) /* unwraps subclass inputs, calls the plain callable, rewraps */
         return ag__subx_call(c, c->sub, inputs, ninputs, outs, max_out);
     return ag__compiled_call_flat(c, inputs, ninputs, outs, max_out);
@@ -637,8 +641,14 @@ int ag__compiled_call_flat(ag_compiled *c, ag_tensor *const *inputs, int ninputs
 
 int ag_compiled_call_module(ag_compiled *c, ag_module *m, ag_tensor *const *args, int nargs,
                             ag_tensor **outs, int max_out) {
-    if (!m || nargs < 0)
-        return ag__err(AG_EINVAL, "compiled: NULL module or negative argument count");
+    AG__CHECK_NULL("compiled_call_module", c);
+    AG__CHECK_NULL("compiled_call_module", m);
+    if (nargs < 0)
+        return ag__err(AG_EINVAL, "compiled_call_module: negative argument count %d", nargs);
+    if (nargs > 0)
+        AG__CHECK_NULL("compiled_call_module", args);
+    if (max_out > 0)
+        AG__CHECK_NULL("compiled_call_module", outs);
     /* The flat inputs (parameters, buffers, args), on the stack when they fit. */
     ag_tensor *stack_in[512];
     int64_t nt = ag__module_flat_tensors(m, NULL, 0), n = nt + nargs;

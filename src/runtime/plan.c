@@ -935,10 +935,7 @@ int ag__plan_fused_groups(const ag_plan *p, const char **names, const char **fir
 }
 
 ag_plan *ag_plan_new(const ag_graph *g, const ag_plan_opts *opts) {
-    if (!g) {
-        ag__err(AG_EINVAL, "plan_new: NULL graph");
-        return NULL;
-    }
+    AG__CHECK_NULL_RET("plan_new", g, NULL);
     ag_plan *p = ag__calloc(1, sizeof *p);
     if (!p)
         return NULL;
@@ -1383,10 +1380,11 @@ static int take_outputs(ag_plan *p, ag_tensor *const *inputs, ag_tensor **outs) 
 }
 
 int ag_plan_run(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor **outs, int max_out) {
-    if (!p)
-        return ag__err(AG_EINVAL, "plan: NULL plan");
-    if (ninputs > 0 && !inputs)
-        return ag__err(AG_EINVAL, "plan: NULL inputs");
+    AG__CHECK_NULL("plan_run", p);
+    if (ninputs > 0)
+        AG__CHECK_NULL("plan_run", inputs);
+    if (max_out > 0)
+        AG__CHECK_NULL("plan_run", outs);
     if (p->nouts > max_out || (p->nouts > 0 && !outs))
         return ag__err(AG_EINVAL, "plan: the graph has %d outputs, room for %d given", p->nouts,
                        max_out);

@@ -517,6 +517,8 @@ bool ag__tracer_bound(ag__tracer *T, const ag_tensor *t) {
 ag_graph *ag_trace(ag_trace_fn fn, void *ud, ag_tensor *const *inputs, int ninputs,
                    const char *const *names, ag_desc *const *descs, const ag_trace_opts *opts) {
     AG__CHECK_NULL_RET("trace", fn, NULL);
+    if (ninputs > 0)
+        AG__CHECK_NULL_RET("trace", inputs, NULL);
     tracer T = {0};
     T.g = ag_graph_new();
     if (!T.g)
@@ -704,6 +706,9 @@ static int call_module(void *ud, ag_tensor *const *in, int nin, ag_tensor **out,
 
 ag_graph *ag_trace_module(ag_module *m, ag_tensor *const *inputs, int ninputs,
                           const ag_trace_opts *opts) {
+    AG__CHECK_NULL_RET("trace_module", m, NULL);
+    if (ninputs > 0)
+        AG__CHECK_NULL_RET("trace_module", inputs, NULL);
     ag_named_tensors ps = {0}, bs = {0};
     if (ag_module_named_parameters(m, false, &ps) || ag_module_named_buffers(m, false, &bs)) {
         ag_named_tensors_free(&ps);
