@@ -103,7 +103,8 @@ AG_API ag_tensor *ag_subclass_unflatten(const ag_subclass_type *type, ag_tensor 
                                         const void *meta, int ndim, const int64_t *outer_sizes);
 /* Flattens n tensors recursively into plain tensors (borrowed): a plain tensor is itself, an
  * instance its inner tensors, flattened in turn. This is the order in which an exported joint
- * takes its primals. Stores up to max and returns the total count. */
+ * takes its primals. Stores up to max and returns the total count, or AG_EINVAL for a negative
+ * count or a NULL array that must hold elements. */
 AG_API int ag_subclass_flatten_tensors(ag_tensor *const *ts, int n, ag_tensor **out, int max);
 
 /* For dispatch callbacks: calls op with every instance of `type` among args (also inside

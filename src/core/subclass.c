@@ -133,6 +133,13 @@ static int flatten_into(ag_tensor *t, ag_tensor **out, int max, int k) {
 }
 
 int ag_subclass_flatten_tensors(ag_tensor *const *ts, int n, ag_tensor **out, int max) {
+    if (n < 0 || max < 0)
+        return ag__err(AG_EINVAL, "subclass_flatten_tensors: negative count (n %d, max %d)", n,
+                       max);
+    if (n > 0)
+        AG__CHECK_NULL("subclass_flatten_tensors", ts);
+    if (max > 0)
+        AG__CHECK_NULL("subclass_flatten_tensors", out);
     int k = 0;
     for (int i = 0; i < n; i++)
         k = flatten_into(ts[i], out, max, k);
