@@ -150,7 +150,7 @@ AG_API void ag_rng_get_state(uint64_t *seed, uint64_t *offset);
 AG_API void ag_rng_set_state(uint64_t seed, uint64_t offset);
 
 /* ---- threads ---- */
-AG_API void ag_set_num_threads(int n);
+AG_API int ag_set_num_threads(int n);
 AG_API int ag_get_num_threads(void);
 
 #ifdef __cplusplus
