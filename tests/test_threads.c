@@ -13,10 +13,12 @@
  *      ops up (each name registered once, every op found), one with_effects wrapper per op
  *      when threads ask for it at once, the random generator (one per thread: a thread's draws
  *      do not depend on other threads' seeds and draws), and ag_set_num_threads (refuses
- *      counts below 1 or absurdly large, sets the calling thread's count only).
+ *      counts below 1 or absurdly large, sets the calling thread's count only), and the
+ *      executor's step hook (a thread's hook sees only the plans that thread runs).
  * Workers never call cmocka's assertions (they longjmp); they return messages that the main
  * thread checks. */
 #include "testutil.h"
+#include "runtime/plan_internal.h" /* ag__plan_set_step_hook */
 
 #include <omp.h>
 #include <pthread.h>
@@ -306,8 +308,10 @@ static uint64_t hash_log(int from, int to) {
 
 static void run_job(const job *jb, job_out *o) {
     memset(o, 0, sizeof *o);
+    /* Never more OpenMP threads than the environment gives (OMP_NUM_THREADS=1 under TSan,
+     * which cannot see libgomp's synchronization). */
     int prev_omp = ag_get_num_threads();
-    if (ag_set_num_threads(jb->omp)) {
+    if (ag_set_num_threads(jb->omp < prev_omp ? jb->omp : prev_omp)) {
         snprintf(o->err, sizeof o->err, "set_num_threads: %s", ag_last_error());
         return;
     }
@@ -707,6 +711,78 @@ static void test_num_threads(void **st) {
     assert_int_equal(ag_set_num_threads(prev), 0);
 }
 
+/* ---- the plan step hook ---- */
+
+typedef struct hook_arg {
+    pthread_barrier_t *bar;
+    bool install;
+    _Atomic int calls; /* hook calls made on this worker's hook */
+    int runs_ok;
+    pthread_t self;
+    _Atomic int foreign; /* calls of this worker's hook from another thread */
+} hook_arg;
+
+static void count_step(const char *op, const char *node, void *ud) {
+    (void)op;
+    (void)node;
+    hook_arg *a = ud;
+    atomic_fetch_add(&a->calls, 1);
+    if (!pthread_equal(pthread_self(), a->self))
+        atomic_fetch_add(&a->foreign, 1);
+}
+
+static int mlp_fn(void *ud, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
+    (void)ud;
+    (void)nin;
+    (void)max_out;
+    out[0] = ag_tanh(ag_mul_scalar(ag_relu(ag_mm(in[0], ag_t(in[1]))), 0.5)); /* scope's */
+    return out[0] ? 1 : ag_last_status();
+}
+
+static void *hook_worker(void *p) {
+    hook_arg *a = p;
+    a->self = pthread_self();
+    uint64_t st = 7;
+    ag_tensor *in[2] = {tu_rand_tensor(AG_F32, 2, (int64_t[]){8, 16}, -1, 1, tu_xorshift, &st),
+                        tu_rand_tensor(AG_F32, 2, (int64_t[]){4, 16}, -1, 1, tu_xorshift, &st)};
+    ag_graph *g = ag_trace(mlp_fn, NULL, in, 2, NULL, NULL, NULL);
+    ag_plan *plan = g ? ag_plan_new(g, NULL) : NULL;
+    if (a->install)
+        ag__plan_set_step_hook(count_step, a);
+    pthread_barrier_wait(a->bar);
+    for (int r = 0; r < 50 && plan; r++) {
+        ag_tensor *out = NULL;
+        if (ag_plan_run(plan, in, 2, &out, 1) == 1)
+            a->runs_ok++;
+        ag_tensor_free(out);
+    }
+    if (a->install)
+        ag__plan_set_step_hook(NULL, NULL);
+    ag_plan_free(plan);
+    ag_graph_free(g);
+    ag_tensor_free(in[0]);
+    ag_tensor_free(in[1]);
+    return NULL;
+}
+
+static void test_step_hook_per_thread(void **st) {
+    (void)st;
+    pthread_barrier_t bar;
+    pthread_barrier_init(&bar, NULL, 2);
+    hook_arg a = {.bar = &bar, .install = true}, b = {.bar = &bar, .install = false};
+    pthread_t ta, tb;
+    assert_int_equal(pthread_create(&ta, NULL, hook_worker, &a), 0);
+    assert_int_equal(pthread_create(&tb, NULL, hook_worker, &b), 0);
+    pthread_join(ta, NULL);
+    pthread_join(tb, NULL);
+    pthread_barrier_destroy(&bar);
+    assert_int_equal(a.runs_ok, 50);
+    assert_int_equal(b.runs_ok, 50);
+    assert_int_equal(atomic_load(&a.foreign), 0); /* the other thread's plan never called it */
+    /* Each run calls the hook before each kernel and once after the last. */
+    assert_true(atomic_load(&a.calls) > 0 && atomic_load(&a.calls) % 50 == 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_cold_start), /* first: the children must start cold */
@@ -715,6 +791,7 @@ int main(void) {
         cmocka_unit_test(test_with_effects_from_threads),
         cmocka_unit_test(test_rng_per_thread),
         cmocka_unit_test(test_num_threads),
+        cmocka_unit_test(test_step_hook_per_thread),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

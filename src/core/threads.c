@@ -8,25 +8,24 @@
 /* The most threads ag_set_num_threads accepts: 8 per processor, and never past
  * OMP_THREAD_LIMIT. More only oversubscribes the machine (and at some point libgomp aborts the
  * process when it cannot start them). */
-static int thread_cap(int *procs) {
-    *procs = omp_get_num_procs();
-    int cap = *procs > 0 && *procs < 1 << 24 ? 8 * *procs : 8;
-    int limit = omp_get_thread_limit();
-    return limit > 0 && limit < cap ? limit : cap;
-}
-
 int ag_set_num_threads(int n) {
     if (n < 1)
         return ag__err(AG_EINVAL, "set_num_threads: expected a positive number of threads, got %d",
                        n);
-    int procs, cap = thread_cap(&procs);
+    int procs = omp_get_num_procs(), limit = omp_get_thread_limit();
+    int cap = procs > 0 && procs < (1 << 24) ? 8 * procs : 8;
+    if (limit > 0 && limit < cap && n > limit)
+        return ag__err(AG_EINVAL, "set_num_threads: %d threads is more than OMP_THREAD_LIMIT (%d)",
+                       n, limit);
     if (n > cap)
         return ag__err(AG_EINVAL,
-                       "set_num_threads: %d threads is more than %d (%s on this machine's %d "
-                       "processors)",
-                       n, cap, cap == 8 * procs ? "8 per processor" : "OMP_THREAD_LIMIT", procs);
+                       "set_num_threads: %d threads is more than %d (8 per processor; this "
+                       "machine has %d)",
+                       n, cap, procs);
     omp_set_num_threads(n);
     return 0;
 }
 
-int ag_get_num_threads(void) { return omp_get_max_threads(); }
+int ag_get_num_threads(void) {
+    return omp_get_max_threads();
+}
