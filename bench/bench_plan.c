@@ -203,8 +203,12 @@ int main(int argc, char **argv) {
             reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--warmup") && i + 1 < argc)
             warmup = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
-            ag_set_num_threads(atoi(argv[++i]));
+        else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+            if (ag_set_num_threads(atoi(argv[++i]))) {
+                fprintf(stderr, "bench_plan: --threads: %s\n", ag_last_error());
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--models") && i + 1 < argc)
             models = argv[++i];
         else {

@@ -1260,7 +1260,10 @@ int cli_bench(int argc, char **argv) {
             want[m] = true;
         zoo = scaling = true;
     }
-    ag_set_num_threads(o.threads);
+    if (ag_set_num_threads(o.threads)) {
+        bench_error("--threads");
+        return 2;
+    }
     o.threads = ag_get_num_threads();
 
     char load0[64], load1[64], cpu[256];

@@ -96,7 +96,10 @@ typedef struct ag_compile_opts {
     bool interpret; /* run the partitioned graphs with the interpreter instead of plans */
 } ag_compile_opts;
 
-/* A differentiable callable made from a joint. */
+/* A differentiable callable made from a joint. It keeps per-call state (arrays, buffers of its
+ * plans, the backward's saved values), so it is called by one thread at a time, with the
+ * module it was exported from; compiled callables of different modules run in different
+ * threads at once. Functionalized random ops draw from the calling thread's generator. */
 typedef struct ag_compiled ag_compiled;
 
 AG_API ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts);

@@ -83,7 +83,10 @@ AG_API void ag_clear_error(void);
 /* Every allocation of the library (tensor data, tensor structs, autograd nodes, lists) goes
  * through this hook. alloc must return memory aligned to `align` (a power of two: 64 for tensor
  * data and blocks of 256 bytes or more, 16 for smaller bookkeeping) or NULL; free accepts NULL. The default uses aligned_alloc/free. Set it before creating any
- * tensor; tensors must be freed by the hook that allocated them. */
+ * tensor; tensors must be freed by the hook that allocated them. The hook is process-wide
+ * and its functions are called from every thread that uses the library (and from OpenMP
+ * workers), so they must be thread-safe; ag_set_allocator itself is not: call it while no
+ * other thread is inside the library. */
 typedef struct ag_allocator {
     void *(*alloc)(void *ud, size_t size, size_t align);
     void (*free)(void *ud, void *ptr);
@@ -162,13 +165,22 @@ AG_API ag_tensor *ag_detach(ag_tensor *t);
 
 /* The default generator's state. Each draw of n values consumes a whole number of 128-bit
  * counters starting at `offset` and advances it; the values depend only on (seed, offset,
- * index), never on the thread count. */
+ * index), never on the thread count. Each thread has its own default generator, starting at
+ * seed 0x5eed, offset 0 (torch has one per process): these calls set or read the calling
+ * thread's, so a thread's draws do not depend on what other threads seed or draw, and a thread
+ * you start does not inherit the seed of the thread that started it. */
 AG_API void ag_manual_seed(uint64_t seed);
 AG_API void ag_rng_get_state(uint64_t *seed, uint64_t *offset);
 AG_API void ag_rng_set_state(uint64_t seed, uint64_t offset);
 
-/* ---- threads ---- */
-AG_API void ag_set_num_threads(int n);
+/* ---- threads ----
+ * The number of OpenMP threads that kernels and GEMM use (see "Threads" in aotgrad.h).
+ * Like OpenMP's omp_set_num_threads it sets the calling thread's count: kernels run on the
+ * OpenMP pool of the thread that calls them, and a thread you start begins with the default
+ * (OMP_NUM_THREADS, else one per processor). AG_EINVAL, and nothing changed, for n < 1 or n
+ * above 8 per processor (or above OMP_THREAD_LIMIT). ag_get_num_threads: the calling thread's
+ * count. */
+AG_API int ag_set_num_threads(int n);
 AG_API int ag_get_num_threads(void);
 
 #ifdef __cplusplus

@@ -111,8 +111,8 @@ AG_API ag_tree *ag_tree_unflatten(const ag_treespec *spec, ag_tensor *const *lea
 typedef struct ag_export_opts {
     const ag_decomp_table *decompositions; /* NULL: none (composites still decompose) */
     bool keep_inference_input_mutations;
-    /* Record random ops as they are, drawing from the process-wide generator when the graph
-     * runs, instead of functionalizing the generator (see ag_export_joint). */
+    /* Record random ops as they are, drawing from the running thread's generator when the
+     * graph runs, instead of functionalizing the generator (see ag_export_joint). */
     bool keep_random_ops;
 } ag_export_opts;
 
@@ -120,7 +120,8 @@ typedef struct ag_joint ag_joint;
 
 /* Exports module m called on args (positional) and kwargs (tensor keyword arguments, in the
  * given order; they follow the args as PlainAOTInput indices). Returns the joint (caller frees)
- * or NULL with a message. The module's tensors are not modified. */
+ * or NULL with a message. The module's tensors are not modified. Threads may export at once
+ * (their own modules, or ones no other thread is using): the trace is the calling thread's. */
 AG_API ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
                                  const char *const *kwarg_names, ag_tensor *const *kwargs,
                                  int nkwargs, const ag_export_opts *opts);

@@ -18,7 +18,12 @@
  *
  * Ownership: the graph owns its nodes, their arguments and metadata, and its constants. Node
  * pointers stay valid until the node is erased or the graph freed. Strings passed in are
- * copied. */
+ * copied.
+ *
+ * Threads: a graph is used by one thread at a time. Copies (ag_graph_copy, the partitioner's
+ * graphs) share metadata strings and descriptors by atomic counts, so they may live in other
+ * threads, but they also share the constant tensors of get_attr nodes, whose counts are not
+ * atomic: a graph with constants and its copies are used by one thread at a time. */
 #ifndef AOTGRAD_GRAPH_H
 #define AOTGRAD_GRAPH_H
 

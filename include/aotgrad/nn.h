@@ -5,7 +5,11 @@
  * Fully qualified names and their order are PyTorch's named_parameters()/named_buffers():
  * pre-order over the tree (a module's own entries, then each child's, recursively), names
  * joined with '.', and with remove_duplicate the second sighting of the same tensor skipped
- * (GPT-2's tied lm_head.weight). */
+ * (GPT-2's tied lm_head.weight).
+ *
+ * A module, its parameters and buffers, and an optimizer made for it are used by one thread at
+ * a time (nothing here takes a lock); different modules may be built, called and trained in
+ * different threads at once (include/aotgrad.h, "Threads"). */
 #ifndef AOTGRAD_NN_H
 #define AOTGRAD_NN_H
 

@@ -198,7 +198,10 @@ AG_API const ag_opdef *ag_op_def(const ag_op *op);
 AG_API int ag_op_nargs(const ag_op *op);
 AG_API const ag_schema_arg *ag_op_arg(const ag_op *op, int i);
 AG_API int ag_op_noutputs(const ag_op *op);
-/* Registers a user op (namespace::name). The definition must outlive the library's use of it. */
+/* Registers a user op (namespace::name). The definition must outlive the library's use of it.
+ * Thread-safe, as are the lookups above: ops may be registered while other threads run or
+ * look up ops; when threads register one name at once, one succeeds and the others fail with
+ * "already exists". A registered op is never removed or changed. */
 AG_API const ag_op *ag_op_register(const ag_opdef *def);
 /* Comma-separated flag names ("pointwise,view") into buf. */
 AG_API char *ag_op_flags_str(uint32_t flags, char *buf, size_t n);
@@ -213,8 +216,9 @@ AG_API char *ag_op_flags_str(uint32_t flags, char *buf, size_t n);
  * DCE, CSE and the partitioners never remove, merge or recompute a with_effects node.
  *
  * ag_op_with_effects returns the with_effects op wrapping `op` (made on first use and kept for
- * the process; every one is named "with_effects" and none is in the registry, so
- * ag_op_find("with_effects") is NULL and the graph parser picks one by its `op` argument).
+ * the process, one per op even when threads ask for it at once; every one is named
+ * "with_effects" and none is in the registry, so ag_op_find("with_effects") is NULL and the
+ * graph parser picks one by its `op` argument).
  * NULL with a message when op is not effectful or cannot be wrapped: a view, in-place,
  * mutating or composite op, one with more than AG_MAX_ARGS - 2 arguments or AG_MAX_OUTPUTS - 1
  * outputs, or one with an argument named `token` or `op`. */

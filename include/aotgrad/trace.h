@@ -31,7 +31,9 @@ extern "C" {
 /* ---- meta mode ---- */
 /* While on, factories and ops produce data-less tensors (shape, dtype, strides only) and run no
  * kernels: build a large model for tracing without allocating its weights. Returns the
- * previous setting. Tracing turns it on for its duration. */
+ * previous setting. Tracing turns it on for its duration. Meta mode and trace sessions
+ * belong to the calling thread: other threads keep running real kernels, and several threads
+ * may trace (or export, or decompose graphs) at once. */
 AG_API bool ag_set_meta_mode(bool on);
 AG_API bool ag_is_meta(const ag_tensor *t); /* no data */
 

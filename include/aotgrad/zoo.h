@@ -5,7 +5,9 @@
  * the generator reseeded with ag_manual_seed(0), so two builds give identical weights and
  * inputs and eager runs are reproducible. In meta mode (ag_set_meta_mode(true), trace.h) a
  * build allocates no tensor data: GPT-2 small (124M parameters) can be built and traced with
- * its weights' shapes only.
+ * its weights' shapes only. Threads may build models at once: each build reseeds the calling
+ * thread's generator only (generators are per thread, core.h), so it gives the weights and
+ * inputs a build on a quiet process gives.
  *
  * The models (see ag_zoo_description for each):
  *   linear        attribute `linear` = Linear(3, 2); input x [4, 3]
@@ -69,7 +71,9 @@ AG_API int ag_zoo_build(const char *name, const char *config, ag_module **model,
  * AG_OP_EFFECTFUL (registered on first use): its kernel returns a copy of x and appends a
  * record of x to a process-wide log; its backward logs the incoming gradient with the same op
  * (grad=True) and passes it on. Eager, interpreted and compiled runs of the `effects` model
- * append the same records in the same order. Thread-safe. */
+ * append the same records in the same order. Thread-safe: the op is registered once however
+ * many threads build the model at once, and the log is locked (records of threads logging at
+ * once interleave). */
 typedef struct ag_zoo_log_record {
     char tag[32];  /* the tag argument (truncated) */
     bool grad;     /* logged by the backward */

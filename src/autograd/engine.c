@@ -54,7 +54,7 @@ typedef struct ag_anode {
 
 static _Thread_local ag__tls_state tls = {.bw_seq_nr = -1};
 static _Thread_local int64_t next_seq_nr;
-static uint64_t engine_epoch;
+static _Atomic uint64_t engine_epoch; /* runs of all threads stamp nodes with distinct epochs */
 
 ag__tls_state *ag__tls(void) { return &tls; }
 
@@ -883,7 +883,7 @@ static int run_engine(const char *fn, ag_tensor *const *roots, ag_tensor *const 
     e.accumulate = inputs == NULL;
     e.inputs = inputs;
     e.ninputs = ninputs;
-    e.epoch = ++engine_epoch;
+    e.epoch = atomic_fetch_add_explicit(&engine_epoch, 1, memory_order_relaxed) + 1;
     int rc = 0;
     ag_tensor *seeds[64];
     if (nroots > 64) {

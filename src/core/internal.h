@@ -8,6 +8,7 @@
 #include "aotgrad.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <string.h>
 
 #define AG_ALIGN 64
@@ -238,10 +239,11 @@ struct ag_op {
     int index;
 };
 
-/* Called by the dispatcher after outputs exist, when set (the tracer). */
+/* Called by the dispatcher after outputs exist, when set (the tracer). One per thread: a
+ * thread's trace session sees only that thread's op calls. */
 typedef int (*ag__trace_hook_fn)(const ag_op *op, const ag_arg *args, int nargs,
                                  ag_tensor **outs, int nouts);
-extern ag__trace_hook_fn ag__trace_hook;
+extern _Thread_local ag__trace_hook_fn ag__trace_hook;
 
 /* Checks args against op's schema and fills defaults into full[] (AG_MAX_ARGS entries). */
 int ag__op_check_args(const ag_op *op, const ag_arg *args, int nargs, ag_arg *full);
@@ -262,11 +264,16 @@ const ag_op *ag__op(const char *name);
 ag_tensor *ag__call1(const ag_op *op, const ag_arg *args, int nargs);
 int ag__calln(const ag_op *op, const ag_arg *args, int nargs, ag_tensor **outs, int nouts);
 
-/* Entry-point helper: looks the op up once and caches it. */
-#define AG__OP(var, name)                                                                      \
-    static const ag_op *var;                                                                   \
-    if (!var)                                                                                  \
-        var = ag__op(name);
+/* Entry-point helper: looks the op up once and caches it. The cache is atomic because
+ * threads may fill it at once (with the same pointer); acquire pairs with release so that a
+ * thread reading the pointer sees the registered op behind it. */
+#define AG__OP(var, name)                                                                          \
+    static const ag_op *_Atomic var##_cache;                                                       \
+    const ag_op *var = atomic_load_explicit(&var##_cache, memory_order_acquire);                   \
+    if (!var) {                                                                                    \
+        var = ag__op(name);                                                                        \
+        atomic_store_explicit(&var##_cache, var, memory_order_release);                            \
+    }
 
 /* ---- meta helpers (ops/meta_util.c) ---- */
 /* Broadcasts two shapes (PyTorch rules). On failure sets "<op>: shapes [..] and [..] cannot be

@@ -25,8 +25,11 @@ static philox4 philox(uint64_t seed, uint64_t counter) {
     return (philox4){{c0, c1, c2, c3}};
 }
 
-/* One process-wide generator, as torch.manual_seed sets one default generator. */
-static uint64_t g_seed = 0x5eed, g_offset;
+/* The default generator, one per thread (torch has one per process): a thread's draws then
+ * depend only on its own seeding and draws, so threads that each build and train a model get
+ * the numbers a sequential run gets (include/aotgrad/core.h). Every thread starts at
+ * (0x5eed, 0). */
+static _Thread_local uint64_t g_seed = 0x5eed, g_offset;
 
 void ag_manual_seed(uint64_t seed) {
     g_seed = seed;

@@ -29,7 +29,7 @@
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static ag_zoo_log_record *log_recs;
 static int64_t log_n, log_cap;
-static bool log_echo;
+static _Atomic bool log_echo;
 
 __attribute__((destructor)) static void log_free(void) {
     ag__free(log_recs);
@@ -128,12 +128,21 @@ static const ag_opdef log_value_def = {
     .samples = log_value_samples,
 };
 
+/* Found or registered under a lock: threads building the model at once would otherwise both
+ * register it, and one would fail with "already exists". */
 static const ag_op *log_op(void) {
-    static const ag_op *op;
-    if (!op)
-        op = ag_op_find("aotgrad_demo::log_value");
+    static const ag_op *_Atomic cached;
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    const ag_op *op = atomic_load_explicit(&cached, memory_order_acquire);
+    if (op)
+        return op;
+    pthread_mutex_lock(&lock);
+    op = ag_op_find("aotgrad_demo::log_value");
     if (!op)
         op = ag_op_register(&log_value_def);
+    if (op)
+        atomic_store_explicit(&cached, op, memory_order_release);
+    pthread_mutex_unlock(&lock);
     return op;
 }
 

@@ -16,9 +16,12 @@
  * on arguments laid out for another op.
  *
  * The wrappers are made on first use and kept for the process (freed at exit); they are not
- * in the registry, because all of them share the name `with_effects`. */
+ * in the registry, because all of them share the name `with_effects`. The list is guarded by
+ * a lock, so threads may ask for wrappers (and call with_effects ops) at once; a wrapper never
+ * moves or changes once listed. */
 #include "../core/internal.h"
 
+#include <pthread.h>
 #include <stdio.h>
 
 typedef struct wrapper {
@@ -30,6 +33,7 @@ typedef struct wrapper {
 
 static wrapper **wrappers;
 static int64_t nwrappers, wrappers_cap;
+static pthread_mutex_t wrappers_lock = PTHREAD_MUTEX_INITIALIZER;
 
 __attribute__((destructor)) static void wrappers_free(void) {
     for (int64_t i = 0; i < nwrappers; i++) {
@@ -43,8 +47,19 @@ __attribute__((destructor)) static void wrappers_free(void) {
 }
 
 static const wrapper *by_op(const ag_op *op) {
-    for (int64_t i = 0; i < nwrappers; i++)
+    const wrapper *found = NULL;
+    pthread_mutex_lock(&wrappers_lock);
+    for (int64_t i = 0; i < nwrappers && !found; i++)
         if (wrappers[i]->op == op)
+            found = wrappers[i];
+    pthread_mutex_unlock(&wrappers_lock);
+    return found;
+}
+
+/* The wrapper of `target`, or NULL; the caller holds wrappers_lock. */
+static const wrapper *by_target_locked(const ag_op *target) {
+    for (int64_t i = 0; i < nwrappers; i++)
+        if (wrappers[i]->target == target)
             return wrappers[i];
     return NULL;
 }
@@ -54,10 +69,13 @@ static const wrapper *by_op(const ag_op *op) {
 static const ag_op *target_named(const ag_arg *a) {
     if (a->kind != AG_ARG_STR || !a->u.s)
         return NULL;
-    for (int64_t i = 0; i < nwrappers; i++)
+    const ag_op *found = NULL;
+    pthread_mutex_lock(&wrappers_lock);
+    for (int64_t i = 0; i < nwrappers && !found; i++)
         if (!strcmp(ag_op_name(wrappers[i]->target), a->u.s))
-            return wrappers[i]->target;
-    return NULL;
+            found = wrappers[i]->target;
+    pthread_mutex_unlock(&wrappers_lock);
+    return found;
 }
 
 /* args: token, op name, then the wrapped op's arguments. outs[0] is the new token (f32[0]),
@@ -152,9 +170,11 @@ static int arg_list(const char *schema, const char **b, size_t *n) {
 const ag_op *ag_op_with_effects(const ag_op *op) {
     if (!op)
         return ag__err(AG_EINVAL, "op_with_effects: op is NULL"), NULL;
-    for (int64_t i = 0; i < nwrappers; i++)
-        if (wrappers[i]->target == op)
-            return wrappers[i]->op;
+    pthread_mutex_lock(&wrappers_lock);
+    const wrapper *have = by_target_locked(op);
+    pthread_mutex_unlock(&wrappers_lock);
+    if (have)
+        return have->op;
     const ag_opdef *d = ag_op_def(op);
     const char *name = ag_op_name(op);
     const char *why = NULL;
@@ -181,12 +201,10 @@ const ag_op *ag_op_with_effects(const ag_op *op) {
     if (why)
         return ag__err(AG_EINVAL, "with_effects: cannot wrap %s: %s", name, why), NULL;
 
+    /* Made outside the lock; listed under it, unless another thread listed one first. */
     wrapper *wr = ag__calloc(1, sizeof *wr);
     size_t cap = nargs + 64;
-    if (!wr || !(wr->schema = ag__malloc(cap)) ||
-        ag__grow((void **)&wrappers, &wrappers_cap, nwrappers + 1, sizeof *wrappers)) {
-        if (wr)
-            ag__free(wr->schema);
+    if (!wr || !(wr->schema = ag__malloc(cap))) {
         ag__free(wr);
         return NULL;
     }
@@ -205,6 +223,18 @@ const ag_op *ag_op_with_effects(const ag_op *op) {
         ag__free(wr);
         return NULL;
     }
-    wrappers[nwrappers++] = wr;
+    pthread_mutex_lock(&wrappers_lock);
+    const wrapper *first = by_target_locked(op);
+    int rc =
+        first ? 0 : ag__grow((void **)&wrappers, &wrappers_cap, nwrappers + 1, sizeof *wrappers);
+    if (!first && !rc)
+        wrappers[nwrappers++] = wr;
+    pthread_mutex_unlock(&wrappers_lock);
+    if (first || rc) {
+        ag__op_free_detached(wr->op);
+        ag__free(wr->schema);
+        ag__free(wr);
+        return first ? first->op : NULL;
+    }
     return wr->op;
 }

@@ -10,16 +10,25 @@
 #include "family.h"
 
 #include <ctype.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-ag__trace_hook_fn ag__trace_hook;
+/* The thread's tracer hook (src/trace/trace.c): per thread, so that one thread's trace never
+ * sees another thread's op calls. */
+_Thread_local ag__trace_hook_fn ag__trace_hook;
 
-/* ---- registry ---- */
+/* ---- registry ----
+ * Built-in ops are registered once, by the first call that needs the table (pthread_once, so
+ * threads making their first calls at once all wait for the whole table). User ops are added
+ * under reg_lock, and every read of the table takes it too: an append may move the array. An
+ * op itself never moves or changes once registered, so the pointers handed out stay valid
+ * without the lock. */
 
 static ag_op **ops;
 static int64_t nops, ops_cap;
-static bool builtins_loaded;
+static pthread_once_t builtins_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static const ag_opdef *const *const families[] = {
     ag__ops_pointwise, ag__ops_views,  ag__ops_reduce,  ag__ops_linalg,
@@ -283,6 +292,7 @@ static void op_free(ag_op *op) {
     ag__free(op);
 }
 
+/* Parses def and appends it to the table (the schema is parsed before the lock is taken). */
 static const ag_op *register_def(const ag_opdef *def) {
     ag_op *op = ag__calloc(1, sizeof *op);
     if (!op)
@@ -292,18 +302,22 @@ static const ag_op *register_def(const ag_opdef *def) {
         op_free(op);
         return NULL;
     }
-    for (int64_t i = 0; i < nops; i++)
-        if (!strcmp(ops[i]->name, op->name)) {
-            ag__err(AG_EINVAL, "op_register: an op named '%s' already exists", op->name);
-            op_free(op);
-            return NULL;
-        }
-    if (ag__grow((void **)&ops, &ops_cap, nops + 1, sizeof *ops)) {
+    pthread_mutex_lock(&reg_lock);
+    int rc = 0;
+    for (int64_t i = 0; i < nops && !rc; i++)
+        if (!strcmp(ops[i]->name, op->name))
+            rc = ag__err(AG_EINVAL, "op_register: an op named '%s' already exists", op->name);
+    if (!rc)
+        rc = ag__grow((void **)&ops, &ops_cap, nops + 1, sizeof *ops);
+    if (!rc) {
+        op->index = (int)nops;
+        ops[nops++] = op;
+    }
+    pthread_mutex_unlock(&reg_lock);
+    if (rc) {
         op_free(op);
         return NULL;
     }
-    op->index = (int)nops;
-    ops[nops++] = op;
     return op;
 }
 
@@ -324,17 +338,17 @@ ag_op *ag__op_new_detached(const ag_opdef *def) {
 
 void ag__op_free_detached(ag_op *op) { op_free(op); }
 
-static int load_builtins(void) {
-    if (builtins_loaded)
-        return 0;
-    builtins_loaded = true;
+static void register_builtins(void) {
     for (size_t f = 0; f < sizeof families / sizeof families[0]; f++)
         for (const ag_opdef *const *d = families[f]; *d; d++)
             if (!register_def(*d)) {
                 fprintf(stderr, "aotgrad: built-in op table is broken: %s\n", ag_last_error());
                 abort();
             }
-    return 0;
+}
+
+static void load_builtins(void) {
+    pthread_once(&builtins_once, register_builtins);
 }
 
 /* Frees the registry at exit so leak checkers see a clean heap. */
@@ -349,10 +363,13 @@ __attribute__((destructor)) static void registry_free(void) {
 const ag_op *ag_op_find(const char *name) {
     AG__CHECK_NULL_RET("op_find", name, NULL);
     load_builtins();
-    for (int64_t i = 0; i < nops; i++)
+    const ag_op *found = NULL;
+    pthread_mutex_lock(&reg_lock);
+    for (int64_t i = 0; i < nops && !found; i++)
         if (!strcmp(ops[i]->name, name))
-            return ops[i];
-    return NULL;
+            found = ops[i];
+    pthread_mutex_unlock(&reg_lock);
+    return found;
 }
 
 const ag_op *ag__op(const char *name) {
@@ -366,12 +383,18 @@ const ag_op *ag__op(const char *name) {
 
 int ag_op_count(void) {
     load_builtins();
-    return (int)nops;
+    pthread_mutex_lock(&reg_lock);
+    int n = (int)nops;
+    pthread_mutex_unlock(&reg_lock);
+    return n;
 }
 
 const ag_op *ag_op_at(int i) {
     load_builtins();
-    return i >= 0 && i < nops ? ops[i] : NULL;
+    pthread_mutex_lock(&reg_lock);
+    const ag_op *op = i >= 0 && i < nops ? ops[i] : NULL;
+    pthread_mutex_unlock(&reg_lock);
+    return op;
 }
 
 const char *ag_op_name(const ag_op *op) {

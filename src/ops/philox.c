@@ -1,6 +1,6 @@
 /* Functional random ops: philox_rand and philox_randn draw from a generator state passed in
  * explicitly as two 0-dim int64 tensors (seed, offset) instead of reading and advancing the
- * process-wide generator (src/core/rng.c). They are pure functions of their inputs, so they are
+ * thread's default generator (src/core/rng.c). They are pure functions of their inputs, so they are
  * not flagged random: CSE, DCE and the min-cut partitioner may treat them like any other
  * recomputable op, and a recomputation gives the same numbers.
  *

@@ -39,7 +39,7 @@
  * saved (upstream treats both alike); PREFER_SAVE has no effect, as in upstream's min-cut. One
  * deviation: random ops (AG_OP_RANDOM, left in a graph only when the export kept them:
  * ag_export_opts.keep_random_ops, or in graphs built otherwise) are never recomputed whatever
- * their tag or the budget, because they read the process-wide generator; they are saved.
+ * their tag or the budget, because they read the running thread's generator; they are saved.
  *
  * Max-flow: our Dinic (below), measured against igraph_maxflow in bench/bench_maxflow.c and
  * clearly faster on these networks; igraph_maxflow is kept as the reference.

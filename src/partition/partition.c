@@ -927,7 +927,7 @@ static int save_effect_outputs(const ag__part *P, int **saved, int *nsaved) {
     return 0;
 }
 
-/* Random ops (AG_OP_RANDOM) are not recomputed: they read the process-wide generator, so
+/* Random ops (AG_OP_RANDOM) are not recomputed: they read the running thread's generator, so
  * recomputing a draw in the backward would give other numbers. The export functionalizes them
  * into philox ops, which may be recomputed; random ops remain only in graphs exported with
  * keep_random_ops or built otherwise. Whatever saved set was chosen, a random node the

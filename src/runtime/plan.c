@@ -1215,8 +1215,9 @@ static int acquire_storages(ag_plan *p) {
     return 0;
 }
 
-static ag__plan_step_fn step_hook;
-static void *step_hook_ud;
+/* Per thread: a profiler sees the steps of the plans its own thread runs. */
+static _Thread_local ag__plan_step_fn step_hook;
+static _Thread_local void *step_hook_ud;
 
 void ag__plan_set_step_hook(ag__plan_step_fn fn, void *ud) {
     step_hook = fn;

@@ -70,9 +70,10 @@ int ag__plan_debug_move(ag_plan *p, const char *name, int64_t offset, const char
  * first nodes' names; returns how many groups there are. */
 int ag__plan_fused_groups(const ag_plan *p, const char **names, const char **first, int max);
 
-/* Test hook: fn(op name, node name, ud) runs before each kernel call of every plan (and
- * fn(NULL, NULL, ud) after a run's last), so a counting allocator can charge allocations to
- * kernels. NULL removes it. Not thread-safe: tests and benchmarks only. */
+/* Test hook: fn(op name, node name, ud) runs before each kernel call of every plan the
+ * calling thread runs (and fn(NULL, NULL, ud) after a run's last), so a counting allocator can
+ * charge allocations to kernels. NULL removes it. Per thread: other threads' plans do not call
+ * it. Tests and benchmarks only. */
 typedef void (*ag__plan_step_fn)(const char *op, const char *node, void *ud);
 void ag__plan_set_step_hook(ag__plan_step_fn fn, void *ud);
 
