@@ -315,7 +315,9 @@ static void *dc_alloc(size_t size) {
     pthread_mutex_lock(&dc.mu);
     bool tracked = !dc.closed && dc_track(p, cls);
     pthread_mutex_unlock(&dc.mu);
-    if (tracked) /* an untracked block is freed to the system; its tail needs no guard */
+    /* The tail beyond the size asked is poisoned (ASan) so that an overflow is reported; an
+     * untracked block goes back to the system without passing the cache's unpoisoning. */
+    if (tracked)
         POISON((char *)p + size, bytes - size);
     return p;
 }
