@@ -82,11 +82,15 @@ AG_API void ag_clear_error(void);
 
 /* Every allocation of the library (tensor data, tensor structs, autograd nodes, lists) goes
  * through this hook. alloc must return memory aligned to `align` (a power of two: 64 for tensor
- * data and blocks of 256 bytes or more, 16 for smaller bookkeeping) or NULL; free accepts NULL. The default uses aligned_alloc/free. Set it before creating any
- * tensor; tensors must be freed by the hook that allocated them. The hook is process-wide
- * and its functions are called from every thread that uses the library (and from OpenMP
- * workers), so they must be thread-safe; ag_set_allocator itself is not: call it while no
- * other thread is inside the library. */
+ * data and blocks of 256 bytes or more, 16 for smaller bookkeeping) or NULL; free accepts NULL.
+ * The default uses aligned_alloc/free, and keeps freed tensor data of 64 KiB or more in a cache
+ * (at most min(1 GiB, a quarter of physical memory)) to hand out again for a request of the
+ * same size class (within a quarter above it), so that repeated steps do not fault their memory
+ * in again. A hook sees every allocation with the size asked and every free: setting one
+ * releases the cache and bypasses it. Set it before creating any tensor; tensors must be freed
+ * by the hook that allocated them. The hook is process-wide and its functions are called from
+ * every thread that uses the library (and from OpenMP workers), so they must be thread-safe;
+ * ag_set_allocator itself is not: call it while no other thread is inside the library. */
 typedef struct ag_allocator {
     void *(*alloc)(void *ud, size_t size, size_t align);
     void (*free)(void *ud, void *ptr);
@@ -97,6 +101,10 @@ AG_API void ag_set_allocator(const ag_allocator *a); /* NULL restores the defaul
 /* Frees memory the library returned to the caller (strings such as ag_graph_to_string's). */
 AG_API void ag_free(void *p);
 AG_API ag_allocator ag_get_allocator(void);
+/* Returns every block the default allocator's cache holds to the system (the cache fills again
+ * as tensors are freed); it is also released at process exit. Safe to call from any thread, at
+ * any time, as are the allocations and frees the cache serves. */
+AG_API void ag_allocator_release_cache(void);
 
 /* ---- tensors ---- */
 

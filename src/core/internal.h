@@ -45,12 +45,27 @@ char *ag__fmt_sizes(char *buf, size_t n, int ndim, const int64_t *sizes);
 /* ---- allocation (alloc.c) ---- */
 /* NULL + AG_ENOMEM error on failure. 16-byte aligned below 256 bytes, 64 from there. */
 void *ag__malloc(size_t size);
-void *ag__malloc_data(size_t size); /* tensor data: always 64-byte aligned */
+/* Tensor data: always 64-byte aligned, contents undefined. With the default allocator, blocks of
+ * at least AG__DATA_CACHE_MIN bytes come from and go back to its cache (alloc.c), so data is
+ * freed with ag__free_data and the size that was asked; NULL is a no-op. */
+#define AG__DATA_CACHE_MIN ((size_t)64 << 10)
+void *ag__malloc_data(size_t size);
+void ag__free_data(void *p, size_t size);
 void *ag__calloc(size_t count, size_t size);
 void ag__free(void *p);
 /* Grows *p (holding `used` elements of `elem` bytes) to at least `need` elements. */
 int ag__grow(void **p, int64_t *cap, int64_t need, size_t elem);
 char *ag__strdup(const char *s);
+/* The data cache's state, for tests: bytes and blocks cached now, the most bytes cached since
+ * the last ag__data_cache_set_cap, the cap, the blocks it made that are in use or cached, and
+ * requests served from it (hits) or from the system (misses). */
+typedef struct ag__dcache_stats {
+    size_t bytes, blocks, peak_bytes, cap, tracked;
+    uint64_t hits, misses;
+} ag__dcache_stats;
+void ag__data_cache_stats(ag__dcache_stats *out);
+/* Sets the cap (freeing cached blocks down to it) and returns the previous one; for tests. */
+size_t ag__data_cache_set_cap(size_t cap);
 
 /* ---- tensors (tensor.c) ---- */
 typedef struct ag_storage {

@@ -98,7 +98,7 @@ static void release(scratch_slot *s) {
     for (int i = 0; i < AG__SCRATCH_SLOTS; i++) {
         if (s[i].p) {
             SCRATCH_UNPOISON(s[i].p, s[i].cap);
-            ag__free(s[i].p);
+            ag__free_data(s[i].p, s[i].cap);
         }
         s[i].p = NULL;
         s[i].cap = 0;
@@ -149,7 +149,7 @@ void *ag__scratch(int slot, size_t bytes) {
         /* Free first: the old contents are not needed, and the peak stays one block. */
         if (s->p) {
             SCRATCH_UNPOISON(s->p, s->cap);
-            ag__free(s->p);
+            ag__free_data(s->p, s->cap);
         }
         s->p = NULL;
         s->cap = 0;

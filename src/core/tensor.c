@@ -112,7 +112,7 @@ static ag_storage *storage_new(size_t nbytes, bool meta) {
 
 static void storage_release(ag_storage *s) {
     if (s && --s->refcount == 0) {
-        ag__free(s->data);
+        ag__free_data(s->data, s->nbytes);
         ag__free(s);
     }
 }

@@ -183,7 +183,7 @@ static void swap_storage(ag_tensor *t, ag_storage *s) {
     s->refcount++;
     t->storage = s;
     if (old && --old->refcount == 0) {
-        ag__free(old->data);
+        ag__free_data(old->data, old->nbytes);
         ag__free(old);
     }
 }

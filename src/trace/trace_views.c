@@ -38,7 +38,7 @@ void ag__alias_table_free(ag__alias_table *a) {
     for (int64_t i = 0; i < a->n; i++) {
         ag_storage *s = a->e[i].storage;
         if (--s->refcount == 0) {
-            ag__free(s->data);
+            ag__free_data(s->data, s->nbytes);
             ag__free(s);
         }
     }
