@@ -84,7 +84,7 @@ AG_API void ag_clear_error(void);
  * through this hook. alloc must return memory aligned to `align` (a power of two: 64 for tensor
  * data and blocks of 256 bytes or more, 16 for smaller bookkeeping) or NULL; free accepts NULL.
  * The default uses aligned_alloc/free, and keeps freed tensor data of 64 KiB or more in a cache
- * (at most min(1 GiB, a quarter of physical memory)) to hand out again for a request of the
+ * (at most a quarter of physical memory) to hand out again for a request of the
  * same size class (within a quarter above it), so that repeated steps do not fault their memory
  * in again. A hook sees every allocation with the size asked and every free: setting one
  * releases the cache and bypasses it. Set it before creating any tensor; tensors must be freed
