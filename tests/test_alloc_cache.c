@@ -15,16 +15,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define TEST_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define TEST_ASAN 1
-#endif
-#endif
-#ifdef TEST_ASAN
-#include <sanitizer/asan_interface.h>
-#endif
+#include "core/asan.h"
 
 static ag__dcache_stats stats(void) {
     ag__dcache_stats s;
@@ -254,7 +245,7 @@ static void test_hook_bypasses_cache(void **state) {
     ag_allocator_release_cache();
 }
 
-#ifdef TEST_ASAN
+#ifdef AG__ASAN
 /* A cached block is poisoned, so a use after free of tensor data is still reported; a reused
  * one is unpoisoned up to the size asked and poisoned beyond it. */
 static void test_asan_poisons_cached_blocks(void **state) {
@@ -460,7 +451,7 @@ int main(void) {
         cmocka_unit_test(test_cap_holds),
         cmocka_unit_test(test_release_empties),
         cmocka_unit_test(test_hook_bypasses_cache),
-#ifdef TEST_ASAN
+#ifdef AG__ASAN
         cmocka_unit_test(test_asan_poisons_cached_blocks),
 #endif
         cmocka_unit_test(test_threads),

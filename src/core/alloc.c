@@ -42,21 +42,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define AG__ALLOC_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define AG__ALLOC_ASAN 1
-#endif
-#endif
-#ifdef AG__ALLOC_ASAN
-#include <sanitizer/asan_interface.h>
-#define POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
-#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
-#else
-#define POISON(p, n) ((void)(p), (void)(n))
-#define UNPOISON(p, n) ((void)(p), (void)(n))
-#endif
+#include "asan.h"
 
 static void *default_alloc(void *ud, size_t size, size_t align) {
     (void)ud;
@@ -215,7 +201,7 @@ static size_t dc_release_locked(void) {
             dc_slot *s = dc_find(l->v[i]);
             if (s)
                 dc_untrack(s);
-            UNPOISON(l->v[i], bytes);
+            AG__UNPOISON(l->v[i], bytes);
             free(l->v[i]);
         }
         free(l->v);
@@ -282,7 +268,7 @@ size_t ag__data_cache_set_cap(size_t cap) {
             dc_slot *s = dc_find(p);
             if (s)
                 dc_untrack(s);
-            UNPOISON(p, bytes);
+            AG__UNPOISON(p, bytes);
             free(p);
             dc.bytes -= bytes;
             dc.blocks--;
@@ -312,7 +298,7 @@ static void *dc_alloc(size_t size) {
         dc.bytes -= bytes;
         dc.blocks--;
         dc.hits++;
-        UNPOISON(p, size);
+        AG__UNPOISON(p, size);
         pthread_mutex_unlock(&dc.mu);
         return p;
     }
@@ -331,7 +317,7 @@ static void *dc_alloc(size_t size) {
     /* The tail beyond the size asked is poisoned (ASan) so that an overflow is reported; an
      * untracked block goes back to the system without passing the cache's unpoisoning. */
     if (tracked)
-        POISON((char *)p + size, bytes - size);
+        AG__POISON((char *)p + size, bytes - size);
     return p;
 }
 
@@ -401,7 +387,7 @@ void ag__free_data(void *p, size_t size) {
         }
         if (l->n < l->cap) {
             /* Poisoned before another thread can take it and unpoison it. */
-            POISON(p, bytes);
+            AG__POISON(p, bytes);
             l->v[l->n++] = p;
             dc.bytes += bytes;
             dc.blocks++;
@@ -413,7 +399,7 @@ void ag__free_data(void *p, size_t size) {
     }
     dc_untrack(s);
     pthread_mutex_unlock(&dc.mu);
-    UNPOISON(p, bytes);
+    AG__UNPOISON(p, bytes);
     ag__free(p);
 }
 

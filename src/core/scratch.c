@@ -64,23 +64,9 @@
 
 #include <pthread.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#define AG_SCRATCH_ASAN 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define AG_SCRATCH_ASAN 1
-#endif
-#endif
-#ifdef AG_SCRATCH_ASAN
-#include <sanitizer/asan_interface.h>
 /* The part of a block past the size asked for is poisoned, so that a kernel reading or writing
  * beyond its request is caught as if the block were exactly that size. */
-#define SCRATCH_POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
-#define SCRATCH_UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
-#else
-#define SCRATCH_POISON(p, n) ((void)(p), (void)(n))
-#define SCRATCH_UNPOISON(p, n) ((void)(p), (void)(n))
-#endif
+#include "asan.h"
 
 typedef struct scratch_slot {
     void *p;
@@ -97,7 +83,7 @@ static bool exit_key_ok;
 static void release(scratch_slot *s) {
     for (int i = 0; i < AG__SCRATCH_SLOTS; i++) {
         if (s[i].p) {
-            SCRATCH_UNPOISON(s[i].p, s[i].cap);
+            AG__UNPOISON(s[i].p, s[i].cap);
             ag__free_data(s[i].p, s[i].cap);
         }
         s[i].p = NULL;
@@ -148,7 +134,7 @@ void *ag__scratch(int slot, size_t bytes) {
             cap = AG_ALIGN;
         /* Free first: the old contents are not needed, and the peak stays one block. */
         if (s->p) {
-            SCRATCH_UNPOISON(s->p, s->cap);
+            AG__UNPOISON(s->p, s->cap);
             ag__free_data(s->p, s->cap);
         }
         s->p = NULL;
@@ -160,8 +146,8 @@ void *ag__scratch(int slot, size_t bytes) {
         s->p = p;
         s->cap = cap;
     }
-    SCRATCH_UNPOISON(s->p, bytes);
-    SCRATCH_POISON((char *)s->p + bytes, s->cap - bytes);
+    AG__UNPOISON(s->p, bytes);
+    AG__POISON((char *)s->p + bytes, s->cap - bytes);
     return s->p;
 }
 

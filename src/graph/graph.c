@@ -6,6 +6,7 @@
  * here: names are unique; each node's users list holds exactly the nodes whose arguments
  * reference it (with a use count per user); the output node, if any, is last. */
 #include "graph_internal.h"
+#include "../core/asan.h"
 #include "../core/ptrmap.h"
 
 #include <stdatomic.h>
@@ -13,14 +14,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#if defined(__SANITIZE_ADDRESS__)
-#include <sanitizer/asan_interface.h>
-#define POISON(p, n) ASAN_POISON_MEMORY_REGION(p, n)
-#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION(p, n)
-#else
-#define POISON(p, n) ((void)(p), (void)(n))
-#define UNPOISON(p, n) ((void)(p), (void)(n))
-#endif
 
 /* ---- small helpers ---- */
 
@@ -278,7 +271,7 @@ static int arg_uses(ag_node *user, const ag_garg *a, bool add) {
 static ag_node *node_alloc(ag_graph *g) {
     ag_node *n = g->free_nodes;
     if (n) {
-        UNPOISON(n, sizeof *n);
+        AG__UNPOISON(n, sizeof *n);
         g->free_nodes = n->next;
     } else {
         ag__node_block *b = g->blocks;
@@ -314,7 +307,7 @@ static int node_args_reserve(ag_node *n, int count) {
 static void node_release(ag_graph *g, ag_node *n) {
     n->next = g->free_nodes;
     g->free_nodes = n;
-    POISON(n, sizeof *n);
+    AG__POISON(n, sizeof *n);
 }
 
 static int node_set_name(ag_node *n, const char *s) {
@@ -385,7 +378,7 @@ void ag_graph_free(ag_graph *g) {
         node_clear(n);
     for (ag__node_block *b = g->blocks, *next; b; b = next) {
         next = b->next;
-        UNPOISON(b, sizeof *b + sizeof(ag_node) * (size_t)b->cap);
+        AG__UNPOISON(b, sizeof *b + sizeof(ag_node) * (size_t)b->cap);
         ag__free(b);
     }
     ag__strmap_free(&g->names);
