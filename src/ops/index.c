@@ -1211,7 +1211,9 @@ ag_tensor *ag_index(ag_tensor *a, ag_tensor *const *indices, int n) {
  * duplicate positions the LAST write (in B's row-major order) wins, deterministically; with
  * accumulate=True they all add up. */
 
-static int index_put_check(const char *op, const ag_arg *a, bool inplace, ix_plan *p) {
+/* An expanded self of index_put_ is refused by the dispatcher, as for every op that writes
+ * into an argument (optable.c, check_mutated_overlap). */
+static int index_put_check(const char *op, const ag_arg *a, ix_plan *p) {
     const ag_tensor *x = a[0].u.t, *v = a[2].u.t;
     char b1[128], b2[128];
     if (v->dtype != x->dtype)
@@ -1233,19 +1235,12 @@ static int index_put_check(const char *op, const ag_arg *a, bool inplace, ix_pla
                        "indexing result of shape %s", op,
                        ag__fmt_sizes(b1, sizeof b1, v->ndim, v->sizes),
                        ag__fmt_sizes(b2, sizeof b2, p->out_ndim, p->out_sizes));
-    if (inplace)
-        for (int d = 0; d < x->ndim; d++)
-            if (x->strides[d] == 0 && x->sizes[d] > 1)
-                return ag__err(AG_EINVAL,
-                               "%s: unsupported operation: more than one element of the "
-                               "written-to tensor refers to a single memory location (an "
-                               "expanded tensor); clone it first", op);
     return 0;
 }
 
 static int index_put_meta(const ag_arg *a, ag_tmeta *o) {
     ix_plan p;
-    int rc = index_put_check("index_put", a, false, &p);
+    int rc = index_put_check("index_put", a, &p);
     if (rc)
         return rc;
     ag__tmeta_contiguous(o, a[0].u.t->dtype, a[0].u.t->ndim, a[0].u.t->sizes);
@@ -1254,7 +1249,7 @@ static int index_put_meta(const ag_arg *a, ag_tmeta *o) {
 
 static int index_put__meta(const ag_arg *a, ag_tmeta *o) {
     ix_plan p;
-    int rc = index_put_check("index_put_", a, true, &p);
+    int rc = index_put_check("index_put_", a, &p);
     if (rc)
         return rc;
     ag__tmeta_of(a[0].u.t, o);
