@@ -74,6 +74,9 @@ typedef struct ag_storage {
     size_t nbytes;
     uint64_t version;
 } ag_storage;
+/* Drops one reference; at 0 frees the data (ag__free_data with its size) and the struct.
+ * NULL is a no-op. */
+void ag__storage_release(ag_storage *s);
 
 struct ag_anode;
 

@@ -110,7 +110,7 @@ static ag_storage *storage_new(size_t nbytes, bool meta) {
     return s;
 }
 
-static void storage_release(ag_storage *s) {
+void ag__storage_release(ag_storage *s) {
     if (s && --s->refcount == 0) {
         ag__free_data(s->data, s->nbytes);
         ag__free(s);
@@ -200,7 +200,7 @@ void ag__tensor_retain(ag_tensor *t) { t->refcount++; }
 void ag_tensor_free(ag_tensor *t) {
     if (!t || --t->refcount > 0)
         return;
-    storage_release(t->storage);
+    ag__storage_release(t->storage);
     ag_tensor_free(t->base);
     ag__subdata_release(t->sub);
     ag_tensor_free(t->grad);

@@ -115,10 +115,7 @@ int ag__subclass_call(const ag_subclass_type *type, const ag_op *op, const ag_ar
         ag_storage *s = outs[0]->storage;
         outs[0]->storage = full[0].u.t->storage;
         outs[0]->storage->refcount++;
-        if (--s->refcount == 0) {
-            ag__free_data(s->data, s->nbytes);
-            ag__free(s);
-        }
+        ag__storage_release(s);
         outs[0]->is_view = true;
     }
     for (int i = 0; i < op->nargs; i++)

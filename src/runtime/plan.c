@@ -182,10 +182,7 @@ static void swap_storage(ag_tensor *t, ag_storage *s) {
     ag_storage *old = t->storage;
     s->refcount++;
     t->storage = s;
-    if (old && --old->refcount == 0) {
-        ag__free_data(old->data, old->nbytes);
-        ag__free(old);
-    }
+    ag__storage_release(old);
 }
 
 /* An idle handed-out struct (the caller dropped it): clear what the caller may have set and

@@ -35,13 +35,8 @@ ag__alias_table *ag__alias_table_new(void) { return ag__calloc(1, sizeof(ag__ali
 void ag__alias_table_free(ag__alias_table *a) {
     if (!a)
         return;
-    for (int64_t i = 0; i < a->n; i++) {
-        ag_storage *s = a->e[i].storage;
-        if (--s->refcount == 0) {
-            ag__free_data(s->data, s->nbytes);
-            ag__free(s);
-        }
-    }
+    for (int64_t i = 0; i < a->n; i++)
+        ag__storage_release(a->e[i].storage);
     ag__free(a->e);
     ag__free(a);
 }
