@@ -284,32 +284,16 @@ ag_tensor *ag__give(ag_tensor *t) {
 
 /* ---- accessors ---- */
 
-ag_dtype ag_tensor_dtype(const ag_tensor *t) {
-    if (!t)
-        return AG_F32;
-    return t->dtype;
-}
-int ag_tensor_ndim(const ag_tensor *t) {
-    if (!t)
-        return 0;
-    return t->ndim;
-}
+ag_dtype ag_tensor_dtype(const ag_tensor *t) { return t ? t->dtype : AG_F32; }
+int ag_tensor_ndim(const ag_tensor *t) { return t ? t->ndim : 0; }
 const int64_t *ag_tensor_sizes(const ag_tensor *t) {
     return t ? t->sizes : NULL;
 }
 const int64_t *ag_tensor_strides(const ag_tensor *t) {
     return t ? t->strides : NULL;
 }
-int64_t ag_tensor_offset(const ag_tensor *t) {
-    if (!t)
-        return 0;
-    return t->offset;
-}
-int64_t ag_tensor_numel(const ag_tensor *t) {
-    if (!t)
-        return 0;
-    return ag__numel(t->ndim, t->sizes);
-}
+int64_t ag_tensor_offset(const ag_tensor *t) { return t ? t->offset : 0; }
+int64_t ag_tensor_numel(const ag_tensor *t) { return t ? ag__numel(t->ndim, t->sizes) : 0; }
 
 int64_t ag_tensor_size(const ag_tensor *t, int dim) {
     if (!t)
@@ -344,11 +328,7 @@ bool ag_tensor_same_storage(const ag_tensor *a, const ag_tensor *b) {
 
 ag_tensor *ag_tensor_base(const ag_tensor *t) { return t ? t->base : NULL; }
 
-uint64_t ag_tensor_version(const ag_tensor *t) {
-    if (!t)
-        return 0;
-    return t->storage->version;
-}
+uint64_t ag_tensor_version(const ag_tensor *t) { return t ? t->storage->version : 0; }
 void ag_tensor_bump_version(ag_tensor *t) {
     AG__CHECK_NULL_RET("tensor_bump_version", t, );
     t->storage->version++;

@@ -498,11 +498,7 @@ const char *ag_desc_kind_nested_field(ag_desc_kind kind) {
     return kind_ok(kind) ? kinds[kind].nested_field : NULL;
 }
 
-ag_desc_kind ag_desc_kind_of(const ag_desc *d) {
-    if (!d)
-        return (ag_desc_kind)0;
-    return d->kind;
-}
+ag_desc_kind ag_desc_kind_of(const ag_desc *d) { return d ? d->kind : (ag_desc_kind)0; }
 bool ag_desc_is_input(const ag_desc *d) {
     return d && !kinds[d->kind].output;
 }
@@ -524,21 +520,9 @@ const char *ag_desc_attr(const ag_desc *d) {
                : NULL;
 }
 
-int64_t ag_desc_idx(const ag_desc *d) {
-    if (!d)
-        return -1;
-    return d->idx;
-}
-const ag_desc *ag_desc_nested(const ag_desc *d) {
-    if (!d)
-        return NULL;
-    return d->nested;
-}
-int ag_desc_depth(const ag_desc *d) {
-    if (!d)
-        return 0;
-    return d->depth;
-}
+int64_t ag_desc_idx(const ag_desc *d) { return d ? d->idx : -1; }
+const ag_desc *ag_desc_nested(const ag_desc *d) { return d ? d->nested : NULL; }
+int ag_desc_depth(const ag_desc *d) { return d ? d->depth : 0; }
 
 /* Follows SubclassGetAttr descriptors of kind `via` down to what they wrap. */
 static const ag_desc *through_getattr(const ag_desc *d, ag_desc_kind via) {

@@ -49,41 +49,21 @@ struct ag_joint {
 
 /* ---- accessors ---- */
 
-ag_graph *ag_joint_graph(const ag_joint *j) {
-    if (!j)
-        return NULL;
-    return j->g;
-}
-int ag_joint_num_params(const ag_joint *j) {
-    if (!j)
-        return 0;
-    return j->nparams;
-}
+ag_graph *ag_joint_graph(const ag_joint *j) { return j ? j->g : NULL; }
+int ag_joint_num_params(const ag_joint *j) { return j ? j->nparams : 0; }
 const char *ag_joint_param_fqn(const ag_joint *j, int i) {
     if (!j)
         return NULL;
     return i >= 0 && i < j->nparams ? j->params[i] : NULL;
 }
-int ag_joint_num_buffers(const ag_joint *j) {
-    if (!j)
-        return 0;
-    return j->nbuffers;
-}
+int ag_joint_num_buffers(const ag_joint *j) { return j ? j->nbuffers : 0; }
 const char *ag_joint_buffer_fqn(const ag_joint *j, int i) {
     if (!j)
         return NULL;
     return i >= 0 && i < j->nbuffers ? j->buffers[i] : NULL;
 }
-const ag_treespec *ag_joint_in_spec(const ag_joint *j) {
-    if (!j)
-        return NULL;
-    return j->in_spec;
-}
-const ag_treespec *ag_joint_out_spec(const ag_joint *j) {
-    if (!j)
-        return NULL;
-    return j->out_spec;
-}
+const ag_treespec *ag_joint_in_spec(const ag_joint *j) { return j ? j->in_spec : NULL; }
+const ag_treespec *ag_joint_out_spec(const ag_joint *j) { return j ? j->out_spec : NULL; }
 /* Static inputs: the primals of parameters and buffers that are primals of their own (not
  * merged into a base, not removed as duplicates), in primal order, after the effect tokens. */
 static int static_inputs(const ag_joint *j, int want) {
@@ -97,67 +77,35 @@ static int static_inputs(const ag_joint *j, int want) {
     }
     return want < 0 ? n : -1;
 }
-int ag_joint_num_static_inputs(const ag_joint *j) {
-    if (!j)
-        return 0;
-    return static_inputs(j, -1);
-}
+int ag_joint_num_static_inputs(const ag_joint *j) { return j ? static_inputs(j, -1) : 0; }
 ag__subx_info *ag__joint_subclass_info(const ag_joint *j) { return j->subclass; }
 int ag_joint_static_input(const ag_joint *j, int i) {
     if (!j)
         return -1;
     return i >= 0 ? static_inputs(j, i) : -1;
 }
-int ag_joint_num_primals(const ag_joint *j) {
-    if (!j)
-        return 0;
-    return j->nprimals;
-}
-int ag_joint_num_tangents(const ag_joint *j) {
-    if (!j)
-        return 0;
-    return j->ntangents;
-}
+int ag_joint_num_primals(const ag_joint *j) { return j ? j->nprimals : 0; }
+int ag_joint_num_tangents(const ag_joint *j) { return j ? j->ntangents : 0; }
 const ag_input_info *ag_joint_input_info(const ag_joint *j, int i) {
     if (!j)
         return NULL;
     return i >= 0 && i < j->nprimals ? &j->in_info[i] : NULL;
 }
-int ag_joint_num_user_outputs(const ag_joint *j) {
-    if (!j)
-        return 0;
-    return j->nuser_out;
-}
+int ag_joint_num_user_outputs(const ag_joint *j) { return j ? j->nuser_out : 0; }
 const ag_output_info *ag_joint_output_info(const ag_joint *j, int i) {
     if (!j)
         return NULL;
     return i >= 0 && i < j->nuser_out ? &j->out_info[i] : NULL;
 }
-int ag_joint_num_mutated_inputs(const ag_joint *j) {
-    if (!j)
-        return 0;
-    return j->nmutated;
-}
+int ag_joint_num_mutated_inputs(const ag_joint *j) { return j ? j->nmutated : 0; }
 int ag_joint_num_fw_outputs(const ag_joint *j) {
     if (!j)
         return 0;
     return j->nfw_tokens + j->nmutated + j->nuser_out + j->nmetamut + j->ninter + j->rng_fw_out;
 }
-int ag_joint_num_forward_tokens(const ag_joint *j) {
-    if (!j)
-        return 0;
-    return j->nfw_tokens;
-}
-int ag_joint_num_backward_tokens(const ag_joint *j) {
-    if (!j)
-        return 0;
-    return j->nbw_tokens;
-}
-bool ag_joint_needs_autograd(const ag_joint *j) {
-    if (!j)
-        return false;
-    return j->needs_autograd;
-}
+int ag_joint_num_forward_tokens(const ag_joint *j) { return j ? j->nfw_tokens : 0; }
+int ag_joint_num_backward_tokens(const ag_joint *j) { return j ? j->nbw_tokens : 0; }
+bool ag_joint_needs_autograd(const ag_joint *j) { return j ? j->needs_autograd : false; }
 
 void ag_joint_free(ag_joint *j) {
     if (!j)
@@ -832,21 +780,9 @@ done:
 /* ---- aliasing facts ---- */
 
 const ag__joint_alias *ag__joint_alias_of(const ag_joint *j) { return &j->alias; }
-int ag_joint_num_metadata_mutations(const ag_joint *j) {
-    if (!j)
-        return 0;
-    return j->nmetamut;
-}
-int ag_joint_num_intermediate_bases(const ag_joint *j) {
-    if (!j)
-        return 0;
-    return j->ninter;
-}
-int ag_joint_num_flat_inputs(const ag_joint *j) {
-    if (!j)
-        return 0;
-    return j->alias.nflat;
-}
+int ag_joint_num_metadata_mutations(const ag_joint *j) { return j ? j->nmetamut : 0; }
+int ag_joint_num_intermediate_bases(const ag_joint *j) { return j ? j->ninter : 0; }
+int ag_joint_num_flat_inputs(const ag_joint *j) { return j ? j->alias.nflat : 0; }
 int ag_joint_flat_input_primal(const ag_joint *j, int flat) {
     if (!j)
         return -1;

@@ -394,42 +394,14 @@ void ag_graph_free(ag_graph *g) {
     ag__free(g);
 }
 
-int ag_graph_num_nodes(const ag_graph *g) {
-    if (!g)
-        return 0;
-    return (int)g->count;
-}
-ag_node *ag_graph_first(const ag_graph *g) {
-    if (!g)
-        return NULL;
-    return g->first;
-}
-ag_node *ag_graph_last(const ag_graph *g) {
-    if (!g)
-        return NULL;
-    return g->last;
-}
-ag_node *ag_node_next(const ag_node *n) {
-    if (!n)
-        return NULL;
-    return n->next;
-}
-ag_node *ag_node_prev(const ag_node *n) {
-    if (!n)
-        return NULL;
-    return n->prev;
-}
-ag_node *ag_graph_output_node(const ag_graph *g) {
-    if (!g)
-        return NULL;
-    return g->output;
-}
+int ag_graph_num_nodes(const ag_graph *g) { return g ? (int)g->count : 0; }
+ag_node *ag_graph_first(const ag_graph *g) { return g ? g->first : NULL; }
+ag_node *ag_graph_last(const ag_graph *g) { return g ? g->last : NULL; }
+ag_node *ag_node_next(const ag_node *n) { return n ? n->next : NULL; }
+ag_node *ag_node_prev(const ag_node *n) { return n ? n->prev : NULL; }
+ag_node *ag_graph_output_node(const ag_graph *g) { return g ? g->output : NULL; }
 ag_node *ag_graph_find(const ag_graph *g, const char *name) {
-    if (!g)
-        return NULL;
-    if (!name)
-        return NULL;
-    return ag__strmap_get(&g->names, name);
+    return g && name ? ag__strmap_get(&g->names, name) : NULL;
 }
 
 int ag_graph_placeholders(const ag_graph *g_, ag_node ***out) {
@@ -943,26 +915,10 @@ int ag_node_rename(ag_graph *g, ag_node *n, const char *name) {
 
 /* ---- reading ---- */
 
-ag_node_kind ag_node_kind_of(const ag_node *n) {
-    if (!n)
-        return (ag_node_kind)0;
-    return n->kind;
-}
-const char *ag_node_name(const ag_node *n) {
-    if (!n)
-        return NULL;
-    return n->name;
-}
-const ag_op *ag_node_op(const ag_node *n) {
-    if (!n)
-        return NULL;
-    return n->op;
-}
-int ag_node_nargs(const ag_node *n) {
-    if (!n)
-        return 0;
-    return n->nargs;
-}
+ag_node_kind ag_node_kind_of(const ag_node *n) { return n ? n->kind : (ag_node_kind)0; }
+const char *ag_node_name(const ag_node *n) { return n ? n->name : NULL; }
+const ag_op *ag_node_op(const ag_node *n) { return n ? n->op : NULL; }
+int ag_node_nargs(const ag_node *n) { return n ? n->nargs : 0; }
 const ag_garg *ag_node_arg(const ag_node *n, int i) {
     if (!n)
         return NULL;
@@ -973,21 +929,13 @@ ag_node *ag_node_arg_node(const ag_node *n, int i) {
         return NULL;
     return i >= 0 && i < n->nargs && n->args[i].kind == AG_GA_NODE ? n->args[i].u.node : NULL;
 }
-int ag_node_num_users(const ag_node *n) {
-    if (!n)
-        return 0;
-    return n->nusers;
-}
+int ag_node_num_users(const ag_node *n) { return n ? n->nusers : 0; }
 ag_node *ag_node_user(const ag_node *n, int i) {
     if (!n)
         return NULL;
     return i >= 0 && i < n->nusers ? n->users[i].node : NULL;
 }
-int ag_node_num_vals(const ag_node *n) {
-    if (!n)
-        return 0;
-    return n->nvals;
-}
+int ag_node_num_vals(const ag_node *n) { return n ? n->nvals : 0; }
 const ag_tmeta *ag_node_val(const ag_node *n, int i) {
     if (!n)
         return NULL;
@@ -1007,11 +955,7 @@ int ag_node_set_val(ag_node *n, int i, const ag_tmeta *m) {
     n->vals[i] = *m;
     return 0;
 }
-ag_tensor *ag_node_constant(const ag_node *n) {
-    if (!n)
-        return NULL;
-    return n->constant;
-}
+ag_tensor *ag_node_constant(const ag_node *n) { return n ? n->constant : NULL; }
 
 /* ---- metadata ---- */
 
@@ -1131,11 +1075,7 @@ int ag_node_meta_del(ag_node *n, const char *key) {
     AG__CHECK_NULL("node_meta_del", key);
     return entry_del(n->meta, &n->nmeta, key);
 }
-int ag_node_meta_count(const ag_node *n) {
-    if (!n)
-        return 0;
-    return n->nmeta;
-}
+int ag_node_meta_count(const ag_node *n) { return n ? n->nmeta : 0; }
 const char *ag_node_meta_key_at(const ag_node *n, int i, ag_mval *v) {
     if (!n)
         return NULL;
@@ -1260,11 +1200,7 @@ ag_mval ag_node_custom_get(const ag_node *n, const char *key) {
         return (ag_mval){.kind = AG_MV_NONE};
     return entry_get(n->custom, n->ncustom, key);
 }
-int ag_node_custom_count(const ag_node *n) {
-    if (!n)
-        return 0;
-    return n->ncustom;
-}
+int ag_node_custom_count(const ag_node *n) { return n ? n->ncustom : 0; }
 const char *ag_node_custom_key_at(const ag_node *n, int i, ag_mval *v) {
     if (!n)
         return NULL;
@@ -1311,11 +1247,7 @@ int ag_node_set_desc(ag_node *n, ag_desc *d) {
     return 0;
 }
 
-ag_desc *ag_node_desc(const ag_node *n) {
-    if (!n)
-        return NULL;
-    return n->desc;
-}
+ag_desc *ag_node_desc(const ag_node *n) { return n ? n->desc : NULL; }
 
 int ag_node_set_output_descs(ag_node *out, ag_desc *const *descs, int cnt) {
     AG__CHECK_NULL("node_set_output_descs", out);
@@ -1347,11 +1279,7 @@ ag_desc *ag_node_output_desc(const ag_node *out, int i) {
         return NULL;
     return i >= 0 && i < out->nout_descs ? out->out_descs[i] : NULL;
 }
-bool ag_node_has_output_descs(const ag_node *out) {
-    if (!out)
-        return false;
-    return out->has_out_descs;
-}
+bool ag_node_has_output_descs(const ag_node *out) { return out ? out->has_out_descs : false; }
 
 int ag__graph_reserve(ag_graph *g, int64_t nnodes) {
     return ag__strmap_reserve(&g->names, nnodes);

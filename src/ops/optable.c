@@ -397,31 +397,15 @@ const ag_op *ag_op_at(int i) {
     return op;
 }
 
-const char *ag_op_name(const ag_op *op) {
-    if (!op)
-        return NULL;
-    return op->name;
-}
-const ag_opdef *ag_op_def(const ag_op *op) {
-    if (!op)
-        return NULL;
-    return op->def;
-}
-int ag_op_nargs(const ag_op *op) {
-    if (!op)
-        return 0;
-    return op->nargs;
-}
+const char *ag_op_name(const ag_op *op) { return op ? op->name : NULL; }
+const ag_opdef *ag_op_def(const ag_op *op) { return op ? op->def : NULL; }
+int ag_op_nargs(const ag_op *op) { return op ? op->nargs : 0; }
 const ag_schema_arg *ag_op_arg(const ag_op *op, int i) {
     if (!op)
         return NULL;
     return i >= 0 && i < op->nargs ? &op->args[i] : NULL;
 }
-int ag_op_noutputs(const ag_op *op) {
-    if (!op)
-        return 0;
-    return op->noutputs;
-}
+int ag_op_noutputs(const ag_op *op) { return op ? op->noutputs : 0; }
 
 const ag_op *ag_op_register(const ag_opdef *def) {
     load_builtins();

@@ -128,16 +128,8 @@ static void compiled_release(ag_compiled *c) {
 
 void ag_compiled_free(ag_compiled *c) { compiled_release(c); }
 
-const ag_graph *ag_compiled_forward_graph(const ag_compiled *c) {
-    if (!c)
-        return NULL;
-    return c->fw;
-}
-const ag_graph *ag_compiled_backward_graph(const ag_compiled *c) {
-    if (!c)
-        return NULL;
-    return c->bw;
-}
+const ag_graph *ag_compiled_forward_graph(const ag_compiled *c) { return c ? c->fw : NULL; }
+const ag_graph *ag_compiled_backward_graph(const ag_compiled *c) { return c ? c->bw : NULL; }
 const ag_partition_stats *ag_compiled_stats(const ag_compiled *c) {
     return c ? &c->stats : NULL;
 }
