@@ -28,11 +28,6 @@ typedef ag__tcur cur;
 typedef ag__tparser parser;
 typedef ag__tconst centry;
 
-int ag__lx_find_op(const char *name, const ag_op **op) {
-    *op = ag_op_find(name);
-    return 0;
-}
-
 /* `# VAL` after a call: checks it against the vals the graph inferred. */
 static int check_vals(cur *c, ag_node *n) {
     lx_skip_ws(c);
@@ -703,9 +698,7 @@ static int call_line(cur *c, const char *start, const char *name) {
             return rc;
         n = ag_graph_get_attr(P->g, ce->t, name);
     } else {
-        const ag_op *op = NULL;
-        if ((rc = ag__lx_find_op(opname, &op)))
-            return rc;
+        const ag_op *op = ag_op_find(opname);
         if (!op && !strcmp(opname, "with_effects") && (rc = ag__lx_with_effects_op(c, &op)))
             return rc;
         if (!op)

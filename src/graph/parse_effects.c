@@ -44,9 +44,7 @@ int ag__lx_with_effects_op(ag__tcur *c, const ag_op **op) {
     char *opname;
     if ((rc = ag__lx_str(c, &opname)))
         return rc;
-    const ag_op *w;
-    if ((rc = ag__lx_find_op(opname, &w)))
-        return rc;
+    const ag_op *w = ag_op_find(opname);
     if (!w)
         return ag__lx_err(c, at, "with_effects: unknown op '%s'", opname);
     if (!(*op = ag_op_with_effects(w)))

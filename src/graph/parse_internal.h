@@ -89,11 +89,6 @@ int ag__lx_mval(ag__tcur *c, ag_mval *v);
 /* A descriptor repr, or None (*d = NULL); *d is a new reference. */
 int ag__lx_desc(ag__tcur *c, ag_desc **d);
 
-/* parse.c: *op = the registered op of that name, or NULL (0 returned) when there is none;
- * the ops the library registers on first use (the zoo's aotgrad_demo::log_value) are
- * registered here. Returns 0 or a negative status (registration failed). */
-int ag__lx_find_op(const char *name, const ag_op **op);
-
 /* parse_effects.c: the with_effects op of a `with_effects(%token, 'ns::op', ...)` line, found
  * by looking ahead at its first two arguments (the cursor is left where it was). */
 int ag__lx_with_effects_op(ag__tcur *c, const ag_op **op);
