@@ -78,28 +78,7 @@ int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *)
     return real(t, attr, fn, arg);
 }
 
-/* ---- the step: loss = sum_k (0.5 + 0.25 k) sum(out_k), as aotgrad check and bench --zoo ---- */
-
-typedef struct step_ud {
-    ag_module *model;
-} step_ud;
-
-static int step_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
-    step_ud *u = ag_module_ud(m);
-    ag_tensor *o[16] = {0}, *loss = NULL;
-    (void)max_out;
-    ag_scope_begin();
-    int n = ag_module_call(u->model, in, nin, o, 16);
-    for (int k = 0; k < n; k++) {
-        if (!o[k] || !ag_dtype_is_float(ag_tensor_dtype(o[k])))
-            continue;
-        ag_tensor *s = ag_sum_all(ag_mul_scalar(o[k], 0.5 + 0.25 * k));
-        loss = loss ? ag_add(loss, s) : s;
-    }
-    out[0] = ag_tensor_keep(loss);
-    ag_scope_end();
-    return out[0] ? 1 : ag_last_status();
-}
+/* ---- the step: loss = sum_k (0.5 + 0.25 k) sum(out_k) (tu_sum_loss_step) ---- */
 
 typedef struct step_case {
     ag_module *step;
@@ -115,12 +94,8 @@ static void case_open(step_case *sc, const char *name, bool compile) {
     memset(sc, 0, sizeof *sc);
     ag_module *model;
     assert_int_equal(ag_zoo_build(name, NULL, &model, sc->in, 8, &sc->nin), 0);
-    step_ud *u = calloc(1, sizeof *u);
-    assert_non_null(u);
-    u->model = model;
-    sc->step = ag_module_new("TrainStep", step_forward, u, free);
+    sc->step = tu_sum_loss_step(model);
     assert_non_null(sc->step);
-    assert_int_equal(ag_module_add_child(sc->step, "model", model), 0);
     if (compile) {
         sc->j = ag_export_joint(sc->step, sc->in, sc->nin, NULL, NULL, 0, NULL);
         assert_non_null(sc->j);

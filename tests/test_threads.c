@@ -277,24 +277,6 @@ static const job jobs[] = {
 };
 #define NJOBS ((int)(sizeof jobs / sizeof jobs[0]))
 
-/* The step module: loss = sum_k (0.5 + 0.25 k) sum(out_k) over the model's float outputs. */
-static int step_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
-    ag_module *model = ag_module_ud(m);
-    ag_tensor *o[8] = {0}, *loss = NULL;
-    (void)max_out;
-    ag_scope_begin();
-    int n = ag_module_call(model, in, nin, o, 8);
-    for (int k = 0; k < n; k++) {
-        if (!o[k] || !ag_dtype_is_float(ag_tensor_dtype(o[k])))
-            continue;
-        ag_tensor *s = ag_sum_all(ag_mul_scalar(o[k], 0.5 + 0.25 * k));
-        loss = loss ? ag_add(loss, s) : s;
-    }
-    out[0] = ag_tensor_keep(loss);
-    ag_scope_end();
-    return out[0] ? 1 : ag_last_status();
-}
-
 static uint64_t hash_log(int from, int to) {
     uint64_t h = FNV0;
     for (int i = from; i < to; i++) {
@@ -327,9 +309,7 @@ static void run_job(const job *jb, job_out *o) {
         snprintf(o->err, sizeof o->err, "build: %s", ag_last_error());
         goto done;
     }
-    step = ag_module_new("TrainStep", step_forward, model, NULL);
-    if (!step || ag_module_add_child(step, "model", model)) {
-        ag_module_free(model);
+    if (!(step = tu_sum_loss_step(model))) {
         snprintf(o->err, sizeof o->err, "step module: %s", ag_last_error());
         goto done;
     }

@@ -614,3 +614,36 @@ const ag_op *tu_noisy_op(void) {
     const ag_op *op = ag_op_find("testutil::noisy");
     return op ? op : ag_op_register(&noisy_def);
 }
+
+/* ---- tu_sum_loss_step ---- */
+
+static int sum_loss_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
+                            int max_out) {
+    ag_module *model = ag_module_ud(m);
+    ag_tensor *o[16] = {0}, *loss = NULL;
+    (void)max_out;
+    ag_scope_begin();
+    int n = ag_module_call(model, in, nin, o, 16);
+    for (int k = 0; k < n; k++) {
+        if (!o[k] || !ag_dtype_is_float(ag_tensor_dtype(o[k])))
+            continue;
+        ag_tensor *s = ag_sum_all(ag_mul_scalar(o[k], 0.5 + 0.25 * k));
+        loss = loss ? ag_add(loss, s) : s;
+    }
+    out[0] = ag_tensor_keep(loss);
+    ag_scope_end();
+    return out[0] ? 1 : ag_last_status();
+}
+
+ag_module *tu_sum_loss_step(ag_module *model) {
+    ag_module *step = ag_module_new("TrainStep", sum_loss_forward, model, NULL);
+    if (!step) {
+        ag_module_free(model);
+        return NULL;
+    }
+    if (ag_module_add_child(step, "model", model)) { /* frees model on failure */
+        ag_module_free(step);
+        return NULL;
+    }
+    return step;
+}

@@ -116,6 +116,12 @@ const char *tu_outputs_str(const ag_graph *g);
  * 2 (1 + U[0, 1)), a fresh draw of x's size in the backward (registered on first use). */
 const ag_op *tu_noisy_op(void);
 
+/* A "TrainStep" module owning model (child "model") whose forward returns
+ * loss = sum_k (0.5 + 0.25 k) sum(out_k) over the model's float outputs, the loss that
+ * `aotgrad check` and `bench --zoo` use. NULL with the library's error when it cannot be made;
+ * model is freed then. */
+ag_module *tu_sum_loss_step(ag_module *model);
+
 /* ---- building graphs by hand ---- */
 
 /* Contiguous metadata: TM(AG_F32, 4, 3) is f32[4, 3], TM0(AG_F32) a scalar. */
