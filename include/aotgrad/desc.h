@@ -79,6 +79,33 @@ typedef enum ag_desc_kind {
     AG_DESC_NKINDS
 } ag_desc_kind;
 
+/* The sections of a joint's calling convention (ag_joint_layout in export.h), in the order they
+ * come. Every descriptor kind belongs to one; a joint's inputs are its input sections one after
+ * the other, its outputs likewise. Append-only. */
+typedef enum ag_section {
+    AG_SEC_NONE = -1,
+    /* inputs */
+    AG_SEC_IN_FW_TOKENS = 0, /* ForwardTokenAOTInput */
+    AG_SEC_IN_PRIMALS,       /* Param, Buffer, Plain, ViewBase, SyntheticBase, Dummy inputs */
+    AG_SEC_IN_SAVED,         /* a backward graph's saved values (told by position, not kind) */
+    AG_SEC_IN_TANGENTS,      /* TangentAOTInput */
+    AG_SEC_IN_BW_TOKENS,     /* BackwardTokenAOTInput */
+    AG_SEC_IN_FW_RNG,        /* PhiloxForwardSeedAOTInput, PhiloxForwardBaseOffsetAOTInput */
+    AG_SEC_IN_BW_RNG,        /* PhiloxBackwardSeedAOTInput, PhiloxBackwardBaseOffsetAOTInput */
+    /* outputs */
+    AG_SEC_OUT_FW_TOKENS,              /* ForwardTokenAOTOutput */
+    AG_SEC_OUT_MUTATIONS,              /* InputMutationAOTOutput */
+    AG_SEC_OUT_USER,                   /* PlainAOTOutput, DummyAOTOutput */
+    AG_SEC_OUT_METADATA_MUTATIONS,     /* MetadataMutationAOTOutput */
+    AG_SEC_OUT_INTERMEDIATE_BASES,     /* IntermediateBaseAOTOutput */
+    AG_SEC_OUT_FW_RNG_OFFSET,          /* PhiloxUpdatedForwardOffsetAOTOutput */
+    AG_SEC_OUT_SAVED,                  /* SavedForBackwards(NoVcCheck)AOTOutput: a forward graph's */
+    AG_SEC_OUT_GRADS,                  /* GradAOTOutput, or None (an input without a gradient) */
+    AG_SEC_OUT_BW_RNG_OFFSET,          /* PhiloxUpdatedBackwardOffsetAOTOutput */
+    AG_SEC_OUT_BW_TOKENS,              /* BackwardTokenAOTOutput */
+    AG_SEC_COUNT
+} ag_section;
+
 /* Deepest nesting a descriptor may have (a descriptor with no nested one has depth 1). */
 #define AG_DESC_MAX_DEPTH 64
 
@@ -163,6 +190,13 @@ AG_API int ag_desc_depth(const ag_desc *d);
 
 /* ---- predicates, as upstream's (all false for NULL) ---- */
 
+/* The section of a joint's calling convention a descriptor belongs to; subclass descriptors
+ * (SubclassGetAttr/Size/Stride) belong to their base's. NULL: AG_SEC_OUT_GRADS (a None output
+ * is an input's missing gradient). */
+AG_API ag_section ag_desc_section(const ag_desc *d);
+/* "primals", "tangents", "user_outputs", ...; NULL outside the enum. */
+AG_API const char *ag_section_name(ag_section s);
+AG_API bool ag_section_is_input(ag_section s);
 AG_API bool ag_desc_is_param(const ag_desc *d);  /* Param; SubclassGetAttrAOTInput asks its base */
 AG_API bool ag_desc_is_buffer(const ag_desc *d); /* Buffer; SubclassGetAttrAOTInput asks its base */
 AG_API bool

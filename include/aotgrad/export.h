@@ -134,6 +134,35 @@ AG_API ag_graph *ag_joint_graph(const ag_joint *j); /* borrowed */
  * node carries one descriptor per output. */
 AG_API int ag_joint_set_graph(ag_joint *j, ag_graph *g);
 
+/* ---- the calling convention as data ----
+ * A graph's inputs and outputs fall into sections (ag_section in desc.h), told apart by their
+ * descriptors and laid out in the enum's order: inputs are forward tokens, primals, (a backward
+ * graph's saved values), tangents, backward tokens, the forward's and the backward's philox seed
+ * and offset; outputs are forward tokens, input mutations, user outputs, metadata mutations,
+ * intermediate bases, the updated forward philox offset, (a forward graph's saved values),
+ * gradients (one per primal that is not a token, None where it has none), the updated backward
+ * philox offset and backward tokens. Input sections index placeholders, output sections the
+ * output node's arguments. */
+typedef struct ag_range {
+    int start, count;
+} ag_range;
+typedef struct ag_layout {
+    ag_range sec[AG_SEC_COUNT];
+    int ninputs, noutputs;
+} ag_layout;
+
+/* Reads g's layout from its descriptors into *out. The first nsaved placeholders are the saved
+ * section whatever they carry (a partitioned backward's; 0 for a joint or a forward). Fails, with
+ * *out untouched, naming the placeholder without a descriptor or the input or output that comes
+ * after a later section's. */
+AG_API int ag_graph_layout(const ag_graph *g, int nsaved, ag_layout *out);
+AG_API int ag_layout_count(const ag_layout *L, ag_section s); /* 0 for NULL */
+AG_API int ag_layout_start(const ag_layout *L, ag_section s); /* -1 for NULL */
+/* Outputs before the saved values and the gradients (the partitioner's num_fwd_outputs). */
+AG_API int ag_layout_num_fw_outputs(const ag_layout *L);
+/* The joint's layout (borrowed, valid until the joint changes graph or is freed). */
+AG_API const ag_layout *ag_joint_layout(const ag_joint *j);
+
 AG_API int ag_joint_num_params(const ag_joint *j);
 AG_API const char *ag_joint_param_fqn(const ag_joint *j, int i); /* params_spec[i] */
 AG_API int ag_joint_num_buffers(const ag_joint *j);

@@ -46,6 +46,9 @@ typedef struct kind_info {
     /* expr() template: %n the nested expr, %r the string's Python repr, %s the raw string,
      * %d idx; other characters are copied. */
     const char *expr;
+    /* Where in a joint's calling convention it goes; AG_SEC_NONE: where its base goes
+     * (subclass inner tensors). */
+    ag_section section;
 } kind_info;
 
 #define S AG_DESC_HAS_STR
@@ -54,67 +57,67 @@ typedef struct kind_info {
 
 static const kind_info kinds[AG_DESC_NKINDS] = {
     [AG_DESC_PARAM] = {"ParamAOTInput", false, true, S, NULL, "target", NEST_NONE,
-                       "self.get_parameter(%r)"},
+                       "self.get_parameter(%r)", AG_SEC_IN_PRIMALS},
     [AG_DESC_BUFFER] = {"BufferAOTInput", false, true, S, NULL, "target", NEST_NONE,
-                        "self.get_buffer(%r)"},
-    [AG_DESC_PLAIN_INPUT] = {"PlainAOTInput", false, true, I, NULL, NULL, NEST_NONE, "args[%d]"},
-    [AG_DESC_DUMMY_INPUT] = {"DummyAOTInput", false, false, I, NULL, NULL, NEST_NONE, "__dummy%d"},
+                        "self.get_buffer(%r)", AG_SEC_IN_PRIMALS},
+    [AG_DESC_PLAIN_INPUT] = {"PlainAOTInput", false, true, I, NULL, NULL, NEST_NONE, "args[%d]", AG_SEC_IN_PRIMALS},
+    [AG_DESC_DUMMY_INPUT] = {"DummyAOTInput", false, false, I, NULL, NULL, NEST_NONE, "__dummy%d", AG_SEC_IN_PRIMALS},
     [AG_DESC_TANGENT] = {"TangentAOTInput", false, true, N, "output", NULL, NEST_DIFF_OUTPUT,
-                         "__output_tangent(%n)"},
+                         "__output_tangent(%n)", AG_SEC_IN_TANGENTS},
     [AG_DESC_VIEW_BASE] = {"ViewBaseAOTInput", false, true, N, "base_of", NULL, NEST_INPUT,
-                           "%n._base"},
+                           "%n._base", AG_SEC_IN_PRIMALS},
     [AG_DESC_SYNTHETIC_BASE] = {"SyntheticBaseAOTInput", false, true, N, "base_of", NULL,
-                                NEST_INPUT, "__make_synthetic_base(%n)"},
+                                NEST_INPUT, "__make_synthetic_base(%n)", AG_SEC_IN_PRIMALS},
     [AG_DESC_PHILOX_FORWARD_SEED] = {"PhiloxForwardSeedAOTInput", false, false, 0, NULL, NULL,
-                                     NEST_NONE, "__philox_forward_seed"},
+                                     NEST_NONE, "__philox_forward_seed", AG_SEC_IN_FW_RNG},
     [AG_DESC_PHILOX_FORWARD_BASE_OFFSET] = {"PhiloxForwardBaseOffsetAOTInput", false, false, 0,
-                                            NULL, NULL, NEST_NONE, "__philox_forward_base_offset"},
+                                            NULL, NULL, NEST_NONE, "__philox_forward_base_offset", AG_SEC_IN_FW_RNG},
     [AG_DESC_PHILOX_BACKWARD_SEED] = {"PhiloxBackwardSeedAOTInput", false, false, 0, NULL, NULL,
-                                      NEST_NONE, "__philox_backward_seed"},
+                                      NEST_NONE, "__philox_backward_seed", AG_SEC_IN_BW_RNG},
     [AG_DESC_PHILOX_BACKWARD_BASE_OFFSET] = {"PhiloxBackwardBaseOffsetAOTInput", false, false, 0,
                                              NULL, NULL, NEST_NONE,
-                                             "__philox_backward_base_offset"},
+                                             "__philox_backward_base_offset", AG_SEC_IN_BW_RNG},
     [AG_DESC_FORWARD_TOKEN_INPUT] = {"ForwardTokenAOTInput", false, false, I, NULL, NULL, NEST_NONE,
-                                     "__forward_token%d"},
+                                     "__forward_token%d", AG_SEC_IN_FW_TOKENS},
     [AG_DESC_BACKWARD_TOKEN_INPUT] = {"BackwardTokenAOTInput", false, false, I, NULL, NULL,
-                                      NEST_NONE, "__backward_token%d"},
+                                      NEST_NONE, "__backward_token%d", AG_SEC_IN_BW_TOKENS},
     [AG_DESC_SUBCLASS_GETATTR_INPUT] = {"SubclassGetAttrAOTInput", false, false, N | S, "base",
-                                        "attr", NEST_INPUT, "%n.%s"},
+                                        "attr", NEST_INPUT, "%n.%s", AG_SEC_NONE},
     [AG_DESC_SUBCLASS_SIZE_INPUT] = {"SubclassSizeAOTInput", false, false, N | I, "base", NULL,
-                                     NEST_INPUT, "%n.size(%d)"},
+                                     NEST_INPUT, "%n.size(%d)", AG_SEC_NONE},
     [AG_DESC_SUBCLASS_STRIDE_INPUT] = {"SubclassStrideAOTInput", false, false, N | I, "base", NULL,
-                                       NEST_INPUT, "%n.stride(%d)"},
-    [AG_DESC_PLAIN_OUTPUT] = {"PlainAOTOutput", true, true, I, NULL, NULL, NEST_NONE, "output[%d]"},
+                                       NEST_INPUT, "%n.stride(%d)", AG_SEC_NONE},
+    [AG_DESC_PLAIN_OUTPUT] = {"PlainAOTOutput", true, true, I, NULL, NULL, NEST_NONE, "output[%d]", AG_SEC_OUT_USER},
     [AG_DESC_INPUT_MUTATION] = {"InputMutationAOTOutput", true, true, N, "mutated_input", NULL,
-                                NEST_INPUT, "__input_mutation(%n)"},
+                                NEST_INPUT, "__input_mutation(%n)", AG_SEC_OUT_MUTATIONS},
     [AG_DESC_INTERMEDIATE_BASE] = {"IntermediateBaseAOTOutput", true, true, N, "base_of", NULL,
-                                   NEST_OUTPUT, "__intermediate_base(%n)"},
+                                   NEST_OUTPUT, "__intermediate_base(%n)", AG_SEC_OUT_INTERMEDIATE_BASES},
     [AG_DESC_METADATA_MUTATION] = {"MetadataMutationAOTOutput", true, true, I, NULL, NULL,
-                                   NEST_NONE, "__aliased_arg_with_metadata_mutation%d"},
+                                   NEST_NONE, "__aliased_arg_with_metadata_mutation%d", AG_SEC_OUT_METADATA_MUTATIONS},
     [AG_DESC_GRAD] = {"GradAOTOutput", true, true, N, "grad_of", NULL, NEST_DIFF_INPUT,
-                      "__grad(%n)"},
+                      "__grad(%n)", AG_SEC_OUT_GRADS},
     [AG_DESC_PHILOX_UPDATED_FORWARD_OFFSET] = {"PhiloxUpdatedForwardOffsetAOTOutput", true, false,
                                                0, NULL, NULL, NEST_NONE,
-                                               "__philox_updated_forward_offset"},
+                                               "__philox_updated_forward_offset", AG_SEC_OUT_FW_RNG_OFFSET},
     [AG_DESC_PHILOX_UPDATED_BACKWARD_OFFSET] = {"PhiloxUpdatedBackwardOffsetAOTOutput", true, false,
                                                 0, NULL, NULL, NEST_NONE,
-                                                "__philox_updated_backward_offset"},
+                                                "__philox_updated_backward_offset", AG_SEC_OUT_BW_RNG_OFFSET},
     [AG_DESC_FORWARD_TOKEN_OUTPUT] = {"ForwardTokenAOTOutput", true, false, I, NULL, NULL,
-                                      NEST_NONE, "__forward_token%d"},
+                                      NEST_NONE, "__forward_token%d", AG_SEC_OUT_FW_TOKENS},
     [AG_DESC_BACKWARD_TOKEN_OUTPUT] = {"BackwardTokenAOTOutput", true, false, I, NULL, NULL,
-                                       NEST_NONE, "__backward_token%d"},
+                                       NEST_NONE, "__backward_token%d", AG_SEC_OUT_BW_TOKENS},
     [AG_DESC_SUBCLASS_GETATTR_OUTPUT] = {"SubclassGetAttrAOTOutput", true, false, N | S, "base",
-                                         "attr", NEST_OUTPUT, "%n.%s"},
+                                         "attr", NEST_OUTPUT, "%n.%s", AG_SEC_NONE},
     [AG_DESC_SUBCLASS_SIZE_OUTPUT] = {"SubclassSizeAOTOutput", true, false, N | I, "base", NULL,
-                                      NEST_OUTPUT, "%n.size(%d)"},
+                                      NEST_OUTPUT, "%n.size(%d)", AG_SEC_NONE},
     [AG_DESC_SUBCLASS_STRIDE_OUTPUT] = {"SubclassStrideAOTOutput", true, false, N | I, "base", NULL,
-                                        NEST_OUTPUT, "%n.stride(%d)"},
-    [AG_DESC_DUMMY_OUTPUT] = {"DummyAOTOutput", true, false, I, NULL, NULL, NEST_NONE, "__dummy%d"},
+                                        NEST_OUTPUT, "%n.stride(%d)", AG_SEC_NONE},
+    [AG_DESC_DUMMY_OUTPUT] = {"DummyAOTOutput", true, false, I, NULL, NULL, NEST_NONE, "__dummy%d", AG_SEC_OUT_USER},
     [AG_DESC_SAVED_FOR_BACKWARDS] = {"SavedForBackwardsAOTOutput", true, false, I, NULL, NULL,
-                                     NEST_NONE, "__saved_for_backwards_%d"},
+                                     NEST_NONE, "__saved_for_backwards_%d", AG_SEC_OUT_SAVED},
     [AG_DESC_SAVED_FOR_BACKWARDS_NO_VC_CHECK] = {"SavedForBackwardsNoVcCheckAOTOutput", true, false,
                                                  I, NULL, NULL, NEST_NONE,
-                                                 "__saved_for_backwards_no_vc_check_%d"},
+                                                 "__saved_for_backwards_no_vc_check_%d", AG_SEC_OUT_SAVED},
 };
 
 #undef S
@@ -530,6 +533,37 @@ static const ag_desc *through_getattr(const ag_desc *d, ag_desc_kind via) {
         d = d->nested;
     return d;
 }
+
+ag_section ag_desc_section(const ag_desc *d) {
+    while (d && kinds[d->kind].section == AG_SEC_NONE)
+        d = d->nested;
+    return d ? kinds[d->kind].section : AG_SEC_OUT_GRADS;
+}
+
+static const char *const section_names[AG_SEC_COUNT] = {
+    [AG_SEC_IN_FW_TOKENS] = "forward_tokens",
+    [AG_SEC_IN_PRIMALS] = "primals",
+    [AG_SEC_IN_SAVED] = "saved",
+    [AG_SEC_IN_TANGENTS] = "tangents",
+    [AG_SEC_IN_BW_TOKENS] = "backward_tokens",
+    [AG_SEC_IN_FW_RNG] = "forward_philox",
+    [AG_SEC_IN_BW_RNG] = "backward_philox",
+    [AG_SEC_OUT_FW_TOKENS] = "forward_token_outputs",
+    [AG_SEC_OUT_MUTATIONS] = "input_mutations",
+    [AG_SEC_OUT_USER] = "user_outputs",
+    [AG_SEC_OUT_METADATA_MUTATIONS] = "metadata_mutations",
+    [AG_SEC_OUT_INTERMEDIATE_BASES] = "intermediate_bases",
+    [AG_SEC_OUT_FW_RNG_OFFSET] = "forward_philox_offset",
+    [AG_SEC_OUT_SAVED] = "saved_for_backwards",
+    [AG_SEC_OUT_GRADS] = "grads",
+    [AG_SEC_OUT_BW_RNG_OFFSET] = "backward_philox_offset",
+    [AG_SEC_OUT_BW_TOKENS] = "backward_token_outputs",
+};
+
+const char *ag_section_name(ag_section s) {
+    return (unsigned)s < AG_SEC_COUNT ? section_names[s] : NULL;
+}
+bool ag_section_is_input(ag_section s) { return s >= 0 && s < AG_SEC_OUT_FW_TOKENS; }
 
 bool ag_desc_is_param(const ag_desc *d) {
     d = through_getattr(d, AG_DESC_SUBCLASS_GETATTR_INPUT);

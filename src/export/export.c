@@ -24,6 +24,7 @@
 
 struct ag_joint {
     ag_graph *g;
+    ag_layout layout; /* read from g's descriptors (layout.c) whenever g is set */
     char **params, **buffers;
     int nparams, nbuffers;
     ag_treespec *in_spec, *out_spec;
@@ -84,27 +85,27 @@ int ag_joint_static_input(const ag_joint *j, int i) {
         return -1;
     return i >= 0 ? static_inputs(j, i) : -1;
 }
-int ag_joint_num_primals(const ag_joint *j) { return j ? j->nprimals : 0; }
-int ag_joint_num_tangents(const ag_joint *j) { return j ? j->ntangents : 0; }
+static int count(const ag_joint *j, ag_section s) { return j ? j->layout.sec[s].count : 0; }
+const ag_layout *ag_joint_layout(const ag_joint *j) { return j ? &j->layout : NULL; }
+int ag_joint_num_primals(const ag_joint *j) {
+    return count(j, AG_SEC_IN_FW_TOKENS) + count(j, AG_SEC_IN_PRIMALS);
+}
+int ag_joint_num_tangents(const ag_joint *j) { return count(j, AG_SEC_IN_TANGENTS); }
 const ag_input_info *ag_joint_input_info(const ag_joint *j, int i) {
     if (!j)
         return NULL;
     return i >= 0 && i < j->nprimals ? &j->in_info[i] : NULL;
 }
-int ag_joint_num_user_outputs(const ag_joint *j) { return j ? j->nuser_out : 0; }
+int ag_joint_num_user_outputs(const ag_joint *j) { return count(j, AG_SEC_OUT_USER); }
 const ag_output_info *ag_joint_output_info(const ag_joint *j, int i) {
     if (!j)
         return NULL;
     return i >= 0 && i < j->nuser_out ? &j->out_info[i] : NULL;
 }
-int ag_joint_num_mutated_inputs(const ag_joint *j) { return j ? j->nmutated : 0; }
-int ag_joint_num_fw_outputs(const ag_joint *j) {
-    if (!j)
-        return 0;
-    return j->nfw_tokens + j->nmutated + j->nuser_out + j->nmetamut + j->ninter + j->rng_fw_out;
-}
-int ag_joint_num_forward_tokens(const ag_joint *j) { return j ? j->nfw_tokens : 0; }
-int ag_joint_num_backward_tokens(const ag_joint *j) { return j ? j->nbw_tokens : 0; }
+int ag_joint_num_mutated_inputs(const ag_joint *j) { return count(j, AG_SEC_OUT_MUTATIONS); }
+int ag_joint_num_fw_outputs(const ag_joint *j) { return j ? ag_layout_num_fw_outputs(&j->layout) : 0; }
+int ag_joint_num_forward_tokens(const ag_joint *j) { return count(j, AG_SEC_IN_FW_TOKENS); }
+int ag_joint_num_backward_tokens(const ag_joint *j) { return count(j, AG_SEC_IN_BW_TOKENS); }
 bool ag_joint_needs_autograd(const ag_joint *j) { return j ? j->needs_autograd : false; }
 
 void ag_joint_free(ag_joint *j) {
@@ -183,7 +184,7 @@ int ag_joint_set_graph(ag_joint *j, ag_graph *g) {
     }
     ag_graph_free(j->g);
     j->g = g;
-    return 0;
+    return ag_graph_layout(g, 0, &j->layout); /* the same sections: the descriptors are */
 }
 
 /* ---- building ---- */
@@ -615,6 +616,8 @@ static ag_joint *export_pass(const export_in *in) {
         goto fail;
     if (j->needs_autograd && copy_fwd_metadata(j->g))
         goto fail;
+    if (ag_graph_layout(j->g, 0, &j->layout))
+        goto fail;
     if (ag_graph_dce(j->g) < 0)
         goto fail;
     if (in->o->decompositions) {
@@ -780,8 +783,8 @@ done:
 /* ---- aliasing facts ---- */
 
 const ag__joint_alias *ag__joint_alias_of(const ag_joint *j) { return &j->alias; }
-int ag_joint_num_metadata_mutations(const ag_joint *j) { return j ? j->nmetamut : 0; }
-int ag_joint_num_intermediate_bases(const ag_joint *j) { return j ? j->ninter : 0; }
+int ag_joint_num_metadata_mutations(const ag_joint *j) { return count(j, AG_SEC_OUT_METADATA_MUTATIONS); }
+int ag_joint_num_intermediate_bases(const ag_joint *j) { return count(j, AG_SEC_OUT_INTERMEDIATE_BASES); }
 int ag_joint_num_flat_inputs(const ag_joint *j) { return j ? j->alias.nflat : 0; }
 int ag_joint_flat_input_primal(const ag_joint *j, int flat) {
     if (!j)
