@@ -477,8 +477,8 @@ static void test_wrappers_allocate_nothing_warm(void **st) {
     ag_compiled *c = ag_compile_joint(j, NULL);
     assert_non_null(c);
     const ag_graph *fw = ag_compiled_forward_graph(c);
-    ag_plan *p = ag_plan_new(fw, NULL);
-    assert_non_null(p);
+    ag_runnable r;
+    assert_int_equal(ag_compiler_plan(fw, NULL, &r), 0);
     ag_named_tensors ps;
     assert_int_equal(ag_module_named_parameters(m, false, &ps), 0);
     ag_tensor *flat[8], *prim[8], *outs[16];
@@ -492,7 +492,7 @@ static void test_wrappers_allocate_nothing_warm(void **st) {
     int64_t calls[2];
     for (int run = 0; run < 2; run++) {
         tu_alloc_count_begin();
-        int n = ag__effect_tokens_run(&e, fw, p, 1, false, prim + 1, np - 1, outs, 16);
+        int n = ag__effect_tokens_run(&e, fw, &r, 1, prim + 1, np - 1, outs, 16);
         calls[run] = tu_alloc_count_end();
         assert_true(n > 0);
         for (int k = 0; k < n; k++)
@@ -504,7 +504,7 @@ static void test_wrappers_allocate_nothing_warm(void **st) {
     for (int i = 0; i < np; i++)
         ag_tensor_free(prim[i]);
     ag_named_tensors_free(&ps);
-    ag_plan_free(p);
+    r.destroy(r.self);
     ag_compiled_free(c);
     ag_joint_free(j);
     ag_module_free(m);

@@ -88,12 +88,58 @@ AG_API int ag_plan_run(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_ten
 AG_API int64_t ag_plan_peak_bytes(const ag_plan *p);
 AG_API int64_t ag_plan_output_bytes(const ag_plan *p);
 
+/* ---- compilers: a graph in, a runnable out (upstream's fw_compiler / bw_compiler) ---- */
+
+/* Something that runs one graph: run() binds in[i] to the graph's placeholder i and stores the
+ * outputs (new references, NULL for None) in outs, returning their count or a negative status
+ * with a message; destroy() (may be NULL) frees self. The compiled callable calls run() from one
+ * thread at a time, with grad mode off, inside an autorelease scope (outputs may be owned by
+ * it, as ag_plan_run's are). */
+typedef struct ag_runnable {
+    int (*run)(void *self, ag_tensor *const *in, int nin, ag_tensor **outs, int max_out);
+    void (*destroy)(void *self);
+    /* Bytes of intermediates it holds between runs, or -1 when unknown; may be NULL. */
+    int64_t (*peak_bytes)(const void *self);
+    void *self;
+} ag_runnable;
+
+/* A compiler: fills *out with a runnable for g, or returns a negative status. g is borrowed and
+ * outlives the runnable (the compiled callable keeps it); the compiler may rewrite nothing in it
+ * (copy it to transform it). user is the pointer given with the compiler in ag_compile_opts. */
+typedef int (*ag_compiler_fn)(const ag_graph *g, void *user, ag_runnable *out);
+
+/* The two built-in compilers. The planned executor: user is a const ag_plan_opts * or NULL
+ * (defaults). The interpreter (ag_graph_run): user is ignored. */
+AG_API int ag_compiler_plan(const ag_graph *g, void *user, ag_runnable *out);
+AG_API int ag_compiler_interpreter(const ag_graph *g, void *user, ag_runnable *out);
+
+/* A partitioner: splits joint, whose first num_fwd_outputs outputs are the forward's, into new
+ * graphs *fw and *bw (the caller takes them) following ag_partition's contract (see the top of
+ * this header): forward (primals...) -> (fw outputs..., saved...) with the saved outputs
+ * described SavedForBackwardsAOTOutput(i), backward (saved..., tangents...) -> (grads...). */
+typedef int (*ag_partition_fn)(const ag_graph *joint, int num_fwd_outputs, void *user,
+                               ag_graph **fw, ag_graph **bw);
+
 /* ---- compiling a joint ---- */
 
+/* Zero-initialized, or NULL: upstream's default partitioner (save what the backward uses), both
+ * halves run by the planned executor. */
 typedef struct ag_compile_opts {
     ag_partition_opts partition;
     ag_plan_opts plan;
     bool interpret; /* run the partitioned graphs with the interpreter instead of plans */
+    /* Hooks. A compiler left NULL is the planned executor with `plan` (the interpreter when
+     * `interpret`); a partition_fn left NULL is ag_partition with `partition`. */
+    ag_compiler_fn fw_compiler, bw_compiler;
+    void *fw_compiler_user, *bw_compiler_user;
+    ag_partition_fn partition_fn;
+    void *partition_user;
+    /* A pair partitioned elsewhere (both or neither; borrowed, copied): used as the forward and
+     * backward instead of partitioning. They must follow ag_partition's contract for this joint:
+     * the forward returns the joint's forward outputs then the saved values, the backward takes
+     * the saved values then the joint's tangents (and tokens, philox inputs) and returns the
+     * gradients. */
+    const ag_graph *fw_graph, *bw_graph;
 } ag_compile_opts;
 
 /* A differentiable callable made from a joint. It keeps per-call state (arrays, buffers of its

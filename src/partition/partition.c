@@ -244,12 +244,17 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
         if (mb.kind == AG_MV_FLOAT && P->meta_budget < 0)
             P->meta_budget = mb.u.f;
         if (pi->kind == AG_NODE_PLACEHOLDER) {
-            /* Backward inputs: tangents and the backward's philox seed and offset, told by name
-             * as upstream does; other placeholders (primals, the forward's philox seed and
-             * offset) are forward inputs. */
+            /* Backward inputs: tangents, backward tokens and the backward's philox seed and
+             * offset, told by their descriptors' sections; other placeholders (primals, the
+             * forward's tokens and philox inputs) are forward inputs. A graph built without
+             * descriptors is read by upstream's naming rule. */
+            const ag_desc *pd = ag_node_desc(n);
+            ag_section sec = pd ? ag_desc_section(pd) : AG_SEC_NONE;
             const char *nm = ag_node_name(n);
-            pi->tangent = strstr(nm, "tangents") || strstr(nm, "bwd_seed") ||
-                          strstr(nm, "bwd_base_offset");
+            pi->tangent = pd ? sec == AG_SEC_IN_TANGENTS || sec == AG_SEC_IN_BW_TOKENS ||
+                                   sec == AG_SEC_IN_BW_RNG
+                             : strstr(nm, "tangents") || strstr(nm, "bwd_seed") ||
+                                   strstr(nm, "bwd_base_offset");
             pi->primal = !pi->tangent;
             if (pi->primal)
                 P->primals[P->nprimals++] = i;

@@ -63,9 +63,11 @@ static void bw_state_destroy(bw_state *s);
 struct ag_compiled {
     int64_t refcount; /* the callable and every pending backward node hold one */
     ag_graph *fw, *bw;
-    ag_plan *fw_plan, *bw_plan;
-    bool interpret;
+    ag_runnable fw_run, bw_run; /* what the forward and backward compilers made of them */
+    ag_plan_opts plan_opts;     /* the built-in planned executor's options */
     ag_partition_stats stats;
+    /* The joint's calling convention (its layout) and the counts the call uses most. */
+    ag_layout jl;
     int nprimals, nmutated, nuser, nsaved, ntangents;
     bool needs_autograd;
     ag_input_info *in_info; /* per primal */
@@ -73,8 +75,8 @@ struct ag_compiled {
     ag_tmeta *in_meta;      /* expected dtype and shape per primal */
     int *tangent_of;        /* the autograd-node output each tangent belongs to */
     int *saved_primal;      /* for each saved value: the primal it is, or -1 */
-    bool *grad_out;         /* the backward graph's output i is a gradient (of primal i) */
-    bool *out_diff;         /* per autograd-node output: carries a gradient */
+    bool *grad_out;         /* primal i has a gradient among the backward's outputs */
+    bool *out_diff;         /* per autograd-node output: carries a gradient (has a tangent) */
     int ntok_fw, ntok_bw;   /* effect tokens, fed and dropped by run_graph (effects.c) */
     /* Philox inputs and output of each graph (rng_wrap.c), as positions in the arrays the
      * callable passes to run_graph (effect tokens excluded). */
@@ -85,10 +87,9 @@ struct ag_compiled {
     ag__joint_alias alias;
     int nflat, nmetamut, ninter, nnode;
     int *node_of_user;      /* per user output: its autograd-node output, or -1 */
-    ag_tmeta *fw_out_meta;  /* per forward output (before saved values): its geometry */
-    /* Tensor subclasses (subclass.c): the backward graph's output that is each primal's
-     * gradient, or -1 (found by descriptor: an input without a gradient has one None however
-     * many primals it flattened into), and the structures to unwrap and rewrap, or NULL. */
+    ag_tmeta *fw_out_meta;  /* per forward output (tokens excluded): its geometry */
+    /* The backward graph's output that is each primal's gradient, or -1, found by descriptor,
+     * and the tensor subclass structures to unwrap and rewrap (subclass.c), or NULL. */
     int *grad_slot;
     int nbw_grads;
     ag__subx_info *sub;
@@ -97,11 +98,23 @@ struct ag_compiled {
     bw_state *spare_bw;         /* a released backward node's state, for the next call */
 };
 
+/* Where output i of section s of the joint is among the forward's outputs as run_graph returns
+ * them (effect tokens, the first section, dropped). */
+static int fw_at(const ag_compiled *c, ag_section s, int i) {
+    return c->jl.sec[s].start - c->ntok_fw + i;
+}
+
+static void runnable_clear(ag_runnable *r) {
+    if (r->destroy)
+        r->destroy(r->self);
+    *r = (ag_runnable){0};
+}
+
 static void compiled_release(ag_compiled *c) {
     if (!c || --c->refcount > 0)
         return;
-    ag_plan_free(c->fw_plan);
-    ag_plan_free(c->bw_plan);
+    runnable_clear(&c->fw_run);
+    runnable_clear(&c->bw_run);
     ag_graph_free(c->fw);
     ag_graph_free(c->bw);
     ag__free(c->in_info);
@@ -136,47 +149,100 @@ const ag_partition_stats *ag_compiled_stats(const ag_compiled *c) {
 int64_t ag_compiled_peak_bytes(const ag_compiled *c, bool backward) {
     if (!c)
         return 0;
-    const ag_plan *p = backward ? c->bw_plan : c->fw_plan;
-    return p ? ag_plan_peak_bytes(p) : -1;
+    const ag_runnable *r = backward ? &c->bw_run : &c->fw_run;
+    return r->run && r->peak_bytes ? r->peak_bytes(r->self) : -1;
 }
 
 static int run_graph(ag_compiled *c, bool backward, ag_tensor *const *in, int nin,
                      ag_tensor **outs, int max_out) {
+    const ag_runnable *r = backward ? &c->bw_run : &c->fw_run;
     int ntok = backward ? c->ntok_bw : c->ntok_fw;
     if (ntok)
-        return ag__effect_tokens_run(backward ? &c->eff_bw : &c->eff_fw,
-                                     backward ? c->bw : c->fw,
-                                     c->interpret ? NULL : backward ? c->bw_plan : c->fw_plan, ntok,
-                                     backward, in, nin, outs, max_out);
-    if (c->interpret)
-        return ag_graph_run(backward ? c->bw : c->fw, in, nin, outs, max_out);
-    return ag_plan_run(backward ? c->bw_plan : c->fw_plan, in, nin, outs, max_out);
+        return ag__effect_tokens_run(backward ? &c->eff_bw : &c->eff_fw, backward ? c->bw : c->fw,
+                                     r, ntok, in, nin, outs, max_out);
+    return r->run(r->self, in, nin, outs, max_out);
 }
 
-ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts) {
-    AG__CHECK_NULL_RET("compile_joint", j, NULL);
-    ag_compile_opts o = {0};
-    o.partition.memory_budget = 1.0;
-    if (opts)
-        o = *opts;
-    ag_compiled *c = ag__calloc(1, sizeof *c);
-    if (!c)
+/* ---- compiling: read the joint's convention, split it, read the halves, compile them ---- */
+
+/* The output descriptor a tangent belongs to: TangentAOTInput(output=X) -> X, and
+ * SubclassGetAttrAOTInput(base=T, attr) -> SubclassGetAttrAOTOutput(base=<T's>, attr). NULL
+ * (no error set) for any other descriptor; NULL with AG_ENOMEM set when out of memory. */
+static ag_desc *output_of_tangent(const ag_desc *d) {
+    if (ag_desc_kind_of(d) == AG_DESC_TANGENT)
+        return ag_desc_retain(ag_desc_nested(d));
+    if (ag_desc_kind_of(d) != AG_DESC_SUBCLASS_GETATTR_INPUT)
         return NULL;
-    c->refcount = 1;
-    c->interpret = o.interpret;
-    /* The graph's primals after the forward effect tokens (which run_graph feeds). */
-    c->ntok_fw = ag_joint_num_forward_tokens(j);
-    c->ntok_bw = ag_joint_num_backward_tokens(j);
-    c->nprimals = ag_joint_num_primals(j) - c->ntok_fw;
-    c->nmutated = ag_joint_num_mutated_inputs(j);
-    c->nuser = ag_joint_num_user_outputs(j);
-    c->ntangents = ag_joint_num_tangents(j);
+    ag_desc *base = output_of_tangent(ag_desc_nested(d));
+    ag_desc *r = base ? ag_desc_subclass_getattr_output(base, ag_desc_attr(d)) : NULL;
+    ag_desc_release(base);
+    return r;
+}
+
+/* The primal descriptor whose gradient output d describes: GradAOTOutput(X) -> X, and
+ * SubclassGetAttrAOTOutput(base=B, attr) -> SubclassGetAttrAOTInput(base=<B's>, attr). */
+static ag_desc *primal_of_grad(const ag_desc *d) {
+    if (ag_desc_kind_of(d) == AG_DESC_GRAD)
+        return ag_desc_retain(ag_desc_nested(d));
+    if (ag_desc_kind_of(d) != AG_DESC_SUBCLASS_GETATTR_OUTPUT)
+        return NULL;
+    ag_desc *base = primal_of_grad(ag_desc_nested(d));
+    ag_desc *r = base ? ag_desc_subclass_getattr_input(base, ag_desc_attr(d)) : NULL;
+    ag_desc_release(base);
+    return r;
+}
+
+/* The position among outputs [from, to) of out whose descriptor is d, or -1. */
+static int find_output(const ag_node *out, int from, int to, const ag_desc *d) {
+    for (int k = from; k < to; k++)
+        if (ag_desc_equal(ag_node_output_desc(out, k), d))
+            return k;
+    return -1;
+}
+
+/* Each tangent's autograd-node output, by descriptor: the tangent of a user output that aliases
+ * nothing, or of an intermediate base. An output without a tangent carries no gradient. */
+static int read_tangents(ag_compiled *c, const ag_graph *g, ag_node *const *ph) {
+    ag_node *gout = ag_graph_output_node(g);
+    const ag_range *u = &c->jl.sec[AG_SEC_OUT_USER], *ib = &c->jl.sec[AG_SEC_OUT_INTERMEDIATE_BASES];
+    for (int t = 0; t < c->ntangents; t++) {
+        const ag_node *tp = ph[c->jl.sec[AG_SEC_IN_TANGENTS].start + t];
+        ag_desc *od = output_of_tangent(ag_node_desc(tp));
+        int k = od ? find_output(gout, u->start, ib->start + ib->count, od) : -1;
+        int node = -1;
+        if (k >= u->start && k < u->start + u->count)
+            node = c->node_of_user[k - u->start];
+        else if (k >= ib->start)
+            node = c->nnode - c->ninter + (k - ib->start);
+        ag_desc_release(od);
+        if (node < 0)
+            return ag_last_status() == AG_ENOMEM
+                       ? AG_ENOMEM
+                       : ag__err(AG_EINVAL, "compile: tangent %s is the tangent of no "
+                                            "differentiable output of the joint",
+                                 ag_node_name(tp));
+        c->tangent_of[t] = node;
+        c->out_diff[node] = true;
+    }
+    return 0;
+}
+
+/* The joint's facts the call needs, from its layout and descriptors. */
+static int read_joint(ag_compiled *c, const ag_joint *j) {
+    const ag_layout *L = ag_joint_layout(j);
+    c->jl = *L;
+    c->ntok_fw = ag_layout_count(L, AG_SEC_IN_FW_TOKENS);
+    c->ntok_bw = ag_layout_count(L, AG_SEC_IN_BW_TOKENS);
+    c->nprimals = ag_layout_count(L, AG_SEC_IN_PRIMALS);
+    c->ntangents = ag_layout_count(L, AG_SEC_IN_TANGENTS);
+    c->nmutated = ag_layout_count(L, AG_SEC_OUT_MUTATIONS);
+    c->nuser = ag_layout_count(L, AG_SEC_OUT_USER);
+    c->nmetamut = ag_layout_count(L, AG_SEC_OUT_METADATA_MUTATIONS);
+    c->ninter = ag_layout_count(L, AG_SEC_OUT_INTERMEDIATE_BASES);
     c->needs_autograd = ag_joint_needs_autograd(j);
     c->nflat = ag_joint_num_flat_inputs(j);
-    c->nmetamut = ag_joint_num_metadata_mutations(j);
-    c->ninter = ag_joint_num_intermediate_bases(j);
     int np = c->nprimals ? c->nprimals : 1, nu = c->nuser ? c->nuser : 1;
-    int nfwo = ag_joint_num_fw_outputs(j) - c->ntok_fw; /* forward outputs after the tokens */
+    int nfwo = ag_layout_num_fw_outputs(L) - c->ntok_fw;
     c->in_info = ag__calloc((size_t)np, sizeof *c->in_info);
     c->in_meta = ag__calloc((size_t)np, sizeof *c->in_meta);
     c->out_info = ag__calloc((size_t)nu, sizeof *c->out_info);
@@ -190,117 +256,196 @@ ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts) {
     if (!c->in_info || !c->in_meta || !c->out_info || !c->out_diff || !c->tangent_of ||
         !c->grad_out || !c->node_of_user || !c->fw_out_meta || !c->grad_slot ||
         ag__joint_alias_copy(&c->alias, ag__joint_alias_of(j)))
-        goto fail;
+        return AG_ENOMEM;
     const ag_graph *g = ag_joint_graph(j);
     ag_node **ph;
-    int nph = ag_graph_placeholders(g, &ph);
-    if (nph < 0)
-        goto fail;
+    if (ag_graph_placeholders(g, &ph) < 0)
+        return ag_last_status();
+    int p0 = L->sec[AG_SEC_IN_PRIMALS].start;
     for (int i = 0; i < c->nprimals; i++) {
-        c->in_info[i] = *ag_joint_input_info(j, c->ntok_fw + i);
-        c->in_meta[i] = *ag_node_val(ph[c->ntok_fw + i], 0);
+        c->in_info[i] = *ag_joint_input_info(j, p0 + i);
+        c->in_meta[i] = *ag_node_val(ph[p0 + i], 0);
     }
-    int nt = 0;
     ag_node *gout = ag_graph_output_node(g);
     for (int k = 0; k < nfwo; k++) {
         ag_node *on = ag_node_arg(gout, 0)->u.nodes[c->ntok_fw + k];
         if (on)
             c->fw_out_meta[k] = *ag_node_val(on, 0);
     }
+    /* The autograd node's outputs: user outputs that alias nothing (the others are regenerated
+     * from their base), then the intermediate bases. */
     for (int k = 0; k < c->nuser; k++) {
         c->out_info[k] = *ag_joint_output_info(j, k);
-        /* An output gets a tangent (and so carries a gradient) exactly as the export decided;
-         * outputs aliasing an input or an intermediate are regenerated instead. */
-        const ag_output_info *oi = &c->out_info[k];
-        c->node_of_user[k] = -1;
-        if (oi->alias != AG_OUT_NON_ALIAS && oi->alias != AG_OUT_UNSAFE_VIEW_ALIAS)
-            continue;
-        ag_node *on = ag_node_arg(gout, 0)->u.nodes[c->ntok_fw + c->nmutated + k];
-        bool diff = c->needs_autograd && oi->requires_grad && on &&
-                    ag_dtype_is_float(ag_node_val(on, 0)->dtype);
-        c->node_of_user[k] = c->nnode;
-        c->out_diff[c->nnode++] = diff;
-        if (diff && nt < c->ntangents)
-            c->tangent_of[nt++] = c->nnode - 1;
+        ag_output_alias a = c->out_info[k].alias;
+        bool own = a == AG_OUT_NON_ALIAS || a == AG_OUT_UNSAFE_VIEW_ALIAS;
+        c->node_of_user[k] = own ? c->nnode++ : -1;
     }
-    for (int b = 0; b < c->ninter; b++) { /* intermediate bases always have a tangent */
-        c->out_diff[c->nnode++] = c->needs_autograd;
-        if (c->needs_autograd && nt < c->ntangents)
-            c->tangent_of[nt++] = c->nnode - 1;
-    }
-    if (nt != c->ntangents) {
-        ag__err(AG_EINVAL, "compile: %d tangents in the joint but %d differentiable outputs",
-                c->ntangents, nt);
-        goto fail;
-    }
-    int nfw = ag_joint_num_fw_outputs(j); /* forward effect tokens included */
-    if (c->needs_autograd) {
-        if (ag_partition(g, nfw, &o.partition, &c->fw, &c->bw, &c->stats))
-            goto fail;
-        ag_node *fo = ag_graph_output_node(c->fw);
-        int nfo = ag_node_arg(fo, 0)->n;
-        c->nsaved = nfo - nfw;
-        c->saved_primal = ag__calloc((size_t)(c->nsaved ? c->nsaved : 1), sizeof *c->saved_primal);
-        if (!c->saved_primal)
-            goto fail;
-        ag_node **fph;
-        int nfph = ag_graph_placeholders(c->fw, &fph);
-        if (nfph < 0)
-            goto fail;
-        for (int s = 0; s < c->nsaved; s++) {
-            ag_node *v = ag_node_arg(fo, 0)->u.nodes[nfw + s];
-            c->saved_primal[s] = -1;
-            /* Placeholders come first (verified), so a placeholder's index is its position. */
-            int i = v && ag_node_kind_of(v) == AG_NODE_PLACEHOLDER ? ag_node_index(v) : -1;
-            if (i >= c->ntok_fw && i < nfph && fph[i] == v)
-                c->saved_primal[s] = i - c->ntok_fw;
-        }
-        ag_node *bo = ag_graph_output_node(c->bw);
-        int nbo = ag_node_arg(bo, 0)->n;
-        if (ag__rng_wrap_init(&c->rng_bw, c->bw, true))
-            goto fail;
-        /* Backward tokens come before the philox placeholders and after its offset output. */
-        if (c->rng_bw.seed_in >= 0) {
-            c->rng_bw.seed_in -= c->ntok_bw;
-            c->rng_bw.offset_in -= c->ntok_bw;
-        }
-        c->nbw_grads = nbo - c->ntok_bw - (c->rng_bw.offset_out >= 0);
-        if (c->sub) {
-            if (ag__subx_grad_slots(bo, ph + c->ntok_fw, c->nprimals, c->grad_slot))
-                goto fail;
-        } else if (c->nbw_grads != c->nprimals) {
-            ag__err(AG_EINVAL, "compile: the backward graph has %d outputs for %d primals and %d "
-                               "effect tokens", nbo, c->nprimals, c->ntok_bw);
-            goto fail;
-        } else {
-            for (int i = 0; i < c->nprimals; i++)
-                c->grad_slot[i] = i;
-        }
-        for (int i = 0; i < c->nprimals; i++)
-            c->grad_out[i] = c->grad_slot[i] >= 0 && ag_node_arg(bo, 0)->u.nodes[c->grad_slot[i]];
+    c->nnode += c->ninter;
+    return read_tangents(c, g, ph);
+}
+
+/* The forward and backward graphs: a pair given, the user's partition function, or ours. */
+static int split(ag_compiled *c, const ag_joint *j, const ag_compile_opts *o) {
+    const ag_graph *g = ag_joint_graph(j);
+    int nfw = ag_layout_num_fw_outputs(&c->jl), rc;
+    if (!c->needs_autograd)
+        return (c->fw = ag_graph_copy(g)) ? 0 : ag_last_status();
+    if (o->fw_graph) {
+        c->fw = ag_graph_copy(o->fw_graph);
+        c->bw = c->fw ? ag_graph_copy(o->bw_graph) : NULL;
+        rc = c->bw ? 0 : ag_last_status();
+    } else if (o->partition_fn) {
+        rc = o->partition_fn(g, nfw, o->partition_user, &c->fw, &c->bw);
+        if (rc == 0 && (!c->fw || !c->bw))
+            rc = ag__err(AG_EINVAL, "compile: the partition function returned no %s graph",
+                         c->fw ? "backward" : "forward");
     } else {
-        c->fw = ag_graph_copy(g);
-        if (!c->fw)
-            goto fail;
+        rc = ag_partition(g, nfw, &o->partition, &c->fw, &c->bw, &c->stats);
     }
-    if (ag__rng_wrap_init(&c->rng_fw, c->fw, false))
-        goto fail;
-    /* Forward tokens are the first inputs and outputs. */
-    if (c->rng_fw.seed_in >= 0) {
+    if (rc == 0 && (o->fw_graph || o->partition_fn) &&
+        ((rc = ag_graph_verify(c->fw)) || (rc = ag_graph_verify(c->bw))))
+        ag__err(rc, "compile: the %s graph given does not verify: %s",
+                ag_graph_verify(c->fw) ? "forward" : "backward", ag_last_error());
+    return rc;
+}
+
+/* The forward: it returns the joint's forward outputs, described as the joint describes them,
+ * then the saved values; which of those are primals. */
+static int read_forward(ag_compiled *c, const ag_joint *j) {
+    const ag_graph *g = ag_joint_graph(j);
+    ag_node *jo = ag_graph_output_node(g), *fo = ag_graph_output_node(c->fw);
+    int nfw = ag_layout_num_fw_outputs(&c->jl);
+    int nfo = fo ? ag_node_arg(fo, 0)->n : -1;
+    if (nfo < nfw)
+        return ag__err(AG_EINVAL, "compile: the forward graph returns %d outputs; the joint has "
+                                  "%d forward outputs", nfo, nfw);
+    for (int k = 0; k < nfw; k++)
+        if (!ag_desc_equal(ag_node_output_desc(fo, k), ag_node_output_desc(jo, k))) {
+            char a[256] = "None", b[256] = "None";
+            ag_desc_repr(ag_node_output_desc(fo, k), a, sizeof a);
+            ag_desc_repr(ag_node_output_desc(jo, k), b, sizeof b);
+            return ag__err(AG_EINVAL, "compile: forward output %d is %s; the joint's is %s", k,
+                           a, b);
+        }
+    c->nsaved = c->bw ? nfo - nfw : 0;
+    c->saved_primal = ag__calloc((size_t)(c->nsaved ? c->nsaved : 1), sizeof *c->saved_primal);
+    if (!c->saved_primal)
+        return AG_ENOMEM;
+    ag_node **fph;
+    int nfph = ag_graph_placeholders(c->fw, &fph);
+    if (nfph < 0)
+        return nfph;
+    for (int s = 0; s < c->nsaved; s++) {
+        ag_node *v = ag_node_arg(fo, 0)->u.nodes[nfw + s];
+        c->saved_primal[s] = -1;
+        /* Placeholders come first (verified), so a placeholder's index is its position. */
+        int i = v && ag_node_kind_of(v) == AG_NODE_PLACEHOLDER ? ag_node_index(v) : -1;
+        if (i >= c->ntok_fw && i < c->ntok_fw + c->nprimals && fph[i] == v)
+            c->saved_primal[s] = i - c->ntok_fw;
+    }
+    int rc = ag__rng_wrap_init(&c->rng_fw, c->fw, false);
+    /* Positions in what run_graph is given and returns: forward tokens (the first inputs and
+     * outputs) excluded. */
+    if (rc == 0 && c->rng_fw.seed_in >= 0) {
         c->rng_fw.seed_in -= c->ntok_fw;
         c->rng_fw.offset_in -= c->ntok_fw;
     }
-    if (c->rng_fw.offset_out >= 0)
+    if (rc == 0 && c->rng_fw.offset_out >= 0)
         c->rng_fw.offset_out -= c->ntok_fw;
-    if (!c->interpret) {
-        c->fw_plan = ag_plan_new(c->fw, &o.plan);
-        if (!c->fw_plan || (c->bw && !(c->bw_plan = ag_plan_new(c->bw, &o.plan))))
-            goto fail;
+    return rc;
+}
+
+/* The backward: its layout after the saved values, and each primal's gradient by descriptor. */
+static int read_backward(ag_compiled *c, const ag_joint *j) {
+    ag_layout bl;
+    int rc = ag_graph_layout(c->bw, c->nsaved, &bl);
+    if (rc)
+        return rc;
+    if (ag_layout_count(&bl, AG_SEC_IN_TANGENTS) != c->ntangents)
+        return ag__err(AG_EINVAL, "compile: the backward graph takes %d tangents; the joint has %d",
+                       ag_layout_count(&bl, AG_SEC_IN_TANGENTS), c->ntangents);
+    if ((rc = ag__rng_wrap_init(&c->rng_bw, c->bw, true)))
+        return rc;
+    /* run_graph's positions: the backward tokens, which come before the philox inputs and
+     * after the updated offset, excluded. */
+    if (c->rng_bw.seed_in >= 0) {
+        c->rng_bw.seed_in -= c->ntok_bw;
+        c->rng_bw.offset_in -= c->ntok_bw;
+    }
+    c->nbw_grads = ag_layout_count(&bl, AG_SEC_OUT_GRADS);
+    ag_node *bo = ag_graph_output_node(c->bw), **ph;
+    if (ag_graph_placeholders(ag_joint_graph(j), &ph) < 0)
+        return ag_last_status();
+    ph += c->jl.sec[AG_SEC_IN_PRIMALS].start;
+    for (int i = 0; i < c->nprimals; i++)
+        c->grad_slot[i] = -1;
+    for (int b = 0; b < c->nbw_grads; b++) {
+        const ag_desc *d = ag_node_output_desc(bo, bl.sec[AG_SEC_OUT_GRADS].start + b);
+        ag_desc *x = d ? primal_of_grad(d) : NULL;
+        if (d && !x)
+            return AG_ENOMEM; /* (a grads-section descriptor is a gradient's) */
+        int p = -1;
+        for (int i = 0; x && i < c->nprimals && p < 0; i++)
+            p = ag_desc_equal(ag_node_desc(ph[i]), x) ? i : -1;
+        ag_desc_release(x);
+        if (d && p < 0) {
+            char r[256];
+            ag_desc_repr(d, r, sizeof r);
+            return ag__err(AG_EINVAL, "compile: backward output %d (%s) is the gradient of no "
+                                      "primal of the joint", b, r);
+        }
+        if (p >= 0) { /* (grads come first among the outputs run_graph returns) */
+            c->grad_slot[p] = bl.sec[AG_SEC_OUT_GRADS].start + b;
+            c->grad_out[p] = ag_node_arg(bo, 0)->u.nodes[c->grad_slot[p]] != NULL;
+        }
+    }
+    return 0;
+}
+
+/* Each half through its compiler: the user's, or the planned executor (the interpreter). */
+static int compile_halves(ag_compiled *c, const ag_compile_opts *o) {
+    ag_compiler_fn builtin = o->interpret ? ag_compiler_interpreter : ag_compiler_plan;
+    c->plan_opts = o->plan;
+    int rc = o->fw_compiler ? o->fw_compiler(c->fw, o->fw_compiler_user, &c->fw_run)
+                            : builtin(c->fw, &c->plan_opts, &c->fw_run);
+    if (rc == 0 && c->bw)
+        rc = o->bw_compiler ? o->bw_compiler(c->bw, o->bw_compiler_user, &c->bw_run)
+                            : builtin(c->bw, &c->plan_opts, &c->bw_run);
+    if (rc == 0 && (!c->fw_run.run || (c->bw && !c->bw_run.run)))
+        rc = ag__err(AG_EINVAL, "compile: the %s compiler returned no run function",
+                     c->fw_run.run ? "backward" : "forward");
+    return rc;
+}
+
+ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts) {
+    AG__CHECK_NULL_RET("compile_joint", j, NULL);
+    ag_compile_opts o = {0};
+    o.partition.memory_budget = 1.0;
+    if (opts)
+        o = *opts;
+    if (!o.fw_graph != !o.bw_graph)
+        return ag__err(AG_EINVAL, "compile: a pre-partitioned pair needs both the forward and "
+                                  "the backward graph"), NULL;
+    ag_compiled *c = ag__calloc(1, sizeof *c);
+    if (!c)
+        return NULL;
+    c->refcount = 1;
+    int rc = read_joint(c, j);
+    if (rc == 0)
+        rc = split(c, j, &o);
+    if (rc == 0)
+        rc = read_forward(c, j);
+    if (rc == 0 && c->bw)
+        rc = read_backward(c, j);
+    if (rc == 0)
+        rc = compile_halves(c, &o);
+    if (rc) {
+        if (!ag_last_status())
+            ag__err(rc, "compile: failed");
+        compiled_release(c);
+        return NULL;
     }
     return c;
-fail:
-    compiled_release(c);
-    return NULL;
 }
 
 /* ---- the backward node ---- */
@@ -439,7 +584,7 @@ static ag_tensor *regen_output(ag_compiled *c, int k, ag_tensor *const *prim, ag
                                ag_tensor **outs) {
     const ag_output_info *oi = &c->out_info[k];
     const ag_tmeta *geom = &c->alias.out[k].geom;
-    int b = oi->base_index, nfw0 = c->nmutated + c->nuser + c->nmetamut;
+    int b = oi->base_index;
     switch (oi->alias) {
     case AG_OUT_IS_INPUT:
         return prim[b];
@@ -447,10 +592,12 @@ static ag_tensor *regen_output(ag_compiled *c, int k, ag_tensor *const *prim, ag
         return ag__rt_regen(prim[b], geom, &c->in_meta[b], oi->requires_grad);
     case AG_OUT_ALIAS_OF_INTERMEDIATE:
     case AG_OUT_ALIAS_OF_INTERMEDIATE_SAVE_AS_OUTPUT:
-        return ag__rt_regen(node[c->nnode - c->ninter + b], geom, &c->fw_out_meta[nfw0 + b],
+        return ag__rt_regen(node[c->nnode - c->ninter + b], geom,
+                            &c->fw_out_meta[fw_at(c, AG_SEC_OUT_INTERMEDIATE_BASES, b)],
                             oi->requires_grad);
     case AG_OUT_ALIAS_OF_INTERMEDIATE_BASE_IS_USER_OUTPUT:
-        return ag__rt_regen(outs[b], geom, &c->fw_out_meta[c->nmutated + b], oi->requires_grad);
+        return ag__rt_regen(outs[b], geom, &c->fw_out_meta[fw_at(c, AG_SEC_OUT_USER, b)],
+                            oi->requires_grad);
     default:
         return NULL;
     }
@@ -479,7 +626,7 @@ int ag__compiled_call_flat(ag_compiled *c, ag_tensor *const *inputs, int ninputs
     /* The forward's inputs: the primals, then the generator's state when it draws. */
     int nfin = c->nprimals + ag__rng_wrap_num_inputs(&c->rng_fw);
     int nn1 = c->nnode ? c->nnode : 1;
-    int nfw = c->nmutated + c->nuser + c->nmetamut + c->ninter + (c->rng_fw.offset_out >= 0);
+    int nfw = ag_layout_num_fw_outputs(&c->jl) - c->ntok_fw;
     int nfo = nfw + c->nsaved;
     /* One block: prim, owned, node, node_raw, fo, rg. */
     ag_tensor **prim =
@@ -541,7 +688,8 @@ int ag__compiled_call_flat(ag_compiled *c, ag_tensor *const *inputs, int ninputs
         int ni = k < c->nuser ? c->node_of_user[k] : c->nnode - c->ninter + (k - c->nuser);
         if (ni < 0)
             continue;
-        ag_tensor *t = fo[k < c->nuser ? c->nmutated + k : c->nmutated + c->nuser + c->nmetamut + (k - c->nuser)];
+        ag_tensor *t = fo[k < c->nuser ? fw_at(c, AG_SEC_OUT_USER, k)
+                                       : fw_at(c, AG_SEC_OUT_INTERMEDIATE_BASES, k - c->nuser)];
         node_raw[ni] = t;
         node[ni] = t ? ag_detach(t) : NULL;
         if (node[ni])
@@ -579,7 +727,8 @@ int ag__compiled_call_flat(ag_compiled *c, ag_tensor *const *inputs, int ninputs
     for (int pass = 0; pass < 2 && rc == 0; pass++)
         for (int k = 0; k < c->nuser && rc == 0; k++) {
             bool of_output = c->out_info[k].alias == AG_OUT_ALIAS_OF_INTERMEDIATE_BASE_IS_USER_OUTPUT;
-            if (c->node_of_user[k] >= 0 || of_output != (pass == 1) || !fo[c->nmutated + k])
+            if (c->node_of_user[k] >= 0 || of_output != (pass == 1) ||
+                !fo[fw_at(c, AG_SEC_OUT_USER, k)])
                 continue;
             ag_tensor *r = regen_output(c, k, prim, node, outs);
             if (!r)
@@ -600,7 +749,7 @@ int ag__compiled_call_flat(ag_compiled *c, ag_tensor *const *inputs, int ninputs
         if (ii->mutates_metadata)
             ag__rt_set_geometry(prim[i], &c->alias.prim[i].new_geom, prim[i]->offset);
         if (ii->mutates_data) {
-            rc = ag__copy_into(prim[i], fo[k]);
+            rc = ag__copy_into(prim[i], fo[fw_at(c, AG_SEC_OUT_MUTATIONS, k)]);
             prim[i]->storage->version++;
         }
         k++;

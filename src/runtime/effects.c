@@ -2,8 +2,8 @@
  * compiled graph with effect tokens is called as if it had none.
  *
  * In: a partitioned forward or backward graph whose token placeholders and outputs carry
- * token descriptors (Forward/BackwardTokenAOTInput/Output), run by its plan or by the
- * interpreter.
+ * token descriptors (Forward/BackwardTokenAOTInput/Output), run by whatever its compiler made
+ * of it (an ag_runnable).
  * Out: the graph's outputs without the token outputs. Each token fed is an empty f32 tensor
  * (upstream's torch.tensor([])): a token carries no data, only the order that the with_effects
  * nodes of the graph keep among themselves, so the effects run exactly once per run, in program
@@ -47,10 +47,8 @@ static int cache_reserve(ag__effect_cache *e, int nin, int nout) {
     return 0;
 }
 
-int ag__effect_tokens_run(ag__effect_cache *e, const ag_graph *g, ag_plan *p, int ntok,
-                          bool backward, ag_tensor *const *in, int nin, ag_tensor **outs,
-                          int max_out) {
-    (void)backward; /* the descriptors say where the tokens are */
+int ag__effect_tokens_run(ag__effect_cache *e, const ag_graph *g, const ag_runnable *r, int ntok,
+                          ag_tensor *const *in, int nin, ag_tensor **outs, int max_out) {
     ag_node **ph;
     int nph = ag_graph_placeholders(g, &ph);
     if (nph < 0)
@@ -69,8 +67,7 @@ int ag__effect_tokens_run(ag__effect_cache *e, const ag_graph *g, ag_plan *p, in
          * others in order. */
         for (int i = 0, k = 0; i < nph; i++)
             xin[i] = is_token(ag_node_desc(ph[i])) || k >= nin ? tok : in[k++];
-        n = p ? ag_plan_run(p, xin, nin + ntok, xout, max_out + ntok)
-              : ag_graph_run(g, xin, nin + ntok, xout, max_out + ntok);
+        n = r->run(r->self, xin, nin + ntok, xout, max_out + ntok);
     }
     if (n >= 0 && n < ntok) {
         for (int k = 0; k < n && !ag__in_scope(); k++)

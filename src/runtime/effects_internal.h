@@ -4,7 +4,7 @@
 
 #include "aotgrad/compile.h"
 
-/* Runs g (through plan p, or the interpreter when p is NULL) on `in` with ntok empty f32 effect
+/* Runs g (through r, what its compiler made of it) on `in` with ntok empty f32 effect
  * tokens added where g's placeholders carry token descriptors (the forward's first, the
  * backward's after its tangents), the caller's inputs filling the other placeholders in order.
  * Stores the outputs without those described as tokens in outs and returns their count, or a
@@ -18,9 +18,8 @@ typedef struct ag__effect_cache {
     int cap_in, cap_out;
 } ag__effect_cache;
 
-int ag__effect_tokens_run(ag__effect_cache *e, const ag_graph *g, ag_plan *p, int ntok,
-                          bool backward, ag_tensor *const *in, int nin, ag_tensor **outs,
-                          int max_out);
+int ag__effect_tokens_run(ag__effect_cache *e, const ag_graph *g, const ag_runnable *r, int ntok,
+                          ag_tensor *const *in, int nin, ag_tensor **outs, int max_out);
 void ag__effect_cache_clear(ag__effect_cache *e);
 
 #endif

@@ -24,51 +24,6 @@
 
 /* ---- gradients <-> primals, by descriptor ---- */
 
-/* The primal descriptor whose gradient output d describes: GradAOTOutput(X) -> X, and
- * SubclassGetAttrAOTOutput(base=B, attr) -> SubclassGetAttrAOTInput(base=<B's>, attr). NULL
- * (no error set) for any other descriptor; NULL with AG_ENOMEM set when out of memory. */
-static ag_desc *primal_of_grad(const ag_desc *d) {
-    if (ag_desc_kind_of(d) == AG_DESC_GRAD)
-        return ag_desc_retain(ag_desc_nested(d));
-    if (ag_desc_kind_of(d) != AG_DESC_SUBCLASS_GETATTR_OUTPUT)
-        return NULL;
-    ag_desc *base = primal_of_grad(ag_desc_nested(d));
-    ag_desc *r = base ? ag_desc_subclass_getattr_input(base, ag_desc_attr(d)) : NULL;
-    ag_desc_release(base);
-    return r;
-}
-
-int ag__subx_grad_slots(const ag_node *bo, ag_node *const *ph, int nprimals, int *slot) {
-    for (int i = 0; i < nprimals; i++)
-        slot[i] = -1;
-    int nbo = ag_node_arg(bo, 0)->n;
-    for (int b = 0; b < nbo; b++) {
-        const ag_desc *d = ag_node_output_desc(bo, b);
-        if (!d)
-            continue;
-        char r[256];
-        uint64_t errs = ag__err_count();
-        ag_desc *x = primal_of_grad(d);
-        if (!x && ag__err_count() != errs)
-            return ag_last_status();
-        if (!x) /* not a gradient (a token, an RNG offset): no primal's */
-            continue;
-        int p = -1;
-        for (int i = 0; i < nprimals && p < 0; i++)
-            if (ag_desc_equal(ag_node_desc(ph[i]), x))
-                p = i;
-        ag_desc_release(x);
-        if (p < 0) {
-            ag_desc_repr(d, r, sizeof r);
-            return ag__err(AG_EINVAL,
-                           "compile: backward output %d (%s) is the gradient of no "
-                           "primal of the joint",
-                           b, r);
-        }
-        slot[p] = b;
-    }
-    return 0;
-}
 
 /* ---- the autograd nodes at both ends ---- */
 

@@ -18,9 +18,5 @@ int ag__compiled_call_flat(ag_compiled *c, ag_tensor *const *inputs, int ninputs
 int ag__subx_call(ag_compiled *c, ag__subx_info *info, ag_tensor *const *inputs, int ninputs,
                   ag_tensor **outs, int max_out);
 
-/* For each primal of the joint, the index of the backward graph output that is its gradient,
- * or -1, matched by descriptor: SubclassGetAttrAOTOutput(base=GradAOTOutput(grad_of=X), 'a')
- * is the gradient of the primal SubclassGetAttrAOTInput(base=X, attr='a'). */
-int ag__subx_grad_slots(const ag_node *bw_out, ag_node *const *primals, int nprimals, int *slot);
 
 #endif
