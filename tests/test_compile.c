@@ -1,7 +1,8 @@
 /* ag_compile_joint: the compiled callable against eager on every zoo model, for both
  * partitioners and budgets 0, 0.5 and 1; the transform path (scale every parameter gradient
  * in the joint graph, set it back, compile); runtime wrappers (buffer write-back, missing
- * output gradients, saved-input version checks, backward twice). */
+ * output gradients, saved-input version checks, backward twice); the hooks (a partition
+ * function and compilers written here, a pair partitioned ahead). */
 #include "testutil.h"
 
 #include <math.h>
@@ -286,12 +287,262 @@ static void test_runtime_wrappers(void **st) {
         ag_tensor_free(in[i]);
 }
 
+/* ---- hooks: compilers, a partition function, a pre-partitioned pair ---- */
+
+/* A partition function written here, unlike ours: the forward saves only the primals and the
+ * backward recomputes the whole forward from them (a joint without tokens or philox inputs). */
+static ag_graph *with_outputs(const ag_graph *joint, ag_node **keep, ag_desc **descs, int n,
+                              ag_section drop_inputs) {
+    ag_graph *g = ag_graph_copy(joint);
+    ag_node **ph;
+    ag_layout L;
+    assert_int_equal(ag_graph_layout(joint, 0, &L), 0);
+    ag_node *mapped[512];
+    for (int i = 0; i < n; i++)
+        mapped[i] = keep[i] ? ag_graph_find(g, ag_node_name(keep[i])) : NULL;
+    assert_int_equal(ag_graph_erase(g, ag_graph_output_node(g)), 0);
+    ag_node *o = ag_graph_output(g, mapped, n);
+    assert_non_null(o);
+    assert_int_equal(ag_node_set_output_descs(o, descs, n), 0);
+    assert_true(ag_graph_dce(g) >= 0);
+    int nph = ag_graph_placeholders(g, &ph);
+    ag_node *drop[512];
+    int nd = 0;
+    for (int i = 0; i < nph; i++)
+        if (ag_desc_section(ag_node_desc(ph[i])) == drop_inputs)
+            drop[nd++] = ph[i];
+    for (int i = 0; i < nd; i++)
+        assert_int_equal(ag_graph_erase(g, drop[i]), 0);
+    return g;
+}
+
+static int recompute_all(const ag_graph *joint, int nfw, void *user, ag_graph **fw,
+                         ag_graph **bw) {
+    int *calls = user;
+    ++*calls;
+    ag_layout L;
+    assert_int_equal(ag_graph_layout(joint, 0, &L), 0);
+    assert_int_equal(ag_layout_num_fw_outputs(&L), nfw);
+    ag_node **ph, *out = ag_graph_output_node(joint);
+    assert_int_equal(ag_graph_placeholders(joint, &ph), L.ninputs);
+    ag_node *keep[512];
+    ag_desc *descs[512];
+    int n = 0, p0 = ag_layout_start(&L, AG_SEC_IN_PRIMALS), np = ag_layout_count(&L, AG_SEC_IN_PRIMALS);
+    for (int k = 0; k < nfw; k++) {
+        keep[n] = ag_node_arg(out, 0)->u.nodes[k];
+        descs[n++] = ag_desc_retain(ag_node_output_desc(out, k));
+    }
+    for (int i = 0; i < np; i++) {
+        keep[n] = ph[p0 + i];
+        descs[n++] = ag_desc_saved_for_backwards(i);
+    }
+    *fw = with_outputs(joint, keep, descs, n, AG_SEC_IN_TANGENTS);
+    for (int k = 0; k < n; k++)
+        ag_desc_release(descs[k]);
+    n = 0;
+    for (int k = nfw; k < L.noutputs; k++) {
+        keep[n] = ag_node_arg(out, 0)->u.nodes[k];
+        descs[n++] = ag_desc_retain(ag_node_output_desc(out, k));
+    }
+    *bw = with_outputs(joint, keep, descs, n, AG_SEC_NONE); /* primals are the saved values */
+    for (int k = 0; k < n; k++)
+        ag_desc_release(descs[k]);
+    return 0;
+}
+
+static void test_hook_partition_function(void **st) {
+    (void)st;
+    int models = 0;
+    for (int z = 0; z < ag_zoo_count(); z++) {
+        ag_module *m;
+        ag_tensor *in[8];
+        int nin;
+        assert_int_equal(ag_zoo_build(ag_zoo_name(z), NULL, &m, in, 8, &nin), 0);
+        ag_joint *j = ag_export_joint(m, in, nin, NULL, NULL, 0, NULL);
+        assert_non_null(j);
+        const ag_layout *L = ag_joint_layout(j);
+        bool plain = ag_joint_needs_autograd(j) && !ag_layout_count(L, AG_SEC_IN_FW_TOKENS) &&
+                     !ag_layout_count(L, AG_SEC_IN_FW_RNG);
+        ag_joint_free(j);
+        ag_module_free(m);
+        for (int i = 0; i < nin; i++)
+            ag_tensor_free(in[i]);
+        if (!plain)
+            continue;
+        int calls = 0;
+        ag_compile_opts co = {.partition_fn = recompute_all, .partition_user = &calls};
+        check_model(ag_zoo_name(z), &co, 1e-5);
+        assert_int_equal(calls, 1);
+        models++;
+    }
+    assert_true(models >= 8);
+}
+
+/* A forward compiler that counts the call nodes it is given and rewrites its copy of the graph:
+ * the first user output doubled (a mul node before the output). A backward compiler that only
+ * counts. Both run the interpreter on what they made. */
+typedef struct counter {
+    int calls, call_nodes;
+    bool rewrite;
+} counter;
+
+static int interp_run(void *self, ag_tensor *const *in, int nin, ag_tensor **outs, int max_out) {
+    return ag_graph_run(self, in, nin, outs, max_out);
+}
+static void graph_destroy(void *self) { ag_graph_free(self); }
+
+static int counting_compiler(const ag_graph *g, void *user, ag_runnable *out) {
+    counter *k = user;
+    k->calls++;
+    for (ag_node *n = ag_graph_first(g); n; n = ag_node_next(n))
+        k->call_nodes += ag_node_kind_of(n) == AG_NODE_CALL;
+    ag_graph *h = ag_graph_copy(g);
+    if (!h)
+        return ag_last_status();
+    if (k->rewrite) {
+        ag_layout L;
+        assert_int_equal(ag_graph_layout(h, 0, &L), 0);
+        ag_node *o = ag_graph_output_node(h);
+        const ag_garg *outs = ag_node_arg(o, 0);
+        ag_node *nodes[64];
+        memcpy(nodes, outs->u.nodes, sizeof(ag_node *) * (size_t)outs->n);
+        int u = ag_layout_start(&L, AG_SEC_OUT_USER);
+        ag_graph_insert_before(h, o);
+        nodes[u] = ag_graph_call(h, ag_op_find("mul.Scalar"),
+                                 (ag_garg[]){AG_GA_N(nodes[u]), AG_GA_F(2.0)}, 2, "doubled");
+        assert_non_null(nodes[u]);
+        assert_int_equal(ag_node_set_arg(o, 0, AG_GA_NODES(nodes, outs->n)), 0);
+        ag_graph_insert_at_end(h);
+    }
+    *out = (ag_runnable){interp_run, graph_destroy, NULL, h};
+    return 0;
+}
+
+static void test_hook_compilers(void **st) {
+    (void)st;
+    ag_module *m;
+    ag_tensor *in[8];
+    int nin;
+    assert_int_equal(ag_zoo_build("mlp", NULL, &m, in, 8, &nin), 0);
+    ag_joint *j = ag_export_joint(m, in, nin, NULL, NULL, 0, NULL);
+    assert_non_null(j);
+    counter fk = {.rewrite = true}, bk = {0};
+    ag_compile_opts co = {.fw_compiler = counting_compiler, .fw_compiler_user = &fk,
+                          .bw_compiler = counting_compiler, .bw_compiler_user = &bk};
+    ag_compiled *c = ag_compile_joint(j, &co);
+    assert_non_null(c);
+    assert_int_equal(fk.calls, 1);
+    assert_int_equal(bk.calls, 1);
+    /* Each compiler saw its half: the call nodes of the graphs the callable keeps. */
+    int nf = 0, nb = 0;
+    for (ag_node *n = ag_graph_first(ag_compiled_forward_graph(c)); n; n = ag_node_next(n))
+        nf += ag_node_kind_of(n) == AG_NODE_CALL;
+    for (ag_node *n = ag_graph_first(ag_compiled_backward_graph(c)); n; n = ag_node_next(n))
+        nb += ag_node_kind_of(n) == AG_NODE_CALL;
+    assert_int_equal(fk.call_nodes, nf);
+    assert_int_equal(bk.call_nodes, nb);
+    assert_true(nf > 0 && nb > 0);
+    assert_int_equal(ag_compiled_peak_bytes(c, false), -1); /* the runnable does not say */
+    /* The callable ran what the compilers made: the output doubled, the gradients those of the
+     * undoubled output (the backward was compiled from the joint's own). */
+    ag_scope_begin();
+    ag_tensor *ye, *yc;
+    assert_int_equal(ag_module_call(m, in, nin, &ye, 1), 1);
+    ag_named_tensors ps;
+    assert_int_equal(ag_module_named_parameters(m, true, &ps), 0);
+    ag_tensor *ge[8], *gc[8];
+    assert_int_equal(ag_grad(&ye, (ag_tensor *[]){ag_ones_like(ye)}, 1, ps.tensors, ps.n, ge,
+                             false, false), 0);
+    assert_int_equal(ag_compiled_call_module(c, m, in, nin, &yc, 1), 1);
+    assert_int_equal(ag_grad(&yc, (ag_tensor *[]){ag_ones_like(yc)}, 1, ps.tensors, ps.n, gc,
+                             false, false), 0);
+    for (int64_t e = 0; e < ag_tensor_numel(ye); e++)
+        assert_true(ag_tensor_item_at(yc, e) == 2 * ag_tensor_item_at(ye, e) ||
+                    fabs(ag_tensor_item_at(yc, e) - 2 * ag_tensor_item_at(ye, e)) <
+                        1e-5 * (1 + fabs(ag_tensor_item_at(ye, e))));
+    for (int i = 0; i < ps.n; i++)
+        assert_true(rel(ge[i], gc[i]) < 1e-5);
+    ag_named_tensors_free(&ps);
+    ag_scope_end();
+    ag_compiled_free(c);
+    /* The built-in compilers through the hook are what the flags choose. */
+    ag_compile_opts ci = {.fw_compiler = ag_compiler_interpreter, .bw_compiler = ag_compiler_plan};
+    c = ag_compile_joint(j, &ci);
+    assert_non_null(c);
+    assert_int_equal(ag_compiled_peak_bytes(c, false), -1);
+    assert_true(ag_compiled_peak_bytes(c, true) > 0);
+    ag_compiled_free(c);
+    ag_joint_free(j);
+    ag_module_free(m);
+    for (int i = 0; i < nin; i++)
+        ag_tensor_free(in[i]);
+    check_model("cnn", &ci, 1e-5);
+}
+
+/* A pair partitioned elsewhere (ours, at budget 0, run ahead) compiles to what partitioning in
+ * ag_compile_joint gives; a pair that is not this joint's is refused with the output named. */
+static void test_hook_prepartitioned(void **st) {
+    (void)st;
+    const char *models[] = {"mlp", "convbn", "dropout_mlp", "effects", "alias_views"};
+    for (int k = 0; k < 5; k++) {
+        ag_module *m;
+        ag_tensor *in[8];
+        int nin;
+        assert_int_equal(ag_zoo_build(models[k], NULL, &m, in, 8, &nin), 0);
+        ag_joint *j = ag_export_joint(m, in, nin, NULL, NULL, 0, NULL);
+        assert_non_null(j);
+        ag_partition_opts po = {.partitioner = AG_PARTITION_MINCUT, .memory_budget = 0};
+        ag_graph *fw, *bw;
+        assert_int_equal(ag_partition(ag_joint_graph(j), ag_joint_num_fw_outputs(j), &po, &fw,
+                                      &bw, NULL), 0);
+        ag_joint_free(j);
+        ag_module_free(m);
+        for (int i = 0; i < nin; i++)
+            ag_tensor_free(in[i]);
+        ag_compile_opts co = {.fw_graph = fw, .bw_graph = bw};
+        check_model(models[k], &co, 1e-5);
+        ag_graph_free(fw);
+        ag_graph_free(bw);
+    }
+    /* mlp's halves for the linear model's joint */
+    ag_module *m, *m2;
+    ag_tensor *in[8], *in2[8];
+    int nin, nin2;
+    assert_int_equal(ag_zoo_build("mlp", NULL, &m, in, 8, &nin), 0);
+    assert_int_equal(ag_zoo_build("multi_output", NULL, &m2, in2, 8, &nin2), 0);
+    ag_joint *j = ag_export_joint(m, in, nin, NULL, NULL, 0, NULL);
+    ag_joint *j2 = ag_export_joint(m2, in2, nin2, NULL, NULL, 0, NULL);
+    ag_graph *fw, *bw;
+    assert_int_equal(ag_partition(ag_joint_graph(j), ag_joint_num_fw_outputs(j), NULL, &fw, &bw,
+                                  NULL), 0);
+    ag_compile_opts co = {.fw_graph = fw, .bw_graph = bw};
+    assert_null(ag_compile_joint(j2, &co));
+    assert_non_null(strstr(ag_last_error(), "forward output 1 is SavedForBackwardsAOTOutput(idx=0); the joint's is "
+                                           "PlainAOTOutput(idx=1)"));
+    co.bw_graph = NULL;
+    assert_null(ag_compile_joint(j, &co));
+    assert_non_null(strstr(ag_last_error(), "needs both"));
+    ag_graph_free(fw);
+    ag_graph_free(bw);
+    ag_joint_free(j);
+    ag_joint_free(j2);
+    ag_module_free(m);
+    ag_module_free(m2);
+    for (int i = 0; i < nin; i++)
+        ag_tensor_free(in[i]);
+    for (int i = 0; i < nin2; i++)
+        ag_tensor_free(in2[i]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_zoo_against_eager),
         cmocka_unit_test(test_float64_exact),
         cmocka_unit_test(test_transform_halves_gradients),
         cmocka_unit_test(test_runtime_wrappers),
+        cmocka_unit_test(test_hook_partition_function),
+        cmocka_unit_test(test_hook_compilers),
+        cmocka_unit_test(test_hook_prepartitioned),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
