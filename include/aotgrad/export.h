@@ -133,6 +133,23 @@ AG_API ag_graph *ag_joint_graph(const ag_joint *j); /* borrowed */
  * before tangents in the same order of descriptors as the export made, and that the output
  * node carries one descriptor per output. */
 AG_API int ag_joint_set_graph(ag_joint *j, ag_graph *g);
+/* The open transform path (upstream's update_joint_with_descriptors): replaces the graph with g,
+ * whose inputs and outputs may differ from the export's (added, dropped, reshaped), as long as
+ * each placeholder carries a descriptor and the sections come in order (ag_graph_layout). The
+ * joint takes ownership of g, also on failure (when it keeps its old graph and state). The
+ * calling convention follows from the descriptors:
+ *  - primals the export made keep their facts; a new ParamAOTInput, BufferAOTInput or
+ *    PlainAOTInput primal requires grad when a GradAOTOutput of it is returned (not None) and
+ *    is mutated when an InputMutationAOTOutput of it is; params_spec and buffers_spec list the
+ *    Param and Buffer primals in graph order;
+ *  - when primals were added or dropped, the compiled callable's flat inputs are the primals
+ *    (tokens excluded) in graph order, so a sharded parameter is fed as the shard and a new
+ *    buffer where its placeholder is; refused (AG_ENOTSUP) for a joint whose inputs were
+ *    deduplicated, merged into bases or flattened from tensor subclasses;
+ *  - tangents are matched to outputs by descriptor: an output whose tangent was dropped
+ *    carries no gradient; the user outputs stay (the out_spec's count), effect tokens too.
+ * Shapes are the placeholders' vals: set them, then ag_graph_reinfer_meta, before updating. */
+AG_API int ag_joint_update(ag_joint *j, ag_graph *g);
 
 /* ---- the calling convention as data ----
  * A graph's inputs and outputs fall into sections (ag_section in desc.h), told apart by their

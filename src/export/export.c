@@ -187,6 +187,221 @@ int ag_joint_set_graph(ag_joint *j, ag_graph *g) {
     return ag_graph_layout(g, 0, &j->layout); /* the same sections: the descriptors are */
 }
 
+/* ---- the open transform path ---- */
+
+static ag_treespec *make_in_spec(int nlist, const char *const *kw, int nkw);
+
+/* The new primal state of an update: descriptors, facts and static inputs of g's primals. */
+typedef struct update_state {
+    ag_desc **primal_descs, **tangent_descs, *rng_descs[4];
+    ag_input_info *in_info;
+    char **params, **buffers;
+    int nprimals, nparams, nbuffers, nrng;
+    ag_treespec *in_spec;
+    ag__joint_alias alias;
+} update_state;
+
+static void update_state_clear(update_state *u, int ntangents) {
+    for (int i = 0; u->primal_descs && i < u->nprimals; i++)
+        ag_desc_release(u->primal_descs[i]);
+    for (int i = 0; u->tangent_descs && i < ntangents; i++)
+        ag_desc_release(u->tangent_descs[i]);
+    for (int i = 0; i < u->nrng; i++)
+        ag_desc_release(u->rng_descs[i]);
+    for (int i = 0; u->params && i < u->nparams; i++)
+        ag__free(u->params[i]);
+    for (int i = 0; u->buffers && i < u->nbuffers; i++)
+        ag__free(u->buffers[i]);
+    ag__free(u->primal_descs);
+    ag__free(u->tangent_descs);
+    ag__free(u->in_info);
+    ag__free(u->params);
+    ag__free(u->buffers);
+    ag_treespec_release(u->in_spec);
+    ag__joint_alias_clear(&u->alias);
+}
+
+/* The position of the output among [from, from + n) whose descriptor is the k-th kind-`kind`
+ * descriptor wrapping d (InputMutation(d), Grad(d)), or -1. */
+static int output_wrapping(const ag_node *out, const ag_range *r, ag_desc_kind kind,
+                           const ag_desc *d) {
+    for (int k = r->start; k < r->start + r->count; k++) {
+        const ag_desc *od = ag_node_output_desc(out, k);
+        if (od && ag_desc_kind_of(od) == kind && ag_desc_equal(ag_desc_nested(od), d))
+            return k;
+    }
+    return -1;
+}
+
+/* Reads g's primals: each keeps its facts when the export made it, and a new one (a parameter,
+ * buffer or plain input the transform added) gets them from the outputs that describe it. */
+static int update_primals(const ag_joint *j, const ag_graph *g, const ag_layout *L,
+                          update_state *u) {
+    ag_node **ph, *out = ag_graph_output_node(g);
+    ag_graph_placeholders(g, &ph);
+    const ag_range *pr = &L->sec[AG_SEC_IN_PRIMALS];
+    int np = ag_layout_count(L, AG_SEC_IN_FW_TOKENS) + pr->count;
+    u->nprimals = np;
+    u->primal_descs = ag__calloc((size_t)np + 1, sizeof *u->primal_descs);
+    u->in_info = ag__calloc((size_t)np + 1, sizeof *u->in_info);
+    u->params = ag__calloc((size_t)pr->count + 1, sizeof(char *));
+    u->buffers = ag__calloc((size_t)pr->count + 1, sizeof(char *));
+    if (!u->primal_descs || !u->in_info || !u->params || !u->buffers)
+        return AG_ENOMEM;
+    bool same = np == j->nprimals;
+    for (int i = 0; i < np; i++) {
+        ag_desc *d = ag_node_desc(ph[i]);
+        u->primal_descs[i] = ag_desc_retain(d);
+        same = same && ag_desc_equal(d, j->primal_descs[i]);
+    }
+    bool plain_alias = !j->subclass;
+    for (int f = 0; f < j->alias.nflat; f++)
+        plain_alias = plain_alias && j->alias.flat[f].kind == AG__FLAT_PRIMAL &&
+                      j->alias.prim[j->alias.flat[f].primal].base == AG__BASE_NONE;
+    if (!same && !plain_alias)
+        return ag__err(AG_ENOTSUP, "joint_update: the joint's flat inputs are %s; a transform "
+                                   "may not add or drop its inputs",
+                       j->subclass ? "tensor subclasses flattened"
+                                   : "deduplicated or merged into bases");
+    for (int i = 0; i < np; i++) {
+        const ag_desc *d = u->primal_descs[i];
+        int old = -1;
+        for (int k = 0; k < j->nprimals && old < 0; k++)
+            old = ag_desc_equal(d, j->primal_descs[k]) ? k : -1;
+        if (old >= 0) {
+            u->in_info[i] = j->in_info[old];
+        } else {
+            ag_desc_kind kd = ag_desc_kind_of(d);
+            if (kd != AG_DESC_PARAM && kd != AG_DESC_BUFFER && kd != AG_DESC_PLAIN_INPUT) {
+                char r[256];
+                ag_desc_repr(d, r, sizeof r);
+                return ag__err(AG_ENOTSUP, "joint_update: new input %s (%s): a transform may "
+                                           "add parameters, buffers and plain inputs only",
+                               ag_node_name(ph[i]), r);
+            }
+            int gk = output_wrapping(out, &L->sec[AG_SEC_OUT_GRADS], AG_DESC_GRAD, d);
+            u->in_info[i].requires_grad = gk >= 0 && ag_node_arg(out, 0)->u.nodes[gk];
+            u->in_info[i].mutates_data =
+                output_wrapping(out, &L->sec[AG_SEC_OUT_MUTATIONS], AG_DESC_INPUT_MUTATION, d) >= 0;
+        }
+        if (ag_desc_kind_of(d) == AG_DESC_PARAM &&
+            !(u->params[u->nparams++] = ag__strdup(ag_desc_target(d))))
+            return AG_ENOMEM;
+        if (ag_desc_kind_of(d) == AG_DESC_BUFFER &&
+            !(u->buffers[u->nbuffers++] = ag__strdup(ag_desc_target(d))))
+            return AG_ENOMEM;
+    }
+    /* Input mutations are written back in primal order: the k-th one is the k-th mutated
+     * primal's. */
+    const ag_range *mr = &L->sec[AG_SEC_OUT_MUTATIONS];
+    for (int i = 0, k = 0; i < np; i++) {
+        if (!u->in_info[i].mutates_data && !u->in_info[i].mutates_metadata)
+            continue;
+        const ag_desc *od = k < mr->count ? ag_node_output_desc(out, mr->start + k) : NULL;
+        if (!od || !ag_desc_equal(ag_desc_nested(od), u->primal_descs[i]))
+            return ag__err(AG_EINVAL, "joint_update: input %s is mutated but input mutation "
+                                      "output %d is not its", ag_node_name(ph[i]), k);
+        k++;
+    }
+    if (same)
+        return ag__joint_alias_copy(&u->alias, &j->alias);
+    /* Added or dropped inputs: the flat inputs are the primals, in order. */
+    int nf = pr->count;
+    ag__joint_alias *a = &u->alias;
+    a->flat = ag__calloc((size_t)nf + 1, sizeof *a->flat);
+    a->prim = ag__calloc((size_t)nf + 1, sizeof *a->prim);
+    a->out = ag__calloc((size_t)j->alias.nuser + 1, sizeof *a->out);
+    if (!a->flat || !a->prim || !a->out)
+        return AG_ENOMEM;
+    a->nflat = a->nprimals = nf;
+    a->nuser = j->alias.nuser;
+    memcpy(a->out, j->alias.out, sizeof *a->out * (size_t)a->nuser);
+    for (int f = 0; f < nf; f++) {
+        a->flat[f] = (ag__flat_info){.kind = AG__FLAT_PRIMAL, .primal = f, .dup_of = -1,
+                                     .metadata_mutation = -1};
+        a->prim[f] = (ag__primal_info){.base = AG__BASE_NONE, .flat = f};
+    }
+    /* in_spec: the flat inputs, keyword arguments as at export when the plain inputs are. */
+    const ag_treespec *kw = ag_treespec_child(j->in_spec, 1);
+    int nkw = ag_treespec_num_children(kw), nplain_old = 0, nplain = 0;
+    for (int k = 0; k < j->nprimals; k++)
+        nplain_old += ag_desc_kind_of(j->primal_descs[k]) == AG_DESC_PLAIN_INPUT;
+    for (int k = 0; k < np; k++)
+        nplain += ag_desc_kind_of(u->primal_descs[k]) == AG_DESC_PLAIN_INPUT;
+    if (nplain != nplain_old)
+        nkw = 0;
+    const char *keys[64];
+    for (int k = 0; k < nkw && k < 64; k++)
+        keys[k] = ag_treespec_key(kw, k);
+    u->in_spec = make_in_spec(nf - nkw, keys, nkw);
+    return u->in_spec ? 0 : AG_ENOMEM;
+}
+
+int ag_joint_update(ag_joint *j, ag_graph *g) {
+    if (!j || !g) {
+        ag_graph_free(g);
+        return ag__err(AG_EINVAL, "joint_update: %s is NULL", j ? "g" : "j");
+    }
+    ag_layout L;
+    update_state u = {0};
+    int rc = ag_graph_verify(g);
+    if (rc == 0)
+        rc = ag_graph_layout(g, 0, &L);
+    if (rc == 0 && ag_layout_count(&L, AG_SEC_IN_FW_TOKENS) != j->nfw_tokens)
+        rc = ag__err(AG_ENOTSUP, "joint_update: a transform may not add or drop effect tokens");
+    if (rc == 0)
+        rc = update_primals(j, g, &L, &u);
+    int nt = ag_layout_count(&L, AG_SEC_IN_TANGENTS) + ag_layout_count(&L, AG_SEC_IN_BW_TOKENS);
+    ag_node **ph;
+    if (rc == 0 && ag_graph_placeholders(g, &ph) >= 0 &&
+        !(u.tangent_descs = ag__calloc((size_t)nt + 1, sizeof *u.tangent_descs)))
+        rc = AG_ENOMEM;
+    for (int t = 0; rc == 0 && t < nt; t++)
+        u.tangent_descs[t] = ag_desc_retain(ag_node_desc(ph[L.sec[AG_SEC_IN_TANGENTS].start + t]));
+    for (int s = AG_SEC_IN_FW_RNG; rc == 0 && s <= AG_SEC_IN_BW_RNG; s++)
+        for (int k = 0; k < L.sec[s].count && u.nrng < 4; k++)
+            u.rng_descs[u.nrng++] = ag_desc_retain(ag_node_desc(ph[L.sec[s].start + k]));
+    if (rc == 0 && ag_layout_count(&L, AG_SEC_OUT_USER) != j->nuser_out)
+        rc = ag__err(AG_ENOTSUP, "joint_update: the graph returns %d user outputs; the joint's "
+                                 "out_spec has %d", ag_layout_count(&L, AG_SEC_OUT_USER),
+                     j->nuser_out);
+    if (rc) {
+        update_state_clear(&u, nt);
+        ag_graph_free(g);
+        return rc;
+    }
+    /* Nothing can fail from here: the joint takes the new state. */
+    update_state old = {j->primal_descs, j->tangent_descs, {0}, j->in_info, j->params,
+                        j->buffers, j->nprimals, j->nparams, j->nbuffers, j->nrng, NULL, j->alias};
+    memcpy(old.rng_descs, j->rng_descs, sizeof old.rng_descs);
+    if (u.in_spec) {
+        old.in_spec = j->in_spec;
+        j->in_spec = u.in_spec;
+    }
+    update_state_clear(&old, j->ntangents + j->nbw_tokens);
+    j->primal_descs = u.primal_descs;
+    j->tangent_descs = u.tangent_descs;
+    memcpy(j->rng_descs, u.rng_descs, sizeof j->rng_descs);
+    j->in_info = u.in_info;
+    j->params = u.params;
+    j->buffers = u.buffers;
+    j->nprimals = u.nprimals;
+    j->nparams = u.nparams;
+    j->nbuffers = u.nbuffers;
+    j->nrng = u.nrng;
+    j->alias = u.alias;
+    j->ntangents = ag_layout_count(&L, AG_SEC_IN_TANGENTS);
+    j->nbw_tokens = ag_layout_count(&L, AG_SEC_IN_BW_TOKENS);
+    j->rng_fw_out = ag_layout_count(&L, AG_SEC_OUT_FW_RNG_OFFSET) > 0;
+    j->nmutated = ag_layout_count(&L, AG_SEC_OUT_MUTATIONS);
+    j->needs_autograd = ag_layout_count(&L, AG_SEC_OUT_GRADS) > 0;
+    j->npb_flat = j->subclass ? j->npb_flat : u.nparams + u.nbuffers;
+    ag_graph_free(j->g);
+    j->g = g;
+    j->layout = L;
+    return 0;
+}
+
 /* ---- building ---- */
 
 /* Forward metadata onto backward nodes (upstream's copy_fwd_metadata_to_bw_nodes): the first
