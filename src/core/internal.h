@@ -101,7 +101,7 @@ struct ag_tensor {
     ag_tensor *base;
     uint64_t trace_ver;  /* the tracer's alias generation trace was valid for (trace.c) */
     struct ag__subdata *sub; /* a tensor subclass instance's type and inner tensors, shared by
-                              * its aliases (core/subclass.c); NULL for plain tensors */
+                              * its aliases (core/subclass_instance.c); NULL for plain tensors */
 };
 
 /* A new tensor with contiguous strides for `m` (m's strides/offset ignored) and fresh storage;
@@ -232,7 +232,7 @@ int64_t ag__autograd_current_seq(void);
 /* Element i (flat, row-major over the view) as double. */
 double ag__get_f64(const ag_tensor *t, int64_t i);
 
-/* ---- tensor subclasses (core/subclass.c, ops/subclass_call.c) ---- */
+/* ---- tensor subclasses (core/subclass_instance.c, ops/subclass_call.c) ---- */
 struct ag__subdata;
 void ag__subdata_retain(struct ag__subdata *s);
 void ag__subdata_release(struct ag__subdata *s); /* NULL: no-op */
@@ -267,10 +267,10 @@ extern _Thread_local ag__trace_hook_fn ag__trace_hook;
 int ag__op_check_args(const ag_op *op, const ag_arg *args, int nargs, ag_arg *full);
 
 /* An op parsed from def but not registered (ag_op_find does not see it); freed with
- * ag__op_free_detached. Used for the with_effects wrappers (ops/effects.c). */
+ * ag__op_free_detached. Used for the with_effects wrappers (ops/with_effects.c). */
 ag_op *ag__op_new_detached(const ag_opdef *def);
 void ag__op_free_detached(ag_op *op);
-/* ops/effects.c: for a with_effects op, checks that its `op` argument names the op it wraps
+/* ops/with_effects.c: for a with_effects op, checks that its `op` argument names the op it wraps
  * (0 for every other op). */
 int ag__with_effects_check(const ag_op *op, const ag_arg *full);
 
@@ -308,7 +308,7 @@ int ag__reduce_dims(const char *op, int ndim, const int64_t *dims, int ndims, bo
 void ag__reduce_meta(const ag_tmeta *in, const bool *reduce, bool keepdim, ag_dtype dt,
                      ag_tmeta *out);
 
-/* ---- random (core/rng.c) ---- */
+/* ---- random (core/rng_state.c) ---- */
 /* Reserves `n` values' worth of counters from the default generator: returns the seed and the
  * starting offset and advances the generator. */
 void ag__rng_reserve(int64_t n, uint64_t *seed, uint64_t *offset);

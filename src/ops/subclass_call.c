@@ -10,7 +10,7 @@
  * own op calls on inner tensors are what a trace records, and while the outer op is recorded
  * by autograd they carry its seq_nr, as the inner calls of a __torch_dispatch__ carry the
  * autograd node's sequence number upstream. */
-#include "../core/subclass.h"
+#include "../core/subclass_instance.h"
 
 #include <stdio.h>
 

@@ -1,13 +1,13 @@
 /* Tensor subclass instances (include/aotgrad/subclass.h): construction, flattening and the
  * creation metas the export and the compiled callable use to take instances apart and put them
- * back together (subclass.h in this folder).
+ * back together (subclass_instance.h).
  *
  * In: a type, outer metadata, inner tensors. Out: an ag_tensor whose storage is data-less and
  * whose `sub` points at a refcounted record of the type, the inner tensors and a copy of the
  * metadata. Aliases of an instance (detach, saved tensors of autograd nodes, view results)
  * share the record, so they see the same inner tensors. The dispatcher's part, running ops on
  * instances, is in src/ops/subclass_call.c. */
-#include "subclass.h"
+#include "subclass_instance.h"
 
 #include <stdio.h>
 

@@ -1,5 +1,5 @@
-/* Internal helpers for tensor subclasses (core/subclass.c), shared by the export
- * (src/export/subclass.c) and the compiled callable (src/runtime/subclass.c).
+/* Internal helpers for tensor subclasses (core/subclass_instance.c), shared by the export
+ * (src/export/subclass_flatten.c) and the compiled callable (src/runtime/subclass_wrap.c).
  *
  * A creation meta (ag__scmeta) is upstream's SubclassCreationMeta: how to rebuild a (possibly
  * nested) subclass instance from its flattened plain tensors. It is a tree: a plain tensor is
