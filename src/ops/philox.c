@@ -15,7 +15,7 @@
  *   philox_randn(size, seed, offset, mean=0, std=1, *, dtype) N(mean, std^2): mean + std z
  * The affine parameters exist so that uniform_ and normal_ have a functional form computing
  * exactly eager's arithmetic. dtype is float32 (default) or float64. */
-#include "kernel_util.h"
+#include "../core/kernel_util.h"
 #include "family.h"
 
 /* ---- the fill shared with the eager random ops ---- */
