@@ -25,6 +25,10 @@ typedef struct ag__scmeta {
     int nflat;                    /* plain tensors in this subtree (1 for a leaf) */
 } ag__scmeta;
 
+/* 0, or AG_EINVAL naming `who` when type lacks a name, 1 to AG_SUBCLASS_MAX_INNER inner
+ * tensors with attribute names, an unflatten or a dispatch callback. */
+int ag__subclass_type_check(const char *who, const ag_subclass_type *type);
+
 /* The creation meta of t (a plain tensor gives a leaf). 0 or AG_ENOMEM (m cleared). */
 int ag__scmeta_of(const ag_tensor *t, ag__scmeta *m);
 int ag__scmeta_copy(ag__scmeta *dst, const ag__scmeta *src);
