@@ -166,8 +166,8 @@ static int acc_into(ag_tensor **slot, ag_tensor *g) {
         return 0;
     }
     ag_tensor *s0 = *slot;
-    if (s0->grad_donated && !ag__tls()->tracing && s0->storage->data && ag_tensor_is_contiguous(s0) &&
-        s0->dtype == g->dtype && s0->ndim == g->ndim &&
+    if (s0->grad_donated && !ag__tls()->tracing && s0->storage->data &&
+        ag_tensor_is_contiguous(s0) && s0->dtype == g->dtype && s0->ndim == g->ndim &&
         !memcmp(s0->sizes, g->sizes, sizeof(int64_t) * (size_t)g->ndim) &&
         s0->storage != g->storage) {
         /* A gradient its producer gave away (a compiled backward's output, memory no one else

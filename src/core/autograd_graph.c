@@ -15,7 +15,9 @@
 static _Thread_local ag__tls_state tls = {.bw_seq_nr = -1};
 static _Thread_local int64_t next_seq_nr;
 
-ag__tls_state *ag__tls(void) { return &tls; }
+ag__tls_state *ag__tls(void) {
+    return &tls;
+}
 
 bool ag_set_grad_enabled(bool enabled) {
     bool prev = !tls.grad_disabled;
@@ -23,7 +25,9 @@ bool ag_set_grad_enabled(bool enabled) {
     return prev;
 }
 
-bool ag_is_grad_enabled(void) { return !tls.grad_disabled; }
+bool ag_is_grad_enabled(void) {
+    return !tls.grad_disabled;
+}
 
 /* ---- the spare custom node ----
  * A compiled function's call makes one custom node; the thread keeps the last one released for
@@ -64,7 +68,6 @@ static ag_anode *take_custom_node(int nin) {
     n->cap_in = cap;
     return n;
 }
-
 
 void ag__anode_cache_release(void) {
     if (kept_node)
@@ -154,7 +157,8 @@ int ag__autograd_check_inplace(const ag_op *op, const ag_arg *args, int nargs) {
     if (self->is_view && ag__autograd_wanted(op, args, nargs))
         return ag__err(AG_ENOTSUP,
                        "%s: in-place operation on a view of a tensor that takes part in autograd "
-                       "is not supported yet; apply the op out of place", op->name);
+                       "is not supported yet; apply the op out of place",
+                       op->name);
     return 0;
 }
 
@@ -188,8 +192,8 @@ static void edge_of(ag_edge *e, ag_tensor *t) {
     }
 }
 
-int ag__autograd_record(const ag_op *op, const ag_arg *args, int nargs, ag_tensor **outs,
-                        int nouts, ag_tensor *orig_self) {
+int ag__autograd_record(const ag_op *op, const ag_arg *args, int nargs, ag_tensor **outs, int nouts,
+                        ag_tensor *orig_self) {
     const ag_opdef *def = op->def; /* the caller checked ag__autograd_wanted */
     if (!def->backward)
         return ag__err(AG_ENOTSUP, "%s: an input requires grad but the op has no backward rule",
@@ -297,7 +301,9 @@ int ag__autograd_record(const ag_op *op, const ag_arg *args, int nargs, ag_tenso
     return 0;
 }
 
-int64_t ag__autograd_current_seq(void) { return next_seq_nr - 1; }
+int64_t ag__autograd_current_seq(void) {
+    return next_seq_nr - 1;
+}
 
 int64_t ag_tensor_seq_nr(const ag_tensor *t) {
     return t && t->grad_fn ? t->grad_fn->seq_nr : -1;
@@ -360,4 +366,3 @@ int ag__autograd_custom(const char *name, ag_tensor *const *inputs, int nin, ag_
     ag__anode_release(n);
     return 0;
 }
-

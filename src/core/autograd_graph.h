@@ -30,7 +30,7 @@ typedef struct ag_anode {
     /* engine scratch */
     uint64_t epoch;
     int64_t idx;
-    int64_t bufoff; /* first slot of this node's output grads in engine.buf */
+    int64_t bufoff;             /* first slot of this node's output grads in engine.buf */
     struct ag_anode *free_next; /* release worklist */
     int cap_in;                 /* custom nodes: room in edges and in_meta (recycling) */
     /* A custom node (op == NULL): a compiled function's backward. */

@@ -5,7 +5,9 @@
 
 static _Thread_local ag__sites sites;
 
-ag__sites *ag__sites_tls(void) { return &sites; }
+ag__sites *ag__sites_tls(void) {
+    return &sites;
+}
 
 void ag_site(const char *file, int line, const char *func) {
     ag__site *c = &sites.cur;

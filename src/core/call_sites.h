@@ -16,10 +16,10 @@ typedef struct ag__site {
 #define AG__MAX_FRAMES 32
 
 typedef struct ag__sites {
-    ag__site cur;                      /* the last site recorded */
-    ag__site frames[AG__MAX_FRAMES];   /* outer frames, outermost first */
-    int nframes;                       /* may exceed AG__MAX_FRAMES: deeper ones are counted */
-    uint64_t gen;                      /* bumped whenever the frames or cur change */
+    ag__site cur;                    /* the last site recorded */
+    ag__site frames[AG__MAX_FRAMES]; /* outer frames, outermost first */
+    int nframes;                     /* may exceed AG__MAX_FRAMES: deeper ones are counted */
+    uint64_t gen;                    /* bumped whenever the frames or cur change */
 } ag__sites;
 
 /* The calling thread's sites (never NULL). Whoever changes them bumps gen. */

@@ -7,9 +7,9 @@
  * Blocks are freed through the allocator hook installed at that time, like every other
  * allocation of the library. The same exit hook frees the other per-thread caches (the
  * autograd engine's kept memory, the spare custom node), each through the release function
- * its owner registered (ag__thread_caches_register). Two helpers build temporary tensors without allocating: a
- * contiguous tensor over a slot (ag__scratch_tensor_new, ag__scratch_contiguous) and a view
- * of another tensor's storage in a struct on the caller's stack (ag__tensor_view_tmp).
+ * its owner registered (ag__thread_caches_register). Two helpers build temporary tensors without
+ * allocating: a contiguous tensor over a slot (ag__scratch_tensor_new, ag__scratch_contiguous) and
+ * a view of another tensor's storage in a struct on the caller's stack (ag__tensor_view_tmp).
  *
  * Rules for kernels:
  *   - A block is valid until the next ag__scratch call with the same slot on the same thread:

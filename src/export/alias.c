@@ -800,19 +800,21 @@ bool ag__same_strides(const ag_tensor *t, const ag_tmeta *m) {
     return true;
 }
 
-int ag__rt_primals(const ag__joint_alias *a, const ag_tmeta *pm, ag_tensor *const *flat,
-                   int nflat, ag_tensor **prim, ag_tensor **owned, int *nowned) {
+int ag__rt_primals(const ag__joint_alias *a, const ag_tmeta *pm, ag_tensor *const *flat, int nflat,
+                   ag_tensor **prim, ag_tensor **owned, int *nowned) {
     *nowned = 0;
     for (int i = 0; i < nflat; i++)
         if (!flat[i])
-            return ag__has_error() ? ag_last_status() : ag__err(AG_EINVAL, "compiled: input %d is NULL", i);
+            return ag__has_error() ? ag_last_status()
+                                   : ag__err(AG_EINVAL, "compiled: input %d is NULL", i);
     for (int i = 0; i < nflat; i++) {
         const ag__flat_info *f = &a->flat[i];
         if (f->kind == AG__FLAT_DUP && flat[i] != flat[f->dup_of])
-            return ag__err(AG_EINVAL, "compiled: input %d must be the same tensor as input %d: "
-                                      "the graph was exported with one tensor passed twice and "
-                                      "mutated, so the repeated argument was removed", i,
-                           f->dup_of);
+            return ag__err(AG_EINVAL,
+                           "compiled: input %d must be the same tensor as input %d: "
+                           "the graph was exported with one tensor passed twice and "
+                           "mutated, so the repeated argument was removed",
+                           i, f->dup_of);
     }
     for (int p = 0; p < a->nprimals; p++) {
         const ag__primal_info *pi = &a->prim[p];
@@ -823,8 +825,9 @@ int ag__rt_primals(const ag__joint_alias *a, const ag_tmeta *pm, ag_tensor *cons
         }
         if (pi->base == AG__BASE_VIEW) {
             if (!t->base)
-                return ag__err(AG_EINVAL, "compiled: input %d was a view at export (the graph "
-                                          "takes its base as input %d) but is not a view now",
+                return ag__err(AG_EINVAL,
+                               "compiled: input %d was a view at export (the graph "
+                               "takes its base as input %d) but is not a view now",
                                pi->flat, p);
             prim[p] = t->base;
         } else {
@@ -838,10 +841,12 @@ int ag__rt_primals(const ag__joint_alias *a, const ag_tmeta *pm, ag_tensor *cons
         }
         if (prim[p]->offset != pm[p].offset || !ag__same_strides(prim[p], &pm[p])) {
             char x[128], y[128];
-            return ag__err(AG_EINVAL, "compiled: the base of input %d is %s with storage offset "
-                                      "%lld; the graph was exported for %s with offset %lld",
+            return ag__err(AG_EINVAL,
+                           "compiled: the base of input %d is %s with storage offset "
+                           "%lld; the graph was exported for %s with offset %lld",
                            pi->flat, ag__fmt_sizes(x, sizeof x, prim[p]->ndim, prim[p]->sizes),
-                           (long long)prim[p]->offset, ag__fmt_sizes(y, sizeof y, pm[p].ndim, pm[p].sizes),
+                           (long long)prim[p]->offset,
+                           ag__fmt_sizes(y, sizeof y, pm[p].ndim, pm[p].sizes),
                            (long long)pm[p].offset);
         }
     }
@@ -853,9 +858,11 @@ int ag__rt_primals(const ag__joint_alias *a, const ag_tmeta *pm, ag_tensor *cons
         ag_tensor *b = prim[f->primal], *v = flat[i];
         if (v->storage != b->storage || v->offset - b->offset != f->geom.offset ||
             !ag__same_strides(v, &f->geom) || v->dtype != f->geom.dtype)
-            return ag__err(AG_EINVAL, "compiled: input %d is not the view of its base (graph "
-                                      "input %d) that it was at export: inputs that share memory "
-                                      "must share it the same way on every call", i, f->primal);
+            return ag__err(AG_EINVAL,
+                           "compiled: input %d is not the view of its base (graph "
+                           "input %d) that it was at export: inputs that share memory "
+                           "must share it the same way on every call",
+                           i, f->primal);
     }
     return 0;
 }

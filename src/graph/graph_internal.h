@@ -142,9 +142,10 @@ int ag__tracer_node_meta(ag__tracer *T, ag_node *n);
 /* trace/trace_effects.c: records op's call (graph args ga, outputs outs) as with_effects on c. */
 int ag__trace_effect(ag__tracer *T, ag_graph *g, ag__token_chain *c, const ag_op *op,
                      const ag_garg *ga, int nargs, ag_tensor **outs, int nouts);
-/* RNG functionalization (src/export/rng_functionalize.c): while set, a call of a random op (AG_OP_RANDOM)
- * reaches fn instead of being recorded. fn records a functional form and binds outs (returns
- * 0), asks for the call to be recorded as it is (returns 1), or fails (a negative status). */
+/* RNG functionalization (src/export/rng_functionalize.c): while set, a call of a random op
+ * (AG_OP_RANDOM) reaches fn instead of being recorded. fn records a functional form and binds outs
+ * (returns 0), asks for the call to be recorded as it is (returns 1), or fails (a negative status).
+ */
 typedef int (*ag__trace_random_fn)(void *ud, const ag_op *op, const ag_arg *args, int nargs,
                                    ag_tensor **outs, int nouts);
 void ag__tracer_set_random(ag__tracer *T, ag__trace_random_fn fn, void *ud);

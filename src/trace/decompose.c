@@ -10,7 +10,9 @@ struct ag_decomp_table {
     int64_t n, cap, fcap;
 };
 
-ag_decomp_table *ag_decomp_table_new(void) { return ag__calloc(1, sizeof(ag_decomp_table)); }
+ag_decomp_table *ag_decomp_table_new(void) {
+    return ag__calloc(1, sizeof(ag_decomp_table));
+}
 
 void ag_decomp_table_free(ag_decomp_table *t) {
     if (!t)

@@ -189,8 +189,8 @@ static const char *stack_string(tracer *T) {
             continue;
         k += fmt_frame(T, &frames[i], buf + k, sizeof buf - k, &failed);
     }
-    bool same_as_top = nf > 0 && frames[nf - 1].file == S->cur.file &&
-                       frames[nf - 1].line == S->cur.line;
+    bool same_as_top =
+        nf > 0 && frames[nf - 1].file == S->cur.file && frames[nf - 1].line == S->cur.line;
     if (!same_as_top && k < sizeof buf)
         k += fmt_frame(T, &S->cur, buf + k, sizeof buf - k, &failed);
     if (k > 0 && buf[k - 1] == '\n')
