@@ -7,7 +7,7 @@
  * serves all of them at once: compiled training equals eager bit for bit, with the same side
  * effects in the same order and the generator advanced alike. */
 #include "testutil.h"
-#include "runtime/effects_internal.h"
+#include "runtime/effect_tokens.h"
 #include "runtime/rng_wrap.h"
 
 #include <stdio.h>

@@ -3,7 +3,7 @@
  * samples with the table-wide test's semantics. */
 #include "testutil.h"
 
-#include "autograd/samples.h"
+#include "ops/samples.h"
 #include "core/internal.h"
 
 #include <limits.h>

@@ -1,7 +1,7 @@
 /* `aotgrad ops [--json]`: the op table as a table or as JSON (name, flags, dtypes with kernels,
  * differentiable, has_backward, has_gradcheck). */
 #include "cli.h"
-#include "autograd/samples.h"
+#include "ops/samples.h"
 
 #include <jansson.h>
 #include <stdio.h>

@@ -1,364 +1,20 @@
-/* Eager autograd: recording nodes at op-call time and running backward.
+/* Eager autograd: running backward over the nodes that op calls recorded
+ * (src/core/autograd_graph.c).
  *
- * In: op calls from the dispatcher (ag__autograd_record) and backward requests (ag_backward,
- * ag_grad). Out: gradients in leaves' .grad or returned to the caller.
- *
- * Recording saves, for each node, the op, a copy of its arguments with the tensors the op's save
- * masks ask for (as detached aliases plus their storage versions), and an edge per tensor input
- * saying where its gradient goes: the producing node's input slot, or a leaf.
+ * In: backward requests (ag_backward, ag_grad). Out: gradients in leaves' .grad or returned to
+ * the caller.
  *
  * The engine collects the nodes reachable from the roots, marks those that lead to a wanted
  * gradient, counts dependencies, and runs ready nodes highest seq_nr first (PyTorch's CPU ready
  * queue order). Gradients that meet at a node input or leaf are summed by add calls made with
  * the thread's in_grad_acc flag set, so a tracer can tag them. Gradients whose shape differs
  * from the input's (broadcasting) are reduced with sum(keepdim) + view, as ATen's sum_to. */
-#include "../core/internal.h"
+#include "../core/autograd_graph.h"
 #include "../core/ptrmap.h"
 
 #include <stdio.h>
 
-typedef struct ag_edge {
-    struct ag_anode *fn; /* producing node, or NULL */
-    int input_nr;        /* output slot of fn */
-    ag_tensor *leaf;     /* leaf that requires grad, or NULL */
-} ag_edge;
-
-typedef struct ag_anode {
-    int64_t refcount;
-    int64_t seq_nr;
-    const ag_op *op;
-    int nargs;
-    ag_arg args[AG_MAX_ARGS];
-    void *argmem; /* copied int lists and tensor-list arrays */
-    int ntin;
-    ag_edge *edges;
-    ag_tmeta *in_meta;
-    int nout;
-    ag_tensor *saved_out[AG_MAX_OUTPUTS];
-    uint64_t saved_ver[32 + AG_MAX_OUTPUTS]; /* save_args has 32 bits */
-    int nsaved_ver;
-    bool released;
-    bool has_saved;
-    /* engine scratch */
-    uint64_t epoch;
-    int64_t idx;
-    int64_t bufoff; /* first slot of this node's output grads in engine.buf */
-    struct ag_anode *free_next; /* release worklist */
-    int cap_in;                 /* custom nodes: room in edges and in_meta (recycling) */
-    /* A custom node (op == NULL): a compiled function's backward. */
-    const char *custom_name;
-    ag__custom_bw_fn custom_bw;
-    void *custom_ud;
-    void (*custom_free)(void *);
-} ag_anode;
-
-static _Thread_local ag__tls_state tls = {.bw_seq_nr = -1};
-static _Thread_local int64_t next_seq_nr;
 static _Atomic uint64_t engine_epoch; /* runs of all threads stamp nodes with distinct epochs */
-
-ag__tls_state *ag__tls(void) { return &tls; }
-
-bool ag_set_grad_enabled(bool enabled) {
-    bool prev = !tls.grad_disabled;
-    tls.grad_disabled = !enabled;
-    return prev;
-}
-
-bool ag_is_grad_enabled(void) { return !tls.grad_disabled; }
-
-/* ---- node lifetime ---- */
-
-static void release_saved(ag_anode *n) {
-    for (int i = 0; i < n->nargs; i++) {
-        if (n->args[i].kind == AG_ARG_TENSOR) {
-            ag_tensor_free(n->args[i].u.t);
-            n->args[i].u.t = NULL;
-        } else if (n->args[i].kind == AG_ARG_TENSORS) {
-            for (int k = 0; k < n->args[i].n; k++) {
-                ag_tensor_free(n->args[i].u.ts[k]);
-                n->args[i].u.ts[k] = NULL;
-            }
-        }
-    }
-    for (int k = 0; k < n->nout; k++) {
-        ag_tensor_free(n->saved_out[k]);
-        n->saved_out[k] = NULL;
-    }
-}
-
-static bool keep_custom_node(ag_anode *n);
-static ag_anode *take_custom_node(int nin);
-
-void ag__anode_release(ag_anode *first) {
-    /* Iterative and allocation-free, so freeing a deep chain can neither overflow the stack nor
-     * fail: nodes whose count reaches zero are chained through free_next. */
-    if (!first || --first->refcount > 0)
-        return;
-    first->free_next = NULL;
-    ag_anode *work = first;
-    while (work) {
-        ag_anode *n = work;
-        work = n->free_next;
-        release_saved(n);
-        for (int j = 0; j < n->ntin; j++) {
-            ag_tensor_free(n->edges[j].leaf);
-            ag_anode *c = n->edges[j].fn;
-            if (c && --c->refcount == 0) {
-                c->free_next = work;
-                work = c;
-            }
-        }
-        if (n->custom_free)
-            n->custom_free(n->custom_ud);
-        if (!n->op && keep_custom_node(n))
-            continue;
-        ag__free(n->edges);
-        ag__free(n->in_meta);
-        ag__free(n->argmem);
-        ag__free(n);
-    }
-}
-
-/* ---- recording ---- */
-
-static bool tensor_input_requires_grad(const ag_tensor *t) {
-    return t && t->requires_grad && ag_dtype_is_float(t->dtype);
-}
-
-bool ag__autograd_wanted(const ag_op *op, const ag_arg *args, int nargs) {
-    if (tls.grad_disabled || (op->def->flags & AG_OP_NONDIFF))
-        return false;
-    for (int i = 0; i < nargs; i++) {
-        if (args[i].kind == AG_ARG_TENSOR && tensor_input_requires_grad(args[i].u.t))
-            return true;
-        if (args[i].kind == AG_ARG_TENSORS)
-            for (int k = 0; k < args[i].n; k++)
-                if (tensor_input_requires_grad(args[i].u.ts[k]))
-                    return true;
-    }
-    return false;
-}
-
-int ag__autograd_check_inplace(const ag_op *op, const ag_arg *args, int nargs) {
-    if (!(op->def->flags & AG_OP_INPLACE) || tls.grad_disabled)
-        return 0;
-    ag_tensor *self = args[0].u.t;
-    if (self->requires_grad && !self->grad_fn)
-        return ag__err(AG_EINVAL,
-                       "%s: a leaf tensor that requires grad is being used in an in-place "
-                       "operation (wrap it in ag_set_grad_enabled(false) if that is intended)",
-                       op->name);
-    if (self->is_view && ag__autograd_wanted(op, args, nargs))
-        return ag__err(AG_ENOTSUP,
-                       "%s: in-place operation on a view of a tensor that takes part in autograd "
-                       "is not supported yet; apply the op out of place", op->name);
-    return 0;
-}
-
-/* Copies one argument into the node: int lists into argmem, tensors as saved aliases (if
- * `save`) or NULL. */
-static ag_tensor *saved_alias(ag_tensor *t, ag_anode *n) {
-    if (!t)
-        return NULL;
-    ag_tmeta m;
-    ag__tmeta_of(t, &m);
-    ag_tensor *a = ag__tensor_alias(t, &m);
-    if (a) {
-        a->is_view = t->is_view;
-        n->saved_ver[n->nsaved_ver++] = t->storage->version;
-    }
-    return a;
-}
-
-static void edge_of(ag_edge *e, ag_tensor *t) {
-    e->fn = NULL;
-    e->leaf = NULL;
-    e->input_nr = 0;
-    if (!tensor_input_requires_grad(t))
-        return;
-    if (t->grad_fn) {
-        e->fn = t->grad_fn;
-        e->fn->refcount++;
-        e->input_nr = t->output_nr;
-    } else {
-        e->leaf = ag_tensor_keep(t);
-    }
-}
-
-int ag__autograd_record(const ag_op *op, const ag_arg *args, int nargs, ag_tensor **outs,
-                        int nouts, ag_tensor *orig_self) {
-    const ag_opdef *def = op->def; /* the caller checked ag__autograd_wanted */
-    if (!def->backward)
-        return ag__err(AG_ENOTSUP, "%s: an input requires grad but the op has no backward rule",
-                       op->name);
-    ag_anode *n = ag__calloc(1, sizeof *n);
-    if (!n)
-        return AG_ENOMEM;
-    n->refcount = 1;
-    n->op = op;
-    n->nargs = nargs;
-    /* Count tensor inputs and the bytes of lists to copy. */
-    size_t mem = 0;
-    int ntin = 0;
-    for (int i = 0; i < nargs; i++) {
-        if (args[i].kind == AG_ARG_TENSORS) {
-            ntin += args[i].n;
-            mem += sizeof(ag_tensor *) * (size_t)args[i].n;
-        } else if (args[i].kind == AG_ARG_INTS) {
-            mem += sizeof(int64_t) * (size_t)args[i].n;
-        } else if (args[i].kind == AG_ARG_TENSOR ||
-                   (args[i].kind == AG_ARG_NONE && (op->args[i].type == AG_TY_OPT_TENSOR))) {
-            ntin++;
-        }
-    }
-    n->ntin = ntin;
-    n->argmem = mem ? ag__malloc(mem) : NULL;
-    n->edges = ag__calloc((size_t)(ntin ? ntin : 1), sizeof *n->edges);
-    n->in_meta = ag__calloc((size_t)(ntin ? ntin : 1), sizeof *n->in_meta);
-    if ((mem && !n->argmem) || !n->edges || !n->in_meta) {
-        ag__free(n->argmem);
-        ag__free(n->edges);
-        ag__free(n->in_meta);
-        ag__free(n);
-        return AG_ENOMEM;
-    }
-    char *mp = n->argmem;
-    int j = 0;
-    bool oom = false;
-    int maxsaved = (int)(sizeof n->saved_ver / sizeof n->saved_ver[0]) - AG_MAX_OUTPUTS;
-    for (int i = 0; i < nargs; i++) {
-        ag_arg a = args[i];
-        if (a.kind == AG_ARG_TENSOR) {
-            bool save = j < 32 && (def->save_args >> j) & 1;
-            ag_tensor *src = (i == 0 && orig_self) ? orig_self : a.u.t;
-            if (save && n->nsaved_ver < maxsaved) {
-                a.u.t = saved_alias(src, n);
-                oom |= !a.u.t;
-            } else {
-                a.u.t = NULL;
-            }
-            edge_of(&n->edges[j], args[i].u.t);
-            ag__tmeta_of(args[i].u.t, &n->in_meta[j]);
-            j++;
-        } else if (a.kind == AG_ARG_NONE && op->args[i].type == AG_TY_OPT_TENSOR) {
-            j++;
-        } else if (a.kind == AG_ARG_TENSORS) {
-            ag_tensor **ts = (ag_tensor **)(void *)mp;
-            mp += sizeof(ag_tensor *) * (size_t)a.n;
-            for (int k = 0; k < a.n; k++, j++) {
-                ag_tensor *t = args[i].u.ts[k];
-                bool save = j < 32 && (def->save_args >> j) & 1;
-                ts[k] = save && t && n->nsaved_ver < maxsaved ? saved_alias(t, n) : NULL;
-                oom |= save && t && !ts[k];
-                edge_of(&n->edges[j], t);
-                if (t)
-                    ag__tmeta_of(t, &n->in_meta[j]);
-            }
-            a.u.ts = ts;
-        } else if (a.kind == AG_ARG_INTS) {
-            int64_t *v = (int64_t *)(void *)mp;
-            mp += sizeof(int64_t) * (size_t)a.n;
-            if (a.n)
-                memcpy(v, args[i].u.ints, sizeof(int64_t) * (size_t)a.n);
-            a.u.ints = v;
-        }
-        n->args[i] = a;
-    }
-    n->nout = nouts;
-    for (int k = 0; k < nouts; k++) {
-        if ((def->save_outputs >> k) & 1) {
-            n->saved_out[k] = saved_alias(outs[k], n);
-            oom |= !n->saved_out[k];
-        }
-    }
-    if (oom) {
-        ag__anode_release(n);
-        return AG_ENOMEM;
-    }
-    n->has_saved = n->nsaved_ver > 0;
-    n->seq_nr = next_seq_nr++;
-    /* Outputs join the graph. For in-place ops outs[0] is the mutated input itself, whose old
-     * history is already captured in the edges above. */
-    for (int k = 0; k < nouts; k++) {
-        ag_tensor *o = outs[k];
-        if (!ag_dtype_is_float(o->dtype) || ((def->nondiff_outputs >> k) & 1))
-            continue;
-        if (o->grad_fn)
-            ag__anode_release(o->grad_fn);
-        n->refcount++;
-        o->grad_fn = n;
-        o->output_nr = k;
-        o->requires_grad = true;
-    }
-    ag__anode_release(n); /* the outputs hold it now (or nothing does: freed) */
-    return 0;
-}
-
-int64_t ag__autograd_current_seq(void) { return next_seq_nr - 1; }
-
-int64_t ag_tensor_seq_nr(const ag_tensor *t) {
-    return t && t->grad_fn ? t->grad_fn->seq_nr : -1;
-}
-
-static const char *node_name(const ag_anode *n) { return n->op ? n->op->name : n->custom_name; }
-
-const char *ag_tensor_grad_fn_name(const ag_tensor *t) {
-    return t && t->grad_fn ? node_name(t->grad_fn) : NULL;
-}
-
-int ag__autograd_custom(const char *name, ag_tensor *const *inputs, int nin, ag_tensor **outs,
-                        int nouts, const bool *out_diff, ag__custom_bw_fn fn, void *ud,
-                        void (*ud_free)(void *)) {
-    bool any = false;
-    for (int i = 0; i < nin; i++)
-        any |= tensor_input_requires_grad(inputs[i]);
-    if (tls.grad_disabled || !any) {
-        if (ud_free)
-            ud_free(ud);
-        return 0;
-    }
-    ag_anode *n = take_custom_node(nin);
-    if (!n && (n = ag__calloc(1, sizeof *n))) {
-        n->cap_in = nin ? nin : 1;
-        n->edges = ag__calloc((size_t)n->cap_in, sizeof *n->edges);
-        n->in_meta = ag__calloc((size_t)n->cap_in, sizeof *n->in_meta);
-    }
-    if (!n || !n->edges || !n->in_meta) {
-        if (n) {
-            ag__free(n->edges);
-            ag__free(n->in_meta);
-        }
-        ag__free(n);
-        if (ud_free)
-            ud_free(ud);
-        return AG_ENOMEM;
-    }
-    n->refcount = 1;
-    n->custom_name = name;
-    n->custom_bw = fn;
-    n->custom_ud = ud;
-    n->custom_free = ud_free;
-    n->ntin = nin;
-    for (int i = 0; i < nin; i++) {
-        edge_of(&n->edges[i], inputs[i]);
-        ag__tmeta_of(inputs[i], &n->in_meta[i]);
-    }
-    n->nout = nouts;
-    n->seq_nr = next_seq_nr++;
-    for (int k = 0; k < nouts; k++) {
-        ag_tensor *o = outs[k];
-        if (!o || !ag_dtype_is_float(o->dtype) || (out_diff && !out_diff[k]))
-            continue;
-        if (o->grad_fn)
-            ag__anode_release(o->grad_fn);
-        n->refcount++;
-        o->grad_fn = n;
-        o->output_nr = k;
-        o->requires_grad = true;
-    }
-    ag__anode_release(n);
-    return 0;
-}
 
 /* ---- the engine ---- */
 
@@ -416,11 +72,10 @@ typedef struct engine {
  * output, and a compiled function's call makes one custom node. All of these are kept per
  * thread between passes, so the backward of a training step allocates no bookkeeping once
  * warm. A pass that starts while another holds the memory (a backward run from inside a
- * backward rule) allocates its own. Released at thread exit (ag__thread_caches_release). */
+ * backward rule) allocates its own. Released at thread exit (ag__thread_caches_register). */
 static _Thread_local engine_mem kept_mem;
 static _Thread_local bool kept_busy;
 static _Thread_local ag_tensor *kept_ones[2]; /* 0-dim f32 and f64 seeds */
-static _Thread_local ag_anode *kept_node;     /* one released custom node, for reuse */
 
 static void mem_free(engine_mem *m) {
     ag__free(m->nodes);
@@ -432,51 +87,13 @@ static void mem_free(engine_mem *m) {
     memset(m, 0, sizeof *m);
 }
 
-static void free_custom_node(ag_anode *n) {
-    ag__free(n->edges);
-    ag__free(n->in_meta);
-    ag__free(n);
-}
-
-void ag__engine_release_kept(void) {
+static void engine_release_kept(void) {
     if (!kept_busy)
         mem_free(&kept_mem);
     for (int k = 0; k < 2; k++) {
         ag_tensor_free(kept_ones[k]);
         kept_ones[k] = NULL;
     }
-    if (kept_node)
-        free_custom_node(kept_node);
-    kept_node = NULL;
-}
-
-/* Called by ag__anode_release for a custom node whose last reference went (its ud already
- * freed): keeps it as the thread's spare unless the spare has at least as much room. */
-static bool keep_custom_node(ag_anode *n) {
-    if (kept_node && kept_node->cap_in >= n->cap_in)
-        return false;
-    if (kept_node)
-        free_custom_node(kept_node);
-    ag__thread_caches_register();
-    kept_node = n;
-    return true;
-}
-
-/* The spare custom node, cleared, if it has room for nin inputs. */
-static ag_anode *take_custom_node(int nin) {
-    ag_anode *n = kept_node;
-    if (!n || n->cap_in < nin)
-        return NULL;
-    kept_node = NULL;
-    ag_edge *edges = n->edges;
-    ag_tmeta *in_meta = n->in_meta;
-    int cap = n->cap_in;
-    memset(n, 0, sizeof *n);
-    memset(edges, 0, sizeof *edges * (size_t)cap);
-    n->edges = edges;
-    n->in_meta = in_meta;
-    n->cap_in = cap;
-    return n;
 }
 
 static void engine_init(engine *e) {
@@ -500,7 +117,7 @@ static int reserve_zero(void **p, int64_t *cap, int64_t n, size_t elem) {
  * outside tracing the thread's kept one when nobody else holds it. A new reference. */
 static ag_tensor *ones_seed(const engine *e, ag_tensor *r) {
     int k = r->dtype == AG_F32 ? 0 : r->dtype == AG_F64 ? 1 : -1;
-    if (!e->kept || k < 0 || r->ndim != 0 || tls.tracing || !r->storage->data) {
+    if (!e->kept || k < 0 || r->ndim != 0 || ag__tls()->tracing || !r->storage->data) {
         ag_scope_begin();
         ag_tensor *s = ag_tensor_keep(ag_ones_like(r));
         ag_scope_end();
@@ -518,7 +135,7 @@ static ag_tensor *ones_seed(const engine *e, ag_tensor *r) {
         ag_scope_end();
         if (!s)
             return NULL;
-        ag__thread_caches_register();
+        ag__thread_caches_register(engine_release_kept);
     } else {
         /* Whoever held it last may have written to it. */
         if (k == 0)
@@ -549,8 +166,8 @@ static int acc_into(ag_tensor **slot, ag_tensor *g) {
         return 0;
     }
     ag_tensor *s0 = *slot;
-    if (s0->grad_donated && !tls.tracing && s0->storage->data && ag_tensor_is_contiguous(s0) &&
-        s0->dtype == g->dtype && s0->ndim == g->ndim &&
+    if (s0->grad_donated && !ag__tls()->tracing && s0->storage->data &&
+        ag_tensor_is_contiguous(s0) && s0->dtype == g->dtype && s0->ndim == g->ndim &&
         !memcmp(s0->sizes, g->sizes, sizeof(int64_t) * (size_t)g->ndim) &&
         s0->storage != g->storage) {
         /* A gradient its producer gave away (a compiled backward's output, memory no one else
@@ -560,11 +177,11 @@ static int acc_into(ag_tensor **slot, ag_tensor *g) {
         ag_scope_end();
         return r ? 0 : ag_last_status();
     }
-    tls.in_grad_acc = true;
+    ag__tls()->in_grad_acc = true;
     ag_scope_begin();
     ag_tensor *s = ag_tensor_keep(ag_add(*slot, g));
     ag_scope_end();
-    tls.in_grad_acc = false;
+    ag__tls()->in_grad_acc = false;
     if (!s)
         return ag_last_status();
     ag_tensor_free(*slot);
@@ -791,7 +408,7 @@ static int run_node(engine *e, ag_anode *n) {
         .needs_grad = needs,
         .grad_inputs = gin,
     };
-    tls.bw_seq_nr = n->seq_nr;
+    ag__tls()->bw_seq_nr = n->seq_nr;
     uint64_t errs = ag__err_count();
     ag_scope_begin();
     rc = n->op ? n->op->def->backward(&ctx)
@@ -803,13 +420,13 @@ static int run_node(engine *e, ag_anode *n) {
     for (int j = 0; j < n->ntin; j++) {
         fitted[j] = NULL;
         if (rc == 0 && needs[j] && gin[j]) {
-            fitted[j] = fit_grad(node_name(n), gin[j], &n->in_meta[j]);
+            fitted[j] = fit_grad(ag__anode_name(n), gin[j], &n->in_meta[j]);
             if (!fitted[j])
                 rc = ag_last_status() ? ag_last_status() : AG_EINVAL;
         }
     }
     ag_scope_end();
-    tls.bw_seq_nr = -1;
+    ag__tls()->bw_seq_nr = -1;
     for (int j = 0; j < n->ntin && rc == 0; j++) {
         if (!fitted[j])
             continue;
@@ -836,7 +453,7 @@ static void engine_free(engine *e) {
         mem_free(&kept_mem); /* a nested pass's leftovers, if any */
         kept_mem = e->m;
         kept_busy = false;
-        ag__thread_caches_register();
+        ag__thread_caches_register(engine_release_kept);
     } else {
         mem_free(&e->m);
     }
@@ -1069,7 +686,7 @@ static int run_engine(const char *fn, ag_tensor *const *roots, ag_tensor *const 
     if (rc == 0 && !retain)
         for (int64_t i = 0; i < nn; i++)
             if (e.needed[i]) {
-                release_saved(e.nodes[i]);
+                ag__anode_release_saved(e.nodes[i]);
                 e.nodes[i]->released = e.nodes[i]->has_saved || !e.nodes[i]->op;
             }
     for (int i = 0; i < nroots; i++)

@@ -101,7 +101,7 @@ struct ag_tensor {
     ag_tensor *base;
     uint64_t trace_ver;  /* the tracer's alias generation trace was valid for (trace.c) */
     struct ag__subdata *sub; /* a tensor subclass instance's type and inner tensors, shared by
-                              * its aliases (core/subclass.c); NULL for plain tensors */
+                              * its aliases (core/subclass_instance.c); NULL for plain tensors */
 };
 
 /* A new tensor with contiguous strides for `m` (m's strides/offset ignored) and fresh storage;
@@ -166,12 +166,15 @@ void *ag__scratch(int slot, size_t bytes);
 /* Frees this thread's scratch blocks (done at thread exit and, for the thread that calls
  * exit(), by a library destructor; tests call it to check the heap). */
 void ag__scratch_release_all(void);
-/* Other per-thread memory kept between calls (the autograd engine's arrays, seeds and spare
- * node: ag__engine_release_kept in engine.c) is freed with the scratch blocks at thread exit;
- * register marks this thread as holding some. ag__thread_caches_release frees it now. */
-void ag__thread_caches_register(void);
+/* Other per-thread memory kept between calls (the autograd engine's arrays and seeds, the
+ * spare custom node of autograd_graph.c) is freed with the scratch blocks at thread exit.
+ * A thread about to keep some calls register with the function that frees the calling
+ * thread's cache of that kind; the function is remembered process-wide (a handful of kinds
+ * exist; it never fails) and runs at the exit of every thread that registered anything, so it
+ * must do nothing on a thread holding no cache. This is how layers above core (the engine)
+ * have their caches freed by core. ag__thread_caches_release frees this thread's now. */
+void ag__thread_caches_register(void (*release)(void));
 void ag__thread_caches_release(void);
-void ag__engine_release_kept(void);
 /* A temporary tensor whose struct and storage struct are the caller's (on the stack) and whose
  * data is a scratch slot: never ag_tensor_free'd, valid as long as the slot. */
 typedef struct ag__scratch_tensor {
@@ -196,7 +199,7 @@ ag_tensor *ag__tensor_view_tmp(ag_tensor *v, const ag_tensor *t, const ag_tmeta 
 ag_tensor *ag__give(ag_tensor *t);
 bool ag__in_scope(void);
 
-/* ---- grad mode, thread state (autograd/engine.c) ---- */
+/* ---- grad mode, thread state, the autograd graph (core/autograd_graph.c) ---- */
 typedef struct ag__tls_state {
     bool grad_disabled;
     bool tracing;             /* later stages: factory ops make meta tensors */
@@ -206,9 +209,9 @@ typedef struct ag__tls_state {
     int64_t trace_seq;        /* seq_nr for the node being traced (set by the dispatcher) */
 } ag__tls_state;
 ag__tls_state *ag__tls(void);
-/* Drops one reference to an autograd node (engine.c). */
+/* Drops one reference to an autograd node. */
 void ag__anode_release(struct ag_anode *n);
-/* Dispatcher hooks (engine.c): would this call record a node; is this in-place call allowed;
+/* Dispatcher hooks: would this call record a node; is this in-place call allowed;
  * record the node for a call that ag__autograd_wanted accepted (orig_self: a copy of self
  * taken before an in-place kernel, or NULL). */
 bool ag__autograd_wanted(const ag_op *op, const ag_arg *args, int nargs);
@@ -232,7 +235,7 @@ int64_t ag__autograd_current_seq(void);
 /* Element i (flat, row-major over the view) as double. */
 double ag__get_f64(const ag_tensor *t, int64_t i);
 
-/* ---- tensor subclasses (core/subclass.c, ops/subclass_call.c) ---- */
+/* ---- tensor subclasses (core/subclass_instance.c, ops/subclass_call.c) ---- */
 struct ag__subdata;
 void ag__subdata_retain(struct ag__subdata *s);
 void ag__subdata_release(struct ag__subdata *s); /* NULL: no-op */
@@ -267,10 +270,10 @@ extern _Thread_local ag__trace_hook_fn ag__trace_hook;
 int ag__op_check_args(const ag_op *op, const ag_arg *args, int nargs, ag_arg *full);
 
 /* An op parsed from def but not registered (ag_op_find does not see it); freed with
- * ag__op_free_detached. Used for the with_effects wrappers (ops/effects.c). */
+ * ag__op_free_detached. Used for the with_effects wrappers (ops/with_effects.c). */
 ag_op *ag__op_new_detached(const ag_opdef *def);
 void ag__op_free_detached(ag_op *op);
-/* ops/effects.c: for a with_effects op, checks that its `op` argument names the op it wraps
+/* ops/with_effects.c: for a with_effects op, checks that its `op` argument names the op it wraps
  * (0 for every other op). */
 int ag__with_effects_check(const ag_op *op, const ag_arg *full);
 
@@ -308,7 +311,7 @@ int ag__reduce_dims(const char *op, int ndim, const int64_t *dims, int ndims, bo
 void ag__reduce_meta(const ag_tmeta *in, const bool *reduce, bool keepdim, ag_dtype dt,
                      ag_tmeta *out);
 
-/* ---- random (core/rng.c) ---- */
+/* ---- random (core/rng_state.c) ---- */
 /* Reserves `n` values' worth of counters from the default generator: returns the seed and the
  * starting offset and advances the generator. */
 void ag__rng_reserve(int64_t n, uint64_t *seed, uint64_t *offset);

@@ -1,5 +1,5 @@
 /* Python str literals: repr() of a byte string and a parser for the literals it writes (and
- * the rest of Python's escapes). Shared by the descriptor repr/parser (src/export/desc.c), the
+ * the rest of Python's escapes). Shared by the descriptor repr/parser (src/core/desc.c), the
  * graph printer and parser (src/graph/print.c, parse_lex.c) and the treespec repr
  * (src/export/treespec.c), so that all of them quote and unquote strings the same way. */
 #ifndef AG_PYSTR_H

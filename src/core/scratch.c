@@ -5,10 +5,11 @@
  * of its first run. Blocks are freed when their thread exits, by ag__scratch_release_all, and,
  * for the thread that calls exit(), by a library destructor, so leak checkers see a clean heap.
  * Blocks are freed through the allocator hook installed at that time, like every other
- * allocation of the library. The same exit hook frees the autograd engine's kept memory
- * (ag__thread_caches_register). Two helpers build temporary tensors without allocating: a
- * contiguous tensor over a slot (ag__scratch_tensor_new, ag__scratch_contiguous) and a view
- * of another tensor's storage in a struct on the caller's stack (ag__tensor_view_tmp).
+ * allocation of the library. The same exit hook frees the other per-thread caches (the
+ * autograd engine's kept memory, the spare custom node), each through the release function
+ * its owner registered (ag__thread_caches_register). Two helpers build temporary tensors without
+ * allocating: a contiguous tensor over a slot (ag__scratch_tensor_new, ag__scratch_contiguous) and
+ * a view of another tensor's storage in a struct on the caller's stack (ag__tensor_view_tmp).
  *
  * Rules for kernels:
  *   - A block is valid until the next ag__scratch call with the same slot on the same thread:
@@ -62,6 +63,7 @@
  *                       1: first and second operand converted. */
 #include "internal.h"
 
+#include <assert.h>
 #include <pthread.h>
 
 /* The part of a block past the size asked for is poisoned, so that a kernel reading or writing
@@ -91,10 +93,22 @@ static void release(scratch_slot *s) {
     }
 }
 
+/* The release functions of the other per-thread caches, process-wide, in registration order. */
+#define MAX_CACHE_KINDS 4
+static void (*_Atomic cache_releases[MAX_CACHE_KINDS])(void);
+
+static void release_caches(void) {
+    for (int i = 0; i < MAX_CACHE_KINDS; i++) {
+        void (*f)(void) = atomic_load(&cache_releases[i]);
+        if (f)
+            f();
+    }
+}
+
 /* Runs at the exit of a thread that took scratch; `v` is that thread's slots array. */
 static void on_thread_exit(void *v) {
     release(v);
-    ag__engine_release_kept();
+    release_caches();
 }
 
 static void make_exit_key(void) {
@@ -110,12 +124,23 @@ static void register_thread(void) {
     }
 }
 
-void ag__thread_caches_register(void) {
+void ag__thread_caches_register(void (*release_fn)(void)) {
+    for (int i = 0; i < MAX_CACHE_KINDS; i++) {
+        void (*cur)(void) = atomic_load(&cache_releases[i]);
+        if (cur == release_fn)
+            break;
+        if (!cur && atomic_compare_exchange_strong(&cache_releases[i], &cur, release_fn))
+            break;
+        if (cur == release_fn) /* another thread registered it first */
+            break;
+        /* the kinds are the library's own few: the table never fills */
+        assert(i < MAX_CACHE_KINDS - 1);
+    }
     register_thread();
 }
 
 void ag__thread_caches_release(void) {
-    ag__engine_release_kept();
+    release_caches();
 }
 
 void *ag__scratch(int slot, size_t bytes) {

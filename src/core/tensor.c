@@ -2,7 +2,7 @@
  * autorelease scopes, element access and dtype-converting copies. Ops live in src/ops; this
  * file only manages the objects they work on. */
 #include "internal.h"
-#include "../ops/kernel_util.h"
+#include "kernel_util.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -103,8 +103,11 @@ void ag__aplan_end(ag__alias_plan *P, ag_module *m);
  * upstream's message when the aliasing is not supported. */
 int ag__aplan_refine(ag__alias_plan *P, const ag_input_info *info, bool needs_autograd);
 
-/* ---- the compiled callable's wrappers (src/runtime/alias_rt.c) ---- */
+/* ---- the compiled callable's wrappers (ag__rt_primals in alias.c, the others in
+ * src/runtime/alias_rt.c) ---- */
 
+/* t has m's sizes and, along every dim of size > 1, m's strides. */
+bool ag__same_strides(const ag_tensor *t, const ag_tmeta *m);
 /* The primals for flat inputs: prim[p] is borrowed (a flat input or its ._base) or, for a
  * synthetic base, a new tensor recorded in owned[] (*nowned of them, the caller frees).
  * Checks duplicates and merged views against the export; errors name the inputs. */

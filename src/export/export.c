@@ -16,9 +16,9 @@
 #include "../graph/graph_internal.h"
 #include "aotgrad/export.h"
 #include "alias.h"
-#include "effects_internal.h"
-#include "rng_internal.h"
-#include "subclass.h"
+#include "token_chain.h"
+#include "rng_functionalize.h"
+#include "subclass_flatten.h"
 
 #include <stdio.h>
 

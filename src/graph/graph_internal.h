@@ -129,7 +129,7 @@ bool ag__tracer_bound(ag__tracer *T, const ag_tensor *t);
 ag_node *ag__tracer_node_of(ag__tracer *T, ag_tensor *t);
 /* Effect tokens of a tracing session (the joint export): while a chain is set, the tracer
  * records each call of an effectful op as with_effects on the chain's current token and makes
- * the call's new token current (trace/effects.c). `make` creates the chain's first token (a
+ * the call's new token current (trace/trace_effects.c). `make` creates the chain's first token (a
  * placeholder) when the first effect needs it. */
 typedef struct ag__token_chain ag__token_chain;
 struct ag__token_chain {
@@ -139,12 +139,13 @@ struct ag__token_chain {
 void ag__tracer_set_token_chain(ag__tracer *T, ag__token_chain *c); /* NULL: none */
 /* trace.c: gives n the session's metadata (seq_nr, tag, annotations, stack trace). */
 int ag__tracer_node_meta(ag__tracer *T, ag_node *n);
-/* trace/effects.c: records op's call (graph args ga, outputs outs) as with_effects on c. */
+/* trace/trace_effects.c: records op's call (graph args ga, outputs outs) as with_effects on c. */
 int ag__trace_effect(ag__tracer *T, ag_graph *g, ag__token_chain *c, const ag_op *op,
                      const ag_garg *ga, int nargs, ag_tensor **outs, int nouts);
-/* RNG functionalization (src/export/rng.c): while set, a call of a random op (AG_OP_RANDOM)
- * reaches fn instead of being recorded. fn records a functional form and binds outs (returns
- * 0), asks for the call to be recorded as it is (returns 1), or fails (a negative status). */
+/* RNG functionalization (src/export/rng_functionalize.c): while set, a call of a random op
+ * (AG_OP_RANDOM) reaches fn instead of being recorded. fn records a functional form and binds outs
+ * (returns 0), asks for the call to be recorded as it is (returns 1), or fails (a negative status).
+ */
 typedef int (*ag__trace_random_fn)(void *ud, const ag_op *op, const ag_arg *args, int nargs,
                                    ag_tensor **outs, int nouts);
 void ag__tracer_set_random(ag__tracer *T, ag__trace_random_fn fn, void *ud);

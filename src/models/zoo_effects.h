@@ -1,4 +1,4 @@
-/* The `effects` zoo model (models/effects.c), for zoo.c's table. */
+/* The `effects` zoo model (models/zoo_effects.c), for zoo.c's table. */
 #ifndef AG_ZOO_EFFECTS_H
 #define AG_ZOO_EFFECTS_H
 

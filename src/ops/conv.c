@@ -17,7 +17,7 @@
  * The backward rules call the ATen helper ops (convolution_backward with the output mask taken
  * from which inputs need a gradient, max_pool2d_with_indices_backward, ...) so traced backward
  * graphs read like PyTorch's. */
-#include "kernel_util.h"
+#include "../core/kernel_util.h"
 #include "family.h"
 
 #include <cblas.h>

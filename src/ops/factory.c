@@ -2,7 +2,7 @@
  * ones, full, arange, scalar_tensor, the *_like forms), random tensors drawn from the Philox
  * generator (rand, randn, uniform_, normal_), and ag_from_data, which copies caller memory into
  * a new leaf. Factories never require grad. */
-#include "kernel_util.h"
+#include "../core/kernel_util.h"
 #include "family.h"
 
 #include <math.h>

@@ -6,7 +6,7 @@
 #ifndef AG_FUSED_H
 #define AG_FUSED_H
 
-#include "kernel_util.h"
+#include "../core/kernel_util.h"
 
 /* add.Tensor then native_layer_norm over the last dim: sum = a + b (all (M, N)), then y, mean
  * and rstd of layer norm of sum with weight w and bias b (N, or NULL). norm.c. */

@@ -19,7 +19,7 @@
  * Kernels allocate nothing but their outputs: slices for cat/stack/split are views in structs
  * on the stack, and index arrays, offsets and contiguous copies are per-thread scratch
  * (ag__scratch; the slots are listed in src/core/scratch.c). */
-#include "kernel_util.h"
+#include "../core/kernel_util.h"
 #include "family.h"
 
 /* ---- shared helpers ---- */

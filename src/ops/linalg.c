@@ -12,7 +12,7 @@
  * and matmul and linear decompose as ATen's CompositeImplicitAutograd kernels do, so traced
  * graphs read like PyTorch's: linear on 2-d input is t + addmm, and its backward is
  * t, mm, t (weight) then sum + view (bias). */
-#include "kernel_util.h"
+#include "../core/kernel_util.h"
 #include "family.h"
 #include "fastmath.h"
 #include "fused.h"

@@ -572,7 +572,7 @@ static bool train_arg(const ag_arg *a) { return a->kind == AG_ARG_NONE || a->u.b
  * ATen's bernoulli_ does. The uniforms are written into the output first, then replaced.
  * The output is (mask * x) * scale computed in the tensor's dtype, the order and precision of
  * the functional form the joint export records (ge(philox_rand, p), mul, mul.Scalar; see
- * src/export/rng.c), so eager and compiled dropout agree bit for bit. */
+ * src/export/rng_functionalize.c), so eager and compiled dropout agree bit for bit. */
 static int nd_kernel(const ag_arg *a, ag_tensor **o) {
     ag_tensor *x = a[0].u.t, *out = o[0], *mask = o[1];
     const double p = a[1].u.f;

@@ -4,7 +4,7 @@
 #ifndef AG_NN_UTIL_H
 #define AG_NN_UTIL_H
 
-#include "kernel_util.h"
+#include "../core/kernel_util.h"
 
 /* The tensor of an optional argument (None, or a tensor not saved for backward: NULL). */
 static inline ag_tensor *targ(const ag_arg *a) {

@@ -322,7 +322,7 @@ static const ag_op *register_def(const ag_opdef *def) {
 }
 
 /* An op parsed from def but kept out of the registry (the with_effects wrappers of
- * src/ops/effects.c, which all carry the name `with_effects`). */
+ * src/ops/with_effects.c, which all carry the name `with_effects`). */
 ag_op *ag__op_new_detached(const ag_opdef *def) {
     ag_op *op = ag__calloc(1, sizeof *op);
     if (!op)
@@ -532,7 +532,7 @@ int ag__op_check_args(const ag_op *op, const ag_arg *args, int nargs, ag_arg *fu
                            sa->name, full[i].n);
     }
     if (op->def->flags & AG_OP_EFFECTFUL)
-        return ag__with_effects_check(op, full); /* the wrapped op named matches (effects.c) */
+        return ag__with_effects_check(op, full); /* the wrapped op named matches (with_effects.c) */
     return 0;
 }
 

@@ -1,11 +1,11 @@
 /* Functional random ops: philox_rand and philox_randn draw from a generator state passed in
  * explicitly as two 0-dim int64 tensors (seed, offset) instead of reading and advancing the
- * thread's default generator (src/core/rng.c). They are pure functions of their inputs, so they are
- * not flagged random: CSE, DCE and the min-cut partitioner may treat them like any other
+ * thread's default generator (src/core/rng_state.c). They are pure functions of their inputs, so
+ * they are not flagged random: CSE, DCE and the min-cut partitioner may treat them like any other
  * recomputable op, and a recomputation gives the same numbers.
  *
- * The joint export (src/export/rng.c) records every random draw of a traced model as one of
- * these ops (upstream's functionalize_rng_ops with its philox_rand prim). Both draw with
+ * The joint export (src/export/rng_functionalize.c) records every random draw of a traced model as
+ * one of these ops (upstream's functionalize_rng_ops with its philox_rand prim). Both draw with
  * ag__philox_fill, the very code the eager random ops (rand, randn, uniform_, normal_ in
  * factory.c) run after reserving their counters, so philox_rand(size, seed, offset, low, high)
  * is bit-identical to what eager's uniform draw gives with the generator at (seed, offset); a
@@ -15,7 +15,7 @@
  *   philox_randn(size, seed, offset, mean=0, std=1, *, dtype) N(mean, std^2): mean + std z
  * The affine parameters exist so that uniform_ and normal_ have a functional form computing
  * exactly eager's arithmetic. dtype is float32 (default) or float64. */
-#include "kernel_util.h"
+#include "../core/kernel_util.h"
 #include "family.h"
 
 /* ---- the fill shared with the eager random ops ---- */

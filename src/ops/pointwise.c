@@ -9,7 +9,7 @@
  * temporaries. Then a loop driver of pw_loops.h runs `out[i] = EXPR` over the strided
  * iterator (vectorized inner loops, OpenMP across rows or chunks); float32 sqrt and the
  * transcendental activations use the vectorized math of fastmath.h, float64 uses libm. */
-#include "kernel_util.h"
+#include "../core/kernel_util.h"
 #include "family.h"
 #include "fastmath.h"
 #include "pw_loops.h"

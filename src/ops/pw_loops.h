@@ -11,7 +11,7 @@
 #ifndef AG_PW_LOOPS_H
 #define AG_PW_LOOPS_H
 
-#include "kernel_util.h"
+#include "../core/kernel_util.h"
 #include "fastmath.h"
 
 #define PW_CHUNK 16384

@@ -6,7 +6,7 @@
 #ifndef AG_REDUCE_KERNELS_H
 #define AG_REDUCE_KERNELS_H
 
-#include "kernel_util.h"
+#include "../core/kernel_util.h"
 
 /* Sum, or mean when `mean`, of x over the reduced dims. x is float and out has x's dtype, or x
  * is i64/bool and out is i64 (exact, wrapping integer sums). */

@@ -10,7 +10,7 @@
  * own op calls on inner tensors are what a trace records, and while the outer op is recorded
  * by autograd they carry its seq_nr, as the inner calls of a __torch_dispatch__ carry the
  * autograd node's sequence number upstream. */
-#include "../core/subclass.h"
+#include "../core/subclass_instance.h"
 
 #include <stdio.h>
 
@@ -125,5 +125,45 @@ int ag__subclass_call(const ag_subclass_type *type, const ag_op *op, const ag_ar
     ag_tensor_free(orig_self);
     if (rc)
         free_outs(outs, nouts);
+    return rc;
+}
+
+/* ---- for dispatch callbacks ---- */
+
+int ag_subclass_call_inner(const ag_op *op, const ag_arg *args, int nargs,
+                           const ag_subclass_type *type, int k, ag_tensor **outs) {
+    if (!op || nargs < 0 || nargs > AG_MAX_ARGS || (nargs && !args))
+        return ag__err(AG_EINVAL, "subclass_call_inner: bad op or arguments");
+    if (ag__subclass_type_check("subclass_call_inner", type))
+        return AG_EINVAL;
+    if (k < 0 || k >= type->ninner)
+        return ag__err(AG_EINVAL, "subclass_call_inner: %s has no inner tensor %d", type->name, k);
+    ag_arg a[AG_MAX_ARGS];
+    ag_tensor **lists[AG_MAX_ARGS] = {0};
+    int rc = 0;
+    for (int i = 0; i < nargs && rc == 0; i++) {
+        a[i] = args[i];
+        if (a[i].kind == AG_ARG_TENSOR && ag_tensor_subclass(a[i].u.t) == type) {
+            a[i].u.t = a[i].u.t->sub->inner[k];
+        } else if (a[i].kind == AG_ARG_TENSORS && a[i].n > 0) {
+            lists[i] = ag__malloc(sizeof(ag_tensor *) * (size_t)a[i].n);
+            if (!lists[i]) {
+                rc = AG_ENOMEM;
+                break;
+            }
+            for (int e = 0; e < a[i].n; e++) {
+                ag_tensor *t = a[i].u.ts[e];
+                lists[i][e] = ag_tensor_subclass(t) == type ? t->sub->inner[k] : t;
+            }
+            a[i].u.ts = lists[i];
+        }
+    }
+    if (rc == 0) {
+        rc = ag_op_call(op, a, nargs, outs);
+        if (rc >= 0 && ag_op_noutputs(op) >= 0) /* a list op returned its count */
+            rc = ag_op_noutputs(op);
+    }
+    for (int i = 0; i < nargs; i++)
+        ag__free(lists[i]);
     return rc;
 }

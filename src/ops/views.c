@@ -3,7 +3,7 @@
  * view's sizes, strides and storage offset and the dispatcher aliases the storage), plus the
  * copying ops clone, contiguous and _to_copy, and the view backward helpers slice_backward,
  * select_backward and as_strided_scatter. */
-#include "kernel_util.h"
+#include "../core/kernel_util.h"
 #include "family.h"
 
 #include <stdio.h>

@@ -23,9 +23,9 @@
 #include "../export/alias.h"
 #include "../nn/nn_internal.h"
 #include "aotgrad/compile.h"
-#include "effects_internal.h"
+#include "effect_tokens.h"
 #include "rng_wrap.h"
-#include "subclass.h"
+#include "subclass_wrap.h"
 
 #include <stdio.h>
 

@@ -1,7 +1,7 @@
 /* The functionalized-RNG runtime wrapper (upstream's FunctionalizedRngRuntimeWrapper; spec 8).
  *
  * In: a partitioned graph whose random draws read philox seed and offset placeholders (the
- * export's RNG functionalization, src/export/rng.c). Out: around each run of it, the
+ * export's RNG functionalization, src/export/rng_functionalize.c). Out: around each run of it, the
  * calling thread's generator's state goes in as those two inputs, and the generator's offset is
  * moved to the updated offset the graph returns, exactly as far as eager's draws would have
  * moved it. The forward feeds the state at the time of the forward, the backward at the time

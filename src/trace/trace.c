@@ -11,46 +11,10 @@
 #include "../graph/graph_internal.h"
 #include "aotgrad/trace.h"
 #include "trace_views.h"
+#include "../core/call_sites.h"
 
 #include <stdio.h>
 #include <stdlib.h>
-
-/* ---- call sites ---- */
-
-typedef struct site {
-    const char *file;
-    int line;
-    const char *func;
-} site;
-
-#define MAX_FRAMES 32
-static _Thread_local site cur_site;
-static _Thread_local site frames[MAX_FRAMES];
-static _Thread_local int nframes;
-static _Thread_local uint64_t site_gen; /* bumped whenever the frames or site change */
-
-void ag_site(const char *file, int line, const char *func) {
-    if (cur_site.line != line || cur_site.file != file || cur_site.func != func) {
-        cur_site = (site){file, line, func};
-        site_gen++;
-    }
-}
-
-void ag_site_push(void) {
-    if (nframes < MAX_FRAMES)
-        frames[nframes] = cur_site;
-    nframes++;
-    site_gen++;
-}
-
-void ag_site_pop(void) {
-    if (nframes > 0) {
-        nframes--;
-        if (nframes < MAX_FRAMES)
-            cur_site = frames[nframes];
-    }
-    site_gen++;
-}
 
 /* ---- annotations ---- */
 
@@ -87,8 +51,9 @@ int ag_annotate_fn(const char *key, ag_mval value, const char *fn_name, int (*fn
     ag_annotate_begin(key, value);
     ag_site_push();
     /* Until fn records sites of its own, its ops are attributed to fn itself. */
-    cur_site.func = fn_name;
-    site_gen++;
+    ag__sites *S = ag__sites_tls();
+    S->cur.func = fn_name;
+    S->gen++;
     int rc = fn(ud);
     ag_site_pop();
     ag_annotate_end();
@@ -120,7 +85,7 @@ struct ag__tracer {
     ag_graph *g;
     uint64_t id;
     ag_trace_opts opts;
-    uint64_t trace_gen; /* site_gen the cached stack string was built for */
+    uint64_t trace_gen; /* sites.gen the cached stack string was built for */
     char *trace_str;
     src_file *files;
     int64_t nfiles, files_cap;
@@ -135,7 +100,7 @@ struct ag__tracer {
     tracer *prev_active;
     ag__trace_hook_fn prev_hook;
     bool prev_meta;
-    site prev_site; /* the thread's call site before the session (restored at the end) */
+    ag__site prev_site; /* the thread's call site before the session (restored at the end) */
     int prev_nframes;
 };
 
@@ -191,7 +156,7 @@ static const src_file *load_source(tracer *T, const char *path) {
 }
 
 /* Formats one frame; *failed is set when the source cache could not grow (out of memory). */
-static size_t fmt_frame(tracer *T, const site *s, char *buf, size_t n, bool *failed) {
+static size_t fmt_frame(tracer *T, const ag__site *s, char *buf, size_t n, bool *failed) {
     if (!s->file)
         return 0;
     size_t k = (size_t)snprintf(buf, n, "  File \"%s\", line %d, in %s\n", s->file, s->line,
@@ -211,21 +176,23 @@ static size_t fmt_frame(tracer *T, const site *s, char *buf, size_t n, bool *fai
 /* The current stack as text (cached until a site changes); NULL with an error set when out of
  * memory, NULL without one when there is no site at all. */
 static const char *stack_string(tracer *T) {
-    if (T->trace_str && T->trace_gen == site_gen)
+    const ag__sites *S = ag__sites_tls();
+    const ag__site *frames = S->frames;
+    if (T->trace_str && T->trace_gen == S->gen)
         return T->trace_str;
     char buf[8192];
     size_t k = 0;
     bool failed = false;
-    int nf = nframes < MAX_FRAMES ? nframes : MAX_FRAMES;
+    int nf = S->nframes < AG__MAX_FRAMES ? S->nframes : AG__MAX_FRAMES;
     for (int i = 0; i < nf && k < sizeof buf; i++) {
         if (i > 0 && frames[i].file == frames[i - 1].file && frames[i].line == frames[i - 1].line)
             continue;
         k += fmt_frame(T, &frames[i], buf + k, sizeof buf - k, &failed);
     }
-    bool same_as_top = nf > 0 && frames[nf - 1].file == cur_site.file &&
-                       frames[nf - 1].line == cur_site.line;
+    bool same_as_top =
+        nf > 0 && frames[nf - 1].file == S->cur.file && frames[nf - 1].line == S->cur.line;
     if (!same_as_top && k < sizeof buf)
-        k += fmt_frame(T, &cur_site, buf + k, sizeof buf - k, &failed);
+        k += fmt_frame(T, &S->cur, buf + k, sizeof buf - k, &failed);
     if (k > 0 && buf[k - 1] == '\n')
         buf[k - 1] = 0;
     ag__free(T->trace_str);
@@ -234,7 +201,7 @@ static const char *stack_string(tracer *T) {
         return NULL;
     T->trace_str = k ? ag__strdup(buf) : NULL;
     if (T->trace_str)
-        T->trace_gen = site_gen;
+        T->trace_gen = S->gen;
     return T->trace_str;
 }
 
@@ -452,11 +419,12 @@ static void tracer_activate(tracer *T) {
     /* A session starts from a clean call stack: the site left behind by the last op the user
      * called before tracing (building inputs, say) is not a frame of the traced code. The
      * replace-node sessions of passes keep the thread's state untouched. */
-    T->prev_site = cur_site;
-    T->prev_nframes = nframes;
+    ag__sites *S = ag__sites_tls();
+    T->prev_site = S->cur;
+    T->prev_nframes = S->nframes;
     if (!T->bare) {
-        cur_site = (site){0};
-        site_gen++;
+        S->cur = (ag__site){0};
+        S->gen++;
     }
     T->prev_active = active;
     T->prev_hook = ag__trace_hook;
@@ -466,9 +434,10 @@ static void tracer_activate(tracer *T) {
 }
 
 static void tracer_deactivate(tracer *T) {
-    cur_site = T->prev_site;
-    nframes = T->prev_nframes;
-    site_gen++;
+    ag__sites *S = ag__sites_tls();
+    S->cur = T->prev_site;
+    S->nframes = T->prev_nframes;
+    S->gen++;
     active = T->prev_active;
     ag__trace_hook = T->prev_hook;
     ag_set_meta_mode(T->prev_meta);

@@ -1,7 +1,8 @@
-/* Decomposition tables and the decomposition pass: each call to an op in the table is replaced
- * by the nodes its decomposition function emits when traced in place (see
- * ag__trace_replace_node in src/trace/trace.c), until no call of a table op remains. */
-#include "graph_internal.h"
+/* Decomposition tables and the decomposition pass (declared in include/aotgrad/graph.h): each
+ * call to an op in the table is replaced by the nodes its decomposition function emits when
+ * traced in place (ag__trace_replace_node in trace.c), until no call of a table op remains.
+ * A graph pass, but one that runs op code on stand-ins, so it lives with the tracer. */
+#include "../graph/graph_internal.h"
 
 struct ag_decomp_table {
     const ag_op **ops;
@@ -9,7 +10,9 @@ struct ag_decomp_table {
     int64_t n, cap, fcap;
 };
 
-ag_decomp_table *ag_decomp_table_new(void) { return ag__calloc(1, sizeof(ag_decomp_table)); }
+ag_decomp_table *ag_decomp_table_new(void) {
+    return ag__calloc(1, sizeof(ag_decomp_table));
+}
 
 void ag_decomp_table_free(ag_decomp_table *t) {
     if (!t)

@@ -6,7 +6,7 @@
  * insertion order plus an open-addressing index table (linear probing, at most 2/3 full) of
  * positions into it. Growth allocates the new arrays before touching the old ones, so a failed
  * put leaves the map as it was. */
-#include "../core/internal.h"
+#include "internal.h"
 
 typedef struct map_entry {
     ag_desc *key; /* the map's reference */

@@ -18,7 +18,7 @@
  * coercion: a TwoTensor output needs a TwoTensor gradient). A missing gradient stays missing
  * and the compiled backward materializes zeros, as for plain outputs. Shapes are static: no
  * symbolic sizes are passed. */
-#include "subclass.h"
+#include "subclass_wrap.h"
 
 #include <stdio.h>
 

@@ -1,13 +1,13 @@
 /* Tensor subclass instances (include/aotgrad/subclass.h): construction, flattening and the
  * creation metas the export and the compiled callable use to take instances apart and put them
- * back together (subclass.h in this folder).
+ * back together (subclass_instance.h).
  *
  * In: a type, outer metadata, inner tensors. Out: an ag_tensor whose storage is data-less and
  * whose `sub` points at a refcounted record of the type, the inner tensors and a copy of the
  * metadata. Aliases of an instance (detach, saved tensors of autograd nodes, view results)
  * share the record, so they see the same inner tensors. The dispatcher's part, running ops on
- * instances, is in src/ops/subclass_call.c. */
-#include "subclass.h"
+ * instances (and ag_subclass_call_inner for dispatch callbacks), is in src/ops/subclass_call.c. */
+#include "subclass_instance.h"
 
 #include <stdio.h>
 
@@ -28,7 +28,7 @@ void ag__subdata_release(struct ag__subdata *s) {
 
 /* ---- instances ---- */
 
-static int check_type(const char *who, const ag_subclass_type *type) {
+int ag__subclass_type_check(const char *who, const ag_subclass_type *type) {
     if (!type)
         return ag__err(AG_EINVAL, "%s: NULL subclass type", who);
     if (!type->name || type->ninner < 1 || type->ninner > AG_SUBCLASS_MAX_INNER || !type->attrs ||
@@ -47,7 +47,7 @@ static int check_type(const char *who, const ag_subclass_type *type) {
 ag_tensor *ag_subclass_new(const ag_subclass_type *type, ag_dtype dtype, int ndim,
                            const int64_t *sizes, const int64_t *strides, ag_tensor *const *inner,
                            const void *meta) {
-    if (check_type("subclass_new", type))
+    if (ag__subclass_type_check("subclass_new", type))
         return NULL;
     for (int i = 0; i < type->ninner; i++)
         if (!inner || !inner[i]) {
@@ -116,7 +116,7 @@ ag_tensor *ag_subclass_attr(const ag_tensor *t, const char *attr) {
 
 ag_tensor *ag_subclass_unflatten(const ag_subclass_type *type, ag_tensor *const *inner,
                                  const void *meta, int ndim, const int64_t *outer_sizes) {
-    if (check_type("subclass_unflatten", type))
+    if (ag__subclass_type_check("subclass_unflatten", type))
         return NULL;
     return type->unflatten(type, inner, meta, ndim, outer_sizes);
 }
@@ -147,44 +147,6 @@ int ag_subclass_flatten_tensors(ag_tensor *const *ts, int n, ag_tensor **out, in
 }
 
 /* ---- running an op on inner tensors ---- */
-
-int ag_subclass_call_inner(const ag_op *op, const ag_arg *args, int nargs,
-                           const ag_subclass_type *type, int k, ag_tensor **outs) {
-    if (!op || nargs < 0 || nargs > AG_MAX_ARGS || (nargs && !args))
-        return ag__err(AG_EINVAL, "subclass_call_inner: bad op or arguments");
-    if (check_type("subclass_call_inner", type))
-        return AG_EINVAL;
-    if (k < 0 || k >= type->ninner)
-        return ag__err(AG_EINVAL, "subclass_call_inner: %s has no inner tensor %d", type->name, k);
-    ag_arg a[AG_MAX_ARGS];
-    ag_tensor **lists[AG_MAX_ARGS] = {0};
-    int rc = 0;
-    for (int i = 0; i < nargs && rc == 0; i++) {
-        a[i] = args[i];
-        if (a[i].kind == AG_ARG_TENSOR && ag_tensor_subclass(a[i].u.t) == type) {
-            a[i].u.t = a[i].u.t->sub->inner[k];
-        } else if (a[i].kind == AG_ARG_TENSORS && a[i].n > 0) {
-            lists[i] = ag__malloc(sizeof(ag_tensor *) * (size_t)a[i].n);
-            if (!lists[i]) {
-                rc = AG_ENOMEM;
-                break;
-            }
-            for (int e = 0; e < a[i].n; e++) {
-                ag_tensor *t = a[i].u.ts[e];
-                lists[i][e] = ag_tensor_subclass(t) == type ? t->sub->inner[k] : t;
-            }
-            a[i].u.ts = lists[i];
-        }
-    }
-    if (rc == 0) {
-        rc = ag_op_call(op, a, nargs, outs);
-        if (rc >= 0 && ag_op_noutputs(op) >= 0) /* a list op returned its count */
-            rc = ag_op_noutputs(op);
-    }
-    for (int i = 0; i < nargs; i++)
-        ag__free(lists[i]);
-    return rc;
-}
 
 /* ---- creation metas ---- */
 

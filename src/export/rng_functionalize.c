@@ -21,7 +21,7 @@
  * calling the ops on the meta tensors with grad mode off; they take the random op's seq_nr. The
  * op's outputs (dropout's mask included, which its autograd node saves) are bound to them, so
  * native_dropout's backward rule reads the mask node. Any other random op is refused. */
-#include "rng_internal.h"
+#include "rng_functionalize.h"
 
 #include <stdio.h>
 

@@ -1,5 +1,5 @@
-/* Tensor subclasses in the joint export (export/subclass.c) and what the joint keeps for the
- * compiled callable (runtime/subclass.c): upstream's aot_dispatch_subclass.
+/* Tensor subclasses in the joint export (export/subclass_flatten.c) and what the joint keeps for the
+ * compiled callable (runtime/subclass_wrap.c): upstream's aot_dispatch_subclass.
  *
  * ag_export_joint asks this file for the flattened primals (one per plain inner tensor, with
  * SubclassGetAttrAOTInput descriptors), flattens the user outputs after the forward, and hands
@@ -9,7 +9,7 @@
 #ifndef AG_EXPORT_SUBCLASS_H
 #define AG_EXPORT_SUBCLASS_H
 
-#include "../core/subclass.h"
+#include "../core/subclass_instance.h"
 #include "../graph/graph_internal.h"
 #include "aotgrad/export.h"
 

@@ -1,4 +1,4 @@
-/* Effect tokens of the joint export (export/effects.c, used by export.c): the forward's and the
+/* Effect tokens of the joint export (export/token_chain.c, used by export.c): the forward's and the
  * backward's token chains, their placeholders and their final tokens. */
 #ifndef AG_EXPORT_EFFECTS_INTERNAL_H
 #define AG_EXPORT_EFFECTS_INTERNAL_H

@@ -1,4 +1,4 @@
-/* RNG functionalization of the joint export (src/export/rng.c), used by export.c.
+/* RNG functionalization of the joint export (src/export/rng_functionalize.c), used by export.c.
  *
  * While installed on the export's tracer, every random op the model (or a backward rule) calls
  * is recorded as a draw from explicit generator state: placeholders fwd_seed / fwd_base_offset

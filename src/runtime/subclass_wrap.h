@@ -1,9 +1,9 @@
-/* The compiled callable's tensor subclass wrapper (runtime/subclass.c), upstream's
+/* The compiled callable's tensor subclass wrapper (runtime/subclass_wrap.c), upstream's
  * AOTDispatchSubclassWrapper, and the parts of compiled.c it builds on. */
 #ifndef AG_RUNTIME_SUBCLASS_H
 #define AG_RUNTIME_SUBCLASS_H
 
-#include "../export/subclass.h"
+#include "../export/subclass_flatten.h"
 #include "aotgrad/compile.h"
 
 /* compiled.c: the call on the flattened (plain) inputs, returning the flattened outputs; what

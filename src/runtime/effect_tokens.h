@@ -1,4 +1,4 @@
-/* The effect-token runtime wrapper (runtime/effects.c), used by compiled.c. */
+/* The effect-token runtime wrapper (runtime/effect_tokens.c), used by compiled.c. */
 #ifndef AG_RUNTIME_EFFECTS_INTERNAL_H
 #define AG_RUNTIME_EFFECTS_INTERNAL_H
 

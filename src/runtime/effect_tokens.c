@@ -9,7 +9,7 @@
  * nodes of the graph keep among themselves, so the effects run exactly once per run, in program
  * order. */
 #include "../core/internal.h"
-#include "effects_internal.h"
+#include "effect_tokens.h"
 
 static bool is_token(const ag_desc *d) {
     ag_desc_kind k = d ? ag_desc_kind_of(d) : (ag_desc_kind)-1;

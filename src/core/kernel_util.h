@@ -17,7 +17,7 @@
 #ifndef AG_KERNEL_UTIL_H
 #define AG_KERNEL_UTIL_H
 
-#include "../core/internal.h"
+#include "internal.h"
 
 #define AG__ITER_MAX 6
 /* Elements per parallel region below which kernels stay single-threaded. */

@@ -10,8 +10,8 @@
  * Constructors, repr, expr, parse, equality and hashing read that row; no function switches on
  * the kind. Field order in a repr is upstream's declaration order, which for every class is
  * nested descriptor, then string, then idx. */
-#include "../core/internal.h"
-#include "../core/pystr.h"
+#include "internal.h"
+#include "pystr.h"
 
 #include <stdatomic.h>
 #include <stdio.h>

@@ -2,7 +2,7 @@
  * spec 6.3 item 5).
  *
  * In: the export's graph, its primal placeholders, and the tracer recording effectful ops as
- * with_effects (trace/effects.c). Out: the token placeholders and the final tokens, in the
+ * with_effects (trace/trace_effects.c). Out: the token placeholders and the final tokens, in the
  * joint calling convention:
  *     placeholders  [ForwardTokenAOTInput(0) = primals_1] [params, buffers, args = primals_2..]
  *                   [tangents_1..] [BackwardTokenAOTInput(0) = tangents_token]
@@ -14,7 +14,7 @@
  * effects of a side run in one program order. The backward starts a chain of its own (upstream
  * swaps the token map before autograd.grad): its token is discovered when the backward's first
  * effect runs, as upstream's tangents_token placeholder. */
-#include "effects_internal.h"
+#include "token_chain.h"
 
 #include <stddef.h>
 #include <stdio.h>

@@ -26,7 +26,7 @@
  * subclasses' dispatch callbacks emit the inner ops the trace records. A gradient must have
  * its input's structure (a TwoTensor's gradient is a TwoTensor, a plain input's is plain): the
  * compiled callable pairs gradients with primals by descriptor. */
-#include "subclass.h"
+#include "subclass_flatten.h"
 #include "../nn/nn_internal.h"
 
 #include <stdio.h>

@@ -1,5 +1,5 @@
-/* Internal helpers for tensor subclasses (core/subclass.c), shared by the export
- * (src/export/subclass.c) and the compiled callable (src/runtime/subclass.c).
+/* Internal helpers for tensor subclasses (core/subclass_instance.c), shared by the export
+ * (src/export/subclass_flatten.c) and the compiled callable (src/runtime/subclass_wrap.c).
  *
  * A creation meta (ag__scmeta) is upstream's SubclassCreationMeta: how to rebuild a (possibly
  * nested) subclass instance from its flattened plain tensors. It is a tree: a plain tensor is
@@ -24,6 +24,10 @@ typedef struct ag__scmeta {
     struct ag__scmeta *inner;     /* type->ninner children (owned), NULL for a leaf */
     int nflat;                    /* plain tensors in this subtree (1 for a leaf) */
 } ag__scmeta;
+
+/* 0, or AG_EINVAL naming `who` when type lacks a name, 1 to AG_SUBCLASS_MAX_INNER inner
+ * tensors with attribute names, an unflatten or a dispatch callback. */
+int ag__subclass_type_check(const char *who, const ag_subclass_type *type);
 
 /* The creation meta of t (a plain tensor gives a leaf). 0 or AG_ENOMEM (m cleared). */
 int ag__scmeta_of(const ag_tensor *t, ag__scmeta *m);
