@@ -615,34 +615,39 @@ int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_t
     return ag__compiled_call_flat(c, inputs, ninputs, outs, max_out);
 }
 
-int ag__compiled_call_flat(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_tensor **outs,
-                           int max_out) {
-    if (ninputs != c->nflat)
-        return ag__err(AG_EINVAL, "compiled: %d inputs given, the exported function takes %d "
-                                  "(params, buffers, args)", ninputs, c->nflat);
-    if (max_out < c->nuser)
-        return ag__err(AG_EINVAL, "compiled: room for %d outputs, %d needed", max_out, c->nuser);
-    int npa = c->nprimals ? c->nprimals : 1;
-    /* The forward's inputs: the primals, then the generator's state when it draws. */
-    int nfin = c->nprimals + ag__rng_wrap_num_inputs(&c->rng_fw);
-    int nn1 = c->nnode ? c->nnode : 1;
-    int nfw = ag_layout_num_fw_outputs(&c->jl) - c->ntok_fw;
-    int nfo = nfw + c->nsaved;
-    /* One block: prim, owned, node, node_raw, fo, rg. */
-    ag_tensor **prim =
-        ptrs_take(&c->call_mem, (int64_t)nfin + 1 + 2 * npa + 2 * nn1 + (nfo ? nfo : 1));
-    ag_tensor **owned = prim ? prim + nfin + 1 : NULL;
-    ag_tensor **node = prim ? owned + npa : NULL;
-    ag_tensor **node_raw = prim ? node + nn1 : NULL;
-    ag_tensor **fo = prim ? node_raw + nn1 : NULL;
-    int nowned = 0;
-    int rc = prim ? 0 : AG_ENOMEM;
-    /* The primals: removed duplicates dropped, merged inputs replaced by their base. */
-    if (rc == 0)
-        rc = ag__rt_primals(&c->alias, c->in_meta, inputs, ninputs, prim, owned, &nowned);
+/* One call's working set: the pointer arrays come in one kept block (prim, owned, node,
+ * node_raw, fo, rg). */
+typedef struct call_state {
+    ag_tensor *const *inputs;
+    ag_tensor **prim;     /* the forward's inputs: primals, then the generator's state */
+    ag_tensor **owned;    /* primals made here (merged bases), nowned of them */
+    ag_tensor **node;     /* the autograd node's outputs (references owned here) */
+    ag_tensor **node_raw; /* ... the executor's tensors they were detached from */
+    ag_tensor **fo;       /* the forward's outputs (tokens dropped), nfo of them */
+    ag_tensor **pre;      /* saved primals copied before the write-back changes them, or NULL */
+    int nowned, nfin, nfw, nfo, nrun;
+} call_state;
+
+/* The primals: removed duplicates dropped, merged inputs replaced by their base; each checked
+ * against the dtype and shape the graph was exported (or updated) for. */
+static int call_primals(ag_compiled *c, call_state *s) {
+    int npa = c->nprimals ? c->nprimals : 1, nn1 = c->nnode ? c->nnode : 1;
+    s->nfin = c->nprimals + ag__rng_wrap_num_inputs(&c->rng_fw);
+    s->nfw = ag_layout_num_fw_outputs(&c->jl) - c->ntok_fw;
+    s->nfo = s->nfw + c->nsaved;
+    s->prim = ptrs_take(&c->call_mem,
+                        (int64_t)s->nfin + 1 + 2 * npa + 2 * nn1 + (s->nfo ? s->nfo : 1));
+    if (!s->prim)
+        return AG_ENOMEM;
+    s->owned = s->prim + s->nfin + 1;
+    s->node = s->owned + npa;
+    s->node_raw = s->node + nn1;
+    s->fo = s->node_raw + nn1;
+    int rc = ag__rt_primals(&c->alias, c->in_meta, s->inputs, c->nflat, s->prim, s->owned,
+                            &s->nowned);
     for (int i = 0; rc == 0 && i < c->nprimals; i++) {
         const ag_tmeta *m = &c->in_meta[i];
-        ag_tensor *t = prim[i];
+        ag_tensor *t = s->prim[i];
         if (t->dtype != m->dtype || t->ndim != m->ndim ||
             memcmp(t->sizes, m->sizes, sizeof(int64_t) * (size_t)m->ndim)) {
             char a[128], b[128];
@@ -652,123 +657,159 @@ int ag__compiled_call_flat(ag_compiled *c, ag_tensor *const *inputs, int ninputs
                          ag__fmt_sizes(b, sizeof b, m->ndim, m->sizes));
         }
     }
-    if (rc) {
-        for (int k = 0; k < nowned; k++)
-            ag_tensor_free(owned[k]);
-        ptrs_give(&c->call_mem, prim);
-        return rc;
-    }
-    /* Everything made here lives in this scope; what must outlive the call is kept. */
-    bool scoped = ag__in_scope();
-    ag_scope_begin();
+    return rc;
+}
+
+/* The forward, with grad mode off and the generator's state fed. A primal the backward reads
+ * (a partition that recomputes from inputs) and that the write-back will change is saved as it
+ * was: the backward sees the forward's value, as eager's autograd does. */
+static int call_forward(ag_compiled *c, call_state *s) {
     bool prev = ag_set_grad_enabled(false);
-    rc = ag__rng_wrap_feed(&c->rng_fw, prim);
-    int n = rc ? rc : run_graph(c, false, prim, nfin, fo, nfo);
-    if (rc == 0 && n < 0)
-        rc = n;
-    /* A primal the backward reads (a partition that recomputes from inputs) and that the
-     * write-back below changes is saved as it was: the backward sees the forward's value,
-     * as eager's autograd does. */
-    ag_tensor **pre = NULL;
+    int rc = ag__rng_wrap_feed(&c->rng_fw, s->prim);
+    s->nrun = rc ? rc : run_graph(c, false, s->prim, s->nfin, s->fo, s->nfo);
+    if (rc == 0 && s->nrun < 0)
+        rc = s->nrun;
     for (int i = 0; rc == 0 && i < c->nsaved; i++) {
         int p = c->saved_primal[i];
         if (p < 0 || p >= c->nprimals || !c->in_info[p].mutates_data)
             continue;
-        if (!pre && !(pre = ag__calloc((size_t)c->nsaved, sizeof *pre))) {
+        if (!s->pre && !(s->pre = ag__calloc((size_t)c->nsaved, sizeof *s->pre))) {
             rc = AG_ENOMEM;
             break;
         }
-        pre[i] = ag__tensor_new(prim[p]->dtype, prim[p]->ndim, prim[p]->sizes, false);
-        rc = pre[i] ? ag__copy_into(pre[i], prim[p]) : ag_last_status();
+        ag_tensor *x = s->prim[p];
+        s->pre[i] = ag__tensor_new(x->dtype, x->ndim, x->sizes, false);
+        rc = s->pre[i] ? ag__copy_into(s->pre[i], x) : ag_last_status();
     }
     ag_set_grad_enabled(prev);
-    /* The autograd node's outputs: fresh handles of the user outputs that alias nothing and
-     * of the intermediate bases, attached to one node when gradients can flow. */
+    return rc;
+}
+
+/* The autograd node's outputs (fresh handles of the user outputs that alias nothing and of the
+ * intermediate bases), attached to one node holding the saved values when gradients flow. */
+static int call_attach(ag_compiled *c, call_state *s) {
+    int rc = 0;
     for (int k = 0; rc == 0 && k < c->nuser + c->ninter; k++) {
         int ni = k < c->nuser ? c->node_of_user[k] : c->nnode - c->ninter + (k - c->nuser);
         if (ni < 0)
             continue;
-        ag_tensor *t = fo[k < c->nuser ? fw_at(c, AG_SEC_OUT_USER, k)
-                                       : fw_at(c, AG_SEC_OUT_INTERMEDIATE_BASES, k - c->nuser)];
-        node_raw[ni] = t;
-        node[ni] = t ? ag_detach(t) : NULL;
-        if (node[ni])
-            node[ni] = ag_tensor_keep(node[ni]); /* owned here until handed out below */
-        if (t && !node[ni])
+        ag_tensor *t = s->fo[k < c->nuser ? fw_at(c, AG_SEC_OUT_USER, k)
+                                          : fw_at(c, AG_SEC_OUT_INTERMEDIATE_BASES, k - c->nuser)];
+        s->node_raw[ni] = t;
+        s->node[ni] = t ? ag_detach(t) : NULL;
+        if (s->node[ni])
+            s->node[ni] = ag_tensor_keep(s->node[ni]); /* owned here until handed out */
+        if (t && !s->node[ni])
             rc = ag_last_status();
     }
-    if (rc == 0 && c->needs_autograd) {
-        bw_state *s = bw_state_new(c);
-        ag_tensor **rg = fo + (nfo ? nfo : 1); /* the node's inputs */
-        if (!s) {
-            rc = AG_ENOMEM;
-        } else {
-            for (int i = 0; i < c->nsaved; i++) {
-                int p = c->saved_primal[i];
-                /* A saved primal is the caller's tensor: remember its version. */
-                s->saved[i] = ag_tensor_keep(pre && pre[i] ? pre[i] : p >= 0 ? prim[p] : fo[nfw + i]);
-                s->saved_versions[i] = s->saved[i] ? s->saved[i]->storage->version : 0;
-            }
-            /* The executor's tensors, not the node's outputs (which would hold the node). */
-            for (int t = 0; t < c->ntangents; t++)
-                s->zeros_like[t] = ag_tensor_keep(node_raw[c->tangent_of[t]]);
-            for (int i = 0; i < c->nprimals; i++)
-                if (c->in_info[i].requires_grad && c->grad_out[i] && prim[i]->requires_grad) {
-                    s->rg_primal[s->nrg] = i;
-                    rg[s->nrg++] = prim[i];
-                }
-            rc = ag__autograd_custom("CompiledFunction", rg, s->nrg, node, c->nnode, c->out_diff,
-                                     compiled_backward, s, bw_state_free);
-        }
+    if (rc || !c->needs_autograd)
+        return rc;
+    bw_state *b = bw_state_new(c);
+    ag_tensor **rg = s->fo + (s->nfo ? s->nfo : 1); /* the node's inputs */
+    if (!b)
+        return AG_ENOMEM;
+    for (int i = 0; i < c->nsaved; i++) {
+        int p = c->saved_primal[i];
+        /* A saved primal is the caller's tensor: remember its version. */
+        b->saved[i] = ag_tensor_keep(s->pre && s->pre[i] ? s->pre[i]
+                                     : p >= 0            ? s->prim[p]
+                                                         : s->fo[s->nfw + i]);
+        b->saved_versions[i] = b->saved[i] ? b->saved[i]->storage->version : 0;
     }
-    /* User outputs: the node's, then the regenerated aliases (those of other outputs last). */
+    /* The executor's tensors, not the node's outputs (which would hold the node). */
+    for (int t = 0; t < c->ntangents; t++)
+        b->zeros_like[t] = ag_tensor_keep(s->node_raw[c->tangent_of[t]]);
+    for (int i = 0; i < c->nprimals; i++)
+        if (c->in_info[i].requires_grad && c->grad_out[i] && s->prim[i]->requires_grad) {
+            b->rg_primal[b->nrg] = i;
+            rg[b->nrg++] = s->prim[i];
+        }
+    return ag__autograd_custom("CompiledFunction", rg, b->nrg, s->node, c->nnode, c->out_diff,
+                               compiled_backward, b, bw_state_free);
+}
+
+/* User outputs: the node's, then the regenerated aliases (those of other outputs last). */
+static int call_outputs(ag_compiled *c, call_state *s, ag_tensor **outs, int rc) {
     for (int k = 0; k < c->nuser; k++)
-        outs[k] = c->node_of_user[k] >= 0 ? ag_tensor_keep(node[c->node_of_user[k]]) : NULL;
+        outs[k] = c->node_of_user[k] >= 0 ? ag_tensor_keep(s->node[c->node_of_user[k]]) : NULL;
     for (int pass = 0; pass < 2 && rc == 0; pass++)
         for (int k = 0; k < c->nuser && rc == 0; k++) {
-            bool of_output = c->out_info[k].alias == AG_OUT_ALIAS_OF_INTERMEDIATE_BASE_IS_USER_OUTPUT;
+            ag_output_alias a = c->out_info[k].alias;
+            bool of_output = a == AG_OUT_ALIAS_OF_INTERMEDIATE_BASE_IS_USER_OUTPUT;
             if (c->node_of_user[k] >= 0 || of_output != (pass == 1) ||
-                !fo[fw_at(c, AG_SEC_OUT_USER, k)])
+                !s->fo[fw_at(c, AG_SEC_OUT_USER, k)])
                 continue;
-            ag_tensor *r = regen_output(c, k, prim, node, outs);
+            ag_tensor *r = regen_output(c, k, s->prim, s->node, outs);
             if (!r)
                 rc = ag_last_status() ? ag_last_status() : AG_EINVAL;
             else
                 outs[k] = ag_tensor_keep(r);
         }
-    /* The call's effects come last, once nothing can fail, so a failed call has none: the
-     * generator's offset moves past the forward's draws, and input mutations are written back
-     * (BatchNorm's running statistics, a base's new value) as eager mutated them: metadata
-     * first (as_strided_), then data. */
-    if (rc == 0)
-        rc = ag__rng_wrap_advance(&c->rng_fw, fo, n);
+    return rc;
+}
+
+/* The call's effects, once nothing else can fail, so a failed call has none: the generator's
+ * offset moves past the forward's draws, and input mutations are written back (BatchNorm's
+ * running statistics, a base's new value) as eager mutated them: metadata first (as_strided_),
+ * then data, then the metadata of inputs merged into a base. */
+static int call_effects(ag_compiled *c, call_state *s) {
+    int rc = ag__rng_wrap_advance(&c->rng_fw, s->fo, s->nrun);
     for (int i = 0, k = 0; rc == 0 && i < c->nprimals; i++) {
         const ag_input_info *ii = &c->in_info[i];
+        ag_tensor *x = s->prim[i];
         if (!ii->mutates_data && !ii->mutates_metadata)
             continue;
         if (ii->mutates_metadata)
-            ag__rt_set_geometry(prim[i], &c->alias.prim[i].new_geom, prim[i]->offset);
+            ag__rt_set_geometry(x, &c->alias.prim[i].new_geom, x->offset);
         if (ii->mutates_data) {
-            rc = ag__copy_into(prim[i], fo[fw_at(c, AG_SEC_OUT_MUTATIONS, k)]);
-            prim[i]->storage->version++;
+            rc = ag__copy_into(x, s->fo[fw_at(c, AG_SEC_OUT_MUTATIONS, k)]);
+            x->storage->version++;
         }
         k++;
     }
-    /* Metadata mutations of inputs merged into a base. */
     for (int i = 0; rc == 0 && i < c->nflat; i++) {
         const ag__flat_info *f = &c->alias.flat[i];
         if (f->kind == AG__FLAT_VIEW && f->metadata_mutation >= 0)
-            ag__rt_set_geometry(inputs[i], &f->new_geom, prim[f->primal]->offset);
+            ag__rt_set_geometry(s->inputs[i], &f->new_geom, s->prim[f->primal]->offset);
     }
+    return rc;
+}
+
+static void call_release(ag_compiled *c, call_state *s) {
+    for (int i = 0; s->pre && i < c->nsaved; i++)
+        ag_tensor_free(s->pre[i]);
+    ag__free(s->pre);
+    for (int k = 0; s->prim && k < c->nnode; k++)
+        ag_tensor_free(s->node[k]);
+    for (int k = 0; k < s->nowned; k++)
+        ag_tensor_free(s->owned[k]);
+    ptrs_give(&c->call_mem, s->prim);
+}
+
+int ag__compiled_call_flat(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_tensor **outs,
+                           int max_out) {
+    if (ninputs != c->nflat)
+        return ag__err(AG_EINVAL, "compiled: %d inputs given, the exported function takes %d "
+                                  "(params, buffers, args)", ninputs, c->nflat);
+    if (max_out < c->nuser)
+        return ag__err(AG_EINVAL, "compiled: room for %d outputs, %d needed", max_out, c->nuser);
+    call_state s = {.inputs = inputs};
+    int rc = call_primals(c, &s);
+    if (rc) {
+        call_release(c, &s);
+        return rc;
+    }
+    /* Everything made here lives in this scope; what must outlive the call is kept. */
+    bool scoped = ag__in_scope();
+    ag_scope_begin();
+    rc = call_forward(c, &s);
+    if (rc == 0)
+        rc = call_attach(c, &s);
+    rc = call_outputs(c, &s, outs, rc);
+    if (rc == 0)
+        rc = call_effects(c, &s);
     ag_scope_end();
-    for (int i = 0; pre && i < c->nsaved; i++)
-        ag_tensor_free(pre[i]);
-    ag__free(pre);
-    for (int k = 0; k < c->nnode; k++)
-        ag_tensor_free(node[k]);
-    for (int k = 0; k < nowned; k++)
-        ag_tensor_free(owned[k]);
-    ptrs_give(&c->call_mem, prim);
+    call_release(c, &s);
     for (int k = 0; k < c->nuser; k++) {
         if (rc) {
             ag_tensor_free(outs[k]);
