@@ -214,13 +214,14 @@ AG_API int ag_node_custom_copy(ag_node *dst, const ag_node *src);
 /* ---- module stacks ----
  * nn_module_stack: the module calls a node was traced under, outermost first, as upstream's
  * node.meta["nn_module_stack"] from non-strict export. Each frame is (key, path, type): path is
- * the module's fully qualified name below the traced module ('' for the traced module itself,
- * "transformer.h.0.attn" for a block's attention), type its type name (ag_module_type:
- * "Linear", "Block"), and key "L__self__" + path, with "@N" appended for the N-th repeated
- * call (N >= 1) of the same module in one trace, so keys are unique. The tracer records it on
- * every call and getitem node made while a module's forward runs; placeholders, the output
- * node, get_attr constants and nodes traced outside every module call have none, and a module
- * that is not the traced module or inside it adds no frame (nor do frames nested deeper than
+ * the module's fully qualified name below the outermost module called (the traced module for
+ * ag_trace_module and the joint export): '' for that module itself, "transformer.h.0.attn"
+ * for a block's attention; type is its type name (ag_module_type: "Linear", "Block"); key is
+ * "L__self__" + path, with "@N" appended for the N-th repeated call (N >= 1) of the same path
+ * in one trace, so keys are unique. The tracer records it on every call and getitem node made
+ * while a module's forward runs (ag_module_call); placeholders, the output node, get_attr
+ * constants and nodes traced outside every module call have none, and a module that is not
+ * the outermost one or inside it adds no frame (nor do frames nested deeper than
  * AG_MODULE_STACK_MAX). fwd_nn_module_stack: on the joint's backward nodes, the
  * nn_module_stack of the forward node with the same seq_nr (gradient accumulations get none),
  * as upstream's copy_fwd_metadata_to_bw_nodes. upstream's source_fn_stack is not recorded
@@ -238,8 +239,8 @@ typedef struct ag_module_frame {
 /* The number of frames (0 when the node has none). */
 AG_API int ag_node_nn_module_stack_len(const ag_node *n);
 /* Frame i (0: the outermost). Each of key, path and type that is not NULL receives a new
- * string, the caller's to release with ag_free. Fails (AG_EINVAL; nothing stored) when the
- * node has no frame i. */
+ * string, the caller's to release with ag_free. Fails (AG_EINVAL when the node has no frame i,
+ * or AG_ENOMEM) with NULL in each of them. */
 AG_API int ag_node_nn_module_stack(const ag_node *n, int i, char **key, char **path, char **type);
 /* Sets the stack from count frames (strings copied; keys distinct); count 0 removes it. */
 AG_API int ag_node_set_nn_module_stack(ag_node *n, const ag_module_frame *frames, int count);
