@@ -10,7 +10,6 @@
 #include "../core/ptrmap.h"
 
 #include <assert.h>
-
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
