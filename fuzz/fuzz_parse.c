@@ -27,7 +27,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             fail("error message without a position", e, NULL);
         return 0;
     }
-    ag_print_opts po = {.seq_nr = true, .stack_trace = true};
+    ag_print_opts po = {.seq_nr = true, .stack_trace = true, .module_stack = true};
     char *s1 = ag_graph_to_string(g, &po);
     if (!s1)
         fail("print failed", ag_last_error(), NULL);

@@ -731,6 +731,24 @@ static long c_ag_node_custom_clear(void) {
 static long c_ag_node_custom_copy(void) {
     return (ag_node_custom_copy)(NULL, NULL);
 }
+static long c_ag_node_nn_module_stack_len(void) {
+    return (ag_node_nn_module_stack_len)(NULL);
+}
+static long c_ag_node_nn_module_stack(void) {
+    return (ag_node_nn_module_stack)(NULL, 0, NULL, NULL, NULL);
+}
+static long c_ag_node_set_nn_module_stack(void) {
+    return (ag_node_set_nn_module_stack)(NULL, NULL, 0);
+}
+static long c_ag_node_fwd_nn_module_stack_len(void) {
+    return (ag_node_fwd_nn_module_stack_len)(NULL);
+}
+static long c_ag_node_fwd_nn_module_stack(void) {
+    return (ag_node_fwd_nn_module_stack)(NULL, 0, NULL, NULL, NULL);
+}
+static long c_ag_node_set_fwd_nn_module_stack(void) {
+    return (ag_node_set_fwd_nn_module_stack)(NULL, NULL, 0);
+}
 static long c_ag_node_set_desc(void) {
     return (ag_node_set_desc)(NULL, NULL);
 }
@@ -1618,6 +1636,12 @@ static const row rows[] = {
     {"ag_node_custom_key_at", 'A', 'R', c_ag_node_custom_key_at, NULL},
     {"ag_node_custom_clear", 'F', 'O', c_ag_node_custom_clear, NULL},
     {"ag_node_custom_copy", 'F', 'I', c_ag_node_custom_copy, NULL},
+    {"ag_node_nn_module_stack_len", 'A', 'I', c_ag_node_nn_module_stack_len, NULL},
+    {"ag_node_nn_module_stack", 'F', 'I', c_ag_node_nn_module_stack, NULL},
+    {"ag_node_set_nn_module_stack", 'F', 'I', c_ag_node_set_nn_module_stack, NULL},
+    {"ag_node_fwd_nn_module_stack_len", 'A', 'I', c_ag_node_fwd_nn_module_stack_len, NULL},
+    {"ag_node_fwd_nn_module_stack", 'F', 'I', c_ag_node_fwd_nn_module_stack, NULL},
+    {"ag_node_set_fwd_nn_module_stack", 'F', 'I', c_ag_node_set_fwd_nn_module_stack, NULL},
     {"ag_node_set_desc", 'F', 'I', c_ag_node_set_desc, NULL},
     {"ag_node_desc", 'A', 'R', c_ag_node_desc, NULL},
     {"ag_node_set_output_descs", 'F', 'I', c_ag_node_set_output_descs, NULL},

@@ -4,6 +4,7 @@
  * and reused after erase (names, users, placeholder order); metadata entries inline and on the
  * heap, with interned keys and values; metadata strings in pools shared by graph copies that
  * outlive the graph they were copied from (run under ASan to catch a pool freed too early);
+ * module stacks stored once per graph and distinct stack, in the nodes' inline entries;
  * arguments inline and on the heap; DCE in one sweep, and again when a graph uses a node
  * before its definition. */
 #include "testutil.h"
@@ -251,6 +252,63 @@ static void test_meta_strings_outlive_source(void **st) {
     ag_graph_free(k);
 }
 
+/* Module stacks cost a node one inline metadata entry, not a copy of the text: in GPT-2's
+ * joint no node's metadata leaves its inline array, every distinct stack is stored once
+ * (nodes with equal texts point at one string), there are far fewer texts than nodes, and a
+ * copy of the graph points at the same strings. */
+static void test_module_stacks_shared(void **st) {
+    (void)st;
+    ag_module *m;
+    ag_tensor *in[4];
+    int nin;
+    assert_int_equal(ag_zoo_build("gpt2", NULL, &m, in, 4, &nin), 0);
+    ag_joint *j = ag_export_joint(m, in, nin, NULL, NULL, 0, NULL);
+    assert_non_null(j);
+    const ag_graph *g = ag_joint_graph(j);
+    enum { MAXT = 256 };
+    const char *texts[MAXT];
+    int ntexts = 0, with = 0, nodes = 0;
+    for (ag_node *n = ag_graph_first(g); n; n = ag_node_next(n)) {
+        nodes++;
+        if (n->nmeta > 0 && n->meta != n->meta_inline)
+            fail_msg("%s: %d metadata entries on the heap", ag_node_name(n), n->nmeta);
+        for (int k = 0; k < 2; k++) {
+            ag_mval v = ag_node_meta_get(n, k ? "fwd_nn_module_stack" : "nn_module_stack");
+            if (v.kind != AG_MV_STR)
+                continue;
+            with++;
+            int i = 0;
+            while (i < ntexts && strcmp(texts[i], v.u.s))
+                i++;
+            if (i == ntexts) {
+                assert_true(ntexts < MAXT);
+                texts[ntexts++] = v.u.s;
+            } else if (texts[i] != v.u.s) {
+                fail_msg("%s: a second copy of %s", ag_node_name(n), v.u.s);
+            }
+        }
+    }
+    assert_true(with > nodes / 2);
+    assert_true(ntexts > 10 && ntexts < nodes / 8);
+    ag_graph *c = ag_graph_copy(g);
+    assert_non_null(c);
+    for (ag_node *n = ag_graph_first(g), *k = ag_graph_first(c); n;
+         n = ag_node_next(n), k = ag_node_next(k)) {
+        assert_ptr_equal(ag_node_meta_get(k, "nn_module_stack").u.s,
+                         ag_node_meta_get(n, "nn_module_stack").u.s);
+        assert_ptr_equal(ag_node_meta_get(k, "fwd_nn_module_stack").u.s,
+                         ag_node_meta_get(n, "fwd_nn_module_stack").u.s);
+    }
+    ag_joint_free(j); /* the copy keeps the strings alive (ASan checks) */
+    for (ag_node *n = ag_graph_first(c); n; n = ag_node_next(n))
+        if (ag_node_nn_module_stack_len(n) > 0)
+            assert_true(strlen(ag_node_meta_get(n, "nn_module_stack").u.s) > 20);
+    ag_graph_free(c);
+    for (int i = 0; i < nin; i++)
+        ag_tensor_free(in[i]);
+    ag_module_free(m);
+}
+
 /* ---- arguments ---- */
 
 /* A call with more arguments than a node holds inline, copied and extended. */
@@ -333,6 +391,7 @@ int main(void) {
         cmocka_unit_test(test_node_reuse),
         cmocka_unit_test(test_meta_inline_and_heap),
         cmocka_unit_test(test_meta_strings_outlive_source),
+        cmocka_unit_test(test_module_stacks_shared),
         cmocka_unit_test(test_args_inline_and_heap),
         cmocka_unit_test(test_dce_chains),
     };

@@ -814,6 +814,19 @@ static void test_corpus_replay(void **state) {
                 fail_msg("%s: not a fixed point", path);
             ag_free(s);
             ag_free(s2);
+            /* and with the module stacks (fuzz_parse prints them too) */
+            ag_print_opts all = {.seq_nr = true, .stack_trace = true, .module_stack = true};
+            s = ag_graph_to_string(g, &all);
+            ag_graph *g2 = ag_graph_parse(s, strlen(s));
+            if (!g2)
+                fail_msg("%s: printed with module stacks, does not parse: %s", path,
+                         ag_last_error());
+            s2 = ag_graph_to_string(g2, &all);
+            if (strcmp(s, s2))
+                fail_msg("%s: not a fixed point with module stacks", path);
+            ag_free(s);
+            ag_free(s2);
+            ag_graph_free(g2);
             ag_graph_free(g);
         } else if (strncmp(ag_last_error(), "line ", 5)) {
             fail_msg("%s: error without a position: %s", path, ag_last_error());
@@ -889,6 +902,9 @@ static const ag_print_opts zoo_print_opts[] = {
     {.no_custom = true},
     {.no_meta = true},
     {.seq_nr = true, .stack_trace = true, .no_custom = true, .no_meta = true},
+    {.module_stack = true},
+    {.seq_nr = true, .stack_trace = true, .module_stack = true},
+    {.module_stack = true, .no_custom = true, .no_meta = true},
 };
 
 /* print(parse(print(g))) == print(g) under every printing option; what = the graph's name. */

@@ -34,13 +34,13 @@ static const struct {
     {"models", cli_models, "list the model zoo"},
     {"trace", cli_trace,
      "print a zoo model's traced forward graph: MODEL [--config NAME] [--dropout P] "
-     "[--format text|dot|svg] [-o FILE] [--seq-nr] [--stack-traces]"},
+     "[--format text|dot|svg] [-o FILE] [--seq-nr] [--stack-traces] [--module-stacks]"},
     {"show", cli_show,
      "parse, verify and print a graph file: FILE [--format text|dot|svg] [-o FILE]"},
     {"export", cli_export,
      "print a zoo model's joint fw+bw graph with descriptors: MODEL [--config NAME] "
      "[--dropout P] [--decompose core] [--format text|dot|svg] [-o FILE] [--seq-nr] "
-     "[--stack-traces]"},
+     "[--stack-traces] [--module-stacks]"},
     {"descriptors", cli_descriptors,
      "print a zoo model's params/buffers/in/out specs and its input->grad and "
      "output->tangent pairs: MODEL [--config NAME] [--dropout P]"},

@@ -2,7 +2,7 @@
  * descriptors (ag_export_joint) and its calling convention.
  *
  *   aotgrad export MODEL [--config NAME] [--decompose core] [--format text|dot|svg] [-o FILE]
- *                        [--seq-nr] [--stack-traces]
+ *                        [--seq-nr] [--stack-traces] [--module-stacks]
  *       builds MODEL in meta mode (shapes only: the export reads no weight), exports the joint
  *       graph and prints it as text (docs/GRAPH_FORMAT.md, descriptors included), as Graphviz
  *       DOT, or renders it to SVG (needs -o). --decompose core applies the core decomposition
@@ -42,7 +42,7 @@ typedef struct opts {
 
 static const char export_usage[] =
     "usage: aotgrad export MODEL [--config NAME] [--dropout P] [--decompose core] "
-    "[--format text|dot|svg] [-o FILE] [--seq-nr] [--stack-traces]\n"
+    "[--format text|dot|svg] [-o FILE] [--seq-nr] [--stack-traces] [--module-stacks]\n"
     "       (aotgrad models lists the models)\n";
 static const char desc_usage[] = "usage: aotgrad descriptors MODEL [--config NAME] [--dropout P]\n"
                                  "       (aotgrad models lists the models)\n";
@@ -108,6 +108,8 @@ static int parse_opts(const char *cmd, int argc, char **argv, bool is_export, co
             o->print.seq_nr = true;
         } else if (is_export && !strcmp(a, "--stack-traces")) {
             o->print.stack_trace = true;
+        } else if (is_export && !strcmp(a, "--module-stacks")) {
+            o->print.module_stack = true;
         } else if (a[0] == '-' && a[1]) {
             fprintf(stderr, "aotgrad %s: unknown option '%s'\n%s", cmd, a, usage);
             return 2;

@@ -3,7 +3,7 @@
  *   aotgrad models
  *       lists the zoo: name, configurations and a one-line description.
  *   aotgrad trace MODEL [--config NAME] [--dropout P] [--format text|dot|svg] [-o FILE]
- *                       [--seq-nr] [--stack-traces]
+ *                       [--seq-nr] [--stack-traces] [--module-stacks]
  *       builds MODEL in meta mode (no weights are allocated, so gpt2-small costs kilobytes),
  *       traces its forward and prints the graph as text (docs/GRAPH_FORMAT.md), as Graphviz DOT,
  *       or renders it to SVG (needs -o).
@@ -31,7 +31,7 @@ typedef struct out_opts {
 
 static const char trace_usage[] =
     "usage: aotgrad trace MODEL [--config NAME] [--dropout P] [--format text|dot|svg] [-o FILE] "
-    "[--seq-nr] [--stack-traces]\n"
+    "[--seq-nr] [--stack-traces] [--module-stacks]\n"
     "       (aotgrad models lists the models)\n";
 static const char show_usage[] = "usage: aotgrad show FILE [--format text|dot|svg] [-o FILE]\n";
 
@@ -133,6 +133,8 @@ static int parse_opts(const char *cmd, int argc, char **argv, bool is_trace, con
             o->print.seq_nr = true;
         } else if (is_trace && !strcmp(a, "--stack-traces")) {
             o->print.stack_trace = true;
+        } else if (is_trace && !strcmp(a, "--module-stacks")) {
+            o->print.module_stack = true;
         } else if (a[0] == '-' && a[1]) {
             fprintf(stderr, "aotgrad %s: unknown option '%s'\n%s", cmd, a, usage);
             return 2;
@@ -218,6 +220,7 @@ int cli_show(int argc, char **argv) {
     /* Show everything the file holds. */
     o.print.seq_nr = true;
     o.print.stack_trace = true;
+    o.print.module_stack = true;
     size_t len = 0;
     char *text = cli_read_file("show", path, "graph files", CLI_MAX_INPUT, &len);
     if (!text)

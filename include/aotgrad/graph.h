@@ -10,7 +10,8 @@
  * rest lives in a per-node key/value store, so a new key needs no new struct field: `desc`
  * (placeholders: one descriptor; the output node: one per output, or None), `stack_trace`,
  * `custom` (user annotations: string keys to int/float/string values), `seq_nr`,
- * `partitioner_tag`, `is_gradient_acc`, `recompute`, and any key a pass adds.
+ * `partitioner_tag`, `is_gradient_acc`, `recompute`, `nn_module_stack` and
+ * `fwd_nn_module_stack` (see "module stacks" below), and any key a pass adds.
  *
  * Names are unique and made as FX makes them: the op's base name (`addmm`, `add` for
  * add.Tensor), then `addmm_1`, `addmm_2`, ...; a name that shadows a Python builtin (`sum`,
@@ -210,6 +211,45 @@ AG_API void ag_node_custom_clear(ag_node *n);
 /* Copies src's custom map onto dst (replacing dst's). */
 AG_API int ag_node_custom_copy(ag_node *dst, const ag_node *src);
 
+/* ---- module stacks ----
+ * nn_module_stack: the module calls a node was traced under, outermost first, as upstream's
+ * node.meta["nn_module_stack"] from non-strict export. Each frame is (key, path, type): path is
+ * the module's fully qualified name below the outermost module called (the traced module for
+ * ag_trace_module and the joint export): '' for that module itself, "transformer.h.0.attn"
+ * for a block's attention; type is its type name (ag_module_type: "Linear", "Block"); key is
+ * "L__self__" + path, with "@N" appended for the N-th repeated call (N >= 1) of the same path
+ * in one trace, so keys are unique. The tracer records it on every call and getitem node made
+ * while a module's forward runs (ag_module_call); placeholders, the output node, get_attr
+ * constants and nodes traced outside every module call have none, and a module that is not
+ * the outermost one or inside it adds no frame (nor do frames nested deeper than
+ * AG_MODULE_STACK_MAX). fwd_nn_module_stack: on the joint's backward nodes, the
+ * nn_module_stack of the forward node with the same seq_nr (gradient accumulations get none),
+ * as upstream's copy_fwd_metadata_to_bw_nodes. upstream's source_fn_stack is not recorded
+ * (non-strict export does not record it either).
+ *
+ * A stack is stored as one string, the Python repr of upstream's dict,
+ * "{'L__self__': ('', 'GPT'), 'L__self__lm_head': ('lm_head', 'Linear')}" (ag_node_meta_get
+ * reads it), kept once per graph and distinct stack and shared by the nodes and the graph's
+ * copies. ag_node_meta_set accepts for these keys only such a string (in exactly this
+ * spelling, with distinct keys, 1 to AG_MODULE_STACK_MAX frames). */
+#define AG_MODULE_STACK_MAX 256
+typedef struct ag_module_frame {
+    const char *key, *path, *type;
+} ag_module_frame;
+/* The number of frames (0 when the node has none). */
+AG_API int ag_node_nn_module_stack_len(const ag_node *n);
+/* Frame i (0: the outermost). Each of key, path and type that is not NULL receives a new
+ * string, the caller's to release with ag_free. Fails (AG_EINVAL when the node has no frame i,
+ * or AG_ENOMEM) with NULL in each of them. */
+AG_API int ag_node_nn_module_stack(const ag_node *n, int i, char **key, char **path, char **type);
+/* Sets the stack from count frames (strings copied; keys distinct); count 0 removes it. */
+AG_API int ag_node_set_nn_module_stack(ag_node *n, const ag_module_frame *frames, int count);
+/* The same for fwd_nn_module_stack. */
+AG_API int ag_node_fwd_nn_module_stack_len(const ag_node *n);
+AG_API int ag_node_fwd_nn_module_stack(const ag_node *n, int i, char **key, char **path,
+                                       char **type);
+AG_API int ag_node_set_fwd_nn_module_stack(ag_node *n, const ag_module_frame *frames, int count);
+
 /* desc: a placeholder's descriptor (the node takes a reference), and the output node's list
  * (one per output, NULL for None). */
 AG_API int ag_node_set_desc(ag_node *n, ag_desc *d);
@@ -265,6 +305,7 @@ typedef struct ag_print_opts {
     bool stack_trace; /* print stack traces */
     bool no_custom;   /* omit custom annotations */
     bool no_meta;     /* omit every other metadata key */
+    bool module_stack; /* print nn_module_stack and fwd_nn_module_stack */
 } ag_print_opts;
 /* The graph as text (see docs/GRAPH_FORMAT.md). Returns a string to release with ag_free. */
 AG_API char *ag_graph_to_string(const ag_graph *g, const ag_print_opts *opts);

@@ -406,8 +406,9 @@ int ag_joint_update(ag_joint *j, ag_graph *g) {
 
 /* Forward metadata onto backward nodes (upstream's copy_fwd_metadata_to_bw_nodes): the first
  * forward node of each seq_nr created the autograd node; backward nodes with that seq_nr (but
- * not gradient accumulations, whose seq_nr is not theirs) take its annotations and its stack
- * trace, as anomaly mode gives backward nodes their forward op's trace. */
+ * not gradient accumulations, whose seq_nr is not theirs) take its annotations, its module
+ * stack as fwd_nn_module_stack and its stack trace, as anomaly mode gives backward nodes their
+ * forward op's trace. */
 static bool is_backward(const ag_node *n) {
     const char *tag = ag_node_partitioner_tag(n);
     return tag && !strcmp(tag, "is_backward");
@@ -439,6 +440,8 @@ static int copy_fwd_metadata(ag_graph *g) {
             continue;
         ag_node *f = first[seq - lo];
         rc = ag_node_custom_copy(n, f);
+        if (rc == 0) /* the text shared, not copied */
+            rc = ag__node_meta_copy_key_as(n, "fwd_nn_module_stack", f, "nn_module_stack");
         if (rc == 0 && ag_node_stack_trace(f))
             rc = ag__node_meta_copy_key(n, f, "stack_trace"); /* the text shared, not copied */
     }

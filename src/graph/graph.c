@@ -9,6 +9,7 @@
 #include "../core/asan.h"
 #include "../core/ptrmap.h"
 
+#include <assert.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -43,10 +44,23 @@ static bool illegal_name(const char *s) {
  * pointer into this table is recognized by its address, so the typed accessors below, which
  * pass these pointers, find their entries without comparing strings. */
 static const char interned[][24] = {
-    "seq_nr",      "partitioner_tag",    "stack_trace",         "is_gradient_acc",
-    "recompute",   "ac_graph_id",        "memory_budget",       "is_forward",
-    "is_backward", "must_be_in_forward", "must_be_in_backward", "MUST_SAVE",
-    "PREFER_SAVE", "MUST_RECOMPUTE",     "PREFER_RECOMPUTE",
+    "seq_nr",
+    "partitioner_tag",
+    "stack_trace",
+    "is_gradient_acc",
+    "recompute",
+    "ac_graph_id",
+    "memory_budget",
+    "is_forward",
+    "is_backward",
+    "must_be_in_forward",
+    "must_be_in_backward",
+    "MUST_SAVE",
+    "PREFER_SAVE",
+    "MUST_RECOMPUTE",
+    "PREFER_RECOMPUTE",
+    "nn_module_stack",
+    "fwd_nn_module_stack",
 };
 enum {
     K_SEQ_NR,
@@ -64,6 +78,8 @@ enum {
     V_PREFER_SAVE,
     V_MUST_RECOMPUTE,
     V_PREFER_RECOMPUTE,
+    K_NN_MODULE_STACK,
+    K_FWD_NN_MODULE_STACK,
     NINTERNED
 };
 _Static_assert(NINTERNED == sizeof interned / sizeof interned[0], "interned table and enum");
@@ -139,6 +155,24 @@ static const char *pool_add(ag_graph *g, const char *s) {
     memcpy(d, s, n);
     c->used += n;
     return d;
+}
+
+#ifndef NDEBUG
+static bool pool_owns(const ag__strpool *p, const char *s) {
+    for (const strchunk *c = p ? p->chunks : NULL; c; c = c->next)
+        if (s >= c->data && s < c->data + c->used)
+            return true;
+    return false;
+}
+#endif
+
+const char *ag__graph_shared_str(ag_graph *g, const char *s) {
+    const char *p = ag__strmap_get(&g->shared_strs, s);
+    if (p)
+        return p;
+    if (!(p = pool_add(g, s)) || ag__strmap_put(&g->shared_strs, p, (void *)p))
+        return NULL; /* a copy left in the pool is freed with it */
+    return p;
 }
 
 /* Makes g hold pool p (nothing to do when it is g's own or already held). */
@@ -383,6 +417,7 @@ void ag_graph_free(ag_graph *g) {
     }
     ag__strmap_free(&g->names);
     ag__strmap_free(&g->base_idx);
+    ag__strmap_free(&g->shared_strs);
     pool_release(g->strings);
     for (int i = 0; i < g->nshared; i++)
         pool_release(g->shared[i]);
@@ -1063,7 +1098,19 @@ static ag_mval meta_get_interned(const ag_node *n, int k) {
 int ag_node_meta_set(ag_node *n, const char *key, ag_mval v) {
     AG__CHECK_NULL("node_meta_set", n);
     AG__CHECK_NULL("node_meta_set", key);
+    const char *ik = intern(key);
+    if (ik == interned[K_NN_MODULE_STACK] || ik == interned[K_FWD_NN_MODULE_STACK]) {
+        int rc = ag__modstack_check(ik, v);
+        if (rc)
+            return rc;
+    }
     return entry_set(n->graph, &n->meta, &n->nmeta, &n->meta_cap, n->meta_inline, key, v);
+}
+
+int ag__node_meta_set_shared(ag_node *n, const char *key, const char *s) {
+    assert(pool_owns(n->graph->strings, s));
+    return entry_set_ex(n->graph, &n->meta, &n->nmeta, &n->meta_cap, n->meta_inline, key,
+                        (ag_mval){.kind = AG_MV_STR, .u.s = s}, n->graph->strings);
 }
 ag_mval ag_node_meta_get(const ag_node *n, const char *key) {
     if (!n || !key)
@@ -1097,12 +1144,19 @@ int ag__node_meta_copy(ag_node *dst, const ag_node *src) {
 }
 
 int ag__node_meta_copy_key(ag_node *dst, const ag_node *src, const char *key) {
-    if (dst == src)
+    return ag__node_meta_copy_key_as(dst, key, src, key);
+}
+
+int ag__node_meta_copy_key_as(ag_node *dst, const char *dst_key, const ag_node *src,
+                              const char *src_key) {
+    if (dst == src && !strcmp(dst_key, src_key))
         return 0;
-    const ag__mentry *x = entry_find(src->meta, src->nmeta, key, intern(key));
+    const ag__mentry *x = entry_find(src->meta, src->nmeta, src_key, intern(src_key));
     if (!x)
-        return ag_node_meta_del(dst, key), 0;
-    return entry_copy(dst->graph, &dst->meta, &dst->nmeta, &dst->meta_cap, dst->meta_inline, x);
+        return ag_node_meta_del(dst, dst_key), 0;
+    ag_mval v = x->v; /* read before dst's list may move */
+    return entry_set_ex(dst->graph, &dst->meta, &dst->nmeta, &dst->meta_cap, dst->meta_inline,
+                        dst_key, v, x->pool);
 }
 
 int64_t ag_node_seq_nr(const ag_node *n) {

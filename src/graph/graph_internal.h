@@ -91,6 +91,7 @@ struct ag_graph {
     ag_node *free_nodes;  /* erased nodes, linked through next */
     ag__strpool *strings; /* this graph's metadata strings (NULL until the first) */
     ag__strpool **shared; /* other graphs' pools its entries point into */
+    ag__strmap shared_strs; /* strings set on many nodes (module stacks) -> their copy in strings */
     int nshared;
     int64_t shared_cap;
     uint32_t stamp;
@@ -106,6 +107,22 @@ int ag__graph_reserve(ag_graph *g, int64_t nnodes);
 int ag__node_meta_copy(ag_node *dst, const ag_node *src);
 /* Gives dst src's entry for key, sharing its string (removes dst's when src has none). */
 int ag__node_meta_copy_key(ag_node *dst, const ag_node *src, const char *key);
+/* Gives dst's dst_key src's entry for src_key, sharing its string (removes dst's when src has
+ * none): backward nodes take their forward node's nn_module_stack as fwd_nn_module_stack. */
+int ag__node_meta_copy_key_as(ag_node *dst, const char *dst_key, const ag_node *src,
+                              const char *src_key);
+/* The one copy of s in g's own string pool, the same pointer for every call with equal text
+ * (NULL when out of memory). For strings set on many nodes: module stacks. */
+const char *ag__graph_shared_str(ag_graph *g, const char *s);
+/* Sets key to s, a string from ag__graph_shared_str on n's graph, without copying it. */
+int ag__node_meta_set_shared(ag_node *n, const char *key, const char *s);
+/* modstack.c: 0 when v is what ag_node_meta_set may store under key (nn_module_stack or
+ * fwd_nn_module_stack): a string spelling a module stack as the printer does; else AG_EINVAL
+ * with a message saying why (or AG_ENOMEM). */
+int ag__modstack_check(const char *key, ag_mval v);
+/* modstack.c: the text of the stack `parent` (NULL: the empty stack) with the frame (key, path,
+ * type) added innermost, as a new string (ag__free), or NULL when out of memory. */
+char *ag__modstack_push(const char *parent, const char *key, const char *path, const char *type);
 void ag__garg_free(ag_garg *a);
 const char *ag__recompute_name(ag_recompute r);
 

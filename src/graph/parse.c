@@ -83,6 +83,56 @@ static int parse_custom(cur *c, ag_node *n) {
     }
 }
 
+static int blank_str(cur *c, char **out) {
+    lx_skip_ws(c);
+    return ag__lx_str(c, out);
+}
+
+/* `nn_module_stack={'KEY': ('PATH', 'TYPE'), ...}` (or fwd_nn_module_stack), after the '{':
+ * the frames in any spacing Python would read (a trailing comma too); `{}` is no stack. */
+static int parse_module_stack(cur *c, ag_node *n, bool fwd, const char *at) {
+    ag_module_frame *f = NULL;
+    int count = 0, cap = 0;
+    while (!lx_accept(c, '}')) {
+        if (count == AG_MODULE_STACK_MAX)
+            return ag__lx_err(c, c->p, "more than %d frames in a module stack",
+                              AG_MODULE_STACK_MAX);
+        if (count == cap) {
+            cap = cap ? 2 * cap : 8;
+            ag_module_frame *nf = ag__lx_alloc(c->P, sizeof *nf * (size_t)cap);
+            if (!nf)
+                return AG_ENOMEM;
+            if (count)
+                memcpy(nf, f, sizeof *nf * (size_t)count);
+            f = nf; /* the old array stays in the line's pool */
+        }
+        char *s[3];
+        int rc = blank_str(c, &s[0]);
+        if (!rc)
+            rc = lx_expect(c, ':', "':'");
+        if (!rc)
+            rc = lx_expect(c, '(', "'(' opening a frame's (path, type)");
+        if (!rc)
+            rc = blank_str(c, &s[1]);
+        if (!rc)
+            rc = lx_expect(c, ',', "','");
+        if (!rc)
+            rc = blank_str(c, &s[2]);
+        if (!rc)
+            rc = lx_expect(c, ')', "')'");
+        if (rc)
+            return rc;
+        f[count++] = (ag_module_frame){s[0], s[1], s[2]};
+        if (lx_accept(c, '}'))
+            break;
+        if ((rc = lx_expect(c, ',', "',' or '}'")))
+            return rc;
+    }
+    int rc = fwd ? ag_node_set_fwd_nn_module_stack(n, f, count)
+                 : ag_node_set_nn_module_stack(n, f, count);
+    return rc ? ag__lx_api_err(c, at, ag_node_name(n)) : 0;
+}
+
 static const char *const tags[] = {"is_forward", "is_backward", "must_be_in_forward",
                                    "must_be_in_backward"};
 static const char *const recomputes[] = {"MUST_SAVE", "PREFER_SAVE", "MUST_RECOMPUTE",
@@ -157,6 +207,13 @@ static int parse_items(cur *c, ag_node *n) {
         size_t vw = lx_ident_len(c->p);
         ag_mval v = {0};
         int r = -1;
+        bool fwd = !strcmp(key, "fwd_nn_module_stack");
+        if (*c->p == '{' && (fwd || !strcmp(key, "nn_module_stack"))) {
+            c->p++;
+            if ((rc = parse_module_stack(c, n, fwd, vat)))
+                return rc;
+            continue;
+        }
         if (!strcmp(key, "recompute") && vw && !is_value_word(c->p, vw)) {
             for (int i = 0; i < 4; i++)
                 if (strlen(recomputes[i]) == vw && !strncmp(c->p, recomputes[i], vw))

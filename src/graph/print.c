@@ -319,6 +319,8 @@ static bool well_known(const char *key, ag_mval v) {
         return valid_recompute(v);
     if (!strcmp(key, "stack_trace"))
         return v.kind == AG_MV_STR;
+    if (!strcmp(key, "nn_module_stack") || !strcmp(key, "fwd_nn_module_stack"))
+        return true; /* a stack's text (ag_node_meta_set stores nothing else there) */
     return false;
 }
 
@@ -360,6 +362,19 @@ static int put_items(ag__sbuf *b, const ag_node *n, const ag_print_opts *o) {
             ag__sb_puts(b, rc.u.s);
             cnt++;
         }
+    }
+    if (o->module_stack) {
+        static const char *const keys[] = {"nn_module_stack", "fwd_nn_module_stack"};
+        for (int k = 0; k < 2; k++) {
+            ag_mval ms = ag_node_meta_get(n, keys[k]);
+            if (ms.kind != AG_MV_STR)
+                continue;
+            ag__sb_printf(b, "  %s=", keys[k]);
+            ag__sb_puts(b, ms.u.s); /* already in the printed spelling */
+            cnt++;
+        }
+    }
+    if (!o->no_meta) {
         for (int i = 0; i < n->nmeta; i++) {
             if (well_known(n->meta[i].key, n->meta[i].v))
                 continue;

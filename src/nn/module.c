@@ -215,6 +215,15 @@ const char *ag_module_type(const ag_module *m) {
 
 /* ---- lookups ---- */
 
+/* The name m is registered under in its parent ("" for a root). */
+static const char *module_name_in_parent(const ag_module *m) {
+    const ag_module *p = m->parent;
+    for (int64_t i = 0; p && i < p->nchildren; i++)
+        if (p->children[i].m == m)
+            return p->children[i].name;
+    return "";
+}
+
 ag_module *ag_module_child(const ag_module *m, const char *path) {
     if (!m || !path)
         return NULL;
@@ -466,6 +475,48 @@ int ag__nn_return1(ag_tensor *y, ag_tensor **out) {
     return y ? 1 : ag__nn_status();
 }
 
+/* ---- module calls seen by a tracer ---- */
+
+static _Thread_local const ag__module_observer *observer;
+
+const ag__module_observer *ag__module_set_observer(const ag__module_observer *obs) {
+    const ag__module_observer *prev = observer;
+    observer = obs;
+    return prev;
+}
+
+static int module_enter(const ag_module *m) {
+    return observer ? observer->enter(observer->ud, m) : 0;
+}
+
+static void module_exit(const ag_module *m) {
+    if (observer)
+        observer->exit(observer->ud, m);
+}
+
+char *ag__module_path(const ag_module *root, const ag_module *m) {
+    size_t len = 0;
+    const ag_module *c = m;
+    for (; c && c != root; c = c->parent)
+        len += strlen(module_name_in_parent(c)) + 1;
+    if (c != root)
+        return NULL; /* m is not inside root */
+    char *path = ag__malloc(len + 1);
+    if (!path)
+        return NULL;
+    path[len > 0 ? len - 1 : 0] = 0;
+    size_t end = len > 0 ? len - 1 : 0; /* written right to left: innermost name last */
+    for (c = m; c != root; c = c->parent) {
+        const char *name = module_name_in_parent(c);
+        size_t n = strlen(name);
+        end -= n;
+        memcpy(path + end, name, n);
+        if (end > 0)
+            path[--end] = '.';
+    }
+    return path;
+}
+
 /* Runs m's forward (which stores new references) and hands the outputs to the caller's open
  * scope, if any. A forward that fails must store nothing. */
 int ag_module_call(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
@@ -493,7 +544,11 @@ int ag_module_call(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
         }
     /* The caller's site becomes an outer stack frame for the ops the forward runs. */
     ag_site_push();
-    int n = m->forward(m, in, nin, out, max_out);
+    int n = module_enter(m);
+    if (n == 0) {
+        n = m->forward(m, in, nin, out, max_out);
+        module_exit(m);
+    }
     ag_site_pop();
     if (n < 0) {
         for (int i = 0; i < max_out; i++)

@@ -35,6 +35,22 @@ ag_tensor *ag__module_swap_tensor(ag_module *m, const char *fqn, bool param, ag_
  * the first `cap` in out (may be NULL when cap is 0) and returns how many there are. */
 int64_t ag__module_flat_tensors(const ag_module *m, ag_tensor **out, int64_t cap);
 
+/* Module calls seen by a tracer (per thread): while an observer is set, ag_module_call calls
+ * enter(ud, m) before m's forward runs (a negative status fails the call, which then runs
+ * nothing) and exit(ud, m) after it returns, failed or not. The tracer uses it to record each
+ * node's nn_module_stack. */
+typedef struct ag__module_observer {
+    int (*enter)(void *ud, const ag_module *m);
+    void (*exit)(void *ud, const ag_module *m);
+    void *ud;
+} ag__module_observer;
+/* Installs obs (NULL: none) for the calling thread; returns the one it replaces. */
+const ag__module_observer *ag__module_set_observer(const ag__module_observer *obs);
+/* m's fully qualified name below root ("h.0.attn"; "" for root itself) as a new string
+ * (ag__free). NULL without an error when m is neither root nor inside it; NULL with one when
+ * out of memory. */
+char *ag__module_path(const ag_module *root, const ag_module *m);
+
 /* Checks a forward's arity: nin inputs within [min_in, max_in], room for need_out outputs. */
 int ag__nn_check_io(const ag_module *m, int nin, int min_in, int max_in, int max_out, int need_out);
 

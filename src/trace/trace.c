@@ -9,6 +9,7 @@
  * node (tensor->trace) together with the id of the trace that made it, so tensors left over
  * from an earlier trace are never confused with this one's. */
 #include "../graph/graph_internal.h"
+#include "../nn/nn_internal.h"
 #include "aotgrad/trace.h"
 #include "trace_views.h"
 #include "../core/call_sites.h"
@@ -80,6 +81,14 @@ typedef struct src_file {
     int nlines;
 } src_file;
 
+/* A module call in progress (nn_module_stack): the stack's text up to and including it, in
+ * the graph's pool (NULL: no module's frame is open). */
+typedef struct mframe {
+    const ag_module *m;
+    const char *stack;
+    int depth; /* frames in stack */
+} mframe;
+
 typedef struct ag__tracer tracer;
 struct ag__tracer {
     ag_graph *g;
@@ -102,6 +111,13 @@ struct ag__tracer {
     bool prev_meta;
     ag__site prev_site; /* the thread's call site before the session (restored at the end) */
     int prev_nframes;
+    /* module calls (nn_module_stack): the observer nn calls, the open calls, and how often each
+     * module path was called (keys owned here) */
+    ag__module_observer mobs;
+    const ag__module_observer *prev_mobs;
+    mframe *mframes;
+    int64_t nmframes, mframes_cap;
+    ag__strmap mcalls;
 };
 
 static _Thread_local tracer *active;
@@ -228,6 +244,91 @@ static ag_node *node_of(tracer *T, ag_tensor *t) {
     return n;
 }
 
+/* ---- module stacks ----
+ * Each module call opens a frame holding the stack's text with the call added, as upstream's
+ * non-strict export records it: key "L__self__" + path (+ "@N" for the N-th repeated call of
+ * that path), the path below the outermost module called, the module's type. The text is kept
+ * once in the graph and every node made inside the call points at it. */
+
+/* How often a module path was called in this session (the map's key is `path`). */
+typedef struct mcall {
+    int64_t calls;
+    char path[];
+} mcall;
+
+/* Opens f's own frame for a call of module m at path: f->stack becomes the parent's text with
+ * the frame added. */
+static int open_frame(tracer *T, mframe *f, const ag_module *m, const char *path) {
+    size_t plen = strlen(path);
+    mcall *mc = ag__strmap_get(&T->mcalls, path);
+    if (!mc) {
+        if (!(mc = ag__malloc(sizeof *mc + plen + 1)))
+            return AG_ENOMEM;
+        mc->calls = 0;
+        memcpy(mc->path, path, plen + 1);
+        if (ag__strmap_put(&T->mcalls, mc->path, mc)) {
+            ag__free(mc);
+            return AG_ENOMEM;
+        }
+    }
+    size_t klen = plen + 40;
+    char *key = ag__malloc(klen);
+    if (!key)
+        return AG_ENOMEM;
+    if (mc->calls > 0)
+        snprintf(key, klen, "L__self__%s@%lld", path, (long long)mc->calls);
+    else
+        snprintf(key, klen, "L__self__%s", path);
+    char *text = ag__modstack_push(f->stack, key, path, ag_module_type(m));
+    ag__free(key);
+    const char *shared = text ? ag__graph_shared_str(T->g, text) : NULL;
+    ag__free(text);
+    if (!shared)
+        return AG_ENOMEM;
+    mc->calls++;
+    f->stack = shared;
+    f->depth++;
+    return 0;
+}
+
+static int module_enter(void *ud, const ag_module *m) {
+    tracer *T = ud;
+    if (ag__grow((void **)&T->mframes, &T->mframes_cap, T->nmframes + 1, sizeof *T->mframes))
+        return AG_ENOMEM;
+    const mframe *top = T->nmframes ? &T->mframes[T->nmframes - 1] : NULL;
+    mframe f = top ? *top : (mframe){0};
+    f.m = m;
+    /* The outermost call is the root (path ''); a module outside it gets no frame of its own
+     * (upstream traces through it without recording one), nor does one nested too deep. */
+    uint64_t errs = ag__err_count();
+    char *path = top ? ag__module_path(T->mframes[0].m, m) : ag__strdup("");
+    if (!path && ag__err_count() != errs)
+        return ag_last_status();
+    int rc = path && f.depth < AG_MODULE_STACK_MAX ? open_frame(T, &f, m, path) : 0;
+    ag__free(path);
+    if (rc)
+        return rc;
+    T->mframes[T->nmframes++] = f;
+    return 0;
+}
+
+static void module_exit(void *ud, const ag_module *m) {
+    tracer *T = ud;
+    (void)m;
+    if (T->nmframes > 0) /* calls begun before the session have no frame */
+        T->nmframes--;
+}
+
+static void module_frames_free(tracer *T) {
+    for (int64_t i = 0; i < T->mcalls.cap; i++)
+        if (T->mcalls.slots[i].key)
+            ag__free(T->mcalls.slots[i].val); /* no deletions: every key is live */
+    ag__strmap_free(&T->mcalls);
+    ag__free(T->mframes);
+    T->mframes = NULL;
+    T->nmframes = T->mframes_cap = 0;
+}
+
 static int set_node_meta(tracer *T, ag_node *n) {
     if (T->bare)
         return 0;
@@ -243,6 +344,8 @@ static int set_node_meta(tracer *T, ag_node *n) {
     int na = nanns < MAX_ANN ? nanns : MAX_ANN;
     for (int i = 0; i < na && !rc; i++)
         rc = ag_node_custom_set(n, anns[i].key, anns[i].v);
+    if (!rc && T->nmframes > 0 && T->mframes[T->nmframes - 1].stack)
+        rc = ag__node_meta_set_shared(n, "nn_module_stack", T->mframes[T->nmframes - 1].stack);
     if (!rc && !T->opts.no_stack_traces) {
         uint64_t errs = ag__err_count();
         const char *st = stack_string(T);
@@ -412,6 +515,7 @@ static void tracer_free(tracer *T) {
     ag__free(T->files);
     T->files = NULL;
     T->nfiles = T->files_cap = 0;
+    module_frames_free(T);
 }
 
 /* Makes T the thread's active tracer: meta mode on, the dispatcher's hook pointing here. */
@@ -425,6 +529,8 @@ static void tracer_activate(tracer *T) {
     if (!T->bare) {
         S->cur = (ag__site){0};
         S->gen++;
+        T->mobs = (ag__module_observer){module_enter, module_exit, T};
+        T->prev_mobs = ag__module_set_observer(&T->mobs);
     }
     T->prev_active = active;
     T->prev_hook = ag__trace_hook;
@@ -434,6 +540,8 @@ static void tracer_activate(tracer *T) {
 }
 
 static void tracer_deactivate(tracer *T) {
+    if (!T->bare)
+        ag__module_set_observer(T->prev_mobs);
     ag__sites *S = ag__sites_tls();
     S->cur = T->prev_site;
     S->nframes = T->prev_nframes;
