@@ -435,7 +435,11 @@ static int grad_acc_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tens
     two_linear *t = ag_module_ud(m);
     ag_scope_begin();
     ag_annotate_begin("test", (ag_mval){.kind = AG_MV_INT, .u.i = 1});
-    out[0] = ag_tensor_keep(ag_sub(ag_module_forward(t->l1, in[0]), ag_module_forward(t->l2, in[0])));
+    /* linear(x) - linear2(x): one module call per statement, so linear is traced first on every
+     * compiler (C leaves the order of a call's arguments unspecified). */
+    ag_tensor *a = ag_module_forward(t->l1, in[0]);
+    ag_tensor *b = ag_module_forward(t->l2, in[0]);
+    out[0] = ag_tensor_keep(ag_sub(a, b));
     ag_annotate_end();
     ag_scope_end();
     return out[0] ? 1 : ag_last_status();
