@@ -79,6 +79,61 @@ static void custom_listing(const ag_graph *g, char *buf, size_t n) {
     }
 }
 
+/* Asserts the whole printed graph, line by line, against a golden written from the spec
+ * (shared/spec section 9 and the section 3 example). Printed without metadata (seq_nr, tags,
+ * annotations, module stacks, stack traces: checked separately where a test cares), so each
+ * line is a placeholder with its value and descriptor, a node with its op, arguments and
+ * value, or the output with its descriptors. A mismatch names the line, both texts. */
+static void expect_printed_n(const ag_graph *g, const char *const *golden, int n) {
+    ag_print_opts po = {.no_meta = true, .no_custom = true};
+    char *text = ag_graph_to_string(g, &po);
+    assert_non_null(text);
+    char *line = text;
+    int i = 0;
+    for (; *line && i < n; i++) {
+        char *end = strchr(line, '\n');
+        if (end)
+            *end = 0;
+        if (strcmp(line, golden[i]) != 0) {
+            print_error("printed graph line %d:\n  want: %s\n  got:  %s\n", i + 1, golden[i], line);
+            ag_free(text);
+            fail();
+        }
+        line = end ? end + 1 : line + strlen(line);
+    }
+    if (i != n || *line) {
+        print_error("printed graph: %d lines expected, the text %s at line %d:\n  %s\n", n,
+                    i < n ? "ends" : "goes on", i + 1, i < n ? golden[i] : line);
+        ag_free(text);
+        fail();
+    }
+    ag_free(text);
+}
+
+/* Asserts every node's partitioner tag (spec section 5): tangent placeholders and the nodes
+ * from first_bw on are "is_backward", the rest "is_forward". */
+static void expect_tags(const ag_graph *g, const char *first_bw) {
+    bool bw = false;
+    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
+        if (ag_node_kind_of(x) == AG_NODE_OUTPUT)
+            continue;
+        bw |= !strcmp(ag_node_name(x), first_bw);
+        bool tangent = !strncmp(ag_node_name(x), "tangents_", 9);
+        const char *want = bw || tangent ? "is_backward" : "is_forward";
+        const char *got = ag_node_partitioner_tag(x);
+        if (!got || strcmp(got, want)) {
+            print_error("%%%s: partitioner_tag %s, want %s\n", ag_node_name(x),
+                        got ? got : "(none)", want);
+            fail();
+        }
+    }
+    assert_true(bw);
+}
+
+#define expect_printed(g, ...)                                                                     \
+    expect_printed_n((g), (const char *[]){__VA_ARGS__},                                           \
+                     (int)(sizeof((const char *[]){__VA_ARGS__}) / sizeof(const char *)))
+
 static ag_node *find(const ag_graph *g, const char *name) {
     ag_node *n = ag_graph_find(g, name);
     if (!n)
@@ -137,6 +192,27 @@ static void test_simple_linear(void **st) {
     /* Upstream's order (tests 13/22): forward t, addmm; backward of addmm computes mat2's grad
      * (t, mm, t), then the bias grad is reduced to its shape (sum, view), then t's backward. */
     assert_string_equal(seq, "t addmm t_1 mm t_2 sum_1 view t_3");
+    /* The whole joint without decompositions: upstream's ATen graph for decompositions=None
+     * (the names of tests 13 and 22). Differences from upstream's printing: ops carry their
+     * overload only where ATen's default is not meant (sum.dim_IntList), a value prints its
+     * strides when not contiguous ({1, 3}), and keepdim prints as Python's True. */
+    expect_printed(
+        g, "graph():", "    %primals_1 : f32[2, 3]  # ParamAOTInput(target='linear.weight')",
+        "    %primals_2 : f32[2]  # ParamAOTInput(target='linear.bias')",
+        "    %primals_3 : f32[4, 3]  # PlainAOTInput(idx=0)",
+        "    %tangents_1 : f32[4, 2]  # TangentAOTInput(output=PlainAOTOutput(idx=0))",
+        "    %t = t(%primals_1)  # f32[3, 2]{1, 3}",
+        "    %addmm = addmm(%primals_2, %primals_3, %t)  # f32[4, 2]",
+        /* addmm's backward: mat2's grad as (grad^T @ mat1)^T, then the bias grad */
+        "    %t_1 = t(%tangents_1)  # f32[2, 4]{1, 2}",
+        "    %mm = mm(%t_1, %primals_3)  # f32[2, 3]", "    %t_2 = t(%mm)  # f32[3, 2]{1, 3}",
+        "    %sum_1 = sum.dim_IntList(%tangents_1, [0], True)  # f32[1, 2]",
+        "    %view = view(%sum_1, [2])  # f32[2]",
+        "    %t_3 = t(%t_2)  # f32[2, 3]", /* t's backward: the weight's grad */
+        "    return (%addmm, %t_3, %view, None)  # [PlainAOTOutput(idx=0), "
+        "GradAOTOutput(grad_of=ParamAOTInput(target='linear.weight')), "
+        "GradAOTOutput(grad_of=ParamAOTInput(target='linear.bias')), None]", );
+    expect_tags(g, "t_1");
     assert_string_equal(ag_node_partitioner_tag(find(g, "addmm")), "is_forward");
     assert_string_equal(ag_node_partitioner_tag(find(g, "mm")), "is_backward");
     assert_string_equal(ag_node_partitioner_tag(find(g, "tangents_1")), "is_backward");
@@ -176,6 +252,37 @@ static void test_simple_linear_core_decompositions(void **st) {
                                     "GradAOTOutput(grad_of=ParamAOTInput(target='linear.bias'))",
                                     "None"},
                    4);
+    /* The spec's section 3 example, line by line. Where we differ from upstream, and why:
+     * - upstream's table decomposes to prims (transpose, broadcast_in_dim, as_strided); the
+     *   core table emits ATen ops (transpose.int, mul.Scalar, add.Tensor broadcasting by
+     *   itself, view), so upstream's broadcast_in_dim(b, [4, 2], [1]) before the add, and the
+     *   bias grad's broadcast_in_dim(sum, [1, 2], [1]) + as_strided(.., [2], [1]), are here
+     *   sum with keepdim + view, and the bias grad output is %view instead of %as_strided;
+     * - upstream decomposes while tracing, so the forward mm is `mm` and the backward one
+     *   `mm_1`; the core table runs as a pass after the trace, when the backward's mm (from
+     *   addmm's backward rule, which is not decomposed) already holds the name `mm`, so the
+     *   forward's becomes `mm_1`. The other names are upstream's (transpose .. transpose_3,
+     *   mul, mul_1, add). */
+    expect_printed(
+        g, "graph():", "    %primals_1 : f32[2, 3]  # ParamAOTInput(target='linear.weight')",
+        "    %primals_2 : f32[2]  # ParamAOTInput(target='linear.bias')",
+        "    %primals_3 : f32[4, 3]  # PlainAOTInput(idx=0)",
+        "    %tangents_1 : f32[4, 2]  # TangentAOTInput(output=PlainAOTOutput(idx=0))",
+        "    %transpose = transpose.int(%primals_1, 0, 1)  # f32[3, 2]{1, 3}", /* W^T */
+        "    %mm_1 = mm(%primals_3, %transpose)  # f32[4, 2]",                 /* upstream: mm */
+        "    %mul = mul.Scalar(%mm_1, 1.0)  # f32[4, 2]",     /* alpha * (x @ W^T) */
+        "    %mul_1 = mul.Scalar(%primals_2, 1.0)  # f32[2]", /* beta * b */
+        "    %add = add.Tensor(%mul_1, %mul)  # f32[4, 2]",   /* the forward output */
+        "    %transpose_1 = transpose.int(%tangents_1, 0, 1)  # f32[2, 4]{1, 2}",
+        "    %mm = mm(%transpose_1, %primals_3)  # f32[2, 3]", /* upstream: mm_1 */
+        "    %transpose_2 = transpose.int(%mm, 0, 1)  # f32[3, 2]{1, 3}",
+        "    %sum_1 = sum.dim_IntList(%tangents_1, [0], True)  # f32[1, 2]",
+        "    %view = view(%sum_1, [2])  # f32[2]", /* upstream: as_strided */
+        "    %transpose_3 = transpose.int(%transpose_2, 0, 1)  # f32[2, 3]",
+        "    return (%add, %transpose_3, %view, None)  # [PlainAOTOutput(idx=0), "
+        "GradAOTOutput(grad_of=ParamAOTInput(target='linear.weight')), "
+        "GradAOTOutput(grad_of=ParamAOTInput(target='linear.bias')), None]", );
+    expect_tags(g, "transpose_1");
     ag_joint_free(j);
     free_inputs(in, nin);
 }
@@ -238,6 +345,62 @@ static void test_conv_bn(void **st) {
     assert_int_equal(mask->u.ints[0], 0);
     assert_int_equal(mask->u.ints[1], 1);
     assert_int_equal(mask->u.ints[2], 1);
+    /* The whole joint. Upstream's test decomposes everything to prims (batch norm as var,
+     * sum, div(32.0), rsqrt, the running stats as 0.1 * mean + 0.9 * running_mean and
+     * 0.1 * (var * 1.032258064516129) + 0.9 * running_var, relu as le + where); without a
+     * table, as here, upstream's graph holds the ATen ops below. The outputs correspond:
+     * upstream add_2, add_3, add (running_mean, running_var, num_batches_tracked) are
+     * getitem_3, getitem_4, add; where is relu; getitem_1, getitem_2 (conv grads) are
+     * getitem_9, getitem_10; mul_15, sum_2 (bn grads) are getitem_6, getitem_7. Printing
+     * differs in two places: scalars are doubles (upstream: add.Tensor(primals_7, 1)), and
+     * bool lists print as ints (the output mask [False, True, True] as [0, 1, 1]). The input
+     * grad of convolution_backward (getitem_8) is dead: x needs no grad. */
+    expect_printed(
+        g, "graph():", "    %primals_1 : f32[3, 1, 3, 3]  # ParamAOTInput(target='conv.weight')",
+        "    %primals_2 : f32[3]  # ParamAOTInput(target='conv.bias')",
+        "    %primals_3 : f32[3]  # ParamAOTInput(target='bn.weight')",
+        "    %primals_4 : f32[3]  # ParamAOTInput(target='bn.bias')",
+        "    %primals_5 : f32[3]  # BufferAOTInput(target='bn.running_mean')",
+        "    %primals_6 : f32[3]  # BufferAOTInput(target='bn.running_var')",
+        "    %primals_7 : i64[]  # BufferAOTInput(target='bn.num_batches_tracked')",
+        "    %primals_8 : f32[2, 1, 4, 4]  # PlainAOTInput(idx=0)",
+        "    %tangents_1 : f32[2, 3, 4, 4]  # TangentAOTInput(output=PlainAOTOutput(idx=0))",
+        "    %convolution = convolution(%primals_8, %primals_1, %primals_2, [1, 1], [1, 1], "
+        "[1, 1], False, [0, 0], 1)  # f32[2, 3, 4, 4]",
+        "    %add = add.Scalar(%primals_7, 1.0)  # i64[]", /* num_batches_tracked += 1 */
+        /* outputs: y, save_mean, save_invstd, new running_mean, new running_var */
+        "    %_native_batch_norm_legit_functional = _native_batch_norm_legit_functional("
+        "%convolution, %primals_3, %primals_4, %primals_5, %primals_6, True, 0.1, 1e-05)  "
+        "# (f32[2, 3, 4, 4], f32[3], f32[3], f32[3], f32[3])",
+        "    %getitem = getitem(%_native_batch_norm_legit_functional, 0)  # f32[2, 3, 4, 4]",
+        "    %getitem_1 = getitem(%_native_batch_norm_legit_functional, 1)  # f32[3]",
+        "    %getitem_2 = getitem(%_native_batch_norm_legit_functional, 2)  # f32[3]",
+        "    %getitem_3 = getitem(%_native_batch_norm_legit_functional, 3)  # f32[3]",
+        "    %getitem_4 = getitem(%_native_batch_norm_legit_functional, 4)  # f32[3]",
+        "    %relu = relu(%getitem)  # f32[2, 3, 4, 4]",
+        "    %threshold_backward = threshold_backward(%tangents_1, %relu, 0.0)  "
+        "# f32[2, 3, 4, 4]",
+        "    %native_batch_norm_backward = native_batch_norm_backward(%threshold_backward, "
+        "%convolution, %primals_3, None, None, %getitem_1, %getitem_2, True, 1e-05, "
+        "[1, 1, 1])  # (f32[2, 3, 4, 4], f32[3], f32[3])",
+        "    %getitem_5 = getitem(%native_batch_norm_backward, 0)  # f32[2, 3, 4, 4]",
+        "    %getitem_6 = getitem(%native_batch_norm_backward, 1)  # f32[3]",
+        "    %getitem_7 = getitem(%native_batch_norm_backward, 2)  # f32[3]",
+        "    %convolution_backward = convolution_backward(%getitem_5, %primals_8, "
+        "%primals_1, [3], [1, 1], [1, 1], [1, 1], False, [0, 0], 1, [0, 1, 1])  "
+        "# (f32[0], f32[3, 1, 3, 3], f32[3])",
+        "    %getitem_9 = getitem(%convolution_backward, 1)  # f32[3, 1, 3, 3]",
+        "    %getitem_10 = getitem(%convolution_backward, 2)  # f32[3]",
+        "    return (%getitem_3, %getitem_4, %add, %relu, %getitem_9, %getitem_10, "
+        "%getitem_6, %getitem_7, None, None, None, None)  # "
+        "[InputMutationAOTOutput(mutated_input=BufferAOTInput(target='bn.running_mean')), "
+        "InputMutationAOTOutput(mutated_input=BufferAOTInput(target='bn.running_var')), "
+        "InputMutationAOTOutput(mutated_input=BufferAOTInput(target='bn.num_batches_tracked')), "
+        "PlainAOTOutput(idx=0), GradAOTOutput(grad_of=ParamAOTInput(target='conv.weight')), "
+        "GradAOTOutput(grad_of=ParamAOTInput(target='conv.bias')), "
+        "GradAOTOutput(grad_of=ParamAOTInput(target='bn.weight')), "
+        "GradAOTOutput(grad_of=ParamAOTInput(target='bn.bias')), None, None, None, None]", );
+    expect_tags(g, "threshold_backward");
     ag_joint_free(j);
     free_inputs(in, nin);
 }
@@ -253,7 +416,10 @@ static void test_module_with_kwargs(void **st) {
     assert_int_equal(nin, 2);
     /* x positional, scale as a keyword argument. */
     const char *kw[] = {"scale"};
-    ag_joint *j = ag_export_joint(m, in, 1, kw, &in[1], 1, NULL);
+    ag_decomp_table *core = ag_decomp_table_core(); /* upstream's test passes a table */
+    ag_export_opts o = {.decompositions = core};
+    ag_joint *j = ag_export_joint(m, in, 1, kw, &in[1], 1, &o);
+    ag_decomp_table_free(core);
     assert_non_null(j);
     const ag_graph *g = ag_joint_graph(j);
     expect_placeholders(g,
@@ -275,6 +441,35 @@ static void test_module_with_kwargs(void **st) {
     ag_treespec_repr(ag_joint_in_spec(j), spec, sizeof spec);
     assert_string_equal(spec, "TreeSpec(tuple, None, [TreeSpec(list, None, [*, *, *]), "
                               "TreeSpec(dict, ['scale'], [*])])");
+    /* The whole joint: test 1's linear, then `mul_2 = add * primals_4` and the backward's
+     * `mul_3 = tangents_1 * primals_4` upstream. Differences from upstream as in test 1
+     * (ATen ops instead of prims; the decomposition runs after the trace), and because of the
+     * latter the scale's two muls, traced before the table ran, keep the names mul and mul_1
+     * while addmm's decomposition takes mul_2 and mul_3 (upstream: mul, mul_1 for addmm,
+     * mul_2, mul_3 for the scale). */
+    expect_printed(
+        g, "graph():", "    %primals_1 : f32[2, 3]  # ParamAOTInput(target='linear.weight')",
+        "    %primals_2 : f32[2]  # ParamAOTInput(target='linear.bias')",
+        "    %primals_3 : f32[4, 3]  # PlainAOTInput(idx=0)",
+        "    %primals_4 : f32[]  # PlainAOTInput(idx=1)", /* the kwarg */
+        "    %tangents_1 : f32[4, 2]  # TangentAOTInput(output=PlainAOTOutput(idx=0))",
+        "    %transpose = transpose.int(%primals_1, 0, 1)  # f32[3, 2]{1, 3}",
+        "    %mm_1 = mm(%primals_3, %transpose)  # f32[4, 2]",
+        "    %mul_2 = mul.Scalar(%mm_1, 1.0)  # f32[4, 2]",
+        "    %mul_3 = mul.Scalar(%primals_2, 1.0)  # f32[2]",
+        "    %add = add.Tensor(%mul_3, %mul_2)  # f32[4, 2]",
+        "    %mul = mul.Tensor(%add, %primals_4)  # f32[4, 2]",          /* upstream: mul_2 */
+        "    %mul_1 = mul.Tensor(%tangents_1, %primals_4)  # f32[4, 2]", /* upstream: mul_3 */
+        "    %transpose_1 = transpose.int(%mul_1, 0, 1)  # f32[2, 4]{1, 2}",
+        "    %mm = mm(%transpose_1, %primals_3)  # f32[2, 3]",
+        "    %transpose_2 = transpose.int(%mm, 0, 1)  # f32[3, 2]{1, 3}",
+        "    %sum_1 = sum.dim_IntList(%mul_1, [0], True)  # f32[1, 2]",
+        "    %view = view(%sum_1, [2])  # f32[2]",
+        "    %transpose_3 = transpose.int(%transpose_2, 0, 1)  # f32[2, 3]",
+        "    return (%mul, %transpose_3, %view, None, None)  # [PlainAOTOutput(idx=0), "
+        "GradAOTOutput(grad_of=ParamAOTInput(target='linear.weight')), "
+        "GradAOTOutput(grad_of=ParamAOTInput(target='linear.bias')), None, None]", );
+    expect_tags(g, "mul_1");
     ag_joint_free(j);
     ag_module_free(m);
     free_inputs(in, nin);
@@ -286,7 +481,7 @@ static void test_multiple_outputs(void **st) {
     (void)st;
     ag_tensor *in[8];
     int nin;
-    ag_joint *j = export_zoo("multi_output", false, NULL, in, &nin);
+    ag_joint *j = export_zoo("multi_output", true, NULL, in, &nin); /* as upstream: a table */
     const ag_graph *g = ag_joint_graph(j);
     expect_placeholders(
         g,
@@ -312,6 +507,51 @@ static void test_multiple_outputs(void **st) {
     const ag_garg *a = ag_node_arg(out, 0);
     assert_true(ag_node_index(a->u.nodes[4]) < ag_node_index(a->u.nodes[2]));
     assert_int_equal(ag_joint_num_tangents(j), 2);
+    /* The whole joint: upstream's output names add, add_1, transpose_7, as_strided_1,
+     * transpose_4, as_strided; the bias grads are views here (test 1), and the forward mms,
+     * decomposed after the trace, are mm_2 and mm_3 (upstream: mm, mm_1 forward, mm_2, mm_3
+     * backward). */
+    expect_printed(
+        g, "graph():", "    %primals_1 : f32[2, 3]  # ParamAOTInput(target='linear1.weight')",
+        "    %primals_2 : f32[2]  # ParamAOTInput(target='linear1.bias')",
+        "    %primals_3 : f32[4, 3]  # ParamAOTInput(target='linear2.weight')",
+        "    %primals_4 : f32[4]  # ParamAOTInput(target='linear2.bias')",
+        "    %primals_5 : f32[4, 3]  # PlainAOTInput(idx=0)",
+        "    %tangents_1 : f32[4, 2]  # TangentAOTInput(output=PlainAOTOutput(idx=0))",
+        "    %tangents_2 : f32[4, 4]  # TangentAOTInput(output=PlainAOTOutput(idx=1))",
+        /* linear1 */
+        "    %transpose = transpose.int(%primals_1, 0, 1)  # f32[3, 2]{1, 3}",
+        "    %mm_2 = mm(%primals_5, %transpose)  # f32[4, 2]",
+        "    %mul = mul.Scalar(%mm_2, 1.0)  # f32[4, 2]",
+        "    %mul_1 = mul.Scalar(%primals_2, 1.0)  # f32[2]",
+        "    %add = add.Tensor(%mul_1, %mul)  # f32[4, 2]",
+        /* linear2 */
+        "    %transpose_1 = transpose.int(%primals_3, 0, 1)  # f32[3, 4]{1, 3}",
+        "    %mm_3 = mm(%primals_5, %transpose_1)  # f32[4, 4]",
+        "    %mul_2 = mul.Scalar(%mm_3, 1.0)  # f32[4, 4]",
+        "    %mul_3 = mul.Scalar(%primals_4, 1.0)  # f32[4]",
+        "    %add_1 = add.Tensor(%mul_3, %mul_2)  # f32[4, 4]",
+        /* linear2's grads first, from tangents_2 */
+        "    %transpose_2 = transpose.int(%tangents_2, 0, 1)  # f32[4, 4]{1, 4}",
+        "    %mm = mm(%transpose_2, %primals_5)  # f32[4, 3]",
+        "    %transpose_3 = transpose.int(%mm, 0, 1)  # f32[3, 4]{1, 3}",
+        "    %sum_1 = sum.dim_IntList(%tangents_2, [0], True)  # f32[1, 4]",
+        "    %view = view(%sum_1, [4])  # f32[4]",
+        "    %transpose_4 = transpose.int(%transpose_3, 0, 1)  # f32[4, 3]",
+        /* then linear1's, from tangents_1 */
+        "    %transpose_5 = transpose.int(%tangents_1, 0, 1)  # f32[2, 4]{1, 2}",
+        "    %mm_1 = mm(%transpose_5, %primals_5)  # f32[2, 3]",
+        "    %transpose_6 = transpose.int(%mm_1, 0, 1)  # f32[3, 2]{1, 3}",
+        "    %sum_2 = sum.dim_IntList(%tangents_1, [0], True)  # f32[1, 2]",
+        "    %view_1 = view(%sum_2, [2])  # f32[2]",
+        "    %transpose_7 = transpose.int(%transpose_6, 0, 1)  # f32[2, 3]",
+        "    return (%add, %add_1, %transpose_7, %view_1, %transpose_4, %view, None)  # "
+        "[PlainAOTOutput(idx=0), PlainAOTOutput(idx=1), "
+        "GradAOTOutput(grad_of=ParamAOTInput(target='linear1.weight')), "
+        "GradAOTOutput(grad_of=ParamAOTInput(target='linear1.bias')), "
+        "GradAOTOutput(grad_of=ParamAOTInput(target='linear2.weight')), "
+        "GradAOTOutput(grad_of=ParamAOTInput(target='linear2.bias')), None]", );
+    expect_tags(g, "transpose_2");
     ag_joint_free(j);
     free_inputs(in, nin);
 }
@@ -469,9 +709,32 @@ static void test_no_annotation_on_gradient_acc_nodes(void **st) {
                              "t_4{test:1} sum_1{test:1} view{test:1} t_5{test:1} t_6{test:1} "
                              "mm_2{test:1} t_7{test:1} mm_3{test:1} t_8{test:1} sum_2{test:1} "
                              "view_1{test:1} t_9{test:1}");
+    /* Traced in source order on every compiler: linear (primals_1) before linear2. */
+    assert_string_equal(ag_node_name(ag_node_arg(find(g, "t"), 0)->u.node), "primals_1");
+    assert_string_equal(ag_node_name(ag_node_arg(find(g, "t_1"), 0)->u.node), "primals_3");
+    assert_string_equal(ag_node_name(ag_node_arg(find(g, "sub"), 0)->u.node), "addmm");
     ag_joint_free(j);
     ag_module_free(m);
     ag_tensor_free(x);
+}
+
+/* The zoo's grad_acc, linear(x) - linear2(x), traces linear first as Python would, whatever
+ * order the C compiler evaluates a call's arguments in (gcc traced linear2 first). */
+static void test_zoo_traces_in_source_order(void **st) {
+    (void)st;
+    ag_tensor *in[8];
+    int nin;
+    ag_joint *j = export_zoo("grad_acc", false, NULL, in, &nin);
+    const ag_graph *g = ag_joint_graph(j);
+    const ag_node *t = ag_node_arg(find(g, "t"), 0)->u.node;
+    const ag_node *t1 = ag_node_arg(find(g, "t_1"), 0)->u.node;
+    assert_string_equal(repr(ag_node_desc(t)), "ParamAOTInput(target='linear.weight')");
+    assert_string_equal(repr(ag_node_desc(t1)), "ParamAOTInput(target='linear2.weight')");
+    const ag_node *sub = find(g, "sub");
+    assert_string_equal(ag_node_name(ag_node_arg(sub, 0)->u.node), "addmm");
+    assert_string_equal(ag_node_name(ag_node_arg(sub, 1)->u.node), "addmm_1");
+    ag_joint_free(j);
+    free_inputs(in, nin);
 }
 
 /* ---- 19. custom op stack trace ---- */
@@ -904,6 +1167,7 @@ int main(void) {
         cmocka_unit_test(test_preserve_annotate_simple),
         cmocka_unit_test(test_preserve_annotate_function),
         cmocka_unit_test(test_no_annotation_on_gradient_acc_nodes),
+        cmocka_unit_test(test_zoo_traces_in_source_order),
         cmocka_unit_test(test_custom_op_stack_trace),
         cmocka_unit_test(test_preserve_annotate_replay_view),
         cmocka_unit_test(test_annotate_fn_anchors_nested_functional_call),
