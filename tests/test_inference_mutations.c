@@ -134,7 +134,10 @@ static void expect_refused(ag_graph *g, const ag_input_info *info, int n, const 
 static void test_refusals(void **st) {
     (void)st;
     hand h = hand_graph();
-    expect_refused(h.g, h.info, 2, "keep_input_mutations: 2 input facts for 3 placeholders");
+    expect_refused(h.g, h.info, 4, "keep_input_mutations: 4 input facts for 3 placeholders");
+    expect_refused(h.g, h.info, 0,
+                   "keep_input_mutations: output 0 mutates %primals_1, which "
+                   "has no input facts (0 given)");
     expect_refused(h.g, NULL, 3, "keep_input_mutations: info is NULL");
     ag_graph_free(h.g);
 

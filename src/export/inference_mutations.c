@@ -35,7 +35,7 @@ int ag__keep_input_mutations_in_graph(ag_graph *g, const ag_input_info *info, in
                                   "descriptors");
     ag_node **ph = NULL;
     int nph = ag_graph_placeholders(g, &ph);
-    if (nph != n)
+    if (n < 0 || n > nph)
         return ag__err(AG_EINVAL, "keep_input_mutations: %d input facts for %d placeholders", n,
                        nph);
     if (n > 0)
@@ -79,7 +79,15 @@ int ag__keep_input_mutations_in_graph(ag_graph *g, const ag_input_info *info, in
                              k, b);
                 goto done;
             }
-            const ag_input_info *fi = &info[index_of(ph, nph, p)];
+            int pi = index_of(ph, nph, p);
+            if (pi >= n) {
+                rc = ag__err(AG_EINVAL,
+                             "keep_input_mutations: output %d mutates %%%s, which "
+                             "has no input facts (%d given)",
+                             k, ag_node_name(p), n);
+                goto done;
+            }
+            const ag_input_info *fi = &info[pi];
             if (!a->u.nodes[k]) {
                 rc = ag__err(AG_EINVAL,
                              "keep_input_mutations: output %d mutates %%%s but is "

@@ -10,8 +10,9 @@
  * InputMutationAOTOutput(mutated_input=D) whose input is mutated in its data only becomes a
  * `copy_(<placeholder described as D>, <new value>)` node placed just before the output node,
  * tagged must_be_in_forward, and leaves the output list (with its descriptor). info[i] are the
- * facts of the i-th placeholder (ag_joint_input_info order, n of them = the placeholders): an
- * input whose metadata is mutated, or that requires grad, keeps its InputMutationAOTOutput.
+ * facts of the i-th placeholder for the first n placeholders (ag_joint_input_info: the
+ * primals; the RNG seeds and offsets after them are never mutated inputs): an input whose
+ * metadata is mutated, or that requires grad, keeps its InputMutationAOTOutput.
  * Running the graph then updates those inputs in place (the interpreter and the planned
  * executor both run an in-place op on a placeholder's tensor).
  *
