@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: installs dependencies, builds with -Werror and runs every test, then
-# builds again with AddressSanitizer + UndefinedBehaviorSanitizer (separate build directory)
+# compares the zoo's printed graphs with a clang build of the CLI, builds again with
+# AddressSanitizer + UndefinedBehaviorSanitizer (separate build directory)
 # and runs every test there too. Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,6 +16,14 @@ cmake -S . -B build-test -DCMAKE_BUILD_TYPE=Release -DAG_WERROR=ON > /dev/null
 cmake --build build-test -j"$jobs" 2>&1 | grep -Ev '^\[ *[0-9]+%\]' || true
 cmake --build build-test -j"$jobs" > /dev/null
 ctest --test-dir build-test --output-on-failure -j"$jobs"
+
+echo "== the zoo's graphs print the same with a clang build of the CLI =="
+# Both builds above use the default compiler (gcc); argument evaluation order and the __LINE__
+# of multi-line calls are where compilers differ (scripts/check_graphs_cc.sh).
+cmake -S . -B build-clang -DCMAKE_C_COMPILER=clang -DCMAKE_BUILD_TYPE=Release -DAG_WERROR=ON \
+  > /dev/null
+cmake --build build-clang -j"$jobs" --target aotgrad_cli > /dev/null
+scripts/check_graphs_cc.sh build-test/aotgrad build-clang/aotgrad
 
 echo "== ASan + UBSan build =="
 cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DAG_SANITIZE=ON -DAG_WERROR=ON > /dev/null

@@ -635,7 +635,9 @@ static void test_inplace_view_ops(void **st) {
 static int out_in_fwd(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
     (void)nin, (void)max_out;
     ag_scope_begin();
-    ag_tensor *y[3] = {in[0], ag_t(in[0]), ag_mul(in[0], W(m))};
+    ag_tensor *xt = ag_t(in[0]); /* one traced call per statement: C's order is unspecified */
+    ag_tensor *xw = ag_mul(in[0], W(m));
+    ag_tensor *y[3] = {in[0], xt, xw};
     return give(y, 3, out);
 }
 
@@ -704,7 +706,8 @@ static int inter_fwd(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **ou
     ag_scope_begin();
     ag_tensor *y = ag_mul(in[0], W(m));
     if (g_mode == 0) {
-        ag_tensor *r[2] = {ag_select(y, 0, 0), ag_select(y, 0, 1)}; /* two views of y */
+        ag_tensor *y0 = ag_select(y, 0, 0), *y1 = ag_select(y, 0, 1); /* two views of y */
+        ag_tensor *r[2] = {y0, y1};
         return give(r, 2, out);
     }
     if (g_mode == 1) {

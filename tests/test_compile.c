@@ -144,7 +144,8 @@ static int mlp64_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor 
     ag_scope_begin();
     ag_tensor *w1 = ag_module_param(m, "w1"), *w2 = ag_module_param(m, "w2");
     ag_tensor *h = ag_tanh(ag_mm(in[0], w1));
-    out[0] = ag_tensor_keep(ag_mean_all(ag_mul(ag_mm(h, w2), ag_mm(h, w2))));
+    ag_tensor *a = ag_mm(h, w2), *b = ag_mm(h, w2); /* in this order on every compiler */
+    out[0] = ag_tensor_keep(ag_mean_all(ag_mul(a, b)));
     ag_scope_end();
     return out[0] ? 1 : ag_last_status();
 }

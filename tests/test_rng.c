@@ -361,9 +361,13 @@ static int draws_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor 
     ag_scope_begin();
     ag_tensor *a = ag_rand(AG_F32, 2, (int64_t[]){4, 5});
     ag_tensor *h = ag_dropout(ag_mul(in[0], ag_module_param(m, "w")), 0.25, true);
-    ag_tensor *r[4] = {ag_mul(a, h), ag_randn(AG_F32, 1, (int64_t[]){7}),
-                       ag_uniform_(ag_empty(AG_F32, 1, (int64_t[]){3}), -2.0, 3.0),
-                       ag_normal_(ag_empty(AG_F32, 1, (int64_t[]){2}), 1.0, 0.5)};
+    /* One draw per statement: the order of an initializer list's evaluations is unspecified,
+     * and it decides the offsets. */
+    ag_tensor *r[4];
+    r[0] = ag_mul(a, h);
+    r[1] = ag_randn(AG_F32, 1, (int64_t[]){7});
+    r[2] = ag_uniform_(ag_empty(AG_F32, 1, (int64_t[]){3}), -2.0, 3.0);
+    r[3] = ag_normal_(ag_empty(AG_F32, 1, (int64_t[]){2}), 1.0, 0.5);
     int n = 4;
     for (int i = 0; i < 4; i++) {
         out[i] = ag_tensor_keep(r[i]);

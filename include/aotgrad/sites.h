@@ -2,7 +2,11 @@
  * before the call, so traced nodes point at user code (see trace.h). Generated from the
  * declarations in ops.h; tests/test_trace.c checks that every entry point has its macro.
  * Define AG_NO_SITES before including aotgrad.h to turn them off. The function itself stays
- * callable as (ag_add)(a, b). */
+ * callable as (ag_add)(a, b). The line recorded for a call written over several lines is
+ * the compiler's __LINE__ inside the macro: its first line under GCC, its last under Clang;
+ * for graphs that print the same whatever the compiler, keep each traced call on one line
+ * (and, since C leaves the order of a call's arguments unspecified, never two traced calls
+ * as arguments of one call). */
 #ifndef AOTGRAD_SITES_H
 #define AOTGRAD_SITES_H
 

@@ -75,7 +75,11 @@ static int multi_output_fwd(ag_module *m, ag_tensor *const *in, int nin, ag_tens
     if (rc)
         return rc;
     ag_scope_begin();
-    ag_tensor *y[2] = {child(m, "linear1", in[0]), child(m, "linear2", in[0])};
+    /* One statement per traced call: the order in which C evaluates an initializer list's
+     * (or a call's) elements is unspecified, and it would become the graph's order. */
+    ag_tensor *y1 = child(m, "linear1", in[0]);
+    ag_tensor *y2 = child(m, "linear2", in[0]);
+    ag_tensor *y[2] = {y1, y2};
     return finish(y, 2, out);
 }
 
@@ -109,7 +113,9 @@ static int grad_acc_fwd(ag_module *m, ag_tensor *const *in, int nin, ag_tensor *
     if (rc)
         return rc;
     ag_scope_begin();
-    ag_tensor *y = ag_sub(child(m, "linear", in[0]), child(m, "linear2", in[0]));
+    ag_tensor *a = child(m, "linear", in[0]); /* traced first, as in Python */
+    ag_tensor *b = child(m, "linear2", in[0]);
+    ag_tensor *y = ag_sub(a, b);
     return finish(&y, 1, out);
 }
 
@@ -184,7 +190,9 @@ static int alias_views_fwd(ag_module *m, ag_tensor *const *in, int nin, ag_tenso
     ag_scope_begin();
     ag_tensor *b = ag_mul_scalar_(in[1], 2.0); /* TRACE-MARK: alias-views-mutation */
     ag_tensor *y = ag_mul(ag_add_scalar(in[0], 1.0), ag_module_param(m, "w"));
-    ag_tensor *res[3] = {ag_select(y, 0, 0), ag_t(y), b};
+    ag_tensor *y0 = ag_select(y, 0, 0);
+    ag_tensor *yt = ag_t(y);
+    ag_tensor *res[3] = {y0, yt, b};
     return finish(res, 3, out);
 }
 

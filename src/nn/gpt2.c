@@ -113,8 +113,9 @@ static int attn_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor *
         ag_tensor *att = ag_mul_scalar(ag_matmul(q, ag_transpose(k, 2, 3)),
                                        1.0 / sqrt((double)(C / nh))); /* (B, nh, T, T) */
         ag_tensor *pos = ag_arange(AG_I64, 0, (double)T, 1);
-        ag_tensor *future = ag_gt(ag_view(pos, 2, (int64_t[]){1, T}),
-                                  ag_view(pos, 2, (int64_t[]){T, 1})); /* (T, T): j > i */
+        ag_tensor *cols = ag_view(pos, 2, (int64_t[]){1, T}); /* traced before rows */
+        ag_tensor *rows = ag_view(pos, 2, (int64_t[]){T, 1});
+        ag_tensor *future = ag_gt(cols, rows); /* (T, T): j > i */
         att = ag_softmax(ag_masked_fill(att, future, -INFINITY), -1);
         y = ag_matmul(sub(m, "attn_dropout", att), v);
     } else {
@@ -249,9 +250,11 @@ static int gpt_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **
     x = sub(tr, "ln_f", x);
     ag_tensor *logits = sub(m, "lm_head", x); /* (B, T, V) */
     ag_tensor *loss = NULL;
-    if (nin == 2)
-        loss = ag_cross_entropy(ag_view(logits, 2, (int64_t[]){-1, V}),
-                                ag_reshape(in[1], 1, (int64_t[]){-1}), AG_REDUCTION_MEAN, -1);
+    if (nin == 2) { /* one statement per traced call: C leaves argument order unspecified */
+        ag_tensor *flat_logits = ag_view(logits, 2, (int64_t[]){-1, V});
+        ag_tensor *flat_targets = ag_reshape(in[1], 1, (int64_t[]){-1});
+        loss = ag_cross_entropy(flat_logits, flat_targets, AG_REDUCTION_MEAN, -1);
+    }
     if (!logits || (nin == 2 && !loss)) {
         ag_scope_end();
         return ag__nn_status();

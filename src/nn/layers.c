@@ -7,7 +7,8 @@
  * (ag_module_call then hands it to the caller's scope). Forwards only call ops and read sizes,
  * never tensor data, so that they trace. */
 /* Module code records its call sites like user code, as torch/nn frames appear in PyTorch
- * stack traces. */
+ * stack traces. Each traced op call is kept on one line: a call spanning lines records its
+ * first line under GCC and its last under Clang (see include/aotgrad/sites.h). */
 #define AG_RECORD_SITES
 #include "nn_internal.h"
 
@@ -118,8 +119,8 @@ typedef struct conv_ud {
 
 static ag_tensor *conv2d_apply(ag_module *m, ag_tensor *x) {
     const conv_ud *u = ag_module_ud(m);
-    return ag_conv2d(x, ag_module_param(m, "weight"), ag_module_param(m, "bias"), u->stride,
-                     u->padding, u->dilation, u->groups);
+    ag_tensor *w = ag_module_param(m, "weight"), *b = ag_module_param(m, "bias");
+    return ag_conv2d(x, w, b, u->stride, u->padding, u->dilation, u->groups);
 }
 NN_UNARY_FORWARD(conv2d)
 
@@ -183,9 +184,10 @@ static ag_tensor *batchnorm2d_apply(ag_module *m, ag_tensor *x) {
     /* Training: batch statistics, running stats updated in place by the op. Eval: the
      * running statistics normalize. */
     ag_tensor *y = NULL, *save_mean = NULL, *save_invstd = NULL;
-    ag_native_batch_norm(x, ag_module_param(m, "weight"), ag_module_param(m, "bias"),
-                         ag_module_buffer(m, "running_mean"), ag_module_buffer(m, "running_var"),
-                         training, u->momentum, u->eps, &y, &save_mean, &save_invstd);
+    ag_tensor *w = ag_module_param(m, "weight"), *b = ag_module_param(m, "bias");
+    ag_tensor *rm = ag_module_buffer(m, "running_mean"), *rv = ag_module_buffer(m, "running_var");
+    double mom = u->momentum, eps = u->eps;
+    ag_native_batch_norm(x, w, b, rm, rv, training, mom, eps, &y, &save_mean, &save_invstd);
     return y;
 }
 NN_UNARY_FORWARD(batchnorm2d)
@@ -223,8 +225,8 @@ typedef struct ln_ud {
 
 static ag_tensor *layernorm_apply(ag_module *m, ag_tensor *x) {
     const ln_ud *u = ag_module_ud(m);
-    return ag_layer_norm(x, 1, &u->dim, ag_module_param(m, "weight"), ag_module_param(m, "bias"),
-                         u->eps);
+    ag_tensor *w = ag_module_param(m, "weight"), *b = ag_module_param(m, "bias");
+    return ag_layer_norm(x, 1, &u->dim, w, b, u->eps);
 }
 NN_UNARY_FORWARD(layernorm)
 

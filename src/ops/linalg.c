@@ -597,8 +597,11 @@ static ag_tensor *matmul_impl(ag_tensor *t1, ag_tensor *t2) {
         return NULL;
     int d1 = t1->ndim, d2 = t2->ndim;
     /* ATen uses dot and mv for the first two cases; they run as mm here. */
-    if (d1 == 1 && d2 == 1)
-        return ag_squeeze_all(ag_mm(ag_unsqueeze(t1, 0), ag_unsqueeze(t2, 1)));
+    if (d1 == 1 && d2 == 1) {
+        /* t1 is unsqueezed before t2 on every compiler */
+        ag_tensor *row = ag_unsqueeze(t1, 0);
+        return ag_squeeze_all(ag_mm(row, ag_unsqueeze(t2, 1)));
+    }
     if (d1 == 2 && d2 == 1)
         return ag_squeeze(ag_mm(t1, ag_unsqueeze(t2, 1)), 1);
     if (d1 == 1 && d2 == 2)

@@ -501,7 +501,8 @@ static int ce_decomp(const ag_arg *a, ag_tensor **outs) {
         ret = ag_div(ag_sum_all(smooth), r[1]);
     else if (reduction == AG_REDUCTION_SUM)
         ret = ag_sum_all(smooth);
-    outs[0] = ag_add(ag_mul_scalar(r[0], 1 - ls), ag_mul_scalar(ret, ls / (double)C));
+    ag_tensor *kept = ag_mul_scalar(r[0], 1 - ls); /* traced before the smoothing term */
+    outs[0] = ag_add(kept, ag_mul_scalar(ret, ls / (double)C));
     return outs[0] ? 0 : ag_last_status();
 }
 

@@ -364,8 +364,10 @@ static int div_backward(ag_bwctx *c) {
     ag_tensor *g = c->grad_outputs[0], *x = c->args[0].u.t, *y = c->args[1].u.t;
     if (c->needs_grad[0])
         c->grad_inputs[0] = ag_div(g, y);
-    if (c->needs_grad[1])
-        c->grad_inputs[1] = ag_mul(ag_neg(g), ag_div(ag_div(x, y), y));
+    if (c->needs_grad[1]) {
+        ag_tensor *ng = ag_neg(g); /* traced before x / y / y on every compiler */
+        c->grad_inputs[1] = ag_mul(ng, ag_div(ag_div(x, y), y));
+    }
     return bw_status(c);
 }
 
@@ -659,7 +661,8 @@ static int sqrt_backward(ag_bwctx *c) {
     return bw_status(c);
 }
 static int rsqrt_backward(ag_bwctx *c) {
-    c->grad_inputs[0] = ag_mul(ag_mul_scalar(G, -0.5), ag_pow_scalar(RESULT, 3));
+    ag_tensor *half = ag_mul_scalar(G, -0.5); /* traced before the power */
+    c->grad_inputs[0] = ag_mul(half, ag_pow_scalar(RESULT, 3));
     return bw_status(c);
 }
 static int abs_backward(ag_bwctx *c) {
@@ -722,7 +725,8 @@ static int gelu_decomp(const ag_arg *a, ag_tensor **o) {
     ag_tensor *x = a[0].u.t;
     ag_tensor *inner = ag_mul_scalar(ag_add(x, ag_mul_scalar(ag_pow_scalar(x, 3.0), 0.044715)),
                                      0.7978845608028654);
-    o[0] = ag_mul(ag_mul_scalar(x, 0.5), ag_add_scalar(ag_tanh(inner), 1.0));
+    ag_tensor *half_x = ag_mul_scalar(x, 0.5); /* traced before tanh + 1 on every compiler */
+    o[0] = ag_mul(half_x, ag_add_scalar(ag_tanh(inner), 1.0));
     return o[0] ? 0 : ag_last_status();
 }
 
@@ -1116,8 +1120,10 @@ static int sigmoid_bw_backward(ag_bwctx *c) {
     ag_tensor *go = c->args[0].u.t, *y = c->args[1].u.t;
     if (c->needs_grad[0])
         c->grad_inputs[0] = ag_sigmoid_backward(G, y);
-    if (c->needs_grad[1])
-        c->grad_inputs[1] = ag_mul(ag_mul(G, go), ag_add_scalar(ag_mul_scalar(y, -2), 1));
+    if (c->needs_grad[1]) {
+        ag_tensor *gg = ag_mul(G, go); /* traced before 1 - 2y on every compiler */
+        c->grad_inputs[1] = ag_mul(gg, ag_add_scalar(ag_mul_scalar(y, -2), 1));
+    }
     return bw_status(c);
 }
 
@@ -1140,7 +1146,8 @@ static int silu_bw_backward(ag_bwctx *c) {
         ag_tensor *s = ag_sigmoid(x);
         ag_tensor *ds = ag_mul(s, ag_sub_scalar(ag_neg(s), -1));             /* s (1 - s) */
         ag_tensor *t = ag_add_scalar(ag_mul(x, ag_add_scalar(ag_mul_scalar(s, -2), 1)), 2);
-        c->grad_inputs[1] = ag_mul(ag_mul(G, go), ag_mul(ds, t));
+        ag_tensor *gg = ag_mul(G, go); /* traced before ds * t on every compiler */
+        c->grad_inputs[1] = ag_mul(gg, ag_mul(ds, t));
     }
     return bw_status(c);
 }
@@ -1162,8 +1169,11 @@ static int gelu_bw_backward(ag_bwctx *c) {
     } else {
         ag_tensor *t = ag_tanh(ag_mul_scalar(ag_add(x, ag_mul_scalar(ag_mul(x2, x), k)), b));
         ag_tensor *u = ag_add_scalar(ag_mul_scalar(x2, 3 * b * k), b);
-        ag_tensor *inner = ag_sub(ag_add(u, ag_mul_scalar(x2, 3 * b * k)),
-                                  ag_mul(ag_mul(x, t), ag_mul(u, u)));
+        /* One traced call per statement where two would be arguments of one call: C leaves
+         * their order unspecified, and it would become the graph's order. */
+        ag_tensor *lhs = ag_add(u, ag_mul_scalar(x2, 3 * b * k));
+        ag_tensor *xt = ag_mul(x, t);
+        ag_tensor *inner = ag_sub(lhs, ag_mul(xt, ag_mul(u, u)));
         d2 = ag_mul(ag_add_scalar(ag_neg(ag_mul(t, t)), 1), inner);
     }
     c->grad_inputs[1] = ag_mul(ag_mul(G, go), d2);

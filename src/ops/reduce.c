@@ -377,7 +377,8 @@ static int var_backward(ag_bwctx *c) {
             g = restore_dims(g, x->ndim, &c->args[1], c->args[3].u.b);
         mean = ag_mean(x, dims, n, true);
     }
-    c->grad_inputs[0] = ag_mul(ag_mul_scalar(g, 2.0 / dof), ag_sub(x, mean));
+    ag_tensor *scaled = ag_mul_scalar(g, 2.0 / dof); /* traced before x - mean */
+    c->grad_inputs[0] = ag_mul(scaled, ag_sub(x, mean));
     return status_of(c->grad_inputs[0]);
 }
 
@@ -694,7 +695,10 @@ static int softmax_bwd_backward(ag_bwctx *c) {
     if (c->needs_grad[1]) {
         ag_tensor *syg = ag_sum(ag_mul(y, g), &dim, 1, true);
         ag_tensor *syG = ag_sum(ag_mul(y, G), &dim, 1, true);
-        c->grad_inputs[1] = ag_sub(ag_sub(ag_mul(g, G), ag_mul(syg, G)), ag_mul(g, syG));
+        /* one traced call per statement: C leaves the order of a call's arguments unspecified */
+        ag_tensor *gG = ag_mul(g, G);
+        ag_tensor *d = ag_sub(gG, ag_mul(syg, G));
+        c->grad_inputs[1] = ag_sub(d, ag_mul(g, syG));
         return status_of(c->grad_inputs[1]);
     }
     return 0;

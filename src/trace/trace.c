@@ -221,13 +221,66 @@ static const char *stack_string(tracer *T) {
     return T->trace_str;
 }
 
+static bool in_backward(const tracer *T) {
+    return T->tag && !strcmp(T->tag, "is_backward");
+}
+
+/* A new get_attr node for constant t, with the metadata a node made now gets as upstream's
+ * get_attr nodes do (fx's create_node copies the current node metadata): the open
+ * annotations, the partitioner tag, and in a backward the running backward node's seq_nr,
+ * through which the export copies its forward op's annotations onto it as onto the backward's
+ * calls. A forward constant gets no seq_nr: it must never be the forward node a backward
+ * node's metadata is taken from. name: NULL for _tensor_constantN. */
+static ag_node *new_constant(tracer *T, ag_tensor *t, const char *name) {
+    ag_node *n = ag_graph_get_attr(T->g, t, name);
+    if (!n || T->bare)
+        return n;
+    ag__tls_state *ts = ag__tls();
+    int rc = 0;
+    if (ts->bw_seq_nr >= 0)
+        rc = ag_node_set_seq_nr(n, ts->bw_seq_nr);
+    if (!rc && T->tag)
+        rc = ag_node_set_partitioner_tag(n, T->tag);
+    int na = nanns < MAX_ANN ? nanns : MAX_ANN;
+    for (int i = 0; i < na && !rc; i++)
+        rc = ag_node_custom_set(n, anns[i].key, anns[i].v);
+    if (rc) {
+        ag_graph_erase(T->g, n);
+        return NULL;
+    }
+    return n;
+}
+
+/* A constant the forward made a get_attr for, used by the backward: the backward gets a
+ * get_attr of its own (`_tensor_constant0_1` for `_tensor_constant0`, as upstream), so the
+ * partitioner never saves a constant for the backward, and the backward's uses share it. */
+static ag_node *backward_constant(tracer *T, ag_tensor *t, ag_node *fwd) {
+    char name[80];
+    for (int k = 1;; k++) {
+        snprintf(name, sizeof name, "%s_%d", ag_node_name(fwd), k);
+        if (!ag_graph_find(T->g, name))
+            break;
+    }
+    ag_node *n = new_constant(T, t, name);
+    if (n)
+        t->trace = n;
+    return n;
+}
+
 /* The node standing for tensor t in this trace: its own node, or a new get_attr constant for
  * a tensor with data made outside the trace. */
 static ag_node *node_of(tracer *T, ag_tensor *t) {
     if (!t)
         return NULL;
-    if (t->trace && t->trace_id == T->id)
-        return T->aliases ? ag__alias_refresh(T, T->aliases, t) : t->trace;
+    if (t->trace && t->trace_id == T->id) {
+        ag_node *n = T->aliases ? ag__alias_refresh(T, T->aliases, t) : t->trace;
+        if (n && n == t->trace && ag_node_kind_of(n) == AG_NODE_GET_ATTR && in_backward(T)) {
+            const char *tag = ag_node_partitioner_tag(n);
+            if (!tag || strcmp(tag, "is_backward"))
+                return backward_constant(T, t, n);
+        }
+        return n;
+    }
     if (ag__is_meta(t)) {
         char b[128];
         ag__err(AG_EINVAL, "trace: a data-less tensor %s that was not made in this trace is used "
@@ -235,7 +288,7 @@ static ag_node *node_of(tracer *T, ag_tensor *t) {
                 ag_tensor_meta_str(t, b, sizeof b));
         return NULL;
     }
-    ag_node *n = ag_graph_get_attr(T->g, t, NULL);
+    ag_node *n = new_constant(T, t, NULL);
     if (!n)
         return NULL;
     t->trace = n;
