@@ -110,6 +110,9 @@ AG_API ag_tree *ag_tree_unflatten(const ag_treespec *spec, ag_tensor *const *lea
 
 typedef struct ag_export_opts {
     const ag_decomp_table *decompositions; /* NULL: none (composites still decompose) */
+    /* On the inference path (no input requires grad), data mutations of inputs stay in the
+     * graph as trailing copy_ nodes (tagged must_be_in_forward) instead of
+     * InputMutationAOTOutput outputs; the compiled callable then has none to write back. */
     bool keep_inference_input_mutations;
     /* Record random ops as they are, drawing from the running thread's generator when the
      * graph runs, instead of functionalizing the generator (see ag_export_joint). */

@@ -16,6 +16,7 @@
 #include "../graph/graph_internal.h"
 #include "aotgrad/export.h"
 #include "alias.h"
+#include "inference_mutations.h"
 #include "token_chain.h"
 #include "rng_functionalize.h"
 #include "subclass_flatten.h"
@@ -833,6 +834,10 @@ static ag_joint *export_pass(const export_in *in) {
         ag_node_set_output_descs(ag_graph_output_node(j->g), out_descs, no))
         goto fail;
     if (j->needs_autograd && copy_fwd_metadata(j->g))
+        goto fail;
+    /* Inference with keep_inference_input_mutations: data mutations stay in the graph. */
+    if (!j->needs_autograd && in->o->keep_inference_input_mutations &&
+        ag__keep_input_mutations_in_graph(j->g, j->in_info, j->nprimals) < 0)
         goto fail;
     if (ag_graph_layout(j->g, 0, &j->layout))
         goto fail;

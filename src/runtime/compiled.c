@@ -92,6 +92,7 @@ struct ag_compiled {
      * and the tensor subclass structures to unwrap and rewrap (subclass.c), or NULL. */
     int *grad_slot;
     int nbw_grads;
+    int *mut_primal; /* per input mutation output: the primal written back */
     ag__subx_info *sub;
     /* Kept between calls so a training step allocates no bookkeeping once warm. */
     kept_ptrs call_mem, bw_mem; /* a call's and a backward's pointer arrays */
@@ -127,6 +128,7 @@ static void compiled_release(ag_compiled *c) {
     ag__free(c->node_of_user);
     ag__free(c->fw_out_meta);
     ag__free(c->grad_slot);
+    ag__free(c->mut_primal);
     ag__subx_info_release(c->sub);
     ag__rng_wrap_clear(&c->rng_fw);
     ag__rng_wrap_clear(&c->rng_bw);
@@ -179,17 +181,37 @@ static ag_desc *output_of_tangent(const ag_desc *d) {
     return r;
 }
 
-/* The primal descriptor whose gradient output d describes: GradAOTOutput(X) -> X, and
- * SubclassGetAttrAOTOutput(base=B, attr) -> SubclassGetAttrAOTInput(base=<B's>, attr). */
-static ag_desc *primal_of_grad(const ag_desc *d) {
-    if (ag_desc_kind_of(d) == AG_DESC_GRAD)
+/* The input descriptor an output of kind `wrapper` describes: GradAOTOutput(X) and
+ * InputMutationAOTOutput(X) -> X, and SubclassGetAttrAOTOutput(base=B, attr) ->
+ * SubclassGetAttrAOTInput(base=<B's>, attr). NULL (no error set) for any other descriptor; NULL
+ * with AG_ENOMEM set when out of memory. */
+static ag_desc *input_of_output(const ag_desc *d, ag_desc_kind wrapper) {
+    if (ag_desc_kind_of(d) == wrapper)
         return ag_desc_retain(ag_desc_nested(d));
     if (ag_desc_kind_of(d) != AG_DESC_SUBCLASS_GETATTR_OUTPUT)
         return NULL;
-    ag_desc *base = primal_of_grad(ag_desc_nested(d));
+    ag_desc *base = input_of_output(ag_desc_nested(d), wrapper);
     ag_desc *r = base ? ag_desc_subclass_getattr_input(base, ag_desc_attr(d)) : NULL;
     ag_desc_release(base);
     return r;
+}
+
+/* The primal (index among the joint's primals, tokens excluded) that output descriptor d of
+ * kind `wrapper` describes; -1 with an error naming it when none. */
+static int primal_of(const ag_compiled *c, ag_node *const *prim_ph, const ag_desc *d,
+                     ag_desc_kind wrapper, const char *what, int k) {
+    ag_desc *x = input_of_output(d, wrapper);
+    int p = -1;
+    for (int i = 0; x && i < c->nprimals && p < 0; i++)
+        p = ag_desc_equal(ag_node_desc(prim_ph[i]), x) ? i : -1;
+    ag_desc_release(x);
+    if (p < 0 && ag_last_status() != AG_ENOMEM) {
+        char r[256] = "None";
+        ag_desc_repr(d, r, sizeof r);
+        ag__err(AG_EINVAL, "compile: %s %d (%s) is the %s of no primal of the joint", what, k, r,
+                wrapper == AG_DESC_GRAD ? "gradient" : "mutation");
+    }
+    return p;
 }
 
 /* The position among outputs [from, to) of out whose descriptor is d, or -1. */
@@ -252,9 +274,10 @@ static int read_joint(ag_compiled *c, const ag_joint *j) {
     c->node_of_user = ag__calloc((size_t)nu, sizeof *c->node_of_user);
     c->fw_out_meta = ag__calloc((size_t)(nfwo ? nfwo : 1), sizeof *c->fw_out_meta);
     c->grad_slot = ag__calloc((size_t)np, sizeof *c->grad_slot);
+    c->mut_primal = ag__calloc((size_t)(c->nmutated ? c->nmutated : 1), sizeof *c->mut_primal);
     c->sub = ag__subx_info_retain(ag__joint_subclass_info(j));
     if (!c->in_info || !c->in_meta || !c->out_info || !c->out_diff || !c->tangent_of ||
-        !c->grad_out || !c->node_of_user || !c->fw_out_meta || !c->grad_slot ||
+        !c->grad_out || !c->node_of_user || !c->fw_out_meta || !c->grad_slot || !c->mut_primal ||
         ag__joint_alias_copy(&c->alias, ag__joint_alias_of(j)))
         return AG_ENOMEM;
     const ag_graph *g = ag_joint_graph(j);
@@ -281,6 +304,13 @@ static int read_joint(ag_compiled *c, const ag_joint *j) {
         c->node_of_user[k] = own ? c->nnode++ : -1;
     }
     c->nnode += c->ninter;
+    /* Each input mutation's primal, by descriptor (a mutation kept in the graph has none). */
+    for (int k = 0; k < c->nmutated; k++) {
+        const ag_desc *d = ag_node_output_desc(gout, L->sec[AG_SEC_OUT_MUTATIONS].start + k);
+        if ((c->mut_primal[k] = primal_of(c, ph + p0, d, AG_DESC_INPUT_MUTATION, "output",
+                                          L->sec[AG_SEC_OUT_MUTATIONS].start + k)) < 0)
+            return ag_last_status();
+    }
     return read_tangents(c, g, ph);
 }
 
@@ -381,19 +411,9 @@ static int read_backward(ag_compiled *c, const ag_joint *j) {
         c->grad_slot[i] = -1;
     for (int b = 0; b < c->nbw_grads; b++) {
         const ag_desc *d = ag_node_output_desc(bo, bl.sec[AG_SEC_OUT_GRADS].start + b);
-        ag_desc *x = d ? primal_of_grad(d) : NULL;
-        if (d && !x)
-            return AG_ENOMEM; /* (a grads-section descriptor is a gradient's) */
-        int p = -1;
-        for (int i = 0; x && i < c->nprimals && p < 0; i++)
-            p = ag_desc_equal(ag_node_desc(ph[i]), x) ? i : -1;
-        ag_desc_release(x);
-        if (d && p < 0) {
-            char r[256];
-            ag_desc_repr(d, r, sizeof r);
-            return ag__err(AG_EINVAL, "compile: backward output %d (%s) is the gradient of no "
-                                      "primal of the joint", b, r);
-        }
+        int p = d ? primal_of(c, ph, d, AG_DESC_GRAD, "backward output", b) : -1;
+        if (d && p < 0)
+            return ag_last_status();
         if (p >= 0) { /* (grads come first among the outputs run_graph returns) */
             c->grad_slot[p] = bl.sec[AG_SEC_OUT_GRADS].start + b;
             c->grad_out[p] = ag_node_arg(bo, 0)->u.nodes[c->grad_slot[p]] != NULL;
@@ -754,18 +774,16 @@ static int call_outputs(ag_compiled *c, call_state *s, ag_tensor **outs, int rc)
  * then data, then the metadata of inputs merged into a base. */
 static int call_effects(ag_compiled *c, call_state *s) {
     int rc = ag__rng_wrap_advance(&c->rng_fw, s->fo, s->nrun);
-    for (int i = 0, k = 0; rc == 0 && i < c->nprimals; i++) {
+    for (int k = 0; rc == 0 && k < c->nmutated; k++) {
+        int i = c->mut_primal[k];
         const ag_input_info *ii = &c->in_info[i];
         ag_tensor *x = s->prim[i];
-        if (!ii->mutates_data && !ii->mutates_metadata)
-            continue;
         if (ii->mutates_metadata)
             ag__rt_set_geometry(x, &c->alias.prim[i].new_geom, x->offset);
         if (ii->mutates_data) {
             rc = ag__copy_into(x, s->fo[fw_at(c, AG_SEC_OUT_MUTATIONS, k)]);
             x->storage->version++;
         }
-        k++;
     }
     for (int i = 0; rc == 0 && i < c->nflat; i++) {
         const ag__flat_info *f = &c->alias.flat[i];
