@@ -17,11 +17,11 @@ struct ag_joint {
     ag_input_info *in_info;
     ag_output_info *out_info;
     bool needs_autograd;
-    ag_desc **primal_descs; /* for ag_joint_set_graph's checks */
-    ag_desc **tangent_descs; /* tangents, then backward tokens */
+    ag_desc **primal_descs;     /* for ag_joint_set_graph's checks */
+    ag_desc **tangent_descs;    /* tangents, then backward tokens */
     int nfw_tokens, nbw_tokens; /* effect tokens (effects.c): first primals, last tangents */
-    int nmetamut, ninter;   /* extra forward outputs (alias.c) */
-    ag__joint_alias alias;  /* flat inputs -> primals, aliasing outputs (alias.c) */
+    int nmetamut, ninter;       /* extra forward outputs (alias.c) */
+    ag__joint_alias alias;      /* flat inputs -> primals, aliasing outputs (alias.c) */
     /* RNG functionalization (rng.c): the philox placeholders after the tangents and backward
      * tokens, and whether the forward returns its updated offset (before the grads). */
     int nrng;
