@@ -524,6 +524,13 @@ static void test_saved_joint_round_trip(void **state) {
     assert_non_null(strstr(o, "compiled vs interpreted: max relative difference: outputs 0"));
     assert_non_null(strstr(o, "gradient vs central finite differences"));
     assert_non_null(strstr(o, ": OK\n"));
+    /* show FILE.joint prints its graph as export prints it. */
+    run(&r, out, 0, (const char *const[]){"show", jf, NULL});
+    expect(&r, 0, NULL, "show convbn.joint");
+    assert_true(!strncmp(slurp(out),
+                         "graph():\n    %primals_1 : f32[3, 1, 3, 3]  # "
+                         "ParamAOTInput(target='conv.weight')",
+                         70));
     /* The effects model's joint calls a custom op, registered by the CLI before loading. */
     path_in(jf, sizeof jf, "effects.joint");
     run(&r, NULL, 0, (const char *const[]){"export", "effects", "-o", jf, NULL});
@@ -553,6 +560,9 @@ static void test_saved_joint_errors(void **state) {
     run(&r, NULL, 0, (const char *const[]){"check", bad, NULL});
     snprintf(msg, sizeof msg, "aotgrad check: joint_load_file: %s: line ", bad);
     expect(&r, 1, msg, "check of a truncated joint");
+    run(&r, NULL, 0, (const char *const[]){"show", bad, NULL});
+    snprintf(msg, sizeof msg, "aotgrad show: %s: joint_load: line ", bad);
+    expect(&r, 1, msg, "show of a truncated joint");
     spit(bad, "aotgrad-joint 1\nparams_spec: []\n");
     run(&r, NULL, 0, (const char *const[]){"check", bad, NULL});
     snprintf(msg, sizeof msg,

@@ -39,7 +39,8 @@ static const struct {
      "print a zoo model's traced forward graph: MODEL [--config NAME] [--dropout P] "
      "[--format text|dot|svg] [-o FILE] [--seq-nr] [--stack-traces]"},
     {"show", cli_show,
-     "parse, verify and print a graph file: FILE [--format text|dot|svg] [-o FILE]"},
+     "parse, verify and print a graph file (or a saved FILE.joint's graph): FILE "
+     "[--format text|dot|svg] [-o FILE]"},
     {"export", cli_export,
      "print a zoo model's joint fw+bw graph with descriptors: MODEL [--config NAME] "
      "[--dropout P] [--decompose core] [--format text|dot|svg|joint] [-o FILE] [--seq-nr] "
