@@ -755,8 +755,8 @@ static int read_header(rd *r, ag_joint *j, lines *L) {
  * line. */
 static int graph_error(const rd *r, int first_line) {
     char msg[1024];
-    snprintf(msg, sizeof msg, "%s", ag_last_error());
-    int status = ag_last_status() ? ag_last_status() : AG_EFORMAT;
+    snprintf(msg, sizeof msg, "%s", ag_last_error()); /* ag__err writes where it reads */
+    int status = ag_last_status() == AG_ENOMEM ? AG_ENOMEM : AG_EFORMAT;
     int l = 0, c = 0, used = 0;
     if (sscanf(msg, "line %d:%d: %n", &l, &c, &used) == 2 && used > 0)
         return ag__err(status, "%s: line %d:%d: %s", r->fn, l + first_line - 1, c, msg + used);
@@ -949,7 +949,7 @@ static ag_joint *load(const char *text, size_t len, const char *fn) {
         if (!(j->g = ag_graph_parse(g0, (size_t)(r.end - g0))))
             rc = graph_error(&r, first);
         else if ((rc = ag_graph_layout(j->g, 0, &j->layout)))
-            rc = ag__err(rc, "%s: the graph (from line %d): %s", fn, first, ag_last_error());
+            rc = graph_error(&r, first);
     }
     if (rc == 0)
         rc = check_facts(j, &L, fn);
