@@ -270,6 +270,56 @@ static void test_compiled_effects(void **st) { /* effect tokens */
     check_compiled_same("effects");
 }
 
+/* A joint rewritten through ag_joint_update (linear's weight and bias sharded to their first
+ * row) saves and loads like an exported one: the same text again, the same convention, another
+ * hash than the unsharded joint's, and the same outputs from its compiled callable. */
+static void test_updated_joint(void **st) {
+    (void)st;
+    ag_joint *j = export_zoo("linear");
+    uint64_t h0 = hash(j);
+    ag_graph *g = ag_graph_copy(ag_joint_graph(j));
+    static const struct {
+        const char *name;
+        int ndim;
+        int64_t sizes[2];
+    } shapes[] = {{"primals_1", 2, {1, 3}}, {"primals_2", 1, {1}}, {"tangents_1", 2, {4, 1}}};
+    for (int i = 0; i < 3; i++) {
+        ag_tmeta m = tu_tmeta(AG_F32, shapes[i].ndim, shapes[i].sizes);
+        assert_int_equal(ag_node_set_val(ag_graph_find(g, shapes[i].name), 0, &m), 0);
+    }
+    ag_node *view = ag_graph_find(g, "view");
+    assert_non_null(view);
+    assert_int_equal(ag_node_set_arg(view, 1, AG_GA_INTS((int64_t[]){1}, 1)), 0);
+    assert_int_equal(ag_graph_reinfer_meta(g), 0);
+    assert_int_equal(ag_joint_update(j, g), 0);
+    char *s1 = save(j, NULL);
+    assert_non_null(strstr(s1, "%primals_1 : f32[1, 3]"));
+    ag_joint *l = load(s1);
+    char *s2 = save(l, NULL);
+    assert_string_equal(s1, s2);
+    assert_same_convention(j, l);
+    assert_true(hash(l) == hash(j));
+    assert_true(hash(l) != h0);
+    ag_compiled *ca = ag_compile_joint(j, NULL), *cb = ag_compile_joint(l, NULL);
+    assert_non_null(ca);
+    assert_non_null(cb);
+    ag_scope_begin();
+    ag_tensor *in[3] = {ag_ones(AG_F32, 2, (int64_t[]){1, 3}), ag_ones(AG_F32, 1, (int64_t[]){1}),
+                        ag_randn(AG_F32, 2, (int64_t[]){4, 3})};
+    ag_tensor *ya, *yb;
+    assert_int_equal(ag_compiled_call(ca, in, 3, &ya, 1), 1);
+    assert_int_equal(ag_compiled_call(cb, in, 3, &yb, 1), 1);
+    assert_int_equal(ag_tensor_sizes(yb)[1], 1);
+    assert_true(tu_max_abs_diff(ya, yb) == 0);
+    ag_scope_end();
+    ag_compiled_free(ca);
+    ag_compiled_free(cb);
+    ag_free(s1);
+    ag_free(s2);
+    ag_joint_free(l);
+    ag_joint_free(j);
+}
+
 /* ---- the hash ---- */
 
 static ag_joint *export_mlp_batch(int64_t batch) {
@@ -608,6 +658,7 @@ int main(void) {
         cmocka_unit_test(test_compiled_alias_views),
         cmocka_unit_test(test_compiled_dropout),
         cmocka_unit_test(test_compiled_effects),
+        cmocka_unit_test(test_updated_joint),
         cmocka_unit_test(test_hash),
         cmocka_unit_test(test_files),
         cmocka_unit_test(test_load_errors),
