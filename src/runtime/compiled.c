@@ -6,19 +6,14 @@
  * engine calls that node's backward, which runs the backward graph on the saved tensors and the
  * incoming gradients and hands back one gradient per input that requires grad.
  *
- * Runtime wrappers that apply here (spec section 8): input mutations are written back into the
- * caller's tensors after the forward (BatchNorm running stats change exactly as in eager);
- * outputs that need no grad are left without history; missing output gradients are
- * materialized as zeros; gradients are aligned to inputs; inputs saved for backward are checked
- * against their storage version, so an in-place change before backward is an error; effect
- * tokens are fed as empty tensors and their outputs dropped (effects.c). The
- * aliasing wrappers (alias_rt.c) map the caller's flat inputs to the graph's primals (removed
- * duplicates, view and synthetic bases) and regenerate outputs that alias inputs or
- * intermediates as views of their base; metadata mutations are applied to the caller's
- * tensors. A joint with functionalized random ops gets the generator's state as its philox
- * inputs and advances the generator by what it drew (rng_wrap.c), in the forward and in the
- * backward. Tensor subclass inputs and outputs are unwrapped and rewrapped around this
- * callable (subclass.c): the flat inputs are then the instances' inner tensors. */
+ * The runtime wrappers (spec section 8) are objects listed in wrappers[] below, each in its own
+ * file (see compiled_internal.h for how a call runs them): tensor subclasses unwrapped and
+ * rewrapped, flat inputs mapped to primals (dedupe, synthetic bases), aliasing outputs
+ * regenerated as views, input mutations written back, the generator's state fed and advanced,
+ * effect tokens fed and dropped. The core here: outputs that need no grad are left without
+ * history; missing output gradients are materialized as zeros; gradients are aligned to inputs
+ * by descriptor; inputs saved for backward are checked against their storage version, so an
+ * in-place change before backward is an error. */
 #include "../graph/graph_internal.h"
 #include "../nn/nn_internal.h"
 #include "compiled_internal.h"
