@@ -14,7 +14,9 @@ PACKAGES=(
   libigraph-dev                         # max-flow for the min-cut partitioner
   libglpk-dev                           # ILP knapsack for the memory budget
   dataset-fashion-mnist                 # the main job's data
-  clang libclang-rt-14-dev              # fuzzing and sanitizer runtimes
+  clang libclang-rt-14-dev              # fuzzing and sanitizer runtimes; the gcc/clang graph check
+  clang-format-14                       # the format check of scripts/test.sh
+  python3                               # scripts/check_layers.py
   libdnnl-dev                           # oneDNN sgemm: the reference of bench/bench_sgemm only
 )
 
