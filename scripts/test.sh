@@ -5,10 +5,10 @@
 # and runs every test there too. Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/install-deps.sh
 echo "== layers: folders depend only on earlier folders (docs/ARCHITECTURE.md) =="
 python3 scripts/check_layers.py | tail -1
 python3 scripts/check_layers.py > /dev/null || { python3 scripts/check_layers.py; exit 1; }
-scripts/install-deps.sh
 jobs=$(nproc)
 
 echo "== release build (-Werror) =="
