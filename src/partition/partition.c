@@ -17,6 +17,7 @@
 #include "partition_internal.h"
 #include "side_plan.h"
 
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -560,6 +561,13 @@ int ag__partition_ex(const ag_graph *joint, int num_fwd_outputs, const ag_partit
     ag__plan pl = {0};
     if (rc == 0)
         rc = ag__plan_make(&P, saved, nsaved, &pl);
+#ifndef NDEBUG
+    /* ag__save_random_nodes left no random forward node for the backward to draw again. */
+    for (int p = 0; rc == 0 && p < pl.nbw; p++) {
+        const ag__pinfo *pi = &P.info[pl.bw[p]];
+        assert(!(pi->kind == AG_NODE_CALL && pi->random && !pi->req_bw));
+    }
+#endif
     ag__free(saved);
     ag__peak pk = {0};
     if (rc == 0 && (stats || peak))

@@ -10,7 +10,25 @@
  * files depend on each other in a line: partition.c -> mincut.c -> side_plan.c. */
 #include "side_plan.h"
 
+#include <assert.h>
 #include <stdlib.h>
+
+#ifndef NDEBUG
+/* Debug check that a side's body runs: each of its nodes reads only the side's inputs (have[i]
+ * true, P->nn entries, overwritten) and nodes earlier in the body. For the backward this says
+ * that the saved set is a cut: every forward value the backward reads is saved or recomputed
+ * there from saved values. */
+static bool body_closed(const ag__part *P, bool *have, const int *body, int nbody) {
+    for (int p = 0; p < nbody; p++) {
+        const ag__pinfo *pi = &P->info[body[p]];
+        for (int a = 0; a < pi->nargs; a++)
+            if (!have[pi->args[a]])
+                return false;
+        have[body[p]] = true;
+    }
+    return true;
+}
+#endif
 
 int ag__side_nodes(const ag__part *P, const bool *is_input, bool backward, const int *outs,
                    int nouts, bool *valid, bool *needed) {
@@ -179,6 +197,10 @@ int ag__plan_make(const ag__part *P, const int *saved_in, int nsaved_in, ag__pla
             is_in[i] = (is_saved[i] && used[i]) || P->info[i].tangent;
         reorder_backward(P, is_in, scratch, nbody, emitted, stack, sel, pl->bw);
         pl->nbw = nbody;
+#ifndef NDEBUG
+        memcpy(needed, is_in, (size_t)nn); /* needed is free until the forward pass */
+        assert(body_closed(P, needed, pl->bw, pl->nbw));
+#endif
     }
     /* The forward: primals -> forward outputs + saved values. */
     memset(is_in, 0, (size_t)nn);
@@ -194,6 +216,13 @@ int ag__plan_make(const ag__part *P, const int *saved_in, int nsaved_in, ag__pla
     for (int i = 0; i < nn; i++)
         if (needed[i] && !is_in[i] && ag__is_body_kind(P->info[i].kind))
             pl->fw[pl->nfw++] = i;
+#ifndef NDEBUG
+    if (rc == 0) {
+        assert(body_closed(P, is_in, pl->fw, pl->nfw)); /* is_in: the primals */
+        for (int k = 0; k < pl->nsaved; k++)            /* the forward makes every saved value */
+            assert(is_in[pl->saved[k]]);
+    }
+#endif
 done:
     ag__free(flags);
     ag__free(scratch);
