@@ -924,6 +924,78 @@ static void test_alloc_failures_safetensors(void **st) {
     assert_true(load_points >= 10);
 }
 
+/* ---- saved joints: the mlp joint saved, loaded and hashed, in memory and through a file ---- */
+
+typedef struct jio_case {
+    ag_joint *j;
+    uint64_t hash;
+    char *text;
+    char path[64];
+} jio_case;
+
+static int scenario_joint_io(void *ud) {
+    jio_case *c = ud;
+    char *s = NULL;
+    size_t n = 0;
+    uint64_t h = 0;
+    int rc = ag_joint_save(c->j, &s, &n);
+    ag_joint *l = rc ? NULL : ag_joint_load(s, n);
+    if (rc == 0 && !l)
+        rc = ag_last_status();
+    if (rc == 0)
+        rc = ag_joint_hash(l, &h);
+    if (rc == 0) {
+        tu_alloc_pause();
+        assert_true(h == c->hash);
+        assert_string_equal(s, c->text);
+        tu_alloc_resume();
+    }
+    ag_joint_free(l);
+    ag_free(s);
+    return rc;
+}
+
+static int scenario_joint_file(void *ud) {
+    jio_case *c = ud;
+    int rc = ag_joint_save_file(c->j, c->path);
+    ag_joint *l = rc ? NULL : ag_joint_load_file(c->path);
+    if (rc == 0 && !l)
+        rc = ag_last_status();
+    ag_joint_free(l);
+    return rc;
+}
+
+static void test_alloc_failures_joint_io(void **st) {
+    (void)st;
+    ag_module *m;
+    ag_tensor *in[8];
+    int nin = 0;
+    assert_int_equal(ag_zoo_build("mlp", NULL, &m, in, 8, &nin), 0);
+    jio_case c = {0};
+    c.j = ag_export_joint(m, in, nin, NULL, NULL, 0, NULL);
+    assert_non_null(c.j);
+    assert_int_equal(ag_joint_hash(c.j, &c.hash), 0);
+    assert_int_equal(ag_joint_save(c.j, &c.text, NULL), 0);
+    snprintf(c.path, sizeof c.path, "/tmp/ag_test_alloc_%d.joint", (int)getpid());
+    tu_sweep_opts o = {.what = "joint save, load, hash"};
+    int64_t points = tu_alloc_failure_sweep(scenario_joint_io, &c, &o);
+    o.what = "joint save_file, load_file";
+    int64_t fpoints = tu_alloc_failure_sweep(scenario_joint_file, &c, &o);
+    o.persistent = true;
+    o.what = "joint save, load, hash, memory exhausted";
+    assert_int_equal(tu_alloc_failure_sweep(scenario_joint_io, &c, &o), points);
+    print_message("joint io: %lld allocation points in memory, %lld through a file\n",
+                  (long long)points, (long long)fpoints);
+    remove(c.path);
+    ag_free(c.text);
+    ag_joint_free(c.j);
+    for (int i = 0; i < nin; i++)
+        ag_tensor_free(in[i]);
+    ag_module_free(m);
+    assert_true(points >= 100);
+    assert_true(fpoints >= 50);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_alloc_failures_mlp),
@@ -933,6 +1005,7 @@ int main(void) {
         cmocka_unit_test(test_alloc_failures_compiled_rng),
         cmocka_unit_test(test_alloc_failures_idx),
         cmocka_unit_test(test_alloc_failures_safetensors),
+        cmocka_unit_test(test_alloc_failures_joint_io),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

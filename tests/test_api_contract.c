@@ -417,6 +417,21 @@ static long c_ag_joint_graph(void) {
 static long c_ag_joint_set_graph(void) {
     return (ag_joint_set_graph)(NULL, NULL);
 }
+static long c_ag_joint_save(void) {
+    return (ag_joint_save)(NULL, NULL, NULL);
+}
+static long c_ag_joint_save_file(void) {
+    return (ag_joint_save_file)(NULL, NULL);
+}
+static long c_ag_joint_load(void) {
+    return ag_joint_load(NULL, 0) == NULL;
+}
+static long c_ag_joint_load_file(void) {
+    return ag_joint_load_file(NULL) == NULL;
+}
+static long c_ag_joint_hash(void) {
+    return (ag_joint_hash)(NULL, NULL);
+}
 static long c_ag_joint_num_params(void) {
     return (ag_joint_num_params)(NULL);
 }
@@ -1534,6 +1549,11 @@ static const row rows[] = {
     {"ag_joint_free", 'A', 'O', c_ag_joint_free, NULL},
     {"ag_joint_graph", 'A', 'R', c_ag_joint_graph, NULL},
     {"ag_joint_set_graph", 'F', 'I', c_ag_joint_set_graph, NULL},
+    {"ag_joint_save", 'F', 'I', c_ag_joint_save, NULL},
+    {"ag_joint_save_file", 'F', 'I', c_ag_joint_save_file, NULL},
+    {"ag_joint_load", 'F', 'R', c_ag_joint_load, NULL},
+    {"ag_joint_load_file", 'F', 'R', c_ag_joint_load_file, NULL},
+    {"ag_joint_hash", 'F', 'I', c_ag_joint_hash, NULL},
     {"ag_joint_num_params", 'A', 'I', c_ag_joint_num_params, NULL},
     {"ag_joint_param_fqn", 'A', 'R', c_ag_joint_param_fqn, NULL},
     {"ag_joint_num_buffers", 'A', 'I', c_ag_joint_num_buffers, NULL},

@@ -190,6 +190,49 @@ static long c_joint_primals_from_flat(int k) {
     ag_tensor *pr[8];
     return ST(ag_joint_primals_from_flat(V(0, F.j), V(1, F.gin), 3, V(2, pr), 8));
 }
+static long c_joint_save(int k) {
+    char *t = NULL;
+    size_t n = 0;
+    long r = ST(ag_joint_save(V(0, F.j), V(1, &t), V(2, &n)));
+    ag_free(t);
+    return r;
+}
+static void joint_path(char *buf, size_t n) {
+    snprintf(buf, n, "/tmp/ag_null_args_%d.joint", (int)getpid());
+}
+static long c_joint_save_file(int k) {
+    char path[64];
+    joint_path(path, sizeof path);
+    long r = ST(ag_joint_save_file(V(0, F.j), V(1, path)));
+    remove(path);
+    return r;
+}
+static long c_joint_load(int k) {
+    char *t = NULL;
+    size_t n = 0;
+    if (ag_joint_save(F.j, &t, &n))
+        return -100;
+    ag_joint *j = ag_joint_load(V(0, t), n);
+    long r = OBJ(j);
+    ag_joint_free(j);
+    ag_free(t);
+    return r;
+}
+static long c_joint_load_file(int k) {
+    char path[64];
+    joint_path(path, sizeof path);
+    if (ag_joint_save_file(F.j, path))
+        return -100;
+    ag_joint *j = ag_joint_load_file(V(0, path));
+    long r = OBJ(j);
+    ag_joint_free(j);
+    remove(path);
+    return r;
+}
+static long c_joint_hash(int k) {
+    uint64_t h;
+    return ST(ag_joint_hash(V(0, F.j), V(1, &h)));
+}
 static long c_compile_joint(int k) {
     return OBJ(ag_compile_joint(V(0, F.j), NULL));
 }
@@ -367,6 +410,11 @@ static const tcase cases[] = {
     {"export_joint", 2, 0, false, c_export_joint_kw},
     {"joint_set_graph", 2, 0, true, c_joint_set_graph},
     {"joint_primals_from_flat", 3, 0, true, c_joint_primals_from_flat},
+    {"joint_save", 3, 1u << 2, true, c_joint_save},
+    {"joint_save_file", 2, 0, true, c_joint_save_file},
+    {"joint_load", 1, 0, true, c_joint_load},
+    {"joint_load_file", 1, 0, true, c_joint_load_file},
+    {"joint_hash", 2, 0, true, c_joint_hash},
     {"compile_joint", 1, 0, true, c_compile_joint},
     {"compiled_call", 3, 0, true, c_compiled_call},
     {"compiled_call_module", 4, 0, true, c_compiled_call_module},

@@ -467,6 +467,144 @@ static void test_show_endless_input(void **state) {
     assert_int_equal(r.status, 1);
 }
 
+/* ---- saved joints: export -o FILE.joint, then partition and check read it ---- */
+
+/* text with `from` replaced by `to` (once), in a static buffer. */
+static const char *replace_once(const char *text, const char *from, const char *to) {
+    static char buf[1 << 20];
+    const char *at = strstr(text, from);
+    assert_non_null(at);
+    size_t k = (size_t)(at - text);
+    assert_true(strlen(text) - strlen(from) + strlen(to) < sizeof buf);
+    memcpy(buf, text, k);
+    strcpy(buf + k, to);
+    strcat(buf + k, at + strlen(from));
+    return buf;
+}
+
+static void test_saved_joint_round_trip(void **state) {
+    (void)state;
+    result r;
+    char jf[256], out[256], txt[256];
+    path_in(jf, sizeof jf, "convbn.joint");
+    path_in(out, sizeof out, "out.txt");
+    path_in(txt, sizeof txt, "convbn.txt");
+    /* -o FILE.joint picks the saved format; --format text still writes the graph. */
+    run(&r, NULL, 0, (const char *const[]){"export", "convbn", "-o", jf, NULL});
+    expect(&r, 0, NULL, "export convbn -o convbn.joint");
+    char *s = slurp(jf);
+    assert_non_null(s);
+    assert_true(!strncmp(s,
+                         "aotgrad-joint 1\nparams_spec: ['conv.weight', 'conv.bias', "
+                         "'bn.weight', 'bn.bias']\nbuffers_spec: ['bn.running_mean', "
+                         "'bn.running_var', 'bn.num_batches_tracked']\n",
+                         150));
+    run(&r, NULL, 0,
+        (const char *const[]){"export", "convbn", "--format", "text", "-o", txt, NULL});
+    expect(&r, 0, NULL, "export convbn --format text -o");
+    assert_true(!strncmp(slurp(txt), "graph():\n", 9));
+    run(&r, NULL, 0,
+        (const char *const[]){"export", "convbn", "--format", "joint", "-o", txt, NULL});
+    expect(&r, 0, NULL, "export convbn --format joint -o convbn.txt");
+    assert_true(!strncmp(slurp(txt), "aotgrad-joint 1\n", 16));
+    /* partition FILE.joint prints what partition MODEL prints. */
+    char want[256];
+    path_in(want, sizeof want, "want.txt");
+    run(&r, want, 0, (const char *const[]){"partition", "convbn", "--partitioner", "mincut", NULL});
+    expect(&r, 0, NULL, "partition convbn");
+    char *w = strdup(slurp(want));
+    run(&r, out, 0, (const char *const[]){"partition", jf, "--partitioner", "mincut", NULL});
+    expect(&r, 0, NULL, "partition convbn.joint");
+    assert_string_equal(slurp(out), w);
+    free(w);
+    /* check FILE.joint: compiled vs interpreted, and finite differences. */
+    run(&r, out, 0, (const char *const[]){"check", jf, "--steps", "2", NULL});
+    expect(&r, 0, NULL, "check convbn.joint");
+    const char *o = slurp(out);
+    assert_non_null(strstr(o, "compiled vs interpreted: max relative difference: outputs 0"));
+    assert_non_null(strstr(o, "gradient vs central finite differences"));
+    assert_non_null(strstr(o, ": OK\n"));
+    /* show FILE.joint prints its graph as export prints it. */
+    run(&r, out, 0, (const char *const[]){"show", jf, NULL});
+    expect(&r, 0, NULL, "show convbn.joint");
+    assert_true(!strncmp(slurp(out),
+                         "graph():\n    %primals_1 : f32[3, 1, 3, 3]  # "
+                         "ParamAOTInput(target='conv.weight')",
+                         70));
+    /* The effects model's joint calls a custom op, registered by the CLI before loading. */
+    path_in(jf, sizeof jf, "effects.joint");
+    run(&r, NULL, 0, (const char *const[]){"export", "effects", "-o", jf, NULL});
+    expect(&r, 0, NULL, "export effects -o effects.joint");
+    run(&r, out, 0, (const char *const[]){"check", jf, NULL});
+    expect(&r, 0, NULL, "check effects.joint");
+    unlink(jf);
+}
+
+static void test_saved_joint_errors(void **state) {
+    (void)state;
+    result r;
+    char jf[256], bad[256], msg[512];
+    path_in(jf, sizeof jf, "linear.joint");
+    path_in(bad, sizeof bad, "bad.joint");
+    run(&r, NULL, 0, (const char *const[]){"export", "linear", "-o", jf, NULL});
+    expect(&r, 0, NULL, "export linear -o linear.joint");
+    char *s = strdup(slurp(jf));
+    /* A truncated file: the loader names the file and the line. */
+    char *cut = strdup(s);
+    cut[strlen(s) * 2 / 3] = 0;
+    spit(bad, cut);
+    free(cut);
+    run(&r, NULL, 0, (const char *const[]){"partition", bad, NULL});
+    snprintf(msg, sizeof msg, "aotgrad partition: joint_load_file: %s: line ", bad);
+    expect(&r, 1, msg, "partition of a truncated joint");
+    run(&r, NULL, 0, (const char *const[]){"check", bad, NULL});
+    snprintf(msg, sizeof msg, "aotgrad check: joint_load_file: %s: line ", bad);
+    expect(&r, 1, msg, "check of a truncated joint");
+    run(&r, NULL, 0, (const char *const[]){"show", bad, NULL});
+    snprintf(msg, sizeof msg, "aotgrad show: %s: joint_load: line ", bad);
+    expect(&r, 1, msg, "show of a truncated joint");
+    spit(bad, "aotgrad-joint 1\nparams_spec: []\n");
+    run(&r, NULL, 0, (const char *const[]){"check", bad, NULL});
+    snprintf(msg, sizeof msg,
+             "aotgrad check: joint_load_file: %s: line 3: expected 'buffers_spec: ', "
+             "got end of input\n",
+             bad);
+    expect(&r, 1, msg, "check of a two-line joint");
+    /* A missing file names the path. */
+    path_in(bad, sizeof bad, "missing.joint");
+    run(&r, NULL, 0, (const char *const[]){"partition", bad, NULL});
+    snprintf(msg, sizeof msg, "aotgrad partition: joint_load_file: cannot open %s: No such file",
+             bad);
+    expect(&r, 1, msg, "partition of a missing joint");
+    run(&r, NULL, 0, (const char *const[]){"check", bad, NULL});
+    expect(&r, 1, "cannot open", "check of a missing joint");
+    /* Zoo build options do not apply to a saved joint. */
+    run(&r, NULL, 0, (const char *const[]){"check", jf, "--dropout", "0.5", NULL});
+    expect(&r, 2, "is a saved joint", "check FILE.joint --dropout");
+    /* A wrong gradient (the bias's mean instead of its sum) fails the finite differences. */
+    path_in(bad, sizeof bad, "wrong.joint");
+    spit(bad, replace_once(s, "sum.dim_IntList(%tangents_1, [0], True)",
+                           "mean.dim(%tangents_1, [0], True)"));
+    char out[256];
+    path_in(out, sizeof out, "out.txt");
+    run(&r, out, 0, (const char *const[]){"check", bad, NULL});
+    expect(&r, 1, NULL, "check of a joint with a wrong gradient");
+    assert_non_null(strstr(slurp(out), ": MISMATCH\n"));
+    /* Inputs that share memory are refused with a message. */
+    path_in(bad, sizeof bad, "alias.joint");
+    run(&r, NULL, 0, (const char *const[]){"export", "alias_views", "-o", bad, NULL});
+    expect(&r, 0, NULL, "export alias_views -o alias.joint");
+    run(&r, NULL, 0, (const char *const[]){"check", bad, NULL});
+    expect(&r, 1, "shares memory with another input", "check alias.joint");
+    /* Subclasses are not saved: export fails and leaves no file. */
+    path_in(bad, sizeof bad, "two.joint");
+    run(&r, NULL, 0, (const char *const[]){"export", "two_tensor", "-o", bad, NULL});
+    expect(&r, 1, "joint_save: the joint has tensor subclass", "export two_tensor -o");
+    assert_int_equal(access(bad, F_OK), -1);
+    free(s);
+    unlink(jf);
+}
+
 /* ---- check's comparison ---- */
 
 static ag_tensor *vec(int n, const double *v) {
@@ -514,6 +652,8 @@ int main(void) {
         cmocka_unit_test(test_train_batch_too_large_for_memory),
         cmocka_unit_test(test_show_endless_input),
         cmocka_unit_test(test_check_compare_nonfinite),
+        cmocka_unit_test(test_saved_joint_round_trip),
+        cmocka_unit_test(test_saved_joint_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -83,9 +83,7 @@ static void test_hand_built_graph(void **st) {
     ag_free(after);
 
     /* Both executors update b in place: b + x, and the outputs are t(m), relu(x). */
-    ag_compiled *c = ag_compile_joint(j, NULL);
-    assert_non_null(c);
-    for (int run = 0; run < 3; run++) {
+    for (int run = 0; run < 2; run++) {
         ag_scope_begin();
         ag_tensor *b = tu_tensor(AG_F32, 1, (int64_t[]){3}, (double[]){1, 2, 3});
         ag_tensor *m = tu_tensor(AG_F32, 2, (int64_t[]){2, 3}, (double[]){1, 2, 3, 4, 5, 6});

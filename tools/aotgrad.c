@@ -5,9 +5,11 @@
  *   aotgrad models                  list the model zoo
  *   aotgrad trace MODEL ...         print a zoo model's traced forward graph
  *   aotgrad show FILE ...           parse, verify and print a graph file
- *   aotgrad export MODEL ...        print a zoo model's joint graph with descriptors
+ *   aotgrad export MODEL ...        print a zoo model's joint graph with descriptors (or save it:
+ *                                   -o FILE.joint)
  *   aotgrad descriptors MODEL ...   print its specs and input/grad, output/tangent pairs
- *   aotgrad partition MODEL ...     split its joint graph into forward and backward graphs
+ *   aotgrad partition MODEL ...     split its joint graph into forward and backward graphs (MODEL
+ *                                   may be a saved FILE.joint, as for check)
  *   aotgrad bench [MODEL...] ...    the performance suite: step times, GEMM floor, pipeline
  *   aotgrad version
  *
@@ -30,22 +32,26 @@ static const struct {
      "[--steps N] [--model cnn|gpt2] [--data PATH]"},
     {"check", cli_check,
      "eager vs compiled side by side: MODEL [--dropout P] [--partitioner default|mincut] "
-     "[--budget F]"},
+     "[--budget F]; for FILE.joint (a saved joint) compiled vs interpreted and finite "
+     "differences"},
     {"models", cli_models, "list the model zoo"},
     {"trace", cli_trace,
      "print a zoo model's traced forward graph: MODEL [--config NAME] [--dropout P] "
      "[--format text|dot|svg] [-o FILE] [--seq-nr] [--stack-traces] [--module-stacks]"},
     {"show", cli_show,
-     "parse, verify and print a graph file: FILE [--format text|dot|svg] [-o FILE]"},
+     "parse, verify and print a graph file (or a saved FILE.joint's graph): FILE "
+     "[--format text|dot|svg] [-o FILE]"},
     {"export", cli_export,
      "print a zoo model's joint fw+bw graph with descriptors: MODEL [--config NAME] "
-     "[--dropout P] [--decompose core] [--format text|dot|svg] [-o FILE] [--seq-nr] "
-     "[--stack-traces] [--module-stacks]"},
+     "[--dropout P] [--decompose core] [--format text|dot|svg|joint] [-o FILE] [--seq-nr] "
+     "[--stack-traces] [--module-stacks]; -o FILE.joint (or --format joint) saves the joint "
+     "for partition and check"},
     {"descriptors", cli_descriptors,
      "print a zoo model's params/buffers/in/out specs and its input->grad and "
      "output->tangent pairs: MODEL [--config NAME] [--dropout P]"},
     {"partition", cli_partition,
-     "split a zoo model's joint graph into forward and backward graphs: MODEL [--config NAME] "
+     "split a zoo model's joint graph into forward and backward graphs: MODEL|FILE.joint "
+     "[--config NAME] "
      "[--dropout P] [--partitioner default|mincut] [--budget F] [--solver greedy|dp|ilp] "
      "[--format text|dot|svg] [-o FILE]"},
     {"bench", cli_bench,

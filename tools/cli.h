@@ -15,6 +15,13 @@ int cli_export(int argc, char **argv);
 int cli_descriptors(int argc, char **argv);
 int cli_partition(int argc, char **argv);
 int cli_check(int argc, char **argv);
+/* cmd_check_saved.c: `aotgrad check FILE.joint` (a saved joint, no eager module). */
+int cli_check_saved(const char *path, const ag_compile_opts *co, long long steps);
+/* Whether a MODEL argument names a saved joint (ends in ".joint") rather than a zoo model. */
+bool cli_is_joint_file(const char *arg);
+/* ag_joint_load_file, with the zoo's custom ops registered first (a saved `effects` joint calls
+ * aotgrad_demo::log_value). NULL after "aotgrad CMD: <the loader's message>" on stderr. */
+ag_joint *cli_load_joint(const char *cmd, const char *path);
 int cli_bench(int argc, char **argv);
 
 /* ---- numeric options (cli_util.c) ----

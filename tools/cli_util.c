@@ -328,3 +328,15 @@ char *cli_read_file(const char *cmd, const char *path, const char *what, size_t 
     *len = n;
     return buf;
 }
+
+bool cli_is_joint_file(const char *arg) {
+    size_t n = strlen(arg);
+    return n > 6 && !strcmp(arg + n - 6, ".joint");
+}
+
+ag_joint *cli_load_joint(const char *cmd, const char *path) {
+    ag_joint *j = ag_zoo_log_value_op() ? ag_joint_load_file(path) : NULL;
+    if (!j)
+        fprintf(stderr, "aotgrad %s: %s\n", cmd, ag_last_error());
+    return j;
+}

@@ -1,5 +1,6 @@
-/* `aotgrad check MODEL [--config NAME] [--dropout P] [--partitioner default|mincut] [--budget F]
- * [--steps N] [--interpret]`: runs a zoo model eagerly and through export -> partition ->
+/* `aotgrad check MODEL|FILE.joint [--config NAME] [--dropout P] [--partitioner default|mincut]
+ * [--budget F] [--steps N] [--interpret]`: for a saved joint (a name ending in .joint) see
+ * cmd_check_saved.c; for a zoo model, runs a zoo model eagerly and through export -> partition ->
  * compile side by side for a few SGD steps, and prints the largest differences of outputs,
  * parameter gradients, buffers (BatchNorm running statistics) and the inputs after the call (a
  * model may mutate its inputs, through views too). Exits 1 when a difference exceeds the
@@ -68,6 +69,16 @@ int cli_check(int argc, char **argv) {
     if (!model) {
         fprintf(stderr, "aotgrad check: which model? (aotgrad models lists them)\n");
         return 2;
+    }
+    if (cli_is_joint_file(model)) {
+        if (config || zo.set_dropout) {
+            fprintf(stderr,
+                    "aotgrad check: --config and --dropout choose a zoo model's build; "
+                    "%s is a saved joint\n",
+                    model);
+            return 2;
+        }
+        return cli_check_saved(model, &co, steps);
     }
     ag_module *me = NULL, *mc = NULL;
     ag_tensor *ie[8], *ic[8];

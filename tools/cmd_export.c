@@ -1,12 +1,16 @@
 /* `aotgrad export` and `aotgrad descriptors`: a zoo model's joint forward+backward graph with
  * descriptors (ag_export_joint) and its calling convention.
  *
- *   aotgrad export MODEL [--config NAME] [--decompose core] [--format text|dot|svg] [-o FILE]
- *                        [--seq-nr] [--stack-traces] [--module-stacks]
+ *   aotgrad export MODEL [--config NAME] [--decompose core] [--format text|dot|svg|joint]
+ *                        [-o FILE] [--seq-nr] [--stack-traces] [--module-stacks]
  *       builds MODEL in meta mode (shapes only: the export reads no weight), exports the joint
  *       graph and prints it as text (docs/GRAPH_FORMAT.md, descriptors included), as Graphviz
- *       DOT, or renders it to SVG (needs -o). --decompose core applies the core decomposition
- *       table (ag_decomp_table_core) during the export, as upstream's decompositions=.
+ *       DOT, or renders it to SVG (needs -o). --format joint, or -o FILE.joint without
+ *       --format, writes the saved joint (ag_joint_save, docs/JOINT_FORMAT.md: the calling
+ *       convention and the graph in full) that `aotgrad partition` and `aotgrad check` read;
+ *       the model is then built with its data, so constants hold their values. --decompose
+ *       core applies the core decomposition table (ag_decomp_table_core) during the export, as
+ *       upstream's decompositions=.
  *   aotgrad descriptors MODEL [--config NAME]
  *       prints params_spec, buffers_spec, in_spec and out_spec, then every differentiable input
  *       with its placeholder and gradient (ag_fx_all_input_and_grad_nodes) and every
@@ -30,20 +34,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-typedef enum { FMT_TEXT, FMT_DOT, FMT_SVG } out_format;
+typedef enum { FMT_TEXT, FMT_DOT, FMT_SVG, FMT_JOINT } out_format;
 
 typedef struct opts {
     ag_zoo_opts zoo;
     const char *model, *config, *out_path;
     out_format format;
+    bool format_given; /* --format: else -o FILE.joint picks FMT_JOINT */
     bool decompose;
     ag_print_opts print;
 } opts;
 
 static const char export_usage[] =
     "usage: aotgrad export MODEL [--config NAME] [--dropout P] [--decompose core] "
-    "[--format text|dot|svg] [-o FILE] [--seq-nr] [--stack-traces] [--module-stacks]\n"
-    "       (aotgrad models lists the models)\n";
+    "[--format text|dot|svg|joint] [-o FILE] [--seq-nr] [--stack-traces] [--module-stacks]\n"
+    "       (aotgrad models lists the models; -o FILE.joint or --format joint writes the saved\n"
+    "       joint that partition and check read)\n";
 static const char desc_usage[] = "usage: aotgrad descriptors MODEL [--config NAME] [--dropout P]\n"
                                  "       (aotgrad models lists the models)\n";
 
@@ -91,11 +97,14 @@ static int parse_opts(const char *cmd, int argc, char **argv, bool is_export, co
                 o->format = FMT_DOT;
             else if (v && !strcmp(v, "svg"))
                 o->format = FMT_SVG;
+            else if (v && !strcmp(v, "joint"))
+                o->format = FMT_JOINT;
             else {
-                fprintf(stderr, "aotgrad %s: --format needs text, dot or svg, got '%s'\n%s", cmd,
-                        v ? v : "(nothing)", usage);
+                fprintf(stderr, "aotgrad %s: --format needs text, dot, svg or joint, got '%s'\n%s",
+                        cmd, v ? v : "(nothing)", usage);
                 return 2;
             }
+            o->format_given = true;
             i++;
         } else if (is_export && !strcmp(a, "-o")) {
             if (!v) {
@@ -128,6 +137,8 @@ static int parse_opts(const char *cmd, int argc, char **argv, bool is_export, co
         fprintf(stderr, "aotgrad %s: --format svg needs -o FILE\n%s", cmd, usage);
         return 2;
     }
+    if (!o->format_given && o->out_path && cli_is_joint_file(o->out_path))
+        o->format = FMT_JOINT;
     return 0;
 }
 
@@ -147,11 +158,12 @@ static int export_model(const char *cmd, const opts *o, ag_joint **joint) {
         fprintf(stderr, "\n");
         return 2;
     }
-    /* Meta mode: weights get shapes but no data; the export only reads shapes. */
+    /* Meta mode: weights get shapes but no data; the export only reads shapes. A saved joint
+     * is built with data, so that constants the trace makes hold their values. */
     ag_module *m = NULL;
     ag_tensor *in[4] = {0};
     int nin = 0;
-    bool prev = ag_set_meta_mode(true);
+    bool prev = ag_set_meta_mode(o->format != FMT_JOINT);
     int rc = ag_zoo_build_opts(o->model, o->config, &o->zoo, &m, in, 4, &nin);
     ag_set_meta_mode(prev);
     if (rc) {
@@ -202,7 +214,21 @@ int cli_export(int argc, char **argv) {
              o.config ? o.config : "");
     ag_dot_opts dopts = {.title = title};
     cli_out out;
-    if (o.format == FMT_SVG) {
+    if (o.format == FMT_JOINT) {
+        char *s = NULL;
+        size_t n = 0;
+        if (ag_joint_save(j, &s, &n)) {
+            fprintf(stderr, "aotgrad export: %s: %s\n", o.model, ag_last_error());
+            rc = 1;
+        } else {
+            rc = cli_out_open(&out, "export", o.out_path);
+            if (!rc) {
+                cli_out_write(&out, s, n);
+                rc = cli_out_close(&out);
+            }
+            ag_free(s);
+        }
+    } else if (o.format == FMT_SVG) {
         if (cli_out_open_name(&out, "export", o.out_path)) {
             rc = 1;
         } else if (ag_graph_write_svg(g, cli_out_name(&out), &dopts)) {

@@ -1,10 +1,11 @@
 /* `aotgrad partition`: a zoo model's joint graph split into its forward and backward graphs.
  *
- *   aotgrad partition MODEL [--config NAME] [--dropout P] [--partitioner default|mincut]
+ *   aotgrad partition MODEL|FILE.joint [--config NAME] [--dropout P] [--partitioner default|mincut]
  *                           [--budget F] [--solver greedy|dp|ilp] [--format text|dot|svg]
  *                           [-o FILE]
  *
- * builds MODEL in meta mode (shapes only), exports its joint graph (ag_export_joint),
+ * builds MODEL in meta mode (shapes only) and exports its joint graph (ag_export_joint), or
+ * loads a saved joint (a name ending in .joint: ag_joint_load_file, `aotgrad export -o`),
  * partitions it (ag_partition: the default partitioner saves every forward value the backward
  * reads; mincut chooses what to save and what to recompute under the memory budget F in
  * [0, 1], 1 by default) and prints the forward graph, then the backward graph, then
@@ -39,7 +40,8 @@ typedef struct opts {
 } opts;
 
 static const char usage[] =
-    "usage: aotgrad partition MODEL [--config NAME] [--dropout P] [--partitioner default|mincut] "
+    "usage: aotgrad partition MODEL|FILE.joint [--config NAME] [--dropout P] [--partitioner "
+    "default|mincut] "
     "[--budget F] [--solver greedy|dp|ilp] [--format text|dot|svg] [-o FILE]\n"
     "       (aotgrad models lists the models)\n";
 
@@ -134,6 +136,16 @@ static int parse_opts(int argc, char **argv, opts *o) {
 /* Builds the model in meta mode and exports it. Returns 0 with *joint set, or the exit
  * status after a message. */
 static int export_model(const opts *o, ag_joint **joint) {
+    if (cli_is_joint_file(o->model)) { /* a saved joint: aotgrad export MODEL -o FILE.joint */
+        if (o->config || o->zoo.set_dropout) {
+            fprintf(stderr,
+                    "aotgrad partition: --config and --dropout choose a zoo model's "
+                    "build; %s is a saved joint\n%s",
+                    o->model, usage);
+            return 2;
+        }
+        return (*joint = cli_load_joint("partition", o->model)) ? 0 : 1;
+    }
     int idx = -1;
     for (int i = 0; i < ag_zoo_count(); i++)
         if (!strcmp(ag_zoo_name(i), o->model))

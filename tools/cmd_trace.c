@@ -10,7 +10,9 @@
  *   aotgrad show FILE [--format text|dot|svg] [-o FILE]
  *       parses a graph file, verifies it and prints it again with all the metadata it holds;
  *       a malformed file gives "FILE:LINE:COL: message" on stderr. FILE may be a device or a
- *       pipe (/dev/stdin); at most CLI_MAX_INPUT bytes (256 MiB) are read.
+ *       pipe (/dev/stdin); at most CLI_MAX_INPUT bytes (256 MiB) are read. A FILE ending in
+ *       .joint is a saved joint (docs/JOINT_FORMAT.md): it is loaded, header checks included,
+ *       and its graph printed; errors read "FILE: joint_load: line L: message".
  *
  * Exit status: 0 on success, 1 when the work fails (a trace error, a bad graph file, an I/O
  * error), 2 for a usage error (an unknown option, model or configuration). */
@@ -232,6 +234,17 @@ int cli_show(int argc, char **argv) {
         fprintf(stderr, "aotgrad show: %s\n", ag_last_error());
         free(text);
         return 1;
+    }
+    if (cli_is_joint_file(path)) { /* a saved joint: its graph (the header is checked too) */
+        ag_joint *j = ag_joint_load(text, len);
+        free(text);
+        if (!j) {
+            fprintf(stderr, "aotgrad show: %s: %s\n", path, ag_last_error());
+            return 1;
+        }
+        rc = emit("show", ag_joint_graph(j), &o, path);
+        ag_joint_free(j);
+        return rc;
     }
     ag_graph *g = ag_graph_parse(text, len);
     free(text);

@@ -258,6 +258,44 @@ AG_API int ag_joint_flat_input_primal(const ag_joint *j, int flat); /* -1 out of
 AG_API int ag_joint_primals_from_flat(const ag_joint *j, ag_tensor *const *flat, int nflat,
                                       ag_tensor **primals, int max);
 
+/* ---- saved joints (docs/JOINT_FORMAT.md) ----
+ * A joint saves as text: a header line "aotgrad-joint 1", the joint's facts that its graph does
+ * not hold (params_spec, buffers_spec, in_spec, out_spec, needs_autograd, the input and output
+ * facts above, and the aliasing facts: flat inputs -> primals with their geometries), then the
+ * graph in its text format (docs/GRAPH_FORMAT.md) with seq_nr, stack traces, annotations and
+ * every metadata item. A loaded joint behaves as the saved one: its accessors answer the same,
+ * ag_compile_joint makes the same callable of it, and saving it again gives the same text. The
+ * counts (primals, tangents, tokens, philox inputs, extra outputs) come from the graph's layout.
+ * Joints with tensor subclasses (include/aotgrad/subclass.h) are refused with AG_ENOTSUP: their
+ * flattening is not in the format. */
+
+/* The saved text in *text (NUL-terminated, from the allocator: free it with ag_free) and its
+ * length in *len (len may be NULL). On failure *text is untouched. */
+AG_API int ag_joint_save(const ag_joint *j, char **text, size_t *len);
+/* Writes the saved text to path, through a temporary file next to it renamed onto path when
+ * complete: on failure (AG_EIO naming the path) path is left as it was. */
+AG_API int ag_joint_save_file(const ag_joint *j, const char *path);
+/* A new joint (caller frees) from saved text (len bytes, no NUL inside), or NULL with a message
+ * naming the line: "joint_load: line 12: input_info lists 5 primals; the graph has 4 (...)"; a
+ * bad header or version, a line that does not parse, counts that disagree with the graph, an
+ * index or alias kind out of range, and every error of ag_graph_parse (its lines renumbered to
+ * the whole text) are refused. */
+AG_API ag_joint *ag_joint_load(const char *text, size_t len);
+/* ag_joint_load of a file's contents; messages name the path ("joint_load_file: PATH: line 3:
+ * ..."; AG_EIO when it cannot be read). */
+AG_API ag_joint *ag_joint_load_file(const char *path);
+/* A stable 64-bit hash of what the joint computes, for caches of compiled results: 64-bit
+ * FNV-1a over the saved text with two things left out: the graph's stack traces (the source
+ * files, lines and functions that made each node change when code moves or is built elsewhere,
+ * not what the graph computes), and the absolute values of seq_nr, replaced by their rank among
+ * the graph's seq_nrs (the autograd counter runs on across exports, so the same model exported
+ * twice numbers its nodes from different starts; which nodes share a seq_nr still counts).
+ * Everything else counts: the specs (a renamed parameter changes the hash), shapes and dtypes,
+ * every node, argument and other metadata item (annotations, tags, recompute) and the calling
+ * convention. The same model exported twice with the same shapes hashes the same; a loaded
+ * joint hashes as the joint it was saved from. Refuses what ag_joint_save refuses. */
+AG_API int ag_joint_hash(const ag_joint *j, uint64_t *out);
+
 /* ---- FX utilities (upstream's torch._functorch._aot_autograd.fx_utils) ----
  * Each returns pairs keyed by descriptor in graph order, or NULL with a message (a graph with
  * subclass descriptors is refused as upstream refuses it). */

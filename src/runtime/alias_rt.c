@@ -35,3 +35,90 @@ ag_tensor *ag__rt_regen(ag_tensor *base, const ag_tmeta *rel, const ag_tmeta *ba
         r = ag_detach(r);
     return r;
 }
+
+/* ---- the wrappers (compiled_internal.h) ---- */
+
+#include "compiled_internal.h"
+
+/* Dedupe and synthetic bases (upstream's AOTDedupeWrapper and AOTSyntheticBaseWrapper): the
+ * flat inputs become the primals (removed duplicates dropped, merged inputs replaced by their
+ * base), each checked against the dtype and shape the graph was exported (or updated) for; the
+ * metadata mutations of merged inputs are the call's last effect. */
+static int dedupe_pre(ag_compiled *c, ag__call *s) {
+    if (s->nflat != c->nflat)
+        return ag__err(AG_EINVAL, "compiled: %d inputs given, the exported function takes %d "
+                                  "(params, buffers, args)", s->nflat, c->nflat);
+    int rc = ag__rt_primals(&c->alias, c->in_meta, s->flat, s->nflat, s->prim, s->owned,
+                            &s->nowned);
+    for (int i = 0; rc == 0 && i < c->nprimals; i++) {
+        const ag_tmeta *m = &c->in_meta[i];
+        ag_tensor *t = s->prim[i];
+        if (t->dtype != m->dtype || t->ndim != m->ndim ||
+            memcmp(t->sizes, m->sizes, sizeof(int64_t) * (size_t)m->ndim)) {
+            char a[128], b[128];
+            rc = ag__err(AG_EINVAL, "compiled: input %d is %s%s; the graph was exported for %s%s",
+                         c->alias.prim[i].flat, ag_dtype_short(t->dtype),
+                         ag__fmt_sizes(a, sizeof a, t->ndim, t->sizes), ag_dtype_short(m->dtype),
+                         ag__fmt_sizes(b, sizeof b, m->ndim, m->sizes));
+        }
+    }
+    return rc;
+}
+
+static int dedupe_commit(ag_compiled *c, ag__call *s) {
+    for (int i = 0; i < c->nflat; i++) {
+        const ag__flat_info *f = &c->alias.flat[i];
+        if (f->kind == AG__FLAT_VIEW && f->metadata_mutation >= 0)
+            ag__rt_set_geometry(s->flat[i], &f->new_geom, s->prim[f->primal]->offset);
+    }
+    return 0;
+}
+
+const ag__rt_wrapper ag__rtw_dedupe = {
+    .name = "dedupe_and_synthetic_bases",
+    .pre = dedupe_pre,
+    .commit = dedupe_commit,
+};
+
+/* Outputs that alias an input, an intermediate base or another output (upstream's
+ * RuntimeWrapper epilogue): regenerated as views of their base after the autograd node is
+ * attached, so gradients reach it; aliases of other outputs last. */
+static ag_tensor *regen_output(ag_compiled *c, ag__call *s, int k) {
+    const ag_output_info *oi = &c->out_info[k];
+    const ag_tmeta *geom = &c->alias.out[k].geom;
+    int b = oi->base_index;
+    switch (oi->alias) {
+    case AG_OUT_IS_INPUT:
+        return s->prim[b];
+    case AG_OUT_ALIAS_OF_INPUT:
+        return ag__rt_regen(s->prim[b], geom, &c->in_meta[b], oi->requires_grad);
+    case AG_OUT_ALIAS_OF_INTERMEDIATE:
+    case AG_OUT_ALIAS_OF_INTERMEDIATE_SAVE_AS_OUTPUT:
+        return ag__rt_regen(s->node[c->nnode - c->ninter + b], geom,
+                            &c->fw_out_meta[ag__fw_at(c, AG_SEC_OUT_INTERMEDIATE_BASES, b)],
+                            oi->requires_grad);
+    case AG_OUT_ALIAS_OF_INTERMEDIATE_BASE_IS_USER_OUTPUT:
+        return ag__rt_regen(s->flat_out[b], geom, &c->fw_out_meta[ag__fw_at(c, AG_SEC_OUT_USER, b)],
+                            oi->requires_grad);
+    default:
+        return NULL;
+    }
+}
+
+static int aliased_post(ag_compiled *c, ag__call *s) {
+    for (int pass = 0; pass < 2; pass++)
+        for (int k = 0; k < c->nuser; k++) {
+            ag_output_alias a = c->out_info[k].alias;
+            bool of_output = a == AG_OUT_ALIAS_OF_INTERMEDIATE_BASE_IS_USER_OUTPUT;
+            if (c->node_of_user[k] >= 0 || of_output != (pass == 1) ||
+                !s->fo[ag__fw_at(c, AG_SEC_OUT_USER, k)])
+                continue;
+            ag_tensor *r = regen_output(c, s, k);
+            if (!r)
+                return ag_last_status() ? ag_last_status() : AG_EINVAL;
+            s->flat_out[k] = ag_tensor_keep(r);
+        }
+    return 0;
+}
+
+const ag__rt_wrapper ag__rtw_aliased = {.name = "aliased_outputs", .post = aliased_post};

@@ -6,39 +6,33 @@
  * engine calls that node's backward, which runs the backward graph on the saved tensors and the
  * incoming gradients and hands back one gradient per input that requires grad.
  *
- * Runtime wrappers that apply here (spec section 8): input mutations are written back into the
- * caller's tensors after the forward (BatchNorm running stats change exactly as in eager);
- * outputs that need no grad are left without history; missing output gradients are
- * materialized as zeros; gradients are aligned to inputs; inputs saved for backward are checked
- * against their storage version, so an in-place change before backward is an error; effect
- * tokens are fed as empty tensors and their outputs dropped (effects.c). The
- * aliasing wrappers (alias_rt.c) map the caller's flat inputs to the graph's primals (removed
- * duplicates, view and synthetic bases) and regenerate outputs that alias inputs or
- * intermediates as views of their base; metadata mutations are applied to the caller's
- * tensors. A joint with functionalized random ops gets the generator's state as its philox
- * inputs and advances the generator by what it drew (rng_wrap.c), in the forward and in the
- * backward. Tensor subclass inputs and outputs are unwrapped and rewrapped around this
- * callable (subclass.c): the flat inputs are then the instances' inner tensors. */
+ * The runtime wrappers (spec section 8) are objects listed in wrappers[] below, each in its own
+ * file (see compiled_internal.h for how a call runs them): tensor subclasses unwrapped and
+ * rewrapped, flat inputs mapped to primals (dedupe, synthetic bases), aliasing outputs
+ * regenerated as views, input mutations written back, the generator's state fed and advanced,
+ * effect tokens fed and dropped. The core here: outputs that need no grad are left without
+ * history; missing output gradients are materialized as zeros; gradients are aligned to inputs
+ * by descriptor; inputs saved for backward are checked against their storage version, so an
+ * in-place change before backward is an error. */
 #include "../graph/graph_internal.h"
-#include "../export/alias.h"
 #include "../nn/nn_internal.h"
-#include "aotgrad/compile.h"
-#include "effect_tokens.h"
-#include "rng_wrap.h"
-#include "subclass_wrap.h"
+#include "compiled_internal.h"
 
 #include <stdio.h>
 
-/* Pointer arrays a call (or a backward) needs, kept in the callable between uses; a use that
- * finds them taken (a reentrant one) allocates its own. */
-typedef struct kept_ptrs {
-    ag_tensor **p;
-    int64_t cap;
-    bool busy;
-} kept_ptrs;
+/* The runtime wrappers, outermost first (see compiled_internal.h). */
+static const ag__rt_wrapper *const wrappers[] = {
+    &ag__rtw_subclass,  /* outer instances <-> their plain inner tensors */
+    &ag__rtw_dedupe,    /* flat inputs -> primals (duplicates dropped, bases merged) */
+    &ag__rtw_aliased,   /* outputs aliasing inputs or intermediates, regenerated as views */
+    &ag__rtw_mutations, /* input mutations written back */
+    &ag__rtw_rng,       /* the generator's state in, its new offset out */
+    &ag__rtw_tokens,    /* effect tokens fed and dropped around each graph */
+};
+#define NWRAPPERS ((int)(sizeof wrappers / sizeof wrappers[0]))
 
 /* n zeroed pointers: the kept array when free, else a new one (NULL: ENOMEM). */
-static ag_tensor **ptrs_take(kept_ptrs *k, int64_t n) {
+static ag_tensor **ptrs_take(ag__kept_ptrs *k, int64_t n) {
     if (n < 1)
         n = 1;
     if (k->busy)
@@ -50,60 +44,15 @@ static ag_tensor **ptrs_take(kept_ptrs *k, int64_t n) {
     return k->p;
 }
 
-static void ptrs_give(kept_ptrs *k, ag_tensor **p) {
+static void ptrs_give(ag__kept_ptrs *k, ag_tensor **p) {
     if (p && p == k->p)
         k->busy = false;
     else
         ag__free(p);
 }
 
-typedef struct bw_state bw_state;
+typedef ag__bw_state bw_state;
 static void bw_state_destroy(bw_state *s);
-
-struct ag_compiled {
-    int64_t refcount; /* the callable and every pending backward node hold one */
-    ag_graph *fw, *bw;
-    ag_runnable fw_run, bw_run; /* what the forward and backward compilers made of them */
-    ag_plan_opts plan_opts;     /* the built-in planned executor's options */
-    ag_partition_stats stats;
-    /* The joint's calling convention (its layout) and the counts the call uses most. */
-    ag_layout jl;
-    int nprimals, nmutated, nuser, nsaved, ntangents;
-    bool needs_autograd;
-    ag_input_info *in_info; /* per primal */
-    ag_output_info *out_info;
-    ag_tmeta *in_meta;      /* expected dtype and shape per primal */
-    int *tangent_of;        /* the autograd-node output each tangent belongs to */
-    int *saved_primal;      /* for each saved value: the primal it is, or -1 */
-    bool *grad_out;         /* primal i has a gradient among the backward's outputs */
-    bool *out_diff;         /* per autograd-node output: carries a gradient (has a tangent) */
-    int ntok_fw, ntok_bw;   /* effect tokens, fed and dropped by run_graph (effects.c) */
-    /* Philox inputs and output of each graph (rng_wrap.c), as positions in the arrays the
-     * callable passes to run_graph (effect tokens excluded). */
-    ag__rng_wrap rng_fw, rng_bw;
-    ag__effect_cache eff_fw, eff_bw; /* the token wrapper's state between runs */
-    /* Aliasing (alias_rt.c): the autograd node's outputs are the user outputs that alias
-     * nothing, then the intermediate bases; the other user outputs are regenerated. */
-    ag__joint_alias alias;
-    int nflat, nmetamut, ninter, nnode;
-    int *node_of_user;      /* per user output: its autograd-node output, or -1 */
-    ag_tmeta *fw_out_meta;  /* per forward output (tokens excluded): its geometry */
-    /* The backward graph's output that is each primal's gradient, or -1, found by descriptor,
-     * and the tensor subclass structures to unwrap and rewrap (subclass.c), or NULL. */
-    int *grad_slot;
-    int nbw_grads;
-    int *mut_primal; /* per input mutation output: the primal written back */
-    ag__subx_info *sub;
-    /* Kept between calls so a training step allocates no bookkeeping once warm. */
-    kept_ptrs call_mem, bw_mem; /* a call's and a backward's pointer arrays */
-    bw_state *spare_bw;         /* a released backward node's state, for the next call */
-};
-
-/* Where output i of section s of the joint is among the forward's outputs as run_graph returns
- * them (effect tokens, the first section, dropped). */
-static int fw_at(const ag_compiled *c, ag_section s, int i) {
-    return c->jl.sec[s].start - c->ntok_fw + i;
-}
 
 static void runnable_clear(ag_runnable *r) {
     if (r->destroy)
@@ -114,6 +63,9 @@ static void runnable_clear(ag_runnable *r) {
 static void compiled_release(ag_compiled *c) {
     if (!c || --c->refcount > 0)
         return;
+    for (int w = 0; w < NWRAPPERS; w++)
+        if (wrappers[w]->clear)
+            wrappers[w]->clear(c);
     runnable_clear(&c->fw_run);
     runnable_clear(&c->bw_run);
     ag_graph_free(c->fw);
@@ -129,11 +81,6 @@ static void compiled_release(ag_compiled *c) {
     ag__free(c->fw_out_meta);
     ag__free(c->grad_slot);
     ag__free(c->mut_primal);
-    ag__subx_info_release(c->sub);
-    ag__rng_wrap_clear(&c->rng_fw);
-    ag__rng_wrap_clear(&c->rng_bw);
-    ag__effect_cache_clear(&c->eff_fw);
-    ag__effect_cache_clear(&c->eff_bw);
     ag__joint_alias_clear(&c->alias);
     ag__free(c->call_mem.p);
     ag__free(c->bw_mem.p);
@@ -158,10 +105,6 @@ int64_t ag_compiled_peak_bytes(const ag_compiled *c, bool backward) {
 static int run_graph(ag_compiled *c, bool backward, ag_tensor *const *in, int nin,
                      ag_tensor **outs, int max_out) {
     const ag_runnable *r = backward ? &c->bw_run : &c->fw_run;
-    int ntok = backward ? c->ntok_bw : c->ntok_fw;
-    if (ntok)
-        return ag__effect_tokens_run(backward ? &c->eff_bw : &c->eff_fw, backward ? c->bw : c->fw,
-                                     r, ntok, in, nin, outs, max_out);
     return r->run(r->self, in, nin, outs, max_out);
 }
 
@@ -373,16 +316,8 @@ static int read_forward(ag_compiled *c, const ag_joint *j) {
         if (i >= c->ntok_fw && i < c->ntok_fw + c->nprimals && fph[i] == v)
             c->saved_primal[s] = i - c->ntok_fw;
     }
-    int rc = ag__rng_wrap_init(&c->rng_fw, c->fw, false);
-    /* Positions in what run_graph is given and returns: forward tokens (the first inputs and
-     * outputs) excluded. */
-    if (rc == 0 && c->rng_fw.seed_in >= 0) {
-        c->rng_fw.seed_in -= c->ntok_fw;
-        c->rng_fw.offset_in -= c->ntok_fw;
-    }
-    if (rc == 0 && c->rng_fw.offset_out >= 0)
-        c->rng_fw.offset_out -= c->ntok_fw;
-    return rc;
+    c->nfw_in = nfph - c->ntok_fw; /* what run_graph is given: tokens excluded */
+    return 0;
 }
 
 /* The backward: its layout after the saved values, and each primal's gradient by descriptor. */
@@ -394,14 +329,7 @@ static int read_backward(ag_compiled *c, const ag_joint *j) {
     if (ag_layout_count(&bl, AG_SEC_IN_TANGENTS) != c->ntangents)
         return ag__err(AG_EINVAL, "compile: the backward graph takes %d tangents; the joint has %d",
                        ag_layout_count(&bl, AG_SEC_IN_TANGENTS), c->ntangents);
-    if ((rc = ag__rng_wrap_init(&c->rng_bw, c->bw, true)))
-        return rc;
-    /* run_graph's positions: the backward tokens, which come before the philox inputs and
-     * after the updated offset, excluded. */
-    if (c->rng_bw.seed_in >= 0) {
-        c->rng_bw.seed_in -= c->ntok_bw;
-        c->rng_bw.offset_in -= c->ntok_bw;
-    }
+    c->nbw_in = bl.ninputs - c->ntok_bw; /* what run_graph is given: tokens excluded */
     c->nbw_grads = ag_layout_count(&bl, AG_SEC_OUT_GRADS);
     ag_node *bo = ag_graph_output_node(c->bw), **ph;
     if (ag_graph_placeholders(ag_joint_graph(j), &ph) < 0)
@@ -459,6 +387,9 @@ ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts) {
         rc = read_backward(c, j);
     if (rc == 0)
         rc = compile_halves(c, &o);
+    for (int w = 0; rc == 0 && w < NWRAPPERS; w++)
+        if (wrappers[w]->init)
+            rc = wrappers[w]->init(c);
     if (rc) {
         if (!ag_last_status())
             ag__err(rc, "compile: failed");
@@ -470,7 +401,7 @@ ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts) {
 
 /* ---- the backward node ---- */
 
-struct bw_state {
+struct ag__bw_state {
     ag_compiled *c;
     ag_tensor **saved;      /* nsaved references */
     uint64_t *saved_versions;
@@ -544,7 +475,7 @@ static int compiled_backward(void *ud, ag_tensor *const *gout, int nout, ag_tens
             return ag__err(AG_ESTATE, "compiled backward: an input saved for backward (forward "
                                       "graph input %d) was modified by an inplace operation "
                                       "after the forward", c->saved_primal[i]);
-    int nbin = c->nsaved + c->ntangents + ag__rng_wrap_num_inputs(&c->rng_bw);
+    int nbin = c->nbw_in;
     int ngrads = c->nbw_grads + 1; /* the updated philox offset may follow the grads */
     ag_tensor **bin = ptrs_take(&c->bw_mem, (int64_t)nbin + ngrads);
     ag_tensor **grads = bin ? bin + nbin : NULL;
@@ -563,17 +494,17 @@ static int compiled_backward(void *ud, ag_tensor *const *gout, int nout, ag_tens
             rc = ag_last_status();
         bin[c->nsaved + t] = g;
     }
-    /* Draws in the backward start where the generator is now, as eager's would. */
-    if (rc == 0)
-        rc = ag__rng_wrap_feed(&c->rng_bw, bin);
+    for (int w = 0; rc == 0 && w < NWRAPPERS; w++)
+        if (wrappers[w]->bw_pre)
+            rc = wrappers[w]->bw_pre(c, bin);
     if (rc == 0) {
         bool prev = ag_set_grad_enabled(false);
         int n = run_graph(c, true, bin, nbin, grads, ngrads);
         ag_set_grad_enabled(prev);
-        if (n < 0)
-            rc = n;
-        else
-            rc = ag__rng_wrap_advance(&c->rng_bw, grads, n);
+        rc = n < 0 ? n : 0;
+        for (int w = NWRAPPERS - 1; rc == 0 && w >= 0; w--)
+            if (wrappers[w]->bw_post)
+                rc = wrappers[w]->bw_post(c, grads, n);
     }
     /* The engine runs this inside a scope, which owns what run_graph returned. */
     for (int j = 0; rc == 0 && j < nin; j++) {
@@ -596,63 +527,12 @@ static int compiled_backward(void *ud, ag_tensor *const *gout, int nout, ag_tens
     return rc;
 }
 
-/* ---- calling ---- */
+/* ---- calling: the wrappers' pre, the core, their post and commit ---- */
 
-/* Regenerates user output k, which aliases an input, an intermediate base or another output,
- * as a view of that base (after the autograd node is attached, so gradients reach it). */
-static ag_tensor *regen_output(ag_compiled *c, int k, ag_tensor *const *prim, ag_tensor **node,
-                               ag_tensor **outs) {
-    const ag_output_info *oi = &c->out_info[k];
-    const ag_tmeta *geom = &c->alias.out[k].geom;
-    int b = oi->base_index;
-    switch (oi->alias) {
-    case AG_OUT_IS_INPUT:
-        return prim[b];
-    case AG_OUT_ALIAS_OF_INPUT:
-        return ag__rt_regen(prim[b], geom, &c->in_meta[b], oi->requires_grad);
-    case AG_OUT_ALIAS_OF_INTERMEDIATE:
-    case AG_OUT_ALIAS_OF_INTERMEDIATE_SAVE_AS_OUTPUT:
-        return ag__rt_regen(node[c->nnode - c->ninter + b], geom,
-                            &c->fw_out_meta[fw_at(c, AG_SEC_OUT_INTERMEDIATE_BASES, b)],
-                            oi->requires_grad);
-    case AG_OUT_ALIAS_OF_INTERMEDIATE_BASE_IS_USER_OUTPUT:
-        return ag__rt_regen(outs[b], geom, &c->fw_out_meta[fw_at(c, AG_SEC_OUT_USER, b)],
-                            oi->requires_grad);
-    default:
-        return NULL;
-    }
-}
-
-int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_tensor **outs,
-                     int max_out) {
-    AG__CHECK_NULL("compiled_call", c);
-    if (ninputs > 0)
-        AG__CHECK_NULL("compiled_call", inputs);
-    if (max_out > 0)
-        AG__CHECK_NULL("compiled_call", outs);
-    if (c->sub) /* unwraps subclass inputs, calls the plain callable, rewraps */
-        return ag__subx_call(c, c->sub, inputs, ninputs, outs, max_out);
-    return ag__compiled_call_flat(c, inputs, ninputs, outs, max_out);
-}
-
-/* One call's working set: the pointer arrays come in one kept block (prim, owned, node,
- * node_raw, fo, rg). */
-typedef struct call_state {
-    ag_tensor *const *inputs;
-    ag_tensor **prim;     /* the forward's inputs: primals, then the generator's state */
-    ag_tensor **owned;    /* primals made here (merged bases), nowned of them */
-    ag_tensor **node;     /* the autograd node's outputs (references owned here) */
-    ag_tensor **node_raw; /* ... the executor's tensors they were detached from */
-    ag_tensor **fo;       /* the forward's outputs (tokens dropped), nfo of them */
-    ag_tensor **pre;      /* saved primals copied before the write-back changes them, or NULL */
-    int nowned, nfin, nfw, nfo, nrun;
-} call_state;
-
-/* The primals: removed duplicates dropped, merged inputs replaced by their base; each checked
- * against the dtype and shape the graph was exported (or updated) for. */
-static int call_primals(ag_compiled *c, call_state *s) {
+/* The call's pointer arrays, one kept block: prim, owned, node, node_raw, fo, rg. */
+static int call_alloc(ag_compiled *c, ag__call *s) {
     int npa = c->nprimals ? c->nprimals : 1, nn1 = c->nnode ? c->nnode : 1;
-    s->nfin = c->nprimals + ag__rng_wrap_num_inputs(&c->rng_fw);
+    s->nfin = c->nfw_in;
     s->nfw = ag_layout_num_fw_outputs(&c->jl) - c->ntok_fw;
     s->nfo = s->nfw + c->nsaved;
     s->prim = ptrs_take(&c->call_mem,
@@ -663,32 +543,16 @@ static int call_primals(ag_compiled *c, call_state *s) {
     s->node = s->owned + npa;
     s->node_raw = s->node + nn1;
     s->fo = s->node_raw + nn1;
-    int rc = ag__rt_primals(&c->alias, c->in_meta, s->inputs, c->nflat, s->prim, s->owned,
-                            &s->nowned);
-    for (int i = 0; rc == 0 && i < c->nprimals; i++) {
-        const ag_tmeta *m = &c->in_meta[i];
-        ag_tensor *t = s->prim[i];
-        if (t->dtype != m->dtype || t->ndim != m->ndim ||
-            memcmp(t->sizes, m->sizes, sizeof(int64_t) * (size_t)m->ndim)) {
-            char a[128], b[128];
-            rc = ag__err(AG_EINVAL, "compiled: input %d is %s%s; the graph was exported for %s%s",
-                         c->alias.prim[i].flat, ag_dtype_short(t->dtype),
-                         ag__fmt_sizes(a, sizeof a, t->ndim, t->sizes), ag_dtype_short(m->dtype),
-                         ag__fmt_sizes(b, sizeof b, m->ndim, m->sizes));
-        }
-    }
-    return rc;
+    return 0;
 }
 
-/* The forward, with grad mode off and the generator's state fed. A primal the backward reads
- * (a partition that recomputes from inputs) and that the write-back will change is saved as it
- * was: the backward sees the forward's value, as eager's autograd does. */
-static int call_forward(ag_compiled *c, call_state *s) {
+/* The forward, with grad mode off. A primal the backward reads (a partition that recomputes
+ * from inputs) and that the write-back will change is saved as it was: the backward sees the
+ * forward's value, as eager's autograd does. */
+static int call_forward(ag_compiled *c, ag__call *s) {
     bool prev = ag_set_grad_enabled(false);
-    int rc = ag__rng_wrap_feed(&c->rng_fw, s->prim);
-    s->nrun = rc ? rc : run_graph(c, false, s->prim, s->nfin, s->fo, s->nfo);
-    if (rc == 0 && s->nrun < 0)
-        rc = s->nrun;
+    s->nrun = run_graph(c, false, s->prim, s->nfin, s->fo, s->nfo);
+    int rc = s->nrun < 0 ? s->nrun : 0;
     for (int i = 0; rc == 0 && i < c->nsaved; i++) {
         int p = c->saved_primal[i];
         if (p < 0 || p >= c->nprimals || !c->in_info[p].mutates_data)
@@ -706,15 +570,16 @@ static int call_forward(ag_compiled *c, call_state *s) {
 }
 
 /* The autograd node's outputs (fresh handles of the user outputs that alias nothing and of the
- * intermediate bases), attached to one node holding the saved values when gradients flow. */
-static int call_attach(ag_compiled *c, call_state *s) {
+ * intermediate bases), attached to one node holding the saved values when gradients flow; the
+ * user outputs it has are the call's (the aliased ones come from their wrapper). */
+static int call_attach(ag_compiled *c, ag__call *s) {
     int rc = 0;
     for (int k = 0; rc == 0 && k < c->nuser + c->ninter; k++) {
         int ni = k < c->nuser ? c->node_of_user[k] : c->nnode - c->ninter + (k - c->nuser);
         if (ni < 0)
             continue;
-        ag_tensor *t = s->fo[k < c->nuser ? fw_at(c, AG_SEC_OUT_USER, k)
-                                          : fw_at(c, AG_SEC_OUT_INTERMEDIATE_BASES, k - c->nuser)];
+        ag_tensor *t = s->fo[k < c->nuser ? ag__fw_at(c, AG_SEC_OUT_USER, k)
+                                          : ag__fw_at(c, AG_SEC_OUT_INTERMEDIATE_BASES, k - c->nuser)];
         s->node_raw[ni] = t;
         s->node[ni] = t ? ag_detach(t) : NULL;
         if (s->node[ni])
@@ -722,78 +587,37 @@ static int call_attach(ag_compiled *c, call_state *s) {
         if (t && !s->node[ni])
             rc = ag_last_status();
     }
-    if (rc || !c->needs_autograd)
-        return rc;
-    bw_state *b = bw_state_new(c);
-    ag_tensor **rg = s->fo + (s->nfo ? s->nfo : 1); /* the node's inputs */
-    if (!b)
-        return AG_ENOMEM;
-    for (int i = 0; i < c->nsaved; i++) {
-        int p = c->saved_primal[i];
-        /* A saved primal is the caller's tensor: remember its version. */
-        b->saved[i] = ag_tensor_keep(s->pre && s->pre[i] ? s->pre[i]
-                                     : p >= 0            ? s->prim[p]
-                                                         : s->fo[s->nfw + i]);
-        b->saved_versions[i] = b->saved[i] ? b->saved[i]->storage->version : 0;
-    }
-    /* The executor's tensors, not the node's outputs (which would hold the node). */
-    for (int t = 0; t < c->ntangents; t++)
-        b->zeros_like[t] = ag_tensor_keep(s->node_raw[c->tangent_of[t]]);
-    for (int i = 0; i < c->nprimals; i++)
-        if (c->in_info[i].requires_grad && c->grad_out[i] && s->prim[i]->requires_grad) {
-            b->rg_primal[b->nrg] = i;
-            rg[b->nrg++] = s->prim[i];
+    if (rc == 0 && c->needs_autograd) {
+        bw_state *b = bw_state_new(c);
+        ag_tensor **rg = s->fo + (s->nfo ? s->nfo : 1); /* the node's inputs */
+        if (!b)
+            return AG_ENOMEM;
+        for (int i = 0; i < c->nsaved; i++) {
+            int p = c->saved_primal[i];
+            /* A saved primal is the caller's tensor: remember its version. */
+            b->saved[i] = ag_tensor_keep(s->pre && s->pre[i] ? s->pre[i]
+                                         : p >= 0            ? s->prim[p]
+                                                             : s->fo[s->nfw + i]);
+            b->saved_versions[i] = b->saved[i] ? b->saved[i]->storage->version : 0;
         }
-    return ag__autograd_custom("CompiledFunction", rg, b->nrg, s->node, c->nnode, c->out_diff,
-                               compiled_backward, b, bw_state_free);
-}
-
-/* User outputs: the node's, then the regenerated aliases (those of other outputs last). */
-static int call_outputs(ag_compiled *c, call_state *s, ag_tensor **outs, int rc) {
+        /* The executor's tensors, not the node's outputs (which would hold the node). */
+        for (int t = 0; t < c->ntangents; t++)
+            b->zeros_like[t] = ag_tensor_keep(s->node_raw[c->tangent_of[t]]);
+        for (int i = 0; i < c->nprimals; i++)
+            if (c->in_info[i].requires_grad && c->grad_out[i] && s->prim[i]->requires_grad) {
+                b->rg_primal[b->nrg] = i;
+                rg[b->nrg++] = s->prim[i];
+            }
+        rc = ag__autograd_custom("CompiledFunction", rg, b->nrg, s->node, c->nnode, c->out_diff,
+                                 compiled_backward, b, bw_state_free);
+    }
     for (int k = 0; k < c->nuser; k++)
-        outs[k] = c->node_of_user[k] >= 0 ? ag_tensor_keep(s->node[c->node_of_user[k]]) : NULL;
-    for (int pass = 0; pass < 2 && rc == 0; pass++)
-        for (int k = 0; k < c->nuser && rc == 0; k++) {
-            ag_output_alias a = c->out_info[k].alias;
-            bool of_output = a == AG_OUT_ALIAS_OF_INTERMEDIATE_BASE_IS_USER_OUTPUT;
-            if (c->node_of_user[k] >= 0 || of_output != (pass == 1) ||
-                !s->fo[fw_at(c, AG_SEC_OUT_USER, k)])
-                continue;
-            ag_tensor *r = regen_output(c, k, s->prim, s->node, outs);
-            if (!r)
-                rc = ag_last_status() ? ag_last_status() : AG_EINVAL;
-            else
-                outs[k] = ag_tensor_keep(r);
-        }
+        s->flat_out[k] =
+            c->node_of_user[k] >= 0 ? ag_tensor_keep(s->node[c->node_of_user[k]]) : NULL;
     return rc;
 }
 
-/* The call's effects, once nothing else can fail, so a failed call has none: the generator's
- * offset moves past the forward's draws, and input mutations are written back (BatchNorm's
- * running statistics, a base's new value) as eager mutated them: metadata first (as_strided_),
- * then data, then the metadata of inputs merged into a base. */
-static int call_effects(ag_compiled *c, call_state *s) {
-    int rc = ag__rng_wrap_advance(&c->rng_fw, s->fo, s->nrun);
-    for (int k = 0; rc == 0 && k < c->nmutated; k++) {
-        int i = c->mut_primal[k];
-        const ag_input_info *ii = &c->in_info[i];
-        ag_tensor *x = s->prim[i];
-        if (ii->mutates_metadata)
-            ag__rt_set_geometry(x, &c->alias.prim[i].new_geom, x->offset);
-        if (ii->mutates_data) {
-            rc = ag__copy_into(x, s->fo[fw_at(c, AG_SEC_OUT_MUTATIONS, k)]);
-            x->storage->version++;
-        }
-    }
-    for (int i = 0; rc == 0 && i < c->nflat; i++) {
-        const ag__flat_info *f = &c->alias.flat[i];
-        if (f->kind == AG__FLAT_VIEW && f->metadata_mutation >= 0)
-            ag__rt_set_geometry(s->inputs[i], &f->new_geom, s->prim[f->primal]->offset);
-    }
-    return rc;
-}
-
-static void call_release(ag_compiled *c, call_state *s) {
+static void call_release(ag_compiled *c, ag__call *s) {
     for (int i = 0; s->pre && i < c->nsaved; i++)
         ag_tensor_free(s->pre[i]);
     ag__free(s->pre);
@@ -804,31 +628,47 @@ static void call_release(ag_compiled *c, call_state *s) {
     ptrs_give(&c->call_mem, s->prim);
 }
 
-int ag__compiled_call_flat(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_tensor **outs,
-                           int max_out) {
-    if (ninputs != c->nflat)
-        return ag__err(AG_EINVAL, "compiled: %d inputs given, the exported function takes %d "
-                                  "(params, buffers, args)", ninputs, c->nflat);
-    if (max_out < c->nuser)
-        return ag__err(AG_EINVAL, "compiled: room for %d outputs, %d needed", max_out, c->nuser);
-    call_state s = {.inputs = inputs};
-    int rc = call_primals(c, &s);
-    if (rc) {
-        call_release(c, &s);
-        return rc;
-    }
+int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_tensor **outs,
+                     int max_out) {
+    AG__CHECK_NULL("compiled_call", c);
+    if (ninputs > 0)
+        AG__CHECK_NULL("compiled_call", inputs);
+    if (max_out > 0)
+        AG__CHECK_NULL("compiled_call", outs);
+    int nout = c->sub ? c->sub->nout : c->nuser;
+    if (max_out < nout)
+        return ag__err(AG_EINVAL, "compiled: room for %d outputs, %d needed", max_out, nout);
+    for (int k = 0; k < nout; k++)
+        outs[k] = NULL;
+    ag__call s = {.inputs = inputs, .outs = outs, .ninputs = ninputs, .max_out = max_out,
+                  .flat = inputs, .flat_out = outs, .nflat = ninputs};
+    int rc = call_alloc(c, &s);
     /* Everything made here lives in this scope; what must outlive the call is kept. */
     bool scoped = ag__in_scope();
     ag_scope_begin();
-    rc = call_forward(c, &s);
+    int w = 0;
+    for (; rc == 0 && w < NWRAPPERS; w++)
+        if (wrappers[w]->pre)
+            rc = wrappers[w]->pre(c, &s);
+    if (rc == 0)
+        rc = call_forward(c, &s);
     if (rc == 0)
         rc = call_attach(c, &s);
-    rc = call_outputs(c, &s, outs, rc);
-    if (rc == 0)
-        rc = call_effects(c, &s);
+    for (int k = w - 1; rc == 0 && k >= 0; k--)
+        if (wrappers[k]->post)
+            rc = wrappers[k]->post(c, &s);
+    for (int k = w - 1; rc == 0 && k >= 0; k--)
+        if (wrappers[k]->commit)
+            rc = wrappers[k]->commit(c, &s);
     ag_scope_end();
+    if (s.flat_out != outs) /* the flat outputs the subclass wrapper rebuilt outs from */
+        for (int k = 0; k < c->nuser; k++)
+            ag_tensor_free(s.flat_out[k]);
+    for (int k = 0; k < NWRAPPERS; k++)
+        if (wrappers[k]->end)
+            wrappers[k]->end(c, &s);
     call_release(c, &s);
-    for (int k = 0; k < c->nuser; k++) {
+    for (int k = 0; k < nout; k++) {
         if (rc) {
             ag_tensor_free(outs[k]);
             outs[k] = NULL;
@@ -836,7 +676,7 @@ int ag__compiled_call_flat(ag_compiled *c, ag_tensor *const *inputs, int ninputs
             outs[k] = ag__give(outs[k]);
         }
     }
-    return rc ? rc : c->nuser;
+    return rc ? rc : nout;
 }
 
 int ag_compiled_call_module(ag_compiled *c, ag_module *m, ag_tensor *const *args, int nargs,

@@ -91,3 +91,51 @@ int ag__effect_tokens_run(ag__effect_cache *e, const ag_graph *g, const ag_runna
     }
     return n;
 }
+
+/* ---- the wrapper (compiled_internal.h): each graph's runnable called as if it had no tokens,
+ * whatever compiler made it ---- */
+
+#include "compiled_internal.h"
+
+typedef struct token_runnable {
+    const ag_graph *g; /* the compiled callable's, which outlives this */
+    ag_runnable inner;
+    ag__effect_cache cache;
+    int ntok;
+} token_runnable;
+
+static int tok_run(void *self, ag_tensor *const *in, int nin, ag_tensor **outs, int max_out) {
+    token_runnable *t = self;
+    return ag__effect_tokens_run(&t->cache, t->g, &t->inner, t->ntok, in, nin, outs, max_out);
+}
+
+static void tok_destroy(void *self) {
+    token_runnable *t = self;
+    if (t->inner.destroy)
+        t->inner.destroy(t->inner.self);
+    ag__effect_cache_clear(&t->cache);
+    ag__free(t);
+}
+
+static int64_t tok_peak(const void *self) {
+    const token_runnable *t = self;
+    return t->inner.peak_bytes ? t->inner.peak_bytes(t->inner.self) : -1;
+}
+
+static int tok_wrap(ag_runnable *r, const ag_graph *g, int ntok) {
+    if (ntok == 0 || !r->run)
+        return 0;
+    token_runnable *t = ag__calloc(1, sizeof *t);
+    if (!t)
+        return AG_ENOMEM;
+    *t = (token_runnable){g, *r, {0}, ntok};
+    *r = (ag_runnable){tok_run, tok_destroy, tok_peak, t};
+    return 0;
+}
+
+static int tokens_init(ag_compiled *c) {
+    int rc = tok_wrap(&c->fw_run, c->fw, c->ntok_fw);
+    return rc ? rc : tok_wrap(&c->bw_run, c->bw, c->ntok_bw);
+}
+
+const ag__rt_wrapper ag__rtw_tokens = {.name = "effect_tokens", .init = tokens_init};

@@ -106,3 +106,77 @@ int ag__rng_wrap_advance(const ag__rng_wrap *w, ag_tensor *const *outs, int nout
     ag_rng_set_state(seed, (uint64_t) * (const int64_t *)ag__base(t));
     return 0;
 }
+
+/* ---- the wrapper (compiled_internal.h) ---- */
+
+#include "compiled_internal.h"
+
+typedef struct rng_state {
+    ag__rng_wrap fw, bw;
+} rng_state;
+
+/* Where each graph takes the generator's state and returns its offset, as positions in what
+ * the callable passes and gets: effect tokens (first in the forward; before the philox inputs
+ * and after the updated offset in the backward) are the token wrapper's, inside this one. A
+ * callable whose graphs draw nothing keeps no state. */
+static int rng_init(ag_compiled *c) {
+    rng_state *r = ag__calloc(1, sizeof *r);
+    if (!r)
+        return AG_ENOMEM;
+    int rc = ag__rng_wrap_init(&r->fw, c->fw, false);
+    if (rc == 0) /* (no backward graph: nothing to feed) */
+        rc = ag__rng_wrap_init(&r->bw, c->bw, true);
+    if (rc || (r->fw.seed_in < 0 && r->bw.seed_in < 0 && r->fw.offset_out < 0)) {
+        ag__free(r);
+        return rc;
+    }
+    if (r->fw.seed_in >= 0) {
+        r->fw.seed_in -= c->ntok_fw;
+        r->fw.offset_in -= c->ntok_fw;
+    }
+    if (r->fw.offset_out >= 0)
+        r->fw.offset_out -= c->ntok_fw;
+    if (r->bw.seed_in >= 0) {
+        r->bw.seed_in -= c->ntok_bw;
+        r->bw.offset_in -= c->ntok_bw;
+    }
+    c->rng = r;
+    return 0;
+}
+
+static int rng_pre(ag_compiled *c, ag__call *s) {
+    rng_state *r = c->rng;
+    return r ? ag__rng_wrap_feed(&r->fw, s->prim) : 0;
+}
+static int rng_commit(ag_compiled *c, ag__call *s) {
+    rng_state *r = c->rng;
+    return r ? ag__rng_wrap_advance(&r->fw, s->fo, s->nrun) : 0;
+}
+/* Draws in the backward start where the generator is then, as eager's would. */
+static int rng_bw_pre(ag_compiled *c, ag_tensor **bin) {
+    rng_state *r = c->rng;
+    return r ? ag__rng_wrap_feed(&r->bw, bin) : 0;
+}
+static int rng_bw_post(ag_compiled *c, ag_tensor *const *grads, int n) {
+    rng_state *r = c->rng;
+    return r ? ag__rng_wrap_advance(&r->bw, grads, n) : 0;
+}
+static void rng_clear(ag_compiled *c) {
+    rng_state *r = c->rng;
+    if (r) {
+        ag__rng_wrap_clear(&r->fw);
+        ag__rng_wrap_clear(&r->bw);
+    }
+    ag__free(r);
+    c->rng = NULL;
+}
+
+const ag__rt_wrapper ag__rtw_rng = {
+    .name = "functionalized_rng",
+    .init = rng_init,
+    .pre = rng_pre,
+    .commit = rng_commit,
+    .bw_pre = rng_bw_pre,
+    .bw_post = rng_bw_post,
+    .clear = rng_clear,
+};

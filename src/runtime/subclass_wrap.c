@@ -18,12 +18,9 @@
  * coercion: a TwoTensor output needs a TwoTensor gradient). A missing gradient stays missing
  * and the compiled backward materializes zeros, as for plain outputs. Shapes are static: no
  * symbolic sizes are passed. */
-#include "subclass_wrap.h"
+#include "compiled_internal.h"
 
 #include <stdio.h>
-
-/* ---- gradients <-> primals, by descriptor ---- */
-
 
 /* ---- the autograd nodes at both ends ---- */
 
@@ -102,17 +99,25 @@ static int wrap_backward(void *ud, ag_tensor *const *gout, int nout, ag_tensor *
 
 /* ---- the call ---- */
 
-int ag__subx_call(ag_compiled *c, ag__subx_info *info, ag_tensor *const *inputs, int ninputs,
-                  ag_tensor **outs, int max_out) {
-    if (ninputs != info->nin)
-        return ag__err(AG_EINVAL,
-                       "compiled: %d inputs given, the exported function takes %d "
-                       "(params, buffers, args)",
-                       ninputs, info->nin);
-    if (max_out < info->nout)
-        return ag__err(AG_EINVAL, "compiled: room for %d outputs, %d needed", max_out, info->nout);
-    for (int i = 0; i < ninputs; i++)
-        if (!inputs[i])
+/* ---- the wrapper (compiled_internal.h) ---- */
+
+/* A call's arrays: the flat inputs, their versions before the call, the flat outputs. */
+typedef struct subx_call {
+    ag_tensor **flat;
+    uint64_t *ver;
+    ag_tensor **dout;
+} subx_call;
+
+/* The outer inputs, checked against the exported structure and taken apart. */
+static int subclass_pre(ag_compiled *c, ag__call *s) {
+    ag__subx_info *info = c->sub;
+    if (!info)
+        return 0;
+    if (s->ninputs != info->nin)
+        return ag__err(AG_EINVAL, "compiled: %d inputs given, the exported function takes %d "
+                                  "(params, buffers, args)", s->ninputs, info->nin);
+    for (int i = 0; i < s->ninputs; i++)
+        if (!s->inputs[i])
             return ag__has_error() ? ag_last_status()
                                    : ag__err(AG_EINVAL, "compiled: input %d is NULL", i);
     for (int i = 0; i < info->nin; i++)
@@ -124,81 +129,105 @@ int ag__subx_call(ag_compiled *c, ag__subx_info *info, ag_tensor *const *inputs,
             return ag__err(AG_ENOTSUP, "compiled: output %d flattens into %d tensors (at most 64)",
                            k, info->out[k].nflat);
     int nfi = info->nflat_in, nfo = info->nflat_out;
-    ag_tensor **flat = ag__calloc((size_t)(nfi ? nfi : 1), sizeof *flat);
-    uint64_t *ver = ag__calloc((size_t)(nfi ? nfi : 1), sizeof *ver);
-    ag_tensor **dout = ag__calloc((size_t)(nfo ? nfo : 1), sizeof *dout);
-    if (!flat || !ver || !dout) {
-        ag__free(flat);
-        ag__free(ver);
-        ag__free(dout);
+    subx_call *x = ag__calloc(1, sizeof *x);
+    if (!x)
         return AG_ENOMEM;
-    }
-    for (int k = 0; k < info->nout; k++)
-        outs[k] = NULL;
-    bool scoped = ag__in_scope(), grad = ag_is_grad_enabled();
+    s->sub = x;
+    x->flat = ag__calloc((size_t)(nfi ? nfi : 1), sizeof *x->flat);
+    x->ver = ag__calloc((size_t)(nfi ? nfi : 1), sizeof *x->ver);
+    x->dout = ag__calloc((size_t)(nfo ? nfo : 1), sizeof *x->dout);
+    if (!x->flat || !x->ver || !x->dout)
+        return AG_ENOMEM;
+    bool grad = ag_is_grad_enabled();
     int rc = 0;
-    ag_scope_begin();
-    /* Inputs: checked against the exported structure and taken apart. */
-    for (int i = 0, s = 0; i < info->nin && rc == 0; s += info->in[i].nflat, i++) {
+    for (int i = 0, b = 0; i < info->nin && rc == 0; b += info->in[i].nflat, i++) {
         const ag__scmeta *m = &info->in[i];
         char what[64];
         snprintf(what, sizeof what, "compiled: input %d", i);
-        if ((rc = ag__scmeta_unwrap(m, inputs[i], flat + s, what)))
+        if ((rc = ag__scmeta_unwrap(m, s->inputs[i], x->flat + b, what)))
             break;
         for (int k = 0; k < m->nflat; k++)
-            ver[s + k] = ag_tensor_version(flat[s + k]);
-        if (!m->type || !grad || !ag_tensor_requires_grad(inputs[i]))
+            x->ver[b + k] = ag_tensor_version(x->flat[b + k]);
+        if (!m->type || !grad || !ag_tensor_requires_grad(s->inputs[i]))
             continue;
         for (int k = 0; k < m->nflat && rc == 0; k++)
-            if (!(flat[s + k] = ag_detach(flat[s + k])))
+            if (!(x->flat[b + k] = ag_detach(x->flat[b + k])))
                 rc = ag_last_status();
         end_ud *u = rc == 0 ? end_ud_new(info, i) : NULL;
         if (rc == 0 && !u)
             rc = AG_ENOMEM;
         if (rc == 0)
-            rc = ag__autograd_custom("SubclassUnwrapBackward", &inputs[i], 1, flat + s, m->nflat,
-                                     NULL, unwrap_backward, u, end_ud_free);
+            rc = ag__autograd_custom("SubclassUnwrapBackward", &s->inputs[i], 1, x->flat + b,
+                                     m->nflat, NULL, unwrap_backward, u, end_ud_free);
     }
-    int n = rc ? rc : ag__compiled_call_flat(c, flat, nfi, dout, nfo);
-    if (n < 0)
-        rc = n;
-    /* An input whose inner tensors were written back (a mutated subclass buffer) changed. */
-    for (int i = 0, s = 0; i < info->nin && rc == 0; s += info->in[i].nflat, i++)
-        for (int k = 0; k < info->in[i].nflat && info->in[i].type; k++)
-            if (ag_tensor_version(flat[s + k]) != ver[s + k]) {
-                ag_tensor_bump_version(inputs[i]);
-                break;
-            }
-    /* Outputs: rebuilt from their plain parts. */
+    s->flat = x->flat;
+    s->nflat = nfi;
+    s->flat_out = x->dout;
+    return rc;
+}
+
+/* The outer outputs, rebuilt from their plain parts. */
+static int subclass_post(ag_compiled *c, ag__call *s) {
+    ag__subx_info *info = c->sub;
+    if (!info)
+        return 0;
+    subx_call *x = s->sub;
+    bool grad = ag_is_grad_enabled();
+    int rc = 0;
     for (int k = 0, p = 0; k < info->nout && rc == 0; p += info->out[k].nflat, k++) {
         const ag__scmeta *m = &info->out[k];
-        ag_tensor *o = ag__scmeta_wrap(m, dout + p);
-        if (!o) {
-            rc = ag_last_status();
-            break;
-        }
+        ag_tensor *o = ag__scmeta_wrap(m, x->dout + p);
+        if (!o)
+            return ag_last_status();
         bool diff = false;
         for (int e = 0; e < m->nflat; e++)
-            diff |= dout[p + e] && ag_tensor_requires_grad(dout[p + e]);
+            diff |= x->dout[p + e] && ag_tensor_requires_grad(x->dout[p + e]);
         if (m->type && grad && diff) {
             end_ud *u = end_ud_new(info, k);
-            rc = u ? ag__autograd_custom("SubclassWrapBackward", dout + p, m->nflat, &o, 1, NULL,
-                                         wrap_backward, u, end_ud_free)
+            rc = u ? ag__autograd_custom("SubclassWrapBackward", x->dout + p, m->nflat, &o, 1,
+                                         NULL, wrap_backward, u, end_ud_free)
                    : AG_ENOMEM;
         }
-        outs[k] = ag_tensor_keep(o);
+        s->outs[k] = ag_tensor_keep(o);
     }
-    ag_scope_end();
-    for (int k = 0; k < info->nout; k++) {
-        if (rc) {
-            ag_tensor_free(outs[k]);
-            outs[k] = NULL;
-        } else if (scoped) {
-            outs[k] = ag__give(outs[k]);
-        }
-    }
-    ag__free(flat);
-    ag__free(ver);
-    ag__free(dout);
-    return rc ? rc : info->nout;
+    return rc;
 }
+
+/* An input whose inner tensors were written back (a mutated subclass buffer) changed. */
+static int subclass_commit(ag_compiled *c, ag__call *s) {
+    ag__subx_info *info = c->sub;
+    subx_call *x = s->sub;
+    for (int i = 0, b = 0; info && i < info->nin; b += info->in[i].nflat, i++)
+        for (int k = 0; k < info->in[i].nflat && info->in[i].type; k++)
+            if (ag_tensor_version(x->flat[b + k]) != x->ver[b + k]) {
+                ag_tensor_bump_version((ag_tensor *)s->inputs[i]);
+                break;
+            }
+    return 0;
+}
+
+static void subclass_end(ag_compiled *c, ag__call *s) {
+    (void)c;
+    subx_call *x = s->sub;
+    if (!x)
+        return;
+    ag__free(x->flat);
+    ag__free(x->ver);
+    ag__free(x->dout);
+    ag__free(x);
+    s->sub = NULL;
+}
+
+static void subclass_clear(ag_compiled *c) {
+    ag__subx_info_release(c->sub);
+    c->sub = NULL;
+}
+
+const ag__rt_wrapper ag__rtw_subclass = {
+    .name = "subclass",
+    .pre = subclass_pre,
+    .post = subclass_post,
+    .commit = subclass_commit,
+    .end = subclass_end,
+    .clear = subclass_clear,
+};
