@@ -36,6 +36,7 @@
  * allocator, so it uses malloc directly; when it cannot grow, a block is simply not cached. */
 #include "internal.h"
 
+#include <assert.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -98,6 +99,7 @@ static struct {
  * rounded up to a multiple of a quarter of the power of two at or below it. False when the
  * rounding would overflow. */
 static bool dc_class(size_t n, unsigned *cls, size_t *bytes) {
+    assert(n >= AG__DATA_CACHE_MIN); /* so the quarter step below is at least 1 */
     unsigned k = 63u - (unsigned)__builtin_clzll((unsigned long long)n);
     size_t step = (size_t)1 << (k - 2);
     if (n > SIZE_MAX - (step - 1))
@@ -106,10 +108,12 @@ static bool dc_class(size_t n, unsigned *cls, size_t *bytes) {
     unsigned k2 = 63u - (unsigned)__builtin_clzll((unsigned long long)r);
     *cls = 4 * k2 + (unsigned)((r >> (k2 - 2)) & 3);
     *bytes = r;
+    assert(*cls < DC_NCLASSES && r >= n && r - n < step);
     return true;
 }
 
 static size_t dc_class_bytes(unsigned cls) {
+    assert(cls < DC_NCLASSES && cls / 4 >= 2);
     unsigned k = cls / 4;
     return ((size_t)1 << k) + (size_t)(cls % 4) * ((size_t)1 << (k - 2));
 }
@@ -135,6 +139,7 @@ static size_t dc_hash(uintptr_t key) {
 static dc_slot *dc_find(const void *p) {
     if (!dc.set_cap)
         return NULL;
+    assert(dc.set_n < dc.set_cap); /* an empty slot ends every probe */
     uintptr_t key = (uintptr_t)p;
     for (size_t i = dc_hash(key);; i = (i + 1) & (dc.set_cap - 1)) {
         if (dc.set[i].key == key)
@@ -176,6 +181,7 @@ static bool dc_track(void *p, unsigned cls) {
 }
 
 static void dc_untrack(dc_slot *s) {
+    assert(s->key && dc.set_n > 0 && s >= dc.set && s < dc.set + dc.set_cap);
     size_t mask = dc.set_cap - 1, i = (size_t)(s - dc.set);
     s->key = 0;
     dc.set_n--;
@@ -193,10 +199,11 @@ static void dc_untrack(dc_slot *s) {
 
 /* Frees every cached block; dc.mu held. Returns the bytes freed. */
 static size_t dc_release_locked(void) {
-    size_t freed = dc.bytes;
+    size_t freed = dc.bytes, counted = 0;
     for (unsigned c = 0; c < DC_NCLASSES; c++) {
         dc_list *l = &dc.cls[c];
         size_t bytes = l->n ? dc_class_bytes(c) : 0;
+        counted += bytes * l->n;
         for (size_t i = 0; i < l->n; i++) {
             dc_slot *s = dc_find(l->v[i]);
             if (s)
@@ -207,6 +214,8 @@ static size_t dc_release_locked(void) {
         free(l->v);
         *l = (dc_list){0};
     }
+    assert(counted == freed); /* the byte count follows the class lists */
+    (void)counted;
     dc.bytes = dc.blocks = 0;
     return freed;
 }
@@ -294,6 +303,7 @@ static void *dc_alloc(size_t size) {
     }
     dc_list *l = &dc.cls[cls];
     if (l->n) {
+        assert(dc.bytes >= bytes && dc.blocks > 0);
         void *p = l->v[--l->n];
         dc.bytes -= bytes;
         dc.blocks--;

@@ -2,6 +2,8 @@
 #include "ptrmap.h"
 #include "internal.h"
 
+#include <assert.h>
+
 static uint64_t ptr_hash(const void *p) {
     uint64_t x = (uint64_t)(uintptr_t)p; /* murmur3's finalizer */
     x ^= x >> 33;
@@ -13,6 +15,8 @@ static uint64_t ptr_hash(const void *p) {
 }
 
 static int64_t find_slot(const ag__ptrmap *m, const void *key) {
+    /* The probe ends at an empty slot: the capacity is a power of two and never full. */
+    assert(m->cap > 0 && (m->cap & (m->cap - 1)) == 0 && m->len < m->cap);
     uint64_t mask = (uint64_t)m->cap - 1;
     uint64_t i = ptr_hash(key) & mask;
     while (m->slots[i].key && m->slots[i].key != key)
@@ -27,9 +31,14 @@ static int rehash(ag__ptrmap *m, int64_t ncap) {
     ag__ptrmap old = *m;
     m->slots = slots;
     m->cap = ncap;
+    int64_t live = 0;
     for (int64_t i = 0; i < old.cap; i++)
-        if (old.slots[i].key)
+        if (old.slots[i].key) {
             m->slots[find_slot(m, old.slots[i].key)] = old.slots[i];
+            live++;
+        }
+    assert(live == m->len); /* the count of keys follows the table */
+    (void)live;
     ag__free(old.slots);
     return 0;
 }
@@ -42,6 +51,7 @@ int ag__ptrmap_reserve(ag__ptrmap *m, int64_t n) {
 }
 
 int ag__ptrmap_put(ag__ptrmap *m, const void *key, int64_t val) {
+    assert(key); /* NULL marks an empty slot */
     if ((m->len + 1) * 2 > m->cap && ag__ptrmap_reserve(m, m->len + 1))
         return AG_ENOMEM;
     ag__ptrslot *x = &m->slots[find_slot(m, key)];
@@ -50,6 +60,7 @@ int ag__ptrmap_put(ag__ptrmap *m, const void *key, int64_t val) {
         m->len++;
     }
     x->val = val;
+    assert(m->len * 2 <= m->cap); /* at most half full */
     return 0;
 }
 

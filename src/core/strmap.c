@@ -5,6 +5,8 @@
 #include "strmap.h"
 #include "internal.h"
 
+#include <assert.h>
+
 static const char tomb_key[] = "";
 #define TOMB (tomb_key)
 
@@ -18,6 +20,8 @@ uint64_t ag__strhash(const char *s) {
 static int64_t find_slot_h(const ag__strmap *m, const char *key, uint64_t h, bool for_insert) {
     if (!m->cap)
         return -1;
+    /* The probe ends at an empty slot: the capacity is a power of two and never full. */
+    assert((m->cap & (m->cap - 1)) == 0 && m->len + m->tombs < m->cap);
     uint64_t mask = (uint64_t)m->cap - 1;
     int64_t first_tomb = -1;
     for (uint64_t i = h & mask;; i = (i + 1) & mask) {
@@ -55,6 +59,7 @@ static int rehash(ag__strmap *m, int64_t ncap) {
             slots[s] = old.slots[i];
             m->len++;
         }
+    assert(m->len == old.len); /* the count of live keys follows the table */
     ag__free(old.slots);
     return 0;
 }
@@ -78,6 +83,7 @@ int ag__strmap_put(ag__strmap *m, const char *key, void *val) {
         m->tombs--;
     *x = (ag__strslot){key, val, h};
     m->len++;
+    assert((m->len + m->tombs) * 10 < m->cap * 7); /* below the load limit */
     return 0;
 }
 
@@ -96,6 +102,7 @@ void ag__strmap_del(ag__strmap *m, const char *key) {
     m->slots[s].val = NULL;
     m->len--;
     m->tombs++;
+    assert(m->len >= 0);
 }
 
 void ag__strmap_free(ag__strmap *m) {

@@ -253,6 +253,8 @@ static int add_use(ag_node *def, ag_node *user, bool fresh) {
         def->users = nu;
         def->users_cap = ncap;
     }
+    assert(def->nusers < def->users_cap);
+    assert((def->users == def->users_inline) == (def->users_cap == AG__USERS_INLINE));
     def->users[def->nusers++] = (ag__use){user, 1};
     return 0;
 }
@@ -260,6 +262,7 @@ static int add_use(ag_node *def, ag_node *user, bool fresh) {
 static void drop_use(ag_node *def, ag_node *user) {
     for (int i = def->nusers - 1; i >= 0; i--) /* the latest users go first (DCE erases them) */
         if (def->users[i].node == user) {
+            assert(def->users[i].count > 0);
             if (--def->users[i].count == 0) {
                 memmove(&def->users[i], &def->users[i + 1],
                         sizeof *def->users * (size_t)(def->nusers - i - 1));
@@ -267,6 +270,7 @@ static void drop_use(ag_node *def, ag_node *user) {
             }
             return;
         }
+    assert(!"drop_use: the user is not in the definition's user list");
 }
 
 /* Registers (or, with add=false, unregisters) the uses made by one argument. On failure while
@@ -300,6 +304,43 @@ static int arg_uses(ag_node *user, const ag_garg *a, bool add) {
     return arg_uses_ex(user, a, add, false);
 }
 
+#ifndef NDEBUG
+/* How many references of user's arguments point at def. */
+static int refs_to(const ag_node *user, const ag_node *def) {
+    int c = 0;
+    for (int i = 0; i < user->nargs; i++) {
+        const ag_garg *a = &user->args[i];
+        if (a->kind == AG_GA_NODE)
+            c += a->u.node == def;
+        else if (a->kind == AG_GA_NODES)
+            for (int k = 0; k < a->n; k++)
+                c += a->u.nodes[k] == def;
+    }
+    return c;
+}
+
+/* Debug check: every node user reads lists user with the count of its references (or, once
+ * the uses are dropped, not at all). */
+static bool uses_match(const ag_node *user, bool dropped) {
+    for (int i = 0; i < user->nargs; i++) {
+        const ag_garg *a = &user->args[i];
+        int k = a->kind == AG_GA_NODE ? 1 : a->kind == AG_GA_NODES ? a->n : 0;
+        for (int e = 0; e < k; e++) {
+            const ag_node *d = a->kind == AG_GA_NODE ? a->u.node : a->u.nodes[e];
+            if (!d)
+                continue;
+            int listed = 0;
+            for (int u = 0; u < d->nusers; u++)
+                if (d->users[u].node == user)
+                    listed += d->users[u].count;
+            if (listed != (dropped ? 0 : refs_to(user, d)))
+                return false;
+        }
+    }
+    return true;
+}
+#endif
+
 /* ---- node memory ---- */
 
 static ag_node *node_alloc(ag_graph *g) {
@@ -328,6 +369,9 @@ static ag_node *node_alloc(ag_graph *g) {
 
 /* Room for `count` arguments. */
 static int node_args_reserve(ag_node *n, int count) {
+    /* Callers check the count (the op's schema, ag_node_set_arg's bound) before. */
+    assert(count >= 0 && count <= AG_MAX_ARGS);
+    assert(n->nargs <= (n->args == n->args_inline ? AG__ARGS_INLINE : AG_MAX_ARGS));
     if (count <= AG__ARGS_INLINE || n->args != n->args_inline)
         return 0;
     ag_garg *a = ag__malloc(sizeof *a * AG_MAX_ARGS);
@@ -339,6 +383,7 @@ static int node_args_reserve(ag_node *n, int count) {
 }
 
 static void node_release(ag_graph *g, ag_node *n) {
+    assert(!n->prev && !n->next && g->first != n && g->last != n); /* unlinked first */
     n->next = g->free_nodes;
     g->free_nodes = n;
     AG__POISON(n, sizeof *n);
@@ -465,6 +510,7 @@ int ag_node_index(const ag_node *n) {
         int i = 0;
         for (ag_node *m = g->first; m; m = m->next)
             m->index = i++;
+        assert(i == g->count); /* the count follows the list */
         g->order_dirty = false;
     }
     return n->index;
@@ -554,6 +600,7 @@ static int make_name(ag_graph *g, const char *candidate, char *out) {
 /* ---- node creation ---- */
 
 static void link_at_insert_point(ag_graph *g, ag_node *n) {
+    assert(!n->prev && !n->next && g->first != n); /* a new or unlinked node */
     ag_node *before = g->insert_before;
     if (!g->explicit_insert && g->output)
         before = g->output;
@@ -577,12 +624,17 @@ static void link_at_insert_point(ag_graph *g, ag_node *n) {
             g->first = n;
         g->last = n;
     }
+    assert(n->prev ? n->prev->next == n : g->first == n);
+    assert(n->next ? n->next->prev == n : g->last == n);
     g->count++;
     g->nph += n->kind == AG_NODE_PLACEHOLDER;
     g->order_dirty = true;
 }
 
 static void unlink_node(ag_graph *g, ag_node *n) {
+    assert(g->count > 0);
+    assert(n->prev ? n->prev->next == n : g->first == n);
+    assert(n->next ? n->next->prev == n : g->last == n);
     if (n->kind == AG_NODE_PLACEHOLDER)
         g->last_ph = NULL;
     if (n->prev)
@@ -596,6 +648,7 @@ static void unlink_node(ag_graph *g, ag_node *n) {
     n->prev = n->next = NULL;
     g->count--;
     g->nph -= n->kind == AG_NODE_PLACEHOLDER;
+    assert(g->nph >= 0 && g->nph <= g->count && (g->count == 0) == (g->first == NULL));
     g->order_dirty = true;
     if (g->insert_before == n)
         g->insert_before = NULL, g->explicit_insert = 0;
@@ -885,8 +938,10 @@ int ag_graph_erase(ag_graph *g, ag_node *n) {
     if (n->nusers > 0)
         return ag__err(AG_ESTATE, "erase: %s still has %d user(s), e.g. %s", n->name, n->nusers,
                        n->users[0].node->name);
+    assert(uses_match(n, false));
     for (int i = 0; i < n->nargs; i++)
         arg_uses(n, &n->args[i], false);
+    assert(uses_match(n, true));
     ag__strmap_del(&g->names, n->name);
     if (g->output == n)
         g->output = NULL;

@@ -46,6 +46,7 @@
  *
  * Budgets strictly between 0 and 1: see choose_saved_values_set below. */
 #include "partition_internal.h"
+#include "side_plan.h"
 
 #include <igraph/igraph.h>
 #include <math.h>

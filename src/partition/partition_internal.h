@@ -1,8 +1,10 @@
 /* Internal interface of the partitioners (src/partition): the classified joint graph shared by
- * partition.c (classification, extraction of the forward and backward graphs, the default
- * partition, the backward reordering, the peak-memory model), mincut.c (the min-cut
+ * partition.c (classification, materialization of the forward and backward graphs, the default
+ * partition, the public entry points), side_plan.c (what each side runs for a saved set, the
+ * backward reordering, the peak-memory model: side_plan.h), mincut.c (the min-cut
  * rematerialization partition: bans, weights, the flow network, the memory budget) and
  * knapsack.c (the knapsack solvers), plus what the tests, the CLI and bench_maxflow reach in.
+ * The files use each other in a line: partition.c -> mincut.c -> side_plan.c, knapsack.c.
  *
  * Every per-node array is indexed by the node's position in the partitioner's private copy of
  * the joint graph (ag__part.g, dead code removed), so node i is P->info[i].node. */
@@ -64,29 +66,28 @@ typedef struct ag__part {
 int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs);
 void ag__part_free(ag__part *P);
 
+/* Nodes that make up a side's body (what is neither an input nor the output node). */
+static inline bool ag__is_body_kind(ag_node_kind k) {
+    return k == AG_NODE_CALL || k == AG_NODE_GETITEM || k == AG_NODE_GET_ATTR;
+}
+
+/* qsort comparator of ints, ascending. */
+static inline int ag__cmp_int(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
 /* What each side runs for a saved set: the saved values the backward actually reads (graph
  * order), the forward's body (joint order) and the backward's body in the order the autograd
- * engine would run it (recomputed forward nodes just before their first backward user). */
+ * engine would run it (recomputed forward nodes just before their first backward user). Made
+ * and scored by side_plan.c (side_plan.h). */
 typedef struct ag__plan {
     int *saved, nsaved;
     int *fw, nfw;
     int *bw, nbw;
 } ag__plan;
 
-/* Builds the plan for `saved` (joint indices, any order, duplicates allowed): extraction as
- * _extract_fwd_bwd_modules (unused saved values dropped), then the backward reordering.
- * Errors (AG_EINVAL) when an output cannot be computed from its side's inputs. */
-int ag__plan_make(const ag__part *P, const int *saved, int nsaved, ag__plan *pl);
-void ag__plan_free(ag__plan *pl);
-
-/* The peak-memory model of one training step run as the plan says: the forward with values
- * freed after their last use and the saved values kept to its end, then the backward starting
- * with the saved values alive, recomputed values alive from their recomputation to their last
- * use. Views share their base's storage; a multi-output call writes all its outputs at once.
- * Graph inputs, tangents and constants cost nothing, and other graph outputs (user outputs,
- * gradients) leave the step's memory when made: they belong to the caller, are the same for
- * every partition, and counting gradients to the end would bury the activations under the
- * parameter-sized gradients. The executor (src/runtime) reports the real planned peaks. */
+/* A plan's peak-memory model (ag__plan_peak in side_plan.h says how it is counted). */
 typedef struct ag__peak {
     int64_t fw_peak;        /* highest live bytes during the forward */
     int64_t fw_end;         /* live at the forward's end (its outputs) */
@@ -96,14 +97,9 @@ typedef struct ag__peak {
     double recompute_flops; /* op-table flops of the forward nodes the backward recomputes */
     int recomputed_nodes;
 } ag__peak;
-int ag__plan_peak(const ag__part *P, const ag__plan *pl, ag__peak *out);
 
 /* Materializes a plan as the forward and backward graphs (new graphs, caller frees). */
 int ag__plan_graphs(const ag__part *P, const ag__plan *pl, ag_graph **fw, ag_graph **bw);
-
-/* Adds to a saved set every random node the backward would otherwise run again (aotgrad does
- * not functionalize the generator); *saved is reallocated. */
-int ag__save_random_nodes(const ag__part *P, int **saved, int *nsaved);
 
 /* Saved set of upstream's default_partition (every forward value the backward reads; a tuple's
  * getitems). Returns a new ag__malloc'd array of joint indices in *saved. */

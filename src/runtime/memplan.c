@@ -20,6 +20,7 @@
  * buffers. */
 #include "plan_internal.h"
 
+#include <assert.h>
 #include <stdlib.h>
 
 static bool live_together(const ag__mp_item *a, const ag__mp_item *b) {
@@ -35,6 +36,7 @@ static int64_t *live_profile(const ag__mp_item *items, int n, int *nsteps) {
     if (!live)
         return NULL;
     for (int i = 0; i < n; i++) {
+        assert(items[i].start >= 0 && items[i].start <= items[i].end && items[i].size >= 0);
         live[items[i].start] += items[i].size;
         live[items[i].end + 1] -= items[i].size;
     }
@@ -174,6 +176,7 @@ static void live_index_collect(const live_index *x, int v, int lo, int hi, int l
     if (lo >= limit || x->maxend[v] < s)
         return;
     if (hi - lo == 1) {
+        assert(*k < x->n); /* each placed item once */
         out[(*k)++] = x->by_start[lo];
         return;
     }
@@ -236,6 +239,11 @@ static int64_t place_all(const ag__mp_item *items, int n, const order_key *keys,
         }
         if (best < 0)
             best = cursor;
+#ifndef NDEBUG
+        /* No placed item alive together with it shares a byte with its place. */
+        for (int q = 0; q < k; q++)
+            assert(refs[q].off >= best + it->size || refs[q].off + refs[q].size <= best);
+#endif
         off[i] = best;
         if (best + it->size > arena)
             arena = best + it->size;
@@ -316,9 +324,16 @@ int ag__memplan(ag__mp_item *items, int n, ag__mp_strategy strategy, int64_t *ar
             memcpy(best_off, off, sizeof *off * nn);
         }
     }
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         items[i].offset = best_off[i];
+        assert(items[i].offset >= 0 && items[i].offset + items[i].size <= best);
+    }
     *arena = best == INT64_MAX ? 0 : best;
+#ifndef NDEBUG
+    /* Buffers that never overlap need at least the bytes alive at the busiest step. */
+    for (int t = 0; t < nsteps; t++)
+        assert(live[t] <= *arena);
+#endif
     ag__free(keys);
     ag__free(off);
     ag__free(best_off);

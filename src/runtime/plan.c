@@ -52,6 +52,7 @@
 #include "plan_internal.h"
 #include "fuse.h"
 
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -514,8 +515,13 @@ static int plan_buffers(ag_plan *p, const ag_graph *g, const int *rend, const bo
             rc = (int)p->ideal_bytes;
     }
     if (rc == 0) {
-        for (int k = 0; k < n; k++)
+        for (int k = 0; k < n; k++) {
+            /* Sizes are rounded to AG_ALIGN, so every offset stays aligned, inside the arena. */
+            assert(items[k].size % AG_ALIGN == 0 && items[k].offset % AG_ALIGN == 0);
+            assert(items[k].offset + items[k].size <= p->arena_bytes);
             p->bufs[map[k]].offset = items[k].offset;
+        }
+        assert(p->ideal_bytes <= p->arena_bytes);
         p->narena_bufs = n;
     }
     ag__free(items);

@@ -1,0 +1,38 @@
+/* What each side of a partition runs for a saved set, and the peak-memory model of a step run
+ * that way (side_plan.c). partition.c and mincut.c use it; it uses only the classified joint
+ * (partition_internal.h). */
+#ifndef AG_SIDE_PLAN_H
+#define AG_SIDE_PLAN_H
+
+#include "partition_internal.h"
+
+/* Marks valid[i] for the nodes a side can compute from its inputs (upstream's InvalidNode
+ * propagation in _extract_graph_with_inputs_outputs) and needed[i] for those its outputs (and
+ * its effectful nodes) read, inputs included; is_input, valid and needed hold P->nn entries.
+ * Errors (AG_EINVAL) when an output is invalid. */
+int ag__side_nodes(const ag__part *P, const bool *is_input, bool backward, const int *outs,
+                   int nouts, bool *valid, bool *needed);
+
+/* Builds the plan for `saved` (joint indices, any order, duplicates allowed): extraction as
+ * _extract_fwd_bwd_modules (unused saved values dropped), then the backward reordering.
+ * Errors (AG_EINVAL) when an output cannot be computed from its side's inputs. On success *pl
+ * owns three arrays that ag__plan_free releases; on failure *pl is empty. */
+int ag__plan_make(const ag__part *P, const int *saved, int nsaved, ag__plan *pl);
+void ag__plan_free(ag__plan *pl);
+
+/* The peak-memory model of one training step run as the plan says: the forward with values
+ * freed after their last use and the saved values kept to its end, then the backward starting
+ * with the saved values alive, recomputed values alive from their recomputation to their last
+ * use. Views share their base's storage; a multi-output call writes all its outputs at once.
+ * Graph inputs, tangents and constants cost nothing, and other graph outputs (user outputs,
+ * gradients) leave the step's memory when made: they belong to the caller, are the same for
+ * every partition, and counting gradients to the end would bury the activations under the
+ * parameter-sized gradients. The executor (src/runtime) reports the real planned peaks. */
+int ag__plan_peak(const ag__part *P, const ag__plan *pl, ag__peak *out);
+
+/* Adds to a saved set every random node the backward would otherwise run again (aotgrad does
+ * not functionalize the generator) and every value of a forward effect; *saved (an ag__malloc'd
+ * array the caller owns) is reallocated. */
+int ag__save_random_nodes(const ag__part *P, int **saved, int *nsaved);
+
+#endif
