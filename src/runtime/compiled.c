@@ -142,9 +142,12 @@ static ag_desc *input_of_output(const ag_desc *d, ag_desc_kind wrapper) {
 /* The primal (index among the joint's primals, tokens excluded) that output descriptor d of
  * kind `wrapper` describes; -1 with an error naming it when none. */
 static int primal_of(const ag_compiled *c, ag_node *const *prim_ph, const ag_desc *d,
-                     ag_desc_kind wrapper, const char *what, int k) {
+                     ag_desc_kind wrapper, const char *what, int k, int hint) {
     ag_desc *x = input_of_output(d, wrapper);
     int p = -1;
+    /* hint: where it usually is (gradients come in primal order), tried first */
+    if (x && hint >= 0 && hint < c->nprimals && ag_desc_equal(ag_node_desc(prim_ph[hint]), x))
+        p = hint;
     for (int i = 0; x && i < c->nprimals && p < 0; i++)
         p = ag_desc_equal(ag_node_desc(prim_ph[i]), x) ? i : -1;
     ag_desc_release(x);
@@ -251,7 +254,7 @@ static int read_joint(ag_compiled *c, const ag_joint *j) {
     for (int k = 0; k < c->nmutated; k++) {
         const ag_desc *d = ag_node_output_desc(gout, L->sec[AG_SEC_OUT_MUTATIONS].start + k);
         if ((c->mut_primal[k] = primal_of(c, ph + p0, d, AG_DESC_INPUT_MUTATION, "output",
-                                          L->sec[AG_SEC_OUT_MUTATIONS].start + k)) < 0)
+                                          L->sec[AG_SEC_OUT_MUTATIONS].start + k, -1)) < 0)
             return ag_last_status();
     }
     return read_tangents(c, g, ph);
@@ -339,7 +342,7 @@ static int read_backward(ag_compiled *c, const ag_joint *j) {
         c->grad_slot[i] = -1;
     for (int b = 0; b < c->nbw_grads; b++) {
         const ag_desc *d = ag_node_output_desc(bo, bl.sec[AG_SEC_OUT_GRADS].start + b);
-        int p = d ? primal_of(c, ph, d, AG_DESC_GRAD, "backward output", b) : -1;
+        int p = d ? primal_of(c, ph, d, AG_DESC_GRAD, "backward output", b, b) : -1;
         if (d && p < 0)
             return ag_last_status();
         if (p >= 0) { /* (grads come first among the outputs run_graph returns) */
