@@ -12,7 +12,12 @@
  * rules in the same session: the backward nodes land in the same graph, tagged is_backward and
  * numbered by the engine with their forward op's seq_nr. Finally forward metadata (annotations,
  * stack traces) is copied onto backward nodes, dead code is removed and the optional
- * decomposition table applied. */
+ * decomposition table applied.
+ *
+ * That is the core of the pass. Every cross-cutting feature (dedupe and synthetic bases, effect
+ * tokens, subclasses, RNG functionalization, input mutations, aliasing outputs) is a wrapper
+ * around it, one object of hooks in its feature's file, run from the list `wrappers[]` below
+ * (export_wrappers.h says when each hook runs and what it may change). */
 #include "../graph/graph_internal.h"
 #include "aotgrad/export.h"
 #include "export_wrappers.h"
@@ -622,7 +627,8 @@ static ag_joint *pass_start(ag__export_pass *st) {
                     make_in_spec(ps->n + bs->n + st->nargs, st->kwarg_names, st->nkwargs)) != NULL;
     ok = ok && (st->T = ag__tracer_begin(j->g, true)) != NULL;
     if (!ok) {
-        ag_joint_free(j);
+        ag_joint_free(j); /* and the graph */
+        st->g = NULL;
         return NULL;
     }
     st->npb_flat = ps->n + bs->n;
