@@ -41,9 +41,12 @@
  * upstream's multi-output-view exception never applies; an `is_input` output refers to the
  * slot whose tensor it is (upstream takes the last input sharing its storage). */
 #include "alias.h"
+#include "export_wrappers.h"
 #include "../core/ptrmap.h"
 #include "../nn/nn_internal.h"
 #include "../trace/trace_views.h"
+
+#include <stdio.h>
 
 /* ---- geometry helpers ---- */
 
@@ -755,6 +758,129 @@ int ag__aplan_refine(ag__alias_plan *P, const ag_input_info *info, bool needs_au
     ag__free(was);
     return rc ? rc : changed ? 1 : 0;
 }
+
+/* ---- the export's wrappers (export_wrappers.h) ---- */
+
+/* Dedupe and synthetic bases (upstream's AOTDedupeWrapper, AOTSyntheticBaseWrapper): the plan
+ * lays the flat inputs out as primals, binds the primal placeholders, regenerates merged
+ * inputs from their base, reads what the forward did to the inputs and outputs, and after a
+ * pass says whether its layout stands. Its slot holds the plan while a pass has begun. */
+static int dsb_prepare(ag__export_pass *st, void **self) {
+    (void)self;
+    st->plan = ag__aplan_new(st->flat, st->flat_descs, st->nflat, st->nparams_flat,
+                             st->nbuffers_flat, st->fqns);
+    return st->plan ? 0 : ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
+}
+
+static int dsb_begin(ag__export_pass *st, void **self) {
+    ag__alias_plan *P = st->plan;
+    int np = ag__aplan_num_primals(P), rc = ag__export_primals(st, np);
+    for (int p = 0; rc == 0 && p < np; p++) {
+        ag_desc *d = ag_desc_retain(ag__aplan_primal_desc(P, p));
+        st->primal_descs[p] = d;
+        char name[32];
+        snprintf(name, sizeof name, "primals_%d", p + 1);
+        ag_tmeta mt;
+        ag__tmeta_of(ag__aplan_primal_example(P, p), &mt);
+        st->prim[p] = ag_graph_placeholder(st->g, name, &mt);
+        if (!st->prim[p] || ag_node_set_desc(st->prim[p], d))
+            rc = ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
+    }
+    if (rc)
+        return rc;
+    *self = P; /* begun: `end` undoes it */
+    if ((rc = ag__aplan_begin(P, st->m, st->T, st->prim, &st->user)))
+        return rc;
+    for (int p = 0; p < np; p++)
+        st->primal_t[p] = ag__aplan_primal_tensor(P, p);
+    return 0;
+}
+
+static int dsb_facts(ag__export_pass *st, void **self) {
+    (void)self;
+    return ag__aplan_analyze(st->plan, st->T, st->outs, st->nouts, st->any_rg_in, st->in_info,
+                             st->out_info, &st->alias);
+}
+
+static void dsb_end(ag__export_pass *st, void **self) {
+    if (*self)
+        ag__aplan_end(st->plan, st->m);
+    *self = NULL;
+}
+
+static int dsb_settle(ag__export_pass *st, void **self, const ag_joint *j) {
+    (void)self;
+    return ag__aplan_refine(st->plan, ag__joint_input_facts(j) + ag_joint_num_forward_tokens(j),
+                            ag_joint_needs_autograd(j));
+}
+
+static void dsb_release(ag__export_pass *st, void **self) {
+    (void)self;
+    ag__aplan_free(st->plan);
+    st->plan = NULL;
+}
+
+const ag__export_wrapper ag__dedupe_synthetic_base_wrapper = {
+    .name = "dedupe_synthetic_base",
+    .prepare = dsb_prepare,
+    .begin = dsb_begin,
+    .facts = dsb_facts,
+    .end = dsb_end,
+    .settle = dsb_settle,
+    .release = dsb_release,
+};
+
+/* Aliasing outputs: metadata mutations of merged inputs (MetadataMutationAOTOutput) and the
+ * intermediate bases of outputs that alias an intermediate (IntermediateBaseAOTOutput, each
+ * taking a tangent), after the user outputs. Its slot holds the pass's extra outputs. */
+typedef struct aliasing_outputs {
+    int n;
+    ag_tensor *t[AG__EXPORT_MAX_OUTS];
+    ag_desc *d[AG__EXPORT_MAX_OUTS];
+} aliasing_outputs;
+
+static int ao_facts(ag__export_pass *st, void **self) {
+    aliasing_outputs *A = ag__calloc(1, sizeof *A);
+    if (!A)
+        return AG_ENOMEM;
+    *self = A;
+    A->n = ag__aplan_extra_outputs(st->plan, st->out_info, A->t, A->d, AG__EXPORT_MAX_OUTS);
+    return A->n < 0 ? A->n : 0;
+}
+
+static int ao_outputs(ag__export_pass *st, void **self, ag_section sec) {
+    aliasing_outputs *A = *self;
+    int nmm = st->alias.nmetadata_mutations;
+    bool inter = sec == AG_SEC_OUT_INTERMEDIATE_BASES;
+    if (!A || (sec != AG_SEC_OUT_METADATA_MUTATIONS && !inter))
+        return 0;
+    for (int e = inter ? nmm : 0; e < (inter ? A->n : nmm); e++) {
+        ag_node *n = ag__tracer_node_of(st->T, A->t[e]);
+        if (!n)
+            return ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
+        int rc = ag__export_out(st, sec, n, A->d[e], inter ? A->t[e] : NULL);
+        A->d[e] = NULL;
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static void ao_end(ag__export_pass *st, void **self) {
+    (void)st;
+    aliasing_outputs *A = *self;
+    for (int e = 0; A && e < AG__EXPORT_MAX_OUTS; e++)
+        ag_desc_release(A->d[e]);
+    ag__free(A);
+    *self = NULL;
+}
+
+const ag__export_wrapper ag__aliasing_outputs_wrapper = {
+    .name = "aliasing_outputs",
+    .facts = ao_facts,
+    .outputs = ao_outputs,
+    .end = ao_end,
+};
 
 /* ---- the joint's copy ---- */
 

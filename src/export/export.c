@@ -12,16 +12,18 @@
  * rules in the same session: the backward nodes land in the same graph, tagged is_backward and
  * numbered by the engine with their forward op's seq_nr. Finally forward metadata (annotations,
  * stack traces) is copied onto backward nodes, dead code is removed and the optional
- * decomposition table applied. */
+ * decomposition table applied.
+ *
+ * That is the core of the pass. Every cross-cutting feature (dedupe and synthetic bases, effect
+ * tokens, subclasses, RNG functionalization, input mutations, aliasing outputs) is a wrapper
+ * around it, one object of hooks in its feature's file, run from the list `wrappers[]` below
+ * (export_wrappers.h says when each hook runs and what it may change). */
 #include "../graph/graph_internal.h"
 #include "aotgrad/export.h"
-#include "alias.h"
-#include "inference_mutations.h"
+#include "export_wrappers.h"
 #include "joint_internal.h"
-#include "rng_functionalize.h"
-#include "subclass_flatten.h"
-#include "token_chain.h"
 
+#include <stddef.h>
 #include <stdio.h>
 
 /* ---- accessors ---- */
@@ -56,6 +58,9 @@ static int static_inputs(const ag_joint *j, int want) {
 }
 int ag_joint_num_static_inputs(const ag_joint *j) { return j ? static_inputs(j, -1) : 0; }
 ag__subx_info *ag__joint_subclass_info(const ag_joint *j) { return j->subclass; }
+const ag_input_info *ag__joint_input_facts(const ag_joint *j) {
+    return j->in_info;
+}
 int ag_joint_static_input(const ag_joint *j, int i) {
     if (!j)
         return -1;
@@ -462,401 +467,396 @@ static ag_treespec *make_in_spec(int nlist, const char *const *kw, int nkw) {
     return top;
 }
 
-/* The forward's effect tokens (effects.c) are the first primals: their descriptors and input
- * facts go in front of the flat inputs'. */
-static int prepend_forward_tokens(ag_joint *j) {
-    int n = j->nfw_tokens;
-    if (n == 0)
+/* ---- the pass: the core and the wrappers around it (export_wrappers.h) ---- */
+
+/* Upstream's order, outermost first (spec 6.2-6.3): stage-1 dedupe and synthetic bases, effect
+ * tokens, subclasses, RNG functionalization, and the traced function's own extra outputs. */
+static const ag__export_wrapper *const wrappers[] = {
+    &ag__dedupe_synthetic_base_wrapper,
+    &ag__effect_tokens_wrapper,
+    &ag__subclass_wrapper,
+    &ag__rng_wrapper,
+    &ag__input_mutations_wrapper,
+    &ag__aliasing_outputs_wrapper,
+};
+enum { NWRAPPERS = (int)(sizeof wrappers / sizeof wrappers[0]) };
+_Static_assert(NWRAPPERS <= AG__EXPORT_MAX_WRAPPERS, "export: too many wrappers");
+
+typedef enum { H_PREPARE, H_BEGIN, H_FORWARD_DONE, H_FACTS, H_BACKWARD, H_FINISH } hook_id;
+
+static int status_or(int fallback) {
+    return ag_last_status() < 0 ? ag_last_status() : fallback;
+}
+
+/* Runs one kind of hook over the list: prepare innermost first, the others outermost first. */
+static int run_hooks(ag__export_pass *st, hook_id h) {
+    for (int k = 0; k < NWRAPPERS; k++) {
+        int i = h == H_PREPARE ? NWRAPPERS - 1 - k : k;
+        const ag__export_wrapper *w = wrappers[i];
+        ag__export_hook f = h == H_PREPARE        ? w->prepare
+                            : h == H_BEGIN        ? w->begin
+                            : h == H_FORWARD_DONE ? w->forward_done
+                            : h == H_FACTS        ? w->facts
+                            : h == H_BACKWARD     ? w->backward
+                                                  : w->finish;
+        int rc = f ? f(st, &st->self[i]) : 0;
+        if (rc)
+            return rc < 0 ? rc : ag__err(AG_ESTATE, "export: wrapper %s: status %d", w->name, rc);
+    }
+    return 0;
+}
+
+static int grow(void **arr, int *cap, int need, size_t elem) {
+    if (need <= *cap)
         return 0;
-    memmove(j->primal_descs + n, j->primal_descs, sizeof *j->primal_descs * (size_t)j->nprimals);
-    memmove(j->in_info + n, j->in_info, sizeof *j->in_info * (size_t)j->nprimals);
-    j->nprimals += n;
-    for (int i = 0; i < n; i++) {
-        j->in_info[i] = (ag_input_info){0};
-        if (!(j->primal_descs[i] = ag_desc_forward_token_input(i)))
-            return AG_ENOMEM;
+    int n = *cap ? *cap * 2 : 16;
+    n = n < need ? need : n;
+    void *a = ag__calloc((size_t)n, elem);
+    if (!a)
+        return AG_ENOMEM;
+    if (*arr)
+        memcpy(a, *arr, elem * (size_t)*cap);
+    ag__free(*arr);
+    *arr = a;
+    *cap = n;
+    return 0;
+}
+
+int ag__export_primals(ag__export_pass *st, int n) {
+    size_t c = (size_t)(n ? n : 1);
+    st->prim = ag__calloc(c, sizeof *st->prim);
+    st->primal_t = ag__calloc(c, sizeof *st->primal_t);
+    st->primal_descs = ag__calloc(c, sizeof *st->primal_descs);
+    st->in_info = ag__calloc(c, sizeof *st->in_info);
+    if (!st->prim || !st->primal_t || !st->primal_descs || !st->in_info)
+        return AG_ENOMEM;
+    st->np = n;
+    return 0;
+}
+
+int ag__export_out(ag__export_pass *st, ag_section sec, ag_node *node, ag_desc *desc,
+                   ag_tensor *tangent) {
+    if (st->nout > 0 && sec < st->out[st->nout - 1].sec) {
+        ag_desc_release(desc);
+        return ag__err(AG_ESTATE, "export: an output of the %s after the %s", ag_section_name(sec),
+                       ag_section_name(st->out[st->nout - 1].sec));
+    }
+    if (grow((void **)&st->out, &st->cap_out, st->nout + 1, sizeof *st->out)) {
+        ag_desc_release(desc);
+        return AG_ENOMEM;
+    }
+    st->out[st->nout++] = (ag__export_output){sec, node, desc, tangent, -1};
+    return 0;
+}
+
+int ag__export_tangent(ag__export_pass *st, ag_desc *desc) {
+    if (grow((void **)&st->tangent_descs, &st->cap_tangent_descs, st->ntangent_descs + 1,
+             sizeof *st->tangent_descs)) {
+        ag_desc_release(desc);
+        return AG_ENOMEM;
+    }
+    st->tangent_descs[st->ntangent_descs++] = desc;
+    return 0;
+}
+
+/* The outputs of sections from..to: the core's user outputs, then each wrapper's, innermost
+ * first. A user output that requires grad and aliases nothing gets a tangent (6.1(b)). */
+static int add_outputs(ag__export_pass *st, ag_section from, ag_section to) {
+    for (int s = from; s <= to; s++) {
+        for (int k = 0; s == AG_SEC_OUT_USER && k < st->nouts; k++) {
+            ag_tensor *o = st->outs[k];
+            const ag_output_info *oi = &st->out_info[k];
+            ag_node *n = o ? ag__tracer_node_of(st->T, o) : NULL;
+            ag_desc *d = o && !n ? NULL : ag_desc_plain_output(k);
+            bool tangent = o && oi->requires_grad && ag_dtype_is_float(o->dtype) &&
+                           (oi->alias == AG_OUT_NON_ALIAS || oi->alias == AG_OUT_UNSAFE_VIEW_ALIAS);
+            if (!d || ag__export_out(st, AG_SEC_OUT_USER, n, d, tangent ? o : NULL))
+                return status_or(AG_ENOMEM);
+        }
+        for (int i = NWRAPPERS - 1; i >= 0; i--) {
+            int rc = wrappers[i]->outputs ? wrappers[i]->outputs(st, &st->self[i], s) : 0;
+            if (rc)
+                return rc;
+        }
     }
     return 0;
 }
 
-/* With tensor subclasses: the facts the alias plan gathered on the inner tensors are the
- * outer tensors' (requires_grad is the instance's), and the aliasing the flattening cannot
- * express is refused with upstream's message. */
-static int subclass_facts(const ag__subx *sx, ag_joint *j, ag_node *const *prim) {
-    const ag__joint_alias *a = &j->alias;
-    if (a->nintermediate_bases > 0 || a->nmetadata_mutations > 0)
-        return ag__err(AG_ENOTSUP, "export: outputs aliasing intermediates and metadata "
-                                   "mutations are not supported together with tensor subclasses");
-    for (int p = 0; p < a->nprimals; p++) {
-        const ag_tmeta *m = ag_node_val(prim[p], 0);
-        j->in_info[p].requires_grad =
-            ag__subx_flat_requires_grad(sx, a->prim[p].flat) && ag_dtype_is_float(m->dtype);
-    }
-    for (int k = 0; k < j->nuser_out; k++)
-        j->out_info[k].requires_grad = ag__subx_out_requires_grad(sx, k);
-    return 0;
-}
-
-/* The final layout with tensor subclasses: inputs merged into a base, or removed duplicates
- * among a subclass's inner tensors, are refused with upstream's message. */
-static int subclass_layout_check(const ag__subx *sx, const ag_joint *j) {
-    const ag__joint_alias *a = &j->alias;
-    for (int i = 0; i < a->nflat; i++)
-        if (a->flat[i].kind == AG__FLAT_VIEW ||
-            (a->flat[i].kind == AG__FLAT_DUP && ag__subx_flat_is_inner(sx, i)))
-            return ag__err(AG_ENOTSUP,
-                           "Encountered aliased inputs that are mutated in the graph, but at "
-                           "least one input/output to the graph is a tensor subclass. This is "
-                           "not supported today. You can try to remove the aliasing yourself as "
-                           "a workaround, or otherwise file an issue on github.");
-    return 0;
-}
-
-/* One pass: the joint for the plan's current layout of the flat inputs (alias.c). */
-typedef struct export_in {
-    ag_module *m;
-    ag__alias_plan *P;
-    const ag_named_tensors *ps, *bs;
-    ag_desc *const *descs; /* of the flat inputs */
-    ag__subx **sxp;        /* tensor subclasses flattened (subclass.c); *sxp NULL when none */
-    int nflat, nargs, nkwargs;
-    const char *const *kwarg_names;
-    const ag_export_opts *o;
-} export_in;
-
-static ag_joint *export_pass(const export_in *in) {
-    const ag_named_tensors *ps = in->ps, *bs = in->bs;
-    ag__alias_plan *P = in->P;
+/* The joint: its names and input spec, the graph, the tracer, the scope of the pass. */
+static ag_joint *pass_start(ag__export_pass *st) {
+    const ag_named_tensors *ps = st->ps, *bs = st->bs;
     ag_joint *j = ag__calloc(1, sizeof *j);
-    ag__tracer *T = NULL;
-    ag_node **prim = NULL;
-    ag_tensor *outs[64] = {0}, *extra[64] = {0}, **user = NULL;
-    ag_desc *extra_desc[64] = {0};
-    ag_tensor **tangent_in = NULL, **needs_out = NULL, **grad_of = NULL, **grads = NULL;
-    ag_node **out_nodes = NULL;
-    ag_desc **out_descs = NULL;
-    ag__export_tokens tk;
-    ag__rng_fn *rng = NULL;
-    int rc = 0, nouts = 0, nout_total = 0, nextra = 0;
-    bool scoped = false, begun = false;
-    ag__subx *sx = *in->sxp;
     if (!j)
-        goto fail;
+        return NULL;
     j->nparams = ps->n;
     j->nbuffers = bs->n;
     j->params = ag__calloc((size_t)(ps->n ? ps->n : 1), sizeof(char *));
     j->buffers = ag__calloc((size_t)(bs->n ? bs->n : 1), sizeof(char *));
-    if (!j->params || !j->buffers)
-        goto fail;
-    for (int i = 0; i < ps->n; i++)
-        if (!(j->params[i] = ag__strdup(ps->names[i])))
-            goto fail;
-    for (int i = 0; i < bs->n; i++)
-        if (!(j->buffers[i] = ag__strdup(bs->names[i])))
-            goto fail;
-
-    /* The primals' placeholders. */
-    int np = ag__aplan_num_primals(P);
-    j->nprimals = np;
-    prim = ag__calloc((size_t)(np ? np : 1), sizeof *prim);
-    j->primal_descs = ag__calloc((size_t)np + 1, sizeof(ag_desc *)); /* + a token */
-    j->in_info = ag__calloc((size_t)np + 1, sizeof *j->in_info);
-    j->g = ag_graph_new();
-    if (!prim || !j->primal_descs || !j->in_info || !j->g)
-        goto fail;
-    for (int p = 0; p < np; p++) {
-        ag_desc *d = ag_desc_retain(ag__aplan_primal_desc(P, p));
-        j->primal_descs[p] = d;
-        char name[32];
-        snprintf(name, sizeof name, "primals_%d", p + 1);
-        ag_tmeta mt;
-        ag__tmeta_of(ag__aplan_primal_example(P, p), &mt);
-        prim[p] = ag_graph_placeholder(j->g, name, &mt);
-        if (!prim[p] || ag_node_set_desc(prim[p], d))
-            goto fail;
+    bool ok = j->params && j->buffers;
+    for (int i = 0; ok && i < ps->n; i++)
+        ok = (j->params[i] = ag__strdup(ps->names[i])) != NULL;
+    for (int i = 0; ok && i < bs->n; i++)
+        ok = (j->buffers[i] = ag__strdup(bs->names[i])) != NULL;
+    ok = ok && (j->g = st->g = ag_graph_new()) != NULL;
+    ok = ok && (j->in_spec =
+                    make_in_spec(ps->n + bs->n + st->nargs, st->kwarg_names, st->nkwargs)) != NULL;
+    ok = ok && (st->T = ag__tracer_begin(j->g, true)) != NULL;
+    if (!ok) {
+        ag_joint_free(j); /* and the graph */
+        st->g = NULL;
+        return NULL;
     }
-    j->in_spec = make_in_spec(ps->n + bs->n + in->nargs, in->kwarg_names, in->nkwargs);
-    if (!j->in_spec)
-        goto fail;
-
-    /* The forward, functionalized, with autograd recording; effectful ops threaded by tokens. */
-    T = ag__tracer_begin(j->g, true);
-    if (!T)
-        goto fail;
-    ag__export_tokens_init(&tk, j->g, np);
-    ag__tracer_set_token_chain(T, &tk.fw);
-    /* Random ops draw from philox seed/offset placeholders (rng.c). */
-    if (!in->o->keep_random_ops && !(rng = ag__rng_begin(T, j->g)))
-        goto fail;
+    st->npb_flat = ps->n + bs->n;
     ag_scope_begin();
-    scoped = true;
-    begun = true;
-    if (ag__aplan_begin(P, in->m, T, prim, &user))
-        goto fail;
-    /* With tensor subclasses the plan's tensors are the inner ones: the forward gets the outer
-     * inputs rebuilt from them. */
-    if (sx && ag__subx_pass_begin(sx, in->m, user, &user))
-        goto fail;
-    nouts = ag_module_call(in->m, user, in->nargs + in->nkwargs, outs, 64);
-    if (nouts < 0)
-        goto fail;
-    int nspec = nouts; /* the user's outputs; subclass instances are flattened from here on */
-    /* (plain inputs with subclass outputs: the pass's flat tensors are the outer inputs) */
-    nouts = ag__subx_outputs(in->sxp, outs, nouts, 64, ag__aplan_flat_tensors(P), in->descs,
-                             in->nflat, ps->n + bs->n);
-    if (nouts < 0)
-        goto fail;
-    sx = *in->sxp;
-    j->nuser_out = nouts;
-    j->out_info = ag__calloc((size_t)(nouts ? nouts : 1), sizeof *j->out_info);
+    return j;
+}
+
+/* The forward, functionalized, with autograd recording; then what it did (the wrappers'
+ * facts) and whether the joint needs a backward: outputs that alias inputs do not make it
+ * need one (upstream). */
+static int trace_forward(ag__export_pass *st, ag_joint *j) {
+    int n = ag_module_call(st->m, st->user, st->nargs + st->nkwargs, st->outs, AG__EXPORT_MAX_OUTS);
+    if (n < 0)
+        return n;
+    st->nouts = st->nspec = n;
+    for (int p = 0; p < st->np; p++)
+        st->any_rg_in |=
+            st->primal_t[p]->requires_grad && ag_dtype_is_float(st->primal_t[p]->dtype);
+    int rc = run_hooks(st, H_FORWARD_DONE);
+    if (rc)
+        return rc;
+    st->out_info = ag__calloc((size_t)(st->nouts ? st->nouts : 1), sizeof *st->out_info);
     /* One output is a bare leaf; several are a tuple. */
-    j->out_spec = nspec == 1 ? ag_treespec_leaf() : flat_list_spec(nspec, true);
-    if (!j->out_info || !j->out_spec)
-        goto fail;
+    j->out_spec = st->nspec == 1 ? ag_treespec_leaf() : flat_list_spec(st->nspec, true);
+    if (!st->out_info || !j->out_spec)
+        return AG_ENOMEM;
+    if ((rc = run_hooks(st, H_FACTS)))
+        return rc;
+    bool any_rg_out = false;
+    for (int k = 0; k < st->nouts; k++)
+        any_rg_out |= st->out_info[k].requires_grad && st->out_info[k].alias != AG_OUT_IS_INPUT &&
+                      st->out_info[k].alias != AG_OUT_ALIAS_OF_INPUT;
+    st->needs_autograd = st->any_rg_in && any_rg_out;
+    return 0;
+}
 
-    /* Mutated inputs and aliasing outputs (alias.c). */
-    bool any_rg_in = false, any_rg_out = false;
-    for (int p = 0; p < np && !sx; p++) {
-        ag_tensor *t = ag__aplan_primal_tensor(P, p);
-        any_rg_in |= t->requires_grad && ag_dtype_is_float(t->dtype);
-    }
-    for (int i = 0; sx && i < in->nflat; i++)
-        any_rg_in |= ag__subx_flat_requires_grad(sx, i);
-    if (ag__aplan_analyze(P, T, outs, nouts, any_rg_in, j->in_info, j->out_info, &j->alias))
-        goto fail;
-    if (sx && subclass_facts(sx, j, prim))
-        goto fail;
-    for (int p = 0; p < np; p++) {
-        j->nmutated += j->in_info[p].mutates_data || j->in_info[p].mutates_metadata;
-        if (j->in_info[p].mutates_data && j->in_info[p].requires_grad) {
-            rc = ag__err(AG_ENOTSUP, "export: input %d (%s) requires grad and is mutated in "
-                                     "place; mutating a parameter or input that requires "
-                                     "grad is not supported", p, ag_node_name(prim[p]));
-            goto fail;
+/* Tangent placeholders for the outputs that take one, the backward rules run by the engine
+ * (traced here), and one gradient output per primal (None without one). */
+static int core_backward(ag__export_pass *st) {
+    size_t c = (size_t)(st->nout ? st->nout : 1), cp = (size_t)(st->np ? st->np : 1);
+    ag_tensor **seed = ag__calloc(c, sizeof *seed), **root = ag__calloc(c, sizeof *root);
+    ag_tensor **grad_of = ag__calloc(cp, sizeof *grad_of), **grads = ag__calloc(cp, sizeof *grads);
+    int rc = seed && root && grad_of && grads ? 0 : AG_ENOMEM, nt = 0, ng = 0;
+    for (int e = 0; rc == 0 && e < st->nout; e++) {
+        ag_tensor *o = st->out[e].tangent;
+        if (!o)
+            continue;
+        ag_desc *td = ag_desc_tangent(st->out[e].desc);
+        if (!td || ag__export_tangent(st, td)) {
+            rc = status_or(AG_ENOMEM);
+            break;
         }
-    }
-    /* Outputs that alias inputs do not make the graph need autograd (upstream). */
-    for (int k = 0; k < nouts; k++)
-        any_rg_out |= j->out_info[k].requires_grad && j->out_info[k].alias != AG_OUT_IS_INPUT &&
-                      j->out_info[k].alias != AG_OUT_ALIAS_OF_INPUT;
-    j->needs_autograd = any_rg_in && any_rg_out;
-    nextra = ag__aplan_extra_outputs(P, j->out_info, extra, extra_desc, 64);
-    if (nextra < 0)
-        goto fail;
-    j->nmetamut = j->alias.nmetadata_mutations;
-    j->ninter = j->alias.nintermediate_bases;
-
-    /* Tangents: user outputs that require grad and alias nothing, then intermediate bases. */
-    /* + 2 tokens, + 2 philox offsets */
-    nout_total = 4 + j->nmutated + nouts + nextra + (j->needs_autograd ? (sx ? in->nflat : np) : 0);
-    out_nodes = ag__calloc((size_t)(nout_total ? nout_total : 1), sizeof *out_nodes);
-    out_descs = ag__calloc((size_t)(nout_total ? nout_total : 1), sizeof *out_descs);
-    tangent_in = ag__calloc((size_t)(nouts + nextra ? nouts + nextra : 1), sizeof *tangent_in);
-    needs_out = ag__calloc((size_t)(nouts + nextra ? nouts + nextra : 1), sizeof *needs_out);
-    j->tangent_descs = ag__calloc((size_t)(nouts + nextra) + 1, sizeof(ag_desc *)); /* + a token */
-    if (!out_nodes || !out_descs || !tangent_in || !needs_out || !j->tangent_descs)
-        goto fail;
-    int no = ag__export_tokens_outputs(&tk, false, out_nodes, out_descs);
-    if (no < 0)
-        goto fail;
-    j->nfw_tokens = no;
-    for (int p = 0; p < np; p++)
-        if (j->in_info[p].mutates_data || j->in_info[p].mutates_metadata) {
-            out_nodes[no] = ag__tracer_node_of(T, ag__aplan_primal_tensor(P, p));
-            out_descs[no] = sx ? ag__subx_mutation_desc(sx, j->alias.prim[p].flat)
-                               : ag_desc_input_mutation(j->primal_descs[p]);
-            if (!out_nodes[no] || !out_descs[no++])
-                goto fail;
+        char name[32];
+        snprintf(name, sizeof name, "tangents_%d", nt + 1);
+        ag_tmeta mt;
+        ag__tmeta_contiguous(&mt, o->dtype, o->ndim, o->sizes);
+        ag_node *tp = ag_graph_placeholder(st->g, name, &mt);
+        ag_tensor *tt = NULL;
+        if (!tp || ag_node_set_desc(tp, td) || ag_node_set_partitioner_tag(tp, "is_backward") ||
+            !(tt = ag__tensor_new(o->dtype, o->ndim, o->sizes, true))) {
+            rc = status_or(AG_ENOMEM);
+            break;
         }
-    for (int k = 0; k < nouts; k++) {
-        out_nodes[no] = outs[k] ? ag__tracer_node_of(T, outs[k]) : NULL;
-        if (outs[k] && !out_nodes[no])
-            goto fail;
-        if (!(out_descs[no++] = sx ? ag__subx_out_desc(sx, k) : ag_desc_plain_output(k)))
-            goto fail;
+        ag__tracer_bind(st->T, tt, tp);
+        root[nt] = o;
+        if (!(seed[nt++] = ag__give(tt)))
+            rc = status_or(AG_ENOMEM);
     }
-    for (int e = 0; e < nextra; e++) {
-        out_nodes[no] = ag__tracer_node_of(T, extra[e]);
-        out_descs[no++] = ag_desc_retain(extra_desc[e]);
-        if (!out_nodes[no - 1])
-            goto fail;
+    for (int p = 0; rc == 0 && p < st->np; p++)
+        if (st->in_info[p].requires_grad)
+            grad_of[ng++] = st->primal_t[p];
+    if (rc == 0 && ng > 0 && nt > 0)
+        rc = ag_grad(root, seed, nt, grad_of, ng, grads, false, true);
+    for (int p = 0, gi = 0; rc == 0 && p < st->np; p++) {
+        ag_tensor *gt = st->in_info[p].requires_grad ? grads[gi++] : NULL;
+        ag_node *gn = gt ? ag__tracer_node_of(st->T, gt) : NULL;
+        ag_desc *gd = gn ? ag_desc_grad(st->primal_descs[p]) : NULL;
+        if ((gt && !gd) || ag__export_out(st, AG_SEC_OUT_GRADS, gn, gd, NULL))
+            rc = status_or(AG_ENOMEM);
     }
-    if (rng) { /* the forward's updated philox offset, after the user outputs */
-        int r = ag__rng_updated_offset(rng, false, &out_nodes[no], &out_descs[no]);
-        if (r < 0)
-            goto fail;
-        j->rng_fw_out = r == 1;
-        no += r;
-    }
-    if (j->needs_autograd) {
-        /* Everything traced so far is forward; tangents and what follows is backward. */
-        for (ag_node *n = ag_graph_first(j->g); n; n = ag_node_next(n))
-            if (ag_node_set_partitioner_tag(n, "is_forward"))
-                goto fail;
-        if (sx) {
-            /* Tangents and gradients of the outer tensors, flattened (subclass.c). */
-            ag__tracer_set_tag(T, "is_backward");
-            ag__tracer_set_stack_traces(T, false);
-            ag__tracer_set_token_chain(T, &tk.bw);
-            if (rng)
-                ag__rng_mark_backward(rng);
-            if (ag__subx_backward(sx, j->g, T, j->out_info, out_nodes, out_descs, &no,
-                                  j->tangent_descs, &j->ntangents))
-                goto fail;
-        } else {
-            int nt = 0;
-            for (int k = 0; k < nouts + j->ninter; k++) {
-                ag_tensor *out_k;
-                ag_desc *od;
-                if (k < nouts) {
-                    const ag_output_info *oi = &j->out_info[k];
-                    if (!oi->requires_grad || !ag_dtype_is_float(outs[k]->dtype) ||
-                        (oi->alias != AG_OUT_NON_ALIAS && oi->alias != AG_OUT_UNSAFE_VIEW_ALIAS))
-                        continue;
-                    out_k = outs[k];
-                    od = out_descs[j->nfw_tokens + j->nmutated + k];
-                } else { /* intermediate bases always take part in the backward */
-                    out_k = extra[j->nmetamut + k - nouts];
-                    od = out_descs[j->nfw_tokens + j->nmutated + nouts + j->nmetamut + k - nouts];
-                }
-                ag_desc *td = ag_desc_tangent(od);
-                if (!td)
-                    goto fail;
-                j->tangent_descs[nt] = td;
-                j->ntangents = nt + 1; /* ag_joint_free releases it from now on */
-                char name[32];
-                snprintf(name, sizeof name, "tangents_%d", nt + 1);
-                ag_tmeta mt;
-                ag__tmeta_contiguous(&mt, out_k->dtype, out_k->ndim, out_k->sizes);
-                ag_node *tp = ag_graph_placeholder(j->g, name, &mt);
-                if (!tp || ag_node_set_desc(tp, td) || ag_node_set_partitioner_tag(tp, "is_backward"))
-                    goto fail;
-                ag_tensor *tt = ag__tensor_new(out_k->dtype, out_k->ndim, out_k->sizes, true);
-                if (!tt)
-                    goto fail;
-                ag__tracer_bind(T, tt, tp);
-                tangent_in[nt] = ag__give(tt);
-                needs_out[nt++] = out_k;
-                if (!tangent_in[nt - 1])
-                    goto fail;
-            }
-            j->ntangents = nt;
-            /* The backward: the engine runs the op table's backward rules, traced here. */
-            grad_of = ag__calloc((size_t)(np ? np : 1), sizeof *grad_of);
-            grads = ag__calloc((size_t)(np ? np : 1), sizeof *grads);
-            if (!grad_of || !grads)
-                goto fail;
-            int ng = 0;
-            for (int p = 0; p < np; p++)
-                if (j->in_info[p].requires_grad)
-                    grad_of[ng++] = ag__aplan_primal_tensor(P, p);
-            ag__tracer_set_tag(T, "is_backward");
-            ag__tracer_set_stack_traces(T, false);
-            ag__tracer_set_token_chain(T, &tk.bw);
-            if (rng)
-                ag__rng_mark_backward(rng);
-            if (ng > 0 && nt > 0 && ag_grad(needs_out, tangent_in, nt, grad_of, ng, grads, false, true))
-                goto fail;
-            int gi = 0;
-            for (int p = 0; p < np; p++) {
-                ag_node *gn = NULL;
-                ag_desc *gd = NULL;
-                if (j->in_info[p].requires_grad) {
-                    ag_tensor *gt = grads[gi++];
-                    if (gt) {
-                        gn = ag__tracer_node_of(T, gt);
-                        if (!gn)
-                            goto fail;
-                        if (!(gd = ag_desc_grad(j->primal_descs[p])))
-                            goto fail;
-                    }
-                }
-                out_nodes[no] = gn;
-                out_descs[no++] = gd;
-            }
-        }
-        if (rng) { /* the backward's updated philox offset, after the grads */
-            int r = ag__rng_updated_offset(rng, true, &out_nodes[no], &out_descs[no]);
-            if (r < 0)
-                goto fail;
-            no += r;
-        }
-        int nb = ag__export_tokens_outputs(&tk, true, out_nodes + no, out_descs + no);
-        if (nb < 0)
-            goto fail;
-        j->nbw_tokens = nb;
-        no += nb;
-        for (int k = 0; k < nb; k++)
-            if (!(j->tangent_descs[j->ntangents + k] = ag_desc_backward_token_input(k)))
-                goto fail;
-    }
-    if (rng && (j->nrng = ag__rng_finish(rng, j->rng_descs)) < 0) {
-        j->nrng = 0;
-        goto fail;
-    }
-    j->npb_flat = sx ? ag__subx_num_static(sx) : ps->n + bs->n;
-    if (ag__subx_finish(sx, &j->subclass))
-        goto fail;
-    if (sx)
-        ag__subx_pass_end(sx, in->m);
-    ag__aplan_end(P, in->m);
-    begun = false;
-    ag__tracer_end(T);
-    T = NULL;
-    if (prepend_forward_tokens(j))
-        goto fail;
-    if (!ag_graph_output(j->g, out_nodes, no) ||
-        ag_node_set_output_descs(ag_graph_output_node(j->g), out_descs, no))
-        goto fail;
-    if (j->needs_autograd && copy_fwd_metadata(j->g))
-        goto fail;
-    /* Inference with keep_inference_input_mutations: data mutations stay in the graph. */
-    if (!j->needs_autograd && in->o->keep_inference_input_mutations &&
-        ag__keep_input_mutations_in_graph(j->g, j->in_info, j->nprimals) < 0)
-        goto fail;
-    if (ag_graph_layout(j->g, 0, &j->layout))
-        goto fail;
-    if (ag_graph_dce(j->g) < 0)
-        goto fail;
-    if (in->o->decompositions) {
-        if (ag_graph_decompose(j->g, in->o->decompositions) < 0 || ag_graph_dce(j->g) < 0)
-            goto fail;
-    }
-    ag_scope_end();
-    scoped = false;
-    goto done;
-
-fail:
-    if (rc == 0)
-        rc = ag_last_status() ? ag_last_status() : ag__err(AG_EINVAL, "export: failed");
-    if (begun && sx)
-        ag__subx_pass_end(sx, in->m);
-    if (begun)
-        ag__aplan_end(P, in->m);
-    if (T)
-        ag__tracer_end(T);
-    if (scoped)
-        ag_scope_end();
-    ag_joint_free(j);
-    j = NULL;
-done:
-    for (int i = 0; out_descs && i < nout_total; i++)
-        ag_desc_release(out_descs[i]);
-    for (int e = 0; e < 64; e++)
-        ag_desc_release(extra_desc[e]);
-    ag__free(out_descs);
-    ag__free(out_nodes);
-    ag__free(tangent_in);
-    ag__free(needs_out);
+    ag__free(seed);
+    ag__free(root);
     ag__free(grad_of);
     ag__free(grads);
-    ag__free(prim);
-    ag__rng_free(rng);
-    if (ag__subx_pass_owned(sx)) { /* made for this pass's subclass outputs */
-        ag__subx_free(sx);
-        *in->sxp = NULL;
+    return rc;
+}
+
+/* Everything traced so far is forward; the tangents and what follows is backward. */
+static int trace_backward(ag__export_pass *st) {
+    for (ag_node *n = ag_graph_first(st->g); n; n = ag_node_next(n))
+        if (ag_node_set_partitioner_tag(n, "is_forward"))
+            return status_or(AG_ENOMEM);
+    ag__tracer_set_tag(st->T, "is_backward");
+    ag__tracer_set_stack_traces(st->T, false);
+    int rc = run_hooks(st, H_BACKWARD);
+    for (int i = 0; rc == 0 && i < NWRAPPERS; i++) {
+        int r = wrappers[i]->trace_backward ? wrappers[i]->trace_backward(st, &st->self[i]) : 0;
+        if (r != 0)
+            return r < 0 ? r : 0;
+    }
+    return rc ? rc : core_backward(st);
+}
+
+static int output_node(ag__export_pass *st) {
+    size_t c = (size_t)(st->nout ? st->nout : 1);
+    ag_node **nodes = ag__calloc(c, sizeof *nodes);
+    ag_desc **descs = ag__calloc(c, sizeof *descs);
+    int rc = nodes && descs ? 0 : AG_ENOMEM;
+    for (int e = 0; rc == 0 && e < st->nout; e++) {
+        nodes[e] = st->out[e].node;
+        descs[e] = st->out[e].desc;
+    }
+    if (rc == 0 && (!ag_graph_output(st->g, nodes, st->nout) ||
+                    ag_node_set_output_descs(ag_graph_output_node(st->g), descs, st->nout)))
+        rc = status_or(AG_ENOMEM);
+    if (rc == 0 && st->needs_autograd)
+        rc = copy_fwd_metadata(st->g);
+    ag__free(nodes);
+    ag__free(descs);
+    return rc;
+}
+
+/* Everything per pass the state owns, released, and the pass's fields zeroed. */
+static void pass_clear(ag__export_pass *st) {
+    for (int p = 0; st->primal_descs && p < st->np; p++)
+        ag_desc_release(st->primal_descs[p]);
+    for (int e = 0; e < st->nout; e++)
+        ag_desc_release(st->out[e].desc);
+    for (int t = 0; t < st->ntangent_descs; t++)
+        ag_desc_release(st->tangent_descs[t]);
+    for (int r = 0; r < st->nrng; r++)
+        ag_desc_release(st->rng_descs[r]);
+    ag__free(st->prim);
+    ag__free(st->primal_t);
+    ag__free(st->primal_descs);
+    ag__free(st->in_info);
+    ag__free(st->out_info);
+    ag__free(st->out);
+    ag__free(st->tangent_descs);
+    ag__joint_alias_clear(&st->alias);
+    ag__subx_info_release(st->subclass);
+    memset(&st->g, 0, sizeof *st - offsetof(ag__export_pass, g));
+}
+
+/* The joint takes the pass's graph facts; then its layout, dead code removed, decompositions. */
+static int joint_take(ag_joint *j, ag__export_pass *st) {
+    j->nprimals = st->np;
+    j->primal_descs = st->primal_descs;
+    j->in_info = st->in_info;
+    j->nuser_out = st->nouts;
+    j->out_info = st->out_info;
+    j->needs_autograd = st->needs_autograd;
+    j->nmutated = st->nmutated;
+    j->tangent_descs = st->tangent_descs;
+    j->ntangents = st->ntangent_descs - st->nbw_tokens;
+    j->nfw_tokens = st->nfw_tokens;
+    j->nbw_tokens = st->nbw_tokens;
+    j->nmetamut = st->alias.nmetadata_mutations;
+    j->ninter = st->alias.nintermediate_bases;
+    j->alias = st->alias;
+    j->nrng = st->nrng;
+    memcpy(j->rng_descs, st->rng_descs, sizeof j->rng_descs);
+    j->rng_fw_out = st->rng_fw_out;
+    j->subclass = st->subclass;
+    j->npb_flat = st->npb_flat;
+    st->primal_descs = st->tangent_descs = NULL;
+    st->in_info = NULL;
+    st->out_info = NULL;
+    st->ntangent_descs = st->nrng = 0;
+    memset(&st->alias, 0, sizeof st->alias);
+    st->subclass = NULL;
+    if (ag_graph_layout(j->g, 0, &j->layout) || ag_graph_dce(j->g) < 0)
+        return status_or(AG_EINVAL);
+    if (st->o->decompositions &&
+        (ag_graph_decompose(j->g, st->o->decompositions) < 0 || ag_graph_dce(j->g) < 0))
+        return status_or(AG_EINVAL);
+    return 0;
+}
+
+/* One pass: the joint for the wrappers' current layout of the flat inputs. */
+static ag_joint *export_pass(ag__export_pass *st) {
+    ag_joint *j = pass_start(st);
+    if (!j)
+        return NULL;
+    int rc = run_hooks(st, H_BEGIN);
+    if (rc == 0)
+        rc = trace_forward(st, j);
+    if (rc == 0)
+        rc = add_outputs(st, AG_SEC_OUT_FW_TOKENS, AG_SEC_OUT_FW_RNG_OFFSET);
+    if (rc == 0 && st->needs_autograd)
+        rc = trace_backward(st);
+    if (rc == 0 && st->needs_autograd)
+        rc = add_outputs(st, AG_SEC_OUT_BW_RNG_OFFSET, AG_SEC_OUT_BW_TOKENS);
+    if (rc == 0)
+        rc = output_node(st);
+    if (rc == 0)
+        rc = run_hooks(st, H_FINISH);
+    for (int i = NWRAPPERS - 1; i >= 0; i--)
+        if (wrappers[i]->end)
+            wrappers[i]->end(st, &st->self[i]);
+    ag__tracer_end(st->T);
+    st->T = NULL;
+    if (rc == 0)
+        rc = joint_take(j, st);
+    ag_scope_end();
+    pass_clear(st);
+    if (rc) {
+        ag_joint_free(j);
+        return NULL;
     }
     return j;
+}
+
+/* The flat inputs (params, buffers, args, kwargs) and their descriptors. */
+static int flat_inputs(ag__export_pass *st) {
+    const ag_named_tensors *ps = st->ps, *bs = st->bs;
+    int n = ps->n + bs->n + st->nargs + st->nkwargs, npb = ps->n + bs->n;
+    st->flat = ag__calloc((size_t)(n ? n : 1), sizeof *st->flat);
+    st->flat_descs = ag__calloc((size_t)(n ? n : 1), sizeof *st->flat_descs);
+    st->fqns = ag__calloc((size_t)(npb ? npb : 1), sizeof *st->fqns);
+    if (!st->flat || !st->flat_descs || !st->fqns)
+        return AG_ENOMEM;
+    st->nflat = n;
+    st->nparams_flat = ps->n;
+    st->nbuffers_flat = bs->n;
+    for (int i = 0; i < n; i++) {
+        int u = i - npb; /* the user input's index: args, then kwargs */
+        if (i < ps->n) {
+            st->flat[i] = ps->tensors[i];
+            st->flat_descs[i] = ag_desc_param(ps->names[i]);
+            st->fqns[i] = ps->names[i];
+        } else if (i < npb) {
+            st->flat[i] = bs->tensors[i - ps->n];
+            st->flat_descs[i] = ag_desc_buffer(bs->names[i - ps->n]);
+            st->fqns[i] = bs->names[i - ps->n];
+        } else {
+            st->flat[i] = u < st->nargs ? st->args[u] : st->kwargs[u - st->nargs];
+            st->flat_descs[i] = ag_desc_plain_input(u);
+        }
+        if (!st->flat_descs[i])
+            return status_or(AG_ENOMEM);
+    }
+    return 0;
+}
+
+/* After a pass: 0 when every wrapper takes its layout, 1 for another pass, or a refusal. */
+static int settle(ag__export_pass *st, const ag_joint *j) {
+    for (int i = 0; i < NWRAPPERS; i++) {
+        int r = wrappers[i]->settle ? wrappers[i]->settle(st, &st->self[i], j) : 0;
+        if (r != 0)
+            return r;
+    }
+    return 0;
 }
 
 ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
@@ -880,99 +880,52 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
     if (opts)
         o = *opts;
     ag_named_tensors ps = {0}, bs = {0};
+    ag__export_pass st = {.m = m,
+                          .o = &o,
+                          .ps = &ps,
+                          .bs = &bs,
+                          .args = args,
+                          .kwargs = kwargs,
+                          .kwarg_names = kwarg_names,
+                          .nargs = nargs,
+                          .nkwargs = nkwargs};
     ag_joint *j = NULL;
-    ag_tensor **flat = NULL;
-    ag_desc **descs = NULL;
-    char **fqns = NULL;
-    ag__alias_plan *P = NULL;
-    ag__subx *sx = NULL;
-    int nflat = 0, nouter = 0, npb = 0;
     bool grad_prev = ag_set_grad_enabled(true);
-    if (ag_module_named_parameters(m, false, &ps) || ag_module_named_buffers(m, false, &bs))
-        goto done;
-    /* The flat inputs and their descriptors. */
-    nflat = ps.n + bs.n + nargs + nkwargs;
-    flat = ag__calloc((size_t)(nflat ? nflat : 1), sizeof *flat);
-    descs = ag__calloc((size_t)(nflat ? nflat : 1), sizeof *descs);
-    fqns = ag__calloc((size_t)(ps.n + bs.n ? ps.n + bs.n : 1), sizeof *fqns);
-    if (!flat || !descs || !fqns)
-        goto done;
-    for (int i = 0; i < nflat; i++) {
-        if (i < ps.n) {
-            flat[i] = ps.tensors[i];
-            descs[i] = ag_desc_param(ps.names[i]);
-            fqns[i] = ps.names[i];
-        } else if (i < ps.n + bs.n) {
-            flat[i] = bs.tensors[i - ps.n];
-            descs[i] = ag_desc_buffer(bs.names[i - ps.n]);
-            fqns[i] = bs.names[i - ps.n];
-        } else if (i < ps.n + bs.n + nargs) {
-            flat[i] = args[i - ps.n - bs.n];
-            descs[i] = ag_desc_plain_input(i - ps.n - bs.n);
-        } else {
-            flat[i] = kwargs[i - ps.n - bs.n - nargs];
-            descs[i] = ag_desc_plain_input(i - ps.n - bs.n);
-        }
-        if (!descs[i])
-            goto done;
-    }
-    nouter = nflat;
-    npb = ps.n + bs.n;
-    /* Tensor subclass instances are flattened into their inner tensors, which the alias plan
-     * then lays out like any flat input (all of them fresh leaves: the forward sees instances
-     * rebuilt from them, subclass.c). */
-    if (ag__subx_begin(&sx, &ps, &bs, args, nargs, kwargs, nkwargs))
-        goto done;
-    if (sx) {
-        for (int i = 0; i < nouter; i++)
-            ag_desc_release(descs[i]);
-        ag__free(descs);
-        ag__free(flat);
-        nflat = 0;
-        int n = ag__subx_num_flat(sx);
-        flat = ag__calloc((size_t)(n ? n : 1), sizeof *flat);
-        descs = ag__calloc((size_t)(n ? n : 1), sizeof *descs);
-        if (!flat || !descs)
-            goto done;
-        for (nflat = 0; nflat < n; nflat++)
-            flat[nflat] = ag__subx_flat(sx, nflat, &descs[nflat]);
-        npb = 0;
-    }
-    /* Upstream's stage-1 wrappers decide which flat inputs become which primals from what
-     * the forward does to them: a first pass assumes the common case, and a second one runs
-     * only when a duplicate input is mutated or aliasing inputs turned out not to need (or to
-     * need) a shared base. */
-    P = ag__aplan_new(flat, descs, nflat, npb ? ps.n : 0, npb ? bs.n : 0, fqns);
-    if (!P)
-        goto done;
-    export_in in = {m, P, &ps, &bs, descs, &sx, nflat, nargs, nkwargs, kwarg_names, &o};
-    j = export_pass(&in);
-    int r = j ? ag__aplan_refine(P, j->in_info + j->nfw_tokens, j->needs_autograd) : 0;
-    if (r != 0) {
-        ag_joint_free(j);
-        j = r > 0 ? export_pass(&in) : NULL;
-        if (j && (r = ag__aplan_refine(P, j->in_info + j->nfw_tokens, j->needs_autograd)) != 0) {
+    int rc = ag_module_named_parameters(m, false, &ps);
+    if (rc == 0)
+        rc = ag_module_named_buffers(m, false, &bs);
+    if (rc == 0)
+        rc = flat_inputs(&st);
+    if (rc == 0)
+        rc = run_hooks(&st, H_PREPARE);
+    /* Upstream's stage-1 wrappers decide which flat inputs become which primals from what the
+     * forward does to them: a first pass assumes the common case, and a second one runs only
+     * when a duplicate input is mutated or aliasing inputs turned out not to need (or to need)
+     * a shared base. */
+    for (int pass = 0; rc == 0 && !j; pass++) {
+        if (!(j = export_pass(&st)))
+            rc = status_or(AG_EINVAL);
+        else if ((rc = settle(&st, j)) != 0) {
             ag_joint_free(j);
             j = NULL;
-            if (r > 0)
-                ag__err(AG_EINVAL, "export: the inputs' layout did not settle after two passes");
+            if (rc > 0 && pass > 0)
+                rc = ag__err(AG_EINVAL, "export: the inputs' layout did not settle after two "
+                                        "passes");
+            else if (rc > 0)
+                rc = 0;
         }
     }
-    if (j && sx && subclass_layout_check(sx, j)) {
-        ag_joint_free(j);
-        j = NULL;
-    }
-done:
     if (!j && !ag_last_status())
         ag__err(AG_EINVAL, "export: failed");
     ag_set_grad_enabled(grad_prev);
-    ag__aplan_free(P);
-    ag__subx_free(sx);
-    for (int i = 0; descs && i < nflat; i++)
-        ag_desc_release(descs[i]);
-    ag__free(descs);
-    ag__free(flat);
-    ag__free(fqns);
+    for (int i = NWRAPPERS - 1; i >= 0; i--)
+        if (wrappers[i]->release)
+            wrappers[i]->release(&st, &st.self[i]);
+    for (int i = 0; st.flat_descs && i < st.nflat; i++)
+        ag_desc_release(st.flat_descs[i]);
+    ag__free(st.flat_descs);
+    ag__free(st.flat);
+    ag__free(st.fqns);
     ag_named_tensors_free(&ps);
     ag_named_tensors_free(&bs);
     return j;

@@ -22,6 +22,7 @@
  * op's outputs (dropout's mask included, which its autograd node saves) are bound to them, so
  * native_dropout's backward rule reads the mask node. Any other random op is refused. */
 #include "rng_functionalize.h"
+#include "export_wrappers.h"
 
 #include <stdio.h>
 
@@ -241,3 +242,61 @@ void ag__rng_free(ag__rng_fn *R) {
     }
     ag__free(R);
 }
+
+/* ---- the export's wrapper (export_wrappers.h) ----
+ * RNG functionalization (upstream's functionalize_rng_ops), unless keep_random_ops: the
+ * forward's updated offset is the last forward output, the backward's the output after the
+ * gradients, and the seeds and offsets the last placeholders. Its slot holds the state. */
+static int rng_begin(ag__export_pass *st, void **self) {
+    if (st->o->keep_random_ops)
+        return 0;
+    *self = ag__rng_begin(st->T, st->g);
+    return *self ? 0 : AG_ENOMEM;
+}
+
+static int rng_outputs(ag__export_pass *st, void **self, ag_section sec) {
+    bool backward = sec == AG_SEC_OUT_BW_RNG_OFFSET;
+    if (!*self || (!backward && sec != AG_SEC_OUT_FW_RNG_OFFSET))
+        return 0;
+    ag_node *node;
+    ag_desc *desc;
+    int r = ag__rng_updated_offset(*self, backward, &node, &desc);
+    if (r == 1 && (r = ag__export_out(st, sec, node, desc, NULL)) == 0)
+        r = 1;
+    if (r < 0)
+        return r;
+    if (!backward)
+        st->rng_fw_out = r == 1;
+    return 0;
+}
+
+static int rng_backward(ag__export_pass *st, void **self) {
+    (void)st;
+    if (*self)
+        ag__rng_mark_backward(*self);
+    return 0;
+}
+
+static int rng_finish(ag__export_pass *st, void **self) {
+    if (!*self)
+        return 0;
+    int n = ag__rng_finish(*self, st->rng_descs);
+    st->nrng = n < 0 ? 0 : n;
+    return n < 0 ? n : 0;
+}
+
+static void rng_end(ag__export_pass *st, void **self) {
+    if (*self && st->T)
+        ag__tracer_set_random(st->T, NULL, NULL);
+    ag__rng_free(*self);
+    *self = NULL;
+}
+
+const ag__export_wrapper ag__rng_wrapper = {
+    .name = "rng_functionalize",
+    .begin = rng_begin,
+    .outputs = rng_outputs,
+    .backward = rng_backward,
+    .finish = rng_finish,
+    .end = rng_end,
+};

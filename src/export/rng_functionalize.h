@@ -1,4 +1,5 @@
-/* RNG functionalization of the joint export (src/export/rng_functionalize.c), used by export.c.
+/* RNG functionalization of the joint export (src/export/rng_functionalize.c), used by its
+ * wrapper there (ag__rng_wrapper).
  *
  * While installed on the export's tracer, every random op the model (or a backward rule) calls
  * is recorded as a draw from explicit generator state: placeholders fwd_seed / fwd_base_offset

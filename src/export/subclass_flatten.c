@@ -27,6 +27,7 @@
  * its input's structure (a TwoTensor's gradient is a TwoTensor, a plain input's is plain): the
  * compiled callable pairs gradients with primals by descriptor. */
 #include "subclass_flatten.h"
+#include "export_wrappers.h"
 #include "../nn/nn_internal.h"
 
 #include <stdio.h>
@@ -451,9 +452,14 @@ static bool gets_tangent(const ag_output_info *oi, const ag_tensor *t) {
            ag_dtype_is_float(t->dtype);
 }
 
-int ag__subx_backward(ag__subx *sx, ag_graph *g, ag__tracer *T, const ag_output_info *out_info,
-                      ag_node **out_nodes, ag_desc **out_descs, int *no, ag_desc **tangent_descs,
-                      int *ntangents) {
+/* The autograd part of the export with subclasses (the forward is tagged and the tracer
+ * records the backward): one tangent placeholder per plain inner tensor of each output that
+ * gets a tangent, the backward at the outer level, and the gradients' plain tensors as the
+ * pass's GRADS outputs (one None per input without a gradient). */
+static int subx_backward(ag__subx *sx, ag__export_pass *st) {
+    ag_graph *g = st->g;
+    ag__tracer *T = st->T;
+    const ag_output_info *out_info = st->out_info;
     size_t cn = (size_t)(sx->nout ? sx->nout : 1), ci = (size_t)(sx->nin ? sx->nin : 1);
     ag_tensor **roots = ag__calloc(cn, sizeof *roots), **seeds = ag__calloc(cn, sizeof *seeds);
     ag_tensor **grad_of = ag__calloc(ci, sizeof *grad_of), **grads = ag__calloc(ci, sizeof *grads);
@@ -496,8 +502,13 @@ int ag__subx_backward(ag__subx *sx, ag_graph *g, ag__tracer *T, const ag_output_
                 rc = ag_last_status();
                 break;
             }
-            tangent_descs[nt++] = descs[e];
+            rc = ag__export_tangent(st, descs[e]);
             descs[e] = NULL;
+            nt++;
+            if (rc) {
+                ag_tensor_free(tt);
+                break;
+            }
             ag__tracer_bind(T, tt, tp);
             if (!(flat[e] = ag__give(tt)))
                 rc = ag_last_status();
@@ -512,7 +523,6 @@ int ag__subx_backward(ag__subx *sx, ag_graph *g, ag__tracer *T, const ag_output_
                 rc = ag_last_status();
         }
     }
-    *ntangents = nt;
     /* The backward, differentiating with respect to the outer inputs. */
     int ng = 0;
     for (int i = 0; i < sx->nin && rc == 0; i++)
@@ -526,8 +536,7 @@ int ag__subx_backward(ag__subx *sx, ag_graph *g, ag__tracer *T, const ag_output_
         if (ag_tensor_requires_grad(sx->cur[i]) && ag_dtype_is_float(ag_tensor_dtype(sx->cur[i])))
             gt = grads[gi++];
         if (!gt) {
-            out_nodes[*no] = NULL;
-            out_descs[(*no)++] = NULL;
+            rc = ag__export_out(st, AG_SEC_OUT_GRADS, NULL, NULL, NULL);
             continue;
         }
         ag__scmeta *gm = &sx->grad_meta[i];
@@ -558,9 +567,9 @@ int ag__subx_backward(ag__subx *sx, ag_graph *g, ag__tracer *T, const ag_output_
             ag_node *gn = rc == 0 ? ag__tracer_node_of(T, flat[e]) : NULL;
             if (!gn && rc == 0)
                 rc = ag_last_status();
-            out_nodes[*no] = gn;
-            out_descs[(*no)++] = descs[e]; /* the caller releases every entry */
+            int r = ag__export_out(st, AG_SEC_OUT_GRADS, gn, descs[e], NULL); /* takes it */
             descs[e] = NULL;
+            rc = rc ? rc : r;
         }
     }
     ag__free(roots);
@@ -569,3 +578,159 @@ int ag__subx_backward(ag__subx *sx, ag_graph *g, ag__tracer *T, const ag_output_
     ag__free(grads);
     return rc;
 }
+
+/* ---- the export's wrapper (export_wrappers.h) ----
+ * Tensor subclasses (upstream's aot_dispatch_subclass): the flat inputs become the plain inner
+ * tensors before the alias plan lays them out, the forward sees instances rebuilt from them,
+ * the user outputs are flattened after it, and the backward runs at the outer level. Its slot
+ * holds the state, NULL while no input or output is a subclass instance. */
+static int sc_prepare(ag__export_pass *st, void **self) {
+    ag__subx *sx = NULL;
+    int rc = ag__subx_begin(&sx, st->ps, st->bs, st->args, st->nargs, st->kwargs, st->nkwargs);
+    *self = sx;
+    if (rc || !sx)
+        return rc;
+    int n = ag__subx_num_flat(sx);
+    ag_tensor **flat = ag__calloc((size_t)(n ? n : 1), sizeof *flat);
+    ag_desc **descs = ag__calloc((size_t)(n ? n : 1), sizeof *descs);
+    if (!flat || !descs) {
+        ag__free(flat);
+        ag__free(descs);
+        return AG_ENOMEM;
+    }
+    for (int i = 0; i < st->nflat; i++)
+        ag_desc_release(st->flat_descs[i]);
+    ag__free(st->flat_descs);
+    ag__free(st->flat);
+    st->flat = flat;
+    st->flat_descs = descs;
+    for (int i = 0; i < n; i++)
+        flat[i] = ag__subx_flat(sx, i, &descs[i]);
+    st->nflat = n;
+    st->nparams_flat = st->nbuffers_flat = 0; /* the plan sees inner tensors, all fresh leaves */
+    return 0;
+}
+
+static int sc_begin(ag__export_pass *st, void **self) {
+    return *self ? ag__subx_pass_begin(*self, st->m, st->user, &st->user) : 0;
+}
+
+/* The user outputs flattened (the state is made here when only outputs are instances: the
+ * flat primals are then the outer inputs). With subclass inputs, whether any input requires
+ * grad is the outer inputs' question. */
+static int sc_forward_done(ag__export_pass *st, void **self) {
+    int n = ag__subx_outputs((ag__subx **)self, st->outs, st->nouts, AG__EXPORT_MAX_OUTS,
+                             ag__aplan_flat_tensors(st->plan), st->flat_descs, st->nflat,
+                             st->ps->n + st->bs->n);
+    if (n < 0)
+        return n;
+    st->nouts = n;
+    if (*self) {
+        st->any_rg_in = false;
+        for (int i = 0; i < st->nflat; i++)
+            st->any_rg_in |= ag__subx_flat_requires_grad(*self, i);
+    }
+    return 0;
+}
+
+/* The facts the alias plan gathered on the inner tensors are the outer tensors'
+ * (requires_grad is the instance's), and the aliasing the flattening cannot express is
+ * refused. */
+static int sc_facts(ag__export_pass *st, void **self) {
+    const ag__subx *sx = *self;
+    const ag__joint_alias *a = &st->alias;
+    if (!sx)
+        return 0;
+    if (a->nintermediate_bases > 0 || a->nmetadata_mutations > 0)
+        return ag__err(AG_ENOTSUP, "export: outputs aliasing intermediates and metadata "
+                                   "mutations are not supported together with tensor subclasses");
+    for (int p = 0; p < a->nprimals; p++) {
+        const ag_tmeta *m = ag_node_val(st->prim[p], 0);
+        st->in_info[p].requires_grad =
+            ag__subx_flat_requires_grad(sx, a->prim[p].flat) && ag_dtype_is_float(m->dtype);
+    }
+    for (int k = 0; k < st->nouts; k++)
+        st->out_info[k].requires_grad = ag__subx_out_requires_grad(sx, k);
+    return 0;
+}
+
+/* Input mutations and user outputs get the flattened descriptors: SubclassGetAttrAOTOutput of
+ * the outer input's mutation, of the outer output. */
+static int sc_outputs(ag__export_pass *st, void **self, ag_section sec) {
+    const ag__subx *sx = *self;
+    if (!sx || (sec != AG_SEC_OUT_MUTATIONS && sec != AG_SEC_OUT_USER))
+        return 0;
+    for (int e = 0, k = 0; e < st->nout; e++) {
+        ag__export_output *o = &st->out[e];
+        if (o->sec != sec)
+            continue;
+        ag_desc *d = sec == AG_SEC_OUT_USER
+                         ? ag__subx_out_desc(sx, k++)
+                         : ag__subx_mutation_desc(sx, st->alias.prim[o->primal].flat);
+        if (!d)
+            return ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
+        ag_desc_release(o->desc);
+        o->desc = d;
+    }
+    return 0;
+}
+
+static int sc_trace_backward(ag__export_pass *st, void **self) {
+    if (!*self)
+        return 0;
+    int rc = subx_backward(*self, st);
+    return rc ? rc : 1;
+}
+
+static int sc_finish(ag__export_pass *st, void **self) {
+    if (*self)
+        st->npb_flat = ag__subx_num_static(*self);
+    return ag__subx_finish(*self, &st->subclass);
+}
+
+static void sc_end(ag__export_pass *st, void **self) {
+    ag__subx *sx = *self;
+    if (sx)
+        ag__subx_pass_end(sx, st->m);
+    if (ag__subx_pass_owned(sx)) { /* made for this pass's subclass outputs */
+        ag__subx_free(sx);
+        *self = NULL;
+    }
+}
+
+/* The final layout: inputs merged into a base, or removed duplicates among a subclass's inner
+ * tensors, are refused with upstream's message. */
+static int sc_settle(ag__export_pass *st, void **self, const ag_joint *j) {
+    (void)st;
+    const ag__subx *sx = *self;
+    const ag__joint_alias *a = ag__joint_alias_of(j);
+    for (int i = 0; sx && i < a->nflat; i++)
+        if (a->flat[i].kind == AG__FLAT_VIEW ||
+            (a->flat[i].kind == AG__FLAT_DUP && ag__subx_flat_is_inner(sx, i)))
+            return ag__err(AG_ENOTSUP,
+                           "Encountered aliased inputs that are mutated in the graph, but at "
+                           "least one input/output to the graph is a tensor subclass. This is "
+                           "not supported today. You can try to remove the aliasing yourself as "
+                           "a workaround, or otherwise file an issue on github.");
+    return 0;
+}
+
+static void sc_release(ag__export_pass *st, void **self) {
+    (void)st;
+    ag__subx_free(*self);
+    *self = NULL;
+}
+
+const ag__export_wrapper ag__subclass_wrapper = {
+    .name = "subclass",
+    .prepare = sc_prepare,
+    .begin = sc_begin,
+    .forward_done = sc_forward_done,
+    .facts = sc_facts,
+    .outputs = sc_outputs,
+    .trace_backward = sc_trace_backward,
+    .finish = sc_finish,
+    .end = sc_end,
+    .settle = sc_settle,
+    .release = sc_release,
+};

@@ -1,11 +1,11 @@
-/* Tensor subclasses in the joint export (export/subclass_flatten.c) and what the joint keeps for the
- * compiled callable (runtime/subclass_wrap.c): upstream's aot_dispatch_subclass.
+/* Tensor subclasses in the joint export (export/subclass_flatten.c) and what the joint keeps for
+ * the compiled callable (runtime/subclass_wrap.c): upstream's aot_dispatch_subclass.
  *
- * ag_export_joint asks this file for the flattened primals (one per plain inner tensor, with
- * SubclassGetAttrAOTInput descriptors), flattens the user outputs after the forward, and hands
- * the whole autograd part (tangents, gradients) to ag__subx_backward when a subclass is
- * involved. Models without subclasses never create the state (sx stays NULL), so their graphs
- * are untouched. */
+ * The export's subclass wrapper (ag__subclass_wrapper, export_wrappers.h) asks this file for
+ * the flattened primals (one per plain inner tensor, with SubclassGetAttrAOTInput
+ * descriptors), flattens the user outputs after the forward, and traces the whole autograd
+ * part (tangents, gradients) itself when a subclass is involved. Models without subclasses
+ * never create the state (sx stays NULL), so their graphs are untouched. */
 #ifndef AG_EXPORT_SUBCLASS_H
 #define AG_EXPORT_SUBCLASS_H
 
@@ -67,15 +67,6 @@ int ag__subx_outputs(ag__subx **sx, ag_tensor **outs, int nouts, int max_out,
 bool ag__subx_out_requires_grad(const ag__subx *sx, int k); /* flattened output k's outer's */
 ag_desc *ag__subx_out_desc(const ag__subx *sx, int k);      /* new reference */
 ag_desc *ag__subx_mutation_desc(const ag__subx *sx, int i); /* of flattened primal i; new */
-/* The autograd part of the export with subclasses (the caller has tagged the forward and
- * switched the tracer to the backward): adds one tangent
- * placeholder per plain inner tensor of each output that gets a tangent (tangent_descs[]
- * receives their descriptors), runs the backward at the outer level and appends the
- * gradients' plain tensors to out_nodes/out_descs from *no on (one None per input without a
- * gradient). out_info is per flattened output. */
-int ag__subx_backward(ag__subx *sx, ag_graph *g, ag__tracer *T, const ag_output_info *out_info,
-                      ag_node **out_nodes, ag_desc **out_descs, int *no, ag_desc **tangent_descs,
-                      int *ntangents);
 /* A copy of the record (NULL without a state); 0 or AG_ENOMEM. */
 int ag__subx_finish(ag__subx *sx, ag__subx_info **info);
 void ag__subx_free(ag__subx *sx); /* NULL: no-op */

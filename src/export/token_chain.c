@@ -15,6 +15,7 @@
  * swaps the token map before autograd.grad): its token is discovered when the backward's first
  * effect runs, as upstream's tangents_token placeholder. */
 #include "token_chain.h"
+#include "export_wrappers.h"
 
 #include <stddef.h>
 #include <stdio.h>
@@ -98,3 +99,89 @@ int ag__export_tokens_outputs(const ag__export_tokens *tk, bool backward, ag_nod
     descs[0] = backward ? ag_desc_backward_token_output(0) : ag_desc_forward_token_output(0);
     return descs[0] ? 1 : AG_ENOMEM;
 }
+
+/* ---- the export's wrapper (export_wrappers.h) ----
+ * Effect tokens (upstream's handle_effect_tokens_fn): the forward's chain from the start, the
+ * backward's from the backward's start; the final tokens are the first forward outputs and the
+ * last backward outputs; the forward token is the first primal. Its slot holds the chains. */
+static int tokens_begin(ag__export_pass *st, void **self) {
+    ag__export_tokens *tk = ag__calloc(1, sizeof *tk);
+    if (!tk)
+        return AG_ENOMEM;
+    *self = tk;
+    ag__export_tokens_init(tk, st->g, st->np);
+    ag__tracer_set_token_chain(st->T, &tk->fw);
+    return 0;
+}
+
+static int tokens_outputs(ag__export_pass *st, void **self, ag_section sec) {
+    bool backward = sec == AG_SEC_OUT_BW_TOKENS;
+    if (!backward && sec != AG_SEC_OUT_FW_TOKENS)
+        return 0;
+    ag_node *node;
+    ag_desc *desc;
+    int n = ag__export_tokens_outputs(*self, backward, &node, &desc);
+    if (n > 0 && (n = ag__export_out(st, sec, node, desc, NULL)) == 0)
+        n = 1;
+    if (n < 0)
+        return n;
+    if (!backward)
+        st->nfw_tokens = n;
+    else
+        st->nbw_tokens = n;
+    for (int k = 0; backward && k < n; k++) { /* tangents_token: the last tangent placeholder */
+        ag_desc *d = ag_desc_backward_token_input(k);
+        int rc = d ? ag__export_tangent(st, d) : AG_ENOMEM;
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+static int tokens_backward(ag__export_pass *st, void **self) {
+    ag__tracer_set_token_chain(st->T, &((ag__export_tokens *)*self)->bw);
+    return 0;
+}
+
+/* The forward tokens are the first primals: their descriptors and (empty) input facts go in
+ * front of the flat inputs'. */
+static int tokens_finish(ag__export_pass *st, void **self) {
+    (void)self;
+    int n = st->nfw_tokens, np = st->np;
+    if (n == 0)
+        return 0;
+    ag_desc **d = ag__calloc((size_t)(np + n), sizeof *d);
+    ag_input_info *info = ag__calloc((size_t)(np + n), sizeof *info);
+    if (!d || !info) {
+        ag__free(d);
+        ag__free(info);
+        return AG_ENOMEM;
+    }
+    memcpy(d + n, st->primal_descs, sizeof *d * (size_t)np);
+    memcpy(info + n, st->in_info, sizeof *info * (size_t)np);
+    ag__free(st->primal_descs);
+    ag__free(st->in_info);
+    st->primal_descs = d;
+    st->in_info = info;
+    st->np = np + n;
+    for (int i = 0; i < n; i++)
+        if (!(d[i] = ag_desc_forward_token_input(i)))
+            return AG_ENOMEM;
+    return 0;
+}
+
+static void tokens_end(ag__export_pass *st, void **self) {
+    if (st->T)
+        ag__tracer_set_token_chain(st->T, NULL);
+    ag__free(*self);
+    *self = NULL;
+}
+
+const ag__export_wrapper ag__effect_tokens_wrapper = {
+    .name = "effect_tokens",
+    .begin = tokens_begin,
+    .outputs = tokens_outputs,
+    .backward = tokens_backward,
+    .finish = tokens_finish,
+    .end = tokens_end,
+};

@@ -1,5 +1,6 @@
-/* Effect tokens of the joint export (export/token_chain.c, used by export.c): the forward's and the
- * backward's token chains, their placeholders and their final tokens. */
+/* Effect tokens of the joint export (export/token_chain.c, used by its wrapper there,
+ * ag__effect_tokens_wrapper): the forward's and the backward's token chains, their placeholders
+ * and their final tokens. */
 #ifndef AG_EXPORT_EFFECTS_INTERNAL_H
 #define AG_EXPORT_EFFECTS_INTERNAL_H
 
