@@ -46,13 +46,13 @@ const ag_treespec *ag_joint_out_spec(const ag_joint *j) { return j ? j->out_spec
 /* Static inputs: the primals of parameters and buffers that are primals of their own (not
  * merged into a base, not removed as duplicates), in primal order, after the effect tokens. */
 static int static_inputs(const ag_joint *j, int want) {
-    int n = 0;
-    for (int p = 0; p < j->nprimals - j->nfw_tokens; p++) {
+    int n = 0, ntok = ag__joint_ntok(j);
+    for (int p = 0; p < j->nprimals - ntok; p++) {
         bool is_static = false;
         for (int i = 0; i < j->npb_flat && !is_static; i++)
             is_static = j->alias.flat[i].kind == AG__FLAT_PRIMAL && j->alias.flat[i].primal == p;
         if (is_static && n++ == want)
-            return j->nfw_tokens + p;
+            return ntok + p;
     }
     return want < 0 ? n : -1;
 }
@@ -103,15 +103,7 @@ void ag_joint_free(ag_joint *j) {
     ag_treespec_release(j->out_spec);
     ag__free(j->in_info);
     ag__free(j->out_info);
-    for (int i = 0; i < j->nprimals; i++)
-        ag_desc_release(j->primal_descs ? j->primal_descs[i] : NULL);
-    for (int i = 0; i < j->ntangents + j->nbw_tokens; i++)
-        ag_desc_release(j->tangent_descs ? j->tangent_descs[i] : NULL);
-    ag__free(j->primal_descs);
-    ag__free(j->tangent_descs);
     ag__joint_alias_clear(&j->alias);
-    for (int i = 0; i < j->nrng; i++)
-        ag_desc_release(j->rng_descs[i]);
     ag__subx_info_release(j->subclass);
     ag__free(j);
 }
@@ -132,15 +124,18 @@ int ag_joint_set_graph(ag_joint *j, ag_graph *g) {
         ag_graph_free(g);
         return nph;
     }
-    int nt = j->ntangents + j->nbw_tokens;
-    if (nph != j->nprimals + nt + j->nrng)
+    /* The placeholders must carry the current graph's descriptors, in its order. */
+    ag_node **cur;
+    int ncur = ag_graph_placeholders(j->g, &cur);
+    if (ncur >= 0 && nph != ncur)
         rc = ag__err(AG_EINVAL, "joint_set_graph: the graph has %d placeholders; the calling "
-                                "convention has %d primals and %d tangents%s", nph, j->nprimals,
-                     nt, j->nrng ? " and the philox seeds and offsets" : "");
+                                "convention has %d (%d primals, %d tangents, %d philox seeds and "
+                                "offsets); ag_joint_update takes a changed convention",
+                     nph, ncur, ag_joint_num_primals(j), ag_joint_num_tangents(j),
+                     count(j, AG_SEC_IN_FW_RNG) + count(j, AG_SEC_IN_BW_RNG));
     for (int i = 0; rc == 0 && i < nph; i++) {
         ag_desc *d = ag_node_desc(ph[i]);
-        int t = i - j->nprimals;
-        ag_desc *want = t < 0 ? j->primal_descs[i] : t < nt ? j->tangent_descs[t] : j->rng_descs[t - nt];
+        ag_desc *want = ag_node_desc(cur[i]);
         char a[256], b[256];
         if (!d)
             rc = ag__err(AG_EINVAL, "joint_set_graph: placeholder %s has no descriptor",
@@ -174,27 +169,20 @@ static ag_treespec *make_in_spec(int nlist, const char *const *kw, int nkw);
 
 /* The new primal state of an update: descriptors, facts and static inputs of g's primals. */
 typedef struct update_state {
-    ag_desc **primal_descs, **tangent_descs, *rng_descs[4];
+    ag_desc **primal_descs; /* borrowed from the new graph's placeholders */
     ag_input_info *in_info;
     char **params, **buffers;
-    int nprimals, nparams, nbuffers, nrng;
+    int nprimals, nparams, nbuffers;
     ag_treespec *in_spec;
     ag__joint_alias alias;
 } update_state;
 
-static void update_state_clear(update_state *u, int ntangents) {
-    for (int i = 0; u->primal_descs && i < u->nprimals; i++)
-        ag_desc_release(u->primal_descs[i]);
-    for (int i = 0; u->tangent_descs && i < ntangents; i++)
-        ag_desc_release(u->tangent_descs[i]);
-    for (int i = 0; i < u->nrng; i++)
-        ag_desc_release(u->rng_descs[i]);
+static void update_state_clear(update_state *u) {
     for (int i = 0; u->params && i < u->nparams; i++)
         ag__free(u->params[i]);
     for (int i = 0; u->buffers && i < u->nbuffers; i++)
         ag__free(u->buffers[i]);
     ag__free(u->primal_descs);
-    ag__free(u->tangent_descs);
     ag__free(u->in_info);
     ag__free(u->params);
     ag__free(u->buffers);
@@ -229,11 +217,13 @@ static int update_primals(const ag_joint *j, const ag_graph *g, const ag_layout 
     u->buffers = ag__calloc((size_t)pr->count + 1, sizeof(char *));
     if (!u->primal_descs || !u->in_info || !u->params || !u->buffers)
         return AG_ENOMEM;
+    ag_node **oph; /* the current graph's: the export's primals */
+    ag_graph_placeholders(j->g, &oph);
     bool same = np == j->nprimals;
     for (int i = 0; i < np; i++) {
         ag_desc *d = ag_node_desc(ph[i]);
-        u->primal_descs[i] = ag_desc_retain(d);
-        same = same && ag_desc_equal(d, j->primal_descs[i]);
+        u->primal_descs[i] = d;
+        same = same && ag_desc_equal(d, ag_node_desc(oph[i]));
     }
     bool plain_alias = !j->subclass;
     for (int f = 0; f < j->alias.nflat; f++)
@@ -248,7 +238,7 @@ static int update_primals(const ag_joint *j, const ag_graph *g, const ag_layout 
         const ag_desc *d = u->primal_descs[i];
         int old = -1;
         for (int k = 0; k < j->nprimals && old < 0; k++)
-            old = ag_desc_equal(d, j->primal_descs[k]) ? k : -1;
+            old = ag_desc_equal(d, ag_node_desc(oph[k])) ? k : -1;
         if (old >= 0) {
             u->in_info[i] = j->in_info[old];
         } else {
@@ -306,7 +296,7 @@ static int update_primals(const ag_joint *j, const ag_graph *g, const ag_layout 
     const ag_treespec *kw = ag_treespec_child(j->in_spec, 1);
     int nkw = ag_treespec_num_children(kw), nplain_old = 0, nplain = 0;
     for (int k = 0; k < j->nprimals; k++)
-        nplain_old += ag_desc_kind_of(j->primal_descs[k]) == AG_DESC_PLAIN_INPUT;
+        nplain_old += ag_desc_kind_of(ag_node_desc(oph[k])) == AG_DESC_PLAIN_INPUT;
     for (int k = 0; k < np; k++)
         nplain += ag_desc_kind_of(u->primal_descs[k]) == AG_DESC_PLAIN_INPUT;
     if (nplain != nplain_old)
@@ -328,53 +318,36 @@ int ag_joint_update(ag_joint *j, ag_graph *g) {
     int rc = ag_graph_verify(g);
     if (rc == 0)
         rc = ag_graph_layout(g, 0, &L);
-    if (rc == 0 && ag_layout_count(&L, AG_SEC_IN_FW_TOKENS) != j->nfw_tokens)
+    if (rc == 0 && ag_layout_count(&L, AG_SEC_IN_FW_TOKENS) != ag__joint_ntok(j))
         rc = ag__err(AG_ENOTSUP, "joint_update: a transform may not add or drop effect tokens");
     if (rc == 0)
         rc = update_primals(j, g, &L, &u);
-    int nt = ag_layout_count(&L, AG_SEC_IN_TANGENTS) + ag_layout_count(&L, AG_SEC_IN_BW_TOKENS);
-    ag_node **ph;
-    if (rc == 0 && ag_graph_placeholders(g, &ph) >= 0 &&
-        !(u.tangent_descs = ag__calloc((size_t)nt + 1, sizeof *u.tangent_descs)))
-        rc = AG_ENOMEM;
-    for (int t = 0; rc == 0 && t < nt; t++)
-        u.tangent_descs[t] = ag_desc_retain(ag_node_desc(ph[L.sec[AG_SEC_IN_TANGENTS].start + t]));
-    for (int s = AG_SEC_IN_FW_RNG; rc == 0 && s <= AG_SEC_IN_BW_RNG; s++)
-        for (int k = 0; k < L.sec[s].count && u.nrng < 4; k++)
-            u.rng_descs[u.nrng++] = ag_desc_retain(ag_node_desc(ph[L.sec[s].start + k]));
     if (rc == 0 && ag_layout_count(&L, AG_SEC_OUT_USER) != j->nuser_out)
         rc = ag__err(AG_ENOTSUP, "joint_update: the graph returns %d user outputs; the joint's "
                                  "out_spec has %d", ag_layout_count(&L, AG_SEC_OUT_USER),
                      j->nuser_out);
     if (rc) {
-        update_state_clear(&u, nt);
+        update_state_clear(&u);
         ag_graph_free(g);
         return rc;
     }
-    /* Nothing can fail from here: the joint takes the new state. */
-    update_state old = {j->primal_descs, j->tangent_descs, {0}, j->in_info, j->params,
-                        j->buffers, j->nprimals, j->nparams, j->nbuffers, j->nrng, NULL, j->alias};
-    memcpy(old.rng_descs, j->rng_descs, sizeof old.rng_descs);
+    /* Nothing can fail from here: the joint takes the new state (the counts and descriptors of
+     * tangents, tokens and philox inputs are the new graph's layout). */
+    update_state old = {NULL, j->in_info, j->params, j->buffers,
+                        j->nprimals, j->nparams, j->nbuffers, NULL, j->alias};
     if (u.in_spec) {
         old.in_spec = j->in_spec;
         j->in_spec = u.in_spec;
     }
-    update_state_clear(&old, j->ntangents + j->nbw_tokens);
-    j->primal_descs = u.primal_descs;
-    j->tangent_descs = u.tangent_descs;
-    memcpy(j->rng_descs, u.rng_descs, sizeof j->rng_descs);
+    update_state_clear(&old);
     j->in_info = u.in_info;
     j->params = u.params;
     j->buffers = u.buffers;
     j->nprimals = u.nprimals;
     j->nparams = u.nparams;
     j->nbuffers = u.nbuffers;
-    j->nrng = u.nrng;
     j->alias = u.alias;
-    j->ntangents = ag_layout_count(&L, AG_SEC_IN_TANGENTS);
-    j->nbw_tokens = ag_layout_count(&L, AG_SEC_IN_BW_TOKENS);
-    j->rng_fw_out = ag_layout_count(&L, AG_SEC_OUT_FW_RNG_OFFSET) > 0;
-    j->nmutated = ag_layout_count(&L, AG_SEC_OUT_MUTATIONS);
+    ag__free(u.primal_descs); /* (borrowed descriptors) */
     j->needs_autograd = ag_layout_count(&L, AG_SEC_OUT_GRADS) > 0;
     j->npb_flat = j->subclass ? j->npb_flat : u.nparams + u.nbuffers;
     ag_graph_free(j->g);
@@ -751,28 +724,15 @@ static void pass_clear(ag__export_pass *st) {
 /* The joint takes the pass's graph facts; then its layout, dead code removed, decompositions. */
 static int joint_take(ag_joint *j, ag__export_pass *st) {
     j->nprimals = st->np;
-    j->primal_descs = st->primal_descs;
     j->in_info = st->in_info;
     j->nuser_out = st->nouts;
     j->out_info = st->out_info;
     j->needs_autograd = st->needs_autograd;
-    j->nmutated = st->nmutated;
-    j->tangent_descs = st->tangent_descs;
-    j->ntangents = st->ntangent_descs - st->nbw_tokens;
-    j->nfw_tokens = st->nfw_tokens;
-    j->nbw_tokens = st->nbw_tokens;
-    j->nmetamut = st->alias.nmetadata_mutations;
-    j->ninter = st->alias.nintermediate_bases;
     j->alias = st->alias;
-    j->nrng = st->nrng;
-    memcpy(j->rng_descs, st->rng_descs, sizeof j->rng_descs);
-    j->rng_fw_out = st->rng_fw_out;
     j->subclass = st->subclass;
     j->npb_flat = st->npb_flat;
-    st->primal_descs = st->tangent_descs = NULL;
     st->in_info = NULL;
     st->out_info = NULL;
-    st->ntangent_descs = st->nrng = 0;
     memset(&st->alias, 0, sizeof st->alias);
     st->subclass = NULL;
     if (ag_graph_layout(j->g, 0, &j->layout) || ag_graph_dce(j->g) < 0)
@@ -942,7 +902,7 @@ int ag_joint_flat_input_primal(const ag_joint *j, int flat) {
         return -1;
     if (flat < 0 || flat >= j->alias.nflat || j->alias.flat[flat].primal < 0)
         return -1;
-    return j->nfw_tokens + j->alias.flat[flat].primal;
+    return ag__joint_ntok(j) + j->alias.flat[flat].primal;
 }
 
 int ag_joint_primals_from_flat(const ag_joint *j, ag_tensor *const *flat, int nflat,
@@ -968,7 +928,7 @@ int ag_joint_primals_from_flat(const ag_joint *j, ag_tensor *const *flat, int nf
     for (int p = 0; rc == 0 && p < j->nprimals; p++)
         pm[p] = *ag_node_val(ph[p], 0);
     /* Effect tokens first: empty tensors, as upstream's EffectTokensWrapper feeds. */
-    int ntok = j->nfw_tokens;
+    int ntok = ag__joint_ntok(j);
     for (int p = 0; rc == 0 && p < ntok; p++) {
         ag_scope_begin();
         primals[p] = ag_tensor_keep(ag_empty(AG_F32, 1, (int64_t[]){0}));

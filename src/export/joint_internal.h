@@ -7,30 +7,29 @@
 #include "alias.h"
 #include "subclass_flatten.h"
 
+/* The counts and descriptors of the convention's sections (tokens, tangents, philox inputs,
+ * mutation and extra outputs) are the graph's: read them from `layout`, never keep copies. */
 struct ag_joint {
     ag_graph *g;
     ag_layout layout; /* read from g's descriptors (layout.c) whenever g is set */
     char **params, **buffers;
     int nparams, nbuffers;
     ag_treespec *in_spec, *out_spec;
-    int nprimals, ntangents, nuser_out, nmutated;
+    int nprimals;          /* in_info's length: forward tokens and primals */
+    int nuser_out;         /* out_info's length */
     ag_input_info *in_info;
     ag_output_info *out_info;
     bool needs_autograd;
-    ag_desc **primal_descs;     /* for ag_joint_set_graph's checks */
-    ag_desc **tangent_descs;    /* tangents, then backward tokens */
-    int nfw_tokens, nbw_tokens; /* effect tokens (effects.c): first primals, last tangents */
-    int nmetamut, ninter;       /* extra forward outputs (alias.c) */
-    ag__joint_alias alias;      /* flat inputs -> primals, aliasing outputs (alias.c) */
-    /* RNG functionalization (rng.c): the philox placeholders after the tangents and backward
-     * tokens, and whether the forward returns its updated offset (before the grads). */
-    int nrng;
-    ag_desc *rng_descs[4];
-    bool rng_fw_out;
-    /* Tensor subclasses flattened (subclass.c), or NULL; the flat inputs that are parameters
-     * and buffers (their inner tensors when flattened). */
+    ag__joint_alias alias; /* flat inputs -> primals, aliasing outputs (alias.c) */
+    /* Tensor subclasses flattened (subclass_flatten.c), or NULL; the flat inputs that are
+     * parameters and buffers (their inner tensors when flattened). */
     ag__subx_info *subclass;
     int npb_flat;
 };
+
+/* The forward effect tokens: the first primals. */
+static inline int ag__joint_ntok(const ag_joint *j) {
+    return j->layout.sec[AG_SEC_IN_FW_TOKENS].count;
+}
 
 #endif

@@ -86,11 +86,11 @@ static int refuse_subclasses(const ag_joint *j, const char *fn) {
                        "flattening is not in the saved format); save a joint of "
                        "plain tensors",
                        fn);
-    if (j->alias.nuser != j->nuser_out || j->alias.nprimals != j->nprimals - j->nfw_tokens)
+    if (j->alias.nuser != j->nuser_out || j->alias.nprimals != j->nprimals - ag__joint_ntok(j))
         return ag__err(AG_EINVAL,
                        "%s: the joint's aliasing facts cover %d primals and %d "
                        "outputs, its graph has %d and %d",
-                       fn, j->alias.nprimals, j->alias.nuser, j->nprimals - j->nfw_tokens,
+                       fn, j->alias.nprimals, j->alias.nuser, j->nprimals - ag__joint_ntok(j),
                        j->nuser_out);
     return 0;
 }
@@ -898,36 +898,13 @@ static int check_facts(const ag_joint *j, const lines *L, const char *fn) {
 /* The descriptors and counts the joint keeps, from the layout (as the export sets them). */
 static int take_layout(ag_joint *j, const char *fn) {
     const ag_layout *lay = &j->layout;
-    ag_node **ph;
-    if (ag_graph_placeholders(j->g, &ph) < 0)
-        return ag_last_status();
-    j->nfw_tokens = ag_layout_count(lay, AG_SEC_IN_FW_TOKENS);
-    j->ntangents = ag_layout_count(lay, AG_SEC_IN_TANGENTS);
-    j->nbw_tokens = ag_layout_count(lay, AG_SEC_IN_BW_TOKENS);
-    j->nmutated = ag_layout_count(lay, AG_SEC_OUT_MUTATIONS);
-    j->nmetamut = ag_layout_count(lay, AG_SEC_OUT_METADATA_MUTATIONS);
-    j->ninter = ag_layout_count(lay, AG_SEC_OUT_INTERMEDIATE_BASES);
-    j->rng_fw_out = ag_layout_count(lay, AG_SEC_OUT_FW_RNG_OFFSET) > 0;
     j->npb_flat = j->nparams + j->nbuffers;
-    int nt = j->ntangents + j->nbw_tokens;
-    j->primal_descs = ag__calloc((size_t)j->nprimals + 1, sizeof *j->primal_descs);
-    j->tangent_descs = ag__calloc((size_t)nt + 1, sizeof *j->tangent_descs);
-    if (!j->primal_descs || !j->tangent_descs)
-        return AG_ENOMEM;
-    for (int i = 0; i < j->nprimals; i++)
-        j->primal_descs[i] = ag_desc_retain(ag_node_desc(ph[i]));
-    int t0 = ag_layout_start(lay, AG_SEC_IN_TANGENTS);
-    for (int i = 0; i < nt; i++)
-        j->tangent_descs[i] = ag_desc_retain(ag_node_desc(ph[t0 + i]));
-    int r0 = ag_layout_start(lay, AG_SEC_IN_FW_RNG);
     int nrng = ag_layout_count(lay, AG_SEC_IN_FW_RNG) + ag_layout_count(lay, AG_SEC_IN_BW_RNG);
     if (nrng > 4)
         return ag__err(AG_EFORMAT,
                        "%s: the graph has %d philox seed and offset inputs, at most 4 "
                        "(a seed and an offset for each side)",
                        fn, nrng);
-    for (; j->nrng < nrng; j->nrng++)
-        j->rng_descs[j->nrng] = ag_desc_retain(ag_node_desc(ph[r0 + j->nrng]));
     return 0;
 }
 
