@@ -21,10 +21,27 @@
  * calling the ops on the meta tensors with grad mode off; they take the random op's seq_nr. The
  * op's outputs (dropout's mask included, which its autograd node saves) are bound to them, so
  * native_dropout's backward rule reads the mask node. Any other random op is refused. */
-#include "rng_functionalize.h"
+#include "../graph/graph_internal.h"
 #include "export_wrappers.h"
 
 #include <stdio.h>
+
+typedef struct ag__rng_fn ag__rng_fn;
+
+/* Installs RNG functionalization on tracer T, which traces into g. NULL when out of memory. */
+static ag__rng_fn *ag__rng_begin(ag__tracer *T, ag_graph *g);
+/* Draws from now on belong to the backward (upstream's mark_beginning_of_backward). */
+static void ag__rng_mark_backward(ag__rng_fn *R);
+/* When the forward (backward) side drew: traces its updated offset add(base_offset, total) and
+ * stores the node and a new descriptor reference; returns 1. Returns 0 when the side drew
+ * nothing, a negative status on failure. */
+static int ag__rng_updated_offset(ag__rng_fn *R, bool backward, ag_node **node, ag_desc **desc);
+/* Moves the philox placeholders behind every other placeholder, in the order fwd_seed,
+ * fwd_base_offset, bwd_seed, bwd_base_offset, and stores their descriptors (new references)
+ * in descs[0..4); returns how many there are. */
+static int ag__rng_finish(ag__rng_fn *R, ag_desc **descs);
+/* Frees the state (call it once the tracer has ended); NULL is a no-op. */
+static void ag__rng_free(ag__rng_fn *R);
 
 typedef struct rng_side {
     ag_node *seed_ph, *offset_ph; /* placeholders, made at the side's first draw */
@@ -175,7 +192,7 @@ static int random_hook(void *ud, const ag_op *op, const ag_arg *args, int nargs,
     return rc;
 }
 
-ag__rng_fn *ag__rng_begin(ag__tracer *T, ag_graph *g) {
+static ag__rng_fn *ag__rng_begin(ag__tracer *T, ag_graph *g) {
     ag__rng_fn *R = ag__calloc(1, sizeof *R);
     if (!R)
         return NULL;
@@ -185,11 +202,11 @@ ag__rng_fn *ag__rng_begin(ag__tracer *T, ag_graph *g) {
     return R;
 }
 
-void ag__rng_mark_backward(ag__rng_fn *R) {
+static void ag__rng_mark_backward(ag__rng_fn *R) {
     R->backward = true;
 }
 
-int ag__rng_updated_offset(ag__rng_fn *R, bool backward, ag_node **node, ag_desc **desc) {
+static int ag__rng_updated_offset(ag__rng_fn *R, bool backward, ag_node **node, ag_desc **desc) {
     rng_side *S = &R->side[backward];
     *node = NULL;
     *desc = NULL;
@@ -211,7 +228,7 @@ int ag__rng_updated_offset(ag__rng_fn *R, bool backward, ag_node **node, ag_desc
     return 1;
 }
 
-int ag__rng_finish(ag__rng_fn *R, ag_desc **descs) {
+static int ag__rng_finish(ag__rng_fn *R, ag_desc **descs) {
     ag_node **ph;
     int nph = ag_graph_placeholders(R->g, &ph);
     if (nph < 0)
@@ -233,7 +250,7 @@ int ag__rng_finish(ag__rng_fn *R, ag_desc **descs) {
     return n;
 }
 
-void ag__rng_free(ag__rng_fn *R) {
+static void ag__rng_free(ag__rng_fn *R) {
     if (!R)
         return;
     for (int s = 0; s < 2; s++) {

@@ -32,6 +32,44 @@
 
 #include <stdio.h>
 
+typedef struct ag__subx ag__subx;
+
+/* Looks at the outer inputs (params, buffers, args, kwargs); when one is a subclass instance,
+ * *sx becomes the flattening state, else NULL. 0 or a negative status. */
+static int ag__subx_begin(ag__subx **sx, const ag_named_tensors *ps, const ag_named_tensors *bs,
+                   ag_tensor *const *args, int nargs, ag_tensor *const *kwargs, int nkwargs);
+static int ag__subx_num_flat(const ag__subx *sx);
+/* Flattened primal i: its plain tensor (borrowed) and, in *desc, a new reference to its
+ * descriptor. */
+static ag_tensor *ag__subx_flat(const ag__subx *sx, int i, ag_desc **desc);
+static bool ag__subx_flat_requires_grad(const ag__subx *sx, int i); /* its outer input's, if float */
+/* Whether flattened input i is an inner tensor of a subclass instance (not a plain input). */
+static bool ag__subx_flat_is_inner(const ag__subx *sx, int i);
+/* Starts an export pass: inner[] holds the pass's tensors for the flattened inputs (the
+ * alias plan's, bound to the placeholders); the outer inputs are rebuilt from them (instances
+ * rewrapped, requires_grad as the caller's), the module's parameters and buffers replaced by
+ * theirs until ag__subx_pass_end, and *user receives the outer user inputs to call the forward
+ * with. */
+static int ag__subx_pass_begin(ag__subx *sx, ag_module *m, ag_tensor *const *inner, ag_tensor ***user);
+/* Ends the pass: the module's tensors are restored and the pass's outer inputs and outputs
+ * dropped (the input flattening stays for the next pass). */
+static void ag__subx_pass_end(ag__subx *sx, ag_module *m);
+/* Whether the state was made by ag__subx_outputs for plain inputs (freed after its pass). */
+static bool ag__subx_pass_owned(const ag__subx *sx);
+static int ag__subx_num_static(const ag__subx *sx); /* flattened inputs from params and buffers */
+/* After the forward: replaces the outer outputs outs[0..nouts) by their flattened plain
+ * tensors (the state keeps the outer ones) and returns the new count, or a negative status.
+ * Creates the state when the inputs were plain but an output is a subclass (the flat primals
+ * are then the outer inputs: flat/flat_descs, nstatic of them from params and buffers). */
+static int ag__subx_outputs(ag__subx **sx, ag_tensor **outs, int nouts, int max_out,
+                     ag_tensor *const *flat, ag_desc *const *flat_descs, int nflat, int nstatic);
+static bool ag__subx_out_requires_grad(const ag__subx *sx, int k); /* flattened output k's outer's */
+static ag_desc *ag__subx_out_desc(const ag__subx *sx, int k);      /* new reference */
+static ag_desc *ag__subx_mutation_desc(const ag__subx *sx, int i); /* of flattened primal i; new */
+/* A copy of the record (NULL without a state); 0 or AG_ENOMEM. */
+static int ag__subx_finish(ag__subx *sx, ag__subx_info **info);
+static void ag__subx_free(ag__subx *sx); /* NULL: no-op */
+
 struct ag__subx {
     /* outer inputs */
     int nin;
@@ -68,7 +106,7 @@ static void metas_free(ag__scmeta *m, int n) {
     ag__free(m);
 }
 
-void ag__subx_free(ag__subx *sx) {
+static void ag__subx_free(ag__subx *sx) {
     if (!sx)
         return;
     for (int i = 0; sx->in_desc && i < sx->nin; i++)
@@ -116,7 +154,7 @@ ag__subx_info *ag__subx_info_retain(ag__subx_info *info) {
     return info;
 }
 
-int ag__subx_finish(ag__subx *sx, ag__subx_info **out) {
+static int ag__subx_finish(ag__subx *sx, ag__subx_info **out) {
     *out = NULL;
     if (!sx)
         return 0;
@@ -210,7 +248,7 @@ static int subx_new(ag__subx **out, ag_tensor *const *in, ag_desc **descs, int n
     return 0;
 }
 
-int ag__subx_begin(ag__subx **sx, const ag_named_tensors *ps, const ag_named_tensors *bs,
+static int ag__subx_begin(ag__subx **sx, const ag_named_tensors *ps, const ag_named_tensors *bs,
                    ag_tensor *const *args, int nargs, ag_tensor *const *kwargs, int nkwargs) {
     *sx = NULL;
     int n = ps->n + bs->n + nargs + nkwargs;
@@ -258,28 +296,28 @@ int ag__subx_begin(ag__subx **sx, const ag_named_tensors *ps, const ag_named_ten
     return rc;
 }
 
-int ag__subx_num_flat(const ag__subx *sx) {
+static int ag__subx_num_flat(const ag__subx *sx) {
     return sx->nflat;
 }
 
-ag_tensor *ag__subx_flat(const ag__subx *sx, int i, ag_desc **desc) {
+static ag_tensor *ag__subx_flat(const ag__subx *sx, int i, ag_desc **desc) {
     *desc = ag_desc_retain(sx->flat_desc[i]);
     return sx->flat[i];
 }
 
-bool ag__subx_flat_requires_grad(const ag__subx *sx, int i) {
+static bool ag__subx_flat_requires_grad(const ag__subx *sx, int i) {
     const ag_tensor *o = sx->in[sx->flat_of[i]];
     return ag_tensor_requires_grad(o) && ag_dtype_is_float(ag_tensor_dtype(o)) &&
            ag_dtype_is_float(ag_tensor_dtype(sx->flat[i]));
 }
 
-bool ag__subx_flat_is_inner(const ag__subx *sx, int i) {
+static bool ag__subx_flat_is_inner(const ag__subx *sx, int i) {
     return sx->in_meta[sx->flat_of[i]].type != NULL;
 }
 
 /* ---- one export pass ---- */
 
-int ag__subx_pass_begin(ag__subx *sx, ag_module *m, ag_tensor *const *inner, ag_tensor ***user) {
+static int ag__subx_pass_begin(ag__subx *sx, ag_module *m, ag_tensor *const *inner, ag_tensor ***user) {
     int rc = 0;
     for (int o = 0; o < sx->nin && rc == 0; o++) {
         const ag__scmeta *mt = &sx->in_meta[o];
@@ -309,7 +347,7 @@ int ag__subx_pass_begin(ag__subx *sx, ag_module *m, ag_tensor *const *inner, ag_
     return rc;
 }
 
-void ag__subx_pass_end(ag__subx *sx, ag_module *m) {
+static void ag__subx_pass_end(ag__subx *sx, ag_module *m) {
     for (int o = sx->nstatic_outer - 1; o >= 0; o--) { /* reversed: tied names restore last */
         if (sx->swapped[o] && m) {
             bool param = o < sx->ps->n;
@@ -339,16 +377,16 @@ void ag__subx_pass_end(ag__subx *sx, ag_module *m) {
     sx->nout = sx->nout_flat = 0;
 }
 
-bool ag__subx_pass_owned(const ag__subx *sx) {
+static bool ag__subx_pass_owned(const ag__subx *sx) {
     return sx && sx->pass_owned;
 }
-int ag__subx_num_static(const ag__subx *sx) {
+static int ag__subx_num_static(const ag__subx *sx) {
     return sx->nstatic;
 }
 
 /* ---- outputs ---- */
 
-int ag__subx_outputs(ag__subx **sxp, ag_tensor **outs, int nouts, int max_out,
+static int ag__subx_outputs(ag__subx **sxp, ag_tensor **outs, int nouts, int max_out,
                      ag_tensor *const *flat, ag_desc *const *flat_descs, int nflat, int nstatic) {
     bool any = false;
     for (int k = 0; k < nouts; k++)
@@ -415,15 +453,15 @@ int ag__subx_outputs(ag__subx **sxp, ag_tensor **outs, int nouts, int max_out,
     return nf;
 }
 
-bool ag__subx_out_requires_grad(const ag__subx *sx, int k) {
+static bool ag__subx_out_requires_grad(const ag__subx *sx, int k) {
     return ag_tensor_requires_grad(sx->out[sx->oflat_of[k]]);
 }
 
-ag_desc *ag__subx_out_desc(const ag__subx *sx, int k) {
+static ag_desc *ag__subx_out_desc(const ag__subx *sx, int k) {
     return ag_desc_retain(sx->oflat_desc[k]);
 }
 
-ag_desc *ag__subx_mutation_desc(const ag__subx *sx, int i) {
+static ag_desc *ag__subx_mutation_desc(const ag__subx *sx, int i) {
     int o = sx->flat_of[i];
     ag_desc *base = ag_desc_input_mutation(sx->in_desc[o]);
     ag_desc *all[64] = {0}, *r = NULL;

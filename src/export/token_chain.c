@@ -14,11 +14,30 @@
  * effects of a side run in one program order. The backward starts a chain of its own (upstream
  * swaps the token map before autograd.grad): its token is discovered when the backward's first
  * effect runs, as upstream's tangents_token placeholder. */
-#include "token_chain.h"
+#include "../graph/graph_internal.h"
 #include "export_wrappers.h"
 
 #include <stddef.h>
 #include <stdio.h>
+
+typedef struct ag__export_tokens {
+    ag__token_chain fw, bw; /* set on the tracer for the forward, then for the backward */
+    ag_graph *g;
+    int nprimals; /* placeholders before the forward token: its arrival renumbers them */
+} ag__export_tokens;
+
+/* Chains for the export into g, whose nprimals primal placeholders exist already. The forward
+ * token, made on the forward's first effect, becomes the first placeholder primals_1
+ * (ForwardTokenAOTInput(0)) and the other primals shift to primals_2..; the backward token,
+ * made on the backward's first effect, is placeholder tangents_token
+ * (BackwardTokenAOTInput(0), tagged is_backward) after the tangents. Every effectful op shares
+ * one token per chain (one effect key, as upstream's ORDERED effect type). */
+static void ag__export_tokens_init(ag__export_tokens *tk, ag_graph *g, int nprimals);
+/* Stores the chain's final tokens and their output descriptors (ForwardTokenAOTOutput(i) /
+ * BackwardTokenAOTOutput(i), new references) at nodes/descs; returns how many, or a negative
+ * status. */
+static int ag__export_tokens_outputs(const ag__export_tokens *tk, bool backward, ag_node **nodes,
+                              ag_desc **descs);
 
 static const ag_tmeta *token_meta(ag_tmeta *m) {
     ag__tmeta_contiguous(m, AG_F32, 1, (const int64_t[]){0});
@@ -78,7 +97,7 @@ static ag_node *make_backward_token(ag__token_chain *c) {
     return rc == 0 ? t : NULL;
 }
 
-void ag__export_tokens_init(ag__export_tokens *tk, ag_graph *g, int nprimals) {
+static void ag__export_tokens_init(ag__export_tokens *tk, ag_graph *g, int nprimals) {
     memset(tk, 0, sizeof *tk);
     tk->g = g;
     tk->nprimals = nprimals;
@@ -86,11 +105,7 @@ void ag__export_tokens_init(ag__export_tokens *tk, ag_graph *g, int nprimals) {
     tk->bw.make = make_backward_token;
 }
 
-int ag__export_tokens_count(const ag__export_tokens *tk, bool backward) {
-    return (backward ? tk->bw.cur : tk->fw.cur) != NULL;
-}
-
-int ag__export_tokens_outputs(const ag__export_tokens *tk, bool backward, ag_node **nodes,
+static int ag__export_tokens_outputs(const ag__export_tokens *tk, bool backward, ag_node **nodes,
                               ag_desc **descs) {
     ag_node *cur = backward ? tk->bw.cur : tk->fw.cur;
     if (!cur)
