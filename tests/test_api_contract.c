@@ -9,6 +9,10 @@
 #define AG_NO_SITES
 #include "testutil.h"
 
+#include <ctype.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -413,6 +417,41 @@ static long c_ag_joint_free(void) {
 }
 static long c_ag_joint_graph(void) {
     return ag_joint_graph(NULL) == NULL;
+}
+static long c_ag_set_allocator(void) {
+    ag_set_allocator(NULL); /* the default again */
+    return 0;
+}
+static long c_ag_free(void) {
+    ag_free(NULL);
+    return 0;
+}
+static long c_ag_joint_update(void) {
+    return (ag_joint_update)(NULL, NULL);
+}
+static long c_ag_joint_layout(void) {
+    return ag_joint_layout(NULL) == NULL;
+}
+static long c_ag_graph_layout(void) {
+    return (ag_graph_layout)(NULL, 0, NULL);
+}
+static long c_ag_layout_count(void) {
+    return ag_layout_count(NULL, AG_SEC_IN_PRIMALS);
+}
+static long c_ag_layout_start(void) {
+    return ag_layout_start(NULL, AG_SEC_IN_PRIMALS);
+}
+static long c_ag_layout_num_fw_outputs(void) {
+    return ag_layout_num_fw_outputs(NULL);
+}
+static long c_ag_desc_section(void) {
+    return ag_desc_section(NULL);
+}
+static long c_ag_compiler_plan(void) {
+    return (ag_compiler_plan)(NULL, NULL, NULL);
+}
+static long c_ag_compiler_interpreter(void) {
+    return (ag_compiler_interpreter)(NULL, NULL, NULL);
 }
 static long c_ag_joint_set_graph(void) {
     return (ag_joint_set_graph)(NULL, NULL);
@@ -1548,6 +1587,17 @@ static const row rows[] = {
     {"ag_export_joint", 'F', 'R', c_ag_export_joint, NULL},
     {"ag_joint_free", 'A', 'O', c_ag_joint_free, NULL},
     {"ag_joint_graph", 'A', 'R', c_ag_joint_graph, NULL},
+    {"ag_set_allocator", 'N', 'O', c_ag_set_allocator, NULL},
+    {"ag_free", 'N', 'O', c_ag_free, NULL},
+    {"ag_joint_update", 'F', 'I', c_ag_joint_update, NULL},
+    {"ag_joint_layout", 'A', 'R', c_ag_joint_layout, NULL},
+    {"ag_graph_layout", 'F', 'I', c_ag_graph_layout, NULL},
+    {"ag_layout_count", 'A', 'I', c_ag_layout_count, NULL},
+    {"ag_layout_start", 'A', 'I', c_ag_layout_start, NULL},
+    {"ag_layout_num_fw_outputs", 'A', 'I', c_ag_layout_num_fw_outputs, NULL},
+    {"ag_desc_section", 'N', 'O', c_ag_desc_section, NULL},
+    {"ag_compiler_plan", 'F', 'I', c_ag_compiler_plan, NULL},
+    {"ag_compiler_interpreter", 'F', 'I', c_ag_compiler_interpreter, NULL},
     {"ag_joint_set_graph", 'F', 'I', c_ag_joint_set_graph, NULL},
     {"ag_joint_save", 'F', 'I', c_ag_joint_save, NULL},
     {"ag_joint_save_file", 'F', 'I', c_ag_joint_save_file, NULL},
@@ -1952,10 +2002,65 @@ static void test_null_message_form(void **st) {
     assert_int_equal(ag_last_status(), 0);
 }
 
+
+/* Every public function that takes a pointer has a row: the AG_API declarations of
+ * the headers in include/aotgrad, read here, against the table (a new function without a row fails). */
+static bool has_row(const char *name, size_t n) {
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+        if (strlen(rows[i].name) == n && !strncmp(rows[i].name, name, n))
+            return true;
+    return false;
+}
+
+static void test_every_pointer_function_has_a_row(void **st) {
+    (void)st;
+    DIR *d = opendir(AG_SOURCE_DIR "/include/aotgrad");
+    assert_non_null(d);
+    int missing = 0, seen = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        size_t len = strlen(e->d_name);
+        if (len < 3 || strcmp(e->d_name + len - 2, ".h"))
+            continue;
+        char path[1024];
+        snprintf(path, sizeof path, "%s/include/aotgrad/%s", AG_SOURCE_DIR, e->d_name);
+        char *text = tu_read_file(path);
+        assert_non_null(text);
+        for (const char *p = text; (p = strstr(p, "AG_API "));) {
+            p += 7;
+            const char *open = strchr(p, '('), *semi = strchr(p, ';');
+            if (!open || !semi || semi < open)
+                continue;
+            const char *end = open;
+            while (end > p && (end[-1] == ' '))
+                end--;
+            const char *name = end;
+            while (name > p && (isalnum((unsigned char)name[-1]) || name[-1] == '_'))
+                name--;
+            const char *close = strchr(open, ')');
+            bool pointer = false;
+            for (const char *q = open; close && q < close; q++)
+                pointer |= *q == '*';
+            if (strncmp(name, "ag_", 3) || !pointer)
+                continue;
+            seen++;
+            if (!has_row(name, (size_t)(end - name))) {
+                print_error("%s: %.*s has no row in test_api_contract.c\n", e->d_name,
+                            (int)(end - name), name);
+                missing++;
+            }
+        }
+        free(text);
+    }
+    closedir(d);
+    assert_true(seen > 400);
+    assert_int_equal(missing, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_null_arguments),
         cmocka_unit_test(test_null_message_form),
+        cmocka_unit_test(test_every_pointer_function_has_a_row),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -455,6 +455,10 @@ int tu_cli_run(const char *args) {
 char *tu_cli_read(const char *name) {
     char path[128];
     snprintf(path, sizeof path, "%s/%s", cli_dir, name);
+    return tu_read_file(path);
+}
+
+char *tu_read_file(const char *path) {
     FILE *f = fopen(path, "rb");
     assert_non_null(f);
     fseek(f, 0, SEEK_END);

@@ -153,6 +153,8 @@ const char *tu_cli_dir(void);
 int tu_cli_run(const char *args);
 /* The contents of the file `name` of the directory (malloc'd, NUL-terminated). */
 char *tu_cli_read(const char *name);
+/* A whole file's text, NUL-terminated (free() it); fails the test when it cannot be read. */
+char *tu_read_file(const char *path);
 /* Asserts the file `name` of the directory contains needle (tu_cli_has) or not (tu_cli_lacks);
  * a failure prints the file. */
 void tu_cli_has(const char *name, const char *needle);
