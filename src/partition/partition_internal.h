@@ -20,8 +20,8 @@ typedef struct ag__pinfo {
     ag_node *node;
     ag_node_kind kind;
     uint32_t opflags;      /* the op table's flags (calls only) */
-    bool primal;           /* a placeholder whose name lacks "tangents" */
-    bool tangent;          /* a placeholder named tangents* */
+    bool primal;           /* a placeholder the forward takes (by its descriptor's section) */
+    bool tangent;          /* a placeholder the backward takes: tangents, backward tokens and philox */
     bool static_input;     /* a primal that is a parameter or buffer (by descriptor) */
     bool must_fw, must_bw; /* partitioner_tag must_be_in_forward / must_be_in_backward */
     bool req_fw;           /* needed to compute the forward outputs from the primals */
