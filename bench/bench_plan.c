@@ -208,8 +208,7 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "bench_plan: --threads: %s\n", ag_last_error());
                 return 2;
             }
-        }
-        else if (!strcmp(argv[i], "--models") && i + 1 < argc)
+        } else if (!strcmp(argv[i], "--models") && i + 1 < argc)
             models = argv[++i];
         else {
             fprintf(stderr,

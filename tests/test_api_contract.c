@@ -2002,9 +2002,9 @@ static void test_null_message_form(void **st) {
     assert_int_equal(ag_last_status(), 0);
 }
 
-
 /* Every public function that takes a pointer has a row: the AG_API declarations of
- * the headers in include/aotgrad, read here, against the table (a new function without a row fails). */
+ * the headers in include/aotgrad, read here, against the table (a new function without a row
+ * fails). */
 static bool has_row(const char *name, size_t n) {
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
         if (strlen(rows[i].name) == n && !strncmp(rows[i].name, name, n))

@@ -20,7 +20,8 @@ static void test_chain_rule_values(void **st) {
     assert_true(ag_tensor_item(y) == (0.5 - 2 + 6) + (2 - 5 + 12) + 6 * 3);
     assert_int_equal(ag_backward(y, NULL, false), 0);
     /* dx = w broadcast; dw = column sums of x; db = number of elements. */
-    tu_assert_values(ag_tensor_grad(x), 2, (int64_t[]){2, 3}, (double[]){0.5, -1, 2, 0.5, -1, 2}, 0);
+    tu_assert_values(ag_tensor_grad(x), 2, (int64_t[]){2, 3}, (double[]){0.5, -1, 2, 0.5, -1, 2},
+                     0);
     tu_assert_values(ag_tensor_grad(w), 1, (int64_t[]){3}, (double[]){5, 7, 9}, 0);
     tu_assert_values(ag_tensor_grad(b), 1, (int64_t[]){1}, (double[]){6}, 0);
     ag_scope_end();
@@ -107,7 +108,9 @@ static int id_meta(const ag_arg *a, ag_tmeta *o) {
     ag__tmeta_contiguous(o, a[0].u.t->dtype, a[0].u.t->ndim, a[0].u.t->sizes);
     return 0;
 }
-static int id_kernel(const ag_arg *a, ag_tensor **o) { return ag__copy_into(o[0], a[0].u.t); }
+static int id_kernel(const ag_arg *a, ag_tensor **o) {
+    return ag__copy_into(o[0], a[0].u.t);
+}
 static int id_backward(ag_bwctx *c) {
     order_log[order_n++] = (int)c->args[1].u.i;
     c->grad_inputs[0] = c->grad_outputs[0];
@@ -155,8 +158,8 @@ static void test_grad_function(void **st) {
     ag_tensor *u = tu_tensor(AG_F64, 1, (int64_t[]){2}, (double[]){5, 5});
     ag_tensor_set_requires_grad(x, true);
     ag_tensor_set_requires_grad(u, true);
-    ag_tensor *h = ag_mul_scalar(x, 3.0);       /* non-leaf */
-    ag_tensor *y = ag_sum_all(ag_mul(h, h));    /* dy/dh = 2h = 6x, dy/dx = 18x */
+    ag_tensor *h = ag_mul_scalar(x, 3.0);    /* non-leaf */
+    ag_tensor *y = ag_sum_all(ag_mul(h, h)); /* dy/dh = 2h = 6x, dy/dx = 18x */
     ag_tensor *ins[3] = {x, h, u}, *gr[3];
     assert_int_equal(ag_grad(&y, NULL, 1, ins, 3, gr, true, false), AG_EINVAL);
     tu_assert_error_contains("not have been used");

@@ -302,7 +302,7 @@ static void test_aliasing_with_effects(void **st) {
         assert_true(tu_same_bits(ae, ac)); /* row 1 doubled in both */
         assert_false(tu_same_bits(ae, a));
         assert_true(tu_same_bits(ag_tensor_grad(ag_module_param(me, "w")),
-                              ag_tensor_grad(ag_module_param(mc, "w"))));
+                                 ag_tensor_grad(ag_module_param(mc, "w"))));
         ag_scope_end();
         ag_compiled_free(c);
         ag_joint_free(jc);

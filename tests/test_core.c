@@ -214,8 +214,8 @@ static void test_registry_and_schema(void **st) {
         for (int j = i + 1; j < n; j++)
             assert_string_not_equal(ag_op_name(ag_op_at(i)), ag_op_name(ag_op_at(j)));
     /* User ops must be namespaced and cannot shadow built-ins. */
-    static const ag_opdef bad = {.schema = "foo(Tensor x) -> Tensor", .meta = (ag_meta_fn)1,
-                                 .kernel = (ag_kernel_fn)1};
+    static const ag_opdef bad = {
+        .schema = "foo(Tensor x) -> Tensor", .meta = (ag_meta_fn)1, .kernel = (ag_kernel_fn)1};
     assert_null(ag_op_register(&bad));
     tu_assert_error_contains("namespace::name");
     /* Calling with wrong argument kinds names the op and argument. */
@@ -232,7 +232,8 @@ static void test_cost(void **st) {
     (void)st;
     ag_tensor *x = ag_zeros(AG_F32, 2, (int64_t[]){4, 8});
     ag_cost c;
-    assert_int_equal(ag_op_cost(ag_op_find("add.Tensor"), (ag_arg[]){AG_A_T(x), AG_A_T(x)}, 2, &c), 0);
+    assert_int_equal(ag_op_cost(ag_op_find("add.Tensor"), (ag_arg[]){AG_A_T(x), AG_A_T(x)}, 2, &c),
+                     0);
     assert_true(c.flops == 32);
     assert_true(c.bytes == 3 * 32 * 4);
     assert_int_equal(ag_op_cost(ag_op_find("t"), (ag_arg[]){AG_A_T(x)}, 1, &c), 0);

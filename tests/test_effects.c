@@ -115,8 +115,7 @@ static void test_joint_descriptors(void **st) {
     assert_int_equal(tv->dtype, AG_F32);
     assert_int_equal(tv->ndim, 1);
     assert_int_equal(tv->sizes[0], 0);
-    assert_string_equal(ag_node_partitioner_tag(ag_graph_find(g, "tangents_token")),
-                        "is_backward");
+    assert_string_equal(ag_node_partitioner_tag(ag_graph_find(g, "tangents_token")), "is_backward");
 
     /* The effects in program order: forward h, y; backward y's gradient, then h's. */
     assert_string_equal(effects_str(g), "h y y.grad h.grad");

@@ -17,7 +17,8 @@ static void test_shape_messages(void **st) {
     ag_tensor *b = ag_zeros(AG_F32, 2, (int64_t[]){2, 3});
     expect(ag_mm(a, b), "mm: size mismatch: [4, 3] @ [2, 3]");
     expect(ag_add(a, ag_zeros(AG_F32, 1, (int64_t[]){4})), "[4, 3] and [4] cannot be broadcast");
-    expect(ag_bmm(ag_zeros(AG_F32, 3, (int64_t[]){2, 4, 3}), ag_zeros(AG_F32, 3, (int64_t[]){3, 3, 5})),
+    expect(ag_bmm(ag_zeros(AG_F32, 3, (int64_t[]){2, 4, 3}),
+                  ag_zeros(AG_F32, 3, (int64_t[]){3, 3, 5})),
            "bmm");
     expect(ag_sum(a, (int64_t[]){2}, 1, false),
            "Dimension out of range (expected to be in range of [-2, 1], but got 2)");

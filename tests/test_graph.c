@@ -149,8 +149,8 @@ static void test_fx_names(void **st) {
     ag_tensor_free(c);
     assert_string_equal(ag_node_name(c0), "_tensor_constant0");
     assert_string_equal(ag_node_name(c1), "_tensor_constant1");
-    ag_node *ln = CALL(g, "native_layer_norm", AG_GA_N(x), AG_GA_INTS((int64_t[]){3}, 1),
-                       AG_GA_NIL, AG_GA_NIL, AG_GA_F(1e-5));
+    ag_node *ln = CALL(g, "native_layer_norm", AG_GA_N(x), AG_GA_INTS((int64_t[]){3}, 1), AG_GA_NIL,
+                       AG_GA_NIL, AG_GA_F(1e-5));
     ag_node *gi0 = ag_graph_getitem(g, ln, 0, NULL);
     ag_node *gi1 = ag_graph_getitem(g, ln, 1, NULL);
     assert_string_equal(ag_node_name(ln), "native_layer_norm");
@@ -611,8 +611,8 @@ static void test_verify_wrong_meta(void **st) {
     /* A getitem's index and val; a constant's val. */
     ag_graph *g = ag_graph_new();
     ag_node *x = tu_ph(g, "x", TM(AG_F32, 2, 4));
-    ag_node *ln = CALL(g, "native_layer_norm", AG_GA_N(x), AG_GA_INTS((int64_t[]){4}, 1),
-                       AG_GA_NIL, AG_GA_NIL, AG_GA_F(1e-5));
+    ag_node *ln = CALL(g, "native_layer_norm", AG_GA_N(x), AG_GA_INTS((int64_t[]){4}, 1), AG_GA_NIL,
+                       AG_GA_NIL, AG_GA_F(1e-5));
     ag_node *gi = ag_graph_getitem(g, ln, 1, NULL);
     ag_tensor *c = ag_zeros(AG_F32, 1, (int64_t[]){4});
     ag_node *k = ag_graph_get_attr(g, c, NULL);
@@ -631,7 +631,8 @@ static void test_verify_wrong_meta(void **st) {
     gi->args[1].u.i = 1;
     ag_tmeta kv = TM(AG_F32, 5);
     ag_node_set_val(k, 0, &kv);
-    expect_verify_error(g, "verify: %_tensor_constant0: stored val f32[5] but its constant is f32[4]");
+    expect_verify_error(g,
+                        "verify: %_tensor_constant0: stored val f32[5] but its constant is f32[4]");
     ag_graph_free(g);
     ag_graph_free(l.g);
 }
@@ -743,7 +744,7 @@ static void test_dce(void **st) {
     ag_node *ng = CALL(g, "neg", AG_GA_N(r));
     CALL(g, "mul.Tensor", AG_GA_N(ng), AG_GA_N(k)); /* dead chain: mul, neg, relu, constant */
     CALL(g, "add_.Tensor", AG_GA_N(y), AG_GA_N(x)); /* in-place: kept */
-    CALL(g, "exp", AG_GA_N(y));                    /* dead */
+    CALL(g, "exp", AG_GA_N(y));                     /* dead */
     ag_node *eff = ag_graph_call(g, effect_op(), GARGS(AG_GA_N(x)), NULL);
     assert_non_null(eff);
     assert_string_equal(ag_node_name(eff), "effect");
@@ -763,8 +764,8 @@ static void test_dce(void **st) {
     x = tu_ph(g, "x", TM(AG_F32, 2, 3, 2, 2));
     ag_node *rm = tu_ph(g, "running_mean", TM(AG_F32, 3));
     ag_node *rv = tu_ph(g, "running_var", TM(AG_F32, 3));
-    ag_node *ln = CALL(g, "native_layer_norm", AG_GA_N(x), AG_GA_INTS((int64_t[]){2}, 1),
-                       AG_GA_NIL, AG_GA_NIL, AG_GA_F(1e-5));
+    ag_node *ln = CALL(g, "native_layer_norm", AG_GA_N(x), AG_GA_INTS((int64_t[]){2}, 1), AG_GA_NIL,
+                       AG_GA_NIL, AG_GA_F(1e-5));
     ag_node *g0 = ag_graph_getitem(g, ln, 0, NULL);
     ag_graph_getitem(g, ln, 1, NULL);
     ag_graph_getitem(g, ln, 2, NULL);
@@ -822,8 +823,8 @@ static void test_cse(void **st) {
                         AG_GA_NIL, AG_GA_NIL, AG_GA_F(1e-5));
     ag_node *lg1 = ag_graph_getitem(g, ln1, 0, NULL);
     ag_node *lg2 = ag_graph_getitem(g, ln2, 0, NULL);
-    ag_node *outs[] = {a1, a2, a3, ms1, ms2, ms3, s1, s2, s3, r1, r2, dg1, dg2, ip1, ip2, e1, e2,
-                       lg1, lg2};
+    ag_node *outs[] = {a1, a2,  a3,  ms1, ms2, ms3, s1, s2,  s3, r1,
+                       r2, dg1, dg2, ip1, ip2, e1,  e2, lg1, lg2};
     int nout = (int)(sizeof outs / sizeof outs[0]);
     ag_node *o = ag_graph_output(g, outs, nout);
     assert_non_null(o);
@@ -1047,7 +1048,8 @@ static void test_run_multi_output_and_constants(void **st) {
     ag_tensor *outs[4];
     assert_int_equal(ag_graph_run(g, &xin, 1, outs, 4), 4);
     ag_tensor *eo, *em, *er;
-    assert_int_equal(ag_native_layer_norm(xin, 1, (int64_t[]){4}, wv, NULL, 1e-5, &eo, &em, &er), 0);
+    assert_int_equal(ag_native_layer_norm(xin, 1, (int64_t[]){4}, wv, NULL, 1e-5, &eo, &em, &er),
+                     0);
     ag_tensor *parts[2];
     assert_int_equal(ag_split(eo, 3, 1, parts, 2), 2);
     ag_tensor *ecat = ag_cat((ag_tensor *[]){parts[1], parts[0]}, 2, 1);
@@ -1073,10 +1075,12 @@ static void test_run_errors(void **st) {
     ag_tensor *bad = in[1];
     in[1] = ag_zeros(AG_F32, 2, (int64_t[]){5, 4});
     assert_int_equal(ag_graph_run(g, in, 5, outs, 2), AG_EINVAL);
-    tu_assert_error_contains("run: input 1 (%w1) is f32[5, 4] but the placeholder expects f32[5, 3]");
+    tu_assert_error_contains(
+        "run: input 1 (%w1) is f32[5, 4] but the placeholder expects f32[5, 3]");
     in[1] = ag_zeros(AG_F64, 2, (int64_t[]){5, 3});
     assert_int_equal(ag_graph_run(g, in, 5, outs, 2), AG_EINVAL);
-    tu_assert_error_contains("run: input 1 (%w1) is f64[5, 3] but the placeholder expects f32[5, 3]");
+    tu_assert_error_contains(
+        "run: input 1 (%w1) is f64[5, 3] but the placeholder expects f32[5, 3]");
     in[1] = NULL;
     assert_int_equal(ag_graph_run(g, in, 5, outs, 2), AG_EINVAL);
     tu_assert_error_contains("run: input 1 (%w1) is NULL");
@@ -1197,7 +1201,7 @@ static void test_run_effect_and_dead_code(void **st) {
     ag_graph *g = ag_graph_new();
     ag_node *x = tu_ph(g, "x", TM(AG_F32, 3));
     ag_graph_call(g, effect_op(), GARGS(AG_GA_N(x)), NULL); /* unused, still runs */
-    CALL(g, "exp", AG_GA_N(x));                              /* dead, runs harmlessly */
+    CALL(g, "exp", AG_GA_N(x));                             /* dead, runs harmlessly */
     ag_node *r = CALL(g, "mul.Tensor", AG_GA_N(x), AG_GA_N(x));
     out1(g, r);
     ag_scope_begin();
@@ -1226,12 +1230,12 @@ static int passes_scenario(void *ud) {
     const ag_op *t_op = ag_op_find("t"), *mm_op = ag_op_find("addmm"), *r_op = ag_op_find("relu");
     ag_node *t1 = b ? ag_graph_call(g, t_op, (ag_garg[]){AG_GA_N(w)}, 1, NULL) : NULL;
     ag_node *t2 = t1 ? ag_graph_call(g, t_op, (ag_garg[]){AG_GA_N(w)}, 1, NULL) : NULL;
-    ag_node *m1 = t2 ? ag_graph_call(g, mm_op, (ag_garg[]){AG_GA_N(b), AG_GA_N(x), AG_GA_N(t1)}, 3,
-                                     NULL)
-                     : NULL;
-    ag_node *m2 = m1 ? ag_graph_call(g, mm_op, (ag_garg[]){AG_GA_N(b), AG_GA_N(x), AG_GA_N(t2)}, 3,
-                                     NULL)
-                     : NULL;
+    ag_node *m1 =
+        t2 ? ag_graph_call(g, mm_op, (ag_garg[]){AG_GA_N(b), AG_GA_N(x), AG_GA_N(t1)}, 3, NULL)
+           : NULL;
+    ag_node *m2 =
+        m1 ? ag_graph_call(g, mm_op, (ag_garg[]){AG_GA_N(b), AG_GA_N(x), AG_GA_N(t2)}, 3, NULL)
+           : NULL;
     ag_node *dead = m2 ? ag_graph_call(g, r_op, (ag_garg[]){AG_GA_N(m1)}, 1, NULL) : NULL;
     ag_node *o = dead ? ag_graph_output(g, (ag_node *[]){m1, m2}, 2) : NULL;
     if (!o) {

@@ -14,7 +14,9 @@
 #define SZ(...) ((int64_t[]){__VA_ARGS__})
 #define VALS(...) ((double[]){__VA_ARGS__})
 
-static ag_tensor *idx1(int n, const double *v) { return tu_tensor(AG_I64, 1, SZ(n), v); }
+static ag_tensor *idx1(int n, const double *v) {
+    return tu_tensor(AG_I64, 1, SZ(n), v);
+}
 
 /* Calls an op that has no public entry point. */
 static ag_tensor *call(const char *name, const ag_arg *args, int n) {
@@ -200,24 +202,26 @@ static void test_index_add(void **state) {
     ag_tensor *x = ag_ones(AG_F64, 2, SZ(3, 2));
     ag_tensor *src = tu_tensor(AG_F64, 2, SZ(3, 2), VALS(1, 2, 3, 4, 5, 6));
     /* rows 0 += 2*([1,2]+[3,4]) = [9, 13]; row 2 += 2*[5,6] = [11, 13] */
-    ag_tensor *y = call("index_add", (ag_arg[]){AG_A_T(x), AG_A_I(0),
-                                               AG_A_T(idx1(3, VALS(0, 0, -1))), AG_A_T(src),
-                                               AG_A_F(2.0)}, 5);
+    ag_tensor *y = call(
+        "index_add",
+        (ag_arg[]){AG_A_T(x), AG_A_I(0), AG_A_T(idx1(3, VALS(0, 0, -1))), AG_A_T(src), AG_A_F(2.0)},
+        5);
     tu_assert_values(y, 2, SZ(3, 2), VALS(9, 13, 1, 1, 11, 13), 0);
     tu_assert_values(x, 2, SZ(3, 2), VALS(1, 1, 1, 1, 1, 1), 0); /* functional */
     /* dim 1 with an i64 self, non-contiguous source */
     ag_tensor *xi = ag_zeros(AG_I64, 2, SZ(2, 3));
     ag_tensor *si = ag_t(tu_tensor(AG_I64, 2, SZ(2, 2), VALS(1, 3, 2, 4))); /* [[1,2],[3,4]] */
-    ag_tensor *z = call("index_add", (ag_arg[]){AG_A_T(xi), AG_A_I(1),
-                                               AG_A_T(idx1(2, VALS(2, 2))), AG_A_T(si)}, 4);
+    ag_tensor *z = call(
+        "index_add", (ag_arg[]){AG_A_T(xi), AG_A_I(1), AG_A_T(idx1(2, VALS(2, 2))), AG_A_T(si)}, 4);
     tu_assert_values(z, 2, SZ(2, 3), VALS(0, 0, 3, 0, 0, 7), 0);
 
-    assert_null(call("index_add", (ag_arg[]){AG_A_T(x), AG_A_I(0), AG_A_T(idx1(1, VALS(0))),
-                                             AG_A_T(src)}, 4));
+    assert_null(call("index_add",
+                     (ag_arg[]){AG_A_T(x), AG_A_I(0), AG_A_T(idx1(1, VALS(0))), AG_A_T(src)}, 4));
     tu_assert_error_contains("index_add: source [3, 2] must have self's shape [3, 2] except in "
                              "dimension 0");
-    assert_null(call("index_add", (ag_arg[]){AG_A_T(x), AG_A_I(0),
-                                             AG_A_T(idx1(3, VALS(0, 3, 0))), AG_A_T(src)}, 4));
+    assert_null(call("index_add",
+                     (ag_arg[]){AG_A_T(x), AG_A_I(0), AG_A_T(idx1(3, VALS(0, 3, 0))), AG_A_T(src)},
+                     4));
     tu_assert_error_contains("index_add: index 3 is out of bounds for dimension 0 with size 3");
 }
 
@@ -257,26 +261,28 @@ static void test_scatter_add(void **state) {
     ag_tensor *src = tu_tensor(AG_F64, 2, SZ(2, 3), VALS(1, 2, 3, 4, 5, 6));
     ag_tensor *ix = tu_tensor(AG_I64, 2, SZ(2, 3), VALS(0, 0, 2, 1, 1, -2));
     /* row 0: out[0][0] += 1 + 2, out[0][2] += 3; row 1: out[1][1] += 4 + 5 + 6 */
-    ag_tensor *y = call("scatter_add", (ag_arg[]){AG_A_T(x), AG_A_I(1), AG_A_T(ix), AG_A_T(src)}, 4);
+    ag_tensor *y =
+        call("scatter_add", (ag_arg[]){AG_A_T(x), AG_A_I(1), AG_A_T(ix), AG_A_T(src)}, 4);
     tu_assert_values(y, 2, SZ(2, 3), VALS(3, 0, 3, 0, 15, 0), 0);
     /* dim 0, index (1,2) smaller than src, self of ones, non-contiguous src:
      * out[ix[0][j]][j] += src[0][j] with src = [[1,3],[2,4]] (the transpose) */
     ag_tensor *ones = ag_ones(AG_F64, 2, SZ(3, 2));
     ag_tensor *srct = ag_t(tu_tensor(AG_F64, 2, SZ(2, 2), VALS(1, 2, 3, 4)));
     ag_tensor *i0 = tu_tensor(AG_I64, 2, SZ(1, 2), VALS(2, 0));
-    ag_tensor *z = call("scatter_add", (ag_arg[]){AG_A_T(ones), AG_A_I(0), AG_A_T(i0),
-                                                 AG_A_T(srct)}, 4);
+    ag_tensor *z =
+        call("scatter_add", (ag_arg[]){AG_A_T(ones), AG_A_I(0), AG_A_T(i0), AG_A_T(srct)}, 4);
     tu_assert_values(z, 2, SZ(3, 2), VALS(1, 4, 1, 1, 2, 1), 0);
     /* i64 */
     ag_tensor *xi = ag_zeros(AG_I64, 1, SZ(3));
     ag_tensor *si = tu_tensor(AG_I64, 1, SZ(4), VALS(1, 2, 3, 4));
-    tu_assert_values(call("scatter_add", (ag_arg[]){AG_A_T(xi), AG_A_I(0),
-                                                   AG_A_T(idx1(4, VALS(1, 1, 0, 1))),
-                                                   AG_A_T(si)}, 4),
-                     1, SZ(3), VALS(3, 7, 0), 0);
+    tu_assert_values(
+        call("scatter_add",
+             (ag_arg[]){AG_A_T(xi), AG_A_I(0), AG_A_T(idx1(4, VALS(1, 1, 0, 1))), AG_A_T(si)}, 4),
+        1, SZ(3), VALS(3, 7, 0), 0);
 
-    assert_null(call("scatter_add", (ag_arg[]){AG_A_T(x), AG_A_I(1), AG_A_T(ix),
-                                               AG_A_T(ag_to_dtype(src, AG_F32))}, 4));
+    assert_null(call("scatter_add",
+                     (ag_arg[]){AG_A_T(x), AG_A_I(1), AG_A_T(ix), AG_A_T(ag_to_dtype(src, AG_F32))},
+                     4));
     tu_assert_error_contains("scatter_add: self (f64) and src (f32) must have the same dtype");
     assert_null(call("scatter_add", (ag_arg[]){AG_A_T(x), AG_A_I(0), AG_A_T(ix), AG_A_T(src)}, 4));
     tu_assert_error_contains("scatter_add: index 2 is out of bounds for dimension 0 with size 2");
@@ -311,8 +317,8 @@ static void test_index_two_tensors(void **state) {
     ag_tensor *y = ag_index(x, (ag_tensor *[]){idx1(2, VALS(0, 2)), idx1(2, VALS(1, 3))}, 2);
     tu_assert_values(y, 1, SZ(2), VALS(1, 11), 0);
     /* broadcast (2,1) with (2): x[[[0],[2]], [1, 3]] = [[1, 3], [9, 11]] */
-    ag_tensor *z = ag_index(x, (ag_tensor *[]){tu_tensor(AG_I64, 2, SZ(2, 1), VALS(0, 2)),
-                                               idx1(2, VALS(1, 3))}, 2);
+    ag_tensor *z = ag_index(
+        x, (ag_tensor *[]){tu_tensor(AG_I64, 2, SZ(2, 1), VALS(0, 2)), idx1(2, VALS(1, 3))}, 2);
     tu_assert_values(z, 2, SZ(2, 2), VALS(1, 3, 9, 11), 0);
     /* non-contiguous index tensor: the transpose of [[0],[2]] is [[0, 2]] (1, 2) */
     ag_tensor *it = ag_t(tu_tensor(AG_I64, 2, SZ(2, 1), VALS(0, 2)));
@@ -432,8 +438,8 @@ static void test_index_put(void **state) {
     assert_null(ag_index_put(x, (ag_tensor *[]){i}, 1, ag_zeros(AG_F64, 1, SZ(3)), false));
     tu_assert_error_contains("index_put: shape mismatch: value tensor of shape [3] cannot be "
                              "broadcast to indexing result of shape [3, 2]");
-    assert_null(ag_index_put(x, (ag_tensor *[]){idx1(1, VALS(3))}, 1, ag_zeros(AG_F64, 1, SZ(2)),
-                             false));
+    assert_null(
+        ag_index_put(x, (ag_tensor *[]){idx1(1, VALS(3))}, 1, ag_zeros(AG_F64, 1, SZ(2)), false));
     tu_assert_error_contains("index_put: index 3 is out of bounds for dimension 0 with size 3");
 }
 
@@ -460,8 +466,8 @@ static void test_index_put_inplace(void **state) {
     tu_assert_values(s, 1, SZ(2), VALS(2, 1), 0);
     /* expanded (overlapping) self is refused */
     ag_tensor *ex = ag_expand(ag_zeros(AG_F32, 2, SZ(1, 3)), 2, SZ(2, 3));
-    assert_null(ag_index_put_(ex, (ag_tensor *[]){idx1(1, VALS(0))}, 1,
-                              ag_zeros(AG_F32, 1, SZ(3)), false));
+    assert_null(
+        ag_index_put_(ex, (ag_tensor *[]){idx1(1, VALS(0))}, 1, ag_zeros(AG_F32, 1, SZ(3)), false));
     tu_assert_error_contains("index_put_: unsupported operation: more than one element");
 }
 
@@ -474,7 +480,8 @@ static void test_new_empty_zeros(void **state) {
     assert_int_equal(ag_tensor_dtype(e), AG_F64);
     tu_assert_values(e, 2, SZ(2, 3), VALS(0, 0, 0, 0, 0, 0), 0);
     assert_false(ag_tensor_same_storage(e, x));
-    ag_tensor *z = call("new_zeros", (ag_arg[]){AG_A_T(x), AG_A_INTS(SZ(3), 1), AG_A_DT(AG_I64)}, 3);
+    ag_tensor *z =
+        call("new_zeros", (ag_arg[]){AG_A_T(x), AG_A_INTS(SZ(3), 1), AG_A_DT(AG_I64)}, 3);
     assert_int_equal(ag_tensor_dtype(z), AG_I64);
     tu_assert_values(z, 1, SZ(3), VALS(0, 0, 0), 0);
     ag_tensor *s = ag_new_empty(x, 0, NULL);
@@ -536,7 +543,8 @@ static void test_split_backward(void **state) {
     tu_assert_values(ag_tensor_grad(x), 1, SZ(5), VALS(0, 0, 7, 8, 0), 0);
     /* chunks 0 and 2 (the short one) together through ag_grad */
     ag_tensor *gr[1] = {0};
-    ag_tensor *gos[2] = {tu_tensor(AG_F64, 1, SZ(2), VALS(1, 2)), tu_tensor(AG_F64, 1, SZ(1), VALS(3))};
+    ag_tensor *gos[2] = {tu_tensor(AG_F64, 1, SZ(2), VALS(1, 2)),
+                         tu_tensor(AG_F64, 1, SZ(1), VALS(3))};
     assert_int_equal(ag_grad((ag_tensor *[]){o[0], o[2]}, gos, 2, &x, 1, gr, false, false), 0);
     tu_assert_values(gr[0], 1, SZ(5), VALS(1, 2, 0, 0, 3), 0);
 }
@@ -573,7 +581,8 @@ static void test_index_backward(void **state) {
 
     /* two index tensors after ':' on a 3-d input, and a bool mask */
     ag_tensor *x3 = tu_leaf(AG_F64, 3, SZ(2, 2, 2), VALS(0, 0, 0, 0, 0, 0, 0, 0));
-    ag_tensor *y3 = ag_index(x3, (ag_tensor *[]){NULL, idx1(2, VALS(1, 1)), idx1(2, VALS(0, 1))}, 3);
+    ag_tensor *y3 =
+        ag_index(x3, (ag_tensor *[]){NULL, idx1(2, VALS(1, 1)), idx1(2, VALS(0, 1))}, 3);
     assert_int_equal(ag_backward(y3, tu_tensor(AG_F64, 2, SZ(2, 2), VALS(1, 2, 3, 4)), false), 0);
     /* grad[a][1][c] = g[a][c] */
     tu_assert_values(ag_tensor_grad(x3), 3, SZ(2, 2, 2), VALS(0, 0, 1, 2, 0, 0, 3, 4), 0);
@@ -621,17 +630,19 @@ static void test_scatter_index_add_backward(void **state) {
     ag_tensor *x = tu_leaf(AG_F64, 1, SZ(3), VALS(0, 0, 0));
     ag_tensor *src = tu_leaf(AG_F64, 1, SZ(4), VALS(1, 2, 3, 4));
     /* index covers only src[0..1]: src[2..3] get zero gradient */
-    ag_tensor *y = call("scatter_add", (ag_arg[]){AG_A_T(x), AG_A_I(0),
-                                                 AG_A_T(idx1(2, VALS(2, 0))), AG_A_T(src)}, 4);
+    ag_tensor *y =
+        call("scatter_add",
+             (ag_arg[]){AG_A_T(x), AG_A_I(0), AG_A_T(idx1(2, VALS(2, 0))), AG_A_T(src)}, 4);
     tu_assert_values(y, 1, SZ(3), VALS(2, 0, 1), 0);
     assert_int_equal(ag_backward(y, tu_tensor(AG_F64, 1, SZ(3), VALS(5, 6, 7)), false), 0);
     tu_assert_values(ag_tensor_grad(x), 1, SZ(3), VALS(5, 6, 7), 0);
     tu_assert_values(ag_tensor_grad(src), 1, SZ(4), VALS(7, 5, 0, 0), 0);
 
     ag_tensor *s2 = tu_leaf(AG_F64, 1, SZ(2), VALS(1, 2));
-    ag_tensor *z = call("index_add", (ag_arg[]){AG_A_T(ag_zeros(AG_F64, 1, SZ(3))), AG_A_I(0),
-                                               AG_A_T(idx1(2, VALS(1, 1))), AG_A_T(s2),
-                                               AG_A_F(3.0)}, 5);
+    ag_tensor *z = call("index_add",
+                        (ag_arg[]){AG_A_T(ag_zeros(AG_F64, 1, SZ(3))), AG_A_I(0),
+                                   AG_A_T(idx1(2, VALS(1, 1))), AG_A_T(s2), AG_A_F(3.0)},
+                        5);
     tu_assert_values(z, 1, SZ(3), VALS(0, 9, 0), 0);
     assert_int_equal(ag_backward(z, tu_tensor(AG_F64, 1, SZ(3), VALS(5, 6, 7)), false), 0);
     tu_assert_values(ag_tensor_grad(s2), 1, SZ(2), VALS(18, 18), 0);
@@ -689,8 +700,9 @@ static void test_large_against_reference(void **state) {
     /* scatter_add dim 0 into zeros (R, C) from src (R, C) with index (R, C) in [0, 7) */
     ag_tensor *si = rand_index(2, SZ(R, C), 7);
     const int64_t *sid = ag_tensor_data(si);
-    ag_tensor *sc = call("scatter_add", (ag_arg[]){AG_A_T(ag_zeros(AG_F64, 2, SZ(R, C))), AG_A_I(0),
-                                                  AG_A_T(si), AG_A_T(x)}, 4);
+    ag_tensor *sc = call(
+        "scatter_add",
+        (ag_arg[]){AG_A_T(ag_zeros(AG_F64, 2, SZ(R, C))), AG_A_I(0), AG_A_T(si), AG_A_T(x)}, 4);
     assert_non_null(sc);
     double *ref = calloc((size_t)(R * C), sizeof *ref);
     for (int64_t i = 0; i < R; i++)
@@ -741,8 +753,10 @@ static void test_large_against_reference(void **state) {
     const double *srd = ag_tensor_data(src);
     ag_tensor *ci = rand_index(1, SZ(250), 13);
     const int64_t *cid = ag_tensor_data(ci);
-    ag_tensor *ia = call("index_add", (ag_arg[]){AG_A_T(ag_ones(AG_F64, 2, SZ(R, C))), AG_A_I(1),
-                                                AG_A_T(ci), AG_A_T(src), AG_A_F(0.5)}, 5);
+    ag_tensor *ia = call("index_add",
+                         (ag_arg[]){AG_A_T(ag_ones(AG_F64, 2, SZ(R, C))), AG_A_I(1), AG_A_T(ci),
+                                    AG_A_T(src), AG_A_F(0.5)},
+                         5);
     assert_non_null(ia);
     for (int64_t k = 0; k < R * C; k++)
         ref[k] = 1;
@@ -850,10 +864,9 @@ static int oom_run(void *ud) {
 
 static void test_allocation_failures(void **state) {
     (void)state;
-    static const oom_case_fn cases[] = {oom_cat,     oom_stack,      oom_split,
-                                        oom_index_select, oom_gather, oom_index,
-                                        oom_index_mask, oom_index_put, oom_scatter_add,
-                                        oom_index_add, oom_backward};
+    static const oom_case_fn cases[] = {
+        oom_cat,        oom_stack,     oom_split,       oom_index_select, oom_gather,  oom_index,
+        oom_index_mask, oom_index_put, oom_scatter_add, oom_index_add,    oom_backward};
     ag_scope_end(); /* the cases run in scopes of their own */
     /* made outside any scope: owned here */
     ag_tensor *x = tu_tensor(AG_F64, 2, SZ(3, 3), VALS(1, 2, 3, 4, 5, 6, 7, 8, 9));
@@ -877,10 +890,9 @@ static void test_allocation_failures(void **state) {
 
 static void test_gradcheck_samples(void **state) {
     (void)state;
-    static const char *const names[] = {"cat",       "stack",       "split.Tensor",
-                                        "index_select", "index_add", "gather",
-                                        "scatter_add", "index.Tensor", "index_put",
-                                        "index_put_"};
+    static const char *const names[] = {"cat",       "stack",     "split.Tensor", "index_select",
+                                        "index_add", "gather",    "scatter_add",  "index.Tensor",
+                                        "index_put", "index_put_"};
     tu_gradcheck_ops(names, sizeof names / sizeof names[0]);
 }
 

@@ -12,7 +12,8 @@ static void test_desc_sections(void **st) {
     (void)st;
     ag_desc *w = ag_desc_param("w"), *po = ag_desc_plain_output(0);
     ag_desc *t = ag_desc_tangent(po), *g = ag_desc_grad(w);
-    ag_desc *sa = ag_desc_subclass_getattr_input(t, "a"), *sg = ag_desc_subclass_getattr_output(g, "a");
+    ag_desc *sa = ag_desc_subclass_getattr_input(t, "a"),
+            *sg = ag_desc_subclass_getattr_output(g, "a");
     ag_desc *m = ag_desc_input_mutation(w), *ft = ag_desc_forward_token_input(0);
     ag_desc *bt = ag_desc_backward_token_output(0), *s0 = ag_desc_saved_for_backwards(0);
     ag_desc *ps = ag_desc_philox_backward_seed();
@@ -90,8 +91,9 @@ static void test_zoo_layouts(void **st) {
             assert_int_equal(ag_layout_count(L, AG_SEC_OUT_GRADS),
                              ag_layout_count(L, AG_SEC_IN_PRIMALS));
             ag_graph *fw, *bw;
-            assert_int_equal(ag_partition(ag_joint_graph(j), ag_joint_num_fw_outputs(j), NULL,
-                                          &fw, &bw, NULL), 0);
+            assert_int_equal(
+                ag_partition(ag_joint_graph(j), ag_joint_num_fw_outputs(j), NULL, &fw, &bw, NULL),
+                0);
             ag_layout F, B;
             assert_int_equal(ag_graph_layout(fw, 0, &F), 0);
             check_tiles(fw, &F, 0);

@@ -271,8 +271,9 @@ static void zoo_open(zoo_case *z, const char *name, bool core) {
     int nf = 0;
     ag_scope_begin();
     for (int i = 0; i < ps.n + bs.n + nex; i++) {
-        ag_tensor *v = i < ps.n ? ps.tensors[i] : i < ps.n + bs.n ? ag_clone(bs.tensors[i - ps.n])
-                                                                 : ex[i - ps.n - bs.n];
+        ag_tensor *v = i < ps.n          ? ps.tensors[i]
+                       : i < ps.n + bs.n ? ag_clone(bs.tensors[i - ps.n])
+                                         : ex[i - ps.n - bs.n];
         int n = ag_subclass_flatten_tensors(&v, 1, flat + nf, 256 - nf);
         for (int e = 0; e < n; e++)
             ag_tensor_keep(flat[nf + e]);

@@ -13,7 +13,9 @@
 
 static const ag_dtype float_dts[] = {AG_F32, AG_F64};
 
-static double tol_of(ag_dtype dt) { return dt == AG_F32 ? 2e-6 : 1e-12; }
+static double tol_of(ag_dtype dt) {
+    return dt == AG_F32 ? 2e-6 : 1e-12;
+}
 
 static void assert_dtype(const ag_tensor *t, ag_dtype dt) {
     assert_non_null(t);
@@ -25,12 +27,18 @@ static void assert_dtype(const ag_tensor *t, ag_dtype dt) {
 }
 
 /* Independent float64 references. */
-static double ref_sigmoid(double x) { return 1 / (1 + exp(-x)); }
-static double ref_gelu(double x) { return 0.5 * x * (1 + erf(x / sqrt(2.0))); }
+static double ref_sigmoid(double x) {
+    return 1 / (1 + exp(-x));
+}
+static double ref_gelu(double x) {
+    return 0.5 * x * (1 + erf(x / sqrt(2.0)));
+}
 static double ref_gelu_tanh(double x) {
     return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
 }
-static double ref_silu(double x) { return x * ref_sigmoid(x); }
+static double ref_silu(double x) {
+    return x * ref_sigmoid(x);
+}
 /* Central difference of a reference: the backward helpers are checked against it. */
 static double ref_deriv(double (*f)(double), double x) {
     const double h = 1e-5;
@@ -55,15 +63,15 @@ static void test_arith_values(void **st) {
         tu_assert_values(ag_div(a, b), 2, SZ(2, 2), V(2, -1, -3.5, 0.5), tol);
         tu_assert_values(ag_add_alpha(a, b, 2), 2, SZ(2, 2), V(2, 2, 1.5, 20), tol);
         /* sub.Tensor with alpha, through the op table */
-        ag_tensor *s3 = ag_op_call1(ag_op_find("sub.Tensor"),
-                                    (ag_arg[]){AG_A_T(a), AG_A_T(b), AG_A_F(3)}, 3);
+        ag_tensor *s3 =
+            ag_op_call1(ag_op_find("sub.Tensor"), (ag_arg[]){AG_A_T(a), AG_A_T(b), AG_A_F(3)}, 3);
         tu_assert_values(s3, 2, SZ(2, 2), V(-0.5, -8, 6.5, -20), tol);
         tu_assert_values(ag_add_scalar(a, 1.5), 2, SZ(2, 2), V(2.5, -0.5, 5, 5.5), tol);
         tu_assert_values(ag_sub_scalar(a, 1), 2, SZ(2, 2), V(0, -3, 2.5, 3), tol);
         tu_assert_values(ag_mul_scalar(a, -2), 2, SZ(2, 2), V(-2, 4, -7, -8), tol);
         tu_assert_values(ag_div_scalar(a, 4), 2, SZ(2, 2), V(0.25, -0.5, 0.875, 1), tol);
-        ag_tensor *as = ag_op_call1(ag_op_find("add.Scalar"),
-                                    (ag_arg[]){AG_A_T(a), AG_A_F(1.5), AG_A_F(2)}, 3);
+        ag_tensor *as =
+            ag_op_call1(ag_op_find("add.Scalar"), (ag_arg[]){AG_A_T(a), AG_A_F(1.5), AG_A_F(2)}, 3);
         tu_assert_values(as, 2, SZ(2, 2), V(4, 1, 6.5, 7), tol);
         assert_dtype(ag_mul_scalar(a, 1e-3), dt); /* a Scalar keeps the tensor's precision */
         ag_scope_end();
@@ -109,21 +117,40 @@ typedef struct {
     bool positive; /* domain x > 0 */
 } unary_case;
 
-static double ref_neg(double x) { return -x; }
-static double ref_rsqrt(double x) { return 1 / sqrt(x); }
-static double ref_relu(double x) { return x > 0 ? x : 0; }
-static double ref_sign(double x) { return x > 0 ? 1 : x < 0 ? -1 : 0; }
-static ag_tensor *gelu_none(ag_tensor *x) { return ag_gelu(x, "none"); }
-static ag_tensor *gelu_tanh(ag_tensor *x) { return ag_gelu(x, "tanh"); }
+static double ref_neg(double x) {
+    return -x;
+}
+static double ref_rsqrt(double x) {
+    return 1 / sqrt(x);
+}
+static double ref_relu(double x) {
+    return x > 0 ? x : 0;
+}
+static double ref_sign(double x) {
+    return x > 0 ? 1 : x < 0 ? -1 : 0;
+}
+static ag_tensor *gelu_none(ag_tensor *x) {
+    return ag_gelu(x, "none");
+}
+static ag_tensor *gelu_tanh(ag_tensor *x) {
+    return ag_gelu(x, "tanh");
+}
 
 static const unary_case unary_cases[] = {
-    {"neg", ag_neg, ref_neg, false},          {"exp", ag_exp, exp, false},
-    {"log", ag_log, log, true},               {"sqrt", ag_sqrt, sqrt, true},
-    {"rsqrt", ag_rsqrt, ref_rsqrt, true},     {"abs", ag_abs, fabs, false},
-    {"tanh", ag_tanh, tanh, false},           {"sigmoid", ag_sigmoid, ref_sigmoid, false},
-    {"relu", ag_relu, ref_relu, false},       {"gelu", gelu_none, ref_gelu, false},
-    {"gelu tanh", gelu_tanh, ref_gelu_tanh, false}, {"silu", ag_silu, ref_silu, false},
-    {"sin", ag_sin, sin, false},              {"cos", ag_cos, cos, false},
+    {"neg", ag_neg, ref_neg, false},
+    {"exp", ag_exp, exp, false},
+    {"log", ag_log, log, true},
+    {"sqrt", ag_sqrt, sqrt, true},
+    {"rsqrt", ag_rsqrt, ref_rsqrt, true},
+    {"abs", ag_abs, fabs, false},
+    {"tanh", ag_tanh, tanh, false},
+    {"sigmoid", ag_sigmoid, ref_sigmoid, false},
+    {"relu", ag_relu, ref_relu, false},
+    {"gelu", gelu_none, ref_gelu, false},
+    {"gelu tanh", gelu_tanh, ref_gelu_tanh, false},
+    {"silu", ag_silu, ref_silu, false},
+    {"sin", ag_sin, sin, false},
+    {"cos", ag_cos, cos, false},
     {"sign", ag_sign, ref_sign, false},
 };
 
@@ -247,8 +274,8 @@ static void test_noncontiguous(void **st) {
         tu_assert_values(ag_exp(t), 2, SZ(2, 3), V(exp(1), exp(3), exp(5), exp(2), exp(4), exp(6)),
                          tol_of(dt));
         tu_assert_values(ag_gt_scalar(t, 2.5), 2, SZ(2, 3), V(0, 1, 1, 0, 1, 1), 0);
-        tu_assert_values(ag_where(ag_gt_scalar(t, 2.5), t, ones), 2, SZ(2, 3),
-                         V(1, 3, 5, 1, 4, 6), 0);
+        tu_assert_values(ag_where(ag_gt_scalar(t, 2.5), t, ones), 2, SZ(2, 3), V(1, 3, 5, 1, 4, 6),
+                         0);
         /* a column (stride 2) broadcast against a transposed row */
         ag_tensor *col = ag_slice(base, 1, 0, 1, 1); /* (3, 1) = [1, 3, 5], stride 2 */
         tu_assert_values(ag_add(col, ag_transpose(col, 0, 1)), 2, SZ(3, 3),
@@ -307,10 +334,18 @@ typedef struct {
     double (*ref)(double);
 } f32_case;
 
-static double ref_exp(double x) { return exp(x); }
-static double ref_dgelu(double x) { return ref_deriv(ref_gelu, x); }
-static double ref_dgelu_tanh(double x) { return ref_deriv(ref_gelu_tanh, x); }
-static double ref_dsilu(double x) { return ref_deriv(ref_silu, x); }
+static double ref_exp(double x) {
+    return exp(x);
+}
+static double ref_dgelu(double x) {
+    return ref_deriv(ref_gelu, x);
+}
+static double ref_dgelu_tanh(double x) {
+    return ref_deriv(ref_gelu_tanh, x);
+}
+static double ref_dsilu(double x) {
+    return ref_deriv(ref_silu, x);
+}
 static ag_tensor *gelu_bw_none(ag_tensor *g, ag_tensor *x) {
     return ag_gelu_backward(g, x, "none");
 }
@@ -321,13 +356,17 @@ static ag_tensor *gelu_bw_tanh(ag_tensor *g, ag_tensor *x) {
 static void test_f32_math_accuracy(void **st) {
     (void)st;
     static const f32_case cases[] = {
-        {"exp", 0, ag_exp, NULL, ref_exp},        {"tanh", 0, ag_tanh, NULL, tanh},
-        {"sigmoid", 0, ag_sigmoid, NULL, ref_sigmoid}, {"silu", 0, ag_silu, NULL, ref_silu},
-        {"gelu", 0, gelu_none, NULL, ref_gelu},   {"gelu tanh", 0, gelu_tanh, NULL, ref_gelu_tanh},
+        {"exp", 0, ag_exp, NULL, ref_exp},
+        {"tanh", 0, ag_tanh, NULL, tanh},
+        {"sigmoid", 0, ag_sigmoid, NULL, ref_sigmoid},
+        {"silu", 0, ag_silu, NULL, ref_silu},
+        {"gelu", 0, gelu_none, NULL, ref_gelu},
+        {"gelu tanh", 0, gelu_tanh, NULL, ref_gelu_tanh},
         {"gelu_backward", 1, NULL, gelu_bw_none, ref_dgelu},
         {"gelu_backward tanh", 1, NULL, gelu_bw_tanh, ref_dgelu_tanh},
         {"silu_backward", 1, NULL, ag_silu_backward, ref_dsilu},
-        {"sqrt", 0, ag_sqrt, NULL, sqrt}, {"rsqrt", 0, ag_rsqrt, NULL, ref_rsqrt},
+        {"sqrt", 0, ag_sqrt, NULL, sqrt},
+        {"rsqrt", 0, ag_rsqrt, NULL, ref_rsqrt},
     };
     enum { R = 241, C = 250 };
     ag_scope_begin();
@@ -417,8 +456,8 @@ static void test_promotion(void **st) {
     /* sub of bools is an error, as in PyTorch */
     assert_null(ag_sub(b, bt));
     tu_assert_error_contains("sub: subtraction, the `-` operator, with two bool tensors");
-    assert_null(ag_op_call1(ag_op_find("add.Tensor"),
-                            (ag_arg[]){AG_A_T(i), AG_A_T(j), AG_A_F(0.5)}, 3));
+    assert_null(
+        ag_op_call1(ag_op_find("add.Tensor"), (ag_arg[]){AG_A_T(i), AG_A_T(j), AG_A_F(0.5)}, 3));
     tu_assert_error_contains("add: for integral input tensors, argument alpha");
     ag_scope_end();
 }
@@ -464,8 +503,8 @@ static void test_where_masked_fill(void **st) {
         tu_assert_values(r, 2, SZ(2, 3), V(1, -2, 3, -1, 5, -3), 0);
         /* condition broadcast: (3,) against (2, 3) and a 0-dim other */
         ag_tensor *c3 = tu_tensor(AG_BOOL, 1, SZ(3), V(0, 1, 1));
-        tu_assert_values(ag_where(c3, a, ag_scalar_tensor(dt, 0)), 2, SZ(2, 3),
-                         V(0, 2, 3, 0, 5, 6), 0);
+        tu_assert_values(ag_where(c3, a, ag_scalar_tensor(dt, 0)), 2, SZ(2, 3), V(0, 2, 3, 0, 5, 6),
+                         0);
         ag_tensor *m = ag_masked_fill(a, c3, -9);
         assert_dtype(m, dt);
         tu_assert_values(m, 2, SZ(2, 3), V(1, -9, -9, 4, -9, -9), 0);
@@ -706,8 +745,8 @@ static void test_backward_relu_gelu(void **st) {
     const double xv[] = {-1.5, -0.2, 0.3, 2.0};
     for (int mode = 0; mode < 2; mode++) {
         ag_tensor *z = tu_leaf(AG_F64, 1, SZ(4), xv);
-        assert_int_equal(ag_backward(ag_gelu(z, mode ? "tanh" : "none"), ag_ones(AG_F64, 1, SZ(4)),
-                                     false), 0);
+        assert_int_equal(
+            ag_backward(ag_gelu(z, mode ? "tanh" : "none"), ag_ones(AG_F64, 1, SZ(4)), false), 0);
         double want[4];
         for (int k = 0; k < 4; k++)
             want[k] = ref_deriv(mode ? ref_gelu_tanh : ref_gelu, xv[k]);
@@ -720,7 +759,8 @@ static void test_backward_relu_gelu(void **st) {
     /* an f32 leaf times an i64 tensor gets an f32 gradient */
     ag_tensor *f = tu_leaf(AG_F32, 1, SZ(2), V(1, 2));
     assert_int_equal(ag_backward(ag_mul(f, tu_tensor(AG_I64, 1, SZ(2), V(3, -4))),
-                                 ag_ones(AG_F32, 1, SZ(2)), false), 0);
+                                 ag_ones(AG_F32, 1, SZ(2)), false),
+                     0);
     assert_dtype(ag_tensor_grad(f), AG_F32);
     tu_assert_values(ag_tensor_grad(f), 1, SZ(2), V(3, -4), 0);
     ag_scope_end();
@@ -782,12 +822,44 @@ static void test_backward_inplace(void **st) {
 static void test_gradcheck_family(void **st) {
     (void)st;
     static const char *const names[] = {
-        "add.Tensor", "sub.Tensor", "mul.Tensor", "div.Tensor", "add.Scalar", "sub.Scalar",
-        "mul.Scalar", "div.Scalar", "pow.Tensor_Scalar", "neg", "exp", "log", "sqrt", "rsqrt",
-        "abs", "tanh", "sigmoid", "relu", "gelu", "silu", "sin", "cos", "sign", "clamp",
-        "where.self", "masked_fill.Scalar", "threshold_backward", "sigmoid_backward",
-        "tanh_backward", "gelu_backward", "silu_backward", "add_.Tensor", "add_.Scalar",
-        "mul_.Tensor", "mul_.Scalar", "copy_", "zero_", "fill_.Scalar",
+        "add.Tensor",
+        "sub.Tensor",
+        "mul.Tensor",
+        "div.Tensor",
+        "add.Scalar",
+        "sub.Scalar",
+        "mul.Scalar",
+        "div.Scalar",
+        "pow.Tensor_Scalar",
+        "neg",
+        "exp",
+        "log",
+        "sqrt",
+        "rsqrt",
+        "abs",
+        "tanh",
+        "sigmoid",
+        "relu",
+        "gelu",
+        "silu",
+        "sin",
+        "cos",
+        "sign",
+        "clamp",
+        "where.self",
+        "masked_fill.Scalar",
+        "threshold_backward",
+        "sigmoid_backward",
+        "tanh_backward",
+        "gelu_backward",
+        "silu_backward",
+        "add_.Tensor",
+        "add_.Scalar",
+        "mul_.Tensor",
+        "mul_.Scalar",
+        "copy_",
+        "zero_",
+        "fill_.Scalar",
     };
     tu_gradcheck_ops(names, sizeof names / sizeof names[0]);
 }

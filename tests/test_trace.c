@@ -167,9 +167,9 @@ static void assert_same(const char *what, const ag_tensor *a, const ag_tensor *b
 
 static void test_zoo_registry(void **state) {
     (void)state;
-    static const char *const want[] = {"linear",   "multi_output", "kwargs", "convbn",
-                                       "grad_acc", "mlp",          "cnn",    "gpt2",
-                                       "effects",  "alias_views", "dropout_mlp", "two_tensor"};
+    static const char *const want[] = {"linear",   "multi_output", "kwargs",      "convbn",
+                                       "grad_acc", "mlp",          "cnn",         "gpt2",
+                                       "effects",  "alias_views",  "dropout_mlp", "two_tensor"};
     enum { NWANT = (int)(sizeof want / sizeof want[0]) };
     assert_int_equal(ag_zoo_count(), NWANT);
     for (int i = 0; i < NWANT; i++) {

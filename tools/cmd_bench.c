@@ -811,12 +811,12 @@ static json_t *gemms_json(const gemm_list *l) {
     json_t *a = json_array();
     for (int i = 0; a && i < l->n; i++) {
         const gemm_call *g = &l->v[i];
-        json_array_append_new(
-            a, json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:f, s:b, s:b}", "op", g->op, "ta",
-                         g->ta == CblasTrans ? "T" : "N", "tb", g->tb == CblasTrans ? "T" : "N",
-                         "m", (json_int_t)g->m, "n", (json_int_t)g->n, "k", (json_int_t)g->k,
-                         "count", (json_int_t)g->count, "beta", (double)g->beta, "par", g->par,
-                         "shared_a", g->shared_a));
+        json_array_append_new(a, json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:f, s:b, s:b}",
+                                           "op", g->op, "ta", g->ta == CblasTrans ? "T" : "N", "tb",
+                                           g->tb == CblasTrans ? "T" : "N", "m", (json_int_t)g->m,
+                                           "n", (json_int_t)g->n, "k", (json_int_t)g->k, "count",
+                                           (json_int_t)g->count, "beta", (double)g->beta, "par",
+                                           g->par, "shared_a", g->shared_a));
     }
     return a;
 }

@@ -44,7 +44,8 @@ int cli_check(int argc, char **argv) {
             i++;
         } else if (!strcmp(argv[i], "--partitioner") && v &&
                    (!strcmp(v, "default") || !strcmp(v, "mincut"))) {
-            co.partition.partitioner = !strcmp(v, "default") ? AG_PARTITION_DEFAULT : AG_PARTITION_MINCUT;
+            co.partition.partitioner =
+                !strcmp(v, "default") ? AG_PARTITION_DEFAULT : AG_PARTITION_MINCUT;
             i++;
         } else if (!strcmp(argv[i], "--budget")) {
             if (cli_float_opt("check", "--budget", v, 0, false, 1, &co.partition.memory_budget))
@@ -59,9 +60,10 @@ int cli_check(int argc, char **argv) {
         } else if (argv[i][0] != '-' && !model) {
             model = argv[i];
         } else {
-            fprintf(stderr, "aotgrad check: bad option '%s'\nusage: aotgrad check MODEL [--config NAME] "
-                            "[--dropout P] [--partitioner default|mincut] [--budget F] [--steps N] "
-                            "[--interpret]\n",
+            fprintf(stderr,
+                    "aotgrad check: bad option '%s'\nusage: aotgrad check MODEL [--config NAME] "
+                    "[--dropout P] [--partitioner default|mincut] [--budget F] [--steps N] "
+                    "[--interpret]\n",
                     argv[i]);
             return 2;
         }
@@ -159,9 +161,10 @@ int cli_check(int argc, char **argv) {
         uint64_t cs, co_;
         ag_rng_get_state(&cs, &co_);
         if (!rc && (cs != eager_seed || co_ != eager_offset)) {
-            fprintf(stderr, "aotgrad check: step %lld: the generator's offset is %llu after the "
-                            "compiled step, %llu after the eager one\n", s + 1,
-                    (unsigned long long)co_, (unsigned long long)eager_offset);
+            fprintf(stderr,
+                    "aotgrad check: step %lld: the generator's offset is %llu after the "
+                    "compiled step, %llu after the eager one\n",
+                    s + 1, (unsigned long long)co_, (unsigned long long)eager_offset);
             status = 1;
         }
         if (rc) {

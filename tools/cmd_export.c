@@ -449,7 +449,9 @@ static void sb_flat_descs(sbuf *b, const ag_graph *g) {
         sb_str(b, line);
         for (int i = -1; i < n; i++) {
             const ag_node *nd = i < 0 ? NULL : pass ? oa->u.nodes[i] : ph[i];
-            const char *c1 = i < 0 ? (pass ? "node" : "placeholder") : nd ? ag_node_name(nd) : "None";
+            const char *c1 = i < 0 ? (pass ? "node" : "placeholder")
+                             : nd  ? ag_node_name(nd)
+                                   : "None";
             sb_str(b, "  ");
             sb_str(b, c1);
             for (size_t k = strlen(c1); k < w + 2; k++)

@@ -38,14 +38,16 @@ int cli_ops(int argc, char **argv) {
         if (!strcmp(argv[i], "--json"))
             as_json = true;
         else {
-            fprintf(stderr, "aotgrad ops: unknown option '%s' (usage: aotgrad ops [--json])\n", argv[i]);
+            fprintf(stderr, "aotgrad ops: unknown option '%s' (usage: aotgrad ops [--json])\n",
+                    argv[i]);
             return 2;
         }
     }
     int n = ag_op_count();
     json_t *arr = json_array();
     if (!as_json)
-        printf("%-52s %-34s %-16s %-5s %-5s %s\n", "op", "flags", "dtypes", "diff", "bwd", "gradcheck");
+        printf("%-52s %-34s %-16s %-5s %-5s %s\n", "op", "flags", "dtypes", "diff", "bwd",
+               "gradcheck");
     int ndiff = 0, nbwd = 0, ngc = 0;
     for (int i = 0; i < n; i++) {
         const ag_op *op = ag_op_at(i);
@@ -64,7 +66,8 @@ int cli_ops(int argc, char **argv) {
         for (size_t f = 0; f < sizeof flag_names / sizeof flag_names[0]; f++)
             if (d->flags & (1u << f)) {
                 json_array_append_new(fl, json_string(flag_names[f]));
-                k += (size_t)snprintf(flags + k, sizeof flags - k, "%s%s", k ? "," : "", flag_names[f]);
+                k += (size_t)snprintf(flags + k, sizeof flags - k, "%s%s", k ? "," : "",
+                                      flag_names[f]);
             }
         json_object_set_new(o, "flags", fl);
         json_t *dts = dtypes_json(d);
@@ -98,7 +101,8 @@ int cli_ops(int argc, char **argv) {
         free(s);
     } else {
         printf("\n%d ops: %d differentiable, %d with a backward rule or decomposition, %d with "
-               "gradcheck cases\n", n, ndiff, nbwd, ngc);
+               "gradcheck cases\n",
+               n, ndiff, nbwd, ngc);
     }
     json_decref(arr);
     return 0;

@@ -103,8 +103,7 @@ static int emit(const char *cmd, const ag_graph *g, const out_opts *o, const cha
 /* Parses the options both commands take; the first non-option argument goes to *positional.
  * Returns 0, or 2 after printing a usage message. is_trace allows trace's own options. */
 static int parse_opts(const char *cmd, int argc, char **argv, bool is_trace, const char *usage,
-                      out_opts *o, const char **positional, const char **config,
-                      ag_zoo_opts *zoo) {
+                      out_opts *o, const char **positional, const char **config, ag_zoo_opts *zoo) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--format")) {

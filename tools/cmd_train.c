@@ -85,7 +85,8 @@ static ag_module *make_step(ag_module *model, bool gpt2) {
 
 /* ---- summary of the capture ---- */
 
-static void print_summary(const ag_joint *j, const ag_compiled *c, double export_s, double compile_s) {
+static void print_summary(const ag_joint *j, const ag_compiled *c, double export_s,
+                          double compile_s) {
     const ag_graph *g = ag_joint_graph(j);
     int counts[64] = {0};
     ag_node **ph;
@@ -112,8 +113,8 @@ static void print_summary(const ag_joint *j, const ag_compiled *c, double export
            st->saved_tensors, (double)st->saved_bytes / 1e6, st->recomputed_nodes,
            st->recomputed_flops);
     printf("planned peak: forward %.2f MB, backward %.2f MB; capture %.1f ms, compile %.1f ms\n",
-           (double)ag_compiled_peak_bytes(c, false) / 1e6, (double)ag_compiled_peak_bytes(c, true) / 1e6,
-           1e3 * export_s, 1e3 * compile_s);
+           (double)ag_compiled_peak_bytes(c, false) / 1e6,
+           (double)ag_compiled_peak_bytes(c, true) / 1e6, 1e3 * export_s, 1e3 * compile_s);
 }
 
 static void progress(long long step, long long total, double loss, double rate, bool tty) {
@@ -314,8 +315,9 @@ static int train_cnn(const train_opts *o) {
     ag_optim *opt = step ? ag_optim_adamw(step, o->lr, 0.9, 0.999, 1e-8, 0.01) : NULL;
     long long total = o->steps > 0 ? o->steps : ntr / B;
     printf("aotgrad train: cnn on Fashion-MNIST (%lld training images, %lld test), batch %lld, "
-           "AdamW lr %g, %d threads, %lld steps\n", (long long)ntr, (long long)ag_tensor_size(xte, 0),
-           (long long)B, o->lr, ag_get_num_threads(), total);
+           "AdamW lr %g, %d threads, %lld steps\n",
+           (long long)ntr, (long long)ag_tensor_size(xte, 0), (long long)B, o->lr,
+           ag_get_num_threads(), total);
     bool meta = ag_set_meta_mode(true);
     ag_tensor *ex[2] = {ag_zeros(AG_F32, 4, (int64_t[]){B, 1, 28, 28}),
                         ag_zeros(AG_I64, 1, (int64_t[]){B})};
@@ -431,13 +433,15 @@ static int train_gpt2(const train_opts *o) {
     ag_module *step = model ? make_step(model, true) : NULL;
     ag_optim *opt = step ? ag_optim_adamw(step, o->lr, 0.9, 0.95, 1e-8, 0.1) : NULL;
     long long total = o->steps > 0 ? o->steps : 300;
-    printf("aotgrad train: character-level GPT-2 (%lld layers, %lld wide, %lld heads, context %lld, "
-           "%lld parameters) on %s (%lld bytes), batch %lld, %lld steps\n",
-           (long long)cfg.n_layer, (long long)cfg.n_embd, (long long)cfg.n_head, (long long)T,
-           (long long)(model ? ag_module_num_parameters(model) : 0), path, (long long)n,
-           (long long)B, total);
+    printf(
+        "aotgrad train: character-level GPT-2 (%lld layers, %lld wide, %lld heads, context %lld, "
+        "%lld parameters) on %s (%lld bytes), batch %lld, %lld steps\n",
+        (long long)cfg.n_layer, (long long)cfg.n_embd, (long long)cfg.n_head, (long long)T,
+        (long long)(model ? ag_module_num_parameters(model) : 0), path, (long long)n, (long long)B,
+        total);
     bool meta = ag_set_meta_mode(true);
-    ag_tensor *ex[2] = {ag_zeros(AG_I64, 2, (int64_t[]){B, T}), ag_zeros(AG_I64, 2, (int64_t[]){B, T})};
+    ag_tensor *ex[2] = {ag_zeros(AG_I64, 2, (int64_t[]){B, T}),
+                        ag_zeros(AG_I64, 2, (int64_t[]){B, T})};
     ag_set_meta_mode(meta);
     ag_compiled *c = opt && ex[0] && ex[1] ? capture(step, ex, 2, o) : NULL;
     ag_tensor_free(ex[0]);
@@ -512,7 +516,8 @@ static int train_gpt2(const train_opts *o) {
             ag_tensor *logits = ag_module_forward(model, idx);
             ag_tensor *last = ag_select(ag_select(logits, 0, 0), 0, w - 1);
             ag_tensor *p = ag_softmax(ag_div_scalar(last, 0.8), 0);
-            double u = (double)((rng = rng * 6364136223846793005ull + 1) >> 11) * 0x1.0p-53, acc = 0;
+            double u = (double)((rng = rng * 6364136223846793005ull + 1) >> 11) * 0x1.0p-53,
+                   acc = 0;
             int64_t ch = 0;
             for (int64_t v = 0; p && v < ag_tensor_numel(p); v++) {
                 acc += ag_tensor_item_at(p, v);
@@ -542,7 +547,12 @@ static int train_gpt2(const train_opts *o) {
 }
 
 int cli_train(int argc, char **argv) {
-    train_opts o = {.steps = 0, .batch = 0, .seed = 0, .lr = 0, .budget = 1.0, .model = "cnn",
+    train_opts o = {.steps = 0,
+                    .batch = 0,
+                    .seed = 0,
+                    .lr = 0,
+                    .budget = 1.0,
+                    .model = "cnn",
                     .partitioner = AG_PARTITION_MINCUT};
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;

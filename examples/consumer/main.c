@@ -32,7 +32,8 @@ int main(void) {
         ag_scope_end();
     }
     printf("consumer: final loss %.2e, w %.3f, b %.3f\n", loss_v,
-           ag_tensor_item(ag_module_param(lin, "weight")), ag_tensor_item(ag_module_param(lin, "bias")));
+           ag_tensor_item(ag_module_param(lin, "weight")),
+           ag_tensor_item(ag_module_param(lin, "bias")));
     ag_tensor_free(x);
     ag_tensor_free(y);
     ag_optim_free(opt);

@@ -47,12 +47,12 @@ extern "C" {
 /* Status codes. 0 is success; every failure is negative and sets ag_last_error(). */
 enum {
     AG_OK = 0,
-    AG_EINVAL = -1,   /* bad argument: shape, dtype, range */
-    AG_ENOMEM = -2,   /* the allocator hook returned NULL */
-    AG_ESTATE = -3,   /* call not valid in this state (e.g. backward twice) */
-    AG_EIO = -4,      /* file could not be read or written */
-    AG_EFORMAT = -5,  /* file contents malformed */
-    AG_ENOTSUP = -6,  /* not supported (dtype without kernel, ...) */
+    AG_EINVAL = -1,  /* bad argument: shape, dtype, range */
+    AG_ENOMEM = -2,  /* the allocator hook returned NULL */
+    AG_ESTATE = -3,  /* call not valid in this state (e.g. backward twice) */
+    AG_EIO = -4,     /* file could not be read or written */
+    AG_EFORMAT = -5, /* file contents malformed */
+    AG_ENOTSUP = -6, /* not supported (dtype without kernel, ...) */
 };
 
 typedef enum ag_dtype {

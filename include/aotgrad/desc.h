@@ -93,16 +93,16 @@ typedef enum ag_section {
     AG_SEC_IN_FW_RNG,        /* PhiloxForwardSeedAOTInput, PhiloxForwardBaseOffsetAOTInput */
     AG_SEC_IN_BW_RNG,        /* PhiloxBackwardSeedAOTInput, PhiloxBackwardBaseOffsetAOTInput */
     /* outputs */
-    AG_SEC_OUT_FW_TOKENS,              /* ForwardTokenAOTOutput */
-    AG_SEC_OUT_MUTATIONS,              /* InputMutationAOTOutput */
-    AG_SEC_OUT_USER,                   /* PlainAOTOutput, DummyAOTOutput */
-    AG_SEC_OUT_METADATA_MUTATIONS,     /* MetadataMutationAOTOutput */
-    AG_SEC_OUT_INTERMEDIATE_BASES,     /* IntermediateBaseAOTOutput */
-    AG_SEC_OUT_FW_RNG_OFFSET,          /* PhiloxUpdatedForwardOffsetAOTOutput */
-    AG_SEC_OUT_SAVED,                  /* SavedForBackwards(NoVcCheck)AOTOutput: a forward graph's */
-    AG_SEC_OUT_GRADS,                  /* GradAOTOutput, or None (an input without a gradient) */
-    AG_SEC_OUT_BW_RNG_OFFSET,          /* PhiloxUpdatedBackwardOffsetAOTOutput */
-    AG_SEC_OUT_BW_TOKENS,              /* BackwardTokenAOTOutput */
+    AG_SEC_OUT_FW_TOKENS,          /* ForwardTokenAOTOutput */
+    AG_SEC_OUT_MUTATIONS,          /* InputMutationAOTOutput */
+    AG_SEC_OUT_USER,               /* PlainAOTOutput, DummyAOTOutput */
+    AG_SEC_OUT_METADATA_MUTATIONS, /* MetadataMutationAOTOutput */
+    AG_SEC_OUT_INTERMEDIATE_BASES, /* IntermediateBaseAOTOutput */
+    AG_SEC_OUT_FW_RNG_OFFSET,      /* PhiloxUpdatedForwardOffsetAOTOutput */
+    AG_SEC_OUT_SAVED,              /* SavedForBackwards(NoVcCheck)AOTOutput: a forward graph's */
+    AG_SEC_OUT_GRADS,              /* GradAOTOutput, or None (an input without a gradient) */
+    AG_SEC_OUT_BW_RNG_OFFSET,      /* PhiloxUpdatedBackwardOffsetAOTOutput */
+    AG_SEC_OUT_BW_TOKENS,          /* BackwardTokenAOTOutput */
     AG_SEC_COUNT
 } ag_section;
 

@@ -153,7 +153,7 @@ AG_API int ag_node_num_vals(const ag_node *n);
 AG_API const ag_tmeta *ag_node_val(const ag_node *n, int i);
 AG_API int ag_node_set_val(ag_node *n, int i, const ag_tmeta *m);
 AG_API ag_tensor *ag_node_constant(const ag_node *n); /* GET_ATTR: borrowed */
-AG_API int ag_node_index(const ag_node *n); /* position in the graph, 0-based */
+AG_API int ag_node_index(const ag_node *n);           /* position in the graph, 0-based */
 
 /* ---- metadata ---- */
 typedef enum ag_mval_kind {
@@ -296,15 +296,15 @@ AG_API int ag_graph_decompose(ag_graph *g, const ag_decomp_table *t);
  * through the dispatcher (so autograd records when inputs require grad). Stores the outputs
  * (new references; NULL for None) and returns their count, or a negative status naming the
  * node that failed. */
-AG_API int ag_graph_run(const ag_graph *g, ag_tensor *const *inputs, int ninputs,
-                        ag_tensor **outs, int max_out);
+AG_API int ag_graph_run(const ag_graph *g, ag_tensor *const *inputs, int ninputs, ag_tensor **outs,
+                        int max_out);
 
 /* ---- text format ---- */
 typedef struct ag_print_opts {
-    bool seq_nr;      /* print seq_nr=N */
-    bool stack_trace; /* print stack traces */
-    bool no_custom;   /* omit custom annotations */
-    bool no_meta;     /* omit every other metadata key */
+    bool seq_nr;       /* print seq_nr=N */
+    bool stack_trace;  /* print stack traces */
+    bool no_custom;    /* omit custom annotations */
+    bool no_meta;      /* omit every other metadata key */
     bool module_stack; /* print nn_module_stack and fwd_nn_module_stack */
 } ag_print_opts;
 /* The graph as text (see docs/GRAPH_FORMAT.md). Returns a string to release with ag_free. */

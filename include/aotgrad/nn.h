@@ -39,8 +39,7 @@ AG_API void ag_module_free(ag_module *m);
 /* The module takes a reference to t (param: requires_grad is set). */
 AG_API int ag_module_register_parameter(ag_module *m, const char *name, ag_tensor *t);
 /* persistent=false keeps the buffer out of the state dict. */
-AG_API int ag_module_register_buffer(ag_module *m, const char *name, ag_tensor *t,
-                                     bool persistent);
+AG_API int ag_module_register_buffer(ag_module *m, const char *name, ag_tensor *t, bool persistent);
 /* The module takes ownership of child. */
 AG_API int ag_module_add_child(ag_module *m, const char *name, ag_module *child);
 AG_API void *ag_module_ud(const ag_module *m);

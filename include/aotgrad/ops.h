@@ -17,16 +17,16 @@ extern "C" {
 #endif
 
 /* ---- pointwise, binary (add.Tensor, sub.Tensor, mul.Tensor, div.Tensor, ...) ---- */
-AG_API ag_tensor *ag_add(ag_tensor *a, ag_tensor *b);                  /* add.Tensor */
+AG_API ag_tensor *ag_add(ag_tensor *a, ag_tensor *b);                     /* add.Tensor */
 AG_API ag_tensor *ag_add_alpha(ag_tensor *a, ag_tensor *b, double alpha); /* a + alpha*b */
-AG_API ag_tensor *ag_sub(ag_tensor *a, ag_tensor *b);                  /* sub.Tensor */
-AG_API ag_tensor *ag_mul(ag_tensor *a, ag_tensor *b);                  /* mul.Tensor */
-AG_API ag_tensor *ag_div(ag_tensor *a, ag_tensor *b);                  /* div.Tensor */
-AG_API ag_tensor *ag_add_scalar(ag_tensor *a, double s);               /* add.Scalar */
-AG_API ag_tensor *ag_sub_scalar(ag_tensor *a, double s);               /* sub.Scalar */
-AG_API ag_tensor *ag_mul_scalar(ag_tensor *a, double s);               /* mul.Scalar */
-AG_API ag_tensor *ag_div_scalar(ag_tensor *a, double s);               /* div.Scalar */
-AG_API ag_tensor *ag_pow_scalar(ag_tensor *a, double exponent);        /* pow.Tensor_Scalar */
+AG_API ag_tensor *ag_sub(ag_tensor *a, ag_tensor *b);                     /* sub.Tensor */
+AG_API ag_tensor *ag_mul(ag_tensor *a, ag_tensor *b);                     /* mul.Tensor */
+AG_API ag_tensor *ag_div(ag_tensor *a, ag_tensor *b);                     /* div.Tensor */
+AG_API ag_tensor *ag_add_scalar(ag_tensor *a, double s);                  /* add.Scalar */
+AG_API ag_tensor *ag_sub_scalar(ag_tensor *a, double s);                  /* sub.Scalar */
+AG_API ag_tensor *ag_mul_scalar(ag_tensor *a, double s);                  /* mul.Scalar */
+AG_API ag_tensor *ag_div_scalar(ag_tensor *a, double s);                  /* div.Scalar */
+AG_API ag_tensor *ag_pow_scalar(ag_tensor *a, double exponent);           /* pow.Tensor_Scalar */
 
 /* ---- pointwise, unary ---- */
 AG_API ag_tensor *ag_neg(ag_tensor *a);
@@ -75,7 +75,7 @@ AG_API ag_tensor *ag_clone(ag_tensor *a);                 /* clone (contiguous r
 AG_API ag_tensor *ag_contiguous(ag_tensor *a);            /* a itself (new ref) if contiguous */
 
 /* ---- views (share storage; see core.h) ---- */
-AG_API ag_tensor *ag_view(ag_tensor *a, int ndim, const int64_t *sizes); /* one size may be -1 */
+AG_API ag_tensor *ag_view(ag_tensor *a, int ndim, const int64_t *sizes);    /* one size may be -1 */
 AG_API ag_tensor *ag_reshape(ag_tensor *a, int ndim, const int64_t *sizes); /* view or copy */
 AG_API ag_tensor *ag_permute(ag_tensor *a, int ndim, const int64_t *dims);
 AG_API ag_tensor *ag_transpose(ag_tensor *a, int d0, int d1);
@@ -97,17 +97,19 @@ AG_API ag_tensor *ag_unsqueeze_(ag_tensor *a, int dim);
 AG_API ag_tensor *ag_as_strided_(ag_tensor *a, int ndim, const int64_t *sizes,
                                  const int64_t *strides, int64_t offset); /* offset < 0: keep */
 /* Backward helpers of views. */
-AG_API ag_tensor *ag_slice_backward(ag_tensor *grad, int ndim, const int64_t *input_sizes,
-                                    int dim, int64_t start, int64_t end, int64_t step);
-AG_API ag_tensor *ag_select_backward(ag_tensor *grad, int ndim, const int64_t *input_sizes,
-                                     int dim, int64_t index);
+AG_API ag_tensor *ag_slice_backward(ag_tensor *grad, int ndim, const int64_t *input_sizes, int dim,
+                                    int64_t start, int64_t end, int64_t step);
+AG_API ag_tensor *ag_select_backward(ag_tensor *grad, int ndim, const int64_t *input_sizes, int dim,
+                                     int64_t index);
 
 /* ---- reductions. dims == NULL (ndims 0) reduces over every dim. Over an empty dim (as in
  * PyTorch) sum gives 0, mean and var NaN, logsumexp -inf; amax and argmax refuse one (there is
  * no maximum), and argmax_all refuses a tensor with no elements. ---- */
-AG_API ag_tensor *ag_sum(ag_tensor *a, const int64_t *dims, int ndims, bool keepdim); /* sum.dim_IntList */
+AG_API ag_tensor *ag_sum(ag_tensor *a, const int64_t *dims, int ndims,
+                         bool keepdim); /* sum.dim_IntList */
 AG_API ag_tensor *ag_sum_all(ag_tensor *a);
-AG_API ag_tensor *ag_mean(ag_tensor *a, const int64_t *dims, int ndims, bool keepdim); /* mean.dim */
+AG_API ag_tensor *ag_mean(ag_tensor *a, const int64_t *dims, int ndims,
+                          bool keepdim); /* mean.dim */
 AG_API ag_tensor *ag_mean_all(ag_tensor *a);
 AG_API ag_tensor *ag_amax(ag_tensor *a, const int64_t *dims, int ndims, bool keepdim);
 /* var.correction: correction 1 is the unbiased estimate. */
@@ -124,8 +126,8 @@ AG_API ag_tensor *ag_log_softmax_backward_data(ag_tensor *grad, ag_tensor *outpu
                                                ag_dtype input_dtype);
 
 /* ---- linear algebra (cblas GEMM with transpose flags; no copies of transposed views) ---- */
-AG_API ag_tensor *ag_mm(ag_tensor *a, ag_tensor *b);   /* (n,k) @ (k,m) */
-AG_API ag_tensor *ag_bmm(ag_tensor *a, ag_tensor *b);  /* (B,n,k) @ (B,k,m) */
+AG_API ag_tensor *ag_mm(ag_tensor *a, ag_tensor *b);  /* (n,k) @ (k,m) */
+AG_API ag_tensor *ag_bmm(ag_tensor *a, ag_tensor *b); /* (B,n,k) @ (B,k,m) */
 /* beta*self + alpha*(mat1 @ mat2), self broadcast to (n,m) */
 AG_API ag_tensor *ag_addmm(ag_tensor *self, ag_tensor *mat1, ag_tensor *mat2, double beta,
                            double alpha);
@@ -147,21 +149,20 @@ AG_API int ag_convolution_backward(ag_tensor *grad, ag_tensor *x, ag_tensor *w,
 /* max_pool2d_with_indices: out and i64 indices (flat within each H*W plane). */
 AG_API int ag_max_pool2d_with_indices(ag_tensor *x, const int64_t kernel[2],
                                       const int64_t stride[2], const int64_t padding[2],
-                                      const int64_t dilation[2], bool ceil_mode,
-                                      ag_tensor **out, ag_tensor **indices);
+                                      const int64_t dilation[2], bool ceil_mode, ag_tensor **out,
+                                      ag_tensor **indices);
 AG_API ag_tensor *ag_max_pool2d(ag_tensor *x, const int64_t kernel[2], const int64_t stride[2],
                                 const int64_t padding[2]);
 AG_API ag_tensor *ag_avg_pool2d(ag_tensor *x, const int64_t kernel[2], const int64_t stride[2],
-                                const int64_t padding[2], bool ceil_mode,
-                                bool count_include_pad);
+                                const int64_t padding[2], bool ceil_mode, bool count_include_pad);
 AG_API ag_tensor *ag_adaptive_avg_pool2d(ag_tensor *x, const int64_t output_size[2]);
 
 /* ---- normalization ---- */
 /* native_layer_norm over the trailing `nnorm` dims: out, mean, rstd (mean/rstd keep the
  * leading dims and have size 1 in the normalized ones). weight/bias may be NULL. */
 AG_API int ag_native_layer_norm(ag_tensor *x, int nnorm, const int64_t *normalized_shape,
-                                ag_tensor *weight, ag_tensor *bias, double eps,
-                                ag_tensor **out, ag_tensor **mean, ag_tensor **rstd);
+                                ag_tensor *weight, ag_tensor *bias, double eps, ag_tensor **out,
+                                ag_tensor **mean, ag_tensor **rstd);
 AG_API ag_tensor *ag_layer_norm(ag_tensor *x, int nnorm, const int64_t *normalized_shape,
                                 ag_tensor *weight, ag_tensor *bias, double eps);
 /* native_batch_norm on (N,C,...): out, save_mean, save_invstd. In training it updates
@@ -170,8 +171,8 @@ AG_API ag_tensor *ag_layer_norm(ag_tensor *x, int nnorm, const int64_t *normaliz
  * save_invstd 0 and leave the running statistics as they are. */
 AG_API int ag_native_batch_norm(ag_tensor *x, ag_tensor *weight, ag_tensor *bias,
                                 ag_tensor *running_mean, ag_tensor *running_var, bool training,
-                                double momentum, double eps, ag_tensor **out,
-                                ag_tensor **save_mean, ag_tensor **save_invstd);
+                                double momentum, double eps, ag_tensor **out, ag_tensor **save_mean,
+                                ag_tensor **save_invstd);
 
 /* ---- embedding, losses, dropout, attention ---- */
 AG_API ag_tensor *ag_embedding(ag_tensor *weight, ag_tensor *indices); /* indices i64 */
@@ -184,8 +185,7 @@ AG_API ag_tensor *ag_nll_loss(ag_tensor *logp, ag_tensor *target, int reduction,
 AG_API ag_tensor *ag_cross_entropy(ag_tensor *logits, ag_tensor *target, int reduction,
                                    int64_t ignore_index); /* composite: log_softmax + nll */
 /* native_dropout(x, p, train): out and the bool keep-mask; draws from the generator. */
-AG_API int ag_native_dropout(ag_tensor *x, double p, bool train, ag_tensor **out,
-                             ag_tensor **mask);
+AG_API int ag_native_dropout(ag_tensor *x, double p, bool train, ag_tensor **out, ag_tensor **mask);
 AG_API ag_tensor *ag_dropout(ag_tensor *x, double p, bool train); /* composite */
 /* q,k,v (B..., L, E); causal masks j > i. scale <= 0 means 1/sqrt(E). */
 AG_API ag_tensor *ag_scaled_dot_product_attention(ag_tensor *q, ag_tensor *k, ag_tensor *v,
@@ -202,8 +202,8 @@ AG_API ag_tensor *ag_gather(ag_tensor *a, int dim, ag_tensor *index);
 /* index.Tensor: advanced indexing with one optional i64/bool index tensor per leading dim
  * (NULL entries mean ':'). */
 AG_API ag_tensor *ag_index(ag_tensor *a, ag_tensor *const *indices, int n);
-AG_API ag_tensor *ag_index_put(ag_tensor *a, ag_tensor *const *indices, int n,
-                               ag_tensor *values, bool accumulate);
+AG_API ag_tensor *ag_index_put(ag_tensor *a, ag_tensor *const *indices, int n, ag_tensor *values,
+                               bool accumulate);
 AG_API ag_tensor *ag_new_empty(ag_tensor *like, int ndim, const int64_t *sizes);
 AG_API ag_tensor *ag_new_zeros(ag_tensor *like, int ndim, const int64_t *sizes);
 /* index_add: a copy of `a` with alpha*source added at `index` along dim. */
@@ -236,8 +236,8 @@ AG_API ag_tensor *ag_mul_scalar_(ag_tensor *a, double s);
 AG_API ag_tensor *ag_copy_(ag_tensor *dst, ag_tensor *src);
 AG_API ag_tensor *ag_zero_(ag_tensor *a);
 AG_API ag_tensor *ag_fill_(ag_tensor *a, double v);
-AG_API ag_tensor *ag_index_put_(ag_tensor *a, ag_tensor *const *indices, int n,
-                                ag_tensor *values, bool accumulate);
+AG_API ag_tensor *ag_index_put_(ag_tensor *a, ag_tensor *const *indices, int n, ag_tensor *values,
+                                bool accumulate);
 /* In-place uniform/normal init used by module initializers (no autograd). */
 AG_API ag_tensor *ag_uniform_(ag_tensor *a, double lo, double hi);
 AG_API ag_tensor *ag_normal_(ag_tensor *a, double mean, double std);

@@ -20,11 +20,11 @@ extern "C" {
 typedef enum ag_arg_kind {
     AG_ARG_NONE = 0, /* None: an omitted optional */
     AG_ARG_TENSOR,
-    AG_ARG_TENSORS,  /* Tensor[] or Tensor?[] (elements may be NULL for the latter) */
+    AG_ARG_TENSORS, /* Tensor[] or Tensor?[] (elements may be NULL for the latter) */
     AG_ARG_INT,
-    AG_ARG_FLOAT,    /* float and Scalar */
+    AG_ARG_FLOAT, /* float and Scalar */
     AG_ARG_BOOL,
-    AG_ARG_INTS,     /* int[] */
+    AG_ARG_INTS, /* int[] */
     AG_ARG_DTYPE,
     AG_ARG_STR,
 } ag_arg_kind;
@@ -102,7 +102,7 @@ enum {
  * ops so that under tracing they emit backward graph nodes. */
 typedef struct ag_bwctx {
     const struct ag_opdef *op;
-    const ag_arg *args;         /* the call's arguments (saved tensors in place of tensors) */
+    const ag_arg *args; /* the call's arguments (saved tensors in place of tensors) */
     int nargs;
     ag_tensor *const *outputs;  /* saved outputs, NULL where not saved */
     const ag_tmeta *input_meta; /* dtype/shape/strides of every tensor input at call time
@@ -132,23 +132,23 @@ typedef int (*ag_decomp_fn)(const ag_arg *args, ag_tensor **outs);
 typedef void (*ag_samples_fn)(struct ag_samples *s);
 
 typedef struct ag_opdef {
-    const char *schema;       /* ATen schema; the op's name is what precedes '(' */
+    const char *schema; /* ATen schema; the op's name is what precedes '(' */
     uint32_t flags;
     ag_meta_fn meta;
     /* One kernel for all dtypes (it switches on dtype itself); NULL for views, which need none.
      * `dtypes` is a bitmask (1 << AG_F32 | ...) of the input dtypes the kernel handles. */
     ag_kernel_fn kernel;
     uint32_t dtypes;
-    ag_backward_fn backward;  /* NULL for non-differentiable ops */
-    uint32_t save_args;       /* bit j: tensor input j is saved for backward */
-    uint32_t save_outputs;    /* bit k: output k is saved for backward */
+    ag_backward_fn backward; /* NULL for non-differentiable ops */
+    uint32_t save_args;      /* bit j: tensor input j is saved for backward */
+    uint32_t save_outputs;   /* bit k: output k is saved for backward */
     /* bit k: output k carries no gradient (ATen's output_differentiability false: layer norm's
      * mean/rstd, batch norm's save_mean/invstd, nll_loss's total_weight, ...). Such outputs do
      * not require grad and gradcheck ignores them. Non-float outputs never carry gradients. */
     uint32_t nondiff_outputs;
-    ag_cost_fn cost;          /* NULL: a default from the flags */
-    ag_decomp_fn decomp;      /* optional */
-    ag_samples_fn samples;    /* gradcheck cases; required for differentiable ops */
+    ag_cost_fn cost;       /* NULL: a default from the flags */
+    ag_decomp_fn decomp;   /* optional */
+    ag_samples_fn samples; /* gradcheck cases; required for differentiable ops */
     /* For ops that mutate an argument (schema `Tensor(a!)`): the name of the functional op that
      * functionalization records instead. It takes the same arguments and returns the op's own
      * outputs followed by the new value of each mutated argument in schema order; for in-place
@@ -246,12 +246,12 @@ AG_API void ag_samples_add(ag_samples *s, const char *note, const ag_arg *args, 
 AG_API ag_tensor *ag_samples_rand(ag_samples *s, int ndim, const int64_t *sizes, double lo,
                                   double hi);
 /* As above without requires_grad (index tensors use ag_from_data). */
-AG_API ag_tensor *ag_samples_rand_nograd(ag_samples *s, int ndim, const int64_t *sizes,
-                                         double lo, double hi);
+AG_API ag_tensor *ag_samples_rand_nograd(ag_samples *s, int ndim, const int64_t *sizes, double lo,
+                                         double hi);
 /* A non-contiguous leaf (a transposed view of the last two dims of fresh storage) with
  * requires_grad set; ndim >= 2. */
-AG_API ag_tensor *ag_samples_rand_strided(ag_samples *s, int ndim, const int64_t *sizes,
-                                          double lo, double hi);
+AG_API ag_tensor *ag_samples_rand_strided(ag_samples *s, int ndim, const int64_t *sizes, double lo,
+                                          double hi);
 
 #ifdef __cplusplus
 }

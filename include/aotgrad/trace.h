@@ -65,8 +65,8 @@ AG_API void ag_annotate_begin(const char *key, ag_mval value);
 AG_API void ag_annotate_end(void);
 /* Runs fn(ud) inside the annotation {key: value}; fn's caller site is kept as a stack frame
  * named `fn_name`. Returns fn's result. */
-AG_API int ag_annotate_fn(const char *key, ag_mval value, const char *fn_name,
-                          int (*fn)(void *ud), void *ud);
+AG_API int ag_annotate_fn(const char *key, ag_mval value, const char *fn_name, int (*fn)(void *ud),
+                          void *ud);
 /* Records the caller's site (used by the macros in sites.h). */
 AG_API void ag_site(const char *file, int line, const char *func);
 /* Pushes / pops the current site as an outer frame (module calls do this). */

@@ -96,8 +96,7 @@ typedef struct ag_zoo_opts {
 /* ag_zoo_build with options (NULL: defaults). Setting a dropout for a model without dropout
  * layers, or one outside [0, 1], is an error (AG_EINVAL). */
 AG_API int ag_zoo_build_opts(const char *name, const char *config, const ag_zoo_opts *opts,
-                             ag_module **model, ag_tensor **inputs, int max_inputs,
-                             int *ninputs);
+                             ag_module **model, ag_tensor **inputs, int max_inputs, int *ninputs);
 
 #ifdef __cplusplus
 }

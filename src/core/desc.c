@@ -60,8 +60,10 @@ static const kind_info kinds[AG_DESC_NKINDS] = {
                        "self.get_parameter(%r)", AG_SEC_IN_PRIMALS},
     [AG_DESC_BUFFER] = {"BufferAOTInput", false, true, S, NULL, "target", NEST_NONE,
                         "self.get_buffer(%r)", AG_SEC_IN_PRIMALS},
-    [AG_DESC_PLAIN_INPUT] = {"PlainAOTInput", false, true, I, NULL, NULL, NEST_NONE, "args[%d]", AG_SEC_IN_PRIMALS},
-    [AG_DESC_DUMMY_INPUT] = {"DummyAOTInput", false, false, I, NULL, NULL, NEST_NONE, "__dummy%d", AG_SEC_IN_PRIMALS},
+    [AG_DESC_PLAIN_INPUT] = {"PlainAOTInput", false, true, I, NULL, NULL, NEST_NONE, "args[%d]",
+                             AG_SEC_IN_PRIMALS},
+    [AG_DESC_DUMMY_INPUT] = {"DummyAOTInput", false, false, I, NULL, NULL, NEST_NONE, "__dummy%d",
+                             AG_SEC_IN_PRIMALS},
     [AG_DESC_TANGENT] = {"TangentAOTInput", false, true, N, "output", NULL, NEST_DIFF_OUTPUT,
                          "__output_tangent(%n)", AG_SEC_IN_TANGENTS},
     [AG_DESC_VIEW_BASE] = {"ViewBaseAOTInput", false, true, N, "base_of", NULL, NEST_INPUT,
@@ -71,12 +73,13 @@ static const kind_info kinds[AG_DESC_NKINDS] = {
     [AG_DESC_PHILOX_FORWARD_SEED] = {"PhiloxForwardSeedAOTInput", false, false, 0, NULL, NULL,
                                      NEST_NONE, "__philox_forward_seed", AG_SEC_IN_FW_RNG},
     [AG_DESC_PHILOX_FORWARD_BASE_OFFSET] = {"PhiloxForwardBaseOffsetAOTInput", false, false, 0,
-                                            NULL, NULL, NEST_NONE, "__philox_forward_base_offset", AG_SEC_IN_FW_RNG},
+                                            NULL, NULL, NEST_NONE, "__philox_forward_base_offset",
+                                            AG_SEC_IN_FW_RNG},
     [AG_DESC_PHILOX_BACKWARD_SEED] = {"PhiloxBackwardSeedAOTInput", false, false, 0, NULL, NULL,
                                       NEST_NONE, "__philox_backward_seed", AG_SEC_IN_BW_RNG},
     [AG_DESC_PHILOX_BACKWARD_BASE_OFFSET] = {"PhiloxBackwardBaseOffsetAOTInput", false, false, 0,
-                                             NULL, NULL, NEST_NONE,
-                                             "__philox_backward_base_offset", AG_SEC_IN_BW_RNG},
+                                             NULL, NULL, NEST_NONE, "__philox_backward_base_offset",
+                                             AG_SEC_IN_BW_RNG},
     [AG_DESC_FORWARD_TOKEN_INPUT] = {"ForwardTokenAOTInput", false, false, I, NULL, NULL, NEST_NONE,
                                      "__forward_token%d", AG_SEC_IN_FW_TOKENS},
     [AG_DESC_BACKWARD_TOKEN_INPUT] = {"BackwardTokenAOTInput", false, false, I, NULL, NULL,
@@ -87,21 +90,26 @@ static const kind_info kinds[AG_DESC_NKINDS] = {
                                      NEST_INPUT, "%n.size(%d)", AG_SEC_NONE},
     [AG_DESC_SUBCLASS_STRIDE_INPUT] = {"SubclassStrideAOTInput", false, false, N | I, "base", NULL,
                                        NEST_INPUT, "%n.stride(%d)", AG_SEC_NONE},
-    [AG_DESC_PLAIN_OUTPUT] = {"PlainAOTOutput", true, true, I, NULL, NULL, NEST_NONE, "output[%d]", AG_SEC_OUT_USER},
+    [AG_DESC_PLAIN_OUTPUT] = {"PlainAOTOutput", true, true, I, NULL, NULL, NEST_NONE, "output[%d]",
+                              AG_SEC_OUT_USER},
     [AG_DESC_INPUT_MUTATION] = {"InputMutationAOTOutput", true, true, N, "mutated_input", NULL,
                                 NEST_INPUT, "__input_mutation(%n)", AG_SEC_OUT_MUTATIONS},
     [AG_DESC_INTERMEDIATE_BASE] = {"IntermediateBaseAOTOutput", true, true, N, "base_of", NULL,
-                                   NEST_OUTPUT, "__intermediate_base(%n)", AG_SEC_OUT_INTERMEDIATE_BASES},
+                                   NEST_OUTPUT, "__intermediate_base(%n)",
+                                   AG_SEC_OUT_INTERMEDIATE_BASES},
     [AG_DESC_METADATA_MUTATION] = {"MetadataMutationAOTOutput", true, true, I, NULL, NULL,
-                                   NEST_NONE, "__aliased_arg_with_metadata_mutation%d", AG_SEC_OUT_METADATA_MUTATIONS},
+                                   NEST_NONE, "__aliased_arg_with_metadata_mutation%d",
+                                   AG_SEC_OUT_METADATA_MUTATIONS},
     [AG_DESC_GRAD] = {"GradAOTOutput", true, true, N, "grad_of", NULL, NEST_DIFF_INPUT,
                       "__grad(%n)", AG_SEC_OUT_GRADS},
     [AG_DESC_PHILOX_UPDATED_FORWARD_OFFSET] = {"PhiloxUpdatedForwardOffsetAOTOutput", true, false,
                                                0, NULL, NULL, NEST_NONE,
-                                               "__philox_updated_forward_offset", AG_SEC_OUT_FW_RNG_OFFSET},
+                                               "__philox_updated_forward_offset",
+                                               AG_SEC_OUT_FW_RNG_OFFSET},
     [AG_DESC_PHILOX_UPDATED_BACKWARD_OFFSET] = {"PhiloxUpdatedBackwardOffsetAOTOutput", true, false,
                                                 0, NULL, NULL, NEST_NONE,
-                                                "__philox_updated_backward_offset", AG_SEC_OUT_BW_RNG_OFFSET},
+                                                "__philox_updated_backward_offset",
+                                                AG_SEC_OUT_BW_RNG_OFFSET},
     [AG_DESC_FORWARD_TOKEN_OUTPUT] = {"ForwardTokenAOTOutput", true, false, I, NULL, NULL,
                                       NEST_NONE, "__forward_token%d", AG_SEC_OUT_FW_TOKENS},
     [AG_DESC_BACKWARD_TOKEN_OUTPUT] = {"BackwardTokenAOTOutput", true, false, I, NULL, NULL,
@@ -112,12 +120,14 @@ static const kind_info kinds[AG_DESC_NKINDS] = {
                                       NEST_OUTPUT, "%n.size(%d)", AG_SEC_NONE},
     [AG_DESC_SUBCLASS_STRIDE_OUTPUT] = {"SubclassStrideAOTOutput", true, false, N | I, "base", NULL,
                                         NEST_OUTPUT, "%n.stride(%d)", AG_SEC_NONE},
-    [AG_DESC_DUMMY_OUTPUT] = {"DummyAOTOutput", true, false, I, NULL, NULL, NEST_NONE, "__dummy%d", AG_SEC_OUT_USER},
+    [AG_DESC_DUMMY_OUTPUT] = {"DummyAOTOutput", true, false, I, NULL, NULL, NEST_NONE, "__dummy%d",
+                              AG_SEC_OUT_USER},
     [AG_DESC_SAVED_FOR_BACKWARDS] = {"SavedForBackwardsAOTOutput", true, false, I, NULL, NULL,
                                      NEST_NONE, "__saved_for_backwards_%d", AG_SEC_OUT_SAVED},
     [AG_DESC_SAVED_FOR_BACKWARDS_NO_VC_CHECK] = {"SavedForBackwardsNoVcCheckAOTOutput", true, false,
                                                  I, NULL, NULL, NEST_NONE,
-                                                 "__saved_for_backwards_no_vc_check_%d", AG_SEC_OUT_SAVED},
+                                                 "__saved_for_backwards_no_vc_check_%d",
+                                                 AG_SEC_OUT_SAVED},
 };
 
 #undef S
@@ -501,7 +511,9 @@ const char *ag_desc_kind_nested_field(ag_desc_kind kind) {
     return kind_ok(kind) ? kinds[kind].nested_field : NULL;
 }
 
-ag_desc_kind ag_desc_kind_of(const ag_desc *d) { return d ? d->kind : (ag_desc_kind)0; }
+ag_desc_kind ag_desc_kind_of(const ag_desc *d) {
+    return d ? d->kind : (ag_desc_kind)0;
+}
 bool ag_desc_is_input(const ag_desc *d) {
     return d && !kinds[d->kind].output;
 }
@@ -523,9 +535,15 @@ const char *ag_desc_attr(const ag_desc *d) {
                : NULL;
 }
 
-int64_t ag_desc_idx(const ag_desc *d) { return d ? d->idx : -1; }
-const ag_desc *ag_desc_nested(const ag_desc *d) { return d ? d->nested : NULL; }
-int ag_desc_depth(const ag_desc *d) { return d ? d->depth : 0; }
+int64_t ag_desc_idx(const ag_desc *d) {
+    return d ? d->idx : -1;
+}
+const ag_desc *ag_desc_nested(const ag_desc *d) {
+    return d ? d->nested : NULL;
+}
+int ag_desc_depth(const ag_desc *d) {
+    return d ? d->depth : 0;
+}
 
 /* Follows SubclassGetAttr descriptors of kind `via` down to what they wrap. */
 static const ag_desc *through_getattr(const ag_desc *d, ag_desc_kind via) {
@@ -563,7 +581,9 @@ static const char *const section_names[AG_SEC_COUNT] = {
 const char *ag_section_name(ag_section s) {
     return (unsigned)s < AG_SEC_COUNT ? section_names[s] : NULL;
 }
-bool ag_section_is_input(ag_section s) { return s >= 0 && s < AG_SEC_OUT_FW_TOKENS; }
+bool ag_section_is_input(ag_section s) {
+    return s >= 0 && s < AG_SEC_OUT_FW_TOKENS;
+}
 
 bool ag_desc_is_param(const ag_desc *d) {
     d = through_getattr(d, AG_DESC_SUBCLASS_GETATTR_INPUT);

@@ -18,12 +18,20 @@ int ag__err(int code, const char *fmt, ...) {
     return code;
 }
 
-uint64_t ag__err_count(void) { return err_count; }
+uint64_t ag__err_count(void) {
+    return err_count;
+}
 
-bool ag__has_error(void) { return err_code != 0; }
+bool ag__has_error(void) {
+    return err_code != 0;
+}
 
-const char *ag_last_error(void) { return err_msg; }
-int ag_last_status(void) { return err_code; }
+const char *ag_last_error(void) {
+    return err_msg;
+}
+int ag_last_status(void) {
+    return err_code;
+}
 
 void ag_clear_error(void) {
     err_msg[0] = 0;

@@ -70,7 +70,7 @@ size_t ag__data_cache_set_cap(size_t cap);
 /* ---- tensors (tensor.c) ---- */
 typedef struct ag_storage {
     int64_t refcount;
-    void *data;     /* NULL for meta storage (tracing) */
+    void *data; /* NULL for meta storage (tracing) */
     size_t nbytes;
     uint64_t version;
 } ag_storage;
@@ -89,17 +89,17 @@ struct ag_tensor {
     int64_t offset;
     ag_storage *storage; /* never NULL; storage->data NULL means a meta tensor */
     bool requires_grad;
-    bool is_view;        /* made by a view op: shares another tensor's storage */
+    bool is_view; /* made by a view op: shares another tensor's storage */
     ag_tensor *grad;
     struct ag_anode *grad_fn;
     int output_nr;
-    bool grad_donated;   /* its producer gives it away: may become a leaf's .grad uncopied */
-    void *trace;         /* the tracer's graph node, valid when trace_id is the active trace's */
+    bool grad_donated; /* its producer gives it away: may become a leaf's .grad uncopied */
+    void *trace;       /* the tracer's graph node, valid when trace_id is the active trace's */
     uint64_t trace_id;
     /* PyTorch's ._base: the root tensor a view op's output was made from (a reference, or
      * NULL for tensors that are not views; never itself a view). Set by the dispatcher. */
     ag_tensor *base;
-    uint64_t trace_ver;  /* the tracer's alias generation trace was valid for (trace.c) */
+    uint64_t trace_ver;      /* the tracer's alias generation trace was valid for (trace.c) */
     struct ag__subdata *sub; /* a tensor subclass instance's type and inner tensors, shared by
                               * its aliases (core/subclass_instance.c); NULL for plain tensors */
 };
@@ -202,11 +202,11 @@ bool ag__in_scope(void);
 /* ---- grad mode, thread state, the autograd graph (core/autograd_graph.c) ---- */
 typedef struct ag__tls_state {
     bool grad_disabled;
-    bool tracing;             /* later stages: factory ops make meta tensors */
-    bool in_grad_acc;         /* the current add is a gradient accumulation */
-    int64_t bw_seq_nr;        /* seq_nr of the node whose backward is running, else -1 */
-    int dispatch_depth;       /* >0 while inside an op (composites, backward rules) */
-    int64_t trace_seq;        /* seq_nr for the node being traced (set by the dispatcher) */
+    bool tracing;       /* later stages: factory ops make meta tensors */
+    bool in_grad_acc;   /* the current add is a gradient accumulation */
+    int64_t bw_seq_nr;  /* seq_nr of the node whose backward is running, else -1 */
+    int dispatch_depth; /* >0 while inside an op (composites, backward rules) */
+    int64_t trace_seq;  /* seq_nr for the node being traced (set by the dispatcher) */
 } ag__tls_state;
 ag__tls_state *ag__tls(void);
 /* Drops one reference to an autograd node. */
@@ -216,8 +216,8 @@ void ag__anode_release(struct ag_anode *n);
  * taken before an in-place kernel, or NULL). */
 bool ag__autograd_wanted(const ag_op *op, const ag_arg *args, int nargs);
 int ag__autograd_check_inplace(const ag_op *op, const ag_arg *args, int nargs);
-int ag__autograd_record(const ag_op *op, const ag_arg *args, int nargs, ag_tensor **outs,
-                        int nouts, ag_tensor *orig_self);
+int ag__autograd_record(const ag_op *op, const ag_arg *args, int nargs, ag_tensor **outs, int nouts,
+                        ag_tensor *orig_self);
 /* A custom autograd node (a compiled function): its backward receives the output grads
  * (entries may be NULL) and stores new references / scope results in grad_inputs for the
  * inputs with needs[j]. It runs inside a scope, like a backward rule. */
@@ -250,20 +250,20 @@ int ag__subclass_call(const ag_subclass_type *type, const ag_op *op, const ag_ar
 /* ---- op registry (ops/optable.c) ---- */
 struct ag_op {
     const ag_opdef *def;
-    char *name;               /* "add.Tensor" */
+    char *name; /* "add.Tensor" */
     int nargs;
     ag_schema_arg args[AG_MAX_ARGS];
-    bool mutates[AG_MAX_ARGS];/* Tensor(a!) */
-    int noutputs;             /* -1: Tensor[] (variable, e.g. split) */
+    bool mutates[AG_MAX_ARGS]; /* Tensor(a!) */
+    int noutputs;              /* -1: Tensor[] (variable, e.g. split) */
     bool out_is_list;
-    char *arg_names;          /* backing store for args[].name */
+    char *arg_names; /* backing store for args[].name */
     int index;
 };
 
 /* Called by the dispatcher after outputs exist, when set (the tracer). One per thread: a
  * thread's trace session sees only that thread's op calls. */
-typedef int (*ag__trace_hook_fn)(const ag_op *op, const ag_arg *args, int nargs,
-                                 ag_tensor **outs, int nouts);
+typedef int (*ag__trace_hook_fn)(const ag_op *op, const ag_arg *args, int nargs, ag_tensor **outs,
+                                 int nouts);
 extern _Thread_local ag__trace_hook_fn ag__trace_hook;
 
 /* Checks args against op's schema and fills defaults into full[] (AG_MAX_ARGS entries). */

@@ -7,7 +7,9 @@
 
 #include <math.h>
 
-typedef struct { uint32_t v[4]; } philox4;
+typedef struct {
+    uint32_t v[4];
+} philox4;
 
 static philox4 philox(uint64_t seed, uint64_t counter) {
     uint32_t c0 = (uint32_t)counter, c1 = (uint32_t)(counter >> 32), c2 = 0, c3 = 0;
@@ -57,7 +59,9 @@ static inline double u53(philox4 r) {
     return (double)(x & ((1ull << 53) - 1)) * 0x1.0p-53;
 }
 
-static inline float u24(uint32_t x) { return (float)(x >> 8) * 0x1.0p-24f; }
+static inline float u24(uint32_t x) {
+    return (float)(x >> 8) * 0x1.0p-24f;
+}
 
 void ag__philox_uniform_f64(uint64_t seed, uint64_t offset, int64_t n, double *out) {
 #pragma omp parallel for schedule(static) if (n > 65536)

@@ -92,7 +92,9 @@ void *ag__strmap_get(const ag__strmap *m, const char *key) {
     return s >= 0 ? m->slots[s].val : NULL;
 }
 
-bool ag__strmap_has(const ag__strmap *m, const char *key) { return find_slot(m, key, false) >= 0; }
+bool ag__strmap_has(const ag__strmap *m, const char *key) {
+    return find_slot(m, key, false) >= 0;
+}
 
 void ag__strmap_del(ag__strmap *m, const char *key) {
     int64_t s = find_slot(m, key, false);

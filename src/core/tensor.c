@@ -13,10 +13,18 @@ static const char *const dt_short[] = {"f32", "f64", "i64", "b8", "i8"};
 static const char *const dt_name[] = {"float32", "float64", "int64", "bool", "int8"};
 static const size_t dt_size[] = {4, 8, 8, 1, 1};
 
-const char *ag_dtype_short(ag_dtype dt) { return (unsigned)dt < AG_NDTYPES ? dt_short[dt] : "?"; }
-const char *ag_dtype_name(ag_dtype dt) { return (unsigned)dt < AG_NDTYPES ? dt_name[dt] : "?"; }
-size_t ag_dtype_size(ag_dtype dt) { return (unsigned)dt < AG_NDTYPES ? dt_size[dt] : 0; }
-bool ag_dtype_is_float(ag_dtype dt) { return dt == AG_F32 || dt == AG_F64; }
+const char *ag_dtype_short(ag_dtype dt) {
+    return (unsigned)dt < AG_NDTYPES ? dt_short[dt] : "?";
+}
+const char *ag_dtype_name(ag_dtype dt) {
+    return (unsigned)dt < AG_NDTYPES ? dt_name[dt] : "?";
+}
+size_t ag_dtype_size(ag_dtype dt) {
+    return (unsigned)dt < AG_NDTYPES ? dt_size[dt] : 0;
+}
+bool ag_dtype_is_float(ag_dtype dt) {
+    return dt == AG_F32 || dt == AG_F64;
+}
 
 /* ---- metadata helpers ---- */
 
@@ -77,7 +85,9 @@ void ag__tmeta_of(const ag_tensor *t, ag_tmeta *m) {
     m->offset = t->offset;
 }
 
-bool ag__is_meta(const ag_tensor *t) { return t->storage->data == NULL; }
+bool ag__is_meta(const ag_tensor *t) {
+    return t->storage->data == NULL;
+}
 
 int ag__wrap_dim(const char *op, int64_t dim, int ndim) {
     int n = ndim > 0 ? ndim : 1;
@@ -195,7 +205,9 @@ ag_tensor *ag__tensor_alias(ag_tensor *src, const ag_tmeta *m) {
     return t;
 }
 
-void ag__tensor_retain(ag_tensor *t) { t->refcount++; }
+void ag__tensor_retain(ag_tensor *t) {
+    t->refcount++;
+}
 
 void ag_tensor_free(ag_tensor *t) {
     if (!t || --t->refcount > 0)
@@ -254,7 +266,9 @@ void ag_scope_end(void) {
     }
 }
 
-bool ag__in_scope(void) { return scope_depth > 0; }
+bool ag__in_scope(void) {
+    return scope_depth > 0;
+}
 
 ag_tensor *ag__give(ag_tensor *t) {
     if (!t || scope_depth == 0)
@@ -284,16 +298,24 @@ ag_tensor *ag__give(ag_tensor *t) {
 
 /* ---- accessors ---- */
 
-ag_dtype ag_tensor_dtype(const ag_tensor *t) { return t ? t->dtype : AG_F32; }
-int ag_tensor_ndim(const ag_tensor *t) { return t ? t->ndim : 0; }
+ag_dtype ag_tensor_dtype(const ag_tensor *t) {
+    return t ? t->dtype : AG_F32;
+}
+int ag_tensor_ndim(const ag_tensor *t) {
+    return t ? t->ndim : 0;
+}
 const int64_t *ag_tensor_sizes(const ag_tensor *t) {
     return t ? t->sizes : NULL;
 }
 const int64_t *ag_tensor_strides(const ag_tensor *t) {
     return t ? t->strides : NULL;
 }
-int64_t ag_tensor_offset(const ag_tensor *t) { return t ? t->offset : 0; }
-int64_t ag_tensor_numel(const ag_tensor *t) { return t ? ag__numel(t->ndim, t->sizes) : 0; }
+int64_t ag_tensor_offset(const ag_tensor *t) {
+    return t ? t->offset : 0;
+}
+int64_t ag_tensor_numel(const ag_tensor *t) {
+    return t ? ag__numel(t->ndim, t->sizes) : 0;
+}
 
 int64_t ag_tensor_size(const ag_tensor *t, int dim) {
     if (!t)
@@ -326,9 +348,13 @@ bool ag_tensor_same_storage(const ag_tensor *a, const ag_tensor *b) {
     return a->storage == b->storage;
 }
 
-ag_tensor *ag_tensor_base(const ag_tensor *t) { return t ? t->base : NULL; }
+ag_tensor *ag_tensor_base(const ag_tensor *t) {
+    return t ? t->base : NULL;
+}
 
-uint64_t ag_tensor_version(const ag_tensor *t) { return t ? t->storage->version : 0; }
+uint64_t ag_tensor_version(const ag_tensor *t) {
+    return t ? t->storage->version : 0;
+}
 void ag_tensor_bump_version(ag_tensor *t) {
     AG__CHECK_NULL_RET("tensor_bump_version", t, );
     t->storage->version++;
@@ -362,15 +388,18 @@ double ag_tensor_item_at(const ag_tensor *t, int64_t i) {
     AG__CHECK_NULL_RET("tensor_item_at", t, NAN);
     if (t && t->sub) {
         char b[128];
-        ag__err(AG_EINVAL, "item: %s %s is a tensor subclass instance without data of its own; "
-                           "read its inner tensors (ag_subclass_inner)",
+        ag__err(AG_EINVAL,
+                "item: %s %s is a tensor subclass instance without data of its own; "
+                "read its inner tensors (ag_subclass_inner)",
                 ag_tensor_subclass(t)->name, ag_tensor_meta_str(t, b, sizeof b));
         return NAN;
     }
     if (t && !t->storage->data) {
         char b[128];
-        ag__err(AG_ENOTSUP, "item: %s is a data-less (traced or meta) tensor; reading its values "
-                            "is data-dependent and cannot be traced", ag_tensor_meta_str(t, b, sizeof b));
+        ag__err(AG_ENOTSUP,
+                "item: %s is a data-less (traced or meta) tensor; reading its values "
+                "is data-dependent and cannot be traced",
+                ag_tensor_meta_str(t, b, sizeof b));
         return NAN;
     }
     if (i < 0 || i >= ag_tensor_numel(t)) {
@@ -406,7 +435,8 @@ char *ag_tensor_meta_str(const ag_tensor *t, char *buf, size_t n) {
     AG__CHECK_NULL_RET("tensor_meta_str", t, NULL);
     AG__CHECK_NULL_RET("tensor_meta_str", buf, NULL);
     char s[256];
-    snprintf(buf, n, "%s%s", ag_dtype_short(t->dtype), ag__fmt_sizes(s, sizeof s, t->ndim, t->sizes));
+    snprintf(buf, n, "%s%s", ag_dtype_short(t->dtype),
+             ag__fmt_sizes(s, sizeof s, t->ndim, t->sizes));
     return buf;
 }
 
@@ -421,7 +451,8 @@ void ag_tensor_print(const ag_tensor *t, const char *name, int max_elems) {
         printf(" %s\n", ag_tensor_subclass(t)->name);
         for (int i = 0; ag_subclass_inner(t, i); i++) {
             char nm[160];
-            snprintf(nm, sizeof nm, "  %s.%s", name ? name : "tensor", ag_tensor_subclass(t)->attrs[i]);
+            snprintf(nm, sizeof nm, "  %s.%s", name ? name : "tensor",
+                     ag_tensor_subclass(t)->attrs[i]);
             ag_tensor_print(ag_subclass_inner(t, i), nm, max_elems);
         }
         return;
@@ -443,13 +474,13 @@ int ag__copy_into(ag_tensor *dst, const ag_tensor *src) {
     ag__iter it;
     ag_tensor *ops[2] = {dst, (ag_tensor *)src};
     ag__iter_build(&it, ops, 2);
-#define AG__COPY_LOOP(TD, TS)                                                                  \
-    AG__ITER_ROWS(it, {                                                                        \
-        TD *o = (TD *)it.base[0] + off[0];                                                     \
-        const TS *x = (const TS *)it.base[1] + off[1];                                         \
-        const int64_t so = it.inner_stride[0], sx = it.inner_stride[1];                        \
-        for (int64_t k = 0; k < len; k++)                                                      \
-            o[k * so] = (TD)x[k * sx];                                                         \
+#define AG__COPY_LOOP(TD, TS)                                                                      \
+    AG__ITER_ROWS(it, {                                                                            \
+        TD *o = (TD *)it.base[0] + off[0];                                                         \
+        const TS *x = (const TS *)it.base[1] + off[1];                                             \
+        const int64_t so = it.inner_stride[0], sx = it.inner_stride[1];                            \
+        for (int64_t k = 0; k < len; k++)                                                          \
+            o[k * so] = (TD)x[k * sx];                                                             \
     })
     switch (src->dtype) {
     case AG_F32:
@@ -521,15 +552,23 @@ int ag_tensor_set_requires_grad(ag_tensor *t, bool rg) {
                        "set_requires_grad: you can only change requires_grad flags of leaf "
                        "variables (this tensor was produced by an op)");
     if (rg && !ag_dtype_is_float(t->dtype))
-        return ag__err(AG_EINVAL, "set_requires_grad: only floating point tensors can require "
-                                  "gradients (dtype %s)", ag_dtype_short(t->dtype));
+        return ag__err(AG_EINVAL,
+                       "set_requires_grad: only floating point tensors can require "
+                       "gradients (dtype %s)",
+                       ag_dtype_short(t->dtype));
     t->requires_grad = rg;
     return 0;
 }
 
-bool ag_tensor_requires_grad(const ag_tensor *t) { return t && t->requires_grad; }
-bool ag_tensor_is_leaf(const ag_tensor *t) { return t && t->grad_fn == NULL; }
-ag_tensor *ag_tensor_grad(const ag_tensor *t) { return t ? t->grad : NULL; }
+bool ag_tensor_requires_grad(const ag_tensor *t) {
+    return t && t->requires_grad;
+}
+bool ag_tensor_is_leaf(const ag_tensor *t) {
+    return t && t->grad_fn == NULL;
+}
+ag_tensor *ag_tensor_grad(const ag_tensor *t) {
+    return t ? t->grad : NULL;
+}
 
 int ag_tensor_set_grad(ag_tensor *t, ag_tensor *g) {
     AG__CHECK_NULL("tensor_set_grad", t);
@@ -543,7 +582,8 @@ int ag_tensor_set_grad(ag_tensor *t, ag_tensor *g) {
                        "tensor_set_grad: assigned grad has data of a different type (%s for a "
                        "tensor of %s)",
                        ag_dtype_name(g->dtype), ag_dtype_name(t->dtype));
-    if (g && (g->ndim != t->ndim || memcmp(g->sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim))) {
+    if (g &&
+        (g->ndim != t->ndim || memcmp(g->sizes, t->sizes, sizeof(int64_t) * (size_t)t->ndim))) {
         char a[128], b[128];
         return ag__err(AG_EINVAL,
                        "tensor_set_grad: assigned grad has data of a different size (%s for a "

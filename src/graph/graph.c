@@ -15,20 +15,20 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-
 /* ---- small helpers ---- */
 
 static const char *const python_builtins[] = {
     /* Names FX will not give a node as-is (keywords and builtins that ops are named after or
      * that could plausibly collide); they start at _1. */
-    "abs", "all", "any", "bin", "bool", "bytes", "chr", "dict", "dir", "divmod", "filter",
-    "float", "format", "hash", "hex", "id", "input", "int", "iter", "len", "list", "map",
-    "max", "min", "next", "object", "oct", "open", "ord", "pow", "print", "range", "repr",
-    "round", "set", "slice", "sorted", "str", "sum", "super", "tuple", "type", "vars", "zip",
-    "and", "as", "assert", "break", "class", "continue", "def", "del", "elif", "else",
-    "except", "finally", "for", "from", "global", "if", "import", "in", "is", "lambda",
-    "nonlocal", "not", "or", "pass", "raise", "return", "try", "while", "with", "yield",
-    "None", "True", "False", "self",
+    "abs",    "all",      "any",   "bin",    "bool",     "bytes", "chr",    "dict",   "dir",
+    "divmod", "filter",   "float", "format", "hash",     "hex",   "id",     "input",  "int",
+    "iter",   "len",      "list",  "map",    "max",      "min",   "next",   "object", "oct",
+    "open",   "ord",      "pow",   "print",  "range",    "repr",  "round",  "set",    "slice",
+    "sorted", "str",      "sum",   "super",  "tuple",    "type",  "vars",   "zip",    "and",
+    "as",     "assert",   "break", "class",  "continue", "def",   "del",    "elif",   "else",
+    "except", "finally",  "for",   "from",   "global",   "if",    "import", "in",     "is",
+    "lambda", "nonlocal", "not",   "or",     "pass",     "raise", "return", "try",    "while",
+    "with",   "yield",    "None",  "True",   "False",    "self",
 };
 
 static bool illegal_name(const char *s) {
@@ -474,12 +474,24 @@ void ag_graph_free(ag_graph *g) {
     ag__free(g);
 }
 
-int ag_graph_num_nodes(const ag_graph *g) { return g ? (int)g->count : 0; }
-ag_node *ag_graph_first(const ag_graph *g) { return g ? g->first : NULL; }
-ag_node *ag_graph_last(const ag_graph *g) { return g ? g->last : NULL; }
-ag_node *ag_node_next(const ag_node *n) { return n ? n->next : NULL; }
-ag_node *ag_node_prev(const ag_node *n) { return n ? n->prev : NULL; }
-ag_node *ag_graph_output_node(const ag_graph *g) { return g ? g->output : NULL; }
+int ag_graph_num_nodes(const ag_graph *g) {
+    return g ? (int)g->count : 0;
+}
+ag_node *ag_graph_first(const ag_graph *g) {
+    return g ? g->first : NULL;
+}
+ag_node *ag_graph_last(const ag_graph *g) {
+    return g ? g->last : NULL;
+}
+ag_node *ag_node_next(const ag_node *n) {
+    return n ? n->next : NULL;
+}
+ag_node *ag_node_prev(const ag_node *n) {
+    return n ? n->prev : NULL;
+}
+ag_node *ag_graph_output_node(const ag_graph *g) {
+    return g ? g->output : NULL;
+}
 ag_node *ag_graph_find(const ag_graph *g, const char *name) {
     return g && name ? ag__strmap_get(&g->names, name) : NULL;
 }
@@ -1005,10 +1017,18 @@ int ag_node_rename(ag_graph *g, ag_node *n, const char *name) {
 
 /* ---- reading ---- */
 
-ag_node_kind ag_node_kind_of(const ag_node *n) { return n ? n->kind : (ag_node_kind)0; }
-const char *ag_node_name(const ag_node *n) { return n ? n->name : NULL; }
-const ag_op *ag_node_op(const ag_node *n) { return n ? n->op : NULL; }
-int ag_node_nargs(const ag_node *n) { return n ? n->nargs : 0; }
+ag_node_kind ag_node_kind_of(const ag_node *n) {
+    return n ? n->kind : (ag_node_kind)0;
+}
+const char *ag_node_name(const ag_node *n) {
+    return n ? n->name : NULL;
+}
+const ag_op *ag_node_op(const ag_node *n) {
+    return n ? n->op : NULL;
+}
+int ag_node_nargs(const ag_node *n) {
+    return n ? n->nargs : 0;
+}
 const ag_garg *ag_node_arg(const ag_node *n, int i) {
     if (!n)
         return NULL;
@@ -1019,13 +1039,17 @@ ag_node *ag_node_arg_node(const ag_node *n, int i) {
         return NULL;
     return i >= 0 && i < n->nargs && n->args[i].kind == AG_GA_NODE ? n->args[i].u.node : NULL;
 }
-int ag_node_num_users(const ag_node *n) { return n ? n->nusers : 0; }
+int ag_node_num_users(const ag_node *n) {
+    return n ? n->nusers : 0;
+}
 ag_node *ag_node_user(const ag_node *n, int i) {
     if (!n)
         return NULL;
     return i >= 0 && i < n->nusers ? n->users[i].node : NULL;
 }
-int ag_node_num_vals(const ag_node *n) { return n ? n->nvals : 0; }
+int ag_node_num_vals(const ag_node *n) {
+    return n ? n->nvals : 0;
+}
 const ag_tmeta *ag_node_val(const ag_node *n, int i) {
     if (!n)
         return NULL;
@@ -1045,7 +1069,9 @@ int ag_node_set_val(ag_node *n, int i, const ag_tmeta *m) {
     n->vals[i] = *m;
     return 0;
 }
-ag_tensor *ag_node_constant(const ag_node *n) { return n ? n->constant : NULL; }
+ag_tensor *ag_node_constant(const ag_node *n) {
+    return n ? n->constant : NULL;
+}
 
 /* ---- metadata ---- */
 
@@ -1177,7 +1203,9 @@ int ag_node_meta_del(ag_node *n, const char *key) {
     AG__CHECK_NULL("node_meta_del", key);
     return entry_del(n->meta, &n->nmeta, key);
 }
-int ag_node_meta_count(const ag_node *n) { return n ? n->nmeta : 0; }
+int ag_node_meta_count(const ag_node *n) {
+    return n ? n->nmeta : 0;
+}
 const char *ag_node_meta_key_at(const ag_node *n, int i, ag_mval *v) {
     if (!n)
         return NULL;
@@ -1252,8 +1280,10 @@ int ag_node_set_partitioner_tag(ag_node *n, const char *tag) {
         if (!strcmp(tag, interned[i]))
             return ag_node_meta_set(n, interned[K_TAG],
                                     (ag_mval){.kind = AG_MV_STR, .u.s = interned[i]});
-    return ag__err(AG_EINVAL, "partitioner_tag: '%s' is not one of is_forward, is_backward, "
-                              "must_be_in_forward, must_be_in_backward", tag);
+    return ag__err(AG_EINVAL,
+                   "partitioner_tag: '%s' is not one of is_forward, is_backward, "
+                   "must_be_in_forward, must_be_in_backward",
+                   tag);
 }
 bool ag_node_is_gradient_acc(const ag_node *n) {
     if (!n)
@@ -1309,7 +1339,9 @@ ag_mval ag_node_custom_get(const ag_node *n, const char *key) {
         return (ag_mval){.kind = AG_MV_NONE};
     return entry_get(n->custom, n->ncustom, key);
 }
-int ag_node_custom_count(const ag_node *n) { return n ? n->ncustom : 0; }
+int ag_node_custom_count(const ag_node *n) {
+    return n ? n->ncustom : 0;
+}
 const char *ag_node_custom_key_at(const ag_node *n, int i, ag_mval *v) {
     if (!n)
         return NULL;
@@ -1356,7 +1388,9 @@ int ag_node_set_desc(ag_node *n, ag_desc *d) {
     return 0;
 }
 
-ag_desc *ag_node_desc(const ag_node *n) { return n ? n->desc : NULL; }
+ag_desc *ag_node_desc(const ag_node *n) {
+    return n ? n->desc : NULL;
+}
 
 int ag_node_set_output_descs(ag_node *out, ag_desc *const *descs, int cnt) {
     AG__CHECK_NULL("node_set_output_descs", out);
@@ -1367,8 +1401,10 @@ int ag_node_set_output_descs(ag_node *out, ag_desc *const *descs, int cnt) {
         return ag__err(AG_EINVAL, "set_output_descs: %d descriptors for %d outputs", cnt, nouts);
     for (int i = 0; i < cnt; i++)
         if (descs[i] && ag_desc_is_input(descs[i]))
-            return ag__err(AG_EINVAL, "set_output_descs: output %d: an output takes an output "
-                                      "descriptor", i);
+            return ag__err(AG_EINVAL,
+                           "set_output_descs: output %d: an output takes an output "
+                           "descriptor",
+                           i);
     ag_desc **v = ag__calloc((size_t)(cnt ? cnt : 1), sizeof *v);
     if (!v)
         return AG_ENOMEM;
@@ -1388,7 +1424,9 @@ ag_desc *ag_node_output_desc(const ag_node *out, int i) {
         return NULL;
     return i >= 0 && i < out->nout_descs ? out->out_descs[i] : NULL;
 }
-bool ag_node_has_output_descs(const ag_node *out) { return out ? out->has_out_descs : false; }
+bool ag_node_has_output_descs(const ag_node *out) {
+    return out ? out->has_out_descs : false;
+}
 
 int ag__graph_reserve(ag_graph *g, int64_t nnodes) {
     return ag__strmap_reserve(&g->names, nnodes);
@@ -1455,7 +1493,8 @@ ag_graph *ag_graph_copy(const ag_graph *src) {
             rc = entry_copy(g, &m->custom, &m->ncustom, &m->custom_cap, NULL, &n->custom[i]);
         m->desc = ag_desc_retain(n->desc);
         if (rc == 0 && n->has_out_descs) {
-            m->out_descs = ag__calloc((size_t)(n->nout_descs ? n->nout_descs : 1), sizeof(ag_desc *));
+            m->out_descs =
+                ag__calloc((size_t)(n->nout_descs ? n->nout_descs : 1), sizeof(ag_desc *));
             if (!m->out_descs)
                 rc = AG_ENOMEM;
             else {

@@ -84,13 +84,13 @@ struct ag_graph {
     bool order_dirty;
     ag_node **ph_cache;
     int64_t ph_cap;
-    ag_node *last_ph; /* the last placeholder, or NULL when unknown (recomputed on demand) */
-    int64_t nph;      /* placeholders in the list */
+    ag_node *last_ph;    /* the last placeholder, or NULL when unknown (recomputed on demand) */
+    int64_t nph;         /* placeholders in the list */
     ag__strmap base_idx; /* name base -> its index in bases, plus one */
     ag__node_block *blocks;
-    ag_node *free_nodes;  /* erased nodes, linked through next */
-    ag__strpool *strings; /* this graph's metadata strings (NULL until the first) */
-    ag__strpool **shared; /* other graphs' pools its entries point into */
+    ag_node *free_nodes;    /* erased nodes, linked through next */
+    ag__strpool *strings;   /* this graph's metadata strings (NULL until the first) */
+    ag__strpool **shared;   /* other graphs' pools its entries point into */
     ag__strmap shared_strs; /* strings set on many nodes (module stacks) -> their copy in strings */
     int nshared;
     int64_t shared_cap;

@@ -85,7 +85,8 @@ static int to_args(const ag_op *op, const ag_garg *args, int nargs, ag_arg *out,
             break;
         case AG_GA_NODES:
             if (g->n > 64)
-                return ag__err(AG_EINVAL, "%s: tensor list of %d elements (at most 64)", ag_op_name(op), g->n);
+                return ag__err(AG_EINVAL, "%s: tensor list of %d elements (at most 64)",
+                               ag_op_name(op), g->n);
             ag_tensor **list = sh->lists + sh->nlist;
             sh->nlist += g->n;
             for (int k = 0; k < g->n; k++) {
@@ -156,7 +157,9 @@ int ag__node_cost(const ag_node *n, ag_cost *c) {
     return rc;
 }
 
-static bool float_eq(double a, double b) { return a == b || (isnan(a) && isnan(b)); }
+static bool float_eq(double a, double b) {
+    return a == b || (isnan(a) && isnan(b));
+}
 
 bool ag__garg_is_default(const ag_op *op, int i, const ag_garg *g) {
     const ag_schema_arg *sa = ag_op_arg(op, i);

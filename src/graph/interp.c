@@ -19,7 +19,7 @@ typedef struct run_state {
     int64_t *remaining; /* per node: references still to be read */
     ag_tensor **slots;  /* one per output of each node; NULL when not (or no longer) live */
     int64_t nslots;
-    ag_tensor **lists;  /* scratch for Tensor[] arguments */
+    ag_tensor **lists; /* scratch for Tensor[] arguments */
     int64_t lists_cap;
 } run_state;
 
@@ -74,8 +74,8 @@ static int state_init(run_state *st, const ag_graph *g) {
                 if (!d)
                     continue;
                 if (d->graph != g || d->index >= u->index)
-                    return ag__err(AG_EINVAL, "run: %%%s uses %%%s before it is defined",
-                                   u->name, d->name);
+                    return ag__err(AG_EINVAL, "run: %%%s uses %%%s before it is defined", u->name,
+                                   d->name);
                 st->remaining[d->index]++;
             }
         }
@@ -93,8 +93,8 @@ static int state_init(run_state *st, const ag_graph *g) {
 /* The tensor a node argument reads. */
 static ag_tensor *value_of(run_state *st, const ag_node *user, const ag_node *d) {
     if (d->kind == AG_NODE_CALL && d->nvals > 1) {
-        ag__err(AG_EINVAL, "run: %%%s: reads %%%s, which has %d outputs (use getitem)",
-                user->name, d->name, d->nvals);
+        ag__err(AG_EINVAL, "run: %%%s: reads %%%s, which has %d outputs (use getitem)", user->name,
+                d->name, d->nvals);
         return NULL;
     }
     ag_tensor *t = st->slots[st->first[d->index]];
@@ -134,8 +134,8 @@ static int run_placeholder(run_state *st, const ag_node *n, int idx, ag_tensor *
         char sz[112];
         ag__fmt_sizes(sz, sizeof sz, n->vals[0].ndim, n->vals[0].sizes);
         snprintf(want, sizeof want, "%s%s", ag_dtype_short(n->vals[0].dtype), sz);
-        return ag__err(AG_EINVAL, "run: input %d (%%%s) is %s but the placeholder expects %s",
-                       idx, n->name, got, want);
+        return ag__err(AG_EINVAL, "run: input %d (%%%s) is %s but the placeholder expects %s", idx,
+                       n->name, got, want);
     }
     st->slots[st->first[n->index]] = ag_tensor_keep(in);
     return 0;
@@ -239,8 +239,7 @@ static int take_outputs(run_state *st, const ag_node *out, ag_tensor **outs) {
     return a->n;
 }
 
-static int run_nodes(run_state *st, const ag_graph *g, ag_tensor *const *inputs,
-                     ag_tensor **outs) {
+static int run_nodes(run_state *st, const ag_graph *g, ag_tensor *const *inputs, ag_tensor **outs) {
     int rc = state_init(st, g);
     int iph = 0;
     for (const ag_node *n = g->first; n && rc == 0; n = n->next) {

@@ -318,8 +318,7 @@ static int parse_arg(cur *c, ag_type ty, ag_garg *out) {
     if (lx_accept_word(c, "False"))
         return (*out = AG_GA_B(false), 0);
     if (!strncmp(c->p, "torch.", 6)) {
-        static const char *const dts[AG_NDTYPES] = {"float32", "float64", "int64", "bool",
-                                                     "int8"};
+        static const char *const dts[AG_NDTYPES] = {"float32", "float64", "int64", "bool", "int8"};
         const char *w = c->p + 6;
         size_t n = lx_ident_len(w);
         for (int i = 0; i < AG_NDTYPES; i++)

@@ -18,8 +18,8 @@ static bool mutates_args(const ag_node *n) {
     if (ag_op_def(n->op)->flags & AG_OP_INPLACE)
         return true;
     for (int i = 0; i < n->nargs && i < n->op->nargs; i++)
-        if (n->op->mutates[i] &&
-            ((n->args[i].kind == AG_GA_NODE && n->args[i].u.node) || n->args[i].kind == AG_GA_NODES))
+        if (n->op->mutates[i] && ((n->args[i].kind == AG_GA_NODE && n->args[i].u.node) ||
+                                  n->args[i].kind == AG_GA_NODES))
             return true;
     return false;
 }
@@ -261,7 +261,7 @@ typedef struct saved_vals {
     ag_node *node;
     ag_tmeta *storage; /* the node's vals storage before the pass */
     int nvals;
-    int64_t first;     /* index of its vals in the flat backup array */
+    int64_t first; /* index of its vals in the flat backup array */
 } saved_vals;
 
 /* Stores `cnt` vals on n. Growing beyond the stored count moves the vals to a new buffer but
@@ -285,9 +285,10 @@ static int reinfer_node(ag_node *n, const saved_vals *sv) {
         const ag_node *src = n->args[0].u.node;
         int64_t idx = n->args[1].u.i;
         if (idx < 0 || idx >= src->nvals)
-            return ag__err(AG_EINVAL, "reinfer_meta: %%%s reads output %lld of %%%s, which now "
-                                      "has %d output(s)", n->name, (long long)idx, src->name,
-                           src->nvals);
+            return ag__err(AG_EINVAL,
+                           "reinfer_meta: %%%s reads output %lld of %%%s, which now "
+                           "has %d output(s)",
+                           n->name, (long long)idx, src->name, src->nvals);
         vals[0] = src->vals[idx];
         nvals = 1;
     } else {

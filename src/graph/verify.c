@@ -248,12 +248,14 @@ static int check_ref(const ptab *t, const refs *r, const ag_node *n, int64_t pos
     for (int i = 0; i < d->nusers; i++)
         if (d->users[i].node == n) {
             if (d->users[i].count != want)
-                return ag__err(AG_EINVAL, "verify: %%%s lists user %%%s %d time(s) but it is used "
-                                          "%d time(s)", d->name, n->name, d->users[i].count, want);
+                return ag__err(AG_EINVAL,
+                               "verify: %%%s lists user %%%s %d time(s) but it is used "
+                               "%d time(s)",
+                               d->name, n->name, d->users[i].count, want);
             return 0;
         }
-    return ag__err(AG_EINVAL, "verify: %%%s uses %%%s but is missing from its users list",
-                   n->name, d->name);
+    return ag__err(AG_EINVAL, "verify: %%%s uses %%%s but is missing from its users list", n->name,
+                   d->name);
 }
 
 /* Every entry of n's users list names a node of the graph that references n, once per entry. */
@@ -281,15 +283,17 @@ static int check_call(const ag_node *n) {
     for (int i = 0; i < n->nargs; i++) {
         const ag_garg *a = &n->args[i];
         if (a->kind == AG_GA_NODE && a->u.node && a->u.node->nvals > 1)
-            return ag__err(AG_EINVAL, "verify: %%%s: argument %d (%%%s) has %d outputs; read one "
-                                      "through getitem", n->name, i, a->u.node->name,
-                           a->u.node->nvals);
+            return ag__err(AG_EINVAL,
+                           "verify: %%%s: argument %d (%%%s) has %d outputs; read one "
+                           "through getitem",
+                           n->name, i, a->u.node->name, a->u.node->nvals);
         if (a->kind == AG_GA_NODES)
             for (int k = 0; k < a->n; k++)
                 if (a->u.nodes[k] && a->u.nodes[k]->nvals > 1)
-                    return ag__err(AG_EINVAL, "verify: %%%s: element %d of argument %d (%%%s) has "
-                                              "%d outputs; read one through getitem", n->name,
-                                   k, i, a->u.nodes[k]->name, a->u.nodes[k]->nvals);
+                    return ag__err(AG_EINVAL,
+                                   "verify: %%%s: element %d of argument %d (%%%s) has "
+                                   "%d outputs; read one through getitem",
+                                   n->name, k, i, a->u.nodes[k]->name, a->u.nodes[k]->nvals);
     }
     ag_tmeta vals[AG_MAX_OUTPUTS];
     int nvals = 0;
@@ -302,8 +306,8 @@ static int check_call(const ag_node *n) {
         return ag__err(AG_EINVAL, "verify: %%%s: %s", n->name, msg);
     }
     if (nvals != n->nvals)
-        return ag__err(AG_EINVAL, "verify: %%%s: stores %d val(s) but %s has %d output(s)",
-                       n->name, n->nvals, ag_op_name(n->op), nvals);
+        return ag__err(AG_EINVAL, "verify: %%%s: stores %d val(s) but %s has %d output(s)", n->name,
+                       n->nvals, ag_op_name(n->op), nvals);
     for (int i = 0; i < nvals; i++)
         if (!ag__tmeta_equal(&n->vals[i], &vals[i])) {
             char what[160];
@@ -323,8 +327,10 @@ static int check_getitem(const ag_node *n) {
     const ag_node *src = n->args[0].u.node;
     int64_t idx = n->args[1].u.i;
     if (src->kind != AG_NODE_CALL)
-        return ag__err(AG_EINVAL, "verify: %%%s: reads an output of %%%s, which is a %s, not a "
-                                  "call", n->name, src->name, kind_name(src->kind));
+        return ag__err(AG_EINVAL,
+                       "verify: %%%s: reads an output of %%%s, which is a %s, not a "
+                       "call",
+                       n->name, src->name, kind_name(src->kind));
     if (idx < 0 || idx >= src->nvals)
         return ag__err(AG_EINVAL, "verify: %%%s: index %lld out of range (%%%s has %d outputs)",
                        n->name, (long long)idx, src->name, src->nvals);
@@ -360,17 +366,20 @@ static int check_output(const ag_graph *g, const ag_node *n) {
     const ag_garg *a = &n->args[0];
     for (int k = 0; k < a->n; k++)
         if (a->u.nodes[k] && a->u.nodes[k]->kind == AG_NODE_CALL && a->u.nodes[k]->nvals != 1)
-            return ag__err(AG_EINVAL, "verify: %%%s: output %d (%%%s) has %d outputs; read one "
-                                      "through getitem", n->name, k, a->u.nodes[k]->name,
-                           a->u.nodes[k]->nvals);
+            return ag__err(AG_EINVAL,
+                           "verify: %%%s: output %d (%%%s) has %d outputs; read one "
+                           "through getitem",
+                           n->name, k, a->u.nodes[k]->name, a->u.nodes[k]->nvals);
     if (n->has_out_descs) {
         if (n->nout_descs != a->n)
-            return ag__err(AG_EINVAL, "verify: %%%s: %d output descriptors for %d outputs",
-                           n->name, n->nout_descs, a->n);
+            return ag__err(AG_EINVAL, "verify: %%%s: %d output descriptors for %d outputs", n->name,
+                           n->nout_descs, a->n);
         for (int k = 0; k < n->nout_descs; k++)
             if (n->out_descs[k] && !ag_desc_is_output(n->out_descs[k]))
-                return ag__err(AG_EINVAL, "verify: %%%s: descriptor %d is not an output "
-                                          "descriptor", n->name, k);
+                return ag__err(AG_EINVAL,
+                               "verify: %%%s: descriptor %d is not an output "
+                               "descriptor",
+                               n->name, k);
     }
     if (g->output != n)
         return ag__err(AG_EINVAL, "verify: %%%s is not the graph's registered output node",
@@ -382,8 +391,10 @@ static int check_node(const ag_graph *g, const ag_node *n) {
     if (n->kind != AG_NODE_PLACEHOLDER && n->desc)
         return ag__err(AG_EINVAL, "verify: %%%s: only placeholders carry a desc", n->name);
     if (n->kind != AG_NODE_OUTPUT && n->has_out_descs)
-        return ag__err(AG_EINVAL, "verify: %%%s: only the output node carries output "
-                                  "descriptors", n->name);
+        return ag__err(AG_EINVAL,
+                       "verify: %%%s: only the output node carries output "
+                       "descriptors",
+                       n->name);
     if (n->kind != AG_NODE_GET_ATTR && n->constant)
         return ag__err(AG_EINVAL, "verify: %%%s: only get_attr nodes hold a constant", n->name);
     if (n->nargs < 0 || n->nargs > AG_MAX_ARGS || n->nvals < 0 || n->nvals > AG_MAX_OUTPUTS)
@@ -392,11 +403,12 @@ static int check_node(const ag_graph *g, const ag_node *n) {
     switch (n->kind) {
     case AG_NODE_PLACEHOLDER:
         if (n->nargs != 0 || n->nvals > 1)
-            return ag__err(AG_EINVAL, "verify: %%%s: a placeholder has no arguments and at most "
-                                      "one val", n->name);
-        if (n->desc && !ag_desc_is_input(n->desc))
-            return ag__err(AG_EINVAL, "verify: %%%s: the desc is not an input descriptor",
+            return ag__err(AG_EINVAL,
+                           "verify: %%%s: a placeholder has no arguments and at most "
+                           "one val",
                            n->name);
+        if (n->desc && !ag_desc_is_input(n->desc))
+            return ag__err(AG_EINVAL, "verify: %%%s: the desc is not an input descriptor", n->name);
         return 0;
     case AG_NODE_CALL:
         return check_call(n);
@@ -418,8 +430,10 @@ static int check_links(const ag_graph *g, ptab *t) {
     int64_t pos = 0;
     for (const ag_node *n = g->first; n; prev = n, n = n->next, pos++) {
         if (pos >= g->count)
-            return ag__err(AG_EINVAL, "verify: the node list holds more than the graph's %lld "
-                                      "nodes (a cycle?)", (long long)g->count);
+            return ag__err(AG_EINVAL,
+                           "verify: the node list holds more than the graph's %lld "
+                           "nodes (a cycle?)",
+                           (long long)g->count);
         if (n->prev != prev)
             return ag__err(AG_EINVAL, "verify: %%%s: broken back link", n->name);
         if (n->graph != g)
@@ -461,8 +475,10 @@ static int verify(const ag_graph *g, ptab *t, refs *r) {
             return ag__err(AG_EINVAL, "verify: the output node %%%s is not last (%%%s follows it)",
                            output->name, n->name);
         if (n->kind == AG_NODE_PLACEHOLDER && first_other)
-            return ag__err(AG_EINVAL, "verify: placeholder %%%s comes after %%%s (placeholders "
-                                      "come first)", n->name, first_other->name);
+            return ag__err(AG_EINVAL,
+                           "verify: placeholder %%%s comes after %%%s (placeholders "
+                           "come first)",
+                           n->name, first_other->name);
         if (n->kind != AG_NODE_PLACEHOLDER && !first_other)
             first_other = n;
         if (n->kind == AG_NODE_OUTPUT)
@@ -474,7 +490,8 @@ static int verify(const ag_graph *g, ptab *t, refs *r) {
             else if (a->kind == AG_GA_NODE && n->kind != AG_NODE_OUTPUT)
                 rc = ag__err(AG_EINVAL, "verify: %%%s: argument %d is a NULL node", n->name, i);
             else if (a->kind == AG_GA_NODES && a->n > 0 && !a->u.nodes)
-                rc = ag__err(AG_EINVAL, "verify: %%%s: argument %d is a NULL node list", n->name, i);
+                rc =
+                    ag__err(AG_EINVAL, "verify: %%%s: argument %d is a NULL node list", n->name, i);
             else if (a->kind == AG_GA_NODES)
                 for (int k = 0; k < a->n && rc == 0; k++)
                     if (a->u.nodes[k])

@@ -426,9 +426,10 @@ static const zoo_entry zoo[] = {
      NULL, 0, build_cnn, NULL, cnn_inputs, 1},
     {"gpt2", "GPT-2 as nanoGPT: tiny (2 layers, 64 wide) by default, gpt2-small 124M; idx [2, 16]",
      gpt2_configs, 2, NULL, build_gpt2, gpt2_inputs, 1},
-    {"effects", "effectful op: log_value(linear1(x)), relu, log_value(linear2(.)), logged "
-     "in forward and backward; x [4, 3]", NULL, 0, ag__zoo_build_effects, NULL,
-     ag__zoo_effects_inputs, 1},
+    {"effects",
+     "effectful op: log_value(linear1(x)), relu, log_value(linear2(.)), logged "
+     "in forward and backward; x [4, 3]",
+     NULL, 0, ag__zoo_build_effects, NULL, ag__zoo_effects_inputs, 1},
     {"alias_views",
      "b = a[1] mutated in place (b.mul_(2)), returns y[0], y.t() and b for y = (a + 1) * w, "
      "w [4]; a [3, 4], b a view of a",
@@ -536,8 +537,10 @@ int ag_zoo_build_opts(const char *name, const char *config, const ag_zoo_opts *o
         return rc;
     if (opts && opts->set_dropout) {
         if (!has_dropout(name))
-            return ag__err(AG_EINVAL, "zoo: model '%s' has no dropout (models with dropout: "
-                                      "dropout_mlp, gpt2)", name);
+            return ag__err(AG_EINVAL,
+                           "zoo: model '%s' has no dropout (models with dropout: "
+                           "dropout_mlp, gpt2)",
+                           name);
         if (!(opts->dropout >= 0 && opts->dropout <= 1))
             return ag__err(AG_EINVAL, "zoo: dropout probability %g is not in [0, 1]",
                            opts->dropout);

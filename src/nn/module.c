@@ -392,8 +392,7 @@ int ag_module_named_buffers(const ag_module *m, bool remove_duplicate, ag_named_
     return named(m, WALK_BUFFERS, remove_duplicate, out, "module_named_buffers");
 }
 
-static int64_t flat_walk(const ag_module *m, bool params, ag_tensor **out, int64_t cap,
-                         int64_t n) {
+static int64_t flat_walk(const ag_module *m, bool params, ag_tensor **out, int64_t cap, int64_t n) {
     const nn_entry *e = params ? m->params : m->buffers;
     int64_t ne = params ? m->nparams : m->nbuffers;
     for (int64_t i = 0; i < ne; i++, n++)

@@ -333,7 +333,8 @@ static int prepare(ag_optim *o, const char *who) {
                                "%s: parameter %d is a %s but its gradient is a %s of another "
                                "structure",
                                who, i, want->name,
-                               ag_tensor_subclass(g) ? ag_tensor_subclass(g)->name : "plain tensor");
+                               ag_tensor_subclass(g) ? ag_tensor_subclass(g)->name
+                                                     : "plain tensor");
             g = flat[q->inner];
         }
         if (!g)

@@ -31,9 +31,8 @@ static int fill_value(ag_tensor *t, double v) {
     AG__ALL_SWITCH(t->dtype, T, {
         T *p = (T *)ag__base(t);
         T x = (T)v;
-        _Pragma("omp parallel for schedule(static) if (par)")
-        for (int64_t i = 0; i < n; i++)
-            p[i] = x;
+        _Pragma("omp parallel for schedule(static) if (par)") for (int64_t i = 0; i < n; i++) p[i] =
+            x;
     });
     return 0;
 }
@@ -48,33 +47,59 @@ static int sized_meta(const char *op, const ag_arg *sz, ag_dtype dt, ag_tmeta *o
     return 0;
 }
 
-static int empty_meta(const ag_arg *a, ag_tmeta *o) { return sized_meta("empty", &a[0], dtype_or(&a[1], AG_F32), o); }
-static int zeros_meta(const ag_arg *a, ag_tmeta *o) { return sized_meta("zeros", &a[0], dtype_or(&a[1], AG_F32), o); }
-static int ones_meta(const ag_arg *a, ag_tmeta *o) { return sized_meta("ones", &a[0], dtype_or(&a[1], AG_F32), o); }
-static int full_meta(const ag_arg *a, ag_tmeta *o) { return sized_meta("full", &a[0], dtype_or(&a[2], AG_F32), o); }
+static int empty_meta(const ag_arg *a, ag_tmeta *o) {
+    return sized_meta("empty", &a[0], dtype_or(&a[1], AG_F32), o);
+}
+static int zeros_meta(const ag_arg *a, ag_tmeta *o) {
+    return sized_meta("zeros", &a[0], dtype_or(&a[1], AG_F32), o);
+}
+static int ones_meta(const ag_arg *a, ag_tmeta *o) {
+    return sized_meta("ones", &a[0], dtype_or(&a[1], AG_F32), o);
+}
+static int full_meta(const ag_arg *a, ag_tmeta *o) {
+    return sized_meta("full", &a[0], dtype_or(&a[2], AG_F32), o);
+}
 
 /* empty memory is zeroed anyway: reproducible results and quiet memory checkers. */
-static int zero_kernel(const ag_arg *a, ag_tensor **o) { return fill_value(o[0], 0.0); }
-static int one_kernel(const ag_arg *a, ag_tensor **o) { return fill_value(o[0], 1.0); }
-static int full_kernel(const ag_arg *a, ag_tensor **o) { return fill_value(o[0], a[1].u.f); }
+static int zero_kernel(const ag_arg *a, ag_tensor **o) {
+    return fill_value(o[0], 0.0);
+}
+static int one_kernel(const ag_arg *a, ag_tensor **o) {
+    return fill_value(o[0], 1.0);
+}
+static int full_kernel(const ag_arg *a, ag_tensor **o) {
+    return fill_value(o[0], a[1].u.f);
+}
 
 #define AG_FACTORY (AG_OP_FACTORY | AG_OP_NONDIFF)
 
 static const ag_opdef op_empty = {
     .schema = "empty.memory_format(SymInt[] size, *, ScalarType? dtype=None) -> Tensor",
-    .flags = AG_FACTORY, .meta = empty_meta, .kernel = zero_kernel, .dtypes = AG_DT_ALL,
+    .flags = AG_FACTORY,
+    .meta = empty_meta,
+    .kernel = zero_kernel,
+    .dtypes = AG_DT_ALL,
 };
 static const ag_opdef op_zeros = {
     .schema = "zeros(SymInt[] size, *, ScalarType? dtype=None) -> Tensor",
-    .flags = AG_FACTORY, .meta = zeros_meta, .kernel = zero_kernel, .dtypes = AG_DT_ALL,
+    .flags = AG_FACTORY,
+    .meta = zeros_meta,
+    .kernel = zero_kernel,
+    .dtypes = AG_DT_ALL,
 };
 static const ag_opdef op_ones = {
     .schema = "ones(SymInt[] size, *, ScalarType? dtype=None) -> Tensor",
-    .flags = AG_FACTORY, .meta = ones_meta, .kernel = one_kernel, .dtypes = AG_DT_ALL,
+    .flags = AG_FACTORY,
+    .meta = ones_meta,
+    .kernel = one_kernel,
+    .dtypes = AG_DT_ALL,
 };
 static const ag_opdef op_full = {
     .schema = "full(SymInt[] size, Scalar fill_value, *, ScalarType? dtype=None) -> Tensor",
-    .flags = AG_FACTORY, .meta = full_meta, .kernel = full_kernel, .dtypes = AG_DT_ALL,
+    .flags = AG_FACTORY,
+    .meta = full_meta,
+    .kernel = full_kernel,
+    .dtypes = AG_DT_ALL,
 };
 
 ag_tensor *ag_empty(ag_dtype dt, int ndim, const int64_t *sizes) {
@@ -101,20 +126,33 @@ static int like_meta(const ag_arg *a, ag_tmeta *o, int dt_arg) {
     ag__tmeta_contiguous(o, dtype_or(&a[dt_arg], t->dtype), t->ndim, t->sizes);
     return 0;
 }
-static int zeros_like_meta(const ag_arg *a, ag_tmeta *o) { return like_meta(a, o, 1); }
-static int full_like_meta(const ag_arg *a, ag_tmeta *o) { return like_meta(a, o, 2); }
+static int zeros_like_meta(const ag_arg *a, ag_tmeta *o) {
+    return like_meta(a, o, 1);
+}
+static int full_like_meta(const ag_arg *a, ag_tmeta *o) {
+    return like_meta(a, o, 2);
+}
 
 static const ag_opdef op_zeros_like = {
     .schema = "zeros_like(Tensor self, *, ScalarType? dtype=None) -> Tensor",
-    .flags = AG_FACTORY, .meta = zeros_like_meta, .kernel = zero_kernel, .dtypes = AG_DT_ALL,
+    .flags = AG_FACTORY,
+    .meta = zeros_like_meta,
+    .kernel = zero_kernel,
+    .dtypes = AG_DT_ALL,
 };
 static const ag_opdef op_ones_like = {
     .schema = "ones_like(Tensor self, *, ScalarType? dtype=None) -> Tensor",
-    .flags = AG_FACTORY, .meta = zeros_like_meta, .kernel = one_kernel, .dtypes = AG_DT_ALL,
+    .flags = AG_FACTORY,
+    .meta = zeros_like_meta,
+    .kernel = one_kernel,
+    .dtypes = AG_DT_ALL,
 };
 static const ag_opdef op_full_like = {
     .schema = "full_like(Tensor self, Scalar fill_value, *, ScalarType? dtype=None) -> Tensor",
-    .flags = AG_FACTORY, .meta = full_like_meta, .kernel = full_kernel, .dtypes = AG_DT_ALL,
+    .flags = AG_FACTORY,
+    .meta = full_like_meta,
+    .kernel = full_kernel,
+    .dtypes = AG_DT_ALL,
 };
 
 ag_tensor *ag_zeros_like(ag_tensor *a) {
@@ -136,11 +174,16 @@ static int scalar_meta(const ag_arg *a, ag_tmeta *o) {
     ag__tmeta_contiguous(o, dtype_or(&a[1], AG_F32), 0, NULL);
     return 0;
 }
-static int scalar_kernel(const ag_arg *a, ag_tensor **o) { return fill_value(o[0], a[0].u.f); }
+static int scalar_kernel(const ag_arg *a, ag_tensor **o) {
+    return fill_value(o[0], a[0].u.f);
+}
 
 static const ag_opdef op_scalar_tensor = {
     .schema = "scalar_tensor(Scalar s, *, ScalarType? dtype=None) -> Tensor",
-    .flags = AG_FACTORY, .meta = scalar_meta, .kernel = scalar_kernel, .dtypes = AG_DT_ALL,
+    .flags = AG_FACTORY,
+    .meta = scalar_meta,
+    .kernel = scalar_kernel,
+    .dtypes = AG_DT_ALL,
 };
 
 ag_tensor *ag_scalar_tensor(ag_dtype dt, double value) {
@@ -151,11 +194,15 @@ ag_tensor *ag_scalar_tensor(ag_dtype dt, double value) {
 static int arange_meta(const ag_arg *a, ag_tmeta *o) {
     double start = a[0].u.f, end = a[1].u.f, step = a[2].u.f;
     if (step == 0 || !isfinite(start) || !isfinite(end) || !isfinite(step))
-        return ag__err(AG_EINVAL, "arange: step must be nonzero and bounds finite (start %g, end "
-                                  "%g, step %g)", start, end, step);
+        return ag__err(AG_EINVAL,
+                       "arange: step must be nonzero and bounds finite (start %g, end "
+                       "%g, step %g)",
+                       start, end, step);
     if ((end - start) / step < 0)
-        return ag__err(AG_EINVAL, "arange: upper bound %g and lower bound %g inconsistent with "
-                                  "step sign %g", end, start, step);
+        return ag__err(AG_EINVAL,
+                       "arange: upper bound %g and lower bound %g inconsistent with "
+                       "step sign %g",
+                       end, start, step);
     double count = ceil((end - start) / step);
     if (!(count <= (double)AG__MAX_NUMEL))
         return ag__err(AG_EINVAL, "arange: %g elements (start %g, end %g, step %g) is too many",
@@ -184,8 +231,11 @@ static int arange_kernel(const ag_arg *a, ag_tensor **o) {
 }
 
 static const ag_opdef op_arange = {
-    .schema = "arange.start_step(Scalar start, Scalar end, Scalar step=1, *, ScalarType? dtype=None) -> Tensor",
-    .flags = AG_FACTORY, .meta = arange_meta, .kernel = arange_kernel,
+    .schema = "arange.start_step(Scalar start, Scalar end, Scalar step=1, *, ScalarType? "
+              "dtype=None) -> Tensor",
+    .flags = AG_FACTORY,
+    .meta = arange_meta,
+    .kernel = arange_kernel,
     .dtypes = (1u << AG_F32) | (1u << AG_F64) | (1u << AG_I64),
 };
 
@@ -204,17 +254,29 @@ static int draw(ag_tensor *t, bool normal, double lo, double hi) {
     return ag__philox_fill(t, seed, offset, normal, lo, hi);
 }
 
-static int rand_meta(const ag_arg *a, ag_tmeta *o) { return sized_meta("rand", &a[0], dtype_or(&a[1], AG_F32), o); }
-static int rand_kernel(const ag_arg *a, ag_tensor **o) { return draw(o[0], false, 0, 1); }
-static int randn_kernel(const ag_arg *a, ag_tensor **o) { return draw(o[0], true, 0, 1); }
+static int rand_meta(const ag_arg *a, ag_tmeta *o) {
+    return sized_meta("rand", &a[0], dtype_or(&a[1], AG_F32), o);
+}
+static int rand_kernel(const ag_arg *a, ag_tensor **o) {
+    return draw(o[0], false, 0, 1);
+}
+static int randn_kernel(const ag_arg *a, ag_tensor **o) {
+    return draw(o[0], true, 0, 1);
+}
 
 static const ag_opdef op_rand = {
     .schema = "rand(SymInt[] size, *, ScalarType? dtype=None) -> Tensor",
-    .flags = AG_FACTORY | AG_OP_RANDOM, .meta = rand_meta, .kernel = rand_kernel, .dtypes = AG_DT_FLOAT,
+    .flags = AG_FACTORY | AG_OP_RANDOM,
+    .meta = rand_meta,
+    .kernel = rand_kernel,
+    .dtypes = AG_DT_FLOAT,
 };
 static const ag_opdef op_randn = {
     .schema = "randn(SymInt[] size, *, ScalarType? dtype=None) -> Tensor",
-    .flags = AG_FACTORY | AG_OP_RANDOM, .meta = rand_meta, .kernel = randn_kernel, .dtypes = AG_DT_FLOAT,
+    .flags = AG_FACTORY | AG_OP_RANDOM,
+    .meta = rand_meta,
+    .kernel = randn_kernel,
+    .dtypes = AG_DT_FLOAT,
 };
 
 ag_tensor *ag_rand(ag_dtype dt, int ndim, const int64_t *sizes) {
@@ -244,18 +306,26 @@ static int self_meta(const ag_arg *a, ag_tmeta *o) {
     ag__tmeta_of(a[0].u.t, o);
     return 0;
 }
-static int uniform_kernel(const ag_arg *a, ag_tensor **o) { return inplace_draw(o[0], false, a[1].u.f, a[2].u.f); }
-static int normal_kernel(const ag_arg *a, ag_tensor **o) { return inplace_draw(o[0], true, a[1].u.f, a[2].u.f); }
+static int uniform_kernel(const ag_arg *a, ag_tensor **o) {
+    return inplace_draw(o[0], false, a[1].u.f, a[2].u.f);
+}
+static int normal_kernel(const ag_arg *a, ag_tensor **o) {
+    return inplace_draw(o[0], true, a[1].u.f, a[2].u.f);
+}
 
 static const ag_opdef op_uniform_ = {
     .schema = "uniform_(Tensor(a!) self, float from=0, float to=1) -> Tensor(a!)",
-    .flags = AG_OP_INPLACE | AG_OP_RANDOM | AG_OP_NONDIFF, .meta = self_meta,
-    .kernel = uniform_kernel, .dtypes = AG_DT_FLOAT,
+    .flags = AG_OP_INPLACE | AG_OP_RANDOM | AG_OP_NONDIFF,
+    .meta = self_meta,
+    .kernel = uniform_kernel,
+    .dtypes = AG_DT_FLOAT,
 };
 static const ag_opdef op_normal_ = {
     .schema = "normal_(Tensor(a!) self, float mean=0, float std=1) -> Tensor(a!)",
-    .flags = AG_OP_INPLACE | AG_OP_RANDOM | AG_OP_NONDIFF, .meta = self_meta,
-    .kernel = normal_kernel, .dtypes = AG_DT_FLOAT,
+    .flags = AG_OP_INPLACE | AG_OP_RANDOM | AG_OP_NONDIFF,
+    .meta = self_meta,
+    .kernel = normal_kernel,
+    .dtypes = AG_DT_FLOAT,
 };
 
 ag_tensor *ag_uniform_(ag_tensor *a, double lo, double hi) {
@@ -285,8 +355,7 @@ ag_tensor *ag_from_data(ag_dtype dt, int ndim, const int64_t *sizes, const void 
 }
 
 const ag_opdef *const ag__ops_factory[] = {
-    &op_empty,  &op_zeros,       &op_ones,   &op_full,  &op_zeros_like, &op_ones_like,
-    &op_full_like, &op_scalar_tensor, &op_arange, &op_rand, &op_randn,    &op_uniform_,
-    &op_normal_,
-    NULL,
+    &op_empty,     &op_zeros,     &op_ones,          &op_full,   &op_zeros_like,
+    &op_ones_like, &op_full_like, &op_scalar_tensor, &op_arange, &op_rand,
+    &op_randn,     &op_uniform_,  &op_normal_,       NULL,
 };

@@ -6,17 +6,20 @@
 
 #include "aotgrad/optable.h"
 
-extern const ag_opdef *const ag__ops_pointwise[]; /* pointwise.c: arithmetic, activations, compare */
-extern const ag_opdef *const ag__ops_views[];     /* views.c: view/reshape/permute/slice/..., copies */
-extern const ag_opdef *const ag__ops_reduce[];    /* reduce.c: sum/mean/amax/var/softmax/... */
-extern const ag_opdef *const ag__ops_linalg[];    /* linalg.c: mm/bmm/addmm/matmul/linear */
-extern const ag_opdef *const ag__ops_conv[];      /* conv.c: convolution, pooling */
-extern const ag_opdef *const ag__ops_norm[];      /* norm.c: layer_norm, batch_norm and their backward ops */
-extern const ag_opdef *const ag__ops_nn[];        /* nn_ops.c: embedding, losses, dropout, sdpa */
-extern const ag_opdef *const ag__ops_index[];     /* index.c: cat/stack/split/gather/index/... */
-extern const ag_opdef *const ag__ops_factory[];   /* factory.c: zeros/ones/full/arange/rand/... */
-extern const ag_opdef *const ag__ops_inplace_views[]; /* inplace_views.c: t_/transpose_/unsqueeze_/as_strided_ */
-extern const ag_opdef *const ag__ops_philox[];    /* philox.c: philox_rand, philox_randn */
+extern const ag_opdef
+    *const ag__ops_pointwise[];                /* pointwise.c: arithmetic, activations, compare */
+extern const ag_opdef *const ag__ops_views[];  /* views.c: view/reshape/permute/slice/..., copies */
+extern const ag_opdef *const ag__ops_reduce[]; /* reduce.c: sum/mean/amax/var/softmax/... */
+extern const ag_opdef *const ag__ops_linalg[]; /* linalg.c: mm/bmm/addmm/matmul/linear */
+extern const ag_opdef *const ag__ops_conv[];   /* conv.c: convolution, pooling */
+extern const ag_opdef
+    *const ag__ops_norm[]; /* norm.c: layer_norm, batch_norm and their backward ops */
+extern const ag_opdef *const ag__ops_nn[];      /* nn_ops.c: embedding, losses, dropout, sdpa */
+extern const ag_opdef *const ag__ops_index[];   /* index.c: cat/stack/split/gather/index/... */
+extern const ag_opdef *const ag__ops_factory[]; /* factory.c: zeros/ones/full/arange/rand/... */
+extern const ag_opdef
+    *const ag__ops_inplace_views[]; /* inplace_views.c: t_/transpose_/unsqueeze_/as_strided_ */
+extern const ag_opdef *const ag__ops_philox[]; /* philox.c: philox_rand, philox_randn */
 
 /* philox.c: fills contiguous t from generator counters offset.. (uniform [lo, hi) or normal with
  * mean lo and std hi); eager's random ops and the functional philox ops share it. */

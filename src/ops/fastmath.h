@@ -73,7 +73,9 @@ AG__VINLINE ag__vf ag__vsqrt(ag__vf x) {
 #endif
 }
 
-AG__VINLINE ag__vf ag__vrsqrt(ag__vf x) { return 1.0f / ag__vsqrt(x); }
+AG__VINLINE ag__vf ag__vrsqrt(ag__vf x) {
+    return 1.0f / ag__vsqrt(x);
+}
 
 /* Cephes' expf: x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two for precision), a
  * degree-6 polynomial for e^r, and 2^n applied as two normal powers of two so that results
@@ -143,9 +145,15 @@ AG__VINLINE ag__vf ag__verfc(ag__vf x) {
 #define AG__GELU_B 0.7978845608028654f /* sqrt(2 / pi) */
 #define AG__GELU_K 0.044715f
 
-AG__VINLINE ag__vf ag__vsigmoid(ag__vf x) { return 1.0f / (1.0f + ag__vexp(-x)); }
-AG__VINLINE ag__vf ag__vsilu(ag__vf x) { return x / (1.0f + ag__vexp(-x)); }
-AG__VINLINE ag__vf ag__vgelu(ag__vf x) { return 0.5f * x * ag__verfc(x * -0.70710678118654752f); }
+AG__VINLINE ag__vf ag__vsigmoid(ag__vf x) {
+    return 1.0f / (1.0f + ag__vexp(-x));
+}
+AG__VINLINE ag__vf ag__vsilu(ag__vf x) {
+    return x / (1.0f + ag__vexp(-x));
+}
+AG__VINLINE ag__vf ag__vgelu(ag__vf x) {
+    return 0.5f * x * ag__verfc(x * -0.70710678118654752f);
+}
 AG__VINLINE ag__vf ag__vgelu_tanh(ag__vf x) {
     return 0.5f * x * (1.0f + ag__vtanh(AG__GELU_B * (x + AG__GELU_K * x * x * x)));
 }

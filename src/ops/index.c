@@ -133,7 +133,9 @@ static int set_grad(ag_bwctx *c, int j, ag_tensor *g) {
 /* ---- cat(Tensor[] tensors, int dim=0) ---- */
 
 /* Like PyTorch, cat still skips 1-d empty tensors whatever the other inputs' shapes (legacy). */
-static bool cat_skipped(const ag_tensor *t) { return t->ndim == 1 && t->sizes[0] == 0; }
+static bool cat_skipped(const ag_tensor *t) {
+    return t->ndim == 1 && t->sizes[0] == 0;
+}
 
 static int cat_meta(const ag_arg *a, ag_tmeta *o) {
     ag_tensor *const *ts = a[0].u.ts;
@@ -265,8 +267,7 @@ static int stack_meta(const ag_arg *a, ag_tmeta *o) {
     for (int i = 1; i < n; i++) {
         const ag_tensor *t = ts[i];
         dt = ag__promote(dt, t->dtype);
-        if (t->ndim != ref->ndim ||
-            memcmp(t->sizes, ref->sizes, sizeof(int64_t) * (size_t)t->ndim))
+        if (t->ndim != ref->ndim || memcmp(t->sizes, ref->sizes, sizeof(int64_t) * (size_t)t->ndim))
             return ag__err(AG_EINVAL,
                            "stack: expects each tensor to be equal size, but got %s at entry 0 "
                            "and %s at entry %d",
@@ -426,9 +427,9 @@ static void split_samples(ag_samples *s) {
     int64_t a[] = {5, 3}, b[] = {3, 5};
     ag_samples_add(s, "uneven, dim 0",
                    (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)), AG_A_I(2), AG_A_I(0)}, 3);
-    ag_samples_add(s, "strided, dim -1",
-                   (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, b, -1, 1)), AG_A_I(2),
-                              AG_A_I(-1)}, 3);
+    ag_samples_add(
+        s, "strided, dim -1",
+        (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, b, -1, 1)), AG_A_I(2), AG_A_I(-1)}, 3);
 }
 
 static const ag_opdef op_split = {
@@ -442,8 +443,7 @@ static const ag_opdef op_split = {
 
 int ag_split(ag_tensor *a, int64_t split_size, int dim, ag_tensor **outs, int max_out) {
     AG__OP(op, "split.Tensor");
-    return ag__calln(op, (ag_arg[]){AG_A_T(a), AG_A_I(split_size), AG_A_I(dim)}, 3, outs,
-                     max_out);
+    return ag__calln(op, (ag_arg[]){AG_A_T(a), AG_A_I(split_size), AG_A_I(dim)}, 3, outs, max_out);
 }
 
 /* ---- index_select(Tensor self, int dim, Tensor index) ---- */
@@ -461,7 +461,8 @@ static int index_select_meta(const ag_arg *a, ag_tmeta *o) {
         if (k != 1)
             return ag__err(AG_EINVAL,
                            "index_select: index to a 0-d tensor must have exactly one value, "
-                           "got %lld", (long long)k);
+                           "got %lld",
+                           (long long)k);
         ag__tmeta_contiguous(o, x->dtype, 0, NULL);
         return 0;
     }
@@ -514,10 +515,12 @@ static void index_select_samples(ag_samples *s) {
     int64_t a[] = {4, 3}, n3[] = {3}, n4[] = {4};
     ag_samples_add(s, "dim 0, duplicates, strided",
                    (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, a, -1, 1)), AG_A_I(0),
-                              AG_A_T(sample_index(1, n3, (int64_t[]){3, 0, 3}))}, 3);
+                              AG_A_T(sample_index(1, n3, (int64_t[]){3, 0, 3}))},
+                   3);
     ag_samples_add(s, "dim -1, negative index",
                    (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)), AG_A_I(-1),
-                              AG_A_T(sample_index(1, n4, (int64_t[]){2, -3, 1, 1}))}, 3);
+                              AG_A_T(sample_index(1, n4, (int64_t[]){2, -3, 1, 1}))},
+                   3);
 }
 
 static const ag_opdef op_index_select = {
@@ -576,8 +579,7 @@ static int index_add_loop(ag_dtype dt, char *outp, const char *srcp, const int64
         T *po = (T *)(void *)outp;
         const T *ps = (const T *)(const void *)srcp;
         const T al = (T)alpha;
-        _Pragma("omp parallel for schedule(static) if (par)")
-        for (int64_t t = 0; t < tiles; t++) {
+        _Pragma("omp parallel for schedule(static) if (par)") for (int64_t t = 0; t < tiles; t++) {
             int64_t oi = t / nblk, c0 = (t % nblk) * blk;
             int64_t c1 = c0 + blk < inner ? c0 + blk : inner;
             for (int64_t i = 0; i < k; i++) {
@@ -629,11 +631,13 @@ static void index_add_samples(ag_samples *s) {
     ag_samples_add(s, "dim 0, duplicates, alpha",
                    (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)), AG_A_I(0),
                               AG_A_T(sample_index(1, n2, (int64_t[]){1, 1})),
-                              AG_A_T(ag_samples_rand_strided(s, 2, b, -1, 1)), AG_A_F(2.0)}, 5);
+                              AG_A_T(ag_samples_rand_strided(s, 2, b, -1, 1)), AG_A_F(2.0)},
+                   5);
     ag_samples_add(s, "dim 1",
                    (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, a, -1, 1)), AG_A_I(1),
                               AG_A_T(sample_index(1, n2, (int64_t[]){2, -3})),
-                              AG_A_T(ag_samples_rand(s, 2, c, -1, 1))}, 4);
+                              AG_A_T(ag_samples_rand(s, 2, c, -1, 1))},
+                   4);
 }
 
 static const ag_opdef op_index_add = {
@@ -650,8 +654,8 @@ static const ag_opdef op_index_add = {
 ag_tensor *ag_index_add(ag_tensor *self, int dim, ag_tensor *index, ag_tensor *source,
                         double alpha) {
     AG__OP(op, "index_add");
-    return ag__call1(op, (ag_arg[]){AG_A_T(self), AG_A_I(dim), AG_A_T(index), AG_A_T(source),
-                                    AG_A_F(alpha)}, 5);
+    return ag__call1(
+        op, (ag_arg[]){AG_A_T(self), AG_A_I(dim), AG_A_T(index), AG_A_T(source), AG_A_F(alpha)}, 5);
 }
 
 /* ---- gather(Tensor self, int dim, Tensor index, *, bool sparse_grad=False) ----
@@ -692,8 +696,7 @@ static int gather_loop(const ag_tensor *x, int dim, const int64_t *ix, ag_tensor
     AG__ALL_SWITCH(x->dtype, T, {
         const T *src = (const T *)(const void *)ag__base(x);
         T *dst = (T *)(void *)ag__base(out);
-        _Pragma("omp parallel for schedule(static) if (par)")
-        for (int64_t r = 0; r < rows; r++) {
+        _Pragma("omp parallel for schedule(static) if (par)") for (int64_t r = 0; r < rows; r++) {
             int64_t base = 0, rr = r;
             for (int d = nd - 2; d >= 0; d--) {
                 int64_t c = rr % out->sizes[d];
@@ -734,7 +737,8 @@ static void gather_samples(ag_samples *s) {
     int64_t a[] = {3, 4}, i1[] = {3, 2}, i2[] = {2, 4};
     ag_samples_add(s, "dim 1, strided",
                    (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, a, -1, 1)), AG_A_I(1),
-                              AG_A_T(sample_index(2, i1, (int64_t[]){0, 3, 2, 2, -1, 1}))}, 3);
+                              AG_A_T(sample_index(2, i1, (int64_t[]){0, 3, 2, 2, -1, 1}))},
+                   3);
     ag_samples_add(s, "dim 0, smaller index",
                    (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)), AG_A_I(0),
                               AG_A_T(sample_index(2, i2, (int64_t[]){2, 0, 1, 2, 2, 2, 0, 1}))},
@@ -810,8 +814,7 @@ static int scatter_add_loop(const ag_tensor *index, int dim, const int64_t *ix,
     AG__ALL_SWITCH(out->dtype, T, {
         T *po = (T *)(void *)ag__base(out);
         const T *ps = (const T *)(const void *)ag__base(src);
-        _Pragma("omp parallel for schedule(static) if (par)")
-        for (int64_t f = 0; f < fibers; f++) {
+        _Pragma("omp parallel for schedule(static) if (par)") for (int64_t f = 0; f < fibers; f++) {
             int64_t ob = 0, sb = 0, ib = 0, ff = f;
             for (int d = nd - 1; d >= 0; d--) {
                 if (d == dim)
@@ -872,12 +875,14 @@ static void scatter_add_samples(ag_samples *s) {
     ag_samples_add(s, "dim 0, duplicates, index smaller than src",
                    (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)), AG_A_I(0),
                               AG_A_T(sample_index(2, i1, (int64_t[]){2, 0, 2, 2, 1, -1})),
-                              AG_A_T(ag_samples_rand_strided(s, 2, a, -1, 1))}, 4);
-    ag_samples_add(s, "dim -1, same shape",
-                   (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, a, -1, 1)), AG_A_I(-1),
-                              AG_A_T(sample_index(2, i2, (int64_t[]){0, 0, 3, 1, 2, 1, 0, 3, 3,
-                                                                     3, 3, 3})),
-                              AG_A_T(ag_samples_rand(s, 2, a, -1, 1))}, 4);
+                              AG_A_T(ag_samples_rand_strided(s, 2, a, -1, 1))},
+                   4);
+    ag_samples_add(
+        s, "dim -1, same shape",
+        (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, a, -1, 1)), AG_A_I(-1),
+                   AG_A_T(sample_index(2, i2, (int64_t[]){0, 0, 3, 1, 2, 1, 0, 3, 3, 3, 3, 3})),
+                   AG_A_T(ag_samples_rand(s, 2, a, -1, 1))},
+        4);
 }
 
 static const ag_opdef op_scatter_add = {
@@ -910,10 +915,10 @@ ag_tensor *ag_scatter_add(ag_tensor *self, int dim, ag_tensor *index, ag_tensor 
  * output shape cannot be known and the call fails with an error saying so. */
 
 typedef struct ix_plan {
-    int ndim;                           /* self's */
-    const ag_tensor *src[AG_MAX_DIMS];  /* per self dim: the index covering it, or NULL */
-    int sub[AG_MAX_DIMS];               /* per indexed dim: -1 (int64) or which mask dim */
-    int nb;                             /* B: the broadcast index shape */
+    int ndim;                          /* self's */
+    const ag_tensor *src[AG_MAX_DIMS]; /* per self dim: the index covering it, or NULL */
+    int sub[AG_MAX_DIMS];              /* per indexed dim: -1 (int64) or which mask dim */
+    int nb;                            /* B: the broadcast index shape */
     int64_t b[AG_MAX_DIMS];
     int npre, npost;
     int pre[AG_MAX_DIMS], post[AG_MAX_DIMS]; /* self dims of the pre and post parts */
@@ -942,10 +947,13 @@ static int ix_plan_build(const char *op, const ag_tensor *x, ag_tensor *const *i
         if (t && t->dtype != AG_BOOL && t->dtype != AG_I64)
             return ag__err(AG_EINVAL,
                            "%s: tensors used as indices must be int64 or bool tensors, got %s at "
-                           "position %d", op, ag_dtype_short(t->dtype), i);
+                           "position %d",
+                           op, ag_dtype_short(t->dtype), i);
         if (t && t->dtype == AG_BOOL && t->ndim == 0)
-            return ag__err(AG_ENOTSUP, "%s: 0-dimensional bool indices are not supported "
-                                       "(position %d)", op, i);
+            return ag__err(AG_ENOTSUP,
+                           "%s: 0-dimensional bool indices are not supported "
+                           "(position %d)",
+                           op, i);
         if (d + covers > x->ndim)
             return ag__err(AG_EINVAL, "%s: too many indices for a tensor of dimension %d", op,
                            x->ndim);
@@ -967,7 +975,8 @@ static int ix_plan_build(const char *op, const ag_tensor *x, ag_tensor *const *i
                 return ag__err(AG_ENOTSUP,
                                "%s: a bool mask index gives a data-dependent output shape, which "
                                "cannot be computed for a meta tensor (tracing); use int64 "
-                               "indices", op);
+                               "indices",
+                               op);
             shape[0] = mask_count(t);
             nshape = 1;
             for (int j = 0; j < t->ndim; j++) {
@@ -1017,8 +1026,8 @@ static int ix_plan_build(const char *op, const ag_tensor *x, ag_tensor *const *i
     }
     p->out_ndim = p->npre + p->nb + p->npost;
     if (p->out_ndim > AG_MAX_DIMS)
-        return ag__err(AG_EINVAL, "%s: the result would have %d dims (at most %d)", op,
-                       p->out_ndim, AG_MAX_DIMS);
+        return ag__err(AG_EINVAL, "%s: the result would have %d dims (at most %d)", op, p->out_ndim,
+                       AG_MAX_DIMS);
     int o = 0;
     for (int k = 0; k < p->npre; k++)
         p->out_sizes[o++] = x->sizes[p->pre[k]];
@@ -1031,8 +1040,8 @@ static int ix_plan_build(const char *op, const ag_tensor *x, ag_tensor *const *i
 
 /* Offsets (with `strides`, those of the tensor addressed) of every row-major position of a
  * list of self dims, in scratch slot `slot`. */
-static int64_t *dims_offsets(const int64_t *sizes, const int64_t *strides, const int *dims,
-                             int nd, int slot, int64_t *count) {
+static int64_t *dims_offsets(const int64_t *sizes, const int64_t *strides, const int *dims, int nd,
+                             int slot, int64_t *count) {
     int64_t n = 1;
     for (int k = 0; k < nd; k++)
         n *= sizes[dims[k]];
@@ -1131,8 +1140,7 @@ static int index_loop(ag_dtype dt, const char *srcp, char *dstp, const int64_t *
     AG__ALL_SWITCH(dt, T, {
         const T *src = (const T *)(const void *)srcp;
         T *dst = (T *)(void *)dstp;
-        _Pragma("omp parallel for schedule(static) if (par)")
-        for (int64_t r = 0; r < rows; r++) {
+        _Pragma("omp parallel for schedule(static) if (par)") for (int64_t r = 0; r < rows; r++) {
             const T *s = src + poff[r / nb] + boff[r % nb];
             T *d = dst + r * nq;
             for (int64_t q = 0; q < nq; q++)
@@ -1169,13 +1177,11 @@ static void index_samples(ag_samples *s) {
     int64_t a[] = {4, 3}, c3[] = {3, 4, 5}, n3[] = {3}, n21[] = {2, 1}, n2[] = {2};
     ag_tensor *l1[] = {sample_index(1, n3, (int64_t[]){2, 0, -2})};
     ag_samples_add(s, "one index, duplicates, strided",
-                   (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, a, -1, 1)), AG_A_TS(l1, 1)},
-                   2);
+                   (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, a, -1, 1)), AG_A_TS(l1, 1)}, 2);
     ag_tensor *l2[] = {NULL, sample_index(2, n21, (int64_t[]){3, 0}),
                        sample_index(1, n3, (int64_t[]){4, 1, 4})};
     ag_samples_add(s, "':' then two broadcast indices",
-                   (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 3, c3, -1, 1)), AG_A_TS(l2, 3)},
-                   2);
+                   (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 3, c3, -1, 1)), AG_A_TS(l2, 3)}, 2);
     ag_tensor *l3[] = {sample_index(1, n2, (int64_t[]){2, 0}), NULL,
                        sample_index(1, n2, (int64_t[]){1, 1})};
     ag_samples_add(s, "indices separated by ':'",
@@ -1219,8 +1225,8 @@ static int index_put_check(const char *op, const ag_arg *a, ix_plan *p) {
     if (v->dtype != x->dtype)
         return ag__err(AG_EINVAL,
                        "%s: index put requires the source and destination dtypes to match, got "
-                       "%s for the destination and %s for the source", op,
-                       ag_dtype_short(x->dtype), ag_dtype_short(v->dtype));
+                       "%s for the destination and %s for the source",
+                       op, ag_dtype_short(x->dtype), ag_dtype_short(v->dtype));
     int rc = ix_plan_build(op, x, a[1].u.ts, a[1].n, p);
     if (rc)
         return rc;
@@ -1232,8 +1238,8 @@ static int index_put_check(const char *op, const ag_arg *a, ix_plan *p) {
     if (!ok)
         return ag__err(AG_EINVAL,
                        "%s: shape mismatch: value tensor of shape %s cannot be broadcast to "
-                       "indexing result of shape %s", op,
-                       ag__fmt_sizes(b1, sizeof b1, v->ndim, v->sizes),
+                       "indexing result of shape %s",
+                       op, ag__fmt_sizes(b1, sizeof b1, v->ndim, v->sizes),
                        ag__fmt_sizes(b2, sizeof b2, p->out_ndim, p->out_sizes));
     return 0;
 }
@@ -1266,8 +1272,7 @@ static int index_put_loop(ag_dtype dt, char *dstp, const char *valp, const int64
     AG__ALL_SWITCH(dt, T, {
         T *dst = (T *)(void *)dstp;
         const T *val = (const T *)(const void *)valp;
-        _Pragma("omp parallel for schedule(static) if (par)")
-        for (int64_t t = 0; t < tiles; t++) {
+        _Pragma("omp parallel for schedule(static) if (par)") for (int64_t t = 0; t < tiles; t++) {
             int64_t pi = t / nblk, q0 = (t % nblk) * blk;
             int64_t q1 = q0 + blk < nq ? q0 + blk : nq;
             for (int64_t b = 0; b < nb; b++) {
@@ -1301,8 +1306,8 @@ static int index_put_into(const char *op, const ag_arg *a, ag_tensor *dst) {
     ag_tensor *vals = ag__scratch_tensor_new(&vt, 5, dst->dtype, p.out_ndim, p.out_sizes);
     rc = vals ? ag__copy_into(vals, values) : ag_last_status();
     if (!rc)
-        rc = index_put_loop(dst->dtype, ag__base(dst), (const char *)vals->storage->data, poff,
-                            np, boff, nbo, qoff, nq, a[3].u.b);
+        rc = index_put_loop(dst->dtype, ag__base(dst), (const char *)vals->storage->data, poff, np,
+                            boff, nbo, qoff, nq, a[3].u.b);
     return rc;
 }
 
@@ -1338,16 +1343,19 @@ static void index_put_samples(ag_samples *s) {
     ag_tensor *l1[] = {sample_index(1, n2, (int64_t[]){3, 0})};
     ag_samples_add(s, "accumulate=False, broadcast values",
                    (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, a, -1, 1)), AG_A_TS(l1, 1),
-                              AG_A_T(ag_samples_rand(s, 1, v3, -1, 1))}, 3);
+                              AG_A_T(ag_samples_rand(s, 1, v3, -1, 1))},
+                   3);
     ag_tensor *l2[] = {sample_index(1, n3, (int64_t[]){1, -3, 2}), NULL};
     ag_samples_add(s, "accumulate=True, duplicates",
                    (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)), AG_A_TS(l2, 2),
-                              AG_A_T(ag_samples_rand(s, 1, v3, -1, 1)), AG_A_B(true)}, 4);
+                              AG_A_T(ag_samples_rand(s, 1, v3, -1, 1)), AG_A_B(true)},
+                   4);
     ag_tensor *l3[] = {sample_index(1, n2, (int64_t[]){0, 2}),
                        sample_index(2, (int64_t[]){2, 1}, (int64_t[]){2, 1})};
     ag_samples_add(s, "two broadcast indices, full values",
                    (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)), AG_A_TS(l3, 2),
-                              AG_A_T(ag_samples_rand(s, 2, v22, -1, 1))}, 3);
+                              AG_A_T(ag_samples_rand(s, 2, v22, -1, 1))},
+                   3);
 }
 
 /* The in-place variant's self must not require grad as a leaf; its samples write into a
@@ -1357,7 +1365,8 @@ static void index_put__samples(ag_samples *s) {
     ag_tensor *l1[] = {sample_index(1, n2, (int64_t[]){3, 0})};
     ag_samples_add(s, "accumulate=False, broadcast values",
                    (ag_arg[]){AG_A_T(ag_samples_rand_nograd(s, 2, a, -1, 1)), AG_A_TS(l1, 1),
-                              AG_A_T(ag_samples_rand(s, 1, v3, -1, 1))}, 3);
+                              AG_A_T(ag_samples_rand(s, 1, v3, -1, 1))},
+                   3);
 }
 
 static const ag_opdef op_index_put = {
@@ -1387,15 +1396,19 @@ static const ag_opdef op_index_put_ = {
 ag_tensor *ag_index_put(ag_tensor *a, ag_tensor *const *indices, int n, ag_tensor *values,
                         bool accumulate) {
     AG__OP(op, "index_put");
-    return ag__call1(op, (ag_arg[]){AG_A_T(a), AG_A_TS((ag_tensor **)indices, n), AG_A_T(values),
-                                    AG_A_B(accumulate)}, 4);
+    return ag__call1(op,
+                     (ag_arg[]){AG_A_T(a), AG_A_TS((ag_tensor **)indices, n), AG_A_T(values),
+                                AG_A_B(accumulate)},
+                     4);
 }
 
 ag_tensor *ag_index_put_(ag_tensor *a, ag_tensor *const *indices, int n, ag_tensor *values,
                          bool accumulate) {
     AG__OP(op, "index_put_");
-    return ag__call1(op, (ag_arg[]){AG_A_T(a), AG_A_TS((ag_tensor **)indices, n), AG_A_T(values),
-                                    AG_A_B(accumulate)}, 4);
+    return ag__call1(op,
+                     (ag_arg[]){AG_A_T(a), AG_A_TS((ag_tensor **)indices, n), AG_A_T(values),
+                                AG_A_B(accumulate)},
+                     4);
 }
 
 /* ---- new_empty / new_zeros(Tensor self, SymInt[] size, *, ScalarType? dtype=None) ----
@@ -1419,8 +1432,12 @@ static int new_meta(const char *op, const ag_arg *a, ag_tmeta *o) {
     return 0;
 }
 
-static int new_empty_meta(const ag_arg *a, ag_tmeta *o) { return new_meta("new_empty", a, o); }
-static int new_zeros_meta(const ag_arg *a, ag_tmeta *o) { return new_meta("new_zeros", a, o); }
+static int new_empty_meta(const ag_arg *a, ag_tmeta *o) {
+    return new_meta("new_empty", a, o);
+}
+static int new_zeros_meta(const ag_arg *a, ag_tmeta *o) {
+    return new_meta("new_zeros", a, o);
+}
 
 static int zero_fill_kernel(const ag_arg *a, ag_tensor **o) {
     (void)a;
@@ -1455,7 +1472,7 @@ ag_tensor *ag_new_zeros(ag_tensor *like, int ndim, const int64_t *sizes) {
 }
 
 const ag_opdef *const ag__ops_index[] = {
-    &op_cat,         &op_stack,     &op_split,     &op_index_select, &op_index_add,
-    &op_gather,      &op_scatter_add, &op_index,   &op_index_put,    &op_index_put_,
-    &op_new_empty,   &op_new_zeros, NULL,
+    &op_cat,       &op_stack,       &op_split, &op_index_select, &op_index_add,
+    &op_gather,    &op_scatter_add, &op_index, &op_index_put,    &op_index_put_,
+    &op_new_empty, &op_new_zeros,   NULL,
 };

@@ -15,11 +15,19 @@
 #include "family.h"
 
 /* The out-of-place view ops' meta functions compute the new geometry: same arguments. */
-static const ag_opdef *view_def(const char *name) { return ag_op_def(ag__op(name)); }
+static const ag_opdef *view_def(const char *name) {
+    return ag_op_def(ag__op(name));
+}
 
-static int t_meta_(const ag_arg *a, ag_tmeta *o) { return view_def("t")->meta(a, o); }
-static int transpose_meta_(const ag_arg *a, ag_tmeta *o) { return view_def("transpose.int")->meta(a, o); }
-static int unsqueeze_meta_(const ag_arg *a, ag_tmeta *o) { return view_def("unsqueeze")->meta(a, o); }
+static int t_meta_(const ag_arg *a, ag_tmeta *o) {
+    return view_def("t")->meta(a, o);
+}
+static int transpose_meta_(const ag_arg *a, ag_tmeta *o) {
+    return view_def("transpose.int")->meta(a, o);
+}
+static int unsqueeze_meta_(const ag_arg *a, ag_tmeta *o) {
+    return view_def("unsqueeze")->meta(a, o);
+}
 
 static int as_strided_meta_(const ag_arg *a, ag_tmeta *o) {
     if (a[0].u.t->requires_grad && ag_is_grad_enabled())
@@ -53,8 +61,8 @@ static void t_samples_(ag_samples *s) {
 
 static void transpose_samples_(ag_samples *s) {
     int64_t a[] = {2, 3, 4};
-    ag_samples_add(s, "dims 0,2", (ag_arg[]){AG_A_T(ag_samples_rand(s, 3, a, -1, 1)), AG_A_I(0),
-                                             AG_A_I(-1)}, 3);
+    ag_samples_add(s, "dims 0,2",
+                   (ag_arg[]){AG_A_T(ag_samples_rand(s, 3, a, -1, 1)), AG_A_I(0), AG_A_I(-1)}, 3);
 }
 
 static void unsqueeze_samples_(ag_samples *s) {
@@ -119,8 +127,10 @@ ag_tensor *ag_unsqueeze_(ag_tensor *a, int dim) {
 ag_tensor *ag_as_strided_(ag_tensor *a, int ndim, const int64_t *sizes, const int64_t *strides,
                           int64_t offset) {
     AG__OP(op, "as_strided_");
-    return ag__call1(op, (ag_arg[]){AG_A_T(a), AG_A_INTS(sizes, ndim), AG_A_INTS(strides, ndim),
-                                    offset < 0 ? AG_A_NONE : AG_A_I(offset)}, 4);
+    return ag__call1(op,
+                     (ag_arg[]){AG_A_T(a), AG_A_INTS(sizes, ndim), AG_A_INTS(strides, ndim),
+                                offset < 0 ? AG_A_NONE : AG_A_I(offset)},
+                     4);
 }
 
 const ag_opdef *const ag__ops_inplace_views[] = {

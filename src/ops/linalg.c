@@ -118,8 +118,8 @@ static int gemm_tensors(const ag_tensor *x, const ag_tensor *y, ag_tensor *out, 
     char *c = ag__base(out);
     bool par = batch > 1 && n * m * k <= BMM_SMALL_MACS && omp_get_max_threads() > 1;
     AG__BLAS_FOR(par, "omp parallel for schedule(static)", i, batch,
-                 gemm(dt, a.tr, b.tr, n, m, k, alpha, a.base + (size_t)(i * a.bstride) * es,
-                      a.ld, b.base + (size_t)(i * b.bstride) * es, b.ld, beta,
+                 gemm(dt, a.tr, b.tr, n, m, k, alpha, a.base + (size_t)(i * a.bstride) * es, a.ld,
+                      b.base + (size_t)(i * b.bstride) * es, b.ld, beta,
                       c + (size_t)(i * n * m) * es, m););
     return 0;
 }

@@ -96,10 +96,11 @@ static int emb_backward(ag_bwctx *c) {
     AG__OP(op, "embedding_dense_backward");
     if (!c->needs_grad[0])
         return 0;
-    c->grad_inputs[0] = ag__call1(op, (ag_arg[]){AG_A_T(c->grad_outputs[0]),
-                                                 AG_A_T(c->args[1].u.t),
-                                                 AG_A_I(c->input_meta[0].sizes[0]), c->args[2],
-                                                 c->args[3]}, 5);
+    c->grad_inputs[0] =
+        ag__call1(op,
+                  (ag_arg[]){AG_A_T(c->grad_outputs[0]), AG_A_T(c->args[1].u.t),
+                             AG_A_I(c->input_meta[0].sizes[0]), c->args[2], c->args[3]},
+                  5);
     return c->grad_inputs[0] ? 0 : ag_last_status();
 }
 
@@ -113,10 +114,12 @@ static void emb_samples(ag_samples *s) {
     const int64_t ix2[] = {0, 4, 2, 4, 4, 1}, ix1[] = {3, 1, 3, 0};
     ag_samples_add(s, "2-d indices with repeats",
                    (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, w, -1, 1)),
-                              AG_A_T(ag_from_data(AG_I64, 2, i2, ix2))}, 2);
+                              AG_A_T(ag_from_data(AG_I64, 2, i2, ix2))},
+                   2);
     ag_samples_add(s, "strided weight",
                    (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, w, -1, 1)),
-                              AG_A_T(ag_from_data(AG_I64, 1, i1, ix1))}, 2);
+                              AG_A_T(ag_from_data(AG_I64, 1, i1, ix1))},
+                   2);
 }
 
 static const ag_opdef op_embedding = {
@@ -147,9 +150,10 @@ static int embb_meta(const ag_arg *a, ag_tmeta *o) {
         return rc;
     char s1[128], s2[128];
     if (g->ndim != idx->ndim + 1 || !same_sizes(idx->ndim, g->sizes, idx->ndim, idx->sizes))
-        return ag__err(AG_EINVAL, "%s: grad_output %s must have the shape of indices %s plus "
-                                  "one trailing dim", op, shape_str(g, s1, sizeof s1),
-                       shape_str(idx, s2, sizeof s2));
+        return ag__err(AG_EINVAL,
+                       "%s: grad_output %s must have the shape of indices %s plus "
+                       "one trailing dim",
+                       op, shape_str(g, s1, sizeof s1), shape_str(idx, s2, sizeof s2));
     if (V < 0)
         return ag__err(AG_EINVAL, "%s: num_weights must be >= 0, got %lld", op, (long long)V);
     int64_t sizes[2] = {V, g->sizes[g->ndim - 1]};
@@ -190,8 +194,8 @@ static int embb_kernel(const ag_arg *a, ag_tensor **o) {
         AG__FLOAT_SWITCH(g->dtype, T, {
             const T *gd = pg;
             T *gw = data_of(o[0]);
-            _Pragma("omp parallel for schedule(static) if (par)")
-            for (int64_t blk = 0; blk < nblk; blk++) {
+            _Pragma("omp parallel for schedule(static) if (par)") for (int64_t blk = 0; blk < nblk;
+                                                                       blk++) {
                 const int64_t j0 = blk * BLK, j1 = j0 + BLK < D ? j0 + BLK : D;
                 for (int64_t i = 0; i < n; i++) {
                     if (ix[i] == pad)
@@ -220,8 +224,10 @@ static const ag_opdef op_embedding_dense_backward = {
 ag_tensor *ag_embedding_dense_backward(ag_tensor *grad, ag_tensor *indices, int64_t num_weights,
                                        int64_t padding_idx) {
     AG__OP(op, "embedding_dense_backward");
-    return ag__call1(op, (ag_arg[]){AG_A_T(grad), AG_A_T(indices), AG_A_I(num_weights),
-                                    AG_A_I(padding_idx), AG_A_B(false)}, 5);
+    return ag__call1(op,
+                     (ag_arg[]){AG_A_T(grad), AG_A_T(indices), AG_A_I(num_weights),
+                                AG_A_I(padding_idx), AG_A_B(false)},
+                     5);
 }
 
 /* ====================================================================================== */
@@ -241,9 +247,10 @@ static int nll_check(const char *op, const ag_tensor *x, const ag_tensor *t, con
         return ag__err(AG_EINVAL, "%s: target must be int64 class indices, got %s", op,
                        ag_dtype_short(t->dtype));
     if (t->ndim != x->ndim - 1 || (x->ndim == 2 && t->sizes[0] != x->sizes[0]))
-        return ag__err(AG_EINVAL, "%s: target %s does not match self %s (expected (N) for "
-                                  "(N, C), () for (C))", op, shape_str(t, s1, sizeof s1),
-                       shape_str(x, s2, sizeof s2));
+        return ag__err(AG_EINVAL,
+                       "%s: target %s does not match self %s (expected (N) for "
+                       "(N, C), () for (C))",
+                       op, shape_str(t, s1, sizeof s1), shape_str(x, s2, sizeof s2));
     const int64_t C = x->sizes[x->ndim - 1];
     if ((rc = check_param(op, "weight", w, x->dtype, 1, &C)))
         return rc;
@@ -329,9 +336,11 @@ static int nll_backward(ag_bwctx *c) {
     if (!c->needs_grad[0] || !g)
         return 0;
     AG__OP(op, "nll_loss_backward");
-    c->grad_inputs[0] = ag__call1(op, (ag_arg[]){AG_A_T(g), AG_A_T(c->args[0].u.t),
-                                                 AG_A_T(c->args[1].u.t), AG_A_T(targ(&c->args[2])),
-                                                 c->args[3], c->args[4], AG_A_T(c->outputs[1])}, 7);
+    c->grad_inputs[0] = ag__call1(op,
+                                  (ag_arg[]){AG_A_T(g), AG_A_T(c->args[0].u.t),
+                                             AG_A_T(c->args[1].u.t), AG_A_T(targ(&c->args[2])),
+                                             c->args[3], c->args[4], AG_A_T(c->outputs[1])},
+                                  7);
     return c->grad_inputs[0] ? 0 : ag_last_status();
 }
 
@@ -349,16 +358,19 @@ static void nll_samples(ag_samples *s) {
         ag_samples_add(s, cases[k].note,
                        (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, x2, -3, 0)),
                                   AG_A_T(ag_from_data(AG_I64, 1, n4, cases[k].target)), AG_A_NONE,
-                                  AG_A_I(cases[k].reduction), AG_A_I(-100)}, 5);
+                                  AG_A_I(cases[k].reduction), AG_A_I(-100)},
+                       5);
     ag_samples_add(s, "mean, weight, ignore_index, strided",
                    (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, x2, -3, 0)),
                               AG_A_T(ag_from_data(AG_I64, 1, n4, t4i)),
                               AG_A_T(ag_samples_rand_nograd(s, 1, c3, 0.5, 2)),
-                              AG_A_I(AG_REDUCTION_MEAN), AG_A_I(-100)}, 5);
+                              AG_A_I(AG_REDUCTION_MEAN), AG_A_I(-100)},
+                   5);
     ag_samples_add(s, "1-d input",
                    (ag_arg[]){AG_A_T(ag_samples_rand(s, 1, c3, -3, 0)),
                               AG_A_T(ag_from_data(AG_I64, 0, NULL, t0)), AG_A_NONE,
-                              AG_A_I(AG_REDUCTION_MEAN), AG_A_I(-100)}, 5);
+                              AG_A_I(AG_REDUCTION_MEAN), AG_A_I(-100)},
+                   5);
 }
 
 static const ag_opdef op_nll_loss_forward = {
@@ -376,8 +388,10 @@ static const ag_opdef op_nll_loss_forward = {
 
 ag_tensor *ag_nll_loss(ag_tensor *logp, ag_tensor *target, int reduction, int64_t ignore_index) {
     AG__OP(op, "nll_loss_forward");
-    return ag__call1(op, (ag_arg[]){AG_A_T(logp), AG_A_T(target), AG_A_NONE, AG_A_I(reduction),
-                                    AG_A_I(ignore_index)}, 5);
+    return ag__call1(op,
+                     (ag_arg[]){AG_A_T(logp), AG_A_T(target), AG_A_NONE, AG_A_I(reduction),
+                                AG_A_I(ignore_index)},
+                     5);
 }
 
 /* ---- nll_loss_backward ---- */
@@ -470,10 +484,13 @@ static int ce_decomp(const ag_arg *a, ag_tensor **outs) {
     if (x->ndim > 2)
         return ag__err(AG_ENOTSUP,
                        "%s: input %s: only (N, C) and (C) inputs are supported (no extra spatial "
-                       "dims yet)", op, shape_str(x, s, sizeof s));
+                       "dims yet)",
+                       op, shape_str(x, s, sizeof s));
     if (ag_dtype_is_float(t->dtype))
-        return ag__err(AG_ENOTSUP, "%s: class-probability (float) targets are not supported yet; "
-                                   "pass int64 class indices", op);
+        return ag__err(AG_ENOTSUP,
+                       "%s: class-probability (float) targets are not supported yet; "
+                       "pass int64 class indices",
+                       op);
     int rc = nll_check(op, x, t, w, reduction);
     if (rc)
         return rc;
@@ -485,8 +502,9 @@ static int ce_decomp(const ag_arg *a, ag_tensor **outs) {
         return ag_last_status();
     AG__OP(nll, "nll_loss_forward");
     ag_tensor *r[2] = {0};
-    rc = ag_op_call(nll, (ag_arg[]){AG_A_T(logp), AG_A_T(t), AG_A_T(w), AG_A_I(reduction),
-                                    AG_A_I(ignore)}, 5, r);
+    rc = ag_op_call(
+        nll, (ag_arg[]){AG_A_T(logp), AG_A_T(t), AG_A_T(w), AG_A_I(reduction), AG_A_I(ignore)}, 5,
+        r);
     if (rc < 0)
         return rc;
     if (ls == 0) {
@@ -509,20 +527,26 @@ static int ce_decomp(const ag_arg *a, ag_tensor **outs) {
 static void ce_samples(ag_samples *s) {
     int64_t x2[] = {4, 3}, n4[] = {4}, c3[] = {3};
     const int64_t t4[] = {2, 0, 1, 2}, t4i[] = {1, -100, 2, 0}, t0[] = {1};
-    ag_samples_add(s, "mean", (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, x2, -2, 2)),
-                                         AG_A_T(ag_from_data(AG_I64, 1, n4, t4))}, 2);
+    ag_samples_add(s, "mean",
+                   (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, x2, -2, 2)),
+                              AG_A_T(ag_from_data(AG_I64, 1, n4, t4))},
+                   2);
     ag_samples_add(s, "weight, ignore_index, label smoothing, strided",
                    (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, x2, -2, 2)),
                               AG_A_T(ag_from_data(AG_I64, 1, n4, t4i)),
                               AG_A_T(ag_samples_rand_nograd(s, 1, c3, 0.5, 2)),
-                              AG_A_I(AG_REDUCTION_MEAN), AG_A_I(-100), AG_A_F(0.1)}, 6);
-    ag_samples_add(s, "none, label smoothing", (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, x2, -2, 2)),
-                                                          AG_A_T(ag_from_data(AG_I64, 1, n4, t4i)),
-                                                          AG_A_NONE, AG_A_I(AG_REDUCTION_NONE),
-                                                          AG_A_I(-100), AG_A_F(0.2)}, 6);
-    ag_samples_add(s, "1-d, sum", (ag_arg[]){AG_A_T(ag_samples_rand(s, 1, c3, -2, 2)),
-                                             AG_A_T(ag_from_data(AG_I64, 0, NULL, t0)), AG_A_NONE,
-                                             AG_A_I(AG_REDUCTION_SUM)}, 4);
+                              AG_A_I(AG_REDUCTION_MEAN), AG_A_I(-100), AG_A_F(0.1)},
+                   6);
+    ag_samples_add(s, "none, label smoothing",
+                   (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, x2, -2, 2)),
+                              AG_A_T(ag_from_data(AG_I64, 1, n4, t4i)), AG_A_NONE,
+                              AG_A_I(AG_REDUCTION_NONE), AG_A_I(-100), AG_A_F(0.2)},
+                   6);
+    ag_samples_add(s, "1-d, sum",
+                   (ag_arg[]){AG_A_T(ag_samples_rand(s, 1, c3, -2, 2)),
+                              AG_A_T(ag_from_data(AG_I64, 0, NULL, t0)), AG_A_NONE,
+                              AG_A_I(AG_REDUCTION_SUM)},
+                   4);
 }
 
 static const ag_opdef op_cross_entropy_loss = {
@@ -538,8 +562,10 @@ static const ag_opdef op_cross_entropy_loss = {
 ag_tensor *ag_cross_entropy(ag_tensor *logits, ag_tensor *target, int reduction,
                             int64_t ignore_index) {
     AG__OP(op, "cross_entropy_loss");
-    return ag__call1(op, (ag_arg[]){AG_A_T(logits), AG_A_T(target), AG_A_NONE,
-                                    AG_A_I(reduction), AG_A_I(ignore_index)}, 5);
+    return ag__call1(op,
+                     (ag_arg[]){AG_A_T(logits), AG_A_T(target), AG_A_NONE, AG_A_I(reduction),
+                                AG_A_I(ignore_index)},
+                     5);
 }
 
 /* ====================================================================================== */
@@ -566,7 +592,9 @@ static int nd_meta(const ag_arg *a, ag_tmeta *o) {
 }
 
 /* native_dropout's `bool? train`: None means training, as in ATen. */
-static bool train_arg(const ag_arg *a) { return a->kind == AG_ARG_NONE || a->u.b; }
+static bool train_arg(const ag_arg *a) {
+    return a->kind == AG_ARG_NONE || a->u.b;
+}
 
 /* In training, element i is kept when its uniform draw u_i >= p (probability 1 - p) and
  * scaled by 1 / (1 - p); the draw reserves numel counters of the generator whatever p is, as
@@ -622,20 +650,22 @@ static int nd_backward(ag_bwctx *c) {
         return 0;
     AG__OP(op, "native_dropout_backward");
     double scale = dropout_scale(c->args[1].u.f, train_arg(&c->args[2]));
-    c->grad_inputs[0] = ag__call1(op, (ag_arg[]){AG_A_T(g), AG_A_T(c->outputs[1]),
-                                                 AG_A_F(scale)}, 3);
+    c->grad_inputs[0] =
+        ag__call1(op, (ag_arg[]){AG_A_T(g), AG_A_T(c->outputs[1]), AG_A_F(scale)}, 3);
     return c->grad_inputs[0] ? 0 : ag_last_status();
 }
 
 static void nd_samples(ag_samples *s) {
     int64_t x[] = {4, 5};
-    ag_samples_add(s, "training p=0.3", (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, x, -1, 1)),
-                                                   AG_A_F(0.3), AG_A_B(true)}, 3);
-    ag_samples_add(s, "training strided p=0.5",
-                   (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, x, -1, 1)), AG_A_F(0.5),
-                              AG_A_B(true)}, 3);
-    ag_samples_add(s, "evaluation", (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, x, -1, 1)),
-                                               AG_A_F(0.3), AG_A_B(false)}, 3);
+    ag_samples_add(s, "training p=0.3",
+                   (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, x, -1, 1)), AG_A_F(0.3), AG_A_B(true)},
+                   3);
+    ag_samples_add(
+        s, "training strided p=0.5",
+        (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, x, -1, 1)), AG_A_F(0.5), AG_A_B(true)}, 3);
+    ag_samples_add(s, "evaluation",
+                   (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, x, -1, 1)), AG_A_F(0.3), AG_A_B(false)},
+                   3);
 }
 
 static const ag_opdef op_native_dropout = {
@@ -652,7 +682,7 @@ static const ag_opdef op_native_dropout = {
 int ag_native_dropout(ag_tensor *x, double p, bool train, ag_tensor **out, ag_tensor **mask) {
     AG__OP(op, "native_dropout");
     ag_arg args[] = {AG_A_T(x), AG_A_F(p), AG_A_B(train)};
-    return call_outs(op, args, 3, (ag_tensor **const[]){out, mask}, 2);
+    return call_outs(op, args, 3, (ag_tensor * *const[]){out, mask}, 2);
 }
 
 /* ---- native_dropout_backward ---- */
@@ -665,9 +695,10 @@ static int ndb_meta(const ag_arg *a, ag_tmeta *o) {
         return rc;
     char s1[128], s2[128];
     if (m->dtype != AG_BOOL || !same_sizes(g->ndim, g->sizes, m->ndim, m->sizes))
-        return ag__err(AG_EINVAL, "%s: mask must be a bool tensor shaped like grad_output %s, "
-                                  "got %s", op, shape_str(g, s1, sizeof s1),
-                       ag_tensor_meta_str(m, s2, sizeof s2));
+        return ag__err(AG_EINVAL,
+                       "%s: mask must be a bool tensor shaped like grad_output %s, "
+                       "got %s",
+                       op, shape_str(g, s1, sizeof s1), ag_tensor_meta_str(m, s2, sizeof s2));
     ag__tmeta_contiguous(&o[0], g->dtype, g->ndim, g->sizes);
     return 0;
 }
@@ -680,34 +711,36 @@ static int ndb_kernel(const ag_arg *a, ag_tensor **o) {
     ag_tensor *ops[3] = {o[0], g, m};
     ag__iter_build(&it, ops, 3);
     AG__FLOAT_SWITCH(g->dtype, T, AG__ITER_ROWS(it, {
-        T *po = (T *)it.base[0] + off[0];
-        const T *pg = (const T *)it.base[1] + off[1];
-        const bool *pm = (const bool *)it.base[2] + off[2];
-        const int64_t so = it.inner_stride[0], sg = it.inner_stride[1];
-        const int64_t sm = it.inner_stride[2];
-        for (int64_t k = 0; k < len; k++)
-            po[k * so] = (T)(pg[k * sg] * (T)pm[k * sm] * scale);
-    }));
+                         T *po = (T *)it.base[0] + off[0];
+                         const T *pg = (const T *)it.base[1] + off[1];
+                         const bool *pm = (const bool *)it.base[2] + off[2];
+                         const int64_t so = it.inner_stride[0], sg = it.inner_stride[1];
+                         const int64_t sm = it.inner_stride[2];
+                         for (int64_t k = 0; k < len; k++)
+                             po[k * so] = (T)(pg[k * sg] * (T)pm[k * sm] * scale);
+                     }));
     return 0;
 }
 
 /* The op is linear in grad_output, so its own backward is itself. */
 static int ndb_backward(ag_bwctx *c) {
     AG__OP(op, "native_dropout_backward");
-    c->grad_inputs[0] = ag__call1(op, (ag_arg[]){AG_A_T(c->grad_outputs[0]),
-                                                 AG_A_T(c->args[1].u.t), c->args[2]}, 3);
+    c->grad_inputs[0] = ag__call1(
+        op, (ag_arg[]){AG_A_T(c->grad_outputs[0]), AG_A_T(c->args[1].u.t), c->args[2]}, 3);
     return c->grad_inputs[0] ? 0 : ag_last_status();
 }
 
 static void ndb_samples(ag_samples *s) {
     int64_t x[] = {3, 4};
     const bool m[] = {1, 0, 1, 1, 0, 0, 1, 0, 1, 1, 1, 0};
-    ag_samples_add(s, "scale 2", (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, x, -1, 1)),
-                                            AG_A_T(ag_from_data(AG_BOOL, 2, x, m)),
-                                            AG_A_F(2.0)}, 3);
-    ag_samples_add(s, "strided", (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, x, -1, 1)),
-                                            AG_A_T(ag_from_data(AG_BOOL, 2, x, m)),
-                                            AG_A_F(1.25)}, 3);
+    ag_samples_add(s, "scale 2",
+                   (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, x, -1, 1)),
+                              AG_A_T(ag_from_data(AG_BOOL, 2, x, m)), AG_A_F(2.0)},
+                   3);
+    ag_samples_add(s, "strided",
+                   (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, x, -1, 1)),
+                              AG_A_T(ag_from_data(AG_BOOL, 2, x, m)), AG_A_F(1.25)},
+                   3);
 }
 
 static const ag_opdef op_native_dropout_backward = {
@@ -785,8 +818,8 @@ static int mats_init(mats *m, ag_tensor *t, int slot) {
     const int nd = t->ndim;
     const int64_t rows = t->sizes[nd - 2], cols = t->sizes[nd - 1];
     const int64_t wide = cols > 1 ? cols : 1;
-    bool direct = (cols <= 1 || t->strides[nd - 1] == 1) &&
-                  (rows <= 1 || t->strides[nd - 2] >= wide);
+    bool direct =
+        (cols <= 1 || t->strides[nd - 1] == 1) && (rows <= 1 || t->strides[nd - 2] >= wide);
     const ag_tensor *src = t;
     if (!direct) {
         if (!pack(t, &m->tmp, slot))
@@ -829,8 +862,8 @@ static void gemm(ag_dtype dt, bool ta, bool tb, int64_t m, int64_t n, int64_t k,
         cblas_sgemm(CblasRowMajor, TA, TB, (int)m, (int)n, (int)k, (float)alpha, a, (int)lda, b,
                     (int)ldb, 0.0f, c, (int)ldc);
     else
-        cblas_dgemm(CblasRowMajor, TA, TB, (int)m, (int)n, (int)k, alpha, a, (int)lda, b,
-                    (int)ldb, 0.0, c, (int)ldc);
+        cblas_dgemm(CblasRowMajor, TA, TB, (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb,
+                    0.0, c, (int)ldc);
 }
 
 /* Everything one attention call needs: sizes, the operands as matrices, the mask's broadcast
@@ -858,11 +891,13 @@ static int sdpa_check(const char *op, const ag_tensor *q, const ag_tensor *k, co
     if (rc)
         return rc;
     if (dropout_p != 0)
-        return ag__err(AG_ENOTSUP, "%s: dropout inside attention is not supported yet "
-                                   "(dropout_p = %g); apply dropout outside", op, dropout_p);
+        return ag__err(AG_ENOTSUP,
+                       "%s: dropout inside attention is not supported yet "
+                       "(dropout_p = %g); apply dropout outside",
+                       op, dropout_p);
     const int nd = q->ndim;
-    bool ok = nd >= 2 && k->ndim == nd && v->ndim == nd && k->dtype == q->dtype &&
-              v->dtype == q->dtype;
+    bool ok =
+        nd >= 2 && k->ndim == nd && v->ndim == nd && k->dtype == q->dtype && v->dtype == q->dtype;
     for (int d = 0; ok && d < nd - 2; d++)
         ok = k->sizes[d] == q->sizes[d] && v->sizes[d] == q->sizes[d];
     ok = ok && k->sizes[nd - 1] == q->sizes[nd - 1] && v->sizes[nd - 2] == k->sizes[nd - 2];
@@ -871,8 +906,7 @@ static int sdpa_check(const char *op, const ag_tensor *q, const ag_tensor *k, co
                        "%s: query %s, key %s and value %s must be (batch..., L, E), "
                        "(batch..., S, E) and (batch..., S, Ev) of one dtype",
                        op, ag_tensor_meta_str(q, s1, sizeof s1),
-                       ag_tensor_meta_str(k, s2, sizeof s2),
-                       ag_tensor_meta_str(v, s3, sizeof s3));
+                       ag_tensor_meta_str(k, s2, sizeof s2), ag_tensor_meta_str(v, s3, sizeof s3));
     if (mask) {
         int64_t full[AG_MAX_DIMS], bc[AG_MAX_DIMS];
         memcpy(full, q->sizes, sizeof(int64_t) * (size_t)nd);
@@ -881,11 +915,12 @@ static int sdpa_check(const char *op, const ag_tensor *q, const ag_tensor *k, co
         if (mask->dtype != AG_BOOL && mask->dtype != q->dtype)
             return ag__err(AG_EINVAL, "%s: attn_mask must be bool or %s like query, got %s", op,
                            ag_dtype_short(q->dtype), ag_dtype_short(mask->dtype));
-        if (mask->ndim > nd ||
-            ag__broadcast(op, mask->ndim, mask->sizes, nd, full, &nout, bc) ||
+        if (mask->ndim > nd || ag__broadcast(op, mask->ndim, mask->sizes, nd, full, &nout, bc) ||
             !same_sizes(nout, bc, nd, full))
-            return ag__err(AG_EINVAL, "%s: attn_mask %s does not broadcast to (batch..., L, S) = "
-                                      "%s", op, shape_str(mask, s1, sizeof s1),
+            return ag__err(AG_EINVAL,
+                           "%s: attn_mask %s does not broadcast to (batch..., L, S) = "
+                           "%s",
+                           op, shape_str(mask, s1, sizeof s1),
                            ag__fmt_sizes(s2, sizeof s2, nd, full));
     }
     return 0;
@@ -897,8 +932,8 @@ static double sdpa_scale(const ag_arg *scale, int64_t E) {
 
 static int sdpa_fwd_meta(const ag_arg *a, ag_tmeta *o) {
     ag_tensor *q = a[0].u.t, *k = a[1].u.t, *v = a[2].u.t;
-    int rc = sdpa_check("_scaled_dot_product_flash_attention_for_cpu", q, k, v, targ(&a[5]),
-                        a[3].u.f);
+    int rc =
+        sdpa_check("_scaled_dot_product_flash_attention_for_cpu", q, k, v, targ(&a[5]), a[3].u.f);
     if (rc)
         return rc;
     int64_t sizes[AG_MAX_DIMS];
@@ -970,19 +1005,19 @@ static int64_t sdpa_row_end(const sdpa *s, int64_t i) {
 
 /* Applies the attention mask to entries [0, jend) of row i of batch b's (already scaled)
  * scores: a bool mask's false becomes -inf, a float mask is added. */
-#define SDPA_MASK_ROW(T, s, b, i, row, jend)                                                   \
-    do {                                                                                       \
-        if ((s)->mask) {                                                                       \
-            const int64_t mo = sdpa_mask_off((s), (b), (i)), ms = (s)->mstrides[(s)->nbd + 1]; \
-            for (int64_t j = 0; j < (jend); j++) {                                             \
-                if ((s)->mask_bool) {                                                          \
-                    if (!((const bool *)(s)->mask)[mo + j * ms])                               \
-                        (row)[j] = (T)-INFINITY;                                               \
-                } else {                                                                       \
-                    (row)[j] += ((const T *)(s)->mask)[mo + j * ms];                           \
-                }                                                                              \
-            }                                                                                  \
-        }                                                                                      \
+#define SDPA_MASK_ROW(T, s, b, i, row, jend)                                                       \
+    do {                                                                                           \
+        if ((s)->mask) {                                                                           \
+            const int64_t mo = sdpa_mask_off((s), (b), (i)), ms = (s)->mstrides[(s)->nbd + 1];     \
+            for (int64_t j = 0; j < (jend); j++) {                                                 \
+                if ((s)->mask_bool) {                                                              \
+                    if (!((const bool *)(s)->mask)[mo + j * ms])                                   \
+                        (row)[j] = (T)-INFINITY;                                                   \
+                } else {                                                                           \
+                    (row)[j] += ((const T *)(s)->mask)[mo + j * ms];                               \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
     } while (0)
 
 /* Per (batch, head): P = softmax(scale * Q K^T + mask), O = P V, lse = log sum exp of the
@@ -1082,7 +1117,8 @@ static void sdpa_samples(ag_samples *s) {
     ag_samples_add(s, "(B, H, L, E)",
                    (ag_arg[]){AG_A_T(ag_samples_rand(s, 4, q4, -1, 1)),
                               AG_A_T(ag_samples_rand(s, 4, q4, -1, 1)),
-                              AG_A_T(ag_samples_rand(s, 4, q4, -1, 1))}, 3);
+                              AG_A_T(ag_samples_rand(s, 4, q4, -1, 1))},
+                   3);
     ag_samples_add(s, "causal, strided query",
                    (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 4, q4, -1, 1)),
                               AG_A_T(ag_samples_rand(s, 4, q4, -1, 1)),
@@ -1092,7 +1128,8 @@ static void sdpa_samples(ag_samples *s) {
                    (ag_arg[]){AG_A_T(ag_samples_rand(s, 3, q3, -1, 1)),
                               AG_A_T(ag_samples_rand(s, 3, k3, -1, 1)),
                               AG_A_T(ag_samples_rand(s, 3, v3, -1, 1)), AG_A_F(0.0), AG_A_B(false),
-                              AG_A_T(ag_samples_rand_nograd(s, 2, m2, -1, 1)), AG_A_F(0.7)}, 7);
+                              AG_A_T(ag_samples_rand_nograd(s, 2, m2, -1, 1)), AG_A_F(0.7)},
+                   7);
 }
 
 static const ag_opdef op_sdpa_flash_cpu = {
@@ -1128,9 +1165,10 @@ static int sdpa_bwd_meta(const ag_arg *a, ag_tmeta *o) {
     if (!same_sizes(g->ndim, g->sizes, nd, osz) || !same_sizes(out->ndim, out->sizes, nd, osz) ||
         !same_sizes(lse->ndim, lse->sizes, nd - 1, q->sizes) || g->dtype != q->dtype ||
         out->dtype != q->dtype || lse->dtype != q->dtype)
-        return ag__err(AG_EINVAL, "%s: grad_out %s and out %s must be %s and logsumexp %s "
-                                  "(batch..., L), all of the query's dtype", op,
-                       shape_str(g, s1, sizeof s1), shape_str(out, s2, sizeof s2),
+        return ag__err(AG_EINVAL,
+                       "%s: grad_out %s and out %s must be %s and logsumexp %s "
+                       "(batch..., L), all of the query's dtype",
+                       op, shape_str(g, s1, sizeof s1), shape_str(out, s2, sizeof s2),
                        ag__fmt_sizes(s4, sizeof s4, nd, osz), shape_str(lse, s3, sizeof s3));
     ag__tmeta_contiguous(&o[0], q->dtype, nd, q->sizes);
     ag__tmeta_contiguous(&o[1], q->dtype, nd, k->sizes);
@@ -1189,8 +1227,7 @@ static int sdpa_bwd_kernel(const ag_arg *a, ag_tensor **o) {
     if (!pl)
         return ag_last_status();
     sdpa s;
-    int rc = sdpa_init(&s, a[1].u.t, a[2].u.t, a[3].u.t, a[0].u.t, targ(&a[8]), a[7].u.b, &a[9],
-                       2);
+    int rc = sdpa_init(&s, a[1].u.t, a[2].u.t, a[3].u.t, a[0].u.t, targ(&a[8]), a[7].u.b, &a[9], 2);
     if (rc == 0)
         rc = sdpa_bwd(&s, pl, data_of(o[0]), data_of(o[1]), data_of(o[2]));
     return rc;
@@ -1258,16 +1295,19 @@ static int sdpa_decomp(const ag_arg *a, ag_tensor **outs) {
 static void sdpa_front_samples(ag_samples *s) {
     int64_t q4[] = {1, 2, 3, 4}, m2[] = {3, 3};
     const bool keep[] = {1, 0, 1, 1, 1, 0, 0, 1, 1};
-    ag_samples_add(s, "causal", (ag_arg[]){AG_A_T(ag_samples_rand(s, 4, q4, -1, 1)),
-                                           AG_A_T(ag_samples_rand(s, 4, q4, -1, 1)),
-                                           AG_A_T(ag_samples_rand(s, 4, q4, -1, 1)), AG_A_NONE,
-                                           AG_A_F(0.0), AG_A_B(true)}, 6);
+    ag_samples_add(s, "causal",
+                   (ag_arg[]){AG_A_T(ag_samples_rand(s, 4, q4, -1, 1)),
+                              AG_A_T(ag_samples_rand(s, 4, q4, -1, 1)),
+                              AG_A_T(ag_samples_rand(s, 4, q4, -1, 1)), AG_A_NONE, AG_A_F(0.0),
+                              AG_A_B(true)},
+                   6);
     ag_samples_add(s, "bool mask, scale 0.5",
                    (ag_arg[]){AG_A_T(ag_samples_rand(s, 4, q4, -1, 1)),
                               AG_A_T(ag_samples_rand(s, 4, q4, -1, 1)),
                               AG_A_T(ag_samples_rand_strided(s, 4, q4, -1, 1)),
                               AG_A_T(ag_from_data(AG_BOOL, 2, m2, keep)), AG_A_F(0.0),
-                              AG_A_B(false), AG_A_F(0.5)}, 7);
+                              AG_A_B(false), AG_A_F(0.5)},
+                   7);
 }
 
 static const ag_opdef op_sdpa = {
@@ -1281,18 +1321,26 @@ static const ag_opdef op_sdpa = {
     .samples = sdpa_front_samples,
 };
 
-ag_tensor *ag_scaled_dot_product_attention(ag_tensor *q, ag_tensor *k, ag_tensor *v,
-                                           bool is_causal, double scale) {
+ag_tensor *ag_scaled_dot_product_attention(ag_tensor *q, ag_tensor *k, ag_tensor *v, bool is_causal,
+                                           double scale) {
     AG__OP(op, "scaled_dot_product_attention");
-    return ag__call1(op, (ag_arg[]){AG_A_T(q), AG_A_T(k), AG_A_T(v), AG_A_NONE, AG_A_F(0.0),
-                                    AG_A_B(is_causal), scale > 0 ? AG_A_F(scale) : AG_A_NONE},
+    return ag__call1(op,
+                     (ag_arg[]){AG_A_T(q), AG_A_T(k), AG_A_T(v), AG_A_NONE, AG_A_F(0.0),
+                                AG_A_B(is_causal), scale > 0 ? AG_A_F(scale) : AG_A_NONE},
                      7);
 }
 
 const ag_opdef *const ag__ops_nn[] = {
-    &op_embedding,          &op_embedding_dense_backward, &op_nll_loss_forward,
-    &op_nll_loss_backward,  &op_cross_entropy_loss,       &op_native_dropout,
-    &op_native_dropout_backward, &op_dropout,             &op_sdpa_flash_cpu,
-    &op_sdpa_flash_cpu_backward, &op_sdpa,
+    &op_embedding,
+    &op_embedding_dense_backward,
+    &op_nll_loss_forward,
+    &op_nll_loss_backward,
+    &op_cross_entropy_loss,
+    &op_native_dropout,
+    &op_native_dropout_backward,
+    &op_dropout,
+    &op_sdpa_flash_cpu,
+    &op_sdpa_flash_cpu_backward,
+    &op_sdpa,
     NULL,
 };

@@ -12,7 +12,9 @@ static inline ag_tensor *targ(const ag_arg *a) {
 }
 
 /* Element [0, ...] of t as an untyped pointer (ag__base gives char *). */
-static inline void *data_of(const ag_tensor *t) { return ag__base(t); }
+static inline void *data_of(const ag_tensor *t) {
+    return ag__base(t);
+}
 
 static inline char *shape_str(const ag_tensor *t, char *buf, size_t n) {
     return ag__fmt_sizes(buf, n, t->ndim, t->sizes);
@@ -41,8 +43,8 @@ static inline const void *pack(ag_tensor *t, ag__scratch_tensor *tmp, int slot) 
 
 /* Checks that an optional per-feature tensor (weight, bias, running stats) has `ndim` sizes
  * equal to `sizes` and the input's dtype. */
-static inline int check_param(const char *op, const char *name, const ag_tensor *p,
-                              ag_dtype dt, int ndim, const int64_t *sizes) {
+static inline int check_param(const char *op, const char *name, const ag_tensor *p, ag_dtype dt,
+                              int ndim, const int64_t *sizes) {
     if (!p)
         return 0;
     char a[128], b[128];
@@ -79,8 +81,8 @@ static inline double io_bytes(const ag_arg *a, int nargs, const ag_tmeta *o, int
 
 /* Stores a multi-output call's results in the non-NULL destinations and drops the others
  * (outside a scope the caller owns them, so unwanted ones are released here). */
-static inline int call_outs(const ag_op *op, const ag_arg *args, int nargs,
-                            ag_tensor **const *dst, int nouts) {
+static inline int call_outs(const ag_op *op, const ag_arg *args, int nargs, ag_tensor **const *dst,
+                            int nouts) {
     ag_tensor *r[AG_MAX_OUTPUTS] = {0};
     int rc = ag__calln(op, args, nargs, r, nouts);
     for (int i = 0; i < nouts; i++) {

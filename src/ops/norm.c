@@ -25,9 +25,8 @@ static int ln_check(const char *op, const ag_tensor *x, const ag_arg *ns, const 
         ok = ns->u.ints[i] == x->sizes[x->ndim - nn + i];
     if (!ok)
         return ag__err(AG_EINVAL,
-                       "%s: normalized_shape %s does not match the trailing dims of input %s",
-                       op, ag__fmt_sizes(s1, sizeof s1, nn, ns->u.ints),
-                       shape_str(x, s2, sizeof s2));
+                       "%s: normalized_shape %s does not match the trailing dims of input %s", op,
+                       ag__fmt_sizes(s1, sizeof s1, nn, ns->u.ints), shape_str(x, s2, sizeof s2));
     if ((rc = check_param(op, "weight", w, x->dtype, nn, ns->u.ints)) ||
         (rc = check_param(op, "bias", b, x->dtype, nn, ns->u.ints)))
         return rc;
@@ -85,8 +84,7 @@ static int ln_fwd(ag_dtype dt, const void *xv, const void *wv, const void *bv, v
     AG__FLOAT_SWITCH(dt, T, {
         const T *x = xv, *w = wv, *b = bv;
         T *y = yv, *mean = meanv, *rstd = rstdv;
-        _Pragma("omp parallel for schedule(static) if (par)")
-        for (int64_t i = 0; i < M; i++) {
+        _Pragma("omp parallel for schedule(static) if (par)") for (int64_t i = 0; i < M; i++) {
             const T *xi = x + i * N;
             T *yi = y + i * N;
             LN_FWD_ROW(T, xi, yi, w, b, mean, rstd, i, N, eps);
@@ -95,15 +93,14 @@ static int ln_fwd(ag_dtype dt, const void *xv, const void *wv, const void *bv, v
     return 0;
 }
 
-int ag__fused_add_layer_norm(ag_dtype dt, const void *av, const void *bv, void *sv,
-                             const void *wv, const void *biasv, void *yv, void *meanv,
-                             void *rstdv, int64_t M, int64_t N, double eps) {
+int ag__fused_add_layer_norm(ag_dtype dt, const void *av, const void *bv, void *sv, const void *wv,
+                             const void *biasv, void *yv, void *meanv, void *rstdv, int64_t M,
+                             int64_t N, double eps) {
     const bool par = M > 1 && M * N >= AG__PAR_MIN;
     AG__FLOAT_SWITCH(dt, T, {
         const T *a = av, *b = bv, *w = wv, *bias = biasv;
         T *sum = sv, *y = yv, *mean = meanv, *rstd = rstdv;
-        _Pragma("omp parallel for schedule(static) if (par)")
-        for (int64_t i = 0; i < M; i++) {
+        _Pragma("omp parallel for schedule(static) if (par)") for (int64_t i = 0; i < M; i++) {
             T *xi = sum + i * N;
             for (int64_t j = 0; j < N; j++)
                 xi[j] = a[i * N + j] + b[i * N + j];
@@ -169,14 +166,16 @@ static void ln_samples(ag_samples *s) {
     ag_samples_add(s, "2-d, weight and bias",
                    (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, x2, -2, 2)), AG_A_INTS(n1, 1),
                               AG_A_T(ag_samples_rand(s, 1, n1, 0.5, 1.5)),
-                              AG_A_T(ag_samples_rand(s, 1, n1, -1, 1)), AG_A_F(1e-5)}, 5);
+                              AG_A_T(ag_samples_rand(s, 1, n1, -1, 1)), AG_A_F(1e-5)},
+                   5);
     ag_samples_add(s, "3-d over two dims, no affine",
-                   (ag_arg[]){AG_A_T(ag_samples_rand(s, 3, x3, -2, 2)), AG_A_INTS(n2, 2),
-                              AG_A_NONE, AG_A_NONE, AG_A_F(1e-5)}, 5);
+                   (ag_arg[]){AG_A_T(ag_samples_rand(s, 3, x3, -2, 2)), AG_A_INTS(n2, 2), AG_A_NONE,
+                              AG_A_NONE, AG_A_F(1e-5)},
+                   5);
     ag_samples_add(s, "strided input, weight only",
                    (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 3, x3, -2, 2)), AG_A_INTS(n1, 1),
-                              AG_A_T(ag_samples_rand(s, 1, n1, 0.5, 1.5)), AG_A_NONE,
-                              AG_A_F(1e-3)}, 5);
+                              AG_A_T(ag_samples_rand(s, 1, n1, 0.5, 1.5)), AG_A_NONE, AG_A_F(1e-3)},
+                   5);
 }
 
 /* Core decomposition: mean and biased variance over the normalized dims, out = (x - mean) *
@@ -228,13 +227,12 @@ static int lnb_meta(const ag_arg *a, ag_tmeta *o) {
     char s1[128], s2[128];
     if (!same_sizes(g->ndim, g->sizes, x->ndim, x->sizes) || g->dtype != x->dtype)
         return ag__err(AG_EINVAL, "%s: grad_out %s does not match input %s", op,
-                       ag_tensor_meta_str(g, s1, sizeof s1),
-                       ag_tensor_meta_str(x, s2, sizeof s2));
+                       ag_tensor_meta_str(g, s1, sizeof s1), ag_tensor_meta_str(x, s2, sizeof s2));
     if (ag_tensor_numel(mean) != M || ag_tensor_numel(rstd) != M || mean->dtype != x->dtype ||
         rstd->dtype != x->dtype)
         return ag__err(AG_EINVAL, "%s: mean %s and rstd %s must hold %lld %s values", op,
-                       shape_str(mean, s1, sizeof s1), shape_str(rstd, s2, sizeof s2),
-                       (long long)M, ag_dtype_short(x->dtype));
+                       shape_str(mean, s1, sizeof s1), shape_str(rstd, s2, sizeof s2), (long long)M,
+                       ag_dtype_short(x->dtype));
     if (a[7].n != 3)
         return ag__err(AG_EINVAL, "%s: output_mask needs 3 entries, got %d", op, a[7].n);
     const int64_t *mask = a[7].u.ints;
@@ -258,16 +256,16 @@ static int lnb_meta(const ag_arg *a, ag_tmeta *o) {
  *   gx = rstd * (gh - mean_j(gh) - xhat * mean_j(gh * xhat)),
  * and over rows gw = sum_i g * xhat, gb = sum_i g. */
 static int ln_bwd_acc(ag_dtype dt, const void *gv, const void *xv, const void *meanv,
-                      const void *rstdv, const void *wv, void *gxv, void *gwv, void *gbv,
-                      int64_t M, int64_t N, const void *accv, void *outv) {
+                      const void *rstdv, const void *wv, void *gxv, void *gwv, void *gbv, int64_t M,
+                      int64_t N, const void *accv, void *outv) {
     const bool par = M * N >= AG__PAR_MIN;
     enum { BLK = 64 };
     AG__FLOAT_SWITCH(dt, T, {
         const T *g = gv, *x = xv, *mean = meanv, *rstd = rstdv, *w = wv;
         T *gx = gxv, *gw = gwv, *gb = gbv;
         if (gx) {
-            _Pragma("omp parallel for schedule(static) if (par && M > 1)")
-            for (int64_t i = 0; i < M; i++) {
+            _Pragma("omp parallel for schedule(static) if (par && M > 1)") for (int64_t i = 0;
+                                                                                i < M; i++) {
                 const T *gi = g + i * N, *xi = x + i * N;
                 const double mu = mean[i], r = rstd[i];
                 double sg = 0, sgx = 0;
@@ -293,8 +291,9 @@ static int ln_bwd_acc(ag_dtype dt, const void *gv, const void *xv, const void *m
         if (gw || gb) {
             /* Column blocks: each thread owns BLK columns and walks every row. */
             const int64_t nblk = (N + BLK - 1) / BLK;
-            _Pragma("omp parallel for schedule(static) if (par && nblk > 1)")
-            for (int64_t blk = 0; blk < nblk; blk++) {
+            _Pragma("omp parallel for schedule(static) if (par && nblk > 1)") for (int64_t blk = 0;
+                                                                                   blk < nblk;
+                                                                                   blk++) {
                 const int64_t j0 = blk * BLK, j1 = j0 + BLK < N ? j0 + BLK : N;
                 double aw[BLK] = {0}, ab[BLK] = {0};
                 for (int64_t i = 0; i < M; i++) {
@@ -316,16 +315,14 @@ static int ln_bwd_acc(ag_dtype dt, const void *gv, const void *xv, const void *m
     return 0;
 }
 
-static int ln_bwd(ag_dtype dt, const void *gv, const void *xv, const void *meanv,
-                  const void *rstdv, const void *wv, void *gxv, void *gwv, void *gbv, int64_t M,
-                  int64_t N) {
+static int ln_bwd(ag_dtype dt, const void *gv, const void *xv, const void *meanv, const void *rstdv,
+                  const void *wv, void *gxv, void *gwv, void *gbv, int64_t M, int64_t N) {
     return ln_bwd_acc(dt, gv, xv, meanv, rstdv, wv, gxv, gwv, gbv, M, N, NULL, NULL);
 }
 
-int ag__fused_layer_norm_backward_add(ag_dtype dt, const void *g, const void *x,
-                                      const void *mean, const void *rstd, const void *w,
-                                      void *gx, void *gw, void *gb, int64_t M, int64_t N,
-                                      const void *acc, void *out) {
+int ag__fused_layer_norm_backward_add(ag_dtype dt, const void *g, const void *x, const void *mean,
+                                      const void *rstd, const void *w, void *gx, void *gw, void *gb,
+                                      int64_t M, int64_t N, const void *acc, void *out) {
     return ln_bwd_acc(dt, g, x, mean, rstd, w, gx, gw, gb, M, N, acc, out);
 }
 
@@ -343,8 +340,7 @@ static int lnb_kernel(const ag_arg *a, ag_tensor **o) {
         rc = ag_last_status();
     else
         rc = ln_bwd(x->dtype, pg, px, pm, pr, pw, mask[0] ? data_of(o[0]) : NULL,
-                    mask[1] && w ? data_of(o[1]) : NULL, mask[2] && b ? data_of(o[2]) : NULL,
-                    M, N);
+                    mask[1] && w ? data_of(o[1]) : NULL, mask[2] && b ? data_of(o[2]) : NULL, M, N);
     return rc;
 }
 
@@ -390,16 +386,18 @@ int ag_native_layer_norm(ag_tensor *x, int nnorm, const int64_t *normalized_shap
                          ag_tensor *weight, ag_tensor *bias, double eps, ag_tensor **out,
                          ag_tensor **mean, ag_tensor **rstd) {
     AG__OP(op, "native_layer_norm");
-    ag_arg args[] = {AG_A_T(x), AG_A_INTS(normalized_shape, nnorm), AG_A_T(weight),
-                     AG_A_T(bias), AG_A_F(eps)};
-    return call_outs(op, args, 5, (ag_tensor **const[]){out, mean, rstd}, 3);
+    ag_arg args[] = {AG_A_T(x), AG_A_INTS(normalized_shape, nnorm), AG_A_T(weight), AG_A_T(bias),
+                     AG_A_F(eps)};
+    return call_outs(op, args, 5, (ag_tensor * *const[]){out, mean, rstd}, 3);
 }
 
 ag_tensor *ag_layer_norm(ag_tensor *x, int nnorm, const int64_t *normalized_shape,
                          ag_tensor *weight, ag_tensor *bias, double eps) {
     AG__OP(op, "layer_norm");
-    return ag__call1(op, (ag_arg[]){AG_A_T(x), AG_A_INTS(normalized_shape, nnorm),
-                                    AG_A_T(weight), AG_A_T(bias), AG_A_F(eps)}, 5);
+    return ag__call1(op,
+                     (ag_arg[]){AG_A_T(x), AG_A_INTS(normalized_shape, nnorm), AG_A_T(weight),
+                                AG_A_T(bias), AG_A_F(eps)},
+                     5);
 }
 
 /* ---- native_batch_norm ---- */
@@ -412,8 +410,8 @@ static int bn_check(const char *op, const ag_tensor *x, const ag_tensor *w, cons
     if (rc)
         return rc;
     if (x->ndim < 2)
-        return ag__err(AG_EINVAL, "%s: input must be (N, C, ...) with at least 2 dims, got %s",
-                       op, shape_str(x, s, sizeof s));
+        return ag__err(AG_EINVAL, "%s: input must be (N, C, ...) with at least 2 dims, got %s", op,
+                       shape_str(x, s, sizeof s));
     const int64_t C = x->sizes[1];
     if ((rc = check_param(op, "weight", w, x->dtype, 1, &C)) ||
         (rc = check_param(op, "bias", b, x->dtype, 1, &C)) ||
@@ -440,7 +438,8 @@ static int bn_meta(const ag_arg *a, ag_tmeta *o) {
     if (!training && !rm)
         return ag__err(AG_EINVAL,
                        "%s: running_mean and running_var must be given in evaluation mode "
-                       "(training=false)", op);
+                       "(training=false)",
+                       op);
     /* One value per channel has no variance; no values at all is an empty batch, which runs
      * (kernel below), as PyTorch's batch_norm does. */
     if (training && bn_count(x) == 1)
@@ -586,8 +585,7 @@ static int bn_fwd(ag_dtype dt, const void *xv, chan w, chan b, chan rm, chan rv,
     AG__FLOAT_SWITCH(dt, T, {
         const T *x = xv;
         T *y = yv, *z = zv, *sm = smv, *si = siv;
-        _Pragma("omp parallel for schedule(static) if (par)")
-        for (int64_t c = 0; c < C; c++) {
+        _Pragma("omp parallel for schedule(static) if (par)") for (int64_t c = 0; c < C; c++) {
             double mean, invstd;
             if (train) {
                 mean = bn_sum(x + c * S, N, C * S, S) / (double)count;
@@ -662,16 +660,9 @@ static int bn_backward(ag_bwctx *c) {
     AG__OP(op, "native_batch_norm_backward");
     int64_t mask[3] = {c->needs_grad[0], c->needs_grad[1], c->needs_grad[2]};
     ag_tensor *r[3] = {0};
-    ag_arg args[] = {AG_A_T(g),
-                     AG_A_T(c->args[0].u.t),
-                     AG_A_T(targ(&c->args[1])),
-                     AG_A_NONE,
-                     AG_A_NONE,
-                     AG_A_T(c->outputs[1]),
-                     AG_A_T(c->outputs[2]),
-                     c->args[5],
-                     c->args[7],
-                     AG_A_INTS(mask, 3)};
+    ag_arg args[] = {AG_A_T(g),  AG_A_T(c->args[0].u.t), AG_A_T(targ(&c->args[1])), AG_A_NONE,
+                     AG_A_NONE,  AG_A_T(c->outputs[1]),  AG_A_T(c->outputs[2]),     c->args[5],
+                     c->args[7], AG_A_INTS(mask, 3)};
     int rc = ag_op_call(op, args, 10, r);
     if (rc < 0)
         return rc;
@@ -694,18 +685,21 @@ static void bn_samples(ag_samples *s) {
                               AG_A_T(ag_samples_rand(s, 1, c3, -1, 1)),
                               AG_A_T(ag_samples_rand_nograd(s, 1, c3, -0.5, 0.5)),
                               AG_A_T(ag_samples_rand_nograd(s, 1, c3, 0.5, 1.5)), AG_A_B(true),
-                              AG_A_F(0.1), AG_A_F(1e-5)}, 8);
+                              AG_A_F(0.1), AG_A_F(1e-5)},
+                   8);
     ag_samples_add(s, "training, 4-d strided, no affine",
                    (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 4, x4, -2, 2)), AG_A_NONE,
                               AG_A_NONE, AG_A_NONE, AG_A_NONE, AG_A_B(true), AG_A_F(0.1),
-                              AG_A_F(1e-5)}, 8);
+                              AG_A_F(1e-5)},
+                   8);
     ag_samples_add(s, "evaluation, 4-d",
                    (ag_arg[]){AG_A_T(ag_samples_rand(s, 4, x4, -2, 2)),
                               AG_A_T(ag_samples_rand(s, 1, c3, 0.5, 1.5)),
                               AG_A_T(ag_samples_rand(s, 1, c3, -1, 1)),
                               AG_A_T(ag_samples_rand_nograd(s, 1, c3, -0.5, 0.5)),
                               AG_A_T(ag_samples_rand_nograd(s, 1, c3, 0.5, 1.5)), AG_A_B(false),
-                              AG_A_F(0.1), AG_A_F(1e-5)}, 8);
+                              AG_A_F(0.1), AG_A_F(1e-5)},
+                   8);
 }
 
 static const ag_opdef op_native_batch_norm = {
@@ -762,7 +756,8 @@ static void bnf_samples(ag_samples *s) {
                               AG_A_T(ag_samples_rand(s, 1, c3, -1, 1)),
                               AG_A_T(ag_samples_rand_nograd(s, 1, c3, -0.5, 0.5)),
                               AG_A_T(ag_samples_rand_nograd(s, 1, c3, 0.5, 1.5)), AG_A_B(true),
-                              AG_A_F(0.1), AG_A_F(1e-5)}, 8);
+                              AG_A_F(0.1), AG_A_F(1e-5)},
+                   8);
 }
 
 static const ag_opdef op_native_batch_norm_functional = {
@@ -794,8 +789,7 @@ static int bnb_meta(const ag_arg *a, ag_tmeta *o) {
     char s1[128], s2[128];
     if (!same_sizes(g->ndim, g->sizes, x->ndim, x->sizes) || g->dtype != x->dtype)
         return ag__err(AG_EINVAL, "%s: grad_out %s does not match input %s", op,
-                       ag_tensor_meta_str(g, s1, sizeof s1),
-                       ag_tensor_meta_str(x, s2, sizeof s2));
+                       ag_tensor_meta_str(g, s1, sizeof s1), ag_tensor_meta_str(x, s2, sizeof s2));
     const int64_t C = x->sizes[1];
     if ((rc = check_param(op, "save_mean", sm, x->dtype, 1, &C)) ||
         (rc = check_param(op, "save_invstd", si, x->dtype, 1, &C)))
@@ -804,7 +798,8 @@ static int bnb_meta(const ag_arg *a, ag_tmeta *o) {
     if (train ? !have_saved : !(have_running || have_saved))
         return ag__err(AG_EINVAL,
                        "%s: needs save_mean and save_invstd in training, and running_mean and "
-                       "running_var (or save_mean and save_invstd) in evaluation", op);
+                       "running_var (or save_mean and save_invstd) in evaluation",
+                       op);
     if (a[9].n != 3)
         return ag__err(AG_EINVAL, "%s: output_mask needs 3 entries, got %d", op, a[9].n);
     const int64_t *mask = a[9].u.ints;
@@ -837,8 +832,7 @@ static int bn_bwd(ag_dtype dt, const void *gv, const void *xv, const void *rlv, 
         const T *g = gv, *x = xv, *rl = rlv;
         const T th = (T)threshold;
         T *gx = gxv, *gw = gwv, *gb = gbv;
-        _Pragma("omp parallel for schedule(static) if (par)")
-        for (int64_t c = 0; c < C; c++) {
+        _Pragma("omp parallel for schedule(static) if (par)") for (int64_t c = 0; c < C; c++) {
             double mean, invstd;
             if (train || !rm.p) {
                 mean = ((const T *)sm.p)[c * sm.stride];
@@ -953,20 +947,21 @@ int ag__fused_threshold_batch_norm_backward(const ag_arg *t, const ag_arg *b, ag
                   b[8].u.f);
 }
 
-int ag_native_batch_norm(ag_tensor *x, ag_tensor *weight, ag_tensor *bias,
-                         ag_tensor *running_mean, ag_tensor *running_var, bool training,
-                         double momentum, double eps, ag_tensor **out, ag_tensor **save_mean,
-                         ag_tensor **save_invstd) {
+int ag_native_batch_norm(ag_tensor *x, ag_tensor *weight, ag_tensor *bias, ag_tensor *running_mean,
+                         ag_tensor *running_var, bool training, double momentum, double eps,
+                         ag_tensor **out, ag_tensor **save_mean, ag_tensor **save_invstd) {
     AG__OP(op, "native_batch_norm");
-    ag_arg args[] = {AG_A_T(x),           AG_A_T(weight),      AG_A_T(bias),
-                     AG_A_T(running_mean), AG_A_T(running_var), AG_A_B(training),
-                     AG_A_F(momentum),     AG_A_F(eps)};
-    return call_outs(op, args, 8, (ag_tensor **const[]){out, save_mean, save_invstd}, 3);
+    ag_arg args[] = {AG_A_T(x),           AG_A_T(weight),   AG_A_T(bias),     AG_A_T(running_mean),
+                     AG_A_T(running_var), AG_A_B(training), AG_A_F(momentum), AG_A_F(eps)};
+    return call_outs(op, args, 8, (ag_tensor * *const[]){out, save_mean, save_invstd}, 3);
 }
 
 const ag_opdef *const ag__ops_norm[] = {
     &op_native_batch_norm_functional,
-    &op_native_layer_norm, &op_native_layer_norm_backward, &op_layer_norm,
-    &op_native_batch_norm, &op_native_batch_norm_backward,
+    &op_native_layer_norm,
+    &op_native_layer_norm_backward,
+    &op_layer_norm,
+    &op_native_batch_norm,
+    &op_native_batch_norm_backward,
     NULL,
 };

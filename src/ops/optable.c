@@ -31,10 +31,9 @@ static pthread_once_t builtins_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static const ag_opdef *const *const families[] = {
-    ag__ops_pointwise, ag__ops_views,  ag__ops_reduce,  ag__ops_linalg,
-    ag__ops_conv,      ag__ops_norm,   ag__ops_nn,      ag__ops_index,   ag__ops_factory,
-    ag__ops_inplace_views,
-    ag__ops_philox,
+    ag__ops_pointwise, ag__ops_views,         ag__ops_reduce, ag__ops_linalg,
+    ag__ops_conv,      ag__ops_norm,          ag__ops_nn,     ag__ops_index,
+    ag__ops_factory,   ag__ops_inplace_views, ag__ops_philox,
 };
 
 /* ---- schema parsing ---- */
@@ -106,7 +105,8 @@ static int parse_type(parser *p, ag_type *ty, bool *mutates) {
         *ty = list ? (opt ? AG_TY_OPT_TENSOR_LIST : AG_TY_TENSOR_LIST)
                    : (opt ? AG_TY_OPT_TENSOR : AG_TY_TENSOR);
     else if (!strcmp(base, "int") || !strcmp(base, "SymInt"))
-        *ty = list ? (opt ? AG_TY_OPT_INT_LIST : AG_TY_INT_LIST) : (opt ? AG_TY_OPT_INT : AG_TY_INT);
+        *ty =
+            list ? (opt ? AG_TY_OPT_INT_LIST : AG_TY_INT_LIST) : (opt ? AG_TY_OPT_INT : AG_TY_INT);
     else if (!strcmp(base, "float"))
         *ty = opt ? AG_TY_OPT_FLOAT : AG_TY_FLOAT;
     else if (!strcmp(base, "Scalar"))
@@ -336,7 +336,9 @@ ag_op *ag__op_new_detached(const ag_opdef *def) {
     return op;
 }
 
-void ag__op_free_detached(ag_op *op) { op_free(op); }
+void ag__op_free_detached(ag_op *op) {
+    op_free(op);
+}
 
 static void register_builtins(void) {
     for (size_t f = 0; f < sizeof families / sizeof families[0]; f++)
@@ -397,15 +399,23 @@ const ag_op *ag_op_at(int i) {
     return op;
 }
 
-const char *ag_op_name(const ag_op *op) { return op ? op->name : NULL; }
-const ag_opdef *ag_op_def(const ag_op *op) { return op ? op->def : NULL; }
-int ag_op_nargs(const ag_op *op) { return op ? op->nargs : 0; }
+const char *ag_op_name(const ag_op *op) {
+    return op ? op->name : NULL;
+}
+const ag_opdef *ag_op_def(const ag_op *op) {
+    return op ? op->def : NULL;
+}
+int ag_op_nargs(const ag_op *op) {
+    return op ? op->nargs : 0;
+}
 const ag_schema_arg *ag_op_arg(const ag_op *op, int i) {
     if (!op)
         return NULL;
     return i >= 0 && i < op->nargs ? &op->args[i] : NULL;
 }
-int ag_op_noutputs(const ag_op *op) { return op ? op->noutputs : 0; }
+int ag_op_noutputs(const ag_op *op) {
+    return op ? op->noutputs : 0;
+}
 
 const ag_op *ag_op_register(const ag_opdef *def) {
     load_builtins();
@@ -441,10 +451,10 @@ char *ag_op_flags_str(uint32_t flags, char *buf, size_t n) {
 /* ---- argument checking ---- */
 
 static const char *type_name(ag_type t) {
-    static const char *const names[] = {"Tensor", "Tensor?", "Tensor[]", "Tensor?[]",
-                                        "int",    "int?",    "float",    "float?",
-                                        "Scalar", "bool",    "int[]",    "int[]?",
-                                        "ScalarType", "ScalarType?", "str", "bool?"};
+    static const char *const names[] = {"Tensor",     "Tensor?",     "Tensor[]", "Tensor?[]",
+                                        "int",        "int?",        "float",    "float?",
+                                        "Scalar",     "bool",        "int[]",    "int[]?",
+                                        "ScalarType", "ScalarType?", "str",      "bool?"};
     return names[t];
 }
 
@@ -848,7 +858,8 @@ int ag_op_cost(const ag_op *op, const ag_arg *args, int nargs, ag_cost *c) {
         return 0;
     for (int i = 0; i < op->nargs; i++) {
         if (full[i].kind == AG_ARG_TENSOR && full[i].u.t)
-            c->bytes += (double)ag_tensor_numel(full[i].u.t) * (double)ag_dtype_size(full[i].u.t->dtype);
+            c->bytes +=
+                (double)ag_tensor_numel(full[i].u.t) * (double)ag_dtype_size(full[i].u.t->dtype);
         if (full[i].kind == AG_ARG_TENSORS)
             for (int k = 0; k < full[i].n; k++)
                 if (full[i].u.ts[k])

@@ -23,8 +23,12 @@
  * the tanh approximation, with t = tanh(b (x + k x^3)):
  * gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) b (1 + 3 k x^2). */
 static const double gelu_b = 0.7978845608028654, gelu_k = 0.044715;
-static inline double sigmoid_d(double x) { return 1 / (1 + exp(-x)); }
-static inline double gelu_d(double x) { return 0.5 * x * erfc(-x * M_SQRT1_2); }
+static inline double sigmoid_d(double x) {
+    return 1 / (1 + exp(-x));
+}
+static inline double gelu_d(double x) {
+    return 0.5 * x * erfc(-x * M_SQRT1_2);
+}
 static inline double gelu_tanh_d(double x) {
     return 0.5 * x * (1 + tanh(gelu_b * (x + gelu_k * x * x * x)));
 }
@@ -51,7 +55,9 @@ static inline int64_t ipow(int64_t base, int64_t e) {
 
 /* ---- dtype rules (PyTorch's) ---- */
 
-static bool is_float(ag_dtype d) { return d == AG_F32 || d == AG_F64; }
+static bool is_float(ag_dtype d) {
+    return d == AG_F32 || d == AG_F64;
+}
 
 static const char *torch_dtype(ag_dtype d) {
     static const char *const names[] = {"Float", "Double", "Long", "Bool"};
@@ -73,7 +79,9 @@ static ag_dtype result_type(const ag_tensor *a, const ag_tensor *b) {
 }
 
 /* Ops that compute in floating point (div, exp, sigmoid, ...) make integral inputs f32. */
-static ag_dtype floating(ag_dtype d) { return is_float(d) ? d : AG_F32; }
+static ag_dtype floating(ag_dtype d) {
+    return is_float(d) ? d : AG_F32;
+}
 
 /* PyTorch's can_cast for in-place results: no float -> integral, no non-bool -> bool. */
 static bool can_cast(ag_dtype from, ag_dtype to) {
@@ -139,7 +147,9 @@ static int bw_status(const ag_bwctx *c) {
 }
 
 /* The `0` of ATen's where(cond, grad, 0): a 0-dim tensor of t's dtype. */
-static ag_tensor *zero_of(const ag_tensor *t) { return t ? ag_scalar_tensor(t->dtype, 0.0) : NULL; }
+static ag_tensor *zero_of(const ag_tensor *t) {
+    return t ? ag_scalar_tensor(t->dtype, 0.0) : NULL;
+}
 
 /* ---- gradcheck samples ---- */
 
@@ -149,8 +159,12 @@ static void unary_samples(ag_samples *s, double lo, double hi) {
     ag_samples_add(s, "transposed 3x4",
                    (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, sz, lo, hi))}, 1);
 }
-static void samples_any(ag_samples *s) { unary_samples(s, -2, 2); }
-static void samples_pos(ag_samples *s) { unary_samples(s, 0.5, 2); }
+static void samples_any(ag_samples *s) {
+    unary_samples(s, -2, 2);
+}
+static void samples_pos(ag_samples *s) {
+    unary_samples(s, 0.5, 2);
+}
 /* Both signs, away from a kink at 0 (abs, relu, sign). */
 static void samples_kink(ag_samples *s) {
     unary_samples(s, 0.1, 1);
@@ -161,16 +175,25 @@ static void samples_kink(ag_samples *s) {
  * for div. */
 static void binary_samples(ag_samples *s, double lo) {
     int64_t a[] = {3, 4}, b[] = {4}, c[] = {3, 1};
-    ag_samples_add(s, "same shape", (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)),
-                                               AG_A_T(ag_samples_rand(s, 2, a, lo, 1))}, 2);
-    ag_samples_add(s, "broadcast", (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)),
-                                              AG_A_T(ag_samples_rand(s, 1, b, lo, 1))}, 2);
+    ag_samples_add(s, "same shape",
+                   (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)),
+                              AG_A_T(ag_samples_rand(s, 2, a, lo, 1))},
+                   2);
+    ag_samples_add(s, "broadcast",
+                   (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)),
+                              AG_A_T(ag_samples_rand(s, 1, b, lo, 1))},
+                   2);
     ag_samples_add(s, "strided+broadcast",
                    (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, a, -1, 1)),
-                              AG_A_T(ag_samples_rand(s, 2, c, lo, 1))}, 2);
+                              AG_A_T(ag_samples_rand(s, 2, c, lo, 1))},
+                   2);
 }
-static void mul_samples(ag_samples *s) { binary_samples(s, -1); }
-static void div_samples(ag_samples *s) { binary_samples(s, 0.5); }
+static void mul_samples(ag_samples *s) {
+    binary_samples(s, -1);
+}
+static void div_samples(ag_samples *s) {
+    binary_samples(s, 0.5);
+}
 
 static void scalar_samples(ag_samples *s) {
     int64_t a[] = {3, 4};
@@ -206,11 +229,15 @@ static int arith_meta(arith_kind k, bool scalar, bool inplace, const ag_arg *a, 
     if (rc)
         return rc;
     if (k == AR_SUB && dt == AG_BOOL)
-        return ag__err(AG_EINVAL, "%s: subtraction, the `-` operator, with two bool tensors is "
-                                  "not supported; use logical_xor instead", op);
+        return ag__err(AG_EINVAL,
+                       "%s: subtraction, the `-` operator, with two bool tensors is "
+                       "not supported; use logical_xor instead",
+                       op);
     if ((k == AR_ADD || k == AR_SUB) && !is_float(dt) && a[2].u.f != floor(a[2].u.f))
-        return ag__err(AG_EINVAL, "%s: for integral input tensors, argument alpha must not be a "
-                                  "floating point number (alpha %g)", op, a[2].u.f);
+        return ag__err(AG_EINVAL,
+                       "%s: for integral input tensors, argument alpha must not be a "
+                       "floating point number (alpha %g)",
+                       op, a[2].u.f);
     /* int64 results: the scalars become int64 (checked: no undefined casts) and the kernel
      * wraps on overflow, as PyTorch's integer arithmetic does. */
     if (dt == AG_I64 && (k == AR_ADD || k == AR_SUB) && (rc = ag__check_fits(op, a[2].u.f, dt)))
@@ -227,7 +254,7 @@ static int arith_tensor(arith_kind k, ag_tensor *out, ag_tensor *xt, ag_tensor *
         if (k == AR_ADD)
             PW2(out, xt, yt, bool, bool, bool, x || (al && y));
         else
-            PW2(out, xt, yt, bool, bool, bool, x && y);
+            PW2(out, xt, yt, bool, bool, bool, x &&y);
         return 0;
     }
     if (out->dtype == AG_I64) { /* wrapping; alpha was checked to fit in the meta */
@@ -267,7 +294,7 @@ static int arith_scalar(arith_kind k, ag_tensor *out, ag_tensor *xt, double s, d
         if (k == AR_ADD)
             PW1(out, xt, bool, bool, x || c);
         else
-            PW1(out, xt, bool, bool, x && c);
+            PW1(out, xt, bool, bool, x &&c);
         return 0;
     }
     if (out->dtype == AG_I64) { /* wrapping; s and alpha were checked to fit in the meta */
@@ -389,14 +416,18 @@ static int div_scalar_backward(ag_bwctx *c) {
 
 static void add_samples(ag_samples *s) {
     int64_t a[] = {3, 4}, b[] = {4}, c[] = {3, 1};
-    ag_samples_add(s, "same shape", (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)),
-                                               AG_A_T(ag_samples_rand(s, 2, a, -1, 1))}, 2);
-    ag_samples_add(s, "broadcast", (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)),
-                                              AG_A_T(ag_samples_rand(s, 1, b, -1, 1)),
-                                              AG_A_F(2.5)}, 3);
+    ag_samples_add(s, "same shape",
+                   (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)),
+                              AG_A_T(ag_samples_rand(s, 2, a, -1, 1))},
+                   2);
+    ag_samples_add(s, "broadcast",
+                   (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)),
+                              AG_A_T(ag_samples_rand(s, 1, b, -1, 1)), AG_A_F(2.5)},
+                   3);
     ag_samples_add(s, "strided+broadcast",
                    (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, a, -1, 1)),
-                              AG_A_T(ag_samples_rand(s, 2, c, -1, 1))}, 2);
+                              AG_A_T(ag_samples_rand(s, 2, c, -1, 1))},
+                   2);
 }
 
 static const ag_opdef op_add = {
@@ -411,38 +442,68 @@ static const ag_opdef op_add = {
 
 static const ag_opdef op_sub = {
     .schema = "sub.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor",
-    .flags = AG_OP_POINTWISE, .meta = sub_meta, .kernel = sub_kernel, .dtypes = AG_DT_ALL,
-    .backward = sub_backward, .samples = add_samples,
+    .flags = AG_OP_POINTWISE,
+    .meta = sub_meta,
+    .kernel = sub_kernel,
+    .dtypes = AG_DT_ALL,
+    .backward = sub_backward,
+    .samples = add_samples,
 };
 static const ag_opdef op_mul = {
     .schema = "mul.Tensor(Tensor self, Tensor other) -> Tensor",
-    .flags = AG_OP_POINTWISE, .meta = mul_meta, .kernel = mul_kernel, .dtypes = AG_DT_ALL,
-    .backward = mul_backward, .save_args = 3, .samples = mul_samples,
+    .flags = AG_OP_POINTWISE,
+    .meta = mul_meta,
+    .kernel = mul_kernel,
+    .dtypes = AG_DT_ALL,
+    .backward = mul_backward,
+    .save_args = 3,
+    .samples = mul_samples,
 };
 static const ag_opdef op_div = {
     .schema = "div.Tensor(Tensor self, Tensor other) -> Tensor",
-    .flags = AG_OP_POINTWISE, .meta = div_meta, .kernel = div_kernel, .dtypes = AG_DT_ALL,
-    .backward = div_backward, .save_args = 3, .samples = div_samples,
+    .flags = AG_OP_POINTWISE,
+    .meta = div_meta,
+    .kernel = div_kernel,
+    .dtypes = AG_DT_ALL,
+    .backward = div_backward,
+    .save_args = 3,
+    .samples = div_samples,
 };
 static const ag_opdef op_add_scalar = {
     .schema = "add.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor",
-    .flags = AG_OP_POINTWISE, .meta = add_scalar_meta, .kernel = add_scalar_kernel,
-    .dtypes = AG_DT_ALL, .backward = identity_backward, .samples = scalar_samples,
+    .flags = AG_OP_POINTWISE,
+    .meta = add_scalar_meta,
+    .kernel = add_scalar_kernel,
+    .dtypes = AG_DT_ALL,
+    .backward = identity_backward,
+    .samples = scalar_samples,
 };
 static const ag_opdef op_sub_scalar = {
     .schema = "sub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor",
-    .flags = AG_OP_POINTWISE, .meta = sub_scalar_meta, .kernel = sub_scalar_kernel,
-    .dtypes = AG_DT_ALL, .backward = identity_backward, .samples = scalar_samples,
+    .flags = AG_OP_POINTWISE,
+    .meta = sub_scalar_meta,
+    .kernel = sub_scalar_kernel,
+    .dtypes = AG_DT_ALL,
+    .backward = identity_backward,
+    .samples = scalar_samples,
 };
 static const ag_opdef op_mul_scalar = {
     .schema = "mul.Scalar(Tensor self, Scalar other) -> Tensor",
-    .flags = AG_OP_POINTWISE, .meta = mul_scalar_meta, .kernel = mul_scalar_kernel,
-    .dtypes = AG_DT_ALL, .backward = mul_scalar_backward, .samples = scalar_samples,
+    .flags = AG_OP_POINTWISE,
+    .meta = mul_scalar_meta,
+    .kernel = mul_scalar_kernel,
+    .dtypes = AG_DT_ALL,
+    .backward = mul_scalar_backward,
+    .samples = scalar_samples,
 };
 static const ag_opdef op_div_scalar = {
     .schema = "div.Scalar(Tensor self, Scalar other) -> Tensor",
-    .flags = AG_OP_POINTWISE, .meta = div_scalar_meta, .kernel = div_scalar_kernel,
-    .dtypes = AG_DT_ALL, .backward = div_scalar_backward, .samples = scalar_samples,
+    .flags = AG_OP_POINTWISE,
+    .meta = div_scalar_meta,
+    .kernel = div_scalar_kernel,
+    .dtypes = AG_DT_ALL,
+    .backward = div_scalar_backward,
+    .samples = scalar_samples,
 };
 
 /* ---- pow.Tensor_Scalar ---- */
@@ -452,8 +513,10 @@ static int pow_meta(const ag_arg *a, ag_tmeta *o) {
     double e = a[1].u.f;
     ag_dtype dt = ag__promote_scalar(x->dtype, e);
     if (!is_float(dt) && e < 0)
-        return ag__err(AG_EINVAL, "pow: integers to negative integer powers are not allowed "
-                                  "(exponent %g)", e);
+        return ag__err(AG_EINVAL,
+                       "pow: integers to negative integer powers are not allowed "
+                       "(exponent %g)",
+                       e);
     int rc = ag__check_fits("pow", e, dt);
     return rc ? rc : pw_meta("pow", x, NULL, dt, o);
 }
@@ -510,28 +573,45 @@ static void pow_samples(ag_samples *s) {
     ag_samples_add(s, "square", (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -2, 2)), AG_A_F(2)}, 2);
     ag_samples_add(s, "cube, transposed",
                    (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, a, -2, 2)), AG_A_F(3)}, 2);
-    ag_samples_add(s, "x^-1.5",
-                   (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, 0.5, 2)), AG_A_F(-1.5)}, 2);
+    ag_samples_add(s, "x^-1.5", (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, 0.5, 2)), AG_A_F(-1.5)},
+                   2);
     ag_samples_add(s, "sqrt", (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, 0.5, 2)), AG_A_F(0.5)}, 2);
 }
 
 static const ag_opdef op_pow = {
     .schema = "pow.Tensor_Scalar(Tensor self, Scalar exponent) -> Tensor",
-    .flags = AG_OP_POINTWISE, .meta = pow_meta, .kernel = pow_kernel,
+    .flags = AG_OP_POINTWISE,
+    .meta = pow_meta,
+    .kernel = pow_kernel,
     .dtypes = (1u << AG_F32) | (1u << AG_F64) | (1u << AG_I64) | (1u << AG_BOOL),
-    .backward = pow_backward, .save_args = 1, .samples = pow_samples,
+    .backward = pow_backward,
+    .save_args = 1,
+    .samples = pow_samples,
 };
 
 /* ---- unary math and activations ---- */
 
 typedef enum {
-    UN_NEG, UN_EXP, UN_LOG, UN_SQRT, UN_RSQRT, UN_ABS, UN_TANH, UN_SIGMOID, UN_RELU, UN_GELU,
-    UN_GELU_TANH, UN_SILU, UN_SIN, UN_COS, UN_SIGN,
+    UN_NEG,
+    UN_EXP,
+    UN_LOG,
+    UN_SQRT,
+    UN_RSQRT,
+    UN_ABS,
+    UN_TANH,
+    UN_SIGMOID,
+    UN_RELU,
+    UN_GELU,
+    UN_GELU_TANH,
+    UN_SILU,
+    UN_SIN,
+    UN_COS,
+    UN_SIGN,
 } unary_kind;
 
 static const char *const unary_names[] = {
-    "neg", "exp", "log", "sqrt", "rsqrt", "abs", "tanh", "sigmoid", "relu", "gelu", "gelu",
-    "silu", "sin", "cos", "sign",
+    "neg",  "exp",  "log",  "sqrt", "rsqrt", "abs", "tanh", "sigmoid",
+    "relu", "gelu", "gelu", "silu", "sin",   "cos", "sign",
 };
 
 static int unary_meta(unary_kind k, const ag_arg *a, ag_tmeta *o) {
@@ -555,43 +635,96 @@ static int unary_run(unary_kind k, ag_tensor *out, ag_tensor *xt) {
         case UN_ABS:
             PW1(out, xt, T, T, x < 0 ? ag__wsub(0, x) : x);
             break;
-        case UN_RELU: PW1(out, xt, T, T, x < 0 ? 0 : x); break;
-        case UN_SIGN: PW1(out, xt, T, T, (x > 0) - (x < 0)); break;
-        default: return ag__err(AG_ENOTSUP, "%s: no integer kernel", unary_names[k]);
+        case UN_RELU:
+            PW1(out, xt, T, T, x < 0 ? 0 : x);
+            break;
+        case UN_SIGN:
+            PW1(out, xt, T, T, (x > 0) - (x < 0));
+            break;
+        default:
+            return ag__err(AG_ENOTSUP, "%s: no integer kernel", unary_names[k]);
         }
         return 0;
     }
     if (out->dtype == AG_F32) { /* sqrt and the activations vectorize via fastmath.h */
         switch (k) {
-        case UN_SQRT: PW1V(out, xt, ag__vsqrt); return 0;
-        case UN_RSQRT: PW1V(out, xt, ag__vrsqrt); return 0;
-        case UN_EXP: PW1V(out, xt, ag__vexp); return 0;
-        case UN_TANH: PW1V(out, xt, ag__vtanh); return 0;
-        case UN_SIGMOID: PW1V(out, xt, ag__vsigmoid); return 0;
-        case UN_SILU: PW1V(out, xt, ag__vsilu); return 0;
-        case UN_GELU: PW1V(out, xt, ag__vgelu); return 0;
-        case UN_GELU_TANH: PW1V(out, xt, ag__vgelu_tanh); return 0;
-        default: break;
+        case UN_SQRT:
+            PW1V(out, xt, ag__vsqrt);
+            return 0;
+        case UN_RSQRT:
+            PW1V(out, xt, ag__vrsqrt);
+            return 0;
+        case UN_EXP:
+            PW1V(out, xt, ag__vexp);
+            return 0;
+        case UN_TANH:
+            PW1V(out, xt, ag__vtanh);
+            return 0;
+        case UN_SIGMOID:
+            PW1V(out, xt, ag__vsigmoid);
+            return 0;
+        case UN_SILU:
+            PW1V(out, xt, ag__vsilu);
+            return 0;
+        case UN_GELU:
+            PW1V(out, xt, ag__vgelu);
+            return 0;
+        case UN_GELU_TANH:
+            PW1V(out, xt, ag__vgelu_tanh);
+            return 0;
+        default:
+            break;
         }
     }
     /* The float instantiation of the cases above is not reached: f32 returned already. */
-    AG__FLOAT_SWITCH(out->dtype, T, switch (k) {
-        case UN_NEG: PW1(out, xt, T, T, -x); break;
-        case UN_EXP: PW1(out, xt, T, T, exp(x)); break;
-        case UN_LOG: PW1(out, xt, T, T, log(x)); break;
-        case UN_SQRT: PW1(out, xt, T, T, sqrt(x)); break;
-        case UN_RSQRT: PW1(out, xt, T, T, (T)1 / sqrt(x)); break;
-        case UN_ABS: PW1(out, xt, T, T, fabs(x)); break;
-        case UN_TANH: PW1(out, xt, T, T, tanh(x)); break;
-        case UN_SIGMOID: PW1(out, xt, T, T, sigmoid_d(x)); break;
-        case UN_RELU: PW1(out, xt, T, T, x < 0 ? (T)0 : x); break; /* NaN stays NaN */
-        case UN_GELU: PW1(out, xt, T, T, gelu_d(x)); break;
-        case UN_GELU_TANH: PW1(out, xt, T, T, gelu_tanh_d(x)); break;
-        case UN_SILU: PW1(out, xt, T, T, x * sigmoid_d(x)); break;
-        case UN_SIN: PW1(out, xt, T, T, sin(x)); break;
-        case UN_COS: PW1(out, xt, T, T, cos(x)); break;
-        case UN_SIGN: PW1(out, xt, T, T, (T)((x > 0) - (x < 0))); break;
-    });
+    AG__FLOAT_SWITCH(
+        out->dtype, T, switch (k) {
+            case UN_NEG:
+                PW1(out, xt, T, T, -x);
+                break;
+            case UN_EXP:
+                PW1(out, xt, T, T, exp(x));
+                break;
+            case UN_LOG:
+                PW1(out, xt, T, T, log(x));
+                break;
+            case UN_SQRT:
+                PW1(out, xt, T, T, sqrt(x));
+                break;
+            case UN_RSQRT:
+                PW1(out, xt, T, T, (T)1 / sqrt(x));
+                break;
+            case UN_ABS:
+                PW1(out, xt, T, T, fabs(x));
+                break;
+            case UN_TANH:
+                PW1(out, xt, T, T, tanh(x));
+                break;
+            case UN_SIGMOID:
+                PW1(out, xt, T, T, sigmoid_d(x));
+                break;
+            case UN_RELU:
+                PW1(out, xt, T, T, x < 0 ? (T)0 : x);
+                break; /* NaN stays NaN */
+            case UN_GELU:
+                PW1(out, xt, T, T, gelu_d(x));
+                break;
+            case UN_GELU_TANH:
+                PW1(out, xt, T, T, gelu_tanh_d(x));
+                break;
+            case UN_SILU:
+                PW1(out, xt, T, T, x * sigmoid_d(x));
+                break;
+            case UN_SIN:
+                PW1(out, xt, T, T, sin(x));
+                break;
+            case UN_COS:
+                PW1(out, xt, T, T, cos(x));
+                break;
+            case UN_SIGN:
+                PW1(out, xt, T, T, (T)((x > 0) - (x < 0)));
+                break;
+        });
     return 0;
 }
 
@@ -605,8 +738,12 @@ static int unary_kernel(unary_kind k, const ag_arg *a, ag_tensor *out) {
 }
 
 #define UNARY_FNS(name, k)                                                                         \
-    static int name##_meta(const ag_arg *a, ag_tmeta *o) { return unary_meta(k, a, o); }           \
-    static int name##_kernel(const ag_arg *a, ag_tensor **o) { return unary_kernel(k, a, o[0]); }
+    static int name##_meta(const ag_arg *a, ag_tmeta *o) {                                         \
+        return unary_meta(k, a, o);                                                                \
+    }                                                                                              \
+    static int name##_kernel(const ag_arg *a, ag_tensor **o) {                                     \
+        return unary_kernel(k, a, o[0]);                                                           \
+    }
 UNARY_FNS(neg, UN_NEG)
 UNARY_FNS(exp, UN_EXP)
 UNARY_FNS(log, UN_LOG)
@@ -705,8 +842,8 @@ static int sign_backward(ag_bwctx *c) {
 static void gelu_samples(ag_samples *s) {
     int64_t a[] = {3, 4};
     unary_samples(s, -3, 3);
-    ag_samples_add(s, "tanh",
-                   (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -3, 3)), AG_A_S("tanh")}, 2);
+    ag_samples_add(s, "tanh", (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -3, 3)), AG_A_S("tanh")},
+                   2);
 }
 
 #define UNARY_DT ((1u << AG_F32) | (1u << AG_F64) | (1u << AG_I64))
@@ -745,9 +882,16 @@ static int gelu_decomp(const ag_arg *a, ag_tensor **o) {
 
 #define UNARY_OP(name, sch, dts, save_a, save_o, smp)                                              \
     static const ag_opdef op_##name = {                                                            \
-        .schema = sch, .flags = AG_OP_POINTWISE, .meta = name##_meta,                              \
-        .kernel = name##_kernel, .dtypes = dts, .backward = name##_backward,                       \
-        .save_args = save_a, .save_outputs = save_o, .samples = smp, .decomp = name##_decomp,      \
+        .schema = sch,                                                                             \
+        .flags = AG_OP_POINTWISE,                                                                  \
+        .meta = name##_meta,                                                                       \
+        .kernel = name##_kernel,                                                                   \
+        .dtypes = dts,                                                                             \
+        .backward = name##_backward,                                                               \
+        .save_args = save_a,                                                                       \
+        .save_outputs = save_o,                                                                    \
+        .samples = smp,                                                                            \
+        .decomp = name##_decomp,                                                                   \
     };
 UNARY_OP(neg, "neg(Tensor self) -> Tensor", AG_DT_ALL, 0, 0, samples_any)
 UNARY_OP(exp, "exp(Tensor self) -> Tensor", AG_DT_ALL, 0, 1, samples_any)
@@ -828,18 +972,25 @@ static int clamp_backward(ag_bwctx *c) {
 
 static void clamp_samples(ag_samples *s) {
     int64_t a[] = {3, 4};
-    ag_samples_add(s, "min and max", (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -2, 2)),
-                                                AG_A_F(-0.95), AG_A_F(1.05)}, 3);
-    ag_samples_add(s, "min, transposed", (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, a, -2, 2)),
-                                                    AG_A_F(0.05), AG_A_NONE}, 3);
-    ag_samples_add(s, "max", (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -2, 2)), AG_A_NONE,
-                                        AG_A_F(-0.15)}, 3);
+    ag_samples_add(s, "min and max",
+                   (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -2, 2)), AG_A_F(-0.95), AG_A_F(1.05)},
+                   3);
+    ag_samples_add(
+        s, "min, transposed",
+        (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, a, -2, 2)), AG_A_F(0.05), AG_A_NONE}, 3);
+    ag_samples_add(
+        s, "max", (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -2, 2)), AG_A_NONE, AG_A_F(-0.15)}, 3);
 }
 
 static const ag_opdef op_clamp = {
     .schema = "clamp(Tensor self, Scalar? min=None, Scalar? max=None) -> Tensor",
-    .flags = AG_OP_POINTWISE, .meta = clamp_meta, .kernel = clamp_kernel, .dtypes = UNARY_DT,
-    .backward = clamp_backward, .save_args = 1, .samples = clamp_samples,
+    .flags = AG_OP_POINTWISE,
+    .meta = clamp_meta,
+    .kernel = clamp_kernel,
+    .dtypes = UNARY_DT,
+    .backward = clamp_backward,
+    .save_args = 1,
+    .samples = clamp_samples,
 };
 
 /* ---- where.self(Tensor condition, Tensor self, Tensor other) ---- */
@@ -891,18 +1042,26 @@ static int where_backward(ag_bwctx *c) {
 
 static void where_samples(ag_samples *s) {
     int64_t a[] = {3, 4}, b[] = {4};
-    ag_samples_add(s, "same shape", (ag_arg[]){AG_A_T(sample_mask(2, a)),
-                                               AG_A_T(ag_samples_rand(s, 2, a, -1, 1)),
-                                               AG_A_T(ag_samples_rand(s, 2, a, -1, 1))}, 3);
-    ag_samples_add(s, "broadcast", (ag_arg[]){AG_A_T(sample_mask(1, b)),
-                                              AG_A_T(ag_samples_rand_strided(s, 2, a, -1, 1)),
-                                              AG_A_T(ag_samples_rand(s, 1, b, -1, 1))}, 3);
+    ag_samples_add(s, "same shape",
+                   (ag_arg[]){AG_A_T(sample_mask(2, a)), AG_A_T(ag_samples_rand(s, 2, a, -1, 1)),
+                              AG_A_T(ag_samples_rand(s, 2, a, -1, 1))},
+                   3);
+    ag_samples_add(s, "broadcast",
+                   (ag_arg[]){AG_A_T(sample_mask(1, b)),
+                              AG_A_T(ag_samples_rand_strided(s, 2, a, -1, 1)),
+                              AG_A_T(ag_samples_rand(s, 1, b, -1, 1))},
+                   3);
 }
 
 static const ag_opdef op_where = {
     .schema = "where.self(Tensor condition, Tensor self, Tensor other) -> Tensor",
-    .flags = AG_OP_POINTWISE, .meta = where_meta, .kernel = where_kernel, .dtypes = AG_DT_ALL,
-    .backward = where_backward, .save_args = 1, .samples = where_samples,
+    .flags = AG_OP_POINTWISE,
+    .meta = where_meta,
+    .kernel = where_kernel,
+    .dtypes = AG_DT_ALL,
+    .backward = where_backward,
+    .save_args = 1,
+    .samples = where_samples,
 };
 
 /* ---- masked_fill.Scalar(Tensor self, Tensor mask, Scalar value) ---- */
@@ -910,8 +1069,10 @@ static const ag_opdef op_where = {
 static int masked_fill_meta(const ag_arg *a, ag_tmeta *o) {
     const ag_tensor *x = a[0].u.t, *m = a[1].u.t;
     if (m->dtype != AG_BOOL)
-        return ag__err(AG_EINVAL, "masked_fill: only supports boolean masks, but got mask with "
-                                  "dtype %s", ag_dtype_short(m->dtype));
+        return ag__err(AG_EINVAL,
+                       "masked_fill: only supports boolean masks, but got mask with "
+                       "dtype %s",
+                       ag_dtype_short(m->dtype));
     return pw_meta("masked_fill", x, m, x->dtype, o);
 }
 
@@ -933,17 +1094,24 @@ static int masked_fill_backward(ag_bwctx *c) {
 
 static void masked_fill_samples(ag_samples *s) {
     int64_t a[] = {3, 4}, b[] = {4};
-    ag_samples_add(s, "same shape", (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)),
-                                               AG_A_T(sample_mask(2, a)), AG_A_F(0.5)}, 3);
+    ag_samples_add(
+        s, "same shape",
+        (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)), AG_A_T(sample_mask(2, a)), AG_A_F(0.5)},
+        3);
     ag_samples_add(s, "broadcast mask, transposed",
                    (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, a, -1, 1)),
-                              AG_A_T(sample_mask(1, b)), AG_A_F(-2)}, 3);
+                              AG_A_T(sample_mask(1, b)), AG_A_F(-2)},
+                   3);
 }
 
 static const ag_opdef op_masked_fill = {
     .schema = "masked_fill.Scalar(Tensor self, Tensor mask, Scalar value) -> Tensor",
-    .flags = AG_OP_POINTWISE, .meta = masked_fill_meta, .kernel = masked_fill_kernel,
-    .dtypes = AG_DT_ALL, .backward = masked_fill_backward, .save_args = 2,
+    .flags = AG_OP_POINTWISE,
+    .meta = masked_fill_meta,
+    .kernel = masked_fill_kernel,
+    .dtypes = AG_DT_ALL,
+    .backward = masked_fill_backward,
+    .save_args = 2,
     .samples = masked_fill_samples,
 };
 
@@ -1018,13 +1186,18 @@ static int cmp_kernel(cmp_kind k, bool scalar, const ag_arg *a, ag_tensor *out) 
 }
 
 #define CMP_OP(name, k, scalar, sch)                                                               \
-    static int name##_meta(const ag_arg *a, ag_tmeta *o) { return cmp_meta(k, scalar, a, o); }     \
+    static int name##_meta(const ag_arg *a, ag_tmeta *o) {                                         \
+        return cmp_meta(k, scalar, a, o);                                                          \
+    }                                                                                              \
     static int name##_kernel(const ag_arg *a, ag_tensor **o) {                                     \
         return cmp_kernel(k, scalar, a, o[0]);                                                     \
     }                                                                                              \
     static const ag_opdef op_##name = {                                                            \
-        .schema = sch, .flags = AG_OP_POINTWISE | AG_OP_NONDIFF, .meta = name##_meta,              \
-        .kernel = name##_kernel, .dtypes = AG_DT_ALL,                                              \
+        .schema = sch,                                                                             \
+        .flags = AG_OP_POINTWISE | AG_OP_NONDIFF,                                                  \
+        .meta = name##_meta,                                                                       \
+        .kernel = name##_kernel,                                                                   \
+        .dtypes = AG_DT_ALL,                                                                       \
     };
 CMP_OP(eq, CMP_EQ, false, "eq.Tensor(Tensor self, Tensor other) -> Tensor")
 CMP_OP(ne, CMP_NE, false, "ne.Tensor(Tensor self, Tensor other) -> Tensor")
@@ -1044,13 +1217,13 @@ CMP_OP(ge_scalar, CMP_GE, true, "ge.Scalar(Tensor self, Scalar other) -> Tensor"
 typedef enum { BW_THRESHOLD, BW_SIGMOID, BW_TANH, BW_GELU, BW_GELU_TANH, BW_SILU } bw_kind;
 
 static const char *const bw_names[] = {"threshold_backward", "sigmoid_backward", "tanh_backward",
-                                       "gelu_backward", "gelu_backward", "silu_backward"};
+                                       "gelu_backward",      "gelu_backward",    "silu_backward"};
 
 static int bw_meta(bw_kind k, const ag_arg *a, ag_tmeta *o) {
     const ag_tensor *g = a[0].u.t, *x = a[1].u.t;
     if (!is_float(g->dtype) || !is_float(x->dtype))
-        return ag__err(AG_EINVAL, "%s: expected floating point tensors, got %s and %s",
-                       bw_names[k], ag_dtype_short(g->dtype), ag_dtype_short(x->dtype));
+        return ag__err(AG_EINVAL, "%s: expected floating point tensors, got %s and %s", bw_names[k],
+                       ag_dtype_short(g->dtype), ag_dtype_short(x->dtype));
     return pw_meta(bw_names[k], g, x, result_type(g, x), o);
 }
 
@@ -1068,12 +1241,24 @@ static int bw_run(bw_kind k, ag_tensor *out, ag_tensor *gt, ag_tensor *yt, doubl
     AG__FLOAT_SWITCH(out->dtype, T, {
         const T th = (T)threshold;
         switch (k) {
-        case BW_THRESHOLD: PW2(out, gt, yt, T, T, T, y <= th ? (T)0 : x); break;
-        case BW_SIGMOID: PW2(out, gt, yt, T, T, T, x * ((T)1 - y) * y); break;
-        case BW_TANH: PW2(out, gt, yt, T, T, T, x * ((T)1 - y * y)); break;
-        case BW_GELU: PW2(out, gt, yt, T, T, T, x * dgelu_d(y)); break;
-        case BW_GELU_TANH: PW2(out, gt, yt, T, T, T, x * dgelu_tanh_d(y)); break;
-        case BW_SILU: PW2(out, gt, yt, T, T, T, x * dsilu_d(y)); break;
+        case BW_THRESHOLD:
+            PW2(out, gt, yt, T, T, T, y <= th ? (T)0 : x);
+            break;
+        case BW_SIGMOID:
+            PW2(out, gt, yt, T, T, T, x * ((T)1 - y) * y);
+            break;
+        case BW_TANH:
+            PW2(out, gt, yt, T, T, T, x * ((T)1 - y * y));
+            break;
+        case BW_GELU:
+            PW2(out, gt, yt, T, T, T, x * dgelu_d(y));
+            break;
+        case BW_GELU_TANH:
+            PW2(out, gt, yt, T, T, T, x * dgelu_tanh_d(y));
+            break;
+        case BW_SILU:
+            PW2(out, gt, yt, T, T, T, x * dsilu_d(y));
+            break;
         }
     });
     return 0;
@@ -1091,8 +1276,12 @@ static int bw_kernel(bw_kind k, const ag_arg *a, ag_tensor *out) {
 }
 
 #define BW_FNS(name, k)                                                                            \
-    static int name##_meta(const ag_arg *a, ag_tmeta *o) { return bw_meta(k, a, o); }              \
-    static int name##_kernel(const ag_arg *a, ag_tensor **o) { return bw_kernel(k, a, o[0]); }
+    static int name##_meta(const ag_arg *a, ag_tmeta *o) {                                         \
+        return bw_meta(k, a, o);                                                                   \
+    }                                                                                              \
+    static int name##_kernel(const ag_arg *a, ag_tensor **o) {                                     \
+        return bw_kernel(k, a, o[0]);                                                              \
+    }
 BW_FNS(threshold_bw, BW_THRESHOLD)
 BW_FNS(sigmoid_bw, BW_SIGMOID)
 BW_FNS(tanh_bw, BW_TANH)
@@ -1144,7 +1333,7 @@ static int silu_bw_backward(ag_bwctx *c) {
         c->grad_inputs[0] = ag_silu_backward(G, x);
     if (c->needs_grad[1]) {
         ag_tensor *s = ag_sigmoid(x);
-        ag_tensor *ds = ag_mul(s, ag_sub_scalar(ag_neg(s), -1));             /* s (1 - s) */
+        ag_tensor *ds = ag_mul(s, ag_sub_scalar(ag_neg(s), -1)); /* s (1 - s) */
         ag_tensor *t = ag_add_scalar(ag_mul(x, ag_add_scalar(ag_mul_scalar(s, -2), 1)), 2);
         ag_tensor *gg = ag_mul(G, go); /* traced before ds * t on every compiler */
         c->grad_inputs[1] = ag_mul(gg, ag_mul(ds, t));
@@ -1183,17 +1372,28 @@ static int gelu_bw_backward(ag_bwctx *c) {
 static void bw_samples(ag_samples *s, double lo, double hi, const ag_arg *extra) {
     int64_t a[] = {3, 4};
     int n = extra ? 3 : 2;
-    ag_samples_add(s, "3x4", (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)),
-                                        AG_A_T(ag_samples_rand(s, 2, a, lo, hi)),
-                                        extra ? *extra : AG_A_NONE}, n);
-    ag_samples_add(s, "transposed", (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)),
-                                               AG_A_T(ag_samples_rand_strided(s, 2, a, lo, hi)),
-                                               extra ? *extra : AG_A_NONE}, n);
+    ag_samples_add(s, "3x4",
+                   (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)),
+                              AG_A_T(ag_samples_rand(s, 2, a, lo, hi)), extra ? *extra : AG_A_NONE},
+                   n);
+    ag_samples_add(s, "transposed",
+                   (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)),
+                              AG_A_T(ag_samples_rand_strided(s, 2, a, lo, hi)),
+                              extra ? *extra : AG_A_NONE},
+                   n);
 }
-static void threshold_bw_samples(ag_samples *s) { bw_samples(s, -1, 1, &AG_A_F(0.25)); }
-static void sigmoid_bw_samples(ag_samples *s) { bw_samples(s, 0.05, 0.95, NULL); }
-static void tanh_bw_samples(ag_samples *s) { bw_samples(s, -0.95, 0.95, NULL); }
-static void silu_bw_samples(ag_samples *s) { bw_samples(s, -3, 3, NULL); }
+static void threshold_bw_samples(ag_samples *s) {
+    bw_samples(s, -1, 1, &AG_A_F(0.25));
+}
+static void sigmoid_bw_samples(ag_samples *s) {
+    bw_samples(s, 0.05, 0.95, NULL);
+}
+static void tanh_bw_samples(ag_samples *s) {
+    bw_samples(s, -0.95, 0.95, NULL);
+}
+static void silu_bw_samples(ag_samples *s) {
+    bw_samples(s, -3, 3, NULL);
+}
 static void gelu_bw_samples(ag_samples *s) {
     bw_samples(s, -3, 3, NULL);
     bw_samples(s, -3, 3, &AG_A_S("tanh"));
@@ -1201,9 +1401,14 @@ static void gelu_bw_samples(ag_samples *s) {
 
 #define BW_OP(name, sch, save)                                                                     \
     static const ag_opdef op_##name = {                                                            \
-        .schema = sch, .flags = AG_OP_POINTWISE | AG_OP_BACKWARD_HELPER,                           \
-        .meta = name##_meta, .kernel = name##_kernel, .dtypes = AG_DT_FLOAT,                       \
-        .backward = name##_backward, .save_args = save, .samples = name##_samples,                 \
+        .schema = sch,                                                                             \
+        .flags = AG_OP_POINTWISE | AG_OP_BACKWARD_HELPER,                                          \
+        .meta = name##_meta,                                                                       \
+        .kernel = name##_kernel,                                                                   \
+        .dtypes = AG_DT_FLOAT,                                                                     \
+        .backward = name##_backward,                                                               \
+        .save_args = save,                                                                         \
+        .samples = name##_samples,                                                                 \
     };
 BW_OP(threshold_bw,
       "threshold_backward(Tensor grad_output, Tensor self, Scalar threshold) -> Tensor", 2)
@@ -1246,8 +1451,12 @@ static int fill_value(ag_tensor *out, double v) {
     return 0;
 }
 
-static int fill_kernel(const ag_arg *a, ag_tensor **o) { return fill_value(o[0], a[1].u.f); }
-static int zero_kernel(const ag_arg *a, ag_tensor **o) { return fill_value(o[0], 0); }
+static int fill_kernel(const ag_arg *a, ag_tensor **o) {
+    return fill_value(o[0], a[1].u.f);
+}
+static int zero_kernel(const ag_arg *a, ag_tensor **o) {
+    return fill_value(o[0], 0);
+}
 
 /* self: zeros_like(grad) (its old value is overwritten); src: grad (the engine reduces
  * broadcast dims and converts to src's dtype). */
@@ -1272,13 +1481,27 @@ static void inplace_samples(ag_samples *s, int nargs, bool tensor, double v, dou
     other = tensor ? AG_A_T(ag_samples_rand_strided(s, 2, a, -1, 1)) : AG_A_F(v);
     ag_samples_add(s, "transposed", (ag_arg[]){AG_A_T(x), other}, nargs < 2 ? nargs : 2);
 }
-static void add_inplace_samples(ag_samples *s) { inplace_samples(s, 3, true, 0, 2.5); }
-static void add_scalar_inplace_samples(ag_samples *s) { inplace_samples(s, 3, false, 1.5, 2.5); }
-static void mul_inplace_samples(ag_samples *s) { inplace_samples(s, 2, true, 0, 0); }
-static void mul_scalar_inplace_samples(ag_samples *s) { inplace_samples(s, 2, false, -0.75, 0); }
-static void copy_samples(ag_samples *s) { inplace_samples(s, 2, true, 0, 0); }
-static void zero_samples(ag_samples *s) { inplace_samples(s, 1, false, 0, 0); }
-static void fill_samples(ag_samples *s) { inplace_samples(s, 2, false, 0.5, 0); }
+static void add_inplace_samples(ag_samples *s) {
+    inplace_samples(s, 3, true, 0, 2.5);
+}
+static void add_scalar_inplace_samples(ag_samples *s) {
+    inplace_samples(s, 3, false, 1.5, 2.5);
+}
+static void mul_inplace_samples(ag_samples *s) {
+    inplace_samples(s, 2, true, 0, 0);
+}
+static void mul_scalar_inplace_samples(ag_samples *s) {
+    inplace_samples(s, 2, false, -0.75, 0);
+}
+static void copy_samples(ag_samples *s) {
+    inplace_samples(s, 2, true, 0, 0);
+}
+static void zero_samples(ag_samples *s) {
+    inplace_samples(s, 1, false, 0, 0);
+}
+static void fill_samples(ag_samples *s) {
+    inplace_samples(s, 2, false, 0.5, 0);
+}
 
 /* `fn` names the functional variant that functionalization (the joint export) records in
  * place of the in-place op: same arguments, result = the new value of self. */
@@ -1298,16 +1521,14 @@ static void fill_samples(ag_samples *s) { inplace_samples(s, 2, false, 0.5, 0); 
     };
 INPLACE_OP(add_inplace,
            "add_.Tensor(Tensor(a!) self, Tensor other, *, Scalar alpha=1) -> Tensor(a!)",
-           add_inplace_meta, add_inplace_kernel, add_backward, 0, add_inplace_samples,
-           "add.Tensor")
+           add_inplace_meta, add_inplace_kernel, add_backward, 0, add_inplace_samples, "add.Tensor")
 INPLACE_OP(add_scalar_inplace,
            "add_.Scalar(Tensor(a!) self, Scalar other, Scalar alpha=1) -> Tensor(a!)",
            add_scalar_inplace_meta, add_scalar_inplace_kernel, identity_backward, 0,
            add_scalar_inplace_samples, "add.Scalar")
 /* mul_ reads the original self in backward: the dispatcher saves a copy before the kernel. */
 INPLACE_OP(mul_inplace, "mul_.Tensor(Tensor(a!) self, Tensor other) -> Tensor(a!)",
-           mul_inplace_meta, mul_inplace_kernel, mul_backward, 3, mul_inplace_samples,
-           "mul.Tensor")
+           mul_inplace_meta, mul_inplace_kernel, mul_backward, 3, mul_inplace_samples, "mul.Tensor")
 INPLACE_OP(mul_scalar_inplace, "mul_.Scalar(Tensor(a!) self, Scalar other) -> Tensor(a!)",
            mul_scalar_inplace_meta, mul_scalar_inplace_kernel, mul_scalar_backward, 0,
            mul_scalar_inplace_samples, "mul.Scalar")
@@ -1334,8 +1555,13 @@ static int functional_self_meta(const ag_arg *a, ag_tmeta *o) {
 
 #define FUNCTIONAL_OP(name, sch, meta_fn, kernel_fn, smp)                                          \
     static const ag_opdef op_##name = {                                                            \
-        .schema = sch, .flags = AG_OP_POINTWISE, .meta = meta_fn, .kernel = kernel_fn,             \
-        .dtypes = AG_DT_ALL, .backward = copy_backward, .samples = smp,                            \
+        .schema = sch,                                                                             \
+        .flags = AG_OP_POINTWISE,                                                                  \
+        .meta = meta_fn,                                                                           \
+        .kernel = kernel_fn,                                                                       \
+        .dtypes = AG_DT_ALL,                                                                       \
+        .backward = copy_backward,                                                                 \
+        .samples = smp,                                                                            \
     };
 FUNCTIONAL_OP(copy_functional, "copy(Tensor self, Tensor src, bool non_blocking=False) -> Tensor",
               functional_copy_meta, copy_kernel, copy_samples)
@@ -1444,8 +1670,10 @@ ag_tensor *ag_threshold_backward(ag_tensor *grad, ag_tensor *self, double thresh
 
 ag_tensor *ag_clamp(ag_tensor *a, double min, double max) {
     AG__OP(op, "clamp");
-    return ag__call1(op, (ag_arg[]){AG_A_T(a), isnan(min) ? AG_A_NONE : AG_A_F(min),
-                                    isnan(max) ? AG_A_NONE : AG_A_F(max)}, 3);
+    return ag__call1(op,
+                     (ag_arg[]){AG_A_T(a), isnan(min) ? AG_A_NONE : AG_A_F(min),
+                                isnan(max) ? AG_A_NONE : AG_A_F(max)},
+                     3);
 }
 
 ag_tensor *ag_where(ag_tensor *cond, ag_tensor *a, ag_tensor *b) {
@@ -1459,14 +1687,58 @@ ag_tensor *ag_masked_fill(ag_tensor *a, ag_tensor *mask, double v) {
 }
 
 const ag_opdef *const ag__ops_pointwise[] = {
-    &op_add, &op_sub, &op_mul, &op_div,
-    &op_add_scalar, &op_sub_scalar, &op_mul_scalar, &op_div_scalar, &op_pow,
-    &op_neg, &op_exp, &op_log, &op_sqrt, &op_rsqrt, &op_abs, &op_tanh, &op_sigmoid, &op_relu,
-    &op_gelu, &op_silu, &op_sin, &op_cos, &op_sign, &op_clamp, &op_where, &op_masked_fill,
-    &op_eq, &op_ne, &op_lt, &op_le, &op_gt, &op_ge,
-    &op_eq_scalar, &op_ne_scalar, &op_lt_scalar, &op_le_scalar, &op_gt_scalar, &op_ge_scalar,
-    &op_threshold_bw, &op_sigmoid_bw, &op_tanh_bw, &op_gelu_bw, &op_silu_bw,
-    &op_add_inplace, &op_add_scalar_inplace, &op_mul_inplace, &op_mul_scalar_inplace,
-    &op_copy, &op_zero, &op_fill, &op_copy_functional, &op_zero_functional, &op_fill_functional,
+    &op_add,
+    &op_sub,
+    &op_mul,
+    &op_div,
+    &op_add_scalar,
+    &op_sub_scalar,
+    &op_mul_scalar,
+    &op_div_scalar,
+    &op_pow,
+    &op_neg,
+    &op_exp,
+    &op_log,
+    &op_sqrt,
+    &op_rsqrt,
+    &op_abs,
+    &op_tanh,
+    &op_sigmoid,
+    &op_relu,
+    &op_gelu,
+    &op_silu,
+    &op_sin,
+    &op_cos,
+    &op_sign,
+    &op_clamp,
+    &op_where,
+    &op_masked_fill,
+    &op_eq,
+    &op_ne,
+    &op_lt,
+    &op_le,
+    &op_gt,
+    &op_ge,
+    &op_eq_scalar,
+    &op_ne_scalar,
+    &op_lt_scalar,
+    &op_le_scalar,
+    &op_gt_scalar,
+    &op_ge_scalar,
+    &op_threshold_bw,
+    &op_sigmoid_bw,
+    &op_tanh_bw,
+    &op_gelu_bw,
+    &op_silu_bw,
+    &op_add_inplace,
+    &op_add_scalar_inplace,
+    &op_mul_inplace,
+    &op_mul_scalar_inplace,
+    &op_copy,
+    &op_zero,
+    &op_fill,
+    &op_copy_functional,
+    &op_zero_functional,
+    &op_fill_functional,
     NULL,
 };

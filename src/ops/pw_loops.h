@@ -24,8 +24,8 @@
         const int64_t pw_cpr = ((it).inner + PW_CHUNK - 1) / PW_CHUNK;                             \
         const int64_t pw_ntask = (it).rows * pw_cpr;                                               \
         const int pw_par = (it).numel >= AG__PAR_MIN && pw_ntask > 1;                              \
-        _Pragma("omp parallel for schedule(static) if (pw_par)")                                   \
-        for (int64_t pw_t = 0; pw_t < pw_ntask; pw_t++) {                                          \
+        _Pragma("omp parallel for schedule(static) if (pw_par)") for (int64_t pw_t = 0;            \
+                                                                      pw_t < pw_ntask; pw_t++) {   \
             int64_t off[AG__ITER_MAX];                                                             \
             ag__iter_row_offsets(&(it), pw_t / pw_cpr, off);                                       \
             const int64_t pw_b = pw_t % pw_cpr * PW_CHUNK;                                         \

@@ -898,8 +898,7 @@ int ag__softmax_backward(ag_tensor *g, ag_tensor *y, int dim, bool logp, ag_tens
     do {                                                                                           \
         const T *y = yv;                                                                           \
         T *gx = outv, *d = dnllv;                                                                  \
-        _Pragma("omp parallel for schedule(static) if (par)")                                      \
-        for (int64_t i = 0; i < N; i++) {                                                          \
+        _Pragma("omp parallel for schedule(static) if (par)") for (int64_t i = 0; i < N; i++) {    \
             const int64_t t = target[i];                                                           \
             T val = 0;                                                                             \
             if (t != ignore) {                                                                     \

@@ -119,7 +119,8 @@ int ag__samples_collect(const ag_op *op, ag__sample **items, int *n) {
     *n = 0;
     if (!op->def->samples)
         return 0;
-    ag_samples s = {.state = 0x9E3779B97F4A7C15ull ^ (uint64_t)(op->index + 1) * 0x2545F4914F6CDD1Dull};
+    ag_samples s = {.state =
+                        0x9E3779B97F4A7C15ull ^ (uint64_t)(op->index + 1) * 0x2545F4914F6CDD1Dull};
     /* Sample tensors are made outside any scope: the cases own them. */
     bool prev = ag_set_grad_enabled(false);
     op->def->samples(&s);

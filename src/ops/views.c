@@ -8,7 +8,9 @@
 
 #include <stdio.h>
 
-static void meta_from(const ag_tensor *t, ag_tmeta *m) { ag__tmeta_of(t, m); }
+static void meta_from(const ag_tensor *t, ag_tmeta *m) {
+    ag__tmeta_of(t, m);
+}
 
 /* ---- view ---- */
 
@@ -63,7 +65,8 @@ static bool view_strides(const ag_tensor *t, int n, const int64_t *sizes, int64_
     int64_t tensor_numel = 1, view_numel = 1;
     for (int d = t->ndim - 1; d >= 0; d--) {
         tensor_numel *= t->sizes[d];
-        if (d == 0 || (t->sizes[d - 1] != 1 && t->strides[d - 1] != tensor_numel * chunk_base_stride)) {
+        if (d == 0 ||
+            (t->sizes[d - 1] != 1 && t->strides[d - 1] != tensor_numel * chunk_base_stride)) {
             while (view_d >= 0 && (view_numel < tensor_numel || sizes[view_d] == 1)) {
                 strides[view_d] = view_numel * chunk_base_stride;
                 view_numel *= sizes[view_d];
@@ -104,8 +107,8 @@ static int view_meta(const ag_arg *a, ag_tmeta *o) {
 
 static void view_samples(ag_samples *s) {
     int64_t a[] = {3, 4}, to[] = {2, -1, 2};
-    ag_samples_add(s, "split dims", (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)),
-                                               AG_A_INTS(to, 3)}, 2);
+    ag_samples_add(s, "split dims",
+                   (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)), AG_A_INTS(to, 3)}, 2);
 }
 
 /* ATen: grad.reshape(self.sizes()). */
@@ -158,8 +161,9 @@ static int reshape_meta(const ag_arg *a, ag_tmeta *o) {
 
 static void reshape_samples(ag_samples *s) {
     int64_t a[] = {3, 4}, to[] = {12};
-    ag_samples_add(s, "non-contiguous", (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, a, -1, 1)),
-                                                   AG_A_INTS(to, 1)}, 2);
+    ag_samples_add(s, "non-contiguous",
+                   (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, a, -1, 1)), AG_A_INTS(to, 1)},
+                   2);
 }
 
 static const ag_opdef op_reshape = {
@@ -210,7 +214,8 @@ static int permute_backward(ag_bwctx *c) {
 
 static void permute_samples(ag_samples *s) {
     int64_t a[] = {2, 3, 4}, p[] = {2, 0, 1};
-    ag_samples_add(s, "3-d", (ag_arg[]){AG_A_T(ag_samples_rand(s, 3, a, -1, 1)), AG_A_INTS(p, 3)}, 2);
+    ag_samples_add(s, "3-d", (ag_arg[]){AG_A_T(ag_samples_rand(s, 3, a, -1, 1)), AG_A_INTS(p, 3)},
+                   2);
 }
 
 static const ag_opdef op_permute = {
@@ -250,7 +255,8 @@ static int transpose_backward(ag_bwctx *c) {
 
 static void transpose_samples(ag_samples *s) {
     int64_t a[] = {2, 3, 4};
-    ag_samples_add(s, "dims 0,2", (ag_arg[]){AG_A_T(ag_samples_rand(s, 3, a, -1, 1)), AG_A_I(0), AG_A_I(-1)}, 3);
+    ag_samples_add(s, "dims 0,2",
+                   (ag_arg[]){AG_A_T(ag_samples_rand(s, 3, a, -1, 1)), AG_A_I(0), AG_A_I(-1)}, 3);
 }
 
 static const ag_opdef op_transpose = {
@@ -321,8 +327,10 @@ static int expand_meta(const ag_arg *a, ag_tmeta *o) {
     const int64_t *sz = a[1].u.ints;
     char x[128], y[128];
     if (n < t->ndim || n > AG_MAX_DIMS)
-        return ag__err(AG_EINVAL, "expand: the number of sizes provided (%d) must be greater or "
-                                  "equal to the number of dimensions in the tensor (%d)", n, t->ndim);
+        return ag__err(AG_EINVAL,
+                       "expand: the number of sizes provided (%d) must be greater or "
+                       "equal to the number of dimensions in the tensor (%d)",
+                       n, t->ndim);
     o->dtype = t->dtype;
     o->ndim = n;
     o->offset = t->offset;
@@ -331,7 +339,8 @@ static int expand_meta(const ag_arg *a, ag_tmeta *o) {
         int64_t want = sz[i];
         if (ti < 0) {
             if (want < 0)
-                return ag__err(AG_EINVAL, "expand: -1 not allowed in leading, non-existing dimension %d", i);
+                return ag__err(AG_EINVAL,
+                               "expand: -1 not allowed in leading, non-existing dimension %d", i);
             o->sizes[i] = want;
             o->strides[i] = 0;
             continue;
@@ -350,9 +359,10 @@ static int expand_meta(const ag_arg *a, ag_tmeta *o) {
             o->sizes[i] = want;
             o->strides[i] = 0;
         } else {
-            return ag__err(AG_EINVAL, "expand: the expanded size of the tensor (%lld) must match "
-                                      "the existing size (%lld) at non-singleton dimension %d; "
-                                      "target sizes %s, tensor sizes %s",
+            return ag__err(AG_EINVAL,
+                           "expand: the expanded size of the tensor (%lld) must match "
+                           "the existing size (%lld) at non-singleton dimension %d; "
+                           "target sizes %s, tensor sizes %s",
                            (long long)want, (long long)t->sizes[ti], i,
                            ag__fmt_sizes(x, sizeof x, n, sz),
                            ag__fmt_sizes(y, sizeof y, t->ndim, t->sizes));
@@ -369,7 +379,8 @@ static int expand_backward(ag_bwctx *c) {
 
 static void expand_samples(ag_samples *s) {
     int64_t a[] = {3, 1}, to[] = {2, 3, 4};
-    ag_samples_add(s, "broadcast", (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)), AG_A_INTS(to, 3)}, 2);
+    ag_samples_add(s, "broadcast",
+                   (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)), AG_A_INTS(to, 3)}, 2);
 }
 
 static const ag_opdef op_expand = {
@@ -447,10 +458,14 @@ static int slice_backward_rule(ag_bwctx *c) {
 
 static void slice_samples(ag_samples *s) {
     int64_t a[] = {5, 4};
-    ag_samples_add(s, "step 2", (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)), AG_A_I(0),
-                                           AG_A_I(1), AG_A_I(5), AG_A_I(2)}, 5);
-    ag_samples_add(s, "negative end", (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, a, -1, 1)),
-                                                 AG_A_I(1), AG_A_I(0), AG_A_I(-1), AG_A_I(1)}, 5);
+    ag_samples_add(s, "step 2",
+                   (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)), AG_A_I(0), AG_A_I(1),
+                              AG_A_I(5), AG_A_I(2)},
+                   5);
+    ag_samples_add(s, "negative end",
+                   (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, a, -1, 1)), AG_A_I(1), AG_A_I(0),
+                              AG_A_I(-1), AG_A_I(1)},
+                   5);
 }
 
 static const ag_opdef op_slice = {
@@ -465,7 +480,8 @@ static const ag_opdef op_slice = {
 
 ag_tensor *ag_slice(ag_tensor *a, int dim, int64_t start, int64_t end, int64_t step) {
     AG__OP(op, "slice.Tensor");
-    return ag__call1(op, (ag_arg[]){AG_A_T(a), AG_A_I(dim), AG_A_I(start), AG_A_I(end), AG_A_I(step)}, 5);
+    return ag__call1(
+        op, (ag_arg[]){AG_A_T(a), AG_A_I(dim), AG_A_I(start), AG_A_I(end), AG_A_I(step)}, 5);
 }
 
 /* The result is zeros(input_sizes) with grad_output written into one view of it, so
@@ -523,8 +539,10 @@ static int slice_bw_backward(ag_bwctx *c) {
 
 static void slice_bw_samples(ag_samples *s) {
     int64_t g[] = {2, 4}, in[] = {5, 4};
-    ag_samples_add(s, "step 2", (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, g, -1, 1)), AG_A_INTS(in, 2),
-                                           AG_A_I(0), AG_A_I(1), AG_A_I(5), AG_A_I(2)}, 6);
+    ag_samples_add(s, "step 2",
+                   (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, g, -1, 1)), AG_A_INTS(in, 2), AG_A_I(0),
+                              AG_A_I(1), AG_A_I(5), AG_A_I(2)},
+                   6);
 }
 
 static const ag_opdef op_slice_backward = {
@@ -541,8 +559,10 @@ static const ag_opdef op_slice_backward = {
 ag_tensor *ag_slice_backward(ag_tensor *grad, int ndim, const int64_t *input_sizes, int dim,
                              int64_t start, int64_t end, int64_t step) {
     AG__OP(op, "slice_backward");
-    return ag__call1(op, (ag_arg[]){AG_A_T(grad), AG_A_INTS(input_sizes, ndim), AG_A_I(dim),
-                                    AG_A_I(start), AG_A_I(end), AG_A_I(step)}, 6);
+    return ag__call1(op,
+                     (ag_arg[]){AG_A_T(grad), AG_A_INTS(input_sizes, ndim), AG_A_I(dim),
+                                AG_A_I(start), AG_A_I(end), AG_A_I(step)},
+                     6);
 }
 
 /* The view t.select(dim, index) of the geometry t (a = dim, index); shared by select and
@@ -587,7 +607,8 @@ static int select_backward_rule(ag_bwctx *c) {
 
 static void select_samples(ag_samples *s) {
     int64_t a[] = {3, 4};
-    ag_samples_add(s, "dim 1", (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)), AG_A_I(1), AG_A_I(-2)}, 3);
+    ag_samples_add(s, "dim 1",
+                   (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)), AG_A_I(1), AG_A_I(-2)}, 3);
 }
 
 static const ag_opdef op_select = {
@@ -634,12 +655,15 @@ static int select_bw_backward(ag_bwctx *c) {
 
 static void select_bw_samples(ag_samples *s) {
     int64_t g[] = {4}, in[] = {3, 4};
-    ag_samples_add(s, "dim 0", (ag_arg[]){AG_A_T(ag_samples_rand(s, 1, g, -1, 1)), AG_A_INTS(in, 2),
-                                          AG_A_I(0), AG_A_I(1)}, 4);
+    ag_samples_add(
+        s, "dim 0",
+        (ag_arg[]){AG_A_T(ag_samples_rand(s, 1, g, -1, 1)), AG_A_INTS(in, 2), AG_A_I(0), AG_A_I(1)},
+        4);
 }
 
 static const ag_opdef op_select_backward = {
-    .schema = "select_backward(Tensor grad_output, SymInt[] input_sizes, int dim, SymInt index) -> Tensor",
+    .schema = "select_backward(Tensor grad_output, SymInt[] input_sizes, int dim, SymInt index) -> "
+              "Tensor",
     .flags = AG_OP_BACKWARD_HELPER,
     .meta = select_bw_meta,
     .kernel = select_bw_kernel,
@@ -651,7 +675,8 @@ static const ag_opdef op_select_backward = {
 ag_tensor *ag_select_backward(ag_tensor *grad, int ndim, const int64_t *input_sizes, int dim,
                               int64_t index) {
     AG__OP(op, "select_backward");
-    return ag__call1(op, (ag_arg[]){AG_A_T(grad), AG_A_INTS(input_sizes, ndim), AG_A_I(dim), AG_A_I(index)}, 4);
+    return ag__call1(
+        op, (ag_arg[]){AG_A_T(grad), AG_A_INTS(input_sizes, ndim), AG_A_I(dim), AG_A_I(index)}, 4);
 }
 
 /* ---- unsqueeze / squeeze ---- */
@@ -729,7 +754,8 @@ static int squeeze_dim_backward(ag_bwctx *c) {
 
 static void squeeze_samples(ag_samples *s) {
     int64_t a[] = {3, 1, 4};
-    ag_samples_add(s, "size-1 dim", (ag_arg[]){AG_A_T(ag_samples_rand(s, 3, a, -1, 1)), AG_A_I(1)}, 2);
+    ag_samples_add(s, "size-1 dim", (ag_arg[]){AG_A_T(ag_samples_rand(s, 3, a, -1, 1)), AG_A_I(1)},
+                   2);
 }
 
 static const ag_opdef op_squeeze_dim = {
@@ -845,20 +871,23 @@ static int as_strided_backward(ag_bwctx *c) {
                                    "non-contiguous tensor is not supported");
     int64_t off = (c->args[3].kind == AG_ARG_NONE ? self->offset : c->args[3].u.i) - self->offset;
     ag_tensor *z = ag_zeros(self->dtype, self->ndim, self->sizes);
-    c->grad_inputs[0] = ag__call1(ag__op("as_strided_scatter"),
-                                  (ag_arg[]){AG_A_T(z), AG_A_T(c->grad_outputs[0]), c->args[1],
-                                             c->args[2], AG_A_I(off)}, 5);
+    c->grad_inputs[0] = ag__call1(
+        ag__op("as_strided_scatter"),
+        (ag_arg[]){AG_A_T(z), AG_A_T(c->grad_outputs[0]), c->args[1], c->args[2], AG_A_I(off)}, 5);
     return 0;
 }
 
 static void as_strided_samples(ag_samples *s) {
     int64_t a[] = {3, 4}, sz[] = {2, 2}, st[] = {4, 1};
-    ag_samples_add(s, "window", (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)), AG_A_INTS(sz, 2),
-                                           AG_A_INTS(st, 2), AG_A_I(1)}, 4);
+    ag_samples_add(s, "window",
+                   (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)), AG_A_INTS(sz, 2),
+                              AG_A_INTS(st, 2), AG_A_I(1)},
+                   4);
 }
 
 static const ag_opdef op_as_strided = {
-    .schema = "as_strided(Tensor(a) self, SymInt[] size, SymInt[] stride, SymInt? storage_offset=None) -> Tensor(a)",
+    .schema = "as_strided(Tensor(a) self, SymInt[] size, SymInt[] stride, SymInt? "
+              "storage_offset=None) -> Tensor(a)",
     .flags = AG_OP_VIEW,
     .meta = as_strided_meta,
     .dtypes = AG_DT_ALL,
@@ -869,8 +898,10 @@ static const ag_opdef op_as_strided = {
 ag_tensor *ag_as_strided(ag_tensor *a, int ndim, const int64_t *sizes, const int64_t *strides,
                          int64_t offset) {
     AG__OP(op, "as_strided");
-    return ag__call1(op, (ag_arg[]){AG_A_T(a), AG_A_INTS(sizes, ndim), AG_A_INTS(strides, ndim),
-                                    offset < 0 ? AG_A_NONE : AG_A_I(offset)}, 4);
+    return ag__call1(op,
+                     (ag_arg[]){AG_A_T(a), AG_A_INTS(sizes, ndim), AG_A_INTS(strides, ndim),
+                                offset < 0 ? AG_A_NONE : AG_A_I(offset)},
+                     4);
 }
 
 /* The result is a contiguous copy of self, so the view (relative to it, default offset 0) must
@@ -888,8 +919,10 @@ static int ass_meta(const ag_arg *a, ag_tmeta *o) {
         ok = src->sizes[i] == a[2].u.ints[i];
     if (!ok) {
         char x[128], y[128];
-        return ag__err(AG_EINVAL, "as_strided_scatter: src of shape %s does not match the view "
-                                  "size %s", ag__fmt_sizes(x, sizeof x, src->ndim, src->sizes),
+        return ag__err(AG_EINVAL,
+                       "as_strided_scatter: src of shape %s does not match the view "
+                       "size %s",
+                       ag__fmt_sizes(x, sizeof x, src->ndim, src->sizes),
                        ag__fmt_sizes(y, sizeof y, a[2].n, a[2].u.ints));
     }
     return 0;
@@ -911,25 +944,28 @@ static int ass_kernel(const ag_arg *a, ag_tensor **o) {
 
 static int ass_backward(ag_bwctx *c) {
     if (c->needs_grad[1])
-        c->grad_inputs[1] = ag_as_strided(c->grad_outputs[0], c->args[2].n, c->args[2].u.ints,
-                                          c->args[3].u.ints,
-                                          c->args[4].kind == AG_ARG_NONE ? 0 : c->args[4].u.i);
+        c->grad_inputs[1] =
+            ag_as_strided(c->grad_outputs[0], c->args[2].n, c->args[2].u.ints, c->args[3].u.ints,
+                          c->args[4].kind == AG_ARG_NONE ? 0 : c->args[4].u.i);
     if (c->needs_grad[0]) {
         ag_tensor *z = ag_zeros_like(c->grad_outputs[0]);
         ag_tensor *zs = ag_as_strided(z, c->args[2].n, c->args[2].u.ints, c->args[3].u.ints,
                                       c->args[4].kind == AG_ARG_NONE ? 0 : c->args[4].u.i);
         c->grad_inputs[0] = ag__call1(ag__op("as_strided_scatter"),
                                       (ag_arg[]){AG_A_T(c->grad_outputs[0]), AG_A_T(ag_clone(zs)),
-                                                 c->args[2], c->args[3], c->args[4]}, 5);
+                                                 c->args[2], c->args[3], c->args[4]},
+                                      5);
     }
     return 0;
 }
 
 static void ass_samples(ag_samples *s) {
     int64_t a[] = {3, 4}, sz[] = {2, 2}, st[] = {4, 1};
-    ag_samples_add(s, "window", (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)),
-                                           AG_A_T(ag_samples_rand(s, 2, sz, -1, 1)), AG_A_INTS(sz, 2),
-                                           AG_A_INTS(st, 2), AG_A_I(1)}, 5);
+    ag_samples_add(s, "window",
+                   (ag_arg[]){AG_A_T(ag_samples_rand(s, 2, a, -1, 1)),
+                              AG_A_T(ag_samples_rand(s, 2, sz, -1, 1)), AG_A_INTS(sz, 2),
+                              AG_A_INTS(st, 2), AG_A_I(1)},
+                   5);
 }
 
 static const ag_opdef op_as_strided_scatter = {
@@ -1034,8 +1070,8 @@ static int to_copy_backward(ag_bwctx *c) {
 
 static void to_copy_samples(ag_samples *s) {
     int64_t a[] = {3, 4};
-    ag_samples_add(s, "f64->f64", (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, a, -1, 1)),
-                                             AG_A_DT(AG_F64)}, 2);
+    ag_samples_add(s, "f64->f64",
+                   (ag_arg[]){AG_A_T(ag_samples_rand_strided(s, 2, a, -1, 1)), AG_A_DT(AG_F64)}, 2);
 }
 
 static const ag_opdef op_to_copy = {
@@ -1054,9 +1090,8 @@ ag_tensor *ag_to_dtype(ag_tensor *a, ag_dtype dt) {
 }
 
 const ag_opdef *const ag__ops_views[] = {
-    &op_view,      &op_reshape,   &op_permute,        &op_transpose,       &op_t,
-    &op_expand,    &op_slice,     &op_slice_backward, &op_select,          &op_select_backward,
-    &op_unsqueeze, &op_squeeze_dim, &op_squeeze,      &op_as_strided,      &op_as_strided_scatter,
-    &op_alias,     &op_clone,     &op_contiguous,     &op_to_copy,
-    NULL,
+    &op_view,      &op_reshape,     &op_permute,        &op_transpose,  &op_t,
+    &op_expand,    &op_slice,       &op_slice_backward, &op_select,     &op_select_backward,
+    &op_unsqueeze, &op_squeeze_dim, &op_squeeze,        &op_as_strided, &op_as_strided_scatter,
+    &op_alias,     &op_clone,       &op_contiguous,     &op_to_copy,    NULL,
 };

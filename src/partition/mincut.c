@@ -56,9 +56,8 @@
 
 void ag__op_classes(const ag_op *op, bool *recomputable, bool *random, bool *compute_intensive,
                     bool *view, bool *is_cat) {
-    static const char *const extra[] = {"clone",       "_to_copy",     "index.Tensor",
-                                        "gather",      "split.Tensor", "alias",
-                                        "philox_rand", "philox_randn"};
+    static const char *const extra[] = {"clone",        "_to_copy", "index.Tensor", "gather",
+                                        "split.Tensor", "alias",    "philox_rand",  "philox_randn"};
     uint32_t f = ag_op_def(op)->flags;
     const char *name = ag_op_name(op);
     *random = (f & AG_OP_RANDOM) != 0;

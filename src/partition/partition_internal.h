@@ -19,10 +19,10 @@
 typedef struct ag__pinfo {
     ag_node *node;
     ag_node_kind kind;
-    uint32_t opflags;      /* the op table's flags (calls only) */
-    bool primal;           /* a placeholder the forward takes (by its descriptor's section) */
-    bool tangent;          /* a placeholder the backward takes: tangents, backward tokens and philox */
-    bool static_input;     /* a primal that is a parameter or buffer (by descriptor) */
+    uint32_t opflags;  /* the op table's flags (calls only) */
+    bool primal;       /* a placeholder the forward takes (by its descriptor's section) */
+    bool tangent;      /* a placeholder the backward takes: tangents, backward tokens and philox */
+    bool static_input; /* a primal that is a parameter or buffer (by descriptor) */
     bool must_fw, must_bw; /* partitioner_tag must_be_in_forward / must_be_in_backward */
     bool req_fw;           /* needed to compute the forward outputs from the primals */
     bool req_bw;           /* tangents, must_be_in_backward, their users, backward outputs */
@@ -47,7 +47,7 @@ typedef struct ag__part {
     ag_graph *g; /* private copy of the joint (dead code removed, recompute tags cleaned), or
                   * the joint itself when those change nothing (g_borrowed: never written) */
     bool g_borrowed;
-    int nn;      /* nodes in g, the output node last */
+    int nn; /* nodes in g, the output node last */
     ag__pinfo *info;
     int out; /* index of the output node */
     int num_fwd_outputs;

@@ -23,13 +23,14 @@ ag_tensor *ag__rt_regen(ag_tensor *base, const ag_tmeta *rel, const ag_tmeta *ba
                         bool requires_grad) {
     if (!ag__same_strides(base, base_meta)) {
         char x[128];
-        ag__err(AG_ENOTSUP, "compiled: an output aliases a tensor of shape %s whose strides "
-                            "differ from the export's; it cannot be regenerated as a view",
+        ag__err(AG_ENOTSUP,
+                "compiled: an output aliases a tensor of shape %s whose strides "
+                "differ from the export's; it cannot be regenerated as a view",
                 ag__fmt_sizes(x, sizeof x, base->ndim, base->sizes));
         return NULL;
     }
-    ag_tensor *r = ag_as_strided(base, rel->ndim, rel->sizes, rel->strides,
-                                 base->offset + rel->offset);
+    ag_tensor *r =
+        ag_as_strided(base, rel->ndim, rel->sizes, rel->strides, base->offset + rel->offset);
     /* The output's requires_grad is the traced one (gen_alias_from_base's patch). */
     if (r && !requires_grad && ag_tensor_requires_grad(r))
         r = ag_detach(r);
@@ -46,10 +47,12 @@ ag_tensor *ag__rt_regen(ag_tensor *base, const ag_tmeta *rel, const ag_tmeta *ba
  * metadata mutations of merged inputs are the call's last effect. */
 static int dedupe_pre(ag_compiled *c, ag__call *s) {
     if (s->nflat != c->nflat)
-        return ag__err(AG_EINVAL, "compiled: %d inputs given, the exported function takes %d "
-                                  "(params, buffers, args)", s->nflat, c->nflat);
-    int rc = ag__rt_primals(&c->alias, c->in_meta, s->flat, s->nflat, s->prim, s->owned,
-                            &s->nowned);
+        return ag__err(AG_EINVAL,
+                       "compiled: %d inputs given, the exported function takes %d "
+                       "(params, buffers, args)",
+                       s->nflat, c->nflat);
+    int rc =
+        ag__rt_primals(&c->alias, c->in_meta, s->flat, s->nflat, s->prim, s->owned, &s->nowned);
     for (int i = 0; rc == 0 && i < c->nprimals; i++) {
         const ag_tmeta *m = &c->in_meta[i];
         ag_tensor *t = s->prim[i];

@@ -7,8 +7,12 @@
 static int plan_run(void *self, ag_tensor *const *in, int nin, ag_tensor **outs, int max_out) {
     return ag_plan_run(self, in, nin, outs, max_out);
 }
-static void plan_destroy(void *self) { ag_plan_free(self); }
-static int64_t plan_peak(const void *self) { return ag_plan_peak_bytes(self); }
+static void plan_destroy(void *self) {
+    ag_plan_free(self);
+}
+static int64_t plan_peak(const void *self) {
+    return ag_plan_peak_bytes(self);
+}
 
 int ag_compiler_plan(const ag_graph *g, void *user, ag_runnable *out) {
     AG__CHECK_NULL("compiler_plan", g);

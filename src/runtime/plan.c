@@ -137,13 +137,13 @@ struct ag_plan {
     char *arena;
     int64_t arena_bytes, sum_bytes, ideal_bytes, out_bytes;
     int ninplace, nplanned, nkernel, nview, narena_bufs;
-    ag_storage dummy; /* what idle pool tensors point at */
-    ag_tensor **pick; /* per output slot: the struct chosen this run */
-    int *by_end;      /* checking: arena buffers by end */
-    int *live;        /* checking: scratch */
+    ag_storage dummy;        /* what idle pool tensors point at */
+    ag_tensor **pick;        /* per output slot: the struct chosen this run */
+    int *by_end;             /* checking: arena buffers by end */
+    int *live;               /* checking: scratch */
     ag__fuse_group *fuse_at; /* building: per node, the fused group it starts */
-    int nfused;             /* fused groups */
-    int64_t fused_declined; /* group runs that fell back to one kernel per node */
+    int nfused;              /* fused groups */
+    int64_t fused_declined;  /* group runs that fell back to one kernel per node */
 };
 
 static int64_t align_up(int64_t n) {

@@ -114,8 +114,10 @@ static int subclass_pre(ag_compiled *c, ag__call *s) {
     if (!info)
         return 0;
     if (s->ninputs != info->nin)
-        return ag__err(AG_EINVAL, "compiled: %d inputs given, the exported function takes %d "
-                                  "(params, buffers, args)", s->ninputs, info->nin);
+        return ag__err(AG_EINVAL,
+                       "compiled: %d inputs given, the exported function takes %d "
+                       "(params, buffers, args)",
+                       s->ninputs, info->nin);
     for (int i = 0; i < s->ninputs; i++)
         if (!s->inputs[i])
             return ag__has_error() ? ag_last_status()
@@ -184,8 +186,8 @@ static int subclass_post(ag_compiled *c, ag__call *s) {
             diff |= x->dout[p + e] && ag_tensor_requires_grad(x->dout[p + e]);
         if (m->type && grad && diff) {
             end_ud *u = end_ud_new(info, k);
-            rc = u ? ag__autograd_custom("SubclassWrapBackward", x->dout + p, m->nflat, &o, 1,
-                                         NULL, wrap_backward, u, end_ud_free)
+            rc = u ? ag__autograd_custom("SubclassWrapBackward", x->dout + p, m->nflat, &o, 1, NULL,
+                                         wrap_backward, u, end_ud_free)
                    : AG_ENOMEM;
         }
         s->outs[k] = ag_tensor_keep(o);
