@@ -452,6 +452,54 @@ static void test_view_mutation_refused(void **st) {
     ag_module_free(m);
 }
 
+/* Allocation failures anywhere in export, compile, call (the autograd-visible write-back) and
+ * backward of the model that reads its input before and after mutating it (two passes): each
+ * reports AG_ENOMEM and leaks nothing, and the tls hook never outlives the export. */
+typedef struct oom_case {
+    ag_module *m;
+    ag_tensor *x;
+} oom_case;
+
+static int oom_scenario(void *ud) {
+    oom_case *o = ud;
+    ag_joint *j = ag_export_joint(o->m, &o->x, 1, NULL, NULL, 0, NULL);
+    if (!j)
+        return ag_last_status();
+    ag_compiled *c = ag_compile_joint(j, NULL);
+    int rc = c ? 0 : ag_last_status();
+    ag_scope_begin();
+    ag_tensor *x = rc ? NULL : ag_mul_scalar(o->x, 1.0), *out[1] = {NULL};
+    if (!rc && !x)
+        rc = ag_last_status();
+    if (!rc && ag_compiled_call_module(c, o->m, &x, 1, out, 1) < 0)
+        rc = ag_last_status();
+    ag_tensor *l = rc ? NULL : ag_add(ag_sum_all(out[0]), ag_sum_all(x));
+    if (!rc && (!l || ag_backward(l, NULL, false)))
+        rc = ag_last_status();
+    tu_alloc_cleanup_begin();
+    ag_tensor_set_grad(o->x, NULL);
+    ag_tensor_set_grad(ag_module_param(o->m, "w"), NULL);
+    ag_scope_end();
+    ag_compiled_free(c);
+    ag_joint_free(j);
+    tu_alloc_cleanup_end();
+    return rc;
+}
+
+static void test_allocation_failures(void **st) {
+    (void)st;
+    oom_case o = {module("AddInPlace", add_fwd, true), a_leaf()};
+    tu_sweep_opts so = {.what = "export, compile, call, backward AddInPlace", .one_thread = true};
+    int64_t n = tu_alloc_failure_sweep(oom_scenario, &o, &so);
+    assert_true(n > 300);
+    /* The eager engine refuses an in-place op on a leaf again: no hook was left behind. */
+    ag_tensor *out[1] = {NULL};
+    assert_true(ag_module_call(o.m, &o.x, 1, out, 1) < 0);
+    tu_assert_error_contains("a leaf tensor that requires grad is being used in an in-place");
+    ag_tensor_free(o.x);
+    ag_module_free(o.m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_export_whole_tensor),
@@ -463,6 +511,7 @@ int main(void) {
         cmocka_unit_test(test_joint_round_trip),
         cmocka_unit_test(test_parameter_mutated),
         cmocka_unit_test(test_view_mutation_refused),
+        cmocka_unit_test(test_allocation_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -177,7 +177,7 @@ static void mut_end(ag__export_pass *st, void **self) {
         ts->leaf_inplace_ud = F->prev_ud;
         F->hooked = false;
     }
-    for (int p = 0; F->leaf && p < F->np; p++) {
+    for (int p = 0; F->leaf && F->fresh && p < F->np; p++) {
         if (F->fresh[p])
             ag__tensor_set_history(F->fresh[p], NULL);
         ag_tensor_free(F->leaf[p]);
