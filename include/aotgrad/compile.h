@@ -154,7 +154,13 @@ AG_API void ag_compiled_free(ag_compiled *c);
  * in_spec). Outputs are eager tensors attached to the autograd graph through one node:
  * ag_backward on a loss computed from them runs the compiled backward and accumulates into
  * each parameter's .grad as the eager model would. Input mutations (BatchNorm running stats)
- * are written back into the given tensors. Returns the number of user outputs.
+ * are written back into the given tensors. The new value of an input that requires grad
+ * (one the joint gives a tangent) is an output of that node and is written back with
+ * ag_copy_, recorded by autograd: afterwards the tensor's history is the copy, as the eager
+ * in-place op leaves it, and a loss computed from it reaches the compiled backward. With grad
+ * mode on, such an input that is a leaf requiring grad is refused before anything runs (eager
+ * refuses the in-place op: "a leaf tensor that requires grad is being used in an in-place
+ * operation"), as is one that is a view. Returns the number of user outputs.
  * Tensor subclass instances are passed and returned as such (upstream's
  * AOTDispatchSubclassWrapper): inputs must have the structure the export saw (a TwoTensor
  * where it saw one) and are taken apart for the plain graphs; outputs are rebuilt; an

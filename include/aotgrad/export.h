@@ -16,7 +16,13 @@
  * ag_joint_flat_input_primal).
  * Every placeholder carries its descriptor and the output node carries one per output. In-place
  * updates of inputs (BatchNorm's running stats) are recorded functionally and returned as
- * InputMutationAOTOutput outputs, placed first; the graph mutates nothing. Forward nodes are
+ * InputMutationAOTOutput outputs, placed first; the graph mutates nothing. An input that
+ * requires grad and is mutated in place with grad mode on is cloned first (upstream's
+ * maybe_to_fresh_input: primals_1 -> clone -> the mutation), its new value takes a tangent
+ * (TangentAOTInput(output=InputMutationAOTOutput(mutated_input=...)), the first ones) and its
+ * GradAOTOutput is the gradient of its value before the mutation; a mutation under grad mode
+ * off takes no tangent. A mutation through a view of such an input is refused, as eager
+ * refuses an in-place op on a view taking part in autograd. Forward nodes are
  * tagged is_forward and carry the seq_nr of the autograd node they created; backward nodes are
  * tagged is_backward, carry their forward op's seq_nr, annotations and stack trace; gradient
  * accumulations are add nodes with is_gradient_acc. When no input requires grad the result is a
@@ -194,6 +200,8 @@ AG_API const ag_treespec *ag_joint_out_spec(const ag_joint *j);
 AG_API int ag_joint_num_static_inputs(const ag_joint *j);
 AG_API int ag_joint_static_input(const ag_joint *j, int i);
 
+/* mutates_data and requires_grad together: the input's mutation output takes a tangent when the
+ * forward mutated it with grad mode on (see the top of this file). */
 typedef struct ag_input_info {
     bool mutates_data;
     bool mutates_metadata;

@@ -149,6 +149,11 @@ int ag__autograd_check_inplace(const ag_op *op, const ag_arg *args, int nargs) {
     if (!(op->def->flags & AG_OP_INPLACE) || tls.grad_disabled)
         return 0;
     ag_tensor *self = args[0].u.t;
+    if (self->requires_grad && !self->grad_fn && tls.leaf_inplace) {
+        int r = tls.leaf_inplace(tls.leaf_inplace_ud, self);
+        if (r < 0)
+            return r;
+    }
     if (self->requires_grad && !self->grad_fn)
         return ag__err(AG_EINVAL,
                        "%s: a leaf tensor that requires grad is being used in an in-place "
@@ -160,6 +165,16 @@ int ag__autograd_check_inplace(const ag_op *op, const ag_arg *args, int nargs) {
                        "is not supported yet; apply the op out of place",
                        op->name);
     return 0;
+}
+
+void ag__tensor_set_history(ag_tensor *dst, const ag_tensor *src) {
+    ag_anode *fn = src ? src->grad_fn : NULL;
+    if (fn)
+        fn->refcount++;
+    if (dst->grad_fn)
+        ag__anode_release(dst->grad_fn);
+    dst->grad_fn = fn;
+    dst->output_nr = fn ? src->output_nr : 0;
 }
 
 /* Copies one argument into the node: int lists into argmem, tensors as saved aliases (if

@@ -207,6 +207,12 @@ typedef struct ag__tls_state {
     int64_t bw_seq_nr;  /* seq_nr of the node whose backward is running, else -1 */
     int dispatch_depth; /* >0 while inside an op (composites, backward rules) */
     int64_t trace_seq;  /* seq_nr for the node being traced (set by the dispatcher) */
+    /* Asked before an in-place op on a leaf that requires grad is refused: 1 when it gave self
+     * a history (self->grad_fn set), 0 to refuse as usual, or a negative status. The joint
+     * export's input-mutation wrapper sets it while it traces (upstream's maybe_to_fresh_input:
+     * a mutated primal that requires grad is cloned, the clone mutated). */
+    int (*leaf_inplace)(void *ud, ag_tensor *self);
+    void *leaf_inplace_ud;
 } ag__tls_state;
 ag__tls_state *ag__tls(void);
 /* Drops one reference to an autograd node. */
@@ -216,6 +222,9 @@ void ag__anode_release(struct ag_anode *n);
  * taken before an in-place kernel, or NULL). */
 bool ag__autograd_wanted(const ag_op *op, const ag_arg *args, int nargs);
 int ag__autograd_check_inplace(const ag_op *op, const ag_arg *args, int nargs);
+/* dst takes src's autograd history (grad_fn and output slot; dst's old one dropped); with src
+ * NULL, dst becomes a leaf again. */
+void ag__tensor_set_history(ag_tensor *dst, const ag_tensor *src);
 int ag__autograd_record(const ag_op *op, const ag_arg *args, int nargs, ag_tensor **outs, int nouts,
                         ag_tensor *orig_self);
 /* A custom autograd node (a compiled function): its backward receives the output grads

@@ -605,7 +605,9 @@ static int trace_forward(ag__export_pass *st, ag_joint *j) {
         return AG_ENOMEM;
     if ((rc = run_hooks(st, H_FACTS)))
         return rc;
-    bool any_rg_out = false;
+    bool any_rg_out = false; /* a mutated input with a tangent counts (input_mutations.c) */
+    for (int p = 0; st->grad_leaf && p < st->np; p++)
+        any_rg_out |= st->grad_leaf[p] && st->in_info[p].requires_grad;
     for (int k = 0; k < st->nouts; k++)
         any_rg_out |= st->out_info[k].requires_grad && st->out_info[k].alias != AG_OUT_IS_INPUT &&
                       st->out_info[k].alias != AG_OUT_ALIAS_OF_INPUT;
@@ -647,7 +649,7 @@ static int core_backward(ag__export_pass *st) {
     }
     for (int p = 0; rc == 0 && p < st->np; p++)
         if (st->in_info[p].requires_grad)
-            grad_of[ng++] = st->primal_t[p];
+            grad_of[ng++] = st->grad_leaf && st->grad_leaf[p] ? st->grad_leaf[p] : st->primal_t[p];
     if (rc == 0 && ng > 0 && nt > 0)
         rc = ag_grad(root, seed, nt, grad_of, ng, grads, false, true);
     for (int p = 0, gi = 0; rc == 0 && p < st->np; p++) {

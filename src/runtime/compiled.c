@@ -81,6 +81,7 @@ static void compiled_release(ag_compiled *c) {
     ag__free(c->fw_out_meta);
     ag__free(c->grad_slot);
     ag__free(c->mut_primal);
+    ag__free(c->node_of_mut);
     ag__joint_alias_clear(&c->alias);
     ag__free(c->call_mem.p);
     ag__free(c->bw_mem.p);
@@ -168,17 +169,21 @@ static int find_output(const ag_node *out, int from, int to, const ag_desc *d) {
     return -1;
 }
 
-/* Each tangent's autograd-node output, by descriptor: the tangent of a user output that aliases
- * nothing, or of an intermediate base. An output without a tangent carries no gradient. */
+/* Each tangent's autograd-node output, by descriptor: the tangent of an input mutation, of a
+ * user output that aliases nothing, or of an intermediate base. An output without a tangent
+ * carries no gradient. */
 static int read_tangents(ag_compiled *c, const ag_graph *g, ag_node *const *ph) {
     ag_node *gout = ag_graph_output_node(g);
     const ag_range *u = &c->jl.sec[AG_SEC_OUT_USER], *ib = &c->jl.sec[AG_SEC_OUT_INTERMEDIATE_BASES];
+    const ag_range *mr = &c->jl.sec[AG_SEC_OUT_MUTATIONS];
     for (int t = 0; t < c->ntangents; t++) {
         const ag_node *tp = ph[c->jl.sec[AG_SEC_IN_TANGENTS].start + t];
         ag_desc *od = output_of_tangent(ag_node_desc(tp));
-        int k = od ? find_output(gout, u->start, ib->start + ib->count, od) : -1;
+        int k = od ? find_output(gout, mr->start, ib->start + ib->count, od) : -1;
         int node = -1;
-        if (k >= u->start && k < u->start + u->count)
+        if (k >= mr->start && k < mr->start + mr->count)
+            node = c->node_of_mut[k - mr->start];
+        else if (k >= u->start && k < u->start + u->count)
             node = c->node_of_user[k - u->start];
         else if (k >= ib->start)
             node = c->nnode - c->ninter + (k - ib->start);
@@ -214,17 +219,18 @@ static int read_joint(ag_compiled *c, const ag_joint *j) {
     c->in_info = ag__calloc((size_t)np, sizeof *c->in_info);
     c->in_meta = ag__calloc((size_t)np, sizeof *c->in_meta);
     c->out_info = ag__calloc((size_t)nu, sizeof *c->out_info);
-    c->out_diff = ag__calloc((size_t)(nu + c->ninter), sizeof *c->out_diff);
+    c->out_diff = ag__calloc((size_t)(c->nmutated + nu + c->ninter), sizeof *c->out_diff);
     c->tangent_of = ag__calloc((size_t)(c->ntangents ? c->ntangents : 1), sizeof *c->tangent_of);
     c->grad_out = ag__calloc((size_t)np, sizeof *c->grad_out);
     c->node_of_user = ag__calloc((size_t)nu, sizeof *c->node_of_user);
     c->fw_out_meta = ag__calloc((size_t)(nfwo ? nfwo : 1), sizeof *c->fw_out_meta);
     c->grad_slot = ag__calloc((size_t)np, sizeof *c->grad_slot);
     c->mut_primal = ag__calloc((size_t)(c->nmutated ? c->nmutated : 1), sizeof *c->mut_primal);
+    c->node_of_mut = ag__calloc((size_t)(c->nmutated ? c->nmutated : 1), sizeof *c->node_of_mut);
     c->sub = ag__subx_info_retain(ag__joint_subclass_info(j));
     if (!c->in_info || !c->in_meta || !c->out_info || !c->out_diff || !c->tangent_of ||
         !c->grad_out || !c->node_of_user || !c->fw_out_meta || !c->grad_slot || !c->mut_primal ||
-        ag__joint_alias_copy(&c->alias, ag__joint_alias_of(j)))
+        !c->node_of_mut || ag__joint_alias_copy(&c->alias, ag__joint_alias_of(j)))
         return AG_ENOMEM;
     const ag_graph *g = ag_joint_graph(j);
     ag_node **ph;
@@ -241,8 +247,19 @@ static int read_joint(ag_compiled *c, const ag_joint *j) {
         if (on)
             c->fw_out_meta[k] = *ag_node_val(on, 0);
     }
-    /* The autograd node's outputs: user outputs that alias nothing (the others are regenerated
-     * from their base), then the intermediate bases. */
+    /* The autograd node's outputs: the new values of input mutations that take a tangent, user
+     * outputs that alias nothing (the others are regenerated from their base), then the
+     * intermediate bases. */
+    const ag_range *mr = &L->sec[AG_SEC_OUT_MUTATIONS], *tr = &L->sec[AG_SEC_IN_TANGENTS];
+    for (int k = 0; k < c->nmutated; k++) {
+        c->node_of_mut[k] = -1;
+        for (int t = 0; t < tr->count && c->node_of_mut[k] < 0; t++) {
+            const ag_desc *td = ag_node_desc(ph[tr->start + t]);
+            if (ag_desc_kind_of(td) == AG_DESC_TANGENT &&
+                ag_desc_equal(ag_desc_nested(td), ag_node_output_desc(gout, mr->start + k)))
+                c->node_of_mut[k] = c->nnode++;
+        }
+    }
     for (int k = 0; k < c->nuser; k++) {
         c->out_info[k] = *ag_joint_output_info(j, k);
         ag_output_alias a = c->out_info[k].alias;
@@ -577,6 +594,16 @@ static int call_forward(ag_compiled *c, ag__call *s) {
  * user outputs it has are the call's (the aliased ones come from their wrapper). */
 static int call_attach(ag_compiled *c, ag__call *s) {
     int rc = 0;
+    for (int k = 0; rc == 0 && k < c->nmutated; k++) {
+        int ni = c->node_of_mut[k];
+        ag_tensor *t = ni >= 0 ? s->fo[ag__fw_at(c, AG_SEC_OUT_MUTATIONS, k)] : NULL;
+        if (!t)
+            continue;
+        s->node_raw[ni] = t;
+        s->node[ni] = ag_tensor_keep(ag_detach(t)); /* owned here until the write-back */
+        if (!s->node[ni])
+            rc = ag_last_status();
+    }
     for (int k = 0; rc == 0 && k < c->nuser + c->ninter; k++) {
         int ni = k < c->nuser ? c->node_of_user[k] : c->nnode - c->ninter + (k - c->nuser);
         if (ni < 0)

@@ -47,8 +47,9 @@ struct ag_compiled {
     bool *out_diff;        /* per autograd-node output: carries a gradient (has a tangent) */
     int ntok_fw, ntok_bw;  /* effect tokens (the token wrapper feeds and drops them) */
     void *rng; /* the RNG wrapper's state (rng_wrap.c), or NULL */
-    /* Aliasing (alias.c, alias_rt.c): the autograd node's outputs are the user outputs that
-     * alias nothing, then the intermediate bases; the other user outputs are regenerated. */
+    /* Aliasing (alias.c, alias_rt.c): the autograd node's outputs are the new values of the
+     * input mutations that take a tangent, the user outputs that alias nothing, then the
+     * intermediate bases; the other user outputs are regenerated. */
     ag__joint_alias alias;
     int nflat, nmetamut, ninter, nnode;
     int nfw_in, nbw_in;    /* inputs run_graph gives each graph (tokens excluded) */
@@ -58,6 +59,10 @@ struct ag_compiled {
     int *grad_slot;
     int nbw_grads;
     int *mut_primal;    /* per input mutation output: the primal written back */
+    /* per input mutation output: its autograd-node output when it takes a tangent (a data
+     * mutation of a primal that requires grad: written back as an autograd-visible copy_), or
+     * -1 (written back hidden from autograd) */
+    int *node_of_mut;
     ag__subx_info *sub; /* the subclass wrapper's structures, or NULL */
     /* Kept between calls so a training step allocates no bookkeeping once warm. */
     ag__kept_ptrs call_mem, bw_mem; /* a call's and a backward's pointer arrays */

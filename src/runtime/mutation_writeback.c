@@ -3,8 +3,44 @@
  * primal its descriptor names, the caller's tensor, as eager mutated it (BatchNorm's running
  * statistics, a base's new value): metadata first (as_strided_), then data, bumping the
  * storage's version. It is a commit: the call's effect once nothing else can fail. Mutations
- * kept in the graph (keep_inference_input_mutations) have no output and are not written. */
+ * kept in the graph (keep_inference_input_mutations) have no output and are not written.
+ *
+ * A data mutation that takes a tangent (its primal requires grad) is an output of the
+ * CompiledFunction node, and its write-back is the eager copy_ of that output into the
+ * caller's tensor, recorded by autograd when grad mode is on: afterwards the tensor's history
+ * is the copy, as eager's in-place op would have left it, and a loss computed from it reaches
+ * the compiled backward. Eager refuses that in-place op on a leaf that requires grad and on a
+ * view taking part in autograd; the call refuses them before it runs. Other mutations are
+ * written hidden from autograd. */
 #include "compiled_internal.h"
+
+static int mutations_pre(ag_compiled *c, ag__call *s) {
+    if (!ag_is_grad_enabled())
+        return 0;
+    bool any_rg = false;
+    for (int i = 0; i < c->nprimals; i++)
+        any_rg |= c->in_info[i].requires_grad && ag_tensor_requires_grad(s->prim[i]);
+    for (int k = 0; k < c->nmutated; k++) {
+        int i = c->mut_primal[k];
+        ag_tensor *x = s->prim[i];
+        if (c->node_of_mut[k] < 0 || !x)
+            continue;
+        if (ag_tensor_requires_grad(x) && !x->grad_fn)
+            return ag__err(AG_EINVAL,
+                           "compiled: input %d (graph input %d) is a leaf tensor that requires "
+                           "grad and the compiled function mutates it in place: a leaf tensor "
+                           "that requires grad is being used in an in-place operation (pass a "
+                           "non-leaf, such as its clone, or call with grad mode off)",
+                           c->alias.prim[i].flat, i);
+        if (x->is_view && (any_rg || ag_tensor_requires_grad(x)))
+            return ag__err(AG_ENOTSUP,
+                           "compiled: input %d (graph input %d) is a view and the compiled "
+                           "function mutates it in place: in-place operation on a view of a "
+                           "tensor that takes part in autograd is not supported yet",
+                           c->alias.prim[i].flat, i);
+    }
+    return 0;
+}
 
 static int mutations_commit(ag_compiled *c, ag__call *s) {
     int rc = 0;
@@ -14,7 +50,14 @@ static int mutations_commit(ag_compiled *c, ag__call *s) {
         ag_tensor *x = s->prim[i];
         if (ii->mutates_metadata)
             ag__rt_set_geometry(x, &c->alias.prim[i].new_geom, x->offset);
-        if (ii->mutates_data) {
+        if (!ii->mutates_data)
+            continue;
+        int ni = c->node_of_mut[k];
+        if (ni >= 0 && s->node[ni]) {
+            ag_scope_begin();
+            rc = ag_copy_(x, s->node[ni]) ? 0 : ag_last_status();
+            ag_scope_end();
+        } else {
             rc = ag__copy_into(x, s->fo[ag__fw_at(c, AG_SEC_OUT_MUTATIONS, k)]);
             x->storage->version++;
         }
@@ -22,4 +65,5 @@ static int mutations_commit(ag_compiled *c, ag__call *s) {
     return rc;
 }
 
-const ag__rt_wrapper ag__rtw_mutations = {.name = "input_mutations", .commit = mutations_commit};
+const ag__rt_wrapper ag__rtw_mutations = {
+    .name = "input_mutations", .pre = mutations_pre, .commit = mutations_commit};
