@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# The whole test suite: installs dependencies, builds with -Werror and runs every test, then
+# The whole test suite: installs dependencies, checks the format (.clang-format) and the layers
+# (scripts/check_layers.py), builds with -Werror and runs every test, then
 # compares the zoo's printed graphs with a clang build of the CLI, builds again with
 # AddressSanitizer + UndefinedBehaviorSanitizer (separate build directory)
 # and runs every test there too. Exits non-zero on any failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
+echo "== format: every C file as .clang-format says =="
+scripts/check_format.sh | tail -1
+scripts/check_format.sh > /dev/null || { scripts/check_format.sh; exit 1; }
 echo "== layers: folders depend only on earlier folders (docs/ARCHITECTURE.md) =="
 python3 scripts/check_layers.py | tail -1
 python3 scripts/check_layers.py > /dev/null || { python3 scripts/check_layers.py; exit 1; }

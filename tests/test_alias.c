@@ -58,8 +58,9 @@ static ag_joint *export_or_fail(ag_module *m, ag_tensor **in, int nin) {
 }
 
 static ag_compiled *compile_or_fail(const ag_joint *j, bool mincut, double budget) {
-    ag_compile_opts co = {.partition = {.partitioner = mincut ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT,
-                                        .memory_budget = budget}};
+    ag_compile_opts co = {
+        .partition = {.partitioner = mincut ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT,
+                      .memory_budget = budget}};
     ag_compiled *c = ag_compile_joint(j, &co);
     if (!c)
         fail_msg("compile: %s", ag_last_error());
@@ -117,7 +118,9 @@ static int give(ag_tensor *const *res, int n, ag_tensor **out) {
     return rc;
 }
 
-static ag_tensor *W(ag_module *m) { return ag_module_param(m, "w"); }
+static ag_tensor *W(ag_module *m) {
+    return ag_module_param(m, "w");
+}
 
 static ag_tensor *seq(int ndim, const int64_t *sizes) { /* 1, 2, 3, ... */
     int64_t n = 1;
@@ -162,13 +165,17 @@ static void test_duplicate_input_not_mutated(void **st) {
     ag_tensor *xe = tu_leaf(AG_F32, 1, (int64_t[]){3}, (double[]){1, -2, 3});
     ag_joint *j = export_or_fail(mx, (ag_tensor *[]){x, x}, 2);
     const ag_graph *g = ag_joint_graph(j);
-    expect_placeholders(g, (const char *[]){"ParamAOTInput(target='w')", "PlainAOTInput(idx=0)",
-                                            "PlainAOTInput(idx=1)",
-                                            "TangentAOTInput(output=PlainAOTOutput(idx=0))"}, 4);
-    expect_outputs(g, (const char *[]){"PlainAOTOutput(idx=0)",
-                                       "GradAOTOutput(grad_of=ParamAOTInput(target='w'))",
-                                       "GradAOTOutput(grad_of=PlainAOTInput(idx=0))",
-                                       "GradAOTOutput(grad_of=PlainAOTInput(idx=1))"}, 4);
+    expect_placeholders(g,
+                        (const char *[]){"ParamAOTInput(target='w')", "PlainAOTInput(idx=0)",
+                                         "PlainAOTInput(idx=1)",
+                                         "TangentAOTInput(output=PlainAOTOutput(idx=0))"},
+                        4);
+    expect_outputs(g,
+                   (const char *[]){"PlainAOTOutput(idx=0)",
+                                    "GradAOTOutput(grad_of=ParamAOTInput(target='w'))",
+                                    "GradAOTOutput(grad_of=PlainAOTInput(idx=0))",
+                                    "GradAOTOutput(grad_of=PlainAOTInput(idx=1))"},
+                   4);
     assert_int_equal(ag_joint_num_flat_inputs(j), 3);
     assert_int_equal(ag_joint_flat_input_primal(j, 2), 2);
     /* Compiled with x twice, against eager x * x + w: x.grad = 2 x c. */
@@ -216,8 +223,10 @@ static void test_duplicate_input_mutated(void **st) {
     ag_joint *j = export_or_fail(m, (ag_tensor *[]){x, x}, 2);
     const ag_graph *g = ag_joint_graph(j);
     expect_placeholders(g, (const char *[]){"PlainAOTInput(idx=0)"}, 1);
-    expect_outputs(g, (const char *[]){"InputMutationAOTOutput(mutated_input=PlainAOTInput(idx=0))",
-                                       "PlainAOTOutput(idx=0)"}, 2);
+    expect_outputs(g,
+                   (const char *[]){"InputMutationAOTOutput(mutated_input=PlainAOTInput(idx=0))",
+                                    "PlainAOTOutput(idx=0)"},
+                   2);
     assert_false(ag_joint_needs_autograd(j));
     assert_int_equal(ag_joint_num_flat_inputs(j), 2);
     assert_int_equal(ag_joint_num_primals(j), 1);
@@ -310,16 +319,17 @@ static void test_view_base_zoo(void **st) {
     const ag_graph *g = ag_joint_graph(j);
     expect_placeholders(
         g,
-        (const char *[]){"ViewBaseAOTInput(base_of=PlainAOTInput(idx=1))",
-                         "ParamAOTInput(target='w')",
-                         "TangentAOTInput(output=IntermediateBaseAOTOutput(base_of=PlainAOTOutput(idx=0)))"},
+        (const char *[]){
+            "ViewBaseAOTInput(base_of=PlainAOTInput(idx=1))", "ParamAOTInput(target='w')",
+            "TangentAOTInput(output=IntermediateBaseAOTOutput(base_of=PlainAOTOutput(idx=0)))"},
         3);
     expect_outputs(
         g,
-        (const char *[]){"InputMutationAOTOutput(mutated_input=ViewBaseAOTInput(base_of=PlainAOTInput(idx=1)))",
-                         "PlainAOTOutput(idx=0)", "PlainAOTOutput(idx=1)", "PlainAOTOutput(idx=2)",
-                         "IntermediateBaseAOTOutput(base_of=PlainAOTOutput(idx=0))", "None",
-                         "GradAOTOutput(grad_of=ParamAOTInput(target='w'))"},
+        (const char *[]){
+            "InputMutationAOTOutput(mutated_input=ViewBaseAOTInput(base_of=PlainAOTInput(idx=1)))",
+            "PlainAOTOutput(idx=0)", "PlainAOTOutput(idx=1)", "PlainAOTOutput(idx=2)",
+            "IntermediateBaseAOTOutput(base_of=PlainAOTOutput(idx=0))", "None",
+            "GradAOTOutput(grad_of=ParamAOTInput(target='w'))"},
         7);
     /* The mutation is scattered into the base. */
     assert_string_equal(ag_op_name(ag_node_op(output_node(g, 0))), "as_strided_scatter");
@@ -327,7 +337,8 @@ static void test_view_base_zoo(void **st) {
     assert_int_equal(ag_joint_num_intermediate_bases(j), 1);
     assert_int_equal(ag_joint_num_metadata_mutations(j), 0);
     assert_int_equal(ag_joint_num_tangents(j), 1);
-    assert_int_equal(ag_joint_output_info(j, 0)->alias, AG_OUT_ALIAS_OF_INTERMEDIATE_SAVE_AS_OUTPUT);
+    assert_int_equal(ag_joint_output_info(j, 0)->alias,
+                     AG_OUT_ALIAS_OF_INTERMEDIATE_SAVE_AS_OUTPUT);
     assert_int_equal(ag_joint_output_info(j, 1)->alias, AG_OUT_ALIAS_OF_INTERMEDIATE);
     assert_int_equal(ag_joint_output_info(j, 1)->base_index, 0);
     assert_int_equal(ag_joint_output_info(j, 2)->alias, AG_OUT_ALIAS_OF_INPUT);
@@ -357,7 +368,8 @@ static void test_view_base_zoo(void **st) {
             assert_true(ag_tensor_same_storage(oc[2], ix[0]));
             assert_true(ag_tensor_same_storage(oc[0], oc[1]));
             assert_false(ag_tensor_same_storage(oc[0], ix[0]));
-            expect_geometry(oc[1], 2, (int64_t[]){4, 3}, (int64_t[]){1, 4}, ag_tensor_offset(oc[0]));
+            expect_geometry(oc[1], 2, (int64_t[]){4, 3}, (int64_t[]){1, 4},
+                            ag_tensor_offset(oc[0]));
             /* Gradients through the two aliasing outputs reach w through the base. */
             assert_int_equal(ag_backward(loss_of(oe, 3), NULL, false), 0);
             assert_int_equal(ag_backward(loss_of(oc, 3), NULL, false), 0);
@@ -425,14 +437,18 @@ static void test_synthetic_base(void **st) {
     detached_slices(&x, &a, &b);
     ag_joint *j = export_or_fail(m, (ag_tensor *[]){a, b}, 2);
     const ag_graph *g = ag_joint_graph(j);
-    expect_placeholders(g, (const char *[]){"SyntheticBaseAOTInput(base_of=PlainAOTInput(idx=0))"}, 1);
-    expect_outputs(g, (const char *[]){"InputMutationAOTOutput(mutated_input=SyntheticBaseAOTInput(base_of=PlainAOTInput(idx=0)))",
-                                       "PlainAOTOutput(idx=0)"}, 2);
+    expect_placeholders(g, (const char *[]){"SyntheticBaseAOTInput(base_of=PlainAOTInput(idx=0))"},
+                        1);
+    expect_outputs(g,
+                   (const char *[]){"InputMutationAOTOutput(mutated_input=SyntheticBaseAOTInput("
+                                    "base_of=PlainAOTInput(idx=0)))",
+                                    "PlainAOTOutput(idx=0)"},
+                   2);
     ag_node **ph;
     ag_graph_placeholders(g, &ph);
     assert_int_equal(ag_node_val(ph[0], 0)->ndim, 1);
     assert_int_equal(ag_node_val(ph[0], 0)->sizes[0], 6); /* the whole storage */
-    tu_assert_close(x, (double[]){1, 2, 3, 4, 5, 6}, 0);   /* untouched by the export */
+    tu_assert_close(x, (double[]){1, 2, 3, 4, 5, 6}, 0);  /* untouched by the export */
     /* Eager: x = [2, 4, 6, 8, 5, 6]; a + b = [2, 4, 6, 8] + [6, 8, 5, 6]. */
     ag_compiled *c = compile_or_fail(j, true, 1.0);
     ag_scope_begin();
@@ -476,14 +492,17 @@ static void test_aliased_inputs_not_mutated(void **st) {
     ag_tensor *x = seq(2, (int64_t[]){2, 3});
     ag_scope_begin();
     ag_tensor *a = ag_tensor_keep(ag_select(x, 0, 0)), *b = ag_tensor_keep(ag_select(x, 0, 1));
-    ag_tensor *c0 = ag_tensor_keep(ag_slice(x, 1, 0, 2, 1)), *c1 = ag_tensor_keep(ag_slice(x, 1, 1, 3, 1));
+    ag_tensor *c0 = ag_tensor_keep(ag_slice(x, 1, 0, 2, 1)),
+              *c1 = ag_tensor_keep(ag_slice(x, 1, 1, 3, 1));
     ag_scope_end();
     ag_joint *j = export_or_fail(m, (ag_tensor *[]){a, b}, 2);
-    expect_placeholders(ag_joint_graph(j), (const char *[]){"PlainAOTInput(idx=0)", "PlainAOTInput(idx=1)"}, 2);
+    expect_placeholders(ag_joint_graph(j),
+                        (const char *[]){"PlainAOTInput(idx=0)", "PlainAOTInput(idx=1)"}, 2);
     ag_joint_free(j);
     /* Columns 0..1 and 1..2 overlap, but neither is mutated: no base either. */
     j = export_or_fail(m, (ag_tensor *[]){c0, c1}, 2);
-    expect_placeholders(ag_joint_graph(j), (const char *[]){"PlainAOTInput(idx=0)", "PlainAOTInput(idx=1)"}, 2);
+    expect_placeholders(ag_joint_graph(j),
+                        (const char *[]){"PlainAOTInput(idx=0)", "PlainAOTInput(idx=1)"}, 2);
     ag_joint_free(j);
     ag_tensor_free(a);
     ag_tensor_free(b);
@@ -516,8 +535,10 @@ static void test_metadata_mutation(void **st) {
     expect_geometry(x, 2, (int64_t[]){2, 3}, (int64_t[]){3, 1}, 0); /* the export changes nothing */
     const ag_graph *g = ag_joint_graph(j);
     expect_placeholders(g, (const char *[]){"PlainAOTInput(idx=0)"}, 1);
-    expect_outputs(g, (const char *[]){"InputMutationAOTOutput(mutated_input=PlainAOTInput(idx=0))",
-                                       "PlainAOTOutput(idx=0)"}, 2);
+    expect_outputs(g,
+                   (const char *[]){"InputMutationAOTOutput(mutated_input=PlainAOTInput(idx=0))",
+                                    "PlainAOTOutput(idx=0)"},
+                   2);
     assert_string_equal(ag_op_name(ag_node_op(output_node(g, 0))), "t");
     assert_true(ag_joint_input_info(j, 0)->mutates_metadata);
     assert_false(ag_joint_input_info(j, 0)->mutates_data);
@@ -565,8 +586,12 @@ static void test_metadata_mutation_of_merged_input(void **st) {
     ag_joint *j = export_or_fail(m, (ag_tensor *[]){a[0], b[0]}, 2);
     const ag_graph *g = ag_joint_graph(j);
     expect_placeholders(g, (const char *[]){"ViewBaseAOTInput(base_of=PlainAOTInput(idx=0))"}, 1);
-    expect_outputs(g, (const char *[]){"InputMutationAOTOutput(mutated_input=ViewBaseAOTInput(base_of=PlainAOTInput(idx=0)))",
-                                       "PlainAOTOutput(idx=0)", "MetadataMutationAOTOutput(idx=0)"}, 3);
+    expect_outputs(
+        g,
+        (const char *[]){
+            "InputMutationAOTOutput(mutated_input=ViewBaseAOTInput(base_of=PlainAOTInput(idx=0)))",
+            "PlainAOTOutput(idx=0)", "MetadataMutationAOTOutput(idx=0)"},
+        3);
     assert_int_equal(ag_joint_num_metadata_mutations(j), 1);
     assert_int_equal(ag_joint_num_fw_outputs(j), 3);
     expect_geometry(b[0], 2, (int64_t[]){2, 2}, (int64_t[]){3, 1}, 1);
@@ -656,13 +681,17 @@ static void test_outputs_alias_inputs(void **st) {
         }
         ag_joint *j = export_or_fail(mx, &x, 1);
         const ag_graph *g = ag_joint_graph(j);
-        expect_placeholders(g, (const char *[]){"ParamAOTInput(target='w')", "PlainAOTInput(idx=0)",
-                                                "TangentAOTInput(output=PlainAOTOutput(idx=2))"}, 3);
-        expect_outputs(g, (const char *[]){"PlainAOTOutput(idx=0)", "PlainAOTOutput(idx=1)",
-                                           "PlainAOTOutput(idx=2)",
-                                           "GradAOTOutput(grad_of=ParamAOTInput(target='w'))",
-                                           rg ? "GradAOTOutput(grad_of=PlainAOTInput(idx=0))" : "None"},
-                       5);
+        expect_placeholders(g,
+                            (const char *[]){"ParamAOTInput(target='w')", "PlainAOTInput(idx=0)",
+                                             "TangentAOTInput(output=PlainAOTOutput(idx=2))"},
+                            3);
+        expect_outputs(
+            g,
+            (const char *[]){"PlainAOTOutput(idx=0)", "PlainAOTOutput(idx=1)",
+                             "PlainAOTOutput(idx=2)",
+                             "GradAOTOutput(grad_of=ParamAOTInput(target='w'))",
+                             rg ? "GradAOTOutput(grad_of=PlainAOTInput(idx=0))" : "None"},
+            5);
         assert_int_equal(ag_joint_output_info(j, 0)->alias, AG_OUT_IS_INPUT);
         assert_int_equal(ag_joint_output_info(j, 0)->base_index, 1);
         assert_int_equal(ag_joint_output_info(j, 1)->alias, AG_OUT_ALIAS_OF_INPUT);
@@ -687,7 +716,8 @@ static void test_outputs_alias_inputs(void **st) {
             expect_same("x.grad", ag_tensor_grad(xe), ag_tensor_grad(x));
             const float *w = ag_tensor_data(W(mx));
             for (int e = 0; e < 6; e++)
-                assert_true(fabs(ag_tensor_item_at(ag_tensor_grad(x), e) - (1.25 + w[e % 3])) < 1e-6);
+                assert_true(fabs(ag_tensor_item_at(ag_tensor_grad(x), e) - (1.25 + w[e % 3])) <
+                            1e-6);
         }
         ag_scope_end();
         ag_compiled_free(c);
@@ -758,16 +788,18 @@ static void run_inter(int mode, int nout, const char *const *ph, int nph, const 
  * outputs, with the only tangent; the views get none. */
 static void test_two_views_of_intermediate(void **st) {
     (void)st;
-    run_inter(0, 2,
-              (const char *[]){"ParamAOTInput(target='w')", "PlainAOTInput(idx=0)",
-                               "TangentAOTInput(output=IntermediateBaseAOTOutput(base_of=PlainAOTOutput(idx=0)))"},
-              3,
-              (const char *[]){"PlainAOTOutput(idx=0)", "PlainAOTOutput(idx=1)",
-                               "IntermediateBaseAOTOutput(base_of=PlainAOTOutput(idx=0))",
-                               "GradAOTOutput(grad_of=ParamAOTInput(target='w'))", "None"},
-              5,
-              (const ag_output_alias[]){AG_OUT_ALIAS_OF_INTERMEDIATE_SAVE_AS_OUTPUT,
-                                        AG_OUT_ALIAS_OF_INTERMEDIATE});
+    run_inter(
+        0, 2,
+        (const char *[]){
+            "ParamAOTInput(target='w')", "PlainAOTInput(idx=0)",
+            "TangentAOTInput(output=IntermediateBaseAOTOutput(base_of=PlainAOTOutput(idx=0)))"},
+        3,
+        (const char *[]){"PlainAOTOutput(idx=0)", "PlainAOTOutput(idx=1)",
+                         "IntermediateBaseAOTOutput(base_of=PlainAOTOutput(idx=0))",
+                         "GradAOTOutput(grad_of=ParamAOTInput(target='w'))", "None"},
+        5,
+        (const ag_output_alias[]){AG_OUT_ALIAS_OF_INTERMEDIATE_SAVE_AS_OUTPUT,
+                                  AG_OUT_ALIAS_OF_INTERMEDIATE});
 }
 
 /* One output viewing an intermediate: unsafe_view_alias, a plain output with its tangent. */
@@ -802,9 +834,9 @@ static void test_view_of_another_output(void **st) {
 static int view_mut_fwd(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
     (void)m, (void)nin, (void)max_out;
     ag_scope_begin();
-    ag_mul_scalar_(ag_select(in[0], 0, 0), 2.0);  /* through a view of the input */
+    ag_mul_scalar_(ag_select(in[0], 0, 0), 2.0); /* through a view of the input */
     ag_tensor *y = ag_add_scalar(in[0], 1.0);
-    ag_mul_scalar_(ag_select(y, 0, 1), 3.0);      /* through a view of an intermediate */
+    ag_mul_scalar_(ag_select(y, 0, 1), 3.0); /* through a view of an intermediate */
     ag_tensor *r[2] = {ag_add_scalar(in[0], 1.0), y};
     return give(r, 2, out);
 }
@@ -817,8 +849,10 @@ static void test_mutation_through_views(void **st) {
     ag_joint *j = export_or_fail(m, &x, 1);
     const ag_graph *g = ag_joint_graph(j);
     expect_placeholders(g, (const char *[]){"PlainAOTInput(idx=0)"}, 1);
-    expect_outputs(g, (const char *[]){"InputMutationAOTOutput(mutated_input=PlainAOTInput(idx=0))",
-                                       "PlainAOTOutput(idx=0)", "PlainAOTOutput(idx=1)"}, 3);
+    expect_outputs(g,
+                   (const char *[]){"InputMutationAOTOutput(mutated_input=PlainAOTInput(idx=0))",
+                                    "PlainAOTOutput(idx=0)", "PlainAOTOutput(idx=1)"},
+                   3);
     assert_string_equal(ag_op_name(ag_node_op(output_node(g, 0))), "as_strided_scatter");
     assert_string_equal(ag_op_name(ag_node_op(output_node(g, 2))), "as_strided_scatter");
     ag_compiled *c = compile_or_fail(j, true, 1.0);
@@ -859,7 +893,8 @@ static int oom_scenario(void *ud) {
     int rc = 0;
     ag_compiled *cc = NULL;
     if (c->compile) {
-        ag_compile_opts co = {.partition = {.partitioner = AG_PARTITION_DEFAULT, .memory_budget = 1}};
+        ag_compile_opts co = {
+            .partition = {.partitioner = AG_PARTITION_DEFAULT, .memory_budget = 1}};
         cc = ag_compile_joint(j, &co);
         rc = cc ? 0 : ag_last_status();
         /* the callers' tensors are cloned so that every run sees the same values; the scope
@@ -923,9 +958,10 @@ static void test_fx_utils_alias_views(void **st) {
     ag_fx_pairs *ig = ag_fx_all_input_and_grad_nodes(g);
     assert_non_null(ig);
     assert_int_equal(ag_fx_pairs_count(ig), 3);
-    assert_string_equal(repr(ag_fx_pairs_desc(ig, 0)), "ViewBaseAOTInput(base_of=PlainAOTInput(idx=1))");
+    assert_string_equal(repr(ag_fx_pairs_desc(ig, 0)),
+                        "ViewBaseAOTInput(base_of=PlainAOTInput(idx=1))");
     assert_string_equal(ag_node_name(ag_fx_pairs_first(ig, 0)), "primals_1");
-    assert_null(ag_fx_pairs_second(ig, 0)); /* a does not require grad */
+    assert_null(ag_fx_pairs_second(ig, 0));     /* a does not require grad */
     assert_non_null(ag_fx_pairs_second(ig, 1)); /* w */
     ag_fx_pairs *ot = ag_fx_all_output_and_tangent_nodes(g);
     assert_non_null(ot);
@@ -933,7 +969,9 @@ static void test_fx_utils_alias_views(void **st) {
     int k = ag_fx_pairs_find(ot, ib);
     assert_true(k >= 0);
     assert_string_equal(ag_node_name(ag_fx_pairs_second(ot, k)), "tangents_1");
-    ag_desc *mut = ag_desc_parse("InputMutationAOTOutput(mutated_input=ViewBaseAOTInput(base_of=PlainAOTInput(idx=1)))", NULL);
+    ag_desc *mut = ag_desc_parse(
+        "InputMutationAOTOutput(mutated_input=ViewBaseAOTInput(base_of=PlainAOTInput(idx=1)))",
+        NULL);
     k = ag_fx_pairs_find(ot, mut);
     assert_true(k >= 0);
     assert_null(ag_fx_pairs_second(ot, k));
@@ -956,8 +994,10 @@ static void test_cli(void **st) {
     tu_cli_has("out", "IntermediateBaseAOTOutput(base_of=PlainAOTOutput(idx=0))");
     tu_cli_has("out", "as_strided_scatter(%primals_1, %mul, [4], [1], 4)");
     assert_int_equal(tu_cli_run("descriptors alias_views"), 0);
-    tu_cli_has("out", "TangentAOTInput(output=IntermediateBaseAOTOutput(base_of=PlainAOTOutput(idx=0)))  tangents_1");
-    tu_cli_has("out", "in_spec: TreeSpec(tuple, None, [TreeSpec(list, None, [*, *, *]), TreeSpec(dict, [], [])])");
+    tu_cli_has("out", "TangentAOTInput(output=IntermediateBaseAOTOutput(base_of=PlainAOTOutput(idx="
+                      "0)))  tangents_1");
+    tu_cli_has("out", "in_spec: TreeSpec(tuple, None, [TreeSpec(list, None, [*, *, *]), "
+                      "TreeSpec(dict, [], [])])");
     assert_int_equal(tu_cli_run("check alias_views"), 0);
     tu_cli_has("out", "inputs 0 (tolerance 1e-05): OK");
     assert_int_equal(tu_cli_run("check alias_views --budget 0"), 0);

@@ -78,7 +78,8 @@ static void check_model(const char *name, const ag_compile_opts *co, double tol)
             assert_int_equal(ag_tensor_requires_grad(a[k]), ag_tensor_requires_grad(b[k]));
             if (!ag_tensor_requires_grad(a[k]))
                 continue;
-            ag_tensor *x = ag_sum_all(ag_mul_scalar(a[k], 0.5 + k)), *y = ag_sum_all(ag_mul_scalar(b[k], 0.5 + k));
+            ag_tensor *x = ag_sum_all(ag_mul_scalar(a[k], 0.5 + k)),
+                      *y = ag_sum_all(ag_mul_scalar(b[k], 0.5 + k));
             le = le ? ag_add(le, x) : x;
             lc = lc ? ag_add(lc, y) : y;
         }
@@ -130,15 +131,17 @@ static void test_zoo_against_eager(void **st) {
             for (int b = 0; b < 3; b++) {
                 if (p == 0 && b != 2)
                     continue; /* the default partitioner has no budget */
-                ag_compile_opts co = {.partition = {.partitioner = p ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT,
-                                                    .memory_budget = budgets[b]}};
+                ag_compile_opts co = {
+                    .partition = {.partitioner = p ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT,
+                                  .memory_budget = budgets[b]}};
                 check_model(ag_zoo_name(z), &co, 1e-5);
             }
     }
 }
 
 /* float64 to 1e-12: a small MLP in double precision. */
-static int mlp64_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
+static int mlp64_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
+                         int max_out) {
     (void)nin;
     (void)max_out;
     ag_scope_begin();
@@ -154,7 +157,8 @@ static void test_float64_exact(void **st) {
     (void)st;
     ag_manual_seed(11);
     ag_module *m = ag_module_new("MLP64", mlp64_forward, NULL, NULL);
-    ag_tensor *p1 = ag_randn(AG_F64, 2, (int64_t[]){5, 7}), *p2 = ag_randn(AG_F64, 2, (int64_t[]){7, 3});
+    ag_tensor *p1 = ag_randn(AG_F64, 2, (int64_t[]){5, 7}),
+              *p2 = ag_randn(AG_F64, 2, (int64_t[]){7, 3});
     assert_int_equal(ag_module_register_parameter(m, "w1", p1), 0);
     assert_int_equal(ag_module_register_parameter(m, "w2", p2), 0);
     ag_tensor_free(p1); /* the module holds its own references */
@@ -163,8 +167,9 @@ static void test_float64_exact(void **st) {
     ag_joint *j = ag_export_joint(m, &x, 1, NULL, NULL, 0, NULL);
     assert_non_null(j);
     for (int p = 0; p < 2; p++) {
-        ag_compile_opts co = {.partition = {.partitioner = p ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT,
-                                            .memory_budget = 0.5}};
+        ag_compile_opts co = {
+            .partition = {.partitioner = p ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT,
+                          .memory_budget = 0.5}};
         ag_compiled *c = ag_compile_joint(j, &co);
         assert_non_null(c);
         ag_scope_begin();
@@ -228,9 +233,11 @@ static void test_transform_halves_gradients(void **st) {
     ag_named_tensors ps;
     assert_int_equal(ag_module_named_parameters(m, true, &ps), 0);
     ag_tensor *ge[2], *gc[2];
-    assert_int_equal(ag_grad(&ye, (ag_tensor *[]){ag_ones_like(ye)}, 1, ps.tensors, 2, ge, false, false), 0);
+    assert_int_equal(
+        ag_grad(&ye, (ag_tensor *[]){ag_ones_like(ye)}, 1, ps.tensors, 2, ge, false, false), 0);
     assert_int_equal(ag_compiled_call_module(c, m, in, nin, &yc, 1), 1);
-    assert_int_equal(ag_grad(&yc, (ag_tensor *[]){ag_ones_like(yc)}, 1, ps.tensors, 2, gc, false, false), 0);
+    assert_int_equal(
+        ag_grad(&yc, (ag_tensor *[]){ag_ones_like(yc)}, 1, ps.tensors, 2, gc, false, false), 0);
     for (int i = 0; i < 2; i++)
         for (int64_t e = 0; e < ag_tensor_numel(ge[i]); e++)
             assert_true(ag_tensor_item_at(gc[i], e) == 0.5f * (float)ag_tensor_item_at(ge[i], e));
@@ -266,7 +273,7 @@ static void test_runtime_wrappers(void **st) {
     assert_non_null(g2);
     assert_true(max_abs_is_zero(g2));
     assert_non_null(ag_tensor_grad(ag_module_param(m, "linear1.weight")));
-    assert_int_equal(ag_backward(loss, NULL, false), 0);   /* retained once */
+    assert_int_equal(ag_backward(loss, NULL, false), 0);         /* retained once */
     assert_int_equal(ag_backward(loss, NULL, false), AG_ESTATE); /* then released */
     tu_assert_error_contains("second time");
     ag_scope_end();
@@ -317,8 +324,7 @@ static ag_graph *with_outputs(const ag_graph *joint, ag_node **keep, ag_desc **d
     return g;
 }
 
-static int recompute_all(const ag_graph *joint, int nfw, void *user, ag_graph **fw,
-                         ag_graph **bw) {
+static int recompute_all(const ag_graph *joint, int nfw, void *user, ag_graph **fw, ag_graph **bw) {
     int *calls = user;
     ++*calls;
     ag_layout L;
@@ -328,7 +334,8 @@ static int recompute_all(const ag_graph *joint, int nfw, void *user, ag_graph **
     assert_int_equal(ag_graph_placeholders(joint, &ph), L.ninputs);
     ag_node *keep[512];
     ag_desc *descs[512];
-    int n = 0, p0 = ag_layout_start(&L, AG_SEC_IN_PRIMALS), np = ag_layout_count(&L, AG_SEC_IN_PRIMALS);
+    int n = 0, p0 = ag_layout_start(&L, AG_SEC_IN_PRIMALS),
+        np = ag_layout_count(&L, AG_SEC_IN_PRIMALS);
     for (int k = 0; k < nfw; k++) {
         keep[n] = ag_node_arg(out, 0)->u.nodes[k];
         descs[n++] = ag_desc_retain(ag_node_output_desc(out, k));
@@ -390,7 +397,9 @@ typedef struct counter {
 static int interp_run(void *self, ag_tensor *const *in, int nin, ag_tensor **outs, int max_out) {
     return ag_graph_run(self, in, nin, outs, max_out);
 }
-static void graph_destroy(void *self) { ag_graph_free(self); }
+static void graph_destroy(void *self) {
+    ag_graph_free(self);
+}
 
 static int counting_compiler(const ag_graph *g, void *user, ag_runnable *out) {
     counter *k = user;
@@ -428,8 +437,10 @@ static void test_hook_compilers(void **st) {
     ag_joint *j = ag_export_joint(m, in, nin, NULL, NULL, 0, NULL);
     assert_non_null(j);
     counter fk = {.rewrite = true}, bk = {0};
-    ag_compile_opts co = {.fw_compiler = counting_compiler, .fw_compiler_user = &fk,
-                          .bw_compiler = counting_compiler, .bw_compiler_user = &bk};
+    ag_compile_opts co = {.fw_compiler = counting_compiler,
+                          .fw_compiler_user = &fk,
+                          .bw_compiler = counting_compiler,
+                          .bw_compiler_user = &bk};
     ag_compiled *c = ag_compile_joint(j, &co);
     assert_non_null(c);
     assert_int_equal(fk.calls, 1);
@@ -452,11 +463,11 @@ static void test_hook_compilers(void **st) {
     ag_named_tensors ps;
     assert_int_equal(ag_module_named_parameters(m, true, &ps), 0);
     ag_tensor *ge[8], *gc[8];
-    assert_int_equal(ag_grad(&ye, (ag_tensor *[]){ag_ones_like(ye)}, 1, ps.tensors, ps.n, ge,
-                             false, false), 0);
+    assert_int_equal(
+        ag_grad(&ye, (ag_tensor *[]){ag_ones_like(ye)}, 1, ps.tensors, ps.n, ge, false, false), 0);
     assert_int_equal(ag_compiled_call_module(c, m, in, nin, &yc, 1), 1);
-    assert_int_equal(ag_grad(&yc, (ag_tensor *[]){ag_ones_like(yc)}, 1, ps.tensors, ps.n, gc,
-                             false, false), 0);
+    assert_int_equal(
+        ag_grad(&yc, (ag_tensor *[]){ag_ones_like(yc)}, 1, ps.tensors, ps.n, gc, false, false), 0);
     for (int64_t e = 0; e < ag_tensor_numel(ye); e++)
         assert_true(ag_tensor_item_at(yc, e) == 2 * ag_tensor_item_at(ye, e) ||
                     fabs(ag_tensor_item_at(yc, e) - 2 * ag_tensor_item_at(ye, e)) <
@@ -494,8 +505,8 @@ static void test_hook_prepartitioned(void **st) {
         assert_non_null(j);
         ag_partition_opts po = {.partitioner = AG_PARTITION_MINCUT, .memory_budget = 0};
         ag_graph *fw, *bw;
-        assert_int_equal(ag_partition(ag_joint_graph(j), ag_joint_num_fw_outputs(j), &po, &fw,
-                                      &bw, NULL), 0);
+        assert_int_equal(
+            ag_partition(ag_joint_graph(j), ag_joint_num_fw_outputs(j), &po, &fw, &bw, NULL), 0);
         ag_joint_free(j);
         ag_module_free(m);
         for (int i = 0; i < nin; i++)
@@ -514,12 +525,13 @@ static void test_hook_prepartitioned(void **st) {
     ag_joint *j = ag_export_joint(m, in, nin, NULL, NULL, 0, NULL);
     ag_joint *j2 = ag_export_joint(m2, in2, nin2, NULL, NULL, 0, NULL);
     ag_graph *fw, *bw;
-    assert_int_equal(ag_partition(ag_joint_graph(j), ag_joint_num_fw_outputs(j), NULL, &fw, &bw,
-                                  NULL), 0);
+    assert_int_equal(
+        ag_partition(ag_joint_graph(j), ag_joint_num_fw_outputs(j), NULL, &fw, &bw, NULL), 0);
     ag_compile_opts co = {.fw_graph = fw, .bw_graph = bw};
     assert_null(ag_compile_joint(j2, &co));
-    assert_non_null(strstr(ag_last_error(), "forward output 1 is SavedForBackwardsAOTOutput(idx=0); the joint's is "
-                                           "PlainAOTOutput(idx=1)"));
+    assert_non_null(strstr(ag_last_error(),
+                           "forward output 1 is SavedForBackwardsAOTOutput(idx=0); the joint's is "
+                           "PlainAOTOutput(idx=1)"));
     co.bw_graph = NULL;
     assert_null(ag_compile_joint(j, &co));
     assert_non_null(strstr(ag_last_error(), "needs both"));
@@ -537,12 +549,9 @@ static void test_hook_prepartitioned(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_zoo_against_eager),
-        cmocka_unit_test(test_float64_exact),
-        cmocka_unit_test(test_transform_halves_gradients),
-        cmocka_unit_test(test_runtime_wrappers),
-        cmocka_unit_test(test_hook_partition_function),
-        cmocka_unit_test(test_hook_compilers),
+        cmocka_unit_test(test_zoo_against_eager),          cmocka_unit_test(test_float64_exact),
+        cmocka_unit_test(test_transform_halves_gradients), cmocka_unit_test(test_runtime_wrappers),
+        cmocka_unit_test(test_hook_partition_function),    cmocka_unit_test(test_hook_compilers),
         cmocka_unit_test(test_hook_prepartitioned),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -71,7 +71,8 @@ static void custom_listing(const ag_graph *g, char *buf, size_t n) {
             ag_mval v;
             const char *key = ag_node_custom_key_at(x, i, &v);
             if (v.kind == AG_MV_INT)
-                k += (size_t)snprintf(buf + k, n - k, "%s%s:%lld", i ? "," : "", key, (long long)v.u.i);
+                k += (size_t)snprintf(buf + k, n - k, "%s%s:%lld", i ? "," : "", key,
+                                      (long long)v.u.i);
             else if (v.kind == AG_MV_STR)
                 k += (size_t)snprintf(buf + k, n - k, "%s%s:%s", i ? "," : "", key, v.u.s);
         }
@@ -319,15 +320,15 @@ static void test_conv_bn(void **st) {
     /* 12 outputs: three input mutations first, the output, four grads, four None. */
     expect_outputs(
         g, NULL,
-        (const char *[]){"InputMutationAOTOutput(mutated_input=BufferAOTInput(target='bn.running_mean'))",
-                         "InputMutationAOTOutput(mutated_input=BufferAOTInput(target='bn.running_var'))",
-                         "InputMutationAOTOutput(mutated_input=BufferAOTInput(target='bn.num_batches_tracked'))",
-                         "PlainAOTOutput(idx=0)",
-                         "GradAOTOutput(grad_of=ParamAOTInput(target='conv.weight'))",
-                         "GradAOTOutput(grad_of=ParamAOTInput(target='conv.bias'))",
-                         "GradAOTOutput(grad_of=ParamAOTInput(target='bn.weight'))",
-                         "GradAOTOutput(grad_of=ParamAOTInput(target='bn.bias'))", "None", "None",
-                         "None", "None"},
+        (const char *[]){
+            "InputMutationAOTOutput(mutated_input=BufferAOTInput(target='bn.running_mean'))",
+            "InputMutationAOTOutput(mutated_input=BufferAOTInput(target='bn.running_var'))",
+            "InputMutationAOTOutput(mutated_input=BufferAOTInput(target='bn.num_batches_tracked'))",
+            "PlainAOTOutput(idx=0)", "GradAOTOutput(grad_of=ParamAOTInput(target='conv.weight'))",
+            "GradAOTOutput(grad_of=ParamAOTInput(target='conv.bias'))",
+            "GradAOTOutput(grad_of=ParamAOTInput(target='bn.weight'))",
+            "GradAOTOutput(grad_of=ParamAOTInput(target='bn.bias'))", "None", "None", "None",
+            "None"},
         12);
     assert_int_equal(ag_joint_num_mutated_inputs(j), 3);
     assert_int_equal(ag_joint_num_fw_outputs(j), 4);
@@ -422,14 +423,12 @@ static void test_module_with_kwargs(void **st) {
     ag_decomp_table_free(core);
     assert_non_null(j);
     const ag_graph *g = ag_joint_graph(j);
-    expect_placeholders(g,
-                        (const char *[]){"primals_1", "primals_2", "primals_3", "primals_4",
-                                         "tangents_1"},
-                        (const char *[]){"ParamAOTInput(target='linear.weight')",
-                                         "ParamAOTInput(target='linear.bias')",
-                                         "PlainAOTInput(idx=0)", "PlainAOTInput(idx=1)",
-                                         "TangentAOTInput(output=PlainAOTOutput(idx=0))"},
-                        5);
+    expect_placeholders(
+        g, (const char *[]){"primals_1", "primals_2", "primals_3", "primals_4", "tangents_1"},
+        (const char *[]){"ParamAOTInput(target='linear.weight')",
+                         "ParamAOTInput(target='linear.bias')", "PlainAOTInput(idx=0)",
+                         "PlainAOTInput(idx=1)", "TangentAOTInput(output=PlainAOTOutput(idx=0))"},
+        5);
     assert_int_equal(ag_node_val(find(g, "primals_4"), 0)->ndim, 0);
     expect_outputs(g, NULL,
                    (const char *[]){"PlainAOTOutput(idx=0)",
@@ -487,12 +486,11 @@ static void test_multiple_outputs(void **st) {
         g,
         (const char *[]){"primals_1", "primals_2", "primals_3", "primals_4", "primals_5",
                          "tangents_1", "tangents_2"},
-        (const char *[]){"ParamAOTInput(target='linear1.weight')",
-                         "ParamAOTInput(target='linear1.bias')",
-                         "ParamAOTInput(target='linear2.weight')",
-                         "ParamAOTInput(target='linear2.bias')", "PlainAOTInput(idx=0)",
-                         "TangentAOTInput(output=PlainAOTOutput(idx=0))",
-                         "TangentAOTInput(output=PlainAOTOutput(idx=1))"},
+        (const char *[]){
+            "ParamAOTInput(target='linear1.weight')", "ParamAOTInput(target='linear1.bias')",
+            "ParamAOTInput(target='linear2.weight')", "ParamAOTInput(target='linear2.bias')",
+            "PlainAOTInput(idx=0)", "TangentAOTInput(output=PlainAOTOutput(idx=0))",
+            "TangentAOTInput(output=PlainAOTOutput(idx=1))"},
         7);
     expect_outputs(g, NULL,
                    (const char *[]){"PlainAOTOutput(idx=0)", "PlainAOTOutput(idx=1)",

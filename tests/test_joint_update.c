@@ -74,8 +74,8 @@ static void test_shard_parameter(void **st) {
     int fixed = 0;
     for (ag_node *n = ag_graph_first(g); n; n = ag_node_next(n)) {
         const ag_garg *a = ag_node_kind_of(n) == AG_NODE_CALL ? ag_node_arg(n, 1) : NULL;
-        if (a && !strcmp(ag_op_name(ag_node_op(n)), "view") && a->kind == AG_GA_INTS &&
-            a->n == 1 && a->u.ints[0] == 2) {
+        if (a && !strcmp(ag_op_name(ag_node_op(n)), "view") && a->kind == AG_GA_INTS && a->n == 1 &&
+            a->u.ints[0] == 2) {
             assert_int_equal(ag_node_set_arg(n, 1, AG_GA_INTS((int64_t[]){1}, 1)), 0);
             fixed++;
         }
@@ -96,9 +96,11 @@ static void test_shard_parameter(void **st) {
     assert_close(ag_contiguous(ag_slice(ye, 1, 0, 1, 1)), y);
     ag_tensor *gs[2], *ge[2];
     assert_int_equal(ag_grad(&y, (ag_tensor *[]){ag_ones_like(y)}, 1, (ag_tensor *[]){ws, bs}, 2,
-                             gs, false, false), 0);
-    assert_int_equal(ag_grad(&ye, (ag_tensor *[]){ag_ones_like(ye)}, 1,
-                             (ag_tensor *[]){f.w, f.b}, 2, ge, false, false), 0);
+                             gs, false, false),
+                     0);
+    assert_int_equal(ag_grad(&ye, (ag_tensor *[]){ag_ones_like(ye)}, 1, (ag_tensor *[]){f.w, f.b},
+                             2, ge, false, false),
+                     0);
     assert_close(ag_contiguous(ag_slice(ge[0], 0, 0, 1, 1)), gs[0]);
     assert_close(ag_contiguous(ag_slice(ge[1], 0, 0, 1, 1)), gs[1]);
     /* The full weight is not what the callable takes now. */
@@ -131,8 +133,8 @@ static void test_add_buffer_input(void **st) {
     ag_node *o = ag_graph_output_node(g);
     ag_node *y = ag_node_arg(o, 0)->u.nodes[0];
     ag_graph_insert_before(g, o);
-    ag_node *ys = ag_graph_call(g, ag_op_find("mul.Tensor"), (ag_garg[]){AG_GA_N(y), AG_GA_N(s)},
-                                2, "scaled");
+    ag_node *ys = ag_graph_call(g, ag_op_find("mul.Tensor"), (ag_garg[]){AG_GA_N(y), AG_GA_N(s)}, 2,
+                                "scaled");
     assert_non_null(ys);
     ag_node *nodes[4];
     memcpy(nodes, ag_node_arg(o, 0)->u.nodes, sizeof nodes);
@@ -157,10 +159,12 @@ static void test_add_buffer_input(void **st) {
     assert_int_equal(ag_module_call(f.m, f.in, f.nin, &ye, 1), 1);
     assert_close(ag_mul_scalar(ye, 3.0), yc);
     ag_tensor *gc[2], *ge[2];
-    assert_int_equal(ag_grad(&yc, (ag_tensor *[]){ag_ones_like(yc)}, 1,
-                             (ag_tensor *[]){f.w, f.b}, 2, gc, false, false), 0);
-    assert_int_equal(ag_grad(&ye, (ag_tensor *[]){ag_ones_like(ye)}, 1,
-                             (ag_tensor *[]){f.w, f.b}, 2, ge, false, false), 0);
+    assert_int_equal(ag_grad(&yc, (ag_tensor *[]){ag_ones_like(yc)}, 1, (ag_tensor *[]){f.w, f.b},
+                             2, gc, false, false),
+                     0);
+    assert_int_equal(ag_grad(&ye, (ag_tensor *[]){ag_ones_like(ye)}, 1, (ag_tensor *[]){f.w, f.b},
+                             2, ge, false, false),
+                     0);
     /* the backward was the joint's: gradients of y, not of the scaled y */
     assert_close(ge[0], gc[0]);
     assert_close(ge[1], gc[1]);
@@ -208,8 +212,9 @@ static void test_drop_tangent(void **st) {
     /* eager: only the first output's gradient */
     ag_tensor *ye[2], *ge[4];
     assert_int_equal(ag_module_call(m, in, nin, ye, 2), 2);
-    assert_int_equal(ag_grad(&ye[0], (ag_tensor *[]){ag_ones_like(ye[0])}, 1, ps.tensors, 2, ge,
-                             false, false), 0);
+    assert_int_equal(
+        ag_grad(&ye[0], (ag_tensor *[]){ag_ones_like(ye[0])}, 1, ps.tensors, 2, ge, false, false),
+        0);
     assert_close(ge[0], ag_tensor_grad(ps.tensors[0]));
     assert_close(ge[1], ag_tensor_grad(ps.tensors[1]));
     for (int p = 2; p < 4; p++) { /* linear2: zero */
@@ -282,10 +287,12 @@ static void test_insert_custom_op(void **st) {
     ag_tensor *ye = ag_linear(f.in[0], w2e, f.b);
     assert_close(ye, yc);
     ag_tensor *gc[1], *ge[1];
-    assert_int_equal(ag_grad(&yc, (ag_tensor *[]){ag_ones_like(yc)}, 1, (ag_tensor *[]){f.w}, 1,
-                             gc, false, false), 0);
-    assert_int_equal(ag_grad(&ye, (ag_tensor *[]){ag_ones_like(ye)}, 1, (ag_tensor *[]){w2e}, 1,
-                             ge, false, false), 0);
+    assert_int_equal(ag_grad(&yc, (ag_tensor *[]){ag_ones_like(yc)}, 1, (ag_tensor *[]){f.w}, 1, gc,
+                             false, false),
+                     0);
+    assert_int_equal(ag_grad(&ye, (ag_tensor *[]){ag_ones_like(ye)}, 1, (ag_tensor *[]){w2e}, 1, ge,
+                             false, false),
+                     0);
     assert_close(ag_mul_scalar(ge[0], 2.0), gc[0]);
     ag_scope_end();
     ag_tensor_free(w2e);
@@ -301,8 +308,8 @@ static void test_refused(void **st) {
     fixture f;
     setup(&f, "linear");
     ag_graph *g = ag_graph_copy(ag_joint_graph(f.j));
-    assert_int_equal(ag_graph_move_before(g, ag_graph_find(g, "tangents_1"),
-                                          ag_graph_find(g, "primals_3")), 0);
+    assert_int_equal(
+        ag_graph_move_before(g, ag_graph_find(g, "tangents_1"), ag_graph_find(g, "primals_3")), 0);
     assert_true(ag_joint_update(f.j, g) < 0);
     assert_non_null(strstr(ag_last_error(), "placeholder 3 (primals_3, PlainAOTInput(idx=0)) "
                                             "belongs to the primals, which come before the "
@@ -344,10 +351,8 @@ static void test_refused(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_shard_parameter),
-        cmocka_unit_test(test_add_buffer_input),
-        cmocka_unit_test(test_drop_tangent),
-        cmocka_unit_test(test_insert_custom_op),
+        cmocka_unit_test(test_shard_parameter), cmocka_unit_test(test_add_buffer_input),
+        cmocka_unit_test(test_drop_tangent),    cmocka_unit_test(test_insert_custom_op),
         cmocka_unit_test(test_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

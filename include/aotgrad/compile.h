@@ -70,10 +70,10 @@ AG_API int ag_tag_region_recompute(ag_graph *g, ag_node *first, ag_node *last, a
 typedef struct ag_plan ag_plan;
 
 typedef struct ag_plan_opts {
-    bool checking;      /* poison freed regions and check that live buffers never overlap */
-    bool no_inplace;    /* disable in-place reuse */
-    bool no_fusion;     /* run every node's kernel on its own (no fused groups, see
-                         * src/runtime/fuse.c; also turned off by AG_NO_FUSION=1) */
+    bool checking;   /* poison freed regions and check that live buffers never overlap */
+    bool no_inplace; /* disable in-place reuse */
+    bool no_fusion;  /* run every node's kernel on its own (no fused groups, see
+                      * src/runtime/fuse.c; also turned off by AG_NO_FUSION=1) */
     /* outputs whose memory must stay valid after the run (saved tensors, user outputs) are
      * always given their own storage */
 } ag_plan_opts;
@@ -166,12 +166,12 @@ AG_API void ag_compiled_free(ag_compiled *c);
  * where it saw one) and are taken apart for the plain graphs; outputs are rebuilt; an
  * instance input's gradient is rebuilt from its parts' gradients; an instance output needs an
  * instance gradient (a plain one is an error naming the output). */
-AG_API int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs,
-                            ag_tensor **outs, int max_out);
+AG_API int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_tensor **outs,
+                            int max_out);
 /* Calls it on a module: gathers its parameters and buffers (named_parameters order, duplicates
  * kept, as the export did) and appends the args. */
-AG_API int ag_compiled_call_module(ag_compiled *c, ag_module *m, ag_tensor *const *args,
-                                   int nargs, ag_tensor **outs, int max_out);
+AG_API int ag_compiled_call_module(ag_compiled *c, ag_module *m, ag_tensor *const *args, int nargs,
+                                   ag_tensor **outs, int max_out);
 AG_API const ag_graph *ag_compiled_forward_graph(const ag_compiled *c);
 AG_API const ag_graph *ag_compiled_backward_graph(const ag_compiled *c);
 AG_API const ag_partition_stats *ag_compiled_stats(const ag_compiled *c);

@@ -227,7 +227,7 @@ typedef struct ag_output_info {
     bool requires_grad;
 } ag_output_info;
 
-AG_API int ag_joint_num_primals(const ag_joint *j);  /* flat inputs before tangents */
+AG_API int ag_joint_num_primals(const ag_joint *j); /* flat inputs before tangents */
 AG_API int ag_joint_num_tangents(const ag_joint *j);
 AG_API const ag_input_info *ag_joint_input_info(const ag_joint *j, int primal);
 AG_API int ag_joint_num_user_outputs(const ag_joint *j);
@@ -311,8 +311,8 @@ typedef struct ag_fx_pairs ag_fx_pairs;
 AG_API void ag_fx_pairs_free(ag_fx_pairs *p);
 AG_API int ag_fx_pairs_count(const ag_fx_pairs *p);
 AG_API const ag_desc *ag_fx_pairs_desc(const ag_fx_pairs *p, int i);
-AG_API ag_node *ag_fx_pairs_first(const ag_fx_pairs *p, int i);  /* input / output node */
-AG_API ag_node *ag_fx_pairs_second(const ag_fx_pairs *p, int i); /* grad / tangent or NULL */
+AG_API ag_node *ag_fx_pairs_first(const ag_fx_pairs *p, int i);      /* input / output node */
+AG_API ag_node *ag_fx_pairs_second(const ag_fx_pairs *p, int i);     /* grad / tangent or NULL */
 AG_API int ag_fx_pairs_find(const ag_fx_pairs *p, const ag_desc *d); /* index or -1 */
 
 /* input desc -> (placeholder, grad node or NULL): every differentiable input, tangents too. */

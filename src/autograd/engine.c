@@ -277,8 +277,8 @@ static int leaf_deliver(engine *e, ag_tensor *leaf, ag_tensor *g) {
 static ag_tensor *fit_grad(const char *opname, ag_tensor *g, const ag_tmeta *m) {
     ag_scope_begin();
     ag_tensor *r = g;
-    bool same = g->ndim == m->ndim &&
-                !memcmp(g->sizes, m->sizes, sizeof(int64_t) * (size_t)m->ndim);
+    bool same =
+        g->ndim == m->ndim && !memcmp(g->sizes, m->sizes, sizeof(int64_t) * (size_t)m->ndim);
     if (!same) {
         int lead = g->ndim - m->ndim;
         int64_t dims[AG_MAX_DIMS];
@@ -294,8 +294,9 @@ static ag_tensor *fit_grad(const char *opname, ag_tensor *g, const ag_tmeta *m) 
         }
         if (!ok) {
             char a[128], b[128];
-            ag__err(AG_EINVAL, "%s: backward produced a gradient of shape %s for an input of shape %s",
-                    opname, ag__fmt_sizes(a, sizeof a, g->ndim, g->sizes),
+            ag__err(AG_EINVAL,
+                    "%s: backward produced a gradient of shape %s for an input of shape %s", opname,
+                    ag__fmt_sizes(a, sizeof a, g->ndim, g->sizes),
                     ag__fmt_sizes(b, sizeof b, m->ndim, m->sizes));
             r = NULL;
         } else {
@@ -314,8 +315,9 @@ static ag_tensor *fit_grad(const char *opname, ag_tensor *g, const ag_tmeta *m) 
 
 static int check_saved_versions(ag_anode *n) {
     if (!n->op)
-        return n->released ? ag__err(AG_ESTATE, "%s: trying to backward through the graph a "
-                                                "second time; pass retain_graph=true",
+        return n->released ? ag__err(AG_ESTATE,
+                                     "%s: trying to backward through the graph a "
+                                     "second time; pass retain_graph=true",
                                      n->custom_name)
                            : 0;
     if (n->released)
@@ -330,7 +332,9 @@ static int check_saved_versions(ag_anode *n) {
         ag_tensor **ts = n->args[i].kind == AG_ARG_TENSOR    ? &n->args[i].u.t
                          : n->args[i].kind == AG_ARG_TENSORS ? n->args[i].u.ts
                                                              : NULL;
-        int cnt = n->args[i].kind == AG_ARG_TENSOR ? 1 : n->args[i].kind == AG_ARG_TENSORS ? n->args[i].n : 0;
+        int cnt = n->args[i].kind == AG_ARG_TENSOR    ? 1
+                  : n->args[i].kind == AG_ARG_TENSORS ? n->args[i].n
+                                                      : 0;
         for (int k = 0; k < cnt; k++) {
             ag_tensor *t = ts[k];
             if (!t)
@@ -342,9 +346,8 @@ static int check_saved_versions(ag_anode *n) {
                                "%s: one of the variables needed for gradient computation has been "
                                "modified by an inplace operation: [%s] (saved argument '%s') is "
                                "at version %llu; expected version %llu instead",
-                               n->op->name, ag_tensor_meta_str(t, b, sizeof b),
-                               n->op->args[i].name, (unsigned long long)t->storage->version,
-                               (unsigned long long)want);
+                               n->op->name, ag_tensor_meta_str(t, b, sizeof b), n->op->args[i].name,
+                               (unsigned long long)t->storage->version, (unsigned long long)want);
             }
         }
     }
@@ -390,7 +393,8 @@ static int run_node(engine *e, ag_anode *n) {
     for (int j = 0; j < n->ntin; j++) {
         const ag_edge *ed = &n->edges[j];
         needs[j] = (ed->fn && e->needed[ed->fn->idx] && ed->fn->epoch == e->epoch) ||
-                   (ed->fn && e->captured[ed->fn->idx]) || (ed->leaf && is_wanted_leaf(e, ed->leaf));
+                   (ed->fn && e->captured[ed->fn->idx]) ||
+                   (ed->leaf && is_wanted_leaf(e, ed->leaf));
         any |= needs[j];
         gin[j] = NULL;
     }
@@ -468,10 +472,10 @@ static int accumulate_leaf(ag_tensor *leaf, ag_tensor *g) {
         /* Take the gradient itself when nobody else can see its memory, or when its producer
          * donated it (a compiled backward's output: the executor's pool will not reuse the
          * storage while .grad holds it); otherwise copy, as AccumulateGrad does. */
-        bool steal = ((g->refcount == 1 && g->storage->refcount == 1 && !g->is_view) ||
-                      g->grad_donated) &&
-                     ag_tensor_is_contiguous(g) &&
-                     !g->sub; /* a subclass gradient's inner tensors may be shared: copy */
+        bool steal =
+            ((g->refcount == 1 && g->storage->refcount == 1 && !g->is_view) || g->grad_donated) &&
+            ag_tensor_is_contiguous(g) &&
+            !g->sub; /* a subclass gradient's inner tensors may be shared: copy */
         ag_tensor *ng;
         if (steal) {
             ng = ag_tensor_keep(g);
@@ -541,7 +545,8 @@ static int run_engine(const char *fn, ag_tensor *const *roots, ag_tensor *const 
         } else {
             /* As torch.autograd's checks of grad_outputs: same shape, same dtype (an integer
              * or bool gradient of a floating output is refused, not converted). */
-            if (g->ndim != r->ndim || memcmp(g->sizes, r->sizes, sizeof(int64_t) * (size_t)r->ndim)) {
+            if (g->ndim != r->ndim ||
+                memcmp(g->sizes, r->sizes, sizeof(int64_t) * (size_t)r->ndim)) {
                 char a[128], b[128];
                 rc = ag__err(AG_EINVAL,
                              "%s: Mismatch in shape: grad_output[%d] has a shape of %s and "
@@ -670,9 +675,11 @@ static int run_engine(const char *fn, ag_tensor *const *roots, ag_tensor *const 
                 g = k >= 0 ? e.leaves[k].grad : NULL;
             }
             if (!g && !allow_unused) {
-                rc = ag__err(AG_EINVAL, "grad: one of the differentiated tensors (input %d) "
-                                        "appears to not have been used in the graph; pass "
-                                        "allow_unused to get NULL for it", i);
+                rc = ag__err(AG_EINVAL,
+                             "grad: one of the differentiated tensors (input %d) "
+                             "appears to not have been used in the graph; pass "
+                             "allow_unused to get NULL for it",
+                             i);
                 break;
             }
             grads[i] = ag_tensor_keep(g);

@@ -15,8 +15,8 @@ static double *elem_ptr(ag_tensor *t, int64_t i) {
 }
 
 /* sum_k <w_k, out_k> over float outputs, evaluated without grad. */
-static int eval_dot(ag_gradcheck_fn fn, void *ud, ag_tensor *const *inputs, int n,
-                    ag_tensor **w, uint64_t seed, uint64_t offset, double *res) {
+static int eval_dot(ag_gradcheck_fn fn, void *ud, ag_tensor *const *inputs, int n, ag_tensor **w,
+                    uint64_t seed, uint64_t offset, double *res) {
     ag_rng_set_state(seed, offset);
     ag_tensor *outs[AG_GRADCHECK_MAX_OUT] = {0};
     int nouts = 0;
@@ -118,7 +118,8 @@ int ag_gradcheck(ag_gradcheck_fn fn, void *ud, ag_tensor *const *inputs, int n,
             if (!(fabs(ana - num) <= o.atol + o.rtol * fabs(num)))
                 rc = ag__err(AG_EINVAL,
                              "gradcheck: input %d, element %lld: analytical %.10g vs numerical "
-                             "%.10g", i, (long long)e, ana, num);
+                             "%.10g",
+                             i, (long long)e, ana, num);
         }
     }
     ag_scope_end();

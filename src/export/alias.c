@@ -127,9 +127,9 @@ struct ag__alias_plan {
     ag_desc *const *descs;
     char *const *fqns;
     int nflat, nparams, nbuffers;
-    int *dup_of;  /* first slot holding the same tensor, or -1 */
-    bool dedupe;  /* strategy 2: later occurrences removed */
-    int *group;   /* per flat: merged group, or -1 */
+    int *dup_of; /* first slot holding the same tensor, or -1 */
+    bool dedupe; /* strategy 2: later occurrences removed */
+    int *group;  /* per flat: merged group, or -1 */
     group *groups;
     int ngroups;
     int nprim;
@@ -149,12 +149,14 @@ struct ag__alias_plan {
     bool *data_mut, *meta_mut; /* per flat */
     int *mm_flat;              /* flat inputs with MetadataMutationAOTOutput, in order */
     int nmm;
-    ag_tensor **inter;         /* intermediate bases (borrowed from the forward's outputs) */
-    int *inter_first;          /* the first output aliasing each */
+    ag_tensor **inter; /* intermediate bases (borrowed from the forward's outputs) */
+    int *inter_first;  /* the first output aliasing each */
     int ninter;
 };
 
-static bool is_pb(const ag__alias_plan *P, int i) { return i < P->nparams + P->nbuffers; }
+static bool is_pb(const ag__alias_plan *P, int i) {
+    return i < P->nparams + P->nbuffers;
+}
 
 static void free_layout(ag__alias_plan *P) {
     for (int p = 0; P->prim_desc && p < P->nprim; p++)
@@ -195,7 +197,9 @@ void ag__aplan_free(ag__alias_plan *P) {
 }
 
 /* The flat inputs that are not removed as duplicates, in order. */
-static bool kept(const ag__alias_plan *P, int i) { return !P->dedupe || P->dup_of[i] < 0; }
+static bool kept(const ag__alias_plan *P, int i) {
+    return !P->dedupe || P->dup_of[i] < 0;
+}
 
 /* The group's kind and base by upstream's rules. strict: raise upstream's errors (the final
  * layout); otherwise fall back to a synthetic base (the speculative first pass). */
@@ -206,16 +210,19 @@ static int classify_group(ag__alias_plan *P, const int *members, int n, bool aut
         bool diff_views = v1 == v2 || (v1->base && (v1->base == v2->base || v1->base == v2)) ||
                           (v2->base && v1 == v2->base);
         if (autograd && !diff_views)
-            return ag__err(AG_ENOTSUP, "export: inputs %d and %d share memory and one is "
-                                       "mutated, but they are not views of one base: "
-                                       "aot_autograd() does not yet handle non-differentiable "
-                                       "view input mutations.", members[k], members[k + 1]);
+            return ag__err(AG_ENOTSUP,
+                           "export: inputs %d and %d share memory and one is "
+                           "mutated, but they are not views of one base: "
+                           "aot_autograd() does not yet handle non-differentiable "
+                           "view input mutations.",
+                           members[k], members[k + 1]);
         bool same_dtype = v1->dtype == v2->dtype && (!v1->base || v1->base->dtype == v1->dtype) &&
                           (!v2->base || v2->base->dtype == v2->dtype);
         if (!same_dtype)
-            return ag__err(AG_ENOTSUP, "export: inputs %d and %d share memory and one is "
-                                       "mutated: aot_autograd() does not yet handle input "
-                                       "mutations on views with different dtypes.",
+            return ag__err(AG_ENOTSUP,
+                           "export: inputs %d and %d share memory and one is "
+                           "mutated: aot_autograd() does not yet handle input "
+                           "mutations on views with different dtypes.",
                            members[k], members[k + 1]);
     }
     g->kind = AG__BASE_SYNTHETIC;
@@ -236,10 +243,12 @@ static int classify_group(ag__alias_plan *P, const int *members, int n, bool aut
         ag_tensor *v = P->flat[members[k]];
         if (v->base ? v->base != g->base : v != g->base) {
             if (strict)
-                return ag__err(AG_ENOTSUP, "export: input %d shares memory with mutated input "
-                                           "%d but is not a view of its base: aot_autograd() "
-                                           "does not yet handle non-differentiable view input "
-                                           "mutations.", members[k], g->base_of);
+                return ag__err(AG_ENOTSUP,
+                               "export: input %d shares memory with mutated input "
+                               "%d but is not a view of its base: aot_autograd() "
+                               "does not yet handle non-differentiable view input "
+                               "mutations.",
+                               members[k], g->base_of);
             g->kind = AG__BASE_SYNTHETIC;
             g->base = NULL;
             g->base_of = members[0];
@@ -252,8 +261,8 @@ static int classify_group(ag__alias_plan *P, const int *members, int n, bool aut
 
 /* Builds the layout: groups (merged when `merge` says so for the group's members), primal
  * order, descriptors. merge(P, members, n) -> 1 merge, 0 not, < 0 error. */
-static int build_layout(ag__alias_plan *P, int (*merge)(ag__alias_plan *, const int *, int, void *), void *ud,
-                        bool autograd, bool strict) {
+static int build_layout(ag__alias_plan *P, int (*merge)(ag__alias_plan *, const int *, int, void *),
+                        void *ud, bool autograd, bool strict) {
     free_layout(P);
     int n = P->nflat, rc = 0;
     int *order = ag__calloc((size_t)(n ? n : 1), sizeof *order); /* kept inputs by storage */
@@ -333,7 +342,8 @@ static int build_layout(ag__alias_plan *P, int (*merge)(ag__alias_plan *, const 
             P->flat_primal[order[k]] = p;
         }
         const ag_desc *bd = P->descs[g->base_of];
-        P->prim_desc[p] = g->kind == AG__BASE_VIEW ? ag_desc_view_base(bd) : ag_desc_synthetic_base(bd);
+        P->prim_desc[p] =
+            g->kind == AG__BASE_VIEW ? ag_desc_view_base(bd) : ag_desc_synthetic_base(bd);
         /* The example the placeholder is made from: the base, or the whole storage. */
         ag_tensor *src = P->flat[g->base_of];
         ag_tmeta mt;
@@ -403,7 +413,7 @@ static int merge_final(ag__alias_plan *P, const int *m, int n, void *ud) {
 }
 
 ag__alias_plan *ag__aplan_new(ag_tensor *const *flat, ag_desc *const *descs, int nflat, int nparams,
-                       int nbuffers, char *const *fqns) {
+                              int nbuffers, char *const *fqns) {
     ag__alias_plan *P = ag__calloc(1, sizeof *P);
     if (!P)
         return NULL;
@@ -413,7 +423,8 @@ ag__alias_plan *ag__aplan_new(ag_tensor *const *flat, ag_desc *const *descs, int
     P->nflat = nflat;
     P->nparams = nparams;
     P->nbuffers = nbuffers;
-    size_t n = (size_t)(nflat ? nflat : 1), npb = (size_t)(nparams + nbuffers ? nparams + nbuffers : 1);
+    size_t n = (size_t)(nflat ? nflat : 1),
+           npb = (size_t)(nparams + nbuffers ? nparams + nbuffers : 1);
     P->dup_of = ag__calloc(n, sizeof(int));
     P->group = ag__calloc(n, sizeof(int));
     P->tt = ag__calloc(n, sizeof(ag_tensor *));
@@ -425,8 +436,8 @@ ag__alias_plan *ag__aplan_new(ag_tensor *const *flat, ag_desc *const *descs, int
     P->data_mut = ag__calloc(n, sizeof(bool));
     P->meta_mut = ag__calloc(n, sizeof(bool));
     P->mm_flat = ag__calloc(n, sizeof(int));
-    if (!P->dup_of || !P->group || !P->tt || !P->ptt || !P->start || !P->pb_geom ||
-        !P->swapped || !P->user || !P->data_mut || !P->meta_mut || !P->mm_flat) {
+    if (!P->dup_of || !P->group || !P->tt || !P->ptt || !P->start || !P->pb_geom || !P->swapped ||
+        !P->user || !P->data_mut || !P->meta_mut || !P->mm_flat) {
         ag__aplan_free(P);
         return NULL;
     }
@@ -448,11 +459,21 @@ ag__alias_plan *ag__aplan_new(ag_tensor *const *flat, ag_desc *const *descs, int
     return P;
 }
 
-int ag__aplan_num_primals(const ag__alias_plan *P) { return P->nprim; }
-const ag_desc *ag__aplan_primal_desc(const ag__alias_plan *P, int p) { return P->prim_desc[p]; }
-ag_tensor *ag__aplan_primal_example(const ag__alias_plan *P, int p) { return P->example[p]; }
-ag_tensor *ag__aplan_primal_tensor(const ag__alias_plan *P, int p) { return P->ptt[p]; }
-ag_tensor *const *ag__aplan_flat_tensors(const ag__alias_plan *P) { return P->tt; }
+int ag__aplan_num_primals(const ag__alias_plan *P) {
+    return P->nprim;
+}
+const ag_desc *ag__aplan_primal_desc(const ag__alias_plan *P, int p) {
+    return P->prim_desc[p];
+}
+ag_tensor *ag__aplan_primal_example(const ag__alias_plan *P, int p) {
+    return P->example[p];
+}
+ag_tensor *ag__aplan_primal_tensor(const ag__alias_plan *P, int p) {
+    return P->ptt[p];
+}
+ag_tensor *const *ag__aplan_flat_tensors(const ag__alias_plan *P) {
+    return P->tt;
+}
 
 /* A new leaf over t's storage with t's geometry: what a slot of the forward sees in place of
  * the caller's tensor (upstream's `a.detach().requires_grad_(a.requires_grad)`). */
@@ -468,7 +489,7 @@ static ag_tensor *leaf_like(ag_tensor *t, const ag_tmeta *m) {
 }
 
 int ag__aplan_begin(ag__alias_plan *P, ag_module *m, ag__tracer *T, ag_node *const *ph,
-                   ag_tensor ***user) {
+                    ag_tensor ***user) {
     int npb = P->nparams + P->nbuffers, rc = 0;
     for (int i = 0; i < npb; i++)
         ag__tmeta_of(P->flat[i], &P->pb_geom[i]);
@@ -572,8 +593,7 @@ static int input_of_storage(const ag__alias_plan *P, const ag_storage *s) {
 }
 
 int ag__aplan_analyze(ag__alias_plan *P, ag__tracer *T, ag_tensor *const *outs, int nouts,
-                     bool any_rg_in, ag_input_info *info, ag_output_info *oi,
-                     ag__joint_alias *A) {
+                      bool any_rg_in, ag_input_info *info, ag_output_info *oi, ag__joint_alias *A) {
     memset(A, 0, sizeof *A);
     A->nflat = P->nflat;
     A->nprimals = P->nprim;
@@ -708,7 +728,7 @@ int ag__aplan_analyze(ag__alias_plan *P, ag__tracer *T, ag_tensor *const *outs, 
 }
 
 int ag__aplan_extra_outputs(ag__alias_plan *P, const ag_output_info *oi, ag_tensor **t, ag_desc **d,
-                           int max) {
+                            int max) {
     (void)oi;
     int n = 0;
     if (P->nmm + P->ninter > max)

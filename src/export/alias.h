@@ -25,8 +25,8 @@ typedef enum ag__base_kind {
 
 typedef struct ag__flat_info {
     ag__flat_kind kind;
-    int primal; /* PRIMAL: its primal; VIEW: the base primal; DUP: the kept input's primal */
-    int dup_of; /* DUP: the flat input it repeats */
+    int primal;    /* PRIMAL: its primal; VIEW: the base primal; DUP: the kept input's primal */
+    int dup_of;    /* DUP: the flat input it repeats */
     ag_tmeta geom; /* VIEW: its geometry at export, offset relative to the base's */
     int metadata_mutation; /* VIEW: index of its MetadataMutationAOTOutput, or -1 */
     ag_tmeta new_geom;     /* ... and the geometry the forward leaves it with (relative) */
@@ -34,9 +34,9 @@ typedef struct ag__flat_info {
 
 typedef struct ag__primal_info {
     ag__base_kind base;
-    int flat;            /* the flat input it is, or whose base / storage it is */
-    ag_tmeta new_geom;   /* mutates_metadata: the geometry the forward leaves it with,
-                          * offset relative to the primal's own offset at export */
+    int flat;          /* the flat input it is, or whose base / storage it is */
+    ag_tmeta new_geom; /* mutates_metadata: the geometry the forward leaves it with,
+                        * offset relative to the primal's own offset at export */
 } ag__primal_info;
 
 typedef struct ag__out_info {
@@ -69,7 +69,7 @@ typedef struct ag__alias_plan ag__alias_plan;
 /* flat: params, buffers, user args, kwargs (borrowed, they must outlive the plan); descs:
  * theirs; fqns: the names of the nparams + nbuffers first ones. */
 ag__alias_plan *ag__aplan_new(ag_tensor *const *flat, ag_desc *const *descs, int nflat, int nparams,
-                       int nbuffers, char *const *fqns);
+                              int nbuffers, char *const *fqns);
 void ag__aplan_free(ag__alias_plan *P);
 int ag__aplan_num_primals(const ag__alias_plan *P);
 /* Primal p's descriptor (borrowed) and the example tensor its placeholder stands for. */
@@ -81,7 +81,7 @@ ag_tensor *ag__aplan_primal_example(const ag__alias_plan *P, int p);
  * and buffers at the tensors the graph must see for them (separate leaves for tied weights).
  * *user receives the tensors to call the forward with (nflat - nparams - nbuffers). */
 int ag__aplan_begin(ag__alias_plan *P, ag_module *m, ag__tracer *T, ag_node *const *placeholders,
-                   ag_tensor ***user);
+                    ag_tensor ***user);
 /* The tensor primal p is in this pass (for gradients). */
 ag_tensor *ag__aplan_primal_tensor(const ag__alias_plan *P, int p);
 /* The tensors the flat inputs are in this pass (what the forward sees for them; nflat). */
@@ -90,12 +90,12 @@ ag_tensor *const *ag__aplan_flat_tensors(const ag__alias_plan *P);
  * the aliasing of the outputs (out_info, one per output; nothing requires grad unless
  * any_rg_in). Fills *alias (owned by the caller afterwards). */
 int ag__aplan_analyze(ag__alias_plan *P, ag__tracer *T, ag_tensor *const *outs, int nouts,
-                     bool any_rg_in, ag_input_info *info, ag_output_info *out_info,
-                     ag__joint_alias *alias);
+                      bool any_rg_in, ag_input_info *info, ag_output_info *out_info,
+                      ag__joint_alias *alias);
 /* The extra forward outputs the analysis found: metadata mutations of merged inputs, then
  * intermediate bases, as tensors (borrowed) with their descriptors (new references). */
 int ag__aplan_extra_outputs(ag__alias_plan *P, const ag_output_info *out_info, ag_tensor **t,
-                           ag_desc **d, int max);
+                            ag_desc **d, int max);
 /* Undoes begin's changes to the module (its tensors and their geometry). */
 void ag__aplan_end(ag__alias_plan *P, ag_module *m);
 /* Decides the final layout from the pass just made (needs_autograd: its joint's). Returns 1

@@ -28,21 +28,31 @@
 
 /* ---- accessors ---- */
 
-ag_graph *ag_joint_graph(const ag_joint *j) { return j ? j->g : NULL; }
-int ag_joint_num_params(const ag_joint *j) { return j ? j->nparams : 0; }
+ag_graph *ag_joint_graph(const ag_joint *j) {
+    return j ? j->g : NULL;
+}
+int ag_joint_num_params(const ag_joint *j) {
+    return j ? j->nparams : 0;
+}
 const char *ag_joint_param_fqn(const ag_joint *j, int i) {
     if (!j)
         return NULL;
     return i >= 0 && i < j->nparams ? j->params[i] : NULL;
 }
-int ag_joint_num_buffers(const ag_joint *j) { return j ? j->nbuffers : 0; }
+int ag_joint_num_buffers(const ag_joint *j) {
+    return j ? j->nbuffers : 0;
+}
 const char *ag_joint_buffer_fqn(const ag_joint *j, int i) {
     if (!j)
         return NULL;
     return i >= 0 && i < j->nbuffers ? j->buffers[i] : NULL;
 }
-const ag_treespec *ag_joint_in_spec(const ag_joint *j) { return j ? j->in_spec : NULL; }
-const ag_treespec *ag_joint_out_spec(const ag_joint *j) { return j ? j->out_spec : NULL; }
+const ag_treespec *ag_joint_in_spec(const ag_joint *j) {
+    return j ? j->in_spec : NULL;
+}
+const ag_treespec *ag_joint_out_spec(const ag_joint *j) {
+    return j ? j->out_spec : NULL;
+}
 /* Static inputs: the primals of parameters and buffers that are primals of their own (not
  * merged into a base, not removed as duplicates), in primal order, after the effect tokens. */
 static int static_inputs(const ag_joint *j, int want) {
@@ -56,8 +66,12 @@ static int static_inputs(const ag_joint *j, int want) {
     }
     return want < 0 ? n : -1;
 }
-int ag_joint_num_static_inputs(const ag_joint *j) { return j ? static_inputs(j, -1) : 0; }
-ag__subx_info *ag__joint_subclass_info(const ag_joint *j) { return j->subclass; }
+int ag_joint_num_static_inputs(const ag_joint *j) {
+    return j ? static_inputs(j, -1) : 0;
+}
+ag__subx_info *ag__joint_subclass_info(const ag_joint *j) {
+    return j->subclass;
+}
 const ag_input_info *ag__joint_input_facts(const ag_joint *j) {
     return j->in_info;
 }
@@ -66,28 +80,46 @@ int ag_joint_static_input(const ag_joint *j, int i) {
         return -1;
     return i >= 0 ? static_inputs(j, i) : -1;
 }
-static int count(const ag_joint *j, ag_section s) { return j ? j->layout.sec[s].count : 0; }
-const ag_layout *ag_joint_layout(const ag_joint *j) { return j ? &j->layout : NULL; }
+static int count(const ag_joint *j, ag_section s) {
+    return j ? j->layout.sec[s].count : 0;
+}
+const ag_layout *ag_joint_layout(const ag_joint *j) {
+    return j ? &j->layout : NULL;
+}
 int ag_joint_num_primals(const ag_joint *j) {
     return count(j, AG_SEC_IN_FW_TOKENS) + count(j, AG_SEC_IN_PRIMALS);
 }
-int ag_joint_num_tangents(const ag_joint *j) { return count(j, AG_SEC_IN_TANGENTS); }
+int ag_joint_num_tangents(const ag_joint *j) {
+    return count(j, AG_SEC_IN_TANGENTS);
+}
 const ag_input_info *ag_joint_input_info(const ag_joint *j, int i) {
     if (!j)
         return NULL;
     return i >= 0 && i < j->nprimals ? &j->in_info[i] : NULL;
 }
-int ag_joint_num_user_outputs(const ag_joint *j) { return count(j, AG_SEC_OUT_USER); }
+int ag_joint_num_user_outputs(const ag_joint *j) {
+    return count(j, AG_SEC_OUT_USER);
+}
 const ag_output_info *ag_joint_output_info(const ag_joint *j, int i) {
     if (!j)
         return NULL;
     return i >= 0 && i < j->nuser_out ? &j->out_info[i] : NULL;
 }
-int ag_joint_num_mutated_inputs(const ag_joint *j) { return count(j, AG_SEC_OUT_MUTATIONS); }
-int ag_joint_num_fw_outputs(const ag_joint *j) { return j ? ag_layout_num_fw_outputs(&j->layout) : 0; }
-int ag_joint_num_forward_tokens(const ag_joint *j) { return count(j, AG_SEC_IN_FW_TOKENS); }
-int ag_joint_num_backward_tokens(const ag_joint *j) { return count(j, AG_SEC_IN_BW_TOKENS); }
-bool ag_joint_needs_autograd(const ag_joint *j) { return j ? j->needs_autograd : false; }
+int ag_joint_num_mutated_inputs(const ag_joint *j) {
+    return count(j, AG_SEC_OUT_MUTATIONS);
+}
+int ag_joint_num_fw_outputs(const ag_joint *j) {
+    return j ? ag_layout_num_fw_outputs(&j->layout) : 0;
+}
+int ag_joint_num_forward_tokens(const ag_joint *j) {
+    return count(j, AG_SEC_IN_FW_TOKENS);
+}
+int ag_joint_num_backward_tokens(const ag_joint *j) {
+    return count(j, AG_SEC_IN_BW_TOKENS);
+}
+bool ag_joint_needs_autograd(const ag_joint *j) {
+    return j ? j->needs_autograd : false;
+}
 
 void ag_joint_free(ag_joint *j) {
     if (!j)
@@ -128,9 +160,10 @@ int ag_joint_set_graph(ag_joint *j, ag_graph *g) {
     ag_node **cur;
     int ncur = ag_graph_placeholders(j->g, &cur);
     if (ncur >= 0 && nph != ncur)
-        rc = ag__err(AG_EINVAL, "joint_set_graph: the graph has %d placeholders; the calling "
-                                "convention has %d (%d primals, %d tangents, %d philox seeds and "
-                                "offsets); ag_joint_update takes a changed convention",
+        rc = ag__err(AG_EINVAL,
+                     "joint_set_graph: the graph has %d placeholders; the calling "
+                     "convention has %d (%d primals, %d tangents, %d philox seeds and "
+                     "offsets); ag_joint_update takes a changed convention",
                      nph, ncur, ag_joint_num_primals(j), ag_joint_num_tangents(j),
                      count(j, AG_SEC_IN_FW_RNG) + count(j, AG_SEC_IN_BW_RNG));
     for (int i = 0; rc == 0 && i < nph; i++) {
@@ -143,8 +176,10 @@ int ag_joint_set_graph(ag_joint *j, ag_graph *g) {
         else if (!ag_desc_equal(d, want)) {
             ag_desc_repr(d, a, sizeof a);
             ag_desc_repr(want, b, sizeof b);
-            rc = ag__err(AG_EINVAL, "joint_set_graph: placeholder %d (%s) is %s; the calling "
-                                    "convention expects %s there", i, ag_node_name(ph[i]), a, b);
+            rc = ag__err(AG_EINVAL,
+                         "joint_set_graph: placeholder %d (%s) is %s; the calling "
+                         "convention expects %s there",
+                         i, ag_node_name(ph[i]), a, b);
         }
     }
     ag_node *out = ag_graph_output_node(g);
@@ -230,8 +265,9 @@ static int update_primals(const ag_joint *j, const ag_graph *g, const ag_layout 
         plain_alias = plain_alias && j->alias.flat[f].kind == AG__FLAT_PRIMAL &&
                       j->alias.prim[j->alias.flat[f].primal].base == AG__BASE_NONE;
     if (!same && !plain_alias)
-        return ag__err(AG_ENOTSUP, "joint_update: the joint's flat inputs are %s; a transform "
-                                   "may not add or drop its inputs",
+        return ag__err(AG_ENOTSUP,
+                       "joint_update: the joint's flat inputs are %s; a transform "
+                       "may not add or drop its inputs",
                        j->subclass ? "tensor subclasses flattened"
                                    : "deduplicated or merged into bases");
     for (int i = 0; i < np; i++) {
@@ -246,8 +282,9 @@ static int update_primals(const ag_joint *j, const ag_graph *g, const ag_layout 
             if (kd != AG_DESC_PARAM && kd != AG_DESC_BUFFER && kd != AG_DESC_PLAIN_INPUT) {
                 char r[256];
                 ag_desc_repr(d, r, sizeof r);
-                return ag__err(AG_ENOTSUP, "joint_update: new input %s (%s): a transform may "
-                                           "add parameters, buffers and plain inputs only",
+                return ag__err(AG_ENOTSUP,
+                               "joint_update: new input %s (%s): a transform may "
+                               "add parameters, buffers and plain inputs only",
                                ag_node_name(ph[i]), r);
             }
             int gk = output_wrapping(out, &L->sec[AG_SEC_OUT_GRADS], AG_DESC_GRAD, d);
@@ -270,8 +307,10 @@ static int update_primals(const ag_joint *j, const ag_graph *g, const ag_layout 
             continue;
         const ag_desc *od = k < mr->count ? ag_node_output_desc(out, mr->start + k) : NULL;
         if (!od || !ag_desc_equal(ag_desc_nested(od), u->primal_descs[i]))
-            return ag__err(AG_EINVAL, "joint_update: input %s is mutated but input mutation "
-                                      "output %d is not its", ag_node_name(ph[i]), k);
+            return ag__err(AG_EINVAL,
+                           "joint_update: input %s is mutated but input mutation "
+                           "output %d is not its",
+                           ag_node_name(ph[i]), k);
         k++;
     }
     if (same)
@@ -288,8 +327,8 @@ static int update_primals(const ag_joint *j, const ag_graph *g, const ag_layout 
     a->nuser = j->alias.nuser;
     memcpy(a->out, j->alias.out, sizeof *a->out * (size_t)a->nuser);
     for (int f = 0; f < nf; f++) {
-        a->flat[f] = (ag__flat_info){.kind = AG__FLAT_PRIMAL, .primal = f, .dup_of = -1,
-                                     .metadata_mutation = -1};
+        a->flat[f] = (ag__flat_info){
+            .kind = AG__FLAT_PRIMAL, .primal = f, .dup_of = -1, .metadata_mutation = -1};
         a->prim[f] = (ag__primal_info){.base = AG__BASE_NONE, .flat = f};
     }
     /* in_spec: the flat inputs, keyword arguments as at export when the plain inputs are. */
@@ -323,9 +362,10 @@ int ag_joint_update(ag_joint *j, ag_graph *g) {
     if (rc == 0)
         rc = update_primals(j, g, &L, &u);
     if (rc == 0 && ag_layout_count(&L, AG_SEC_OUT_USER) != j->nuser_out)
-        rc = ag__err(AG_ENOTSUP, "joint_update: the graph returns %d user outputs; the joint's "
-                                 "out_spec has %d", ag_layout_count(&L, AG_SEC_OUT_USER),
-                     j->nuser_out);
+        rc = ag__err(AG_ENOTSUP,
+                     "joint_update: the graph returns %d user outputs; the joint's "
+                     "out_spec has %d",
+                     ag_layout_count(&L, AG_SEC_OUT_USER), j->nuser_out);
     if (rc) {
         update_state_clear(&u);
         ag_graph_free(g);
@@ -333,8 +373,8 @@ int ag_joint_update(ag_joint *j, ag_graph *g) {
     }
     /* Nothing can fail from here: the joint takes the new state (the counts and descriptors of
      * tangents, tokens and philox inputs are the new graph's layout). */
-    update_state old = {NULL, j->in_info, j->params, j->buffers,
-                        j->nprimals, j->nparams, j->nbuffers, NULL, j->alias};
+    update_state old = {NULL,       j->in_info,  j->params, j->buffers, j->nprimals,
+                        j->nparams, j->nbuffers, NULL,      j->alias};
     if (u.in_spec) {
         old.in_spec = j->in_spec;
         j->in_spec = u.in_spec;
@@ -895,10 +935,18 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
 
 /* ---- aliasing facts ---- */
 
-const ag__joint_alias *ag__joint_alias_of(const ag_joint *j) { return &j->alias; }
-int ag_joint_num_metadata_mutations(const ag_joint *j) { return count(j, AG_SEC_OUT_METADATA_MUTATIONS); }
-int ag_joint_num_intermediate_bases(const ag_joint *j) { return count(j, AG_SEC_OUT_INTERMEDIATE_BASES); }
-int ag_joint_num_flat_inputs(const ag_joint *j) { return j ? j->alias.nflat : 0; }
+const ag__joint_alias *ag__joint_alias_of(const ag_joint *j) {
+    return &j->alias;
+}
+int ag_joint_num_metadata_mutations(const ag_joint *j) {
+    return count(j, AG_SEC_OUT_METADATA_MUTATIONS);
+}
+int ag_joint_num_intermediate_bases(const ag_joint *j) {
+    return count(j, AG_SEC_OUT_INTERMEDIATE_BASES);
+}
+int ag_joint_num_flat_inputs(const ag_joint *j) {
+    return j ? j->alias.nflat : 0;
+}
 int ag_joint_flat_input_primal(const ag_joint *j, int flat) {
     if (!j)
         return -1;

@@ -64,16 +64,16 @@ typedef struct ag__export_pass {
     /* ---- one pass ---- */
     ag_graph *g; /* the joint's graph */
     ag__tracer *T;
-    int np;                 /* primals (after `finish`: the forward tokens included) */
-    ag_node **prim;         /* owned: their placeholders (without the tokens) */
-    ag_tensor **primal_t;   /* owned array: the tensor each primal is in this pass */
+    int np;               /* primals (after `finish`: the forward tokens included) */
+    ag_node **prim;       /* owned: their placeholders (without the tokens) */
+    ag_tensor **primal_t; /* owned array: the tensor each primal is in this pass */
     /* Per primal or NULL (borrowed, the input mutations wrapper's): the leaf the primal's
      * gradient is taken for when the forward mutated primal_t in place (primal_t then holds
      * the new value, its history going back to that leaf through a clone). */
     ag_tensor *const *grad_leaf;
-    ag_desc **primal_descs; /* owned: np references */
-    ag_input_info *in_info; /* owned: np */
-    ag_tensor **user;       /* the forward's inputs (borrowed) */
+    ag_desc **primal_descs;               /* owned: np references */
+    ag_input_info *in_info;               /* owned: np */
+    ag_tensor **user;                     /* the forward's inputs (borrowed) */
     ag_tensor *outs[AG__EXPORT_MAX_OUTS]; /* the user outputs (borrowed) */
     int nouts, nspec;                     /* flattened user outputs; outer ones (the out_spec's) */
     ag_output_info *out_info;             /* owned: nouts */

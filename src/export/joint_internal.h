@@ -15,8 +15,8 @@ struct ag_joint {
     char **params, **buffers;
     int nparams, nbuffers;
     ag_treespec *in_spec, *out_spec;
-    int nprimals;          /* in_info's length: forward tokens and primals */
-    int nuser_out;         /* out_info's length */
+    int nprimals;  /* in_info's length: forward tokens and primals */
+    int nuser_out; /* out_info's length */
     ag_input_info *in_info;
     ag_output_info *out_info;
     bool needs_autograd;

@@ -18,8 +18,9 @@ static int place(ag_layout *L, ag_section s, int i, ag_section *last, const char
             ag_desc_repr(d, r, sizeof r);
         else
             snprintf(r, sizeof r, "None");
-        return ag__err(AG_EINVAL, "layout: %s %d (%s, %s) belongs to the %s, which come before "
-                                  "the %s already seen",
+        return ag__err(AG_EINVAL,
+                       "layout: %s %d (%s, %s) belongs to the %s, which come before "
+                       "the %s already seen",
                        what, i, name, r, ag_section_name(s), ag_section_name(*last));
     }
     if (L->sec[s].count == 0)
@@ -49,8 +50,8 @@ int ag_graph_layout(const ag_graph *g, int nsaved, ag_layout *out) {
             return ag__err(AG_EINVAL, "layout: placeholder %d (%s) has no descriptor", i,
                            ag_node_name(ph[i]));
         if (!ag_section_is_input(s))
-            return ag__err(AG_EINVAL, "layout: placeholder %d (%s) carries an output descriptor",
-                           i, ag_node_name(ph[i]));
+            return ag__err(AG_EINVAL, "layout: placeholder %d (%s) carries an output descriptor", i,
+                           ag_node_name(ph[i]));
         int rc = place(&L, s, i, &last, "placeholder", ag_node_name(ph[i]), d);
         if (rc)
             return rc;

@@ -37,12 +37,13 @@ typedef struct ag__subx ag__subx;
 /* Looks at the outer inputs (params, buffers, args, kwargs); when one is a subclass instance,
  * *sx becomes the flattening state, else NULL. 0 or a negative status. */
 static int ag__subx_begin(ag__subx **sx, const ag_named_tensors *ps, const ag_named_tensors *bs,
-                   ag_tensor *const *args, int nargs, ag_tensor *const *kwargs, int nkwargs);
+                          ag_tensor *const *args, int nargs, ag_tensor *const *kwargs, int nkwargs);
 static int ag__subx_num_flat(const ag__subx *sx);
 /* Flattened primal i: its plain tensor (borrowed) and, in *desc, a new reference to its
  * descriptor. */
 static ag_tensor *ag__subx_flat(const ag__subx *sx, int i, ag_desc **desc);
-static bool ag__subx_flat_requires_grad(const ag__subx *sx, int i); /* its outer input's, if float */
+static bool ag__subx_flat_requires_grad(const ag__subx *sx,
+                                        int i); /* its outer input's, if float */
 /* Whether flattened input i is an inner tensor of a subclass instance (not a plain input). */
 static bool ag__subx_flat_is_inner(const ag__subx *sx, int i);
 /* Starts an export pass: inner[] holds the pass's tensors for the flattened inputs (the
@@ -50,7 +51,8 @@ static bool ag__subx_flat_is_inner(const ag__subx *sx, int i);
  * rewrapped, requires_grad as the caller's), the module's parameters and buffers replaced by
  * theirs until ag__subx_pass_end, and *user receives the outer user inputs to call the forward
  * with. */
-static int ag__subx_pass_begin(ag__subx *sx, ag_module *m, ag_tensor *const *inner, ag_tensor ***user);
+static int ag__subx_pass_begin(ag__subx *sx, ag_module *m, ag_tensor *const *inner,
+                               ag_tensor ***user);
 /* Ends the pass: the module's tensors are restored and the pass's outer inputs and outputs
  * dropped (the input flattening stays for the next pass). */
 static void ag__subx_pass_end(ag__subx *sx, ag_module *m);
@@ -62,9 +64,11 @@ static int ag__subx_num_static(const ag__subx *sx); /* flattened inputs from par
  * Creates the state when the inputs were plain but an output is a subclass (the flat primals
  * are then the outer inputs: flat/flat_descs, nstatic of them from params and buffers). */
 static int ag__subx_outputs(ag__subx **sx, ag_tensor **outs, int nouts, int max_out,
-                     ag_tensor *const *flat, ag_desc *const *flat_descs, int nflat, int nstatic);
-static bool ag__subx_out_requires_grad(const ag__subx *sx, int k); /* flattened output k's outer's */
-static ag_desc *ag__subx_out_desc(const ag__subx *sx, int k);      /* new reference */
+                            ag_tensor *const *flat, ag_desc *const *flat_descs, int nflat,
+                            int nstatic);
+static bool ag__subx_out_requires_grad(const ag__subx *sx,
+                                       int k);                /* flattened output k's outer's */
+static ag_desc *ag__subx_out_desc(const ag__subx *sx, int k); /* new reference */
 static ag_desc *ag__subx_mutation_desc(const ag__subx *sx, int i); /* of flattened primal i; new */
 /* A copy of the record (NULL without a state); 0 or AG_ENOMEM. */
 static int ag__subx_finish(ag__subx *sx, ag__subx_info **info);
@@ -249,7 +253,8 @@ static int subx_new(ag__subx **out, ag_tensor *const *in, ag_desc **descs, int n
 }
 
 static int ag__subx_begin(ag__subx **sx, const ag_named_tensors *ps, const ag_named_tensors *bs,
-                   ag_tensor *const *args, int nargs, ag_tensor *const *kwargs, int nkwargs) {
+                          ag_tensor *const *args, int nargs, ag_tensor *const *kwargs,
+                          int nkwargs) {
     *sx = NULL;
     int n = ps->n + bs->n + nargs + nkwargs;
     bool any = false;
@@ -317,7 +322,8 @@ static bool ag__subx_flat_is_inner(const ag__subx *sx, int i) {
 
 /* ---- one export pass ---- */
 
-static int ag__subx_pass_begin(ag__subx *sx, ag_module *m, ag_tensor *const *inner, ag_tensor ***user) {
+static int ag__subx_pass_begin(ag__subx *sx, ag_module *m, ag_tensor *const *inner,
+                               ag_tensor ***user) {
     int rc = 0;
     for (int o = 0; o < sx->nin && rc == 0; o++) {
         const ag__scmeta *mt = &sx->in_meta[o];
@@ -387,7 +393,8 @@ static int ag__subx_num_static(const ag__subx *sx) {
 /* ---- outputs ---- */
 
 static int ag__subx_outputs(ag__subx **sxp, ag_tensor **outs, int nouts, int max_out,
-                     ag_tensor *const *flat, ag_desc *const *flat_descs, int nflat, int nstatic) {
+                            ag_tensor *const *flat, ag_desc *const *flat_descs, int nflat,
+                            int nstatic) {
     bool any = false;
     for (int k = 0; k < nouts; k++)
         any |= ag_tensor_subclass(outs[k]) != NULL;

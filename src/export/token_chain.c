@@ -37,7 +37,7 @@ static void ag__export_tokens_init(ag__export_tokens *tk, ag_graph *g, int nprim
  * BackwardTokenAOTOutput(i), new references) at nodes/descs; returns how many, or a negative
  * status. */
 static int ag__export_tokens_outputs(const ag__export_tokens *tk, bool backward, ag_node **nodes,
-                              ag_desc **descs);
+                                     ag_desc **descs);
 
 static const ag_tmeta *token_meta(ag_tmeta *m) {
     ag__tmeta_contiguous(m, AG_F32, 1, (const int64_t[]){0});
@@ -56,8 +56,10 @@ static ag_node *make_forward_token(ag__token_chain *c) {
         return NULL;
     /* The primals are the first placeholders; others (philox seeds) may follow already. */
     if (nph < tk->nprimals)
-        return ag__err(AG_ESTATE, "export: the graph has %d placeholders, fewer than its %d "
-                                  "primals", nph, tk->nprimals),
+        return ag__err(AG_ESTATE,
+                       "export: the graph has %d placeholders, fewer than its %d "
+                       "primals",
+                       nph, tk->nprimals),
                NULL;
     nph = tk->nprimals;
     /* The placeholder array is the graph's cache: copy it before changing the graph. */
@@ -106,7 +108,7 @@ static void ag__export_tokens_init(ag__export_tokens *tk, ag_graph *g, int nprim
 }
 
 static int ag__export_tokens_outputs(const ag__export_tokens *tk, bool backward, ag_node **nodes,
-                              ag_desc **descs) {
+                                     ag_desc **descs) {
     ag_node *cur = backward ? tk->bw.cur : tk->fw.cur;
     if (!cur)
         return 0;

@@ -89,10 +89,16 @@ static void compiled_release(ag_compiled *c) {
     ag__free(c);
 }
 
-void ag_compiled_free(ag_compiled *c) { compiled_release(c); }
+void ag_compiled_free(ag_compiled *c) {
+    compiled_release(c);
+}
 
-const ag_graph *ag_compiled_forward_graph(const ag_compiled *c) { return c ? c->fw : NULL; }
-const ag_graph *ag_compiled_backward_graph(const ag_compiled *c) { return c ? c->bw : NULL; }
+const ag_graph *ag_compiled_forward_graph(const ag_compiled *c) {
+    return c ? c->fw : NULL;
+}
+const ag_graph *ag_compiled_backward_graph(const ag_compiled *c) {
+    return c ? c->bw : NULL;
+}
 const ag_partition_stats *ag_compiled_stats(const ag_compiled *c) {
     return c ? &c->stats : NULL;
 }
@@ -103,8 +109,8 @@ int64_t ag_compiled_peak_bytes(const ag_compiled *c, bool backward) {
     return r->run && r->peak_bytes ? r->peak_bytes(r->self) : -1;
 }
 
-static int run_graph(ag_compiled *c, bool backward, ag_tensor *const *in, int nin,
-                     ag_tensor **outs, int max_out) {
+static int run_graph(ag_compiled *c, bool backward, ag_tensor *const *in, int nin, ag_tensor **outs,
+                     int max_out) {
     const ag_runnable *r = backward ? &c->bw_run : &c->fw_run;
     return r->run(r->self, in, nin, outs, max_out);
 }
@@ -174,7 +180,8 @@ static int find_output(const ag_node *out, int from, int to, const ag_desc *d) {
  * carries no gradient. */
 static int read_tangents(ag_compiled *c, const ag_graph *g, ag_node *const *ph) {
     ag_node *gout = ag_graph_output_node(g);
-    const ag_range *u = &c->jl.sec[AG_SEC_OUT_USER], *ib = &c->jl.sec[AG_SEC_OUT_INTERMEDIATE_BASES];
+    const ag_range *u = &c->jl.sec[AG_SEC_OUT_USER],
+                   *ib = &c->jl.sec[AG_SEC_OUT_INTERMEDIATE_BASES];
     const ag_range *mr = &c->jl.sec[AG_SEC_OUT_MUTATIONS];
     for (int t = 0; t < c->ntangents; t++) {
         const ag_node *tp = ph[c->jl.sec[AG_SEC_IN_TANGENTS].start + t];
@@ -191,8 +198,9 @@ static int read_tangents(ag_compiled *c, const ag_graph *g, ag_node *const *ph) 
         if (node < 0)
             return ag_last_status() == AG_ENOMEM
                        ? AG_ENOMEM
-                       : ag__err(AG_EINVAL, "compile: tangent %s is the tangent of no "
-                                            "differentiable output of the joint",
+                       : ag__err(AG_EINVAL,
+                                 "compile: tangent %s is the tangent of no "
+                                 "differentiable output of the joint",
                                  ag_node_name(tp));
         c->tangent_of[t] = node;
         c->out_diff[node] = true;
@@ -310,15 +318,17 @@ static int read_forward(ag_compiled *c, const ag_joint *j) {
     int nfw = ag_layout_num_fw_outputs(&c->jl);
     int nfo = fo ? ag_node_arg(fo, 0)->n : -1;
     if (nfo < nfw)
-        return ag__err(AG_EINVAL, "compile: the forward graph returns %d outputs; the joint has "
-                                  "%d forward outputs", nfo, nfw);
+        return ag__err(AG_EINVAL,
+                       "compile: the forward graph returns %d outputs; the joint has "
+                       "%d forward outputs",
+                       nfo, nfw);
     for (int k = 0; k < nfw; k++)
         if (!ag_desc_equal(ag_node_output_desc(fo, k), ag_node_output_desc(jo, k))) {
             char a[256] = "None", b[256] = "None";
             ag_desc_repr(ag_node_output_desc(fo, k), a, sizeof a);
             ag_desc_repr(ag_node_output_desc(jo, k), b, sizeof b);
-            return ag__err(AG_EINVAL, "compile: forward output %d is %s; the joint's is %s", k,
-                           a, b);
+            return ag__err(AG_EINVAL, "compile: forward output %d is %s; the joint's is %s", k, a,
+                           b);
         }
     c->nsaved = c->bw ? nfo - nfw : 0;
     c->saved_primal = ag__calloc((size_t)(c->nsaved ? c->nsaved : 1), sizeof *c->saved_primal);
@@ -393,7 +403,8 @@ ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts) {
         o = *opts;
     if (!o.fw_graph != !o.bw_graph)
         return ag__err(AG_EINVAL, "compile: a pre-partitioned pair needs both the forward and "
-                                  "the backward graph"), NULL;
+                                  "the backward graph"),
+               NULL;
     ag_compiled *c = ag__calloc(1, sizeof *c);
     if (!c)
         return NULL;
@@ -423,7 +434,7 @@ ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts) {
 
 struct ag__bw_state {
     ag_compiled *c;
-    ag_tensor **saved;      /* nsaved references */
+    ag_tensor **saved; /* nsaved references */
     uint64_t *saved_versions;
     ag_tensor **zeros_like; /* per tangent: an output to shape missing gradients after */
     int *rg_primal;         /* the node's inputs: primal index of each */
@@ -492,9 +503,11 @@ static int compiled_backward(void *ud, ag_tensor *const *gout, int nout, ag_tens
     (void)nout;
     for (int i = 0; i < c->nsaved; i++)
         if (s->saved[i] && s->saved[i]->storage->version != s->saved_versions[i])
-            return ag__err(AG_ESTATE, "compiled backward: an input saved for backward (forward "
-                                      "graph input %d) was modified by an inplace operation "
-                                      "after the forward", c->saved_primal[i]);
+            return ag__err(AG_ESTATE,
+                           "compiled backward: an input saved for backward (forward "
+                           "graph input %d) was modified by an inplace operation "
+                           "after the forward",
+                           c->saved_primal[i]);
     int nbin = c->nbw_in;
     int ngrads = c->nbw_grads + 1; /* the updated philox offset may follow the grads */
     ag_tensor **bin = ptrs_take(&c->bw_mem, (int64_t)nbin + ngrads);
@@ -555,8 +568,8 @@ static int call_alloc(ag_compiled *c, ag__call *s) {
     s->nfin = c->nfw_in;
     s->nfw = ag_layout_num_fw_outputs(&c->jl) - c->ntok_fw;
     s->nfo = s->nfw + c->nsaved;
-    s->prim = ptrs_take(&c->call_mem,
-                        (int64_t)s->nfin + 1 + 2 * npa + 2 * nn1 + (s->nfo ? s->nfo : 1));
+    s->prim =
+        ptrs_take(&c->call_mem, (int64_t)s->nfin + 1 + 2 * npa + 2 * nn1 + (s->nfo ? s->nfo : 1));
     if (!s->prim)
         return AG_ENOMEM;
     s->owned = s->prim + s->nfin + 1;
@@ -608,8 +621,9 @@ static int call_attach(ag_compiled *c, ag__call *s) {
         int ni = k < c->nuser ? c->node_of_user[k] : c->nnode - c->ninter + (k - c->nuser);
         if (ni < 0)
             continue;
-        ag_tensor *t = s->fo[k < c->nuser ? ag__fw_at(c, AG_SEC_OUT_USER, k)
-                                          : ag__fw_at(c, AG_SEC_OUT_INTERMEDIATE_BASES, k - c->nuser)];
+        ag_tensor *t =
+            s->fo[k < c->nuser ? ag__fw_at(c, AG_SEC_OUT_USER, k)
+                               : ag__fw_at(c, AG_SEC_OUT_INTERMEDIATE_BASES, k - c->nuser)];
         s->node_raw[ni] = t;
         s->node[ni] = t ? ag_detach(t) : NULL;
         if (s->node[ni])
@@ -670,8 +684,13 @@ int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_t
         return ag__err(AG_EINVAL, "compiled: room for %d outputs, %d needed", max_out, nout);
     for (int k = 0; k < nout; k++)
         outs[k] = NULL;
-    ag__call s = {.inputs = inputs, .outs = outs, .ninputs = ninputs, .max_out = max_out,
-                  .flat = inputs, .flat_out = outs, .nflat = ninputs};
+    ag__call s = {.inputs = inputs,
+                  .outs = outs,
+                  .ninputs = ninputs,
+                  .max_out = max_out,
+                  .flat = inputs,
+                  .flat_out = outs,
+                  .nflat = ninputs};
     int rc = call_alloc(c, &s);
     /* Everything made here lives in this scope; what must outlive the call is kept. */
     bool scoped = ag__in_scope();

@@ -40,13 +40,13 @@ struct ag_compiled {
     bool needs_autograd;
     ag_input_info *in_info; /* per primal */
     ag_output_info *out_info;
-    ag_tmeta *in_meta;     /* expected dtype and shape per primal */
-    int *tangent_of;       /* the autograd-node output each tangent belongs to */
-    int *saved_primal;     /* for each saved value: the primal it is, or -1 */
-    bool *grad_out;        /* primal i has a gradient among the backward's outputs */
-    bool *out_diff;        /* per autograd-node output: carries a gradient (has a tangent) */
-    int ntok_fw, ntok_bw;  /* effect tokens (the token wrapper feeds and drops them) */
-    void *rng; /* the RNG wrapper's state (rng_wrap.c), or NULL */
+    ag_tmeta *in_meta;    /* expected dtype and shape per primal */
+    int *tangent_of;      /* the autograd-node output each tangent belongs to */
+    int *saved_primal;    /* for each saved value: the primal it is, or -1 */
+    bool *grad_out;       /* primal i has a gradient among the backward's outputs */
+    bool *out_diff;       /* per autograd-node output: carries a gradient (has a tangent) */
+    int ntok_fw, ntok_bw; /* effect tokens (the token wrapper feeds and drops them) */
+    void *rng;            /* the RNG wrapper's state (rng_wrap.c), or NULL */
     /* Aliasing (alias.c, alias_rt.c): the autograd node's outputs are the new values of the
      * input mutations that take a tangent, the user outputs that alias nothing, then the
      * intermediate bases; the other user outputs are regenerated. */
@@ -58,7 +58,7 @@ struct ag_compiled {
     /* The backward graph's output that is each primal's gradient, or -1 (by descriptor). */
     int *grad_slot;
     int nbw_grads;
-    int *mut_primal;    /* per input mutation output: the primal written back */
+    int *mut_primal; /* per input mutation output: the primal written back */
     /* per input mutation output: its autograd-node output when it takes a tangent (a data
      * mutation of a primal that requires grad: written back as an autograd-visible copy_), or
      * -1 (written back hidden from autograd) */

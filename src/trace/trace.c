@@ -70,7 +70,9 @@ bool ag_set_meta_mode(bool on) {
     return prev;
 }
 
-bool ag_is_meta(const ag_tensor *t) { return t && ag__is_meta(t); }
+bool ag_is_meta(const ag_tensor *t) {
+    return t && ag__is_meta(t);
+}
 
 /* ---- the tracer ---- */
 
@@ -98,11 +100,11 @@ struct ag__tracer {
     char *trace_str;
     src_file *files;
     int64_t nfiles, files_cap;
-    bool bare; /* add no metadata of our own (passes copy it from the node they replace) */
+    bool bare;          /* add no metadata of our own (passes copy it from the node they replace) */
     bool functionalize; /* record mutating ops as their functional variants */
     const char *tag;    /* partitioner_tag for new nodes, or NULL */
-    ag__token_chain *tokens; /* effect tokens (the export), or NULL */
-    ag__alias_table *aliases; /* storages mutated under functionalization (trace_views.c) */
+    ag__token_chain *tokens;       /* effect tokens (the export), or NULL */
+    ag__alias_table *aliases;      /* storages mutated under functionalization (trace_views.c) */
     ag__trace_random_fn random_fn; /* RNG functionalization (the joint export), or NULL */
     void *random_ud;
     /* saved thread state, restored by tracer_end */
@@ -283,8 +285,9 @@ static ag_node *node_of(tracer *T, ag_tensor *t) {
     }
     if (ag__is_meta(t)) {
         char b[128];
-        ag__err(AG_EINVAL, "trace: a data-less tensor %s that was not made in this trace is used "
-                           "(was the model built in meta mode but called outside ag_trace?)",
+        ag__err(AG_EINVAL,
+                "trace: a data-less tensor %s that was not made in this trace is used "
+                "(was the model built in meta mode but called outside ag_trace?)",
                 ag_tensor_meta_str(t, b, sizeof b));
         return NULL;
     }
@@ -420,8 +423,10 @@ static int record_functional(tracer *T, const ag_op *op, const ag_arg *args, int
     const char *fname = ag_op_def(op)->functional;
     const ag_op *fop = fname ? ag_op_find(fname) : NULL;
     if (!fop)
-        return ag__err(AG_ENOTSUP, "functionalize: %s mutates its input and has no functional "
-                                   "variant", ag_op_name(op));
+        return ag__err(AG_ENOTSUP,
+                       "functionalize: %s mutates its input and has no functional "
+                       "variant",
+                       ag_op_name(op));
     ag_node *n = ag_graph_call(T->g, fop, ga, nargs, NULL);
     if (!n || set_node_meta(T, n))
         return ag_last_status();
@@ -493,7 +498,8 @@ static int trace_hook(const ag_op *op, const ag_arg *args, int nargs, ag_tensor 
             break;
         case AG_ARG_TENSORS:
             if (a->n > 64)
-                return ag__err(AG_ENOTSUP, "trace: %s: tensor list of %d (at most 64)", ag_op_name(op), a->n);
+                return ag__err(AG_ENOTSUP, "trace: %s: tensor list of %d (at most 64)",
+                               ag_op_name(op), a->n);
             for (int k = 0; k < a->n; k++) {
                 lists[i][k] = a->u.ts[k] ? node_of(T, a->u.ts[k]) : NULL;
                 if (a->u.ts[k] && !lists[i][k])
@@ -623,10 +629,18 @@ void ag__tracer_end(ag__tracer *T) {
     ag__free(T);
 }
 
-void ag__tracer_set_tag(ag__tracer *T, const char *tag) { T->tag = tag; }
-void ag__tracer_set_token_chain(ag__tracer *T, ag__token_chain *c) { T->tokens = c; }
-int ag__tracer_node_meta(ag__tracer *T, ag_node *n) { return set_node_meta(T, n); }
-void ag__tracer_set_stack_traces(ag__tracer *T, bool on) { T->opts.no_stack_traces = !on; }
+void ag__tracer_set_tag(ag__tracer *T, const char *tag) {
+    T->tag = tag;
+}
+void ag__tracer_set_token_chain(ag__tracer *T, ag__token_chain *c) {
+    T->tokens = c;
+}
+int ag__tracer_node_meta(ag__tracer *T, ag_node *n) {
+    return set_node_meta(T, n);
+}
+void ag__tracer_set_stack_traces(ag__tracer *T, bool on) {
+    T->opts.no_stack_traces = !on;
+}
 void ag__tracer_set_random(ag__tracer *T, ag__trace_random_fn fn, void *ud) {
     T->random_fn = fn;
     T->random_ud = ud;
@@ -638,7 +652,9 @@ void ag__tracer_bind(ag__tracer *T, ag_tensor *t, ag_node *n) {
     t->trace_ver = ag__alias_current_ver(T->aliases, t);
 }
 
-ag_node *ag__tracer_node_of(ag__tracer *T, ag_tensor *t) { return node_of(T, t); }
+ag_node *ag__tracer_node_of(ag__tracer *T, ag_tensor *t) {
+    return node_of(T, t);
+}
 
 bool ag__tracer_bound(ag__tracer *T, const ag_tensor *t) {
     return t && t->trace && t->trace_id == T->id;
@@ -660,12 +676,14 @@ ag_graph *ag_trace(ag_trace_fn fn, void *ud, ag_tensor *const *inputs, int ninpu
     for (int i = 0; i < ninputs && rc == 0; i++) {
         ag_tensor *t = inputs[i];
         if (!t) {
-            rc = ag__has_error() ? ag_last_status() : ag__err(AG_EINVAL, "trace: input %d is NULL", i);
+            rc = ag__has_error() ? ag_last_status()
+                                 : ag__err(AG_EINVAL, "trace: input %d is NULL", i);
             break;
         }
         if (t->sub) {
-            rc = ag__err(AG_ENOTSUP, "trace: input %d is a %s (a tensor subclass); ag_trace takes "
-                                     "plain tensors (ag_export_joint flattens subclasses)",
+            rc = ag__err(AG_ENOTSUP,
+                         "trace: input %d is a %s (a tensor subclass); ag_trace takes "
+                         "plain tensors (ag_export_joint flattens subclasses)",
                          i, ag_tensor_subclass(t)->name);
             break;
         }
@@ -741,13 +759,27 @@ int ag__trace_replace_node(ag_graph *g, ag_node *n, ag_decomp_fn fn) {
     for (int i = 0; i < n->nargs && rc == 0; i++) {
         const ag_garg *a = &n->args[i];
         switch (a->kind) {
-        case AG_GA_NONE: args[i] = AG_A_NONE; break;
-        case AG_GA_INT: args[i] = AG_A_I(a->u.i); break;
-        case AG_GA_FLOAT: args[i] = AG_A_F(a->u.f); break;
-        case AG_GA_BOOL: args[i] = AG_A_B(a->u.b); break;
-        case AG_GA_INTS: args[i] = AG_A_INTS(a->u.ints, a->n); break;
-        case AG_GA_DTYPE: args[i] = AG_A_DT(a->u.dt); break;
-        case AG_GA_STR: args[i] = AG_A_S(a->u.s); break;
+        case AG_GA_NONE:
+            args[i] = AG_A_NONE;
+            break;
+        case AG_GA_INT:
+            args[i] = AG_A_I(a->u.i);
+            break;
+        case AG_GA_FLOAT:
+            args[i] = AG_A_F(a->u.f);
+            break;
+        case AG_GA_BOOL:
+            args[i] = AG_A_B(a->u.b);
+            break;
+        case AG_GA_INTS:
+            args[i] = AG_A_INTS(a->u.ints, a->n);
+            break;
+        case AG_GA_DTYPE:
+            args[i] = AG_A_DT(a->u.dt);
+            break;
+        case AG_GA_STR:
+            args[i] = AG_A_S(a->u.s);
+            break;
         case AG_GA_NODE:
             args[i] = AG_A_T(stand_in(&T, a->u.node));
             if (!args[i].u.t)
@@ -792,7 +824,8 @@ int ag__trace_replace_node(ag_graph *g, ag_node *n, ag_decomp_fn fn) {
         if (rc >= 0) {
             rc = 0;
             /* New nodes take the replaced node's metadata (seq_nr, tags, annotations, trace). */
-            for (ag_node *m = first_new ? first_new->next : g->first; m && m != n && rc == 0; m = m->next) {
+            for (ag_node *m = first_new ? first_new->next : g->first; m && m != n && rc == 0;
+                 m = m->next) {
                 rc = ag__node_meta_copy(m, n);
                 if (rc == 0)
                     rc = ag_node_custom_copy(m, n);
@@ -804,7 +837,8 @@ int ag__trace_replace_node(ag_graph *g, ag_node *n, ag_decomp_fn fn) {
                 while (n->nusers > 0 && rc == 0) {
                     ag_node *u = n->users[0].node;
                     if (u->kind != AG_NODE_GETITEM) {
-                        rc = ag__err(AG_EINVAL, "decompose: %s is used directly by %s", n->name, u->name);
+                        rc = ag__err(AG_EINVAL, "decompose: %s is used directly by %s", n->name,
+                                     u->name);
                         break;
                     }
                     int k = (int)u->args[1].u.i;

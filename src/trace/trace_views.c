@@ -30,7 +30,9 @@ struct ag__alias_table {
     int64_t n, cap;
 };
 
-ag__alias_table *ag__alias_table_new(void) { return ag__calloc(1, sizeof(ag__alias_table)); }
+ag__alias_table *ag__alias_table_new(void) {
+    return ag__calloc(1, sizeof(ag__alias_table));
+}
 
 void ag__alias_table_free(ag__alias_table *a) {
     if (!a)
@@ -113,10 +115,11 @@ int ag__alias_data_mutation(ag__tracer *T, ag__alias_table *a, const char *op, a
     if (!same_geometry(&m, &e->base)) {
         if (!ag__tmeta_is_contiguous(&e->base)) {
             char b[128];
-            return ag__err(AG_ENOTSUP, "functionalize: %s mutates a view of a non-contiguous "
-                                       "tensor of shape %s; this is not supported (mutate a "
-                                       "contiguous clone instead)", op,
-                           ag__fmt_sizes(b, sizeof b, e->base.ndim, e->base.sizes));
+            return ag__err(AG_ENOTSUP,
+                           "functionalize: %s mutates a view of a non-contiguous "
+                           "tensor of shape %s; this is not supported (mutate a "
+                           "contiguous clone instead)",
+                           op, ag__fmt_sizes(b, sizeof b, e->base.ndim, e->base.sizes));
         }
         int64_t off = m.offset - e->base.offset;
         ag_garg ga[5] = {AG_GA_N(e->node), AG_GA_N(v), AG_GA_INTS(m.sizes, m.ndim),
