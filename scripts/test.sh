@@ -8,11 +8,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install-deps.sh
 echo "== format: every C file as .clang-format says =="
-scripts/check_format.sh | tail -1
-scripts/check_format.sh > /dev/null || { scripts/check_format.sh; exit 1; }
+out=$(scripts/check_format.sh) || { echo "$out"; exit 1; }
+echo "$out" | tail -1
 echo "== layers: folders depend only on earlier folders (docs/ARCHITECTURE.md) =="
-python3 scripts/check_layers.py | tail -1
-python3 scripts/check_layers.py > /dev/null || { python3 scripts/check_layers.py; exit 1; }
+out=$(python3 scripts/check_layers.py) || { echo "$out"; exit 1; }
+echo "$out" | tail -1
 jobs=$(nproc)
 
 echo "== release build (-Werror) =="
