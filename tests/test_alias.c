@@ -15,36 +15,6 @@
 
 /* ---- helpers ---- */
 
-static char *repr(const ag_desc *d) {
-    static char buf[8][512];
-    static int k;
-    k = (k + 1) % 8;
-    ag_desc_repr(d, buf[k], sizeof buf[k]);
-    return buf[k];
-}
-
-/* Asserts the placeholders' descriptor reprs, in order. */
-static void expect_placeholders(const ag_graph *g, const char *const *descs, int n) {
-    ag_node **ph;
-    int cnt = ag_graph_placeholders(g, &ph);
-    for (int i = 0; i < n && i < cnt; i++)
-        if (strcmp(repr(ag_node_desc(ph[i])), descs[i]))
-            fail_msg("placeholder %d (%s): %s, expected %s", i, ag_node_name(ph[i]),
-                     repr(ag_node_desc(ph[i])), descs[i]);
-    assert_int_equal(cnt, n);
-}
-
-/* Asserts the output node's descriptor reprs ("None" for None), in order. */
-static void expect_outputs(const ag_graph *g, const char *const *descs, int n) {
-    ag_node *out = ag_graph_output_node(g);
-    assert_non_null(out);
-    const ag_garg *a = ag_node_arg(out, 0);
-    for (int i = 0; i < n && i < a->n; i++)
-        if (strcmp(repr(ag_node_output_desc(out, i)), descs[i]))
-            fail_msg("output %d: %s, expected %s", i, repr(ag_node_output_desc(out, i)), descs[i]);
-    assert_int_equal(a->n, n);
-}
-
 /* The node feeding output i. */
 static ag_node *output_node(const ag_graph *g, int i) {
     return ag_node_arg(ag_graph_output_node(g), 0)->u.nodes[i];
@@ -165,17 +135,17 @@ static void test_duplicate_input_not_mutated(void **st) {
     ag_tensor *xe = tu_leaf(AG_F32, 1, (int64_t[]){3}, (double[]){1, -2, 3});
     ag_joint *j = export_or_fail(mx, (ag_tensor *[]){x, x}, 2);
     const ag_graph *g = ag_joint_graph(j);
-    expect_placeholders(g,
-                        (const char *[]){"ParamAOTInput(target='w')", "PlainAOTInput(idx=0)",
-                                         "PlainAOTInput(idx=1)",
-                                         "TangentAOTInput(output=PlainAOTOutput(idx=0))"},
-                        4);
-    expect_outputs(g,
-                   (const char *[]){"PlainAOTOutput(idx=0)",
-                                    "GradAOTOutput(grad_of=ParamAOTInput(target='w'))",
-                                    "GradAOTOutput(grad_of=PlainAOTInput(idx=0))",
-                                    "GradAOTOutput(grad_of=PlainAOTInput(idx=1))"},
-                   4);
+    tu_expect_placeholder_descs(g,
+                                (const char *[]){"ParamAOTInput(target='w')",
+                                                 "PlainAOTInput(idx=0)", "PlainAOTInput(idx=1)",
+                                                 "TangentAOTInput(output=PlainAOTOutput(idx=0))"},
+                                4);
+    tu_expect_output_descs(g,
+                           (const char *[]){"PlainAOTOutput(idx=0)",
+                                            "GradAOTOutput(grad_of=ParamAOTInput(target='w'))",
+                                            "GradAOTOutput(grad_of=PlainAOTInput(idx=0))",
+                                            "GradAOTOutput(grad_of=PlainAOTInput(idx=1))"},
+                           4);
     assert_int_equal(ag_joint_num_flat_inputs(j), 3);
     assert_int_equal(ag_joint_flat_input_primal(j, 2), 2);
     /* Compiled with x twice, against eager x * x + w: x.grad = 2 x c. */
@@ -222,11 +192,12 @@ static void test_duplicate_input_mutated(void **st) {
     ag_tensor *x = seq(1, (int64_t[]){3});
     ag_joint *j = export_or_fail(m, (ag_tensor *[]){x, x}, 2);
     const ag_graph *g = ag_joint_graph(j);
-    expect_placeholders(g, (const char *[]){"PlainAOTInput(idx=0)"}, 1);
-    expect_outputs(g,
-                   (const char *[]){"InputMutationAOTOutput(mutated_input=PlainAOTInput(idx=0))",
-                                    "PlainAOTOutput(idx=0)"},
-                   2);
+    tu_expect_placeholder_descs(g, (const char *[]){"PlainAOTInput(idx=0)"}, 1);
+    tu_expect_output_descs(
+        g,
+        (const char *[]){"InputMutationAOTOutput(mutated_input=PlainAOTInput(idx=0))",
+                         "PlainAOTOutput(idx=0)"},
+        2);
     assert_false(ag_joint_needs_autograd(j));
     assert_int_equal(ag_joint_num_flat_inputs(j), 2);
     assert_int_equal(ag_joint_num_primals(j), 1);
@@ -273,9 +244,10 @@ static void test_gpt2_tied_weights(void **st) {
     int nph = ag_graph_placeholders(g, &ph);
     ag_node *wte = NULL, *lm = NULL;
     for (int i = 0; i < nph; i++) {
-        if (!strcmp(repr(ag_node_desc(ph[i])), "ParamAOTInput(target='transformer.wte.weight')"))
+        if (!strcmp(tu_desc_repr(ag_node_desc(ph[i])),
+                    "ParamAOTInput(target='transformer.wte.weight')"))
             wte = ph[i];
-        if (!strcmp(repr(ag_node_desc(ph[i])), "ParamAOTInput(target='lm_head.weight')"))
+        if (!strcmp(tu_desc_repr(ag_node_desc(ph[i])), "ParamAOTInput(target='lm_head.weight')"))
             lm = ph[i];
     }
     assert_non_null(wte);
@@ -286,7 +258,7 @@ static void test_gpt2_tied_weights(void **st) {
     ag_node *out = ag_graph_output_node(g);
     int found = 0;
     for (int i = 0; i < ag_node_arg(out, 0)->n; i++) {
-        const char *d = repr(ag_node_output_desc(out, i));
+        const char *d = tu_desc_repr(ag_node_output_desc(out, i));
         if (!strcmp(d, "GradAOTOutput(grad_of=ParamAOTInput(target='lm_head.weight'))") ||
             !strcmp(d, "GradAOTOutput(grad_of=ParamAOTInput(target='transformer.wte.weight'))")) {
             assert_non_null(output_node(g, i));
@@ -317,13 +289,13 @@ static void test_view_base_zoo(void **st) {
     /* The export changes nothing: a is as it was. */
     expect_same("a after the export", a0, ix[0]);
     const ag_graph *g = ag_joint_graph(j);
-    expect_placeholders(
+    tu_expect_placeholder_descs(
         g,
         (const char *[]){
             "ViewBaseAOTInput(base_of=PlainAOTInput(idx=1))", "ParamAOTInput(target='w')",
             "TangentAOTInput(output=IntermediateBaseAOTOutput(base_of=PlainAOTOutput(idx=0)))"},
         3);
-    expect_outputs(
+    tu_expect_output_descs(
         g,
         (const char *[]){
             "InputMutationAOTOutput(mutated_input=ViewBaseAOTInput(base_of=PlainAOTInput(idx=1)))",
@@ -437,13 +409,14 @@ static void test_synthetic_base(void **st) {
     detached_slices(&x, &a, &b);
     ag_joint *j = export_or_fail(m, (ag_tensor *[]){a, b}, 2);
     const ag_graph *g = ag_joint_graph(j);
-    expect_placeholders(g, (const char *[]){"SyntheticBaseAOTInput(base_of=PlainAOTInput(idx=0))"},
-                        1);
-    expect_outputs(g,
-                   (const char *[]){"InputMutationAOTOutput(mutated_input=SyntheticBaseAOTInput("
-                                    "base_of=PlainAOTInput(idx=0)))",
-                                    "PlainAOTOutput(idx=0)"},
-                   2);
+    tu_expect_placeholder_descs(
+        g, (const char *[]){"SyntheticBaseAOTInput(base_of=PlainAOTInput(idx=0))"}, 1);
+    tu_expect_output_descs(
+        g,
+        (const char *[]){"InputMutationAOTOutput(mutated_input=SyntheticBaseAOTInput("
+                         "base_of=PlainAOTInput(idx=0)))",
+                         "PlainAOTOutput(idx=0)"},
+        2);
     ag_node **ph;
     ag_graph_placeholders(g, &ph);
     assert_int_equal(ag_node_val(ph[0], 0)->ndim, 1);
@@ -496,13 +469,13 @@ static void test_aliased_inputs_not_mutated(void **st) {
               *c1 = ag_tensor_keep(ag_slice(x, 1, 1, 3, 1));
     ag_scope_end();
     ag_joint *j = export_or_fail(m, (ag_tensor *[]){a, b}, 2);
-    expect_placeholders(ag_joint_graph(j),
-                        (const char *[]){"PlainAOTInput(idx=0)", "PlainAOTInput(idx=1)"}, 2);
+    tu_expect_placeholder_descs(
+        ag_joint_graph(j), (const char *[]){"PlainAOTInput(idx=0)", "PlainAOTInput(idx=1)"}, 2);
     ag_joint_free(j);
     /* Columns 0..1 and 1..2 overlap, but neither is mutated: no base either. */
     j = export_or_fail(m, (ag_tensor *[]){c0, c1}, 2);
-    expect_placeholders(ag_joint_graph(j),
-                        (const char *[]){"PlainAOTInput(idx=0)", "PlainAOTInput(idx=1)"}, 2);
+    tu_expect_placeholder_descs(
+        ag_joint_graph(j), (const char *[]){"PlainAOTInput(idx=0)", "PlainAOTInput(idx=1)"}, 2);
     ag_joint_free(j);
     ag_tensor_free(a);
     ag_tensor_free(b);
@@ -534,11 +507,12 @@ static void test_metadata_mutation(void **st) {
     ag_joint *j = export_or_fail(m, &x, 1);
     expect_geometry(x, 2, (int64_t[]){2, 3}, (int64_t[]){3, 1}, 0); /* the export changes nothing */
     const ag_graph *g = ag_joint_graph(j);
-    expect_placeholders(g, (const char *[]){"PlainAOTInput(idx=0)"}, 1);
-    expect_outputs(g,
-                   (const char *[]){"InputMutationAOTOutput(mutated_input=PlainAOTInput(idx=0))",
-                                    "PlainAOTOutput(idx=0)"},
-                   2);
+    tu_expect_placeholder_descs(g, (const char *[]){"PlainAOTInput(idx=0)"}, 1);
+    tu_expect_output_descs(
+        g,
+        (const char *[]){"InputMutationAOTOutput(mutated_input=PlainAOTInput(idx=0))",
+                         "PlainAOTOutput(idx=0)"},
+        2);
     assert_string_equal(ag_op_name(ag_node_op(output_node(g, 0))), "t");
     assert_true(ag_joint_input_info(j, 0)->mutates_metadata);
     assert_false(ag_joint_input_info(j, 0)->mutates_data);
@@ -585,8 +559,9 @@ static void test_metadata_mutation_of_merged_input(void **st) {
     }
     ag_joint *j = export_or_fail(m, (ag_tensor *[]){a[0], b[0]}, 2);
     const ag_graph *g = ag_joint_graph(j);
-    expect_placeholders(g, (const char *[]){"ViewBaseAOTInput(base_of=PlainAOTInput(idx=0))"}, 1);
-    expect_outputs(
+    tu_expect_placeholder_descs(
+        g, (const char *[]){"ViewBaseAOTInput(base_of=PlainAOTInput(idx=0))"}, 1);
+    tu_expect_output_descs(
         g,
         (const char *[]){
             "InputMutationAOTOutput(mutated_input=ViewBaseAOTInput(base_of=PlainAOTInput(idx=0)))",
@@ -681,11 +656,12 @@ static void test_outputs_alias_inputs(void **st) {
         }
         ag_joint *j = export_or_fail(mx, &x, 1);
         const ag_graph *g = ag_joint_graph(j);
-        expect_placeholders(g,
-                            (const char *[]){"ParamAOTInput(target='w')", "PlainAOTInput(idx=0)",
-                                             "TangentAOTInput(output=PlainAOTOutput(idx=2))"},
-                            3);
-        expect_outputs(
+        tu_expect_placeholder_descs(
+            g,
+            (const char *[]){"ParamAOTInput(target='w')", "PlainAOTInput(idx=0)",
+                             "TangentAOTInput(output=PlainAOTOutput(idx=2))"},
+            3);
+        tu_expect_output_descs(
             g,
             (const char *[]){"PlainAOTOutput(idx=0)", "PlainAOTOutput(idx=1)",
                              "PlainAOTOutput(idx=2)",
@@ -756,8 +732,8 @@ static void run_inter(int mode, int nout, const char *const *ph, int nph, const 
     ag_tensor *x = seq(2, (int64_t[]){2, 3});
     ag_joint *j = export_or_fail(mx, &x, 1);
     const ag_graph *g = ag_joint_graph(j);
-    expect_placeholders(g, ph, nph);
-    expect_outputs(g, outs, nouts);
+    tu_expect_placeholder_descs(g, ph, nph);
+    tu_expect_output_descs(g, outs, nouts);
     for (int k = 0; k < nout; k++)
         assert_int_equal(ag_joint_output_info(j, k)->alias, kinds[k]);
     for (int cfg = 0; cfg < 2; cfg++) {
@@ -848,11 +824,12 @@ static void test_mutation_through_views(void **st) {
     ag_tensor *x = seq(2, (int64_t[]){2, 3}), *xe = seq(2, (int64_t[]){2, 3});
     ag_joint *j = export_or_fail(m, &x, 1);
     const ag_graph *g = ag_joint_graph(j);
-    expect_placeholders(g, (const char *[]){"PlainAOTInput(idx=0)"}, 1);
-    expect_outputs(g,
-                   (const char *[]){"InputMutationAOTOutput(mutated_input=PlainAOTInput(idx=0))",
-                                    "PlainAOTOutput(idx=0)", "PlainAOTOutput(idx=1)"},
-                   3);
+    tu_expect_placeholder_descs(g, (const char *[]){"PlainAOTInput(idx=0)"}, 1);
+    tu_expect_output_descs(
+        g,
+        (const char *[]){"InputMutationAOTOutput(mutated_input=PlainAOTInput(idx=0))",
+                         "PlainAOTOutput(idx=0)", "PlainAOTOutput(idx=1)"},
+        3);
     assert_string_equal(ag_op_name(ag_node_op(output_node(g, 0))), "as_strided_scatter");
     assert_string_equal(ag_op_name(ag_node_op(output_node(g, 2))), "as_strided_scatter");
     ag_compiled *c = compile_or_fail(j, true, 1.0);
@@ -958,7 +935,7 @@ static void test_fx_utils_alias_views(void **st) {
     ag_fx_pairs *ig = ag_fx_all_input_and_grad_nodes(g);
     assert_non_null(ig);
     assert_int_equal(ag_fx_pairs_count(ig), 3);
-    assert_string_equal(repr(ag_fx_pairs_desc(ig, 0)),
+    assert_string_equal(tu_desc_repr(ag_fx_pairs_desc(ig, 0)),
                         "ViewBaseAOTInput(base_of=PlainAOTInput(idx=1))");
     assert_string_equal(ag_node_name(ag_fx_pairs_first(ig, 0)), "primals_1");
     assert_null(ag_fx_pairs_second(ig, 0));     /* a does not require grad */

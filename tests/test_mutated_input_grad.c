@@ -11,34 +11,6 @@
 #include <stdio.h>
 #include <string.h>
 
-static char *repr(const ag_desc *d) {
-    static char buf[8][512];
-    static int k;
-    k = (k + 1) % 8;
-    ag_desc_repr(d, buf[k], sizeof buf[k]);
-    return buf[k];
-}
-
-static void expect_placeholders(const ag_graph *g, const char *const *descs, int n) {
-    ag_node **ph;
-    int cnt = ag_graph_placeholders(g, &ph);
-    for (int i = 0; i < n && i < cnt; i++)
-        if (strcmp(repr(ag_node_desc(ph[i])), descs[i]))
-            fail_msg("placeholder %d (%s): %s, expected %s", i, ag_node_name(ph[i]),
-                     repr(ag_node_desc(ph[i])), descs[i]);
-    assert_int_equal(cnt, n);
-}
-
-static void expect_outputs(const ag_graph *g, const char *const *descs, int n) {
-    ag_node *out = ag_graph_output_node(g);
-    assert_non_null(out);
-    const ag_garg *a = ag_node_arg(out, 0);
-    for (int i = 0; i < n && i < a->n; i++)
-        if (strcmp(repr(ag_node_output_desc(out, i)), descs[i]))
-            fail_msg("output %d: %s, expected %s", i, repr(ag_node_output_desc(out, i)), descs[i]);
-    assert_int_equal(a->n, n);
-}
-
 /* Ends the forward's scope handing res[0..n) to the caller. */
 static int give(ag_tensor *const *res, int n, ag_tensor **out) {
     int rc = n;
@@ -126,18 +98,18 @@ static void test_export_whole_tensor(void **st) {
     ag_tensor *x = a_leaf();
     ag_joint *j = export_or_fail(m, x);
     const ag_graph *g = ag_joint_graph(j);
-    expect_placeholders(
+    tu_expect_placeholder_descs(
         g,
         (const char *[]){"PlainAOTInput(idx=0)",
                          "TangentAOTInput(output=InputMutationAOTOutput(mutated_input="
                          "PlainAOTInput(idx=0)))",
                          "TangentAOTInput(output=PlainAOTOutput(idx=0))"},
         3);
-    expect_outputs(g,
-                   (const char *[]){"InputMutationAOTOutput(mutated_input=PlainAOTInput(idx=0))",
-                                    "PlainAOTOutput(idx=0)",
-                                    "GradAOTOutput(grad_of=PlainAOTInput(idx=0))"},
-                   3);
+    tu_expect_output_descs(
+        g,
+        (const char *[]){"InputMutationAOTOutput(mutated_input=PlainAOTInput(idx=0))",
+                         "PlainAOTOutput(idx=0)", "GradAOTOutput(grad_of=PlainAOTInput(idx=0))"},
+        3);
     assert_true(ag_joint_needs_autograd(j));
     assert_int_equal(ag_joint_num_tangents(j), 2);
     assert_int_equal(ag_joint_num_mutated_inputs(j), 1);
@@ -256,12 +228,13 @@ static void test_compiled_read_before_and_after(void **st) {
         n = ag_node_next(n);
     assert_non_null(n);
     assert_string_equal(ag_node_name(n), "clone");
-    expect_outputs(ag_joint_graph(j),
-                   (const char *[]){"InputMutationAOTOutput(mutated_input=PlainAOTInput(idx=0))",
-                                    "PlainAOTOutput(idx=0)",
-                                    "GradAOTOutput(grad_of=ParamAOTInput(target='w'))",
-                                    "GradAOTOutput(grad_of=PlainAOTInput(idx=0))"},
-                   4);
+    tu_expect_output_descs(
+        ag_joint_graph(j),
+        (const char *[]){"InputMutationAOTOutput(mutated_input=PlainAOTInput(idx=0))",
+                         "PlainAOTOutput(idx=0)",
+                         "GradAOTOutput(grad_of=ParamAOTInput(target='w'))",
+                         "GradAOTOutput(grad_of=PlainAOTInput(idx=0))"},
+        4);
     ag_node *gx = ag_node_arg(ag_graph_output_node(ag_joint_graph(j)), 0)->u.nodes[3];
     assert_string_equal(ag_node_name(gx), "add_3"); /* tangents_1 + two products */
     ag_joint_free(j);
@@ -335,16 +308,18 @@ static void test_hidden_mutation(void **st) {
     ag_tensor *x = a_leaf();
     ag_joint *j = export_or_fail(m, x);
     const ag_graph *g = ag_joint_graph(j);
-    expect_placeholders(g,
-                        (const char *[]){"ParamAOTInput(target='w')", "PlainAOTInput(idx=0)",
-                                         "TangentAOTInput(output=PlainAOTOutput(idx=0))"},
-                        3);
-    expect_outputs(g,
-                   (const char *[]){"InputMutationAOTOutput(mutated_input=PlainAOTInput(idx=0))",
-                                    "PlainAOTOutput(idx=0)",
-                                    "GradAOTOutput(grad_of=ParamAOTInput(target='w'))",
-                                    "GradAOTOutput(grad_of=PlainAOTInput(idx=0))"},
-                   4);
+    tu_expect_placeholder_descs(g,
+                                (const char *[]){"ParamAOTInput(target='w')",
+                                                 "PlainAOTInput(idx=0)",
+                                                 "TangentAOTInput(output=PlainAOTOutput(idx=0))"},
+                                3);
+    tu_expect_output_descs(
+        g,
+        (const char *[]){"InputMutationAOTOutput(mutated_input=PlainAOTInput(idx=0))",
+                         "PlainAOTOutput(idx=0)",
+                         "GradAOTOutput(grad_of=ParamAOTInput(target='w'))",
+                         "GradAOTOutput(grad_of=PlainAOTInput(idx=0))"},
+        4);
     ag_joint_free(j);
     ag_tensor_free(x);
     ag_module_free(m);
@@ -403,14 +378,14 @@ static void test_parameter_mutated(void **st) {
     ag_module *m = module("ParamInPlace", param_fwd, true);
     ag_tensor *x = tu_tensor(AG_F32, 1, (int64_t[]){3}, (double[]){1.0, 2.0, 3.0});
     ag_joint *j = export_or_fail(m, x);
-    expect_placeholders(
+    tu_expect_placeholder_descs(
         ag_joint_graph(j),
         (const char *[]){"ParamAOTInput(target='w')", "PlainAOTInput(idx=0)",
                          "TangentAOTInput(output=InputMutationAOTOutput(mutated_input="
                          "ParamAOTInput(target='w')))",
                          "TangentAOTInput(output=PlainAOTOutput(idx=0))"},
         4);
-    expect_outputs(
+    tu_expect_output_descs(
         ag_joint_graph(j),
         (const char *[]){"InputMutationAOTOutput(mutated_input=ParamAOTInput(target='w'))",
                          "PlainAOTOutput(idx=0)",

@@ -651,3 +651,34 @@ ag_module *tu_sum_loss_step(ag_module *model) {
     }
     return step;
 }
+
+/* ---- descriptor lists ---- */
+
+const char *tu_desc_repr(const ag_desc *d) {
+    static char buf[8][512];
+    static int k;
+    k = (k + 1) % 8;
+    ag_desc_repr(d, buf[k], sizeof buf[k]);
+    return buf[k];
+}
+
+void tu_expect_placeholder_descs(const ag_graph *g, const char *const *descs, int n) {
+    ag_node **ph;
+    int cnt = ag_graph_placeholders(g, &ph);
+    for (int i = 0; i < n && i < cnt; i++)
+        if (strcmp(tu_desc_repr(ag_node_desc(ph[i])), descs[i]))
+            fail_msg("placeholder %d (%s): %s, expected %s", i, ag_node_name(ph[i]),
+                     tu_desc_repr(ag_node_desc(ph[i])), descs[i]);
+    assert_int_equal(cnt, n);
+}
+
+void tu_expect_output_descs(const ag_graph *g, const char *const *descs, int n) {
+    ag_node *out = ag_graph_output_node(g);
+    assert_non_null(out);
+    const ag_garg *a = ag_node_arg(out, 0);
+    for (int i = 0; i < n && i < a->n; i++)
+        if (strcmp(tu_desc_repr(ag_node_output_desc(out, i)), descs[i]))
+            fail_msg("output %d: %s, expected %s", i, tu_desc_repr(ag_node_output_desc(out, i)),
+                     descs[i]);
+    assert_int_equal(a->n, n);
+}

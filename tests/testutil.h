@@ -109,6 +109,12 @@ bool tu_same_bits(ag_tensor *a, ag_tensor *b);
 
 /* "name: desc" for every placeholder of g, one per line, and g's output descriptors ("None"
  * for a missing one), ", "-separated. Static buffers: the next call overwrites them. */
+/* A descriptor's repr ("None" for NULL) in one of 8 rotating static buffers. */
+const char *tu_desc_repr(const ag_desc *d);
+/* Asserts g's placeholders (outputs) carry exactly these descriptor reprs, in order, naming the
+ * first that differs. */
+void tu_expect_placeholder_descs(const ag_graph *g, const char *const *descs, int n);
+void tu_expect_output_descs(const ag_graph *g, const char *const *descs, int n);
 const char *tu_placeholders_str(const ag_graph *g);
 const char *tu_outputs_str(const ag_graph *g);
 
