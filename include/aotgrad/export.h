@@ -137,10 +137,11 @@ AG_API ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs
 AG_API void ag_joint_free(ag_joint *j);
 
 AG_API ag_graph *ag_joint_graph(const ag_joint *j); /* borrowed */
-/* Replaces the graph after the user processed it (the joint takes ownership of g, also on
- * failure). Checks that every placeholder still carries a descriptor, that primals come
- * before tangents in the same order of descriptors as the export made, and that the output
- * node carries one descriptor per output. */
+/* Replaces the graph after the user processed it without changing the calling convention (the
+ * joint takes ownership of g, also on failure). Checks that the placeholders carry exactly the
+ * current graph's descriptors, in its order, that the output node carries one descriptor per
+ * output, and that g verifies. A transform that adds, drops or reshapes inputs uses
+ * ag_joint_update. */
 AG_API int ag_joint_set_graph(ag_joint *j, ag_graph *g);
 /* The open transform path (upstream's update_joint_with_descriptors): replaces the graph with g,
  * whose inputs and outputs may differ from the export's (added, dropped, reshaped), as long as
