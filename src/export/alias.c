@@ -828,10 +828,9 @@ static void dsb_end(ag__export_pass *st, void **self) {
     *self = NULL;
 }
 
-static int dsb_settle(ag__export_pass *st, void **self, const ag_joint *j) {
+static int dsb_settle(ag__export_pass *st, void **self, const ag__export_settled *f) {
     (void)self;
-    return ag__aplan_refine(st->plan, ag__joint_input_facts(j) + ag_joint_num_forward_tokens(j),
-                            ag_joint_needs_autograd(j));
+    return ag__aplan_refine(st->plan, f->in_info, f->needs_autograd);
 }
 
 static void dsb_release(ag__export_pass *st, void **self) {

@@ -72,9 +72,6 @@ int ag_joint_num_static_inputs(const ag_joint *j) {
 ag__subx_info *ag__joint_subclass_info(const ag_joint *j) {
     return j->subclass;
 }
-const ag_input_info *ag__joint_input_facts(const ag_joint *j) {
-    return j->in_info;
-}
 int ag_joint_static_input(const ag_joint *j, int i) {
     if (!j)
         return -1;
@@ -484,6 +481,11 @@ static ag_treespec *make_in_spec(int nlist, const char *const *kw, int nkw) {
 
 /* Upstream's order, outermost first (spec 6.2-6.3): stage-1 dedupe and synthetic bases, effect
  * tokens, subclasses, RNG functionalization, and the traced function's own extra outputs. */
+/* The wrappers, each in its feature's file. */
+extern const ag__export_wrapper ag__dedupe_synthetic_base_wrapper, ag__effect_tokens_wrapper,
+    ag__subclass_wrapper, ag__rng_wrapper, ag__input_mutations_wrapper,
+    ag__aliasing_outputs_wrapper;
+
 static const ag__export_wrapper *const wrappers[] = {
     &ag__dedupe_synthetic_base_wrapper,
     &ag__effect_tokens_wrapper,
@@ -516,59 +518,6 @@ static int run_hooks(ag__export_pass *st, hook_id h) {
         if (rc)
             return rc < 0 ? rc : ag__err(AG_ESTATE, "export: wrapper %s: status %d", w->name, rc);
     }
-    return 0;
-}
-
-static int grow(void **arr, int *cap, int need, size_t elem) {
-    if (need <= *cap)
-        return 0;
-    int n = *cap ? *cap * 2 : 16;
-    n = n < need ? need : n;
-    void *a = ag__calloc((size_t)n, elem);
-    if (!a)
-        return AG_ENOMEM;
-    if (*arr)
-        memcpy(a, *arr, elem * (size_t)*cap);
-    ag__free(*arr);
-    *arr = a;
-    *cap = n;
-    return 0;
-}
-
-int ag__export_primals(ag__export_pass *st, int n) {
-    size_t c = (size_t)(n ? n : 1);
-    st->prim = ag__calloc(c, sizeof *st->prim);
-    st->primal_t = ag__calloc(c, sizeof *st->primal_t);
-    st->primal_descs = ag__calloc(c, sizeof *st->primal_descs);
-    st->in_info = ag__calloc(c, sizeof *st->in_info);
-    if (!st->prim || !st->primal_t || !st->primal_descs || !st->in_info)
-        return AG_ENOMEM;
-    st->np = n;
-    return 0;
-}
-
-int ag__export_out(ag__export_pass *st, ag_section sec, ag_node *node, ag_desc *desc,
-                   ag_tensor *tangent) {
-    if (st->nout > 0 && sec < st->out[st->nout - 1].sec) {
-        ag_desc_release(desc);
-        return ag__err(AG_ESTATE, "export: an output of the %s after the %s", ag_section_name(sec),
-                       ag_section_name(st->out[st->nout - 1].sec));
-    }
-    if (grow((void **)&st->out, &st->cap_out, st->nout + 1, sizeof *st->out)) {
-        ag_desc_release(desc);
-        return AG_ENOMEM;
-    }
-    st->out[st->nout++] = (ag__export_output){sec, node, desc, tangent, -1};
-    return 0;
-}
-
-int ag__export_tangent(ag__export_pass *st, ag_desc *desc) {
-    if (grow((void **)&st->tangent_descs, &st->cap_tangent_descs, st->ntangent_descs + 1,
-             sizeof *st->tangent_descs)) {
-        ag_desc_release(desc);
-        return AG_ENOMEM;
-    }
-    st->tangent_descs[st->ntangent_descs++] = desc;
     return 0;
 }
 
@@ -853,8 +802,9 @@ static int flat_inputs(ag__export_pass *st) {
 
 /* After a pass: 0 when every wrapper takes its layout, 1 for another pass, or a refusal. */
 static int settle(ag__export_pass *st, const ag_joint *j) {
+    ag__export_settled f = {j->in_info + ag__joint_ntok(j), j->needs_autograd, &j->alias};
     for (int i = 0; i < NWRAPPERS; i++) {
-        int r = wrappers[i]->settle ? wrappers[i]->settle(st, &st->self[i], j) : 0;
+        int r = wrappers[i]->settle ? wrappers[i]->settle(st, &st->self[i], &f) : 0;
         if (r != 0)
             return r;
     }

@@ -23,9 +23,8 @@
 #define AG_EXPORT_WRAPPERS_H
 
 #include "../graph/graph_internal.h"
-#include "alias.h"
+#include "joint_facts.h"
 #include "aotgrad/export.h"
-#include "subclass_flatten.h"
 
 #define AG__EXPORT_MAX_WRAPPERS 16
 #define AG__EXPORT_MAX_OUTS 64 /* user outputs (flattened), and extra forward outputs */
@@ -93,6 +92,13 @@ typedef struct ag__export_pass {
 
 typedef int (*ag__export_hook)(ag__export_pass *st, void **self);
 
+/* What a `settle` hook sees of the joint a pass made. */
+typedef struct ag__export_settled {
+    const ag_input_info *in_info; /* per primal, forward tokens excluded */
+    bool needs_autograd;
+    const ag__joint_alias *alias; /* flat inputs -> primals */
+} ag__export_settled;
+
 typedef struct ag__export_wrapper {
     const char *name;
     /* Once, before the first pass, innermost wrapper first (the user's inputs meet the
@@ -131,16 +137,12 @@ typedef struct ag__export_wrapper {
     void (*end)(ag__export_pass *st, void **self);
     /* After a pass made joint j, outermost first, until one returns non-zero: 1 asks for
      * another pass (the layout changed), a negative status refuses the layout. */
-    int (*settle)(ag__export_pass *st, void **self, const ag_joint *j);
+    int (*settle)(ag__export_pass *st, void **self, const ag__export_settled *f);
     /* Once, after the last pass, innermost first: frees what `prepare` made. */
     void (*release)(ag__export_pass *st, void **self);
 } ag__export_wrapper;
 
-extern const ag__export_wrapper ag__dedupe_synthetic_base_wrapper, ag__effect_tokens_wrapper,
-    ag__subclass_wrapper, ag__rng_wrapper, ag__input_mutations_wrapper,
-    ag__aliasing_outputs_wrapper;
-
-/* ---- for the hooks (export.c) ---- */
+/* ---- for the hooks (export_wrappers.c) ---- */
 
 /* Makes room for n primals: st->prim, primal_t, primal_descs, in_info (zeroed); st->np = n. */
 int ag__export_primals(ag__export_pass *st, int n);
@@ -151,7 +153,5 @@ int ag__export_out(ag__export_pass *st, ag_section sec, ag_node *node, ag_desc *
 /* Appends a tangent placeholder's descriptor (the tangents', then the backward tokens'),
  * taking desc (released on failure too). */
 int ag__export_tangent(ag__export_pass *st, ag_desc *desc);
-/* The joint's input facts (all its primals, the forward tokens first; borrowed). */
-const ag_input_info *ag__joint_input_facts(const ag_joint *j);
 
 #endif

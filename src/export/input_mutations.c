@@ -190,8 +190,8 @@ static void mut_end(ag__export_pass *st, void **self) {
 }
 
 /* Another pass when this one cloned a primal late. */
-static int mut_settle(ag__export_pass *st, void **self, const ag_joint *j) {
-    (void)st, (void)j;
+static int mut_settle(ag__export_pass *st, void **self, const ag__export_settled *f) {
+    (void)st, (void)f;
     fresh_inputs *F = *self;
     return F && F->late ? 1 : 0;
 }

@@ -27,6 +27,7 @@
  * its input's structure (a TwoTensor's gradient is a TwoTensor, a plain input's is plain): the
  * compiled callable pairs gradients with primals by descriptor. */
 #include "subclass_flatten.h"
+#include "alias.h"
 #include "export_wrappers.h"
 #include "../nn/nn_internal.h"
 
@@ -745,10 +746,10 @@ static void sc_end(ag__export_pass *st, void **self) {
 
 /* The final layout: inputs merged into a base, or removed duplicates among a subclass's inner
  * tensors, are refused with upstream's message. */
-static int sc_settle(ag__export_pass *st, void **self, const ag_joint *j) {
+static int sc_settle(ag__export_pass *st, void **self, const ag__export_settled *f) {
     (void)st;
     const ag__subx *sx = *self;
-    const ag__joint_alias *a = ag__joint_alias_of(j);
+    const ag__joint_alias *a = f->alias;
     for (int i = 0; sx && i < a->nflat; i++)
         if (a->flat[i].kind == AG__FLAT_VIEW ||
             (a->flat[i].kind == AG__FLAT_DUP && ag__subx_flat_is_inner(sx, i)))

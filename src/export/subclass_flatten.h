@@ -9,6 +9,7 @@
 #ifndef AG_EXPORT_SUBCLASS_H
 #define AG_EXPORT_SUBCLASS_H
 
+#include "joint_facts.h"
 #include "../core/subclass_instance.h"
 #include "../graph/graph_internal.h"
 #include "aotgrad/export.h"
@@ -16,7 +17,7 @@
 /* What a joint with subclasses records for its compiled callable: the structure of every outer
  * input, of its gradient (as traced) and of every outer user output. Refcounted: the joint and
  * each compiled callable made from it hold one. */
-typedef struct ag__subx_info {
+struct ag__subx_info {
     int64_t refcount;
     int nin;          /* outer inputs: params, buffers, args, kwargs */
     ag__scmeta *in;   /* per outer input */
@@ -25,7 +26,7 @@ typedef struct ag__subx_info {
     ag__scmeta *out;  /* per outer user output */
     int nstatic;      /* flattened primals that come from params and buffers */
     int nflat_in, nflat_out;
-} ag__subx_info;
+};
 
 void ag__subx_info_release(ag__subx_info *info); /* NULL: no-op */
 ag__subx_info *ag__subx_info_retain(ag__subx_info *info);

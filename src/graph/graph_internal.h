@@ -116,13 +116,23 @@ int ag__node_meta_copy_key_as(ag_node *dst, const char *dst_key, const ag_node *
 const char *ag__graph_shared_str(ag_graph *g, const char *s);
 /* Sets key to s, a string from ag__graph_shared_str on n's graph, without copying it. */
 int ag__node_meta_set_shared(ag_node *n, const char *key, const char *s);
-/* modstack.c: 0 when v is what ag_node_meta_set may store under key (nn_module_stack or
+/* modstack_text.c: 0 when v is what ag_node_meta_set may store under key (nn_module_stack or
  * fwd_nn_module_stack): a string spelling a module stack as the printer does; else AG_EINVAL
  * with a message saying why (or AG_ENOMEM). */
 int ag__modstack_check(const char *key, ag_mval v);
-/* modstack.c: the text of the stack `parent` (NULL: the empty stack) with the frame (key, path,
- * type) added innermost, as a new string (ag__free), or NULL when out of memory. */
+/* modstack_text.c: the text of the stack `parent` (NULL: the empty stack) with the frame (key,
+ * path, type) added innermost, as a new string (ag__free), or NULL when out of memory. */
 char *ag__modstack_push(const char *parent, const char *key, const char *path, const char *type);
+/* modstack_text.c: reads text s as a stack: o->count frames, frame `want` (>= 0) decoded into
+ * o->f (ag__malloc'd strings the caller owns). 0, 1 when s is not a stack's text (o->why says
+ * why; nothing decoded is kept), or AG_ENOMEM. */
+typedef struct ag__modstack_scan_out {
+    int count;
+    const char *why;  /* when the text is not a stack: what is wrong */
+    int dup_a, dup_b; /* frames with the same key, for the message */
+    char *f[3];       /* the wanted frame's key, path and type */
+} ag__modstack_scan_out;
+int ag__modstack_scan(const char *s, int want, ag__modstack_scan_out *o);
 void ag__garg_free(ag_garg *a);
 const char *ag__recompute_name(ag_recompute r);
 

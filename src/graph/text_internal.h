@@ -1,6 +1,6 @@
 /* Helpers shared by the graph printer (print.c), parser (parse.c) and DOT writer (dot.c): a
  * growing string buffer, and the spellings of values that all three must agree on (VALs,
- * Python-quoted strings, round-tripping floats, descriptor reprs). Defined in print.c. */
+ * Python-quoted strings, round-tripping floats, descriptor reprs). Defined in text_internal.c. */
 #ifndef AG_TEXT_INTERNAL_H
 #define AG_TEXT_INTERNAL_H
 
