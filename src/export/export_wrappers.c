@@ -54,4 +54,3 @@ int ag__export_tangent(ag__export_pass *st, ag_desc *desc) {
     st->tangent_descs[st->ntangent_descs++] = desc;
     return 0;
 }
-

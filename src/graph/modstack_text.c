@@ -1,5 +1,6 @@
 /* Module stacks' text: nn_module_stack and fwd_nn_module_stack (include/aotgrad/graph.h,
- * "module stacks"; the node accessors are in modstack.c). A stack's text is the Python repr of upstream's dict,
+ * "module stacks"; the node accessors are in modstack.c). A stack's text is the Python repr of
+ * upstream's dict,
  * {'L__self__': ('', 'GPT'), 'L__self__lm_head': ('lm_head', 'Linear')}; it is both the stored
  * form and the printed one, so a stack costs a node one metadata entry pointing at a string
  * its graph keeps once (ag__graph_shared_str), and the printer writes it as it is. This file
@@ -80,7 +81,6 @@ static bool accept(const char **p, const char *end, const char *word) {
     *p += n;
     return true;
 }
-
 
 /* Reads text s as a stack: o->count frames, frame `want` (>= 0) decoded into o->f. Returns 0,
  * 1 when s is not a stack's text (o->why says why; nothing decoded is kept), or AG_ENOMEM. */
@@ -180,4 +180,3 @@ int ag__modstack_check(const char *key, ag_mval v) {
                    key, s, strlen(s) > 80 ? "..." : "", AG_MODULE_STACK_MAX, o.why ? o.why : "?",
                    dup);
 }
-

@@ -184,4 +184,3 @@ void ag__sb_name(ag__sbuf *b, const char *name) {
 }
 
 /* ---- nodes ---- */
-
