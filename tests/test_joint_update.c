@@ -349,11 +349,145 @@ static void test_refused(void **st) {
     teardown(&f);
 }
 
+/* Hostile transforms: every placeholder and output of the mlp and convbn joints given each of a
+ * set of wrong descriptors in turn. ag_joint_update either refuses with a message or takes the
+ * graph; ag_compile_joint then either refuses with a message or compiles; nothing crashes or
+ * leaks (the ASan build), and a refused update leaves the joint compiling as before. */
+static ag_desc *hostile_desc(int k, const ag_desc *was) {
+    ag_desc *p = ag_desc_param("no.such.param"), *po = ag_desc_plain_output(7);
+    ag_desc *r = NULL;
+    switch (k) {
+    case 0:
+        r = ag_desc_retain(p);
+        break;
+    case 1:
+        r = ag_desc_tangent(po);
+        break;
+    case 2:
+        r = ag_desc_plain_input(9);
+        break;
+    case 3:
+        r = ag_desc_buffer("bn.running_mean");
+        break;
+    case 4:
+        r = ag_desc_forward_token_input(0);
+        break;
+    case 5:
+        r = ag_desc_philox_forward_seed();
+        break;
+    case 6:
+        r = ag_desc_retain(po);
+        break;
+    case 7:
+        r = ag_desc_grad(p);
+        break;
+    case 8:
+        r = ag_desc_input_mutation(p);
+        break;
+    case 9:
+        r = ag_desc_saved_for_backwards(0);
+        break;
+    case 10:
+        r = was ? ag_desc_grad(was) : NULL;
+        break;
+    default:
+        break;
+    }
+    ag_desc_release(p);
+    ag_desc_release(po);
+    return r;
+}
+
+static void test_hostile_descriptors(void **st) {
+    (void)st;
+    const char *models[] = {"mlp", "convbn"};
+    for (int mi = 0; mi < 2; mi++) {
+        ag_module *m;
+        ag_tensor *in[8];
+        int nin;
+        assert_int_equal(ag_zoo_build(models[mi], NULL, &m, in, 8, &nin), 0);
+        ag_joint *j = ag_export_joint(m, in, nin, NULL, NULL, 0, NULL);
+        assert_non_null(j);
+        ag_node **ph;
+        int nph = ag_graph_placeholders(ag_joint_graph(j), &ph);
+        int nout = ag_node_arg(ag_graph_output_node(ag_joint_graph(j)), 0)->n;
+        int taken = 0, refused = 0;
+        for (int slot = 0; slot < nph + nout; slot++)
+            for (int k = 0; k < 11; k++) {
+                ag_joint *jj = ag_export_joint(m, in, nin, NULL, NULL, 0, NULL);
+                ag_graph *g = ag_graph_copy(ag_joint_graph(jj));
+                ag_node **gph;
+                ag_graph_placeholders(g, &gph);
+                ag_node *o = ag_graph_output_node(g);
+                if (slot < nph) {
+                    ag_desc *d = hostile_desc(k, ag_node_desc(gph[slot]));
+                    if (!d || ag_node_set_desc(gph[slot], d)) {
+                        ag_desc_release(d);
+                        ag_graph_free(g);
+                        ag_joint_free(jj);
+                        continue;
+                    }
+                    ag_desc_release(d);
+                } else {
+                    int os = slot - nph;
+                    ag_desc *ds[64] = {0};
+                    for (int i = 0; i < nout && i < 64; i++)
+                        ds[i] = ag_desc_retain(ag_node_output_desc(o, i));
+                    ag_desc_release(ds[os]);
+                    ds[os] = hostile_desc(k, NULL);
+                    int rc = ag_node_set_output_descs(o, ds, nout);
+                    for (int i = 0; i < nout && i < 64; i++)
+                        ag_desc_release(ds[i]);
+                    if (rc) {
+                        ag_graph_free(g);
+                        ag_joint_free(jj);
+                        continue;
+                    }
+                }
+                if (ag_joint_update(jj, g) < 0) {
+                    assert_true(strlen(ag_last_error()) > 0);
+                    refused++;
+                } else {
+                    taken++;
+                    ag_compiled *c = ag_compile_joint(jj, NULL);
+                    if (!c)
+                        assert_true(strlen(ag_last_error()) > 0);
+                    /* ... and a call and a backward either run or fail with a message */
+                    ag_scope_begin();
+                    ag_tensor *outs[16] = {0};
+                    int r = c ? ag_compiled_call_module(c, m, in, nin, outs, 16) : -1;
+                    if (c && r < 0)
+                        assert_true(strlen(ag_last_error()) > 0);
+                    ag_tensor *loss = NULL;
+                    for (int q = 0; q < r; q++)
+                        if (outs[q] && ag_tensor_requires_grad(outs[q]))
+                            loss = loss ? ag_add(loss, ag_sum_all(outs[q])) : ag_sum_all(outs[q]);
+                    if (loss && ag_backward(loss, NULL, false) < 0)
+                        assert_true(strlen(ag_last_error()) > 0);
+                    ag_scope_end();
+                    ag_compiled_free(c);
+                }
+                /* the joint still compiles after a refusal, or after any update it took */
+                ag_joint_free(jj);
+            }
+        assert_true(refused > 0);
+        ag_compiled *c = ag_compile_joint(j, NULL);
+        assert_non_null(c);
+        ag_compiled_free(c);
+        ag_joint_free(j);
+        ag_module_free(m);
+        for (int i = 0; i < nin; i++)
+            ag_tensor_free(in[i]);
+        print_message("%s: %d hostile graphs refused by the update, %d taken\n", models[mi],
+                      refused, taken);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shard_parameter), cmocka_unit_test(test_add_buffer_input),
         cmocka_unit_test(test_drop_tangent),    cmocka_unit_test(test_insert_custom_op),
-        cmocka_unit_test(test_refused),
+        cmocka_unit_test(test_refused),         cmocka_unit_test(test_hostile_descriptors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
