@@ -418,6 +418,9 @@ static long c_ag_joint_free(void) {
 static long c_ag_joint_graph(void) {
     return ag_joint_graph(NULL) == NULL;
 }
+static long c_ag_set_error(void) {
+    return ag_set_error(AG_EINVAL, NULL) == AG_EINVAL ? 0 : 1;
+}
 static long c_ag_set_allocator(void) {
     ag_set_allocator(NULL); /* the default again */
     return 0;
@@ -1588,6 +1591,7 @@ static const row rows[] = {
     {"ag_joint_free", 'A', 'O', c_ag_joint_free, NULL},
     {"ag_joint_graph", 'A', 'R', c_ag_joint_graph, NULL},
     {"ag_set_allocator", 'N', 'O', c_ag_set_allocator, NULL},
+    {"ag_set_error", 'N', 'O', c_ag_set_error, NULL},
     {"ag_free", 'N', 'O', c_ag_free, NULL},
     {"ag_joint_update", 'F', 'I', c_ag_joint_update, NULL},
     {"ag_joint_layout", 'A', 'R', c_ag_joint_layout, NULL},

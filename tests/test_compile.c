@@ -547,12 +547,68 @@ static void test_hook_prepartitioned(void **st) {
         ag_tensor_free(in2[i]);
 }
 
+/* Hooks that return nonsense are refused with a message, never run: a partition function that
+ * returns no graphs, one that returns the joint for both halves, a compiler that returns no run
+ * function, a compiler that fails. */
+static int part_none(const ag_graph *joint, int nfw, void *user, ag_graph **fw, ag_graph **bw) {
+    (void)joint, (void)nfw, (void)user;
+    *fw = *bw = NULL;
+    return 0;
+}
+static int part_joint_twice(const ag_graph *joint, int nfw, void *user, ag_graph **fw,
+                            ag_graph **bw) {
+    (void)nfw, (void)user;
+    *fw = ag_graph_copy(joint);
+    *bw = ag_graph_copy(joint);
+    return 0;
+}
+static int compiler_no_run(const ag_graph *g, void *user, ag_runnable *out) {
+    (void)g, (void)user;
+    *out = (ag_runnable){0};
+    return 0;
+}
+static int compiler_fails(const ag_graph *g, void *user, ag_runnable *out) {
+    (void)g, (void)user, (void)out;
+    return ag_set_error(AG_ENOTSUP, "my_backend: no kernel for this graph");
+}
+
+static void test_hook_nonsense_refused(void **st) {
+    (void)st;
+    ag_module *m;
+    ag_tensor *in[8];
+    int nin;
+    assert_int_equal(ag_zoo_build("mlp", NULL, &m, in, 8, &nin), 0);
+    ag_joint *j = ag_export_joint(m, in, nin, NULL, NULL, 0, NULL);
+    assert_non_null(j);
+    ag_compile_opts a = {.partition_fn = part_none};
+    assert_null(ag_compile_joint(j, &a));
+    assert_non_null(strstr(ag_last_error(), "the partition function returned no forward graph"));
+    ag_compile_opts b = {.partition_fn = part_joint_twice};
+    assert_null(ag_compile_joint(j, &b));
+    assert_non_null(strstr(ag_last_error(), "compile: the forward graph takes 7 primals, 0 forward "
+                                            "tokens and 1 backward inputs"));
+    ag_compile_opts c1 = {.fw_compiler = compiler_no_run};
+    assert_null(ag_compile_joint(j, &c1));
+    assert_non_null(strstr(ag_last_error(), "the forward compiler returned no run function"));
+    ag_compile_opts c2 = {.bw_compiler = compiler_fails};
+    assert_null(ag_compile_joint(j, &c2));
+    assert_non_null(strstr(ag_last_error(), "my_backend: no kernel for this graph"));
+    ag_joint_free(j);
+    ag_module_free(m);
+    for (int i = 0; i < nin; i++)
+        ag_tensor_free(in[i]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_zoo_against_eager),          cmocka_unit_test(test_float64_exact),
-        cmocka_unit_test(test_transform_halves_gradients), cmocka_unit_test(test_runtime_wrappers),
-        cmocka_unit_test(test_hook_partition_function),    cmocka_unit_test(test_hook_compilers),
+        cmocka_unit_test(test_zoo_against_eager),
+        cmocka_unit_test(test_float64_exact),
+        cmocka_unit_test(test_transform_halves_gradients),
+        cmocka_unit_test(test_runtime_wrappers),
+        cmocka_unit_test(test_hook_partition_function),
+        cmocka_unit_test(test_hook_compilers),
         cmocka_unit_test(test_hook_prepartitioned),
+        cmocka_unit_test(test_hook_nonsense_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -103,9 +103,10 @@ typedef struct ag_runnable {
     void *self;
 } ag_runnable;
 
-/* A compiler: fills *out with a runnable for g, or returns a negative status. g is borrowed and
- * outlives the runnable (the compiled callable keeps it); the compiler may rewrite nothing in it
- * (copy it to transform it). user is the pointer given with the compiler in ag_compile_opts. */
+/* A compiler: fills *out with a runnable for g, or returns a negative status (with a message:
+ * ag_set_error). g is borrowed and outlives the runnable (the compiled callable keeps it); the
+ * compiler may rewrite nothing in it (copy it to transform it). user is the pointer given with
+ * the compiler in ag_compile_opts. */
 typedef int (*ag_compiler_fn)(const ag_graph *g, void *user, ag_runnable *out);
 
 /* The two built-in compilers. The planned executor: user is a const ag_plan_opts * or NULL

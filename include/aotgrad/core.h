@@ -77,6 +77,11 @@ AG_API const char *ag_last_error(void);
 /* The status code of the last failed call on this thread (0 if none). */
 AG_API int ag_last_status(void);
 AG_API void ag_clear_error(void);
+/* Sets this thread's error, as a failing library call does, and returns status (a status that
+ * is not negative becomes AG_EINVAL): for code the library calls back (a graph compiler, a
+ * partition function, a custom op's kernel or meta function) to say why it failed. printf-style
+ * fmt; the message is truncated at 1023 bytes. */
+AG_API int ag_set_error(int status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ---- allocation ---- */
 

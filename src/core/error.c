@@ -18,6 +18,21 @@ int ag__err(int code, const char *fmt, ...) {
     return code;
 }
 
+int ag_set_error(int status, const char *fmt, ...) {
+    if (status >= 0)
+        status = AG_EINVAL; /* a failure is negative */
+    va_list ap;
+    va_start(ap, fmt);
+    if (fmt)
+        vsnprintf(err_msg, sizeof err_msg, fmt, ap);
+    else
+        err_msg[0] = 0;
+    va_end(ap);
+    err_code = status;
+    err_count++;
+    return status;
+}
+
 uint64_t ag__err_count(void) {
     return err_count;
 }

@@ -330,6 +330,27 @@ static int read_forward(ag_compiled *c, const ag_joint *j) {
             return ag__err(AG_EINVAL, "compile: forward output %d is %s; the joint's is %s", k, a,
                            b);
         }
+    /* The forward takes the joint's forward inputs and returns, after the forward outputs, only
+     * values saved for the backward (their descriptors say so when it has a backward). */
+    ag_layout fl;
+    int rc = ag_graph_layout(c->fw, 0, &fl);
+    if (rc)
+        return rc;
+    int nback = ag_layout_count(&fl, AG_SEC_IN_TANGENTS) +
+                ag_layout_count(&fl, AG_SEC_IN_BW_TOKENS) + ag_layout_count(&fl, AG_SEC_IN_BW_RNG);
+    if (nback > 0 || ag_layout_count(&fl, AG_SEC_IN_PRIMALS) != c->nprimals ||
+        ag_layout_count(&fl, AG_SEC_IN_FW_TOKENS) != c->ntok_fw)
+        return ag__err(AG_EINVAL,
+                       "compile: the forward graph takes %d primals, %d forward tokens "
+                       "and %d backward inputs; the joint's forward takes %d, %d and 0",
+                       ag_layout_count(&fl, AG_SEC_IN_PRIMALS),
+                       ag_layout_count(&fl, AG_SEC_IN_FW_TOKENS), nback, c->nprimals, c->ntok_fw);
+    if (c->bw && ag_layout_count(&fl, AG_SEC_OUT_SAVED) != nfo - nfw)
+        return ag__err(AG_EINVAL,
+                       "compile: the forward graph returns %d outputs after the joint's "
+                       "%d forward outputs, %d of them described "
+                       "SavedForBackwardsAOTOutput",
+                       nfo - nfw, nfw, ag_layout_count(&fl, AG_SEC_OUT_SAVED));
     c->nsaved = c->bw ? nfo - nfw : 0;
     c->saved_primal = ag__calloc((size_t)(c->nsaved ? c->nsaved : 1), sizeof *c->saved_primal);
     if (!c->saved_primal)
