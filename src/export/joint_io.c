@@ -992,13 +992,13 @@ static int check_subclass(ag_joint *j, const lines *L, const char *fn, int nspec
           nspec_in, sx->nin);
     CHECK(nspec_out == sx->nout, L->out_spec, "out_spec has %d leaves; subclass_outputs lists %d",
           nspec_out, sx->nout);
-    CHECK(j->nparams + j->nbuffers <= sx->nin, L->sub_in - 1,
+    CHECK(j->nparams + j->nbuffers <= sx->nin, L->sub_in,
           "%d subclass inputs, fewer than the %d params and buffers", sx->nin,
           j->nparams + j->nbuffers);
-    CHECK(sx->nflat_in == j->alias.nflat, L->sub_in - 1,
+    CHECK(sx->nflat_in == j->alias.nflat, L->sub_in,
           "the subclass inputs flatten into %d tensors; flat_inputs lists %d", sx->nflat_in,
           j->alias.nflat);
-    CHECK(sx->nflat_out == j->nuser_out, L->sub_out - 1,
+    CHECK(sx->nflat_out == j->nuser_out, L->sub_out,
           "the subclass outputs flatten into %d tensors; the graph has %d user outputs",
           sx->nflat_out, j->nuser_out);
     for (int i = 0; i < sx->nin; i++)
@@ -1035,9 +1035,10 @@ static int check_subclass(ag_joint *j, const lines *L, const char *fn, int nspec
     memset(vals, 0, sizeof *vals * ((size_t)nv + 1));
     ag_node *on = ag_graph_output_node(j->g);
     int o0 = ag_layout_start(lay, AG_SEC_OUT_USER);
-    for (int u = 0; on && u < sx->nflat_out; u++) {
-        ag_node *x = ag_node_arg_node(on, o0 + u);
-        vals[u] = x ? ag_node_val(x, 0) : NULL;
+    const ag_garg *oa = on && ag_node_nargs(on) > 0 ? ag_node_arg(on, 0) : NULL;
+    for (int u = 0; oa && oa->kind == AG_GA_NODES && u < sx->nflat_out && o0 + u < oa->n; u++) {
+        ag_node *x = oa->u.nodes[o0 + u];
+        vals[u] = x && ag_node_num_vals(x) == 1 ? ag_node_val(x, 0) : NULL;
     }
     k = 0;
     for (int i = 0; i < sx->nout && rc == 0; i++) {
