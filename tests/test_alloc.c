@@ -965,12 +965,12 @@ static int scenario_joint_file(void *ud) {
     return rc;
 }
 
-static void test_alloc_failures_joint_io(void **st) {
-    (void)st;
+/* The sweeps over the zoo model `name`'s joint; the allocation points counted. */
+static void joint_io_sweeps(const char *name, int64_t *points_out, int64_t *fpoints_out) {
     ag_module *m;
     ag_tensor *in[8];
     int nin = 0;
-    assert_int_equal(ag_zoo_build("mlp", NULL, &m, in, 8, &nin), 0);
+    assert_int_equal(ag_zoo_build(name, NULL, &m, in, 8, &nin), 0);
     jio_case c = {0};
     c.j = ag_export_joint(m, in, nin, NULL, NULL, 0, NULL);
     assert_non_null(c.j);
@@ -984,7 +984,7 @@ static void test_alloc_failures_joint_io(void **st) {
     o.persistent = true;
     o.what = "joint save, load, hash, memory exhausted";
     assert_int_equal(tu_alloc_failure_sweep(scenario_joint_io, &c, &o), points);
-    print_message("joint io: %lld allocation points in memory, %lld through a file\n",
+    print_message("joint io (%s): %lld allocation points in memory, %lld through a file\n", name,
                   (long long)points, (long long)fpoints);
     remove(c.path);
     ag_free(c.text);
@@ -992,8 +992,21 @@ static void test_alloc_failures_joint_io(void **st) {
     for (int i = 0; i < nin; i++)
         ag_tensor_free(in[i]);
     ag_module_free(m);
+    *points_out = points;
+    *fpoints_out = fpoints;
+}
+
+static void test_alloc_failures_joint_io(void **st) {
+    (void)st;
+    int64_t points, fpoints;
+    joint_io_sweeps("mlp", &points, &fpoints);
     assert_true(points >= 100);
     assert_true(fpoints >= 50);
+    /* TwoTensor parameters and output: the subclass lines written, read and checked. */
+    int64_t tpoints, tfpoints;
+    joint_io_sweeps("two_tensor", &tpoints, &tfpoints);
+    assert_true(tpoints >= 100);
+    assert_true(tfpoints >= 50);
 }
 
 int main(void) {

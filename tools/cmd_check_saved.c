@@ -17,7 +17,8 @@
  * integer ones zero (valid indices for any embedding), requiring grad as the saved input facts
  * say. The loss is the weighted sum of the outputs, as `aotgrad check MODEL`. Joints whose flat
  * inputs share memory (a deduplicated or merged input) need the caller's aliasing, which the
- * file does not give: they are refused with a message. */
+ * file does not give: they are refused with a message, as are joints with tensor subclass
+ * inputs or outputs (this check makes plain inputs only). */
 #include "cli.h"
 
 #include <math.h>
@@ -161,10 +162,39 @@ static int finite_differences(const char *path, side *s, int nin, double *err, d
     return 0;
 }
 
+/* 1 with a message when the joint takes or returns tensor subclasses: the inputs this check
+ * makes are plain tensors, and it does not build instances. */
+static int refuse_subclasses(const char *path, const ag_joint *j) {
+    ag_node **ph;
+    int nph = ag_graph_placeholders(ag_joint_graph(j), &ph);
+    ag_node *out = ag_graph_output_node(ag_joint_graph(j));
+    int nout = ag_joint_num_user_outputs(j) + ag_joint_num_mutated_inputs(j);
+    const char *what = NULL;
+    for (int i = 0; i < nph && !what; i++)
+        if (ag_node_desc(ph[i]) &&
+            ag_desc_kind_of(ag_node_desc(ph[i])) == AG_DESC_SUBCLASS_GETATTR_INPUT)
+            what = "takes";
+    for (int k = 0; out && k < nout && !what; k++)
+        if (ag_node_output_desc(out, k) &&
+            ag_desc_kind_of(ag_node_output_desc(out, k)) == AG_DESC_SUBCLASS_GETATTR_OUTPUT)
+            what = "returns";
+    if (!what)
+        return 0;
+    fprintf(stderr,
+            "aotgrad check: %s: the joint %s tensor subclass instances; checking a saved joint "
+            "makes plain random inputs only, check the model by name instead\n",
+            path, what);
+    return 1;
+}
+
 int cli_check_saved(const char *path, const ag_compile_opts *co, long long steps) {
     ag_joint *j = cli_load_joint("check", path);
     if (!j)
         return 1;
+    if (refuse_subclasses(path, j)) {
+        ag_joint_free(j);
+        return 1;
+    }
     int nin = ag_joint_num_flat_inputs(j), status = 0;
     side a = {0}, b = {0};
     if (nin > MAXIO) {

@@ -275,8 +275,11 @@ AG_API int ag_joint_primals_from_flat(const ag_joint *j, ag_tensor *const *flat,
  * every metadata item. A loaded joint behaves as the saved one: its accessors answer the same,
  * ag_compile_joint makes the same callable of it, and saving it again gives the same text. The
  * counts (primals, tangents, tokens, philox inputs, extra outputs) come from the graph's layout.
- * Joints with tensor subclasses (include/aotgrad/subclass.h) are refused with AG_ENOTSUP: their
- * flattening is not in the format. */
+ * A joint with tensor subclasses (include/aotgrad/subclass.h) also writes the structure of each
+ * outer input, its gradient and each outer output (subclass_inputs, subclass_grads,
+ * subclass_outputs); the loader finds the types by name and knows the library's own
+ * (TwoTensor, ScaledInt8Tensor): save refuses with AG_ENOTSUP a joint with a user-defined type,
+ * and load refuses an unknown name ("line 31: no tensor subclass type 'Foo' is registered"). */
 
 /* The saved text in *text (NUL-terminated, from the allocator: free it with ag_free) and its
  * length in *len (len may be NULL). On failure *text is untouched. */

@@ -17,6 +17,7 @@
 #include "../core/pystr.h"
 #include "../graph/text_internal.h"
 #include "joint_internal.h"
+#include "subclass_flatten.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -79,13 +80,70 @@ static void put_spec(ag__sbuf *b, const ag_treespec *s) {
     ag__sb_putc(b, '\n');
 }
 
-static int refuse_subclasses(const ag_joint *j, const char *fn) {
-    if (j->subclass)
+/* ---- tensor subclasses ---- */
+
+/* The subclass types a saved joint may name: the loader finds them by name. */
+static const ag_subclass_type *known_type(const char *name, size_t n) {
+    const ag_subclass_type *const types[] = {ag_two_tensor_type(), ag_scaled_int8_type()};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
+        if (strlen(types[i]->name) == n && !memcmp(types[i]->name, name, n))
+            return types[i];
+    return NULL;
+}
+
+/* 0, or AG_ENOTSUP naming the first type in m the loader could not find by its name. */
+static int check_known(const ag__scmeta *m, const char *what, int i, const char *fn) {
+    if (!m->type)
+        return 0;
+    if (known_type(m->type->name, strlen(m->type->name)) != m->type)
         return ag__err(AG_ENOTSUP,
-                       "%s: the joint has tensor subclass inputs or outputs (their "
-                       "flattening is not in the saved format); save a joint of "
-                       "plain tensors",
-                       fn);
+                       "%s: %s %d is a %s, a tensor subclass type the loader cannot find by its "
+                       "name (it knows TwoTensor and ScaledInt8Tensor)",
+                       fn, what, i, m->type->name);
+    for (int k = 0; k < m->type->ninner; k++)
+        if (check_known(&m->inner[k], what, i, fn))
+            return AG_ENOTSUP;
+    return 0;
+}
+
+/* "TwoTensor(GEOM; a=GEOM, b=GEOM)", nested instances in place of an inner GEOM, and
+ * "; meta=HEX" (the metadata's bytes) before the ')' for a type with metadata. */
+static void put_scmeta(ag__sbuf *b, const ag__scmeta *m) {
+    if (!m->type) {
+        put_geom(b, &m->outer);
+        return;
+    }
+    ag__sb_printf(b, "%s(", m->type->name);
+    put_geom(b, &m->outer);
+    for (int k = 0; k < m->type->ninner; k++) {
+        ag__sb_printf(b, "%s%s=", k ? ", " : "; ", m->type->attrs[k]);
+        put_scmeta(b, &m->inner[k]);
+    }
+    if (m->type->meta_size) {
+        ag__sb_puts(b, "; meta=");
+        for (size_t i = 0; i < m->type->meta_size; i++)
+            ag__sb_printf(b, "%02x", ((const unsigned char *)m->meta)[i]);
+    }
+    ag__sb_putc(b, ')');
+}
+
+static void put_scmetas(ag__sbuf *b, const char *key, const ag__scmeta *m, int n) {
+    ag__sb_printf(b, "%s: %d\n", key, n);
+    for (int i = 0; i < n; i++) {
+        ag__sb_printf(b, "  %d %s", i, m[i].type ? "" : "plain ");
+        put_scmeta(b, &m[i]);
+        ag__sb_putc(b, '\n');
+    }
+}
+
+static int check_savable(const ag_joint *j, const char *fn) {
+    const ag__subx_info *sx = j->subclass;
+    for (int i = 0; sx && i < sx->nin; i++)
+        if (check_known(&sx->in[i], "input", i, fn) || check_known(&sx->grad[i], "gradient", i, fn))
+            return AG_ENOTSUP;
+    for (int k = 0; sx && k < sx->nout; k++)
+        if (check_known(&sx->out[k], "output", k, fn))
+            return AG_ENOTSUP;
     if (j->alias.nuser != j->nuser_out || j->alias.nprimals != j->nprimals - ag__joint_ntok(j))
         return ag__err(AG_EINVAL,
                        "%s: the joint's aliasing facts cover %d primals and %d "
@@ -147,7 +205,7 @@ static char *canonical_graph_text(const ag_graph *src) {
 
 /* The saved text; canonical: the hash's form (canonical_graph_text). */
 static char *save_text(const ag_joint *j, bool canonical, size_t *len, const char *fn) {
-    if (refuse_subclasses(j, fn))
+    if (check_savable(j, fn))
         return NULL;
     const ag__joint_alias *a = &j->alias;
     ag__sbuf b = {0};
@@ -197,6 +255,11 @@ static char *save_text(const ag_joint *j, bool canonical, size_t *len, const cha
     }
     ag__sb_printf(&b, "metadata_mutations: %d\nintermediate_bases: %d\n", a->nmetadata_mutations,
                   a->nintermediate_bases);
+    if (j->subclass) {
+        put_scmetas(&b, "subclass_inputs", j->subclass->in, j->subclass->nin);
+        put_scmetas(&b, "subclass_grads", j->subclass->grad, j->subclass->nin);
+        put_scmetas(&b, "subclass_outputs", j->subclass->out, j->subclass->nout);
+    }
     ag_print_opts po = {.seq_nr = true, .stack_trace = true};
     char *gs = b.oom       ? NULL
                : canonical ? canonical_graph_text(j->g)
@@ -671,10 +734,139 @@ static int read_source(rd *r, ag__primal_info *pi, int p) {
     return end_of_line(r);
 }
 
+static int line_err(const char *fn, int line, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int line_err(const char *fn, int line, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return ag__err(AG_EFORMAT, "%s: line %d: %s", fn, line, msg);
+}
+
+static int hexval(char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+}
+
+/* One creation meta (put_scmeta) into m (a cleared leaf, which ag__scmeta_clear frees at any
+ * point); top: an entry, "plain GEOM" or an instance; else an inner tensor, GEOM or an
+ * instance. */
+static int get_scmeta(rd *r, ag__scmeta *m, int depth, bool top) {
+    if (top && lit(r, "plain "))
+        return get_geom(r, &m->outer) ? 0 : bad(r, "expected a geometry after 'plain '");
+    const char *q = r->p;
+    while (q < r->eol && (*q == '_' || (*q >= 'a' && *q <= 'z') || (*q >= 'A' && *q <= 'Z') ||
+                          (q > r->p && *q >= '0' && *q <= '9')))
+        q++;
+    if (q == r->p || q == r->eol || *q != '(') {
+        if (top)
+            return bad(r, "expected 'plain GEOM' or a tensor subclass 'TYPE(GEOM; ATTR=...)'");
+        return get_geom(r, &m->outer) ? 0 : bad(r, "expected a geometry or a tensor subclass");
+    }
+    const ag_subclass_type *type = known_type(r->p, (size_t)(q - r->p));
+    if (!type)
+        return ag__err(AG_EFORMAT,
+                       "%s: line %d: no tensor subclass type '%.*s' is registered (the loader "
+                       "knows TwoTensor and ScaledInt8Tensor)",
+                       r->fn, r->line, (int)(q - r->p), r->p);
+    if (depth >= SPEC_MAX_DEPTH)
+        return bad(r, "tensor subclasses nested more than 64 deep");
+    r->p = q + 1;
+    if (!get_geom(r, &m->outer))
+        return bad(r, "expected the subclass tensor's geometry");
+    if (!(m->inner = ag__calloc((size_t)type->ninner, sizeof *m->inner)))
+        return AG_ENOMEM;
+    m->type = type;
+    m->nflat = 0;
+    for (int k = 0; k < type->ninner; k++)
+        m->inner[k].nflat = 1;
+    if (type->meta_size && !(m->meta = ag__calloc(1, type->meta_size)))
+        return AG_ENOMEM;
+    for (int k = 0; k < type->ninner; k++) {
+        char what[96];
+        snprintf(what, sizeof what, "expected '%s%s=' (inner tensor %d of %s)", k ? ", " : "; ",
+                 type->attrs[k], k, type->name);
+        if (!lit(r, k ? ", " : "; ") || !lit(r, type->attrs[k]) || !lit(r, "="))
+            return bad(r, what);
+        int rc = get_scmeta(r, &m->inner[k], depth + 1, false);
+        if (rc)
+            return rc;
+        m->nflat += m->inner[k].nflat;
+    }
+    if (type->meta_size) {
+        char what[96];
+        snprintf(what, sizeof what, "expected '; meta=' and %zu hex bytes (%s's metadata)",
+                 type->meta_size, type->name);
+        if (!lit(r, "; meta=") || (size_t)(r->eol - r->p) < 2 * type->meta_size)
+            return bad(r, what);
+        for (size_t i = 0; i < type->meta_size; i++) {
+            int hi = hexval(r->p[0]), lo = hexval(r->p[1]);
+            if (hi < 0 || lo < 0)
+                return bad(r, what);
+            ((unsigned char *)m->meta)[i] = (unsigned char)(hi * 16 + lo);
+            r->p += 2;
+        }
+    }
+    return lit(r, ")") ? 0 : bad(r, "expected ')'");
+}
+
+/* "key: N" and N entries; *out from ag__calloc (N + 1 cleared leaves). */
+static int read_scmetas(rd *r, const char *key, const char *what, ag__scmeta **out, int *n) {
+    int rc = count_line(r, key, n);
+    if (rc)
+        return rc;
+    if (!(*out = ag__calloc((size_t)*n + 1, sizeof **out)))
+        return AG_ENOMEM;
+    for (int i = 0; i <= *n; i++)
+        (*out)[i].nflat = 1;
+    for (int i = 0; i < *n; i++)
+        if ((rc = entry_start(r, i, what)) || (rc = get_scmeta(r, &(*out)[i], 0, true)) ||
+            (rc = end_of_line(r)))
+            return rc;
+    return 0;
+}
+
 /* Lines of the header, for the checks against the graph. */
 typedef struct lines {
     int input_info, output_info, flat, sources, metamut, inter, in_spec, out_spec;
+    int sub_in, sub_grad, sub_out; /* 0: no subclass lines */
 } lines;
+
+/* The subclass lines (after intermediate_bases) into a new j->subclass. */
+static int read_subclass(rd *r, ag_joint *j, lines *L) {
+    ag__subx_info *sx = ag__calloc(1, sizeof *sx);
+    if (!sx)
+        return AG_ENOMEM;
+    sx->refcount = 1;
+    j->subclass = sx;
+    int ngrad = 0, rc;
+    if ((rc = read_scmetas(r, "subclass_inputs", "subclass input", &sx->in, &sx->nin)))
+        return rc;
+    L->sub_in = r->line - sx->nin;
+    ag__scmeta *grad = NULL; /* kept apart until its count is known to be nin */
+    rc = read_scmetas(r, "subclass_grads", "subclass gradient", &grad, &ngrad);
+    L->sub_grad = r->line - ngrad;
+    if (rc == 0 && ngrad != sx->nin)
+        rc = line_err(r->fn, L->sub_grad,
+                      "subclass_grads lists %d gradients; subclass_inputs lists %d inputs", ngrad,
+                      sx->nin);
+    if (rc) {
+        for (int i = 0; grad && i < ngrad; i++)
+            ag__scmeta_clear(&grad[i]);
+        ag__free(grad);
+        return rc;
+    }
+    sx->grad = grad;
+    if ((rc = read_scmetas(r, "subclass_outputs", "subclass output", &sx->out, &sx->nout)))
+        return rc;
+    L->sub_out = r->line - sx->nout;
+    for (int i = 0; i < sx->nin; i++)
+        sx->nflat_in += sx->in[i].nflat;
+    for (int k = 0; k < sx->nout; k++)
+        sx->nflat_out += sx->out[k].nflat;
+    return 0;
+}
 
 /* Reads the header into j (which ag_joint_free can free at any point). */
 static int read_header(rd *r, ag_joint *j, lines *L) {
@@ -748,6 +940,9 @@ static int read_header(rd *r, ag_joint *j, lines *L) {
     if ((rc = count_line(r, "intermediate_bases", &a->nintermediate_bases)))
         return rc;
     L->inter = r->line;
+    rd peek = *r;
+    if (next_line(&peek) && lit(&peek, "subclass_inputs: "))
+        return read_subclass(r, j, L);
     return 0;
 }
 
@@ -763,25 +958,104 @@ static int graph_error(const rd *r, int first_line) {
     return ag__err(status, "%s: the graph (from line %d): %s", r->fn, first_line, msg);
 }
 
-static int line_err(const char *fn, int line, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int line_err(const char *fn, int line, const char *fmt, ...) {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return ag__err(AG_EFORMAT, "%s: line %d: %s", fn, line, msg);
-}
-
 #define CHECK(cond, line, ...)                                                                     \
     do {                                                                                           \
         if (!(cond))                                                                               \
             return line_err(fn, line, __VA_ARGS__);                                                \
     } while (0)
 
+/* Whether a flattened tensor's dtype and sizes are the graph value's. */
+static bool same_shape(const ag_tmeta *a, const ag_tmeta *v) {
+    return v && a->dtype == v->dtype && a->ndim == v->ndim &&
+           !memcmp(a->sizes, v->sizes, sizeof *a->sizes * (size_t)a->ndim);
+}
+
+/* The plain tensors of m, in order, against the graph values vals[*k...] (NULL: not a
+ * value, unchecked). Returns the index of the first that differs in *bad, or -1. */
+static void leaves_against(const ag__scmeta *m, const ag_tmeta *const *vals, int *k, int *bad) {
+    if (!m->type) {
+        if (*bad < 0 && vals[*k] && !same_shape(&m->outer, vals[*k]))
+            *bad = *k;
+        ++*k;
+        return;
+    }
+    for (int i = 0; i < m->type->ninner; i++)
+        leaves_against(&m->inner[i], vals, k, bad);
+}
+
+/* The subclass lines against the specs, the graph's layout and its values. */
+static int check_subclass(ag_joint *j, const lines *L, const char *fn, int nspec_in,
+                          int nspec_out) {
+    ag__subx_info *sx = j->subclass;
+    const ag_layout *lay = &j->layout;
+    CHECK(nspec_in == sx->nin, L->in_spec, "in_spec has %d leaves; subclass_inputs lists %d",
+          nspec_in, sx->nin);
+    CHECK(nspec_out == sx->nout, L->out_spec, "out_spec has %d leaves; subclass_outputs lists %d",
+          nspec_out, sx->nout);
+    CHECK(j->nparams + j->nbuffers <= sx->nin, L->sub_in,
+          "%d subclass inputs, fewer than the %d params and buffers", sx->nin,
+          j->nparams + j->nbuffers);
+    CHECK(sx->nflat_in == j->alias.nflat, L->sub_in,
+          "the subclass inputs flatten into %d tensors; flat_inputs lists %d", sx->nflat_in,
+          j->alias.nflat);
+    CHECK(sx->nflat_out == j->nuser_out, L->sub_out,
+          "the subclass outputs flatten into %d tensors; the graph has %d user outputs",
+          sx->nflat_out, j->nuser_out);
+    for (int i = 0; i < sx->nin; i++)
+        CHECK(!sx->grad[i].type || ag__scmeta_same_structure(&sx->grad[i], &sx->in[i]),
+              L->sub_grad + 1 + i, "gradient %d is a %s; its input is a %s", i,
+              ag__scmeta_name(&sx->grad[i]), ag__scmeta_name(&sx->in[i]));
+    sx->nstatic = 0;
+    for (int i = 0; i < j->nparams + j->nbuffers; i++)
+        sx->nstatic += sx->in[i].nflat;
+    /* Each flat input that is a primal of its own, and each user output, has the dtype and
+     * sizes the graph gives it. */
+    int nv = sx->nflat_in > sx->nflat_out ? sx->nflat_in : sx->nflat_out;
+    const ag_tmeta **vals = ag__calloc((size_t)nv + 1, sizeof *vals);
+    if (!vals)
+        return AG_ENOMEM;
+    ag_node **ph = NULL;
+    ag_graph_placeholders(j->g, &ph);
+    int p0 = ag_layout_start(lay, AG_SEC_IN_PRIMALS);
+    for (int f = 0; f < sx->nflat_in; f++) {
+        const ag__flat_info *fi = &j->alias.flat[f];
+        if (fi->kind == AG__FLAT_PRIMAL && j->alias.prim[fi->primal].base == AG__BASE_NONE)
+            vals[f] = ag_node_val(ph[p0 + fi->primal], 0);
+    }
+    int rc = 0, k = 0;
+    for (int i = 0; i < sx->nin && rc == 0; i++) {
+        int at = -1, k0 = k;
+        leaves_against(&sx->in[i], vals, &k, &at);
+        if (at >= 0)
+            rc = line_err(fn, L->sub_in + 1 + i,
+                          "input %d's plain tensor %d (flat input %d) has another dtype or "
+                          "sizes than the graph's primal",
+                          i, at - k0, at);
+    }
+    memset(vals, 0, sizeof *vals * ((size_t)nv + 1));
+    ag_node *on = ag_graph_output_node(j->g);
+    int o0 = ag_layout_start(lay, AG_SEC_OUT_USER);
+    const ag_garg *oa = on && ag_node_nargs(on) > 0 ? ag_node_arg(on, 0) : NULL;
+    for (int u = 0; oa && oa->kind == AG_GA_NODES && u < sx->nflat_out && o0 + u < oa->n; u++) {
+        ag_node *x = oa->u.nodes[o0 + u];
+        vals[u] = x && ag_node_num_vals(x) == 1 ? ag_node_val(x, 0) : NULL;
+    }
+    k = 0;
+    for (int i = 0; i < sx->nout && rc == 0; i++) {
+        int at = -1, k0 = k;
+        leaves_against(&sx->out[i], vals, &k, &at);
+        if (at >= 0)
+            rc = line_err(fn, L->sub_out + 1 + i,
+                          "output %d's plain tensor %d (user output %d) has another dtype or "
+                          "sizes than the graph's output",
+                          i, at - k0, at);
+    }
+    ag__free(vals);
+    return rc;
+}
+
 /* Everything the header says, against the graph's layout and itself. */
-static int check_facts(const ag_joint *j, const lines *L, const char *fn) {
+static int check_facts(ag_joint *j, const lines *L, const char *fn) {
     const ag_layout *lay = &j->layout;
     const ag__joint_alias *a = &j->alias;
     int nfw = ag_layout_count(lay, AG_SEC_IN_FW_TOKENS);
@@ -824,15 +1098,21 @@ static int check_facts(const ag_joint *j, const lines *L, const char *fn) {
               "not require grad",
               p);
     int nspec_in = ag_treespec_num_leaves(j->in_spec);
-    CHECK(nspec_in == a->nflat, L->in_spec, "in_spec has %d leaves; flat_inputs lists %d", nspec_in,
-          a->nflat);
     int nspec_out = ag_treespec_num_leaves(j->out_spec);
-    CHECK(nspec_out == j->nuser_out, L->out_spec, "out_spec has %d leaves; output_info lists %d",
-          nspec_out, j->nuser_out);
-    CHECK(j->nparams + j->nbuffers <= a->nflat, L->flat,
-          "%d flat inputs, fewer than the %d "
-          "params and buffers",
-          a->nflat, j->nparams + j->nbuffers);
+    if (j->subclass) {
+        int rc = check_subclass(j, L, fn, nspec_in, nspec_out);
+        if (rc)
+            return rc;
+    } else {
+        CHECK(nspec_in == a->nflat, L->in_spec, "in_spec has %d leaves; flat_inputs lists %d",
+              nspec_in, a->nflat);
+        CHECK(nspec_out == j->nuser_out, L->out_spec,
+              "out_spec has %d leaves; output_info lists %d", nspec_out, j->nuser_out);
+        CHECK(j->nparams + j->nbuffers <= a->nflat, L->flat,
+              "%d flat inputs, fewer than the %d "
+              "params and buffers",
+              a->nflat, j->nparams + j->nbuffers);
+    }
     for (int p = 0; p < npa; p++) {
         int line = L->sources + 1 + p;
         CHECK(a->prim[p].flat < a->nflat, line, "primal %d: flat input %d out of range [0, %d)", p,
@@ -898,7 +1178,7 @@ static int check_facts(const ag_joint *j, const lines *L, const char *fn) {
 /* The descriptors and counts the joint keeps, from the layout (as the export sets them). */
 static int take_layout(ag_joint *j, const char *fn) {
     const ag_layout *lay = &j->layout;
-    j->npb_flat = j->nparams + j->nbuffers;
+    j->npb_flat = j->subclass ? j->subclass->nstatic : j->nparams + j->nbuffers;
     int nrng = ag_layout_count(lay, AG_SEC_IN_FW_RNG) + ag_layout_count(lay, AG_SEC_IN_BW_RNG);
     if (nrng > 4)
         return ag__err(AG_EFORMAT,
