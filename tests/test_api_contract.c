@@ -421,6 +421,12 @@ static long c_ag_joint_graph(void) {
 static long c_ag_set_error(void) {
     return ag_set_error(AG_EINVAL, NULL) == AG_EINVAL ? 0 : 1;
 }
+static long c_ag_subclass_type_register(void) {
+    return (ag_subclass_type_register)(NULL);
+}
+static long c_ag_subclass_type_find(void) {
+    return ag_subclass_type_find(NULL) == NULL;
+}
 static long c_ag_set_allocator(void) {
     ag_set_allocator(NULL); /* the default again */
     return 0;
@@ -1591,6 +1597,8 @@ static const row rows[] = {
     {"ag_joint_free", 'A', 'O', c_ag_joint_free, NULL},
     {"ag_joint_graph", 'A', 'R', c_ag_joint_graph, NULL},
     {"ag_set_allocator", 'N', 'O', c_ag_set_allocator, NULL},
+    {"ag_subclass_type_register", 'F', 'I', c_ag_subclass_type_register, NULL},
+    {"ag_subclass_type_find", 'A', 'R', c_ag_subclass_type_find, NULL},
     {"ag_set_error", 'N', 'O', c_ag_set_error, NULL},
     {"ag_free", 'N', 'O', c_ag_free, NULL},
     {"ag_joint_update", 'F', 'I', c_ag_joint_update, NULL},

@@ -435,6 +435,35 @@ static void test_user_type_with_metadata(void **st) {
                    (const char *[]){"PlainAOTOutput(idx=0)", "None",
                                     "GradAOTOutput(grad_of=PlainAOTInput(idx=0))"},
                    3);
+    /* Saved joints name the type: refused until it is registered, then a round trip whose
+     * callable computes the same. */
+    char *text = NULL;
+    size_t len = 0;
+    assert_true(ag_joint_save(j, &text, &len) < 0);
+    tu_assert_error_contains("Shifted, a tensor subclass type the loader cannot find by its name");
+    assert_null(ag_subclass_type_find("Shifted"));
+    assert_int_equal(ag_subclass_type_register(&shift_type), 0);
+    assert_int_equal(ag_subclass_type_register(&shift_type), 0); /* again: a no-op */
+    assert_ptr_equal(ag_subclass_type_find("Shifted"), &shift_type);
+    assert_ptr_equal(ag_subclass_type_find("TwoTensor"), ag_two_tensor_type());
+    assert_true(ag_subclass_type_register(&(ag_subclass_type){.name = "TwoTensor"}) < 0);
+    tu_assert_error_contains("another type is registered as 'TwoTensor'");
+    assert_int_equal(ag_joint_save(j, &text, &len), 0);
+    assert_non_null(strstr(text, "Shifted(f32[3]"));
+    ag_joint *loaded = ag_joint_load(text, len);
+    assert_non_null(loaded);
+    char *text2 = NULL;
+    assert_int_equal(ag_joint_save(loaded, &text2, NULL), 0);
+    assert_string_equal(text, text2);
+    ag_free(text);
+    ag_free(text2);
+    ag_compiled *cl = ag_compile_joint(loaded, NULL);
+    assert_non_null(cl);
+    ag_tensor *yl;
+    assert_int_equal(ag_compiled_call_module(cl, mod, &v, 1, &yl, 1), 1);
+    tu_assert_values(yl, 1, SZ(3), VALS(11, -12, 26), 0);
+    ag_compiled_free(cl);
+    ag_joint_free(loaded);
     ag_compiled *c = ag_compile_joint(j, NULL);
     assert_non_null(c);
     ag_tensor *yc, *ye = ag_mul(s, v);

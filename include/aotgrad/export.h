@@ -277,9 +277,10 @@ AG_API int ag_joint_primals_from_flat(const ag_joint *j, ag_tensor *const *flat,
  * counts (primals, tangents, tokens, philox inputs, extra outputs) come from the graph's layout.
  * A joint with tensor subclasses (include/aotgrad/subclass.h) also writes the structure of each
  * outer input, its gradient and each outer output (subclass_inputs, subclass_grads,
- * subclass_outputs); the loader finds the types by name and knows the library's own
- * (TwoTensor, ScaledInt8Tensor): save refuses with AG_ENOTSUP a joint with a user-defined type,
- * and load refuses an unknown name ("line 31: no tensor subclass type 'Foo' is registered"). */
+ * subclass_outputs); the loader finds the types by name (ag_subclass_type_find: the library's
+ * own and those registered with ag_subclass_type_register): save refuses with AG_ENOTSUP a joint
+ * with a type not found by its name, and load refuses an unknown name ("line 31: no tensor
+ * subclass type 'Foo' is registered"). */
 
 /* The saved text in *text (NUL-terminated, from the allocator: free it with ag_free) and its
  * length in *len (len may be NULL). On failure *text is untouched. */

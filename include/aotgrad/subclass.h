@@ -114,6 +114,16 @@ AG_API int ag_subclass_call_inner(const ag_op *op, const ag_arg *args, int nargs
                                   const ag_subclass_type *type, int k, ag_tensor **outs);
 
 /* ---- TwoTensor ---- */
+/* ---- finding types by name (a saved joint names its types: ag_joint_load) ---- */
+
+/* Registers a user type under its name so ag_subclass_type_find (and so ag_joint_load) finds
+ * it. The type must outlive the process's use of the library (a static). Registering the same
+ * type again is a no-op; another type under a registered name (TwoTensor and ScaledInt8Tensor
+ * are built in) is an error. Thread-safe. */
+AG_API int ag_subclass_type_register(const ag_subclass_type *type);
+/* The built-in or registered type with this name, or NULL. Thread-safe. */
+AG_API const ag_subclass_type *ag_subclass_type_find(const char *name);
+
 AG_API const ag_subclass_type *ag_two_tensor_type(void); /* static: never freed */
 /* TwoTensor(a, b): a and b must have the same dtype, sizes and strides. The instance takes a
  * reference to each; returns a new reference (inside a scope, a scope-owned one) or NULL. */

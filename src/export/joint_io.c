@@ -82,13 +82,14 @@ static void put_spec(ag__sbuf *b, const ag_treespec *s) {
 
 /* ---- tensor subclasses ---- */
 
-/* The subclass types a saved joint may name: the loader finds them by name. */
+/* The subclass type a saved joint names: built in or registered (ag_subclass_type_register). */
 static const ag_subclass_type *known_type(const char *name, size_t n) {
-    const ag_subclass_type *const types[] = {ag_two_tensor_type(), ag_scaled_int8_type()};
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++)
-        if (strlen(types[i]->name) == n && !memcmp(types[i]->name, name, n))
-            return types[i];
-    return NULL;
+    char buf[128];
+    if (n >= sizeof buf)
+        return NULL;
+    memcpy(buf, name, n);
+    buf[n] = 0;
+    return ag_subclass_type_find(buf);
 }
 
 /* 0, or AG_ENOTSUP naming the first type in m the loader could not find by its name. */
@@ -98,7 +99,7 @@ static int check_known(const ag__scmeta *m, const char *what, int i, const char 
     if (known_type(m->type->name, strlen(m->type->name)) != m->type)
         return ag__err(AG_ENOTSUP,
                        "%s: %s %d is a %s, a tensor subclass type the loader cannot find by its "
-                       "name (it knows TwoTensor and ScaledInt8Tensor)",
+                       "name (register it with ag_subclass_type_register)",
                        fn, what, i, m->type->name);
     for (int k = 0; k < m->type->ninner; k++)
         if (check_known(&m->inner[k], what, i, fn))
@@ -767,8 +768,8 @@ static int get_scmeta(rd *r, ag__scmeta *m, int depth, bool top) {
     const ag_subclass_type *type = known_type(r->p, (size_t)(q - r->p));
     if (!type)
         return ag__err(AG_EFORMAT,
-                       "%s: line %d: no tensor subclass type '%.*s' is registered (the loader "
-                       "knows TwoTensor and ScaledInt8Tensor)",
+                       "%s: line %d: no tensor subclass type '%.*s' is registered "
+                       "(ag_subclass_type_register)",
                        r->fn, r->line, (int)(q - r->p), r->p);
     if (depth >= SPEC_MAX_DEPTH)
         return bad(r, "tensor subclasses nested more than 64 deep");

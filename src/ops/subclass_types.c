@@ -9,6 +9,8 @@
 #include "../core/internal.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <string.h>
 
 /* ---- TwoTensor ---- */
 
@@ -215,4 +217,48 @@ ag_tensor *ag_scaled_int8_dequantize(ag_tensor *t) {
     ag_tensor *r = ag_tensor_keep(ag_mul(ag_to_dtype(inner[0], dt), s));
     ag_scope_end();
     return r ? ag__give(r) : NULL;
+}
+
+/* ---- the registry: types found by name (a saved joint names its types) ---- */
+
+static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
+static const ag_subclass_type **reg; /* the registered types, never freed */
+static int64_t nreg, capreg;
+
+static const ag_subclass_type *find_locked(const char *name) {
+    const ag_subclass_type *const builtin[] = {&two_type, &sq_type};
+    for (size_t i = 0; i < sizeof builtin / sizeof builtin[0]; i++)
+        if (!strcmp(builtin[i]->name, name))
+            return builtin[i];
+    for (int64_t i = 0; i < nreg; i++)
+        if (!strcmp(reg[i]->name, name))
+            return reg[i];
+    return NULL;
+}
+
+int ag_subclass_type_register(const ag_subclass_type *type) {
+    AG__CHECK_NULL("subclass_type_register", type);
+    if (!type->name || !type->name[0])
+        return ag__err(AG_EINVAL, "subclass_type_register: the type has no name");
+    pthread_mutex_lock(&reg_lock);
+    const ag_subclass_type *have = find_locked(type->name);
+    int rc = 0;
+    if (have && have != type)
+        rc = ag__err(AG_EINVAL, "subclass_type_register: another type is registered as '%s'",
+                     type->name);
+    else if (!have && ag__grow((void **)&reg, &capreg, nreg + 1, sizeof *reg))
+        rc = AG_ENOMEM;
+    else if (!have)
+        reg[nreg++] = type;
+    pthread_mutex_unlock(&reg_lock);
+    return rc;
+}
+
+const ag_subclass_type *ag_subclass_type_find(const char *name) {
+    if (!name)
+        return NULL;
+    pthread_mutex_lock(&reg_lock);
+    const ag_subclass_type *t = find_locked(name);
+    pthread_mutex_unlock(&reg_lock);
+    return t;
 }
