@@ -282,6 +282,96 @@ static void test_views_backward(void **st) {
     ag_scope_end();
 }
 
+/* ---- in-place ops on views (CopySlices) ---- */
+
+/* b = a * 1; then case 0: b[1].mul_(2); 1: b.t()[0].add_(x); 2: b[1:3][0].mul_(3); returns
+ * (b * b).sum() (scope-owned), and b and the mutated view. */
+static ag_tensor *cs_run(int kind, ag_tensor *a, ag_tensor *x, ag_tensor **bp, ag_tensor **vp) {
+    ag_tensor *b = ag_mul_scalar(a, 1.0), *v = NULL, *r = NULL;
+    if (kind == 0)
+        r = ag_mul_scalar_(v = ag_select(b, 0, 1), 2.0);
+    else if (kind == 1)
+        r = ag_add_(v = ag_select(ag_t(b), 0, 0), x, 1.0);
+    else
+        r = ag_mul_scalar_(v = ag_select(ag_slice(b, 0, 1, 3, 1), 0, 0), 3.0);
+    if (!r)
+        fail_msg("in-place op on a view: %s", ag_last_error());
+    *bp = b;
+    *vp = v;
+    return ag_sum_all(ag_mul(b, b));
+}
+
+/* Central finite differences of cs_run's loss with respect to t's elements (grad mode off). */
+static void cs_fd(int kind, ag_tensor *a, ag_tensor *x, ag_tensor *t, double *out) {
+    bool prev = ag_set_grad_enabled(false);
+    double *d = ag_tensor_data(t);
+    for (int64_t i = 0; i < ag_tensor_numel(t); i++) {
+        double f[2], keep = d[i], eps = 1e-6;
+        for (int s = 0; s < 2; s++) {
+            d[i] = keep + (s ? -eps : eps);
+            ag_tensor_bump_version(t);
+            ag_scope_begin();
+            ag_tensor *b, *v;
+            f[s] = ag_tensor_item(cs_run(kind, a, x, &b, &v));
+            ag_scope_end();
+        }
+        d[i] = keep;
+        ag_tensor_bump_version(t);
+        out[i] = (f[0] - f[1]) / (2 * eps);
+    }
+    ag_set_grad_enabled(prev);
+}
+
+static void test_inplace_on_view_gradients(void **st) {
+    (void)st;
+    double av[12];
+    for (int i = 0; i < 12; i++)
+        av[i] = 0.3 * i - 1.7 + 0.05 * i * i;
+    for (int kind = 0; kind < 3; kind++) {
+        ag_tensor *a = tu_leaf(AG_F64, 2, (int64_t[]){3, 4}, av);
+        ag_tensor *x = tu_leaf(AG_F64, 1, (int64_t[]){3}, (double[]){0.5, -1.25, 2.0});
+        ag_scope_begin();
+        ag_tensor *b, *v;
+        ag_tensor *loss = cs_run(kind, a, x, &b, &v);
+        assert_string_equal(ag_tensor_grad_fn_name(b), "CopySlices");
+        assert_string_equal(ag_tensor_grad_fn_name(v), "as_strided");
+        assert_int_equal(ag_backward(loss, NULL, false), 0);
+        ag_scope_end();
+        double want[12];
+        cs_fd(kind, a, x, a, want);
+        tu_assert_close_named(ag_tensor_grad(a), want, 1e-6, "a.grad");
+        if (kind == 1) {
+            cs_fd(kind, a, x, x, want);
+            tu_assert_close_named(ag_tensor_grad(x), want, 1e-6, "x.grad");
+        } else {
+            assert_null(ag_tensor_grad(x));
+        }
+        ag_tensor_free(a);
+        ag_tensor_free(x);
+    }
+}
+
+/* As PyTorch: a view of a leaf that requires grad may not be mutated in place (and the call
+ * has no effect); with grad mode off it may. */
+static void test_inplace_on_view_of_leaf_refused(void **st) {
+    (void)st;
+    ag_tensor *a = tu_leaf(AG_F64, 2, (int64_t[]){2, 2}, (double[]){1, 2, 3, 4});
+    ag_scope_begin();
+    ag_tensor *v = ag_select(a, 0, 1);
+    uint64_t ver = ag_tensor_version(a);
+    assert_null(ag_mul_scalar_(v, 2.0));
+    tu_assert_error_contains("mul_.Scalar: a view of a leaf tensor that requires grad is being "
+                             "used in an in-place operation");
+    assert_int_equal(ag_tensor_version(a), ver);
+    tu_assert_close(a, (double[]){1, 2, 3, 4}, 0);
+    bool prev = ag_set_grad_enabled(false);
+    assert_non_null(ag_mul_scalar_(v, 2.0));
+    ag_set_grad_enabled(prev);
+    tu_assert_close(a, (double[]){1, 2, 6, 8}, 0);
+    ag_scope_end();
+    ag_tensor_free(a);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chain_rule_values),
@@ -295,6 +385,8 @@ int main(void) {
         cmocka_unit_test(test_grad_output_dtype_and_shape),
         cmocka_unit_test(test_set_grad_checks),
         cmocka_unit_test(test_views_backward),
+        cmocka_unit_test(test_inplace_on_view_gradients),
+        cmocka_unit_test(test_inplace_on_view_of_leaf_refused),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
