@@ -6,6 +6,7 @@
  * allocation (or aliasing for views and in-place ops), the kernel, version bumps of mutated
  * arguments, the autograd record, and the tracer hook. Every later stage (tracing, export,
  * partitioning, the executor) reaches ops only through this table. */
+#include "copy_slices.h"
 #include "../core/internal.h"
 #include "family.h"
 
@@ -757,6 +758,8 @@ static int call_raw(const ag_op *op, const ag_arg *full, ag_tensor **outs, int *
         }
     }
     rc = wanted ? ag__autograd_record(op, full, op->nargs, outs, nouts, orig_self) : 0;
+    if (rc == 0 && wanted && ag__copyslices_wanted(op, outs, nouts))
+        rc = ag__copyslices_record(outs[0]);
     ag_tensor_free(orig_self);
     if (rc < 0) {
         free_outs(outs, nouts);

@@ -10,6 +10,7 @@
  * own op calls on inner tensors are what a trace records, and while the outer op is recorded
  * by autograd they carry its seq_nr, as the inner calls of a __torch_dispatch__ carry the
  * autograd node's sequence number upstream. */
+#include "copy_slices.h"
 #include "../core/subclass_instance.h"
 
 #include <stdio.h>
@@ -122,6 +123,8 @@ int ag__subclass_call(const ag_subclass_type *type, const ag_op *op, const ag_ar
         if (op->mutates[i] && full[i].kind == AG_ARG_TENSOR && full[i].u.t)
             full[i].u.t->storage->version++;
     rc = wanted ? ag__autograd_record(op, full, op->nargs, outs, nouts, orig_self) : 0;
+    if (rc == 0 && wanted && ag__copyslices_wanted(op, outs, nouts))
+        rc = ag__copyslices_record(outs[0]);
     ag_tensor_free(orig_self);
     if (rc)
         free_outs(outs, nouts);
