@@ -475,6 +475,65 @@ static void test_allocation_failures(void **st) {
     ag_module_free(o.m);
 }
 
+/* The caller's input is itself a view (row 0 of b = a * 1, a [2, 3]): eager's in-place op
+ * gives b a CopySlices history, and so does the compiled call's write-back. b after the call,
+ * the output and a.grad (through b's later use too) match eager. */
+static void run_view_input(ag_module *m, ag_compiled *c, ag_tensor **y, ag_tensor **b_after,
+                           ag_tensor **a_grad) {
+    ag_tensor *a = tu_leaf(AG_F32, 2, (int64_t[]){2, 3}, (double[]){1, -2, 3, 0.5, 4, -1});
+    ag_scope_begin();
+    ag_tensor *b = ag_mul_scalar(a, 1.0), *x = ag_select(b, 0, 0);
+    ag_tensor *out[1] = {NULL};
+    int n = c ? ag_compiled_call_module(c, m, &x, 1, out, 1) : ag_module_call(m, &x, 1, out, 1);
+    if (n != 1)
+        fail_msg("%s call: %s", c ? "compiled" : "eager", ag_last_error());
+    assert_string_equal(ag_tensor_grad_fn_name(b), "CopySlices");
+    ag_tensor *wy = tu_tensor(AG_F32, 1, (int64_t[]){3}, (double[]){0.25, 1.0, -0.75});
+    ag_tensor *loss = ag_add(ag_sum_all(ag_mul(out[0], wy)), ag_sum_all(ag_mul_scalar(b, 3.0)));
+    assert_int_equal(ag_backward(loss, NULL, false), 0);
+    *y = ag_tensor_keep(ag_detach(out[0]));
+    *b_after = ag_tensor_keep(ag_detach(b));
+    *a_grad = ag_tensor_keep(ag_tensor_grad(a));
+    ag_scope_end();
+    ag_tensor_free(a);
+}
+
+static void test_view_input(void **st) {
+    (void)st;
+    ag_module *m = module("MulInPlace", mul_fwd, false);
+    ag_tensor *ye, *be, *ge;
+    run_view_input(m, NULL, &ye, &be, &ge);
+    /* by hand: x = [1, -2, 3] -> [2, -4, 6]; y = x*x; dL/da row 0 = 2 * (2 * x_new * wy + 3),
+     * row 1 = 3 */
+    tu_assert_close(ye, (double[]){4, 16, 36}, 1e-6);
+    tu_assert_close(ge,
+                    (double[]){2 * (2 * 2 * 0.25 + 3), 2 * (2 * -4 * 1.0 + 3),
+                               2 * (2 * 6 * -0.75 + 3), 3, 3, 3},
+                    1e-5);
+    ag_tensor *x = a_leaf();
+    ag_joint *j = export_or_fail(m, x);
+    ag_tensor_free(x);
+    for (int mode = 0; mode < 2; mode++) {
+        ag_compile_opts co = {.interpret = mode == 1};
+        ag_compiled *c = ag_compile_joint(j, &co);
+        assert_non_null(c);
+        ag_tensor *yc, *bc, *gc;
+        run_view_input(m, c, &yc, &bc, &gc);
+        expect_same("y", ye, yc);
+        expect_same("b after the call", be, bc);
+        expect_same("a.grad", ge, gc);
+        ag_tensor_free(yc);
+        ag_tensor_free(bc);
+        ag_tensor_free(gc);
+        ag_compiled_free(c);
+    }
+    ag_tensor_free(ye);
+    ag_tensor_free(be);
+    ag_tensor_free(ge);
+    ag_joint_free(j);
+    ag_module_free(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_export_whole_tensor),
@@ -486,6 +545,7 @@ int main(void) {
         cmocka_unit_test(test_joint_round_trip),
         cmocka_unit_test(test_parameter_mutated),
         cmocka_unit_test(test_view_mutation),
+        cmocka_unit_test(test_view_input),
         cmocka_unit_test(test_allocation_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -9,17 +9,15 @@
  * CompiledFunction node, and its write-back is the eager copy_ of that output into the
  * caller's tensor, recorded by autograd when grad mode is on: afterwards the tensor's history
  * is the copy, as eager's in-place op would have left it, and a loss computed from it reaches
- * the compiled backward. Eager refuses that in-place op on a leaf that requires grad and on a
- * view taking part in autograd; the call refuses them before it runs. Other mutations are
+ * the compiled backward (a view's base gets a CopySlices history, as in eager). Eager refuses
+ * that in-place op on a leaf that requires grad and on a view of one; the call refuses them
+ * before it runs. Other mutations are
  * written hidden from autograd. */
 #include "compiled_internal.h"
 
 static int mutations_pre(ag_compiled *c, ag__call *s) {
     if (!ag_is_grad_enabled())
         return 0;
-    bool any_rg = false;
-    for (int i = 0; i < c->nprimals; i++)
-        any_rg |= c->in_info[i].requires_grad && ag_tensor_requires_grad(s->prim[i]);
     for (int k = 0; k < c->nmutated; k++) {
         int i = c->mut_primal[k];
         ag_tensor *x = s->prim[i];
@@ -32,12 +30,20 @@ static int mutations_pre(ag_compiled *c, ag__call *s) {
                            "that requires grad is being used in an in-place operation (pass a "
                            "non-leaf, such as its clone, or call with grad mode off)",
                            c->alias.prim[i].flat, i);
-        if (x->is_view && (any_rg || ag_tensor_requires_grad(x)))
-            return ag__err(AG_ENOTSUP,
-                           "compiled: input %d (graph input %d) is a view and the compiled "
-                           "function mutates it in place: in-place operation on a view of a "
-                           "tensor that takes part in autograd is not supported yet",
-                           c->alias.prim[i].flat, i);
+        /* A view's write-back gives its base a CopySlices history, as eager's in-place op
+         * does: refused here, before the call runs, where eager refuses that op. */
+        const ag_tensor *base = x->is_view ? ag_tensor_base(x) : NULL;
+        if (x->is_view && ag_tensor_requires_grad(x) &&
+            (!base || !ag_tensor_is_contiguous(base) ||
+             (ag_tensor_requires_grad(base) && !base->grad_fn)))
+            return ag__err(base ? AG_EINVAL : AG_ENOTSUP,
+                           "compiled: input %d (graph input %d) is a view %s and the compiled "
+                           "function mutates it in place",
+                           c->alias.prim[i].flat, i,
+                           !base ? "without a base"
+                           : !ag_tensor_is_contiguous(base)
+                               ? "of a non-contiguous base"
+                               : "of a leaf tensor that requires grad");
     }
     return 0;
 }
