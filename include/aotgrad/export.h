@@ -21,8 +21,8 @@
  * maybe_to_fresh_input: primals_1 -> clone -> the mutation), its new value takes a tangent
  * (TangentAOTInput(output=InputMutationAOTOutput(mutated_input=...)), the first ones) and its
  * GradAOTOutput is the gradient of its value before the mutation; a mutation under grad mode
- * off takes no tangent. A mutation through a view of such an input is refused, as eager
- * refuses an in-place op on a view taking part in autograd. Forward nodes are
+ * off takes no tangent; a mutation through a view of such an input is one of the whole input
+ * (its base), as eager's CopySlices makes it. Forward nodes are
  * tagged is_forward and carry the seq_nr of the autograd node they created; backward nodes are
  * tagged is_backward, carry their forward op's seq_nr, annotations and stack trace; gradient
  * accumulations are add nodes with is_gradient_acc. When no input requires grad the result is a
