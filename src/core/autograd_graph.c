@@ -145,40 +145,38 @@ bool ag__autograd_wanted(const ag_op *op, const ag_arg *args, int nargs) {
     return false;
 }
 
+/* An in-place op's target t (the mutated tensor, or a mutated view's base) may not be a leaf
+ * that requires grad; the export's hook may first give it a history (a clone). */
+static int refuse_grad_leaf(const ag_op *op, ag_tensor *t, const char *what, const char *hint) {
+    if (t->requires_grad && !t->grad_fn && tls.leaf_inplace) {
+        int r = tls.leaf_inplace(tls.leaf_inplace_ud, t);
+        if (r < 0)
+            return r;
+    }
+    if (t->requires_grad && !t->grad_fn)
+        return ag__err(AG_EINVAL,
+                       "%s: %s that requires grad is being used in an in-place operation%s",
+                       op->name, what, hint);
+    return 0;
+}
+
 int ag__autograd_check_inplace(const ag_op *op, const ag_arg *args, int nargs) {
     if (!(op->def->flags & AG_OP_INPLACE) || tls.grad_disabled)
         return 0;
     ag_tensor *self = args[0].u.t;
-    if (self->requires_grad && !self->grad_fn && tls.leaf_inplace) {
-        int r = tls.leaf_inplace(tls.leaf_inplace_ud, self);
-        if (r < 0)
-            return r;
-    }
-    if (self->requires_grad && !self->grad_fn)
-        return ag__err(AG_EINVAL,
-                       "%s: a leaf tensor that requires grad is being used in an in-place "
-                       "operation (wrap it in ag_set_grad_enabled(false) if that is intended)",
-                       op->name);
-    if (!self->is_view || !ag__autograd_wanted(op, args, nargs))
-        return 0;
+    int rc = refuse_grad_leaf(op, self, "a leaf tensor",
+                              " (wrap it in ag_set_grad_enabled(false) if that is intended)");
+    if (rc || !self->is_view || !ag__autograd_wanted(op, args, nargs))
+        return rc;
     ag_tensor *base = self->base;
     if (!base || (op->def->flags & AG_OP_INPLACE_VIEW))
         return ag__err(AG_ENOTSUP,
                        "%s: in-place operation on a view of a tensor that takes part in autograd "
                        "is not supported yet; apply the op out of place",
                        op->name);
-    /* The base's history becomes CopySlices (ag__autograd_record), so the base may not be a
-     * leaf that requires grad; the export's hook may first give it a history (a clone). */
-    if (base->requires_grad && !base->grad_fn && tls.leaf_inplace) {
-        int r = tls.leaf_inplace(tls.leaf_inplace_ud, base);
-        if (r < 0)
-            return r;
-    }
-    if (base->requires_grad && !base->grad_fn)
-        return ag__err(AG_EINVAL,
-                       "%s: a view of a leaf tensor that requires grad is being used in an "
-                       "in-place operation",
-                       op->name);
+    /* The base's history becomes CopySlices (src/ops/copy_slices.c). */
+    if ((rc = refuse_grad_leaf(op, base, "a view of a leaf tensor", "")))
+        return rc;
     if (base->requires_grad && !self->grad_fn)
         return ag__err(AG_EINVAL,
                        "%s: a view was created in no_grad mode and is being modified in place "
