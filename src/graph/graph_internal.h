@@ -133,6 +133,9 @@ typedef struct ag__modstack_scan_out {
     char *f[3];       /* the wanted frame's key, path and type */
 } ag__modstack_scan_out;
 int ag__modstack_scan(const char *s, int want, ag__modstack_scan_out *o);
+/* infer.c: the op argument of a constant graph argument (int, float, bool, ints, dtype, str;
+ * borrowed, as the garg's); None for any other kind. */
+ag_arg ag__garg_const_arg(const ag_garg *a);
 void ag__garg_free(ag_garg *a);
 const char *ag__recompute_name(ag_recompute r);
 

@@ -5,6 +5,25 @@
 
 #include <math.h>
 
+ag_arg ag__garg_const_arg(const ag_garg *a) {
+    switch (a->kind) {
+    case AG_GA_INT:
+        return AG_A_I(a->u.i);
+    case AG_GA_FLOAT:
+        return AG_A_F(a->u.f);
+    case AG_GA_BOOL:
+        return AG_A_B(a->u.b);
+    case AG_GA_INTS:
+        return AG_A_INTS(a->u.ints, a->n);
+    case AG_GA_DTYPE:
+        return AG_A_DT(a->u.dt);
+    case AG_GA_STR:
+        return AG_A_S(a->u.s);
+    default:
+        return AG_A_NONE;
+    }
+}
+
 /* Tensor shells for one call's arguments, sized for its node references: on the stack for the
  * usual handful, else one heap block (a call runs for every node created, verified and costed,
  * so a fixed worst-case block per call would be tens of kB of allocator traffic each time). */
@@ -97,23 +116,8 @@ static int to_args(const ag_op *op, const ag_garg *args, int nargs, ag_arg *out,
             }
             out[i] = AG_A_TS(list, g->n);
             break;
-        case AG_GA_INT:
-            out[i] = AG_A_I(g->u.i);
-            break;
-        case AG_GA_FLOAT:
-            out[i] = AG_A_F(g->u.f);
-            break;
-        case AG_GA_BOOL:
-            out[i] = AG_A_B(g->u.b);
-            break;
-        case AG_GA_INTS:
-            out[i] = AG_A_INTS(g->u.ints, g->n);
-            break;
-        case AG_GA_DTYPE:
-            out[i] = AG_A_DT(g->u.dt);
-            break;
-        case AG_GA_STR:
-            out[i] = AG_A_S(g->u.s);
+        default: /* a constant: int, float, bool, ints, dtype, str */
+            out[i] = ag__garg_const_arg(g);
             break;
         }
     }

@@ -170,23 +170,8 @@ static int run_call(run_state *st, const ag_node *n) {
             args[i] = AG_A_TS(v, a->n);
             break;
         }
-        case AG_GA_INT:
-            args[i] = AG_A_I(a->u.i);
-            break;
-        case AG_GA_FLOAT:
-            args[i] = AG_A_F(a->u.f);
-            break;
-        case AG_GA_BOOL:
-            args[i] = AG_A_B(a->u.b);
-            break;
-        case AG_GA_INTS:
-            args[i] = AG_A_INTS(a->u.ints, a->n);
-            break;
-        case AG_GA_DTYPE:
-            args[i] = AG_A_DT(a->u.dt);
-            break;
-        case AG_GA_STR:
-            args[i] = AG_A_S(a->u.s);
+        default: /* a constant: int, float, bool, ints, dtype, str */
+            args[i] = ag__garg_const_arg(a);
             break;
         }
     }
