@@ -41,6 +41,8 @@
 #include "aotgrad/data.h"
 #include "aotgrad/zoo.h"
 #include "aotgrad/subclass.h"
+#include "aotgrad/dist.h"
+#include "aotgrad/parallel.h"
 
 /* Last: the call-site macros wrap the functions declared above. */
 #include "aotgrad/sites.h"

@@ -13,6 +13,7 @@ PACKAGES=(
   graphviz                              # pictures of graphs (dot -Tsvg)
   libigraph-dev                         # max-flow for the min-cut partitioner
   libglpk-dev                           # ILP knapsack for the memory budget
+  openmpi-bin libopenmpi-dev            # process groups and collectives (MPI)
   dataset-fashion-mnist                 # the main job's data
   clang libclang-rt-14-dev              # fuzzing and sanitizer runtimes; the gcc/clang graph check
   clang-format-14                       # the format check of scripts/test.sh

@@ -91,7 +91,85 @@ enum {
      * tensor whose elements share memory (an expanded view), as PyTorch allows fill_. Every
      * other write into such a tensor is refused by the dispatcher. */
     AG_OP_FILL = 1u << 12,
+    /* A collective (_c10d_functional::*): talks to the other ranks of a process group. Never
+     * removed, merged, recomputed or reordered across another collective by a pass or a
+     * partitioner, except that a node tagged AG_RECOMPUTE_MUST (FSDP's gathers) is recomputed
+     * in the backward as tagged. */
+    AG_OP_COLLECTIVE = 1u << 13,
 };
+
+/* ---- placements: how a tensor lives on a 1-D device mesh (DTensor's) ----
+ * Replicate(): every rank holds the whole tensor. Shard(d): dim d is split into `world` equal
+ * contiguous chunks, rank r holding chunk r. With split_factor k > 1 (DTensor's _StridedShard,
+ * written "StridedShard(d, k)"), dim d is first cut into k equal blocks and each block is
+ * sharded as above, rank r holding chunk r of every block, in block order: the layout of a
+ * fused q/k/v weight whose heads are split across ranks. Partial(op): every rank holds a
+ * tensor of the full shape and the value is their sum (AG_PARTIAL_SUM) or mean
+ * (AG_PARTIAL_AVG). The zero value is Replicate(). */
+typedef enum ag_placement_kind {
+    AG_REPLICATE = 0,
+    AG_SHARD = 1,
+    AG_PARTIAL = 2,
+} ag_placement_kind;
+typedef enum ag_partial_op {
+    AG_PARTIAL_SUM = 0,
+    AG_PARTIAL_AVG = 1,
+} ag_partial_op;
+typedef struct ag_placement {
+    ag_placement_kind kind;
+    int dim;          /* AG_SHARD: the split dim (>= 0) */
+    int split_factor; /* AG_SHARD: 0 or 1 for a plain Shard, k > 1 for StridedShard(dim, k) */
+    ag_partial_op op; /* AG_PARTIAL */
+} ag_placement;
+#define AG_P_REPLICATE ((ag_placement){.kind = AG_REPLICATE})
+#define AG_P_SHARD(d) ((ag_placement){.kind = AG_SHARD, .dim = (d)})
+#define AG_P_PARTIAL(o) ((ag_placement){.kind = AG_PARTIAL, .op = (o)})
+
+/* "Replicate()", "Shard(0)", "StridedShard(0, 3)", "Partial(sum)", "Partial(avg)" into buf. */
+AG_API char *ag_placement_str(ag_placement p, char *buf, size_t n);
+/* Parses what ag_placement_str prints; 0, or AG_EINVAL with a message. */
+AG_API int ag_placement_parse(const char *s, ag_placement *out);
+AG_API bool ag_placement_eq(ag_placement a, ag_placement b); /* split_factor 0 == 1 */
+
+/* ---- sharding rules ----
+ * An op's rule says, for the placements its tensor inputs have, which placements they must
+ * take (want) so that running the op on each rank's local pieces gives outputs of known
+ * placements (out) without communication. The sharding pass (parallel.h) calls it for each node
+ * and inserts the collectives that move every input from `in` to `want`. The rule sees global
+ * metadata only (no data).
+ *
+ * The pass presets want = in, out = Replicate() and local_args = args. A rule returns 0 after
+ * setting want and out (and local_args where a non-tensor argument must change on a rank: a
+ * view's or an expand's sizes, an arange's end; use the ints scratch for new int lists), or
+ * AG_SHARD_NO_RULE when it has no strategy for these placements: the pass then replicates every
+ * input and runs the op whole on every rank (and lists the op in its summary). A rule must not
+ * ask for an uneven Shard: a dim sharded on `world` ranks has a size divisible by world (and by
+ * world x split_factor: ag_shard_divisible). Rules are pure functions of the
+ * context. */
+#define AG_SHARD_NO_RULE 1
+typedef struct ag_shard_ctx {
+    const struct ag_opdef *op;
+    const ag_arg *args; /* the call's arguments in schema order, defaults filled */
+    int nargs;
+    int ntensor_inputs;      /* tensor inputs in schema order, Tensor[] elements each one */
+    const ag_tmeta *in_meta; /* global metadata of each tensor input */
+    const ag_placement *in;  /* placement of each tensor input */
+    int noutputs;
+    const ag_tmeta *out_meta; /* global metadata of each output */
+    int world;                /* ranks on the mesh (>= 1) */
+    ag_placement *want;       /* [ntensor_inputs], preset to in */
+    ag_placement *out;        /* [noutputs], preset to Replicate() */
+    ag_arg *local_args;       /* [nargs], preset to args; tensor entries are ignored */
+    int64_t ints[AG_MAX_ARGS][AG_MAX_DIMS]; /* scratch for local int lists */
+} ag_shard_ctx;
+typedef int (*ag_shard_fn)(ag_shard_ctx *c);
+/* True when dim d of size n can be Shard()ed on world ranks (with split factor k). */
+AG_API bool ag_shard_divisible(int64_t n, int world, int split_factor);
+/* Rules usable by any op (ag_opdef.shard): elementwise with broadcasting, no Partial
+ * inputs; the same allowing Partial where the op is linear in that input (add, sub, neg: all
+ * inputs Partial with one op; mul, div: one Partial input times Replicate() others). */
+AG_API int ag_shard_rule_pointwise(ag_shard_ctx *c);
+AG_API int ag_shard_rule_linear_pointwise(ag_shard_ctx *c);
 
 /* Everything a backward rule sees. Saved tensors are detached aliases taken at forward time;
  * arguments and outputs not listed in the op's save masks are NULL here. grad_outputs[k] is
@@ -154,6 +232,10 @@ typedef struct ag_opdef {
      * outputs followed by the new value of each mutated argument in schema order; for in-place
      * ops (output 0 is self) just the new self. */
     const char *functional;
+    /* Sharding rule (see ag_shard_ctx); NULL: the rule its flags give (pointwise ops shard
+     * elementwise and never take Partial inputs, views and others have none: their inputs are
+     * replicated). */
+    ag_shard_fn shard;
 } ag_opdef;
 
 #define AG_DT_FLOAT ((1u << AG_F32) | (1u << AG_F64))
