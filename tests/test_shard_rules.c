@@ -4,6 +4,9 @@
 #include "testutil.h"
 #include "core/internal.h"
 #include "ops/shard_rules.h"
+#include "aotgrad/export.h"
+#include "aotgrad/graph.h"
+#include "aotgrad/zoo.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -770,6 +773,118 @@ static void test_rules_split_cat_factories(void **st) {
     ag_scope_end();
 }
 
+/* A deliberately wrong rule (a sum over the sharded dim claimed to stay Shard) must fail the
+ * differential check. */
+static int wrong_sum_rule(ag_shard_ctx *c) {
+    c->out[0] = c->in[0].kind == AG_SHARD ? AG_P_SHARD(0) : c->in[0];
+    return 0;
+}
+
+static int replicate_sum_rule(ag_shard_ctx *c) {
+    c->out[0] = AG_P_REPLICATE;
+    return 0;
+}
+
+static void test_wrong_rule_caught(void **st) {
+    (void)st;
+    ag_scope_begin();
+    const ag_op *op = ag_op_find("sum.dim_IntList");
+    ag_opdef bad = *ag_op_def(op);
+    bad.shard = wrong_sum_rule;
+    ag_arg a[] = {AG_A_T(R2(4, 8)), AG_A_INTS(((int64_t[]){1}), 1)};
+    diff_stats ws = {0};
+    diff_one(op, &bad, a, 2, 2, (ag_placement[]){AG_P_SHARD(1)}, &ws, "wrong rule, expected");
+    assert_int_equal(ws.failures, 1);
+    /* Right shapes, wrong values: the ranks' partial sums claimed Replicate(). */
+    bad.shard = replicate_sum_rule;
+    diff_one(op, &bad, a, 2, 2, (ag_placement[]){AG_P_SHARD(1)}, &ws, "wrong rule, expected");
+    assert_int_equal(ws.failures, 2);
+    diff_stats ok = {0};
+    diff_one(op, ag_op_def(op), a, 2, 2, (ag_placement[]){AG_P_SHARD(1)}, &ok, "right rule");
+    assert_int_equal(ok.failures, 0);
+    assert_int_equal(ok.applied, 1);
+    ag_scope_end();
+}
+
+/* ---- coverage: every op of the zoo's training-step joints has a rule ---- */
+
+typedef struct step_ud {
+    ag_module *model;
+    bool gpt2;
+} step_ud;
+
+static int step_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
+    step_ud *u = ag_module_ud(m);
+    ag_tensor *o[2] = {0};
+    (void)max_out;
+    ag_scope_begin();
+    if (u->gpt2) {
+        int rc = ag_module_call(u->model, in, nin, o, 2);
+        out[0] = rc == 2 ? ag_tensor_keep(o[1]) : NULL;
+    } else {
+        ag_tensor *logits = ag_module_forward(u->model, in[0]);
+        out[0] = ag_tensor_keep(ag_cross_entropy(logits, in[1], AG_REDUCTION_MEAN, -100));
+    }
+    ag_scope_end();
+    return out[0] ? 1 : ag_last_status();
+}
+
+/* Ops of the training steps deliberately without a rule, with the reason. */
+static const char *const no_rule[][2] = {
+    {"", ""}, /* none today: every op of the three joints has one */
+};
+
+static bool has_rule(const ag_opdef *d) {
+    return d->shard || ((d->flags & AG_OP_POINTWISE) &&
+                        !(d->flags & (AG_OP_INPLACE | AG_OP_RANDOM | AG_OP_EFFECTFUL)));
+}
+
+static void test_training_step_coverage(void **st) {
+    (void)st;
+    const char *models[][2] = {{"mlp", NULL}, {"cnn", NULL}, {"gpt2", "tiny"}};
+    int missing = 0, seen = 0;
+    for (int mi = 0; mi < 3; mi++) {
+        ag_module *model;
+        ag_tensor *in[4];
+        int nin;
+        assert_int_equal(ag_zoo_build(models[mi][0], models[mi][1], &model, in, 3, &nin), 0);
+        step_ud *u = calloc(1, sizeof *u);
+        u->model = model;
+        u->gpt2 = !strcmp(models[mi][0], "gpt2");
+        /* Targets: [N] class indices, or gpt2's [B, T] next tokens. */
+        in[nin] = u->gpt2
+                      ? ag_zeros(AG_I64, 2,
+                                 (int64_t[]){ag_tensor_size(in[0], 0), ag_tensor_size(in[0], 1)})
+                      : ag_zeros(AG_I64, 1, (int64_t[]){ag_tensor_size(in[0], 0)});
+        nin++;
+        ag_module *step = ag_module_new("TrainStep", step_forward, u, free);
+        assert_non_null(step);
+        assert_int_equal(ag_module_add_child(step, "model", model), 0);
+        ag_joint *j = ag_export_joint(step, in, nin, NULL, NULL, 0, NULL);
+        if (!j)
+            fail_msg("export %s: %s", models[mi][0], ag_last_error());
+        for (ag_node *n = ag_graph_first(ag_joint_graph(j)); n; n = ag_node_next(n)) {
+            if (ag_node_kind_of(n) != AG_NODE_CALL)
+                continue;
+            const ag_op *op = ag_node_op(n);
+            seen++;
+            bool listed = false;
+            for (size_t i = 0; i < sizeof no_rule / sizeof *no_rule; i++)
+                listed |= !strcmp(no_rule[i][0], ag_op_name(op));
+            if (!has_rule(ag_op_def(op)) && !listed) {
+                print_error("%s: %s has no sharding rule\n", models[mi][0], ag_op_name(op));
+                missing++;
+            }
+        }
+        ag_joint_free(j);
+        ag_module_free(step);
+        for (int i = 0; i < nin; i++)
+            ag_tensor_free(in[i]);
+    }
+    assert_true(seen > 100);
+    assert_int_equal(missing, 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_placement_round_trip),
@@ -784,6 +899,8 @@ int main(void) {
         cmocka_unit_test(test_rules_nn),
         cmocka_unit_test(test_rules_attention_conv),
         cmocka_unit_test(test_rules_split_cat_factories),
+        cmocka_unit_test(test_wrong_rule_caught),
+        cmocka_unit_test(test_training_step_coverage),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
