@@ -43,6 +43,9 @@ static void test_meta_shapes(void **st) {
     assert_int_equal(m->sizes[0], 6);
     m = ag_node_val(bc, 0);
     assert_int_equal(m->sizes[0], 6);
+    char flags[128];
+    assert_string_equal(ag_op_flags_str(ag_op_def(ag_node_op(w))->flags, flags, sizeof flags),
+                        "pointwise,collective");
     m = ag_node_val(w, 0);
     assert_int_equal(m->sizes[0], 24);
     assert_int_equal(m->dtype, AG_F32);
