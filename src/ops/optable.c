@@ -34,7 +34,7 @@ static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static const ag_opdef *const *const families[] = {
     ag__ops_pointwise, ag__ops_views,         ag__ops_reduce, ag__ops_linalg,
     ag__ops_conv,      ag__ops_norm,          ag__ops_nn,     ag__ops_index,
-    ag__ops_factory,   ag__ops_inplace_views, ag__ops_philox,
+    ag__ops_factory,   ag__ops_inplace_views, ag__ops_philox, ag__ops_collectives,
 };
 
 /* ---- schema parsing ---- */
@@ -434,9 +434,9 @@ const ag_op *ag_op_register(const ag_opdef *def) {
 }
 
 static const char *const flag_names[] = {
-    "pointwise",         "reduction",    "view",    "inplace",   "random",
-    "compute_intensive", "nondiff",      "factory", "effectful", "backward_helper",
-    "composite",         "inplace_view", "fill",
+    "pointwise",         "reduction",    "view",    "inplace",    "random",
+    "compute_intensive", "nondiff",      "factory", "effectful",  "backward_helper",
+    "composite",         "inplace_view", "fill",    "collective",
 };
 
 char *ag_op_flags_str(uint32_t flags, char *buf, size_t n) {
