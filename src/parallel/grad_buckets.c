@@ -29,7 +29,7 @@ static ag_node *insert(ag_graph *g, const char *opname, const ag_garg *args, int
     int rc = ag__node_set_placement(n, AG_P_REPLICATE);
     if (!rc && tag)
         rc = ag_node_set_partitioner_tag(n, tag);
-    if (!rc && (ag_op_def(op)->flags & AG_OP_COLLECTIVE))
+    if (!rc && (ag_op_def(op)->flags & AG_OP_COLLECTIVE) && strcmp(opname, AG__C10D_WAIT))
         rc = ag_node_meta_set(n, "group_size", (ag_mval){.kind = AG_MV_INT, .u.i = world});
     return rc ? NULL : n;
 }
@@ -92,12 +92,12 @@ static int one_bucket(ag_graph *g, ag__grad_reduce *b, int n, const char *group)
             rc = AG_ENOMEM;
     }
     ag_node *cat = NULL, *red = NULL, *w = NULL;
-    if (!rc && !(cat = insert(g, "cat", (ag_garg[]){AG_GA_NODES(flat, n), AG_GA_I(0)}, 2, like,
-                              world)))
+    if (!rc &&
+        !(cat = insert(g, "cat", (ag_garg[]){AG_GA_NODES(flat, n), AG_GA_I(0)}, 2, like, world)))
         rc = AG_ENOMEM;
-    if (!rc && !(red = insert(g, AG__C10D_ALL_REDUCE,
-                              (ag_garg[]){AG_GA_N(cat), AG_GA_S(op), AG_GA_S(group)}, 3, like,
-                              world)))
+    if (!rc &&
+        !(red = insert(g, AG__C10D_ALL_REDUCE,
+                       (ag_garg[]){AG_GA_N(cat), AG_GA_S(op), AG_GA_S(group)}, 3, like, world)))
         rc = AG_ENOMEM;
     if (!rc && !(w = insert(g, AG__C10D_WAIT, (ag_garg[]){AG_GA_N(red)}, 1, like, world)))
         rc = AG_ENOMEM;
@@ -106,10 +106,10 @@ static int one_bucket(ag_graph *g, ag__grad_reduce *b, int n, const char *group)
     for (int i = 0; i < n && !rc; i++) {
         const ag_tmeta *m = ag_node_val(b[i].grad, 0);
         int64_t ne = numel(m);
-        ag_node *s = insert(g, "slice.Tensor",
-                            (ag_garg[]){AG_GA_N(w), AG_GA_I(0), AG_GA_I(off), AG_GA_I(off + ne),
-                                        AG_GA_I(1)},
-                            5, like, world);
+        ag_node *s =
+            insert(g, "slice.Tensor",
+                   (ag_garg[]){AG_GA_N(w), AG_GA_I(0), AG_GA_I(off), AG_GA_I(off + ne), AG_GA_I(1)},
+                   5, like, world);
         ag_node *v = s ? insert(g, "view", (ag_garg[]){AG_GA_N(s), AG_GA_INTS(m->sizes, m->ndim)},
                                 2, like, world)
                        : NULL;

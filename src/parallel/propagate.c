@@ -26,7 +26,8 @@ const char *ag__pl_str(ag_placement pl, char *buf, size_t n) {
 
 const char *ag__meta_str(const ag_tmeta *m, char *buf, size_t n) {
     char sz[AG_MAX_DIMS * 22 + 4];
-    snprintf(buf, n, "%s%s", ag_dtype_short(m->dtype), ag__fmt_sizes(sz, sizeof sz, m->ndim, m->sizes));
+    snprintf(buf, n, "%s%s", ag_dtype_short(m->dtype),
+             ag__fmt_sizes(sz, sizeof sz, m->ndim, m->sizes));
     return buf;
 }
 
@@ -87,7 +88,7 @@ ag_node *ag__shard_insert(ag__shard_pass *P, const char *opname, const ag_garg *
         rc = ag_node_set_partitioner_tag(n, tag);
     if (!rc && P->cur && ag_node_seq_nr(P->cur) >= 0)
         rc = ag_node_set_seq_nr(n, ag_node_seq_nr(P->cur));
-    if (!rc && (ag_op_def(op)->flags & AG_OP_COLLECTIVE))
+    if (!rc && (ag_op_def(op)->flags & AG_OP_COLLECTIVE) && strcmp(opname, AG__C10D_WAIT))
         rc = ag_node_meta_set(n, "group_size", (ag_mval){.kind = AG_MV_INT, .u.i = P->W});
     return rc ? NULL : n;
 }
@@ -105,8 +106,8 @@ static bool contiguous(const ag_tmeta *m) {
 /* x with dims 0 and d swapped (d == 0: x itself), made contiguous for a collective. */
 static ag_node *to_front(ag__shard_pass *P, ag_node *x, int d, ag_placement pl) {
     if (d != 0)
-        x = ag__shard_insert(P, "transpose.int", (ag_garg[]){AG_GA_N(x), AG_GA_I(0), AG_GA_I(d)},
-                             3, pl);
+        x = ag__shard_insert(P, "transpose.int", (ag_garg[]){AG_GA_N(x), AG_GA_I(0), AG_GA_I(d)}, 3,
+                             pl);
     if (x && !contiguous(ag_node_val(x, 0)))
         x = ag__shard_insert(P, "clone", (ag_garg[]){AG_GA_N(x)}, 1, pl);
     return x;
@@ -130,8 +131,8 @@ static const char *reduce_name(ag_partial_op op) {
 /* Partial(op) -> Replicate(). */
 static ag_node *all_reduce(ag__shard_pass *P, ag_node *x, ag_partial_op op) {
     ag_node *r = ag__shard_insert(
-        P, AG__C10D_ALL_REDUCE, (ag_garg[]){AG_GA_N(x), AG_GA_S(reduce_name(op)), AG_GA_S(P->group)},
-        3, AG_P_REPLICATE);
+        P, AG__C10D_ALL_REDUCE,
+        (ag_garg[]){AG_GA_N(x), AG_GA_S(reduce_name(op)), AG_GA_S(P->group)}, 3, AG_P_REPLICATE);
     return wait(P, r, AG_P_REPLICATE);
 }
 
@@ -141,9 +142,9 @@ static ag_node *all_gather(ag__shard_pass *P, ag_node *x, ag_placement from) {
     ag_node *t = to_front(P, x, d, from);
     if (!t)
         return NULL;
-    ag_node *gth = ag__shard_insert(
-        P, AG__C10D_ALL_GATHER, (ag_garg[]){AG_GA_N(t), AG_GA_I(P->W), AG_GA_S(P->group)}, 3,
-        AG_P_REPLICATE);
+    ag_node *gth = ag__shard_insert(P, AG__C10D_ALL_GATHER,
+                                    (ag_garg[]){AG_GA_N(t), AG_GA_I(P->W), AG_GA_S(P->group)}, 3,
+                                    AG_P_REPLICATE);
     ag_node *y = wait(P, gth, AG_P_REPLICATE);
     if (y && k > 1) {
         /* Gathered rank-major [W][k][c]: reorder block-major [k][W][c]. */
@@ -163,8 +164,9 @@ static ag_node *all_gather(ag__shard_pass *P, ag_node *x, ag_placement from) {
         y = ag__shard_insert(P, "view", (ag_garg[]){AG_GA_N(y), AG_GA_INTS(sz, m->ndim + 2)}, 2,
                              AG_P_REPLICATE);
         if (y)
-            y = ag__shard_insert(P, "transpose.int", (ag_garg[]){AG_GA_N(y), AG_GA_I(0), AG_GA_I(1)},
-                                 3, AG_P_REPLICATE);
+            y = ag__shard_insert(P, "transpose.int",
+                                 (ag_garg[]){AG_GA_N(y), AG_GA_I(0), AG_GA_I(1)}, 3,
+                                 AG_P_REPLICATE);
         if (y)
             y = ag__shard_insert(P, "clone", (ag_garg[]){AG_GA_N(y)}, 1, AG_P_REPLICATE);
         if (y)
@@ -179,10 +181,9 @@ static ag_node *reduce_scatter(ag__shard_pass *P, ag_node *x, ag_partial_op op, 
     ag_node *t = to_front(P, x, to.dim, AG_P_PARTIAL(op));
     if (!t)
         return NULL;
-    ag_node *rs = ag__shard_insert(P, AG__C10D_REDUCE_SCATTER,
-                                   (ag_garg[]){AG_GA_N(t), AG_GA_S(reduce_name(op)), AG_GA_I(P->W),
-                                               AG_GA_S(P->group)},
-                                   4, to);
+    ag_node *rs = ag__shard_insert(
+        P, AG__C10D_REDUCE_SCATTER,
+        (ag_garg[]){AG_GA_N(t), AG_GA_S(reduce_name(op)), AG_GA_I(P->W), AG_GA_S(P->group)}, 4, to);
     return back_from_front(P, wait(P, rs, to), to.dim, to);
 }
 
@@ -335,7 +336,8 @@ static bool arg_same(const ag_arg *a, const ag_arg *b) {
     case AG_ARG_BOOL:
         return a->u.b == b->u.b;
     case AG_ARG_INTS:
-        return a->n == b->n && (a->n == 0 || !memcmp(a->u.ints, b->u.ints, sizeof(int64_t) * (size_t)a->n));
+        return a->n == b->n &&
+               (a->n == 0 || !memcmp(a->u.ints, b->u.ints, sizeof(int64_t) * (size_t)a->n));
     case AG_ARG_DTYPE:
         return a->u.dt == b->u.dt;
     case AG_ARG_STR:
@@ -435,7 +437,7 @@ int ag__shard_call(ag__shard_pass *P, const ag_node *n) {
     ag_arg args[AG_MAX_ARGS];
     for (int i = 0; i < nargs; i++) {
         const ag_schema_arg *sa = ag_op_arg(op, i);
-        args[i] = i < srcn ? garg_to_arg(ag_node_arg(n, i), nulls)
+        args[i] = i < srcn          ? garg_to_arg(ag_node_arg(n, i), nulls)
                   : sa->has_default ? sa->def
                                     : AG_A_NONE;
     }
@@ -468,8 +470,9 @@ int ag__shard_call(ag__shard_pass *P, const ag_node *n) {
             out[k] = AG_P_REPLICATE;
         memcpy(local_args, args, sizeof(ag_arg) * (size_t)nargs);
     } else if (rc < 0) {
-        return ag__shard_err(rc, "shard_joint: node '%s' (%s) with inputs %s: its sharding rule failed",
-                       ag_node_name(n), opname, pls_str(in, ntin, b1, sizeof b1));
+        return ag__shard_err(rc,
+                             "shard_joint: node '%s' (%s) with inputs %s: its sharding rule failed",
+                             ag_node_name(n), opname, pls_str(in, ntin, b1, sizeof b1));
     }
     /* A rule must not ask for an uneven or impossible Shard. */
     for (int j = 0; j < ntin; j++) {
@@ -493,9 +496,9 @@ int ag__shard_call(ag__shard_pass *P, const ag_node *n) {
         local_in[j] = ag__redistribute(P, tin_src[j], want[j]);
         if (!local_in[j])
             return ag__shard_err(ag_last_status() ? ag_last_status() : AG_ENOMEM,
-                           "shard_joint: node '%s' (%s): moving input %d from %s to %s",
-                           ag_node_name(n), opname, j, ag__pl_str(in[j], b3, sizeof b3),
-                           ag__pl_str(want[j], b4, sizeof b4));
+                                 "shard_joint: node '%s' (%s): moving input %d from %s to %s",
+                                 ag_node_name(n), opname, j, ag__pl_str(in[j], b3, sizeof b3),
+                                 ag__pl_str(want[j], b4, sizeof b4));
     }
     /* The local call: tensors from the redistributed inputs, the rest from local_args. */
     int pass_n = srcn;
@@ -525,8 +528,8 @@ int ag__shard_call(ag__shard_pass *P, const ag_node *n) {
     ag_node *m = ag_graph_call(P->g, op, gargs, pass_n, ag_node_name(n));
     if (!m)
         return ag__shard_err(ag_last_status() ? ag_last_status() : AG_ENOMEM,
-                       "shard_joint: node '%s' (%s) on local pieces %s", ag_node_name(n),
-                       opname, pls_str(want, ntin, b1, sizeof b1));
+                             "shard_joint: node '%s' (%s) on local pieces %s", ag_node_name(n),
+                             opname, pls_str(want, ntin, b1, sizeof b1));
     if ((rc = ag__copy_node_meta(m, n)) || (rc = ag__node_set_placement(m, out[0])))
         return rc;
     if (fallback &&

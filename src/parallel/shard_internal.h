@@ -61,8 +61,8 @@ int ag__sink_waits(ag_graph *g);
 typedef struct ag__sval {
     ag_node *node;
     ag_placement pl;
-    bool gather_on_use;   /* a Shard()ed parameter of a gather-on-use plan, not gathered yet */
-    ag_placement *outpl;  /* a multi-output call's output placements (owned) */
+    bool gather_on_use;  /* a Shard()ed parameter of a gather-on-use plan, not gathered yet */
+    ag_placement *outpl; /* a multi-output call's output placements (owned) */
 } ag__sval;
 
 /* A redistribution already made: source value `src` at placement pl is node. */

@@ -45,13 +45,20 @@ static int check_fits(const ag__shard_pass *P, const ag_desc *d, const ag_tmeta 
                       ag_placement pl) {
     if (pl.kind != AG_SHARD)
         return 0;
+    /* A tangent, gradient or input mutation follows the input or output the plan places:
+     * name that one (its shape is the same). */
+    const ag_desc *root = d;
+    while (ag_desc_kind_of(root) == AG_DESC_TANGENT || ag_desc_kind_of(root) == AG_DESC_GRAD ||
+           ag_desc_kind_of(root) == AG_DESC_INPUT_MUTATION)
+        root = ag_desc_nested(root);
     char ds[256], ps[64], ms[128];
-    ag_desc_repr(d, ds, sizeof ds);
+    ag_desc_repr(root, ds, sizeof ds);
     ag__pl_str(pl, ps, sizeof ps);
     ag__meta_str(m, ms, sizeof ms);
     if (pl.dim >= m->ndim)
-        return ag__err(AG_EINVAL, "shard_joint: the plan places %s (%s) as %s, but it has no dim %d",
-                       ds, ms, ps, pl.dim);
+        return ag__err(AG_EINVAL,
+                       "shard_joint: the plan places %s (%s) as %s, but it has no dim %d", ds, ms,
+                       ps, pl.dim);
     if (!ag_shard_divisible(m->sizes[pl.dim], P->W, pl.split_factor)) {
         int k = pl.split_factor > 1 ? pl.split_factor : 1;
         return ag__err(AG_EINVAL,
@@ -70,7 +77,8 @@ static int check_plan(const ag__shard_pass *P) {
         bool found = false;
         if (ag_desc_is_input(d)) {
             for (ag_node *n = ag_graph_first(P->src); n && !found; n = ag_node_next(n))
-                found = ag_node_kind_of(n) == AG_NODE_PLACEHOLDER && ag_desc_equal(ag_node_desc(n), d);
+                found =
+                    ag_node_kind_of(n) == AG_NODE_PLACEHOLDER && ag_desc_equal(ag_node_desc(n), d);
             /* set_param names buffers too. */
             if (!found && ag_desc_kind_of(d) == AG_DESC_PARAM)
                 for (ag_node *n = ag_graph_first(P->src); n && !found; n = ag_node_next(n)) {
@@ -87,8 +95,9 @@ static int check_plan(const ag__shard_pass *P) {
         if (!found) {
             char ds[256];
             ag_desc_repr(d, ds, sizeof ds);
-            return ag__err(AG_EINVAL, "shard_joint: the plan places %s, which the joint does not "
-                                      "have",
+            return ag__err(AG_EINVAL,
+                           "shard_joint: the plan places %s, which the joint does not "
+                           "have",
                            ds);
         }
     }
@@ -181,9 +190,9 @@ static int do_output(ag__shard_pass *P, const ag_node *n) {
             char ds[256], f[64], t[64];
             ag_desc_repr(d, ds, sizeof ds);
             rc = ag__shard_err(ag_last_status() ? ag_last_status() : AG_ENOMEM,
-                         "shard_joint: output %d (%s, node '%s'): moving it from %s to %s", i,
-                         ds, ag_node_name(s), ag__pl_str(from, f, sizeof f),
-                         ag__pl_str(to, t, sizeof t));
+                               "shard_joint: output %d (%s, node '%s'): moving it from %s to %s", i,
+                               ds, ag_node_name(s), ag__pl_str(from, f, sizeof f),
+                               ag__pl_str(to, t, sizeof t));
             break;
         }
         if (ag_desc_kind_of(d) == AG_DESC_GRAD && from.kind == AG_PARTIAL &&
@@ -267,8 +276,9 @@ ag_joint *ag_shard_joint(const ag_joint *j, const ag_mesh *mesh, const ag_shard_
     AG__CHECK_NULL_RET("shard_joint", mesh, NULL);
     AG__CHECK_NULL_RET("shard_joint", plan, NULL);
     if (mesh->size < 1 || mesh->rank < 0 || mesh->rank >= mesh->size) {
-        ag__err(AG_EINVAL, "shard_joint: bad mesh: rank %d of %d ranks (a mesh has size >= 1 and "
-                           "0 <= rank < size)",
+        ag__err(AG_EINVAL,
+                "shard_joint: bad mesh: rank %d of %d ranks (a mesh has size >= 1 and "
+                "0 <= rank < size)",
                 mesh->rank, mesh->size);
         return NULL;
     }

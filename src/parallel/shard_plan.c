@@ -74,8 +74,9 @@ static int check_placement(const char *fn, const ag_desc *d, ag_placement pl) {
     char ds[256];
     ag_desc_repr(d, ds, sizeof ds);
     if (pl.kind == AG_SHARD && (pl.dim < 0 || pl.split_factor < 0))
-        return ag__err(AG_EINVAL, "%s: %s: a Shard needs dim >= 0 and split_factor >= 0 (got %d, %d)",
-                       fn, ds, pl.dim, pl.split_factor);
+        return ag__err(AG_EINVAL,
+                       "%s: %s: a Shard needs dim >= 0 and split_factor >= 0 (got %d, %d)", fn, ds,
+                       pl.dim, pl.split_factor);
     if (pl.kind == AG_PARTIAL && pl.op != AG_PARTIAL_SUM && pl.op != AG_PARTIAL_AVG)
         return ag__err(AG_EINVAL, "%s: %s: Partial reduce op %d is not sum or avg", fn, ds,
                        (int)pl.op);
@@ -254,7 +255,7 @@ int ag_shard_summary_get(const ag_joint *sharded, ag_shard_summary *out) {
             const char *op = ag_op_name(ag_node_op(n));
             ag_node *in = ag_node_arg_node(n, 0);
             const ag_tmeta *m = ag__node_is_op(n, AG__C10D_ALL_GATHER) || !in ? ag_node_val(n, 0)
-                                                                               : ag_node_val(in, 0);
+                                                                              : ag_node_val(in, 0);
             double b = ag_comm_bytes(op, (double)val_bytes(m), coll_world(n));
             if (b > 0)
                 s.comm_bytes += (int64_t)b;

@@ -132,8 +132,8 @@ static bool passes_through(const ag_node *n) {
     const char *name = ag_op_name(ag_node_op(n));
     if (def->flags & (AG_OP_POINTWISE | AG_OP_VIEW))
         return true;
-    static const char *const ok[] = {"clone", "contiguous", "split.Tensor", "bmm", "_softmax",
-                                     "native_dropout", "_to_copy"};
+    static const char *const ok[] = {"clone",    "contiguous",     "split.Tensor", "bmm",
+                                     "_softmax", "native_dropout", "_to_copy"};
     for (size_t i = 0; i < sizeof ok / sizeof *ok; i++)
         if (!strcmp(name, ok[i]))
             return true;
