@@ -153,7 +153,9 @@ static int do_get_attr(ag__shard_pass *P, const ag_node *n) {
 }
 
 static int record_grad_reduce(ag__shard_pass *P, ag_node *w) {
-    if (!ag__node_is_op(w, AG__C10D_WAIT))
+    /* Only a reduction made for the output alone moves into a bucket (one an earlier node
+     * also reads must stay before that node). */
+    if (!ag__node_is_op(w, AG__C10D_WAIT) || ag_node_num_users(w) != 0)
         return 0;
     ag_node *r = ag_node_arg_node(w, 0);
     if (!ag__node_is_op(r, AG__C10D_ALL_REDUCE))
