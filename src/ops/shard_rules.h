@@ -31,4 +31,34 @@ ag_placement ag__shard_p(int d, int k);
 /* The split factor of p as an int >= 1. */
 int ag__shard_sf(ag_placement p);
 
+/* ---- the ops' rules (shard_ops.c), set as ag_opdef.shard in the family files ---- */
+int ag__shard_identity(ag_shard_ctx *c);
+int ag__shard_transpose(ag_shard_ctx *c);
+int ag__shard_permute(ag_shard_ctx *c);
+int ag__shard_unsqueeze(ag_shard_ctx *c);
+int ag__shard_squeeze(ag_shard_ctx *c);
+int ag__shard_slice(ag_shard_ctx *c);
+int ag__shard_expand(ag_shard_ctx *c);
+int ag__shard_view(ag_shard_ctx *c);
+int ag__shard_sum(ag_shard_ctx *c);
+int ag__shard_softmax(ag_shard_ctx *c);
+int ag__shard_softmax_backward(ag_shard_ctx *c);
+int ag__shard_mm(ag_shard_ctx *c);
+int ag__shard_addmm(ag_shard_ctx *c);
+int ag__shard_layer_norm(ag_shard_ctx *c);
+int ag__shard_layer_norm_backward(ag_shard_ctx *c);
+int ag__shard_batch_norm(ag_shard_ctx *c);
+int ag__shard_batch_norm_backward(ag_shard_ctx *c);
+int ag__shard_embedding(ag_shard_ctx *c);
+int ag__shard_embedding_backward(ag_shard_ctx *c);
+int ag__shard_nll_loss(ag_shard_ctx *c);
+int ag__shard_nll_loss_backward(ag_shard_ctx *c);
+int ag__shard_sdpa(ag_shard_ctx *c);
+int ag__shard_convolution(ag_shard_ctx *c);
+int ag__shard_convolution_backward(ag_shard_ctx *c);
+int ag__shard_max_pool(ag_shard_ctx *c);
+int ag__shard_split(ag_shard_ctx *c);
+int ag__shard_cat(ag_shard_ctx *c);
+int ag__shard_factory(ag_shard_ctx *c);
+
 #endif
