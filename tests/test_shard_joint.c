@@ -110,7 +110,7 @@ static void assert_sizes(const ag_node *n, int ndim, const int64_t *sizes) {
 }
 
 /* Every collective is completed by a wait_tensor, and the waits sank: each wait is followed by
- * its first user, another collective or the output node. */
+ * its first user, another collective, a node of the other pass or the output node. */
 static void assert_waits(const ag_graph *g, bool sunk) {
     for (ag_node *n = ag_graph_first(g); n; n = ag_node_next(n)) {
         if (ag_node_kind_of(n) != AG_NODE_CALL)
@@ -131,7 +131,7 @@ static void assert_waits(const ag_graph *g, bool sunk) {
             user |= ag_node_user(w, u) == next;
         const char *nop = ag_node_kind_of(next) == AG_NODE_CALL ? ag_op_name(ag_node_op(next)) : "";
         assert_true(user || ag_node_kind_of(next) == AG_NODE_OUTPUT ||
-                    !strncmp(nop, "_c10d_functional::", 18));
+                    !strncmp(nop, "_c10d_functional::", 18) || strcmp(tag(w), tag(next)));
     }
 }
 
@@ -366,10 +366,11 @@ static void test_world_of_one(void **st) {
 
 /* ---- dp ---- */
 
-/* The mlp on 2 ranks, data parallel: the batch is split, the parameters are whole, every
- * gradient comes out Partial and all six are reduced in one bucket (0.9 MB < 25 MiB) started
- * right after the last gradient is computed; the logits (a Replicate() user output) are
- * gathered. */
+/* The mlp on 2 ranks, data parallel: the batch is split, the parameters are whole, and the
+ * logits (a Replicate() user output) are gathered right after they are computed. Their tangent
+ * is then whole on every rank, so fc3.bias's gradient (its sum over the batch) is whole too;
+ * the five other gradients come out Partial and are reduced in one bucket (0.9 MB < 25 MiB)
+ * started right after the last of them is computed. */
 static void test_dp_mlp(void **st) {
     (void)st;
     model md;
@@ -384,7 +385,7 @@ static void test_dp_mlp(void **st) {
     assert_string_equal(placement(param_ph(g, "fc1.weight"), buf), "Replicate()");
     assert_sizes(ag_graph_find(g, "tangents_1"), 2, (int64_t[]){32, 10});
     assert_descs_kept(md.j, s);
-    /* One all_reduce, of the six gradients flattened and concatenated, in the backward. */
+    /* One all_reduce, of five gradients flattened and concatenated, in the backward. */
     assert_int_equal(count_op(g, AR, ""), 1);
     assert_int_equal(count_op(g, AR, "is_backward"), 1);
     ag_node *ar = NULL;
@@ -393,14 +394,14 @@ static void test_dp_mlp(void **st) {
             ar = n;
     ag_node *cat = ag_node_arg_node(ar, 0);
     assert_true(is_op(cat, "cat"));
-    assert_int_equal(ag_node_arg(cat, 0)->n, 6);
-    assert_sizes(cat, 1, (int64_t[]){ag_module_num_parameters(md.m)});
+    assert_int_equal(ag_node_arg(cat, 0)->n, 5);
+    assert_sizes(cat, 1, (int64_t[]){ag_module_num_parameters(md.m) - 10});
     assert_string_equal(ag_node_arg(ar, 1)->u.s, "sum");
     assert_string_equal(ag_node_arg(ar, 2)->u.s, "0");
     /* Started right after the last gradient's producer: only its flattening and the cat lie
      * between. */
     int last = -1;
-    for (int i = 0; i < 6; i++) {
+    for (int i = 0; i < 5; i++) {
         ag_node *v = ag_node_arg(cat, 0)->u.nodes[i];
         ag_node *src = ag_node_arg_node(v, 0);
         if (is_op(src, "clone"))
@@ -414,18 +415,23 @@ static void test_dp_mlp(void **st) {
             n = ag_node_next(n);
         assert_true(is_op(n, "view") || is_op(n, "clone") || is_op(n, "cat"));
     }
-    /* Every gradient output is Replicate(), a view of the reduced bucket. */
+    /* Every gradient output is Replicate(), a view of the reduced bucket but fc3.bias's (the
+     * last output). */
     ag_node *out = ag_graph_output_node(g);
-    for (int i = 1; i <= 6; i++) {
+    assert_string_equal(placement(ag_node_arg(out, 0)->u.nodes[6], buf), "Replicate()");
+    assert_true(is_op(ag_node_arg(out, 0)->u.nodes[6], "view"));
+    assert_true(is_op(ag_node_arg_node(ag_node_arg(out, 0)->u.nodes[6], 0), "sum.dim_IntList"));
+    for (int i = 1; i <= 5; i++) {
         ag_node *gr = ag_node_arg(out, 0)->u.nodes[i];
         assert_string_equal(placement(gr, buf), "Replicate()");
         assert_true(is_op(gr, "view"));
         assert_true(is_op(ag_node_arg_node(gr, 0), "slice.Tensor"));
         assert_true(is_op(ag_node_arg_node(ag_node_arg_node(gr, 0), 0), WT));
     }
-    /* The forward gathers the logits (and nothing else). */
+    /* The forward gathers the logits (and nothing else), right after addmm_2. */
     assert_int_equal(count_op(g, AGT, "is_forward"), 1);
     assert_int_equal(count_op(g, AGT, ""), 1);
+    assert_true(is_op(ag_node_next(ag_graph_find(g, "addmm_2")), AGT));
     assert_int_equal(count_op(g, RS, ""), 0);
     assert_waits(g, true);
     ag_shard_summary su;
@@ -433,19 +439,22 @@ static void test_dp_mlp(void **st) {
     assert_int_equal(su.nfallback, 0);
     assert_int_equal(su.ncollectives, 2);
     /* Ring: all_reduce 2(n-1)/n of 4 P bytes, all_gather (n-1)/n of the 32x10 logits. */
-    assert_int_equal(su.comm_bytes, 4 * ag_module_num_parameters(md.m) + 32 * 10 * 4 / 2);
+    assert_int_equal(su.comm_bytes, 4 * (ag_module_num_parameters(md.m) - 10) + 32 * 10 * 4 / 2);
     ag_compiled_free(compile_mincut(s));
     ag_joint_free(s);
-    /* Small buckets: at most 64 KiB each, in the order gradients become ready (fc3's first). */
+    /* Small buckets: at most 64 KiB each, in the order gradients become ready: fc3.weight
+     * (5 KiB) with fc2.bias, then fc2.weight (128 KiB) alone, fc1.bias alone (fc1.weight, 784
+     * KiB, would overflow it), fc1.weight alone. */
     ag_shard_plan_set_bucket_bytes(p, 64 << 10);
     s = shard(md.j, 2, 0, p);
-    assert_int_equal(count_op(ag_joint_graph(s), AR, ""), 3);
+    assert_int_equal(count_op(ag_joint_graph(s), AR, ""), 4);
+    assert_int_equal(count_op(ag_joint_graph(s), "cat", ""), 1);
     ag_joint_free(s);
     /* No bucketing, no overlap: one all_reduce per gradient, each wait right after it. */
     ag_shard_plan_set_bucket_bytes(p, -1);
     ag_shard_plan_set_no_overlap(p, true);
     s = shard(md.j, 2, 0, p);
-    assert_int_equal(count_op(ag_joint_graph(s), AR, ""), 6);
+    assert_int_equal(count_op(ag_joint_graph(s), AR, ""), 5);
     assert_int_equal(count_op(ag_joint_graph(s), "cat", ""), 0);
     assert_waits(ag_joint_graph(s), false);
     ag_joint_free(s);
@@ -492,8 +501,13 @@ static void test_fsdp_mlp(void **st) {
         assert_int_equal(ag_node_arg(gth, 1)->u.i, 2);
     }
     ag_fx_named_free(nm);
-    /* Six gradients reduce_scattered, no all_reduce. */
-    assert_int_equal(count_op(g, RS, "is_backward"), 6);
+    /* Five gradients reduce_scattered, no all_reduce; fc3.bias's comes whole (the logits'
+     * tangent is whole) and is sliced. */
+    assert_int_equal(count_op(g, RS, "is_backward"), 5);
+    ag_node *gb = ag_node_arg(ag_graph_output_node(g), 0)->u.nodes[6];
+    assert_true(is_op(gb, "slice.Tensor"));
+    assert_int_equal(ag_node_arg(gb, 2)->u.i, 0);
+    assert_int_equal(ag_node_arg(gb, 3)->u.i, 5);
     assert_int_equal(count_op(g, AR, ""), 0);
     ag_node *out = ag_graph_output_node(g);
     for (int i = 1; i <= 6; i++)
@@ -644,10 +658,10 @@ static void test_custom_plan(void **st) {
     ag_node *x = ag_graph_find(g, "primals_7");
     for (int u = 0; u < ag_node_num_users(x); u++) {
         ag_node *n = ag_node_user(x, u);
-        if (!is_op(n, "slice.Tensor"))
+        if (!is_op(n, "slice.Tensor") || ag_node_arg(n, 1)->u.i != 1)
             continue;
         slices++;
-        assert_int_equal(ag_node_arg(n, 1)->u.i, 1);
+        assert_string_equal(tag(n), "is_forward");
         assert_int_equal(ag_node_arg(n, 2)->u.i, 392);
         assert_int_equal(ag_node_arg(n, 3)->u.i, 784);
     }

@@ -13,10 +13,11 @@
  * (wait_sink.c), so the reductions run while the rest of the backward computes. */
 #include "shard_internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 static ag_node *insert(ag_graph *g, const char *opname, const ag_garg *args, int nargs,
-                       const ag_node *like, int world) {
+                       const char *tag, int world) {
     const ag_op *op = ag_op_find(opname);
     if (!op) {
         ag__err(AG_ENOTSUP, "shard_joint: op %s is not in the op table", opname);
@@ -25,7 +26,6 @@ static ag_node *insert(ag_graph *g, const char *opname, const ag_garg *args, int
     ag_node *n = ag_graph_call(g, op, args, nargs, NULL);
     if (!n)
         return NULL;
-    const char *tag = ag_node_partitioner_tag(like);
     int rc = ag__node_set_placement(n, AG_P_REPLICATE);
     if (!rc && tag)
         rc = ag_node_set_partitioner_tag(n, tag);
@@ -78,7 +78,10 @@ static int one_bucket(ag_graph *g, ag__grad_reduce *b, int n, const char *group)
     ag_node **flat = ag__calloc((size_t)n, sizeof *flat);
     if (!flat)
         return AG_ENOMEM;
-    const ag_node *like = b[0].reduce;
+    /* The tag of the reductions replaced (they are erased below). */
+    char like[32];
+    const char *t0 = ag_node_partitioner_tag(b[0].reduce);
+    snprintf(like, sizeof like, "%s", t0 ? t0 : "is_backward");
     int rc = 0;
     ag_graph_insert_after(g, last);
     for (int i = 0; i < n && !rc; i++) {
@@ -119,9 +122,10 @@ static int one_bucket(ag_graph *g, ag__grad_reduce *b, int n, const char *group)
         }
         off += ne;
         ag_node_replace_all_uses(b[i].wait, v);
+    }
+    for (int i = 0; i < n && !rc; i++)
         if ((rc = ag_graph_erase(g, b[i].wait)) || (rc = ag_graph_erase(g, b[i].reduce)))
             break;
-    }
     ag__free(flat);
     return rc && ag_last_status() ? ag_last_status() : rc;
 }

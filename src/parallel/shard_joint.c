@@ -187,7 +187,14 @@ static int do_output(ag__shard_pass *P, const ag_node *n) {
             break;
         P->cur = s;
         ag_placement from = P->val[si].pl;
+        /* A forward output moves right after it is computed (in the forward); a gradient's
+         * reduction goes here, before the output node, and into a bucket below. */
+        ag_node *at = P->val[si].node;
+        bool fw = ag_desc_kind_of(d) != AG_DESC_GRAD && ag_node_kind_of(at) != AG_NODE_PLACEHOLDER;
+        if (fw)
+            ag_graph_insert_after(P->g, at);
         outs[i] = ag__redistribute(P, si, to);
+        ag_graph_insert_at_end(P->g);
         if (!outs[i]) {
             char ds[256], f[64], t[64];
             ag_desc_repr(d, ds, sizeof ds);

@@ -5,8 +5,15 @@
  * In: the rank's graph, each collective followed by its wait. Out: the same nodes, waits moved
  * down; a wait never moves past another collective (wait_tensor included), so collectives keep
  * their order relative to each other (every rank issues them in the same order, as MPI
- * requires, and the partitioner never reorders them). */
+ * requires, and the partitioner never reorders them), nor past a node of the other pass (a
+ * forward wait stays in the forward, a backward one in the backward). */
 #include "shard_internal.h"
+
+/* A node of the other pass (a forward wait never sinks into the backward). */
+static bool other_side(const char *tag, const ag_node *n) {
+    const char *t = ag_node_partitioner_tag(n);
+    return tag && t && strcmp(tag, t);
+}
 
 int ag__sink_waits(ag_graph *g) {
     int moved = 0;
@@ -20,9 +27,10 @@ int ag__sink_waits(ag_graph *g) {
                 if (first < 0 || i < first)
                     first = i;
             }
+            const char *tag = ag_node_partitioner_tag(n);
             ag_node *stop = next;
             while (stop && ag_node_index(stop) != first && !ag__node_is_collective(stop) &&
-                   ag_node_kind_of(stop) != AG_NODE_OUTPUT)
+                   ag_node_kind_of(stop) != AG_NODE_OUTPUT && !other_side(tag, stop))
                 stop = ag_node_next(stop);
             if (stop && stop != next) {
                 int rc = ag_graph_move_before(g, n, stop);
