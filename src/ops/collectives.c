@@ -15,6 +15,7 @@
  * the group. Every collective is flagged AG_OP_COLLECTIVE: never removed, merged or recomputed
  * (see optable.h). wait_tensor is also pointwise, so the planned executor may give its output
  * its input's buffer. */
+#include "../dist/pending.h"
 #include "family.h"
 #include "nn_util.h"
 
@@ -195,55 +196,153 @@ static int wait_meta(const ag_arg *a, ag_tmeta *o) {
     return 0;
 }
 
-/* ---- kernels (world of size 1: every collective is a copy) ---- */
+/* ---- kernels: start the collective (src/dist/pending.c), or complete it ---- */
 
-static int size1_group(const char *op, const char *group, int64_t group_size) {
-    if (strcmp(group, "0"))
-        return ag__err(AG_EINVAL, "%s: no process group named '%s'", op, group);
-    if (group_size != 1)
-        return ag__err(AG_EINVAL, "%s: group_size %lld but group '%s' has 1 rank", op,
-                       (long long)group_size, group);
-    return 0;
+static int group_of(const char *op, const char *name, ag_group **g) {
+    return ag__dist_group(op, name, g);
+}
+
+static int check_size(const char *op, const ag_group *g, int64_t group_size) {
+    if (group_size == ag_group_size(g))
+        return 0;
+    return ag__err(AG_EINVAL, "%s: group_size %lld but group '%s' has %d ranks", op,
+                   (long long)group_size, ag_group_name(g), ag_group_size(g));
+}
+
+/* Copies x into a staging tensor the collective owns and starts it into out. */
+static int start(ag__coll *c, const ag_tensor *x, ag_tensor *out) {
+    ag_tensor *st = ag__tensor_new(x->dtype, x->ndim, x->sizes, false);
+    if (!st)
+        return ag_last_status() ? ag_last_status() : AG_ENOMEM;
+    int rc = ag__copy_into(st, x);
+    if (rc) {
+        ag_tensor_free(st);
+        return rc;
+    }
+    c->staging = st;
+    c->out = out;
+    return ag__coll_start(c);
 }
 
 static int all_reduce_kernel(const ag_arg *a, ag_tensor **o) {
-    int rc = size1_group("all_reduce", a[2].u.s, 1);
-    return rc ? rc : ag__copy_into(o[0], a[0].u.t);
+    ag_group *g;
+    int rc = group_of("all_reduce", a[2].u.s, &g);
+    if (rc)
+        return rc;
+    ag__coll c = {
+        .kind = AG__COLL_ALL_REDUCE, .op = "all_reduce", .group = g, .reduce_op = a[1].u.s};
+    return start(&c, a[0].u.t, o[0]);
 }
+
 static int all_gather_kernel(const ag_arg *a, ag_tensor **o) {
-    int rc = size1_group("all_gather_into_tensor", a[2].u.s, a[1].u.i);
-    return rc ? rc : ag__copy_into(o[0], a[0].u.t);
+    const char *op = "all_gather_into_tensor";
+    ag_group *g;
+    int rc = group_of(op, a[2].u.s, &g);
+    if (!rc)
+        rc = check_size(op, g, a[1].u.i);
+    if (rc)
+        return rc;
+    ag__coll c = {.kind = AG__COLL_ALL_GATHER, .op = op, .group = g};
+    return start(&c, a[0].u.t, o[0]);
 }
+
 static int reduce_scatter_kernel(const ag_arg *a, ag_tensor **o) {
-    int rc = size1_group("reduce_scatter_tensor", a[3].u.s, a[2].u.i);
-    return rc ? rc : ag__copy_into(o[0], a[0].u.t);
+    const char *op = "reduce_scatter_tensor";
+    ag_group *g;
+    int rc = group_of(op, a[3].u.s, &g);
+    if (!rc)
+        rc = check_size(op, g, a[2].u.i);
+    if (rc)
+        return rc;
+    ag__coll c = {.kind = AG__COLL_REDUCE_SCATTER, .op = op, .group = g, .reduce_op = a[1].u.s};
+    return start(&c, a[0].u.t, o[0]);
 }
+
+/* Rows per rank: the split sizes given, or `rows` cut into equal parts. */
+static int splits_of(const ag_group *g, const ag_arg *s, const char *name, int64_t rows,
+                     int64_t *out) {
+    int n = ag_group_size(g);
+    if (s->n > 0) {
+        if (s->n != n)
+            return ag__err(AG_EINVAL,
+                           "all_to_all_single: %d %s but group '%s' has %d ranks (one each)", s->n,
+                           name, ag_group_name(g), n);
+        memcpy(out, s->u.ints, sizeof(int64_t) * (size_t)n);
+        return 0;
+    }
+    if (rows % n)
+        return ag__err(AG_EINVAL,
+                       "all_to_all_single: no %s, and dim 0 (%lld) is not divisible by the %d "
+                       "ranks of group '%s'",
+                       name, (long long)rows, n, ag_group_name(g));
+    for (int r = 0; r < n; r++)
+        out[r] = rows / n;
+    return 0;
+}
+
 static int all_to_all_kernel(const ag_arg *a, ag_tensor **o) {
-    int rc = size1_group("all_to_all_single", a[3].u.s, a[1].n ? a[1].n : 1);
-    if (!rc && a[2].n > 1)
-        rc = size1_group("all_to_all_single", a[3].u.s, a[2].n);
-    if (!rc && o[0]->sizes[0] != a[0].u.t->sizes[0])
-        rc = ag__err(AG_EINVAL, "all_to_all_single: output_split_sizes sum to %lld, input has %lld",
-                     (long long)o[0]->sizes[0], (long long)a[0].u.t->sizes[0]);
-    return rc ? rc : ag__copy_into(o[0], a[0].u.t);
+    const char *op = "all_to_all_single";
+    const ag_tensor *x = a[0].u.t;
+    ag_group *g;
+    int rc = group_of(op, a[3].u.s, &g);
+    if (rc)
+        return rc;
+    int n = ag_group_size(g);
+    int64_t *rows = ag__malloc(sizeof(int64_t) * 2 * (size_t)n);
+    if (!rows)
+        return AG_ENOMEM;
+    rc = splits_of(g, &a[2], "input_split_sizes", x->sizes[0], rows);
+    if (!rc)
+        rc = splits_of(g, &a[1], "output_split_sizes", o[0]->sizes[0], rows + n);
+    if (!rc) {
+        int64_t row = 1; /* elements per row of dim 0 */
+        for (int d = 1; d < x->ndim; d++)
+            row *= x->sizes[d];
+        ag__coll c = {.kind = AG__COLL_ALL_TO_ALL,
+                      .op = op,
+                      .group = g,
+                      .send_rows = rows,
+                      .recv_rows = rows + n,
+                      .row_elems = row};
+        if (n == 1 && o[0]->sizes[0] != x->sizes[0])
+            rc = ag__err(AG_EINVAL,
+                         "all_to_all_single: output_split_sizes [%lld] but the input has %lld "
+                         "rows on a group of 1 rank",
+                         (long long)o[0]->sizes[0], (long long)x->sizes[0]);
+        else
+            rc = start(&c, x, o[0]);
+    }
+    ag__free(rows);
+    return rc;
 }
+
 static int broadcast_kernel(const ag_arg *a, ag_tensor **o) {
-    int rc = size1_group("broadcast", a[2].u.s, 1);
-    if (!rc && a[1].u.i != 0)
-        rc = ag__err(AG_EINVAL, "broadcast: src %lld but group '%s' has 1 rank",
-                     (long long)a[1].u.i, a[2].u.s);
-    return rc ? rc : ag__copy_into(o[0], a[0].u.t);
+    ag_group *g;
+    int rc = group_of("broadcast", a[2].u.s, &g);
+    if (rc)
+        return rc;
+    if (a[1].u.i >= ag_group_size(g))
+        return ag__err(AG_EINVAL, "broadcast: src %lld but group '%s' has %d ranks",
+                       (long long)a[1].u.i, ag_group_name(g), ag_group_size(g));
+    ag__coll c = {.kind = AG__COLL_BROADCAST, .op = "broadcast", .group = g, .root = (int)a[1].u.i};
+    return start(&c, a[0].u.t, o[0]);
 }
+
+/* Completes the collective that writes the input's buffer (if any), then the output is the
+ * input: nothing to do when the executor gave both one buffer. */
 static int wait_kernel(const ag_arg *a, ag_tensor **o) {
+    int rc = ag__coll_wait(ag__base(a[0].u.t));
+    if (rc < 0)
+        return rc;
     if (ag__base(o[0]) == ag__base(a[0].u.t))
         return 0;
     return ag__copy_into(o[0], a[0].u.t);
 }
 
-/* This process's rank in group `name` (0 in a world of size 1). */
+/* This process's rank in group `name` (-1, with the error set, when there is no such group). */
 static int64_t ag__coll_group_rank(const char *name) {
-    (void)name;
-    return 0;
+    ag_group *g;
+    return ag__dist_group("broadcast", name, &g) ? -1 : ag_group_rank(g);
 }
 
 /* ---- backward rules ----
@@ -323,8 +422,11 @@ static int broadcast_backward(ag_bwctx *c) {
     ag_tensor *g = c->grad_outputs[0];
     if (!g)
         return 0;
+    int64_t rank = ag__coll_group_rank(c->args[2].u.s);
+    if (rank < 0)
+        return ag_last_status();
     g = ag_wait_tensor(ag_all_reduce(g, "sum", c->args[2].u.s));
-    if (g && ag__coll_group_rank(c->args[2].u.s) != c->args[1].u.i)
+    if (g && rank != c->args[1].u.i)
         g = ag_zeros_like(g);
     c->grad_inputs[0] = g;
     return bw_status(c);
