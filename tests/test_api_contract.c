@@ -1515,6 +1515,76 @@ static long c_ag_comm_stats_get(void) {
     ag_comm_stats_get(NULL);
     return 0;
 }
+static long c_ag_placement_str(void) {
+    return ag_placement_str(AG_P_REPLICATE, NULL, 0) == NULL;
+}
+static long c_ag_placement_parse(void) {
+    return ag_placement_parse(NULL, NULL);
+}
+static long c_ag_shard_rule_pointwise(void) {
+    return ag_shard_rule_pointwise(NULL);
+}
+static long c_ag_shard_rule_linear_pointwise(void) {
+    return ag_shard_rule_linear_pointwise(NULL);
+}
+static long c_ag_mesh_world(void) {
+    return ag_mesh_world(NULL);
+}
+static long c_ag_shard_plan_free(void) {
+    ag_shard_plan_free(NULL);
+    return 0;
+}
+static long c_ag_shard_plan_set(void) {
+    return ag_shard_plan_set(NULL, NULL, AG_P_REPLICATE);
+}
+static long c_ag_shard_plan_set_param(void) {
+    return ag_shard_plan_set_param(NULL, NULL, AG_P_REPLICATE);
+}
+static long c_ag_shard_plan_set_input(void) {
+    return ag_shard_plan_set_input(NULL, 0, AG_P_REPLICATE);
+}
+static long c_ag_shard_plan_set_output(void) {
+    return ag_shard_plan_set_output(NULL, 0, AG_P_REPLICATE);
+}
+static long c_ag_shard_plan_get(void) {
+    return ag_shard_plan_get(NULL, NULL, NULL);
+}
+static long c_ag_shard_plan_set_bucket_bytes(void) {
+    ag_shard_plan_set_bucket_bytes(NULL, 0);
+    return 0;
+}
+static long c_ag_shard_plan_set_no_overlap(void) {
+    ag_shard_plan_set_no_overlap(NULL, false);
+    return 0;
+}
+static long c_ag_shard_plan_set_gather_params(void) {
+    ag_shard_plan_set_gather_params(NULL, false);
+    return 0;
+}
+static long c_ag_shard_plan_strategy(void) {
+    return ag_shard_plan_strategy(NULL) == NULL;
+}
+static long c_ag_shard_plan_dp(void) {
+    return ag_shard_plan_dp(NULL, NULL) == NULL;
+}
+static long c_ag_shard_plan_fsdp(void) {
+    return ag_shard_plan_fsdp(NULL, NULL) == NULL;
+}
+static long c_ag_shard_plan_tp(void) {
+    return ag_shard_plan_tp(NULL, NULL) == NULL;
+}
+static long c_ag_shard_plan_strategy_new(void) {
+    return ag_shard_plan_strategy_new(NULL, NULL, NULL) == NULL;
+}
+static long c_ag_shard_joint(void) {
+    return ag_shard_joint(NULL, NULL, NULL) == NULL;
+}
+static long c_ag_shard_summary_get(void) {
+    return ag_shard_summary_get(NULL, NULL);
+}
+static long c_ag_node_placement(void) {
+    return ag_node_placement(NULL).kind;
+}
 static long c_ag_comm_model_get(void) {
     ag_comm_model_get(NULL);
     return 0;
@@ -1973,6 +2043,28 @@ static const row rows[] = {
     {"ag_comm_model_set", 'F', 'I', c_ag_comm_model_set, NULL},
     {"ag_comm_bytes", 'A', 'O', c_ag_comm_bytes, NULL},
     {"ag_comm_time", 'A', 'O', c_ag_comm_time, NULL},
+    {"ag_placement_str", 'A', 'R', c_ag_placement_str, NULL},
+    {"ag_placement_parse", 'F', 'I', c_ag_placement_parse, NULL},
+    {"ag_shard_rule_pointwise", 'F', 'I', c_ag_shard_rule_pointwise, NULL},
+    {"ag_shard_rule_linear_pointwise", 'F', 'I', c_ag_shard_rule_linear_pointwise, NULL},
+    {"ag_mesh_world", 'F', 'I', c_ag_mesh_world, NULL},
+    {"ag_shard_plan_free", 'A', 'O', c_ag_shard_plan_free, NULL},
+    {"ag_shard_plan_set", 'F', 'I', c_ag_shard_plan_set, NULL},
+    {"ag_shard_plan_set_param", 'F', 'I', c_ag_shard_plan_set_param, NULL},
+    {"ag_shard_plan_set_input", 'F', 'I', c_ag_shard_plan_set_input, NULL},
+    {"ag_shard_plan_set_output", 'F', 'I', c_ag_shard_plan_set_output, NULL},
+    {"ag_shard_plan_get", 'A', 'O', c_ag_shard_plan_get, NULL},
+    {"ag_shard_plan_set_bucket_bytes", 'A', 'O', c_ag_shard_plan_set_bucket_bytes, NULL},
+    {"ag_shard_plan_set_no_overlap", 'A', 'O', c_ag_shard_plan_set_no_overlap, NULL},
+    {"ag_shard_plan_set_gather_params", 'A', 'O', c_ag_shard_plan_set_gather_params, NULL},
+    {"ag_shard_plan_strategy", 'A', 'R', c_ag_shard_plan_strategy, NULL},
+    {"ag_shard_plan_dp", 'F', 'R', c_ag_shard_plan_dp, NULL},
+    {"ag_shard_plan_fsdp", 'F', 'R', c_ag_shard_plan_fsdp, NULL},
+    {"ag_shard_plan_tp", 'F', 'R', c_ag_shard_plan_tp, NULL},
+    {"ag_shard_plan_strategy_new", 'F', 'R', c_ag_shard_plan_strategy_new, NULL},
+    {"ag_shard_joint", 'F', 'R', c_ag_shard_joint, NULL},
+    {"ag_shard_summary_get", 'F', 'I', c_ag_shard_summary_get, NULL},
+    {"ag_node_placement", 'A', 'O', c_ag_node_placement, NULL},
     {"ag_add_", 'F', 'R', c_ag_add_, "add_.Tensor"},
     {"ag_add_scalar_", 'F', 'R', c_ag_add_scalar_, "add_.Scalar"},
     {"ag_mul_", 'F', 'R', c_ag_mul_, "mul_.Tensor"},

@@ -212,7 +212,9 @@ static ag_placement pointwise_out_of(const ag_shard_ctx *c, int i) {
 }
 
 int ag_shard_rule_pointwise(ag_shard_ctx *c) {
-    if (!c || c->noutputs < 1 || !c->out_meta)
+    if (!c)
+        return ag__err(AG_EINVAL, "shard_rule_pointwise: c is NULL");
+    if (c->noutputs < 1 || !c->out_meta)
         return AG_SHARD_NO_RULE;
     /* Candidates: the output placement each sharded input gives, then Replicate(); the one
      * that moves the fewest bytes wins, the earliest on a tie. */
@@ -268,7 +270,9 @@ static bool one_partial(const ag_shard_ctx *c, int which, int *idx) {
 }
 
 int ag_shard_rule_linear_pointwise(ag_shard_ctx *c) {
-    if (!c || c->noutputs < 1 || !c->out_meta)
+    if (!c)
+        return ag__err(AG_EINVAL, "shard_rule_linear_pointwise: c is NULL");
+    if (c->noutputs < 1 || !c->out_meta)
         return AG_SHARD_NO_RULE;
     ag_partial_op op;
     int idx;
