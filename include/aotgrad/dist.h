@@ -79,10 +79,10 @@ AG_API void ag_dist_progress(void);
 
 /* ---- statistics: what the collectives cost (this thread's counters) ---- */
 typedef struct ag_comm_stats {
-    int64_t collectives;  /* collectives started */
-    int64_t bytes_sent;   /* bytes this rank sent, by the ring formulas of ag_comm_bytes */
-    double busy_s;        /* seconds from each collective's start to its completion, summed */
-    double wait_s;        /* seconds spent blocked in wait_tensor (the exposed communication) */
+    int64_t collectives; /* collectives started */
+    int64_t bytes_sent;  /* bytes this rank sent, by the ring formulas of ag_comm_bytes */
+    double busy_s;       /* seconds from each collective's start to its completion, summed */
+    double wait_s;       /* seconds spent blocked in wait_tensor (the exposed communication) */
 } ag_comm_stats;
 AG_API void ag_comm_stats_get(ag_comm_stats *s);
 AG_API void ag_comm_stats_reset(void);

@@ -60,14 +60,16 @@ AG_API int ag_mesh_world(ag_mesh *out);
 
 /* ---- plans ---- */
 typedef struct ag_shard_plan ag_shard_plan;
-AG_API ag_shard_plan *ag_shard_plan_new(void); /* empty: everything Replicate() */
-AG_API void ag_shard_plan_free(ag_shard_plan *p);  /* NULL is a no-op */
+AG_API ag_shard_plan *ag_shard_plan_new(void);    /* empty: everything Replicate() */
+AG_API void ag_shard_plan_free(ag_shard_plan *p); /* NULL is a no-op */
 /* The placement of the input or user output that d describes: ParamAOTInput, BufferAOTInput,
  * PlainAOTInput or PlainAOTOutput (d is copied). AG_EINVAL for another kind. */
 AG_API int ag_shard_plan_set(ag_shard_plan *p, const ag_desc *d, ag_placement pl);
-AG_API int ag_shard_plan_set_param(ag_shard_plan *p, const char *fqn, ag_placement pl); /* or buffer */
-AG_API int ag_shard_plan_set_input(ag_shard_plan *p, int idx, ag_placement pl);  /* PlainAOTInput */
-AG_API int ag_shard_plan_set_output(ag_shard_plan *p, int idx, ag_placement pl); /* PlainAOTOutput */
+AG_API int ag_shard_plan_set_param(ag_shard_plan *p, const char *fqn,
+                                   ag_placement pl);                            /* or buffer */
+AG_API int ag_shard_plan_set_input(ag_shard_plan *p, int idx, ag_placement pl); /* PlainAOTInput */
+AG_API int ag_shard_plan_set_output(ag_shard_plan *p, int idx,
+                                    ag_placement pl); /* PlainAOTOutput */
 /* The plan's placement for d (Replicate() when it sets none); false when it sets none. */
 AG_API bool ag_shard_plan_get(const ag_shard_plan *p, const ag_desc *d, ag_placement *out);
 /* Gradient buckets: at most `bytes` per merged all_reduce (0: the default, 25 MiB as DDP's;
@@ -111,12 +113,12 @@ AG_API ag_joint *ag_shard_joint(const ag_joint *j, const ag_mesh *mesh, const ag
 
 /* What one rank's sharded joint holds and moves, read from its graph. */
 typedef struct ag_shard_summary {
-    int64_t param_bytes;     /* this rank's parameter (and buffer) pieces */
-    int64_t optim_bytes;     /* AdamW's two moments for them */
-    int64_t comm_bytes;      /* bytes this rank sends per step (ag_comm_bytes of each collective) */
-    int ncollectives;        /* collective nodes, wait_tensor not counted */
-    int nfallback;           /* nodes whose inputs were replicated for want of a rule */
-    char fallback_ops[256];  /* their ops, "op xN, op2 xM" (truncated with "...") */
+    int64_t param_bytes;    /* this rank's parameter (and buffer) pieces */
+    int64_t optim_bytes;    /* AdamW's two moments for them */
+    int64_t comm_bytes;     /* bytes this rank sends per step (ag_comm_bytes of each collective) */
+    int ncollectives;       /* collective nodes, wait_tensor not counted */
+    int nfallback;          /* nodes whose inputs were replicated for want of a rule */
+    char fallback_ops[256]; /* their ops, "op xN, op2 xM" (truncated with "...") */
 } ag_shard_summary;
 AG_API int ag_shard_summary_get(const ag_joint *sharded, ag_shard_summary *out);
 
