@@ -86,9 +86,27 @@ static int bind_inputs(dist_train *d, ag_module *step) {
         if (!d->full[i])
             return ag_set_error(AG_EINVAL, "train --parallel: the module has no %s '%s'",
                                 k == AG_DESC_PARAM ? "parameter" : "buffer", fqn);
-        d->local[i] = ag_shard_local(d->full[i], d->pl[i], &d->mesh);
+        /* A tied parameter (GPT-2's lm_head.weight is transformer.wte.weight) is one piece
+         * passed twice, as the module passes one tensor twice: both gradients accumulate into
+         * it and the optimizer updates it once. */
+        int tied = -1;
+        for (int t = 0; t < i && tied < 0; t++)
+            if (d->full[t] == d->full[i])
+                tied = t;
+        if (tied >= 0 && !ag_placement_eq(d->pl[tied], d->pl[i])) {
+            char pa[64], pb[64];
+            return ag_set_error(
+                AG_EINVAL, "train --parallel: %s is tied to %s but placed %s, not %s", fqn,
+                ag_desc_target(ag_node_desc(ph[ag_joint_flat_input_primal(j, tied)])),
+                ag_placement_str(d->pl[i], pa, sizeof pa),
+                ag_placement_str(d->pl[tied], pb, sizeof pb));
+        }
+        d->local[i] = tied >= 0 ? ag_tensor_keep(d->local[tied])
+                                : ag_shard_local(d->full[i], d->pl[i], &d->mesh);
         if (!d->local[i])
             return ag_last_status();
+        if (tied >= 0)
+            continue;
         const ag_tmeta *want = ag_node_val(ph[p], 0);
         const ag_tensor *got = d->local[i];
         if (!want || want->ndim != ag_tensor_ndim(got) ||
@@ -178,7 +196,10 @@ int dist_train_gather(dist_train *d) {
     bool grad = ag_set_grad_enabled(false);
     int rc = 0;
     for (int i = 0; i < d->nflat && !rc; i++) {
-        if (!d->local[i])
+        bool tied = false;
+        for (int t = 0; t < i && !tied; t++)
+            tied = d->full[t] == d->full[i];
+        if (!d->local[i] || tied)
             continue;
         ag_tensor *whole = ag_shard_full(d->local[i], d->pl[i], &d->mesh);
         ag_tensor *done = whole ? ag_copy_(d->full[i], whole) : NULL;
