@@ -49,53 +49,6 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* ---- the training step module: loss = criterion(model(inputs...)) ---- */
-
-typedef struct step_ud {
-    ag_module *model;
-    bool gpt2; /* the model takes (idx, targets) and returns (logits, loss) itself */
-} step_ud;
-
-static int step_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
-    step_ud *u = ag_module_ud(m);
-    ag_tensor *o[2] = {0};
-    ag_scope_begin();
-    int rc;
-    if (u->gpt2) {
-        rc = ag_module_call(u->model, in, nin, o, 2);
-        out[0] = rc == 2 ? ag_tensor_keep(o[1]) : NULL;
-    } else {
-        ag_tensor *logits = ag_module_forward(u->model, in[0]);
-        out[0] = ag_tensor_keep(ag_cross_entropy(logits, in[1], AG_REDUCTION_MEAN, -100));
-    }
-    ag_scope_end();
-    (void)max_out;
-    return out[0] ? 1 : ag_last_status();
-}
-
-/* The step module owns the model as its child "model" (so parameter names read
- * model.conv1.weight, ...). */
-/* The step module, owning model (freed here when the step cannot be made). */
-static ag_module *make_step(ag_module *model, bool gpt2) {
-    step_ud *u = calloc(1, sizeof *u);
-    if (!u) {
-        ag_module_free(model);
-        return NULL;
-    }
-    u->model = model;
-    u->gpt2 = gpt2;
-    ag_module *s = ag_module_new("TrainStep", step_forward, u, free); /* frees u on failure */
-    if (!s) {
-        ag_module_free(model);
-        return NULL;
-    }
-    if (ag_module_add_child(s, "model", model)) { /* frees model on failure */
-        ag_module_free(s);
-        return NULL;
-    }
-    return s;
-}
-
 /* ---- summary of the capture ---- */
 
 static void print_summary(const ag_joint *j, const ag_compiled *c, double export_s,
@@ -418,7 +371,7 @@ static int train_fmnist(const train_opts *o) {
         ag_tensor_free(zin[i]);
     if (!status)
         status = load_params(model, o);
-    ag_module *step = status ? NULL : make_step(model, false);
+    ag_module *step = status ? NULL : cli_train_step_new(model, false);
     if (!status && !step)
         status = train_fail(o, 1, "%s", ag_last_error());
     if (status && !step)
@@ -527,7 +480,7 @@ static int train_gpt2(const train_opts *o) {
     ag_manual_seed((uint64_t)o->seed);
     ag_module *model = ag_nn_gpt2(&cfg);
     int status = model ? load_params(model, o) : 0;
-    ag_module *step = model && !status ? make_step(model, true) : NULL;
+    ag_module *step = model && !status ? cli_train_step_new(model, true) : NULL;
     if (!step && !status)
         status = train_fail(o, 1, "%s", ag_last_error());
     if (status && !step)

@@ -15,6 +15,52 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* ---- the training step module: loss = criterion(model(inputs...)) ---- */
+
+typedef struct step_ud {
+    ag_module *model;
+    bool gpt2; /* the model takes (idx, targets) and returns (logits, loss) itself */
+} step_ud;
+
+static int step_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
+    step_ud *u = ag_module_ud(m);
+    ag_tensor *o[2] = {0};
+    ag_scope_begin();
+    int rc;
+    if (u->gpt2) {
+        rc = ag_module_call(u->model, in, nin, o, 2);
+        out[0] = rc == 2 ? ag_tensor_keep(o[1]) : NULL;
+    } else {
+        ag_tensor *logits = ag_module_forward(u->model, in[0]);
+        out[0] = ag_tensor_keep(ag_cross_entropy(logits, in[1], AG_REDUCTION_MEAN, -100));
+    }
+    ag_scope_end();
+    (void)max_out;
+    return out[0] ? 1 : ag_last_status();
+}
+
+ag_module *cli_train_step_new(ag_module *model, bool gpt2) {
+    step_ud *u = calloc(1, sizeof *u);
+    if (!u) {
+        ag_module_free(model);
+        return NULL;
+    }
+    u->model = model;
+    u->gpt2 = gpt2;
+    ag_module *s = ag_module_new("TrainStep", step_forward, u, free); /* frees u on failure */
+    if (!s) {
+        ag_module_free(model);
+        return NULL;
+    }
+    if (ag_module_add_child(s, "model", model)) { /* frees model on failure */
+        ag_module_free(s);
+        return NULL;
+    }
+    return s;
+}
+
+/* ---- one rank's share of the step ---- */
+
 struct dist_train {
     ag_mesh mesh;
     ag_joint *sharded;

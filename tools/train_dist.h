@@ -5,6 +5,12 @@
 
 #include "aotgrad.h"
 
+/* The training step module, loss = cross_entropy(model(x), y), or for GPT-2 (gpt2 true) the
+ * loss the model returns for (idx, targets). It owns model as its child "model" (parameter
+ * names read model.conv1.weight, ...); model is freed when the step cannot be made. NULL with
+ * a message on failure. */
+ag_module *cli_train_step_new(ag_module *model, bool gpt2);
+
 typedef struct dist_train dist_train;
 
 /* Shards j (the step joint exported for the global batch; borrowed) with strategy ("dp", "fsdp",
