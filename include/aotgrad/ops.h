@@ -228,6 +228,33 @@ AG_API ag_tensor *ag_philox_rand(ag_tensor *seed, ag_tensor *offset, ag_dtype dt
 AG_API ag_tensor *ag_philox_randn(ag_tensor *seed, ag_tensor *offset, ag_dtype dt, int ndim,
                                   const int64_t *sizes, double mean, double std);
 
+/* ---- collectives (_c10d_functional::*; process groups in dist.h) ----
+ * Each starts a collective over the process group named `group` ("0": the world) and returns
+ * its output, which must go through ag_wait_tensor before anything reads it: the collective runs
+ * while other work goes on, and ag_wait_tensor completes it (a new tensor, or the same buffer
+ * in a planned graph). Every rank of the group must make the same calls in the same order.
+ * reduce_op is "sum", "avg", "max" or "min" (avg: floating-point tensors; bool: max, min).
+ * Gradients follow the convention that the program's loss is the sum over ranks of each rank's
+ * loss (max and min are not differentiable). float32, float64, int64 and bool tensors. */
+AG_API ag_tensor *ag_all_reduce(ag_tensor *x, const char *reduce_op, const char *group);
+/* Concatenates every rank's x along dim 0, in rank order: dim 0 becomes group_size x dim 0;
+ * group_size must be the group's size. */
+AG_API ag_tensor *ag_all_gather_into_tensor(ag_tensor *x, int64_t group_size, const char *group);
+/* Reduces x over the ranks, then rank r keeps block r of group_size equal blocks along dim 0
+ * (dim 0 must be divisible by group_size, the group's size). */
+AG_API ag_tensor *ag_reduce_scatter_tensor(ag_tensor *x, const char *reduce_op, int64_t group_size,
+                                           const char *group);
+/* Rank r sends rows [sum(in_splits[0..s)), +in_splits[s]) of x (along dim 0) to rank s and
+ * receives out_splits[s] rows from each rank s, concatenated in rank order. Empty split lists
+ * (nout or nin 0) mean dim 0 cut into group-size equal parts. */
+AG_API ag_tensor *ag_all_to_all_single(ag_tensor *x, const int64_t *out_splits, int nout,
+                                       const int64_t *in_splits, int nin, const char *group);
+/* Every rank gets rank src's x (same shape on every rank). */
+AG_API ag_tensor *ag_broadcast(ag_tensor *x, int64_t src, const char *group);
+/* Completes the collective whose output is x and returns its value; on any other tensor, a
+ * copy. */
+AG_API ag_tensor *ag_wait_tensor(ag_tensor *x);
+
 /* ---- in place (bump the storage version; return a new reference to `a`) ---- */
 AG_API ag_tensor *ag_add_(ag_tensor *a, ag_tensor *b, double alpha); /* add_.Tensor */
 AG_API ag_tensor *ag_add_scalar_(ag_tensor *a, double s);

@@ -3,8 +3,9 @@
  *
  * In: a graph that verifies. Out: the same graph rewritten in place through graph.c's mutation
  * API, still verifying, and a count of what changed. Every pass reads the op table for what it
- * may touch: ops that are effectful, in-place or mutate an argument (schema `Tensor(a!)`) are
- * never removed or merged, and random ops are never merged (two draws are two values). */
+ * may touch: ops that are effectful, collective, in-place or mutate an argument (schema
+ * `Tensor(a!)`) are never removed or merged (a collective that one rank dropped would leave
+ * its peers waiting), and random ops are never merged (two draws are two values). */
 #include "graph_internal.h"
 
 #include <stdio.h>
@@ -27,7 +28,7 @@ static bool mutates_args(const ag_node *n) {
 /* Calls that must stay even when nothing reads their result. */
 static bool has_side_effects(const ag_node *n) {
     return n->kind == AG_NODE_CALL &&
-           ((ag_op_def(n->op)->flags & AG_OP_EFFECTFUL) || mutates_args(n));
+           ((ag_op_def(n->op)->flags & (AG_OP_EFFECTFUL | AG_OP_COLLECTIVE)) || mutates_args(n));
 }
 
 /* ---- dead-code elimination ---- */
@@ -195,9 +196,9 @@ static bool cse_candidate(const ag_node *n) {
         return true;
     if (n->kind != AG_NODE_CALL)
         return false;
-    /* Random ops draw fresh values at every call (factories such as rand included); effectful
-     * and mutating ops must run as often as written. */
-    if (ag_op_def(n->op)->flags & (AG_OP_RANDOM | AG_OP_EFFECTFUL))
+    /* Random ops draw fresh values at every call (factories such as rand included); effectful,
+     * collective and mutating ops must run as often as written. */
+    if (ag_op_def(n->op)->flags & (AG_OP_RANDOM | AG_OP_EFFECTFUL | AG_OP_COLLECTIVE))
         return false;
     return !mutates_args(n);
 }

@@ -20,6 +20,8 @@ extern const ag_opdef *const ag__ops_factory[]; /* factory.c: zeros/ones/full/ar
 extern const ag_opdef
     *const ag__ops_inplace_views[]; /* inplace_views.c: t_/transpose_/unsqueeze_/as_strided_ */
 extern const ag_opdef *const ag__ops_philox[]; /* philox.c: philox_rand, philox_randn */
+extern const ag_opdef
+    *const ag__ops_collectives[]; /* collectives.c: _c10d_functional::all_reduce, ... */
 
 /* philox.c: fills contiguous t from generator counters offset.. (uniform [lo, hi) or normal with
  * mean lo and std hi); eager's random ops and the functional philox ops share it. */

@@ -34,7 +34,7 @@ static pthread_mutex_t reg_lock = PTHREAD_MUTEX_INITIALIZER;
 static const ag_opdef *const *const families[] = {
     ag__ops_pointwise, ag__ops_views,         ag__ops_reduce, ag__ops_linalg,
     ag__ops_conv,      ag__ops_norm,          ag__ops_nn,     ag__ops_index,
-    ag__ops_factory,   ag__ops_inplace_views, ag__ops_philox,
+    ag__ops_factory,   ag__ops_inplace_views, ag__ops_philox, ag__ops_collectives,
 };
 
 /* ---- schema parsing ---- */

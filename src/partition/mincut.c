@@ -24,7 +24,11 @@
  *   random       = AG_OP_RANDOM (native_dropout, rand, randn, ...);
  *   compute-intensive = AG_OP_COMPUTE_INTENSIVE (mm, bmm, addmm, convolution(+backward),
  *                  flash attention(+backward));
- *   fusible      = recomputable or random; a cat consumer fuses with anything.
+ *   fusible      = recomputable or random; a cat consumer fuses with anything;
+ *   collective   = AG_OP_COLLECTIVE (_c10d_functional::*): banned, since a recomputation runs
+ *                  the communication again, unless the node is tagged AG_MUST_RECOMPUTE (FSDP's
+ *                  parameter gathers and their waits, gathered again in the backward instead of
+ *                  saved); never fusible.
  * Differences from upstream's list: every view op is recomputable (upstream misses transpose,
  * which its decompositions turn into permute); cat, embedding, the norms and softmax are not
  * (as upstream, whose decompositions would expose their pointwise parts).
@@ -65,7 +69,8 @@ void ag__op_classes(const ag_op *op, bool *recomputable, bool *random, bool *com
     *view = (f & AG_OP_VIEW) != 0;
     *is_cat = !strcmp(name, "cat");
     bool r = false;
-    if (!(f & (AG_OP_RANDOM | AG_OP_COMPUTE_INTENSIVE | AG_OP_INPLACE | AG_OP_EFFECTFUL))) {
+    if (!(f & (AG_OP_RANDOM | AG_OP_COMPUTE_INTENSIVE | AG_OP_INPLACE | AG_OP_EFFECTFUL |
+               AG_OP_COLLECTIVE))) {
         r = (f & (AG_OP_POINTWISE | AG_OP_REDUCTION | AG_OP_VIEW | AG_OP_FACTORY)) != 0;
         for (size_t i = 0; !r && i < sizeof extra / sizeof extra[0]; i++)
             r = !strcmp(name, extra[i]);
@@ -119,7 +124,10 @@ static int v_out(int i) {
 
 static bool must_recompute(const ag__pinfo *pi) {
     /* A random op is never recomputed (see ag__save_random_nodes), nor an effectful one (it
-     * would run twice): their policy is ignored. */
+     * would run twice): their policy is ignored. A collective is recomputed only when tagged
+     * MUST (a preference does not justify communicating twice). */
+    if (pi->opflags & AG_OP_COLLECTIVE)
+        return pi->policy == AG_MUST_RECOMPUTE;
     return !pi->random && !(pi->opflags & AG_OP_EFFECTFUL) &&
            (pi->policy == AG_MUST_RECOMPUTE || pi->policy == AG_PREFER_RECOMPUTE);
 }
@@ -184,7 +192,8 @@ static bool should_ban_recomputation(const ag__part *P, const ag__mincut_opts *o
     if (o->ban_if_not_in_allowlist) {
         if (!pi->recomputable)
             return true;
-    } else if (pi->random || pi->compute_intensive || (pi->opflags & AG_OP_EFFECTFUL)) {
+    } else if (pi->random || pi->compute_intensive ||
+               (pi->opflags & (AG_OP_EFFECTFUL | AG_OP_COLLECTIVE))) {
         return true;
     }
     if (o->ban_if_materialized_backward && is_materialized_backwards(P, i, stack))
@@ -196,10 +205,14 @@ static bool should_ban_recomputation(const ag__part *P, const ag__mincut_opts *o
 }
 
 /* Ties n_in to the source unless n is a view, the knapsack allowed its recomputation, or the
- * user asked for it. Random and effectful ops are banned regardless (see must_recompute). */
+ * user asked for it. Random and effectful ops are banned regardless, collectives unless tagged
+ * MUST (see must_recompute). */
 static bool ban(builder *b, int i) {
     const ag__pinfo *pi = &b->P->info[i];
-    if (!pi->random && !(pi->opflags & AG_OP_EFFECTFUL)) {
+    if (pi->opflags & AG_OP_COLLECTIVE) {
+        if (must_recompute(pi))
+            return false;
+    } else if (!pi->random && !(pi->opflags & AG_OP_EFFECTFUL)) {
         if (pi->view || (b->dont_ban && b->dont_ban[i]) || must_recompute(pi))
             return false;
     }

@@ -51,6 +51,7 @@
  * are not poison. A plan is not reentrant: one run at a time. */
 #include "plan_internal.h"
 #include "fuse.h"
+#include "aotgrad/dist.h"
 
 #include <assert.h>
 #include <stdio.h>
@@ -1309,6 +1310,9 @@ static int run_steps(ag_plan *p) {
             if ((rc = run_kernel(p, s, ts)))
                 return rc;
         }
+        /* Collectives started by earlier steps move on while this one's successors compute
+         * (one atomic load when none is in flight). */
+        ag_dist_progress();
         if (p->opts.checking) {
             /* Poison what no later step reads. */
             int horizon = si + 1 < p->nsteps ? p->steps[si + 1].node : p->nnodes;
