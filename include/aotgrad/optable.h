@@ -151,7 +151,9 @@ typedef struct ag_shard_ctx {
     const struct ag_opdef *op;
     const ag_arg *args; /* the call's arguments in schema order, defaults filled */
     int nargs;
-    int ntensor_inputs;      /* tensor inputs in schema order, Tensor[] elements each one */
+    /* tensor inputs in schema order, Tensor[] elements each one; an omitted Tensor? (None)
+     * takes its number too (as in ag_bwctx), with zeroed in_meta and placement Replicate() */
+    int ntensor_inputs;
     const ag_tmeta *in_meta; /* global metadata of each tensor input */
     const ag_placement *in;  /* placement of each tensor input */
     int noutputs;

@@ -19,6 +19,7 @@
  * graphs read like PyTorch's. */
 #include "../core/kernel_util.h"
 #include "family.h"
+#include "shard_rules.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -348,6 +349,7 @@ static const ag_opdef op_convolution = {
     .save_args = 0x3,
     .cost = conv_cost,
     .samples = conv_samples,
+    .shard = ag__shard_convolution,
 };
 
 ag_tensor *ag_conv2d(ag_tensor *x, ag_tensor *w, ag_tensor *b, const int64_t stride[2],
@@ -475,6 +477,7 @@ static const ag_opdef op_convolution_backward = {
     .kernel = conv_bw_kernel,
     .dtypes = AG_DT_FLOAT,
     .cost = conv_bw_cost,
+    .shard = ag__shard_convolution_backward,
 };
 
 int ag_convolution_backward(ag_tensor *grad, ag_tensor *x, ag_tensor *w, const int64_t *bias_sizes,
@@ -711,6 +714,7 @@ static const ag_opdef op_max_pool2d_with_indices = {
     .save_outputs = 0x2,
     .cost = pool_cost,
     .samples = maxpool_samples,
+    .shard = ag__shard_max_pool,
 };
 
 /* Hands t to *dst, or releases it when the caller does not want it. */
@@ -799,6 +803,7 @@ static const ag_opdef op_max_pool2d_with_indices_backward = {
     .meta = maxpool_bw_meta,
     .kernel = maxpool_bw_kernel,
     .dtypes = AG_DT_FLOAT,
+    .shard = ag__shard_max_pool,
 };
 
 /* ---- avg_pool2d ---- */

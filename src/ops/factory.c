@@ -4,6 +4,7 @@
  * a new leaf. Factories never require grad. */
 #include "../core/kernel_util.h"
 #include "family.h"
+#include "shard_rules.h"
 
 #include <math.h>
 
@@ -79,6 +80,7 @@ static const ag_opdef op_empty = {
     .meta = empty_meta,
     .kernel = zero_kernel,
     .dtypes = AG_DT_ALL,
+    .shard = ag__shard_factory,
 };
 static const ag_opdef op_zeros = {
     .schema = "zeros(SymInt[] size, *, ScalarType? dtype=None) -> Tensor",
@@ -86,6 +88,7 @@ static const ag_opdef op_zeros = {
     .meta = zeros_meta,
     .kernel = zero_kernel,
     .dtypes = AG_DT_ALL,
+    .shard = ag__shard_factory,
 };
 static const ag_opdef op_ones = {
     .schema = "ones(SymInt[] size, *, ScalarType? dtype=None) -> Tensor",
@@ -93,6 +96,7 @@ static const ag_opdef op_ones = {
     .meta = ones_meta,
     .kernel = one_kernel,
     .dtypes = AG_DT_ALL,
+    .shard = ag__shard_factory,
 };
 static const ag_opdef op_full = {
     .schema = "full(SymInt[] size, Scalar fill_value, *, ScalarType? dtype=None) -> Tensor",
@@ -100,6 +104,7 @@ static const ag_opdef op_full = {
     .meta = full_meta,
     .kernel = full_kernel,
     .dtypes = AG_DT_ALL,
+    .shard = ag__shard_factory,
 };
 
 ag_tensor *ag_empty(ag_dtype dt, int ndim, const int64_t *sizes) {
@@ -139,6 +144,7 @@ static const ag_opdef op_zeros_like = {
     .meta = zeros_like_meta,
     .kernel = zero_kernel,
     .dtypes = AG_DT_ALL,
+    .shard = ag__shard_factory,
 };
 static const ag_opdef op_ones_like = {
     .schema = "ones_like(Tensor self, *, ScalarType? dtype=None) -> Tensor",
@@ -146,6 +152,7 @@ static const ag_opdef op_ones_like = {
     .meta = zeros_like_meta,
     .kernel = one_kernel,
     .dtypes = AG_DT_ALL,
+    .shard = ag__shard_factory,
 };
 static const ag_opdef op_full_like = {
     .schema = "full_like(Tensor self, Scalar fill_value, *, ScalarType? dtype=None) -> Tensor",
@@ -153,6 +160,7 @@ static const ag_opdef op_full_like = {
     .meta = full_like_meta,
     .kernel = full_kernel,
     .dtypes = AG_DT_ALL,
+    .shard = ag__shard_factory,
 };
 
 ag_tensor *ag_zeros_like(ag_tensor *a) {
@@ -184,6 +192,7 @@ static const ag_opdef op_scalar_tensor = {
     .meta = scalar_meta,
     .kernel = scalar_kernel,
     .dtypes = AG_DT_ALL,
+    .shard = ag__shard_factory,
 };
 
 ag_tensor *ag_scalar_tensor(ag_dtype dt, double value) {
@@ -237,6 +246,7 @@ static const ag_opdef op_arange = {
     .meta = arange_meta,
     .kernel = arange_kernel,
     .dtypes = (1u << AG_F32) | (1u << AG_F64) | (1u << AG_I64),
+    .shard = ag__shard_factory,
 };
 
 ag_tensor *ag_arange(ag_dtype dt, double start, double end, double step) {
@@ -270,6 +280,7 @@ static const ag_opdef op_rand = {
     .meta = rand_meta,
     .kernel = rand_kernel,
     .dtypes = AG_DT_FLOAT,
+    .shard = ag__shard_factory,
 };
 static const ag_opdef op_randn = {
     .schema = "randn(SymInt[] size, *, ScalarType? dtype=None) -> Tensor",
@@ -277,6 +288,7 @@ static const ag_opdef op_randn = {
     .meta = rand_meta,
     .kernel = randn_kernel,
     .dtypes = AG_DT_FLOAT,
+    .shard = ag__shard_factory,
 };
 
 ag_tensor *ag_rand(ag_dtype dt, int ndim, const int64_t *sizes) {

@@ -21,6 +21,7 @@
  * (ag__scratch; the slots are listed in src/core/scratch.c). */
 #include "../core/kernel_util.h"
 #include "family.h"
+#include "shard_rules.h"
 
 /* ---- shared helpers ---- */
 
@@ -247,6 +248,7 @@ static const ag_opdef op_cat = {
     .dtypes = AG_DT_ALL,
     .backward = cat_backward,
     .samples = cat_samples,
+    .shard = ag__shard_cat,
 };
 
 ag_tensor *ag_cat(ag_tensor *const *ts, int n, int dim) {
@@ -439,6 +441,7 @@ static const ag_opdef op_split = {
     .dtypes = AG_DT_ALL,
     .backward = split_backward,
     .samples = split_samples,
+    .shard = ag__shard_split,
 };
 
 int ag_split(ag_tensor *a, int64_t split_size, int dim, ag_tensor **outs, int max_out) {

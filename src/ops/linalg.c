@@ -14,6 +14,7 @@
  * t, mm, t (weight) then sum + view (bias). */
 #include "../core/kernel_util.h"
 #include "family.h"
+#include "shard_rules.h"
 #include "fastmath.h"
 #include "fused.h"
 
@@ -243,6 +244,7 @@ static const ag_opdef op_mm = {
     .save_args = 0x3,
     .cost = mm_cost,
     .samples = mm_samples,
+    .shard = ag__shard_mm,
 };
 
 ag_tensor *ag_mm(ag_tensor *a, ag_tensor *b) {
@@ -312,6 +314,7 @@ static const ag_opdef op_bmm = {
     .save_args = 0x3,
     .cost = bmm_cost,
     .samples = bmm_samples,
+    .shard = ag__shard_mm,
 };
 
 ag_tensor *ag_bmm(ag_tensor *a, ag_tensor *b) {
@@ -452,6 +455,7 @@ static const ag_opdef op_addmm = {
     .save_args = 0x6,
     .cost = addmm_cost,
     .samples = addmm_samples,
+    .shard = ag__shard_addmm,
 };
 
 ag_tensor *ag_addmm(ag_tensor *self, ag_tensor *mat1, ag_tensor *mat2, double beta, double alpha) {

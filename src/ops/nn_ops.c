@@ -11,6 +11,7 @@
  * OpenMP thread (OpenBLAS runs single-threaded inside a parallel region). */
 #include "nn_util.h"
 #include "family.h"
+#include "shard_rules.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -132,6 +133,7 @@ static const ag_opdef op_embedding = {
     .save_args = 0x2, /* indices */
     .cost = emb_cost,
     .samples = emb_samples,
+    .shard = ag__shard_embedding,
 };
 
 ag_tensor *ag_embedding(ag_tensor *weight, ag_tensor *indices) {
@@ -219,6 +221,7 @@ static const ag_opdef op_embedding_dense_backward = {
     .meta = embb_meta,
     .kernel = embb_kernel,
     .dtypes = AG_DT_FLOAT,
+    .shard = ag__shard_embedding_backward,
 };
 
 ag_tensor *ag_embedding_dense_backward(ag_tensor *grad, ag_tensor *indices, int64_t num_weights,
@@ -384,6 +387,7 @@ static const ag_opdef op_nll_loss_forward = {
     .save_outputs = 0x2,    /* total_weight */
     .nondiff_outputs = 0x2, /* total_weight */
     .samples = nll_samples,
+    .shard = ag__shard_nll_loss,
 };
 
 ag_tensor *ag_nll_loss(ag_tensor *logp, ag_tensor *target, int reduction, int64_t ignore_index) {
@@ -457,6 +461,7 @@ static const ag_opdef op_nll_loss_backward = {
     .meta = nllb_meta,
     .kernel = nllb_kernel,
     .dtypes = AG_DT_FLOAT,
+    .shard = ag__shard_nll_loss_backward,
 };
 
 /* ---- cross_entropy_loss (composite) ---- */
@@ -1146,6 +1151,7 @@ static const ag_opdef op_sdpa_flash_cpu = {
     .nondiff_outputs = 0x2, /* logsumexp */
     .cost = sdpa_fwd_cost,
     .samples = sdpa_samples,
+    .shard = ag__shard_sdpa,
 };
 
 /* ---- _scaled_dot_product_flash_attention_for_cpu_backward ---- */
@@ -1251,6 +1257,7 @@ static const ag_opdef op_sdpa_flash_cpu_backward = {
     .kernel = sdpa_bwd_kernel,
     .dtypes = AG_DT_FLOAT,
     .cost = sdpa_bwd_cost,
+    .shard = ag__shard_sdpa,
 };
 
 /* ---- scaled_dot_product_attention (composite) ---- */

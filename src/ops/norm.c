@@ -6,6 +6,7 @@
  * in training; its schema marks them (a!) so the dispatcher bumps their versions. */
 #include "nn_util.h"
 #include "family.h"
+#include "shard_rules.h"
 #include "fused.h"
 
 #include <tgmath.h> /* sqrt follows the element type inside AG__FLOAT_SWITCH bodies */
@@ -212,6 +213,7 @@ static const ag_opdef op_native_layer_norm = {
     .nondiff_outputs = 0x6, /* mean, rstd */
     .cost = ln_cost,
     .samples = ln_samples,
+    .shard = ag__shard_layer_norm,
 };
 
 /* ---- native_layer_norm_backward ---- */
@@ -358,6 +360,7 @@ static const ag_opdef op_native_layer_norm_backward = {
     .kernel = lnb_kernel,
     .dtypes = AG_DT_FLOAT,
     .cost = lnb_cost,
+    .shard = ag__shard_layer_norm_backward,
 };
 
 /* ---- layer_norm (composite) ---- */
@@ -774,6 +777,7 @@ static const ag_opdef op_native_batch_norm_functional = {
     .nondiff_outputs = 0x1e, /* everything but the normalized output */
     .cost = bn_cost,
     .samples = bnf_samples,
+    .shard = ag__shard_batch_norm,
 };
 
 /* ---- native_batch_norm_backward ---- */
@@ -911,6 +915,7 @@ static const ag_opdef op_native_batch_norm_backward = {
     .kernel = bnb_kernel,
     .dtypes = AG_DT_FLOAT,
     .cost = bnb_cost,
+    .shard = ag__shard_batch_norm_backward,
 };
 
 /* ---- batch norm fused with its relu (src/runtime/fuse.c) ---- */

@@ -438,6 +438,7 @@ static const ag_opdef op_add = {
     .dtypes = AG_DT_ALL,
     .backward = add_backward,
     .samples = add_samples,
+    .shard = ag_shard_rule_linear_pointwise,
 };
 
 static const ag_opdef op_sub = {
@@ -448,6 +449,7 @@ static const ag_opdef op_sub = {
     .dtypes = AG_DT_ALL,
     .backward = sub_backward,
     .samples = add_samples,
+    .shard = ag_shard_rule_linear_pointwise,
 };
 static const ag_opdef op_mul = {
     .schema = "mul.Tensor(Tensor self, Tensor other) -> Tensor",
@@ -458,6 +460,7 @@ static const ag_opdef op_mul = {
     .backward = mul_backward,
     .save_args = 3,
     .samples = mul_samples,
+    .shard = ag_shard_rule_linear_pointwise,
 };
 static const ag_opdef op_div = {
     .schema = "div.Tensor(Tensor self, Tensor other) -> Tensor",
@@ -468,6 +471,7 @@ static const ag_opdef op_div = {
     .backward = div_backward,
     .save_args = 3,
     .samples = div_samples,
+    .shard = ag_shard_rule_linear_pointwise,
 };
 static const ag_opdef op_add_scalar = {
     .schema = "add.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor",
@@ -477,6 +481,7 @@ static const ag_opdef op_add_scalar = {
     .dtypes = AG_DT_ALL,
     .backward = identity_backward,
     .samples = scalar_samples,
+    .shard = ag_shard_rule_linear_pointwise,
 };
 static const ag_opdef op_sub_scalar = {
     .schema = "sub.Scalar(Tensor self, Scalar other, Scalar alpha=1) -> Tensor",
@@ -486,6 +491,7 @@ static const ag_opdef op_sub_scalar = {
     .dtypes = AG_DT_ALL,
     .backward = identity_backward,
     .samples = scalar_samples,
+    .shard = ag_shard_rule_linear_pointwise,
 };
 static const ag_opdef op_mul_scalar = {
     .schema = "mul.Scalar(Tensor self, Scalar other) -> Tensor",
@@ -495,6 +501,7 @@ static const ag_opdef op_mul_scalar = {
     .dtypes = AG_DT_ALL,
     .backward = mul_scalar_backward,
     .samples = scalar_samples,
+    .shard = ag_shard_rule_linear_pointwise,
 };
 static const ag_opdef op_div_scalar = {
     .schema = "div.Scalar(Tensor self, Scalar other) -> Tensor",
@@ -504,6 +511,7 @@ static const ag_opdef op_div_scalar = {
     .dtypes = AG_DT_ALL,
     .backward = div_scalar_backward,
     .samples = scalar_samples,
+    .shard = ag_shard_rule_linear_pointwise,
 };
 
 /* ---- pow.Tensor_Scalar ---- */
@@ -879,6 +887,21 @@ static int gelu_decomp(const ag_arg *a, ag_tensor **o) {
 #define sin_decomp NULL
 #define cos_decomp NULL
 #define sign_decomp NULL
+/* neg is linear: it keeps Partial inputs Partial; the others take the default pointwise rule. */
+#define neg_shard ag_shard_rule_linear_pointwise
+#define exp_shard NULL
+#define log_shard NULL
+#define sqrt_shard NULL
+#define rsqrt_shard NULL
+#define abs_shard NULL
+#define tanh_shard NULL
+#define sigmoid_shard NULL
+#define relu_shard NULL
+#define gelu_shard NULL
+#define silu_shard NULL
+#define sin_shard NULL
+#define cos_shard NULL
+#define sign_shard NULL
 
 #define UNARY_OP(name, sch, dts, save_a, save_o, smp)                                              \
     static const ag_opdef op_##name = {                                                            \
@@ -892,6 +915,7 @@ static int gelu_decomp(const ag_arg *a, ag_tensor **o) {
         .save_outputs = save_o,                                                                    \
         .samples = smp,                                                                            \
         .decomp = name##_decomp,                                                                   \
+        .shard = name##_shard,                                                                     \
     };
 UNARY_OP(neg, "neg(Tensor self) -> Tensor", AG_DT_ALL, 0, 0, samples_any)
 UNARY_OP(exp, "exp(Tensor self) -> Tensor", AG_DT_ALL, 0, 1, samples_any)

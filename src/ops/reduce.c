@@ -6,6 +6,7 @@
  * resolves dims and dtypes and calls the loops in reduce_kernels.c, a backward rule written with
  * ops as in ATen's derivatives.yaml, and gradcheck samples. */
 #include "family.h"
+#include "shard_rules.h"
 #include "reduce_kernels.h"
 
 /* ---- argument helpers shared by the meta functions, kernels and backward rules ---- */
@@ -180,6 +181,7 @@ static const ag_opdef op_sum = {
     .backward = sum_backward,
     .cost = cost_1,
     .samples = sum_samples,
+    .shard = ag__shard_sum,
 };
 
 ag_tensor *ag_sum(ag_tensor *a, const int64_t *dims, int ndims, bool keepdim) {
@@ -258,6 +260,7 @@ static const ag_opdef op_mean = {
     .backward = mean_backward,
     .cost = cost_1,
     .samples = mean_samples,
+    .shard = ag__shard_sum,
 };
 
 ag_tensor *ag_mean(ag_tensor *a, const int64_t *dims, int ndims, bool keepdim) {
@@ -615,6 +618,7 @@ static const ag_opdef op_softmax = {
     .save_outputs = 1,
     .cost = cost_5,
     .samples = softmax_samples,
+    .shard = ag__shard_softmax,
 };
 
 static const ag_opdef op_log_softmax = {
@@ -628,6 +632,7 @@ static const ag_opdef op_log_softmax = {
     .save_outputs = 1,
     .cost = cost_5,
     .samples = softmax_samples,
+    .shard = ag__shard_softmax,
 };
 
 ag_tensor *ag_softmax(ag_tensor *a, int dim) {
@@ -749,6 +754,7 @@ static const ag_opdef op_softmax_bwd = {
     .save_args = 3,
     .cost = cost_bwdata,
     .samples = bwdata_samples,
+    .shard = ag__shard_softmax_backward,
 };
 
 static const ag_opdef op_log_softmax_bwd = {
@@ -762,6 +768,7 @@ static const ag_opdef op_log_softmax_bwd = {
     .save_args = 3,
     .cost = cost_bwdata,
     .samples = bwdata_samples,
+    .shard = ag__shard_softmax_backward,
 };
 
 ag_tensor *ag_softmax_backward_data(ag_tensor *grad, ag_tensor *output, int dim,

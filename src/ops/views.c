@@ -5,6 +5,7 @@
  * select_backward and as_strided_scatter. */
 #include "../core/kernel_util.h"
 #include "family.h"
+#include "shard_rules.h"
 
 #include <stdio.h>
 
@@ -125,6 +126,7 @@ static const ag_opdef op_view = {
     .dtypes = AG_DT_ALL,
     .backward = view_backward_real,
     .samples = view_samples,
+    .shard = ag__shard_view,
 };
 
 ag_tensor *ag_view(ag_tensor *a, int ndim, const int64_t *sizes) {
@@ -225,6 +227,7 @@ static const ag_opdef op_permute = {
     .dtypes = AG_DT_ALL,
     .backward = permute_backward,
     .samples = permute_samples,
+    .shard = ag__shard_permute,
 };
 
 ag_tensor *ag_permute(ag_tensor *a, int ndim, const int64_t *dims) {
@@ -266,6 +269,7 @@ static const ag_opdef op_transpose = {
     .dtypes = AG_DT_ALL,
     .backward = transpose_backward,
     .samples = transpose_samples,
+    .shard = ag__shard_transpose,
 };
 
 ag_tensor *ag_transpose(ag_tensor *a, int d0, int d1) {
@@ -312,6 +316,7 @@ static const ag_opdef op_t = {
     .dtypes = AG_DT_ALL,
     .backward = t_backward,
     .samples = t_samples,
+    .shard = ag__shard_transpose,
 };
 
 ag_tensor *ag_t(ag_tensor *a) {
@@ -390,6 +395,7 @@ static const ag_opdef op_expand = {
     .dtypes = AG_DT_ALL,
     .backward = expand_backward,
     .samples = expand_samples,
+    .shard = ag__shard_expand,
 };
 
 ag_tensor *ag_expand(ag_tensor *a, int ndim, const int64_t *sizes) {
@@ -476,6 +482,7 @@ static const ag_opdef op_slice = {
     .dtypes = AG_DT_ALL,
     .backward = slice_backward_rule,
     .samples = slice_samples,
+    .shard = ag__shard_slice,
 };
 
 ag_tensor *ag_slice(ag_tensor *a, int dim, int64_t start, int64_t end, int64_t step) {
@@ -618,6 +625,7 @@ static const ag_opdef op_select = {
     .dtypes = AG_DT_ALL,
     .backward = select_backward_rule,
     .samples = select_samples,
+    .shard = ag__shard_slice,
 };
 
 ag_tensor *ag_select(ag_tensor *a, int dim, int64_t index) {
@@ -720,6 +728,7 @@ static const ag_opdef op_unsqueeze = {
     .dtypes = AG_DT_ALL,
     .backward = unsqueeze_backward,
     .samples = unsqueeze_samples,
+    .shard = ag__shard_unsqueeze,
 };
 
 ag_tensor *ag_unsqueeze(ag_tensor *a, int dim) {
@@ -765,6 +774,7 @@ static const ag_opdef op_squeeze_dim = {
     .dtypes = AG_DT_ALL,
     .backward = squeeze_dim_backward,
     .samples = squeeze_samples,
+    .shard = ag__shard_squeeze,
 };
 
 ag_tensor *ag_squeeze(ag_tensor *a, int dim) {
@@ -797,6 +807,7 @@ static const ag_opdef op_squeeze = {
     .dtypes = AG_DT_ALL,
     .backward = squeeze_dim_backward,
     .samples = squeeze_all_samples,
+    .shard = ag__shard_squeeze,
 };
 
 ag_tensor *ag_squeeze_all(ag_tensor *a) {
@@ -1002,6 +1013,7 @@ static const ag_opdef op_alias = {
     .dtypes = AG_DT_ALL,
     .backward = identity_backward,
     .samples = unary_samples,
+    .shard = ag__shard_identity,
 };
 
 ag_tensor *ag_alias(ag_tensor *a) {
@@ -1030,6 +1042,7 @@ static const ag_opdef op_clone = {
     .dtypes = AG_DT_ALL | (1u << AG_I8), /* int8: copies and conversions */
     .backward = identity_backward,
     .samples = unary_samples,
+    .shard = ag__shard_identity,
 };
 
 ag_tensor *ag_clone(ag_tensor *a) {
@@ -1050,6 +1063,7 @@ static const ag_opdef op_contiguous = {
     .dtypes = AG_DT_ALL,
     .decomp = contiguous_decomp,
     .samples = unary_samples,
+    .shard = ag__shard_identity,
 };
 
 ag_tensor *ag_contiguous(ag_tensor *a) {
@@ -1082,6 +1096,7 @@ static const ag_opdef op_to_copy = {
     .dtypes = AG_DT_ALL | (1u << AG_I8), /* int8: copies and conversions */
     .backward = to_copy_backward,
     .samples = to_copy_samples,
+    .shard = ag__shard_identity,
 };
 
 ag_tensor *ag_to_dtype(ag_tensor *a, ag_dtype dt) {
