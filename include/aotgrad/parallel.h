@@ -75,6 +75,12 @@ AG_API bool ag_shard_plan_get(const ag_shard_plan *p, const ag_desc *d, ag_place
 AG_API void ag_shard_plan_set_bucket_bytes(ag_shard_plan *p, int64_t bytes);
 /* Keep waits where they were inserted (no overlap; for comparison). Default false. */
 AG_API void ag_shard_plan_set_no_overlap(ag_shard_plan *p, bool no_overlap);
+/* Gather-on-use (ZeRO-3, what fsdp sets): each Shard()ed parameter is all_gathered whole just
+ * before its first user, every user reads the gathered value, and the gather and its wait are
+ * tagged AG_MUST_RECOMPUTE so the min-cut partitioner gathers again in the backward instead of
+ * saving the whole parameter. Off (the default): a parameter's shard meets each op's rule like
+ * any other input. */
+AG_API void ag_shard_plan_set_gather_params(ag_shard_plan *p, bool gather);
 /* "dp", "fsdp", "tp" or "custom": what made the plan (printed by the summary). */
 AG_API const char *ag_shard_plan_strategy(const ag_shard_plan *p);
 
