@@ -122,6 +122,12 @@ typedef struct train_opts {
     int rank, world;         /* of the world under --parallel; 0 and 1 otherwise */
 } train_opts;
 
+/* The progress bar on a terminal, step lines otherwise. Under MPI the lines: mpirun hands each
+ * rank a pseudo-terminal even when its own output is a pipe, so isatty cannot tell. */
+static bool progress_bar(const train_opts *o) {
+    return isatty(1) && !(o->parallel && ag_dist_uses_mpi());
+}
+
 /* Ends the run with a message: "aotgrad train: MSG" and `status` in one process; under
  * --parallel ag_dist_abort, which ends every rank of the job (a peer may be waiting in a
  * collective for this one), with the same message. */
@@ -400,7 +406,7 @@ static int train_fmnist(const train_opts *o) {
     if (!status && !perm)
         status = train_fail(o, 1, "out of memory");
     uint64_t rng = (uint64_t)o->seed * 2654435761u + 1;
-    bool tty = isatty(1);
+    bool tty = progress_bar(o);
     double t0 = now_s(), loss_v = NAN;
     for (long long s = 0; status == 0 && s < total; s++) {
         int64_t off = (s * B) % (ntr - ntr % B);
@@ -509,7 +515,7 @@ static int train_gpt2(const train_opts *o) {
                     !(ys = malloc(sizeof(int64_t) * (size_t)(B * T)))))
         status = train_fail(o, 1, "out of memory");
     uint64_t rng = (uint64_t)o->seed * 2654435761u + 7;
-    bool tty = isatty(1);
+    bool tty = progress_bar(o);
     double t0 = now_s(), loss_v = NAN;
     for (long long s = 0; status == 0 && s < total; s++) {
         for (int64_t b = 0; b < B; b++) {
