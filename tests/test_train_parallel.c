@@ -231,6 +231,46 @@ static void test_failing_rank_ends_the_job(void **st) {
     free(out);
 }
 
+/* `aotgrad shard`: no MPI; the summary line in its exact form with the bytes of the plan (the
+ * mlp's 235146 float32 parameters whole under dp, halved under fsdp on 2 ranks, where every
+ * dim 0 splits), the sharded graph with its collectives, and usage errors. */
+static void test_shard_command(void **st) {
+    (void)st;
+    char *out = malloc(OUTSZ), cmd[1024];
+    static const struct {
+        const char *strategy;
+        long long params;
+        const char *collective;
+    } cases[] = {{"dp", 940584, "all_reduce"}, {"fsdp", 470292, "all_gather_into_tensor"}};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "%s shard mlp --world 2 --rank 1 --parallel %s", AG_CLI_PATH,
+                 cases[i].strategy);
+        assert_int_equal(run(cmd, out), 0);
+        const char *line = strstr(out, "per rank: params ");
+        assert_non_null(line);
+        long long params, optim, saved, comm;
+        int k;
+        if (sscanf(line,
+                   "per rank: params %lld bytes, optimizer state %lld bytes, saved activations "
+                   "%lld bytes; communication: %lld bytes in %d collectives per step",
+                   &params, &optim, &saved, &comm, &k) != 5)
+            fail_msg("summary line: %s", line);
+        assert_int_equal(params, cases[i].params);
+        assert_int_equal(optim, 2 * cases[i].params);
+        assert_true(saved > 0 && comm > 0 && k > 0);
+        assert_non_null(strstr(out, cases[i].collective));
+        assert_non_null(strstr(out, "wait_tensor"));
+        assert_non_null(strstr(out, "replicated for want of a sharding rule: "));
+    }
+    snprintf(cmd, sizeof cmd, "%s shard mlp --world 2 --rank 2 --parallel dp", AG_CLI_PATH);
+    assert_int_equal(run(cmd, out), 2);
+    assert_non_null(strstr(out, "--rank 2 is not a rank of a world of 2"));
+    snprintf(cmd, sizeof cmd, "%s shard mlp --parallel dp", AG_CLI_PATH);
+    assert_int_equal(run(cmd, out), 2);
+    assert_non_null(strstr(out, "--world N is required"));
+    free(out);
+}
+
 static int setup(void **st) {
     (void)st;
     snprintf(tmpdir, sizeof tmpdir, "/tmp/ag_train_par_XXXXXX");
@@ -245,9 +285,13 @@ static int teardown(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_batch_must_split), cmocka_unit_test(test_failing_rank_ends_the_job),
-        cmocka_unit_test(test_world_of_one),     cmocka_unit_test(test_checkpoint_round_trip),
-        cmocka_unit_test(test_mlp_losses),       cmocka_unit_test(test_gpt2_losses),
+        cmocka_unit_test(test_shard_command),
+        cmocka_unit_test(test_batch_must_split),
+        cmocka_unit_test(test_failing_rank_ends_the_job),
+        cmocka_unit_test(test_world_of_one),
+        cmocka_unit_test(test_checkpoint_round_trip),
+        cmocka_unit_test(test_mlp_losses),
+        cmocka_unit_test(test_gpt2_losses),
         cmocka_unit_test(test_cnn_losses),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
