@@ -1482,6 +1482,64 @@ static long c_ag_zoo_build_opts(void) {
     return (ag_zoo_build_opts)(NULL, NULL, NULL, NULL, NULL, 0, NULL);
 }
 
+static long c_ag_all_reduce(void) {
+    return ag_all_reduce(NULL, NULL, NULL) == NULL;
+}
+static long c_ag_all_gather_into_tensor(void) {
+    return ag_all_gather_into_tensor(NULL, 0, NULL) == NULL;
+}
+static long c_ag_reduce_scatter_tensor(void) {
+    return ag_reduce_scatter_tensor(NULL, NULL, 0, NULL) == NULL;
+}
+static long c_ag_all_to_all_single(void) {
+    return ag_all_to_all_single(NULL, NULL, 0, NULL, 0, NULL) == NULL;
+}
+static long c_ag_broadcast(void) {
+    return ag_broadcast(NULL, 0, NULL) == NULL;
+}
+static long c_ag_wait_tensor(void) {
+    return ag_wait_tensor(NULL) == NULL;
+}
+static long c_ag_group_rank(void) {
+    return ag_group_rank(NULL);
+}
+static long c_ag_group_size(void) {
+    return ag_group_size(NULL);
+}
+static long c_ag_group_name(void) {
+    return ag_group_name(NULL) == NULL;
+}
+static long c_ag_group_find(void) {
+    return ag_group_find(NULL) == NULL;
+}
+static long c_ag_group_split(void) {
+    return ag_group_split(NULL, 0, 0) == NULL;
+}
+static long c_ag_group_barrier(void) {
+    return ag_group_barrier(NULL);
+}
+static long c_ag_dist_abort(void) {
+    /* Ends the process with the code given (0 here), in this child. */
+    ag_dist_abort(0, NULL);
+}
+static long c_ag_comm_stats_get(void) {
+    ag_comm_stats_get(NULL);
+    return 0;
+}
+static long c_ag_comm_model_get(void) {
+    ag_comm_model_get(NULL);
+    return 0;
+}
+static long c_ag_comm_model_set(void) {
+    return ag_comm_model_set(NULL);
+}
+static long c_ag_comm_bytes(void) {
+    return (long)ag_comm_bytes(NULL, 0, 0);
+}
+static long c_ag_comm_time(void) {
+    return (long)ag_comm_time(NULL, 0, 0);
+}
+
 static const row rows[] = {
     {"ag_backward", 'F', 'I', c_ag_backward, NULL},
     {"ag_grad", 'F', 'I', c_ag_grad, NULL},
@@ -1908,6 +1966,27 @@ static const row rows[] = {
     {"ag_randn", 'N', 'R', c_ag_randn, NULL},
     {"ag_philox_rand", 'F', 'R', c_ag_philox_rand, NULL},
     {"ag_philox_randn", 'F', 'R', c_ag_philox_randn, NULL},
+    {"ag_all_reduce", 'F', 'R', c_ag_all_reduce, "_c10d_functional::all_reduce"},
+    {"ag_all_gather_into_tensor", 'F', 'R', c_ag_all_gather_into_tensor,
+     "_c10d_functional::all_gather_into_tensor"},
+    {"ag_reduce_scatter_tensor", 'F', 'R', c_ag_reduce_scatter_tensor,
+     "_c10d_functional::reduce_scatter_tensor"},
+    {"ag_all_to_all_single", 'F', 'R', c_ag_all_to_all_single,
+     "_c10d_functional::all_to_all_single"},
+    {"ag_broadcast", 'F', 'R', c_ag_broadcast, "_c10d_functional::broadcast"},
+    {"ag_wait_tensor", 'F', 'R', c_ag_wait_tensor, "_c10d_functional::wait_tensor"},
+    {"ag_group_rank", 'A', 'I', c_ag_group_rank, NULL},
+    {"ag_group_size", 'A', 'I', c_ag_group_size, NULL},
+    {"ag_group_name", 'A', 'R', c_ag_group_name, NULL},
+    {"ag_group_find", 'A', 'R', c_ag_group_find, NULL},
+    {"ag_group_split", 'F', 'R', c_ag_group_split, NULL},
+    {"ag_group_barrier", 'F', 'I', c_ag_group_barrier, NULL},
+    {"ag_dist_abort", 'A', 'O', c_ag_dist_abort, NULL},
+    {"ag_comm_stats_get", 'A', 'O', c_ag_comm_stats_get, NULL},
+    {"ag_comm_model_get", 'A', 'O', c_ag_comm_model_get, NULL},
+    {"ag_comm_model_set", 'F', 'I', c_ag_comm_model_set, NULL},
+    {"ag_comm_bytes", 'A', 'O', c_ag_comm_bytes, NULL},
+    {"ag_comm_time", 'A', 'O', c_ag_comm_time, NULL},
     {"ag_add_", 'F', 'R', c_ag_add_, "add_.Tensor"},
     {"ag_add_scalar_", 'F', 'R', c_ag_add_scalar_, "add_.Scalar"},
     {"ag_mul_", 'F', 'R', c_ag_mul_, "mul_.Tensor"},

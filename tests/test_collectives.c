@@ -68,6 +68,8 @@ static void test_meta_errors(void **st) {
     tu_assert_error_contains("all_to_all_single: input_split_sizes sum to 2 but input f32[3, 2]");
     assert_null(ag_all_to_all_single(x, (int64_t[]){-1, 4}, 2, NULL, 0, "0"));
     tu_assert_error_contains("all_to_all_single: output_split_sizes[0] is -1");
+    assert_null(ag_all_to_all_single(x, NULL, 2, NULL, 0, "0"));
+    tu_assert_error_contains("all_to_all_single: split size lists of 2 and 0 entries");
     assert_null(ag_broadcast(x, -1, "0"));
     tu_assert_error_contains("broadcast: src must be a rank (>= 0), got -1");
     /* Checked against the group by the kernels. */

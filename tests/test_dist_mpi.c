@@ -13,18 +13,21 @@
 
 static int R, N;       /* this rank, the world's size */
 static bool completed; /* the running test reached its end */
+static bool failed;    /* a test failed on this rank */
 
 /* A test that fails on one rank leaves its peers waiting in collectives it will never start:
- * the failing rank ends the job at once (cmocka runs the teardown right after a failure). */
+ * the failing rank ends the job when the next test starts (or after the last), once cmocka
+ * has printed the failure (it does after the teardown). */
 static int setup(void **st) {
     (void)st;
+    if (failed && N > 1)
+        ag_dist_abort(1, "test_dist_mpi: a test failed on this rank (see above)");
     completed = false;
     return 0;
 }
 static int teardown(void **st) {
     (void)st;
-    if (!completed && N > 1)
-        ag_dist_abort(1, "test_dist_mpi: a test failed on this rank (see above)");
+    failed |= !completed;
     return 0;
 }
 
@@ -410,6 +413,47 @@ static void test_comm_stats(void **st) {
     completed = true;
 }
 
+/* A graph run by the planned executor: the all_reduce starts, independent work runs, the wait
+ * completes it (in place: wait_tensor is pointwise), with and without the executor's checks. */
+static void test_planned_graph(void **st) {
+    (void)st;
+    ag_graph *g = ag_graph_new();
+    ag_node *x = tu_ph(g, "x", TM(AG_F32, 8));
+    ag_node *nx = tu_call(g, "neg", GARGS(AG_GA_N(x)), "nx");
+    ag_node *ar = tu_call(g, "_c10d_functional::all_reduce",
+                          GARGS(AG_GA_N(nx), AG_GA_S("sum"), AG_GA_S("0")), "ar");
+    ag_node *other = tu_call(g, "mul.Tensor", GARGS(AG_GA_N(x), AG_GA_N(x)), "other");
+    ag_node *w = tu_call(g, "_c10d_functional::wait_tensor", GARGS(AG_GA_N(ar)), "w");
+    ag_node *out = tu_call(g, "add.Tensor", GARGS(AG_GA_N(w), AG_GA_N(other)), "out");
+    assert_non_null(ag_graph_output(g, &out, 1));
+    assert_int_equal(ag_graph_verify(g), 0);
+    for (int checking = 0; checking <= 1; checking++) {
+        ag_plan_opts o = {.checking = checking};
+        ag_plan *p = ag_plan_new(g, &o);
+        assert_non_null(p);
+        for (int run = 0; run < 2; run++) {
+            ag_scope_begin();
+            ag_tensor *xt = rank_tensor(AG_F32, R + run, 1, (int64_t[]){8});
+            ag_tensor *y = NULL;
+            int rc = ag_plan_run(p, &xt, 1, &y, 1);
+            if (rc != 1)
+                print_error("plan_run (checking %d, run %d): %s\n", checking, run, ag_last_error());
+            assert_int_equal(rc, 1);
+            double want[8];
+            for (int i = 0; i < 8; i++) {
+                want[i] = val(R + run, i) * val(R + run, i);
+                for (int r = 0; r < N; r++)
+                    want[i] -= val(r + run, i);
+            }
+            tu_assert_close(y, want, 1e-5);
+            ag_scope_end(); /* y belongs to the scope */
+        }
+        ag_plan_free(p);
+    }
+    ag_graph_free(g);
+    completed = true;
+}
+
 int main(void) {
     if (ag_dist_init()) {
         fprintf(stderr, "ag_dist_init: %s\n", ag_last_error());
@@ -440,11 +484,12 @@ int main(void) {
         cmocka_unit_test_setup_teardown(test_group_split, setup, teardown),
         cmocka_unit_test_setup_teardown(test_autograd_against_finite_differences, setup, teardown),
         cmocka_unit_test_setup_teardown(test_comm_stats, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_planned_graph, setup, teardown),
     };
-    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    int nfailed = cmocka_run_group_tests(tests, NULL, NULL);
     /* A rank whose test failed ends the job, so that no peer waits for it. */
-    if (failed && N > 1)
-        ag_dist_abort(1, "test_dist_mpi: %d tests failed", failed);
+    if (nfailed && N > 1)
+        ag_dist_abort(1, "test_dist_mpi: %d tests failed on this rank", nfailed);
     ag_dist_finalize();
-    return failed;
+    return nfailed;
 }

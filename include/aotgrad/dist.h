@@ -61,7 +61,8 @@ AG_API ag_group *ag_group_split(ag_group *parent, int color, int key);
 AG_API int ag_group_barrier(ag_group *g);
 
 /* Ends the whole job: prints "aotgrad: rank R of N: <message>" on stderr and calls MPI_Abort
- * (exit(code) in a world without MPI). Does not return. */
+ * with code (exit(code) in a world without MPI; a negative AG_E* code is made positive). A NULL
+ * fmt prints "(no message)". Does not return. */
 AG_API void ag_dist_abort(int code, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((noreturn, format(printf, 2, 3)))

@@ -93,7 +93,7 @@ enum {
     AG_OP_FILL = 1u << 12,
     /* A collective (_c10d_functional::*): talks to the other ranks of a process group. Never
      * removed, merged, recomputed or reordered across another collective by a pass or a
-     * partitioner, except that a node tagged AG_RECOMPUTE_MUST (FSDP's gathers) is recomputed
+     * partitioner, except that a node tagged AG_MUST_RECOMPUTE (FSDP's gathers) is recomputed
      * in the backward as tagged. */
     AG_OP_COLLECTIVE = 1u << 13,
 };

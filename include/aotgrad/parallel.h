@@ -32,7 +32,7 @@
  * buckets (flattened, concatenated, reduced once, split back) of at most the plan's bucket
  * size, each started as soon as its last gradient is computed; and every wait_tensor moves down
  * to just before the first use of its result, so communication overlaps the computation in
- * between. A collective node tagged AG_RECOMPUTE_MUST (as the fsdp strategy tags its parameter
+ * between. A collective node tagged AG_MUST_RECOMPUTE (as the fsdp strategy tags its parameter
  * gathers) is recomputed in the backward by the min-cut partitioner instead of saved.
  *
  * A rank's graph differs from another's only in the constants of local slices (which chunk

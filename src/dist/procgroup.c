@@ -261,13 +261,15 @@ static void vabort(int code, const char *fmt, va_list ap) {
         MPI_Comm_size(MPI_COMM_WORLD, &size);
     }
     char msg[1024];
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    if (fmt)
+        vsnprintf(msg, sizeof msg, fmt, ap);
+    else
+        snprintf(msg, sizeof msg, "(no message)");
     /* One write, so that ranks' lines do not interleave mid-line. */
     fprintf(stderr, "aotgrad: rank %d of %d: %s\n", rank, size, msg);
     fflush(stderr);
     fflush(stdout);
-    if (code == 0)
-        code = 1;
+    /* A negative AG_E* status becomes its absolute value: exit statuses are 0..255. */
     if (mpi)
         MPI_Abort(MPI_COMM_WORLD, code < 0 ? -code : code);
     exit(code < 0 ? -code : code);

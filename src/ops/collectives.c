@@ -467,9 +467,10 @@ static void all_to_all_samples(ag_samples *s) {
         s, "splits [4]",
         (ag_arg[]){AG_A_T(srand2(s, 4, 2)), AG_A_INTS(four, 1), AG_A_INTS(four, 1), AG_A_S("0")},
         4);
+    static const int64_t none[1] = {0}; /* an empty list, never a NULL array */
     ag_samples_add(
         s, "no splits",
-        (ag_arg[]){AG_A_T(srand2(s, 3, 2)), AG_A_INTS(NULL, 0), AG_A_INTS(NULL, 0), AG_A_S("0")},
+        (ag_arg[]){AG_A_T(srand2(s, 3, 2)), AG_A_INTS(none, 0), AG_A_INTS(none, 0), AG_A_S("0")},
         4);
 }
 static void broadcast_samples(ag_samples *s) {
@@ -574,6 +575,16 @@ ag_tensor *ag_reduce_scatter_tensor(ag_tensor *x, const char *reduce_op, int64_t
 ag_tensor *ag_all_to_all_single(ag_tensor *x, const int64_t *out_splits, int nout,
                                 const int64_t *in_splits, int nin, const char *group) {
     AG__OP(op, "_c10d_functional::all_to_all_single");
+    if (nout < 0 || nin < 0 || (nout > 0 && !out_splits) || (nin > 0 && !in_splits))
+        return ag__err(AG_EINVAL,
+                       "all_to_all_single: split size lists of %d and %d entries at %p and %p",
+                       nout, nin, (const void *)out_splits, (const void *)in_splits),
+               NULL;
+    static const int64_t none[1] = {0}; /* an empty list may come as NULL: never hand on NULL */
+    if (nout == 0)
+        out_splits = none;
+    if (nin == 0)
+        in_splits = none;
     return ag__call1(op,
                      (ag_arg[]){AG_A_T(x), AG_A_INTS(out_splits, nout), AG_A_INTS(in_splits, nin),
                                 AG_A_S(group)},

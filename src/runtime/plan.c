@@ -1107,8 +1107,12 @@ static int check_before(ag_plan *p, const pstep *s) {
                            (long long)(a->offset + a->size), nname(p, p->vals[b->root].node),
                            (long long)b->offset, (long long)(b->offset + b->size));
     }
-    /* Operands in the arena are not poison (first, middle and last elements). */
-    for (int r = 0; r < s->nreads; r++) {
+    /* Operands in the arena are not poison (first, middle and last elements). wait_tensor (the
+     * collective that is also pointwise) is exempt: its operand is the output of a collective
+     * in flight, which MPI fills only when this very step completes it. */
+    uint32_t f = ag_op_def(s->op)->flags;
+    bool completes = (f & AG_OP_COLLECTIVE) && (f & AG_OP_POINTWISE);
+    for (int r = 0; r < s->nreads && !completes; r++) {
         int v = s->reads[r];
         int bi = buf_of(p, v);
         if (bi < 0 || p->bufs[bi].out)
