@@ -957,6 +957,17 @@ static long c_ag_optim_sgd(void) {
 static long c_ag_optim_adamw(void) {
     return ag_optim_adamw(NULL, 0, 0, 0, 0, 0) == NULL;
 }
+static long c_ag_optim_adamw_tensors(void) {
+    ag_optim *o = ag_optim_adamw_tensors(NULL, 0, 0, 0, 0, 0, 0); /* an empty list is valid */
+    ag_optim_free(o);
+    return o == NULL;
+}
+static long c_ag_shard_local(void) {
+    return ag_shard_local(NULL, AG_P_REPLICATE, NULL) == NULL;
+}
+static long c_ag_shard_full(void) {
+    return ag_shard_full(NULL, AG_P_REPLICATE, NULL) == NULL;
+}
 static long c_ag_optim_step(void) {
     return (ag_optim_step)(NULL);
 }
@@ -1899,7 +1910,10 @@ static const row rows[] = {
     {"ag_nn_gpt2", 'F', 'R', c_ag_nn_gpt2, NULL},
     {"ag_optim_sgd", 'F', 'R', c_ag_optim_sgd, NULL},
     {"ag_optim_adamw", 'F', 'R', c_ag_optim_adamw, NULL},
+    {"ag_optim_adamw_tensors", 'N', 'R', c_ag_optim_adamw_tensors, NULL},
     {"ag_optim_step", 'F', 'I', c_ag_optim_step, NULL},
+    {"ag_shard_local", 'F', 'R', c_ag_shard_local, NULL},
+    {"ag_shard_full", 'F', 'R', c_ag_shard_full, NULL},
     {"ag_optim_zero_grad", 'A', 'O', c_ag_optim_zero_grad, NULL},
     {"ag_optim_set_lr", 'A', 'O', c_ag_optim_set_lr, NULL},
     {"ag_optim_free", 'A', 'O', c_ag_optim_free, NULL},

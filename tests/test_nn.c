@@ -881,6 +881,39 @@ static void test_adamw(void **state) {
     ag_module_free(m);
 }
 
+/* AdamW over a list of tensors: the update of ag_optim_adamw, a tensor listed twice updated
+ * once, a tensor without a gradient left alone; bad lists refused. */
+static void test_adamw_tensors(void **state) {
+    (void)state;
+    const double p0[4] = {1.0, -2.0, 0.5, 0.0}, g1[4] = {0.3, -0.1, 2.0, 1e-3};
+    const double lr = 1e-2, b1 = 0.9, b2 = 0.95, eps = 1e-8, wd = 0.1;
+    ag_tensor *a = tu_tensor(AG_F32, 1, (int64_t[]){4}, p0);
+    ag_tensor *idle = tu_tensor(AG_F32, 1, (int64_t[]){2}, (double[]){5, 6});
+    ag_tensor_set_requires_grad(a, true);
+    ag_tensor *list[3] = {a, idle, a};
+    ag_optim *o = ag_optim_adamw_tensors(list, 3, lr, b1, b2, eps, wd);
+    assert_non_null(o);
+    double want[4], mm[4] = {0}, vv[4] = {0};
+    memcpy(want, p0, sizeof want);
+    for (int step = 1; step <= 2; step++) {
+        set_grad(a, g1);
+        assert_int_equal(ag_optim_step(o), 0);
+        adamw_reference(want, mm, vv, g1, 4, step, lr, b1, b2, eps, wd);
+        tu_assert_values(a, 1, (int64_t[]){4}, want, 1e-6);
+    }
+    tu_assert_values(idle, 1, (int64_t[]){2}, (double[]){5, 6}, 0);
+    ag_optim_free(o);
+    list[1] = NULL;
+    assert_null(ag_optim_adamw_tensors(list, 3, lr, b1, b2, eps, wd));
+    tu_assert_error_contains("parameter 1 is NULL");
+    assert_null(ag_optim_adamw_tensors(&a, 1, lr, b1, 1.5, eps, wd));
+    tu_assert_error_contains("beta");
+    assert_null(ag_optim_adamw_tensors(NULL, 2, lr, b1, b2, eps, wd));
+    tu_assert_error_contains("params is NULL");
+    ag_tensor_free(a);
+    ag_tensor_free(idle);
+}
+
 /* A parameter big enough for the multi-threaded path (odd size: uneven spans), both
  * optimizers, two steps, every element against the formulas. */
 static void test_optim_large(void **state) {
@@ -1454,6 +1487,7 @@ int main(void) {
         cmocka_unit_test(test_batchnorm_running_stats),
         cmocka_unit_test(test_gpt2_forward),
         cmocka_unit_test(test_mlp_training),
+        cmocka_unit_test(test_adamw_tensors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -29,7 +29,8 @@ static const struct {
     {"ops", cli_ops, "list the op table (name, flags, dtypes, backward, gradcheck) [--json]"},
     {"train", cli_train,
      "the main job: export, partition, compile and train the cnn on Fashion-MNIST "
-     "[--steps N] [--model cnn|gpt2] [--data PATH]"},
+     "[--steps N] [--model cnn|mlp|gpt2] [--data PATH] [--parallel dp|fsdp|tp (under mpirun)] "
+     "[--save FILE] [--load FILE]"},
     {"check", cli_check,
      "eager vs compiled side by side: MODEL [--dropout P] [--partitioner default|mincut] "
      "[--budget F]; for FILE.joint (a saved joint) compiled vs interpreted and finite "
@@ -53,6 +54,10 @@ static const struct {
      "split a zoo model's joint graph into forward and backward graphs: MODEL|FILE.joint "
      "[--config NAME] "
      "[--dropout P] [--partitioner default|mincut] [--budget F] [--solver greedy|dp|ilp] "
+     "[--format text|dot|svg] [-o FILE]"},
+    {"shard", cli_shard,
+     "print one rank's sharded joint (collectives inserted) and its per-rank memory and "
+     "communication: MODEL --world N [--rank R] --parallel dp|fsdp|tp [--batch B] "
      "[--format text|dot|svg] [-o FILE]"},
     {"bench", cli_bench,
      "the performance suite: eager vs compiled steps, GEMM floor, capture pipeline, planned "

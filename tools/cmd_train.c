@@ -6,6 +6,17 @@
  *   aotgrad train --steps N            stop after N steps
  *   aotgrad train --model gpt2 [--data FILE]   a character-level tiny GPT-2 on a text file
  *                                      (default /usr/share/common-licenses/GPL-3), then a sample
+ *   aotgrad train --model mlp          the zoo's mlp on the flattened Fashion-MNIST images
+ *   mpirun -np N aotgrad train --parallel dp|fsdp|tp   the same training on N ranks: each rank
+ *                                      runs its shard of the step (train_dist.c); --batch is
+ *                                      the global batch, so the losses are the one process's
+ *   --save FILE / --load FILE          the full parameters under the model's FQNs (safetensors),
+ *                                      gathered from every rank; loads into any world size
+ *
+ * Under --parallel every rank builds the same full model from the seed and reads the same data;
+ * rank 0 alone writes to stdout (the single-process output), and any error after the world
+ * started ends every rank through ag_dist_abort ("aotgrad: rank R of N: train: ...") so that no
+ * rank waits forever in a collective for a failed peer.
  *
  * Before the first step it checks what a hostile command line can get wrong: every numeric
  * flag is strictly parsed and range-checked (cli_util.c; --lr must be finite and > 0), a batch
@@ -19,9 +30,11 @@
  * Exit status: 0 on success, 1 when training fails (data, capture, a non-finite loss, memory),
  * 2 for a usage error (a bad flag or value). */
 #include "cli.h"
+#include "train_dist.h"
 
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,53 +47,6 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-/* ---- the training step module: loss = criterion(model(inputs...)) ---- */
-
-typedef struct step_ud {
-    ag_module *model;
-    bool gpt2; /* the model takes (idx, targets) and returns (logits, loss) itself */
-} step_ud;
-
-static int step_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
-    step_ud *u = ag_module_ud(m);
-    ag_tensor *o[2] = {0};
-    ag_scope_begin();
-    int rc;
-    if (u->gpt2) {
-        rc = ag_module_call(u->model, in, nin, o, 2);
-        out[0] = rc == 2 ? ag_tensor_keep(o[1]) : NULL;
-    } else {
-        ag_tensor *logits = ag_module_forward(u->model, in[0]);
-        out[0] = ag_tensor_keep(ag_cross_entropy(logits, in[1], AG_REDUCTION_MEAN, -100));
-    }
-    ag_scope_end();
-    (void)max_out;
-    return out[0] ? 1 : ag_last_status();
-}
-
-/* The step module owns the model as its child "model" (so parameter names read
- * model.conv1.weight, ...). */
-/* The step module, owning model (freed here when the step cannot be made). */
-static ag_module *make_step(ag_module *model, bool gpt2) {
-    step_ud *u = calloc(1, sizeof *u);
-    if (!u) {
-        ag_module_free(model);
-        return NULL;
-    }
-    u->model = model;
-    u->gpt2 = gpt2;
-    ag_module *s = ag_module_new("TrainStep", step_forward, u, free); /* frees u on failure */
-    if (!s) {
-        ag_module_free(model);
-        return NULL;
-    }
-    if (ag_module_add_child(s, "model", model)) { /* frees model on failure */
-        ag_module_free(s);
-        return NULL;
-    }
-    return s;
 }
 
 /* ---- summary of the capture ---- */
@@ -151,23 +117,137 @@ typedef struct train_opts {
     double lr, budget;
     const char *model, *data;
     ag_partitioner partitioner;
+    const char *parallel;    /* --parallel dp|fsdp|tp, or NULL */
+    const char *save, *load; /* --save FILE, --load FILE */
+    int rank, world;         /* of the world under --parallel; 0 and 1 otherwise */
 } train_opts;
 
-/* Exports and compiles the step module for example inputs (data-less: the capture reads only
- * shapes); prints the summary. */
-static ag_compiled *capture(ag_module *step, ag_tensor *const *ex, int nex, const train_opts *o) {
+/* The progress bar on a terminal, step lines otherwise. Under MPI the lines: mpirun hands each
+ * rank a pseudo-terminal even when its own output is a pipe, so isatty cannot tell. */
+static bool progress_bar(const train_opts *o) {
+    return isatty(1) && !(o->parallel && ag_dist_uses_mpi());
+}
+
+/* Ends the run with a message: "aotgrad train: MSG" and `status` in one process; under
+ * --parallel ag_dist_abort, which ends every rank of the job (a peer may be waiting in a
+ * collective for this one), with the same message. */
+static int train_fail(const train_opts *o, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int train_fail(const train_opts *o, int status, const char *fmt, ...) {
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (o->parallel) {
+        fflush(stdout);
+        ag_dist_abort(status, "train: %s", msg);
+    }
+    fprintf(stderr, "aotgrad train: %s\n", msg);
+    return status;
+}
+
+/* What runs a step: the compiled step of the whole model in one process, or this rank's share
+ * of the sharded step (--parallel), and AdamW over the parameters it updates. */
+typedef struct runner {
+    ag_module *step;
+    ag_compiled *c; /* one process */
+    dist_train *d;  /* --parallel */
+    ag_optim *opt;
+} runner;
+
+static void runner_free(runner *r) {
+    ag_compiled_free(r->c);
+    dist_train_free(r->d);
+    ag_optim_free(r->opt);
+    r->c = NULL;
+    r->d = NULL;
+    r->opt = NULL;
+}
+
+/* Exports the step module for example inputs (data-less: the capture reads only shapes),
+ * shards it for this rank under --parallel, compiles it, makes the optimizer (AdamW with
+ * betas b1, b2 and weight decay wd); prints the summary of what this rank runs. 0, or a
+ * negative status with the message in ag_last_error. */
+static int capture(runner *r, ag_module *step, ag_tensor *const *ex, int nex, const train_opts *o,
+                   double b1, double b2, double wd) {
+    r->step = step;
     double t0 = now_s();
     ag_joint *j = ag_export_joint(step, ex, nex, NULL, NULL, 0, NULL);
     if (!j)
-        return NULL;
+        return ag_last_status();
     double t1 = now_s();
     ag_compile_opts co = {.partition = {.partitioner = o->partitioner, .memory_budget = o->budget}};
-    ag_compiled *c = ag_compile_joint(j, &co);
+    if (o->parallel) {
+        r->d = dist_train_new(j, step, o->parallel, &co);
+        ag_tensor *const *params = NULL;
+        int np = r->d ? dist_train_params(r->d, &params) : 0;
+        r->opt = r->d ? ag_optim_adamw_tensors(params, np, o->lr, b1, b2, 1e-8, wd) : NULL;
+    } else {
+        r->c = ag_compile_joint(j, &co);
+        r->opt = r->c ? ag_optim_adamw(step, o->lr, b1, b2, 1e-8, wd) : NULL;
+    }
     double t2 = now_s();
-    if (c)
-        print_summary(j, c, t1 - t0, t2 - t1);
+    if (r->opt)
+        print_summary(r->d ? dist_train_joint(r->d) : j, r->d ? dist_train_compiled(r->d) : r->c,
+                      t1 - t0, t2 - t1);
     ag_joint_free(j);
-    return c;
+    if (!r->opt) {
+        int rc = ag_last_status();
+        runner_free(r);
+        return rc ? rc : AG_ENOMEM;
+    }
+    return 0;
+}
+
+static const ag_compiled *runner_compiled(const runner *r) {
+    return r->d ? dist_train_compiled(r->d) : r->c;
+}
+
+/* One training step on the global batch `in`: forward, the loss's check, backward, AdamW.
+ * 0 with *loss_v set; 1 after the message (a failed call or a non-finite loss). */
+static int runner_step(runner *r, ag_tensor *const *in, int nin, long long s, double *loss_v,
+                       const train_opts *o) {
+    ag_scope_begin();
+    ag_tensor *loss = NULL;
+    int rc = r->d ? dist_train_call(r->d, in, nin, &loss)
+                  : ag_compiled_call_module(r->c, r->step, in, nin, &loss, 1);
+    bool bad_loss = false;
+    if (rc == 1) {
+        *loss_v = ag_tensor_item(loss);
+        bad_loss = !isfinite(*loss_v);
+        rc = bad_loss ? 0 : ag_backward(loss, NULL, false);
+    }
+    if (rc == 0 && !bad_loss)
+        rc = ag_optim_step(r->opt);
+    ag_optim_zero_grad(r->opt);
+    ag_scope_end();
+    if (bad_loss) /* a NaN or infinite loss would spread to every weight */
+        return train_fail(o, 1, "step %lld: loss is %s; stopping (lower --lr?)", s + 1,
+                          isnan(*loss_v) ? "nan"
+                          : *loss_v > 0  ? "inf"
+                                         : "-inf");
+    if (rc)
+        return train_fail(o, 1, "step %lld: %s", s + 1, ag_last_error());
+    return 0;
+}
+
+/* After training: the full parameters back in the module (gathered from every rank under
+ * --parallel), saved to --save FILE by rank 0. 0, or 1 after the message. */
+static int finish_params(runner *r, ag_module *model, const train_opts *o) {
+    if (r->d && dist_train_gather(r->d))
+        return train_fail(o, 1, "gathering the parameters: %s", ag_last_error());
+    if (o->save && o->rank == 0 && ag_module_save(model, o->save))
+        return train_fail(o, 1, "--save %s: %s", o->save, ag_last_error());
+    return 0;
+}
+
+/* --load FILE into the full model, before it is captured and sharded. 0, or 1 after the
+ * message. */
+static int load_params(ag_module *model, const train_opts *o) {
+    if (o->load && ag_module_load(model, o->load))
+        return train_fail(o, 1, "--load %s: %s", o->load, ag_last_error());
+    return 0;
 }
 
 /* ---- memory ---- */
@@ -247,7 +327,7 @@ static double available_bytes(void) {
  * activations between them, parameters with gradients and two AdamW moments (4 x float32), and
  * the batch's own buffers (data_bytes). 0, or 1 after the message. */
 static int check_memory(const ag_compiled *c, const ag_module *model, long long batch,
-                        double data_bytes) {
+                        double data_bytes, const train_opts *o) {
     double need = (double)ag_compiled_peak_bytes(c, false) +
                   (double)ag_compiled_peak_bytes(c, true) +
                   (double)ag_compiled_stats(c)->saved_bytes +
@@ -255,91 +335,78 @@ static int check_memory(const ag_compiled *c, const ag_module *model, long long 
     double avail = available_bytes();
     if (need <= avail)
         return 0;
-    fprintf(stderr,
-            "aotgrad train: --batch %lld needs about %.3g GB; this machine has %.1f GB "
-            "available\n",
-            batch, need / 1e9, avail / 1e9);
-    return 1;
+    return train_fail(o, 1, "--batch %lld needs about %.3g GB; this machine has %.1f GB available",
+                      batch, need / 1e9, avail / 1e9);
 }
 
-/* A loss that is NaN or infinite ends the run: the optimizer would spread it to every weight. */
-static int check_loss(long long step, double loss) {
-    if (isfinite(loss))
-        return 0;
-    fprintf(stderr, "\naotgrad train: step %lld: loss is %s; stopping (lower --lr?)\n", step,
-            isnan(loss) ? "nan"
-            : loss > 0  ? "inf"
-                        : "-inf");
-    return 1;
-}
+/* ---- Fashion-MNIST: cnn, or mlp on the flattened images ---- */
 
-/* ---- Fashion-MNIST ---- */
-
-static int train_cnn(const train_opts *o) {
+static int train_fmnist(const train_opts *o) {
     ag_tensor *xtr, *ytr, *xte, *yte;
     const char *dir = o->data ? o->data : FMNIST_DIR;
+    bool mlp = !strcmp(o->model, "mlp");
     if (ag_fashion_mnist_load(dir, true, &xtr, &ytr) ||
         ag_fashion_mnist_load(dir, false, &xte, &yte)) {
-        fprintf(stderr, "aotgrad train: %s\n", ag_last_error());
-        if (!o->data)
+        if (!o->data && !o->parallel)
             fprintf(stderr, "aotgrad train: Fashion-MNIST comes with the Debian package "
                             "dataset-fashion-mnist (scripts/install-deps.sh installs it)\n");
-        return 1;
+        return train_fail(o, 1, "%s", ag_last_error());
+    }
+    if (mlp) { /* (N, 1, 28, 28) -> (N, 784) */
+        ag_tensor *a = ag_reshape(xtr, 2, (int64_t[]){ag_tensor_size(xtr, 0), 784});
+        ag_tensor *b = ag_reshape(xte, 2, (int64_t[]){ag_tensor_size(xte, 0), 784});
+        ag_tensor_free(xtr);
+        ag_tensor_free(xte);
+        xtr = a;
+        xte = b;
     }
     int64_t ntr = ag_tensor_size(xtr, 0), B = o->batch;
-    if (B > ntr) {
-        fprintf(stderr,
-                "aotgrad train: --batch %lld is larger than the training set (%lld "
-                "images)\n",
-                (long long)B, (long long)ntr);
-        ag_tensor_free(xtr);
-        ag_tensor_free(ytr);
-        ag_tensor_free(xte);
-        ag_tensor_free(yte);
-        return 2;
+    int status = 0;
+    if (!xtr || !xte) {
+        status = train_fail(o, 1, "%s", ag_last_error());
+    } else if (B > ntr) {
+        status = train_fail(o, 2, "--batch %lld is larger than the training set (%lld images)",
+                            (long long)B, (long long)ntr);
     }
     ag_module *model = NULL;
     ag_tensor *zin[8];
     int nzin = 0;
-    if (ag_zoo_build("cnn", NULL, &model, zin, 8, &nzin)) {
-        fprintf(stderr, "aotgrad train: %s\n", ag_last_error());
-        ag_tensor_free(xtr);
-        ag_tensor_free(ytr);
-        ag_tensor_free(xte);
-        ag_tensor_free(yte);
-        return 1;
-    }
+    if (!status && ag_zoo_build(o->model, NULL, &model, zin, 8, &nzin))
+        status = train_fail(o, 1, "%s", ag_last_error());
     for (int i = 0; i < nzin; i++)
         ag_tensor_free(zin[i]);
-    ag_module *step = make_step(model, false);
-    ag_optim *opt = step ? ag_optim_adamw(step, o->lr, 0.9, 0.999, 1e-8, 0.01) : NULL;
+    if (!status)
+        status = load_params(model, o);
+    ag_module *step = status ? NULL : cli_train_step_new(model, false);
+    if (!status && !step)
+        status = train_fail(o, 1, "%s", ag_last_error());
+    if (status && !step)
+        ag_module_free(model);
     long long total = o->steps > 0 ? o->steps : ntr / B;
-    printf("aotgrad train: cnn on Fashion-MNIST (%lld training images, %lld test), batch %lld, "
-           "AdamW lr %g, %d threads, %lld steps\n",
-           (long long)ntr, (long long)ag_tensor_size(xte, 0), (long long)B, o->lr,
-           ag_get_num_threads(), total);
-    bool meta = ag_set_meta_mode(true);
-    ag_tensor *ex[2] = {ag_zeros(AG_F32, 4, (int64_t[]){B, 1, 28, 28}),
-                        ag_zeros(AG_I64, 1, (int64_t[]){B})};
-    ag_set_meta_mode(meta);
-    ag_compiled *c = opt && ex[0] && ex[1] ? capture(step, ex, 2, o) : NULL;
-    ag_tensor_free(ex[0]);
-    ag_tensor_free(ex[1]);
-    int status = 0;
-    if (!c) {
-        fprintf(stderr, "aotgrad train: %s\n", ag_last_error());
-        status = 1;
+    runner r = {0};
+    if (!status) {
+        printf("aotgrad train: %s on Fashion-MNIST (%lld training images, %lld test), batch "
+               "%lld, AdamW lr %g, %d threads, %lld steps\n",
+               o->model, (long long)ntr, (long long)ag_tensor_size(xte, 0), (long long)B, o->lr,
+               ag_get_num_threads(), total);
+        bool meta = ag_set_meta_mode(true);
+        ag_tensor *ex[2] = {mlp ? ag_zeros(AG_F32, 2, (int64_t[]){B, 784})
+                                : ag_zeros(AG_F32, 4, (int64_t[]){B, 1, 28, 28}),
+                            ag_zeros(AG_I64, 1, (int64_t[]){B})};
+        ag_set_meta_mode(meta);
+        if (!ex[0] || !ex[1] || capture(&r, step, ex, 2, o, 0.9, 0.999, 0.01))
+            status = train_fail(o, 1, "%s", ag_last_error());
+        ag_tensor_free(ex[0]);
+        ag_tensor_free(ex[1]);
     }
     /* The batch: indices, the gathered images and labels. */
-    if (!status && check_memory(c, model, B, (double)B * (8 + 28 * 28 * 4 + 8)))
-        status = 1;
+    if (!status)
+        status = check_memory(runner_compiled(&r), model, B, (double)B * (8 + 28 * 28 * 4 + 8), o);
     int64_t *perm = status ? NULL : malloc(sizeof(int64_t) * (size_t)ntr);
-    if (!status && !perm) {
-        fprintf(stderr, "aotgrad train: out of memory\n");
-        status = 1;
-    }
+    if (!status && !perm)
+        status = train_fail(o, 1, "out of memory");
     uint64_t rng = (uint64_t)o->seed * 2654435761u + 1;
-    bool tty = isatty(1);
+    bool tty = progress_bar(o);
     double t0 = now_s(), loss_v = NAN;
     for (long long s = 0; status == 0 && s < total; s++) {
         int64_t off = (s * B) % (ntr - ntr % B);
@@ -347,26 +414,14 @@ static int train_cnn(const train_opts *o) {
             shuffle(perm, ntr, &rng);
         ag_scope_begin();
         ag_tensor *idx = ag_from_data(AG_I64, 1, &B, perm + off);
-        ag_tensor *xb = ag_index_select(xtr, 0, idx), *yb = ag_index_select(ytr, 0, idx);
-        ag_tensor *loss = NULL;
-        ag_tensor *in[2] = {xb, yb};
-        int rc = (xb && yb) ? ag_compiled_call_module(c, step, in, 2, &loss, 1) : -1;
-        bool bad_loss = false;
-        if (rc == 1) {
-            loss_v = ag_tensor_item(loss);
-            bad_loss = check_loss(s + 1, loss_v);
-            rc = bad_loss ? 0 : ag_backward(loss, NULL, false);
-        }
-        if (rc == 0 && !bad_loss)
-            rc = ag_optim_step(opt);
-        ag_optim_zero_grad(opt);
+        ag_tensor *in[2] = {ag_index_select(xtr, 0, idx), ag_index_select(ytr, 0, idx)};
+        if (!in[0] || !in[1])
+            status = train_fail(o, 1, "step %lld: %s", s + 1, ag_last_error());
+        else
+            status = runner_step(&r, in, 2, s, &loss_v, o);
         ag_scope_end();
-        if (rc || bad_loss) {
-            if (rc)
-                fprintf(stderr, "\naotgrad train: step %lld: %s\n", s + 1, ag_last_error());
-            status = 1;
+        if (status)
             break;
-        }
         double el = now_s() - t0;
         progress(s + 1, total, loss_v, (double)((s + 1) * B) / (el > 0 ? el : 1e-9), tty);
         if (ferror(stdout)) { /* reported by main */
@@ -374,33 +429,33 @@ static int train_cnn(const train_opts *o) {
             break;
         }
     }
-    if (status == 0) {
+    if (status == 0)
+        status = finish_params(&r, model, o);
+    if (status == 0 && o->rank == 0) {
         /* Test accuracy, eagerly in evaluation mode (running statistics). */
         ag_module_train(model, false);
         bool prev = ag_set_grad_enabled(false);
         int64_t nte = ag_tensor_size(xte, 0), hits = 0;
-        for (int64_t b = 0; b < nte; b += 1000) {
+        for (int64_t b = 0; b < nte && !status; b += 1000) {
             ag_scope_begin();
             int64_t e = b + 1000 < nte ? b + 1000 : nte;
             ag_tensor *xb = ag_slice(xte, 0, b, e, 1), *yb = ag_slice(yte, 0, b, e, 1);
             ag_tensor *pred = ag_argmax(ag_module_forward(model, xb), 1, false);
             ag_tensor *h = ag_sum_all(ag_eq(pred, yb));
-            if (!h) {
-                fprintf(stderr, "aotgrad train: evaluation: %s\n", ag_last_error());
-                status = 1;
-            } else {
+            if (!h)
+                status = train_fail(o, 1, "evaluation: %s", ag_last_error());
+            else
                 hits += (int64_t)ag_tensor_item(h);
-            }
             ag_scope_end();
         }
         ag_set_grad_enabled(prev);
-        printf("test accuracy %.2f%% (%lld/%lld) after %lld steps; final loss %.4f; %.1f s\n",
-               100.0 * (double)hits / (double)nte, (long long)hits, (long long)nte, total, loss_v,
-               now_s() - t0);
+        if (!status)
+            printf("test accuracy %.2f%% (%lld/%lld) after %lld steps; final loss %.4f; %.1f s\n",
+                   100.0 * (double)hits / (double)nte, (long long)hits, (long long)nte, total,
+                   loss_v, now_s() - t0);
     }
     free(perm);
-    ag_compiled_free(c);
-    ag_optim_free(opt);
+    runner_free(&r);
     ag_module_free(step);
     ag_tensor_free(xtr);
     ag_tensor_free(ytr);
@@ -420,46 +475,47 @@ static int train_gpt2(const train_opts *o) {
     ag_gpt2_config cfg = ag_gpt2_config_tiny();
     int64_t T = cfg.block_size, B = o->batch;
     if (!text || n < T + 2) {
-        if (text)
-            fprintf(stderr, "aotgrad train: %s holds %lld bytes; the model needs at least %lld\n",
-                    path, (long long)n, (long long)(T + 2));
-        else if (!o->data)
-            fprintf(stderr, "aotgrad train: %s comes with Debian's base-files package\n", path);
         free(text);
-        return 1;
+        if (text)
+            return train_fail(o, 1, "%s holds %lld bytes; the model needs at least %lld", path,
+                              (long long)n, (long long)(T + 2));
+        if (!o->data)
+            return train_fail(o, 1, "%s comes with Debian's base-files package", path);
+        return train_fail(o, 1, "cannot read %s", path);
     }
     ag_manual_seed((uint64_t)o->seed);
     ag_module *model = ag_nn_gpt2(&cfg);
-    ag_module *step = model ? make_step(model, true) : NULL;
-    ag_optim *opt = step ? ag_optim_adamw(step, o->lr, 0.9, 0.95, 1e-8, 0.1) : NULL;
+    int status = model ? load_params(model, o) : 0;
+    ag_module *step = model && !status ? cli_train_step_new(model, true) : NULL;
+    if (!step && !status)
+        status = train_fail(o, 1, "%s", ag_last_error());
+    if (status && !step)
+        ag_module_free(model);
     long long total = o->steps > 0 ? o->steps : 300;
-    printf(
-        "aotgrad train: character-level GPT-2 (%lld layers, %lld wide, %lld heads, context %lld, "
-        "%lld parameters) on %s (%lld bytes), batch %lld, %lld steps\n",
-        (long long)cfg.n_layer, (long long)cfg.n_embd, (long long)cfg.n_head, (long long)T,
-        (long long)(model ? ag_module_num_parameters(model) : 0), path, (long long)n, (long long)B,
-        total);
-    bool meta = ag_set_meta_mode(true);
-    ag_tensor *ex[2] = {ag_zeros(AG_I64, 2, (int64_t[]){B, T}),
-                        ag_zeros(AG_I64, 2, (int64_t[]){B, T})};
-    ag_set_meta_mode(meta);
-    ag_compiled *c = opt && ex[0] && ex[1] ? capture(step, ex, 2, o) : NULL;
-    ag_tensor_free(ex[0]);
-    ag_tensor_free(ex[1]);
-    int status = c ? 0 : 1;
-    if (!c)
-        fprintf(stderr, "aotgrad train: %s\n", ag_last_error());
+    runner r = {0};
+    if (!status) {
+        printf("aotgrad train: character-level GPT-2 (%lld layers, %lld wide, %lld heads, "
+               "context %lld, %lld parameters) on %s (%lld bytes), batch %lld, %lld steps\n",
+               (long long)cfg.n_layer, (long long)cfg.n_embd, (long long)cfg.n_head, (long long)T,
+               (long long)ag_module_num_parameters(model), path, (long long)n, (long long)B, total);
+        bool meta = ag_set_meta_mode(true);
+        ag_tensor *ex[2] = {ag_zeros(AG_I64, 2, (int64_t[]){B, T}),
+                            ag_zeros(AG_I64, 2, (int64_t[]){B, T})};
+        ag_set_meta_mode(meta);
+        if (!ex[0] || !ex[1] || capture(&r, step, ex, 2, o, 0.9, 0.95, 0.1))
+            status = train_fail(o, 1, "%s", ag_last_error());
+        ag_tensor_free(ex[0]);
+        ag_tensor_free(ex[1]);
+    }
     /* The batch: xs and ys here, and the two tensors made from them each step. */
-    if (!status && check_memory(c, model, B, 4.0 * 8.0 * (double)B * (double)T))
-        status = 1;
+    if (!status)
+        status = check_memory(runner_compiled(&r), model, B, 4.0 * 8.0 * (double)B * (double)T, o);
     int64_t *xs = NULL, *ys = NULL;
     if (!status && (!(xs = malloc(sizeof(int64_t) * (size_t)(B * T))) ||
-                    !(ys = malloc(sizeof(int64_t) * (size_t)(B * T))))) {
-        fprintf(stderr, "aotgrad train: out of memory\n");
-        status = 1;
-    }
+                    !(ys = malloc(sizeof(int64_t) * (size_t)(B * T)))))
+        status = train_fail(o, 1, "out of memory");
     uint64_t rng = (uint64_t)o->seed * 2654435761u + 7;
-    bool tty = isatty(1);
+    bool tty = progress_bar(o);
     double t0 = now_s(), loss_v = NAN;
     for (long long s = 0; status == 0 && s < total; s++) {
         for (int64_t b = 0; b < B; b++) {
@@ -473,24 +529,13 @@ static int train_gpt2(const train_opts *o) {
         ag_scope_begin();
         ag_tensor *in[2] = {ag_from_data(AG_I64, 2, (int64_t[]){B, T}, xs),
                             ag_from_data(AG_I64, 2, (int64_t[]){B, T}, ys)};
-        ag_tensor *loss = NULL;
-        int rc = ag_compiled_call_module(c, step, in, 2, &loss, 1);
-        bool bad_loss = false;
-        if (rc == 1) {
-            loss_v = ag_tensor_item(loss);
-            bad_loss = check_loss(s + 1, loss_v);
-            rc = bad_loss ? 0 : ag_backward(loss, NULL, false);
-        }
-        if (rc == 0 && !bad_loss)
-            rc = ag_optim_step(opt);
-        ag_optim_zero_grad(opt);
+        if (!in[0] || !in[1])
+            status = train_fail(o, 1, "step %lld: %s", s + 1, ag_last_error());
+        else
+            status = runner_step(&r, in, 2, s, &loss_v, o);
         ag_scope_end();
-        if (rc || bad_loss) {
-            if (rc)
-                fprintf(stderr, "\naotgrad train: step %lld: %s\n", s + 1, ag_last_error());
-            status = 1;
+        if (status)
             break;
-        }
         double el = now_s() - t0;
         progress(s + 1, total, loss_v, (double)((s + 1) * B * T) / (el > 0 ? el : 1e-9), tty);
         if (ferror(stdout)) { /* reported by main */
@@ -498,7 +543,9 @@ static int train_gpt2(const train_opts *o) {
             break;
         }
     }
-    if (status == 0) {
+    if (status == 0)
+        status = finish_params(&r, model, o);
+    if (status == 0 && o->rank == 0) {
         /* A sample: temperature 0.8 from the first line of the text, eagerly. */
         printf("sample:\n");
         int64_t ctx[256];
@@ -540,8 +587,7 @@ static int train_gpt2(const train_opts *o) {
     free(xs);
     free(ys);
     free(text);
-    ag_compiled_free(c);
-    ag_optim_free(opt);
+    runner_free(&r);
     ag_module_free(step);
     return status;
 }
@@ -553,7 +599,8 @@ int cli_train(int argc, char **argv) {
                     .lr = 0,
                     .budget = 1.0,
                     .model = "cnn",
-                    .partitioner = AG_PARTITION_MINCUT};
+                    .partitioner = AG_PARTITION_MINCUT,
+                    .world = 1};
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         int rc = 0;
@@ -571,33 +618,72 @@ int cli_train(int argc, char **argv) {
             o.model = v, i++;
         else if (!strcmp(argv[i], "--data") && v)
             o.data = v, i++;
+        else if (!strcmp(argv[i], "--save") && v)
+            o.save = v, i++;
+        else if (!strcmp(argv[i], "--load") && v)
+            o.load = v, i++;
+        else if (!strcmp(argv[i], "--parallel") && v &&
+                 (!strcmp(v, "dp") || !strcmp(v, "fsdp") || !strcmp(v, "tp")))
+            o.parallel = v, i++;
         else if (!strcmp(argv[i], "--partitioner") && v && !strcmp(v, "default"))
             o.partitioner = AG_PARTITION_DEFAULT, i++;
         else if (!strcmp(argv[i], "--partitioner") && v && !strcmp(v, "mincut"))
             o.partitioner = AG_PARTITION_MINCUT, i++;
         else {
-            fprintf(stderr, "aotgrad train: bad option '%s'\n", argv[i]);
+            if (!strcmp(argv[i], "--parallel") && v)
+                fprintf(stderr, "aotgrad train: --parallel: expected dp, fsdp or tp, got '%s'\n",
+                        v);
+            else
+                fprintf(stderr, "aotgrad train: bad option '%s'\n", argv[i]);
             rc = -1;
         }
         if (rc) {
-            fprintf(stderr, "usage: aotgrad train [--model cnn|gpt2] [--data PATH] [--steps N] "
-                            "[--batch B] [--lr F] [--seed S] [--partitioner default|mincut] "
-                            "[--budget F]\n");
+            fprintf(stderr, "usage: aotgrad train [--model cnn|mlp|gpt2] [--data PATH] "
+                            "[--steps N] [--batch B] [--lr F] [--seed S] "
+                            "[--partitioner default|mincut] [--budget F] "
+                            "[--parallel dp|fsdp|tp] [--save FILE] [--load FILE]\n");
             return 2;
         }
     }
     /* Unset options are 0 (no flag can set 0: --steps, --batch and --lr must be positive). */
-    if (!strcmp(o.model, "cnn")) {
-        o.batch = o.batch ? o.batch : 128;
-        o.lr = o.lr ? o.lr : 2e-3;
+    bool gpt2 = !strcmp(o.model, "gpt2");
+    if (!gpt2 && strcmp(o.model, "cnn") && strcmp(o.model, "mlp")) {
+        fprintf(stderr, "aotgrad train: unknown model '%s' (cnn, mlp or gpt2)\n", o.model);
+        return 2;
+    }
+    o.batch = o.batch ? o.batch : gpt2 ? 16 : 128;
+    o.lr = o.lr ? o.lr : gpt2 ? 3e-3 : 2e-3;
+    if (o.parallel) {
+        /* Every rank runs this same command (SPMD); rank 0 alone writes to stdout. */
+        if (ag_dist_init()) {
+            fprintf(stderr, "aotgrad train: %s\n", ag_last_error());
+            return 1;
+        }
+        o.rank = ag_group_rank(ag_dist_world());
+        o.world = ag_group_size(ag_dist_world());
+        if (o.rank != 0 && !freopen("/dev/null", "w", stdout))
+            train_fail(&o, 1, "rank %d: cannot silence stdout", o.rank);
+        /* dp and fsdp shard the batch (Shard(0) of the inputs): --batch is the global batch. */
+        if (strcmp(o.parallel, "tp") && o.batch % o.world) {
+            if (o.rank == 0)
+                fprintf(stderr,
+                        "aotgrad train: --batch %lld does not split among %d ranks (--parallel "
+                        "%s shards the global batch): use a multiple of %d\n",
+                        o.batch, o.world, o.parallel, o.world);
+            ag_dist_finalize();
+            return 2;
+        }
+    }
+    int status;
+    if (gpt2) {
+        status = train_gpt2(&o);
+    } else {
         ag_manual_seed((uint64_t)o.seed);
-        return train_cnn(&o);
+        status = train_fmnist(&o);
     }
-    if (!strcmp(o.model, "gpt2")) {
-        o.batch = o.batch ? o.batch : 16;
-        o.lr = o.lr ? o.lr : 3e-3;
-        return train_gpt2(&o);
+    if (o.parallel) {
+        fflush(stdout);
+        ag_dist_finalize();
     }
-    fprintf(stderr, "aotgrad train: unknown model '%s' (cnn or gpt2)\n", o.model);
-    return 2;
+    return status;
 }

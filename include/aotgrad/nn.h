@@ -127,6 +127,13 @@ AG_API ag_optim *ag_optim_sgd(ag_module *m, double lr, double momentum, double w
                               bool nesterov);
 AG_API ag_optim *ag_optim_adamw(ag_module *m, double lr, double beta1, double beta2, double eps,
                                 double weight_decay);
+/* AdamW over a list of tensors instead of a module's parameters: the optimizer takes a reference
+ * to each (a tensor listed twice is updated once) and updates those that have a .grad at each
+ * step; its state (two moments per element) is allocated at a tensor's first step with the
+ * tensor's shape, so an optimizer over one rank's shards of the parameters holds only their
+ * share of the state (parallel.h). Same checks and update as ag_optim_adamw. */
+AG_API ag_optim *ag_optim_adamw_tensors(ag_tensor *const *params, int n, double lr, double beta1,
+                                        double beta2, double eps, double weight_decay);
 AG_API int ag_optim_step(ag_optim *o);
 AG_API void ag_optim_zero_grad(ag_optim *o); /* sets grads to NULL, like set_to_none=True */
 AG_API void ag_optim_set_lr(ag_optim *o, double lr);

@@ -128,6 +128,19 @@ AG_API int ag_shard_summary_get(const ag_joint *sharded, ag_shard_summary *out);
 AG_API ag_placement ag_node_placement(const ag_node *n);
 /* Rule helpers for ops (ag_shard_divisible, ag_shard_rule_pointwise, ...) are in optable.h. */
 
+/* ---- local pieces of full tensors (DTensor's distribute_tensor / full_tensor) ----
+ * ag_shard_local: this rank's piece of `full` under placement pl on the mesh, a new contiguous
+ * tensor (caller frees; no autograd history): Shard(d) chunk mesh->rank of dim d,
+ * StridedShard(d, k) that chunk of each of the k blocks concatenated in block order,
+ * Replicate() and Partial(avg) a copy, Partial(sum) a copy on rank 0 and zeros elsewhere.
+ * Reads no other rank. AG_EINVAL when dim d does not split evenly (ag_shard_divisible).
+ * ag_shard_full: the inverse, the full tensor from this rank's piece `local` (caller frees):
+ * a collective on the mesh's group when it has more than one rank (every rank calls it for the
+ * same tensors in the same order; all_gather_into_tensor for Shard, all_reduce for Partial,
+ * through the eager _c10d_functional ops), a copy otherwise. NULL with a message on failure. */
+AG_API ag_tensor *ag_shard_local(ag_tensor *full, ag_placement pl, const ag_mesh *mesh);
+AG_API ag_tensor *ag_shard_full(ag_tensor *local, ag_placement pl, const ag_mesh *mesh);
+
 #ifdef __cplusplus
 }
 #endif

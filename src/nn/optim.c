@@ -45,21 +45,24 @@ struct ag_optim {
     opt_param *ps;
 };
 
-static ag_optim *optim_new(ag_module *m, int kind, const char *who) {
-    ag_named_tensors nt;
-    if (!m) {
-        ag__err(AG_EINVAL, "%s: NULL module", who);
-        return NULL;
-    }
-    if (ag_module_named_parameters(m, true, &nt))
-        return NULL;
+/* An optimizer over n tensors (names[i] names tensor i in messages; NULL: "#i"), each taken once
+ * (a tensor listed twice, GPT-2's tied weight, is updated once). */
+static ag_optim *optim_new_list(ag_tensor *const *ts, const char *const *names, int n, int kind,
+                                const char *who) {
     int total = 0;
-    for (int i = 0; i < nt.n; i++) {
-        int nf = ag_subclass_flatten_tensors(&nt.tensors[i], 1, NULL, 0);
+    for (int i = 0; i < n; i++) {
+        if (!ts[i]) {
+            ag__err(AG_EINVAL, "%s: parameter %d is NULL", who, i);
+            return NULL;
+        }
+        int nf = ag_subclass_flatten_tensors(&ts[i], 1, NULL, 0);
         if (nf > 64) {
-            ag__err(AG_ENOTSUP, "%s: parameter %s is made of %d plain tensors (at most 64)", who,
-                    nt.names[i], nf);
-            ag_named_tensors_free(&nt);
+            if (names)
+                ag__err(AG_ENOTSUP, "%s: parameter %s is made of %d plain tensors (at most 64)",
+                        who, names[i], nf);
+            else
+                ag__err(AG_ENOTSUP, "%s: parameter %d is made of %d plain tensors (at most 64)",
+                        who, i, nf);
             return NULL;
         }
         total += nf;
@@ -68,24 +71,41 @@ static ag_optim *optim_new(ag_module *m, int kind, const char *who) {
     opt_param *ps = o ? ag__calloc(total ? (size_t)total : 1, sizeof *ps) : NULL;
     if (!ps) {
         ag__free(o);
-        ag_named_tensors_free(&nt);
         return NULL;
     }
     o->kind = kind;
-    o->n = total;
     o->ps = ps;
-    for (int i = 0, k = 0; i < nt.n; i++) {
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        bool seen = false;
+        for (int j = 0; j < i && !seen; j++)
+            seen = ts[j] == ts[i];
+        if (seen)
+            continue;
         ag_tensor *flat[64];
-        int nf = ag_subclass_flatten_tensors(&nt.tensors[i], 1, flat, 64);
+        int nf = ag_subclass_flatten_tensors(&ts[i], 1, flat, 64);
         for (int f = 0; f < nf; f++, k++) {
             ps[k].p = flat[f];
             ag__tensor_retain(ps[k].p);
-            if (ag_tensor_subclass(nt.tensors[i])) {
-                ps[k].outer = ag_tensor_keep(nt.tensors[i]);
+            if (ag_tensor_subclass(ts[i])) {
+                ps[k].outer = ag_tensor_keep(ts[i]);
                 ps[k].inner = f;
             }
         }
     }
+    o->n = k;
+    return o;
+}
+
+static ag_optim *optim_new(ag_module *m, int kind, const char *who) {
+    ag_named_tensors nt;
+    if (!m) {
+        ag__err(AG_EINVAL, "%s: NULL module", who);
+        return NULL;
+    }
+    if (ag_module_named_parameters(m, true, &nt))
+        return NULL;
+    ag_optim *o = optim_new_list(nt.tensors, (const char *const *)nt.names, nt.n, kind, who);
     ag_named_tensors_free(&nt);
     return o;
 }
@@ -119,27 +139,23 @@ ag_optim *ag_optim_sgd(ag_module *m, double lr, double momentum, double weight_d
     return o;
 }
 
-ag_optim *ag_optim_adamw(ag_module *m, double lr, double beta1, double beta2, double eps,
-                         double weight_decay) {
-    AG__CHECK_NULL_RET("optim_adamw", m, NULL);
-    if (!(lr >= 0)) {
-        ag__err(AG_EINVAL, "AdamW: invalid learning rate: %g", lr);
-        return NULL;
-    }
-    if (!(eps >= 0)) {
-        ag__err(AG_EINVAL, "AdamW: invalid epsilon value: %g", eps);
-        return NULL;
-    }
-    if (!(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1)) {
-        ag__err(AG_EINVAL, "AdamW: invalid beta parameters: (%g, %g), each must be in [0, 1)",
-                beta1, beta2);
-        return NULL;
-    }
-    if (!(weight_decay >= 0)) {
-        ag__err(AG_EINVAL, "AdamW: invalid weight_decay value: %g", weight_decay);
-        return NULL;
-    }
-    ag_optim *o = optim_new(m, OPT_ADAMW, "AdamW");
+/* The hyperparameters' checks, torch.optim.AdamW's messages. */
+static int adamw_check(double lr, double beta1, double beta2, double eps, double weight_decay) {
+    if (!(lr >= 0))
+        return ag__err(AG_EINVAL, "AdamW: invalid learning rate: %g", lr);
+    if (!(eps >= 0))
+        return ag__err(AG_EINVAL, "AdamW: invalid epsilon value: %g", eps);
+    if (!(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1))
+        return ag__err(AG_EINVAL,
+                       "AdamW: invalid beta parameters: (%g, %g), each must be in [0, 1)", beta1,
+                       beta2);
+    if (!(weight_decay >= 0))
+        return ag__err(AG_EINVAL, "AdamW: invalid weight_decay value: %g", weight_decay);
+    return 0;
+}
+
+static ag_optim *adamw_set(ag_optim *o, double lr, double beta1, double beta2, double eps,
+                           double weight_decay) {
     if (o) {
         o->lr = lr;
         o->beta1 = beta1;
@@ -148,6 +164,27 @@ ag_optim *ag_optim_adamw(ag_module *m, double lr, double beta1, double beta2, do
         o->weight_decay = weight_decay;
     }
     return o;
+}
+
+ag_optim *ag_optim_adamw(ag_module *m, double lr, double beta1, double beta2, double eps,
+                         double weight_decay) {
+    AG__CHECK_NULL_RET("optim_adamw", m, NULL);
+    if (adamw_check(lr, beta1, beta2, eps, weight_decay))
+        return NULL;
+    return adamw_set(optim_new(m, OPT_ADAMW, "AdamW"), lr, beta1, beta2, eps, weight_decay);
+}
+
+ag_optim *ag_optim_adamw_tensors(ag_tensor *const *params, int n, double lr, double beta1,
+                                 double beta2, double eps, double weight_decay) {
+    if (n < 0 || (n > 0 && !params)) {
+        ag__err(AG_EINVAL, "optim_adamw_tensors: %s (n = %d)",
+                n < 0 ? "negative count" : "params is NULL", n);
+        return NULL;
+    }
+    if (adamw_check(lr, beta1, beta2, eps, weight_decay))
+        return NULL;
+    return adamw_set(optim_new_list(params, NULL, n, OPT_ADAMW, "AdamW"), lr, beta1, beta2, eps,
+                     weight_decay);
 }
 
 void ag_optim_free(ag_optim *o) {
