@@ -321,6 +321,9 @@ static void test_usage_errors(void **state) {
         {"predict mlp --world 2 --gflops 0", "--gflops: expected a finite number > 0, got '0'"},
         {"predict mlp --world 2 --bandwidth -1", "--bandwidth: expected a finite number > 0"},
         {"predict gpt2 --config gpt2-medium --world 2", "no configuration 'gpt2-medium'"},
+        {"predict mlp --world 2,1048576 --batch-per-rank 1025",
+         "--batch-per-rank 1025 on 1048576 ranks is a global batch of 1074790400, above the limit "
+         "of 1073741824"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         if (tu_cli_run(cases[i].args) != 2)

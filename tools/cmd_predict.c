@@ -135,6 +135,14 @@ static int parse(int argc, char **argv, predict_opts *o) {
         fprintf(stderr, "aotgrad predict: %s\n%s", why, predict_usage);
         return 2;
     }
+    for (int i = 0; i < o->nworlds && o->per_rank; i++)
+        if (o->per_rank * o->worlds[i] > (long long)1 << 30) {
+            fprintf(stderr,
+                    "aotgrad predict: --batch-per-rank %lld on %lld ranks is a global batch of "
+                    "%lld, above the limit of %lld\n",
+                    o->per_rank, o->worlds[i], o->per_rank * o->worlds[i], (long long)1 << 30);
+            return 2;
+        }
     if (!o->strategy)
         o->strategy = "all";
     if (!o->batch && !o->per_rank)
