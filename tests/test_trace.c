@@ -178,7 +178,7 @@ static void test_zoo_registry(void **state) {
     }
     assert_null(ag_zoo_name(NWANT));
     assert_null(ag_zoo_description(-1));
-    assert_string_equal(ag_zoo_configs(7), "tiny, gpt2-small");
+    assert_string_equal(ag_zoo_configs(7), "tiny, gpt2-small, gpt2-xl");
     assert_string_equal(ag_zoo_configs(0), "default");
 
     ag_module *m = (ag_module *)1;
@@ -193,9 +193,9 @@ static void test_zoo_registry(void **state) {
     for (int i = 0; i < NWANT; i++)
         len += (size_t)snprintf(names + len, sizeof names - len, "%s%s", i ? ", " : "", want[i]);
     tu_assert_error_contains(names);
-    assert_int_equal(ag_zoo_build("gpt2", "gpt2-xl", &m, in, 4, &n), AG_EINVAL);
-    tu_assert_error_contains("no configuration 'gpt2-xl'");
-    tu_assert_error_contains("tiny, gpt2-small");
+    assert_int_equal(ag_zoo_build("gpt2", "gpt2-medium", &m, in, 4, &n), AG_EINVAL);
+    tu_assert_error_contains("no configuration 'gpt2-medium'");
+    tu_assert_error_contains("tiny, gpt2-small, gpt2-xl");
     assert_int_equal(ag_zoo_build("mlp", "big", &m, in, 4, &n), AG_EINVAL);
     tu_assert_error_contains("'mlp' has no configuration 'big'");
     assert_int_equal(ag_zoo_build("kwargs", NULL, &m, in, 1, &n), AG_EINVAL);
@@ -848,6 +848,50 @@ static void test_gpt2_small_meta_trace(void **state) {
     built_free(&b);
 }
 
+/* GPT-2 XL (1.56B parameters, 6.2 GB of f32 weights) builds and exports its training joint in
+ * meta mode within a few MiB: `aotgrad predict` shards its step without the weights. */
+static void test_gpt2_xl_meta_export(void **state) {
+    (void)state;
+    alloc_stats st = {.prev = ag_get_allocator()};
+    ag_allocator hook = {count_alloc, count_free, &st};
+    ag_set_allocator(&hook);
+    built b = build("gpt2", "gpt2-xl", true);
+    bool prev = ag_set_meta_mode(true);
+    ag_tensor *idx = ag_zeros(AG_I64, 2, (int64_t[]){1, 1024});
+    ag_tensor *tgt = ag_zeros(AG_I64, 2, (int64_t[]){1, 1024});
+    ag_joint *j = ag_export_joint(b.m, (ag_tensor *[]){idx, tgt}, 2, NULL, NULL, 0, NULL);
+    ag_set_meta_mode(prev);
+    ag_set_allocator(&st.prev);
+    if (!j)
+        fail_msg("export: %s", ag_last_error());
+    print_message("gpt2-xl build+export: %.1f MiB in all, largest %zu bytes, %d nodes\n",
+                  (double)st.total / (1 << 20), st.largest, ag_graph_num_nodes(ag_joint_graph(j)));
+    assert_true(st.largest <= (4u << 20));
+    assert_true(st.total < (256u << 20));
+    /* By the definition: wte 50257*1600, wpe 1024*1600, 48 blocks of (2 LayerNorms 4*1600,
+     * c_attn 1600*4800+4800, attn c_proj 1600*1600+1600, c_fc 1600*6400+6400, mlp c_proj
+     * 6400*1600+1600), ln_f 2*1600; lm_head tied to wte. */
+    assert_int_equal(ag_module_num_parameters(b.m), 1557611200);
+    ag_gpt2_config c = ag_gpt2_config_xl();
+    assert_int_equal(c.n_layer, 48);
+    assert_int_equal(c.n_head, 25);
+    assert_int_equal(c.n_embd, 1600);
+    assert_int_equal(c.vocab_size, 50257);
+    assert_int_equal(c.block_size, 1024);
+    assert_true(ag_is_meta(ag_module_param(b.m, "transformer.h.47.mlp.c_fc.weight")));
+    /* wte, wpe, 12 per block, ln_f's 2, the tied lm_head.weight again, idx and targets, and a
+     * tangent for each forward output (logits and loss). */
+    ag_node **ph;
+    assert_int_equal(ag_graph_placeholders(ag_joint_graph(j), &ph), 2 + 48 * 12 + 2 + 1 + 2 + 2);
+    assert_val(ph[0], AG_F32, 2, (int64_t[]){50257, 1600});
+    assert_val(ph[583], AG_F32, 3, (int64_t[]){1, 1024, 50257});
+    assert_int_equal(ag_joint_num_fw_outputs(j), 2);
+    ag_joint_free(j);
+    ag_tensor_free(idx);
+    ag_tensor_free(tgt);
+    built_free(&b);
+}
+
 /* ---- errors while tracing ---- */
 
 static int item_fn(void *ud, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
@@ -974,8 +1018,8 @@ static void test_cli(void **state) {
     assert_int_equal(tu_cli_run("trace resnet"), 2);
     tu_cli_has("err", "unknown model 'resnet'");
     tu_cli_has("err", "gpt2");
-    assert_int_equal(tu_cli_run("trace gpt2 --config gpt2-xl"), 2);
-    tu_cli_has("err", "tiny, gpt2-small");
+    assert_int_equal(tu_cli_run("trace gpt2 --config gpt2-medium"), 2);
+    tu_cli_has("err", "tiny, gpt2-small, gpt2-xl");
     assert_int_equal(tu_cli_run("trace linear --frobnicate"), 2);
     tu_cli_has("err", "unknown option '--frobnicate'");
     assert_int_equal(tu_cli_run("trace linear --format svg"), 2);
@@ -1016,6 +1060,7 @@ int main(void) {
         cmocka_unit_test(test_annotations),
         cmocka_unit_test(test_every_entry_point_has_a_site_macro),
         cmocka_unit_test(test_gpt2_small_meta_trace),
+        cmocka_unit_test(test_gpt2_xl_meta_export),
         cmocka_unit_test(test_trace_errors),
         cmocka_unit_test(test_zoo_alloc_failures),
         cmocka_unit_test(test_cli),

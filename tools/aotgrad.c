@@ -10,6 +10,8 @@
  *   aotgrad descriptors MODEL ...   print its specs and input/grad, output/tangent pairs
  *   aotgrad partition MODEL ...     split its joint graph into forward and backward graphs (MODEL
  *                                   may be a saved FILE.joint, as for check)
+ *   aotgrad shard MODEL ...         one rank's sharded joint and its per-rank summary
+ *   aotgrad predict MODEL ...       predicted step time and memory per strategy on N ranks
  *   aotgrad bench [MODEL...] ...    the performance suite: step times, GEMM floor, pipeline
  *   aotgrad version
  *
@@ -59,6 +61,10 @@ static const struct {
      "print one rank's sharded joint (collectives inserted) and its per-rank memory and "
      "communication: MODEL --world N [--rank R] --parallel dp|fsdp|tp [--batch B] "
      "[--format text|dot|svg] [-o FILE]"},
+    {"predict", cli_predict,
+     "predicted step time and per-rank memory of a strategy on N ranks, from one rank's "
+     "sharded graphs: MODEL --world N[,N...] [--parallel dp|fsdp|tp|all] [--config C] "
+     "[--batch B | --batch-per-rank b] [--seq T] [--gflops F] [--mem-gbps M] [--format md|tsv]"},
     {"bench", cli_bench,
      "the performance suite: eager vs compiled steps, GEMM floor, capture pipeline, planned "
      "memory: [mlp|cnn|gpt2-small...] [--zoo] [--pipeline-scaling] [--runs N] [--threads T] "

@@ -24,6 +24,7 @@ bool cli_is_joint_file(const char *arg);
 ag_joint *cli_load_joint(const char *cmd, const char *path);
 int cli_bench(int argc, char **argv);
 int cli_shard(int argc, char **argv);
+int cli_predict(int argc, char **argv);
 
 /* ---- numeric options (cli_util.c) ----
  * Every numeric flag of every command goes through these two. A value is accepted only when

@@ -112,6 +112,7 @@ typedef struct ag_gpt2_config {
 } ag_gpt2_config;
 AG_API ag_gpt2_config ag_gpt2_config_tiny(void);  /* 2 layers, 64 wide, 4 heads, vocab 256 */
 AG_API ag_gpt2_config ag_gpt2_config_small(void); /* 124M: 12/768/12, vocab 50257, ctx 1024 */
+AG_API ag_gpt2_config ag_gpt2_config_xl(void);    /* 1.56B: 48/1600/25, vocab 50257, ctx 1024 */
 /* Causal self-attention (c_attn, c_proj; named as in nanoGPT/HF GPT-2). Input (B, T, C). */
 AG_API ag_module *ag_nn_causal_self_attention(const ag_gpt2_config *cfg);
 /* Pre-LN block: x + attn(ln_1(x)); x + mlp(ln_2(x)), mlp = c_fc, gelu(tanh), c_proj. */

@@ -23,10 +23,11 @@
  *   cnn           Fashion-MNIST classifier: Conv2d(1, 32, 3, padding=1)-BN-ReLU-MaxPool2 -
  *                 Conv2d(32, 64, 3, padding=1)-BN-ReLU-MaxPool2 - Flatten - Linear(3136, 128)-
  *                 ReLU-Linear(128, 10); x [8, 1, 28, 28]; training mode
- *   gpt2          GPT-2; configs "tiny" (the default, ag_gpt2_config_tiny) and "gpt2-small"
- *                 (ag_gpt2_config_small: 124M); idx [2, 16] i64 random tokens; dropout 0 unless
- *                 the build options set one (attention-probability, residual, MLP and
- *                 embedding dropout, as nanoGPT)
+ *   gpt2          GPT-2; configs "tiny" (the default, ag_gpt2_config_tiny), "gpt2-small"
+ *                 (ag_gpt2_config_small: 124M) and "gpt2-xl" (ag_gpt2_config_xl: 1.56B, for
+ *                 meta-mode builds: its f32 weights take 6.2 GB); idx [2, 16] i64 random
+ *                 tokens; dropout 0 unless the build options set one (attention-probability,
+ *                 residual, MLP and embedding dropout, as nanoGPT)
  *   dropout_mlp   fc1 = Linear(16, 32), ReLU, drop = Dropout(0.5), fc2 = Linear(32, 4);
  *                 x [8, 16]; training mode: every call draws a new mask from the generator
  *   effects       h = log_value(linear1(x), 'h'), y = log_value(linear2(relu(h)), 'y'),
@@ -53,7 +54,7 @@ extern "C" {
 AG_API int ag_zoo_count(void);
 AG_API const char *ag_zoo_name(int i);
 AG_API const char *ag_zoo_description(int i);
-/* Model i's configurations, comma-separated, the default first ("tiny, gpt2-small"), or
+/* Model i's configurations, comma-separated, the default first ("tiny, gpt2-small, gpt2-xl"), or
  * "default" for a model without variants. */
 AG_API const char *ag_zoo_configs(int i);
 

@@ -373,10 +373,16 @@ static int alias_views_inputs(const char *config, ag_tensor **in) {
 
 /* ---- GPT-2 ---- */
 
-static const char *const gpt2_configs[] = {"tiny", "gpt2-small"};
+static const char *const gpt2_configs[] = {"tiny", "gpt2-small", "gpt2-xl"};
+/* gpt2_configs joined, for ag_zoo_configs (gpt2 is the one model with configurations). */
+static const char gpt2_config_list[] = "tiny, gpt2-small, gpt2-xl";
 
 static ag_gpt2_config gpt2_config(const char *config) {
-    return config && !strcmp(config, "gpt2-small") ? ag_gpt2_config_small() : ag_gpt2_config_tiny();
+    if (config && !strcmp(config, "gpt2-small"))
+        return ag_gpt2_config_small();
+    if (config && !strcmp(config, "gpt2-xl"))
+        return ag_gpt2_config_xl();
+    return ag_gpt2_config_tiny();
 }
 
 static ag_module *build_gpt2(const char *config, int *rc) {
@@ -424,8 +430,10 @@ static const zoo_entry zoo[] = {
      "Fashion-MNIST CNN: 2x (Conv2d-BatchNorm2d-ReLU-MaxPool2d), Linear(3136, 128), "
      "Linear(128, 10), training; x [8, 1, 28, 28]",
      NULL, 0, build_cnn, NULL, cnn_inputs, 1},
-    {"gpt2", "GPT-2 as nanoGPT: tiny (2 layers, 64 wide) by default, gpt2-small 124M; idx [2, 16]",
-     gpt2_configs, 2, NULL, build_gpt2, gpt2_inputs, 1},
+    {"gpt2",
+     "GPT-2 as nanoGPT: tiny (2 layers, 64 wide) by default, gpt2-small 124M, gpt2-xl 1.56B; "
+     "idx [2, 16]",
+     gpt2_configs, 3, NULL, build_gpt2, gpt2_inputs, 1},
     {"effects",
      "effectful op: log_value(linear1(x)), relu, log_value(linear2(.)), logged "
      "in forward and backward; x [4, 3]",
@@ -464,7 +472,7 @@ const char *ag_zoo_description(int i) {
 const char *ag_zoo_configs(int i) {
     if (i < 0 || i >= NZOO)
         return NULL;
-    return zoo[i].configs ? "tiny, gpt2-small" : "default";
+    return zoo[i].configs ? gpt2_config_list : "default";
 }
 
 /* "a, b, c" into buf. */

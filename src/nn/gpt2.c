@@ -36,6 +36,16 @@ ag_gpt2_config ag_gpt2_config_small(void) {
                             .bias = true};
 }
 
+ag_gpt2_config ag_gpt2_config_xl(void) {
+    return (ag_gpt2_config){.n_layer = 48,
+                            .n_head = 25,
+                            .n_embd = 1600,
+                            .vocab_size = 50257,
+                            .block_size = 1024,
+                            .dropout = 0.0,
+                            .bias = true};
+}
+
 static int check_config(const char *who, const ag_gpt2_config *c) {
     if (!c)
         return ag__err(AG_EINVAL, "%s: NULL config", who);
