@@ -893,10 +893,12 @@ int cli_bench_parallel(int argc, char **argv) {
     }
     if (ag_dist_uses_mpi())
         return ranks_main(&o, cmd);
-    if (o.ranks_out) {
+    int status = 2;
+    if (o.ranks_out)
         fprintf(stderr, "aotgrad bench: --ranks-out is internal: the N-rank half of `aotgrad "
                         "bench --parallel` writes its rows there under mpirun\n");
-        return 2;
-    }
-    return launcher_main(&o, cmd);
+    else
+        status = launcher_main(&o, cmd);
+    ag_dist_finalize(); /* a world of one: no MPI here */
+    return status;
 }
