@@ -39,9 +39,9 @@
  *   fsdp  (N-1)/N x (2P + Pb)   all_gather of the parameters in the forward, reduce_scatter of
  *                        the gradients, and all_gather again in the backward of the Pb bytes of
  *                        parameters the backward reads (a backward node of the unsharded joint
- *                        uses them or a view of them): a bias, or the weight of a Linear whose
- *                        input is a user input, is not needed there. 3(N-1)/N x P when the
- *                        backward reads every parameter.
+ *                        uses them or a view of them): a Linear's bias, or the weight of a
+ *                        Linear whose input is a user input, is not needed there. 3(N-1)/N x P
+ *                        when the backward reads every parameter.
  *   tp    2(N-1)/N x A   Megatron's all_reduces of activations: A sums, over the row-parallel
  *                        Linears (weight Shard(1)), their output's bytes (one all_reduce in the
  *                        forward), and over the column-parallel Linears (weight Shard(0) or
