@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <strings.h>
 #include <unistd.h>
 
@@ -132,4 +133,36 @@ json_t *bench_env_report(int threads) {
         json_decref(warnings);
     }
     return j;
+}
+
+/* The first three fields of /proc/loadavg ("16.71 18.47 13.98"), or "unknown". */
+void bench_loadavg(char *buf, size_t n) {
+    snprintf(buf, n, "unknown");
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (!f)
+        return;
+    double a, b, c;
+    if (fscanf(f, "%lf %lf %lf", &a, &b, &c) == 3)
+        snprintf(buf, n, "%.2f %.2f %.2f", a, b, c);
+    fclose(f);
+}
+
+void bench_cpu_model(char *buf, size_t n) {
+    snprintf(buf, n, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f)
+        return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        char *colon = strchr(line, ':');
+        if (strncmp(line, "model name", 10) || !colon)
+            continue;
+        colon++;
+        while (*colon == ' ' || *colon == '\t')
+            colon++;
+        colon[strcspn(colon, "\n")] = 0;
+        snprintf(buf, n, "%s", colon);
+        break;
+    }
+    fclose(f);
 }

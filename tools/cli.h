@@ -23,6 +23,8 @@ bool cli_is_joint_file(const char *arg);
  * aotgrad_demo::log_value). NULL after "aotgrad CMD: <the loader's message>" on stderr. */
 ag_joint *cli_load_joint(const char *cmd, const char *path);
 int cli_bench(int argc, char **argv);
+/* bench_parallel.c: `aotgrad bench --parallel` (cli_bench hands it every argument). */
+int cli_bench_parallel(int argc, char **argv);
 int cli_shard(int argc, char **argv);
 int cli_predict(int argc, char **argv);
 

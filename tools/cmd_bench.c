@@ -3,6 +3,7 @@
  *
  *   aotgrad bench [MODEL...] [--json FILE] [--runs N] [--warmup N] [--threads T] [--seed S]
  *                 [--zoo] [--pipeline-scaling] [--profile] [--gemms]
+ *   aotgrad bench --parallel ...      distributed steps (bench_parallel.c)
  *
  * MODEL is mlp (8 x Linear(1024, 1024) with ReLU between, batch 256, cross-entropy over 1024
  * classes), cnn (the zoo's cnn at Fashion-MNIST shapes, batch 128, cross-entropy over 10
@@ -82,40 +83,6 @@ static void note(const char *fmt, ...) {
 
 static void bench_error(const char *what) {
     fprintf(stderr, "aotgrad bench: %s: %s\n", what, ag_last_error());
-}
-
-/* ---- the machine ---- */
-
-/* The first three fields of /proc/loadavg ("16.71 18.47 13.98"), or "unknown". */
-static void read_loadavg(char *buf, size_t n) {
-    snprintf(buf, n, "unknown");
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (!f)
-        return;
-    double a, b, c;
-    if (fscanf(f, "%lf %lf %lf", &a, &b, &c) == 3)
-        snprintf(buf, n, "%.2f %.2f %.2f", a, b, c);
-    fclose(f);
-}
-
-static void read_cpu_model(char *buf, size_t n) {
-    snprintf(buf, n, "unknown");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    if (!f)
-        return;
-    char line[512];
-    while (fgets(line, sizeof line, f)) {
-        char *colon = strchr(line, ':');
-        if (strncmp(line, "model name", 10) || !colon)
-            continue;
-        colon++;
-        while (*colon == ' ' || *colon == '\t')
-            colon++;
-        colon[strcspn(colon, "\n")] = 0;
-        snprintf(buf, n, "%s", colon);
-        break;
-    }
-    fclose(f);
 }
 
 /* ---- the training step module: loss = criterion(model(inputs...)) ---- */
@@ -1223,10 +1190,15 @@ static void usage(FILE *f) {
     fprintf(f, "usage: aotgrad bench [MODEL...] [--json FILE] [--runs N] [--warmup N] "
                "[--threads T] [--seed S] [--zoo] [--pipeline-scaling] [--profile] [--gemms]\n"
                "MODEL: mlp, cnn, gpt2-small (default: all three, the zoo and the pipeline "
-               "scaling)\n");
+               "scaling)\n"
+               "       aotgrad bench --parallel ...   distributed steps (aotgrad bench "
+               "--parallel --help)\n");
 }
 
 int cli_bench(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) /* distributed steps: bench_parallel.c */
+        if (!strcmp(argv[i], "--parallel"))
+            return cli_bench_parallel(argc, argv);
     bench_opts o = {.runs = 5, .warmup = 1, .threads = ag_get_num_threads(), .seed = 0};
     const char *json_path = NULL;
     bool want[NMODELS] = {0}, any_model = false, zoo = false, scaling = false;
@@ -1280,8 +1252,8 @@ int cli_bench(int argc, char **argv) {
     o.threads = ag_get_num_threads();
 
     char load0[64], load1[64], cpu[256];
-    read_loadavg(load0, sizeof load0);
-    read_cpu_model(cpu, sizeof cpu);
+    bench_loadavg(load0, sizeof load0);
+    bench_cpu_model(cpu, sizeof cpu);
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     double mem = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
     char cmd[1024] = "aotgrad";
@@ -1320,7 +1292,7 @@ int cli_bench(int argc, char **argv) {
         status = 1;
     if (scaling && bench_scaling(&o, scaling_arr))
         status = 1;
-    read_loadavg(load1, sizeof load1);
+    bench_loadavg(load1, sizeof load1);
     printf("\nload average at end: %s\n", load1);
     json_object_set_new(root, "loadavg_end", json_string(load1));
     json_object_set_new(root, "results", results);

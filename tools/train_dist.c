@@ -178,18 +178,25 @@ static int bind_inputs(dist_train *d, ag_module *step) {
 
 dist_train *dist_train_new(const ag_joint *j, ag_module *step, const char *strategy,
                            const ag_compile_opts *co) {
+    ag_mesh mesh;
+    ag_shard_plan *plan = NULL;
+    if (ag_mesh_world(&mesh) || !(plan = ag_shard_plan_strategy_new(strategy, j, &mesh)))
+        return NULL;
+    dist_train *d = dist_train_new_plan(j, step, plan, co);
+    ag_shard_plan_free(plan);
+    return d;
+}
+
+dist_train *dist_train_new_plan(const ag_joint *j, ag_module *step, const ag_shard_plan *plan,
+                                const ag_compile_opts *co) {
     dist_train *d = calloc(1, sizeof *d);
     if (!d) {
         ag_set_error(AG_ENOMEM, "train: out of memory");
         return NULL;
     }
-    ag_shard_plan *plan = NULL;
     int rc = ag_mesh_world(&d->mesh);
-    if (!rc && !(plan = ag_shard_plan_strategy_new(strategy, j, &d->mesh)))
-        rc = ag_last_status();
     if (!rc && !(d->sharded = ag_shard_joint(j, &d->mesh, plan)))
         rc = ag_last_status();
-    ag_shard_plan_free(plan);
     if (!rc && !(d->c = ag_compile_joint(d->sharded, co)))
         rc = ag_last_status();
     if (!rc)

@@ -19,6 +19,10 @@ typedef struct dist_train dist_train;
  * tensors; borrowed, must outlive the result). NULL with a message (ag_last_error). */
 dist_train *dist_train_new(const ag_joint *j, ag_module *step, const char *strategy,
                            const ag_compile_opts *co);
+/* The same with a plan made by the caller (a strategy's, changed: ag_shard_plan_set_no_overlap,
+ * ag_shard_plan_set_bucket_bytes; or the caller's own) for the world's mesh; plan is borrowed. */
+dist_train *dist_train_new_plan(const ag_joint *j, ag_module *step, const ag_shard_plan *plan,
+                                const ag_compile_opts *co);
 void dist_train_free(dist_train *d);                         /* NULL: no-op */
 const ag_joint *dist_train_joint(const dist_train *d);       /* the sharded joint, borrowed */
 const ag_compiled *dist_train_compiled(const dist_train *d); /* borrowed */
