@@ -317,8 +317,10 @@ static int propagate(const ag_graph *src, const ag_mesh *mesh, const ag_shard_pl
 
 /* The rank's graph of j, with the nodes that would gather a sharded input decomposed where
  * that moves fewer bytes (shard_decomp.c): propagate, decompose the candidates found in a
- * copy of the source graph, propagate that, judge, until the candidates settle. The result
- * never communicates more than the plain propagation. */
+ * copy of the source graph, propagate that, judge, until the candidates settle (a round may
+ * find new candidates, e.g. a batch norm's backward that gathers once its forward is
+ * decomposed, or reject some, then the next round goes without them; at most 16 rounds). The
+ * result never communicates more than the plain propagation. */
 static int shard_graph(const ag_joint *j, const ag_mesh *mesh, const ag_shard_plan *plan,
                        ag_graph **out) {
     const ag_graph *src = ag_joint_graph(j);
@@ -330,8 +332,10 @@ static int shard_graph(const ag_joint *j, const ag_mesh *mesh, const ag_shard_pl
         int ntried = 0;
         ag_graph *copy = ag__decomposed_copy(src, &dl, &ntried), *g = NULL;
         rc = copy ? 0 : ag_last_status() ? ag_last_status() : AG_ENOMEM;
-        if (!rc && ntried == 0) {
+        if (!rc && ntried == 0) { /* every candidate was rejected: the plain graph */
             ag_graph_free(copy);
+            ag_graph_free(best);
+            best = NULL;
             break;
         }
         if (!rc)
@@ -346,10 +350,15 @@ static int shard_graph(const ag_joint *j, const ag_mesh *mesh, const ag_shard_pl
         }
         if (rc)
             break;
-        bool changed = ag__decomp_judge(&dl) || dl.n > ncand;
+        /* A graph with a rejected decomposition in it is not kept: the next round goes
+         * without it. One that only revealed new candidates is the best so far. */
+        if (ag__decomp_judge(&dl)) {
+            ag_graph_free(g);
+            continue;
+        }
         ag_graph_free(best);
         best = g;
-        if (!changed)
+        if (dl.n == ncand)
             break;
     }
     if (!rc && best && ag__graph_comm_bytes(best) > ag__graph_comm_bytes(plain)) {
