@@ -691,10 +691,12 @@ static void test_rules_nn(void **st) {
           "");
     /* gather along dim 1 (the decomposed nll_loss's pick of each row's target) and along dim
      * 0; index_select of rows (the class weights of the targets) and of columns */
-    check("gather", (ag_arg[]){AG_A_T(R2(8, 4)), AG_A_I(1), AG_A_T(idx_tensor(2, (int64_t[]){8, 1}, 4))},
-          3, "dim 1");
-    check("gather", (ag_arg[]){AG_A_T(R2(8, 4)), AG_A_I(0), AG_A_T(idx_tensor(2, (int64_t[]){4, 4}, 8))},
-          3, "dim 0, fewer rows");
+    check("gather",
+          (ag_arg[]){AG_A_T(R2(8, 4)), AG_A_I(1), AG_A_T(idx_tensor(2, (int64_t[]){8, 1}, 4))}, 3,
+          "dim 1");
+    check("gather",
+          (ag_arg[]){AG_A_T(R2(8, 4)), AG_A_I(0), AG_A_T(idx_tensor(2, (int64_t[]){4, 4}, 8))}, 3,
+          "dim 0, fewer rows");
     check("index_select",
           (ag_arg[]){AG_A_T(R2(6, 4)), AG_A_I(0), AG_A_T(idx_tensor(1, (int64_t[]){8}, 6))}, 3,
           "rows");
