@@ -849,6 +849,9 @@ static long c_ag_decomp_table_add(void) {
 static long c_ag_graph_decompose(void) {
     return (ag_graph_decompose)(NULL, NULL);
 }
+static long c_ag_graph_decompose_node(void) {
+    return (ag_graph_decompose_node)(NULL, NULL, (ag_decomp_fn)0);
+}
 static long c_ag_graph_run(void) {
     return (ag_graph_run)(NULL, NULL, 0, NULL, 0);
 }
@@ -1875,6 +1878,7 @@ static const row rows[] = {
     {"ag_decomp_table_free", 'A', 'O', c_ag_decomp_table_free, NULL},
     {"ag_decomp_table_add", 'F', 'I', c_ag_decomp_table_add, NULL},
     {"ag_graph_decompose", 'F', 'I', c_ag_graph_decompose, NULL},
+    {"ag_graph_decompose_node", 'F', 'I', c_ag_graph_decompose_node, NULL},
     {"ag_graph_run", 'F', 'I', c_ag_graph_run, NULL},
     {"ag_graph_to_string", 'F', 'R', c_ag_graph_to_string, NULL},
     {"ag_graph_print", 'F', 'I', c_ag_graph_print, NULL},

@@ -318,6 +318,10 @@ static long c_graph_parse(int k) {
 static long c_graph_decompose(int k) {
     return ST(ag_graph_decompose(V(0, F.g), V(1, ag_decomp_table_core())));
 }
+static long c_graph_decompose_node(int k) {
+    ag_decomp_fn fn = ag_op_def(ag_node_op(F.last))->decomp; /* addmm -> mm + add */
+    return ST(ag_graph_decompose_node(V(0, F.g), V(1, F.last), k == 2 ? (ag_decomp_fn)0 : fn));
+}
 static long c_graph_write_svg(int k) {
     /* Only the NULL runs: a successful one would need graphviz. */
     if (k < 0)
@@ -438,6 +442,7 @@ static const tcase cases[] = {
     {"graph_print", 2, 0, true, c_graph_print},
     {"graph_parse", 1, 0, true, c_graph_parse},
     {"graph_decompose", 2, 0, true, c_graph_decompose},
+    {"graph_decompose_node", 3, 0, true, c_graph_decompose_node},
     {"graph_write_svg", 2, 0, false, c_graph_write_svg},
     {"plan_new", 1, 0, true, c_plan_new},
     {"plan_run", 3, 0, true, c_plan_run},

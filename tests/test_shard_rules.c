@@ -689,6 +689,20 @@ static void test_rules_nn(void **st) {
     check("embedding_dense_backward",
           (ag_arg[]){AG_A_T(R3(4, 8, 8)), AG_A_T(ix), AG_A_I(12), AG_A_I(-1), AG_A_B(false)}, 5,
           "");
+    /* gather along dim 1 (the decomposed nll_loss's pick of each row's target) and along dim
+     * 0; index_select of rows (the class weights of the targets) and of columns */
+    check("gather",
+          (ag_arg[]){AG_A_T(R2(8, 4)), AG_A_I(1), AG_A_T(idx_tensor(2, (int64_t[]){8, 1}, 4))}, 3,
+          "dim 1");
+    check("gather",
+          (ag_arg[]){AG_A_T(R2(8, 4)), AG_A_I(0), AG_A_T(idx_tensor(2, (int64_t[]){4, 4}, 8))}, 3,
+          "dim 0, fewer rows");
+    check("index_select",
+          (ag_arg[]){AG_A_T(R2(6, 4)), AG_A_I(0), AG_A_T(idx_tensor(1, (int64_t[]){8}, 6))}, 3,
+          "rows");
+    check("index_select",
+          (ag_arg[]){AG_A_T(R2(8, 6)), AG_A_I(-1), AG_A_T(idx_tensor(1, (int64_t[]){4}, 6))}, 3,
+          "columns");
     /* nll loss: log-probs [N, C], targets [N] (one ignored) */
     ag_tensor *lp = ag_log_softmax(R2(8, 4), 1);
     int64_t tv[] = {0, 3, 1, -100, 2, 2, 1, 0};

@@ -12,6 +12,8 @@
  *   per rank: params B bytes, optimizer state B bytes, saved activations B bytes;
  *   communication: B bytes in K collectives per step
  *   replicated for want of a sharding rule: OP xN, ... (or "none")
+ *   decomposed to shard: OP xN, ... (or "none"): nodes replaced by their decompositions
+ *   because whole they would all_gather a sharded input (ag_shard_summary.decomposed_ops)
  *
  * params, optimizer state, communication and collectives are ag_shard_summary_get's; saved
  * activations are what the min-cut partitioner (budget 1, as `train`) saves between the
@@ -204,6 +206,7 @@ int cli_shard(int argc, char **argv) {
                 (long long)sum.comm_bytes, sum.ncollectives);
         fprintf(f, "replicated for want of a sharding rule: %s\n",
                 sum.nfallback ? sum.fallback_ops : "none");
+        fprintf(f, "decomposed to shard: %s\n", sum.ndecomposed ? sum.decomposed_ops : "none");
     }
     ag_joint_free(local);
     return rc;

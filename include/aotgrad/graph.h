@@ -290,6 +290,12 @@ AG_API ag_decomp_table *ag_decomp_table_core(void);
 /* Replaces each call to an op in the table by the nodes its decomposition emits (traced in
  * place, repeated until no node of the table remains). Returns the number replaced. */
 AG_API int ag_graph_decompose(ag_graph *g, const ag_decomp_table *t);
+/* Replaces call node n of g by the nodes fn (a decomposition, e.g. its op's ag_opdef.decomp)
+ * emits when traced in place, once (what fn emits is not decomposed further); the new nodes
+ * take n's metadata (seq_nr, tags, annotations, meta items) and n's users read them. n is
+ * freed on success. 0, or a negative status with the graph unchanged: AG_ENOTSUP when fn has
+ * no decomposition for this call's arguments, AG_EINVAL when n is not a call node of g. */
+AG_API int ag_graph_decompose_node(ag_graph *g, ag_node *n, ag_decomp_fn fn);
 
 /* ---- interpreter ---- */
 /* Runs the graph on real tensors: inputs[i] feeds the i-th placeholder; each call node runs

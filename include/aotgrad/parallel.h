@@ -28,6 +28,16 @@
  * for a multi-output call: its getitems carry their own), and every node whose inputs were
  * replicated because its op had no rule carries meta "shard_fallback" = true.
  *
+ * Decompose to shard: a node whose rule (or the fallback) would all_gather a sharded input and
+ * whose op has a decomposition (ag_opdef.decomp, not composite) is replaced, in a copy of the
+ * source graph, by its decomposition, and propagation runs again over the pieces; it stays
+ * decomposed when its pieces move fewer bytes than it did whole. Batch norm on a batch-sharded
+ * input so costs two all_reduces of [C] values in the forward and two in the backward
+ * (SyncBatchNorm) instead of gathering the activation, a mean nll_loss scalar all_reduces
+ * instead of gathering the logits. The pieces carry node meta "shard_decomposed" (the original
+ * op's name) and "shard_decomposed_node" (the original node's). A Partial value that was
+ * all_reduced for one user is read reduced by every later user.
+ *
  * After propagation, two passes shape the communication: gradient all_reduces are merged into
  * buckets (flattened, concatenated, reduced once, split back) of at most the plan's bucket
  * size, each started as soon as its last gradient is computed; and every wait_tensor moves down
@@ -119,6 +129,10 @@ typedef struct ag_shard_summary {
     int ncollectives;       /* collective nodes, wait_tensor not counted */
     int nfallback;          /* nodes whose inputs were replicated for want of a rule */
     char fallback_ops[256]; /* their ops, "op xN, op2 xM" (truncated with "...") */
+    /* Nodes the pass decomposed into ops that shard, because whole they would all_gather a
+     * sharded input (node meta "shard_decomposed" on their pieces), and their ops, as above. */
+    int ndecomposed;
+    char decomposed_ops[256];
 } ag_shard_summary;
 AG_API int ag_shard_summary_get(const ag_joint *sharded, ag_shard_summary *out);
 

@@ -534,6 +534,7 @@ static const ag_opdef op_index_select = {
     .backward = index_select_backward,
     .save_args = 1u << 1, /* index */
     .samples = index_select_samples,
+    .shard = ag__shard_index_select,
 };
 
 ag_tensor *ag_index_select(ag_tensor *a, int dim, ag_tensor *index) {
@@ -756,6 +757,7 @@ static const ag_opdef op_gather = {
     .backward = gather_backward,
     .save_args = 1u << 1, /* index */
     .samples = gather_samples,
+    .shard = ag__shard_gather,
 };
 
 ag_tensor *ag_gather(ag_tensor *a, int dim, ag_tensor *index) {

@@ -376,6 +376,36 @@ static void nll_samples(ag_samples *s) {
                    5);
 }
 
+/* Decomposition for the sharding pass (not composite: eager calls keep the kernel): per
+ * sample, the target's log-probability (gather) times its class weight, 0 for ignored targets;
+ * total_weight is the sum of those weights, the output their weighted sum (sum), that sum
+ * over total_weight (mean), or the per-sample values (none). On a batch-sharded input each
+ * sum is a Partial(sum) scalar, where the kernel would need every row of the logits. */
+static int nll_decomp(const ag_arg *a, ag_tensor **o) {
+    ag_tensor *x = a[0].u.t, *t = a[1].u.t, *w = targ(&a[2]);
+    const int64_t reduction = a[3].u.i, ignore = a[4].u.i;
+    const bool one = x->ndim == 1; /* (C) with a target () */
+    if (one) {
+        x = ag_unsqueeze(x, 0);
+        t = ag_unsqueeze(t, 0);
+    }
+    ag_tensor *ignored = ag_eq_scalar(t, (double)ignore);
+    ag_tensor *safe = ag_masked_fill(t, ignored, 0.0); /* a valid index where ignored */
+    ag_tensor *picked = ag_squeeze(ag_gather(x, 1, ag_unsqueeze(safe, 1)), 1);
+    ag_tensor *wt = w ? ag_masked_fill(ag_index_select(w, 0, safe), ignored, 0.0)
+                      : ag_to_dtype(ag_ne_scalar(t, (double)ignore), x->dtype);
+    ag_tensor *loss = ag_neg(ag_mul(picked, wt));
+    ag_tensor *total = ag_sum_all(wt);
+    if (reduction == AG_REDUCTION_NONE)
+        o[0] = one ? ag_squeeze(loss, 0) : loss;
+    else if (reduction == AG_REDUCTION_SUM)
+        o[0] = ag_sum_all(loss);
+    else
+        o[0] = ag_div(ag_sum_all(loss), total);
+    o[1] = total;
+    return o[0] && o[1] ? 0 : ag_last_status();
+}
+
 static const ag_opdef op_nll_loss_forward = {
     .schema = "nll_loss_forward(Tensor self, Tensor target, Tensor? weight, int reduction, "
               "SymInt ignore_index) -> (Tensor output, Tensor total_weight)",
@@ -388,6 +418,7 @@ static const ag_opdef op_nll_loss_forward = {
     .nondiff_outputs = 0x2, /* total_weight */
     .samples = nll_samples,
     .shard = ag__shard_nll_loss,
+    .decomp = nll_decomp,
 };
 
 ag_tensor *ag_nll_loss(ag_tensor *logp, ag_tensor *target, int reduction, int64_t ignore_index) {

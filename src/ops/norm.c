@@ -763,6 +763,80 @@ static void bnf_samples(ag_samples *s) {
                    8);
 }
 
+/* Decompositions of batch norm into reductions and pointwise ops, for the sharding pass: on a
+ * batch-sharded input each sum over the batch is a Partial(sum) of [C] values that one small
+ * all_reduce completes (SyncBatchNorm), where the fused kernel would need the whole batch on
+ * every rank. Not composite: eager calls and single-process graphs keep the kernels. Each
+ * statistic is first read by an op that is not linear in it (x - mean, var + eps, the
+ * backward's g - sum(g) / count), so that the pass reduces it once and every later reader
+ * shares the reduced value. */
+
+/* The statistics' dims of x (N, C, spatial...): every dim but 1; [1, C, 1, ...] in bshape. */
+static int bn_dims(const ag_tensor *x, int64_t *dims, int64_t *bshape) {
+    int n = 0;
+    for (int d = 0; d < x->ndim; d++) {
+        bshape[d] = d == 1 ? x->sizes[1] : 1;
+        if (d != 1)
+            dims[n++] = d;
+    }
+    return n;
+}
+
+/* A [C] tensor as [1, C, 1, ...] against x; NULL stays NULL. */
+static ag_tensor *bn_bcast(ag_tensor *t, const ag_tensor *x, const int64_t *bshape) {
+    return t ? ag_view(t, x->ndim, bshape) : NULL;
+}
+
+/* _native_batch_norm_legit_functional. Training: mean = sum(x) / count and the biased
+ * var = sum((x - mean)^2) / count over every dim but 1, out = (x - mean) * rsqrt(var + eps)
+ * * weight + bias, running_mean' = (1 - momentum) running_mean + momentum mean, running_var' =
+ * (1 - momentum) running_var + momentum var count / (count - 1). Evaluation: the running
+ * statistics normalize, and come back unchanged. An empty batch (the kernel leaves the
+ * statistics as they are and returns zeros for them) has no decomposition (AG_ENOTSUP). */
+static int bnf_decomp(const ag_arg *a, ag_tensor **o) {
+    ag_tensor *x = a[0].u.t, *w = targ(&a[1]), *b = targ(&a[2]);
+    ag_tensor *rm = a[3].u.t, *rv = a[4].u.t;
+    const bool train = a[5].u.b;
+    const double momentum = a[6].u.f, eps = a[7].u.f;
+    int64_t dims[AG_MAX_DIMS], bshape[AG_MAX_DIMS], C = x->sizes[1];
+    int nd = bn_dims(x, dims, bshape);
+    const int64_t count = bn_count(x);
+    if (train && count == 0)
+        return ag__err(AG_ENOTSUP, "_native_batch_norm_legit_functional: no decomposition for "
+                                   "an empty batch");
+    ag_tensor *mean, *var = NULL;
+    if (train) {
+        mean = ag_div_scalar(ag_sum(x, dims, nd, true), (double)count);
+    } else {
+        mean = bn_bcast(rm, x, bshape);
+    }
+    ag_tensor *d = ag_sub(x, mean);
+    if (train)
+        var = ag_div_scalar(ag_sum(ag_mul(d, d), dims, nd, true), (double)count);
+    ag_tensor *invstd = ag_rsqrt(ag_add_scalar(train ? var : bn_bcast(rv, x, bshape), eps));
+    ag_tensor *out = ag_mul(d, invstd);
+    if (w)
+        out = ag_mul(out, bn_bcast(w, x, bshape));
+    if (b)
+        out = ag_add(out, bn_bcast(b, x, bshape));
+    o[0] = out;
+    o[1] = train ? ag_view(mean, 1, &C) : ag_clone(rm);
+    o[2] = ag_view(invstd, 1, &C);
+    if (train) {
+        const double unbias = (double)count / (double)(count - 1);
+        o[3] = ag_add(ag_mul_scalar(rm, 1 - momentum), ag_mul_scalar(o[1], momentum));
+        o[4] = ag_add(ag_mul_scalar(rv, 1 - momentum),
+                      ag_mul_scalar(ag_view(var, 1, &C), momentum * unbias));
+    } else {
+        o[3] = ag_clone(rm);
+        o[4] = ag_clone(rv);
+    }
+    for (int k = 0; k < 5; k++)
+        if (!o[k])
+            return ag_last_status();
+    return 0;
+}
+
 static const ag_opdef op_native_batch_norm_functional = {
     .schema = "_native_batch_norm_legit_functional(Tensor input, Tensor? weight, Tensor? bias, "
               "Tensor running_mean, Tensor running_var, bool training, float momentum, "
@@ -778,6 +852,7 @@ static const ag_opdef op_native_batch_norm_functional = {
     .cost = bn_cost,
     .samples = bnf_samples,
     .shard = ag__shard_batch_norm,
+    .decomp = bnf_decomp,
 };
 
 /* ---- native_batch_norm_backward ---- */
@@ -905,6 +980,50 @@ static void bnb_cost(const ag_arg *a, const ag_tmeta *o, int nouts, ag_cost *c) 
     c->bytes = io_bytes(a, 7, o, nouts);
 }
 
+/* native_batch_norm_backward with xhat = (x - mean) * invstd, the statistics save_mean and
+ * save_invstd (in evaluation the running ones when given, as the kernel): grad_weight =
+ * sum(g * xhat), grad_bias = sum(g) over every dim but 1, and grad_input = (g - (sum(g) + xhat
+ * * sum(g * xhat)) / count) * invstd * weight in training, g * invstd * weight in evaluation.
+ * An output the mask leaves out is an empty tensor, as the meta gives it. */
+static int bnb_decomp(const ag_arg *a, ag_tensor **o) {
+    ag_tensor *g = a[0].u.t, *x = a[1].u.t, *w = targ(&a[2]);
+    ag_tensor *rm = targ(&a[3]), *rv = targ(&a[4]), *sm = targ(&a[5]), *si = targ(&a[6]);
+    const bool train = a[7].u.b;
+    const double eps = a[8].u.f;
+    const int64_t *mask = a[9].u.ints;
+    int64_t dims[AG_MAX_DIMS], bshape[AG_MAX_DIMS], zero = 0;
+    int nd = bn_dims(x, dims, bshape);
+    const double count = (double)bn_count(x);
+    ag_tensor *mean, *invstd;
+    if (train || !rm) {
+        mean = sm;
+        invstd = si;
+    } else {
+        mean = rm;
+        invstd = ag_rsqrt(ag_add_scalar(rv, eps));
+    }
+    ag_tensor *xhat = ag_mul(ag_sub(x, bn_bcast(mean, x, bshape)), bn_bcast(invstd, x, bshape));
+    /* [1, C, 1, ...]; read first by the ops below, not linear in them. */
+    ag_tensor *sg = ag_sum(g, dims, nd, true);
+    ag_tensor *sgx = ag_sum(ag_mul(g, xhat), dims, nd, true);
+    if (mask[0]) {
+        ag_tensor *scale = bn_bcast(w ? ag_mul(invstd, w) : invstd, x, bshape);
+        ag_tensor *gc = g;
+        if (train)
+            gc = ag_sub(g, ag_div_scalar(ag_add(sg, ag_mul(xhat, sgx)), count));
+        o[0] = ag_mul(gc, scale);
+    } else {
+        o[0] = ag_zeros(x->dtype, 1, &zero);
+    }
+    const int64_t C = x->sizes[1];
+    o[1] = mask[1] ? ag_view(sgx, 1, &C) : ag_zeros(x->dtype, 1, &zero);
+    o[2] = mask[2] ? ag_view(sg, 1, &C) : ag_zeros(x->dtype, 1, &zero);
+    for (int k = 0; k < 3; k++)
+        if (!o[k])
+            return ag_last_status();
+    return 0;
+}
+
 static const ag_opdef op_native_batch_norm_backward = {
     .schema = "native_batch_norm_backward(Tensor grad_out, Tensor input, Tensor? weight, "
               "Tensor? running_mean, Tensor? running_var, Tensor? save_mean, "
@@ -916,6 +1035,7 @@ static const ag_opdef op_native_batch_norm_backward = {
     .dtypes = AG_DT_FLOAT,
     .cost = bnb_cost,
     .shard = ag__shard_batch_norm_backward,
+    .decomp = bnb_decomp,
 };
 
 /* ---- batch norm fused with its relu (src/runtime/fuse.c) ---- */

@@ -510,6 +510,47 @@ int ag__shard_embedding_backward(ag_shard_ctx *c) {
     return pick(c, &ss);
 }
 
+/* gather(self, dim, index) -> [index's shape]: self and index sharded alike on a dim other
+ * than `dim` where both have the same size. */
+int ag__shard_gather(ag_shard_ctx *c) {
+    const ag_tmeta *sm = &c->in_meta[0], *im = &c->in_meta[1];
+    if (sm->ndim == 0 || im->ndim != sm->ndim)
+        return AG_SHARD_NO_RULE;
+    int dim = wrap(c->args[1].u.i, sm->ndim), ks[4], nk = factors(c, ks);
+    strats ss = {.n = 0};
+    for (int d = 0; d < sm->ndim; d++) {
+        if (d == dim || sm->sizes[d] != im->sizes[d])
+            continue;
+        for (int j = 0; j < nk; j++) {
+            strat *s = add(&ss);
+            s->want[0] = s->want[1] = s->out[0] = ag__shard_p(d, ks[j]);
+        }
+    }
+    add(&ss);
+    return pick(c, &ss);
+}
+
+/* index_select(self, dim, index [k]): the index sharded (self whole) gives the output sharded
+ * on `dim`; self sharded on another dim (the index whole) gives the output sharded alike. */
+int ag__shard_index_select(ag_shard_ctx *c) {
+    const ag_tmeta *sm = &c->in_meta[0];
+    if (sm->ndim == 0 || c->in_meta[1].ndim != 1)
+        return AG_SHARD_NO_RULE;
+    int dim = wrap(c->args[1].u.i, sm->ndim);
+    strats ss = {.n = 0};
+    strat *s = add(&ss);
+    s->want[1] = AG_P_SHARD(0);
+    s->out[0] = AG_P_SHARD(dim);
+    for (int d = 0; d < sm->ndim; d++) {
+        if (d == dim)
+            continue;
+        s = add(&ss);
+        s->want[0] = s->out[0] = AG_P_SHARD(d);
+    }
+    add(&ss);
+    return pick(c, &ss);
+}
+
 enum { RED_NONE = 0, RED_MEAN = 1, RED_SUM = 2 };
 
 /* nll_loss_forward(self [N, C], target [N], weight?, reduction, ignore_index) -> (output,

@@ -51,6 +51,8 @@ int ag__shard_batch_norm(ag_shard_ctx *c);
 int ag__shard_batch_norm_backward(ag_shard_ctx *c);
 int ag__shard_embedding(ag_shard_ctx *c);
 int ag__shard_embedding_backward(ag_shard_ctx *c);
+int ag__shard_gather(ag_shard_ctx *c);
+int ag__shard_index_select(ag_shard_ctx *c);
 int ag__shard_nll_loss(ag_shard_ctx *c);
 int ag__shard_nll_loss_backward(ag_shard_ctx *c);
 int ag__shard_sdpa(ag_shard_ctx *c);

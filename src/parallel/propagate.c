@@ -252,9 +252,11 @@ ag_node *ag__redistribute(ag__shard_pass *P, int si, ag_placement to) {
     if (hit)
         return hit;
     ag_placement from = v->pl;
-    ag_node *y;
+    ag_node *y, *reduced = from.kind == AG_PARTIAL ? cache_get(P, si, AG_P_REPLICATE) : NULL;
     if (from.kind == AG_REPLICATE)
         y = from_replicate(P, v->node, to);
+    else if (reduced) /* all_reduced already for an earlier user */
+        y = from_replicate(P, reduced, to);
     else if (from.kind == AG_PARTIAL && to.kind == AG_SHARD && to.split_factor <= 1)
         y = reduce_scatter(P, v->node, from.op, to);
     else {
@@ -425,6 +427,10 @@ int ag__shard_call(ag__shard_pass *P, const ag_node *n) {
         if (tin_src[j] >= 0) {
             in_meta[j] = *ag_node_val(P->srcn[tin_src[j]], 0);
             in[j] = P->val[tin_src[j]].pl;
+            /* A Partial value an earlier user had all_reduced is read reduced: no op then
+             * carries the Partial on, to be reduced again further down. */
+            if (in[j].kind == AG_PARTIAL && cache_get(P, tin_src[j], AG_P_REPLICATE))
+                in[j] = AG_P_REPLICATE;
         }
         want[j] = in[j];
     }
@@ -485,6 +491,24 @@ int ag__shard_call(ag__shard_pass *P, const ag_node *n) {
                            "%d ranks, which does not divide",
                            ag_node_name(n), opname, j, ag__meta_str(&in_meta[j], b3, sizeof b3),
                            ag__pl_str(want[j], b4, sizeof b4), P->W);
+    }
+    /* What the redistributions below move, for the decomposition bookkeeping: a Replicate()
+     * input is sliced locally, one moved before for another user is reused. */
+    if (P->dl) {
+        double moved = 0;
+        bool gathers = false;
+        for (int j = 0; j < ntin; j++) {
+            if (tin_src[j] < 0 || ag_placement_eq(in[j], want[j]) || in[j].kind == AG_REPLICATE ||
+                cache_get(P, tin_src[j], want[j]))
+                continue;
+            double b = (double)ag_dtype_size(in_meta[j].dtype);
+            for (int d = 0; d < in_meta[j].ndim; d++)
+                b *= (double)in_meta[j].sizes[d];
+            moved += b;
+            gathers |= in[j].kind == AG_SHARD;
+        }
+        if ((rc = ag__decomp_note(P, n, moved, gathers)))
+            return rc;
     }
     /* Redistribute the inputs. */
     ag_node *local_in[AG_MAX_ARGS * 8];

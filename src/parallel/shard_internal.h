@@ -72,6 +72,23 @@ typedef struct ag__redist {
     ag_node *node;
 } ag__redist;
 
+/* A source node the pass decomposes (its op's ag_opdef.decomp) because its rule, or the
+ * fallback, would all_gather a sharded input: found by one propagation, judged by the next
+ * (decomposed, its pieces must move fewer bytes than it did whole). shard_joint.c iterates. */
+typedef struct ag__decomp_cand {
+    char *name; /* the source node's (owned) */
+    const ag_op *op;
+    double before; /* bytes its inputs' redistributions moved, whole */
+    double after;  /* bytes its pieces' redistributions moved, decomposed */
+    bool tried;    /* decomposed in the latest propagation */
+    bool rejected; /* no decomposition for its arguments, or it did not move fewer bytes */
+} ag__decomp_cand;
+
+typedef struct ag__decomp_list {
+    ag__decomp_cand *c;
+    int64_t n, cap;
+} ag__decomp_list;
+
 typedef struct ag__shard_pass {
     const ag_mesh *mesh;
     const char *group;
@@ -88,6 +105,7 @@ typedef struct ag__shard_pass {
     const ag_node *cur; /* the source node whose tag and seq_nr inserted nodes take */
     ag__grad_reduce *grs;
     int64_t ngr, gr_cap;
+    ag__decomp_list *dl; /* NULL: no decomposition bookkeeping (one rank) */
 } ag__shard_pass;
 
 /* propagate.c */
@@ -106,6 +124,19 @@ const char *ag__pl_str(ag_placement pl, char *buf, size_t n);
 const char *ag__meta_str(const ag_tmeta *m, char *buf, size_t n);
 /* The local metadata of a tensor of global metadata gm under pl on W ranks (contiguous). */
 void ag__local_meta(const ag_tmeta *gm, ag_placement pl, int W, ag_tmeta *out);
+/* Records what source call node n's redistributions move (`moved` bytes, global sizes;
+ * `gathers`: an input leaves a Shard()) in P->dl: a piece of a decomposed node adds to its
+ * node's `after`; a node of an op with a decomposition that gathers becomes a candidate. */
+int ag__decomp_note(ag__shard_pass *P, const ag_node *n, double moved, bool gathers);
+/* shard_decomp.c: a copy of src with the candidates not rejected decomposed (*ntried of
+ * them; their `after` reset); NULL with a message on failure. ag__decomp_judge rejects the
+ * tried ones whose pieces did not move fewer bytes; true when it rejected any. */
+ag_graph *ag__decomposed_copy(const ag_graph *src, ag__decomp_list *dl, int *ntried);
+bool ag__decomp_judge(ag__decomp_list *dl);
+void ag__decomp_list_free(ag__decomp_list *dl);
+/* Bytes a rank sends per step in graph g's collectives (ag_shard_summary_get's comm_bytes). */
+int64_t ag__graph_comm_bytes(const ag_graph *g);
+
 /* Copies every metadata item (and the custom map) of src onto dst. */
 int ag__copy_node_meta(ag_node *dst, const ag_node *src);
 

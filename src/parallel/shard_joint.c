@@ -280,6 +280,106 @@ static int build(ag__shard_pass *P) {
     return rc;
 }
 
+/* One propagation of source graph src: the rank's graph in *out (caller frees), the
+ * decomposition bookkeeping in dl (NULL: none). */
+static int propagate(const ag_graph *src, const ag_mesh *mesh, const ag_shard_plan *plan,
+                     ag__decomp_list *dl, ag_graph **out) {
+    ag__shard_pass P;
+    memset(&P, 0, sizeof P);
+    P.mesh = mesh;
+    P.group = mesh->group ? mesh->group : "0";
+    P.W = mesh->size;
+    P.rank = mesh->rank;
+    P.plan = plan;
+    P.dl = dl;
+    P.src = src;
+    P.nsrc = ag_graph_num_nodes(P.src);
+    P.g = ag_graph_new();
+    P.val = ag__calloc((size_t)P.nsrc + 1, sizeof *P.val);
+    P.srcn = ag__calloc((size_t)P.nsrc + 1, sizeof *P.srcn);
+    P.cache_head = ag__calloc((size_t)P.nsrc + 1, sizeof *P.cache_head);
+    int rc = P.g && P.val && P.srcn && P.cache_head ? 0 : AG_ENOMEM;
+    if (!rc) {
+        int i = 0;
+        for (ag_node *n = ag_graph_first(P.src); n; n = ag_node_next(n), i++) {
+            P.srcn[i] = n;
+            P.cache_head[i] = -1;
+        }
+        rc = build(&P);
+    }
+    if (!rc) {
+        *out = P.g;
+        P.g = NULL;
+    }
+    pass_free(&P);
+    return rc;
+}
+
+/* The rank's graph of j, with the nodes that would gather a sharded input decomposed where
+ * that moves fewer bytes (shard_decomp.c): propagate, decompose the candidates found in a
+ * copy of the source graph, propagate that, judge, until the candidates settle (a round may
+ * find new candidates, e.g. a batch norm's backward that gathers once its forward is
+ * decomposed, or reject some, then the next round goes without them; at most 16 rounds). The
+ * result never communicates more than the plain propagation. */
+static int shard_graph(const ag_joint *j, const ag_mesh *mesh, const ag_shard_plan *plan,
+                       ag_graph **out) {
+    const ag_graph *src = ag_joint_graph(j);
+    ag__decomp_list dl = {0};
+    ag_graph *plain = NULL, *best = NULL;
+    int rc = propagate(src, mesh, plan, mesh->size > 1 ? &dl : NULL, &plain);
+    for (int iter = 0; !rc && dl.n > 0 && iter < 16; iter++) {
+        int64_t ncand = dl.n;
+        int ntried = 0;
+        ag_graph *copy = ag__decomposed_copy(src, &dl, &ntried), *g = NULL;
+        rc = copy ? 0 : ag_last_status() ? ag_last_status() : AG_ENOMEM;
+        if (!rc && ntried == 0) { /* every candidate was rejected: the plain graph */
+            ag_graph_free(copy);
+            ag_graph_free(best);
+            best = NULL;
+            break;
+        }
+        if (!rc)
+            rc = propagate(copy, mesh, plan, &dl, &g);
+        ag_graph_free(copy);
+        if (rc && rc != AG_ENOMEM) {
+            /* The decomposed graph does not shard (a piece's rule refused it): what was
+             * sharded before stands. */
+            ag_clear_error();
+            rc = 0;
+            break;
+        }
+        if (rc)
+            break;
+        /* A graph with a rejected decomposition in it is not kept: the next round goes
+         * without it. One that only revealed new candidates is the best so far. */
+        if (ag__decomp_judge(&dl)) {
+            ag_graph_free(g);
+            continue;
+        }
+        ag_graph_free(best);
+        best = g;
+        if (dl.n == ncand)
+            break;
+    }
+    if (!rc && best && ag__graph_comm_bytes(best) > ag__graph_comm_bytes(plain)) {
+        ag_graph_free(best);
+        best = NULL;
+    }
+    ag__decomp_list_free(&dl);
+    if (rc) {
+        ag_graph_free(plain);
+        ag_graph_free(best);
+        return rc;
+    }
+    if (best) {
+        ag_graph_free(plain);
+        *out = best;
+    } else {
+        *out = plain;
+    }
+    return 0;
+}
+
 ag_joint *ag_shard_joint(const ag_joint *j, const ag_mesh *mesh, const ag_shard_plan *plan) {
     AG__CHECK_NULL_RET("shard_joint", j, NULL);
     AG__CHECK_NULL_RET("shard_joint", mesh, NULL);
@@ -291,38 +391,18 @@ ag_joint *ag_shard_joint(const ag_joint *j, const ag_mesh *mesh, const ag_shard_
                 mesh->rank, mesh->size);
         return NULL;
     }
-    ag__shard_pass P;
-    memset(&P, 0, sizeof P);
-    P.mesh = mesh;
-    P.group = mesh->group ? mesh->group : "0";
-    P.W = mesh->size;
-    P.rank = mesh->rank;
-    P.plan = plan;
-    P.src = ag_joint_graph(j);
-    P.nsrc = ag_graph_num_nodes(P.src);
-    P.g = ag_graph_new();
-    P.val = ag__calloc((size_t)P.nsrc + 1, sizeof *P.val);
-    P.srcn = ag__calloc((size_t)P.nsrc + 1, sizeof *P.srcn);
-    P.cache_head = ag__calloc((size_t)P.nsrc + 1, sizeof *P.cache_head);
+    ag_graph *g = NULL;
     ag_joint *copy = NULL;
-    int rc = P.g && P.val && P.srcn && P.cache_head ? 0 : AG_ENOMEM;
-    if (!rc) {
-        int i = 0;
-        for (ag_node *n = ag_graph_first(P.src); n; n = ag_node_next(n), i++) {
-            P.srcn[i] = n;
-            P.cache_head[i] = -1;
-        }
-        rc = build(&P);
-    }
+    int rc = shard_graph(j, mesh, plan, &g);
     if (!rc && !(copy = joint_copy(j)))
         rc = ag_last_status() ? ag_last_status() : AG_ENOMEM;
     if (!rc) {
-        ag_graph *g = P.g;
-        P.g = NULL; /* the joint owns it now, also on failure */
+        /* the joint owns g now, also on failure */
         if ((rc = ag_joint_update(copy, g)))
             ag__shard_err(rc, "shard_joint: the joint refused the rank's graph");
+        g = NULL;
     }
-    pass_free(&P);
+    ag_graph_free(g);
     if (rc) {
         ag_joint_free(copy);
         return NULL;

@@ -5,6 +5,7 @@
  * In: descriptors and placements from a user or a strategy (strategies.c); a sharded joint for
  * the summary. Out: the plan ag_shard_joint reads (shard_joint.c); the summary's byte counts. */
 #include "shard_internal.h"
+#include "../core/strmap.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -232,14 +233,65 @@ static int coll_world(const ag_node *n) {
     return v.kind == AG_MV_INT ? (int)v.u.i : 1;
 }
 
+static int64_t node_comm_bytes(const ag_node *n) {
+    if (ag_node_kind_of(n) != AG_NODE_CALL || !ag__node_is_collective(n) ||
+        ag__node_is_op(n, AG__C10D_WAIT))
+        return 0;
+    const char *op = ag_op_name(ag_node_op(n));
+    ag_node *in = ag_node_arg_node(n, 0);
+    const ag_tmeta *m =
+        ag__node_is_op(n, AG__C10D_ALL_GATHER) || !in ? ag_node_val(n, 0) : ag_node_val(in, 0);
+    double b = ag_comm_bytes(op, (double)val_bytes(m), coll_world(n));
+    return b > 0 ? (int64_t)b : 0;
+}
+
+int64_t ag__graph_comm_bytes(const ag_graph *g) {
+    int64_t b = 0;
+    for (ag_node *n = ag_graph_first(g); n; n = ag_node_next(n))
+        b += node_comm_bytes(n);
+    return b;
+}
+
+/* "op xN, op2 xM" of the counted ops into buf (truncated with "..."). */
+static void count_list(char *buf, size_t cap, const char *const *ops, const int *count, int n) {
+    size_t len = 0;
+    buf[0] = 0;
+    for (int i = 0; i < n; i++) {
+        char item[128];
+        int w = snprintf(item, sizeof item, "%s%s x%d", i ? ", " : "", ops[i], count[i]);
+        if (len + (size_t)w + 4 >= cap) {
+            snprintf(buf + len, cap - len, "...");
+            break;
+        }
+        memcpy(buf + len, item, (size_t)w + 1);
+        len += (size_t)w;
+    }
+}
+
+/* Counts op under ops[0..*n) (a new entry when it is not there and there is room). */
+static void count_op(const char **ops, int *count, int *n, const char *op) {
+    int i = 0;
+    while (i < *n && strcmp(ops[i], op))
+        i++;
+    if (i == *n && *n < 64) {
+        ops[*n] = op;
+        count[(*n)++] = 0;
+    }
+    if (i < *n)
+        count[i]++;
+}
+
 int ag_shard_summary_get(const ag_joint *sharded, ag_shard_summary *out) {
     AG__CHECK_NULL("shard_summary_get", sharded);
     AG__CHECK_NULL("shard_summary_get", out);
     ag_shard_summary s;
     memset(&s, 0, sizeof s);
-    const char *fops[64];
-    int fcount[64], nf = 0;
-    for (ag_node *n = ag_graph_first(ag_joint_graph(sharded)); n; n = ag_node_next(n)) {
+    const char *fops[64], *dops[64];
+    int fcount[64], dcount[64], nf = 0, nd = 0;
+    /* Decomposed nodes by their original node's name: the first piece of each counts. */
+    ag__strmap seen = {0};
+    int rc = 0;
+    for (ag_node *n = ag_graph_first(ag_joint_graph(sharded)); n && !rc; n = ag_node_next(n)) {
         ag_node_kind k = ag_node_kind_of(n);
         if (k == AG_NODE_PLACEHOLDER) {
             const ag_desc *d = ag_node_desc(n);
@@ -252,41 +304,28 @@ int ag_shard_summary_get(const ag_joint *sharded, ag_shard_summary *out) {
         if (k != AG_NODE_CALL)
             continue;
         if (ag__node_is_collective(n) && !ag__node_is_op(n, AG__C10D_WAIT)) {
-            const char *op = ag_op_name(ag_node_op(n));
-            ag_node *in = ag_node_arg_node(n, 0);
-            const ag_tmeta *m = ag__node_is_op(n, AG__C10D_ALL_GATHER) || !in ? ag_node_val(n, 0)
-                                                                              : ag_node_val(in, 0);
-            double b = ag_comm_bytes(op, (double)val_bytes(m), coll_world(n));
-            if (b > 0)
-                s.comm_bytes += (int64_t)b;
+            s.comm_bytes += node_comm_bytes(n);
             s.ncollectives++;
         }
         ag_mval fb = ag_node_meta_get(n, "shard_fallback");
         if (fb.kind == AG_MV_BOOL && fb.u.b) {
             s.nfallback++;
-            const char *op = ag_op_name(ag_node_op(n));
-            int i = 0;
-            while (i < nf && strcmp(fops[i], op))
-                i++;
-            if (i == nf && nf < 64) {
-                fops[nf] = op;
-                fcount[nf++] = 0;
-            }
-            if (i < nf)
-                fcount[i]++;
+            count_op(fops, fcount, &nf, ag_op_name(ag_node_op(n)));
+        }
+        ag_mval dop = ag_node_meta_get(n, "shard_decomposed");
+        ag_mval dnode = ag_node_meta_get(n, "shard_decomposed_node");
+        if (dop.kind == AG_MV_STR && dnode.kind == AG_MV_STR && !ag__strmap_has(&seen, dnode.u.s)) {
+            if ((rc = ag__strmap_put(&seen, dnode.u.s, (void *)1)))
+                break;
+            s.ndecomposed++;
+            count_op(dops, dcount, &nd, dop.u.s);
         }
     }
-    size_t len = 0;
-    for (int i = 0; i < nf; i++) {
-        char item[128];
-        int w = snprintf(item, sizeof item, "%s%s x%d", i ? ", " : "", fops[i], fcount[i]);
-        if (len + (size_t)w + 4 >= sizeof s.fallback_ops) {
-            snprintf(s.fallback_ops + len, sizeof s.fallback_ops - len, "...");
-            break;
-        }
-        memcpy(s.fallback_ops + len, item, (size_t)w + 1);
-        len += (size_t)w;
-    }
+    ag__strmap_free(&seen);
+    if (rc)
+        return rc;
+    count_list(s.fallback_ops, sizeof s.fallback_ops, fops, fcount, nf);
+    count_list(s.decomposed_ops, sizeof s.decomposed_ops, dops, dcount, nd);
     *out = s;
     return 0;
 }

@@ -1,6 +1,8 @@
 /* Decomposition tables and the decomposition pass (declared in include/aotgrad/graph.h): each
  * call to an op in the table is replaced by the nodes its decomposition function emits when
- * traced in place (ag__trace_replace_node in trace.c), until no call of a table op remains.
+ * traced in place (ag__trace_replace_node in trace.c), until no call of a table op remains;
+ * ag_graph_decompose_node does it for one node (the sharding pass decomposes only the nodes
+ * that would otherwise gather their inputs).
  * A graph pass, but one that runs op code on stand-ins, so it lives with the tracer. */
 #include "../graph/graph_internal.h"
 
@@ -98,4 +100,14 @@ int ag_graph_decompose(ag_graph *g, const ag_decomp_table *t) {
     }
     return ag__err(AG_EINVAL, "decompose: decompositions did not reach a fixed point after 64 "
                               "sweeps (an op's decomposition emits the op itself?)");
+}
+
+int ag_graph_decompose_node(ag_graph *g, ag_node *n, ag_decomp_fn fn) {
+    AG__CHECK_NULL("graph_decompose_node", g);
+    AG__CHECK_NULL("graph_decompose_node", n);
+    AG__CHECK_NULL("graph_decompose_node", fn);
+    if (n->graph != g || n->kind != AG_NODE_CALL)
+        return ag__err(AG_EINVAL,
+                       "graph_decompose_node: node '%s' is not a call node of this graph", n->name);
+    return ag__trace_replace_node(g, n, fn);
 }

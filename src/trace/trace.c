@@ -806,6 +806,13 @@ int ag__trace_replace_node(ag_graph *g, ag_node *n, ag_decomp_fn fn) {
         ag_graph_insert_at_end(g);
         tracer_deactivate(&T);
         ag_set_grad_enabled(prev_grad);
+        if (rc < 0) {
+            /* The decomposition failed (or has no variant for these arguments): take back what
+             * it emitted, last first (each node's users come after it), so the graph is as it
+             * was. */
+            while (n->prev != first_new && n->prev && ag_graph_erase(g, n->prev) == 0)
+                ;
+        }
         if (rc >= 0) {
             rc = 0;
             /* New nodes take the replaced node's metadata (seq_nr, tags, annotations, trace). */
