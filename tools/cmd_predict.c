@@ -461,15 +461,15 @@ static void print_row(cli_out *out, bool tsv, int world, const char *strategy, i
             cli_out_printf(out, "\tn/a: %s\n", p->na);
             return;
         }
-        cli_out_printf(out,
-                       "%d\t%s\t%lld\t%.6g\t%.6g\t%.6g\t%.17g\t%d\t%.6g\t%.6g\t%.6g\t%lld\t%lld\t%"
-                       "lld\t%lld\t%lld\t%lld\t%d\t%s\n",
-                       world, strategy, (long long)batch, p->flops, p->compute_s, p->optim_s,
-                       p->comm_bytes, p->ncoll, p->comm_s, step_lo, step_hi,
-                       (long long)p->param_bytes, (long long)p->grad_bytes,
-                       (long long)p->optim_bytes, (long long)p->act_bytes,
-                       (long long)p->saved_bytes, (long long)total, p->nfallback,
-                       p->nfallback ? p->fallback_ops : "");
+        cli_out_printf(
+            out,
+            "%d\t%s\t%lld\t%.17g\t%.17g\t%.17g\t%.17g\t%d\t%.17g\t%.17g\t%.17g\t%lld\t%lld\t%"
+            "lld\t%lld\t%lld\t%lld\t%d\t%s\n",
+            world, strategy, (long long)batch, p->flops, p->compute_s, p->optim_s, p->comm_bytes,
+            p->ncoll, p->comm_s, step_lo, step_hi, (long long)p->param_bytes,
+            (long long)p->grad_bytes, (long long)p->optim_bytes, (long long)p->act_bytes,
+            (long long)p->saved_bytes, (long long)total, p->nfallback,
+            p->nfallback ? p->fallback_ops : "");
         return;
     }
     if (p->na[0]) {
