@@ -8,11 +8,15 @@
  * memory budgets 0 and 1, this checks:
  *   - the forward's collectives, then the backward's, are the joint's collectives in the
  *     joint's order, with the recomputed gathers of the backward as the only extra entries
- *     (those keep their joint order among themselves), and every joint collective is there;
- *   - a collective appears twice only when the joint tags it AG_MUST_RECOMPUTE;
- *   - every collective's wait_tensor is in the same graph, after it.
- * And the planned executor's fused groups never hold a collective or a wait_tensor. No MPI:
- * nothing here runs a collective. */
+ *     (the backward gathers each again before its first use there, so they come in the
+ *     backward's order, not the joint's), and every joint collective is there;
+ *   - a collective appears twice only when the joint tags it AG_MUST_RECOMPUTE, and the
+ *     min-cut does gather fsdp's parameters again;
+ *   - every collective's wait_tensor is in the same graph, after it;
+ *   - rank 0 and rank 1 issue the same sequence (op, dtype, sizes, group and scalar arguments);
+ *   - the planned executor's fused groups (fuse.c) never hold a collective or a wait_tensor.
+ * No MPI: nothing here runs a collective. Before the fix in side_plan.c, the inputs-only saved
+ * set of memory budget 0 ran tp's forward all_reduce again in the min-cut's backward. */
 #include "testutil.h"
 
 #include <stdlib.h>
