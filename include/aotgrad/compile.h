@@ -70,7 +70,11 @@ AG_API int ag_tag_region_recompute(ag_graph *g, ag_node *first, ag_node *last, a
 typedef struct ag_plan ag_plan;
 
 typedef struct ag_plan_opts {
-    bool checking;   /* poison freed regions and check that live buffers never overlap */
+    bool checking;   /* poison freed regions and check that live buffers never overlap; and
+                      * at the first run of a plan with collectives, check that every rank of
+                      * their groups issues the same ones in the same order (the job ends
+                      * naming the first that differs; also on in builds without NDEBUG, and
+                      * whenever AG_CHECK_COLLECTIVES is set: "0" turns it off) */
     bool no_inplace; /* disable in-place reuse */
     bool no_fusion;  /* run every node's kernel on its own (no fused groups, see
                       * src/runtime/fuse.c; also turned off by AG_NO_FUSION=1) */

@@ -15,6 +15,15 @@
  * collective or a call of this header, and every rank must issue the collectives of a group in
  * the same order (as MPI requires). Kernels stay multi-threaded (OpenMP) inside each rank.
  *
+ * Asynchrony. A collective's kernel starts the communication and returns; wait_tensor completes
+ * it. Eagerly, the output stays valid however it is used before its wait: reading it (any op,
+ * a view's reader, ag_tensor_data, ag_tensor_item_at, ag_tensor_to_doubles) first waits for the
+ * result, as PyTorch's AsyncCollectiveTensor waits on first use, and freeing it (or ending its
+ * scope) before the wait is safe: the pending collective keeps the output's storage until it
+ * completes (at a wait, at ag_dist_progress on the thread that started it, or at
+ * ag_dist_finalize). In a compiled graph every collective's result goes through wait_tensor
+ * before any other use, and the executor keeps the output's buffer until that wait.
+ *
  * Failure. A rank that fails calls ag_dist_abort (the CLI does on any error once training runs):
  * it prints "aotgrad: rank R of N: <message>" and ends every rank of the job (MPI_Abort), so no
  * rank waits forever for a dead peer. A collective that has not completed after the timeout

@@ -77,6 +77,13 @@ typedef struct ag_storage {
 /* Drops one reference; at 0 frees the data (ag__free_data with its size) and the struct.
  * NULL is a no-op. */
 void ag__storage_release(ag_storage *s);
+/* Completes the eager collectives still writing storage s, so that reading it gives their
+ * result (an eager collective's output used before its wait_tensor, as PyTorch's
+ * AsyncCollectiveTensor waits on first use). Set by src/dist when it first holds a storage for a
+ * pending collective; NULL until then. core's readers of tensor data (ag_tensor_data,
+ * ag_tensor_item_at, ag_tensor_to_doubles) call it; the dispatcher calls src/dist itself. */
+typedef void (*ag__data_wait_fn)(const ag_storage *s);
+extern _Atomic(ag__data_wait_fn) ag__data_wait_hook;
 
 struct ag_anode;
 

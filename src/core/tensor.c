@@ -334,9 +334,20 @@ bool ag_tensor_is_contiguous(const ag_tensor *t) {
     return ag__tmeta_is_contiguous(&m);
 }
 
+_Atomic(ag__data_wait_fn) ag__data_wait_hook;
+
+/* t's data is about to be read or handed out: a pending eager collective writing it completes
+ * first (see ag__data_wait_hook). */
+static void data_ready(const ag_tensor *t) {
+    ag__data_wait_fn f = atomic_load_explicit(&ag__data_wait_hook, memory_order_relaxed);
+    if (f && t->storage->data)
+        f(t->storage);
+}
+
 void *ag_tensor_data(const ag_tensor *t) {
     if (!t)
         return NULL;
+    data_ready(t);
     return t->storage->data ? ag__base(t) : NULL;
 }
 
@@ -406,6 +417,7 @@ double ag_tensor_item_at(const ag_tensor *t, int64_t i) {
         ag__err(AG_EINVAL, "item_at: index %lld out of range", (long long)i);
         return NAN;
     }
+    data_ready(t);
     return ag__get_f64(t, i);
 }
 
@@ -425,6 +437,7 @@ int ag_tensor_to_doubles(const ag_tensor *t, double *out) {
     AG__CHECK_NULL("tensor_to_doubles", out);
     if (!t->storage->data)
         return ag__err(AG_EINVAL, "to_doubles: tensor without data");
+    data_ready(t);
     int64_t n = ag_tensor_numel(t);
     for (int64_t i = 0; i < n; i++)
         out[i] = ag__get_f64(t, i);

@@ -7,7 +7,20 @@
  * output's data pointer. The table is process-wide behind a mutex; a counter of pending entries
  * makes ag_dist_progress a single atomic load when nothing is in flight (the planned executor
  * calls it between steps). Waits poll MPI_Test with a deadline: a collective a peer never joins
- * ends the job with the op, the group and the seconds waited instead of hanging. */
+ * ends the job with the op, the group and the seconds waited instead of hanging.
+ *
+ * Who keeps the output's memory alive until MPI is done writing it:
+ *   - eager calls (the dispatcher): the entry holds a reference on the output's storage
+ *     (ag__coll_hold), dropped when the collective completes: by wait_tensor, by the
+ *     dispatcher's wait before an op reads the storage (ag__pending_wait_storage), by
+ *     ag_dist_progress on the thread that started it, or by ag_dist_finalize. So a program
+ *     may free the output (or end its scope) before the wait: MPI never writes into memory
+ *     with a new owner, and nothing leaks once the collective completes;
+ *   - the planned executor: arena buffers are not reference-counted, so no reference is taken;
+ *     the plan keeps the output's buffer alive until the wait_tensor that reads it (a value
+ *     lives until its last reader, and every collective's single reader is its wait), and a
+ *     plan must not be freed while a run's collective is pending (runs end with every wait
+ *     done). */
 #include <limits.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -31,12 +44,17 @@ typedef struct pend {
     bool done; /* completed by ag_dist_progress, not yet waited */
     double t0; /* start */
     int *vecs; /* all_to_all: send counts, send displs, recv counts, recv displs */
+    /* Eager calls: a reference on the output's storage, dropped at completion (NULL for the
+     * planned executor's buffers), and the thread that took it. */
+    ag_storage *hold;
+    pthread_t owner;
 } pend;
 
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static pend *table;
 static int64_t ntable, table_cap;
 static atomic_int npending; /* entries in the table: progress skips everything when 0 */
+static atomic_int nheld;    /* entries holding a storage: the dispatcher's check when 0 */
 
 static _Thread_local ag_comm_stats stats;
 
@@ -143,6 +161,7 @@ static void finish(pend *p, bool count_wait) {
         divide(p->out, p->dtype, p->numel, p->group->size);
     ag_tensor_free(p->staging);
     ag__free(p->vecs);
+    ag__storage_release(p->hold);
 }
 
 static int table_add(const pend *p) {
@@ -156,23 +175,31 @@ static int table_add(const pend *p) {
     return rc;
 }
 
-/* Removes the entry for key into *out; false when none. */
-static bool table_take(const void *key, pend *out) {
-    bool found = false;
-    pthread_mutex_lock(&table_lock);
-    for (int64_t i = 0; i < ntable; i++)
-        if (table[i].key == key) {
-            *out = table[i];
-            table[i] = table[--ntable];
-            atomic_fetch_sub(&npending, 1);
-            found = true;
-            break;
-        }
+/* Removes entry i (the table locked). */
+static void table_remove_locked(int64_t i) {
+    if (table[i].hold)
+        atomic_fetch_sub(&nheld, 1);
+    table[i] = table[--ntable];
+    atomic_fetch_sub(&npending, 1);
     if (ntable == 0) {
         ag__free(table);
         table = NULL;
         table_cap = 0;
     }
+}
+
+/* Removes the first entry whose output data is key (key non-NULL) or whose held storage is st
+ * into *out; false when none. */
+static bool table_take(const void *key, const ag_storage *st, pend *out) {
+    bool found = false;
+    pthread_mutex_lock(&table_lock);
+    for (int64_t i = 0; i < ntable; i++)
+        if (key ? table[i].key == key : table[i].hold == st) {
+            *out = table[i];
+            table_remove_locked(i);
+            found = true;
+            break;
+        }
     pthread_mutex_unlock(&table_lock);
     return found;
 }
@@ -181,42 +208,92 @@ int ag__coll_wait(const void *data) {
     if (!data || atomic_load(&npending) == 0)
         return 0;
     pend p;
-    if (!table_take(data, &p))
+    if (!table_take(data, NULL, &p))
         return 0;
     finish(&p, true);
     return 1;
+}
+
+int ag__pending_wait_storage(const ag_storage *st) {
+    if (!st || atomic_load(&nheld) == 0)
+        return 0;
+    int n = 0;
+    pend p;
+    while (table_take(NULL, st, &p)) {
+        finish(&p, true);
+        n++;
+    }
+    return n;
+}
+
+/* core's readers of tensor data (ag_tensor_data, ag_tensor_item_at, ...) call this. */
+static void wait_storage_hook(const ag_storage *st) {
+    ag__pending_wait_storage(st);
+}
+
+void ag__coll_hold(ag_tensor *out) {
+    if (!out || atomic_load(&npending) == 0)
+        return;
+    const void *key = ag__base(out);
+    pthread_mutex_lock(&table_lock);
+    for (int64_t i = 0; i < ntable; i++)
+        if (table[i].key == key && !table[i].hold) {
+            table[i].hold = out->storage;
+            table[i].owner = pthread_self();
+            out->storage->refcount++;
+            atomic_fetch_add(&nheld, 1);
+            break;
+        }
+    pthread_mutex_unlock(&table_lock);
+    atomic_store(&ag__data_wait_hook, wait_storage_hook);
 }
 
 int ag__pending_wait_all(void) {
     while (atomic_load(&npending) > 0) {
         pend p;
         pthread_mutex_lock(&table_lock);
-        const void *key = ntable ? table[0].key : NULL;
+        bool any = ntable > 0;
+        if (any) {
+            p = table[0];
+            table_remove_locked(0);
+        }
         pthread_mutex_unlock(&table_lock);
-        if (key && table_take(key, &p))
+        if (any)
             finish(&p, false);
     }
     return 0;
 }
 
+/* A collective found complete: an eager one started on this thread is finished at once (its
+ * storage reference dropped, so a freed output's memory returns now rather than at a wait that
+ * may never come); the others are marked done for their wait (the storage reference counts
+ * are not atomic: only the thread that took one drops it early). */
 void ag_dist_progress(void) {
     if (atomic_load_explicit(&npending, memory_order_relaxed) == 0)
         return;
+    pthread_t self = pthread_self();
     pthread_mutex_lock(&table_lock);
-    for (int64_t i = 0; i < ntable; i++) {
+    for (int64_t i = 0; i < ntable;) {
         pend *p = &table[i];
-        if (p->done)
-            continue;
-        int flag = 0;
-        pthread_mutex_lock(&ag__mpi_lock);
-        int rc = MPI_Test(&p->req, &flag, MPI_STATUS_IGNORE);
-        pthread_mutex_unlock(&ag__mpi_lock);
-        if (rc != MPI_SUCCESS)
-            ag__dist_mpi_fail(p->op, p->group, "MPI_Test", rc);
-        if (flag) {
-            p->done = true;
-            stats.busy_s += ag__dist_now() - p->t0;
+        if (!p->done) {
+            int flag = 0;
+            pthread_mutex_lock(&ag__mpi_lock);
+            int rc = MPI_Test(&p->req, &flag, MPI_STATUS_IGNORE);
+            pthread_mutex_unlock(&ag__mpi_lock);
+            if (rc != MPI_SUCCESS)
+                ag__dist_mpi_fail(p->op, p->group, "MPI_Test", rc);
+            if (flag) {
+                p->done = true;
+                stats.busy_s += ag__dist_now() - p->t0;
+            }
         }
+        if (p->done && p->hold && pthread_equal(p->owner, self)) {
+            pend q = *p;
+            table_remove_locked(i);
+            finish(&q, false);
+            continue;
+        }
+        i++;
     }
     pthread_mutex_unlock(&table_lock);
 }

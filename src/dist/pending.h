@@ -3,6 +3,7 @@
 #ifndef AG_PENDING_H
 #define AG_PENDING_H
 
+#include "../core/internal.h"
 #include "aotgrad/dist.h"
 
 /* The group named `name` for collective `op`: initializes a world of size 1 first when no
@@ -42,6 +43,23 @@ int ag__coll_start(ag__coll *c);
 /* Completes the collective whose output data is `data`: 1 when there was one (avg divided by
  * the group size), 0 when none is pending for it. Blocks, aborting the job after the timeout. */
 int ag__coll_wait(const void *data);
+/* Eager calls (the dispatcher, right after a collective's kernel started it): the entry for
+ * out's data takes a reference on out's storage, dropped when the collective completes, so
+ * freeing out before the wait cannot hand MPI's destination to a new owner. No-op when none is
+ * pending for it. The planned executor never calls it (see pending.c). */
+void ag__coll_hold(ag_tensor *out);
+/* Completes every collective whose entry holds storage st (an eager op is about to read it):
+ * how many. One atomic load when no entry holds a storage. */
+int ag__pending_wait_storage(const ag_storage *st);
+/* The check that every rank of g issues the same collectives in the same order
+ * (src/dist/seq_check.c): hashes[i] (never 0) and descs[i] (what a message shows, e.g.
+ * "all_reduce(f32, 4096 elements, 'sum', '0') at %ar") describe this rank's n collectives on
+ * g. 0 when every rank of g has the same sequence (at once for a group of one rank); otherwise
+ * the job ends on every rank (ag_dist_abort) with `what`, the first collective that differs and
+ * what rank 0 and a differing rank run there. AG_ENOMEM before communicating. Every rank of g
+ * must call it at the same point of its program, as for any collective. */
+int ag__dist_check_sequence(const char *what, ag_group *g, const uint64_t *hashes,
+                            const char *const *descs, int64_t n);
 /* Completes every pending collective (ag_dist_finalize). */
 int ag__pending_wait_all(void);
 /* Waits for one MPI request (an MPI_Request *) under the timeout; `op` and g name it. */

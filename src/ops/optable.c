@@ -8,6 +8,7 @@
  * partitioning, the executor) reaches ops only through this table. */
 #include "copy_slices.h"
 #include "../core/internal.h"
+#include "../dist/pending.h"
 #include "family.h"
 
 #include <ctype.h>
@@ -607,6 +608,18 @@ static int check_mutated_overlap(const ag_op *op, const ag_arg *full) {
     return 0;
 }
 
+/* Completes the pending eager collectives that write a tensor argument's storage. */
+static void wait_pending_args(const ag_op *op, const ag_arg *full) {
+    for (int i = 0; i < op->nargs; i++) {
+        if (full[i].kind == AG_ARG_TENSOR && full[i].u.t)
+            ag__pending_wait_storage(full[i].u.t->storage);
+        else if (full[i].kind == AG_ARG_TENSORS)
+            for (int k = 0; k < full[i].n; k++)
+                if (full[i].u.ts[k])
+                    ag__pending_wait_storage(full[i].u.ts[k]->storage);
+    }
+}
+
 /* Runs the call; on success outs hold references owned by the caller (not given to a scope). */
 static int call_raw(const ag_op *op, const ag_arg *full, ag_tensor **outs, int *nouts_p) {
     const ag_opdef *def = op->def;
@@ -714,6 +727,11 @@ static int call_raw(const ag_op *op, const ag_arg *full, ag_tensor **outs, int *
         }
     }
 
+    /* An eager collective's output read before its wait_tensor: completed first, as PyTorch's
+     * AsyncCollectiveTensor waits on first use (a view reads nothing and does not wait). */
+    if (!meta && !(def->flags & AG_OP_VIEW))
+        wait_pending_args(op, full);
+
     /* An in-place op whose backward needs the original self saves a copy taken before the
      * kernel overwrites it (autograd's original_self). */
     ag_tensor *orig_self = NULL;
@@ -739,6 +757,12 @@ static int call_raw(const ag_op *op, const ag_arg *full, ag_tensor **outs, int *
             free_outs(outs, nouts);
             return rc;
         }
+        /* The collective started: its entry keeps the output's storage until it completes,
+         * whatever happens to the output from here on (freed by a failure below, or by the
+         * caller before its wait_tensor). */
+        if (def->flags & AG_OP_COLLECTIVE)
+            for (int i = 0; i < nouts; i++)
+                ag__coll_hold(outs[i]);
     }
     for (int i = 0; i < op->nargs; i++)
         if (op->mutates[i] && full[i].kind == AG_ARG_TENSOR && full[i].u.t)

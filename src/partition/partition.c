@@ -562,10 +562,13 @@ int ag__partition_ex(const ag_graph *joint, int num_fwd_outputs, const ag_partit
     if (rc == 0)
         rc = ag__plan_make(&P, saved, nsaved, &pl);
 #ifndef NDEBUG
-    /* ag__save_random_nodes left no random forward node for the backward to draw again. */
+    /* ag__save_random_nodes left no random forward node for the backward to draw again, and
+     * no collective to run again that is not tagged MUST_RECOMPUTE. */
     for (int p = 0; rc == 0 && p < pl.nbw; p++) {
         const ag__pinfo *pi = &P.info[pl.bw[p]];
         assert(!(pi->kind == AG_NODE_CALL && pi->random && !pi->req_bw));
+        assert(!(pi->kind == AG_NODE_CALL && (pi->opflags & AG_OP_COLLECTIVE) && !pi->req_bw &&
+                 pi->policy != AG_MUST_RECOMPUTE));
     }
 #endif
     ag__free(saved);

@@ -444,33 +444,68 @@ static int save_effect_outputs(const ag__part *P, int **saved, int *nsaved) {
     return 0;
 }
 
-/* Random ops (AG_OP_RANDOM) are not recomputed: they read the running thread's generator, so
- * recomputing a draw in the backward would give other numbers. The export functionalizes them
- * into philox ops, which may be recomputed; random ops remain only in graphs exported with
- * keep_random_ops or built otherwise. Whatever saved set was chosen, a random node the
- * backward would run again is saved instead (its getitems for a tuple), until none is left.
- * The values of forward effects are saved too (save_effect_outputs). */
+/* A forward node the backward must not run again: a random op (AG_OP_RANDOM) reads the
+ * running thread's generator, so a recomputed draw would give other numbers; a collective
+ * (AG_OP_COLLECTIVE) would communicate again, and every rank must issue the same collectives in
+ * the same order, so only those tagged AG_MUST_RECOMPUTE (FSDP's parameter gathers and their
+ * waits) are run again. */
+static bool never_recomputed(const ag__pinfo *pi) {
+    if (pi->kind != AG_NODE_CALL || pi->req_bw)
+        return false;
+    if (pi->opflags & AG_OP_COLLECTIVE)
+        return pi->policy != AG_MUST_RECOMPUTE;
+    return pi->random;
+}
+
+/* Whether the backward would run x again and must save it instead. A collective whose
+ * wait_tensor the backward would also run again is not saved itself: its wait is (a pending
+ * result is never a saved value), and the collective then drops out of the backward. */
+static bool save_instead(const ag__part *P, const bool *in_bw, int x) {
+    const ag__pinfo *pi = &P->info[x];
+    if (!never_recomputed(pi))
+        return false;
+    if (pi->opflags & AG_OP_COLLECTIVE)
+        for (int u = 0; u < pi->nusers; u++)
+            if (in_bw[pi->users[u]] && never_recomputed(&P->info[pi->users[u]]))
+                return false;
+    return true;
+}
+
+/* Random ops and collectives are not recomputed (never_recomputed). The export functionalizes
+ * random ops into philox ops, which may be recomputed; random ops remain only in graphs
+ * exported with keep_random_ops or built otherwise. Whatever saved set was chosen (an
+ * inputs-only set under memory budget 0 included), such a node the backward would run again is
+ * saved instead (its getitems for a tuple), until none is left. The values of forward effects
+ * are saved too (save_effect_outputs). */
 int ag__save_random_nodes(const ag__part *P, int **saved, int *nsaved) {
     int rc0 = save_effect_outputs(P, saved, nsaved);
     if (rc0)
         return rc0;
+    bool *in_bw = ag__calloc((size_t)P->nn, sizeof(bool));
+    if (!in_bw)
+        return AG_ENOMEM;
     for (int round = 0; round < P->nn; round++) {
         ag__plan pl;
         int rc = ag__plan_make(P, *saved, *nsaved, &pl);
-        if (rc)
+        if (rc) {
+            ag__free(in_bw);
             return rc;
-        int add = 0;
-        for (int p = 0; p < pl.nbw; p++) {
-            const ag__pinfo *pi = &P->info[pl.bw[p]];
-            add += pi->kind == AG_NODE_CALL && pi->random && !pi->req_bw ? 1 + pi->nusers : 0;
         }
+        memset(in_bw, 0, (size_t)P->nn * sizeof(bool));
+        for (int p = 0; p < pl.nbw; p++)
+            in_bw[pl.bw[p]] = true;
+        int add = 0;
+        for (int p = 0; p < pl.nbw; p++)
+            add += save_instead(P, in_bw, pl.bw[p]) ? 1 + P->info[pl.bw[p]].nusers : 0;
         if (!add) {
             ag__plan_free(&pl);
+            ag__free(in_bw);
             return 0;
         }
         int *v = ag__malloc(sizeof(int) * (size_t)(*nsaved + add));
         if (!v) {
             ag__plan_free(&pl);
+            ag__free(in_bw);
             return AG_ENOMEM;
         }
         memcpy(v, *saved, sizeof(int) * (size_t)*nsaved);
@@ -478,7 +513,7 @@ int ag__save_random_nodes(const ag__part *P, int **saved, int *nsaved) {
         for (int p = 0; p < pl.nbw; p++) {
             int x = pl.bw[p];
             const ag__pinfo *pi = &P->info[x];
-            if (!(pi->kind == AG_NODE_CALL && pi->random && !pi->req_bw))
+            if (!save_instead(P, in_bw, x))
                 continue;
             if (!pi->tuple)
                 v[n++] = x;
@@ -492,5 +527,6 @@ int ag__save_random_nodes(const ag__part *P, int **saved, int *nsaved) {
         *saved = v;
         *nsaved = n;
     }
+    ag__free(in_bw);
     return 0;
 }

@@ -31,7 +31,9 @@ void ag__plan_free(ag__plan *pl);
 int ag__plan_peak(const ag__part *P, const ag__plan *pl, ag__peak *out);
 
 /* Adds to a saved set every random node the backward would otherwise run again (aotgrad does
- * not functionalize the generator) and every value of a forward effect; *saved (an ag__malloc'd
+ * not functionalize the generator), every collective it would run again that is not tagged
+ * AG_MUST_RECOMPUTE (its wait_tensor's value, so that no rank communicates twice), and every
+ * value of a forward effect; *saved (an ag__malloc'd
  * array the caller owns) is reallocated. */
 int ag__save_random_nodes(const ag__part *P, int **saved, int *nsaved);
 

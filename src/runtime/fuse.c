@@ -365,6 +365,15 @@ static bool output_only_reader(const ag_node *n, int k, const ag_node *only) {
 
 int ag__fuse_match(ag_node *const *c, int n, ag__fuse_group *g) {
     memset(g, 0, sizeof *g);
+    /* A group never holds a collective or a wait_tensor (which is flagged pointwise): the
+     * fused kernel would run the members' computations around the communication's start or
+     * completion, and a collective is ordered against the other ranks. The chain stops there. */
+    for (int k = 0; k < n; k++)
+        if (ag_node_kind_of(c[k]) == AG_NODE_CALL &&
+            (ag_op_def(ag_node_op(c[k]))->flags & AG_OP_COLLECTIVE)) {
+            n = k;
+            break;
+        }
     if (n >= 2 && is_op(c[0], "addmm") && is_op(c[1], "gelu") && reads(c[1], 0, c[0], 0)) {
         g->f = &addmm_gelu;
         return 2;

@@ -145,6 +145,7 @@ struct ag_plan {
     ag__fuse_group *fuse_at; /* building: per node, the fused group it starts */
     int nfused;              /* fused groups */
     int64_t fused_declined;  /* group runs that fell back to one kernel per node */
+    bool coll_check;         /* the collective-order check (coll_order.c) is due */
 };
 
 static int64_t align_up(int64_t n) {
@@ -957,7 +958,33 @@ ag_plan *ag_plan_new(const ag_graph *g, const ag_plan_opts *opts) {
         ag__err(rc < 0 ? rc : AG_EINVAL, "%s", msg); /* freeing may not clobber it, but be sure */
         return NULL;
     }
+    if (ag__coll_check_wanted(opts))
+        for (int si = 0; si < p->nsteps && !p->coll_check; si++)
+            p->coll_check = p->steps[si].kind == STEP_KERNEL &&
+                            (ag_op_def(p->steps[si].op)->flags & AG_OP_COLLECTIVE);
     return p;
+}
+
+/* The first run of a plan with collectives: the ranks compare their sequences of them. */
+static int check_collectives(ag_plan *p) {
+    int n = 0;
+    for (int si = 0; si < p->nsteps; si++)
+        n += p->steps[si].kind == STEP_KERNEL &&
+             (ag_op_def(p->steps[si].op)->flags & AG_OP_COLLECTIVE);
+    ag__coll_step *cs = ag__malloc(sizeof *cs * (size_t)(n ? n : 1));
+    if (!cs)
+        return AG_ENOMEM;
+    n = 0;
+    for (int si = 0; si < p->nsteps; si++) {
+        const pstep *s = &p->steps[si];
+        if (s->kind == STEP_KERNEL && (ag_op_def(s->op)->flags & AG_OP_COLLECTIVE))
+            cs[n++] = (ag__coll_step){s->op, s->args, s->outs[0], nname(p, s->node)};
+    }
+    int rc = ag__coll_check(cs, n);
+    ag__free(cs);
+    if (rc == 0)
+        p->coll_check = false;
+    return rc;
 }
 
 void ag_plan_free(ag_plan *p) {
@@ -1402,6 +1429,8 @@ int ag_plan_run(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor **o
                        max_out);
     int rc = bind_inputs(p, inputs, ninputs);
     if (rc)
+        return rc;
+    if (p->coll_check && (rc = check_collectives(p)))
         return rc;
     if (!p->arena) {
         p->arena = ag__malloc((size_t)(p->arena_bytes > 0 ? p->arena_bytes : AG_ALIGN));

@@ -70,6 +70,23 @@ int ag__plan_debug_move(ag_plan *p, const char *name, int64_t offset, const char
  * first nodes' names; returns how many groups there are. */
 int ag__plan_fused_groups(const ag_plan *p, const char **names, const char **first, int max);
 
+/* ---- coll_order.c: the collective-order check of a plan's first run ---- */
+
+/* One collective step as the plan bound it. */
+typedef struct ag__coll_step {
+    const ag_op *op;
+    const ag_arg *args;   /* defaults filled */
+    const ag_tensor *out; /* its output (dtype and sizes) */
+    const char *node;     /* the node's name, for the message */
+} ag__coll_step;
+/* Whether plans made with opts check (checking mode, a build without NDEBUG, or the
+ * environment's AG_CHECK_COLLECTIVES, which decides when set: "0" off, anything else on). */
+bool ag__coll_check_wanted(const ag_plan_opts *o);
+/* Every rank of each group the steps name compares its sequence of collectives on it with the
+ * others' (wait_tensor steps are skipped); a difference ends the job on every rank, naming the
+ * first differing collective. 0, or AG_ENOMEM before communicating. */
+int ag__coll_check(const ag__coll_step *steps, int n);
+
 /* Test hook: fn(op name, node name, ud) runs before each kernel call of every plan the
  * calling thread runs (and fn(NULL, NULL, ud) after a run's last), so a counting allocator can
  * charge allocations to kernels. NULL removes it. Per thread: other threads' plans do not call
