@@ -52,6 +52,7 @@
 #include "plan_internal.h"
 #include "fuse.h"
 #include "aotgrad/dist.h"
+#include "../dist/pending.h"
 
 #include <assert.h>
 #include <stdio.h>
@@ -1299,6 +1300,20 @@ static int run_fused(ag_plan *p, int si, ag__tls_state *ts) {
     return rc;
 }
 
+/* A run that failed may have started collectives whose wait_tensor never ran: MPI would
+ * still write into the arena, which the caller may free with the plan. Complete them here
+ * (each rank runs the same steps, so the peers reach these collectives too; a peer that never
+ * does ends the job through the timeout watchdog). A started collective has no pending entry
+ * once its wait ran, and ag__coll_wait does nothing then. */
+static void settle_collectives(ag_plan *p) {
+    for (int si = 0; si < p->nsteps; si++) {
+        const pstep *s = &p->steps[si];
+        if (s->kind == STEP_KERNEL && (ag_op_def(s->op)->flags & AG_OP_COLLECTIVE) &&
+            s->nouts > 0 && s->outs[0] && s->outs[0]->storage->data)
+            ag__coll_wait(ag__base(s->outs[0]));
+    }
+}
+
 static int run_steps(ag_plan *p) {
     int nend = 0, next_end = 0;
     if (p->opts.checking) {
@@ -1447,8 +1462,10 @@ int ag_plan_run(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor **o
     ag_scope_begin();
     rc = run_steps(p);
     ag_scope_end();
-    if (rc)
+    if (rc) {
+        settle_collectives(p);
         return rc;
+    }
     if ((rc = take_outputs(p, inputs, outs)))
         return rc;
     if (caller_scope)
