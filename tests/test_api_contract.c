@@ -1535,6 +1535,9 @@ static long c_ag_placement_str(void) {
 static long c_ag_placement_parse(void) {
     return ag_placement_parse(NULL, NULL);
 }
+static long c_ag_op_shard_rule(void) {
+    return ag_op_shard_rule(NULL, NULL);
+}
 static long c_ag_shard_rule_pointwise(void) {
     return ag_shard_rule_pointwise(NULL);
 }
@@ -2063,6 +2066,7 @@ static const row rows[] = {
     {"ag_comm_time", 'A', 'O', c_ag_comm_time, NULL},
     {"ag_placement_str", 'A', 'R', c_ag_placement_str, NULL},
     {"ag_placement_parse", 'F', 'I', c_ag_placement_parse, NULL},
+    {"ag_op_shard_rule", 'F', 'I', c_ag_op_shard_rule, NULL},
     {"ag_shard_rule_pointwise", 'F', 'I', c_ag_shard_rule_pointwise, NULL},
     {"ag_shard_rule_linear_pointwise", 'F', 'I', c_ag_shard_rule_linear_pointwise, NULL},
     {"ag_mesh_world", 'F', 'I', c_ag_mesh_world, NULL},

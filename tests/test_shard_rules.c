@@ -198,7 +198,7 @@ static void test_pointwise_structure(void **st) {
     call k;
     call_init(&k, add, (ag_arg[]){AG_A_T(a), AG_A_T(b)}, 2, 2,
               (ag_placement[]){AG_P_SHARD(1), AG_P_REPLICATE});
-    assert_int_equal(ag__shard_rule(k.c.op, &k.c), 0);
+    assert_int_equal(ag_op_shard_rule(k.c.op, &k.c), 0);
     assert_placement(k.want[0], "Shard(1)");
     assert_placement(k.want[1], "Shard(0)");
     assert_placement(k.out[0], "Shard(1)");
@@ -206,7 +206,7 @@ static void test_pointwise_structure(void **st) {
     /* The broadcast dim of b1 stays Replicate(); the Replicate() input follows the shard. */
     call_init(&k, add, (ag_arg[]){AG_A_T(b1), AG_A_T(a)}, 2, 2,
               (ag_placement[]){AG_P_REPLICATE, AG_P_SHARD(0)});
-    assert_int_equal(ag__shard_rule(k.c.op, &k.c), 0);
+    assert_int_equal(ag_op_shard_rule(k.c.op, &k.c), 0);
     assert_placement(k.want[0], "Replicate()");
     assert_placement(k.want[1], "Shard(0)");
     assert_placement(k.out[0], "Shard(0)");
@@ -214,49 +214,49 @@ static void test_pointwise_structure(void **st) {
     /* A dim that does not divide is never asked for: 6 on 4 ranks; dim 0 (4) is taken. */
     call_init(&k, add, (ag_arg[]){AG_A_T(a), AG_A_T(a)}, 2, 4,
               (ag_placement[]){AG_P_SHARD(1), AG_P_SHARD(0)});
-    assert_int_equal(ag__shard_rule(k.c.op, &k.c), 0);
+    assert_int_equal(ag_op_shard_rule(k.c.op, &k.c), 0);
     assert_placement(k.want[0], "Shard(0)");
     assert_placement(k.want[1], "Shard(0)");
     assert_placement(k.out[0], "Shard(0)");
     call_free(&k);
     ag_placement ps = AG_P_PARTIAL(AG_PARTIAL_SUM), pa = AG_P_PARTIAL(AG_PARTIAL_AVG);
     call_init(&k, add, (ag_arg[]){AG_A_T(a), AG_A_T(b)}, 2, 2, (ag_placement[]){ps, ps});
-    assert_int_equal(ag__shard_rule(k.c.op, &k.c), 0);
+    assert_int_equal(ag_op_shard_rule(k.c.op, &k.c), 0);
     assert_placement(k.out[0], "Partial(sum)");
     call_free(&k);
     call_init(&k, add, (ag_arg[]){AG_A_T(a), AG_A_T(b)}, 2, 2, (ag_placement[]){ps, pa});
-    assert_int_equal(ag__shard_rule(k.c.op, &k.c), 0);
+    assert_int_equal(ag_op_shard_rule(k.c.op, &k.c), 0);
     assert_placement(k.want[0], "Replicate()");
     assert_placement(k.want[1], "Replicate()");
     assert_placement(k.out[0], "Replicate()");
     call_free(&k);
     call_init(&k, adds, (ag_arg[]){AG_A_T(a), AG_A_F(2)}, 2, 2, (ag_placement[]){ps});
-    assert_int_equal(ag__shard_rule(k.c.op, &k.c), 0);
+    assert_int_equal(ag_op_shard_rule(k.c.op, &k.c), 0);
     assert_placement(k.out[0], "Replicate()");
     call_free(&k);
     call_init(&k, adds, (ag_arg[]){AG_A_T(a), AG_A_F(2)}, 2, 2, (ag_placement[]){pa});
-    assert_int_equal(ag__shard_rule(k.c.op, &k.c), 0);
+    assert_int_equal(ag_op_shard_rule(k.c.op, &k.c), 0);
     assert_placement(k.out[0], "Partial(avg)");
     call_free(&k);
     call_init(&k, mul, (ag_arg[]){AG_A_T(a), AG_A_T(b)}, 2, 2,
               (ag_placement[]){AG_P_REPLICATE, ps});
-    assert_int_equal(ag__shard_rule(k.c.op, &k.c), 0);
+    assert_int_equal(ag_op_shard_rule(k.c.op, &k.c), 0);
     assert_placement(k.out[0], "Partial(sum)");
     call_free(&k);
     call_init(&k, div, (ag_arg[]){AG_A_T(a), AG_A_T(b)}, 2, 2,
               (ag_placement[]){AG_P_REPLICATE, ps});
-    assert_int_equal(ag__shard_rule(k.c.op, &k.c), 0);
+    assert_int_equal(ag_op_shard_rule(k.c.op, &k.c), 0);
     assert_placement(k.want[1], "Replicate()");
     assert_placement(k.out[0], "Replicate()");
     call_free(&k);
     /* A Partial input of a non-linear op next to a shard is reduce_scattered to the shard. */
     call_init(&k, add, (ag_arg[]){AG_A_T(a), AG_A_T(a)}, 2, 2, (ag_placement[]){ps, AG_P_SHARD(1)});
-    assert_int_equal(ag__shard_rule(k.c.op, &k.c), 0);
+    assert_int_equal(ag_op_shard_rule(k.c.op, &k.c), 0);
     assert_placement(k.want[0], "Shard(1)");
     assert_placement(k.out[0], "Shard(1)");
     call_free(&k);
     call_init(&k, exp_, (ag_arg[]){AG_A_T(a)}, 1, 2, (ag_placement[]){ag__shard_p(1, 3)});
-    assert_int_equal(ag__shard_rule(k.c.op, &k.c), 0);
+    assert_int_equal(ag_op_shard_rule(k.c.op, &k.c), 0);
     assert_placement(k.out[0], "StridedShard(1, 3)");
     call_free(&k);
     ag_tensor_free(a);
@@ -279,7 +279,7 @@ static void test_rule_contract_checked(void **st) {
     bad.shard = uneven_rule;
     call k;
     call_init(&k, exp_, (ag_arg[]){AG_A_T(a)}, 1, 4, (ag_placement[]){AG_P_SHARD(0)});
-    assert_int_equal(ag__shard_rule(&bad, &k.c), AG_EINVAL);
+    assert_int_equal(ag_op_shard_rule(&bad, &k.c), AG_EINVAL);
     tu_assert_error_contains("shard rule of exp asked for Shard(1) of input 0 of shape [4, 6] "
                              "on 4 ranks");
     assert_placement(k.want[0], "Shard(0)");
@@ -289,7 +289,7 @@ static void test_rule_contract_checked(void **st) {
     const ag_op *add_ = ag_op_find("add_.Tensor");
     ag_tensor *c2 = rnd(2, (int64_t[]){4, 6});
     call_init(&k, add_, (ag_arg[]){AG_A_T(c2), AG_A_T(a)}, 2, 2, NULL);
-    assert_int_equal(ag__shard_rule(k.c.op, &k.c), AG_SHARD_NO_RULE);
+    assert_int_equal(ag_op_shard_rule(k.c.op, &k.c), AG_SHARD_NO_RULE);
     call_free(&k);
     ag_tensor_free(c2);
     ag_tensor_free(a);
@@ -345,7 +345,7 @@ static bool diff_one(const ag_op *op, const ag_opdef *def, const ag_arg *args, i
     ag_scope_begin();
     call *k = calloc(1, sizeof *k);
     call_init(k, op, args, nargs, W, in);
-    int rc = ag__shard_rule(def, &k->c);
+    int rc = ag_op_shard_rule(def, &k->c);
     bool ok = true;
     char pb[64], pw[64];
     if (rc == AG_SHARD_NO_RULE) {

@@ -170,6 +170,14 @@ AG_API bool ag_shard_divisible(int64_t n, int world, int split_factor);
 /* Rules usable by any op (ag_opdef.shard): elementwise with broadcasting, no Partial
  * inputs; the same allowing Partial where the op is linear in that input (add, sub, neg: all
  * inputs Partial with one op; mul, div: one Partial input times Replicate() others). */
+/* The rule of op definition `def` for the call in c, as the sharding pass asks it (and any
+ * other compiler may): def->shard when set, else the pointwise rule for a functional
+ * AG_OP_POINTWISE op (not in-place, random or effectful), else AG_SHARD_NO_RULE. c must be
+ * preset as above (want = in, out = Replicate(), local_args = args). Returns 0 with want, out
+ * and local_args set, AG_SHARD_NO_RULE, or a negative AG_E* code with a message when the rule
+ * failed or broke the contract (a Shard of a dim out of range or not divisible by world times
+ * its split factor, in want or out); on failure want, out and local_args are as preset. */
+AG_API int ag_op_shard_rule(const struct ag_opdef *def, ag_shard_ctx *c);
 AG_API int ag_shard_rule_pointwise(ag_shard_ctx *c);
 AG_API int ag_shard_rule_linear_pointwise(ag_shard_ctx *c);
 

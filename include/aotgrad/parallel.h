@@ -123,10 +123,14 @@ AG_API ag_joint *ag_shard_joint(const ag_joint *j, const ag_mesh *mesh, const ag
 
 /* What one rank's sharded joint holds and moves, read from its graph. */
 typedef struct ag_shard_summary {
-    int64_t param_bytes;    /* this rank's parameter (and buffer) pieces */
-    int64_t optim_bytes;    /* AdamW's two moments for them */
-    int64_t comm_bytes;     /* bytes this rank sends per step (ag_comm_bytes of each collective) */
-    int ncollectives;       /* collective nodes, wait_tensor not counted */
+    int64_t param_bytes; /* this rank's parameter (and buffer) pieces */
+    int64_t optim_bytes; /* AdamW's two moments for them */
+    /* Bytes this rank sends per step (ag_comm_bytes of each collective) and the collectives it
+     * starts (wait_tensor not counted); a collective tagged AG_MUST_RECOMPUTE (fsdp's parameter
+     * gathers) counts twice, as the min-cut partitioner runs it in the forward and again in the
+     * backward. */
+    int64_t comm_bytes;
+    int ncollectives;
     int nfallback;          /* nodes whose inputs were replicated for want of a rule */
     char fallback_ops[256]; /* their ops, "op xN, op2 xM" (truncated with "...") */
     /* Nodes the pass decomposed into ops that shard, because whole they would all_gather a

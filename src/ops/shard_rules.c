@@ -4,7 +4,7 @@
  * `world` ranks (ag_shard_ctx, include/aotgrad/optable.h). Out: the placements the inputs must
  * take (want) so that running the op on each rank's local pieces gives outputs of known
  * placements (out) with no communication, and the arguments each rank calls the op with
- * (local_args). The sharding pass (src/parallel) calls ag__shard_rule for each node and inserts
+ * (local_args). The sharding pass (src/parallel) calls ag_op_shard_rule for each node and inserts
  * the collectives that move inputs from `in` to `want`.
  *
  * The rules choose what costs least: an input already sharded is followed, a Replicate()
@@ -318,9 +318,9 @@ static const char *op_name(const ag_opdef *def, char *buf, size_t n) {
     return buf;
 }
 
-int ag__shard_rule(const ag_opdef *def, ag_shard_ctx *c) {
-    AG__CHECK_NULL("shard rule", def);
-    AG__CHECK_NULL("shard rule", c);
+int ag_op_shard_rule(const ag_opdef *def, ag_shard_ctx *c) {
+    AG__CHECK_NULL("op_shard_rule", def);
+    AG__CHECK_NULL("op_shard_rule", c);
     ag_shard_fn fn = def->shard;
     if (!fn && (def->flags & AG_OP_POINTWISE) &&
         !(def->flags & (AG_OP_INPLACE | AG_OP_RANDOM | AG_OP_EFFECTFUL)))

@@ -1,18 +1,13 @@
 /* Sharding rules shared by the op families (shard_rules.c) and the entry the sharding pass
- * calls for a node (ag__shard_rule). The public half of the contract (ag_placement,
- * ag_shard_ctx, ag_opdef.shard, the pointwise rules) is in include/aotgrad/optable.h. */
+ * calls for a node (ag_op_shard_rule, declared in optable.h). The public half of the contract
+ * (ag_placement, ag_shard_ctx, ag_opdef.shard, the pointwise rules) is in
+ * include/aotgrad/optable.h. */
 #ifndef AG_SHARD_RULES_H
 #define AG_SHARD_RULES_H
 
 #include "aotgrad/optable.h"
 
-/* The rule of `def` for the call in c: def->shard when set, else the pointwise rule for a
- * functional AG_OP_POINTWISE op (not in-place, not random), else AG_SHARD_NO_RULE. c must be
- * preset as optable.h says (want = in, out = Replicate(), local_args = args). Returns 0 with
- * want/out/local_args set, AG_SHARD_NO_RULE, or a negative AG_E* code with a message when the
- * rule failed or broke the contract (a Shard of a dim out of range or not divisible by world
- * times its split factor, in want or out); on failure want, out and local_args are as preset. */
-int ag__shard_rule(const ag_opdef *def, ag_shard_ctx *c);
+/* ag_op_shard_rule, the entry the sharding pass calls, is public: optable.h. */
 
 /* ---- helpers for rules (shard_rules.c) ---- */
 

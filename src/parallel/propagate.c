@@ -2,7 +2,7 @@
  *
  * In: one call node of the source joint at a time (shard_joint.c walks them in order), with its
  * inputs already on the rank's graph at known placements. The node's op gets the rule's say
- * (ag__shard_rule: the op's ag_opdef.shard, or the one its flags give): which placement each
+ * (ag_op_shard_rule: the op's ag_opdef.shard, or the one its flags give): which placement each
  * input must take and which its outputs then have. Out: the redistributions (collectives, each
  * followed by its wait_tensor, or local slices) appended to the rank's graph, then the call on
  * the local pieces, its local shapes checked against its global shapes and placements.
@@ -467,7 +467,7 @@ int ag__shard_call(ag__shard_pass *P, const ag_node *n) {
     bool fallback = false;
     /* One rank: every placement is the whole tensor (shard_joint.c places everything
      * Replicate()); there is nothing to ask a rule. */
-    int rc = P->W == 1 ? 0 : ag__shard_rule(def, &ctx);
+    int rc = P->W == 1 ? 0 : ag_op_shard_rule(def, &ctx);
     if (rc == AG_SHARD_NO_RULE) {
         fallback = true;
         for (int j = 0; j < ntin; j++)

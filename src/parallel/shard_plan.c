@@ -304,8 +304,10 @@ int ag_shard_summary_get(const ag_joint *sharded, ag_shard_summary *out) {
         if (k != AG_NODE_CALL)
             continue;
         if (ag__node_is_collective(n) && !ag__node_is_op(n, AG__C10D_WAIT)) {
-            s.comm_bytes += node_comm_bytes(n);
-            s.ncollectives++;
+            /* A gather tagged to be recomputed (fsdp's) runs again in the backward. */
+            int times = ag_node_recompute(n) == AG_MUST_RECOMPUTE ? 2 : 1;
+            s.comm_bytes += times * node_comm_bytes(n);
+            s.ncollectives += times;
         }
         ag_mval fb = ag_node_meta_get(n, "shard_fallback");
         if (fb.kind == AG_MV_BOOL && fb.u.b) {
