@@ -10,14 +10,16 @@
  *
  * From DIR (default examples/small_resnet) it reads weights.safetensors (the initial state),
  * data.safetensors (x [64, 3, 8, 8], y [64]), reference.txt (PyTorch's losses) and
- * final.safetensors (PyTorch's state after training). It trains two copies of the model from
+ * final.safetensors (PyTorch's state after training). It trains three copies of the model from
  * the same weights for 20 steps, in training mode (BatchNorm uses the batch's statistics and
  * updates its running ones), with SGD(lr 0.05, momentum 0.9, weight_decay 5e-4), step s on
  * samples [16 (s mod 4), +16):
  *   eager     ag_module_call, ag_backward, ag_optim_step;
  *   compiled  the training step exported once as a joint graph (ag_export_joint), compiled
  *             (ag_compile_joint: partitioned forward and backward on the planned executor) and
- *             called each step (ag_compiled_call_module); ag_backward runs the compiled backward.
+ *             called each step (ag_compiled_call_module); ag_backward runs the compiled backward;
+ *   min-cut   the same, partitioned by the min-cut partitioner under a memory budget of 0.5,
+ *             which recomputes some activations in the backward instead of saving them.
  * It prints each step's losses and exits 1 if a loss is further than LOSS_TOL from PyTorch's
  * float32 loss, or a final parameter or buffer further than STATE_TOL from PyTorch's.
  *
@@ -262,6 +264,131 @@ static int train_one(ag_module *step, ag_compiled *c, ag_optim *opt, ag_tensor *
     return rc;
 }
 
+/* One training run: a copy of the model with its optimizer, trained eagerly (c NULL) or through a
+ * compiled step. */
+typedef struct run {
+    const char *name;
+    ag_module *step, *net; /* net: the SmallResNet inside step */
+    ag_optim *opt;
+    ag_compiled *c;
+} run;
+
+enum { NRUNS = 3 };
+
+/* Builds the runs from `weights`; the data's first batch (x0, y0) gives the export its shapes.
+ * 0, or -1 with the message in ag_last_error. */
+static int runs_new(run *r, const char *weights, ag_tensor *x0, ag_tensor *y0) {
+    /* The default partitioner saves what the backward uses; the min-cut one with a memory
+     * budget of 0.5 recomputes cheap activations in the backward instead. */
+    const ag_compile_opts mincut = {
+        .partition = {.partitioner = AG_PARTITION_MINCUT, .memory_budget = 0.5}};
+    const ag_compile_opts *opts[NRUNS] = {NULL, NULL, &mincut};
+    const char *names[NRUNS] = {"eager", "compiled", "min-cut"};
+    for (int k = 0; k < NRUNS; k++) {
+        r[k].name = names[k];
+        r[k].step = train_step(weights, &r[k].net);
+        r[k].opt = r[k].step ? ag_optim_sgd(r[k].step, LR, MOMENTUM, WEIGHT_DECAY, false) : NULL;
+        if (!r[k].opt)
+            return -1;
+        if (k == 0) {
+            printf("SmallResNet: %lld parameters, loaded from %s\n",
+                   (long long)ag_module_num_parameters(r[0].net), weights);
+            continue;
+        }
+        /* Export the training step once, on the first batch's shapes (the module's tensors
+         * are not changed by the export), and compile it. */
+        ag_joint *j = ag_export_joint(r[k].step, (ag_tensor *[]){x0, y0}, 2, NULL, NULL, 0, NULL);
+        r[k].c = j ? ag_compile_joint(j, opts[k]) : NULL;
+        if (r[k].c && k == 1)
+            printf("joint graph: %d primals (%d parameters, %d buffers), %d mutated inputs "
+                   "(BatchNorm's running statistics)\n",
+                   ag_joint_num_primals(j), ag_joint_num_params(j), ag_joint_num_buffers(j),
+                   ag_joint_num_mutated_inputs(j));
+        if (r[k].c)
+            printf("%s: %d saved tensors, %d nodes recomputed in the backward\n", r[k].name,
+                   ag_compiled_stats(r[k].c)->saved_tensors,
+                   ag_compiled_stats(r[k].c)->recomputed_nodes);
+        ag_joint_free(j);
+        if (!r[k].c)
+            return -1;
+    }
+    return 0;
+}
+
+static void runs_free(run *r) {
+    for (int k = 0; k < NRUNS; k++) {
+        ag_compiled_free(r[k].c);
+        ag_optim_free(r[k].opt);
+        ag_module_free(r[k].step);
+    }
+}
+
+/* Trains every run STEPS steps and compares each loss with PyTorch's. 0, or 1 after a message. */
+static int train_all(run *r, ag_tensor *xs, ag_tensor *ys, const double *ref32,
+                     const double *ref64) {
+    double dev64 = 0, worst = 0;
+    printf("%4s %12s", "step", "pytorch");
+    for (int k = 0; k < NRUNS; k++)
+        printf(" %12s", r[k].name);
+    printf(" %10s\n", "max |-pt|");
+    for (int s = 0; s < STEPS; s++) {
+        int64_t i = (int64_t)(s % (NSAMPLES / BATCH)) * BATCH;
+        ag_tensor *x = ag_slice(xs, 0, i, i + BATCH, 1), *y = ag_slice(ys, 0, i, i + BATCH, 1);
+        double loss[NRUNS], d = 0;
+        int rc = x && y ? 0 : -1;
+        for (int k = 0; k < NRUNS && !rc; k++)
+            rc = train_one(r[k].step, r[k].c, r[k].opt, x, y, &loss[k]);
+        ag_tensor_free(x);
+        ag_tensor_free(y);
+        if (rc) {
+            fprintf(stderr, "small_resnet: step %d: %s\n", s + 1, ag_last_error());
+            return 1;
+        }
+        printf("%4d %12.8f", s + 1, ref32[s]);
+        for (int k = 0; k < NRUNS; k++) {
+            printf(" %12.8f", loss[k]);
+            d = isnan(loss[k]) ? NAN : fmax(d, fabs(loss[k] - ref32[s]));
+        }
+        printf(" %10.2e\n", d);
+        dev64 = fmax(dev64, fabs(ref32[s] - ref64[s]));
+        worst = fmax(worst, d);
+        if (!(d <= LOSS_TOL)) { /* NaN fails too */
+            fprintf(stderr,
+                    "small_resnet: step %d: a loss differs from PyTorch's by more than %g\n", s + 1,
+                    LOSS_TOL);
+            return 1;
+        }
+    }
+    printf("losses within %.2e of PyTorch's (tolerance %g; PyTorch float32 vs float64: %.2e)\n",
+           worst, LOSS_TOL, dev64);
+    return 0;
+}
+
+/* The trained states (parameters, running statistics, num_batches_tracked) against PyTorch's
+ * in final_path. 0, or 1 after a message. */
+static int check_state(const run *r, const char *final_path) {
+    ag_module *ref = small_resnet();
+    if (!ref || ag_module_load(ref, final_path)) {
+        fprintf(stderr, "small_resnet: %s\n", ag_last_error());
+        ag_module_free(ref);
+        return 1;
+    }
+    int bad = 0;
+    printf("after %d steps, largest difference from PyTorch's state:", STEPS);
+    for (int k = 0; k < NRUNS; k++) {
+        char worst[256] = "";
+        double d = state_distance(r[k].net, ref, worst, sizeof worst);
+        printf("%s %s %.2e (%s)", k ? "," : "", r[k].name, d, worst);
+        bad |= !(d >= 0 && d <= STATE_TOL);
+    }
+    printf("\n");
+    if (bad)
+        fprintf(stderr, "small_resnet: a trained state differs from PyTorch's by more than %g\n",
+                STATE_TOL);
+    ag_module_free(ref);
+    return bad;
+}
+
 int main(int argc, char **argv) {
     const char *dir = argc > 1 ? argv[1] : "examples/small_resnet";
     char weights[1024], data_path[1024], ref_path[1024], final_path[1024];
@@ -273,99 +400,17 @@ int main(int argc, char **argv) {
     if (read_reference(ref_path, ref32, ref64))
         return 1;
 
-    ag_module *eager_net = NULL, *compiled_net = NULL;
-    ag_module *eager = train_step(weights, &eager_net);
-    ag_module *compiled = eager ? train_step(weights, &compiled_net) : NULL;
-    ag_module *data = compiled ? load_data(data_path) : NULL;
-    ag_optim *eager_opt = data ? ag_optim_sgd(eager, LR, MOMENTUM, WEIGHT_DECAY, false) : NULL;
-    ag_optim *compiled_opt =
-        eager_opt ? ag_optim_sgd(compiled, LR, MOMENTUM, WEIGHT_DECAY, false) : NULL;
+    ag_module *data = load_data(data_path);
     ag_tensor *xs = ag_module_buffer(data, "x"), *ys = ag_module_buffer(data, "y");
-    if (!compiled_opt) {
-        fprintf(stderr, "small_resnet: %s\n", ag_last_error());
-        return 1;
-    }
-    printf("SmallResNet: %lld parameters, loaded from %s\n",
-           (long long)ag_module_num_parameters(compiled_net), weights);
-
-    /* Export the training step once, on the first batch's shapes; the module's tensors are
-     * not changed by the export. */
     ag_tensor *x0 = ag_slice(xs, 0, 0, BATCH, 1), *y0 = ag_slice(ys, 0, 0, BATCH, 1);
-    ag_joint *j = ag_export_joint(compiled, (ag_tensor *[]){x0, y0}, 2, NULL, NULL, 0, NULL);
-    ag_compiled *c = j ? ag_compile_joint(j, NULL) : NULL;
+    run r[NRUNS] = {0};
+    int bad = !x0 || !y0 || runs_new(r, weights, x0, y0);
     ag_tensor_free(x0);
     ag_tensor_free(y0);
-    if (!c) {
+    if (bad)
         fprintf(stderr, "small_resnet: %s\n", ag_last_error());
-        return 1;
-    }
-    printf("joint graph: %d primals (%d parameters, %d buffers), %d mutated inputs "
-           "(BatchNorm's running statistics)\n",
-           ag_joint_num_primals(j), ag_joint_num_params(j), ag_joint_num_buffers(j),
-           ag_joint_num_mutated_inputs(j));
-    ag_joint_free(j);
-
-    double dev64 = 0, worst_loss = 0;
-    int bad = 0;
-    printf("%4s %12s %12s %12s %10s %10s\n", "step", "pytorch", "eager", "compiled", "|e-pt|",
-           "|c-pt|");
-    for (int s = 0; s < STEPS && !bad; s++) {
-        int64_t i = (int64_t)(s % (NSAMPLES / BATCH)) * BATCH;
-        ag_tensor *x = ag_slice(xs, 0, i, i + BATCH, 1), *y = ag_slice(ys, 0, i, i + BATCH, 1);
-        double le = NAN, lc = NAN;
-        if (!x || !y || train_one(eager, NULL, eager_opt, x, y, &le) ||
-            train_one(compiled, c, compiled_opt, x, y, &lc)) {
-            fprintf(stderr, "small_resnet: step %d: %s\n", s + 1, ag_last_error());
-            bad = 1;
-        }
-        ag_tensor_free(x);
-        ag_tensor_free(y);
-        if (bad)
-            break;
-        double de = fabs(le - ref32[s]), dc = fabs(lc - ref32[s]);
-        printf("%4d %12.8f %12.8f %12.8f %10.2e %10.2e\n", s + 1, ref32[s], le, lc, de, dc);
-        dev64 = fmax(dev64, fabs(ref32[s] - ref64[s]));
-        worst_loss = fmax(worst_loss, fmax(de, dc));
-        if (!(de <= LOSS_TOL && dc <= LOSS_TOL)) { /* NaN fails too */
-            fprintf(stderr, "small_resnet: step %d: loss differs from PyTorch's by more than %g\n",
-                    s + 1, LOSS_TOL);
-            bad = 1;
-        }
-    }
-
-    /* The trained state (parameters, running statistics, num_batches_tracked) against
-     * PyTorch's. */
-    ag_module *ref = bad ? NULL : small_resnet();
-    if (!bad && (!ref || ag_module_load(ref, final_path))) {
-        fprintf(stderr, "small_resnet: %s\n", ag_last_error());
-        bad = 1;
-    }
-    if (!bad) {
-        char we[256] = "", wc[256] = "";
-        double de = state_distance(eager_net, ref, we, sizeof we);
-        double dc = state_distance(compiled_net, ref, wc, sizeof wc);
-        printf("after %d steps, largest difference from PyTorch's state: eager %.2e (%s), "
-               "compiled %.2e (%s)\n",
-               STEPS, de, we, dc, wc);
-        if (!(de >= 0 && de <= STATE_TOL && dc >= 0 && dc <= STATE_TOL)) {
-            fprintf(stderr,
-                    "small_resnet: the trained state differs from PyTorch's by more "
-                    "than %g\n",
-                    STATE_TOL);
-            bad = 1;
-        }
-    }
-    if (!bad)
-        printf("losses within %.2e of PyTorch's (tolerance %g; PyTorch float32 vs float64: "
-               "%.2e)\n",
-               worst_loss, LOSS_TOL, dev64);
-
-    ag_module_free(ref);
-    ag_compiled_free(c);
-    ag_optim_free(eager_opt);
-    ag_optim_free(compiled_opt);
+    bad = bad || train_all(r, xs, ys, ref32, ref64) || check_state(r, final_path);
+    runs_free(r);
     ag_module_free(data);
-    ag_module_free(eager);
-    ag_module_free(compiled);
     return bad;
 }
