@@ -49,6 +49,11 @@ LD_LIBRARY_PATH="$stage/lib" ./build-test/consumer-pc
 cmake -S examples/consumer -B build-test/consumer-cmake -DCMAKE_PREFIX_PATH="$stage" > /dev/null
 cmake --build build-test/consumer-cmake > /dev/null
 LD_LIBRARY_PATH="$stage/lib" ./build-test/consumer-cmake/consumer
+# examples/small_resnet uses the public API only: it builds and passes against the shared
+# library, which exports nothing but ag_ symbols.
+PKG_CONFIG_PATH="$stage/lib/pkgconfig" cc -o build-test/small_resnet-pc examples/small_resnet/main.c \
+  $(PKG_CONFIG_PATH="$stage/lib/pkgconfig" pkg-config --cflags --libs aotgrad) -lm
+LD_LIBRARY_PATH="$stage/lib" ./build-test/small_resnet-pc examples/small_resnet > /dev/null
 echo "exported symbols all start with ag_: $(nm -D --defined-only "$stage"/lib/libaotgrad.so | awk '{print $3}' | grep -Ev '^(ag_|_init|_fini|__bss_start|_edata|_end)' | wc -l) others"
 nm -D --defined-only "$stage"/lib/libaotgrad.so | awk '{print $3}' | grep -Ev '^(ag_|_init|_fini|__bss_start|_edata|_end)' && { echo "unexpected exported symbols"; exit 1; }
 
