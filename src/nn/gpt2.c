@@ -61,7 +61,32 @@ static int check_config(const char *who, const ag_gpt2_config *c) {
                        (long long)c->n_embd, (long long)c->n_head);
     if (!(c->dropout >= 0 && c->dropout <= 1))
         return ag__err(AG_EINVAL, "%s: dropout %g is not in [0, 1]", who, c->dropout);
+    if (!(c->layer_norm_eps >= 0) || isinf(c->layer_norm_eps))
+        return ag__err(AG_EINVAL, "%s: layer_norm_eps %g must be finite and positive (0: 1e-5)",
+                       who, c->layer_norm_eps);
+    if ((int)c->activation < AG_GPT2_GELU_TANH || c->activation > AG_GPT2_RELU)
+        return ag__err(AG_EINVAL, "%s: activation %d is not gelu tanh (0), gelu (1) or relu (2)",
+                       who, (int)c->activation);
     return 0;
+}
+
+static double ln_eps(const ag_gpt2_config *c) {
+    return c->layer_norm_eps > 0 ? c->layer_norm_eps : 1e-5;
+}
+
+static int64_t ignore_index(const ag_gpt2_config *c) {
+    return c->ignore_index ? c->ignore_index : -1;
+}
+
+static ag_module *activation_new(const ag_gpt2_config *c) {
+    switch (c->activation) {
+    case AG_GPT2_GELU:
+        return ag_nn_gelu("none");
+    case AG_GPT2_RELU:
+        return ag_nn_relu();
+    default:
+        return ag_nn_gelu("tanh");
+    }
 }
 
 /* Adds child under name (a NULL child from a failed constructor keeps its error). */
@@ -75,11 +100,6 @@ static ag_module *done(ag_module *m, int rc) {
         return NULL;
     }
     return m;
-}
-
-/* Calls a child by name inside the caller's scope (the result is scope-owned). */
-static ag_tensor *sub(ag_module *m, const char *name, ag_tensor *x) {
-    return ag_module_forward(ag_module_child(m, name), x);
 }
 
 static int check_bct(const ag_module *m, const ag_tensor *x, int64_t C) {
@@ -100,7 +120,7 @@ typedef struct attn_ud {
 
 /* x is (B, T, C); q, k, v are (B, nh, T, hs) with hs = C / nh. */
 static int attn_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
-    int rc = ag__nn_check_io(m, nin, 1, 1, max_out, 1);
+    int rc = ag_module_check_io(m, nin, 1, 1, max_out, 1);
     const attn_ud *u = ag_module_ud(m);
     if (!rc)
         rc = check_bct(m, in[0], u->n_embd);
@@ -111,7 +131,8 @@ static int attn_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor *
     int64_t heads[4] = {B, T, nh, C / nh};
     ag_scope_begin();
     ag_tensor *qkv[3] = {NULL, NULL, NULL};
-    ag_split(sub(m, "c_attn", x), C, 2, qkv, 3); /* (B, T, 3C) -> 3 x (B, T, C) */
+    ag_split(ag_module_forward_child(m, "c_attn", x), C, 2, qkv,
+             3); /* (B, T, 3C) -> 3 x (B, T, C) */
     /* nanoGPT's order: k, then q, then v. */
     ag_tensor *k = ag_transpose(ag_view(qkv[1], 4, heads), 1, 2);
     ag_tensor *q = ag_transpose(ag_view(qkv[0], 4, heads), 1, 2);
@@ -127,13 +148,13 @@ static int attn_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor *
         ag_tensor *rows = ag_view(pos, 2, (int64_t[]){T, 1});
         ag_tensor *future = ag_gt(cols, rows); /* (T, T): j > i */
         att = ag_softmax(ag_masked_fill(att, future, -INFINITY), -1);
-        y = ag_matmul(sub(m, "attn_dropout", att), v);
+        y = ag_matmul(ag_module_forward_child(m, "attn_dropout", att), v);
     } else {
         y = ag_scaled_dot_product_attention(q, k, v, true, 0.0); /* (B, nh, T, hs) */
     }
     y = ag_view(ag_contiguous(ag_transpose(y, 1, 2)), 3, (int64_t[]){B, T, C});
-    y = sub(m, "resid_dropout", sub(m, "c_proj", y));
-    return ag__nn_return1(y, out);
+    y = ag_module_forward_child(m, "resid_dropout", ag_module_forward_child(m, "c_proj", y));
+    return ag_module_return1(y, out);
 }
 
 ag_module *ag_nn_causal_self_attention(const ag_gpt2_config *cfg) {
@@ -162,12 +183,14 @@ ag_module *ag_nn_causal_self_attention(const ag_gpt2_config *cfg) {
 /* ---- MLP: c_fc (C -> 4C), gelu(tanh), c_proj (4C -> C), dropout ---- */
 
 static int mlp_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
-    int rc = ag__nn_check_io(m, nin, 1, 1, max_out, 1);
+    int rc = ag_module_check_io(m, nin, 1, 1, max_out, 1);
     if (rc)
         return rc;
     ag_scope_begin();
-    ag_tensor *h = sub(m, "gelu", sub(m, "c_fc", in[0])); /* (B, T, 4C) */
-    return ag__nn_return1(sub(m, "dropout", sub(m, "c_proj", h)), out);
+    ag_tensor *h = ag_module_forward_child(
+        m, "gelu", ag_module_forward_child(m, "c_fc", in[0])); /* (B, T, 4C) */
+    return ag_module_return1(
+        ag_module_forward_child(m, "dropout", ag_module_forward_child(m, "c_proj", h)), out);
 }
 
 static ag_module *mlp_new(const ag_gpt2_config *cfg) {
@@ -178,7 +201,7 @@ static ag_module *mlp_new(const ag_gpt2_config *cfg) {
     double proj_std = 0.02 / sqrt(2.0 * (double)cfg->n_layer);
     int rc = add(m, "c_fc", ag__nn_linear_normal(C, 4 * C, cfg->bias, 0.02, NULL));
     if (!rc)
-        rc = add(m, "gelu", ag_nn_gelu("tanh"));
+        rc = add(m, "gelu", activation_new(cfg));
     if (!rc)
         rc = add(m, "c_proj", ag__nn_linear_normal(4 * C, C, cfg->bias, proj_std, NULL));
     if (!rc)
@@ -190,14 +213,14 @@ static ag_module *mlp_new(const ag_gpt2_config *cfg) {
 
 static int block_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
                          int max_out) {
-    int rc = ag__nn_check_io(m, nin, 1, 1, max_out, 1);
+    int rc = ag_module_check_io(m, nin, 1, 1, max_out, 1);
     if (rc)
         return rc;
     ag_scope_begin();
     ag_tensor *x = in[0];
-    x = ag_add(x, sub(m, "attn", sub(m, "ln_1", x)));
-    x = ag_add(x, sub(m, "mlp", sub(m, "ln_2", x)));
-    return ag__nn_return1(x, out);
+    x = ag_add(x, ag_module_forward_child(m, "attn", ag_module_forward_child(m, "ln_1", x)));
+    x = ag_add(x, ag_module_forward_child(m, "mlp", ag_module_forward_child(m, "ln_2", x)));
+    return ag_module_return1(x, out);
 }
 
 ag_module *ag_nn_gpt2_block(const ag_gpt2_config *cfg) {
@@ -208,11 +231,11 @@ ag_module *ag_nn_gpt2_block(const ag_gpt2_config *cfg) {
     if (!m)
         return NULL;
     int64_t C = cfg->n_embd;
-    int rc = add(m, "ln_1", ag__nn_layernorm_ex(C, 1e-5, true, cfg->bias));
+    int rc = add(m, "ln_1", ag__nn_layernorm_ex(C, ln_eps(cfg), true, cfg->bias));
     if (!rc)
         rc = add(m, "attn", ag_nn_causal_self_attention(cfg));
     if (!rc)
-        rc = add(m, "ln_2", ag__nn_layernorm_ex(C, 1e-5, true, cfg->bias));
+        rc = add(m, "ln_2", ag__nn_layernorm_ex(C, ln_eps(cfg), true, cfg->bias));
     if (!rc)
         rc = add(m, "mlp", mlp_new(cfg));
     return done(m, rc);
@@ -224,13 +247,14 @@ typedef struct gpt_ud {
     ag_gpt2_config cfg;
 } gpt_ud;
 
-/* idx is (B, T) i64; targets (B, T) i64. logits (B, T, V); loss a scalar (mean over B*T,
- * ignore_index -1 as nanoGPT). */
+/* idx is (B, T) i64; targets (B, T) i64. logits (B, T, V); loss a scalar (mean over the
+ * targets that are not the config's ignore_index, -1 by default as nanoGPT). */
 static int gpt_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
-    int rc = ag__nn_check_io(m, nin, 1, 2, max_out, nin);
+    const ag_gpt2_config *c = &((const gpt_ud *)ag_module_ud(m))->cfg;
+    const bool loss_only = nin == 2 && c->loss_only;
+    int rc = ag_module_check_io(m, nin, 1, 2, max_out, loss_only ? 1 : nin);
     if (rc)
         return rc;
-    const ag_gpt2_config *c = &((const gpt_ud *)ag_module_ud(m))->cfg;
     ag_tensor *idx = in[0];
     char b[160], b2[160];
     if (idx->ndim != 2 || idx->dtype != AG_I64)
@@ -251,24 +275,26 @@ static int gpt_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **
     ag_module *tr = ag_module_child(m, "transformer");
     ag_module *h = ag_module_child(tr, "h");
     ag_scope_begin();
-    ag_tensor *pos = ag_arange(AG_I64, 0, (double)T, 1); /* (T) */
-    ag_tensor *tok_emb = sub(tr, "wte", idx);            /* (B, T, C) */
-    ag_tensor *pos_emb = sub(tr, "wpe", pos);            /* (T, C) */
-    ag_tensor *x = sub(tr, "drop", ag_add(tok_emb, pos_emb));
+    ag_tensor *pos = ag_arange(AG_I64, 0, (double)T, 1);          /* (T) */
+    ag_tensor *tok_emb = ag_module_forward_child(tr, "wte", idx); /* (B, T, C) */
+    ag_tensor *pos_emb = ag_module_forward_child(tr, "wpe", pos); /* (T, C) */
+    ag_tensor *x = ag_module_forward_child(tr, "drop", ag_add(tok_emb, pos_emb));
     for (int i = 0; i < ag_module_num_children(h); i++)
         x = ag_module_forward(ag_module_child_at(h, i, NULL), x);
-    x = sub(tr, "ln_f", x);
-    ag_tensor *logits = sub(m, "lm_head", x); /* (B, T, V) */
+    x = ag_module_forward_child(tr, "ln_f", x);
+    ag_tensor *logits = ag_module_forward_child(m, "lm_head", x); /* (B, T, V) */
     ag_tensor *loss = NULL;
     if (nin == 2) { /* one statement per traced call: C leaves argument order unspecified */
         ag_tensor *flat_logits = ag_view(logits, 2, (int64_t[]){-1, V});
         ag_tensor *flat_targets = ag_reshape(in[1], 1, (int64_t[]){-1});
-        loss = ag_cross_entropy(flat_logits, flat_targets, AG_REDUCTION_MEAN, -1);
+        loss = ag_cross_entropy(flat_logits, flat_targets, AG_REDUCTION_MEAN, ignore_index(c));
     }
     if (!logits || (nin == 2 && !loss)) {
         ag_scope_end();
         return ag__nn_status();
     }
+    if (loss_only)
+        return ag_module_return1(loss, out);
     out[0] = ag_tensor_keep(logits);
     if (nin == 2)
         out[1] = ag_tensor_keep(loss);
@@ -304,10 +330,11 @@ ag_module *ag_nn_gpt2(const ag_gpt2_config *cfg) {
     for (int64_t i = 0; i < cfg->n_layer && !rc; i++)
         rc = ag_nn_append(h, ag_nn_gpt2_block(cfg));
     if (!rc)
-        rc = add(tr, "ln_f", ag__nn_layernorm_ex(C, 1e-5, true, cfg->bias));
+        rc = add(tr, "ln_f", ag__nn_layernorm_ex(C, ln_eps(cfg), true, cfg->bias));
     if (!rc)
-        rc = add(m, "lm_head",
-                 ag__nn_linear_normal(C, cfg->vocab_size, false, 0.02,
-                                      ag_module_param(tr, "wte.weight")));
+        rc = add(
+            m, "lm_head",
+            ag__nn_linear_normal(C, cfg->vocab_size, false, 0.02,
+                                 cfg->untied_lm_head ? NULL : ag_module_param(tr, "wte.weight")));
     return done(m, rc);
 }
