@@ -1,12 +1,15 @@
 /* GPT-2 as in nanoGPT (Karpathy's model.py): causal self-attention, the pre-LN block and the
- * full model with the language-model head tied to the token embedding.
+ * full model with the language-model head tied to the token embedding (by default; the config
+ * also sets LayerNorm eps, the MLP's activation, the loss's ignore_index, an untied head and
+ * a loss-only forward, each zero field meaning nanoGPT's choice).
  *
  * Module tree and names (match nanoGPT and Hugging Face checkpoints):
  *   transformer.wte, transformer.wpe, transformer.drop,
  *   transformer.h.{i}.{ln_1, attn.{c_attn, c_proj, attn_dropout, resid_dropout}, ln_2,
  *                      mlp.{c_fc, gelu, c_proj, dropout}},
  *   transformer.ln_f, lm_head (weight = transformer.wte.weight, so named_parameters with
- *   remove_duplicate lists it once, as transformer.wte.weight).
+ *   remove_duplicate lists it once, as transformer.wte.weight; untied: its own
+ *   lm_head.weight, listed last).
  * Initialization as nanoGPT's _init_weights: N(0, 0.02) for Linear and Embedding weights,
  * zero biases, N(0, 0.02/sqrt(2 n_layer)) for both c_proj weights of every block. */
 /* Module code records its call sites like user code, as torch/nn frames appear in PyTorch
@@ -102,6 +105,11 @@ static ag_module *done(ag_module *m, int rc) {
     return m;
 }
 
+/* Calls a child by name inside the caller's scope (the result is scope-owned). */
+static ag_tensor *sub(ag_module *m, const char *name, ag_tensor *x) {
+    return ag_module_forward_child(m, name, x);
+}
+
 static int check_bct(const ag_module *m, const ag_tensor *x, int64_t C) {
     if (x->ndim != 3 || x->sizes[2] != C || !ag_dtype_is_float(x->dtype)) {
         char b[160];
@@ -131,8 +139,7 @@ static int attn_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor *
     int64_t heads[4] = {B, T, nh, C / nh};
     ag_scope_begin();
     ag_tensor *qkv[3] = {NULL, NULL, NULL};
-    ag_split(ag_module_forward_child(m, "c_attn", x), C, 2, qkv,
-             3); /* (B, T, 3C) -> 3 x (B, T, C) */
+    ag_split(sub(m, "c_attn", x), C, 2, qkv, 3); /* (B, T, 3C) -> 3 x (B, T, C) */
     /* nanoGPT's order: k, then q, then v. */
     ag_tensor *k = ag_transpose(ag_view(qkv[1], 4, heads), 1, 2);
     ag_tensor *q = ag_transpose(ag_view(qkv[0], 4, heads), 1, 2);
@@ -148,12 +155,12 @@ static int attn_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor *
         ag_tensor *rows = ag_view(pos, 2, (int64_t[]){T, 1});
         ag_tensor *future = ag_gt(cols, rows); /* (T, T): j > i */
         att = ag_softmax(ag_masked_fill(att, future, -INFINITY), -1);
-        y = ag_matmul(ag_module_forward_child(m, "attn_dropout", att), v);
+        y = ag_matmul(sub(m, "attn_dropout", att), v);
     } else {
         y = ag_scaled_dot_product_attention(q, k, v, true, 0.0); /* (B, nh, T, hs) */
     }
     y = ag_view(ag_contiguous(ag_transpose(y, 1, 2)), 3, (int64_t[]){B, T, C});
-    y = ag_module_forward_child(m, "resid_dropout", ag_module_forward_child(m, "c_proj", y));
+    y = sub(m, "resid_dropout", sub(m, "c_proj", y));
     return ag_module_return1(y, out);
 }
 
@@ -187,10 +194,8 @@ static int mlp_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **
     if (rc)
         return rc;
     ag_scope_begin();
-    ag_tensor *h = ag_module_forward_child(
-        m, "gelu", ag_module_forward_child(m, "c_fc", in[0])); /* (B, T, 4C) */
-    return ag_module_return1(
-        ag_module_forward_child(m, "dropout", ag_module_forward_child(m, "c_proj", h)), out);
+    ag_tensor *h = sub(m, "gelu", sub(m, "c_fc", in[0])); /* (B, T, 4C) */
+    return ag_module_return1(sub(m, "dropout", sub(m, "c_proj", h)), out);
 }
 
 static ag_module *mlp_new(const ag_gpt2_config *cfg) {
@@ -218,8 +223,8 @@ static int block_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor 
         return rc;
     ag_scope_begin();
     ag_tensor *x = in[0];
-    x = ag_add(x, ag_module_forward_child(m, "attn", ag_module_forward_child(m, "ln_1", x)));
-    x = ag_add(x, ag_module_forward_child(m, "mlp", ag_module_forward_child(m, "ln_2", x)));
+    x = ag_add(x, sub(m, "attn", sub(m, "ln_1", x)));
+    x = ag_add(x, sub(m, "mlp", sub(m, "ln_2", x)));
     return ag_module_return1(x, out);
 }
 
@@ -275,14 +280,14 @@ static int gpt_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **
     ag_module *tr = ag_module_child(m, "transformer");
     ag_module *h = ag_module_child(tr, "h");
     ag_scope_begin();
-    ag_tensor *pos = ag_arange(AG_I64, 0, (double)T, 1);          /* (T) */
-    ag_tensor *tok_emb = ag_module_forward_child(tr, "wte", idx); /* (B, T, C) */
-    ag_tensor *pos_emb = ag_module_forward_child(tr, "wpe", pos); /* (T, C) */
-    ag_tensor *x = ag_module_forward_child(tr, "drop", ag_add(tok_emb, pos_emb));
+    ag_tensor *pos = ag_arange(AG_I64, 0, (double)T, 1); /* (T) */
+    ag_tensor *tok_emb = sub(tr, "wte", idx);            /* (B, T, C) */
+    ag_tensor *pos_emb = sub(tr, "wpe", pos);            /* (T, C) */
+    ag_tensor *x = sub(tr, "drop", ag_add(tok_emb, pos_emb));
     for (int i = 0; i < ag_module_num_children(h); i++)
         x = ag_module_forward(ag_module_child_at(h, i, NULL), x);
-    x = ag_module_forward_child(tr, "ln_f", x);
-    ag_tensor *logits = ag_module_forward_child(m, "lm_head", x); /* (B, T, V) */
+    x = sub(tr, "ln_f", x);
+    ag_tensor *logits = sub(m, "lm_head", x); /* (B, T, V) */
     ag_tensor *loss = NULL;
     if (nin == 2) { /* one statement per traced call: C leaves argument order unspecified */
         ag_tensor *flat_logits = ag_view(logits, 2, (int64_t[]){-1, V});

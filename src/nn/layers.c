@@ -371,8 +371,8 @@ typedef struct avgpool_ud {
 
 static ag_tensor *avgpool2d_apply(ag_module *m, ag_tensor *x) {
     const avgpool_ud *u = ag_module_ud(m);
-    return ag_avg_pool2d_ex(x, u->kernel, u->stride, u->padding, u->ceil_mode, u->count_include_pad,
-                            u->divisor_override);
+    const bool ceil = u->ceil_mode, cip = u->count_include_pad;
+    return ag_avg_pool2d_ex(x, u->kernel, u->stride, u->padding, ceil, cip, u->divisor_override);
 }
 NN_UNARY_FORWARD(avgpool2d)
 
@@ -526,10 +526,10 @@ static int cross_entropy_forward(ag_module *m, ag_tensor *const *in, int nin, ag
         return rc;
     const ce_ud *u = ag_module_ud(m);
     ag_tensor *w = ag_module_buffer(m, "weight");
+    const double ls = u->label_smoothing;
     ag_scope_begin();
-    return ag_module_return1(
-        ag_cross_entropy_loss(in[0], in[1], w, u->reduction, u->ignore_index, u->label_smoothing),
-        out);
+    ag_tensor *y = ag_cross_entropy_loss(in[0], in[1], w, u->reduction, u->ignore_index, ls);
+    return ag_module_return1(y, out);
 }
 
 ag_module *ag_nn_cross_entropy_loss_ex(ag_tensor *weight, int reduction, int64_t ignore_index,
