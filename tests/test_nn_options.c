@@ -642,6 +642,49 @@ static void test_float64_layers(void **st) {
     }
 }
 
+/* GPT-2 (and so Embedding, LayerNorm, attention, GELU, the loss) built directly in f64 against
+ * the same weights in f32. */
+static void test_float64_gpt2(void **st) {
+    (void)st;
+    ag_gpt2_config c = mini_config();
+    c.untied_lm_head = true;
+    assert_int_equal(ag_set_default_dtype(AG_F64), 0);
+    ag_manual_seed(21);
+    ag_module *m64 = ag_nn_gpt2(&c);
+    ag_manual_seed(21);
+    ag_module *m32 = ag_nn_gpt2(&c);
+    ag_manual_seed(21);
+    ag_module *emb = ag_nn_embedding(11, 3);
+    assert_int_equal(ag_set_default_dtype(AG_F32), 0);
+    assert_non_null(m64);
+    assert_non_null(emb);
+    assert_all_dtype(m64, AG_F64);
+    assert_all_dtype(emb, AG_F64);
+    assert_int_equal(ag_module_to_dtype(m32, AG_F32), 0);
+    ag_scope_begin();
+    const int64_t tg[6] = {1, 2, 3, 10, -1, 0};
+    ag_tensor *idx = tokens(2, 3, 11, NULL), *tgt = tokens(2, 3, 11, tg);
+    ag_tensor *a[2], *b[2];
+    assert_int_equal(ag_module_call(m64, (ag_tensor *[]){idx, tgt}, 2, a, 2), 2);
+    assert_int_equal(ag_module_call(m32, (ag_tensor *[]){idx, tgt}, 2, b, 2), 2);
+    assert_int_equal(ag_tensor_dtype(a[0]), AG_F64);
+    assert_int_equal(ag_tensor_dtype(a[1]), AG_F64);
+    assert_true(tu_max_abs_diff(a[0], b[0]) < 1e-5);
+    assert_true(fabs(ag_tensor_item_at(a[1], 0) - ag_tensor_item_at(b[1], 0)) < 1e-5);
+    double want = ce_of(a[0], tg, 6, 11, -1);
+    assert_true(fabs(ag_tensor_item_at(a[1], 0) - want) < 1e-12);
+    ag_tensor *e = ag_module_forward(emb, idx);
+    assert_non_null(e);
+    assert_int_equal(ag_tensor_dtype(e), AG_F64);
+    tu_assert_shape(e, 3, (int64_t[]){2, 3, 3});
+    ag_tensor *args[2] = {idx, tgt};
+    gradcheck_params(m64, args, 2, 1);
+    ag_scope_end();
+    ag_module_free(m64);
+    ag_module_free(m32);
+    ag_module_free(emb);
+}
+
 static void test_to_dtype(void **st) {
     (void)st;
     ag_gpt2_config c = mini_config();
@@ -820,6 +863,7 @@ int main(void) {
         cmocka_unit_test(test_gpt2_defaults_unchanged),
         cmocka_unit_test(test_gpt2_options),
         cmocka_unit_test(test_float64_layers),
+        cmocka_unit_test(test_float64_gpt2),
         cmocka_unit_test(test_to_dtype),
         cmocka_unit_test(test_to_dtype_alloc_failures),
         cmocka_unit_test(test_custom_module),

@@ -108,8 +108,12 @@ AG_API ag_tensor *ag_module_forward_child(ag_module *m, const char *name, ag_ten
  * optimizer's), requires_grad is kept and tied weights stay tied (GPT-2's lm_head.weight and
  * transformer.wte.weight remain one tensor). A parameter's .grad is converted too. Integer
  * and bool buffers (num_batches_tracked) are left alone. Data-less (meta) tensors change
- * dtype only. Refused for a non-float dt, for a tensor that is a view or has views, or one
- * with autograd history; on any failure (also out of memory) nothing has changed. */
+ * dtype only. Refused for a non-float dt, for a tensor that is a view, a tensor subclass
+ * instance or has autograd history; on any failure (also out of memory) nothing has changed.
+ * Views of a converted tensor made before keep the old values (as after PyTorch's
+ * `param.data = ...`), and an autograd graph that saved one refuses to run backward (the
+ * version check). Convert before making an optimizer, as in PyTorch: state an optimizer
+ * already holds (momentum, Adam's moments) keeps the old dtype. */
 AG_API int ag_module_to_dtype(ag_module *m, ag_dtype dt);
 
 /* ---- reading modules ---- */
