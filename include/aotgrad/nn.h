@@ -197,7 +197,9 @@ typedef enum ag_gpt2_activation {
     AG_GPT2_RELU = 2,
 } ag_gpt2_activation;
 
-/* A zero field means GPT-2's (nanoGPT's) default; the sizes have none and must be set. */
+/* Start from ag_gpt2_config_tiny/small/xl or set every field up to `bias`: the sizes have no
+ * default, and bias is false when zeroed (nanoGPT's default is true, which the presets set).
+ * Every field after bias means nanoGPT's default when zero. */
 typedef struct ag_gpt2_config {
     int64_t n_layer, n_head, n_embd, vocab_size, block_size;
     double dropout;
