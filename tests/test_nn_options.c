@@ -99,6 +99,19 @@ static void test_ce_values(void **st) {
     tu_assert_error_contains("reduction 7");
     assert_null(ag_cross_entropy_loss(x, t, w, AG_REDUCTION_MEAN, -100, -0.5));
     tu_assert_error_contains("label_smoothing");
+    /* The module's weight buffer follows module.to(dtype) (w itself: the module holds
+     * that tensor); the loss is then f64. */
+    ag_module *mw = ag_nn_cross_entropy_loss_ex(w, AG_REDUCTION_MEAN, -100, 0.1);
+    assert_int_equal(ag_module_to_dtype(mw, AG_F64), 0);
+    assert_int_equal(ag_tensor_dtype(ag_module_buffer(mw, "weight")), AG_F64);
+    double want64;
+    ce_reference(ce_weight, 0.1, AG_REDUCTION_MEAN, &want64);
+    ag_tensor *o64[1];
+    ag_tensor *x64 = tu_tensor(AG_F64, 2, (int64_t[]){CE_N, CE_C}, ce_logits);
+    assert_int_equal(ag_module_call(mw, (ag_tensor *[]){x64, t}, 2, o64, 1), 1);
+    assert_int_equal(ag_tensor_dtype(o64[0]), AG_F64);
+    tu_assert_close(o64[0], &want64, 1e-12);
+    ag_module_free(mw);
     ag_scope_end();
 }
 
@@ -288,8 +301,8 @@ static void export_matches_eager(ag_module *m, ag_tensor *x, double tol) {
     ag_tensor *eager = ag_module_forward(m, x);
     assert_non_null(eager);
     assert_int_equal(ag_backward(ag_sum_all(eager), NULL, false), 0);
-    ag_tensor *eg[16];
-    assert_true(ps.n <= 16);
+    ag_tensor *eg[64];
+    assert_true(ps.n <= 64);
     for (int i = 0; i < ps.n; i++) {
         eg[i] = ag_tensor_keep(ag_tensor_grad(ps.tensors[i]));
         ag_tensor_set_grad(ps.tensors[i], NULL);
@@ -636,6 +649,12 @@ static void test_float64_layers(void **st) {
             assert_int_equal(ag_tensor_dtype(ag_module_buffer(bn, "num_batches_tracked")), AG_I64);
         }
         gradcheck_params(m64, &x64, 1, 0);
+        /* The f64 model exports and compiles: compiled equals eager. */
+        export_matches_eager(m64, x64, 1e-12);
+        ag_module_train(m64, false); /* eval: BatchNorm normalizes with the running stats */
+        ag_tensor *e64 = ag_module_forward(m64, x64);
+        assert_non_null(e64);
+        assert_int_equal(ag_tensor_dtype(e64), AG_F64);
         ag_scope_end();
         ag_module_free(m64);
         ag_module_free(m32);
@@ -679,10 +698,27 @@ static void test_float64_gpt2(void **st) {
     tu_assert_shape(e, 3, (int64_t[]){2, 3, 3});
     ag_tensor *args[2] = {idx, tgt};
     gradcheck_params(m64, args, 2, 1);
+    export_matches_eager(m64, idx, 1e-12);
     ag_scope_end();
     ag_module_free(m64);
     ag_module_free(m32);
     ag_module_free(emb);
+
+    /* With dropout in training, attention takes nanoGPT's explicit path (masked_fill with
+     * -inf, softmax, attention dropout): also float64 through. */
+    c.dropout = 0.25;
+    assert_int_equal(ag_set_default_dtype(AG_F64), 0);
+    m64 = ag_nn_gpt2(&c);
+    assert_int_equal(ag_set_default_dtype(AG_F32), 0);
+    assert_non_null(m64);
+    ag_scope_begin();
+    ag_tensor *y = ag_module_forward(m64, tokens(2, 3, 11, NULL));
+    assert_non_null(y);
+    assert_int_equal(ag_tensor_dtype(y), AG_F64);
+    for (int64_t i = 0; i < ag_tensor_numel(y); i++)
+        assert_true(isfinite(ag_tensor_item_at(y, i)));
+    ag_scope_end();
+    ag_module_free(m64);
 }
 
 static void test_to_dtype(void **st) {
