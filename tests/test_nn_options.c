@@ -808,6 +808,58 @@ static void test_to_dtype_alloc_failures(void **st) {
     assert_true(tu_alloc_failure_sweep(to_dtype_scenario, NULL, NULL) > 3);
 }
 
+/* The new modules built and called with every allocation failing in turn: AvgPool2d,
+ * AdaptiveAvgPool2d, a weighted CrossEntropyLoss, an untied loss-only GPT-2. */
+static int options_scenario(void *ud) {
+    (void)ud;
+    int rc = 0;
+    ag_gpt2_config c = mini_config();
+    c.untied_lm_head = true;
+    c.loss_only = true;
+    c.activation = AG_GPT2_RELU;
+    ag_module *g = ag_nn_gpt2(&c);
+    ag_module *s = ag_nn_sequential();
+    if (!g || !s || ag_nn_append(s, ag_nn_avgpool2d(2, 1, 1, true, false, 3)) ||
+        ag_nn_append(s, ag_nn_adaptive_avgpool2d(2, -1)))
+        rc = ag_last_status();
+    ag_scope_begin();
+    ag_tensor *w = rc ? NULL : ag_full(AG_F32, 1, (int64_t[]){3}, 0.5);
+    ag_module *ce = w ? ag_nn_cross_entropy_loss_ex(w, AG_REDUCTION_MEAN, 1, 0.2) : NULL;
+    if (!rc && !ce)
+        rc = ag_last_status();
+    ag_tensor *o[1];
+    if (!rc) {
+        ag_tensor *x = ag_ones(AG_F32, 4, (int64_t[]){1, 2, 3, 3});
+        ag_tensor *t = ag_zeros(AG_I64, 1, (int64_t[]){2});
+        ag_tensor *y = x ? ag_module_forward(s, x) : NULL;
+        ag_tensor *logits = y ? ag_reshape(y, 2, (int64_t[]){2, -1}) : NULL;
+        ag_tensor *l3 = logits ? ag_slice(logits, 1, 0, 3, 1) : NULL;
+        if (!t || !l3 || ag_module_call(ce, (ag_tensor *[]){l3, t}, 2, o, 1) < 0)
+            rc = ag_last_status();
+    }
+    if (!rc) {
+        ag_tensor *idx = ag_zeros(AG_I64, 2, (int64_t[]){1, 3});
+        if (!idx || ag_module_call(g, (ag_tensor *[]){idx, idx}, 2, o, 1) != 1)
+            rc = ag_last_status();
+    }
+    tu_alloc_cleanup_begin();
+    ag_scope_end();
+    ag_module_free(ce);
+    ag_module_free(s);
+    ag_module_free(g);
+    tu_alloc_cleanup_end();
+    return rc;
+}
+
+static void test_options_alloc_failures(void **st) {
+    (void)st;
+    assert_true(tu_alloc_failure_sweep(options_scenario, NULL,
+                                       &(tu_sweep_opts){.what = "nn options",
+                                                        .one_thread = true,
+                                                        .every_up_to = 400,
+                                                        .stride = 7}) > 50);
+}
+
 /* ---- custom modules through the public helpers ---- */
 
 /* MyModule: y = child(x @ weight^T + bias), x must be (N, 4). */
@@ -902,6 +954,7 @@ int main(void) {
         cmocka_unit_test(test_float64_gpt2),
         cmocka_unit_test(test_to_dtype),
         cmocka_unit_test(test_to_dtype_alloc_failures),
+        cmocka_unit_test(test_options_alloc_failures),
         cmocka_unit_test(test_custom_module),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
