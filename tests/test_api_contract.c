@@ -939,6 +939,24 @@ static long c_ag_module_save(void) {
 static long c_ag_module_load(void) {
     return (ag_module_load)(NULL, NULL);
 }
+static long c_ag_module_add_tensor(void) {
+    return (ag_module_add_tensor)(NULL, NULL, false, AG_F32, 0, NULL, AG_INIT_ZEROS, 0, 0);
+}
+static long c_ag_module_check_io(void) {
+    return (ag_module_check_io)(NULL, 0, 0, 0, 0, 0);
+}
+static long c_ag_module_return1(void) {
+    return (ag_module_return1)(NULL, NULL);
+}
+static long c_ag_module_forward_child(void) {
+    return ag_module_forward_child(NULL, NULL, NULL) == NULL;
+}
+static long c_ag_module_to_dtype(void) {
+    return (ag_module_to_dtype)(NULL, AG_F32);
+}
+static long c_ag_nn_cross_entropy_loss_ex(void) {
+    return ag_nn_cross_entropy_loss_ex(NULL, 0, 0, 0) == NULL;
+}
 static long c_ag_nn_gelu(void) {
     return ag_nn_gelu(NULL) == NULL;
 }
@@ -1253,6 +1271,9 @@ static long c_ag_max_pool2d(void) {
 static long c_ag_avg_pool2d(void) {
     return ag_avg_pool2d(NULL, 0, 0, 0, false, false) == NULL;
 }
+static long c_ag_avg_pool2d_ex(void) {
+    return ag_avg_pool2d_ex(NULL, 0, 0, 0, false, false, 0) == NULL;
+}
 static long c_ag_adaptive_avg_pool2d(void) {
     return ag_adaptive_avg_pool2d(NULL, 0) == NULL;
 }
@@ -1276,6 +1297,9 @@ static long c_ag_nll_loss(void) {
 }
 static long c_ag_cross_entropy(void) {
     return ag_cross_entropy(NULL, NULL, 0, 0) == NULL;
+}
+static long c_ag_cross_entropy_loss(void) {
+    return ag_cross_entropy_loss(NULL, NULL, NULL, 0, 0, 0) == NULL;
 }
 static long c_ag_native_dropout(void) {
     return (ag_native_dropout)(NULL, 0, false, NULL, NULL);
@@ -1910,6 +1934,12 @@ static const row rows[] = {
     {"ag_module_forward", 'F', 'R', c_ag_module_forward, NULL},
     {"ag_module_save", 'F', 'I', c_ag_module_save, NULL},
     {"ag_module_load", 'F', 'I', c_ag_module_load, NULL},
+    {"ag_module_add_tensor", 'F', 'I', c_ag_module_add_tensor, NULL},
+    {"ag_module_check_io", 'F', 'I', c_ag_module_check_io, NULL},
+    {"ag_module_return1", 'F', 'I', c_ag_module_return1, NULL},
+    {"ag_module_forward_child", 'F', 'R', c_ag_module_forward_child, NULL},
+    {"ag_module_to_dtype", 'F', 'I', c_ag_module_to_dtype, NULL},
+    {"ag_nn_cross_entropy_loss_ex", 'N', 'R', c_ag_nn_cross_entropy_loss_ex, NULL},
     {"ag_nn_gelu", 'N', 'R', c_ag_nn_gelu, NULL},
     {"ag_nn_append", 'F', 'I', c_ag_nn_append, NULL},
     {"ag_nn_causal_self_attention", 'F', 'R', c_ag_nn_causal_self_attention, NULL},
@@ -2014,6 +2044,7 @@ static const row rows[] = {
     {"ag_max_pool2d_with_indices", 'F', 'I', c_ag_max_pool2d_with_indices, NULL},
     {"ag_max_pool2d", 'F', 'R', c_ag_max_pool2d, "max_pool2d_with_indices"},
     {"ag_avg_pool2d", 'F', 'R', c_ag_avg_pool2d, NULL},
+    {"ag_avg_pool2d_ex", 'F', 'R', c_ag_avg_pool2d_ex, "avg_pool2d"},
     {"ag_adaptive_avg_pool2d", 'F', 'R', c_ag_adaptive_avg_pool2d, "_adaptive_avg_pool2d"},
     {"ag_native_layer_norm", 'F', 'I', c_ag_native_layer_norm, NULL},
     {"ag_layer_norm", 'F', 'R', c_ag_layer_norm, NULL},
@@ -2022,6 +2053,7 @@ static const row rows[] = {
     {"ag_embedding_dense_backward", 'F', 'R', c_ag_embedding_dense_backward, NULL},
     {"ag_nll_loss", 'F', 'R', c_ag_nll_loss, "nll_loss_forward"},
     {"ag_cross_entropy", 'F', 'R', c_ag_cross_entropy, "cross_entropy_loss"},
+    {"ag_cross_entropy_loss", 'F', 'R', c_ag_cross_entropy_loss, "cross_entropy_loss"},
     {"ag_native_dropout", 'F', 'I', c_ag_native_dropout, NULL},
     {"ag_dropout", 'F', 'R', c_ag_dropout, NULL},
     {"ag_scaled_dot_product_attention", 'F', 'R', c_ag_scaled_dot_product_attention, NULL},

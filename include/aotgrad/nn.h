@@ -21,8 +21,26 @@ extern "C" {
 
 typedef struct ag_module ag_module;
 
-/* forward: `nin` borrowed inputs; stores up to `max_out` outputs (new references) and returns
- * their count, or a negative status. */
+/* A module's forward, the contract every forward (built-in or custom) keeps; ag_module_call is
+ * the only caller.
+ *  - in[0..nin): borrowed inputs, never NULL (ag_module_call checks). Check nin and the inputs'
+ *    shapes and dtypes first (ag_module_check_io for the count).
+ *  - out[0..max_out): on success store n <= max_out outputs, each a new reference the caller
+ *    then owns (ag_module_call hands them to the caller's autorelease scope, if one is open),
+ *    none NULL, and return n. The usual shape: check, ag_scope_begin(), call ops (their
+ *    results belong to that scope), then `return ag_module_return1(y, out);`, which keeps y,
+ *    ends the scope and returns 1, or the error status when y is NULL.
+ *  - on error: store nothing (or only what you free again), release what you made (end the
+ *    scope you began), and return a negative status with a message set: an op that failed has
+ *    set it; for your own checks use ag_set_error (core.h), naming the module and the values:
+ *    `return ag_set_error(AG_EINVAL, "MyModule: expected x of shape [N, 4], got [2, 3]");`.
+ *    Exports and ag_module_call report that message.
+ *  - it may run under tracing (ag_export_joint, meta mode): its inputs, parameters and buffers
+ *    may then have no data, so a forward only calls ops, other modules and shape/dtype queries
+ *    (ag_tensor_ndim, ag_tensor_sizes, ...), never reads tensor data; and it must compute the
+ *    same thing every call for the same shapes and training mode (no side channel).
+ *  - m's ud is the forward's own state (ag_module_ud); children are called with
+ *    ag_module_call, ag_module_forward or ag_module_forward_child. */
 typedef int (*ag_forward_fn)(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
                              int max_out);
 
@@ -44,6 +62,59 @@ AG_API int ag_module_register_buffer(ag_module *m, const char *name, ag_tensor *
 AG_API int ag_module_add_child(ag_module *m, const char *name, ag_module *child);
 AG_API void *ag_module_ud(const ag_module *m);
 AG_API const char *ag_module_type(const ag_module *m);
+
+/* How ag_module_add_tensor fills a new tensor (torch.nn.init). */
+typedef enum ag_init {
+    AG_INIT_ZEROS,   /* zeros_ */
+    AG_INIT_ONES,    /* ones_ */
+    AG_INIT_UNIFORM, /* uniform_(a, b): U(a, b) from the generator */
+    AG_INIT_NORMAL,  /* normal_(mean a, std b) from the generator */
+} ag_init;
+/* Creates a contiguous tensor of dtype dt (ag_get_default_dtype() for what PyTorch's layers
+ * create) and the given shape, fills it as `init` says (under no-grad; drawn from the calling
+ * thread's generator) and registers it on m as a parameter (param: a float dtype, requires
+ * grad) or a persistent buffer. In meta mode (trace.h) the tensor has no data and nothing is
+ * drawn. The module holds the only reference (read it back with ag_module_param or
+ * ag_module_buffer). On failure nothing is registered and nothing leaks. */
+AG_API int ag_module_add_tensor(ag_module *m, const char *name, bool param, ag_dtype dt, int ndim,
+                                const int64_t *sizes, ag_init init, double a, double b);
+
+/* The dtype built-in modules create their floating-point parameters and buffers in, as
+ * torch.set_default_dtype: AG_F32 (the default) or AG_F64; anything else is refused
+ * (AG_EINVAL, the setting unchanged). Per thread (like the generator, so that threads building
+ * models at once do not see each other's setting); it affects the nn constructors (and what a
+ * custom module passes to ag_module_add_tensor), not the tensor factories of core.h, which
+ * take a dtype. */
+AG_API int ag_set_default_dtype(ag_dtype dt);
+AG_API ag_dtype ag_get_default_dtype(void);
+
+/* Checks a forward's arity: nin inputs within [min_in, max_in] and room for need_out outputs
+ * (max_out >= need_out). Returns 0, or AG_EINVAL with a message naming m's type and the
+ * counts. */
+AG_API int ag_module_check_io(const ag_module *m, int nin, int min_in, int max_in, int max_out,
+                              int need_out);
+/* Ends the forward's autorelease scope (the ag_scope_begin() the forward made) and stores y
+ * (owned by that scope, or NULL after a failed op) in out[0] as a new reference. Returns 1, or
+ * the pending error's status (out[0] NULL) when y is NULL. */
+AG_API int ag_module_return1(ag_tensor *y, ag_tensor **out);
+/* Calls m's child `name` (a dotted path) on one input: ag_module_forward(child, x). The
+ * result belongs to the caller's open scope; NULL on failure (a missing child is an error
+ * naming it, a NULL x keeps the error that made it NULL). */
+AG_API ag_tensor *ag_module_forward_child(ag_module *m, const char *name, ag_tensor *x);
+
+/* Converts every floating-point parameter and buffer of m and its children to dt (AG_F32 or
+ * AG_F64), as PyTorch's module.to(dtype), .double(), .float(): each tensor is converted in
+ * place, keeping its identity, so parameters stay the module's parameters (and any
+ * optimizer's), requires_grad is kept and tied weights stay tied (GPT-2's lm_head.weight and
+ * transformer.wte.weight remain one tensor). A parameter's .grad is converted too. Integer
+ * and bool buffers (num_batches_tracked) are left alone. Data-less (meta) tensors change
+ * dtype only. Refused for a non-float dt, for a tensor that is a view, a tensor subclass
+ * instance or has autograd history; on any failure (also out of memory) nothing has changed.
+ * Views of a converted tensor made before keep the old values (as after PyTorch's
+ * `param.data = ...`), and an autograd graph that saved one refuses to run backward (the
+ * version check). Convert before making an optimizer, as in PyTorch: state an optimizer
+ * already holds (momentum, Adam's moments) keeps the old dtype. */
+AG_API int ag_module_to_dtype(ag_module *m, ag_dtype dt);
 
 /* ---- reading modules ---- */
 /* Borrowed lookups by dotted path ("layers.0.weight", "bn"); NULL if absent. */
@@ -94,6 +165,13 @@ AG_API ag_module *ag_nn_dropout(double p);
 AG_API ag_module *ag_nn_relu(void);
 AG_API ag_module *ag_nn_gelu(const char *approximate);
 AG_API ag_module *ag_nn_maxpool2d(int64_t kernel, int64_t stride, int64_t padding);
+/* AvgPool2d(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+ * square kernel; stride <= 0 means the kernel size (PyTorch's None); divisor_override 0 means
+ * None (divide by the window's element count). PyTorch's defaults: (k, 0, 0, false, true, 0). */
+AG_API ag_module *ag_nn_avgpool2d(int64_t kernel, int64_t stride, int64_t padding, bool ceil_mode,
+                                  bool count_include_pad, int64_t divisor_override);
+/* AdaptiveAvgPool2d((out_h, out_w)); a negative size is PyTorch's None (the input's size). */
+AG_API ag_module *ag_nn_adaptive_avgpool2d(int64_t out_h, int64_t out_w);
 AG_API ag_module *ag_nn_flatten(int start_dim, int end_dim);
 /* Sequential/ModuleList: children named "0", "1", ...; Sequential's forward chains them. */
 AG_API ag_module *ag_nn_sequential(void);
@@ -103,22 +181,56 @@ AG_API int ag_nn_append(ag_module *seq, ag_module *child); /* takes ownership */
 /* ---- losses ---- */
 /* CrossEntropyLoss as a module: call with (logits, target). */
 AG_API ag_module *ag_nn_cross_entropy_loss(int reduction, int64_t ignore_index);
+/* CrossEntropyLoss(weight, ignore_index, reduction, label_smoothing) with all of PyTorch's
+ * arguments (positional, as ATen's cross_entropy_loss; PyTorch's defaults are NULL,
+ * AG_REDUCTION_MEAN, -100, 0.0). weight: class weights (C), or NULL; the module registers it
+ * as the persistent buffer "weight" (a reference, as PyTorch's _WeightedLoss does). The
+ * formula is ag_cross_entropy_loss's (ops.h). */
+AG_API ag_module *ag_nn_cross_entropy_loss_ex(ag_tensor *weight, int reduction,
+                                              int64_t ignore_index, double label_smoothing);
 
 /* ---- GPT-2 ---- */
+/* The MLP's activation (the child "mlp.gelu", named as nanoGPT's attribute whatever it is). */
+typedef enum ag_gpt2_activation {
+    AG_GPT2_GELU_TANH = 0, /* GELU(approximate='tanh'): GPT-2's gelu_new, the default */
+    AG_GPT2_GELU = 1,      /* exact GELU (erf) */
+    AG_GPT2_RELU = 2,
+} ag_gpt2_activation;
+
+/* Start from ag_gpt2_config_tiny/small/xl or set every field up to `bias`: the sizes have no
+ * default, and bias is false when zeroed (nanoGPT's default is true, which the presets set).
+ * Every field after bias means nanoGPT's default when zero. */
 typedef struct ag_gpt2_config {
     int64_t n_layer, n_head, n_embd, vocab_size, block_size;
     double dropout;
     bool bias;
+    double layer_norm_eps;         /* every LayerNorm's eps; 0: 1e-5 */
+    ag_gpt2_activation activation; /* 0: gelu with the tanh approximation */
+    /* The loss's ignore_index: targets equal to it are left out of the loss and of its mean.
+     * 0 means the default, -1 (nanoGPT's; Hugging Face's GPT2LMHeadModel uses -100, which is
+     * set explicitly). Class 0 itself cannot be ignored (a zero field is the default). */
+    int64_t ignore_index;
+    /* false (the default): lm_head.weight is transformer.wte.weight (one tensor, listed once
+     * by named_parameters). true: lm_head has its own weight (N(0, 0.02), listed as
+     * lm_head.weight after transformer.ln_f's), as an untied checkpoint has. */
+    bool untied_lm_head;
+    /* false (the default): forward(idx, targets) returns (logits, loss). true: it returns only
+     * (loss), so a training step does not keep the (B, T, V) logits alive as an output.
+     * forward(idx) returns logits either way. */
+    bool loss_only;
 } ag_gpt2_config;
 AG_API ag_gpt2_config ag_gpt2_config_tiny(void);  /* 2 layers, 64 wide, 4 heads, vocab 256 */
 AG_API ag_gpt2_config ag_gpt2_config_small(void); /* 124M: 12/768/12, vocab 50257, ctx 1024 */
 AG_API ag_gpt2_config ag_gpt2_config_xl(void);    /* 1.56B: 48/1600/25, vocab 50257, ctx 1024 */
 /* Causal self-attention (c_attn, c_proj; named as in nanoGPT/HF GPT-2). Input (B, T, C). */
 AG_API ag_module *ag_nn_causal_self_attention(const ag_gpt2_config *cfg);
-/* Pre-LN block: x + attn(ln_1(x)); x + mlp(ln_2(x)), mlp = c_fc, gelu(tanh), c_proj. */
+/* Pre-LN block: x + attn(ln_1(x)); x + mlp(ln_2(x)), mlp = c_fc, activation (gelu tanh by
+ * default), c_proj. */
 AG_API ag_module *ag_nn_gpt2_block(const ag_gpt2_config *cfg);
-/* transformer.{wte,wpe,h.N,ln_f}, lm_head tied to wte. forward(idx (B,T) i64) -> logits
- * (B,T,V); forward(idx, targets) -> (logits, loss). */
+/* transformer.{wte,wpe,h.N,ln_f}, lm_head (tied to wte unless cfg->untied_lm_head).
+ * forward(idx (B,T) i64) -> logits (B,T,V); forward(idx, targets (B,T) i64) -> (logits, loss),
+ * or (loss) with cfg->loss_only; loss = cross entropy, mean over the targets that are not
+ * cfg->ignore_index. */
 AG_API ag_module *ag_nn_gpt2(const ag_gpt2_config *cfg);
 
 /* ---- optimizers ---- */

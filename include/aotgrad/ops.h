@@ -155,6 +155,10 @@ AG_API ag_tensor *ag_max_pool2d(ag_tensor *x, const int64_t kernel[2], const int
                                 const int64_t padding[2]);
 AG_API ag_tensor *ag_avg_pool2d(ag_tensor *x, const int64_t kernel[2], const int64_t stride[2],
                                 const int64_t padding[2], bool ceil_mode, bool count_include_pad);
+/* avg_pool2d with divisor_override (0: None, the window's count); stride NULL: the kernel. */
+AG_API ag_tensor *ag_avg_pool2d_ex(ag_tensor *x, const int64_t kernel[2], const int64_t stride[2],
+                                   const int64_t padding[2], bool ceil_mode, bool count_include_pad,
+                                   int64_t divisor_override);
 AG_API ag_tensor *ag_adaptive_avg_pool2d(ag_tensor *x, const int64_t output_size[2]);
 
 /* ---- normalization ---- */
@@ -184,6 +188,16 @@ AG_API ag_tensor *ag_nll_loss(ag_tensor *logp, ag_tensor *target, int reduction,
                               int64_t ignore_index);
 AG_API ag_tensor *ag_cross_entropy(ag_tensor *logits, ag_tensor *target, int reduction,
                                    int64_t ignore_index); /* composite: log_softmax + nll */
+/* cross_entropy_loss with all of ATen's arguments (torch.nn.functional.cross_entropy): weight
+ * (C) class weights or NULL (borrowed), reduction, ignore_index (-100 in PyTorch), and
+ * label_smoothing in [0, 1]. With weights and label smoothing, per sample n (target y_n, C
+ * classes, logp = log_softmax(logits)):
+ *   l_n = (1 - ls) * (-w[y_n] logp[n, y_n]) + ls / C * (-sum_c w[c] logp[n, c]),
+ * 0 for an ignored target; mean divides the sum over n by sum_n w[y_n] over the kept targets
+ * (PyTorch's normalization, for both terms). A new tensor in the caller's scope, or NULL. */
+AG_API ag_tensor *ag_cross_entropy_loss(ag_tensor *logits, ag_tensor *target, ag_tensor *weight,
+                                        int reduction, int64_t ignore_index,
+                                        double label_smoothing);
 /* native_dropout(x, p, train): out and the bool keep-mask; draws from the generator. */
 AG_API int ag_native_dropout(ag_tensor *x, double p, bool train, ag_tensor **out, ag_tensor **mask);
 AG_API ag_tensor *ag_dropout(ag_tensor *x, double p, bool train); /* composite */

@@ -578,8 +578,14 @@ static ag_joint *pass_start(ag__export_pass *st) {
  * need one (upstream). */
 static int trace_forward(ag__export_pass *st, ag_joint *j) {
     int n = ag_module_call(st->m, st->user, st->nargs + st->nkwargs, st->outs, AG__EXPORT_MAX_OUTS);
-    if (n < 0)
-        return n;
+    if (n < 0) {
+        /* The forward's own message (a custom module's ag_set_error, a failed op), said as the
+         * export's. */
+        char why[1024];
+        snprintf(why, sizeof why, "%s", ag__has_error() ? ag_last_error() : "");
+        return ag__err(n, "export: forward of %s failed: %s", ag_module_type(st->m),
+                       why[0] ? why : "(no message)");
+    }
     st->nouts = st->nspec = n;
     for (int p = 0; p < st->np; p++)
         st->any_rg_in |=

@@ -1,12 +1,15 @@
 /* GPT-2 as in nanoGPT (Karpathy's model.py): causal self-attention, the pre-LN block and the
- * full model with the language-model head tied to the token embedding.
+ * full model with the language-model head tied to the token embedding (by default; the config
+ * also sets LayerNorm eps, the MLP's activation, the loss's ignore_index, an untied head and
+ * a loss-only forward, each zero field meaning nanoGPT's choice).
  *
  * Module tree and names (match nanoGPT and Hugging Face checkpoints):
  *   transformer.wte, transformer.wpe, transformer.drop,
  *   transformer.h.{i}.{ln_1, attn.{c_attn, c_proj, attn_dropout, resid_dropout}, ln_2,
  *                      mlp.{c_fc, gelu, c_proj, dropout}},
  *   transformer.ln_f, lm_head (weight = transformer.wte.weight, so named_parameters with
- *   remove_duplicate lists it once, as transformer.wte.weight).
+ *   remove_duplicate lists it once, as transformer.wte.weight; untied: its own
+ *   lm_head.weight, listed last).
  * Initialization as nanoGPT's _init_weights: N(0, 0.02) for Linear and Embedding weights,
  * zero biases, N(0, 0.02/sqrt(2 n_layer)) for both c_proj weights of every block. */
 /* Module code records its call sites like user code, as torch/nn frames appear in PyTorch
@@ -61,7 +64,32 @@ static int check_config(const char *who, const ag_gpt2_config *c) {
                        (long long)c->n_embd, (long long)c->n_head);
     if (!(c->dropout >= 0 && c->dropout <= 1))
         return ag__err(AG_EINVAL, "%s: dropout %g is not in [0, 1]", who, c->dropout);
+    if (!(c->layer_norm_eps >= 0) || isinf(c->layer_norm_eps))
+        return ag__err(AG_EINVAL, "%s: layer_norm_eps %g must be finite and positive (0: 1e-5)",
+                       who, c->layer_norm_eps);
+    if ((int)c->activation < AG_GPT2_GELU_TANH || c->activation > AG_GPT2_RELU)
+        return ag__err(AG_EINVAL, "%s: activation %d is not gelu tanh (0), gelu (1) or relu (2)",
+                       who, (int)c->activation);
     return 0;
+}
+
+static double ln_eps(const ag_gpt2_config *c) {
+    return c->layer_norm_eps > 0 ? c->layer_norm_eps : 1e-5;
+}
+
+static int64_t ignore_index(const ag_gpt2_config *c) {
+    return c->ignore_index ? c->ignore_index : -1;
+}
+
+static ag_module *activation_new(const ag_gpt2_config *c) {
+    switch (c->activation) {
+    case AG_GPT2_GELU:
+        return ag_nn_gelu("none");
+    case AG_GPT2_RELU:
+        return ag_nn_relu();
+    default:
+        return ag_nn_gelu("tanh");
+    }
 }
 
 /* Adds child under name (a NULL child from a failed constructor keeps its error). */
@@ -79,7 +107,7 @@ static ag_module *done(ag_module *m, int rc) {
 
 /* Calls a child by name inside the caller's scope (the result is scope-owned). */
 static ag_tensor *sub(ag_module *m, const char *name, ag_tensor *x) {
-    return ag_module_forward(ag_module_child(m, name), x);
+    return ag_module_forward_child(m, name, x);
 }
 
 static int check_bct(const ag_module *m, const ag_tensor *x, int64_t C) {
@@ -100,7 +128,7 @@ typedef struct attn_ud {
 
 /* x is (B, T, C); q, k, v are (B, nh, T, hs) with hs = C / nh. */
 static int attn_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
-    int rc = ag__nn_check_io(m, nin, 1, 1, max_out, 1);
+    int rc = ag_module_check_io(m, nin, 1, 1, max_out, 1);
     const attn_ud *u = ag_module_ud(m);
     if (!rc)
         rc = check_bct(m, in[0], u->n_embd);
@@ -133,7 +161,7 @@ static int attn_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor *
     }
     y = ag_view(ag_contiguous(ag_transpose(y, 1, 2)), 3, (int64_t[]){B, T, C});
     y = sub(m, "resid_dropout", sub(m, "c_proj", y));
-    return ag__nn_return1(y, out);
+    return ag_module_return1(y, out);
 }
 
 ag_module *ag_nn_causal_self_attention(const ag_gpt2_config *cfg) {
@@ -162,12 +190,12 @@ ag_module *ag_nn_causal_self_attention(const ag_gpt2_config *cfg) {
 /* ---- MLP: c_fc (C -> 4C), gelu(tanh), c_proj (4C -> C), dropout ---- */
 
 static int mlp_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
-    int rc = ag__nn_check_io(m, nin, 1, 1, max_out, 1);
+    int rc = ag_module_check_io(m, nin, 1, 1, max_out, 1);
     if (rc)
         return rc;
     ag_scope_begin();
     ag_tensor *h = sub(m, "gelu", sub(m, "c_fc", in[0])); /* (B, T, 4C) */
-    return ag__nn_return1(sub(m, "dropout", sub(m, "c_proj", h)), out);
+    return ag_module_return1(sub(m, "dropout", sub(m, "c_proj", h)), out);
 }
 
 static ag_module *mlp_new(const ag_gpt2_config *cfg) {
@@ -178,7 +206,7 @@ static ag_module *mlp_new(const ag_gpt2_config *cfg) {
     double proj_std = 0.02 / sqrt(2.0 * (double)cfg->n_layer);
     int rc = add(m, "c_fc", ag__nn_linear_normal(C, 4 * C, cfg->bias, 0.02, NULL));
     if (!rc)
-        rc = add(m, "gelu", ag_nn_gelu("tanh"));
+        rc = add(m, "gelu", activation_new(cfg));
     if (!rc)
         rc = add(m, "c_proj", ag__nn_linear_normal(4 * C, C, cfg->bias, proj_std, NULL));
     if (!rc)
@@ -190,14 +218,14 @@ static ag_module *mlp_new(const ag_gpt2_config *cfg) {
 
 static int block_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
                          int max_out) {
-    int rc = ag__nn_check_io(m, nin, 1, 1, max_out, 1);
+    int rc = ag_module_check_io(m, nin, 1, 1, max_out, 1);
     if (rc)
         return rc;
     ag_scope_begin();
     ag_tensor *x = in[0];
     x = ag_add(x, sub(m, "attn", sub(m, "ln_1", x)));
     x = ag_add(x, sub(m, "mlp", sub(m, "ln_2", x)));
-    return ag__nn_return1(x, out);
+    return ag_module_return1(x, out);
 }
 
 ag_module *ag_nn_gpt2_block(const ag_gpt2_config *cfg) {
@@ -208,11 +236,11 @@ ag_module *ag_nn_gpt2_block(const ag_gpt2_config *cfg) {
     if (!m)
         return NULL;
     int64_t C = cfg->n_embd;
-    int rc = add(m, "ln_1", ag__nn_layernorm_ex(C, 1e-5, true, cfg->bias));
+    int rc = add(m, "ln_1", ag__nn_layernorm_ex(C, ln_eps(cfg), true, cfg->bias));
     if (!rc)
         rc = add(m, "attn", ag_nn_causal_self_attention(cfg));
     if (!rc)
-        rc = add(m, "ln_2", ag__nn_layernorm_ex(C, 1e-5, true, cfg->bias));
+        rc = add(m, "ln_2", ag__nn_layernorm_ex(C, ln_eps(cfg), true, cfg->bias));
     if (!rc)
         rc = add(m, "mlp", mlp_new(cfg));
     return done(m, rc);
@@ -224,13 +252,14 @@ typedef struct gpt_ud {
     ag_gpt2_config cfg;
 } gpt_ud;
 
-/* idx is (B, T) i64; targets (B, T) i64. logits (B, T, V); loss a scalar (mean over B*T,
- * ignore_index -1 as nanoGPT). */
+/* idx is (B, T) i64; targets (B, T) i64. logits (B, T, V); loss a scalar (mean over the
+ * targets that are not the config's ignore_index, -1 by default as nanoGPT). */
 static int gpt_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
-    int rc = ag__nn_check_io(m, nin, 1, 2, max_out, nin);
+    const ag_gpt2_config *c = &((const gpt_ud *)ag_module_ud(m))->cfg;
+    const bool loss_only = nin == 2 && c->loss_only;
+    int rc = ag_module_check_io(m, nin, 1, 2, max_out, loss_only ? 1 : nin);
     if (rc)
         return rc;
-    const ag_gpt2_config *c = &((const gpt_ud *)ag_module_ud(m))->cfg;
     ag_tensor *idx = in[0];
     char b[160], b2[160];
     if (idx->ndim != 2 || idx->dtype != AG_I64)
@@ -263,12 +292,14 @@ static int gpt_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **
     if (nin == 2) { /* one statement per traced call: C leaves argument order unspecified */
         ag_tensor *flat_logits = ag_view(logits, 2, (int64_t[]){-1, V});
         ag_tensor *flat_targets = ag_reshape(in[1], 1, (int64_t[]){-1});
-        loss = ag_cross_entropy(flat_logits, flat_targets, AG_REDUCTION_MEAN, -1);
+        loss = ag_cross_entropy(flat_logits, flat_targets, AG_REDUCTION_MEAN, ignore_index(c));
     }
     if (!logits || (nin == 2 && !loss)) {
         ag_scope_end();
         return ag__nn_status();
     }
+    if (loss_only)
+        return ag_module_return1(loss, out);
     out[0] = ag_tensor_keep(logits);
     if (nin == 2)
         out[1] = ag_tensor_keep(loss);
@@ -304,10 +335,11 @@ ag_module *ag_nn_gpt2(const ag_gpt2_config *cfg) {
     for (int64_t i = 0; i < cfg->n_layer && !rc; i++)
         rc = ag_nn_append(h, ag_nn_gpt2_block(cfg));
     if (!rc)
-        rc = add(tr, "ln_f", ag__nn_layernorm_ex(C, 1e-5, true, cfg->bias));
+        rc = add(tr, "ln_f", ag__nn_layernorm_ex(C, ln_eps(cfg), true, cfg->bias));
     if (!rc)
-        rc = add(m, "lm_head",
-                 ag__nn_linear_normal(C, cfg->vocab_size, false, 0.02,
-                                      ag_module_param(tr, "wte.weight")));
+        rc = add(
+            m, "lm_head",
+            ag__nn_linear_normal(C, cfg->vocab_size, false, 0.02,
+                                 cfg->untied_lm_head ? NULL : ag_module_param(tr, "wte.weight")));
     return done(m, rc);
 }

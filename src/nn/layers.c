@@ -1,5 +1,6 @@
 /* The built-in modules: Linear, Conv2d, BatchNorm2d, LayerNorm, Embedding, Dropout, ReLU,
- * GELU, MaxPool2d, Flatten, Sequential, ModuleList and CrossEntropyLoss.
+ * GELU, MaxPool2d, AvgPool2d, AdaptiveAvgPool2d, Flatten, Sequential, ModuleList and
+ * CrossEntropyLoss.
  *
  * Each constructor registers its parameters and buffers under PyTorch's names with PyTorch's
  * default initialization (drawn from aotgrad's generator), and each forward is a few op calls
@@ -20,11 +21,11 @@ typedef ag_tensor *(*unary_fn)(ag_module *m, ag_tensor *x);
 
 static int unary_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out,
                          unary_fn f) {
-    int rc = ag__nn_check_io(m, nin, 1, 1, max_out, 1);
+    int rc = ag_module_check_io(m, nin, 1, 1, max_out, 1);
     if (rc)
         return rc;
     ag_scope_begin();
-    return ag__nn_return1(f(m, in[0]), out);
+    return ag_module_return1(f(m, in[0]), out);
 }
 
 #define NN_UNARY_FORWARD(name)                                                                     \
@@ -79,11 +80,12 @@ ag_module *ag_nn_linear(int64_t in_features, int64_t out_features, bool bias) {
     /* kaiming_uniform_(a=sqrt(5)) reduces to U(-1/sqrt(fan_in), 1/sqrt(fan_in)); the bias
      * uses the same bound. */
     double bound = 1.0 / sqrt((double)in_features);
-    int rc = ag__nn_add_tensor(m, "weight", true, AG_F32, 2, (int64_t[]){out_features, in_features},
-                               AG__INIT_UNIFORM, -bound, bound);
+    int rc = ag_module_add_tensor(m, "weight", true, ag_get_default_dtype(), 2,
+                                  (int64_t[]){out_features, in_features}, AG_INIT_UNIFORM, -bound,
+                                  bound);
     if (!rc && bias)
-        rc = ag__nn_add_tensor(m, "bias", true, AG_F32, 1, &out_features, AG__INIT_UNIFORM, -bound,
-                               bound);
+        rc = ag_module_add_tensor(m, "bias", true, ag_get_default_dtype(), 1, &out_features,
+                                  AG_INIT_UNIFORM, -bound, bound);
     return done(m, rc);
 }
 
@@ -102,12 +104,13 @@ ag_module *ag__nn_linear_normal(int64_t in_features, int64_t out_features, bool 
     ag_module *m = ag_module_new("Linear", linear_forward, NULL, NULL);
     if (!m)
         return NULL;
-    int rc =
-        tied ? ag_module_register_parameter(m, "weight", tied)
-             : ag__nn_add_tensor(m, "weight", true, AG_F32, 2,
-                                 (int64_t[]){out_features, in_features}, AG__INIT_NORMAL, 0.0, std);
+    int rc = tied ? ag_module_register_parameter(m, "weight", tied)
+                  : ag_module_add_tensor(m, "weight", true, ag_get_default_dtype(), 2,
+                                         (int64_t[]){out_features, in_features}, AG_INIT_NORMAL,
+                                         0.0, std);
     if (!rc && bias)
-        rc = ag__nn_add_tensor(m, "bias", true, AG_F32, 1, &out_features, AG__INIT_ZEROS, 0, 0);
+        rc = ag_module_add_tensor(m, "bias", true, ag_get_default_dtype(), 1, &out_features,
+                                  AG_INIT_ZEROS, 0, 0);
     return done(m, rc);
 }
 
@@ -150,12 +153,12 @@ ag_module *ag_nn_conv2d(int64_t in_ch, int64_t out_ch, int64_t kernel, int64_t s
         return NULL;
     int64_t fan_in = in_ch / groups * kernel * kernel;
     double bound = 1.0 / sqrt((double)fan_in);
-    int rc = ag__nn_add_tensor(m, "weight", true, AG_F32, 4,
-                               (int64_t[]){out_ch, in_ch / groups, kernel, kernel},
-                               AG__INIT_UNIFORM, -bound, bound);
+    int rc = ag_module_add_tensor(m, "weight", true, ag_get_default_dtype(), 4,
+                                  (int64_t[]){out_ch, in_ch / groups, kernel, kernel},
+                                  AG_INIT_UNIFORM, -bound, bound);
     if (!rc && bias)
-        rc =
-            ag__nn_add_tensor(m, "bias", true, AG_F32, 1, &out_ch, AG__INIT_UNIFORM, -bound, bound);
+        rc = ag_module_add_tensor(m, "bias", true, ag_get_default_dtype(), 1, &out_ch,
+                                  AG_INIT_UNIFORM, -bound, bound);
     return done(m, rc);
 }
 
@@ -203,16 +206,20 @@ ag_module *ag_nn_batchnorm2d(int64_t num_features, double eps, double momentum) 
     if (!m)
         return NULL;
     const int64_t *c = &num_features;
-    int rc = ag__nn_add_tensor(m, "weight", true, AG_F32, 1, c, AG__INIT_ONES, 0, 0);
+    int rc =
+        ag_module_add_tensor(m, "weight", true, ag_get_default_dtype(), 1, c, AG_INIT_ONES, 0, 0);
     if (!rc)
-        rc = ag__nn_add_tensor(m, "bias", true, AG_F32, 1, c, AG__INIT_ZEROS, 0, 0);
+        rc = ag_module_add_tensor(m, "bias", true, ag_get_default_dtype(), 1, c, AG_INIT_ZEROS, 0,
+                                  0);
     if (!rc)
-        rc = ag__nn_add_tensor(m, "running_mean", false, AG_F32, 1, c, AG__INIT_ZEROS, 0, 0);
+        rc = ag_module_add_tensor(m, "running_mean", false, ag_get_default_dtype(), 1, c,
+                                  AG_INIT_ZEROS, 0, 0);
     if (!rc)
-        rc = ag__nn_add_tensor(m, "running_var", false, AG_F32, 1, c, AG__INIT_ONES, 0, 0);
+        rc = ag_module_add_tensor(m, "running_var", false, ag_get_default_dtype(), 1, c,
+                                  AG_INIT_ONES, 0, 0);
     if (!rc)
-        rc = ag__nn_add_tensor(m, "num_batches_tracked", false, AG_I64, 0, NULL, AG__INIT_ZEROS, 0,
-                               0);
+        rc = ag_module_add_tensor(m, "num_batches_tracked", false, AG_I64, 0, NULL, AG_INIT_ZEROS,
+                                  0, 0);
     return done(m, rc);
 }
 
@@ -240,10 +247,12 @@ ag_module *ag__nn_layernorm_ex(int64_t dim, double eps, bool weight, bool bias) 
     ag_module *m = module_with("LayerNorm", layernorm_forward, &u, sizeof u);
     if (!m)
         return NULL;
-    int rc =
-        weight ? ag__nn_add_tensor(m, "weight", true, AG_F32, 1, &dim, AG__INIT_ONES, 0, 0) : 0;
+    int rc = weight ? ag_module_add_tensor(m, "weight", true, ag_get_default_dtype(), 1, &dim,
+                                           AG_INIT_ONES, 0, 0)
+                    : 0;
     if (!rc && bias)
-        rc = ag__nn_add_tensor(m, "bias", true, AG_F32, 1, &dim, AG__INIT_ZEROS, 0, 0);
+        rc = ag_module_add_tensor(m, "bias", true, ag_get_default_dtype(), 1, &dim, AG_INIT_ZEROS,
+                                  0, 0);
     return done(m, rc);
 }
 
@@ -269,8 +278,8 @@ ag_module *ag__nn_embedding_normal(int64_t num, int64_t dim, double std) {
     ag_module *m = ag_module_new("Embedding", embedding_forward, NULL, NULL);
     if (!m)
         return NULL;
-    return done(m, ag__nn_add_tensor(m, "weight", true, AG_F32, 2, (int64_t[]){num, dim},
-                                     AG__INIT_NORMAL, 0.0, std));
+    return done(m, ag_module_add_tensor(m, "weight", true, ag_get_default_dtype(), 2,
+                                        (int64_t[]){num, dim}, AG_INIT_NORMAL, 0.0, std));
 }
 
 ag_module *ag_nn_embedding(int64_t num, int64_t dim) {
@@ -353,6 +362,58 @@ ag_module *ag_nn_maxpool2d(int64_t kernel, int64_t stride, int64_t padding) {
     }
     pool_ud u = {{kernel, kernel}, {stride, stride}, {padding, padding}};
     return module_with("MaxPool2d", maxpool2d_forward, &u, sizeof u);
+}
+
+typedef struct avgpool_ud {
+    int64_t kernel[2], stride[2], padding[2], divisor_override;
+    bool ceil_mode, count_include_pad;
+} avgpool_ud;
+
+static ag_tensor *avgpool2d_apply(ag_module *m, ag_tensor *x) {
+    const avgpool_ud *u = ag_module_ud(m);
+    const bool ceil = u->ceil_mode, cip = u->count_include_pad;
+    return ag_avg_pool2d_ex(x, u->kernel, u->stride, u->padding, ceil, cip, u->divisor_override);
+}
+NN_UNARY_FORWARD(avgpool2d)
+
+ag_module *ag_nn_avgpool2d(int64_t kernel, int64_t stride, int64_t padding, bool ceil_mode,
+                           bool count_include_pad, int64_t divisor_override) {
+    if (stride <= 0)
+        stride = kernel;
+    if (kernel <= 0 || padding < 0 || padding * 2 > kernel) {
+        ag__err(AG_EINVAL,
+                "AvgPool2d: bad arguments (kernel_size %lld, stride %lld, padding "
+                "%lld): padding should be at most half of the kernel size",
+                (long long)kernel, (long long)stride, (long long)padding);
+        return NULL;
+    }
+    avgpool_ud u = {{kernel, kernel}, {stride, stride}, {padding, padding},
+                    divisor_override, ceil_mode,        count_include_pad};
+    return module_with("AvgPool2d", avgpool2d_forward, &u, sizeof u);
+}
+
+typedef struct adaptive_ud {
+    int64_t output_size[2]; /* negative: None, the input's size */
+} adaptive_ud;
+
+static ag_tensor *adaptive_avgpool2d_apply(ag_module *m, ag_tensor *x) {
+    const adaptive_ud *u = ag_module_ud(m);
+    if (x->ndim != 3 && x->ndim != 4) {
+        char b[128];
+        ag__err(AG_EINVAL, "AdaptiveAvgPool2d: expected a 3-d or 4-d input, got %s",
+                ag_tensor_meta_str(x, b, sizeof b));
+        return NULL;
+    }
+    int64_t o[2];
+    for (int d = 0; d < 2; d++)
+        o[d] = u->output_size[d] < 0 ? x->sizes[x->ndim - 2 + d] : u->output_size[d];
+    return ag_adaptive_avg_pool2d(x, o);
+}
+NN_UNARY_FORWARD(adaptive_avgpool2d)
+
+ag_module *ag_nn_adaptive_avgpool2d(int64_t out_h, int64_t out_w) {
+    adaptive_ud u = {{out_h, out_w}};
+    return module_with("AdaptiveAvgPool2d", adaptive_avgpool2d_forward, &u, sizeof u);
 }
 
 typedef struct flatten_ud {
@@ -453,25 +514,51 @@ int ag_nn_append(ag_module *seq, ag_module *child) {
 typedef struct ce_ud {
     int reduction;
     int64_t ignore_index;
+    double label_smoothing;
 } ce_ud;
 
+/* The class weights are the buffer "weight" (as PyTorch's _WeightedLoss registers them), so
+ * they are in the state dict and follow ag_module_to_dtype. */
 static int cross_entropy_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
                                  int max_out) {
-    int rc = ag__nn_check_io(m, nin, 2, 2, max_out, 1);
+    int rc = ag_module_check_io(m, nin, 2, 2, max_out, 1);
     if (rc)
         return rc;
     const ce_ud *u = ag_module_ud(m);
+    ag_tensor *w = ag_module_buffer(m, "weight");
+    const double ls = u->label_smoothing;
     ag_scope_begin();
-    return ag__nn_return1(ag_cross_entropy(in[0], in[1], u->reduction, u->ignore_index), out);
+    ag_tensor *y = ag_cross_entropy_loss(in[0], in[1], w, u->reduction, u->ignore_index, ls);
+    return ag_module_return1(y, out);
 }
 
-ag_module *ag_nn_cross_entropy_loss(int reduction, int64_t ignore_index) {
+ag_module *ag_nn_cross_entropy_loss_ex(ag_tensor *weight, int reduction, int64_t ignore_index,
+                                       double label_smoothing) {
     if (reduction != AG_REDUCTION_NONE && reduction != AG_REDUCTION_MEAN &&
         reduction != AG_REDUCTION_SUM) {
         ag__err(AG_EINVAL, "CrossEntropyLoss: reduction %d is not none (0), mean (1) or sum (2)",
                 reduction);
         return NULL;
     }
-    ce_ud u = {reduction, ignore_index};
-    return module_with("CrossEntropyLoss", cross_entropy_forward, &u, sizeof u);
+    if (!(label_smoothing >= 0 && label_smoothing <= 1)) {
+        ag__err(AG_EINVAL, "CrossEntropyLoss: label_smoothing must be in [0, 1], got %g",
+                label_smoothing);
+        return NULL;
+    }
+    if (weight && (weight->ndim != 1 || !ag_dtype_is_float(weight->dtype))) {
+        char b[128];
+        ag__err(AG_EINVAL,
+                "CrossEntropyLoss: weight must be a 1-D float tensor of C classes, got %s",
+                ag_tensor_meta_str(weight, b, sizeof b));
+        return NULL;
+    }
+    ce_ud u = {reduction, ignore_index, label_smoothing};
+    ag_module *m = module_with("CrossEntropyLoss", cross_entropy_forward, &u, sizeof u);
+    if (!m || !weight)
+        return m;
+    return done(m, ag_module_register_buffer(m, "weight", weight, true));
+}
+
+ag_module *ag_nn_cross_entropy_loss(int reduction, int64_t ignore_index) {
+    return ag_nn_cross_entropy_loss_ex(NULL, reduction, ignore_index, 0.0);
 }

@@ -453,8 +453,9 @@ bool ag_module_is_training(const ag_module *m) {
 
 /* ---- calling ---- */
 
-int ag__nn_check_io(const ag_module *m, int nin, int min_in, int max_in, int max_out,
-                    int need_out) {
+int ag_module_check_io(const ag_module *m, int nin, int min_in, int max_in, int max_out,
+                       int need_out) {
+    AG__CHECK_NULL("module_check_io", m);
     if (nin < min_in || nin > max_in) {
         if (min_in == max_in)
             return ag__err(AG_EINVAL, "%s: forward takes %d input%s, %d given", m->type, min_in,
@@ -468,10 +469,43 @@ int ag__nn_check_io(const ag_module *m, int nin, int min_in, int max_in, int max
     return 0;
 }
 
-int ag__nn_return1(ag_tensor *y, ag_tensor **out) {
+int ag_module_return1(ag_tensor *y, ag_tensor **out) {
+    if (!out) {
+        ag_scope_end();
+        return ag__err(AG_EINVAL, "module_return1: out is NULL");
+    }
     out[0] = ag_tensor_keep(y);
     ag_scope_end();
     return y ? 1 : ag__nn_status();
+}
+
+ag_tensor *ag_module_forward_child(ag_module *m, const char *name, ag_tensor *x) {
+    if (!m)
+        return null_arg("module_forward_child", "m", NULL), NULL;
+    if (!name)
+        return null_arg("module_forward_child", "name", NULL), NULL;
+    ag_module *c = ag_module_child(m, name);
+    if (!c)
+        return ag__err(AG_EINVAL, "%s: no child module '%s'", m->type, name), NULL;
+    return ag_module_forward(c, x);
+}
+
+/* ---- default dtype ---- */
+
+static _Thread_local ag_dtype default_dtype = AG_F32;
+
+int ag_set_default_dtype(ag_dtype dt) {
+    if (dt != AG_F32 && dt != AG_F64)
+        return ag__err(AG_EINVAL,
+                       "set_default_dtype: only floating point dtypes (f32, f64) are "
+                       "supported as default, got %d",
+                       (int)dt);
+    default_dtype = dt;
+    return 0;
+}
+
+ag_dtype ag_get_default_dtype(void) {
+    return default_dtype;
 }
 
 /* ---- module calls seen by a tracer ---- */
@@ -595,8 +629,23 @@ ag_tensor *ag_module_forward(ag_module *m, ag_tensor *x) {
 
 /* ---- creating parameters and buffers ---- */
 
-int ag__nn_add_tensor(ag_module *m, const char *name, bool param, ag_dtype dt, int ndim,
-                      const int64_t *sizes, ag__nn_init init, double a, double b) {
+int ag_module_add_tensor(ag_module *m, const char *name, bool param, ag_dtype dt, int ndim,
+                         const int64_t *sizes, ag_init init, double a, double b) {
+    int rc = check_name(m, "module_add_tensor", name);
+    if (rc)
+        return rc;
+    if (ndim < 0 || ndim > AG_MAX_DIMS || (ndim > 0 && !sizes) || (int)dt < 0 || dt >= AG_NDTYPES)
+        return ag__err(AG_EINVAL, "module_add_tensor: '%s': bad dtype %d or ndim %d (sizes %s)",
+                       name, (int)dt, ndim, sizes ? "given" : "NULL");
+    if ((int)init < AG_INIT_ZEROS || init > AG_INIT_NORMAL)
+        return ag__err(AG_EINVAL, "module_add_tensor: '%s': unknown init %d", name, (int)init);
+    if ((init == AG_INIT_UNIFORM || init == AG_INIT_NORMAL) && !ag_dtype_is_float(dt))
+        return ag__err(AG_EINVAL, "module_add_tensor: '%s': random init of a %s tensor", name,
+                       ag_dtype_short(dt));
+    if (param && !ag_dtype_is_float(dt))
+        return ag__err(AG_EINVAL,
+                       "module_add_tensor: parameter '%s' must be floating point, not %s", name,
+                       ag_dtype_short(dt));
     /* In meta mode (ag_set_meta_mode) the tensor gets no data and there is nothing to fill:
      * a model the size of GPT-2 small can be built for tracing without its weights. */
     bool meta = ag__tls()->tracing;
@@ -604,14 +653,13 @@ int ag__nn_add_tensor(ag_module *m, const char *name, bool param, ag_dtype dt, i
     if (!t)
         return ag_last_status();
     int64_t n = ag_tensor_numel(t);
-    int rc = 0;
     void *p = ag_tensor_data(t);
     if (!meta) {
         switch (init) {
-        case AG__INIT_ZEROS:
+        case AG_INIT_ZEROS:
             memset(p, 0, (size_t)n * ag_dtype_size(dt));
             break;
-        case AG__INIT_ONES:
+        case AG_INIT_ONES:
             for (int64_t i = 0; i < n; i++) {
                 if (dt == AG_F32)
                     ((float *)p)[i] = 1.0f;
@@ -619,16 +667,18 @@ int ag__nn_add_tensor(ag_module *m, const char *name, bool param, ag_dtype dt, i
                     ((double *)p)[i] = 1.0;
                 else if (dt == AG_I64)
                     ((int64_t *)p)[i] = 1;
+                else if (dt == AG_I8)
+                    ((int8_t *)p)[i] = 1;
                 else
                     ((bool *)p)[i] = true;
             }
             break;
-        case AG__INIT_UNIFORM:
-        case AG__INIT_NORMAL: {
+        case AG_INIT_UNIFORM:
+        case AG_INIT_NORMAL: {
             /* Drawn by the ops so that the generator's stream is the one every op uses. */
             bool prev = ag_set_grad_enabled(false);
             ag_scope_begin();
-            ag_tensor *r = init == AG__INIT_UNIFORM ? ag_uniform_(t, a, b) : ag_normal_(t, a, b);
+            ag_tensor *r = init == AG_INIT_UNIFORM ? ag_uniform_(t, a, b) : ag_normal_(t, a, b);
             if (!r)
                 rc = ag__nn_status();
             ag_scope_end();
@@ -641,5 +691,115 @@ int ag__nn_add_tensor(ag_module *m, const char *name, bool param, ag_dtype dt, i
         rc = param ? ag_module_register_parameter(m, name, t)
                    : ag_module_register_buffer(m, name, t, true);
     ag_tensor_free(t);
+    return rc;
+}
+
+/* ---- module.to(dtype) ---- */
+
+/* One tensor to convert and its converted copy (whose storage it takes at the commit). */
+typedef struct conv_item {
+    ag_tensor *t, *fresh;
+    const char *what, *name; /* for messages: "parameter"/"buffer"/"gradient of", the fqn */
+} conv_item;
+
+typedef struct conv_list {
+    conv_item *items;
+    int64_t n, cap;
+} conv_list;
+
+static int conv_add(conv_list *l, ag_tensor *t, ag_dtype dt, const char *what, const char *name) {
+    if (!t || !ag_dtype_is_float(t->dtype) || t->dtype == dt)
+        return 0;
+    for (int64_t i = 0; i < l->n; i++)
+        if (l->items[i].t == t)
+            return 0; /* tied: converted once, both names keep the one tensor */
+    if (t->grad_fn)
+        return ag__err(AG_EINVAL,
+                       "module_to_dtype: %s '%s' has autograd history (%s); only leaves "
+                       "convert",
+                       what, name, ag_tensor_grad_fn_name(t));
+    if (t->is_view || t->base || t->sub)
+        return ag__err(AG_EINVAL,
+                       "module_to_dtype: %s '%s' is a %s; it cannot change dtype in place", what,
+                       name, t->sub ? "tensor subclass instance" : "view of another tensor");
+    if (ag__grow((void **)&l->items, &l->cap, l->n + 1, sizeof *l->items))
+        return AG_ENOMEM;
+    l->items[l->n++] = (conv_item){t, NULL, what, name};
+    return 0;
+}
+
+/* fresh = t converted to dt (contiguous; data-less when t has none). */
+static ag_tensor *conv_copy(ag_tensor *t, ag_dtype dt) {
+    bool meta = !t->storage->data;
+    ag_tensor *f = ag__tensor_new(dt, t->ndim, t->sizes, meta);
+    if (!f || meta)
+        return f;
+    int64_t n = ag_tensor_numel(t);
+    void *dst = ag_tensor_data(f);
+    if (ag_tensor_is_contiguous(t)) {
+        const void *src = ag_tensor_data(t);
+        if (t->dtype == AG_F32 && dt == AG_F64)
+            for (int64_t i = 0; i < n; i++)
+                ((double *)dst)[i] = ((const float *)src)[i];
+        else if (t->dtype == AG_F64 && dt == AG_F32)
+            for (int64_t i = 0; i < n; i++)
+                ((float *)dst)[i] = (float)((const double *)src)[i];
+        return f;
+    }
+    (void)ag_tensor_data(t); /* completes pending collectives writing it */
+    for (int64_t i = 0; i < n; i++) {
+        double v = ag__get_f64(t, i);
+        if (dt == AG_F64)
+            ((double *)dst)[i] = v;
+        else
+            ((float *)dst)[i] = (float)v;
+    }
+    return f;
+}
+
+int ag_module_to_dtype(ag_module *m, ag_dtype dt) {
+    AG__CHECK_NULL("module_to_dtype", m);
+    if (dt != AG_F32 && dt != AG_F64)
+        return ag__err(AG_EINVAL,
+                       "module_to_dtype: nn.Module.to only accepts floating point "
+                       "dtypes (f32, f64), got %s",
+                       (int)dt >= 0 && dt < AG_NDTYPES ? ag_dtype_short(dt) : "an unknown dtype");
+    ag_named_tensors ps = {0}, bs = {0};
+    conv_list l = {0};
+    int rc = ag_module_named_parameters(m, true, &ps);
+    if (!rc)
+        rc = ag_module_named_buffers(m, true, &bs);
+    for (int i = 0; i < ps.n && !rc; i++) {
+        rc = conv_add(&l, ps.tensors[i], dt, "parameter", ps.names[i]);
+        if (!rc && ps.tensors[i]->grad)
+            rc = conv_add(&l, ps.tensors[i]->grad, dt, "gradient of", ps.names[i]);
+    }
+    for (int i = 0; i < bs.n && !rc; i++)
+        rc = conv_add(&l, bs.tensors[i], dt, "buffer", bs.names[i]);
+    /* Every copy first: a failure here leaves the module as it was. */
+    for (int64_t i = 0; i < l.n && !rc; i++)
+        if (!(l.items[i].fresh = conv_copy(l.items[i].t, dt)))
+            rc = ag__nn_status();
+    if (!rc) {
+        /* Commit: each tensor takes its copy's storage; the copy takes (and frees) the old. A
+         * saved reference to the old values (an autograd graph not run yet) sees a new version
+         * and refuses to use them, as after an in-place change. */
+        for (int64_t i = 0; i < l.n; i++) {
+            ag_tensor *t = l.items[i].t, *f = l.items[i].fresh;
+            ag_storage *old = t->storage;
+            f->storage->version = old->version + 1;
+            t->storage = f->storage;
+            f->storage = old;
+            f->dtype = t->dtype; /* the old storage is released with its own byte count */
+            t->dtype = dt;
+            t->offset = 0;
+            memcpy(t->strides, f->strides, sizeof t->strides);
+        }
+    }
+    for (int64_t i = 0; i < l.n; i++)
+        ag_tensor_free(l.items[i].fresh);
+    ag__free(l.items);
+    ag_named_tensors_free(&ps);
+    ag_named_tensors_free(&bs);
     return rc;
 }

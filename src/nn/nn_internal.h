@@ -5,20 +5,6 @@
 
 #include "../core/internal.h"
 
-/* How ag__nn_add_tensor fills a new parameter or buffer. */
-typedef enum ag__nn_init {
-    AG__INIT_ZEROS,
-    AG__INIT_ONES,
-    AG__INIT_UNIFORM, /* U(a, b) from the generator */
-    AG__INIT_NORMAL,  /* N(a, b^2) from the generator */
-} ag__nn_init;
-
-/* Creates a contiguous tensor of dtype dt and the given shape, fills it as `init` says (under
- * no-grad) and registers it on m as a parameter (param) or a persistent buffer. On failure
- * nothing is registered and nothing leaks. */
-int ag__nn_add_tensor(ag_module *m, const char *name, bool param, ag_dtype dt, int ndim,
-                      const int64_t *sizes, ag__nn_init init, double a, double b);
-
 /* The tensors of the state file: named_parameters (deduplicated) then the persistent
  * named_buffers (deduplicated, also against the parameters). With remove_duplicate false,
  * every name under which a state tensor is reachable. */
@@ -50,13 +36,6 @@ const ag__module_observer *ag__module_set_observer(const ag__module_observer *ob
  * (ag__free). NULL without an error when m is neither root nor inside it; NULL with one when
  * out of memory. */
 char *ag__module_path(const ag_module *root, const ag_module *m);
-
-/* Checks a forward's arity: nin inputs within [min_in, max_in], room for need_out outputs. */
-int ag__nn_check_io(const ag_module *m, int nin, int min_in, int max_in, int max_out, int need_out);
-
-/* Ends the forward's autorelease scope and stores y (owned by that scope, or NULL after a
- * failed op) in out[0] as a new reference. Returns 1, or the pending error status. */
-int ag__nn_return1(ag_tensor *y, ag_tensor **out);
 
 /* The status of the last error, or a generic EINVAL when none is pending (a NULL result
  * always follows a set error, so the fallback only guards against misuse). */

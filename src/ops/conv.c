@@ -907,6 +907,23 @@ ag_tensor *ag_avg_pool2d(ag_tensor *x, const int64_t kernel[2], const int64_t st
     return ag__call1(op, args, 6);
 }
 
+ag_tensor *ag_avg_pool2d_ex(ag_tensor *x, const int64_t kernel[2], const int64_t stride[2],
+                            const int64_t padding[2], bool ceil_mode, bool count_include_pad,
+                            int64_t divisor_override) {
+    if (!divisor_override)
+        return ag_avg_pool2d(x, kernel, stride, padding, ceil_mode, count_include_pad);
+    AG__OP(op, "avg_pool2d");
+    static const int64_t zero[2] = {0, 0};
+    ag_arg args[7] = {AG_A_T(x),
+                      AG_A_INTS(kernel, 2),
+                      stride ? AG_A_INTS(stride, 2) : AG_A_INTS(no_ints, 0),
+                      AG_A_INTS(padding ? padding : zero, 2),
+                      AG_A_B(ceil_mode),
+                      AG_A_B(count_include_pad),
+                      AG_A_I(divisor_override)};
+    return ag__call1(op, args, 7);
+}
+
 /* ---- avg_pool2d_backward ---- */
 
 static int avgpool_bw_meta(const ag_arg *a, ag_tmeta *o) {

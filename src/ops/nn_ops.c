@@ -604,6 +604,15 @@ ag_tensor *ag_cross_entropy(ag_tensor *logits, ag_tensor *target, int reduction,
                      5);
 }
 
+ag_tensor *ag_cross_entropy_loss(ag_tensor *logits, ag_tensor *target, ag_tensor *weight,
+                                 int reduction, int64_t ignore_index, double label_smoothing) {
+    AG__OP(op, "cross_entropy_loss");
+    return ag__call1(op,
+                     (ag_arg[]){AG_A_T(logits), AG_A_T(target), weight ? AG_A_T(weight) : AG_A_NONE,
+                                AG_A_I(reduction), AG_A_I(ignore_index), AG_A_F(label_smoothing)},
+                     6);
+}
+
 /* ====================================================================================== */
 /* ---- native_dropout ---- */
 
