@@ -30,7 +30,7 @@ static ag_joint *export_or_fail(ag_module *m, ag_tensor **in, int nin) {
 static ag_compiled *compile_or_fail(const ag_joint *j, bool mincut, double budget) {
     ag_compile_opts co = {
         .partition = {.partitioner = mincut ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT,
-                      .memory_budget = budget}};
+                      .memory_budget = ag_memory_budget(budget)}};
     ag_compiled *c = ag_compile_joint(j, &co);
     if (!c)
         fail_msg("compile: %s", ag_last_error());

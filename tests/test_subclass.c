@@ -1008,7 +1008,7 @@ static void test_two_tensor_compiled_sgd(void **st) {
         ag_joint *j = export_zoo("two_tensor", &mc, ic, &nc);
         ag_compile_opts co = {
             .partition = {.partitioner = p ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT,
-                          .memory_budget = budgets[p == 2]},
+                          .memory_budget = ag_memory_budget(budgets[p == 2])},
             .interpret = p == 0};
         ag_compiled *c = ag_compile_joint(j, &co);
         assert_non_null(c);

@@ -37,13 +37,37 @@ typedef enum ag_knapsack {
     AG_KNAPSACK_ILP, /* GLPK */
 } ag_knapsack;
 
+/* Zero-initialized, or NULL: upstream's defaults (default_partition; activation_memory_budget
+ * 1.0, which only the min-cut reads). */
 typedef struct ag_partition_opts {
     ag_partitioner partitioner;
-    /* activation_memory_budget in [0, 1]: 0 saves only inputs, 1 the runtime-optimal cut.
-     * Values outside [0, 1] are an error. */
+    /* upstream's activation_memory_budget, read by the min-cut (and by the default partitioner
+     * when recompute tags make it delegate to the min-cut). The budget is a ratio over the
+     * step's planned peak activation memory (the peak model of src/partition/side_plan.c:
+     * forward and backward simulated with each value freed after its last use and recomputed
+     * values alive from their recomputation), not over saved bytes: budget b allows a planned
+     * peak of minP + b * (maxP - minP), where maxP is the peak of the runtime-optimized min-cut
+     * and minP the lowest peak among the candidate cuts (inputs only, the more aggressive
+     * cuts, the knapsack's cuts); among the cuts within it, the one that recomputes the fewest
+     * FLOPs is taken. So 1 is the runtime-optimized cut (upstream's default) and 0 the lowest
+     * planned peak (saving only the inputs when that reaches it, as upstream's 0 does).
+     *
+     * 0 (a zeroed struct) means the default, 1.0; any value in (0, 1] means itself; budget 0
+     * is asked for with AG_MEMORY_BUDGET_ZERO (ag_memory_budget(x) turns any x in [0, 1],
+     * e.g. a command line's, into the field's value). Other values are refused (AG_EINVAL). A
+     * node's float meta "memory_budget" overrides the field, 0.0 there meaning 0. */
     double memory_budget;
-    ag_knapsack solver;
+    ag_knapsack solver; /* zero: greedy (upstream's config default is "dp") */
 } ag_partition_opts;
+
+/* Budget 0 in ag_partition_opts.memory_budget, where plain 0 means the default 1.0: negative
+ * zero, which is 0 to any arithmetic and is told apart by its sign bit. */
+#define AG_MEMORY_BUDGET_ZERO (-0.0)
+/* A budget b in [0, 1] as the field takes it: 0 becomes AG_MEMORY_BUDGET_ZERO, anything else
+ * stays (and is checked by the partitioner). */
+static inline double ag_memory_budget(double b) {
+    return b == 0 ? AG_MEMORY_BUDGET_ZERO : b;
+}
 
 typedef struct ag_partition_stats {
     int saved_tensors;

@@ -64,6 +64,9 @@ struct ag_compiled {
      * -1 (written back hidden from autograd) */
     int *node_of_mut;
     ag__subx_info *sub; /* the subclass wrapper's structures, or NULL */
+    /* Descriptors for messages (references, NULL where unknown): each primal's placeholder's,
+     * each flat input's (ag__rt_input_name). */
+    ag_desc **prim_desc, **flat_desc;
     /* Kept between calls so a training step allocates no bookkeeping once warm. */
     ag__kept_ptrs call_mem, bw_mem; /* a call's and a backward's pointer arrays */
     ag__bw_state *spare_bw;         /* a released backward node's state, for the next call */
@@ -113,6 +116,14 @@ extern const ag__rt_wrapper ag__rtw_aliased;   /* alias_rt.c: outputs aliasing i
 extern const ag__rt_wrapper ag__rtw_mutations; /* mutation_writeback.c: input mutations */
 extern const ag__rt_wrapper ag__rtw_rng;       /* rng_wrap.c: functionalized RNG */
 extern const ag__rt_wrapper ag__rtw_tokens;    /* effect_tokens.c: effect tokens */
+
+/* A message's name for flat input i: "ParamAOTInput(target='fc.weight') (input 4)", or
+ * "input 4" when its descriptor is unknown ("flat input" with tensor subclasses, whose flat
+ * inputs are the instances' parts). Returns buf. */
+const char *ag__rt_input_name(const ag_compiled *c, int i, char *buf, size_t n);
+/* ... and primal p's: its flat input's name when it is one, else its placeholder's descriptor
+ * (a view or synthetic base) and its graph input. */
+const char *ag__rt_primal_name(const ag_compiled *c, int p, char *buf, size_t n);
 
 /* Where output i of section s of the joint is among the forward's outputs as the callable gets
  * them (effect tokens, the first section, dropped by the token wrapper). */
