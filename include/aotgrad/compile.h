@@ -93,6 +93,8 @@ AG_API int ag_tag_region_recompute(ag_graph *g, ag_node *first, ag_node *last, a
  * for intermediates. */
 typedef struct ag_plan ag_plan;
 
+/* Zero-initialized, or NULL: the defaults (checks as the build and AG_CHECK_COLLECTIVES say,
+ * in-place reuse and fusion on). */
 typedef struct ag_plan_opts {
     bool checking;   /* poison freed regions and check that live buffers never overlap; and
                       * at the first run of a plan with collectives, check that every rank of
@@ -151,12 +153,16 @@ typedef int (*ag_partition_fn)(const ag_graph *joint, int num_fwd_outputs, void 
 
 /* ---- compiling a joint ---- */
 
-/* Zero-initialized, or NULL: upstream's default partitioner (save what the backward uses), both
- * halves run by the planned executor. */
+/* Zero-initialized, or NULL (the two are the same): as upstream's
+ * aot_compile_joint_with_descriptors(jd) with its defaults, partition_fn=default_partition
+ * (save what the backward uses; the min-cut only where recompute tags ask for it, under
+ * activation_memory_budget 1.0), except that both halves are run by the planned executor where
+ * upstream's default compilers (boxed_nop_preserve_node_meta) interpret them: set `interpret`
+ * for that. */
 typedef struct ag_compile_opts {
     ag_partition_opts partition;
-    ag_plan_opts plan;
-    bool interpret; /* run the partitioned graphs with the interpreter instead of plans */
+    ag_plan_opts plan; /* zero: ag_plan_new's defaults */
+    bool interpret;    /* run the partitioned graphs with the interpreter instead of plans */
     /* Hooks. A compiler left NULL is the planned executor with `plan` (the interpreter when
      * `interpret`); a partition_fn left NULL is ag_partition with `partition`. */
     ag_compiler_fn fw_compiler, bw_compiler;
@@ -189,7 +195,13 @@ AG_API void ag_compiled_free(ag_compiled *c);
  * in-place op leaves it, and a loss computed from it reaches the compiled backward. With grad
  * mode on, such an input that is a leaf requiring grad is refused before anything runs (eager
  * refuses the in-place op: "a leaf tensor that requires grad is being used in an in-place
- * operation"), as is one that is a view. Returns the number of user outputs.
+ * operation"), as is one that is a view. With grad mode on, an input that requires grad but
+ * did not when the joint was exported (a parameter unfrozen since, an input made to require
+ * grad) is refused before anything runs, the message naming it by descriptor: the joint has no
+ * gradient for it (upstream's guards would recompile; export again). One that required grad
+ * then but not now is fine: its gradient is computed and dropped. Errors about an input name
+ * its descriptor and position ("PlainAOTInput(idx=0) (input 2)"). Returns the number of user
+ * outputs.
  * Tensor subclass instances are passed and returned as such (upstream's
  * AOTDispatchSubclassWrapper): inputs must have the structure the export saw (a TwoTensor
  * where it saw one) and are taken apart for the plain graphs; outputs are rebuilt; an
