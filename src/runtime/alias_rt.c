@@ -51,8 +51,8 @@ static int dedupe_pre(ag_compiled *c, ag__call *s) {
                        "compiled: %d inputs given, the exported function takes %d "
                        "(params, buffers, args)",
                        s->nflat, c->nflat);
-    int rc =
-        ag__rt_primals(&c->alias, c->in_meta, s->flat, s->nflat, s->prim, s->owned, &s->nowned);
+    int rc = ag__rt_primals_named(&c->alias, c->in_meta, s->flat, s->nflat, c->flat_desc,
+                                  c->sub ? "flat input" : "input", s->prim, s->owned, &s->nowned);
     char name[320];
     for (int i = 0; rc == 0 && i < c->nprimals; i++) {
         const ag_tmeta *m = &c->in_meta[i];

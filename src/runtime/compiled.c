@@ -248,14 +248,8 @@ static int read_input_descs(ag_compiled *c, const ag_joint *j, ag_node *const *p
 }
 
 const char *ag__rt_input_name(const ag_compiled *c, int i, char *buf, size_t n) {
-    const char *pos = c->sub ? "flat input" : "input";
     const ag_desc *d = c->flat_desc && i >= 0 && i < c->nflat ? c->flat_desc[i] : NULL;
-    char r[200];
-    if (d && ag_desc_repr(d, r, sizeof r) < sizeof r)
-        snprintf(buf, n, "%s (%s %d)", r, pos, i);
-    else
-        snprintf(buf, n, "%s %d", pos, i);
-    return buf;
+    return ag__flat_input_name(d, c->sub ? "flat input" : "input", i, buf, n);
 }
 
 const char *ag__rt_primal_name(const ag_compiled *c, int p, char *buf, size_t n) {
