@@ -247,26 +247,6 @@ static int read_input_descs(ag_compiled *c, const ag_joint *j, ag_node *const *p
     return 0;
 }
 
-const char *ag__rt_input_name(const ag_compiled *c, int i, char *buf, size_t n) {
-    const ag_desc *d = c->flat_desc && i >= 0 && i < c->nflat ? c->flat_desc[i] : NULL;
-    return ag__flat_input_name(d, c->sub ? "flat input" : "input", i, buf, n);
-}
-
-const char *ag__rt_primal_name(const ag_compiled *c, int p, char *buf, size_t n) {
-    if (p < 0 || p >= c->nprimals || !c->prim_desc) {
-        snprintf(buf, n, p < 0 ? "a value the forward computed" : "graph input %d", p);
-        return buf;
-    }
-    const ag__primal_info *pi = &c->alias.prim[p];
-    if (pi->base == AG__BASE_NONE && c->flat_desc && c->flat_desc[pi->flat])
-        return ag__rt_input_name(c, pi->flat, buf, n);
-    char r[200] = "?";
-    if (c->prim_desc[p])
-        ag_desc_repr(c->prim_desc[p], r, sizeof r);
-    snprintf(buf, n, "%s (graph input %d, from input %d)", r, p, pi->flat);
-    return buf;
-}
-
 /* The joint's facts the call needs, from its layout and descriptors. */
 static int read_joint(ag_compiled *c, const ag_joint *j) {
     const ag_layout *L = ag_joint_layout(j);
