@@ -289,6 +289,40 @@ static void test_plan_print_trace_export_opts(void **st) {
     ag_tensor_free(x);
 }
 
+/* The joint of a zoo model built with opts, as text (ag_free it). */
+static char *zoo_joint_text(const char *name, const ag_zoo_opts *o) {
+    ag_module *m = NULL;
+    ag_tensor *in[8];
+    int nin = 0;
+    bool prev = ag_set_meta_mode(true);
+    int rc = ag_zoo_build_opts(name, NULL, o, &m, in, 8, &nin);
+    ag_set_meta_mode(prev);
+    assert_int_equal(rc, 0);
+    ag_joint *j = ag_export_joint(m, in, nin, NULL, NULL, 0, NULL);
+    assert_non_null(j);
+    char *t = ag_graph_to_string(ag_joint_graph(j), NULL);
+    assert_non_null(t);
+    ag_joint_free(j);
+    ag_module_free(m);
+    for (int i = 0; i < nin; i++)
+        ag_tensor_free(in[i]);
+    return t;
+}
+
+static void test_zoo_opts(void **st) {
+    (void)st;
+    /* {0} builds the model's defaults, as NULL does; a dropout set changes the graph (its
+     * probability is an argument of the dropout's nodes). */
+    const ag_zoo_opts z = {0}, set = {.set_dropout = true, .dropout = 0.375};
+    char *a = zoo_joint_text("dropout_mlp", NULL), *b = zoo_joint_text("dropout_mlp", &z),
+         *c = zoo_joint_text("dropout_mlp", &set);
+    assert_string_equal(a, b);
+    assert_string_not_equal(a, c);
+    ag_free(a);
+    ag_free(b);
+    ag_free(c);
+}
+
 /* ---- the compiled callable's inputs ---- */
 
 typedef struct lin_fixture {
@@ -383,6 +417,38 @@ static void test_requires_grad_at_call(void **st) {
     lin_teardown(&f);
 }
 
+/* A tensor subclass instance is checked through its parts, named by their descriptors. */
+static void test_requires_grad_subclass(void **st) {
+    (void)st;
+    lin_fixture f;
+    lin_setup(&f, false, false); /* parameters frozen: their gradients would be TwoTensors */
+    assert_int_equal(ag_tensor_set_requires_grad(ag_module_param(f.lin, "bias"), false), 0);
+    ag_tensor *a = tu_tensor(AG_F32, 2, (int64_t[]){2, 3}, (double[]){1, -2, 3, -4, 5, -6});
+    ag_tensor *b = tu_tensor(AG_F32, 2, (int64_t[]){2, 3}, (double[]){2, 1, 0, -1, -2, -3});
+    ag_tensor *t = ag_two_tensor(a, b);
+    assert_non_null(t);
+    ag_joint *j = ag_export_joint(f.lin, &t, 1, NULL, NULL, 0, NULL);
+    if (!j)
+        print_error("export: %s\n", ag_last_error());
+    assert_non_null(j);
+    ag_compiled *c = ag_compile_joint(j, NULL);
+    ag_joint_free(j);
+    assert_non_null(c);
+    ag_tensor *y = NULL;
+    assert_int_equal(call(c, &f, t, &y), 1);
+    ag_tensor_free(y);
+    assert_int_equal(ag_tensor_set_requires_grad(t, true), 0);
+    assert_int_equal(call(c, &f, t, &y), AG_EINVAL);
+    tu_assert_error_contains("compiled: SubclassGetAttrAOTInput(base=PlainAOTInput(idx=0), "
+                             "attr='a') (flat input 2) requires grad but did not");
+    assert_null(y);
+    ag_compiled_free(c);
+    ag_tensor_free(t);
+    ag_tensor_free(a);
+    ag_tensor_free(b);
+    lin_teardown(&f);
+}
+
 static void test_input_errors_name_descriptors(void **st) {
     (void)st;
     lin_fixture f;
@@ -418,7 +484,9 @@ int main(void) {
         cmocka_unit_test(test_compile_opts),
         cmocka_unit_test(test_gradcheck_opts),
         cmocka_unit_test(test_plan_print_trace_export_opts),
+        cmocka_unit_test(test_zoo_opts),
         cmocka_unit_test(test_requires_grad_at_call),
+        cmocka_unit_test(test_requires_grad_subclass),
         cmocka_unit_test(test_input_errors_name_descriptors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
