@@ -17,10 +17,11 @@ typedef struct model {
     ag_joint *j;
 } model;
 
-/* The zoo's tiny GPT-2 (2 layers), exported; meta: shapes only. */
-static void gpt2_load(model *md, bool meta) {
+/* The zoo's GPT-2 (config NULL: tiny, 2 layers; "gpt2-small": 12 layers, 124M), exported;
+ * meta: shapes only. */
+static void gpt2_load(model *md, const char *config, bool meta) {
     bool prev = ag_set_meta_mode(meta);
-    int rc = ag_zoo_build("gpt2", NULL, &md->m, md->in, 8, &md->nin);
+    int rc = ag_zoo_build("gpt2", config, &md->m, md->in, 8, &md->nin);
     ag_set_meta_mode(prev);
     assert_int_equal(rc, 0);
     md->j = ag_export_joint(md->m, md->in, md->nin, NULL, NULL, 0, NULL);
@@ -57,7 +58,7 @@ static void assert_same_stats(const ag_partition_stats *a, const ag_partition_st
 static void test_partition_opts(void **st) {
     (void)st;
     model md;
-    gpt2_load(&md, true);
+    gpt2_load(&md, "gpt2-small", true);
     /* Budget 1 and budget 0 differ on GPT-2 (the test would prove nothing otherwise). */
     ag_partition_opts one = {.partitioner = AG_PARTITION_MINCUT, .memory_budget = 1.0};
     ag_partition_opts zero = {.partitioner = AG_PARTITION_MINCUT,
@@ -114,7 +115,7 @@ static ag_partition_stats compiled_stats(const model *md, const ag_compile_opts 
 static void test_compile_opts(void **st) {
     (void)st;
     model md;
-    gpt2_load(&md, false);
+    gpt2_load(&md, "gpt2-small", true);
     ag_compile_opts one = {.partition = {.partitioner = AG_PARTITION_MINCUT, .memory_budget = 1}};
     ag_compile_opts zero = {
         .partition = {.partitioner = AG_PARTITION_MINCUT, .memory_budget = AG_MEMORY_BUDGET_ZERO}};
