@@ -414,6 +414,12 @@ static void test_requires_grad_at_call(void **st) {
     tu_assert_close(gb, want_b, 1e-6);
     ag_tensor_free(loss);
     ag_tensor_free(y);
+    /* Nothing requires grad now: it runs, and its output has no history. */
+    assert_int_equal(ag_tensor_set_requires_grad(w, false), 0);
+    assert_int_equal(ag_tensor_set_requires_grad(bias, false), 0);
+    assert_int_equal(call(c, &f, f.x, &y), 1);
+    assert_false(ag_tensor_requires_grad(y));
+    ag_tensor_free(y);
     ag_compiled_free(c);
     lin_teardown(&f);
 }
