@@ -199,8 +199,8 @@ static int job_build(job *jb, bool gpt2) {
 }
 
 static ag_compile_opts job_compile_opts(double budget) {
-    return (ag_compile_opts){
-        .partition = {.partitioner = AG_PARTITION_MINCUT, .memory_budget = budget}};
+    return (ag_compile_opts){.partition = {.partitioner = AG_PARTITION_MINCUT,
+                                           .memory_budget = ag_memory_budget(budget)}};
 }
 
 /* ---- snapshots of a module's state (the test's own memory, taken with failures paused) ----

@@ -188,7 +188,7 @@ static void check_model(const char *model, const char *strat) {
             for (int budget = 0; budget <= 1; budget++) {
                 ag_partition_opts o = {.partitioner =
                                            part ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT,
-                                       .memory_budget = budget};
+                                       .memory_budget = ag_memory_budget(budget)};
                 ag_graph *fw = NULL, *bw = NULL;
                 char what[128];
                 snprintf(what, sizeof what, "%s %s rank %d %s budget %d", model, strat, rank,

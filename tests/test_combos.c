@@ -173,7 +173,7 @@ static void train_all_partitioners(ag_module *(*make)(void), ag_tensor *const *i
         for (int interp = 0; interp < 2; interp++) {
             ag_compile_opts co = {
                 .partition = {.partitioner = p ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT,
-                              .memory_budget = p == 2 ? 0.0 : 1.0},
+                              .memory_budget = p == 2 ? AG_MEMORY_BUDGET_ZERO : 1.0},
                 .interpret = interp};
             train_side_by_side(make, in, nin, &co, 3);
         }

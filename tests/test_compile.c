@@ -133,7 +133,7 @@ static void test_zoo_against_eager(void **st) {
                     continue; /* the default partitioner has no budget */
                 ag_compile_opts co = {
                     .partition = {.partitioner = p ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT,
-                                  .memory_budget = budgets[b]}};
+                                  .memory_budget = ag_memory_budget(budgets[b])}};
                 check_model(ag_zoo_name(z), &co, 1e-5);
             }
     }
@@ -503,7 +503,8 @@ static void test_hook_prepartitioned(void **st) {
         assert_int_equal(ag_zoo_build(models[k], NULL, &m, in, 8, &nin), 0);
         ag_joint *j = ag_export_joint(m, in, nin, NULL, NULL, 0, NULL);
         assert_non_null(j);
-        ag_partition_opts po = {.partitioner = AG_PARTITION_MINCUT, .memory_budget = 0};
+        ag_partition_opts po = {.partitioner = AG_PARTITION_MINCUT,
+                                .memory_budget = AG_MEMORY_BUDGET_ZERO};
         ag_graph *fw, *bw;
         assert_int_equal(
             ag_partition(ag_joint_graph(j), ag_joint_num_fw_outputs(j), &po, &fw, &bw, NULL), 0);

@@ -530,7 +530,8 @@ static void test_partition_sides(void **st) {
     check_partition(md.j, &po);
     const double budgets[] = {0, 0.1, 0.5, 1};
     for (int b = 0; b < 4; b++) {
-        po = (ag_partition_opts){.partitioner = AG_PARTITION_MINCUT, .memory_budget = budgets[b]};
+        po = (ag_partition_opts){.partitioner = AG_PARTITION_MINCUT,
+                                 .memory_budget = ag_memory_budget(budgets[b])};
         check_partition(md.j, &po);
     }
     model_close(&md);
@@ -566,7 +567,7 @@ static void test_effect_never_recomputed(void **st) {
     for (int p = 0; p < 2; p++)
         for (int b = 0; b < 3; b++) {
             ag_partition_opts po = {.partitioner = p ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT,
-                                    .memory_budget = budgets[b]};
+                                    .memory_budget = ag_memory_budget(budgets[b])};
             ag_graph *fw, *bw;
             if (ag_partition(ag_joint_graph(j), ag_joint_num_fw_outputs(j), &po, &fw, &bw, NULL))
                 fail_msg("partition: %s", ag_last_error());
@@ -674,7 +675,8 @@ static void test_compiled_log_matches_eager(void **st) {
     co = (ag_compile_opts){.partition = {.partitioner = AG_PARTITION_DEFAULT, .memory_budget = 1},
                            .plan = {.checking = true}};
     check_compiled_log(&co, "default checking plan");
-    co = (ag_compile_opts){.partition = {.partitioner = AG_PARTITION_MINCUT, .memory_budget = 0}};
+    co = (ag_compile_opts){
+        .partition = {.partitioner = AG_PARTITION_MINCUT, .memory_budget = AG_MEMORY_BUDGET_ZERO}};
     check_compiled_log(&co, "mincut budget 0");
 }
 

@@ -58,7 +58,8 @@ static char *repr(const ag_desc *d) {
 /* Partitions or fails the test. */
 static void part(const ag_graph *joint, int nf, ag_partitioner p, double budget, ag_knapsack s,
                  ag_graph **fw, ag_graph **bw, ag_partition_stats *st) {
-    ag_partition_opts o = {.partitioner = p, .memory_budget = budget, .solver = s};
+    ag_partition_opts o = {
+        .partitioner = p, .memory_budget = ag_memory_budget(budget), .solver = s};
     int rc = ag_partition(joint, nf, &o, fw, bw, st);
     if (rc)
         print_error("partition: %s\n", ag_last_error());
@@ -358,7 +359,8 @@ static void test_budget_zero(void **st) {
     for (size_t i = 0; i < 2; i++) {
         model md;
         model_load(&md, names[i], NULL, true);
-        ag_partition_opts o = {.partitioner = AG_PARTITION_MINCUT, .memory_budget = 0};
+        ag_partition_opts o = {.partitioner = AG_PARTITION_MINCUT,
+                               .memory_budget = AG_MEMORY_BUDGET_ZERO};
         ag_graph *fw, *bw;
         ag__peak raw, ours;
         assert_int_equal(
@@ -535,7 +537,7 @@ static void sweep(const char *name, ag__budget_mode mode, int64_t *peaks) {
     model_load(&md, name, NULL, true);
     for (int k = 0; k <= 20; k++) {
         ag_partition_opts o = {.partitioner = AG_PARTITION_MINCUT,
-                               .memory_budget = k / 20.0,
+                               .memory_budget = ag_memory_budget(k / 20.0),
                                .solver = AG_KNAPSACK_DP};
         ag_graph *fw, *bw;
         ag__peak pk;

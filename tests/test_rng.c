@@ -518,7 +518,7 @@ static void test_partition_recomputes_mask(void **st) {
     for (int p = 0; p < 2; p++)
         for (int b = 0; b < (p ? 3 : 1); b++) {
             ag_partition_opts po = {.partitioner = p ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT,
-                                    .memory_budget = budgets[b]};
+                                    .memory_budget = ag_memory_budget(budgets[b])};
             ag_graph *fw, *bw;
             if (ag_partition(jg, ag_joint_num_fw_outputs(j), &po, &fw, &bw, NULL))
                 fail_msg("partition: %s", ag_last_error());

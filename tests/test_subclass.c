@@ -1008,7 +1008,7 @@ static void test_two_tensor_compiled_sgd(void **st) {
         ag_joint *j = export_zoo("two_tensor", &mc, ic, &nc);
         ag_compile_opts co = {
             .partition = {.partitioner = p ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT,
-                          .memory_budget = budgets[p == 2]},
+                          .memory_budget = ag_memory_budget(budgets[p == 2])},
             .interpret = p == 0};
         ag_compiled *c = ag_compile_joint(j, &co);
         assert_non_null(c);
@@ -1067,9 +1067,11 @@ static void test_compiled_errors(void **st) {
     ag_tensor *w = ag_module_param(m, "weight"), *b = ag_module_param(m, "bias"), *y;
     ag_tensor *plain = ag_zeros(F32, 2, SZ(2, 3));
     assert_int_equal(ag_compiled_call(c, (ag_tensor *[]){plain, b, in[0]}, 3, &y, 1), AG_EINVAL);
-    tu_assert_error_contains("compiled: input 0 is a plain tensor; expected a TwoTensor");
+    tu_assert_error_contains("compiled: ParamAOTInput(target='weight') (input 0) is a plain "
+                             "tensor; expected a TwoTensor");
     assert_int_equal(ag_compiled_call(c, (ag_tensor *[]){w, b, w}, 3, &y, 1), AG_EINVAL);
-    tu_assert_error_contains("compiled: input 2 is a TwoTensor; expected a plain tensor");
+    tu_assert_error_contains(
+        "compiled: PlainAOTInput(idx=0) (input 2) is a TwoTensor; expected a plain tensor");
     assert_int_equal(ag_compiled_call(c, (ag_tensor *[]){w, b}, 2, &y, 1), AG_EINVAL);
     tu_assert_error_contains("compiled: 2 inputs given, the exported function takes 3");
     assert_int_equal(ag_compiled_call(c, (ag_tensor *[]){w, b, in[0]}, 3, &y, 1), 1);

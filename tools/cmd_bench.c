@@ -962,8 +962,9 @@ static int bench_model(int which, const bench_opts *o, model_result *r, json_t *
         goto done;
     }
     for (int i = 0; i < NPEAK; i++) {
-        ag_compile_opts co = {.partition = {.partitioner = peak_cfgs[i].partitioner,
-                                            .memory_budget = peak_cfgs[i].budget}};
+        ag_compile_opts co = {
+            .partition = {.partitioner = peak_cfgs[i].partitioner,
+                          .memory_budget = ag_memory_budget(peak_cfgs[i].budget)}};
         double t0 = now_s();
         cs[i] = ag_compile_joint(j, &co);
         r->peak[i].compile_s = now_s() - t0;

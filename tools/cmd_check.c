@@ -50,6 +50,7 @@ int cli_check(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--budget")) {
             if (cli_float_opt("check", "--budget", v, 0, false, 1, &co.partition.memory_budget))
                 return 2;
+            co.partition.memory_budget = ag_memory_budget(co.partition.memory_budget);
             i++;
         } else if (!strcmp(argv[i], "--steps")) {
             if (cli_int_opt("check", "--steps", v, 1, 1000, &steps))
@@ -199,8 +200,8 @@ int cli_check(int argc, char **argv) {
         printf("%s (%s, budget %g%s, %lld steps): max relative difference: outputs %.3g, "
                "gradients %.3g, buffers %.3g, inputs %.3g (tolerance %g): %s\n",
                model, co.partition.partitioner == AG_PARTITION_DEFAULT ? "default" : "mincut",
-               co.partition.memory_budget, co.interpret ? ", interpreted" : "", steps, worst_out,
-               worst_grad, worst_buf, worst_in, tol, ok ? "OK" : "MISMATCH");
+               fabs(co.partition.memory_budget), co.interpret ? ", interpreted" : "", steps,
+               worst_out, worst_grad, worst_buf, worst_in, tol, ok ? "OK" : "MISMATCH");
         status = ok ? 0 : 1;
     } else if (effects_why[0]) {
         printf("%s: side effects differ: %s: MISMATCH\n", model, effects_why);

@@ -256,7 +256,7 @@ int cli_check_saved(const char *path, const ag_compile_opts *co, long long steps
         printf("%s (%s, budget %g, %lld steps): compiled vs interpreted: max relative "
                "difference: outputs %.3g, gradients %.3g, inputs %.3g (tolerance %g)\n",
                path, co->partition.partitioner == AG_PARTITION_DEFAULT ? "default" : "mincut",
-               co->partition.memory_budget, steps, worst_out, worst_grad, worst_in, tol);
+               fabs(co->partition.memory_budget), steps, worst_out, worst_grad, worst_in, tol);
         if (any_rg && ag_joint_needs_autograd(j))
             printf("%s: gradient vs central finite differences along a random direction: %.6g "
                    "vs %.6g, relative error %.3g (tolerance %g)\n",

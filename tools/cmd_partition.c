@@ -88,6 +88,7 @@ static int parse_opts(int argc, char **argv, opts *o) {
                 fputs(usage, stderr);
                 return 2;
             }
+            o->part.memory_budget = ag_memory_budget(o->part.memory_budget);
             i++;
         } else if (!strcmp(a, "--solver")) {
             if (v && !strcmp(v, "greedy"))

@@ -177,7 +177,8 @@ static int capture(runner *r, ag_module *step, ag_tensor *const *ex, int nex, co
     if (!j)
         return ag_last_status();
     double t1 = now_s();
-    ag_compile_opts co = {.partition = {.partitioner = o->partitioner, .memory_budget = o->budget}};
+    ag_compile_opts co = {
+        .partition = {.partitioner = o->partitioner, .memory_budget = ag_memory_budget(o->budget)}};
     if (o->parallel) {
         r->d = dist_train_new(j, step, o->parallel, &co);
         ag_tensor *const *params = NULL;

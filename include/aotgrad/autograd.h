@@ -46,11 +46,17 @@ AG_API const char *ag_tensor_grad_fn_name(const ag_tensor *t);
 typedef int (*ag_gradcheck_fn)(void *ud, ag_tensor *const *inputs, int n, ag_tensor **outs,
                                int *nouts);
 
+/* Zero-initialized, or NULL: torch.autograd.gradcheck's defaults. Each field that is 0 means
+ * its default; a tolerance of exactly 0 is asked for with AG_GRADCHECK_ZERO. Negative or
+ * non-finite values are refused (AG_EINVAL). */
 typedef struct ag_gradcheck_opts {
-    double eps;  /* finite-difference step (default 1e-6) */
-    double atol; /* default 1e-5 */
-    double rtol; /* default 1e-3 */
+    double eps;  /* finite-difference step; 0: 1e-6 */
+    double atol; /* 0: 1e-5; AG_GRADCHECK_ZERO: 0 */
+    double rtol; /* 0: 1e-3; AG_GRADCHECK_ZERO: 0 */
 } ag_gradcheck_opts;
+/* A tolerance of 0 in ag_gradcheck_opts, where plain 0 means the default: negative zero (0 to
+ * any arithmetic, told apart by its sign bit). */
+#define AG_GRADCHECK_ZERO (-0.0)
 
 /* Compares analytical gradients (ag_grad with random grad_outputs) against central finite
  * differences, for every input with requires_grad and every floating output. Inputs must be

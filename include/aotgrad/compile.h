@@ -37,13 +37,37 @@ typedef enum ag_knapsack {
     AG_KNAPSACK_ILP, /* GLPK */
 } ag_knapsack;
 
+/* Zero-initialized, or NULL: upstream's defaults (default_partition; activation_memory_budget
+ * 1.0, which only the min-cut reads). */
 typedef struct ag_partition_opts {
     ag_partitioner partitioner;
-    /* activation_memory_budget in [0, 1]: 0 saves only inputs, 1 the runtime-optimal cut.
-     * Values outside [0, 1] are an error. */
+    /* upstream's activation_memory_budget, read by the min-cut (and by the default partitioner
+     * when recompute tags make it delegate to the min-cut). The budget is a ratio over the
+     * step's planned peak activation memory (the peak model of src/partition/side_plan.c:
+     * forward and backward simulated with each value freed after its last use and recomputed
+     * values alive from their recomputation), not over saved bytes: budget b allows a planned
+     * peak of minP + b * (maxP - minP), where maxP is the peak of the runtime-optimized min-cut
+     * and minP the lowest peak among the candidate cuts (inputs only, the more aggressive
+     * cuts, the knapsack's cuts); among the cuts within it, the one that recomputes the fewest
+     * FLOPs is taken. So 1 is the runtime-optimized cut (upstream's default) and 0 the lowest
+     * planned peak (saving only the inputs when that reaches it, as upstream's 0 does).
+     *
+     * 0 (a zeroed struct) means the default, 1.0; any value in (0, 1] means itself; budget 0
+     * is asked for with AG_MEMORY_BUDGET_ZERO (ag_memory_budget(x) turns any x in [0, 1],
+     * e.g. a command line's, into the field's value). Other values are refused (AG_EINVAL). A
+     * node's float meta "memory_budget" overrides the field, 0.0 there meaning 0. */
     double memory_budget;
-    ag_knapsack solver;
+    ag_knapsack solver; /* zero: greedy (upstream's config default is "dp") */
 } ag_partition_opts;
+
+/* Budget 0 in ag_partition_opts.memory_budget, where plain 0 means the default 1.0: negative
+ * zero, which is 0 to any arithmetic and is told apart by its sign bit. */
+#define AG_MEMORY_BUDGET_ZERO (-0.0)
+/* A budget b in [0, 1] as the field takes it: 0 becomes AG_MEMORY_BUDGET_ZERO, anything else
+ * stays (and is checked by the partitioner). */
+static inline double ag_memory_budget(double b) {
+    return b == 0 ? AG_MEMORY_BUDGET_ZERO : b;
+}
 
 typedef struct ag_partition_stats {
     int saved_tensors;
@@ -69,6 +93,8 @@ AG_API int ag_tag_region_recompute(ag_graph *g, ag_node *first, ag_node *last, a
  * for intermediates. */
 typedef struct ag_plan ag_plan;
 
+/* Zero-initialized, or NULL: the defaults (checks as the build and AG_CHECK_COLLECTIVES say,
+ * in-place reuse and fusion on). */
 typedef struct ag_plan_opts {
     bool checking;   /* poison freed regions and check that live buffers never overlap; and
                       * at the first run of a plan with collectives, check that every rank of
@@ -127,12 +153,16 @@ typedef int (*ag_partition_fn)(const ag_graph *joint, int num_fwd_outputs, void 
 
 /* ---- compiling a joint ---- */
 
-/* Zero-initialized, or NULL: upstream's default partitioner (save what the backward uses), both
- * halves run by the planned executor. */
+/* Zero-initialized, or NULL (the two are the same): as upstream's
+ * aot_compile_joint_with_descriptors(jd) with its defaults, partition_fn=default_partition
+ * (save what the backward uses; the min-cut only where recompute tags ask for it, under
+ * activation_memory_budget 1.0), except that both halves are run by the planned executor where
+ * upstream's default compilers (boxed_nop_preserve_node_meta) interpret them: set `interpret`
+ * for that. */
 typedef struct ag_compile_opts {
     ag_partition_opts partition;
-    ag_plan_opts plan;
-    bool interpret; /* run the partitioned graphs with the interpreter instead of plans */
+    ag_plan_opts plan; /* zero: ag_plan_new's defaults */
+    bool interpret;    /* run the partitioned graphs with the interpreter instead of plans */
     /* Hooks. A compiler left NULL is the planned executor with `plan` (the interpreter when
      * `interpret`); a partition_fn left NULL is ag_partition with `partition`. */
     ag_compiler_fn fw_compiler, bw_compiler;
@@ -165,7 +195,13 @@ AG_API void ag_compiled_free(ag_compiled *c);
  * in-place op leaves it, and a loss computed from it reaches the compiled backward. With grad
  * mode on, such an input that is a leaf requiring grad is refused before anything runs (eager
  * refuses the in-place op: "a leaf tensor that requires grad is being used in an in-place
- * operation"), as is one that is a view. Returns the number of user outputs.
+ * operation"), as is one that is a view. With grad mode on, an input that requires grad but
+ * did not when the joint was exported (a parameter unfrozen since, an input made to require
+ * grad) is refused before anything runs, the message naming it by descriptor: the joint has no
+ * gradient for it (upstream's guards would recompile; export again). One that required grad
+ * then but not now is fine: its gradient is computed and dropped. Errors about an input name
+ * its descriptor and position ("PlainAOTInput(idx=0) (input 2)"). Returns the number of user
+ * outputs.
  * Tensor subclass instances are passed and returned as such (upstream's
  * AOTDispatchSubclassWrapper): inputs must have the structure the export saw (a TwoTensor
  * where it saw one) and are taken apart for the plain graphs; outputs are rebuilt; an

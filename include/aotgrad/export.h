@@ -114,6 +114,10 @@ AG_API ag_tree *ag_tree_unflatten(const ag_treespec *spec, ag_tensor *const *lea
 
 /* ---- the export ---- */
 
+/* Zero-initialized, or NULL (the same): upstream's defaults (decompositions=None,
+ * keep_inference_input_mutations=False), except random ops, which are functionalized unless
+ * keep_random_ops (upstream's functionalize_rng_ops config is off by default: its random ops
+ * stay as they are and the partitioner saves their outputs). */
 typedef struct ag_export_opts {
     const ag_decomp_table *decompositions; /* NULL: none (composites still decompose) */
     /* On the inference path (no input requires grad), data mutations of inputs stay in the

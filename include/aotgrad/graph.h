@@ -306,6 +306,8 @@ AG_API int ag_graph_run(const ag_graph *g, ag_tensor *const *inputs, int ninputs
                         int max_out);
 
 /* ---- text format ---- */
+/* Zero-initialized, or NULL (the same): custom annotations and metadata printed; seq_nr, stack
+ * traces and module stacks left out. */
 typedef struct ag_print_opts {
     bool seq_nr;       /* print seq_nr=N */
     bool stack_trace;  /* print stack traces */
@@ -325,6 +327,7 @@ AG_API int ag_graph_print(const ag_graph *g, FILE *f, const ag_print_opts *opts)
 AG_API ag_graph *ag_graph_parse(const char *text, size_t len);
 
 /* ---- pictures ---- */
+/* Zero-initialized, or NULL (the same): no title, nothing highlighted. */
 typedef struct ag_dot_opts {
     const char *title;
     /* Names of nodes to draw with a thick red border (e.g. the values saved for backward). */

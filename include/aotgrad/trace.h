@@ -38,6 +38,7 @@ AG_API bool ag_set_meta_mode(bool on);
 AG_API bool ag_is_meta(const ag_tensor *t); /* no data */
 
 /* ---- tracing ---- */
+/* Zero-initialized, or NULL (the same): composites decomposed, stack traces recorded. */
 typedef struct ag_trace_opts {
     bool decompose_composites; /* reserved: composites always decompose today */
     bool no_stack_traces;      /* skip recording stack_trace (faster) */

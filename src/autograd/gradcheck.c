@@ -40,9 +40,20 @@ static int eval_dot(ag_gradcheck_fn fn, void *ud, ag_tensor *const *inputs, int 
 int ag_gradcheck(ag_gradcheck_fn fn, void *ud, ag_tensor *const *inputs, int n,
                  const ag_gradcheck_opts *opts) {
     AG__CHECK_NULL("gradcheck", fn);
-    ag_gradcheck_opts o = {1e-6, 1e-5, 1e-3};
-    if (opts)
-        o = *opts;
+    /* NULL and a zeroed struct are the same: torch.autograd.gradcheck's defaults; a field's
+     * +0 is its default, -0 (AG_GRADCHECK_ZERO) a tolerance of 0. */
+    ag_gradcheck_opts o = opts ? *opts : (ag_gradcheck_opts){0};
+    if (!(o.eps >= 0 && o.eps < INFINITY && o.atol >= 0 && o.atol < INFINITY && o.rtol >= 0 &&
+          o.rtol < INFINITY))
+        return ag__err(AG_EINVAL,
+                       "gradcheck: eps %g, atol %g and rtol %g must be finite and not negative",
+                       o.eps, o.atol, o.rtol);
+    if (o.eps == 0)
+        o.eps = 1e-6;
+    if (o.atol == 0 && !signbit(o.atol))
+        o.atol = 1e-5;
+    if (o.rtol == 0 && !signbit(o.rtol))
+        o.rtol = 1e-3;
     for (int i = 0; i < n; i++)
         if (!inputs[i] || (inputs[i]->requires_grad && inputs[i]->dtype != AG_F64))
             return ag__err(AG_EINVAL, "gradcheck: input %d must be a float64 tensor", i);

@@ -945,21 +945,38 @@ bool ag__same_strides(const ag_tensor *t, const ag_tmeta *m) {
     return true;
 }
 
+const char *ag__flat_input_name(const ag_desc *d, const char *pos, int i, char *buf, size_t n) {
+    char r[200];
+    if (d && ag_desc_repr(d, r, sizeof r) < sizeof r)
+        snprintf(buf, n, "%s (%s %d)", r, pos, i);
+    else
+        snprintf(buf, n, "%s %d", pos, i);
+    return buf;
+}
+
 int ag__rt_primals(const ag__joint_alias *a, const ag_tmeta *pm, ag_tensor *const *flat, int nflat,
                    ag_tensor **prim, ag_tensor **owned, int *nowned) {
+    return ag__rt_primals_named(a, pm, flat, nflat, NULL, "input", prim, owned, nowned);
+}
+
+int ag__rt_primals_named(const ag__joint_alias *a, const ag_tmeta *pm, ag_tensor *const *flat,
+                         int nflat, ag_desc *const *fd, const char *pos, ag_tensor **prim,
+                         ag_tensor **owned, int *nowned) {
+    char n1[320], n2[320];
+#define NAME(buf, i) ag__flat_input_name(fd ? fd[i] : NULL, pos, (i), buf, sizeof buf)
     *nowned = 0;
     for (int i = 0; i < nflat; i++)
         if (!flat[i])
             return ag__has_error() ? ag_last_status()
-                                   : ag__err(AG_EINVAL, "compiled: input %d is NULL", i);
+                                   : ag__err(AG_EINVAL, "compiled: %s is NULL", NAME(n1, i));
     for (int i = 0; i < nflat; i++) {
         const ag__flat_info *f = &a->flat[i];
         if (f->kind == AG__FLAT_DUP && flat[i] != flat[f->dup_of])
             return ag__err(AG_EINVAL,
-                           "compiled: input %d must be the same tensor as input %d: "
+                           "compiled: %s must be the same tensor as %s: "
                            "the graph was exported with one tensor passed twice and "
                            "mutated, so the repeated argument was removed",
-                           i, f->dup_of);
+                           NAME(n1, i), NAME(n2, f->dup_of));
     }
     for (int p = 0; p < a->nprimals; p++) {
         const ag__primal_info *pi = &a->prim[p];
@@ -971,9 +988,9 @@ int ag__rt_primals(const ag__joint_alias *a, const ag_tmeta *pm, ag_tensor *cons
         if (pi->base == AG__BASE_VIEW) {
             if (!t->base)
                 return ag__err(AG_EINVAL,
-                               "compiled: input %d was a view at export (the graph "
-                               "takes its base as input %d) but is not a view now",
-                               pi->flat, p);
+                               "compiled: %s was a view at export (the graph "
+                               "takes its base as graph input %d) but is not a view now",
+                               NAME(n1, pi->flat), p);
             prim[p] = t->base;
         } else {
             int64_t numel = (int64_t)(t->storage->nbytes / ag_dtype_size(t->dtype));
@@ -986,13 +1003,13 @@ int ag__rt_primals(const ag__joint_alias *a, const ag_tmeta *pm, ag_tensor *cons
         }
         if (prim[p]->offset != pm[p].offset || !ag__same_strides(prim[p], &pm[p])) {
             char x[128], y[128];
-            return ag__err(AG_EINVAL,
-                           "compiled: the base of input %d is %s with storage offset "
-                           "%lld; the graph was exported for %s with offset %lld",
-                           pi->flat, ag__fmt_sizes(x, sizeof x, prim[p]->ndim, prim[p]->sizes),
-                           (long long)prim[p]->offset,
-                           ag__fmt_sizes(y, sizeof y, pm[p].ndim, pm[p].sizes),
-                           (long long)pm[p].offset);
+            return ag__err(
+                AG_EINVAL,
+                "compiled: the base of %s is %s with storage offset "
+                "%lld; the graph was exported for %s with offset %lld",
+                NAME(n1, pi->flat), ag__fmt_sizes(x, sizeof x, prim[p]->ndim, prim[p]->sizes),
+                (long long)prim[p]->offset, ag__fmt_sizes(y, sizeof y, pm[p].ndim, pm[p].sizes),
+                (long long)pm[p].offset);
         }
     }
     /* Merged inputs must be the views of their base that the graph regenerates. */
@@ -1004,10 +1021,11 @@ int ag__rt_primals(const ag__joint_alias *a, const ag_tmeta *pm, ag_tensor *cons
         if (v->storage != b->storage || v->offset - b->offset != f->geom.offset ||
             !ag__same_strides(v, &f->geom) || v->dtype != f->geom.dtype)
             return ag__err(AG_EINVAL,
-                           "compiled: input %d is not the view of its base (graph "
+                           "compiled: %s is not the view of its base (graph "
                            "input %d) that it was at export: inputs that share memory "
                            "must share it the same way on every call",
-                           i, f->primal);
+                           NAME(n1, i), f->primal);
     }
     return 0;
+#undef NAME
 }

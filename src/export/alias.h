@@ -70,6 +70,15 @@ bool ag__same_strides(const ag_tensor *t, const ag_tmeta *m);
  * Checks duplicates and merged views against the export; errors name the inputs. */
 int ag__rt_primals(const ag__joint_alias *a, const ag_tmeta *prim_meta, ag_tensor *const *flat,
                    int nflat, ag_tensor **prim, ag_tensor **owned, int *nowned);
+/* ag__rt_primals whose errors name flat input i by flat_desc[i] (nflat entries, NULL ones and a
+ * NULL array allowed) and `pos` ("input", or "flat input" where the flat inputs are parts of
+ * tensor subclass instances). */
+int ag__rt_primals_named(const ag__joint_alias *a, const ag_tmeta *prim_meta,
+                         ag_tensor *const *flat, int nflat, ag_desc *const *flat_desc,
+                         const char *pos, ag_tensor **prim, ag_tensor **owned, int *nowned);
+/* A message's name for a flat input: "PlainAOTInput(idx=0) (input 2)" from its descriptor d, or
+ * "input 2" when d is NULL. Returns buf. */
+const char *ag__flat_input_name(const ag_desc *d, const char *pos, int i, char *buf, size_t n);
 /* Applies metadata mutations of primal p (data is copied by the caller). */
 void ag__rt_set_geometry(ag_tensor *t, const ag_tmeta *rel, int64_t base_offset);
 /* The output regenerated from its base (an eager view, differentiable through base). */

@@ -520,26 +520,40 @@ int ag__default_saved(const ag__part *P, int **saved, int *nsaved) {
 
 /* ---- the public entry points ---- */
 
+int ag__memory_budget_of(double field, double *budget) {
+    if (field == 0) { /* +0: the default; -0 (AG_MEMORY_BUDGET_ZERO): budget 0 */
+        *budget = signbit(field) ? 0.0 : 1.0;
+        return 0;
+    }
+    if (!(field > 0 && field <= 1))
+        return ag__err(AG_EINVAL,
+                       "partition: memory budget %g is outside [0, 1] (budget 0 is "
+                       "AG_MEMORY_BUDGET_ZERO; 0 means the default, 1)",
+                       field);
+    *budget = field;
+    return 0;
+}
+
 int ag__partition_ex(const ag_graph *joint, int num_fwd_outputs, const ag_partition_opts *opts,
                      ag__budget_mode mode, ag_graph **fw, ag_graph **bw, ag_partition_stats *stats,
                      ag__peak *peak) {
     if (!fw || !bw)
         return ag__err(AG_EINVAL, "partition: NULL result pointer");
     *fw = *bw = NULL;
-    ag_partition_opts o =
-        opts ? *opts
-             : (ag_partition_opts){.partitioner = AG_PARTITION_DEFAULT, .memory_budget = 1.0};
+    /* NULL and a zeroed struct are the same: upstream's defaults. */
+    ag_partition_opts o = opts ? *opts : (ag_partition_opts){0};
     if (o.partitioner != AG_PARTITION_DEFAULT && o.partitioner != AG_PARTITION_MINCUT)
         return ag__err(AG_EINVAL, "partition: unknown partitioner %d", (int)o.partitioner);
     if (o.solver != AG_KNAPSACK_GREEDY && o.solver != AG_KNAPSACK_DP && o.solver != AG_KNAPSACK_ILP)
         return ag__err(AG_EINVAL, "partition: unknown knapsack solver %d", (int)o.solver);
-    if (!(o.memory_budget >= 0 && o.memory_budget <= 1))
-        return ag__err(AG_EINVAL, "partition: memory budget %g is outside [0, 1]", o.memory_budget);
-    ag__part P;
-    int rc = ag__part_init(&P, joint, num_fwd_outputs);
+    double budget = 1.0;
+    int rc = ag__memory_budget_of(o.memory_budget, &budget);
     if (rc)
         return rc;
-    double budget = o.memory_budget;
+    ag__part P;
+    rc = ag__part_init(&P, joint, num_fwd_outputs);
+    if (rc)
+        return rc;
     if (P.meta_budget >= 0) {
         /* A node's meta "memory_budget" overrides the option, as upstream's config. */
         if (!(P.meta_budget <= 1)) {

@@ -159,6 +159,10 @@ typedef enum ag__budget_mode {
 int ag__choose_saved(const ag__part *P, double budget, ag_knapsack solver, ag__budget_mode mode,
                      int **saved, int *nsaved);
 
+/* The budget ag_partition_opts.memory_budget asks for (compile.h): +0 is the default 1, -0
+ * (AG_MEMORY_BUDGET_ZERO) is 0, (0, 1] itself; anything else AG_EINVAL with a message. */
+int ag__memory_budget_of(double field, double *budget);
+
 /* ag_partition with the budget mode exposed (tests and the CLI compare the two). peak may be
  * NULL. */
 int ag__partition_ex(const ag_graph *joint, int num_fwd_outputs, const ag_partition_opts *opts,

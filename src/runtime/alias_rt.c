@@ -51,20 +51,32 @@ static int dedupe_pre(ag_compiled *c, ag__call *s) {
                        "compiled: %d inputs given, the exported function takes %d "
                        "(params, buffers, args)",
                        s->nflat, c->nflat);
-    int rc =
-        ag__rt_primals(&c->alias, c->in_meta, s->flat, s->nflat, s->prim, s->owned, &s->nowned);
+    int rc = ag__rt_primals_named(&c->alias, c->in_meta, s->flat, s->nflat, c->flat_desc,
+                                  c->sub ? "flat input" : "input", s->prim, s->owned, &s->nowned);
+    char name[320];
     for (int i = 0; rc == 0 && i < c->nprimals; i++) {
         const ag_tmeta *m = &c->in_meta[i];
         ag_tensor *t = s->prim[i];
         if (t->dtype != m->dtype || t->ndim != m->ndim ||
             memcmp(t->sizes, m->sizes, sizeof(int64_t) * (size_t)m->ndim)) {
             char a[128], b[128];
-            rc = ag__err(AG_EINVAL, "compiled: input %d is %s%s; the graph was exported for %s%s",
-                         c->alias.prim[i].flat, ag_dtype_short(t->dtype),
+            rc = ag__err(AG_EINVAL, "compiled: %s is %s%s; the graph was exported for %s%s",
+                         ag__rt_primal_name(c, i, name, sizeof name), ag_dtype_short(t->dtype),
                          ag__fmt_sizes(a, sizeof a, t->ndim, t->sizes), ag_dtype_short(m->dtype),
                          ag__fmt_sizes(b, sizeof b, m->ndim, m->sizes));
         }
     }
+    /* An input that requires grad now but did not at export has no gradient in the joint:
+     * refused before anything runs rather than left silently without one (upstream's guards
+     * would recompile; the callable does not own the module to export it again). One that
+     * required grad then but not now is fine: its gradient is computed and dropped. */
+    for (int i = 0; rc == 0 && ag_is_grad_enabled() && i < c->nprimals; i++)
+        if (!c->in_info[i].requires_grad && ag_tensor_requires_grad(s->prim[i]))
+            rc = ag__err(AG_EINVAL,
+                         "compiled: %s requires grad but did not when the joint was exported, "
+                         "so the compiled function has no gradient for it; export again with "
+                         "it requiring grad (or call with grad mode off, or detach it)",
+                         ag__rt_primal_name(c, i, name, sizeof name));
     return rc;
 }
 

@@ -82,6 +82,12 @@ static void compiled_release(ag_compiled *c) {
     ag__free(c->grad_slot);
     ag__free(c->mut_primal);
     ag__free(c->node_of_mut);
+    for (int i = 0; c->prim_desc && i < c->nprimals; i++)
+        ag_desc_release(c->prim_desc[i]);
+    for (int i = 0; c->flat_desc && i < c->nflat; i++)
+        ag_desc_release(c->flat_desc[i]);
+    ag__free(c->prim_desc);
+    ag__free(c->flat_desc);
     ag__joint_alias_clear(&c->alias);
     ag__free(c->call_mem.p);
     ag__free(c->bw_mem.p);
@@ -208,6 +214,39 @@ static int read_tangents(ag_compiled *c, const ag_graph *g, ag_node *const *ph) 
     return 0;
 }
 
+/* The descriptors that name inputs in messages: each primal's placeholder's, and each flat
+ * input's: its primal's when it is that primal; else (a removed duplicate, a view merged into
+ * a base) the one its place among params, buffers and args gives; none with tensor subclasses
+ * (their flat inputs are parts of instances). */
+static int read_input_descs(ag_compiled *c, const ag_joint *j, ag_node *const *prim_ph) {
+    c->prim_desc = ag__calloc((size_t)(c->nprimals ? c->nprimals : 1), sizeof *c->prim_desc);
+    c->flat_desc = ag__calloc((size_t)(c->nflat ? c->nflat : 1), sizeof *c->flat_desc);
+    if (!c->prim_desc || !c->flat_desc)
+        return AG_ENOMEM;
+    for (int p = 0; p < c->nprimals; p++)
+        c->prim_desc[p] = ag_desc_retain(ag_node_desc(prim_ph[p]));
+    int np = ag_joint_num_params(j), nb = ag_joint_num_buffers(j);
+    for (int i = 0; i < c->nflat && i < c->alias.nflat; i++) {
+        const ag__flat_info *f = &c->alias.flat[i];
+        ag_desc *d = NULL;
+        if (f->kind == AG__FLAT_PRIMAL && f->primal >= 0 && f->primal < c->nprimals &&
+            c->alias.prim[f->primal].base == AG__BASE_NONE)
+            d = ag_desc_retain(c->prim_desc[f->primal]);
+        else if (c->sub)
+            continue;
+        else if (i < np)
+            d = ag_desc_param(ag_joint_param_fqn(j, i));
+        else if (i < np + nb)
+            d = ag_desc_buffer(ag_joint_buffer_fqn(j, i - np));
+        else
+            d = ag_desc_plain_input(i - np - nb);
+        if (!d && ag_last_status() == AG_ENOMEM)
+            return AG_ENOMEM;
+        c->flat_desc[i] = d;
+    }
+    return 0;
+}
+
 /* The joint's facts the call needs, from its layout and descriptors. */
 static int read_joint(ag_compiled *c, const ag_joint *j) {
     const ag_layout *L = ag_joint_layout(j);
@@ -282,7 +321,8 @@ static int read_joint(ag_compiled *c, const ag_joint *j) {
                                           L->sec[AG_SEC_OUT_MUTATIONS].start + k, -1)) < 0)
             return ag_last_status();
     }
-    return read_tangents(c, g, ph);
+    int rc = read_input_descs(c, j, ph + p0);
+    return rc ? rc : read_tangents(c, g, ph);
 }
 
 /* The forward and backward graphs: a pair given, the user's partition function, or ours. */
@@ -418,10 +458,8 @@ static int compile_halves(ag_compiled *c, const ag_compile_opts *o) {
 
 ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts) {
     AG__CHECK_NULL_RET("compile_joint", j, NULL);
-    ag_compile_opts o = {0};
-    o.partition.memory_budget = 1.0;
-    if (opts)
-        o = *opts;
+    /* NULL and a zeroed struct are the same: upstream's defaults (ag_compile_opts). */
+    ag_compile_opts o = opts ? *opts : (ag_compile_opts){0};
     if (!o.fw_graph != !o.bw_graph)
         return ag__err(AG_EINVAL, "compile: a pre-partitioned pair needs both the forward and "
                                   "the backward graph"),
@@ -523,12 +561,13 @@ static int compiled_backward(void *ud, ag_tensor *const *gout, int nout, ag_tens
     ag_compiled *c = s->c;
     (void)nout;
     for (int i = 0; i < c->nsaved; i++)
-        if (s->saved[i] && s->saved[i]->storage->version != s->saved_versions[i])
+        if (s->saved[i] && s->saved[i]->storage->version != s->saved_versions[i]) {
+            char name[320];
             return ag__err(AG_ESTATE,
-                           "compiled backward: an input saved for backward (forward "
-                           "graph input %d) was modified by an inplace operation "
-                           "after the forward",
-                           c->saved_primal[i]);
+                           "compiled backward: an input saved for backward (%s) was modified "
+                           "by an inplace operation after the forward",
+                           ag__rt_primal_name(c, c->saved_primal[i], name, sizeof name));
+        }
     int nbin = c->nbw_in;
     int ngrads = c->nbw_grads + 1; /* the updated philox offset may follow the grads */
     ag_tensor **bin = ptrs_take(&c->bw_mem, (int64_t)nbin + ngrads);

@@ -18,6 +18,8 @@
 #include "../export/subclass_flatten.h"
 #include "aotgrad/compile.h"
 
+#include <stdio.h>
+
 /* Pointer arrays a call (or a backward) needs, kept in the callable between uses; a use that
  * finds them taken (a reentrant one) allocates its own. */
 typedef struct ag__kept_ptrs {
@@ -64,6 +66,9 @@ struct ag_compiled {
      * -1 (written back hidden from autograd) */
     int *node_of_mut;
     ag__subx_info *sub; /* the subclass wrapper's structures, or NULL */
+    /* Descriptors for messages (references, NULL where unknown): each primal's placeholder's,
+     * each flat input's (ag__rt_input_name). */
+    ag_desc **prim_desc, **flat_desc;
     /* Kept between calls so a training step allocates no bookkeeping once warm. */
     ag__kept_ptrs call_mem, bw_mem; /* a call's and a backward's pointer arrays */
     ag__bw_state *spare_bw;         /* a released backward node's state, for the next call */
@@ -113,6 +118,31 @@ extern const ag__rt_wrapper ag__rtw_aliased;   /* alias_rt.c: outputs aliasing i
 extern const ag__rt_wrapper ag__rtw_mutations; /* mutation_writeback.c: input mutations */
 extern const ag__rt_wrapper ag__rtw_rng;       /* rng_wrap.c: functionalized RNG */
 extern const ag__rt_wrapper ag__rtw_tokens;    /* effect_tokens.c: effect tokens */
+
+/* A message's name for flat input i: "ParamAOTInput(target='fc.weight') (input 4)", or
+ * "input 4" when its descriptor is unknown ("flat input" with tensor subclasses, whose flat
+ * inputs are the instances' parts). Returns buf. */
+static inline const char *ag__rt_input_name(const ag_compiled *c, int i, char *buf, size_t n) {
+    const ag_desc *d = c->flat_desc && i >= 0 && i < c->nflat ? c->flat_desc[i] : NULL;
+    return ag__flat_input_name(d, c->sub ? "flat input" : "input", i, buf, n);
+}
+
+/* ... and primal p's: its flat input's name when it is one, else its placeholder's descriptor
+ * (a view or synthetic base) and its graph input. */
+static inline const char *ag__rt_primal_name(const ag_compiled *c, int p, char *buf, size_t n) {
+    if (p < 0 || p >= c->nprimals || !c->prim_desc) {
+        snprintf(buf, n, p < 0 ? "a value the forward computed" : "graph input %d", p);
+        return buf;
+    }
+    const ag__primal_info *pi = &c->alias.prim[p];
+    if (pi->base == AG__BASE_NONE && c->flat_desc && c->flat_desc[pi->flat])
+        return ag__rt_input_name(c, pi->flat, buf, n);
+    char r[200] = "?";
+    if (c->prim_desc[p])
+        ag_desc_repr(c->prim_desc[p], r, sizeof r);
+    snprintf(buf, n, "%s (graph input %d, from input %d)", r, p, pi->flat);
+    return buf;
+}
 
 /* Where output i of section s of the joint is among the forward's outputs as the callable gets
  * them (effect tokens, the first section, dropped by the token wrapper). */

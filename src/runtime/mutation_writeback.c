@@ -23,13 +23,14 @@ static int mutations_pre(ag_compiled *c, ag__call *s) {
         ag_tensor *x = s->prim[i];
         if (c->node_of_mut[k] < 0 || !x)
             continue;
+        char name[320];
         if (ag_tensor_requires_grad(x) && !x->grad_fn)
             return ag__err(AG_EINVAL,
-                           "compiled: input %d (graph input %d) is a leaf tensor that requires "
+                           "compiled: %s is a leaf tensor that requires "
                            "grad and the compiled function mutates it in place: a leaf tensor "
                            "that requires grad is being used in an in-place operation (pass a "
                            "non-leaf, such as its clone, or call with grad mode off)",
-                           c->alias.prim[i].flat, i);
+                           ag__rt_primal_name(c, i, name, sizeof name));
         /* A view's write-back gives its base a CopySlices history, as eager's in-place op
          * does: refused here, before the call runs, where eager refuses that op. */
         const ag_tensor *base = x->is_view ? ag_tensor_base(x) : NULL;
@@ -37,9 +38,9 @@ static int mutations_pre(ag_compiled *c, ag__call *s) {
             (!base || !ag_tensor_is_contiguous(base) ||
              (ag_tensor_requires_grad(base) && !base->grad_fn)))
             return ag__err(base ? AG_EINVAL : AG_ENOTSUP,
-                           "compiled: input %d (graph input %d) is a view %s and the compiled "
+                           "compiled: %s is a view %s and the compiled "
                            "function mutates it in place",
-                           c->alias.prim[i].flat, i,
+                           ag__rt_primal_name(c, i, name, sizeof name),
                            !base ? "without a base"
                            : !ag_tensor_is_contiguous(base)
                                ? "of a non-contiguous base"

@@ -109,6 +109,17 @@ typedef struct subx_call {
 } subx_call;
 
 /* The outer inputs, checked against the exported structure and taken apart. */
+/* A message's name for outer input i, whose parts start at flat input b: its descriptor (its
+ * first part's, less the subclass levels) and position, "ParamAOTInput(target='w') (input 0)". */
+static const char *outer_name(const ag_compiled *c, int i, int b, char *buf, size_t n) {
+    const ag_desc *d = c->flat_desc && b >= 0 && b < c->nflat ? c->flat_desc[b] : NULL;
+    while (d && (ag_desc_kind_of(d) == AG_DESC_SUBCLASS_GETATTR_INPUT ||
+                 ag_desc_kind_of(d) == AG_DESC_SUBCLASS_SIZE_INPUT ||
+                 ag_desc_kind_of(d) == AG_DESC_SUBCLASS_STRIDE_INPUT))
+        d = ag_desc_nested(d);
+    return ag__flat_input_name(d, "input", i, buf, n);
+}
+
 static int subclass_pre(ag_compiled *c, ag__call *s) {
     ag__subx_info *info = c->sub;
     if (!info)
@@ -118,14 +129,16 @@ static int subclass_pre(ag_compiled *c, ag__call *s) {
                        "compiled: %d inputs given, the exported function takes %d "
                        "(params, buffers, args)",
                        s->ninputs, info->nin);
-    for (int i = 0; i < s->ninputs; i++)
+    char name[320];
+    for (int i = 0, b = 0; i < s->ninputs; b += info->in[i].nflat, i++)
         if (!s->inputs[i])
             return ag__has_error() ? ag_last_status()
-                                   : ag__err(AG_EINVAL, "compiled: input %d is NULL", i);
-    for (int i = 0; i < info->nin; i++)
+                                   : ag__err(AG_EINVAL, "compiled: %s is NULL",
+                                             outer_name(c, i, b, name, sizeof name));
+    for (int i = 0, b = 0; i < info->nin; b += info->in[i].nflat, i++)
         if (info->in[i].nflat > 64)
-            return ag__err(AG_ENOTSUP, "compiled: input %d flattens into %d tensors (at most 64)",
-                           i, info->in[i].nflat);
+            return ag__err(AG_ENOTSUP, "compiled: %s flattens into %d tensors (at most 64)",
+                           outer_name(c, i, b, name, sizeof name), info->in[i].nflat);
     for (int k = 0; k < info->nout; k++)
         if (info->out[k].nflat > 64)
             return ag__err(AG_ENOTSUP, "compiled: output %d flattens into %d tensors (at most 64)",
@@ -144,8 +157,8 @@ static int subclass_pre(ag_compiled *c, ag__call *s) {
     int rc = 0;
     for (int i = 0, b = 0; i < info->nin && rc == 0; b += info->in[i].nflat, i++) {
         const ag__scmeta *m = &info->in[i];
-        char what[64];
-        snprintf(what, sizeof what, "compiled: input %d", i);
+        char what[340];
+        snprintf(what, sizeof what, "compiled: %s", outer_name(c, i, b, name, sizeof name));
         if ((rc = ag__scmeta_unwrap(m, s->inputs[i], x->flat + b, what)))
             break;
         for (int k = 0; k < m->nflat; k++)
