@@ -11,6 +11,7 @@
  * calls it), for a checkpoint or an evaluation. */
 #include "train_dist.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -262,5 +263,64 @@ int dist_train_gather(dist_train *d) {
         ag_tensor_free(whole);
     }
     ag_set_grad_enabled(grad);
+    return rc;
+}
+
+/* Sum of squares of g's elements, in double. */
+static double sumsq(const ag_tensor *g) {
+    int64_t n = ag_tensor_numel(g);
+    double s = 0;
+    if (ag_tensor_is_contiguous(g) && ag_tensor_dtype(g) == AG_F32) {
+        const float *p = ag_tensor_data(g);
+        for (int64_t i = 0; i < n; i++)
+            s += (double)p[i] * (double)p[i];
+    } else {
+        for (int64_t i = 0; i < n; i++) {
+            double v = ag_tensor_item_at(g, i);
+            s += v * v;
+        }
+    }
+    return s;
+}
+
+int dist_train_clip_grad_norm(dist_train *d, double max_norm, double *total_norm) {
+    double s_shard = 0, s_rep = 0;
+    for (int i = 0; i < d->nflat; i++) {
+        bool tied = false;
+        for (int t = 0; t < i && !tied; t++)
+            tied = d->local[t] == d->local[i];
+        ag_tensor *g = d->local[i] && !tied ? ag_tensor_grad(d->local[i]) : NULL;
+        if (!g)
+            continue;
+        if (d->pl[i].kind == AG_PARTIAL)
+            return ag_set_error(AG_ENOTSUP, "train --clip: a parameter placed Partial");
+        if (d->pl[i].kind == AG_REPLICATE)
+            s_rep += sumsq(g);
+        else
+            s_shard += sumsq(g);
+    }
+    /* The sharded pieces' sums from every rank: a Shard(0) gather of one value each. */
+    ag_tensor *mine = ag_from_data(AG_F64, 1, (int64_t[]){1}, &s_shard);
+    ag_tensor *all = mine ? ag_shard_full(mine, AG_P_SHARD(0), &d->mesh) : NULL;
+    ag_tensor_free(mine);
+    if (!all)
+        return ag_last_status() ? ag_last_status() : AG_ENOMEM;
+    double total = s_rep;
+    for (int64_t r = 0; r < ag_tensor_numel(all); r++)
+        total += ag_tensor_item_at(all, r);
+    ag_tensor_free(all);
+    total = sqrt(total);
+    *total_norm = total;
+    double coef = max_norm / (total + 1e-6); /* clip_grad_norm_'s rule (nn.h) */
+    if (coef >= 1)
+        return 0;
+    int rc = 0;
+    ag_scope_begin();
+    for (int i = 0; i < d->nparams && !rc; i++) {
+        ag_tensor *g = ag_tensor_grad(d->params[i]);
+        if (g && !ag_mul_scalar_(g, coef))
+            rc = ag_last_status() ? ag_last_status() : AG_EINVAL;
+    }
+    ag_scope_end();
     return rc;
 }
