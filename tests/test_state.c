@@ -536,13 +536,90 @@ static void test_optim_load_refuses(void **state) {
     ag_module_free(a);
 }
 
+/* ---- allocation failures ---- */
+
+typedef struct oom_case {
+    const char *file, *partial;
+    ag_module *m;
+    ag_optim *o;
+} oom_case;
+
+static int oom_load_dict(void *ud) {
+    const oom_case *c = ud;
+    ag_tensor_dict d;
+    int rc = ag_safetensors_load(c->file, &d);
+    ag_tensor_dict_free(&d);
+    return rc;
+}
+
+static int oom_load_module(void *ud) {
+    const oom_case *c = ud;
+    ag_load_opts ns = {.non_strict = true, .convert_dtype = true};
+    ag_load_report rep;
+    int rc = ag_module_load_ex(c->m, c->partial, &ns, &rep);
+    ag_load_report_free(&rep);
+    return rc;
+}
+
+static int oom_optim_state(void *ud) {
+    const oom_case *c = ud;
+    int rc = ag_optim_save(c->o, c->file);
+    return rc ? rc : ag_optim_load(c->o, c->file);
+}
+
+static int oom_groups(void *ud) {
+    const oom_case *c = ud;
+    ag_named_tensors d, nd;
+    int rc = ag_module_decay_split(c->m, &d, &nd);
+    if (rc)
+        return rc;
+    ag_param_group gs[2] = {
+        {.params = d.tensors, .names = (const char *const *)d.names, .n = d.n},
+        {.params = nd.tensors, .n = nd.n, .set = AG_GROUP_WEIGHT_DECAY},
+    };
+    ag_optim *o = ag_optim_adamw_groups(gs, 2, 0.01, 0.9, 0.95, 1e-8, 0.1);
+    rc = o ? ag_optim_clip_grad_norm(o, 0.1, NULL) : ag_last_status();
+    ag_optim_free(o);
+    ag_named_tensors_free(&d);
+    ag_named_tensors_free(&nd);
+    return rc;
+}
+
+static void test_alloc_failures(void **state) {
+    (void)state;
+    oom_case c = {.file = tmp_path("oom.safetensors"), .partial = tmp_path("oomp.safetensors")};
+    c.m = lin(AG_F32, W1, B1);
+    c.o = make_opt(c.m, false);
+    train_steps(c.m, c.o, 0, 2);
+    ag_tensor *w64 = tu_tensor(AG_F64, 2, (int64_t[]){2, 3}, W0);
+    const char *names[] = {"weight", "unknown"};
+    ag_tensor *ts[] = {w64, w64};
+    assert_int_equal(ag_safetensors_save(c.partial, names, ts, 2, NULL), 0);
+    ag_tensor_free(w64);
+    /* Grads for the clip. */
+    ag_tensor *g = tu_tensor(AG_F32, 2, (int64_t[]){2, 3}, W0);
+    ag_tensor_set_grad(ag_module_param(c.m, "weight"), g);
+    ag_tensor_free(g);
+    tu_sweep_opts o = {.what = "optimizer state save/load", .one_thread = true};
+    tu_alloc_failure_sweep(oom_optim_state, &c, &o);
+    assert_int_equal(ag_optim_save(c.o, c.file), 0);
+    o.what = "safetensors_load";
+    tu_alloc_failure_sweep(oom_load_dict, &c, &o);
+    o.what = "module_load_ex (non-strict, converting)";
+    tu_alloc_failure_sweep(oom_load_module, &c, &o);
+    o.what = "groups and clip";
+    tu_alloc_failure_sweep(oom_groups, &c, &o);
+    ag_optim_free(c.o);
+    ag_module_free(c.m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_named_roundtrip),    cmocka_unit_test(test_named_hostile),
         cmocka_unit_test(test_load_non_strict),    cmocka_unit_test(test_load_convert_dtype),
         cmocka_unit_test(test_adamw_groups),       cmocka_unit_test(test_clip_grad_norm),
         cmocka_unit_test(test_lr_schedule),        cmocka_unit_test(test_optim_resume),
-        cmocka_unit_test(test_optim_load_refuses),
+        cmocka_unit_test(test_optim_load_refuses), cmocka_unit_test(test_alloc_failures),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -10,8 +10,16 @@
  *   mpirun -np N aotgrad train --parallel dp|fsdp|tp   the same training on N ranks: each rank
  *                                      runs its shard of the step (train_dist.c); --batch is
  *                                      the global batch, so the losses are the one process's
- *   --save FILE / --load FILE          the full parameters under the model's FQNs (safetensors),
- *                                      gathered from every rank; loads into any world size
+ *   --save FILE.safetensors / --load FILE   the full parameters under the model's FQNs
+ *                                      (safetensors), gathered from every rank; loads into any
+ *                                      world size
+ *   --save DIR / --resume DIR          a checkpoint (model, AdamW state, step, the data
+ *                                      sampler's and generator's state); resuming with the same
+ *                                      flags prints the uninterrupted run's losses (one process)
+ *   --schedule cosine|constant --warmup N --decay-steps N --min-lr F --clip F
+ *                                      the recipe: gpt2 defaults to nanoGPT's (warmup + cosine,
+ *                                      clip 1.0, no weight decay on biases and norms); cnn and
+ *                                      mlp to a constant lr without clipping
  *
  * Under --parallel every rank builds the same full model from the seed and reads the same data;
  * rank 0 alone writes to stdout (the single-process output), and any error after the world
@@ -98,8 +106,8 @@ static char *fmt_time(double sec, char *buf, size_t n) {
  * the time left (from the rate of this run's steps so far); otherwise plain lines, at the
  * first and last step and every tenth of the run. `steps_per_s` counts this run's steps (a
  * resumed run's first step is its own). */
-static void progress(long long step, long long total, double loss, double rate, double steps_per_s,
-                     double elapsed, bool tty) {
+static void progress(long long step, long long total, double loss, double rate, const char *unit,
+                     double steps_per_s, double elapsed, bool tty) {
     if (tty) {
         int width = 30, filled = (int)(width * (double)step / (double)total);
         char el[32], eta[32];
@@ -114,7 +122,7 @@ static void progress(long long step, long long total, double loss, double rate, 
             putchar('\n');
         fflush(stdout);
     } else if (step == 1 || step == total || step % (total >= 10 ? total / 10 : 1) == 0) {
-        printf("  step %lld/%lld  loss %.4f  %.0f samples/s\n", step, total, loss, rate);
+        printf("  step %lld/%lld  loss %.4f  %.0f %s/s\n", step, total, loss, rate, unit);
         fflush(stdout);
     }
 }
@@ -659,7 +667,7 @@ static int train_fmnist(train_opts *o) {
         if (status)
             break;
         double el = now_s() - t0, done = (double)(s + 1 - s0);
-        progress(s + 1, total, loss_v, done * (double)B / (el > 0 ? el : 1e-9),
+        progress(s + 1, total, loss_v, done * (double)B / (el > 0 ? el : 1e-9), "samples",
                  done / (el > 0 ? el : 1e-9), el, tty);
         if (ferror(stdout)) { /* reported by main */
             status = 1;
@@ -784,7 +792,7 @@ static int train_gpt2(train_opts *o) {
         if (status)
             break;
         double el = now_s() - t0, done = (double)(s + 1 - s0);
-        progress(s + 1, total, loss_v, done * (double)(B * T) / (el > 0 ? el : 1e-9),
+        progress(s + 1, total, loss_v, done * (double)(B * T) / (el > 0 ? el : 1e-9), "tokens",
                  done / (el > 0 ? el : 1e-9), el, tty);
         if (ferror(stdout)) { /* reported by main */
             status = 1;

@@ -299,27 +299,45 @@ int dist_train_clip_grad_norm(dist_train *d, double max_norm, double *total_norm
         else
             s_shard += sumsq(g);
     }
-    /* The sharded pieces' sums from every rank: a Shard(0) gather of one value each. */
+    /* The sharded pieces' sums from every rank: a Shard(0) gather of one value each (in a
+     * scope of its own: the caller may be inside one, which would own these tensors). */
+    ag_scope_begin();
     ag_tensor *mine = ag_from_data(AG_F64, 1, (int64_t[]){1}, &s_shard);
     ag_tensor *all = mine ? ag_shard_full(mine, AG_P_SHARD(0), &d->mesh) : NULL;
-    ag_tensor_free(mine);
+    double total = s_rep;
+    for (int64_t r = 0; all && r < ag_tensor_numel(all); r++)
+        total += ag_tensor_item_at(all, r);
+    ag_scope_end();
     if (!all)
         return ag_last_status() ? ag_last_status() : AG_ENOMEM;
-    double total = s_rep;
-    for (int64_t r = 0; r < ag_tensor_numel(all); r++)
-        total += ag_tensor_item_at(all, r);
-    ag_tensor_free(all);
     total = sqrt(total);
     *total_norm = total;
     double coef = max_norm / (total + 1e-6); /* clip_grad_norm_'s rule (nn.h) */
     if (coef >= 1)
         return 0;
+    /* In place on the gradients' data (ag_tensor_data waits for a collective that produced
+     * one), in their precision, as ag_clip_grad_norm scales. */
     int rc = 0;
     ag_scope_begin();
     for (int i = 0; i < d->nparams && !rc; i++) {
         ag_tensor *g = ag_tensor_grad(d->params[i]);
-        if (g && !ag_mul_scalar_(g, coef))
+        if (!g)
+            continue;
+        int64_t n = ag_tensor_numel(g);
+        void *data = ag_tensor_data(g);
+        if (data && ag_tensor_is_contiguous(g) && ag_tensor_dtype(g) == AG_F32) {
+            float *x = data, c = (float)coef;
+            for (int64_t k = 0; k < n; k++)
+                x[k] *= c;
+            ag_tensor_bump_version(g);
+        } else if (data && ag_tensor_is_contiguous(g) && ag_tensor_dtype(g) == AG_F64) {
+            double *x = data;
+            for (int64_t k = 0; k < n; k++)
+                x[k] *= coef;
+            ag_tensor_bump_version(g);
+        } else if (!ag_mul_scalar_(g, coef)) {
             rc = ag_last_status() ? ag_last_status() : AG_EINVAL;
+        }
     }
     ag_scope_end();
     return rc;

@@ -887,6 +887,9 @@ int ag_module_load_dict(ag_module *m, const ag_tensor_dict *sd, const ag_load_op
         memset(report, 0, sizeof *report);
     AG__CHECK_NULL("module_load_dict", m);
     AG__CHECK_NULL("module_load_dict", sd);
+    if (sd->n < 0 || (sd->n > 0 && (!sd->names || !sd->tensors)))
+        return ag__err(AG_EINVAL, "module_load_dict: the dict's %s (n = %d)",
+                       sd->n < 0 ? "count is negative" : "names or tensors are NULL", sd->n);
     st_entry *src = ag__calloc(sd->n > 0 ? (size_t)sd->n : 1, sizeof *src);
     if (!src)
         return AG_ENOMEM;
