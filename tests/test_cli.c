@@ -527,8 +527,6 @@ static void test_train_resume(void **state) {
                               "5", "--resume", half, NULL});
     expect(&r, 1, "--resume", "resume gpt2 from mlp");
     assert_non_null(strstr(r.err, "which the module does not have"));
-    run(&r, NULL, 0, (const char *const[]){"train", "--parallel", "dp", "--save", half, NULL});
-    expect(&r, 2, "not supported under --parallel", "--parallel --save DIR");
     run(&r, NULL, 0, (const char *const[]){"train", "--clip", "-1", NULL});
     expect(&r, 2, "--clip: expected a finite number >= 0, got '-1'", "--clip -1");
     run(&r, NULL, 0,

@@ -15,7 +15,9 @@
  *                                      world size
  *   --save DIR / --resume DIR          a checkpoint (model, AdamW state, step, the data
  *                                      sampler's and generator's state); resuming with the same
- *                                      flags prints the uninterrupted run's losses (one process)
+ *                                      flags prints the uninterrupted run's losses; under
+ *                                      --parallel each rank saves its optimizer shard (resume
+ *                                      on the same strategy and world size)
  *   --schedule cosine|constant --warmup N --decay-steps N --min-lr F --clip F
  *                                      the recipe: gpt2 defaults to nanoGPT's (warmup + cosine,
  *                                      clip 1.0, no weight decay on biases and norms); cnn and
@@ -204,13 +206,17 @@ static void runner_free(runner *r) {
 /* AdamW over the step module's parameters (or, under --parallel, this rank's pieces), with
  * --groups nanoGPT's two groups: weight decay wd on the tensors of 2 or more dims (matmul and
  * embedding weights), none on the others (biases, LayerNorm weights). NULL with a message. */
-static ag_optim *make_optim(ag_module *step, ag_tensor *const *params, int np, const train_opts *o,
-                            double b1, double b2, double wd) {
-    if (!o->groups)
-        return step ? ag_optim_adamw(step, o->lr, b1, b2, 1e-8, wd)
-                    : ag_optim_adamw_tensors(params, np, o->lr, b1, b2, 1e-8, wd);
+static ag_optim *make_optim(ag_module *step, ag_tensor *const *params, const char *const *names,
+                            int np, const train_opts *o, double b1, double b2, double wd) {
+    if (!o->groups && step)
+        return ag_optim_adamw(step, o->lr, b1, b2, 1e-8, wd);
+    if (!o->groups) {
+        ag_param_group g = {.params = params, .names = names, .n = np};
+        return ag_optim_adamw_groups(&g, 1, o->lr, b1, b2, 1e-8, wd);
+    }
     ag_named_tensors d = {0}, nd = {0};
     ag_tensor **split = NULL;
+    const char **split_names = NULL;
     ag_param_group gs[2] = {{0}, {.set = AG_GROUP_WEIGHT_DECAY, .weight_decay = 0}};
     if (step) {
         if (ag_module_decay_split(step, &d, &nd))
@@ -222,25 +228,36 @@ static ag_optim *make_optim(ag_module *step, ag_tensor *const *params, int np, c
         gs[1].n = nd.n;
     } else {
         /* The local pieces keep their parameters' number of dims. */
-        if (!(split = malloc(sizeof *split * (size_t)(np ? np : 1)))) {
+        split = malloc(sizeof *split * (size_t)(np ? np : 1));
+        split_names = malloc(sizeof *split_names * (size_t)(np ? np : 1));
+        if (!split || !split_names) {
+            free(split);
+            free(split_names);
             ag_set_error(AG_ENOMEM, "train: out of memory");
             return NULL;
         }
         int k = 0;
-        for (int i = 0; i < np; i++)
-            if (ag_tensor_ndim(params[i]) >= 2)
-                split[k++] = params[i];
-        gs[0] = (ag_param_group){.params = split, .n = k};
-        for (int i = 0; i < np; i++)
-            if (ag_tensor_ndim(params[i]) < 2)
-                split[k++] = params[i];
+        for (int pass = 0; pass < 2; pass++) {
+            for (int i = 0; i < np; i++)
+                if ((ag_tensor_ndim(params[i]) >= 2) == (pass == 0)) {
+                    split_names[k] = names ? names[i] : NULL;
+                    split[k++] = params[i];
+                }
+            if (pass == 0)
+                gs[0] = (ag_param_group){.params = split, .n = k};
+        }
         gs[1].params = split + gs[0].n;
         gs[1].n = k - gs[0].n;
+        if (names) {
+            gs[0].names = split_names;
+            gs[1].names = split_names + gs[0].n;
+        }
     }
     ag_optim *opt = ag_optim_adamw_groups(gs, 2, o->lr, b1, b2, 1e-8, wd);
     ag_named_tensors_free(&d);
     ag_named_tensors_free(&nd);
     free(split);
+    free(split_names);
     return opt;
 }
 
@@ -261,10 +278,11 @@ static int capture(runner *r, ag_module *step, ag_tensor *const *ex, int nex, co
         r->d = dist_train_new(j, step, o->parallel, &co);
         ag_tensor *const *params = NULL;
         int np = r->d ? dist_train_params(r->d, &params) : 0;
-        r->opt = r->d ? make_optim(NULL, params, np, o, b1, b2, wd) : NULL;
+        r->opt =
+            r->d ? make_optim(NULL, params, dist_train_param_names(r->d), np, o, b1, b2, wd) : NULL;
     } else {
         r->c = ag_compile_joint(j, &co);
-        r->opt = r->c ? make_optim(step, NULL, 0, o, b1, b2, wd) : NULL;
+        r->opt = r->c ? make_optim(step, NULL, NULL, 0, o, b1, b2, wd) : NULL;
     }
     double t2 = now_s();
     if (r->opt)
@@ -356,6 +374,18 @@ static const char *ckpt_file(const char *dir, const char *name, char *buf, size_
     return buf;
 }
 
+/* The optimizer's state: one file in one process; under --parallel each rank's shard of it,
+ * "optim.<strategy>.rank<R>-of-<N>.safetensors" (resumable only by the same strategy on the
+ * same number of ranks). */
+static const char *optim_file(const char *dir, const train_opts *o, char *buf, size_t n) {
+    if (o->parallel)
+        snprintf(buf, n, "%s/optim.%s.rank%d-of-%d.safetensors", dir, o->parallel, o->rank,
+                 o->world);
+    else
+        snprintf(buf, n, "%s/optim.safetensors", dir);
+    return buf;
+}
+
 /* Writes the checkpoint of a run after `step` steps (rank 0; not under --parallel). 0, or 1
  * after the message. */
 static int ckpt_save(const runner *r, ag_module *model, const train_opts *o, long long step,
@@ -364,8 +394,11 @@ static int ckpt_save(const runner *r, ag_module *model, const train_opts *o, lon
     if (mkdir(o->ckpt, 0777) && errno != EEXIST)
         return train_fail(o, 1, "--save %s: cannot create the directory: %s", o->ckpt,
                           strerror(errno));
-    if (ag_module_save(model, ckpt_file(o->ckpt, "model.safetensors", path, sizeof path)) ||
-        ag_optim_save(r->opt, ckpt_file(o->ckpt, "optim.safetensors", path, sizeof path)))
+    if (ag_optim_save(r->opt, optim_file(o->ckpt, o, path, sizeof path)))
+        return train_fail(o, 1, "--save %s: %s", o->ckpt, ag_last_error());
+    if (o->rank != 0) /* rank 0 writes what every rank holds the same */
+        return 0;
+    if (ag_module_save(model, ckpt_file(o->ckpt, "model.safetensors", path, sizeof path)))
         return train_fail(o, 1, "--save %s: %s", o->ckpt, ag_last_error());
     uint64_t seed, offset;
     ag_rng_get_state(&seed, &offset);
@@ -418,8 +451,11 @@ static int ckpt_load_state(runner *r, const train_opts *o, long long total, long
     *s0 = 0;
     if (!o->resume)
         return 0;
-    if (ag_optim_load(r->opt, ckpt_file(o->resume, "optim.safetensors", path, sizeof path)))
-        return train_fail(o, 1, "--resume %s: %s", o->resume, ag_last_error());
+    if (ag_optim_load(r->opt, optim_file(o->resume, o, path, sizeof path)))
+        return train_fail(o, 1, "--resume %s: %s%s", o->resume, ag_last_error(),
+                          o->parallel ? " (a checkpoint made under --parallel resumes with the "
+                                        "same strategy on the same number of ranks)"
+                                      : "");
     ag_tensor_dict d;
     if (ag_safetensors_load(ckpt_file(o->resume, "train.safetensors", path, sizeof path), &d))
         return train_fail(o, 1, "--resume %s: %s", o->resume, ag_last_error());
@@ -674,10 +710,10 @@ static int train_fmnist(train_opts *o) {
             break;
         }
     }
-    if (status == 0 && o->ckpt)
-        status = ckpt_save(&r, model, o, total, rng, perm, ntr);
     if (status == 0)
         status = finish_params(&r, model, o);
+    if (status == 0 && o->ckpt) /* after finish_params: the parameters gathered */
+        status = ckpt_save(&r, model, o, total, rng, perm, ntr);
     if (status == 0 && o->rank == 0) {
         /* Test accuracy, eagerly in evaluation mode (running statistics). */
         ag_module_train(model, false);
@@ -799,10 +835,10 @@ static int train_gpt2(train_opts *o) {
             break;
         }
     }
-    if (status == 0 && o->ckpt)
-        status = ckpt_save(&r, model, o, total, rng, NULL, 0);
     if (status == 0)
         status = finish_params(&r, model, o);
+    if (status == 0 && o->ckpt) /* after finish_params: the parameters gathered */
+        status = ckpt_save(&r, model, o, total, rng, NULL, 0);
     if (status == 0 && o->rank == 0) {
         /* A sample: temperature 0.8 from the first line of the text, eagerly. */
         printf("sample:\n");
@@ -938,14 +974,6 @@ int cli_train(int argc, char **argv) {
     o.cosine = o.cosine >= 0 ? o.cosine : gpt2;
     o.clip = o.clip >= 0 ? o.clip : gpt2 ? 1.0 : 0.0;
     o.groups = gpt2;
-    if (o.parallel && (o.ckpt || o.resume)) {
-        fprintf(stderr,
-                "aotgrad train: --%s DIR (a checkpoint with the optimizer's state) is not "
-                "supported under --parallel, where each rank holds its own shard of "
-                "that state; --save FILE.safetensors saves the gathered parameters\n",
-                o.ckpt ? "save" : "resume");
-        return 2;
-    }
     if (o.parallel) {
         /* Every rank runs this same command (SPMD); rank 0 alone writes to stdout. */
         if (ag_dist_init()) {

@@ -72,6 +72,7 @@ struct dist_train {
     ag_placement *pl;   /* [nflat]: the placeholder's placement */
     int *user;          /* [nflat]: the user input a PlainAOTInput reads, or -1 */
     ag_tensor **params; /* the local parameter pieces, for the optimizer */
+    char **names;       /* [nparams]: their FQNs in the step module (owned) */
     int nparams;
 };
 
@@ -94,6 +95,9 @@ void dist_train_free(dist_train *d) {
     free(d->pl);
     free(d->user);
     free(d->params);
+    for (int i = 0; d->names && i < d->nparams; i++)
+        free(d->names[i]);
+    free(d->names);
     ag_compiled_free(d->c);
     ag_joint_free(d->sharded);
     free(d);
@@ -110,7 +114,8 @@ static int bind_inputs(dist_train *d, ag_module *step) {
     d->pl = calloc((size_t)d->nflat + 1, sizeof *d->pl);
     d->user = calloc((size_t)d->nflat + 1, sizeof *d->user);
     d->params = calloc((size_t)d->nflat + 1, sizeof *d->params);
-    if (!d->local || !d->full || !d->pl || !d->user || !d->params)
+    d->names = calloc((size_t)d->nflat + 1, sizeof *d->names);
+    if (!d->local || !d->full || !d->pl || !d->user || !d->params || !d->names)
         return ag_set_error(AG_ENOMEM, "train: out of memory");
     for (int i = 0; i < d->nflat; i++) {
         int p = ag_joint_flat_input_primal(j, i);
@@ -171,6 +176,8 @@ static int bind_inputs(dist_train *d, ag_module *step) {
         if (k == AG_DESC_PARAM) {
             if (ag_tensor_set_requires_grad(d->local[i], true))
                 return ag_last_status();
+            if (!(d->names[d->nparams] = strdup(fqn)))
+                return ag_set_error(AG_ENOMEM, "train: out of memory");
             d->params[d->nparams++] = d->local[i];
         }
     }
@@ -221,6 +228,9 @@ const ag_mesh *dist_train_mesh(const dist_train *d) {
 int dist_train_params(const dist_train *d, ag_tensor *const **params) {
     *params = d->params;
     return d->nparams;
+}
+const char *const *dist_train_param_names(const dist_train *d) {
+    return (const char *const *)d->names;
 }
 
 int dist_train_call(dist_train *d, ag_tensor *const *inputs, int nin, ag_tensor **loss) {

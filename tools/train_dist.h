@@ -29,6 +29,8 @@ const ag_compiled *dist_train_compiled(const dist_train *d); /* borrowed */
 const ag_mesh *dist_train_mesh(const dist_train *d);
 /* The local parameter pieces (leaves requiring grad; borrowed), for the optimizer. */
 int dist_train_params(const dist_train *d, ag_tensor *const **params);
+/* Their FQNs in the step module, in the same order (borrowed), to name the optimizer's state. */
+const char *const *dist_train_param_names(const dist_train *d);
 /* One forward: this rank's pieces of the global inputs (by their placements) and the local
  * pieces go to the compiled step; *loss is a new reference on success (ag_backward on it runs
  * the sharded backward, which leaves each local piece's gradient in its .grad). Returns
