@@ -247,8 +247,9 @@ AG_API int ag_clip_grad_norm(ag_tensor *const *params, int n, double max_norm, d
 /* The same over the optimizer's parameters. */
 AG_API int ag_optim_clip_grad_norm(ag_optim *o, double max_norm, double *total_norm);
 
-/* Learning-rate schedules, a pure function of the iteration that the training loop applies
- * each step (ag_optim_set_lr(o, ag_lr_at(&s, it))). Zero-initialized: constant lr 0 (set lr). */
+/* Learning-rate schedules, a pure function of the iteration (counted from 0) that the training
+ * loop applies before each step: ag_optim_set_lr(o, ag_lr_at(&s, it)). A zero-initialized
+ * schedule is constant (PyTorch without a scheduler keeps the lr) at lr 0: set .lr. */
 typedef enum ag_lr_kind {
     AG_LR_CONSTANT = 0,      /* lr */
     AG_LR_WARMUP_COSINE = 1, /* nanoGPT's get_lr */
@@ -265,15 +266,16 @@ typedef struct ag_lr_schedule {
  * (negative iterations, decay_iters < warmup_iters). */
 AG_API double ag_lr_at(const ag_lr_schedule *s, int64_t it);
 
-/* Optimizer state for resuming, as a safetensors file: per parameter with state,
+/* Optimizer state for resuming, as a safetensors file: per parameter that has stepped,
  * "g<group>.<name>.step" (i64 scalar), AdamW's ".exp_avg" and ".exp_avg_sq", SGD's
- * ".momentum_buffer"; "g<group>.lr" (f64 scalar) per group; __metadata__ {"optimizer": "AdamW" or
- * "SGD"}. Names are the FQNs the optimizer was made with (the module's, or the groups' names).
- */
+ * ".momentum_buffer" (with momentum); "g<group>.lr" (f64 scalar) per group; __metadata__
+ * {"optimizer": "AdamW" or "SGD"}. <name> is the parameter's FQN for ag_optim_sgd/adamw, the
+ * group's name or its index in the group ("3") otherwise, with ".<k>" for the k-th plain inner
+ * tensor of a tensor subclass parameter. */
 AG_API int ag_optim_save(const ag_optim *o, const char *path);
-/* Restores what ag_optim_save wrote into an optimizer made the same way (same kind, groups,
- * names, shapes and dtypes): anything else is refused with a message naming the difference,
- * and on failure the optimizer is unchanged. */
+/* Restores what ag_optim_save wrote (state, step counts and each group's lr) into an optimizer
+ * made the same way (same kind, groups, names, shapes and dtypes): anything else is refused with
+ * a message naming the difference, and on failure the optimizer is unchanged. */
 AG_API int ag_optim_load(ag_optim *o, const char *path);
 
 #ifdef __cplusplus
