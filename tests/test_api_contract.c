@@ -10,6 +10,7 @@
 #include "testutil.h"
 
 #include <ctype.h>
+#include <math.h>
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -989,6 +990,69 @@ static long c_ag_shard_local(void) {
 static long c_ag_shard_full(void) {
     return ag_shard_full(NULL, AG_P_REPLICATE, NULL) == NULL;
 }
+static long c_ag_tensor_dict_free(void) {
+    (ag_tensor_dict_free)(NULL);
+    return 0;
+}
+static long c_ag_tensor_dict_get(void) {
+    return ag_tensor_dict_get(NULL, NULL) == NULL;
+}
+static long c_ag_tensor_dict_meta(void) {
+    return ag_tensor_dict_meta(NULL, NULL) == NULL;
+}
+static long c_ag_safetensors_save(void) {
+    return (ag_safetensors_save)(NULL, NULL, NULL, 0, NULL);
+}
+static long c_ag_safetensors_load(void) {
+    return (ag_safetensors_load)(NULL, NULL);
+}
+static long c_ag_load_report_free(void) {
+    (ag_load_report_free)(NULL);
+    return 0;
+}
+static long c_ag_module_load_ex(void) {
+    return (ag_module_load_ex)(NULL, NULL, NULL, NULL);
+}
+static long c_ag_module_load_dict(void) {
+    return (ag_module_load_dict)(NULL, NULL, NULL, NULL);
+}
+static long c_ag_optim_sgd_groups(void) {
+    ag_optim *o = ag_optim_sgd_groups(NULL, 0, 0, 0, 0, false); /* no groups is valid */
+    ag_optim_free(o);
+    return 0;
+}
+static long c_ag_optim_adamw_groups(void) {
+    ag_optim *o = ag_optim_adamw_groups(NULL, 0, 0, 0, 0, 0, 0); /* no groups is valid */
+    ag_optim_free(o);
+    return 0;
+}
+static long c_ag_module_decay_split(void) {
+    return (ag_module_decay_split)(NULL, NULL, NULL);
+}
+static long c_ag_optim_num_groups(void) {
+    return (ag_optim_num_groups)(NULL);
+}
+static long c_ag_optim_group_lr(void) {
+    return (long)(ag_optim_group_lr)(NULL, 0) != 0;
+}
+static long c_ag_optim_set_group_lr(void) {
+    return (ag_optim_set_group_lr)(NULL, 0, 0);
+}
+static long c_ag_clip_grad_norm(void) {
+    return (ag_clip_grad_norm)(NULL, 0, 0, NULL); /* an empty list is valid */
+}
+static long c_ag_optim_clip_grad_norm(void) {
+    return (ag_optim_clip_grad_norm)(NULL, 0, NULL);
+}
+static long c_ag_lr_at(void) {
+    return isnan((ag_lr_at)(NULL, 0)) ? 0 : 1;
+}
+static long c_ag_optim_save(void) {
+    return (ag_optim_save)(NULL, NULL);
+}
+static long c_ag_optim_load(void) {
+    return (ag_optim_load)(NULL, NULL);
+}
 static long c_ag_optim_step(void) {
     return (ag_optim_step)(NULL);
 }
@@ -1948,6 +2012,25 @@ static const row rows[] = {
     {"ag_optim_sgd", 'F', 'R', c_ag_optim_sgd, NULL},
     {"ag_optim_adamw", 'F', 'R', c_ag_optim_adamw, NULL},
     {"ag_optim_adamw_tensors", 'N', 'R', c_ag_optim_adamw_tensors, NULL},
+    {"ag_tensor_dict_free", 'A', 'O', c_ag_tensor_dict_free, NULL},
+    {"ag_tensor_dict_get", 'A', 'R', c_ag_tensor_dict_get, NULL},
+    {"ag_tensor_dict_meta", 'A', 'R', c_ag_tensor_dict_meta, NULL},
+    {"ag_safetensors_save", 'F', 'I', c_ag_safetensors_save, NULL},
+    {"ag_safetensors_load", 'F', 'I', c_ag_safetensors_load, NULL},
+    {"ag_load_report_free", 'A', 'O', c_ag_load_report_free, NULL},
+    {"ag_module_load_ex", 'F', 'I', c_ag_module_load_ex, NULL},
+    {"ag_module_load_dict", 'F', 'I', c_ag_module_load_dict, NULL},
+    {"ag_optim_sgd_groups", 'N', 'O', c_ag_optim_sgd_groups, NULL},
+    {"ag_optim_adamw_groups", 'N', 'O', c_ag_optim_adamw_groups, NULL},
+    {"ag_module_decay_split", 'F', 'I', c_ag_module_decay_split, NULL},
+    {"ag_optim_num_groups", 'A', 'O', c_ag_optim_num_groups, NULL},
+    {"ag_optim_group_lr", 'A', 'O', c_ag_optim_group_lr, NULL},
+    {"ag_optim_set_group_lr", 'F', 'I', c_ag_optim_set_group_lr, NULL},
+    {"ag_clip_grad_norm", 'N', 'O', c_ag_clip_grad_norm, NULL},
+    {"ag_optim_clip_grad_norm", 'F', 'I', c_ag_optim_clip_grad_norm, NULL},
+    {"ag_lr_at", 'A', 'O', c_ag_lr_at, NULL},
+    {"ag_optim_save", 'F', 'I', c_ag_optim_save, NULL},
+    {"ag_optim_load", 'F', 'I', c_ag_optim_load, NULL},
     {"ag_optim_step", 'F', 'I', c_ag_optim_step, NULL},
     {"ag_shard_local", 'F', 'R', c_ag_shard_local, NULL},
     {"ag_shard_full", 'F', 'R', c_ag_shard_full, NULL},

@@ -428,6 +428,113 @@ static void test_train_batch_vs_data(void **state) {
 }
 
 /* A batch that cannot fit in memory is refused before anything large is allocated. */
+/* The loss lines ("  step K/N  loss X") of a train run's stdout, joined, for steps > from. */
+static void loss_lines(const char *out, long long from, char *buf, size_t n) {
+    buf[0] = 0;
+    size_t len = 0;
+    for (const char *p = out; (p = strstr(p, "  step ")); p++) {
+        long long k, total;
+        double v;
+        if (sscanf(p, "  step %lld/%lld  loss %lf", &k, &total, &v) == 3 && k > from)
+            len += (size_t)snprintf(buf + len, n - len, "%lld/%lld %.4f\n", k, total, v);
+    }
+}
+
+static bool same_file(const char *a, const char *b) {
+    char *x = slurp(a) ? strdup(slurp(a)) : NULL, *y = slurp(b);
+    bool same = x && y && !strcmp(x, y);
+    /* slurp reads text: the bytes are compared in full below */
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    int ca = 0, cb = 0;
+    while (same && fa && fb && (ca = fgetc(fa)) == (cb = fgetc(fb)) && ca != EOF)
+        ;
+    same = same && fa && fb && ca == cb;
+    if (fa)
+        fclose(fa);
+    if (fb)
+        fclose(fb);
+    free(x);
+    return same;
+}
+
+/* A run of 2N steps and a run of N steps saved (--save DIR) then resumed (--resume DIR) for N
+ * more print the same losses for steps N+1..2N and end with byte-identical model and optimizer
+ * files: the resumed run restores everything the step reads (parameters, AdamW's moments and
+ * step counts, the lr schedule's position, the batch sampler's and the generator's state, the
+ * epoch's order), and the same kernels on the same thread count add in the same order, so the
+ * comparison is exact (no tolerance). On gpt2 (warmup + cosine, clipping, two groups) and on
+ * mlp over a fake Fashion-MNIST whose 3-step epochs put the split mid-epoch. */
+static void test_train_resume(void **state) {
+    (void)state;
+    char text[256], full[256], half[256], res[256], oa[256], oc[256], d[256];
+    path_in(text, sizeof text, "text.txt");
+    write_text(text);
+    write_fake_mnist();
+    path_in(d, sizeof d, "");
+    path_in(oa, sizeof oa, "a.out");
+    path_in(oc, sizeof oc, "c.out");
+    for (int model = 0; model < 2; model++) {
+        const char *m = model ? "mlp" : "gpt2", *data = model ? d : text;
+        const char *batch = model ? "3" : "2";
+        path_in(full, sizeof full, model ? "ck_full_mlp" : "ck_full");
+        path_in(half, sizeof half, model ? "ck_half_mlp" : "ck_half");
+        path_in(res, sizeof res, model ? "ck_res_mlp" : "ck_res");
+        result r;
+        run(&r, oa, 0,
+            (const char *const[]){"train", "--model", m, "--data", data, "--batch", batch,
+                                  "--steps", "8", "--warmup", "2", "--clip", "0.5", "--schedule",
+                                  "cosine", "--save", full, NULL});
+        expect(&r, 0, NULL, "train 8 steps");
+        run(&r, NULL, 0,
+            (const char *const[]){"train",      "--model",  m,         "--data", data,
+                                  "--batch",    batch,      "--steps", "4",      "--decay-steps",
+                                  "8",          "--warmup", "2",       "--clip", "0.5",
+                                  "--schedule", "cosine",   "--save",  half,     NULL});
+        expect(&r, 0, NULL, "train 4 steps");
+        run(&r, oc, 0,
+            (const char *const[]){"train",    "--model", m,         "--data",     data,
+                                  "--batch",  batch,     "--steps", "8",          "--warmup",
+                                  "2",        "--clip",  "0.5",     "--schedule", "cosine",
+                                  "--resume", half,      "--save",  res,          NULL});
+        expect(&r, 0, NULL, "train --resume");
+        static char la[4096], lc[4096];
+        char *a = strdup(slurp(oa)), *c = strdup(slurp(oc));
+        loss_lines(a, 4, la, sizeof la);
+        loss_lines(c, 4, lc, sizeof lc);
+        if (!la[0] || strcmp(la, lc))
+            fail_msg("%s: the resumed run's losses differ:\n%s---\n%s", m, la, lc);
+        assert_non_null(strstr(c, "resumed from "));
+        assert_non_null(strstr(c, "at step 4\n"));
+        free(a);
+        free(c);
+        char f1[300], f2[300];
+        const char *files[] = {"model.safetensors", "optim.safetensors", "train.safetensors"};
+        for (int k = 0; k < 3; k++) {
+            snprintf(f1, sizeof f1, "%s/%s", full, files[k]);
+            snprintf(f2, sizeof f2, "%s/%s", res, files[k]);
+            if (!same_file(f1, f2))
+                fail_msg("%s: %s differs between the full and the resumed run", m, files[k]);
+        }
+        /* Nothing left to do, another model: refused (exit 2) with the reason. */
+        run(&r, NULL, 0,
+            (const char *const[]){"train", "--model", m, "--data", data, "--batch", batch,
+                                  "--steps", "4", "--resume", half, NULL});
+        expect(&r, 2, "the checkpoint is at step 4; --steps 4 leaves nothing to do", "resume");
+    }
+    result r;
+    run(&r, NULL, 0,
+        (const char *const[]){"train", "--model", "gpt2", "--data", text, "--batch", "2", "--steps",
+                              "5", "--resume", half, NULL});
+    expect(&r, 1, "--resume", "resume gpt2 from mlp");
+    assert_non_null(strstr(r.err, "which the module does not have"));
+    run(&r, NULL, 0, (const char *const[]){"train", "--clip", "-1", NULL});
+    expect(&r, 2, "--clip: expected a finite number >= 0, got '-1'", "--clip -1");
+    run(&r, NULL, 0,
+        (const char *const[]){"train", "--model", "gpt2", "--data", text, "--steps", "4",
+                              "--warmup", "5", "--decay-steps", "3", NULL});
+    expect(&r, 2, "--decay-steps 3 is less than --warmup 5", "--decay-steps < --warmup");
+}
+
 static void test_train_batch_too_large_for_memory(void **state) {
     (void)state;
     char text[256];
@@ -663,6 +770,7 @@ int main(void) {
         cmocka_unit_test(test_numeric_flags),
         cmocka_unit_test(test_train_nonfinite_loss),
         cmocka_unit_test(test_train_batch_vs_data),
+        cmocka_unit_test(test_train_resume),
         cmocka_unit_test(test_train_batch_too_large_for_memory),
         cmocka_unit_test(test_show_endless_input),
         cmocka_unit_test(test_check_compare_nonfinite),

@@ -1,8 +1,9 @@
 /* `aotgrad train --parallel` end to end, under mpirun: the same command on 1, 2 and 4 ranks
  * (one thread each, --oversubscribe) prints the same losses as one process for every strategy
  * on mlp, cnn and gpt2 (tiny); checkpoints saved by one world load into another and continue
- * with the same losses; a batch that does not split is refused; a rank that fails ends the job
- * with its message instead of leaving its peers waiting.
+ * with the same losses; a --save DIR checkpoint (with each rank's optimizer shard) resumes on
+ * the same world to the uninterrupted run's losses; a batch that does not split is refused; a rank
+ * that fails ends the job with its message instead of leaving its peers waiting.
  *
  * Tolerance: the losses are compared as printed (4 decimals) within 2e-3. A sharded step adds
  * the same float32 numbers in another order (the batch split across ranks, then all_reduce or
@@ -197,6 +198,59 @@ static void test_checkpoint_round_trip(void **st) {
     free(out);
 }
 
+/* --save DIR / --resume DIR under --parallel: each rank saves its shard of AdamW's state, rank 0
+ * the gathered model and the run's position; 2 ranks resumed after 3 of 6 steps print the
+ * uninterrupted 2-rank run's losses exactly (the same ranks run the same arithmetic in the
+ * same order: no tolerance needed) and end with a byte-identical model file. Another world
+ * size is refused with the reason. */
+static void test_parallel_resume(void **st) {
+    (void)st;
+    char *out = malloc(OUTSZ), *full_out = malloc(OUTSZ);
+    static const char *const strategies[] = {"fsdp", "tp"};
+    for (int k = 0; k < 2; k++) {
+        const char *sname = strategies[k];
+        char args[512], full[160], half[160], res[160];
+        snprintf(full, sizeof full, "%s/full_%s", tmpdir, sname);
+        snprintf(half, sizeof half, "%s/half_%s", tmpdir, sname);
+        snprintf(res, sizeof res, "%s/res_%s", tmpdir, sname);
+        snprintf(args, sizeof args, "--model gpt2 --steps 6 --batch 4 --parallel %s --save %s",
+                 sname, full);
+        int rc = train(2, args, full_out);
+        if (rc)
+            fail_msg("%s: exit status %d:\n%s", args, rc, full_out);
+        snprintf(args, sizeof args,
+                 "--model gpt2 --steps 3 --decay-steps 6 --batch 4 --parallel %s --save %s", sname,
+                 half);
+        rc = train(2, args, out);
+        if (rc)
+            fail_msg("%s: exit status %d:\n%s", args, rc, out);
+        snprintf(args, sizeof args,
+                 "--model gpt2 --steps 6 --batch 4 --parallel %s --resume %s --save %s", sname,
+                 half, res);
+        rc = train(2, args, out);
+        if (rc)
+            fail_msg("%s: exit status %d:\n%s", args, rc, out);
+        double a[MAXL], c[MAXL];
+        assert_int_equal(losses(full_out, a), 6);
+        assert_int_equal(losses(out, c), 3);
+        for (int i = 0; i < 3; i++)
+            if (a[3 + i] != c[i])
+                fail_msg("%s: resumed step %d loss %.4f, uninterrupted %.4f", sname, 4 + i, c[i],
+                         a[3 + i]);
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "cmp %s/model.safetensors %s/model.safetensors", full, res);
+        if (run(cmd, out))
+            fail_msg("%s: the resumed run's model differs: %s", sname, out);
+        /* Another world size: each rank's optimizer shard is another. */
+        snprintf(args, sizeof args, "--model gpt2 --steps 6 --batch 4 --parallel %s --resume %s",
+                 sname, half);
+        assert_int_not_equal(train(4, args, out), 0);
+        assert_non_null(strstr(out, "resumes with the same strategy on the same number of ranks"));
+    }
+    free(out);
+    free(full_out);
+}
+
 static void test_batch_must_split(void **st) {
     (void)st;
     char *out = malloc(OUTSZ);
@@ -290,6 +344,7 @@ int main(void) {
         cmocka_unit_test(test_failing_rank_ends_the_job),
         cmocka_unit_test(test_world_of_one),
         cmocka_unit_test(test_checkpoint_round_trip),
+        cmocka_unit_test(test_parallel_resume),
         cmocka_unit_test(test_mlp_losses),
         cmocka_unit_test(test_gpt2_losses),
         cmocka_unit_test(test_cnn_losses),

@@ -10,8 +10,18 @@
  *   mpirun -np N aotgrad train --parallel dp|fsdp|tp   the same training on N ranks: each rank
  *                                      runs its shard of the step (train_dist.c); --batch is
  *                                      the global batch, so the losses are the one process's
- *   --save FILE / --load FILE          the full parameters under the model's FQNs (safetensors),
- *                                      gathered from every rank; loads into any world size
+ *   --save FILE.safetensors / --load FILE   the full parameters under the model's FQNs
+ *                                      (safetensors), gathered from every rank; loads into any
+ *                                      world size
+ *   --save DIR / --resume DIR          a checkpoint (model, AdamW state, step, the data
+ *                                      sampler's and generator's state); resuming with the same
+ *                                      flags prints the uninterrupted run's losses; under
+ *                                      --parallel each rank saves its optimizer shard (resume
+ *                                      on the same strategy and world size)
+ *   --schedule cosine|constant --warmup N --decay-steps N --min-lr F --clip F
+ *                                      the recipe: gpt2 defaults to nanoGPT's (warmup + cosine,
+ *                                      clip 1.0, no weight decay on biases and norms); cnn and
+ *                                      mlp to a constant lr without clipping
  *
  * Under --parallel every rank builds the same full model from the seed and reads the same data;
  * rank 0 alone writes to stdout (the single-process output), and any error after the world
@@ -38,6 +48,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -83,18 +94,37 @@ static void print_summary(const ag_joint *j, const ag_compiled *c, double export
            (double)ag_compiled_peak_bytes(c, true) / 1e6, 1e3 * export_s, 1e3 * compile_s);
 }
 
-static void progress(long long step, long long total, double loss, double rate, bool tty) {
+/* "1:02:03" or "2:03" for a duration in seconds. */
+static char *fmt_time(double sec, char *buf, size_t n) {
+    long long t = sec > 0 && sec < 1e9 ? (long long)(sec + 0.5) : 0;
+    if (t >= 3600)
+        snprintf(buf, n, "%lld:%02lld:%02lld", t / 3600, t / 60 % 60, t % 60);
+    else
+        snprintf(buf, n, "%lld:%02lld", t / 60, t % 60);
+    return buf;
+}
+
+/* One step's report: on a terminal a bar redrawn in place with the rate, the elapsed time and
+ * the time left (from the rate of this run's steps so far); otherwise plain lines, at the
+ * first and last step and every tenth of the run. `steps_per_s` counts this run's steps (a
+ * resumed run's first step is its own). */
+static void progress(long long step, long long total, double loss, double rate, const char *unit,
+                     double steps_per_s, double elapsed, bool tty) {
     if (tty) {
         int width = 30, filled = (int)(width * (double)step / (double)total);
+        char el[32], eta[32];
         printf("\r[");
         for (int i = 0; i < width; i++)
             putchar(i < filled ? '=' : (i == filled ? '>' : ' '));
-        printf("] %lld/%lld  loss %.4f  %.0f samples/s   ", step, total, loss, rate);
+        printf(
+            "] %lld/%lld  loss %.4f  %.0f samples/s  %s<%s   ", step, total, loss, rate,
+            fmt_time(elapsed, el, sizeof el),
+            fmt_time(steps_per_s > 0 ? (double)(total - step) / steps_per_s : 0, eta, sizeof eta));
         if (step == total)
             putchar('\n');
         fflush(stdout);
     } else if (step == 1 || step == total || step % (total >= 10 ? total / 10 : 1) == 0) {
-        printf("  step %lld/%lld  loss %.4f  %.0f samples/s\n", step, total, loss, rate);
+        printf("  step %lld/%lld  loss %.4f  %.0f %s/s\n", step, total, loss, rate, unit);
         fflush(stdout);
     }
 }
@@ -115,6 +145,14 @@ static void shuffle(int64_t *p, int64_t n, uint64_t *state) {
 typedef struct train_opts {
     long long steps, batch, seed;
     double lr, budget;
+    /* The recipe (gpt2's defaults: warmup + cosine, clip 1, no decay on biases and norms; cnn
+     * and mlp: a constant lr, no clipping, one group). -1: the model's default. */
+    int cosine;                /* --schedule cosine (1) | constant (0) */
+    long long warmup, decay;   /* --warmup N, --decay-steps N */
+    double min_lr, clip;       /* --min-lr F, --clip F (0: off) */
+    bool groups;               /* weight decay only on tensors of 2 or more dims */
+    const char *ckpt, *resume; /* --save DIR, --resume DIR */
+    ag_lr_schedule sched;      /* resolved once the run's steps are known */
     const char *model, *data;
     ag_partitioner partitioner;
     const char *parallel;    /* --parallel dp|fsdp|tp, or NULL */
@@ -165,6 +203,64 @@ static void runner_free(runner *r) {
     r->opt = NULL;
 }
 
+/* AdamW over the step module's parameters (or, under --parallel, this rank's pieces), with
+ * --groups nanoGPT's two groups: weight decay wd on the tensors of 2 or more dims (matmul and
+ * embedding weights), none on the others (biases, LayerNorm weights). NULL with a message. */
+static ag_optim *make_optim(ag_module *step, ag_tensor *const *params, const char *const *names,
+                            int np, const train_opts *o, double b1, double b2, double wd) {
+    if (!o->groups && step)
+        return ag_optim_adamw(step, o->lr, b1, b2, 1e-8, wd);
+    if (!o->groups) {
+        ag_param_group g = {.params = params, .names = names, .n = np};
+        return ag_optim_adamw_groups(&g, 1, o->lr, b1, b2, 1e-8, wd);
+    }
+    ag_named_tensors d = {0}, nd = {0};
+    ag_tensor **split = NULL;
+    const char **split_names = NULL;
+    ag_param_group gs[2] = {{0}, {.set = AG_GROUP_WEIGHT_DECAY, .weight_decay = 0}};
+    if (step) {
+        if (ag_module_decay_split(step, &d, &nd))
+            return NULL;
+        gs[0] =
+            (ag_param_group){.params = d.tensors, .names = (const char *const *)d.names, .n = d.n};
+        gs[1].params = nd.tensors;
+        gs[1].names = (const char *const *)nd.names;
+        gs[1].n = nd.n;
+    } else {
+        /* The local pieces keep their parameters' number of dims. */
+        split = malloc(sizeof *split * (size_t)(np ? np : 1));
+        split_names = malloc(sizeof *split_names * (size_t)(np ? np : 1));
+        if (!split || !split_names) {
+            free(split);
+            free(split_names);
+            ag_set_error(AG_ENOMEM, "train: out of memory");
+            return NULL;
+        }
+        int k = 0;
+        for (int pass = 0; pass < 2; pass++) {
+            for (int i = 0; i < np; i++)
+                if ((ag_tensor_ndim(params[i]) >= 2) == (pass == 0)) {
+                    split_names[k] = names ? names[i] : NULL;
+                    split[k++] = params[i];
+                }
+            if (pass == 0)
+                gs[0] = (ag_param_group){.params = split, .n = k};
+        }
+        gs[1].params = split + gs[0].n;
+        gs[1].n = k - gs[0].n;
+        if (names) {
+            gs[0].names = split_names;
+            gs[1].names = split_names + gs[0].n;
+        }
+    }
+    ag_optim *opt = ag_optim_adamw_groups(gs, 2, o->lr, b1, b2, 1e-8, wd);
+    ag_named_tensors_free(&d);
+    ag_named_tensors_free(&nd);
+    free(split);
+    free(split_names);
+    return opt;
+}
+
 /* Exports the step module for example inputs (data-less: the capture reads only shapes),
  * shards it for this rank under --parallel, compiles it, makes the optimizer (AdamW with
  * betas b1, b2 and weight decay wd); prints the summary of what this rank runs. 0, or a
@@ -183,10 +279,11 @@ static int capture(runner *r, ag_module *step, ag_tensor *const *ex, int nex, co
         r->d = dist_train_new(j, step, o->parallel, &co);
         ag_tensor *const *params = NULL;
         int np = r->d ? dist_train_params(r->d, &params) : 0;
-        r->opt = r->d ? ag_optim_adamw_tensors(params, np, o->lr, b1, b2, 1e-8, wd) : NULL;
+        r->opt =
+            r->d ? make_optim(NULL, params, dist_train_param_names(r->d), np, o, b1, b2, wd) : NULL;
     } else {
         r->c = ag_compile_joint(j, &co);
-        r->opt = r->c ? ag_optim_adamw(step, o->lr, b1, b2, 1e-8, wd) : NULL;
+        r->opt = r->c ? make_optim(step, NULL, NULL, 0, o, b1, b2, wd) : NULL;
     }
     double t2 = now_s();
     if (r->opt)
@@ -219,8 +316,15 @@ static int runner_step(runner *r, ag_tensor *const *in, int nin, long long s, do
         bad_loss = !isfinite(*loss_v);
         rc = bad_loss ? 0 : ag_backward(loss, NULL, false);
     }
-    if (rc == 0 && !bad_loss)
+    /* The recipe's step: clip the gradients' global norm, set this step's lr, then AdamW. */
+    double norm = 0;
+    if (rc == 0 && !bad_loss && o->clip > 0)
+        rc = r->d ? dist_train_clip_grad_norm(r->d, o->clip, &norm)
+                  : ag_optim_clip_grad_norm(r->opt, o->clip, &norm);
+    if (rc == 0 && !bad_loss) {
+        ag_optim_set_lr(r->opt, ag_lr_at(&o->sched, s));
         rc = ag_optim_step(r->opt);
+    }
     ag_optim_zero_grad(r->opt);
     ag_scope_end();
     if (bad_loss) /* a NaN or infinite loss would spread to every weight */
@@ -248,6 +352,174 @@ static int finish_params(runner *r, ag_module *model, const train_opts *o) {
 static int load_params(ag_module *model, const train_opts *o) {
     if (o->load && ag_module_load(model, o->load))
         return train_fail(o, 1, "--load %s: %s", o->load, ag_last_error());
+    return 0;
+}
+
+/* ---- checkpoints: --save DIR, --resume DIR ----
+ * A directory of three safetensors files, what a run needs to go on as if it had not stopped:
+ *   model.safetensors  the module state (what --save FILE writes)
+ *   optim.safetensors  AdamW's state (ag_optim_save: step counts, both moments, each group's lr)
+ *   train.safetensors  "step" (steps done), "data_rng" (the batch sampler's state),
+ *                      "rng_seed"/"rng_offset" (the generator's, for dropout), "perm" (the
+ *                      Fashion-MNIST epoch's order); __metadata__ model and batch.
+ * A run resumed with the same flags prints the losses of the uninterrupted run. */
+
+/* --save PATH: a checkpoint directory unless PATH names a .safetensors file. */
+static bool is_ckpt_dir(const char *path) {
+    size_t n = strlen(path), k = strlen(".safetensors");
+    return n < k || strcmp(path + n - k, ".safetensors") != 0;
+}
+
+static const char *ckpt_file(const char *dir, const char *name, char *buf, size_t n) {
+    snprintf(buf, n, "%s/%s", dir, name);
+    return buf;
+}
+
+/* The optimizer's state: one file in one process; under --parallel each rank's shard of it,
+ * "optim.<strategy>.rank<R>-of-<N>.safetensors" (resumable only by the same strategy on the
+ * same number of ranks). */
+static const char *optim_file(const char *dir, const train_opts *o, char *buf, size_t n) {
+    if (o->parallel)
+        snprintf(buf, n, "%s/optim.%s.rank%d-of-%d.safetensors", dir, o->parallel, o->rank,
+                 o->world);
+    else
+        snprintf(buf, n, "%s/optim.safetensors", dir);
+    return buf;
+}
+
+/* Writes the checkpoint of a run after `step` steps (rank 0; not under --parallel). 0, or 1
+ * after the message. */
+static int ckpt_save(const runner *r, ag_module *model, const train_opts *o, long long step,
+                     uint64_t data_rng, const int64_t *perm, int64_t nperm) {
+    char path[4096], batch[32];
+    if (mkdir(o->ckpt, 0777) && errno != EEXIST)
+        return train_fail(o, 1, "--save %s: cannot create the directory: %s", o->ckpt,
+                          strerror(errno));
+    if (ag_optim_save(r->opt, optim_file(o->ckpt, o, path, sizeof path)))
+        return train_fail(o, 1, "--save %s: %s", o->ckpt, ag_last_error());
+    if (o->rank != 0) /* rank 0 writes what every rank holds the same */
+        return 0;
+    if (ag_module_save(model, ckpt_file(o->ckpt, "model.safetensors", path, sizeof path)))
+        return train_fail(o, 1, "--save %s: %s", o->ckpt, ag_last_error());
+    uint64_t seed, offset;
+    ag_rng_get_state(&seed, &offset);
+    int64_t v[4] = {step, (int64_t)data_rng, (int64_t)seed, (int64_t)offset};
+    ag_tensor *ts[5] = {NULL};
+    for (int i = 0; i < 4; i++)
+        ts[i] = ag_from_data(AG_I64, 0, NULL, &v[i]);
+    ts[4] = perm ? ag_from_data(AG_I64, 1, &nperm, perm) : NULL;
+    const char *names[5] = {"step", "data_rng", "rng_seed", "rng_offset", "perm"};
+    snprintf(batch, sizeof batch, "%lld", o->batch);
+    const char *meta[] = {"model", o->model, "batch", batch, NULL};
+    int rc = 0;
+    for (int i = 0; i < (perm ? 5 : 4); i++)
+        rc |= !ts[i];
+    if (!rc)
+        rc = ag_safetensors_save(ckpt_file(o->ckpt, "train.safetensors", path, sizeof path), names,
+                                 ts, perm ? 5 : 4, meta);
+    for (int i = 0; i < 5; i++)
+        ag_tensor_free(ts[i]);
+    if (rc)
+        return train_fail(o, 1, "--save %s: %s", o->ckpt, ag_last_error());
+    return 0;
+}
+
+/* --resume DIR, part 1: the model's state, before the step is captured. 0, or 1 after the
+ * message. */
+static int ckpt_load_model(ag_module *model, const train_opts *o) {
+    char path[4096];
+    if (o->resume &&
+        ag_module_load(model, ckpt_file(o->resume, "model.safetensors", path, sizeof path)))
+        return train_fail(o, 1, "--resume %s: %s", o->resume, ag_last_error());
+    return 0;
+}
+
+static int64_t dict_i64(const ag_tensor_dict *d, const char *name, bool *ok) {
+    ag_tensor *t = ag_tensor_dict_get(d, name);
+    if (!t || ag_tensor_dtype(t) != AG_I64 || ag_tensor_ndim(t) != 0) {
+        *ok = false;
+        return 0;
+    }
+    return *(const int64_t *)ag_tensor_data(t);
+}
+
+/* --resume DIR, part 2, once the optimizer exists: its state, the step to start at (*s0), the
+ * batch sampler's state and the generator's, the epoch's order (perm, nperm: Fashion-MNIST). 0,
+ * or 1 after the message. */
+static int ckpt_load_state(runner *r, const train_opts *o, long long total, long long *s0,
+                           uint64_t *data_rng, int64_t *perm, int64_t nperm) {
+    char path[4096];
+    *s0 = 0;
+    if (!o->resume)
+        return 0;
+    if (ag_optim_load(r->opt, optim_file(o->resume, o, path, sizeof path)))
+        return train_fail(o, 1, "--resume %s: %s%s", o->resume, ag_last_error(),
+                          o->parallel ? " (a checkpoint made under --parallel resumes with the "
+                                        "same strategy on the same number of ranks)"
+                                      : "");
+    ag_tensor_dict d;
+    if (ag_safetensors_load(ckpt_file(o->resume, "train.safetensors", path, sizeof path), &d))
+        return train_fail(o, 1, "--resume %s: %s", o->resume, ag_last_error());
+    bool ok = true;
+    long long step = dict_i64(&d, "step", &ok);
+    uint64_t drng = (uint64_t)dict_i64(&d, "data_rng", &ok);
+    uint64_t seed = (uint64_t)dict_i64(&d, "rng_seed", &ok);
+    uint64_t offset = (uint64_t)dict_i64(&d, "rng_offset", &ok);
+    const char *model = ag_tensor_dict_meta(&d, "model"), *batch = ag_tensor_dict_meta(&d, "batch");
+    ag_tensor *pt = ag_tensor_dict_get(&d, "perm");
+    int status = 0;
+    char want[32];
+    snprintf(want, sizeof want, "%lld", o->batch);
+    if (!ok || !model || !batch ||
+        (perm && (!pt || ag_tensor_numel(pt) != nperm || ag_tensor_dtype(pt) != AG_I64)))
+        status =
+            train_fail(o, 1, "--resume %s: %s does not hold this run's state", o->resume, path);
+    else if (strcmp(model, o->model) || strcmp(batch, want))
+        status = train_fail(o, 2,
+                            "--resume %s: the checkpoint is of --model %s --batch %s, not "
+                            "--model %s --batch %lld",
+                            o->resume, model, batch, o->model, o->batch);
+    else if (step >= total)
+        status = train_fail(o, 2,
+                            "--resume %s: the checkpoint is at step %lld; --steps %lld "
+                            "leaves nothing to do (--steps counts from the start of the run)",
+                            o->resume, step, total);
+    if (!status) {
+        *s0 = step;
+        *data_rng = drng;
+        ag_rng_set_state(seed, offset);
+        if (perm)
+            memcpy(perm, ag_tensor_data(pt), sizeof(int64_t) * (size_t)nperm);
+        printf("resumed from %s at step %lld\n", o->resume, step);
+    }
+    ag_tensor_dict_free(&d);
+    return status;
+}
+
+/* The run's schedule, once its steps are known, and a line saying what the optimizer does.
+ * 0, or 2 after the message. */
+static int resolve_recipe(train_opts *o, long long total, double wd) {
+    long long warmup = o->warmup >= 0 ? o->warmup
+                       : o->cosine    ? (total / 20 < 100 ? total / 20 : 100)
+                                      : 0;
+    long long decay = o->decay >= 0 ? o->decay : total;
+    o->sched = (ag_lr_schedule){.kind = o->cosine ? AG_LR_WARMUP_COSINE : AG_LR_CONSTANT,
+                                .lr = o->lr,
+                                .min_lr = o->min_lr >= 0 ? o->min_lr : o->lr / 10,
+                                .warmup_iters = warmup,
+                                .decay_iters = decay};
+    if (o->cosine && decay < warmup)
+        return train_fail(o, 2, "--decay-steps %lld is less than --warmup %lld", decay, warmup);
+    if (o->cosine)
+        printf("optimizer: AdamW lr %g, warmup %lld steps, cosine to %g at step %lld; ", o->lr,
+               warmup, o->sched.min_lr, decay);
+    else
+        printf("optimizer: AdamW lr %g (constant); ", o->lr);
+    printf("weight decay %g%s; ", wd, o->groups ? " (none on biases and norms)" : "");
+    if (o->clip > 0)
+        printf("gradients clipped to norm %g\n", o->clip);
+    else
+        printf("no gradient clipping\n");
     return 0;
 }
 
@@ -342,7 +614,7 @@ static int check_memory(const ag_compiled *c, const ag_module *model, long long 
 
 /* ---- Fashion-MNIST: cnn, or mlp on the flattened images ---- */
 
-static int train_fmnist(const train_opts *o) {
+static int train_fmnist(train_opts *o) {
     ag_tensor *xtr, *ytr, *xte, *yte;
     const char *dir = o->data ? o->data : FMNIST_DIR;
     bool mlp = !strcmp(o->model, "mlp");
@@ -378,6 +650,8 @@ static int train_fmnist(const train_opts *o) {
         ag_tensor_free(zin[i]);
     if (!status)
         status = load_params(model, o);
+    if (!status)
+        status = ckpt_load_model(model, o);
     ag_module *step = status ? NULL : cli_train_step_new(model, false);
     if (!status && !step)
         status = train_fail(o, 1, "%s", ag_last_error());
@@ -390,6 +664,9 @@ static int train_fmnist(const train_opts *o) {
                "%lld, AdamW lr %g, %d threads, %lld steps\n",
                o->model, (long long)ntr, (long long)ag_tensor_size(xte, 0), (long long)B, o->lr,
                ag_get_num_threads(), total);
+        status = resolve_recipe(o, total, 0.01);
+    }
+    if (!status) {
         bool meta = ag_set_meta_mode(true);
         ag_tensor *ex[2] = {mlp ? ag_zeros(AG_F32, 2, (int64_t[]){B, 784})
                                 : ag_zeros(AG_F32, 4, (int64_t[]){B, 1, 28, 28}),
@@ -407,9 +684,12 @@ static int train_fmnist(const train_opts *o) {
     if (!status && !perm)
         status = train_fail(o, 1, "out of memory");
     uint64_t rng = (uint64_t)o->seed * 2654435761u + 1;
+    long long s0 = 0;
+    if (!status)
+        status = ckpt_load_state(&r, o, total, &s0, &rng, perm, ntr);
     bool tty = progress_bar(o);
     double t0 = now_s(), loss_v = NAN;
-    for (long long s = 0; status == 0 && s < total; s++) {
+    for (long long s = s0; status == 0 && s < total; s++) {
         int64_t off = (s * B) % (ntr - ntr % B);
         if (off == 0)
             shuffle(perm, ntr, &rng);
@@ -423,8 +703,9 @@ static int train_fmnist(const train_opts *o) {
         ag_scope_end();
         if (status)
             break;
-        double el = now_s() - t0;
-        progress(s + 1, total, loss_v, (double)((s + 1) * B) / (el > 0 ? el : 1e-9), tty);
+        double el = now_s() - t0, done = (double)(s + 1 - s0);
+        progress(s + 1, total, loss_v, done * (double)B / (el > 0 ? el : 1e-9), "samples",
+                 done / (el > 0 ? el : 1e-9), el, tty);
         if (ferror(stdout)) { /* reported by main */
             status = 1;
             break;
@@ -432,6 +713,8 @@ static int train_fmnist(const train_opts *o) {
     }
     if (status == 0)
         status = finish_params(&r, model, o);
+    if (status == 0 && o->ckpt) /* after finish_params: the parameters gathered */
+        status = ckpt_save(&r, model, o, total, rng, perm, ntr);
     if (status == 0 && o->rank == 0) {
         /* Test accuracy, eagerly in evaluation mode (running statistics). */
         ag_module_train(model, false);
@@ -467,7 +750,7 @@ static int train_fmnist(const train_opts *o) {
 
 /* ---- character-level GPT-2 ---- */
 
-static int train_gpt2(const train_opts *o) {
+static int train_gpt2(train_opts *o) {
     const char *path = o->data ? o->data : "/usr/share/common-licenses/GPL-3";
     size_t nbytes = 0;
     unsigned char *text =
@@ -487,6 +770,8 @@ static int train_gpt2(const train_opts *o) {
     ag_manual_seed((uint64_t)o->seed);
     ag_module *model = ag_nn_gpt2(&cfg);
     int status = model ? load_params(model, o) : 0;
+    if (model && !status)
+        status = ckpt_load_model(model, o);
     ag_module *step = model && !status ? cli_train_step_new(model, true) : NULL;
     if (!step && !status)
         status = train_fail(o, 1, "%s", ag_last_error());
@@ -499,6 +784,9 @@ static int train_gpt2(const train_opts *o) {
                "context %lld, %lld parameters) on %s (%lld bytes), batch %lld, %lld steps\n",
                (long long)cfg.n_layer, (long long)cfg.n_embd, (long long)cfg.n_head, (long long)T,
                (long long)ag_module_num_parameters(model), path, (long long)n, (long long)B, total);
+        status = resolve_recipe(o, total, 0.1);
+    }
+    if (!status) {
         bool meta = ag_set_meta_mode(true);
         ag_tensor *ex[2] = {ag_zeros(AG_I64, 2, (int64_t[]){B, T}),
                             ag_zeros(AG_I64, 2, (int64_t[]){B, T})};
@@ -516,9 +804,12 @@ static int train_gpt2(const train_opts *o) {
                     !(ys = malloc(sizeof(int64_t) * (size_t)(B * T)))))
         status = train_fail(o, 1, "out of memory");
     uint64_t rng = (uint64_t)o->seed * 2654435761u + 7;
+    long long s0 = 0;
+    if (!status)
+        status = ckpt_load_state(&r, o, total, &s0, &rng, NULL, 0);
     bool tty = progress_bar(o);
     double t0 = now_s(), loss_v = NAN;
-    for (long long s = 0; status == 0 && s < total; s++) {
+    for (long long s = s0; status == 0 && s < total; s++) {
         for (int64_t b = 0; b < B; b++) {
             rng = rng * 6364136223846793005ull + 1442695040888963407ull;
             int64_t start = (int64_t)((rng >> 33) % (uint64_t)(n - T - 1));
@@ -537,8 +828,9 @@ static int train_gpt2(const train_opts *o) {
         ag_scope_end();
         if (status)
             break;
-        double el = now_s() - t0;
-        progress(s + 1, total, loss_v, (double)((s + 1) * B * T) / (el > 0 ? el : 1e-9), tty);
+        double el = now_s() - t0, done = (double)(s + 1 - s0);
+        progress(s + 1, total, loss_v, done * (double)(B * T) / (el > 0 ? el : 1e-9), "tokens",
+                 done / (el > 0 ? el : 1e-9), el, tty);
         if (ferror(stdout)) { /* reported by main */
             status = 1;
             break;
@@ -546,6 +838,8 @@ static int train_gpt2(const train_opts *o) {
     }
     if (status == 0)
         status = finish_params(&r, model, o);
+    if (status == 0 && o->ckpt) /* after finish_params: the parameters gathered */
+        status = ckpt_save(&r, model, o, total, rng, NULL, 0);
     if (status == 0 && o->rank == 0) {
         /* A sample: temperature 0.8 from the first line of the text, eagerly. */
         printf("sample:\n");
@@ -599,6 +893,11 @@ int cli_train(int argc, char **argv) {
                     .seed = 0,
                     .lr = 0,
                     .budget = 1.0,
+                    .cosine = -1,
+                    .warmup = -1,
+                    .decay = -1,
+                    .min_lr = -1,
+                    .clip = -1,
                     .model = "cnn",
                     .partitioner = AG_PARTITION_MINCUT,
                     .world = 1};
@@ -619,8 +918,24 @@ int cli_train(int argc, char **argv) {
             o.model = v, i++;
         else if (!strcmp(argv[i], "--data") && v)
             o.data = v, i++;
+        else if (!strcmp(argv[i], "--save") && v && is_ckpt_dir(v))
+            o.ckpt = v, i++;
         else if (!strcmp(argv[i], "--save") && v)
             o.save = v, i++;
+        else if (!strcmp(argv[i], "--resume") && v)
+            o.resume = v, i++;
+        else if (!strcmp(argv[i], "--warmup"))
+            rc = cli_int_opt("train", "--warmup", v, 0, 1000000000, &o.warmup), i++;
+        else if (!strcmp(argv[i], "--decay-steps"))
+            rc = cli_int_opt("train", "--decay-steps", v, 0, 1000000000, &o.decay), i++;
+        else if (!strcmp(argv[i], "--min-lr"))
+            rc = cli_float_opt("train", "--min-lr", v, 0, false, HUGE_VAL, &o.min_lr), i++;
+        else if (!strcmp(argv[i], "--clip"))
+            rc = cli_float_opt("train", "--clip", v, 0, false, HUGE_VAL, &o.clip), i++;
+        else if (!strcmp(argv[i], "--schedule") && v && !strcmp(v, "cosine"))
+            o.cosine = 1, i++;
+        else if (!strcmp(argv[i], "--schedule") && v && !strcmp(v, "constant"))
+            o.cosine = 0, i++;
         else if (!strcmp(argv[i], "--load") && v)
             o.load = v, i++;
         else if (!strcmp(argv[i], "--parallel") && v &&
@@ -642,7 +957,9 @@ int cli_train(int argc, char **argv) {
             fprintf(stderr, "usage: aotgrad train [--model cnn|mlp|gpt2] [--data PATH] "
                             "[--steps N] [--batch B] [--lr F] [--seed S] "
                             "[--partitioner default|mincut] [--budget F] "
-                            "[--parallel dp|fsdp|tp] [--save FILE] [--load FILE]\n");
+                            "[--parallel dp|fsdp|tp] [--save FILE.safetensors|DIR] [--load FILE] "
+                            "[--resume DIR] [--schedule cosine|constant] [--warmup N] "
+                            "[--decay-steps N] [--min-lr F] [--clip F]\n");
             return 2;
         }
     }
@@ -654,6 +971,10 @@ int cli_train(int argc, char **argv) {
     }
     o.batch = o.batch ? o.batch : gpt2 ? 16 : 128;
     o.lr = o.lr ? o.lr : gpt2 ? 3e-3 : 2e-3;
+    /* gpt2 follows nanoGPT's recipe; cnn and mlp keep a constant lr unless told otherwise. */
+    o.cosine = o.cosine >= 0 ? o.cosine : gpt2;
+    o.clip = o.clip >= 0 ? o.clip : gpt2 ? 1.0 : 0.0;
+    o.groups = gpt2;
     if (o.parallel) {
         /* Every rank runs this same command (SPMD); rank 0 alone writes to stdout. */
         if (ag_dist_init()) {

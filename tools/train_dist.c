@@ -11,6 +11,7 @@
  * calls it), for a checkpoint or an evaluation. */
 #include "train_dist.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,6 +72,7 @@ struct dist_train {
     ag_placement *pl;   /* [nflat]: the placeholder's placement */
     int *user;          /* [nflat]: the user input a PlainAOTInput reads, or -1 */
     ag_tensor **params; /* the local parameter pieces, for the optimizer */
+    char **names;       /* [nparams]: their FQNs in the step module (owned) */
     int nparams;
 };
 
@@ -93,6 +95,9 @@ void dist_train_free(dist_train *d) {
     free(d->pl);
     free(d->user);
     free(d->params);
+    for (int i = 0; d->names && i < d->nparams; i++)
+        free(d->names[i]);
+    free(d->names);
     ag_compiled_free(d->c);
     ag_joint_free(d->sharded);
     free(d);
@@ -109,7 +114,8 @@ static int bind_inputs(dist_train *d, ag_module *step) {
     d->pl = calloc((size_t)d->nflat + 1, sizeof *d->pl);
     d->user = calloc((size_t)d->nflat + 1, sizeof *d->user);
     d->params = calloc((size_t)d->nflat + 1, sizeof *d->params);
-    if (!d->local || !d->full || !d->pl || !d->user || !d->params)
+    d->names = calloc((size_t)d->nflat + 1, sizeof *d->names);
+    if (!d->local || !d->full || !d->pl || !d->user || !d->params || !d->names)
         return ag_set_error(AG_ENOMEM, "train: out of memory");
     for (int i = 0; i < d->nflat; i++) {
         int p = ag_joint_flat_input_primal(j, i);
@@ -170,6 +176,8 @@ static int bind_inputs(dist_train *d, ag_module *step) {
         if (k == AG_DESC_PARAM) {
             if (ag_tensor_set_requires_grad(d->local[i], true))
                 return ag_last_status();
+            if (!(d->names[d->nparams] = strdup(fqn)))
+                return ag_set_error(AG_ENOMEM, "train: out of memory");
             d->params[d->nparams++] = d->local[i];
         }
     }
@@ -221,6 +229,9 @@ int dist_train_params(const dist_train *d, ag_tensor *const **params) {
     *params = d->params;
     return d->nparams;
 }
+const char *const *dist_train_param_names(const dist_train *d) {
+    return (const char *const *)d->names;
+}
 
 int dist_train_call(dist_train *d, ag_tensor *const *inputs, int nin, ag_tensor **loss) {
     ag_tensor **flat = calloc((size_t)d->nflat + 1, sizeof *flat);
@@ -262,5 +273,82 @@ int dist_train_gather(dist_train *d) {
         ag_tensor_free(whole);
     }
     ag_set_grad_enabled(grad);
+    return rc;
+}
+
+/* Sum of squares of g's elements, in double. */
+static double sumsq(const ag_tensor *g) {
+    int64_t n = ag_tensor_numel(g);
+    double s = 0;
+    if (ag_tensor_is_contiguous(g) && ag_tensor_dtype(g) == AG_F32) {
+        const float *p = ag_tensor_data(g);
+        for (int64_t i = 0; i < n; i++)
+            s += (double)p[i] * (double)p[i];
+    } else {
+        for (int64_t i = 0; i < n; i++) {
+            double v = ag_tensor_item_at(g, i);
+            s += v * v;
+        }
+    }
+    return s;
+}
+
+int dist_train_clip_grad_norm(dist_train *d, double max_norm, double *total_norm) {
+    double s_shard = 0, s_rep = 0;
+    for (int i = 0; i < d->nflat; i++) {
+        bool tied = false;
+        for (int t = 0; t < i && !tied; t++)
+            tied = d->local[t] == d->local[i];
+        ag_tensor *g = d->local[i] && !tied ? ag_tensor_grad(d->local[i]) : NULL;
+        if (!g)
+            continue;
+        if (d->pl[i].kind == AG_PARTIAL)
+            return ag_set_error(AG_ENOTSUP, "train --clip: a parameter placed Partial");
+        if (d->pl[i].kind == AG_REPLICATE)
+            s_rep += sumsq(g);
+        else
+            s_shard += sumsq(g);
+    }
+    /* The sharded pieces' sums from every rank: a Shard(0) gather of one value each (in a
+     * scope of its own: the caller may be inside one, which would own these tensors). */
+    ag_scope_begin();
+    ag_tensor *mine = ag_from_data(AG_F64, 1, (int64_t[]){1}, &s_shard);
+    ag_tensor *all = mine ? ag_shard_full(mine, AG_P_SHARD(0), &d->mesh) : NULL;
+    double total = s_rep;
+    for (int64_t r = 0; all && r < ag_tensor_numel(all); r++)
+        total += ag_tensor_item_at(all, r);
+    ag_scope_end();
+    if (!all)
+        return ag_last_status() ? ag_last_status() : AG_ENOMEM;
+    total = sqrt(total);
+    *total_norm = total;
+    double coef = max_norm / (total + 1e-6); /* clip_grad_norm_'s rule (nn.h) */
+    if (coef >= 1)
+        return 0;
+    /* In place on the gradients' data (ag_tensor_data waits for a collective that produced
+     * one), in their precision, as ag_clip_grad_norm scales. */
+    int rc = 0;
+    ag_scope_begin();
+    for (int i = 0; i < d->nparams && !rc; i++) {
+        ag_tensor *g = ag_tensor_grad(d->params[i]);
+        if (!g)
+            continue;
+        int64_t n = ag_tensor_numel(g);
+        void *data = ag_tensor_data(g);
+        if (data && ag_tensor_is_contiguous(g) && ag_tensor_dtype(g) == AG_F32) {
+            float *x = data, c = (float)coef;
+            for (int64_t k = 0; k < n; k++)
+                x[k] *= c;
+            ag_tensor_bump_version(g);
+        } else if (data && ag_tensor_is_contiguous(g) && ag_tensor_dtype(g) == AG_F64) {
+            double *x = data;
+            for (int64_t k = 0; k < n; k++)
+                x[k] *= coef;
+            ag_tensor_bump_version(g);
+        } else if (!ag_mul_scalar_(g, coef)) {
+            rc = ag_last_status() ? ag_last_status() : AG_EINVAL;
+        }
+    }
+    ag_scope_end();
     return rc;
 }

@@ -29,11 +29,18 @@ const ag_compiled *dist_train_compiled(const dist_train *d); /* borrowed */
 const ag_mesh *dist_train_mesh(const dist_train *d);
 /* The local parameter pieces (leaves requiring grad; borrowed), for the optimizer. */
 int dist_train_params(const dist_train *d, ag_tensor *const **params);
+/* Their FQNs in the step module, in the same order (borrowed), to name the optimizer's state. */
+const char *const *dist_train_param_names(const dist_train *d);
 /* One forward: this rank's pieces of the global inputs (by their placements) and the local
  * pieces go to the compiled step; *loss is a new reference on success (ag_backward on it runs
  * the sharded backward, which leaves each local piece's gradient in its .grad). Returns
  * ag_compiled_call's count (1) or a negative status. */
 int dist_train_call(dist_train *d, ag_tensor *const *inputs, int nin, ag_tensor **loss);
+/* clip_grad_norm_ over the whole model's gradients (ag_clip_grad_norm's rule): this rank's
+ * pieces' squares summed, the sharded ones' sums gathered from every rank, the replicated ones
+ * counted once; every local gradient scaled when the total exceeds max_norm. A collective.
+ * *total_norm gets the norm before clipping. 0 or a negative status. */
+int dist_train_clip_grad_norm(dist_train *d, double max_norm, double *total_norm);
 /* Copies the full tensors, gathered from every rank, into the module's parameters and buffers.
  * A collective: every rank calls it. 0 or a negative status. */
 int dist_train_gather(dist_train *d);

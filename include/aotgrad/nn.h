@@ -147,12 +147,74 @@ AG_API int ag_module_call(ag_module *m, ag_tensor *const *in, int nin, ag_tensor
 AG_API ag_tensor *ag_module_forward(ag_module *m, ag_tensor *x);
 
 /* ---- state (safetensors: params and persistent buffers by FQN) ---- */
+/* Saves named_parameters (deduplicated: a tied weight once, under its first name) then the
+ * persistent buffers. */
 AG_API int ag_module_save(const ag_module *m, const char *path);
 /* Every tensor of the module must be in the file with the same dtype and shape. The file must
  * be well formed (AG_EFORMAT otherwise): known dtype names, each entry's data_offsets spanning
  * exactly its shape's bytes, the entries' data tiling the data after the header with no
- * overlap, gap or trailing byte. On failure the module is unchanged. */
+ * overlap, gap or trailing byte. On failure the module is unchanged. Same as
+ * ag_module_load_ex(m, path, NULL, NULL). */
 AG_API int ag_module_load(ag_module *m, const char *path);
+
+/* Named tensors that own what they hold: names (ag__malloc'd strings), one reference to each
+ * tensor, and the file's __metadata__ as key/value strings. Free with ag_tensor_dict_free. */
+typedef struct ag_tensor_dict {
+    int n;
+    char **names;
+    ag_tensor **tensors;
+    int nmeta;
+    char **meta_keys, **meta_values;
+} ag_tensor_dict;
+/* Releases the names, the tensor references and the metadata, and zeroes *d; NULL is a no-op.
+ * A tensor the caller kept (ag_tensor_keep) outlives the dict. */
+AG_API void ag_tensor_dict_free(ag_tensor_dict *d);
+/* The tensor named `name`, borrowed from d; NULL if absent. */
+AG_API ag_tensor *ag_tensor_dict_get(const ag_tensor_dict *d, const char *name);
+/* The metadata value for key, borrowed from d; NULL if absent. */
+AG_API const char *ag_tensor_dict_meta(const ag_tensor_dict *d, const char *key);
+
+/* Writes n named tensors (any dtype: F32, F64, I64, BOOL, I8 in the file) to a safetensors file,
+ * in list order; names must be unique, non-empty and not "__metadata__"; tensors need data
+ * (not meta). `metadata` is NULL ({"format": "pt"} is written) or key, value, key, value, ...,
+ * NULL: the __metadata__ strings. Everything is borrowed. The file is written to a temporary
+ * next to path and renamed over it, so a failed save leaves any old file intact. */
+AG_API int ag_safetensors_save(const char *path, const char *const *names,
+                               ag_tensor *const *tensors, int n, const char *const *metadata);
+/* Reads every tensor of a safetensors file into *out (new tensors, owned by *out, in the order
+ * of their data in the file; free with ag_tensor_dict_free). The file gets every check of
+ * ag_module_load; a tensor of a dtype aotgrad does not have (F16, BF16, ...) is AG_ENOTSUP
+ * naming it. On failure *out is zeroed. */
+AG_API int ag_safetensors_load(const char *path, ag_tensor_dict *out);
+
+/* How ag_module_load_ex matches a state dict against the module. Zero-initialized: PyTorch's
+ * load_state_dict defaults (strict, no conversion). */
+typedef struct ag_load_opts {
+    /* PyTorch's strict=False: module tensors the state dict lacks keep their values and names
+     * the module lacks are skipped; both are listed in the report. Shapes must still match. */
+    bool non_strict;
+    /* A tensor of another dtype is converted into the module tensor's dtype when that is a
+     * floating dtype (f64 file into an f32 module, and back); otherwise a dtype mismatch is an
+     * error naming the tensor and both dtypes. */
+    bool convert_dtype;
+} ag_load_opts;
+/* What a load found: module keys absent from the state dict (missing) and state dict keys the
+ * module lacks (unexpected), as load_state_dict's return value. The arrays and strings are
+ * owned by the report: free with ag_load_report_free. */
+typedef struct ag_load_report {
+    int nmissing, nunexpected;
+    char **missing, **unexpected;
+} ag_load_report;
+AG_API void ag_load_report_free(ag_load_report *r); /* zeroes *r; NULL is a no-op */
+/* ag_module_load with options (NULL: strict). report may be NULL; when given it is filled on
+ * success (empty lists after a strict load) and zeroed on failure. On failure the module is
+ * unchanged. */
+AG_API int ag_module_load_ex(ag_module *m, const char *path, const ag_load_opts *opts,
+                             ag_load_report *report);
+/* The same from named tensors in memory (sd borrowed; values are copied into the module's
+ * tensors), e.g. a partial state dict with non_strict. */
+AG_API int ag_module_load_dict(ag_module *m, const ag_tensor_dict *sd, const ag_load_opts *opts,
+                               ag_load_report *report);
 
 /* ---- built-in modules (PyTorch's default initializations, drawn from the generator) ---- */
 AG_API ag_module *ag_nn_linear(int64_t in_features, int64_t out_features, bool bias);
@@ -247,10 +309,86 @@ AG_API ag_optim *ag_optim_adamw(ag_module *m, double lr, double beta1, double be
  * share of the state (parallel.h). Same checks and update as ag_optim_adamw. */
 AG_API ag_optim *ag_optim_adamw_tensors(ag_tensor *const *params, int n, double lr, double beta1,
                                         double beta2, double eps, double weight_decay);
+/* Parameter groups (torch.optim's param_groups): each group has its own tensors and may set
+ * its own options; an option whose bit is not in `set` takes the optimizer's value given to the
+ * constructor (PyTorch: a group's missing keys take the defaults), so a zero-initialized group
+ * has every default. `params` (and `names`, when given: FQNs used to name the state in
+ * ag_optim_save; NULL: "<i>") are borrowed; the optimizer takes a reference to each tensor. A
+ * tensor listed twice (in one group or two) is updated once, by its first group. */
+enum {
+    AG_GROUP_LR = 1 << 0,
+    AG_GROUP_WEIGHT_DECAY = 1 << 1,
+    AG_GROUP_MOMENTUM = 1 << 2, /* SGD */
+    AG_GROUP_BETAS = 1 << 3,    /* AdamW: beta1 and beta2 */
+    AG_GROUP_EPS = 1 << 4,      /* AdamW */
+};
+typedef struct ag_param_group {
+    ag_tensor *const *params;
+    const char *const *names;
+    int n;
+    unsigned set; /* AG_GROUP_* bits of the fields below that apply */
+    double lr, weight_decay, momentum, beta1, beta2, eps;
+} ag_param_group;
+/* An optimizer over the groups, with the same update and checks as ag_optim_sgd/adamw (the
+ * values given are the defaults of every group). NULL with a message on a bad value. */
+AG_API ag_optim *ag_optim_sgd_groups(const ag_param_group *groups, int ngroups, double lr,
+                                     double momentum, double weight_decay, bool nesterov);
+AG_API ag_optim *ag_optim_adamw_groups(const ag_param_group *groups, int ngroups, double lr,
+                                       double beta1, double beta2, double eps, double weight_decay);
+/* nanoGPT's split for weight decay: m's parameters (deduplicated, named_parameters order) with
+ * 2 or more dims (matmul and embedding weights) into decay, the others (biases, norm weights)
+ * into no_decay. Tensors borrowed from m; free both with ag_named_tensors_free. */
+AG_API int ag_module_decay_split(const ag_module *m, ag_named_tensors *decay,
+                                 ag_named_tensors *no_decay);
+AG_API int ag_optim_num_groups(const ag_optim *o);
+/* Group g's learning rate (NAN for a NULL optimizer or a bad g). */
+AG_API double ag_optim_group_lr(const ag_optim *o, int g);
+AG_API int ag_optim_set_group_lr(ag_optim *o, int g, double lr);
+
 AG_API int ag_optim_step(ag_optim *o);
-AG_API void ag_optim_zero_grad(ag_optim *o); /* sets grads to NULL, like set_to_none=True */
-AG_API void ag_optim_set_lr(ag_optim *o, double lr);
+AG_API void ag_optim_zero_grad(ag_optim *o);         /* sets grads to NULL, like set_to_none=True */
+AG_API void ag_optim_set_lr(ag_optim *o, double lr); /* every group's */
 AG_API void ag_optim_free(ag_optim *o);
+
+/* torch.nn.utils.clip_grad_norm_ (norm_type 2, error_if_nonfinite=False): the total 2-norm of
+ * the gradients of the n tensors (those without a .grad skipped), and when it exceeds max_norm
+ * every gradient scaled in place by max_norm / (total + 1e-6). A non-finite total is returned
+ * as is and the gradients are scaled by the same rule (to NaN), as upstream. *total_norm
+ * (may be NULL) gets the norm before clipping. Tensors borrowed. */
+AG_API int ag_clip_grad_norm(ag_tensor *const *params, int n, double max_norm, double *total_norm);
+/* The same over the optimizer's parameters. */
+AG_API int ag_optim_clip_grad_norm(ag_optim *o, double max_norm, double *total_norm);
+
+/* Learning-rate schedules, a pure function of the iteration (counted from 0) that the training
+ * loop applies before each step: ag_optim_set_lr(o, ag_lr_at(&s, it)). A zero-initialized
+ * schedule is constant (PyTorch without a scheduler keeps the lr) at lr 0: set .lr. */
+typedef enum ag_lr_kind {
+    AG_LR_CONSTANT = 0,      /* lr */
+    AG_LR_WARMUP_COSINE = 1, /* nanoGPT's get_lr */
+} ag_lr_kind;
+typedef struct ag_lr_schedule {
+    ag_lr_kind kind;
+    double lr;     /* the constant, or the peak (max_lr) */
+    double min_lr; /* after decay_iters */
+    int64_t warmup_iters, decay_iters;
+} ag_lr_schedule;
+/* Warmup + cosine (nanoGPT): lr * (it + 1) / warmup_iters for it < warmup_iters; min_lr for
+ * it > decay_iters; between, min_lr + 0.5 (1 + cos(pi r)) (lr - min_lr) with
+ * r = (it - warmup_iters) / (decay_iters - warmup_iters). NAN for a NULL or bad schedule
+ * (negative iterations, decay_iters < warmup_iters). */
+AG_API double ag_lr_at(const ag_lr_schedule *s, int64_t it);
+
+/* Optimizer state for resuming, as a safetensors file: per parameter that has stepped,
+ * "g<group>.<name>.step" (i64 scalar), AdamW's ".exp_avg" and ".exp_avg_sq", SGD's
+ * ".momentum_buffer" (with momentum); "g<group>.lr" (f64 scalar) per group; __metadata__
+ * {"optimizer": "AdamW" or "SGD"}. <name> is the parameter's FQN for ag_optim_sgd/adamw, the
+ * group's name or its index in the group ("3") otherwise, with ".<k>" for the k-th plain inner
+ * tensor of a tensor subclass parameter. */
+AG_API int ag_optim_save(const ag_optim *o, const char *path);
+/* Restores what ag_optim_save wrote (state, step counts and each group's lr) into an optimizer
+ * made the same way (same kind, groups, names, shapes and dtypes): anything else is refused with
+ * a message naming the difference, and on failure the optimizer is unchanged. */
+AG_API int ag_optim_load(ag_optim *o, const char *path);
 
 #ifdef __cplusplus
 }

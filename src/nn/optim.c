@@ -1,14 +1,19 @@
 /* Optimizers: SGD (momentum, weight decay, Nesterov) and AdamW, with torch.optim's update
  * formulas (single-tensor, CPU, non-capturable code paths).
  *
- * An optimizer holds a reference to each parameter of a module (deduplicated, in
- * named_parameters order) and its per-parameter state (momentum buffer; AdamW's exp_avg,
- * exp_avg_sq and step count), allocated on the parameter's first step. ag_optim_step is the
- * hot path of training: one fused pass over the raw data of all parameters (each element of
- * p, grad and state read and written once) in one OpenMP region, written outside autograd
- * (like torch.no_grad), bumping each parameter's version so stale saved tensors are caught.
- * After the first step it allocates nothing (unless a gradient arrives non-contiguous or in
- * another dtype, which needs a converted copy). */
+ * An optimizer holds parameter groups (torch.optim's param_groups: a group's own lr, weight
+ * decay, momentum or betas) and a reference to each parameter (deduplicated, in group then
+ * list order; a module's in named_parameters order, one group) and its per-parameter state
+ * (momentum buffer; AdamW's exp_avg, exp_avg_sq and step count), allocated on the parameter's first
+ * step. ag_optim_step is the hot path of training: one fused pass over the raw data of all
+ * parameters (each element of p, grad and state read and written once) in one OpenMP region,
+ * written outside autograd (like torch.no_grad), bumping each parameter's version so stale saved
+ * tensors are caught. After the first step it allocates nothing (unless a gradient arrives
+ * non-contiguous or in another dtype, which needs a converted copy).
+ *
+ * Also here: clipping gradients by their global norm (clip_grad_norm_), learning-rate
+ * schedules (warmup + cosine, a pure function of the iteration) and the optimizer's state
+ * saved to and restored from a safetensors file (safetensors.c) for resuming. */
 #include "nn_internal.h"
 
 #include <math.h>
@@ -31,70 +36,126 @@ typedef struct opt_param {
      * same type) gives the matching inner gradient. NULL for plain parameters. */
     ag_tensor *outer;
     int inner;
+    int group;
+    char *name;         /* "<fqn>" or "<fqn>.<inner>" (owned), for messages and state files */
     ag_tensor *s1, *s2; /* SGD: momentum_buffer; AdamW: exp_avg, exp_avg_sq */
     int64_t step;
     ag_tensor *g; /* this step's gradient, borrowed or a converted copy (gtmp) */
     bool gtmp;
 } opt_param;
 
+/* A parameter group's hyperparameters. */
+typedef struct opt_group {
+    double lr, momentum, weight_decay, beta1, beta2, eps;
+} opt_group;
+
 struct ag_optim {
     int kind;
-    double lr, momentum, weight_decay, beta1, beta2, eps;
     bool nesterov;
+    int ngroups;
+    opt_group *groups;
     int n;
     opt_param *ps;
 };
 
-/* An optimizer over n tensors (names[i] names tensor i in messages; NULL: "#i"), each taken once
- * (a tensor listed twice, GPT-2's tied weight, is updated once). */
-static ag_optim *optim_new_list(ag_tensor *const *ts, const char *const *names, int n, int kind,
-                                const char *who) {
+/* Group g's parameter names: the given name, or "<i>". */
+static char *param_name(const ag_param_group *gr, int i, int inner, int nf) {
+    char num[32], *s;
+    const char *base = gr->names && gr->names[i] ? gr->names[i] : num;
+    snprintf(num, sizeof num, "%d", i);
+    size_t n = strlen(base) + 16;
+    if ((s = ag__malloc(n)))
+        snprintf(s, n, nf > 1 || inner ? "%s.%d" : "%s", base, inner);
+    return s;
+}
+
+/* An optimizer over the groups' tensors, each taken once (a tensor listed twice, GPT-2's tied
+ * weight, is updated once, by its first group). Hyperparameters are set by the caller. */
+static ag_optim *optim_new_groups(const ag_param_group *grs, int ngroups, int kind,
+                                  const char *who) {
     int total = 0;
-    for (int i = 0; i < n; i++) {
-        if (!ts[i]) {
-            ag__err(AG_EINVAL, "%s: parameter %d is NULL", who, i);
+    if (ngroups < 0 || (ngroups > 0 && !grs)) {
+        ag__err(AG_EINVAL, "%s: %s (ngroups = %d)", who,
+                ngroups < 0 ? "negative group count" : "groups is NULL", ngroups);
+        return NULL;
+    }
+    for (int g = 0; g < ngroups; g++) {
+        if (grs[g].n < 0 || (grs[g].n > 0 && !grs[g].params)) {
+            ag__err(AG_EINVAL, "%s: group %d: %s (n = %d)", who, g,
+                    grs[g].n < 0 ? "negative count" : "params is NULL", grs[g].n);
             return NULL;
         }
-        int nf = ag_subclass_flatten_tensors(&ts[i], 1, NULL, 0);
-        if (nf > 64) {
-            if (names)
-                ag__err(AG_ENOTSUP, "%s: parameter %s is made of %d plain tensors (at most 64)",
-                        who, names[i], nf);
-            else
-                ag__err(AG_ENOTSUP, "%s: parameter %d is made of %d plain tensors (at most 64)",
-                        who, i, nf);
-            return NULL;
+        for (int i = 0; i < grs[g].n; i++) {
+            ag_tensor *const *t = &grs[g].params[i];
+            if (!*t) {
+                if (ngroups > 1)
+                    ag__err(AG_EINVAL, "%s: group %d: parameter %d is NULL", who, g, i);
+                else
+                    ag__err(AG_EINVAL, "%s: parameter %d is NULL", who, i);
+                return NULL;
+            }
+            int nf = ag_subclass_flatten_tensors(t, 1, NULL, 0);
+            if (nf > 64) {
+                if (grs[g].names)
+                    ag__err(AG_ENOTSUP, "%s: parameter %s is made of %d plain tensors (at most 64)",
+                            who, grs[g].names[i], nf);
+                else
+                    ag__err(AG_ENOTSUP, "%s: parameter %d is made of %d plain tensors (at most 64)",
+                            who, i, nf);
+                return NULL;
+            }
+            total += nf;
         }
-        total += nf;
     }
     ag_optim *o = ag__calloc(1, sizeof *o);
     opt_param *ps = o ? ag__calloc(total ? (size_t)total : 1, sizeof *ps) : NULL;
-    if (!ps) {
+    opt_group *gs = ps ? ag__calloc(ngroups ? (size_t)ngroups : 1, sizeof *gs) : NULL;
+    if (!gs) {
+        ag__free(ps);
         ag__free(o);
         return NULL;
     }
     o->kind = kind;
     o->ps = ps;
+    o->groups = gs;
+    o->ngroups = ngroups;
     int k = 0;
-    for (int i = 0; i < n; i++) {
-        bool seen = false;
-        for (int j = 0; j < i && !seen; j++)
-            seen = ts[j] == ts[i];
-        if (seen)
-            continue;
-        ag_tensor *flat[64];
-        int nf = ag_subclass_flatten_tensors(&ts[i], 1, flat, 64);
-        for (int f = 0; f < nf; f++, k++) {
-            ps[k].p = flat[f];
-            ag__tensor_retain(ps[k].p);
-            if (ag_tensor_subclass(ts[i])) {
-                ps[k].outer = ag_tensor_keep(ts[i]);
-                ps[k].inner = f;
+    bool oom = false;
+    for (int g = 0; g < ngroups; g++) {
+        for (int i = 0; i < grs[g].n; i++) {
+            ag_tensor *t = grs[g].params[i];
+            bool seen = false;
+            for (int h = 0; h <= g && !seen; h++)
+                for (int j = 0; j < (h < g ? grs[h].n : i) && !seen; j++)
+                    seen = grs[h].params[j] == t;
+            if (seen)
+                continue;
+            ag_tensor *flat[64];
+            int nf = ag_subclass_flatten_tensors(&t, 1, flat, 64);
+            for (int f = 0; f < nf; f++, k++) {
+                ps[k].p = flat[f];
+                ag__tensor_retain(ps[k].p);
+                ps[k].group = g;
+                oom |= !(ps[k].name = param_name(&grs[g], i, f, nf));
+                if (ag_tensor_subclass(t)) {
+                    ps[k].outer = ag_tensor_keep(t);
+                    ps[k].inner = f;
+                }
             }
         }
     }
     o->n = k;
+    if (oom) {
+        ag_optim_free(o);
+        return NULL;
+    }
     return o;
+}
+
+static ag_optim *optim_new_list(ag_tensor *const *ts, const char *const *names, int n, int kind,
+                                const char *who) {
+    ag_param_group gr = {.params = ts, .names = names, .n = n};
+    return optim_new_groups(&gr, 1, kind, who);
 }
 
 static ag_optim *optim_new(ag_module *m, int kind, const char *who) {
@@ -110,33 +171,16 @@ static ag_optim *optim_new(ag_module *m, int kind, const char *who) {
     return o;
 }
 
-ag_optim *ag_optim_sgd(ag_module *m, double lr, double momentum, double weight_decay,
-                       bool nesterov) {
-    AG__CHECK_NULL_RET("optim_sgd", m, NULL);
-    if (!(lr >= 0)) {
-        ag__err(AG_EINVAL, "SGD: invalid learning rate: %g", lr);
-        return NULL;
-    }
-    if (!(momentum >= 0)) {
-        ag__err(AG_EINVAL, "SGD: invalid momentum value: %g", momentum);
-        return NULL;
-    }
-    if (!(weight_decay >= 0)) {
-        ag__err(AG_EINVAL, "SGD: invalid weight_decay value: %g", weight_decay);
-        return NULL;
-    }
-    if (nesterov && momentum <= 0) {
-        ag__err(AG_EINVAL, "SGD: Nesterov momentum requires a momentum and zero dampening");
-        return NULL;
-    }
-    ag_optim *o = optim_new(m, OPT_SGD, "SGD");
-    if (o) {
-        o->lr = lr;
-        o->momentum = momentum;
-        o->weight_decay = weight_decay;
-        o->nesterov = nesterov;
-    }
-    return o;
+static int sgd_check(double lr, double momentum, double weight_decay, bool nesterov) {
+    if (!(lr >= 0))
+        return ag__err(AG_EINVAL, "SGD: invalid learning rate: %g", lr);
+    if (!(momentum >= 0))
+        return ag__err(AG_EINVAL, "SGD: invalid momentum value: %g", momentum);
+    if (!(weight_decay >= 0))
+        return ag__err(AG_EINVAL, "SGD: invalid weight_decay value: %g", weight_decay);
+    if (nesterov && momentum <= 0)
+        return ag__err(AG_EINVAL, "SGD: Nesterov momentum requires a momentum and zero dampening");
+    return 0;
 }
 
 /* The hyperparameters' checks, torch.optim.AdamW's messages. */
@@ -154,16 +198,69 @@ static int adamw_check(double lr, double beta1, double beta2, double eps, double
     return 0;
 }
 
-static ag_optim *adamw_set(ag_optim *o, double lr, double beta1, double beta2, double eps,
-                           double weight_decay) {
-    if (o) {
-        o->lr = lr;
-        o->beta1 = beta1;
-        o->beta2 = beta2;
-        o->eps = eps;
-        o->weight_decay = weight_decay;
+/* Each group's hyperparameters: the defaults d, overridden by the group's set fields; checked
+ * with the optimizer's rules. grs NULL: every group takes d. */
+static int groups_resolve(const ag_param_group *grs, int ngroups, const opt_group *d, int kind,
+                          bool nesterov, opt_group *out) {
+    for (int g = 0; g < ngroups; g++) {
+        opt_group v = *d;
+        unsigned set = grs ? grs[g].set : 0;
+        if (set & AG_GROUP_LR)
+            v.lr = grs[g].lr;
+        if (set & AG_GROUP_WEIGHT_DECAY)
+            v.weight_decay = grs[g].weight_decay;
+        if (set & AG_GROUP_MOMENTUM)
+            v.momentum = grs[g].momentum;
+        if (set & AG_GROUP_BETAS) {
+            v.beta1 = grs[g].beta1;
+            v.beta2 = grs[g].beta2;
+        }
+        if (set & AG_GROUP_EPS)
+            v.eps = grs[g].eps;
+        int rc = kind == OPT_SGD ? sgd_check(v.lr, v.momentum, v.weight_decay, nesterov)
+                                 : adamw_check(v.lr, v.beta1, v.beta2, v.eps, v.weight_decay);
+        if (rc)
+            return rc;
+        out[g] = v;
+    }
+    return 0;
+}
+
+/* Sets the hyperparameters of o's groups (grs NULL: o has one group, which takes d); frees o
+ * and returns NULL when one is invalid. */
+static ag_optim *optim_finish(ag_optim *o, const ag_param_group *grs, const opt_group *d,
+                              bool nesterov) {
+    if (!o)
+        return NULL;
+    o->nesterov = nesterov;
+    if (groups_resolve(grs, o->ngroups, d, o->kind, nesterov, o->groups)) {
+        ag_optim_free(o);
+        return NULL;
     }
     return o;
+}
+
+ag_optim *ag_optim_sgd(ag_module *m, double lr, double momentum, double weight_decay,
+                       bool nesterov) {
+    AG__CHECK_NULL_RET("optim_sgd", m, NULL);
+    if (sgd_check(lr, momentum, weight_decay, nesterov))
+        return NULL;
+    opt_group d = {.lr = lr, .momentum = momentum, .weight_decay = weight_decay};
+    return optim_finish(optim_new(m, OPT_SGD, "SGD"), NULL, &d, nesterov);
+}
+
+ag_optim *ag_optim_sgd_groups(const ag_param_group *groups, int ngroups, double lr, double momentum,
+                              double weight_decay, bool nesterov) {
+    opt_group d = {.lr = lr, .momentum = momentum, .weight_decay = weight_decay};
+    opt_group *tmp = ag__calloc(ngroups > 0 ? (size_t)ngroups : 1, sizeof *tmp);
+    if (!tmp)
+        return NULL;
+    int rc = ngroups >= 0 && groups ? groups_resolve(groups, ngroups, &d, OPT_SGD, nesterov, tmp)
+                                    : sgd_check(lr, momentum, weight_decay, nesterov);
+    ag__free(tmp);
+    if (rc)
+        return NULL;
+    return optim_finish(optim_new_groups(groups, ngroups, OPT_SGD, "SGD"), groups, &d, nesterov);
 }
 
 ag_optim *ag_optim_adamw(ag_module *m, double lr, double beta1, double beta2, double eps,
@@ -171,7 +268,9 @@ ag_optim *ag_optim_adamw(ag_module *m, double lr, double beta1, double beta2, do
     AG__CHECK_NULL_RET("optim_adamw", m, NULL);
     if (adamw_check(lr, beta1, beta2, eps, weight_decay))
         return NULL;
-    return adamw_set(optim_new(m, OPT_ADAMW, "AdamW"), lr, beta1, beta2, eps, weight_decay);
+    opt_group d = {
+        .lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = weight_decay};
+    return optim_finish(optim_new(m, OPT_ADAMW, "AdamW"), NULL, &d, false);
 }
 
 ag_optim *ag_optim_adamw_tensors(ag_tensor *const *params, int n, double lr, double beta1,
@@ -183,8 +282,57 @@ ag_optim *ag_optim_adamw_tensors(ag_tensor *const *params, int n, double lr, dou
     }
     if (adamw_check(lr, beta1, beta2, eps, weight_decay))
         return NULL;
-    return adamw_set(optim_new_list(params, NULL, n, OPT_ADAMW, "AdamW"), lr, beta1, beta2, eps,
-                     weight_decay);
+    opt_group d = {
+        .lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = weight_decay};
+    return optim_finish(optim_new_list(params, NULL, n, OPT_ADAMW, "AdamW"), NULL, &d, false);
+}
+
+ag_optim *ag_optim_adamw_groups(const ag_param_group *groups, int ngroups, double lr, double beta1,
+                                double beta2, double eps, double weight_decay) {
+    opt_group d = {
+        .lr = lr, .beta1 = beta1, .beta2 = beta2, .eps = eps, .weight_decay = weight_decay};
+    opt_group *tmp = ag__calloc(ngroups > 0 ? (size_t)ngroups : 1, sizeof *tmp);
+    if (!tmp)
+        return NULL;
+    int rc = ngroups >= 0 && groups ? groups_resolve(groups, ngroups, &d, OPT_ADAMW, false, tmp)
+                                    : adamw_check(lr, beta1, beta2, eps, weight_decay);
+    ag__free(tmp);
+    if (rc)
+        return NULL;
+    return optim_finish(optim_new_groups(groups, ngroups, OPT_ADAMW, "AdamW"), groups, &d, false);
+}
+
+int ag_module_decay_split(const ag_module *m, ag_named_tensors *decay, ag_named_tensors *no_decay) {
+    AG__CHECK_NULL("module_decay_split", decay);
+    AG__CHECK_NULL("module_decay_split", no_decay);
+    memset(decay, 0, sizeof *decay);
+    memset(no_decay, 0, sizeof *no_decay);
+    AG__CHECK_NULL("module_decay_split", m);
+    ag_named_tensors all;
+    int rc = ag_module_named_parameters(m, true, &all);
+    if (rc)
+        return rc;
+    ag_named_tensors *out[2] = {decay, no_decay};
+    for (int k = 0; k < 2 && !rc; k++) {
+        out[k]->names = ag__calloc(all.n ? (size_t)all.n : 1, sizeof(char *));
+        out[k]->tensors = ag__calloc(all.n ? (size_t)all.n : 1, sizeof(ag_tensor *));
+        if (!out[k]->names || !out[k]->tensors)
+            rc = AG_ENOMEM;
+    }
+    for (int i = 0; i < all.n && !rc; i++) {
+        ag_named_tensors *o = out[ag_tensor_ndim(all.tensors[i]) >= 2 ? 0 : 1];
+        o->tensors[o->n] = all.tensors[i];
+        if (!(o->names[o->n] = ag__strdup(all.names[i])))
+            rc = AG_ENOMEM;
+        else
+            o->n++;
+    }
+    ag_named_tensors_free(&all);
+    if (rc) {
+        ag_named_tensors_free(decay);
+        ag_named_tensors_free(no_decay);
+    }
+    return rc;
 }
 
 void ag_optim_free(ag_optim *o) {
@@ -195,14 +343,34 @@ void ag_optim_free(ag_optim *o) {
         ag_tensor_free(o->ps[i].outer);
         ag_tensor_free(o->ps[i].s1);
         ag_tensor_free(o->ps[i].s2);
+        ag__free(o->ps[i].name);
     }
     ag__free(o->ps);
+    ag__free(o->groups);
     ag__free(o);
 }
 
 void ag_optim_set_lr(ag_optim *o, double lr) {
-    if (o)
-        o->lr = lr;
+    for (int g = 0; o && g < o->ngroups; g++)
+        o->groups[g].lr = lr;
+}
+
+int ag_optim_num_groups(const ag_optim *o) {
+    return o ? o->ngroups : 0;
+}
+
+double ag_optim_group_lr(const ag_optim *o, int g) {
+    return o && g >= 0 && g < o->ngroups ? o->groups[g].lr : NAN;
+}
+
+int ag_optim_set_group_lr(ag_optim *o, int g, double lr) {
+    AG__CHECK_NULL("optim_set_group_lr", o);
+    if (g < 0 || g >= o->ngroups)
+        return ag__err(AG_EINVAL, "optim_set_group_lr: group %d of %d", g, o->ngroups);
+    if (!(lr >= 0))
+        return ag__err(AG_EINVAL, "optim_set_group_lr: invalid learning rate: %g", lr);
+    o->groups[g].lr = lr;
+    return 0;
 }
 
 void ag_optim_zero_grad(ag_optim *o) {
@@ -286,22 +454,23 @@ static void update_param(const ag_optim *o, const opt_param *q, int64_t lo, int6
     upd_coef c = {0};
     span_fn f;
     bool f32 = q->p->dtype == AG_F32;
+    const opt_group *gr = &o->groups[q->group];
     if (o->kind == OPT_SGD) {
-        c.lr = o->lr;
-        c.wd = o->weight_decay;
-        c.mu = o->momentum;
-        c.keep = q->step == 1 ? 0 : o->momentum;
+        c.lr = gr->lr;
+        c.wd = gr->weight_decay;
+        c.mu = gr->momentum;
+        c.keep = q->step == 1 ? 0 : gr->momentum;
         c.nesterov = o->nesterov;
         f = f32 ? sgd_span_float : sgd_span_double;
     } else {
-        double bc1 = 1 - pow(o->beta1, (double)q->step);
-        double bc2 = 1 - pow(o->beta2, (double)q->step);
-        c.decay = 1 - o->lr * o->weight_decay;
-        c.w1 = 1 - o->beta1;
-        c.b2 = o->beta2;
-        c.w2 = 1 - o->beta2;
-        c.eps = o->eps;
-        c.step_size = o->lr / bc1;
+        double bc1 = 1 - pow(gr->beta1, (double)q->step);
+        double bc2 = 1 - pow(gr->beta2, (double)q->step);
+        c.decay = 1 - gr->lr * gr->weight_decay;
+        c.w1 = 1 - gr->beta1;
+        c.b2 = gr->beta2;
+        c.w2 = 1 - gr->beta2;
+        c.eps = gr->eps;
+        c.step_size = gr->lr / bc1;
         c.bc2_sqrt = sqrt(bc2);
         f = f32 ? adamw_span_float : adamw_span_double;
     }
@@ -399,7 +568,7 @@ static int prepare(ag_optim *o, const char *who) {
             q->gtmp = true;
         }
         q->g = g;
-        bool need1 = o->kind == OPT_ADAMW || o->momentum != 0;
+        bool need1 = o->kind == OPT_ADAMW || o->groups[q->group].momentum != 0;
         if (need1 && !q->s1 && !(q->s1 = zeros_like(p)))
             return AG_ENOMEM;
         if (o->kind == OPT_ADAMW && !q->s2 && !(q->s2 = zeros_like(p)))
@@ -443,4 +612,331 @@ int ag_optim_step(ag_optim *o) {
     }
     release_tmp(o);
     return 0;
+}
+
+/* ---- clipping by the global norm ---- */
+
+/* Sum of squares of g's elements, in double. */
+static double grad_sumsq(const ag_tensor *g) {
+    int64_t n = ag_tensor_numel(g);
+    double s = 0;
+    if (g->dtype == AG_F32) {
+        const float *d = ag_tensor_data(g);
+        for (int64_t i = 0; i < n; i++)
+            s += (double)d[i] * (double)d[i];
+    } else {
+        const double *d = ag_tensor_data(g);
+        for (int64_t i = 0; i < n; i++)
+            s += d[i] * d[i];
+    }
+    return s;
+}
+
+static void grad_scale(ag_tensor *g, double coef) {
+    int64_t n = ag_tensor_numel(g);
+    if (g->dtype == AG_F32) {
+        float *d = ag_tensor_data(g), c = (float)coef;
+        for (int64_t i = 0; i < n; i++)
+            d[i] *= c;
+    } else {
+        double *d = ag_tensor_data(g);
+        for (int64_t i = 0; i < n; i++)
+            d[i] *= coef;
+    }
+}
+
+int ag_clip_grad_norm(ag_tensor *const *params, int n, double max_norm, double *total_norm) {
+    if (n < 0 || (n > 0 && !params))
+        return ag__err(AG_EINVAL, "clip_grad_norm: %s (n = %d)",
+                       n < 0 ? "negative count" : "params is NULL", n);
+    if (!(max_norm >= 0))
+        return ag__err(AG_EINVAL, "clip_grad_norm: max_norm must be >= 0, got %g", max_norm);
+    /* Checks and contiguous copies first, so that a failure changes no gradient. */
+    ag_tensor **work = ag__calloc(n ? (size_t)n : 1, sizeof *work);
+    if (!work)
+        return AG_ENOMEM;
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        char b[128];
+        if (!params[i]) {
+            rc = ag__err(AG_EINVAL, "clip_grad_norm: parameter %d is NULL", i);
+            break;
+        }
+        ag_tensor *g = params[i]->grad;
+        if (!g)
+            continue;
+        if (ag_tensor_subclass(g) || !ag_dtype_is_float(g->dtype) || !g->storage->data)
+            rc = ag__err(AG_EINVAL,
+                         "clip_grad_norm: the gradient of parameter %d (%s) must be a float32 "
+                         "or float64 tensor with data",
+                         i,
+                         ag_tensor_subclass(g) ? ag_tensor_subclass(g)->name
+                                               : ag_tensor_meta_str(g, b, sizeof b));
+        else if (ag_tensor_is_contiguous(g))
+            work[i] = g;
+        else if (!(work[i] = ag__tensor_new(g->dtype, g->ndim, g->sizes, false)) ||
+                 (rc = ag__copy_into(work[i], g)))
+            rc = rc ? rc : AG_ENOMEM;
+    }
+    double total = 0;
+    /* A tensor listed twice counts once (its gradient is one tensor). */
+    for (int i = 0; i < n && !rc; i++) {
+        bool seen = false;
+        for (int j = 0; j < i && !seen; j++)
+            seen = params[j] == params[i];
+        if (work[i] && !seen)
+            total += grad_sumsq(work[i]);
+    }
+    total = sqrt(total);
+    /* upstream: grads *= clamp(max_norm / (total + 1e-6), max=1); NaN stays NaN. */
+    double coef = max_norm / (total + 1e-6);
+    for (int i = 0; i < n && !rc && !(coef >= 1); i++) {
+        bool seen = false;
+        for (int j = 0; j < i && !seen; j++)
+            seen = params[j] == params[i];
+        if (!work[i] || seen)
+            continue;
+        grad_scale(work[i], coef);
+        if (work[i] != params[i]->grad)
+            ag__copy_into(params[i]->grad, work[i]);
+        ag_tensor_bump_version(params[i]->grad);
+    }
+    for (int i = 0; i < n; i++)
+        if (work[i] && work[i] != params[i]->grad)
+            ag_tensor_free(work[i]);
+    ag__free(work);
+    if (!rc && total_norm)
+        *total_norm = total;
+    return rc;
+}
+
+int ag_optim_clip_grad_norm(ag_optim *o, double max_norm, double *total_norm) {
+    AG__CHECK_NULL("optim_clip_grad_norm", o);
+    ag_tensor **ts = ag__calloc(o->n ? (size_t)o->n : 1, sizeof *ts);
+    if (!ts)
+        return AG_ENOMEM;
+    int n = 0;
+    for (int i = 0; i < o->n; i++) {
+        ag_tensor *t = o->ps[i].outer ? o->ps[i].outer : o->ps[i].p;
+        if (!n || ts[n - 1] != t) /* a subclass's inner tensors are consecutive */
+            ts[n++] = t;
+    }
+    int rc = ag_clip_grad_norm(ts, n, max_norm, total_norm);
+    ag__free(ts);
+    return rc;
+}
+
+/* ---- learning-rate schedules ---- */
+
+double ag_lr_at(const ag_lr_schedule *s, int64_t it) {
+    if (!s || it < 0)
+        return NAN;
+    if (s->kind == AG_LR_CONSTANT)
+        return s->lr;
+    if (s->kind != AG_LR_WARMUP_COSINE || s->warmup_iters < 0 || s->decay_iters < s->warmup_iters)
+        return NAN;
+    if (it < s->warmup_iters)
+        return s->lr * (double)(it + 1) / (double)s->warmup_iters;
+    if (it > s->decay_iters)
+        return s->min_lr;
+    int64_t span = s->decay_iters - s->warmup_iters;
+    double r = span ? (double)(it - s->warmup_iters) / (double)span : 0.0;
+    double coeff = 0.5 * (1.0 + cos(M_PI * r));
+    return s->min_lr + coeff * (s->lr - s->min_lr);
+}
+
+/* ---- state save/load ---- */
+
+enum { KEY_STEP, KEY_S1, KEY_S2 };
+
+static char *state_key(const ag_optim *o, const opt_param *q, int which) {
+    static const char *const sgd[] = {"step", "momentum_buffer", ""};
+    static const char *const adamw[] = {"step", "exp_avg", "exp_avg_sq"};
+    const char *suffix = (o->kind == OPT_SGD ? sgd : adamw)[which];
+    size_t n = strlen(q->name) + strlen(suffix) + 32;
+    char *s = ag__malloc(n);
+    if (s)
+        snprintf(s, n, "g%d.%s.%s", q->group, q->name, suffix);
+    return s;
+}
+
+static char *group_key(int g) {
+    char *s = ag__malloc(32);
+    if (s)
+        snprintf(s, 32, "g%d.lr", g);
+    return s;
+}
+
+static const char *optim_kind_name(const ag_optim *o) {
+    return o->kind == OPT_SGD ? "SGD" : "AdamW";
+}
+
+int ag_optim_save(const ag_optim *o, const char *path) {
+    AG__CHECK_NULL("optim_save", o);
+    AG__CHECK_NULL("optim_save", path);
+    int cap = o->ngroups + 3 * o->n, n = 0, rc = 0;
+    char **names = ag__calloc(cap ? (size_t)cap : 1, sizeof *names);
+    ag_tensor **ts = ag__calloc(cap ? (size_t)cap : 1, sizeof *ts);
+    if (!names || !ts)
+        rc = AG_ENOMEM;
+    for (int g = 0; g < o->ngroups && !rc; g++, n++) {
+        names[n] = group_key(g);
+        ts[n] = ag__tensor_new(AG_F64, 0, NULL, false);
+        if (!names[n] || !ts[n])
+            rc = AG_ENOMEM;
+        else
+            *(double *)ag_tensor_data(ts[n]) = o->groups[g].lr;
+    }
+    for (int i = 0; i < o->n && !rc; i++) {
+        const opt_param *q = &o->ps[i];
+        if (!q->step)
+            continue;
+        names[n] = state_key(o, q, KEY_STEP);
+        ts[n] = ag__tensor_new(AG_I64, 0, NULL, false);
+        if (!names[n] || !ts[n]) {
+            rc = AG_ENOMEM;
+            n++;
+            break;
+        }
+        *(int64_t *)ag_tensor_data(ts[n++]) = q->step;
+        for (int k = 0; k < 2 && !rc; k++) {
+            ag_tensor *s = k ? q->s2 : q->s1;
+            if (!s)
+                continue;
+            if (!(names[n] = state_key(o, q, k ? KEY_S2 : KEY_S1)))
+                rc = AG_ENOMEM;
+            else
+                ts[n++] = ag_tensor_keep(s);
+        }
+    }
+    const char *meta[] = {"optimizer", optim_kind_name(o), "format", "aotgrad.optim", NULL};
+    if (!rc)
+        rc = ag_safetensors_save(path, (const char *const *)names, ts, n, meta);
+    for (int i = 0; i < cap && names && ts; i++) {
+        ag__free(names[i]);
+        ag_tensor_free(ts[i]);
+    }
+    ag__free(names);
+    ag__free(ts);
+    return rc;
+}
+
+/* The tensor named key in d, checked against dtype and shape (shape NULL: a scalar); counts a
+ * match in *used. NULL when absent (no error) or, with *rc set, when it does not fit. */
+static ag_tensor *state_get(const ag_tensor_dict *d, const char *path, const char *key, ag_dtype dt,
+                            const ag_tensor *like, int *used, int *rc) {
+    ag_tensor *t = ag_tensor_dict_get(d, key);
+    if (!t)
+        return NULL;
+    (*used)++;
+    int nd = like ? like->ndim : 0;
+    const int64_t *sz = like ? like->sizes : NULL;
+    if (t->dtype != dt || t->ndim != nd ||
+        (nd && memcmp(t->sizes, sz, sizeof(int64_t) * (size_t)nd))) {
+        char a[128], b[128];
+        ag_tensor_meta_str(t, a, sizeof a);
+        snprintf(b, sizeof b, "%s", ag_dtype_short(dt));
+        ag__fmt_sizes(b + strlen(b), sizeof b - strlen(b), nd, sz);
+        *rc = ag__err(AG_EINVAL, "optim_load: '%s' in '%s' is %s; this optimizer's is %s", key,
+                      path, a, b);
+        return NULL;
+    }
+    return t;
+}
+
+int ag_optim_load(ag_optim *o, const char *path) {
+    AG__CHECK_NULL("optim_load", o);
+    AG__CHECK_NULL("optim_load", path);
+    ag_tensor_dict d;
+    int rc = ag_safetensors_load(path, &d);
+    if (rc)
+        return rc;
+    const char *kind = ag_tensor_dict_meta(&d, "optimizer");
+    if (!kind || strcmp(kind, optim_kind_name(o)))
+        rc = ag__err(AG_EINVAL, "optim_load: '%s' holds the state of %s%s, not of %s", path,
+                     kind ? "" : "no optimizer", kind ? kind : "", optim_kind_name(o));
+    /* Everything is matched and checked before the optimizer changes. */
+    double *lrs = ag__calloc(o->ngroups ? (size_t)o->ngroups : 1, sizeof *lrs);
+    int64_t *steps = ag__calloc(o->n ? (size_t)o->n : 1, sizeof *steps);
+    ag_tensor **s = ag__calloc(2 * (size_t)(o->n ? o->n : 1), sizeof *s);
+    if (!rc && (!lrs || !steps || !s))
+        rc = AG_ENOMEM;
+    int used = 0;
+    for (int g = 0; g < o->ngroups && !rc; g++) {
+        char *key = group_key(g);
+        ag_tensor *t = key ? state_get(&d, path, key, AG_F64, NULL, &used, &rc) : NULL;
+        if (!key)
+            rc = AG_ENOMEM;
+        else if (!t && !rc)
+            rc = ag__err(AG_EINVAL, "optim_load: '%s' has no '%s' (this optimizer has %d groups)",
+                         path, key, o->ngroups);
+        else if (t)
+            lrs[g] = *(double *)ag_tensor_data(t);
+        ag__free(key);
+    }
+    for (int i = 0; i < o->n && !rc; i++) {
+        const opt_param *q = &o->ps[i];
+        char *key = state_key(o, q, KEY_STEP);
+        ag_tensor *t = key ? state_get(&d, path, key, AG_I64, NULL, &used, &rc) : NULL;
+        if (!key)
+            rc = AG_ENOMEM;
+        if (t && (steps[i] = *(int64_t *)ag_tensor_data(t)) <= 0)
+            rc = ag__err(AG_EINVAL, "optim_load: '%s' in '%s' is %lld; a step count is positive",
+                         key, path, (long long)steps[i]);
+        bool need[2] = {o->kind == OPT_ADAMW || o->groups[q->group].momentum != 0,
+                        o->kind == OPT_ADAMW};
+        for (int k = 0; k < 2 && t && !rc; k++) {
+            if (!need[k])
+                continue;
+            char *sk = state_key(o, q, k ? KEY_S2 : KEY_S1);
+            ag_tensor *st = sk ? state_get(&d, path, sk, q->p->dtype, q->p, &used, &rc) : NULL;
+            if (!sk)
+                rc = AG_ENOMEM;
+            else if (!st && !rc)
+                rc = ag__err(AG_EINVAL, "optim_load: '%s' has '%s' but no '%s'", path, key, sk);
+            s[2 * i + k] = st;
+            ag__free(sk);
+        }
+        ag__free(key);
+    }
+    if (!rc && used != d.n) {
+        /* A name this optimizer does not have: another model, other groups, another kind. */
+        for (int i = 0; i < d.n && !rc; i++) {
+            bool known = false;
+            for (int g = 0; g < o->ngroups && !known; g++) {
+                char *key = group_key(g);
+                known = key && !strcmp(key, d.names[i]);
+                ag__free(key);
+            }
+            for (int p = 0; p < o->n && !known; p++)
+                for (int k = KEY_STEP; k <= KEY_S2 && !known; k++) {
+                    char *key = state_key(o, &o->ps[p], k);
+                    known = key && !strcmp(key, d.names[i]);
+                    ag__free(key);
+                }
+            if (!known)
+                rc = ag__err(AG_EINVAL,
+                             "optim_load: '%s' holds '%s', which this optimizer does not have",
+                             path, d.names[i]);
+        }
+        if (!rc)
+            rc = ag__err(AG_EINVAL, "optim_load: '%s' does not match this optimizer", path);
+    }
+    if (!rc) {
+        for (int g = 0; g < o->ngroups; g++)
+            o->groups[g].lr = lrs[g];
+        for (int i = 0; i < o->n; i++) {
+            opt_param *q = &o->ps[i];
+            ag_tensor_free(q->s1);
+            ag_tensor_free(q->s2);
+            q->s1 = s[2 * i] ? ag_tensor_keep(s[2 * i]) : NULL;
+            q->s2 = s[2 * i + 1] ? ag_tensor_keep(s[2 * i + 1]) : NULL;
+            q->step = steps[i];
+        }
+    }
+    ag__free(lrs);
+    ag__free(steps);
+    ag__free(s);
+    ag_tensor_dict_free(&d);
+    return rc;
 }
