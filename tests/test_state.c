@@ -451,6 +451,28 @@ static void train_steps(ag_module *m, ag_optim *o, int from, int to) {
     }
 }
 
+/* A module converted after its optimizer made state (AdamW's moments in f32): the next step is
+ * refused, naming both dtypes, and changes nothing (it used to update through the f32 moments
+ * as if they were f64, past their end). */
+static void test_optim_state_after_to_dtype(void **state) {
+    (void)state;
+    ag_module *m = lin(AG_F32, W0, B0);
+    ag_optim *o = make_opt(m, false);
+    train_steps(m, o, 0, 1);
+    assert_int_equal(ag_module_to_dtype(m, AG_F64), 0);
+    ag_tensor *w = ag_module_param(m, "weight");
+    double before = ag_tensor_item_at(w, 0);
+    ag_tensor *g = tu_tensor(AG_F64, 2, (int64_t[]){2, 3}, W1);
+    assert_int_equal(ag_tensor_set_grad(w, g), 0);
+    ag_tensor_free(g);
+    assert_int_equal(ag_optim_step(o), AG_EINVAL);
+    tu_assert_error_contains("its optimizer state is");
+    tu_assert_error_contains("make the optimizer after converting");
+    assert_true(ag_tensor_item_at(w, 0) == before);
+    ag_optim_free(o);
+    ag_module_free(m);
+}
+
 static void test_optim_resume(void **state) {
     (void)state;
     for (int sgd = 0; sgd < 2; sgd++) {
@@ -615,11 +637,17 @@ static void test_alloc_failures(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_named_roundtrip),    cmocka_unit_test(test_named_hostile),
-        cmocka_unit_test(test_load_non_strict),    cmocka_unit_test(test_load_convert_dtype),
-        cmocka_unit_test(test_adamw_groups),       cmocka_unit_test(test_clip_grad_norm),
-        cmocka_unit_test(test_lr_schedule),        cmocka_unit_test(test_optim_resume),
-        cmocka_unit_test(test_optim_load_refuses), cmocka_unit_test(test_alloc_failures),
+        cmocka_unit_test(test_named_roundtrip),
+        cmocka_unit_test(test_named_hostile),
+        cmocka_unit_test(test_load_non_strict),
+        cmocka_unit_test(test_load_convert_dtype),
+        cmocka_unit_test(test_adamw_groups),
+        cmocka_unit_test(test_clip_grad_norm),
+        cmocka_unit_test(test_lr_schedule),
+        cmocka_unit_test(test_optim_resume),
+        cmocka_unit_test(test_optim_load_refuses),
+        cmocka_unit_test(test_alloc_failures),
+        cmocka_unit_test(test_optim_state_after_to_dtype),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

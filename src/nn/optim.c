@@ -568,6 +568,17 @@ static int prepare(ag_optim *o, const char *who) {
             q->gtmp = true;
         }
         q->g = g;
+        /* State made before the module was converted (ag_module_to_dtype) has the old dtype:
+         * updating through it would read and write past its end. */
+        for (int k = 0; k < 2; k++) {
+            const ag_tensor *st = k ? q->s2 : q->s1;
+            if (st && st->dtype != p->dtype)
+                return ag__err(AG_EINVAL,
+                               "%s: parameter %d is %s but its optimizer state is %s (the "
+                               "module was converted after the optimizer's first step); make "
+                               "the optimizer after converting, as in PyTorch",
+                               who, i, ag_dtype_name(p->dtype), ag_dtype_name(st->dtype));
+        }
         bool need1 = o->kind == OPT_ADAMW || o->groups[q->group].momentum != 0;
         if (need1 && !q->s1 && !(q->s1 = zeros_like(p)))
             return AG_ENOMEM;
