@@ -159,24 +159,23 @@ static ag_module *train_step(const char *weights, ag_module **model) {
     return step;
 }
 
-/* The data set: there is no public call that reads a file of named tensors, so the file is
- * loaded as the state of a module whose persistent buffers are x and y. */
-static ag_module *load_data(const char *path) {
-    ag_module *d = ag_module_new("Data", NULL, NULL, NULL);
-    ag_tensor *x = ag_zeros(AG_F32, 4, (int64_t[]){NSAMPLES, 3, 8, 8});
-    ag_tensor *y = ag_zeros(AG_I64, 1, (int64_t[]){NSAMPLES});
-    int rc = d && x && y ? 0 : AG_ENOMEM;
-    if (!rc)
-        rc = ag_module_register_buffer(d, "x", x, true);
-    if (!rc)
-        rc = ag_module_register_buffer(d, "y", y, true);
-    ag_tensor_free(x); /* the module holds its own references */
-    ag_tensor_free(y);
-    if (rc || ag_module_load(d, path)) {
-        ag_module_free(d);
-        return NULL;
+/* The data set: x [64, 3, 8, 8] f32 and y [64] i64 from a file of named tensors. 0, or -1 with
+ * a message on stderr. */
+static int load_data(const char *path, ag_tensor_dict *d) {
+    if (ag_safetensors_load(path, d)) {
+        fprintf(stderr, "small_resnet: %s\n", ag_last_error());
+        return -1;
     }
-    return d;
+    const ag_tensor *x = ag_tensor_dict_get(d, "x"), *y = ag_tensor_dict_get(d, "y");
+    if (!x || !y || ag_tensor_dtype(x) != AG_F32 || ag_tensor_ndim(x) != 4 ||
+        ag_tensor_size(x, 0) != NSAMPLES || ag_tensor_dtype(y) != AG_I64 ||
+        ag_tensor_ndim(y) != 1 || ag_tensor_size(y, 0) != NSAMPLES) {
+        fprintf(stderr, "small_resnet: %s must hold x f32[%d, 3, 8, 8] and y i64[%d]\n", path,
+                NSAMPLES, NSAMPLES);
+        ag_tensor_dict_free(d);
+        return -1;
+    }
+    return 0;
 }
 
 /* PyTorch's float32 and float64 losses from reference.txt ("step loss32 loss64" lines after a
@@ -400,8 +399,10 @@ int main(int argc, char **argv) {
     if (read_reference(ref_path, ref32, ref64))
         return 1;
 
-    ag_module *data = load_data(data_path);
-    ag_tensor *xs = ag_module_buffer(data, "x"), *ys = ag_module_buffer(data, "y");
+    ag_tensor_dict data;
+    if (load_data(data_path, &data))
+        return 1;
+    ag_tensor *xs = ag_tensor_dict_get(&data, "x"), *ys = ag_tensor_dict_get(&data, "y");
     ag_tensor *x0 = ag_slice(xs, 0, 0, BATCH, 1), *y0 = ag_slice(ys, 0, 0, BATCH, 1);
     run r[NRUNS] = {0};
     int bad = !x0 || !y0 || runs_new(r, weights, x0, y0);
@@ -411,6 +412,6 @@ int main(int argc, char **argv) {
         fprintf(stderr, "small_resnet: %s\n", ag_last_error());
     bad = bad || train_all(r, xs, ys, ref32, ref64) || check_state(r, final_path);
     runs_free(r);
-    ag_module_free(data);
+    ag_tensor_dict_free(&data);
     return bad;
 }
