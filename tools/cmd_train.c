@@ -869,7 +869,8 @@ static int train_gpt2(train_opts *o) {
                 }
             }
             ag_scope_end();
-            putchar((int)ch);
+            /* A byte-level model this short trained emits any byte: keep the terminal sane. */
+            putchar(ch == '\n' || (ch >= 32 && ch < 127) ? (int)ch : '?');
             if (len == (int64_t)(sizeof ctx / sizeof ctx[0])) {
                 memmove(ctx, ctx + 1, sizeof ctx - sizeof ctx[0]);
                 len--;
