@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "maxflow_igraph.h"
 #include "partition/partition_internal.h"
 #include "testutil.h"
 
