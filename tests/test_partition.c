@@ -467,6 +467,47 @@ static void test_knapsack_solvers(void **st) {
     }
 }
 
+/* The ILP (CBC) reaches the exact optimum: on random problems whose memories are multiples of
+ * dp's quantum 1/10000 (so dp is exact too) it agrees with dp and with brute force, within
+ * the limit, at limits from nothing fits to everything fits. */
+static void test_knapsack_ilp_vs_dp(void **st) {
+    (void)st;
+    uint64_t seed = 11;
+    for (int trial = 0; trial < 30; trial++) {
+        int n = 1 + trial % 14;
+        double m[14], r[14], limit = floor(tu_xorshift(&seed, 0, 10000)) / 10000;
+        for (int i = 0; i < n; i++) {
+            m[i] = floor(tu_xorshift(&seed, 0, 3000)) / 10000;
+            r[i] = floor(tu_xorshift(&seed, 1, 1e6));
+        }
+        double best = 0;
+        for (int mask = 0; mask < 1 << n; mask++) {
+            double mm = 0, rr = 0;
+            for (int i = 0; i < n; i++)
+                if (mask >> i & 1) {
+                    mm += m[i];
+                    rr += r[i];
+                }
+            if (mm <= limit + 1e-9 && rr > best)
+                best = rr;
+        }
+        for (int s = AG_KNAPSACK_DP; s <= AG_KNAPSACK_ILP; s++) {
+            bool save[14];
+            double total, mm = 0, rr = 0;
+            assert_int_equal(ag__knapsack((ag_knapsack)s, m, r, n, limit, save, &total), 0);
+            for (int i = 0; i < n; i++)
+                if (save[i]) {
+                    mm += m[i];
+                    rr += r[i];
+                }
+            if (rr != best || total != best || mm > limit + 1e-9)
+                fail_msg("trial %d (%d items, limit %g): solver %d saved %.17g (reported %.17g) "
+                         "in memory %.17g, the optimum is %.17g",
+                         trial, n, limit, s, rr, total, mm, best);
+        }
+    }
+}
+
 /* Every solver gives a valid partition at a middle budget. */
 static void test_solvers_partition(void **st) {
     (void)st;
@@ -851,6 +892,7 @@ int main(void) {
         cmocka_unit_test(test_budget_zero),
         cmocka_unit_test(test_budget_out_of_range),
         cmocka_unit_test(test_knapsack_solvers),
+        cmocka_unit_test(test_knapsack_ilp_vs_dp),
         cmocka_unit_test(test_solvers_partition),
         cmocka_unit_test(test_flow_network),
         cmocka_unit_test(test_peak_monotonic_in_budget),
