@@ -139,7 +139,7 @@ void ag__flow_net_free(ag__flow_net *net);
 int ag__mincut_network(const ag__part *P, const ag__mincut_opts *o, const bool *dont_ban,
                        ag__flow_net *net, bool *banned);
 /* Maximum flow: the flow value and each edge's flow (net->nedges entries). The partitioner
- * uses Dinic; igraph_maxflow is the reference of the tests and bench_maxflow and bench_knapsack, outside the
+ * uses Dinic; igraph_maxflow is the reference of the tests and bench_maxflow, outside the
  * library (tests/maxflow_igraph.h). */
 int ag__maxflow_dinic(const ag__flow_net *net, double *value, double *flow);
 /* solve_min_cut: the saved nodes (graph order, new array) and the banned set. */
