@@ -51,4 +51,3 @@ done:
         ag__err(AG_ENOMEM, "partition: igraph ran out of memory");
     return rc;
 }
-

@@ -174,8 +174,8 @@ int ag__knapsack(ag_knapsack solver, const double *memory, const double *runtime
                  double max_memory, bool *save, double *total_runtime);
 /* bench_knapsack's hook: when set (on this thread), ag__knapsack hands it every problem before
  * solving it (the arrays are the caller's, valid during the call only). NULL unsets it. */
-typedef void (*ag__knapsack_hook_fn)(void *ctx, const double *memory, const double *runtime,
-                                     int n, double max_memory);
+typedef void (*ag__knapsack_hook_fn)(void *ctx, const double *memory, const double *runtime, int n,
+                                     double max_memory);
 void ag__knapsack_set_hook(ag__knapsack_hook_fn fn, void *ctx);
 
 #endif
