@@ -8,10 +8,10 @@
  *   greedy: by runtime per memory, highest first, taking each item that still fits;
  *   dp:     exact 0/1 knapsack on memory quantized to 1/10000 (upstream's S), float32 table;
  *           an item is saved when it changes the table's value at the backtracked capacity;
- *   ilp:    a binary program solved by COIN-OR CBC's branch-and-cut through its C interface
- *           (upstream uses scipy's milp; CBC is EPL-2.0, what autoparallel's solver uses through
- *           PuLP). CBC is not reentrant (its command-line layer keeps static state), so calls
- *           are serialized by a lock; its log is off.
+ *   ilp:    a binary program solved by COIN-OR CBC's branch-and-bound through its C interface
+ *           (upstream uses scipy's milp; CBC, under the Eclipse Public License, is what
+ *           autoparallel's solver uses through PuLP). CBC is not reentrant (its command-line
+ *           layer keeps static state), so calls are serialized by a lock; its log is off.
  * bench/bench_knapsack.c times the three (and GLPK, its reference) on the partitioner's own
  * problems, captured through ag__knapsack_set_hook. */
 #include "partition_internal.h"
