@@ -12,6 +12,7 @@
  * vs 24 us, gpt2 tiny 14 vs 145 us, gpt2-small 116 vs 2118 us), so the partitioner uses it.
  * A budget strictly between 0 and 1 solves ~45 cuts, so this matters on gpt2-small. */
 #include "../src/partition/partition_internal.h"
+#include "../tests/maxflow_igraph.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -23,11 +23,6 @@
 #ifndef AOTGRAD_H
 #define AOTGRAD_H
 
-#define AG_VERSION_MAJOR 0
-#define AG_VERSION_MINOR 1
-#define AG_VERSION_PATCH 0
-#define AG_VERSION_STRING "0.1.0"
-
 #include "aotgrad/core.h"
 #include "aotgrad/optable.h"
 #include "aotgrad/ops.h"

@@ -11,8 +11,9 @@ PACKAGES=(
   libjansson-dev                        # JSON (safetensors headers, --json output)
   zlib1g-dev                            # gzip (datasets)
   graphviz                              # pictures of graphs (dot -Tsvg)
-  libigraph-dev                         # max-flow for the min-cut partitioner
-  libglpk-dev                           # ILP knapsack for the memory budget
+  coinor-libcbc-dev                     # ILP knapsack for the memory budget (COIN-OR CBC, EPL)
+  libigraph-dev                         # max-flow reference of the tests and bench (GPL: not in libaotgrad)
+  libglpk-dev                           # knapsack reference of bench_knapsack (GPL: not in libaotgrad)
   openmpi-bin libopenmpi-dev            # process groups and collectives (MPI)
   dataset-fashion-mnist                 # the main job's data
   clang libclang-rt-14-dev              # fuzzing and sanitizer runtimes; the gcc/clang graph check

@@ -54,6 +54,17 @@ LD_LIBRARY_PATH="$stage/lib" ./build-test/consumer-cmake/consumer
 PKG_CONFIG_PATH="$stage/lib/pkgconfig" cc -o build-test/small_resnet-pc examples/small_resnet/main.c \
   $(PKG_CONFIG_PATH="$stage/lib/pkgconfig" pkg-config --cflags --libs aotgrad) -lm
 LD_LIBRARY_PATH="$stage/lib" ./build-test/small_resnet-pc examples/small_resnet > /dev/null
+# The build tree without install: pkg-config finds build-test/aotgrad-uninstalled.pc.
+cc -o build-test/consumer-uninstalled examples/consumer/main.c \
+  $(PKG_CONFIG_PATH=build-test pkg-config --cflags --libs aotgrad)
+LD_LIBRARY_PATH=build-test ./build-test/consumer-uninstalled
+# No GPL library linked in, and no igraph/libxml2 include directories in consumers' flags.
+if readelf -d build-test/libaotgrad.so | grep -iE 'igraph|glpk'; then
+  echo "libaotgrad.so links igraph or GLPK (GPL)"; exit 1
+fi
+if PKG_CONFIG_PATH="$stage/lib/pkgconfig" pkg-config --cflags --libs --static aotgrad | grep -iE 'igraph|glpk|libxml2'; then
+  echo "aotgrad.pc names igraph, GLPK or libxml2"; exit 1
+fi
 echo "exported symbols all start with ag_: $(nm -D --defined-only "$stage"/lib/libaotgrad.so | awk '{print $3}' | grep -Ev '^(ag_|_init|_fini|__bss_start|_edata|_end)' | wc -l) others"
 nm -D --defined-only "$stage"/lib/libaotgrad.so | awk '{print $3}' | grep -Ev '^(ag_|_init|_fini|__bss_start|_edata|_end)' && { echo "unexpected exported symbols"; exit 1; }
 

@@ -761,6 +761,106 @@ static void test_check_compare_nonfinite(void **state) {
         ag_tensor_free(all[i]);
 }
 
+/* ---- --help and --version ---- */
+
+/* Every command, and the file whose option parsing it runs (its flags must all be in its
+ * usage; trace's and export's include show's and descriptors', which share their files). */
+static const struct {
+    const char *cmd, *src;
+} cli_commands[] = {
+    {"ops", "tools/cmd_ops.c"},
+    {"train", "tools/cmd_train.c"},
+    {"check", "tools/cmd_check.c"},
+    {"models", NULL},
+    {"trace", "tools/cmd_trace.c"},
+    {"show", NULL},
+    {"export", "tools/cmd_export.c"},
+    {"descriptors", NULL},
+    {"partition", "tools/cmd_partition.c"},
+    {"shard", "tools/cmd_shard.c"},
+    {"predict", "tools/cmd_predict.c"},
+    {"bench", "tools/cmd_bench.c"},
+    {"version", NULL},
+};
+
+/* `aotgrad CMD --help` and `-h` (also after other arguments) print CMD's usage on stdout and
+ * exit 0, with nothing on stderr; the usage names every "--flag" string the command's source
+ * compares its arguments with. A command missing from the list fails `aotgrad help`'s check. */
+static void test_command_help(void **st) {
+    (void)st;
+    char out[128];
+    path_in(out, sizeof out, "help.txt");
+    result r;
+    run(&r, out, 0, (const char *[]){"--help", NULL});
+    expect(&r, 0, NULL, "aotgrad --help");
+    char *top = strdup(slurp(out));
+    for (size_t i = 0; i < sizeof cli_commands / sizeof cli_commands[0]; i++) {
+        const char *cmd = cli_commands[i].cmd;
+        char line[64];
+        snprintf(line, sizeof line, "\n  %s ", cmd);
+        if (!strstr(top, line))
+            fail_msg("aotgrad --help does not list %s:\n%s", cmd, top);
+        const char *forms[][3] = {{cmd, "--help", NULL}, {cmd, "-h", NULL}, {cmd, "mlp", "-h"}};
+        for (int f = 0; f < 3; f++) {
+            run(&r, out, 0, (const char *[]){forms[f][0], forms[f][1], forms[f][2], NULL});
+            expect(&r, 0, NULL, cmd);
+            if (r.err[0])
+                fail_msg("aotgrad %s %s: stderr not empty: %s", cmd, forms[f][1], r.err);
+            const char *u = slurp(out);
+            char want[64];
+            snprintf(want, sizeof want, "usage: aotgrad %s", cmd);
+            if (!strstr(u, want))
+                fail_msg("aotgrad %s %s printed no usage:\n%s", cmd, forms[f][1], u);
+        }
+        if (!cli_commands[i].src)
+            continue;
+        run(&r, out, 0, (const char *[]){cmd, "--help", NULL});
+        char *usage = strdup(slurp(out));
+        char src[512];
+        snprintf(src, sizeof src, "%s/%s", AG_SOURCE_DIR, cli_commands[i].src);
+        const char *code = slurp(src);
+        assert_non_null(code);
+        int nflags = 0;
+        for (const char *p = strstr(code, "\"--"); p; p = strstr(p + 1, "\"--")) {
+            size_t n = strspn(p + 1, "-abcdefghijklmnopqrstuvwxyz0123456789");
+            if (p[1 + n] != '"' || n < 3 || !strncmp(p + 1, "--help", n))
+                continue;
+            char flag[64];
+            snprintf(flag, sizeof flag, "%.*s", (int)n, p + 1);
+            nflags++;
+            if (!strstr(usage, flag))
+                fail_msg("aotgrad %s --help does not mention %s (%s parses it):\n%s", cmd, flag,
+                         cli_commands[i].src, usage);
+        }
+        assert_true(nflags > 0);
+        free(usage);
+    }
+    free(top);
+}
+
+/* `aotgrad --version` and `aotgrad version` print "aotgrad " and ag_version(), which agrees
+ * with the header's macros. */
+static void test_version(void **st) {
+    (void)st;
+    char want[64], made[64];
+    snprintf(want, sizeof want, "aotgrad %s\n", ag_version());
+    snprintf(made, sizeof made, "%d.%d.%d", AG_VERSION_MAJOR, AG_VERSION_MINOR, AG_VERSION_PATCH);
+    assert_string_equal(ag_version(), made);
+    assert_string_equal(ag_version(), AG_VERSION_STRING);
+    char out[128];
+    path_in(out, sizeof out, "version.txt");
+    const char *forms[] = {"--version", "version"};
+    for (int f = 0; f < 2; f++) {
+        result r;
+        run(&r, out, 0, (const char *[]){forms[f], NULL});
+        expect(&r, 0, NULL, forms[f]);
+        assert_string_equal(slurp(out), want);
+    }
+    result r;
+    run(&r, out, 0, (const char *[]){"version", "extra", NULL});
+    expect(&r, 2, "aotgrad version: unexpected argument 'extra'", "version extra");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stdout_full),
@@ -776,6 +876,8 @@ int main(void) {
         cmocka_unit_test(test_check_compare_nonfinite),
         cmocka_unit_test(test_saved_joint_round_trip),
         cmocka_unit_test(test_saved_joint_errors),
+        cmocka_unit_test(test_command_help),
+        cmocka_unit_test(test_version),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

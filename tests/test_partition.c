@@ -5,10 +5,12 @@
  * joint graph on the zoo, the monotonic-peak property over a budget sweep, and allocation
  * failures. */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "maxflow_igraph.h"
 #include "partition/partition_internal.h"
 #include "testutil.h"
 
@@ -468,6 +470,89 @@ static void test_knapsack_solvers(void **st) {
     }
 }
 
+/* The ILP (CBC) reaches the exact optimum: on random problems whose memories are multiples of
+ * dp's quantum 1/10000 (so dp is exact too) it agrees with dp and with brute force, within
+ * the limit, at limits from nothing fits to everything fits. */
+static void test_knapsack_ilp_vs_dp(void **st) {
+    (void)st;
+    uint64_t seed = 11;
+    for (int trial = 0; trial < 30; trial++) {
+        int n = 1 + trial % 14;
+        double m[14], r[14], limit = floor(tu_xorshift(&seed, 0, 10000)) / 10000;
+        for (int i = 0; i < n; i++) {
+            m[i] = floor(tu_xorshift(&seed, 0, 3000)) / 10000;
+            r[i] = floor(tu_xorshift(&seed, 1, 1e6));
+        }
+        double best = 0;
+        for (int mask = 0; mask < 1 << n; mask++) {
+            double mm = 0, rr = 0;
+            for (int i = 0; i < n; i++)
+                if (mask >> i & 1) {
+                    mm += m[i];
+                    rr += r[i];
+                }
+            if (mm <= limit + 1e-9 && rr > best)
+                best = rr;
+        }
+        for (int s = AG_KNAPSACK_DP; s <= AG_KNAPSACK_ILP; s++) {
+            bool save[14];
+            double total, mm = 0, rr = 0;
+            assert_int_equal(ag__knapsack((ag_knapsack)s, m, r, n, limit, save, &total), 0);
+            for (int i = 0; i < n; i++)
+                if (save[i]) {
+                    mm += m[i];
+                    rr += r[i];
+                }
+            if (rr != best || total != best || mm > limit + 1e-9)
+                fail_msg("trial %d (%d items, limit %g): solver %d saved %.17g (reported %.17g) "
+                         "in memory %.17g, the optimum is %.17g",
+                         trial, n, limit, s, rr, total, mm, best);
+        }
+    }
+}
+
+/* The ILP from several threads at once (CBC is serialized inside): each gets the optimum. */
+typedef struct ilp_job {
+    const double *m, *r;
+    double best;
+    int bad;
+} ilp_job;
+
+static void *ilp_thread(void *arg) {
+    ilp_job *j = arg;
+    for (int it = 0; it < 10; it++) {
+        bool save[12];
+        double total;
+        if (ag__knapsack(AG_KNAPSACK_ILP, j->m, j->r, 12, 0.8, save, &total) || total != j->best)
+            j->bad++;
+    }
+    return NULL;
+}
+
+static void test_knapsack_ilp_threads(void **st) {
+    (void)st;
+    uint64_t seed = 7;
+    double m[12], r[12], best = 0, total;
+    bool save[12];
+    for (int i = 0; i < 12; i++) {
+        m[i] = floor(tu_xorshift(&seed, 1, 300)) / 1000;
+        r[i] = floor(tu_xorshift(&seed, 1, 100));
+    }
+    assert_int_equal(ag__knapsack(AG_KNAPSACK_DP, m, r, 12, 0.8, save, &best), 0);
+    ilp_job jobs[4];
+    pthread_t th[4];
+    for (int t = 0; t < 4; t++) {
+        jobs[t] = (ilp_job){m, r, best, 0};
+        assert_int_equal(pthread_create(&th[t], NULL, ilp_thread, &jobs[t]), 0);
+    }
+    for (int t = 0; t < 4; t++) {
+        assert_int_equal(pthread_join(th[t], NULL), 0);
+        assert_int_equal(jobs[t].bad, 0);
+    }
+    assert_int_equal(ag__knapsack(AG_KNAPSACK_ILP, m, r, 12, 0.8, save, &total), 0);
+    assert_true(total == best);
+}
+
 /* Every solver gives a valid partition at a middle budget. */
 static void test_solvers_partition(void **st) {
     (void)st;
@@ -852,6 +937,8 @@ int main(void) {
         cmocka_unit_test(test_budget_zero),
         cmocka_unit_test(test_budget_out_of_range),
         cmocka_unit_test(test_knapsack_solvers),
+        cmocka_unit_test(test_knapsack_ilp_vs_dp),
+        cmocka_unit_test(test_knapsack_ilp_threads),
         cmocka_unit_test(test_solvers_partition),
         cmocka_unit_test(test_flow_network),
         cmocka_unit_test(test_peak_monotonic_in_budget),

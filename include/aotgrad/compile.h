@@ -34,7 +34,7 @@ typedef enum ag_partitioner {
 typedef enum ag_knapsack {
     AG_KNAPSACK_GREEDY = 0,
     AG_KNAPSACK_DP,
-    AG_KNAPSACK_ILP, /* GLPK */
+    AG_KNAPSACK_ILP, /* an exact binary program, solved by COIN-OR CBC */
 } ag_knapsack;
 
 /* Zero-initialized, or NULL: upstream's defaults (default_partition; activation_memory_budget

@@ -42,6 +42,18 @@ extern "C" {
 #define AG_API
 #endif
 
+/* The version of the headers compiled against; ag_version() says the library's at run time
+ * (they differ when a program runs against another build of libaotgrad than it was compiled
+ * with). CMakeLists.txt's project(VERSION) must agree (configuring checks it). */
+#define AG_VERSION_MAJOR 0
+#define AG_VERSION_MINOR 1
+#define AG_VERSION_PATCH 0
+#define AG_VERSION_STRING "0.1.0"
+
+/* The running library's version, "MAJOR.MINOR.PATCH" ("0.1.0"): a static string, never NULL,
+ * owned by the library (do not free). */
+AG_API const char *ag_version(void);
+
 #define AG_MAX_DIMS 8
 
 /* Status codes. 0 is success; every failure is negative and sets ag_last_error(). */

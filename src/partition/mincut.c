@@ -46,13 +46,13 @@
  * their tag or the budget, because they read the running thread's generator; they are saved.
  *
  * Max-flow: our Dinic (below), measured against igraph_maxflow in bench/bench_maxflow.c and
- * clearly faster on these networks; igraph_maxflow is kept as the reference.
+ * clearly faster on these networks; igraph_maxflow (GPL) is kept as the reference in the tests
+ * and the bench only (tests/maxflow_igraph.c), never in the library.
  *
  * Budgets strictly between 0 and 1: see choose_saved_values_set below. */
 #include "partition_internal.h"
 #include "side_plan.h"
 
-#include <igraph/igraph.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -464,57 +464,6 @@ done:
     if (b.rc)
         ag__flow_net_free(net);
     return b.rc;
-}
-
-/* ---- max-flow (igraph) ---- */
-
-int ag__maxflow_igraph(const ag__flow_net *net, double *value, double *flow) {
-    igraph_error_handler_t *old = igraph_set_error_handler(igraph_error_handler_ignore);
-    igraph_t g;
-    igraph_vector_int_t edges;
-    igraph_vector_t cap, fl;
-    int rc = AG_ENOMEM;
-    bool have_g = false, have_e = false, have_c = false, have_f = false;
-    if (igraph_vector_int_init(&edges, 2 * (igraph_integer_t)net->nedges))
-        goto done;
-    have_e = true;
-    for (int e = 0; e < net->nedges; e++) {
-        VECTOR(edges)[2 * e] = net->from[e];
-        VECTOR(edges)[2 * e + 1] = net->to[e];
-    }
-    if (igraph_vector_init(&cap, net->nedges))
-        goto done;
-    have_c = true;
-    for (int e = 0; e < net->nedges; e++)
-        VECTOR(cap)[e] = net->cap[e];
-    if (igraph_vector_init(&fl, 0))
-        goto done;
-    have_f = true;
-    if (igraph_create(&g, &edges, net->nverts, IGRAPH_DIRECTED))
-        goto done;
-    have_g = true;
-    igraph_real_t v = 0;
-    if (igraph_maxflow(&g, &v, &fl, NULL, NULL, NULL, net->source, net->sink, &cap, NULL)) {
-        rc = ag__err(AG_ENOMEM, "partition: igraph_maxflow failed");
-        goto done;
-    }
-    *value = v;
-    for (int e = 0; e < net->nedges; e++)
-        flow[e] = VECTOR(fl)[e];
-    rc = 0;
-done:
-    if (have_g)
-        igraph_destroy(&g);
-    if (have_f)
-        igraph_vector_destroy(&fl);
-    if (have_c)
-        igraph_vector_destroy(&cap);
-    if (have_e)
-        igraph_vector_int_destroy(&edges);
-    igraph_set_error_handler(old);
-    if (rc == AG_ENOMEM && !ag__has_error())
-        ag__err(AG_ENOMEM, "partition: igraph ran out of memory");
-    return rc;
 }
 
 /* ---- max-flow (our Dinic) ----

@@ -3,7 +3,8 @@
  * partition, the public entry points), side_plan.c (what each side runs for a saved set, the
  * backward reordering, the peak-memory model: side_plan.h), mincut.c (the min-cut
  * rematerialization partition: bans, weights, the flow network, the memory budget) and
- * knapsack.c (the knapsack solvers), plus what the tests, the CLI and bench_maxflow reach in.
+ * knapsack.c (the knapsack solvers), plus what the tests, the CLI, bench_maxflow and
+ * bench_knapsack reach in.
  * The files use each other in a line: partition.c -> mincut.c -> side_plan.c, knapsack.c.
  *
  * Every per-node array is indexed by the node's position in the partitioner's private copy of
@@ -138,9 +139,9 @@ void ag__flow_net_free(ag__flow_net *net);
 int ag__mincut_network(const ag__part *P, const ag__mincut_opts *o, const bool *dont_ban,
                        ag__flow_net *net, bool *banned);
 /* Maximum flow: the flow value and each edge's flow (net->nedges entries). The partitioner
- * uses Dinic; igraph_maxflow is the reference (bench/bench_maxflow.c times both). */
+ * uses Dinic; igraph_maxflow is the reference of the tests and bench_maxflow, outside the
+ * library (tests/maxflow_igraph.h). */
 int ag__maxflow_dinic(const ag__flow_net *net, double *value, double *flow);
-int ag__maxflow_igraph(const ag__flow_net *net, double *value, double *flow);
 /* solve_min_cut: the saved nodes (graph order, new array) and the banned set. */
 int ag__solve_min_cut(const ag__part *P, const ag__mincut_opts *o, const bool *dont_ban,
                       int **saved, int *nsaved, bool *banned);
@@ -175,5 +176,10 @@ int ag__partition_ex(const ag_graph *joint, int num_fwd_outputs, const ag_partit
  * saved runtime. Returns 0 or a negative status. */
 int ag__knapsack(ag_knapsack solver, const double *memory, const double *runtime, int n,
                  double max_memory, bool *save, double *total_runtime);
+/* bench_knapsack's hook: when set (on this thread), ag__knapsack hands it every problem before
+ * solving it (the arrays are the caller's, valid during the call only). NULL unsets it. */
+typedef void (*ag__knapsack_hook_fn)(void *ctx, const double *memory, const double *runtime, int n,
+                                     double max_memory);
+void ag__knapsack_set_hook(ag__knapsack_hook_fn fn, void *ctx);
 
 #endif
