@@ -38,8 +38,9 @@ static const struct {
      "list the op table (name, flags, dtypes, backward, gradcheck); --json as JSON"},
     {"train", cli_train,
      "[--model cnn|mlp|gpt2] [--data PATH] [--steps N] [--batch B] [--lr F] [--seed S] "
-     "[--partitioner default|mincut] [--budget F] [--parallel dp|fsdp|tp] [--save FILE] "
-     "[--load FILE]",
+     "[--schedule cosine|constant] [--warmup N] [--decay-steps N] [--min-lr F] [--clip F] "
+     "[--partitioner default|mincut] [--budget F] [--parallel dp|fsdp|tp] "
+     "[--save DIR|FILE.safetensors] [--resume DIR] [--load FILE]",
      "the main job: export, partition, compile and train a zoo model (default the cnn on "
      "Fashion-MNIST); --parallel under mpirun"},
     {"check", cli_check,
