@@ -109,9 +109,11 @@ static int glpk_solve(const double *memory, const double *runtime, int n, double
 enum { NSOLVERS = 4 };
 static const char *solver_names[NSOLVERS] = {"greedy", "dp", "ilp(cbc)", "glpk"};
 
+static const ag_knapsack solver_of[3] = {AG_KNAPSACK_GREEDY, AG_KNAPSACK_DP, AG_KNAPSACK_ILP};
+
 static int solve(int s, const problem *p, bool *save, double *total) {
     if (s < 3)
-        return ag__knapsack((ag_knapsack)s, p->memory, p->runtime, p->n, p->limit, save, total);
+        return ag__knapsack(solver_of[s], p->memory, p->runtime, p->n, p->limit, save, total);
 #ifdef AG_BENCH_GLPK
     return glpk_solve(p->memory, p->runtime, p->n, p->limit, save, total);
 #else

@@ -42,7 +42,7 @@ typedef struct opts {
 static const char usage[] =
     "usage: aotgrad partition MODEL|FILE.joint [--config NAME] [--dropout P] [--partitioner "
     "default|mincut] "
-    "[--budget F] [--solver greedy|dp|ilp] [--format text|dot|svg] [-o FILE]\n"
+    "[--budget F] [--solver dp|greedy|ilp (default dp)] [--format text|dot|svg] [-o FILE]\n"
     "       (aotgrad models lists the models)\n";
 
 /* The zoo models whose last inputs are keyword arguments (as `aotgrad export`). */
@@ -61,7 +61,7 @@ static int bad(const char *what, const char *v) {
 
 static int parse_opts(int argc, char **argv, opts *o) {
     o->part = (ag_partition_opts){
-        .partitioner = AG_PARTITION_DEFAULT, .memory_budget = 1.0, .solver = AG_KNAPSACK_GREEDY};
+        .partitioner = AG_PARTITION_DEFAULT, .memory_budget = 1.0, .solver = AG_KNAPSACK_DP};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--config")) {

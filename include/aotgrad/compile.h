@@ -31,10 +31,13 @@ typedef enum ag_partitioner {
     AG_PARTITION_MINCUT,      /* min_cut_rematerialization_partition */
 } ag_partitioner;
 
+/* The knapsack solver of the memory budget (upstream's activation_memory_budget_solver). Zero
+ * is upstream's default, "dp"; the values were renumbered in 0.1.0 so that it is (GREEDY was
+ * 0): name them, never spell the numbers. */
 typedef enum ag_knapsack {
-    AG_KNAPSACK_GREEDY = 0,
-    AG_KNAPSACK_DP,
-    AG_KNAPSACK_ILP, /* an exact binary program, solved by COIN-OR CBC */
+    AG_KNAPSACK_DP = 0,     /* upstream's "dp": exact on memory quantized to 1/10000 */
+    AG_KNAPSACK_GREEDY = 1, /* upstream's "greedy": by runtime per byte */
+    AG_KNAPSACK_ILP = 2,    /* an exact binary program, solved by COIN-OR CBC */
 } ag_knapsack;
 
 /* Zero-initialized, or NULL: upstream's defaults (default_partition; activation_memory_budget
@@ -57,7 +60,7 @@ typedef struct ag_partition_opts {
      * e.g. a command line's, into the field's value). Other values are refused (AG_EINVAL). A
      * node's float meta "memory_budget" overrides the field, 0.0 there meaning 0. */
     double memory_budget;
-    ag_knapsack solver; /* zero: greedy (upstream's config default is "dp") */
+    ag_knapsack solver; /* zero: dp, upstream's default */
 } ag_partition_opts;
 
 /* Budget 0 in ag_partition_opts.memory_budget, where plain 0 means the default 1.0: negative
