@@ -276,6 +276,13 @@ static void test_pieces_round_trip(void **st) {
         ag_tensor_free(back);
         ag_tensor_free(loc);
     }
+    /* The result is the caller's to free also inside an open scope, whatever the path (a
+     * replicated piece is a copy: it used to belong to the scope too, a double free). */
+    ag_scope_begin();
+    ag_tensor *in_scope = ag_shard_full(x2, AG_P_REPLICATE, &mesh);
+    assert_non_null(in_scope);
+    ag_tensor_free(in_scope);
+    ag_scope_end();
     /* A dim that does not split evenly. */
     assert_null(ag_shard_local(x2, AG_P_SHARD(1), &(ag_mesh){.size = 3 * N, .rank = 0}));
     tu_assert_error_contains("does not split");

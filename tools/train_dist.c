@@ -309,16 +309,18 @@ int dist_train_clip_grad_norm(dist_train *d, double max_norm, double *total_norm
         else
             s_shard += sumsq(g);
     }
-    /* The sharded pieces' sums from every rank: a Shard(0) gather of one value each (in a
-     * scope of its own: the caller may be inside one, which would own these tensors). */
+    /* The sharded pieces' sums from every rank: a Shard(0) gather of one value each. `mine`
+     * belongs to the scope opened here; ag_shard_full's result is ours to free (parallel.h). */
     ag_scope_begin();
     ag_tensor *mine = ag_from_data(AG_F64, 1, (int64_t[]){1}, &s_shard);
     ag_tensor *all = mine ? ag_shard_full(mine, AG_P_SHARD(0), &d->mesh) : NULL;
     double total = s_rep;
     for (int64_t r = 0; all && r < ag_tensor_numel(all); r++)
         total += ag_tensor_item_at(all, r);
+    bool ok = all != NULL;
+    ag_tensor_free(all);
     ag_scope_end();
-    if (!all)
+    if (!ok)
         return ag_last_status() ? ag_last_status() : AG_ENOMEM;
     total = sqrt(total);
     *total_norm = total;

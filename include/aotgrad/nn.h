@@ -226,6 +226,8 @@ AG_API ag_module *ag_nn_embedding(int64_t num, int64_t dim);
 AG_API ag_module *ag_nn_dropout(double p);
 AG_API ag_module *ag_nn_relu(void);
 AG_API ag_module *ag_nn_gelu(const char *approximate);
+/* MaxPool2d(kernel_size, stride, padding): square kernel; stride <= 0 means the kernel size
+ * (PyTorch's None); padding at most half the kernel. */
 AG_API ag_module *ag_nn_maxpool2d(int64_t kernel, int64_t stride, int64_t padding);
 /* AvgPool2d(kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
  * square kernel; stride <= 0 means the kernel size (PyTorch's None); divisor_override 0 means

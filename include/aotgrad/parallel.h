@@ -152,7 +152,8 @@ AG_API ag_placement ag_node_placement(const ag_node *n);
  * StridedShard(d, k) that chunk of each of the k blocks concatenated in block order,
  * Replicate() and Partial(avg) a copy, Partial(sum) a copy on rank 0 and zeros elsewhere.
  * Reads no other rank. AG_EINVAL when dim d does not split evenly (ag_shard_divisible).
- * ag_shard_full: the inverse, the full tensor from this rank's piece `local` (caller frees):
+ * ag_shard_full: the inverse, the full tensor from this rank's piece `local` (caller frees, also
+ * when called inside an open scope):
  * a collective on the mesh's group when it has more than one rank (every rank calls it for the
  * same tensors in the same order; all_gather_into_tensor for Shard, all_reduce for Partial,
  * through the eager _c10d_functional ops), a copy otherwise. NULL with a message on failure. */

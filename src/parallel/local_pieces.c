@@ -88,8 +88,12 @@ ag_tensor *ag_shard_full(ag_tensor *local, ag_placement pl, const ag_mesh *mesh)
     int N = mesh->size;
     const char *group = mesh->group ? mesh->group : "0";
     if (pl.kind == AG_REPLICATE || N == 1) {
+        /* A reference of the caller's, as the gathers below: a clone made in the caller's open
+         * scope would belong to that scope, and the caller's free would be a second one. */
         bool grad = ag_set_grad_enabled(false);
-        ag_tensor *out = ag_clone(local);
+        ag_scope_begin();
+        ag_tensor *out = ag_tensor_keep(ag_clone(local));
+        ag_scope_end();
         ag_set_grad_enabled(grad);
         return out;
     }
