@@ -65,7 +65,7 @@ static const struct {
      "output->tangent pairs"},
     {"partition", cli_partition,
      "MODEL|FILE.joint [--config NAME] [--dropout P] [--partitioner default|mincut] "
-     "[--budget F] [--solver greedy|dp|ilp] [--format text|dot|svg] [-o FILE]",
+     "[--budget F] [--solver dp|greedy|ilp] [--format text|dot|svg] [-o FILE]",
      "split a zoo model's (or a saved joint's) joint graph into forward and backward graphs"},
     {"shard", cli_shard,
      "MODEL --world N [--rank R] --parallel dp|fsdp|tp [--batch B] [--config NAME] "

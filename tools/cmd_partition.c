@@ -1,7 +1,7 @@
 /* `aotgrad partition`: a zoo model's joint graph split into its forward and backward graphs.
  *
  *   aotgrad partition MODEL|FILE.joint [--config NAME] [--dropout P] [--partitioner default|mincut]
- *                           [--budget F] [--solver greedy|dp|ilp] [--format text|dot|svg]
+ *                           [--budget F] [--solver dp|greedy|ilp] [--format text|dot|svg]
  *                           [-o FILE]
  *
  * builds MODEL in meta mode (shapes only) and exports its joint graph (ag_export_joint), or
@@ -42,7 +42,7 @@ typedef struct opts {
 static const char usage[] =
     "usage: aotgrad partition MODEL|FILE.joint [--config NAME] [--dropout P] [--partitioner "
     "default|mincut] "
-    "[--budget F] [--solver dp|greedy|ilp (default dp)] [--format text|dot|svg] [-o FILE]\n"
+    "[--budget F] [--solver dp|greedy|ilp] [--format text|dot|svg] [-o FILE]\n"
     "       (aotgrad models lists the models)\n";
 
 /* The zoo models whose last inputs are keyword arguments (as `aotgrad export`). */
