@@ -25,10 +25,32 @@ static bool mutates_args(const ag_node *n) {
     return false;
 }
 
-/* Calls that must stay even when nothing reads their result. */
+/* Calls that must stay even when nothing reads their result. A call of a subgraph has the
+ * side effects of the calls in it. */
 static bool has_side_effects(const ag_node *n) {
-    return n->kind == AG_NODE_CALL &&
-           ((ag_op_def(n->op)->flags & (AG_OP_EFFECTFUL | AG_OP_COLLECTIVE)) || mutates_args(n));
+    if (n->kind != AG_NODE_CALL)
+        return false;
+    const ag_graph *sub = ag__call_subgraph(n);
+    if (sub) {
+        for (const ag_node *x = sub->first; x; x = x->next)
+            if (has_side_effects(x))
+                return true;
+        return false;
+    }
+    return (ag_op_def(n->op)->flags & (AG_OP_EFFECTFUL | AG_OP_COLLECTIVE)) || mutates_args(n);
+}
+
+/* Whether two calls with the same arguments give the same values: not for random ops (and
+ * subgraphs holding one). */
+static bool draws_randomness(const ag_node *n) {
+    const ag_graph *sub = ag__call_subgraph(n);
+    if (sub) {
+        for (const ag_node *x = sub->first; x; x = x->next)
+            if (x->kind == AG_NODE_CALL && draws_randomness(x))
+                return true;
+        return false;
+    }
+    return ag_op_def(n->op)->flags & AG_OP_RANDOM;
 }
 
 /* ---- dead-code elimination ---- */
@@ -198,7 +220,7 @@ static bool cse_candidate(const ag_node *n) {
         return false;
     /* Random ops draw fresh values at every call (factories such as rand included); effectful,
      * collective and mutating ops must run as often as written. */
-    if (ag_op_def(n->op)->flags & (AG_OP_RANDOM | AG_OP_EFFECTFUL | AG_OP_COLLECTIVE))
+    if (draws_randomness(n) || has_side_effects(n))
         return false;
     return !mutates_args(n);
 }
