@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "testutil.h"
 
@@ -273,6 +274,46 @@ static void test_dce_cse(void **state) {
     ag_graph_free(g);
 }
 
+/* DOT: a cluster per subgraph, a dashed edge from each get_attr of it into the cluster. */
+static void test_dot(void **state) {
+    (void)state;
+    ag_graph *g = make_outer();
+    assert_non_null(g);
+    char *d = ag_graph_to_dot(g, NULL);
+    assert_non_null(d);
+    const char *want[] = {
+        "  compound=true;\n",
+        "  subgraph cluster_s0 {\n  label=\"subgraph repeated_subgraph0\";\n",
+        "  n1 [shape=record, label=\"{%repeated_subgraph0|get_attr|subgraph repeated_subgraph0}\"",
+        "  n2 [shape=record, label=\"{%invoke_subgraph|invoke_subgraph|f32[4, 3]}\"",
+        "  s0n1 [shape=record, label=\"{%sin|sin|f32[4, 3]}\"",
+        "  s0n0 -> s0n1;\n",
+        "  s0n1 -> s0n2;\n",
+        "  s0n2 -> s0n3;\n",
+        "  n1 -> s0n0 [style=dashed, lhead=cluster_s0];\n",
+        "  n1 -> n2;\n",
+        "  n0 -> n2;\n",
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++)
+        if (!strstr(d, want[i]))
+            fail_msg("DOT lacks '%s':\n%s", want[i], d);
+    ag_free(d);
+    if (system("command -v dot >/dev/null 2>&1") == 0) {
+        char path[] = "/tmp/ag_subgraph_XXXXXX";
+        int fd = mkstemp(path);
+        assert_true(fd >= 0);
+        close(fd);
+        if (ag_graph_write_svg(g, path, NULL))
+            fail_msg("svg: %s", ag_last_error());
+        char *svg = tu_read_file(path);
+        assert_non_null(svg);
+        assert_non_null(strstr(svg, "<title>cluster_s0</title>"));
+        free(svg);
+        unlink(path);
+    }
+    ag_graph_free(g);
+}
+
 /* ---- errors ---- */
 
 static void expect_null(void *p, const char *msg) {
@@ -504,6 +545,7 @@ int main(void) {
         cmocka_unit_test(test_doc_example),
         cmocka_unit_test(test_run),
         cmocka_unit_test(test_dce_cse),
+        cmocka_unit_test(test_dot),
         cmocka_unit_test(test_api_errors),
         cmocka_unit_test(test_verify_errors),
         cmocka_unit_test(test_parse_errors),

@@ -989,7 +989,7 @@ static int parse_lines(parser *P) {
 
 /* The lines after the header at li. */
 static int parse_block_lines(parser *P, int li) {
-    cur c;
+    cur c = {P, li, P->lines[li], P->lines[li]};
     bool have_return = false, in_node = false; /* in_node: continuation lines may follow */
     int rc;
     size_t ci = 0; /* next constant entry, in line order */
