@@ -170,6 +170,49 @@ static void test_doc_example(void **state) {
     free(buf);
 }
 
+/* Two subgraphs, one with two outputs, its own constant and operands of two shapes; metadata
+ * and a stack trace on the outer nodes (fuzz/corpus/subgraph_multi.txt, read from there).
+ * Round trip under every printing option, then a run against the computation by hand:
+ * out0 = relu(x * y + c) + cos(x), out1 = x * y + c. */
+static void test_multi(void **state) {
+    (void)state;
+    char *text = tu_read_file("fuzz/corpus/subgraph_multi.txt");
+    if (!text)
+        fail_msg("fuzz/corpus/subgraph_multi.txt not found (run from the repository root)");
+    ag_graph *g = ag_graph_parse(text, strlen(text));
+    if (!g)
+        fail_msg("parse: %s", ag_last_error());
+    assert_int_equal(ag_graph_verify(g), 0);
+    ag_print_opts o = {.seq_nr = true, .stack_trace = true};
+    char *s = ag_graph_to_string(g, &o);
+    assert_string_equal(s, text);
+    ag_free(s);
+    assert_int_equal(ag_graph_num_subgraphs(g), 2);
+    ag_mval v = ag_node_custom_get(ag_graph_find(g, "invoke_subgraph"), "call_id");
+    assert_int_equal(v.kind, AG_MV_INT);
+    assert_int_equal(v.u.i, 1);
+    double xv[6] = {-1.0, 0.5, 2.0, -0.25, 1.5, -3.0}, yv[3] = {2.0, -1.0, 0.5};
+    const double c[3] = {1.0, 2.0, 0.5};
+    ag_tensor *in[2] = {tu_tensor(AG_F32, 2, (int64_t[]){2, 3}, xv),
+                        tu_tensor(AG_F32, 1, (int64_t[]){3}, yv)};
+    ag_tensor *out[2] = {0};
+    if (ag_graph_run(g, in, 2, out, 2) != 2)
+        fail_msg("run: %s", ag_last_error());
+    double w0[6], w1[6];
+    for (int i = 0; i < 6; i++) {
+        w1[i] = xv[i] * yv[i % 3] + c[i % 3];
+        w0[i] = (w1[i] > 0 ? w1[i] : 0) + cos(xv[i]);
+    }
+    tu_assert_values(out[0], 2, (int64_t[]){2, 3}, w0, 1e-6);
+    tu_assert_values(out[1], 2, (int64_t[]){2, 3}, w1, 1e-6);
+    for (int i = 0; i < 2; i++) {
+        ag_tensor_free(out[i]);
+        ag_tensor_free(in[i]);
+    }
+    ag_graph_free(g);
+    free(text);
+}
+
 /* The interpreter runs each call of the subgraph on its operands: sin(sin(x)) - 1. */
 static void test_run(void **state) {
     (void)state;
@@ -255,8 +298,8 @@ static void test_dce_cse(void **state) {
     ag_graph *sub = ag_graph_new();
     ag_tmeta m = meta_of(AG_F32, 2, S43);
     ag_node *a = ag_graph_placeholder(sub, NULL, &m);
-    ag_node *ad = ag_graph_call(sub, ag_op_find("add_.Tensor"), (ag_garg[]){AG_GA_N(a), AG_GA_N(a)},
-                                2, NULL);
+    ag_node *ad =
+        ag_graph_call(sub, ag_op_find("add_.Tensor"), (ag_garg[]){AG_GA_N(a), AG_GA_N(a)}, 2, NULL);
     assert_non_null(ad);
     ag_graph_output(sub, &ad, 1);
     g = ag_graph_new();
@@ -400,8 +443,9 @@ static void test_verify_errors(void **state) {
     ag_tmeta bad = meta_of(AG_F64, 2, S43);
     assert_int_equal(ag_node_set_val(sn, 0, &bad), 0);
     assert_int_equal(ag_graph_verify(g), AG_EINVAL);
-    tu_assert_error_contains("verify: subgraph repeated_subgraph0: %sin: stored val f64[4, 3] but sin infers "
-                             "f32[4, 3]");
+    tu_assert_error_contains(
+        "verify: subgraph repeated_subgraph0: %sin: stored val f64[4, 3] but sin infers "
+        "f32[4, 3]");
     assert_int_equal(ag_node_set_val(sn, 0, &good), 0);
     /* A call whose operands no longer fit the subgraph's placeholders. */
     ag_node *a = ag_graph_find(sub, "arg0_1");
@@ -477,7 +521,8 @@ static void test_parse_errors(void **state) {
              "    %s0 = get_attr(s0)  # f32[2]\n"
              "    return (%x,)\n",
              sub);
-    expect_parse_error(buf, "line 3:27: expected 'subgraph' (a get_attr of a subgraph has no VAL), got 'f32'");
+    expect_parse_error(
+        buf, "line 3:27: expected 'subgraph' (a get_attr of a subgraph has no VAL), got 'f32'");
     /* duplicate subgraphs, a block without return, a header without a name */
     snprintf(buf, sizeof buf, "graph():\n    %%x : f32[2]  # None\n    return (%%x,)\n%s%s", sub,
              sub);
@@ -544,6 +589,7 @@ int main(void) {
         cmocka_unit_test(test_print_parse_verify),
         cmocka_unit_test(test_doc_example),
         cmocka_unit_test(test_run),
+        cmocka_unit_test(test_multi),
         cmocka_unit_test(test_dce_cse),
         cmocka_unit_test(test_dot),
         cmocka_unit_test(test_api_errors),

@@ -1,7 +1,8 @@
 /* The graph IR: an ordered list of nodes, as torch.fx.Graph.
  *
  * Node kinds: placeholder (a graph input), call (an op of the op table, or getitem reading one
- * output of a multi-output call), get_attr (a constant tensor owned by the graph) and output
+ * output of a multi-output call), get_attr (a constant tensor owned by the graph, or one of
+ * the graph's subgraphs: see "subgraphs" below) and output
  * (exactly one, last, listing the graph's outputs). Arguments are values (ag_garg): node
  * references, ints, floats, bools, int lists, None, dtypes, strings and lists of nodes. Every
  * node keeps the list of its users, kept correct by every mutation.
@@ -17,9 +18,9 @@
  * add.Tensor), then `addmm_1`, `addmm_2`, ...; a name that shadows a Python builtin (`sum`,
  * `slice`, `abs`, ...) starts at `_1`.
  *
- * Ownership: the graph owns its nodes, their arguments and metadata, and its constants. Node
- * pointers stay valid until the node is erased or the graph freed. Strings passed in are
- * copied.
+ * Ownership: the graph owns its nodes, their arguments and metadata, its constants and its
+ * subgraphs. Node pointers stay valid until the node is erased or the graph freed. Strings
+ * passed in are copied.
  *
  * Threads: a graph is used by one thread at a time. Copies (ag_graph_copy, the partitioner's
  * graphs) share metadata strings and descriptors by atomic counts, so they may live in other
@@ -158,7 +159,7 @@ AG_API int ag_node_set_val(ag_node *n, int i, const ag_tmeta *m);
 AG_API ag_tensor *ag_node_constant(const ag_node *n); /* GET_ATTR: borrowed */
 /* GET_ATTR of a subgraph: the subgraph (borrowed, owned by n's graph); NULL otherwise. */
 AG_API ag_graph *ag_node_subgraph(const ag_node *n);
-AG_API int ag_node_index(const ag_node *n);           /* position in the graph, 0-based */
+AG_API int ag_node_index(const ag_node *n); /* position in the graph, 0-based */
 
 /* ---- subgraphs ----
  * A graph owns named subgraphs, its graph attributes (FX: submodules of the GraphModule, such
@@ -192,8 +193,7 @@ AG_API const ag_op *ag_op_invoke_subgraph(void);
 /* A call invoke_subgraph(attr, identifier, operands) (attr: a get_attr of a subgraph of g);
  * read its outputs with ag_graph_getitem. NULL with a message when the operands do not fit. */
 AG_API ag_node *ag_graph_invoke_subgraph(ag_graph *g, ag_node *attr, const char *identifier,
-                                         ag_node *const *operands, int noperands,
-                                         const char *name);
+                                         ag_node *const *operands, int noperands, const char *name);
 
 /* ---- metadata ---- */
 typedef enum ag_mval_kind {

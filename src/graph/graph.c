@@ -869,7 +869,7 @@ ag_node *ag_graph_get_attr(ag_graph *g, ag_tensor *value, const char *name) {
     char cand[64];
     if (!name) {
         snprintf(cand, sizeof cand, "_tensor_constant%lld", (long long)g->nconst);
-        while (ag__strmap_has(&g->names, cand))
+        while (ag__strmap_has(&g->names, cand) || ag_graph_subgraph(g, cand))
             snprintf(cand, sizeof cand, "_tensor_constant%lld", (long long)++g->nconst);
     }
     ag_node *n = node_new(g, AG_NODE_GET_ATTR, name ? name : cand, NULL);

@@ -45,7 +45,7 @@ struct ag_node {
     ag_tmeta *vals;
     int nvals;
     ag_tensor *constant;
-    ag_graph *sub; /* GET_ATTR of a subgraph: the subgraph, owned by the node's graph */
+    ag_graph *sub;             /* GET_ATTR of a subgraph: the subgraph, owned by the node's graph */
     ag__mentry *meta, *custom; /* meta is meta_inline until it outgrows it */
     int nmeta, meta_cap, ncustom, custom_cap;
     ag_desc *desc;
@@ -118,8 +118,7 @@ int ag__subgraph_index(const ag_graph *g, const ag_graph *sub);
 /* subgraph.c: the meta inference of a call of an AG_OP_SUBGRAPH op (invoke_subgraph): checks
  * the subgraph argument and the operands against the subgraph's placeholders and gives the
  * subgraph's output vals. ag__infer_meta calls it instead of the op's meta function. */
-int ag__subgraph_infer(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *vals,
-                       int *nvals);
+int ag__subgraph_infer(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *vals, int *nvals);
 /* subgraph.c: the subgraph a call of an AG_OP_SUBGRAPH op invokes (NULL for other nodes). */
 const ag_graph *ag__call_subgraph(const ag_node *n);
 

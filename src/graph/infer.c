@@ -130,8 +130,9 @@ static int check_node_arg(const ag_op *op, int i, const ag_node *x) {
     if (!x)
         return 0;
     if (x->sub)
-        return ag__err(AG_EINVAL, "%s: argument %d (%%%s) is a subgraph; only invoke_subgraph "
-                                  "takes one",
+        return ag__err(AG_EINVAL,
+                       "%s: argument %d (%%%s) is a subgraph; only invoke_subgraph "
+                       "takes one",
                        ag_op_name(op), i, x->name);
     if (x->kind == AG_NODE_CALL && x->op && (ag_op_def(x->op)->flags & AG_OP_SUBGRAPH))
         return ag__err(AG_EINVAL, "%s: argument %d (%%%s) is a tuple; read it through getitem",

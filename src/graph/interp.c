@@ -165,8 +165,9 @@ static int run_subgraph_call(run_state *st, const ag_node *n, const ag_graph *su
     if (rc != n->nvals) {
         for (int i = 0; i < rc; i++)
             ag_tensor_free(outs[i]);
-        return ag__err(AG_EINVAL, "run: %%%s: the subgraph produced %d output(s), the graph "
-                                  "expects %d",
+        return ag__err(AG_EINVAL,
+                       "run: %%%s: the subgraph produced %d output(s), the graph "
+                       "expects %d",
                        n->name, rc, n->nvals);
     }
     int64_t f = st->first[n->index];

@@ -196,10 +196,11 @@ static const char *meta_str(const ag_tmeta *m, char *buf, size_t n) {
 int ag__subgraph_infer(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *vals,
                        int *nvals) {
     const char *opn = ag_op_name(op);
-    if (nargs != 3 || args[0].kind != AG_GA_NODE || !args[0].u.node ||
-        args[1].kind != AG_GA_STR || !args[1].u.s || args[2].kind != AG_GA_NODES)
-        return ag__err(AG_EINVAL, "%s: takes (subgraph, identifier, operands): a get_attr of a "
-                                  "subgraph, a string and a list of nodes",
+    if (nargs != 3 || args[0].kind != AG_GA_NODE || !args[0].u.node || args[1].kind != AG_GA_STR ||
+        !args[1].u.s || args[2].kind != AG_GA_NODES)
+        return ag__err(AG_EINVAL,
+                       "%s: takes (subgraph, identifier, operands): a get_attr of a "
+                       "subgraph, a string and a list of nodes",
                        opn);
     const ag_node *attr = args[0].u.node;
     const ag_graph *sub = attr->sub;
@@ -235,9 +236,9 @@ int ag__subgraph_infer(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta
             same = a->sizes[d] == b->sizes[d];
         if (!same) {
             char sa[160], sb[160];
-            return ag__err(AG_EINVAL, "%s: operand %d (%%%s) is %s but placeholder %%%s of %s is %s",
-                           opn, i, x->name, meta_str(a, sa, sizeof sa), ph->name, sname,
-                           meta_str(b, sb, sizeof sb));
+            return ag__err(
+                AG_EINVAL, "%s: operand %d (%%%s) is %s but placeholder %%%s of %s is %s", opn, i,
+                x->name, meta_str(a, sa, sizeof sa), ph->name, sname, meta_str(b, sb, sizeof sb));
         }
     }
     const ag_node *out = sub->output;
