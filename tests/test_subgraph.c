@@ -95,6 +95,12 @@ static const char expected[] =
     "    %mul = mul.Scalar(%sin, 1)  # f32[4, 3]\n"
     "    return (%mul,)\n";
 
+static void expect_null(void *p, const char *msg) {
+    if (p)
+        fail_msg("expected a failure with '%s'", msg);
+    tu_assert_error_contains(msg);
+}
+
 static char *roundtrip(const char *text) {
     ag_graph *g = ag_graph_parse(text, strlen(text));
     if (!g)
@@ -167,6 +173,21 @@ static void test_doc_example(void **state) {
     char *s = roundtrip(a);
     assert_string_equal(s, a);
     ag_free(s);
+    /* It computes sin(sin(x) * 1) * 1 - 1. */
+    ag_graph *g = ag_graph_parse(a, strlen(a));
+    assert_non_null(g);
+    double xv[12], want[12];
+    for (int i = 0; i < 12; i++) {
+        xv[i] = 2.0 - 0.33 * i;
+        want[i] = sin(sin((double)(float)xv[i])) - 1.0;
+    }
+    ag_tensor *x = tu_tensor(AG_F32, 2, S43, xv), *out = NULL;
+    if (ag_graph_run(g, &x, 1, &out, 1) != 1)
+        fail_msg("run: %s", ag_last_error());
+    tu_assert_values(out, 2, S43, want, 1e-6);
+    ag_tensor_free(out);
+    ag_tensor_free(x);
+    ag_graph_free(g);
     free(buf);
 }
 
@@ -211,6 +232,40 @@ static void test_multi(void **state) {
     }
     ag_graph_free(g);
     free(text);
+}
+
+/* A subgraph without inputs (a constant made by a factory op) is called with no operands; a
+ * call of it with one operand is refused. */
+static void test_no_operands(void **state) {
+    (void)state;
+    const char *text = "graph():\n"
+                       "    %x : f32[2]  # None\n"
+                       "    %k = get_attr(k)  # subgraph\n"
+                       "    %invoke_subgraph = invoke_subgraph(%k, 'c', [])  # (f32[2],)\n"
+                       "    %getitem = getitem(%invoke_subgraph, 0)  # f32[2]\n"
+                       "    %add = add.Tensor(%x, %getitem)  # f32[2]\n"
+                       "    return (%add,)\n"
+                       "\n"
+                       "subgraph k():\n"
+                       "    %_tensor_constant0 = get_attr(_tensor_constant0)  # f32[2]\n"
+                       "    return (%_tensor_constant0,)\n"
+                       "\n"
+                       "constant _tensor_constant0 : f32[2] = [0.5, -2.0]\n";
+    char *s = roundtrip(text);
+    assert_string_equal(s, text);
+    ag_free(s);
+    ag_graph *g = ag_graph_parse(text, strlen(text));
+    assert_non_null(g);
+    ag_tensor *x = tu_tensor(AG_F32, 1, (int64_t[]){2}, (double[]){1.0, 3.0});
+    ag_tensor *out = NULL;
+    assert_int_equal(ag_graph_run(g, &x, 1, &out, 1), 1);
+    tu_assert_values(out, 1, (int64_t[]){2}, (double[]){1.5, 1.0}, 0);
+    ag_tensor_free(out);
+    ag_node *xn = ag_graph_find(g, "x");
+    expect_null(ag_graph_invoke_subgraph(g, ag_graph_find(g, "k"), "c", &xn, 1, NULL),
+                "invoke_subgraph: 1 operand(s) for the 0 placeholder(s) of k");
+    ag_tensor_free(x);
+    ag_graph_free(g);
 }
 
 /* The interpreter runs each call of the subgraph on its operands: sin(sin(x)) - 1. */
@@ -358,12 +413,6 @@ static void test_dot(void **state) {
 }
 
 /* ---- errors ---- */
-
-static void expect_null(void *p, const char *msg) {
-    if (p)
-        fail_msg("expected a failure with '%s'", msg);
-    tu_assert_error_contains(msg);
-}
 
 static void test_api_errors(void **state) {
     (void)state;
@@ -590,6 +639,7 @@ int main(void) {
         cmocka_unit_test(test_doc_example),
         cmocka_unit_test(test_run),
         cmocka_unit_test(test_multi),
+        cmocka_unit_test(test_no_operands),
         cmocka_unit_test(test_dce_cse),
         cmocka_unit_test(test_dot),
         cmocka_unit_test(test_api_errors),
