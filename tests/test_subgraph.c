@@ -610,15 +610,32 @@ static int build_scenario(void *ud) {
     ag_graph *c = ag_graph_copy(g);
     char *s = c ? ag_graph_to_string(c, NULL) : NULL;
     ag_graph *p = s ? ag_graph_parse(s, strlen(s)) : NULL;
-    int rc = p ? 0 : ag_last_status();
+    int rc = p ? ag_graph_verify(p) : ag_last_status();
+    char *d = rc == 0 ? ag_graph_to_dot(p, NULL) : NULL;
+    if (rc == 0 && !d)
+        rc = ag_last_status();
+    /* The interpreter on the parsed graph: each call runs the subgraph. */
+    ag_tensor *x = NULL, *out = NULL;
+    if (rc == 0) {
+        tu_alloc_pause();
+        x = tu_tensor(AG_F32, 2, S43, (double[]){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11});
+        tu_alloc_resume();
+        int r = ag_graph_run(p, &x, 1, &out, 1);
+        rc = r == 1 ? 0 : r;
+    }
     tu_alloc_pause();
-    if (p) {
-        assert_int_equal(ag_graph_verify(p), 0);
+    if (rc == 0) {
         char *s2 = ag_graph_to_string(p, NULL);
         assert_string_equal(s2, expected);
         ag_free(s2);
+        assert_non_null(strstr(d, "subgraph cluster_s0"));
+        for (int i = 0; i < 12; i++)
+            tu_assert_near(ag_tensor_item_at(out, i), sin(sin((double)i)) - 1.0, 1e-6, "out", i);
     }
     tu_alloc_resume();
+    ag_tensor_free(out);
+    ag_tensor_free(x);
+    ag_free(d);
     ag_free(s);
     ag_graph_free(p);
     ag_graph_free(c);
@@ -628,7 +645,8 @@ static int build_scenario(void *ud) {
 
 static void test_alloc_failures(void **state) {
     (void)state;
-    tu_sweep_opts o = {.what = "subgraphs: build, copy, print, parse, free", .one_thread = true};
+    tu_sweep_opts o = {.what = "subgraphs: build, copy, print, parse, verify, draw, run, free",
+                       .one_thread = true};
     int64_t n = tu_alloc_failure_sweep(build_scenario, NULL, &o);
     assert_true(n > 50);
 }
