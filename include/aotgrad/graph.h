@@ -173,7 +173,7 @@ AG_API int ag_node_index(const ag_node *n); /* position in the graph, 0-based */
  * has no eager kernel. DCE removes an unused invoke_subgraph unless a call in its subgraph has
  * side effects, and a get_attr without users, but the subgraph stays an attribute of the graph
  * (as FX's dead-code elimination leaves submodules); CSE merges two calls only with the same
- * subgraph, identifier and operands, and never when the subgraph holds a random op.
+ * get_attr node, identifier and operands, and never when the subgraph holds a random op.
  * A subgraph is a whole graph (placeholders, output node), verified with its parent; it may
  * not own subgraphs itself (not yet supported), and its nodes may reference only its own
  * nodes. Attribute names are unique among the graph's subgraphs and constants
@@ -302,8 +302,8 @@ AG_API bool ag_node_has_output_descs(const ag_node *out);
 /* Checks: every argument node is defined earlier in the graph; users lists match the
  * arguments; arguments match the op schema; each call's vals equal what the op's meta function
  * infers from its arguments' vals; exactly one output node, last; unique names; getitem reads
- * an existing output; placeholders come first. On failure AG_EINVAL with a message naming the
- * node and what is wrong. */
+ * an existing output; placeholders come first; then each subgraph the same way. On failure
+ * AG_EINVAL with a message naming the node and what is wrong. */
 AG_API int ag_graph_verify(const ag_graph *g);
 
 /* ---- passes ---- */

@@ -8,6 +8,7 @@
  * backward nodes (is_backward / must_be_in_backward) are filled with two colours, explained by
  * a legend; nodes named in ag_dot_opts.highlight get a thick red border. Labels are escaped
  * for records (quotes, backslashes, < > { } |) whatever the shape, so any node name is safe.
+ * Each subgraph is a cluster of its own nodes, with a dashed edge from each get_attr of it.
  *
  * ag_graph_write_svg runs `dot -Tsvg -o PATH` with posix_spawnp (no shell: the path is passed
  * as one argument) and feeds it the DOT on a pipe. */

@@ -5,7 +5,8 @@
  * Each node runs in graph order: a placeholder takes its input (after a dtype/shape check
  * against its val), a get_attr its constant, a call goes through the dispatcher (ag_op_call:
  * so autograd records when inputs require grad, and a tracer, when active, sees every call),
- * a getitem picks one output of a multi-output call. A node's tensors are released as soon as
+ * a getitem picks one output of a multi-output call, and invoke_subgraph runs its subgraph
+ * (ag_graph_run on the operands). A node's tensors are released as soon as
  * the last node reading them has run, so memory stays bounded by the live values rather than
  * the graph's length. */
 #include "graph_internal.h"

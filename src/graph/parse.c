@@ -11,7 +11,10 @@
  * any other: calls get their vals from the op's meta function (the VAL in the text is then
  * compared with it), getitem reads its source's val, get_attr its constant's.
  *
- * Order of work: a pre-pass indexes the `constant` lines by name (a constant is used before its
+ * Order of work: the text is cut into blocks, the graph's lines and one block per `subgraph
+ * NAME():` line; the subgraph blocks are parsed first, each into a graph of its own that
+ * becomes an attribute of the graph, so that the graph's get_attr lines find them. In each
+ * block a pre-pass indexes the `constant` lines by name (a constant is used before its
  * line), then the lines are read in order; a constant's values are parsed when a get_attr
  * first uses it, and unused ones when their line is reached. Strings, lists and names read
  * while parsing one line live in a pool freed when the line is done.

@@ -5,7 +5,8 @@
  * API, still verifying, and a count of what changed. Every pass reads the op table for what it
  * may touch: ops that are effectful, collective, in-place or mutate an argument (schema
  * `Tensor(a!)`) are never removed or merged (a collective that one rank dropped would leave
- * its peers waiting), and random ops are never merged (two draws are two values). */
+ * its peers waiting), and random ops are never merged (two draws are two values). A call of
+ * a subgraph (invoke_subgraph) has the side effects and randomness of the calls in it. */
 #include "graph_internal.h"
 
 #include <stdio.h>

@@ -10,7 +10,8 @@
  * nothing a graph carries is lost in a round trip; a well-known key holding a value of the
  * wrong kind (say seq_nr set to a string through ag_node_meta_set) prints generically too. A
  * stack trace that continuation lines cannot carry exactly (an empty or blank line, a '\r')
- * prints as a quoted `stack_trace='...'` item instead. */
+ * prints as a quoted `stack_trace='...'` item instead. Subgraphs print after the graph, one
+ * `subgraph NAME():` block each. */
 #include "text_internal.h"
 #include "../core/pystr.h"
 

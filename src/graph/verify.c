@@ -9,7 +9,9 @@
  * call's arguments fit its op's schema and its stored vals equal what the op's meta function
  * infers from its arguments' vals; getitem indexes an existing output and carries its val;
  * get_attr's val is its constant's metadata; exactly one output node, last, whose argument is
- * one list of nodes; descriptors sit on placeholders (inputs) and the output node (outputs). */
+ * one list of nodes; descriptors sit on placeholders (inputs) and the output node (outputs).
+ * A get_attr of a subgraph names one the graph owns; each subgraph is verified after the
+ * graph, its errors prefixed "verify: subgraph NAME: ". */
 #include "graph_internal.h"
 
 #include <stdio.h>
