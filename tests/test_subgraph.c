@@ -370,6 +370,35 @@ static void test_dce_cse(void **state) {
     assert_int_equal(ag_graph_dce(g), 0);
     assert_int_equal(ag_graph_num_nodes(g), 5);
     ag_graph_free(g);
+
+    /* Two calls with the same operands: merged when the subgraph is pure, not when it draws
+     * random numbers (two draws are two values). */
+    for (int random = 0; random < 2; random++) {
+        char text[1024];
+        snprintf(text, sizeof text,
+                 "graph():\n"
+                 "    %%x : f32[2]  # None\n"
+                 "    %%r = get_attr(r)  # subgraph\n"
+                 "    %%i = invoke_subgraph(%%r, 'id', [%%x])  # (f32[2],)\n"
+                 "    %%a = getitem(%%i, 0)  # f32[2]\n"
+                 "    %%j = invoke_subgraph(%%r, 'id', [%%x])  # (f32[2],)\n"
+                 "    %%b = getitem(%%j, 0)  # f32[2]\n"
+                 "    %%s = sub.Tensor(%%a, %%b)  # f32[2]\n"
+                 "    return (%%s,)\n"
+                 "\n"
+                 "subgraph r():\n"
+                 "    %%y : f32[2]  # None\n"
+                 "    %%c = %s  # f32[2]\n"
+                 "    %%add = add.Tensor(%%y, %%c)  # f32[2]\n"
+                 "    return (%%add,)\n",
+                 random ? "rand([2])" : "relu(%y)");
+        g = ag_graph_parse(text, strlen(text));
+        if (!g)
+            fail_msg("parse: %s", ag_last_error());
+        assert_int_equal(ag_graph_cse(g), random ? 0 : 2);
+        assert_int_equal(ag_graph_verify(g), 0);
+        ag_graph_free(g);
+    }
 }
 
 /* DOT: a cluster per subgraph, a dashed edge from each get_attr of it into the cluster. */
