@@ -820,21 +820,8 @@ ag_node *ag_graph_call(ag_graph *g, const ag_op *op, const ag_garg *args, int na
     AG__CHECK_NULL_RET("graph_call", op, NULL);
     if (nargs > 0)
         AG__CHECK_NULL_RET("graph_call", args, NULL);
-    for (int i = 0; i < nargs; i++) {
-        int cnt = args[i].kind == AG_GA_NODE ? 1 : args[i].kind == AG_GA_NODES ? args[i].n : 0;
-        for (int k = 0; k < cnt; k++) {
-            const ag_node *d = args[i].kind == AG_GA_NODE ? args[i].u.node : args[i].u.nodes[k];
-            /* A graph and its subgraphs share no nodes (other graphs: not checked here). */
-            if (d && d->graph != g &&
-                (d->graph == g->parent || d->graph->parent == g ||
-                 (g->parent && d->graph->parent == g->parent)))
-                return ag__err(AG_EINVAL,
-                               "graph_call: %s: argument %d (%%%s) is a node of another graph "
-                               "(a graph and its subgraphs reference only their own nodes)",
-                               ag_op_name(op), i, d->name),
-                       NULL;
-        }
-    }
+    if (ag__subgraph_check_args(g, op, args, nargs))
+        return NULL;
     ag_tmeta vals[AG_MAX_OUTPUTS];
     int nvals = 0;
     if (ag__infer_meta(op, args, nargs, vals, &nvals))

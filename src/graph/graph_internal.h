@@ -119,6 +119,9 @@ int ag__subgraph_index(const ag_graph *g, const ag_graph *sub);
  * the subgraph argument and the operands against the subgraph's placeholders and gives the
  * subgraph's output vals. ag__infer_meta calls it instead of the op's meta function. */
 int ag__subgraph_infer(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *vals, int *nvals);
+/* subgraph.c: refuses (AG_EINVAL) an argument node of g's parent, of one of g's subgraphs or
+ * of a sibling subgraph: a graph and its subgraphs share no nodes. */
+int ag__subgraph_check_args(const ag_graph *g, const ag_op *op, const ag_garg *args, int nargs);
 /* subgraph.c: the subgraph a call of an AG_OP_SUBGRAPH op invokes (NULL for other nodes). */
 const ag_graph *ag__call_subgraph(const ag_node *n);
 

@@ -119,6 +119,25 @@ int ag__subgraphs_copy(ag_graph *dst, const ag_graph *src) {
     return 0;
 }
 
+int ag__subgraph_check_args(const ag_graph *g, const ag_op *op, const ag_garg *args, int nargs) {
+    for (int i = 0; i < nargs; i++) {
+        const ag_garg *a = &args[i];
+        int cnt = a->kind == AG_GA_NODE ? 1 : a->kind == AG_GA_NODES && a->u.nodes ? a->n : 0;
+        for (int k = 0; k < cnt; k++) {
+            const ag_node *d = a->kind == AG_GA_NODE ? a->u.node : a->u.nodes[k];
+            /* A graph and its subgraphs share no nodes (other graphs: not checked here). */
+            if (d && d->graph != g &&
+                (d->graph == g->parent || d->graph->parent == g ||
+                 (g->parent && d->graph->parent == g->parent)))
+                return ag__err(AG_EINVAL,
+                               "graph_call: %s: argument %d (%%%s) is a node of another graph "
+                               "(a graph and its subgraphs reference only their own nodes)",
+                               ag_op_name(op), i, d->name);
+        }
+    }
+    return 0;
+}
+
 /* ---- the op ---- */
 
 static int refuse_meta(const ag_arg *args, ag_tmeta *out) {
