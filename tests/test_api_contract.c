@@ -667,6 +667,27 @@ static long c_ag_graph_getitem(void) {
 static long c_ag_graph_get_attr(void) {
     return ag_graph_get_attr(NULL, NULL, NULL) == NULL;
 }
+static long c_ag_graph_get_attr_subgraph(void) {
+    return ag_graph_get_attr_subgraph(NULL, NULL, NULL) == NULL;
+}
+static long c_ag_node_subgraph(void) {
+    return ag_node_subgraph(NULL) == NULL;
+}
+static long c_ag_graph_add_subgraph(void) {
+    return (ag_graph_add_subgraph)(NULL, NULL, NULL);
+}
+static long c_ag_graph_subgraph(void) {
+    return ag_graph_subgraph(NULL, NULL) == NULL;
+}
+static long c_ag_graph_num_subgraphs(void) {
+    return (ag_graph_num_subgraphs)(NULL);
+}
+static long c_ag_graph_subgraph_at(void) {
+    return ag_graph_subgraph_at(NULL, 0, NULL) == NULL;
+}
+static long c_ag_graph_invoke_subgraph(void) {
+    return ag_graph_invoke_subgraph(NULL, NULL, NULL, NULL, 0, NULL) == NULL;
+}
 static long c_ag_graph_output(void) {
     return ag_graph_output(NULL, NULL, 0) == NULL;
 }
@@ -1910,6 +1931,13 @@ static const row rows[] = {
     {"ag_graph_call", 'F', 'R', c_ag_graph_call, NULL},
     {"ag_graph_getitem", 'F', 'R', c_ag_graph_getitem, NULL},
     {"ag_graph_get_attr", 'F', 'R', c_ag_graph_get_attr, NULL},
+    {"ag_graph_get_attr_subgraph", 'F', 'R', c_ag_graph_get_attr_subgraph, NULL},
+    {"ag_node_subgraph", 'A', 'R', c_ag_node_subgraph, NULL},
+    {"ag_graph_add_subgraph", 'F', 'I', c_ag_graph_add_subgraph, NULL},
+    {"ag_graph_subgraph", 'A', 'R', c_ag_graph_subgraph, NULL},
+    {"ag_graph_num_subgraphs", 'A', 'I', c_ag_graph_num_subgraphs, NULL},
+    {"ag_graph_subgraph_at", 'A', 'R', c_ag_graph_subgraph_at, NULL},
+    {"ag_graph_invoke_subgraph", 'F', 'R', c_ag_graph_invoke_subgraph, NULL},
     {"ag_graph_output", 'F', 'R', c_ag_graph_output, NULL},
     {"ag_node_replace_all_uses", 'F', 'I', c_ag_node_replace_all_uses, NULL},
     {"ag_node_set_arg", 'F', 'I', c_ag_node_set_arg, NULL},

@@ -680,7 +680,8 @@ static void test_parse_errors(void **state) {
          "line 5:5: placeholder %y after other nodes (placeholders come first)"},
         {4, "    %t = getitem(%w, 0)  # f32[3, 2]\n", "line 4:5: %t: getitem: w has no output 0"},
         {4, "    %t = get_attr(nope)  # f32[3, 2]\n",
-         "line 4:19: unknown constant 'nope' (no `constant nope` line)"},
+         "line 4:19: unknown attribute 'nope' (no `constant nope` line or `subgraph nope():` "
+         "block)"},
         {5, "    %mm = mm(%x, 't)  # f32[4, 2]\n", "line 5:18: unterminated string"},
         {5, "    %mm = mm(%x, '\\q\\xZZ')  # f32[4, 2]\n",
          "line 5:21: bad \\x escape: expected 2 hex digits"},

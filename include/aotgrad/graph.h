@@ -1,7 +1,8 @@
 /* The graph IR: an ordered list of nodes, as torch.fx.Graph.
  *
  * Node kinds: placeholder (a graph input), call (an op of the op table, or getitem reading one
- * output of a multi-output call), get_attr (a constant tensor owned by the graph) and output
+ * output of a multi-output call), get_attr (a constant tensor owned by the graph, or one of
+ * the graph's subgraphs: see "subgraphs" below) and output
  * (exactly one, last, listing the graph's outputs). Arguments are values (ag_garg): node
  * references, ints, floats, bools, int lists, None, dtypes, strings and lists of nodes. Every
  * node keeps the list of its users, kept correct by every mutation.
@@ -17,9 +18,9 @@
  * add.Tensor), then `addmm_1`, `addmm_2`, ...; a name that shadows a Python builtin (`sum`,
  * `slice`, `abs`, ...) starts at `_1`.
  *
- * Ownership: the graph owns its nodes, their arguments and metadata, and its constants. Node
- * pointers stay valid until the node is erased or the graph freed. Strings passed in are
- * copied.
+ * Ownership: the graph owns its nodes, their arguments and metadata, its constants and its
+ * subgraphs. Node pointers stay valid until the node is erased or the graph freed. Strings
+ * passed in are copied.
  *
  * Threads: a graph is used by one thread at a time. Copies (ag_graph_copy, the partitioner's
  * graphs) share metadata strings and descriptors by atomic counts, so they may live in other
@@ -91,7 +92,7 @@ typedef struct ag_garg {
 /* ---- graphs ---- */
 AG_API ag_graph *ag_graph_new(void);
 AG_API void ag_graph_free(ag_graph *g); /* NULL is a no-op */
-/* A deep copy (nodes, metadata, constants shared by reference). */
+/* A deep copy (nodes, metadata, constants shared by reference, subgraphs copied). */
 AG_API ag_graph *ag_graph_copy(const ag_graph *g);
 AG_API int ag_graph_num_nodes(const ag_graph *g);
 AG_API ag_node *ag_graph_first(const ag_graph *g);
@@ -122,6 +123,9 @@ AG_API ag_node *ag_graph_call(ag_graph *g, const ag_op *op, const ag_garg *args,
 AG_API ag_node *ag_graph_getitem(ag_graph *g, ag_node *src, int idx, const char *name);
 /* A constant; the graph takes a reference to value. name NULL gives _tensor_constantN. */
 AG_API ag_node *ag_graph_get_attr(ag_graph *g, ag_tensor *value, const char *name);
+/* A get_attr of the graph's subgraph named attr (see "subgraphs" below); it has no val and no
+ * constant. name NULL gives the node attr's name (made unique as FX makes names). */
+AG_API ag_node *ag_graph_get_attr_subgraph(ag_graph *g, const char *attr, const char *name);
 /* The output node (one per graph): outs[i] may be NULL (None). */
 AG_API ag_node *ag_graph_output(ag_graph *g, ag_node *const *outs, int n);
 
@@ -153,7 +157,43 @@ AG_API int ag_node_num_vals(const ag_node *n);
 AG_API const ag_tmeta *ag_node_val(const ag_node *n, int i);
 AG_API int ag_node_set_val(ag_node *n, int i, const ag_tmeta *m);
 AG_API ag_tensor *ag_node_constant(const ag_node *n); /* GET_ATTR: borrowed */
-AG_API int ag_node_index(const ag_node *n);           /* position in the graph, 0-based */
+/* GET_ATTR of a subgraph: the subgraph (borrowed, owned by n's graph); NULL otherwise. */
+AG_API ag_graph *ag_node_subgraph(const ag_node *n);
+AG_API int ag_node_index(const ag_node *n); /* position in the graph, 0-based */
+
+/* ---- subgraphs ----
+ * A graph owns named subgraphs, its graph attributes (FX: submodules of the GraphModule, such
+ * as `repeated_subgraph0`). A get_attr node of one (ag_graph_get_attr_subgraph) is argument 0
+ * of the higher-order op
+ *     invoke_subgraph(Tensor subgraph, str identifier, Tensor[] operands) -> Tensor[]
+ * (upstream's torch.ops.higher_order.invoke_subgraph), which runs the subgraph on the operands
+ * and returns its outputs as a tuple read by getitem. The op is flagged AG_OP_SUBGRAPH: meta
+ * inference (infer.c) gives it the subgraph's output vals after checking the operands' count,
+ * dtypes and sizes against the subgraph's placeholders; the interpreter runs the subgraph; it
+ * has no eager kernel. DCE removes an unused invoke_subgraph unless a call in its subgraph has
+ * side effects, and a get_attr without users, but the subgraph stays an attribute of the graph
+ * (as FX's dead-code elimination leaves submodules); CSE merges two calls only with the same
+ * get_attr node, identifier and operands, and never when the subgraph holds a random op.
+ * A subgraph is a whole graph (placeholders, output node), verified with its parent; it may
+ * not own subgraphs itself (not yet supported), and its nodes may reference only its own
+ * nodes. Attribute names are unique among the graph's subgraphs and constants
+ * ([A-Za-z_][A-Za-z0-9_]*). */
+/* Adds sub as the attribute `name`: on success g owns sub (freed with g; a copy of g copies
+ * it); on failure the caller keeps it. Refused (AG_EINVAL): a name in use or not an
+ * identifier, sub == g, sub already a subgraph, sub with subgraphs of its own, g itself a
+ * subgraph, sub without an output node. */
+AG_API int ag_graph_add_subgraph(ag_graph *g, const char *name, ag_graph *sub);
+/* The subgraph named name (borrowed), or NULL. */
+AG_API ag_graph *ag_graph_subgraph(const ag_graph *g, const char *name);
+AG_API int ag_graph_num_subgraphs(const ag_graph *g);
+/* Subgraph i in the order added (borrowed); *name (may be NULL) receives its name, borrowed. */
+AG_API ag_graph *ag_graph_subgraph_at(const ag_graph *g, int i, const char **name);
+/* The invoke_subgraph op (made on first use, kept for the process; not in the registry). */
+AG_API const ag_op *ag_op_invoke_subgraph(void);
+/* A call invoke_subgraph(attr, identifier, operands) (attr: a get_attr of a subgraph of g);
+ * read its outputs with ag_graph_getitem. NULL with a message when the operands do not fit. */
+AG_API ag_node *ag_graph_invoke_subgraph(ag_graph *g, ag_node *attr, const char *identifier,
+                                         ag_node *const *operands, int noperands, const char *name);
 
 /* ---- metadata ---- */
 typedef enum ag_mval_kind {
@@ -262,8 +302,8 @@ AG_API bool ag_node_has_output_descs(const ag_node *out);
 /* Checks: every argument node is defined earlier in the graph; users lists match the
  * arguments; arguments match the op schema; each call's vals equal what the op's meta function
  * infers from its arguments' vals; exactly one output node, last; unique names; getitem reads
- * an existing output; placeholders come first. On failure AG_EINVAL with a message naming the
- * node and what is wrong. */
+ * an existing output; placeholders come first; then each subgraph the same way. On failure
+ * AG_EINVAL with a message naming the node and what is wrong. */
 AG_API int ag_graph_verify(const ag_graph *g);
 
 /* ---- passes ---- */

@@ -96,6 +96,10 @@ enum {
      * partitioner, except that a node tagged AG_MUST_RECOMPUTE (FSDP's gathers) is recomputed
      * in the backward as tagged. */
     AG_OP_COLLECTIVE = 1u << 13,
+    /* A higher-order op whose argument 0 is a get_attr of a subgraph (invoke_subgraph; see
+     * include/aotgrad/graph.h, "subgraphs"): the graph layer infers its outputs from the
+     * subgraph's and runs it by running the subgraph; it has no eager kernel. */
+    AG_OP_SUBGRAPH = 1u << 14,
 };
 
 /* ---- placements: how a tensor lives on a 1-D device mesh (DTensor's) ----

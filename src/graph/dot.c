@@ -8,6 +8,7 @@
  * backward nodes (is_backward / must_be_in_backward) are filled with two colours, explained by
  * a legend; nodes named in ag_dot_opts.highlight get a thick red border. Labels are escaped
  * for records (quotes, backslashes, < > { } |) whatever the shape, so any node name is safe.
+ * Each subgraph is a cluster of its own nodes, with a dashed edge from each get_attr of it.
  *
  * ag_graph_write_svg runs `dot -Tsvg -o PATH` with posix_spawnp (no shell: the path is passed
  * as one argument) and feeds it the DOT on a pipe. */
@@ -128,8 +129,9 @@ static void put_vals_esc(ag__sbuf *b, const ag_node *n) {
     esc_tail(b, from);
 }
 
-static void put_node_decl(ag__sbuf *b, const ag_node *n, int id, bool hl) {
-    ag__sb_printf(b, "  n%d [", id);
+/* DOT ids: the graph's nodes are n<index>, subgraph k's s<k>n<index>. */
+static void put_node_decl(ag__sbuf *b, const char *pfx, const ag_node *n, int id, bool hl) {
+    ag__sb_printf(b, "  %sn%d [", pfx, id);
     switch (n->kind) {
     case AG_NODE_PLACEHOLDER:
         ag__sb_puts(b, "shape=ellipse, label=\"");
@@ -180,7 +182,13 @@ static void put_node_decl(ag__sbuf *b, const ag_node *n, int id, bool hl) {
         else
             ag__sb_puts(b, "get_attr");
         ag__sb_putc(b, '|');
-        put_vals_esc(b, n);
+        int k = n->sub ? ag__subgraph_index(n->graph, n->sub) : -1;
+        if (k >= 0) {
+            ag__sb_puts(b, "subgraph ");
+            put_esc(b, n->graph->subs[k].name);
+        } else {
+            put_vals_esc(b, n);
+        }
         ag__sb_puts(b, "}\"");
         break;
     }
@@ -194,7 +202,7 @@ static void put_node_decl(ag__sbuf *b, const ag_node *n, int id, bool hl) {
 }
 
 /* One edge per distinct argument node of n. */
-static void put_edges(ag__sbuf *b, const ag_node *n) {
+static void put_edges(ag__sbuf *b, const char *pfx, const ag_node *n) {
     const ag_node *seen[64];
     int nseen = 0;
     for (int i = 0; i < n->nargs; i++) {
@@ -211,8 +219,31 @@ static void put_edges(ag__sbuf *b, const ag_node *n) {
                 continue;
             if (nseen < 64)
                 seen[nseen++] = src;
-            ag__sb_printf(b, "  n%d -> n%d;\n", ag_node_index(src), ag_node_index(n));
+            ag__sb_printf(b, "  %sn%d -> %sn%d;\n", pfx, ag_node_index(src), pfx, ag_node_index(n));
         }
+    }
+}
+
+/* A cluster per subgraph, and a dashed edge from each get_attr of it to the cluster. */
+static void put_subgraphs(ag__sbuf *b, const ag_graph *g) {
+    if (g->nsubs)
+        ag__sb_puts(b, "  compound=true;\n");
+    for (int k = 0; k < g->nsubs; k++) {
+        const ag_graph *s = g->subs[k].g;
+        char pfx[32];
+        snprintf(pfx, sizeof pfx, "s%d", k);
+        ag__sb_printf(b, "  subgraph cluster_s%d {\n  label=\"subgraph ", k);
+        put_esc(b, g->subs[k].name);
+        ag__sb_puts(b, "\";\n  style=rounded;\n  fontsize=10;\n");
+        for (const ag_node *n = s->first; n; n = n->next)
+            put_node_decl(b, pfx, n, ag_node_index(n), false);
+        for (const ag_node *n = s->first; n; n = n->next)
+            put_edges(b, pfx, n);
+        ag__sb_puts(b, "  }\n");
+        for (const ag_node *n = g->first; n && s->first; n = n->next)
+            if (n->sub == s)
+                ag__sb_printf(b, "  n%d -> s%dn0 [style=dashed, lhead=cluster_s%d];\n",
+                              ag_node_index(n), k, k);
     }
 }
 
@@ -243,9 +274,10 @@ char *ag_graph_to_dot(const ag_graph *g, const ag_dot_opts *opts) {
     ag__sb_puts(&b, "  rankdir=TB;\n  node [fontname=\"Helvetica\", fontsize=10];\n"
                     "  edge [arrowsize=0.6];\n");
     for (const ag_node *n = g->first; n; n = n->next)
-        put_node_decl(&b, n, ag_node_index(n), hl[ag_node_index(n)]);
+        put_node_decl(&b, "", n, ag_node_index(n), hl[ag_node_index(n)]);
     for (const ag_node *n = g->first; n; n = n->next)
-        put_edges(&b, n);
+        put_edges(&b, "", n);
+    put_subgraphs(&b, g);
     ag__sb_puts(&b, "  subgraph cluster_legend {\n    label=\"legend\";\n    style=dashed;\n"
                     "    fontsize=10;\n"
                     "    legend_forward [shape=box, style=filled, fillcolor=\"" FW_COLOR

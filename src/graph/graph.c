@@ -471,6 +471,7 @@ void ag_graph_free(ag_graph *g) {
         ag__free(g->bases[i].base);
     ag__free(g->bases);
     ag__free(g->ph_cache);
+    ag__subgraphs_free(g);
     ag__free(g);
 }
 
@@ -819,6 +820,8 @@ ag_node *ag_graph_call(ag_graph *g, const ag_op *op, const ag_garg *args, int na
     AG__CHECK_NULL_RET("graph_call", op, NULL);
     if (nargs > 0)
         AG__CHECK_NULL_RET("graph_call", args, NULL);
+    if (ag__subgraph_check_args(g, op, args, nargs))
+        return NULL;
     ag_tmeta vals[AG_MAX_OUTPUTS];
     int nvals = 0;
     if (ag__infer_meta(op, args, nargs, vals, &nvals))
@@ -829,7 +832,10 @@ ag_node *ag_graph_call(ag_graph *g, const ag_op *op, const ag_garg *args, int na
 ag_node *ag_graph_getitem(ag_graph *g, ag_node *src, int idx, const char *name) {
     AG__CHECK_NULL_RET("graph_getitem", g, NULL);
     AG__CHECK_NULL_RET("graph_getitem", src, NULL);
-    if (src->kind != AG_NODE_CALL || idx < 0 || idx >= src->nvals || src->nvals < 2)
+    /* A tuple of one is read by getitem too when the op returns a tuple (invoke_subgraph). */
+    bool tuple = src->kind == AG_NODE_CALL && src->op &&
+                 (src->nvals >= 2 || (ag_op_def(src->op)->flags & AG_OP_SUBGRAPH));
+    if (!tuple || idx < 0 || idx >= src->nvals)
         return ag__err(AG_EINVAL, "getitem: %s has no output %d", src->name, idx), NULL;
     ag_node *n = node_new(g, AG_NODE_GETITEM, name, "getitem");
     if (!n)
@@ -845,10 +851,12 @@ ag_node *ag_graph_getitem(ag_graph *g, ag_node *src, int idx, const char *name) 
 ag_node *ag_graph_get_attr(ag_graph *g, ag_tensor *value, const char *name) {
     AG__CHECK_NULL_RET("graph_get_attr", g, NULL);
     AG__CHECK_NULL_RET("graph_get_attr", value, NULL);
+    if (name && ag_graph_subgraph(g, name))
+        return ag__err(AG_EINVAL, "graph_get_attr: '%s' is the name of a subgraph", name), NULL;
     char cand[64];
     if (!name) {
         snprintf(cand, sizeof cand, "_tensor_constant%lld", (long long)g->nconst);
-        while (ag__strmap_has(&g->names, cand))
+        while (ag__strmap_has(&g->names, cand) || ag_graph_subgraph(g, cand))
             snprintf(cand, sizeof cand, "_tensor_constant%lld", (long long)++g->nconst);
     }
     ag_node *n = node_new(g, AG_NODE_GET_ATTR, name ? name : cand, NULL);
@@ -860,6 +868,26 @@ ag_node *ag_graph_get_attr(ag_graph *g, ag_tensor *value, const char *name) {
     ag__tmeta_of(value, &n->val1);
     n->nvals = 1;
     return node_commit(g, n, false);
+}
+
+ag_node *ag_graph_get_attr_subgraph(ag_graph *g, const char *attr, const char *name) {
+    AG__CHECK_NULL_RET("graph_get_attr_subgraph", g, NULL);
+    AG__CHECK_NULL_RET("graph_get_attr_subgraph", attr, NULL);
+    ag_graph *sub = ag_graph_subgraph(g, attr);
+    if (!sub)
+        return ag__err(AG_EINVAL, "graph_get_attr_subgraph: the graph has no subgraph '%s'", attr),
+               NULL;
+    if (!name && !ag__strmap_has(&g->names, attr))
+        name = attr;
+    ag_node *n = node_new(g, AG_NODE_GET_ATTR, name, attr);
+    if (!n)
+        return NULL;
+    n->sub = sub;
+    return node_commit(g, n, false);
+}
+
+ag_graph *ag_node_subgraph(const ag_node *n) {
+    return n && n->kind == AG_NODE_GET_ATTR ? n->sub : NULL;
 }
 
 ag_node *ag_graph_output(ag_graph *g, ag_node *const *outs, int cnt) {
@@ -1440,7 +1468,9 @@ ag_graph *ag_graph_copy(const ag_graph *src) {
     if (!g)
         return NULL;
     ag__ptrmap map = {0}; /* source node -> its copy */
-    int rc = ag__ptrmap_reserve(&map, src->count);
+    int rc = ag__subgraphs_copy(g, src);
+    if (rc == 0)
+        rc = ag__ptrmap_reserve(&map, src->count);
     if (rc == 0)
         rc = ag__graph_reserve(g, src->count);
     for (ag_node *n = src->first; n && rc == 0; n = n->next) {
@@ -1459,6 +1489,10 @@ ag_graph *ag_graph_copy(const ag_graph *src) {
             break;
         }
         m->constant = ag_tensor_keep(n->constant);
+        if (n->sub) {
+            int k = ag__subgraph_index(src, n->sub);
+            m->sub = k >= 0 ? g->subs[k].g : NULL;
+        }
         rc = node_args_reserve(m, n->nargs);
         for (int i = 0; i < n->nargs && rc == 0; i++) {
             ag_garg a = n->args[i];

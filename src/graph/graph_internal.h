@@ -45,6 +45,7 @@ struct ag_node {
     ag_tmeta *vals;
     int nvals;
     ag_tensor *constant;
+    ag_graph *sub;             /* GET_ATTR of a subgraph: the subgraph, owned by the node's graph */
     ag__mentry *meta, *custom; /* meta is meta_inline until it outgrows it */
     int nmeta, meta_cap, ncustom, custom_cap;
     ag_desc *desc;
@@ -72,6 +73,12 @@ typedef struct ag__base_count {
     int64_t count;
 } ag__base_count;
 
+/* A subgraph attribute (subgraph.c): its name and the graph, owned by the parent graph. */
+typedef struct ag__subgraph {
+    char *name;
+    ag_graph *g;
+} ag__subgraph;
+
 struct ag_graph {
     ag_node *first, *last, *output;
     int64_t count;
@@ -95,7 +102,28 @@ struct ag_graph {
     int nshared;
     int64_t shared_cap;
     uint32_t stamp;
+    ag__subgraph *subs; /* the graph's subgraph attributes, in the order they were added */
+    int nsubs;
+    int64_t subs_cap;
+    ag_graph *parent; /* the graph owning this one as a subgraph, or NULL */
 };
+
+/* subgraph.c: frees g's subgraphs (ag_graph_free). */
+void ag__subgraphs_free(ag_graph *g);
+/* subgraph.c: gives dst a copy of each of src's subgraphs (same names, same order); 0 or
+ * AG_ENOMEM (dst keeps the ones copied so far: the caller frees dst). */
+int ag__subgraphs_copy(ag_graph *dst, const ag_graph *src);
+/* subgraph.c: the index in g's list of subgraph sub, or -1. */
+int ag__subgraph_index(const ag_graph *g, const ag_graph *sub);
+/* subgraph.c: the meta inference of a call of an AG_OP_SUBGRAPH op (invoke_subgraph): checks
+ * the subgraph argument and the operands against the subgraph's placeholders and gives the
+ * subgraph's output vals. ag__infer_meta calls it instead of the op's meta function. */
+int ag__subgraph_infer(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *vals, int *nvals);
+/* subgraph.c: refuses (AG_EINVAL) an argument node of g's parent, of one of g's subgraphs or
+ * of a sibling subgraph: a graph and its subgraphs share no nodes. */
+int ag__subgraph_check_args(const ag_graph *g, const ag_op *op, const ag_garg *args, int nargs);
+/* subgraph.c: the subgraph a call of an AG_OP_SUBGRAPH op invokes (NULL for other nodes). */
+const ag_graph *ag__call_subgraph(const ag_node *n);
 
 /* Deep copy / free of an argument value (lists and strings). */
 int ag__garg_copy(ag_garg *dst, const ag_garg *src);

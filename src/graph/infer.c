@@ -124,9 +124,38 @@ static int to_args(const ag_op *op, const ag_garg *args, int nargs, ag_arg *out,
     return 0;
 }
 
+/* A subgraph get_attr is an argument of invoke_subgraph only, and invoke_subgraph's tuple is
+ * read through getitem. */
+static int check_node_arg(const ag_op *op, int i, const ag_node *x) {
+    if (!x)
+        return 0;
+    if (x->sub)
+        return ag__err(AG_EINVAL,
+                       "%s: argument %d (%%%s) is a subgraph; only invoke_subgraph "
+                       "takes one",
+                       ag_op_name(op), i, x->name);
+    if (x->kind == AG_NODE_CALL && x->op && (ag_op_def(x->op)->flags & AG_OP_SUBGRAPH))
+        return ag__err(AG_EINVAL, "%s: argument %d (%%%s) is a tuple; read it through getitem",
+                       ag_op_name(op), i, x->name);
+    return 0;
+}
+
 int ag__infer_meta(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *vals, int *nvals) {
     if (nargs > AG_MAX_ARGS)
         return ag__err(AG_EINVAL, "%s: %d arguments", ag_op_name(op), nargs);
+    /* The hook for higher-order ops: their outputs are their subgraph's (subgraph.c). */
+    if (ag_op_def(op)->flags & AG_OP_SUBGRAPH)
+        return ag__subgraph_infer(op, args, nargs, vals, nvals);
+    for (int i = 0; i < nargs; i++) {
+        int rc = 0;
+        if (args[i].kind == AG_GA_NODE)
+            rc = check_node_arg(op, i, args[i].u.node);
+        else if (args[i].kind == AG_GA_NODES && args[i].u.nodes)
+            for (int k = 0; k < args[i].n && rc == 0; k++)
+                rc = check_node_arg(op, i, args[i].u.nodes[k]);
+        if (rc)
+            return rc;
+    }
     shells shv, *sh = &shv;
     if (shells_init(sh, args, nargs))
         return AG_ENOMEM;
@@ -149,6 +178,20 @@ int ag__infer_meta(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *va
 int ag__node_cost(const ag_node *n, ag_cost *c) {
     c->flops = c->bytes = 0;
     if (n->kind != AG_NODE_CALL)
+        return 0;
+    const ag_graph *sub = ag__call_subgraph(n);
+    if (sub) { /* a call of a subgraph costs what one run of its nodes costs */
+        for (const ag_node *x = sub->first; x; x = x->next) {
+            ag_cost xc;
+            int rc = ag__node_cost(x, &xc);
+            if (rc)
+                return rc;
+            c->flops += xc.flops;
+            c->bytes += xc.bytes;
+        }
+        return 0;
+    }
+    if (n->op && (ag_op_def(n->op)->flags & AG_OP_SUBGRAPH))
         return 0;
     shells shv, *sh = &shv;
     if (shells_init(sh, n->args, n->nargs))

@@ -5,7 +5,8 @@
  * Each node runs in graph order: a placeholder takes its input (after a dtype/shape check
  * against its val), a get_attr its constant, a call goes through the dispatcher (ag_op_call:
  * so autograd records when inputs require grad, and a tracer, when active, sees every call),
- * a getitem picks one output of a multi-output call. A node's tensors are released as soon as
+ * a getitem picks one output of a multi-output call, and invoke_subgraph runs its subgraph
+ * (ag_graph_run on the operands). A node's tensors are released as soon as
  * the last node reading them has run, so memory stays bounded by the live values rather than
  * the graph's length. */
 #include "graph_internal.h"
@@ -141,7 +142,45 @@ static int run_placeholder(run_state *st, const ag_node *n, int idx, ag_tensor *
     return 0;
 }
 
+/* invoke_subgraph: runs the subgraph on the operands (argument 2). */
+static int run_subgraph_call(run_state *st, const ag_node *n, const ag_graph *sub) {
+    const ag_garg *a = &n->args[2];
+    ag_tensor **v = st->lists;
+    for (int k = 0; k < a->n; k++) {
+        v[k] = a->u.nodes[k] ? value_of(st, n, a->u.nodes[k]) : NULL;
+        if (!v[k])
+            return a->u.nodes[k] ? ag_last_status()
+                                 : ag__err(AG_EINVAL, "run: %%%s: operand %d is None", n->name, k);
+    }
+    ag_tensor *outs[AG_MAX_OUTPUTS] = {0};
+    ag_scope_begin();
+    int rc = ag_graph_run(sub, v, a->n, outs, AG_MAX_OUTPUTS);
+    for (int i = 0; i < rc; i++)
+        ag_tensor_keep(outs[i]);
+    ag_scope_end();
+    if (rc < 0) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", ag_last_error());
+        return ag__err(rc, "run: %%%s: %s", n->name, msg);
+    }
+    if (rc != n->nvals) {
+        for (int i = 0; i < rc; i++)
+            ag_tensor_free(outs[i]);
+        return ag__err(AG_EINVAL,
+                       "run: %%%s: the subgraph produced %d output(s), the graph "
+                       "expects %d",
+                       n->name, rc, n->nvals);
+    }
+    int64_t f = st->first[n->index];
+    for (int i = 0; i < rc; i++)
+        st->slots[f + i] = outs[i];
+    return 0;
+}
+
 static int run_call(run_state *st, const ag_node *n) {
+    const ag_graph *sub = ag__call_subgraph(n);
+    if (sub)
+        return run_subgraph_call(st, n, sub);
     ag_arg args[AG_MAX_ARGS];
     int64_t used = 0;
     for (int i = 0; i < n->nargs; i++) {
@@ -234,6 +273,8 @@ static int run_nodes(run_state *st, const ag_graph *g, ag_tensor *const *inputs,
             iph++;
             break;
         case AG_NODE_GET_ATTR:
+            if (n->sub)
+                break; /* a subgraph: read by invoke_subgraph itself, no tensor */
             if (!n->constant)
                 rc = ag__err(AG_EINVAL, "run: %%%s: get_attr without a constant", n->name);
             else

@@ -11,7 +11,10 @@
  * any other: calls get their vals from the op's meta function (the VAL in the text is then
  * compared with it), getitem reads its source's val, get_attr its constant's.
  *
- * Order of work: a pre-pass indexes the `constant` lines by name (a constant is used before its
+ * Order of work: the text is cut into blocks, the graph's lines and one block per `subgraph
+ * NAME():` line; the subgraph blocks are parsed first, each into a graph of its own that
+ * becomes an attribute of the graph, so that the graph's get_attr lines find them. In each
+ * block a pre-pass indexes the `constant` lines by name (a constant is used before its
  * line), then the lines are read in order; a constant's values are parsed when a get_attr
  * first uses it, and unused ones when their line is reached. Strings, lists and names read
  * while parsing one line live in a pool freed when the line is done.
@@ -481,7 +484,8 @@ static int parse_ref(cur *c, ag_node **out) {
     if (!n || ag_node_kind_of(n) == AG_NODE_OUTPUT) {
         int li = find_def_line(c->P, name, c->li, c->P->nlines);
         if (li >= 0)
-            return ag__lx_err(c, at, "%%%s is used before its definition on line %d", name, li + 1);
+            return ag__lx_err(c, at, "%%%s is used before its definition on line %d", name,
+                              c->P->line0 + li + 1);
         return ag__lx_err(c, at, "unknown node %%%s", name);
     }
     *out = n;
@@ -746,15 +750,25 @@ static int call_line(cur *c, const char *start, const char *name) {
         if ((rc = lx_expect(c, ')', "')'")))
             return rc;
         intptr_t k = (intptr_t)ag__strmap_get(&P->consts, target);
-        if (!k)
-            return ag__lx_err(c, tat, "unknown constant '%s' (no `constant %s` line)", target,
-                              target);
-        centry *ce = &P->ce[k - 1];
-        if (!ce->parsed && (rc = parse_constant(P, ce)))
-            return rc;
-        n = ag_graph_get_attr(P->g, ce->t, name);
+        if (ag_graph_subgraph(P->g, target)) {
+            if (k)
+                return ag__lx_err(c, tat, "'%s' names both a constant and a subgraph", target);
+            n = ag_graph_get_attr_subgraph(P->g, target, name);
+        } else {
+            if (!k)
+                return ag__lx_err(c, tat,
+                                  "unknown attribute '%s' (no `constant %s` line or `subgraph "
+                                  "%s():` block)",
+                                  target, target, target);
+            centry *ce = &P->ce[k - 1];
+            if (!ce->parsed && (rc = parse_constant(P, ce)))
+                return rc;
+            n = ag_graph_get_attr(P->g, ce->t, name);
+        }
     } else {
         const ag_op *op = ag_op_find(opname);
+        if (!op && !strcmp(opname, "invoke_subgraph") && !(op = ag_op_invoke_subgraph()))
+            return AG_ENOMEM;
         if (!op && !strcmp(opname, "with_effects") && (rc = ag__lx_with_effects_op(c, &op)))
             return rc;
         if (!op)
@@ -778,8 +792,12 @@ static int call_line(cur *c, const char *start, const char *name) {
         lx_skip_ws(c);
         return *c->p ? ag__lx_expected(c, "'#' or end of line") : 0;
     }
-    if ((rc = check_vals(c, n)))
+    if (ag_node_subgraph(n)) {
+        if (!lx_accept_word(c, "subgraph"))
+            return ag__lx_expected(c, "'subgraph' (a get_attr of a subgraph has no VAL)");
+    } else if ((rc = check_vals(c, n))) {
         return rc;
+    }
     return parse_items(c, n);
 }
 
@@ -889,7 +907,7 @@ static int node_line(cur *c) {
     if (ag_graph_find(c->P->g, name)) {
         int li = find_def_line(c->P, name, 0, c->li);
         return ag__lx_err(c, start, "duplicate node name %%%s (first defined on line %d)", name,
-                          li + 1);
+                          c->P->line0 + li + 1);
     }
     lx_skip_ws(c);
     if (*c->p == ':') {
@@ -927,6 +945,9 @@ static bool blank_or_comment(const char *s) {
     return !*s || *s == '#';
 }
 
+static int parse_block_lines(parser *P, int li);
+
+/* The block: its header (`graph():`, or `subgraph NAME():`), then its lines. */
 static int parse_lines(parser *P) {
     int li = 0;
     for (; li < P->nlines && blank_or_comment(P->lines[li]); li++)
@@ -934,12 +955,44 @@ static int parse_lines(parser *P) {
     cur c = {P, li < P->nlines ? li : P->nlines - 1, NULL, NULL};
     c.line = P->lines[c.li];
     c.p = li < P->nlines ? c.line : c.line + strlen(c.line);
-    if (!lx_accept_word(&c, "graph") || !lx_accept(&c, '(') || !lx_accept(&c, ')') ||
-        !lx_accept(&c, ':'))
+    int rc;
+    cur hc = c; /* the header, where a subgraph block's errors as a whole are placed */
+    char *sub_name = NULL;
+    if (P->is_sub) {
+        if (!lx_accept_word(&c, "subgraph"))
+            return ag__lx_expected(&c, "'subgraph NAME():'");
+        lx_skip_ws(&c);
+        hc = c;
+        if ((rc = ag__lx_name(&c, &sub_name, "a subgraph name")))
+            return rc;
+        if (!lx_accept(&c, '(') || !lx_accept(&c, ')') || !lx_accept(&c, ':'))
+            return ag__lx_expected(&c, "'():'");
+        if (ag_graph_subgraph(P->parent, sub_name))
+            return ag__lx_err(&hc, hc.p, "duplicate subgraph %s", sub_name);
+    } else if (!lx_accept_word(&c, "graph") || !lx_accept(&c, '(') || !lx_accept(&c, ')') ||
+               !lx_accept(&c, ':')) {
         return ag__lx_expected(&c, "'graph():'");
+    }
     lx_skip_ws(&c);
     if (*c.p)
         return ag__lx_expected(&c, "end of line");
+    if (sub_name && !(sub_name = ag__strdup(sub_name)))
+        return AG_ENOMEM;
+    rc = parse_block_lines(P, li);
+    if (rc == 0 && sub_name && ag_graph_add_subgraph(P->parent, sub_name, P->g)) {
+        char msg[768];
+        snprintf(msg, sizeof msg, "%s", ag_last_error());
+        rc = ag_last_status() == AG_ENOMEM ? AG_ENOMEM : ag__lx_err(&hc, hc.p, "%s", msg);
+    }
+    if (rc == 0 && sub_name)
+        P->g = NULL; /* the parent owns it now */
+    ag__free(sub_name);
+    return rc;
+}
+
+/* The lines after the header at li. */
+static int parse_block_lines(parser *P, int li) {
+    cur c = {P, li, P->lines[li], P->lines[li]};
     bool have_return = false, in_node = false; /* in_node: continuation lines may follow */
     int rc;
     size_t ci = 0; /* next constant entry, in line order */
@@ -981,7 +1034,7 @@ static int parse_lines(parser *P) {
             centry *e = &P->ce[ci];
             if (e->dup_of >= 0)
                 return ag__lx_err(&c, s, "duplicate constant %s (first on line %d)", e->name,
-                                  e->dup_of + 1);
+                                  P->line0 + e->dup_of + 1);
             rc = e->parsed ? 0 : parse_constant(P, e);
             ag__lx_pool_clear(P);
             if (rc)
@@ -1003,9 +1056,47 @@ static int parse_lines(parser *P) {
         c.li = P->nlines - 1;
         c.line = P->lines[c.li];
         c.p = c.line + strlen(c.line);
-        return ag__lx_err(&c, c.p, "expected 'return', got end of input");
+        return ag__lx_err(&c, c.p, "expected 'return', got %s",
+                          P->block_follows ? "the next subgraph block" : "end of input");
     }
     return 0;
+}
+
+static bool is_block_header(const char *s) {
+    return !strncmp(s, "subgraph", 8) && (s[8] == ' ' || s[8] == '\t');
+}
+
+/* Parses lines [from, to) of P's text as one block: the graph P->g, or (is_sub) a subgraph
+ * that becomes an attribute of P->g. */
+static int parse_block(parser *P, int from, int to, bool is_sub) {
+    parser Q = {.buf = P->buf,
+                .lines = P->lines + from,
+                .nlines = to - from,
+                .line0 = from,
+                .is_sub = is_sub,
+                .parent = P->g,
+                .block_follows = to < P->nlines};
+    Q.g = is_sub ? ag_graph_new() : P->g;
+    int rc = Q.g ? 0 : AG_ENOMEM;
+    if (!rc)
+        rc = index_constants(&Q);
+    if (!rc)
+        rc = parse_lines(&Q);
+    ag__lx_pool_clear(&Q);
+    ag__free(Q.pool);
+    ag__free(Q.ints);
+    ag__free(Q.ptrs);
+    ag__free(Q.bytes);
+    ag__sb_free(&Q.trace);
+    for (int64_t i = 0; i < Q.nce; i++) {
+        ag__free(Q.ce[i].name);
+        ag_tensor_free(Q.ce[i].t);
+    }
+    ag__free(Q.ce);
+    ag__strmap_free(&Q.consts);
+    if (is_sub)
+        ag_graph_free(Q.g); /* NULL once the parent took it */
+    return rc;
 }
 
 ag_graph *ag_graph_parse(const char *text, size_t len) {
@@ -1059,26 +1150,26 @@ ag_graph *ag_graph_parse(const char *text, size_t len) {
     if (len && P.buf[len - 1] == '\r' && P.lines[P.nlines - 1] < P.buf + len)
         P.buf[len - 1] = 0;
 
+    /* Blocks: the graph's lines, then each `subgraph NAME():` line (at the start of a line, after
+     * the first) opens a subgraph's. The subgraphs are parsed first, so that the graph's
+     * get_attr lines find them. */
     P.g = ag_graph_new();
     if (!P.g)
         rc = AG_ENOMEM;
-    if (!rc)
-        rc = index_constants(&P);
-    if (!rc)
-        rc = parse_lines(&P);
-
-    ag__lx_pool_clear(&P);
-    ag__free(P.pool);
-    ag__free(P.ints);
-    ag__free(P.ptrs);
-    ag__free(P.bytes);
-    ag__sb_free(&P.trace);
-    for (int64_t i = 0; i < P.nce; i++) {
-        ag__free(P.ce[i].name);
-        ag_tensor_free(P.ce[i].t);
+    int main_end = P.nlines;
+    for (int li = 1; li < P.nlines && !rc; li++) {
+        if (!is_block_header(P.lines[li]))
+            continue;
+        if (main_end == P.nlines)
+            main_end = li;
+        int end = li + 1;
+        while (end < P.nlines && !is_block_header(P.lines[end]))
+            end++;
+        rc = parse_block(&P, li, end, true);
+        li = end - 1;
     }
-    ag__free(P.ce);
-    ag__strmap_free(&P.consts);
+    if (!rc)
+        rc = parse_block(&P, 0, main_end, false);
     ag__free(P.lines);
     ag__free(P.buf);
     if (rc) {

@@ -25,9 +25,13 @@ typedef struct ag__tconst {
 } ag__tconst;
 
 typedef struct ag__tparser {
-    char *buf; /* the text, each line NUL-terminated */
-    char **lines;
+    char *buf;    /* the text, each line NUL-terminated */
+    char **lines; /* the lines of the block being parsed (the graph or one subgraph) */
     int nlines;
+    int line0;        /* the text's line index of lines[0] (errors count lines in the whole text) */
+    bool is_sub;      /* the block opens with `subgraph NAME():` rather than `graph():` */
+    ag_graph *parent; /* for a subgraph block: the graph whose attribute it becomes */
+    bool block_follows; /* another block follows this one */
     ag_graph *g;
     ag__tconst *ce;
     int64_t nce, ce_cap;

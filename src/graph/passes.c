@@ -5,7 +5,8 @@
  * API, still verifying, and a count of what changed. Every pass reads the op table for what it
  * may touch: ops that are effectful, collective, in-place or mutate an argument (schema
  * `Tensor(a!)`) are never removed or merged (a collective that one rank dropped would leave
- * its peers waiting), and random ops are never merged (two draws are two values). */
+ * its peers waiting), and random ops are never merged (two draws are two values). A call of
+ * a subgraph (invoke_subgraph) has the side effects and randomness of the calls in it. */
 #include "graph_internal.h"
 
 #include <stdio.h>
@@ -25,10 +26,32 @@ static bool mutates_args(const ag_node *n) {
     return false;
 }
 
-/* Calls that must stay even when nothing reads their result. */
+/* Calls that must stay even when nothing reads their result. A call of a subgraph has the
+ * side effects of the calls in it. */
 static bool has_side_effects(const ag_node *n) {
-    return n->kind == AG_NODE_CALL &&
-           ((ag_op_def(n->op)->flags & (AG_OP_EFFECTFUL | AG_OP_COLLECTIVE)) || mutates_args(n));
+    if (n->kind != AG_NODE_CALL)
+        return false;
+    const ag_graph *sub = ag__call_subgraph(n);
+    if (sub) {
+        for (const ag_node *x = sub->first; x; x = x->next)
+            if (has_side_effects(x))
+                return true;
+        return false;
+    }
+    return (ag_op_def(n->op)->flags & (AG_OP_EFFECTFUL | AG_OP_COLLECTIVE)) || mutates_args(n);
+}
+
+/* Whether two calls with the same arguments give the same values: not for random ops (and
+ * subgraphs holding one). */
+static bool draws_randomness(const ag_node *n) {
+    const ag_graph *sub = ag__call_subgraph(n);
+    if (sub) {
+        for (const ag_node *x = sub->first; x; x = x->next)
+            if (x->kind == AG_NODE_CALL && draws_randomness(x))
+                return true;
+        return false;
+    }
+    return ag_op_def(n->op)->flags & AG_OP_RANDOM;
 }
 
 /* ---- dead-code elimination ---- */
@@ -198,7 +221,7 @@ static bool cse_candidate(const ag_node *n) {
         return false;
     /* Random ops draw fresh values at every call (factories such as rand included); effectful,
      * collective and mutating ops must run as often as written. */
-    if (ag_op_def(n->op)->flags & (AG_OP_RANDOM | AG_OP_EFFECTFUL | AG_OP_COLLECTIVE))
+    if (draws_randomness(n) || has_side_effects(n))
         return false;
     return !mutates_args(n);
 }

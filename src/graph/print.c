@@ -10,7 +10,8 @@
  * nothing a graph carries is lost in a round trip; a well-known key holding a value of the
  * wrong kind (say seq_nr set to a string through ag_node_meta_set) prints generically too. A
  * stack trace that continuation lines cannot carry exactly (an empty or blank line, a '\r')
- * prints as a quoted `stack_trace='...'` item instead. */
+ * prints as a quoted `stack_trace='...'` item instead. Subgraphs print after the graph, one
+ * `subgraph NAME():` block each. */
 #include "text_internal.h"
 #include "../core/pystr.h"
 
@@ -308,11 +309,15 @@ static void put_node(ag__sbuf *b, const ag_node *n, const ag_print_opts *o) {
             ag__sb_printf(b, ", %lld)", (long long)n->args[1].u.i);
         } else {
             ag__sb_puts(b, "get_attr(");
-            ag__sb_name(b, n->name);
+            int k = n->sub ? ag__subgraph_index(n->graph, n->sub) : -1;
+            ag__sb_name(b, k >= 0 ? n->graph->subs[k].name : n->name);
             ag__sb_putc(b, ')');
         }
         ag__sb_puts(b, "  # ");
-        put_vals(b, n);
+        if (n->sub)
+            ag__sb_puts(b, "subgraph");
+        else
+            put_vals(b, n);
         put_items(b, n, o);
         break;
     }
@@ -397,6 +402,21 @@ static void put_constant(ag__sbuf *b, const ag_node *n) {
     ag__sb_puts(b, "]\n");
 }
 
+/* The node lines, then the constant lines. */
+static void put_body(ag__sbuf *b, const ag_graph *g, const ag_print_opts *o) {
+    bool consts = false;
+    for (const ag_node *n = g->first; n; n = n->next) {
+        put_node(b, n, o);
+        consts |= n->kind == AG_NODE_GET_ATTR && n->constant;
+    }
+    if (consts) {
+        ag__sb_putc(b, '\n');
+        for (const ag_node *n = g->first; n; n = n->next)
+            if (n->kind == AG_NODE_GET_ATTR && n->constant)
+                put_constant(b, n);
+    }
+}
+
 char *ag_graph_to_string(const ag_graph *g, const ag_print_opts *opts) {
     AG__CHECK_NULL_RET("graph_to_string", g, NULL);
     static const ag_print_opts defaults = {0};
@@ -405,16 +425,13 @@ char *ag_graph_to_string(const ag_graph *g, const ag_print_opts *opts) {
     /* ~100 bytes a node: one allocation for most graphs. */
     ag__sb_reserve(&b, (size_t)g->count * 112 + 64);
     ag__sb_puts(&b, "graph():\n");
-    bool consts = false;
-    for (const ag_node *n = g->first; n; n = n->next) {
-        put_node(&b, n, o);
-        consts |= n->kind == AG_NODE_GET_ATTR && n->constant;
-    }
-    if (consts) {
-        ag__sb_putc(&b, '\n');
-        for (const ag_node *n = g->first; n; n = n->next)
-            if (n->kind == AG_NODE_GET_ATTR && n->constant)
-                put_constant(&b, n);
+    put_body(&b, g, o);
+    /* Each subgraph after the graph (as print_readable prints submodules after forward). */
+    for (int i = 0; i < g->nsubs; i++) {
+        ag__sb_puts(&b, "\nsubgraph ");
+        ag__sb_name(&b, g->subs[i].name);
+        ag__sb_puts(&b, "():\n");
+        put_body(&b, g->subs[i].g, o);
     }
     return ag__sb_finish(&b);
 }

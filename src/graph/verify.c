@@ -9,7 +9,9 @@
  * call's arguments fit its op's schema and its stored vals equal what the op's meta function
  * infers from its arguments' vals; getitem indexes an existing output and carries its val;
  * get_attr's val is its constant's metadata; exactly one output node, last, whose argument is
- * one list of nodes; descriptors sit on placeholders (inputs) and the output node (outputs). */
+ * one list of nodes; descriptors sit on placeholders (inputs) and the output node (outputs).
+ * A get_attr of a subgraph names one the graph owns; each subgraph is verified after the
+ * graph, its errors prefixed "verify: subgraph NAME: ". */
 #include "graph_internal.h"
 
 #include <stdio.h>
@@ -344,7 +346,21 @@ static int check_getitem(const ag_node *n) {
     return 0;
 }
 
-static int check_get_attr(const ag_node *n) {
+static int check_get_attr(const ag_graph *g, const ag_node *n) {
+    if (n->sub) {
+        if (n->constant)
+            return ag__err(AG_EINVAL, "verify: %%%s: get_attr of a subgraph holds a constant",
+                           n->name);
+        if (n->nargs != 0 || n->nvals != 0)
+            return ag__err(AG_EINVAL,
+                           "verify: %%%s: get_attr of a subgraph takes no arguments and "
+                           "stores no val",
+                           n->name);
+        if (ag__subgraph_index(g, n->sub) < 0)
+            return ag__err(AG_EINVAL, "verify: %%%s: refers to a subgraph the graph does not own",
+                           n->name);
+        return 0;
+    }
     if (!n->constant)
         return ag__err(AG_EINVAL, "verify: %%%s: get_attr without a constant", n->name);
     if (n->nargs != 0)
@@ -370,6 +386,16 @@ static int check_output(const ag_graph *g, const ag_node *n) {
                            "verify: %%%s: output %d (%%%s) has %d outputs; read one "
                            "through getitem",
                            n->name, k, a->u.nodes[k]->name, a->u.nodes[k]->nvals);
+    for (int k = 0; k < a->n; k++) {
+        const ag_node *x = a->u.nodes[k];
+        if (x && x->sub)
+            return ag__err(AG_EINVAL, "verify: %%%s: output %d (%%%s) is a subgraph", n->name, k,
+                           x->name);
+        if (x && ag__call_subgraph(x))
+            return ag__err(AG_EINVAL,
+                           "verify: %%%s: output %d (%%%s) is a tuple; read it through getitem",
+                           n->name, k, x->name);
+    }
     if (n->has_out_descs) {
         if (n->nout_descs != a->n)
             return ag__err(AG_EINVAL, "verify: %%%s: %d output descriptors for %d outputs", n->name,
@@ -395,7 +421,7 @@ static int check_node(const ag_graph *g, const ag_node *n) {
                        "verify: %%%s: only the output node carries output "
                        "descriptors",
                        n->name);
-    if (n->kind != AG_NODE_GET_ATTR && n->constant)
+    if (n->kind != AG_NODE_GET_ATTR && (n->constant || n->sub))
         return ag__err(AG_EINVAL, "verify: %%%s: only get_attr nodes hold a constant", n->name);
     if (n->nargs < 0 || n->nargs > AG_MAX_ARGS || n->nvals < 0 || n->nvals > AG_MAX_OUTPUTS)
         return ag__err(AG_EINVAL, "verify: %%%s: %d arguments, %d vals", n->name, n->nargs,
@@ -415,7 +441,7 @@ static int check_node(const ag_graph *g, const ag_node *n) {
     case AG_NODE_GETITEM:
         return check_getitem(n);
     case AG_NODE_GET_ATTR:
-        return check_get_attr(n);
+        return check_get_attr(g, n);
     case AG_NODE_OUTPUT:
         return check_output(g, n);
     }
@@ -510,8 +536,7 @@ static int verify(const ag_graph *g, ptab *t, refs *r) {
     return 0;
 }
 
-int ag_graph_verify(const ag_graph *g) {
-    AG__CHECK_NULL("graph_verify", g);
+static int verify_one(const ag_graph *g) {
     ptab t;
     if (ptab_init(&t, g->count))
         return AG_ENOMEM;
@@ -519,5 +544,26 @@ int ag_graph_verify(const ag_graph *g) {
     int rc = verify(g, &t, &r);
     ptab_free(&t);
     refs_free(&r);
+    return rc;
+}
+
+/* The graph, then each subgraph, which must be a whole graph of its own (its nodes reference
+ * only its nodes: check_links and check_ref see to that). */
+int ag_graph_verify(const ag_graph *g) {
+    AG__CHECK_NULL("graph_verify", g);
+    int rc = verify_one(g);
+    for (int i = 0; i < g->nsubs && rc == 0; i++) {
+        const ag__subgraph *s = &g->subs[i];
+        if (s->g->parent != g || s->g->nsubs)
+            return ag__err(AG_EINVAL, "verify: subgraph %s: not owned by the graph, or nested",
+                           s->name);
+        rc = verify_one(s->g);
+        if (rc == AG_EINVAL) {
+            char msg[512];
+            const char *e = ag_last_error();
+            snprintf(msg, sizeof msg, "%s", strncmp(e, "verify: ", 8) ? e : e + 8);
+            rc = ag__err(AG_EINVAL, "verify: subgraph %s: %s", s->name, msg);
+        }
+    }
     return rc;
 }

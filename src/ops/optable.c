@@ -437,7 +437,7 @@ const ag_op *ag_op_register(const ag_opdef *def) {
 static const char *const flag_names[] = {
     "pointwise",         "reduction",    "view",    "inplace",    "random",
     "compute_intensive", "nondiff",      "factory", "effectful",  "backward_helper",
-    "composite",         "inplace_view", "fill",    "collective",
+    "composite",         "inplace_view", "fill",    "collective", "subgraph",
 };
 
 char *ag_op_flags_str(uint32_t flags, char *buf, size_t n) {
