@@ -140,6 +140,17 @@ AG_API int64_t ag_module_num_parameters(const ag_module *m); /* elements, dedupl
 AG_API void ag_module_train(ag_module *m, bool training); /* recursive */
 AG_API bool ag_module_is_training(const ag_module *m);
 
+/* Activation checkpointing of m (not recursive): with on, ag_module_call runs m's forward
+ * through ag_checkpoint (autograd.h; torch.utils.checkpoint, use_reentrant=False), so the
+ * activations inside m are recomputed in the backward (eager) or tagged for the partitioner to
+ * recompute (ag_export_joint). Names stay as they were: m's parameters keep their FQNs and the
+ * state dict is unchanged (as nanoGPT-style `checkpoint(block, x)` in the parent's forward;
+ * PyTorch's checkpoint_wrapper would insert a `_checkpoint_wrapped_module.` level that its
+ * state-dict hooks strip again). m must outlive the backward of every output made meanwhile.
+ * AG_EINVAL for NULL or a module without a forward (a container: checkpoint its children). */
+AG_API int ag_module_set_checkpoint(ag_module *m, bool on);
+AG_API bool ag_module_is_checkpointed(const ag_module *m); /* false for NULL */
+
 /* ---- calling ---- */
 AG_API int ag_module_call(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
                           int max_out);
