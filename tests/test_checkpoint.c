@@ -196,20 +196,345 @@ static void test_eager_node(void **st) {
     ag_module_free(m);
 }
 
-static void dump(const ag_graph *g) {
-    ag_graph_print(g, stdout, NULL);
+/* Every node of g is tagged MUST_RECOMPUTE with ac_graph_id ids[k] when named tagged[k], and
+ * carries neither tag otherwise. */
+static void check_tags(const ag_graph *g, const char *const *tagged, const int *ids, int n) {
+    int seen = 0;
+    for (ag_node *nd = ag_graph_first(g); nd; nd = ag_node_next(nd)) {
+        int k = 0;
+        while (k < n && strcmp(tagged[k], ag_node_name(nd)))
+            k++;
+        ag_mval id = ag_node_meta_get(nd, "ac_graph_id");
+        if (k < n) {
+            seen++;
+            if (ag_node_recompute(nd) != AG_MUST_RECOMPUTE || id.kind != AG_MV_INT ||
+                id.u.i != ids[k])
+                fail_msg("%s: expected MUST_RECOMPUTE, ac_graph_id %d", tagged[k], ids[k]);
+        } else if (ag_node_recompute(nd) != AG_RECOMPUTE_NONE || id.kind != AG_MV_NONE) {
+            fail_msg("%s: tagged, but outside every checkpointed region", ag_node_name(nd));
+        }
+    }
+    assert_int_equal(seen, n);
 }
 
-static void test_export_tags(void **st) {
-    (void)st;
-    ag_module *m = model_new(AG_F32, 1, -1, false);
+static ag_joint *export_model(int mode, double p, bool plain) {
+    ag_module *m = model_new(AG_F32, mode, p, plain);
     ag_tensor *x = input_new(AG_F32);
     ag_joint *j = ag_export_joint(m, &x, 1, NULL, NULL, 0, NULL);
     assert_non_null(j);
-    dump(ag_joint_graph(j));
-    ag_joint_free(j);
     ag_tensor_free(x);
     ag_module_free(m);
+    return j;
+}
+
+/* The joint of y = sum(mul(tanh(mm_1(mm, w2)), sin(mm)) @ w3), mm = x @ w1: the region's four
+ * forward nodes are tagged, nothing else (not mm before it, not mm_2 after, no backward node). */
+static void test_export_tags(void **st) {
+    (void)st;
+    ag_joint *j = export_model(1, -1, false);
+    const char *region1[] = {"mm_1", "tanh", "sin", "mul"};
+    check_tags(ag_joint_graph(j), region1, (int[]){1, 1, 1, 1}, 4);
+    ag_joint_free(j);
+    /* The plain model: no tag anywhere. */
+    j = export_model(1, -1, true);
+    check_tags(ag_joint_graph(j), NULL, NULL, 0);
+    ag_joint_free(j);
+    /* Adjacent regions: region2 = cos(mul @ w4) is the second one. */
+    j = export_model(2, -1, false);
+    const char *two[] = {"mm_1", "tanh", "sin", "mul", "mm_2", "cos"};
+    check_tags(ag_joint_graph(j), two, (int[]){1, 1, 1, 1, 2, 2}, 6);
+    ag_joint_free(j);
+    /* Nested: region2 inside region belongs to the outer region. */
+    j = export_model(3, -1, false);
+    check_tags(ag_joint_graph(j), two, (int[]){1, 1, 1, 1, 1, 1}, 6);
+    ag_joint_free(j);
+}
+
+static bool computed_in(const ag_graph *g, const char *name) {
+    ag_node *n = ag_graph_find(g, name);
+    return n && ag_node_kind_of(n) != AG_NODE_PLACEHOLDER;
+}
+
+static bool saved_by(const ag_graph *fw, int nf, const char *name) {
+    const ag_garg *a = ag_node_arg(ag_graph_output_node(fw), 0);
+    for (int k = nf; k < a->n; k++)
+        if (a->u.nodes[k] && !strcmp(ag_node_name(a->u.nodes[k]), name))
+            return true;
+    return false;
+}
+
+/* Partitioned: the checkpointed forward saves fewer bytes, its backward recomputes the region
+ * (tanh, sin), and the compiled step equals eager (with dropout: the recomputed philox draws
+ * read the saved seed and offset, so the masks match), for both partitioners. */
+static void test_partition_and_compile(void **st) {
+    (void)st;
+    ag_tensor *x = input_new(AG_F32);
+    for (int part = 0; part < 2; part++)
+        for (int k = 0; k < 2; k++) {
+            double p = k ? 0.3 : -1;
+            int64_t saved[2];
+            for (int ck = 0; ck < 2; ck++) {
+                ag_module *m = model_new(AG_F32, 1, p, !ck);
+                ag_tensor *xg = ag_detach(x);
+                ag_tensor_set_requires_grad(xg, true);
+                ag_joint *j = ag_export_joint(m, &xg, 1, NULL, NULL, 0, NULL);
+                ag_tensor_free(xg);
+                assert_non_null(j);
+                ag_compile_opts co = {
+                    .partition.partitioner = part ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT};
+                ag_compiled *c = ag_compile_joint(j, &co);
+                assert_non_null(c);
+                saved[ck] = ag_compiled_stats(c)->saved_bytes;
+                const ag_graph *bw = ag_compiled_backward_graph(c);
+                if (ck) {
+                    assert_true(computed_in(bw, "tanh"));
+                    assert_true(computed_in(bw, "sin"));
+                    assert_true(computed_in(bw, "mm_1"));
+                } else if (!part) {
+                    assert_false(computed_in(bw, "tanh"));
+                }
+                /* compiled against the eager model (the checkpointed one: equal to the plain
+                 * one, test_eager_equals_plain) */
+                step e;
+                eager_step(m, x, &e);
+                ag_manual_seed(5);
+                ag_tensor *xr = ag_detach(x);
+                ag_tensor_set_requires_grad(xr, true);
+                ag_scope_begin();
+                ag_tensor *y, *g[5];
+                if (ag_compiled_call_module(c, m, &xr, 1, &y, 1) != 1)
+                    fail_msg("compiled call: %s", ag_last_error());
+                ag_tensor *wrt[5] = {ag_module_param(m, "w1"), ag_module_param(m, "w2"),
+                                     ag_module_param(m, "w3"), ag_module_param(m, "w4"), xr};
+                assert_int_equal(ag_grad(&y, NULL, 1, wrt, 5, g, false, true), 0);
+                assert_true(tu_max_abs_diff(y, e.y) <= 1e-5);
+                for (int i = 0; i < 5; i++) {
+                    if (!e.g[i]) {
+                        assert_null(g[i]);
+                        continue;
+                    }
+                    double d = tu_max_abs_diff(g[i], e.g[i]);
+                    if (!(d <= 1e-5))
+                        fail_msg("partitioner %d p %g ckpt %d: grad %d differs by %g", part, p,
+                                 ck, i, d);
+                }
+                ag_scope_end();
+                ag_tensor_free(xr);
+                step_free(&e);
+                ag_compiled_free(c);
+                ag_joint_free(j);
+                ag_module_free(m);
+            }
+            if (!(saved[1] < saved[0]))
+                fail_msg("partitioner %d p %g: saved %lld bytes checkpointed, %lld plain", part, p,
+                         (long long)saved[1], (long long)saved[0]);
+        }
+    ag_tensor_free(x);
+}
+
+/* Adjacent regions (upstream's cleanup_recompute_tags): the boundary value `mul`, read by the
+ * second region, is saved; each region's inside is recomputed. */
+static void test_adjacent_regions_partition(void **st) {
+    (void)st;
+    ag_joint *j = export_model(2, -1, false);
+    for (int part = 0; part < 2; part++) {
+        ag_partition_opts po = {.partitioner = part ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT};
+        ag_graph *fw, *bw;
+        assert_int_equal(ag_partition(ag_joint_graph(j), 1, &po, &fw, &bw, NULL), 0);
+        assert_true(saved_by(fw, 1, "mul"));
+        assert_false(computed_in(bw, "mul"));
+        assert_true(computed_in(bw, "cos"));
+        assert_true(computed_in(bw, "tanh"));
+        ag_graph_free(fw);
+        ag_graph_free(bw);
+    }
+    /* the joint itself keeps its tags (the cleanup works on a copy) */
+    assert_int_equal(ag_node_recompute(ag_graph_find(ag_joint_graph(j), "mul")),
+                     AG_MUST_RECOMPUTE);
+    ag_joint_free(j);
+}
+
+/* ---- gradcheck in float64 ---- */
+
+static int gc_region(void *ud, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
+    (void)ud;
+    (void)nin;
+    (void)max_out;
+    ag_scope_begin();
+    ag_tensor *y = ag_mul(ag_tanh(ag_mm(in[0], in[1])), ag_sin(in[0]));
+    out[0] = ag_tensor_keep(y);
+    out[1] = ag_tensor_keep(ag_exp(in[1]));
+    ag_scope_end();
+    return out[0] && out[1] ? 2 : ag_last_status();
+}
+
+static int gc_fn(void *ud, ag_tensor *const *inputs, int n, ag_tensor **outs, int *nouts) {
+    (void)ud;
+    (void)n;
+    ag_tensor *o[2];
+    int k = ag_checkpoint(gc_region, NULL, inputs, 2, o, 2);
+    if (k < 0)
+        return k;
+    ag_scope_begin();
+    outs[0] = ag_tensor_keep(ag_mul(o[0], o[0]));
+    outs[1] = ag_tensor_keep(o[1]);
+    ag_scope_end();
+    ag_tensor_free(o[0]);
+    ag_tensor_free(o[1]);
+    *nouts = 2;
+    return 0;
+}
+
+static void test_gradcheck(void **st) {
+    (void)st;
+    uint64_t s = 3;
+    ag_tensor *a = tu_rand_tensor(AG_F64, 2, (int64_t[]){3, 3}, -1, 1, tu_xorshift, &s);
+    ag_tensor *b = tu_rand_tensor(AG_F64, 2, (int64_t[]){3, 3}, -1, 1, tu_xorshift, &s);
+    ag_tensor_set_requires_grad(a, true);
+    ag_tensor_set_requires_grad(b, true);
+    assert_int_equal(ag_gradcheck(gc_fn, NULL, (ag_tensor *[]){a, b}, 2, NULL), 0);
+    ag_tensor_free(a);
+    ag_tensor_free(b);
+}
+
+/* ---- the module flag ---- */
+
+static int lin_tanh_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
+                            int max_out) {
+    (void)nin;
+    (void)max_out;
+    ag_scope_begin();
+    ag_tensor *y = ag_tanh(ag_module_forward_child(m, "fc", in[0]));
+    return ag_module_return1(y, out);
+}
+
+static void test_module_checkpoint(void **st) {
+    (void)st;
+    ag_module *m = ag_module_new("Block", lin_tanh_forward, NULL, NULL);
+    ag_manual_seed(1);
+    assert_int_equal(ag_module_add_child(m, "fc", ag_nn_linear(5, 4, true)), 0);
+    ag_tensor *x = input_new(AG_F32);
+    ag_scope_begin();
+    ag_tensor *y0 = ag_sum_all(ag_module_forward(m, x));
+    ag_tensor *w = ag_module_param(m, "fc.weight"), *bias = ag_module_param(m, "fc.bias");
+    ag_tensor *g0[2], *g1[2];
+    assert_int_equal(ag_grad(&y0, NULL, 1, (ag_tensor *[]){w, bias}, 2, g0, false, false), 0);
+    assert_false(ag_module_is_checkpointed(m));
+    assert_int_equal(ag_module_set_checkpoint(m, true), 0);
+    assert_true(ag_module_is_checkpointed(m));
+    ag_tensor *h = ag_module_forward(m, x);
+    assert_string_equal(ag_tensor_grad_fn_name(h), "CheckpointFunctionBackward");
+    ag_tensor *y1 = ag_sum_all(h);
+    assert_int_equal(ag_grad(&y1, NULL, 1, (ag_tensor *[]){w, bias}, 2, g1, false, false), 0);
+    assert_true(tu_max_abs_diff(y0, y1) == 0);
+    assert_true(tu_max_abs_diff(g0[0], g1[0]) == 0);
+    assert_true(tu_max_abs_diff(g0[1], g1[1]) == 0);
+    ag_scope_end();
+    /* names are unchanged */
+    ag_named_tensors nt;
+    assert_int_equal(ag_module_named_parameters(m, true, &nt), 0);
+    assert_int_equal(nt.n, 2);
+    assert_string_equal(nt.names[0], "fc.weight");
+    assert_string_equal(nt.names[1], "fc.bias");
+    ag_named_tensors_free(&nt);
+    /* a container has no forward to checkpoint */
+    ag_module *seq = ag_nn_module_list();
+    assert_int_equal(ag_module_set_checkpoint(seq, true), AG_EINVAL);
+    tu_assert_error_contains("ModuleList");
+    assert_int_equal(ag_module_set_checkpoint(NULL, true), AG_EINVAL);
+    assert_false(ag_module_is_checkpointed(NULL));
+    ag_module_free(seq);
+    ag_module_free(m);
+    ag_tensor_free(x);
+}
+
+/* ---- errors ---- */
+
+static int failing(void *ud, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
+    (void)in;
+    (void)nin;
+    (void)max_out;
+    int *calls = ud;
+    if ((*calls)++ == 0 && out[0] == NULL) {
+        /* first call succeeds when ud asks for a backward failure */
+    }
+    return ag_set_error(AG_EINVAL, "failing: bad input on call %d", *calls);
+}
+
+static int fails_second(void *ud, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
+    (void)nin;
+    (void)max_out;
+    int *calls = ud;
+    if ((*calls)++ > 0)
+        return ag_set_error(AG_EINVAL, "fails_second: call %d refused", *calls);
+    ag_scope_begin();
+    out[0] = ag_tensor_keep(ag_tanh(ag_mul(in[0], in[0])));
+    ag_scope_end();
+    return out[0] ? 1 : ag_last_status();
+}
+
+static int identity(void *ud, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
+    (void)ud;
+    (void)nin;
+    (void)max_out;
+    out[0] = ag_tensor_keep(in[0]);
+    return 1;
+}
+
+static void test_errors(void **st) {
+    (void)st;
+    ag_tensor *x = input_new(AG_F32);
+    ag_tensor_set_requires_grad(x, true);
+    ag_tensor *o[2] = {x, x};
+    assert_int_equal(ag_checkpoint(NULL, NULL, &x, 1, o, 1), AG_EINVAL);
+    tu_assert_error_contains("checkpoint: fn is NULL");
+    assert_null(o[0]);
+    assert_int_equal(ag_checkpoint(identity, NULL, &x, 1, NULL, 1), AG_EINVAL);
+    assert_int_equal(ag_checkpoint(identity, NULL, &x, 1, o, 0), AG_EINVAL);
+    tu_assert_error_contains("max_out 0");
+    ag_tensor *nul = NULL;
+    ag_clear_error();
+    assert_int_equal(ag_checkpoint(identity, NULL, &nul, 1, o, 1), AG_EINVAL);
+    tu_assert_error_contains("input 0 is NULL");
+    assert_int_equal(ag_checkpoint(identity, NULL, NULL, 1, o, 1), AG_EINVAL);
+    /* fn's failure: its status and message */
+    int calls = 0;
+    assert_int_equal(ag_checkpoint(failing, &calls, &x, 1, o, 2), AG_EINVAL);
+    tu_assert_error_contains("failing: bad input on call 1");
+    assert_null(o[0]);
+    assert_null(o[1]);
+    /* a recomputation that fails: the backward reports it */
+    calls = 0;
+    ag_tensor *y;
+    assert_int_equal(ag_checkpoint(fails_second, &calls, &x, 1, &y, 1), 1);
+    ag_scope_begin();
+    ag_tensor *l = ag_sum_all(y);
+    assert_int_equal(ag_backward(l, NULL, false), AG_EINVAL);
+    tu_assert_error_contains("fails_second: call 2 refused");
+    ag_scope_end();
+    ag_tensor_free(y);
+    /* an output that is the input itself gets a history of its own, the input keeps none */
+    assert_int_equal(ag_checkpoint(identity, NULL, &x, 1, &y, 1), 1);
+    assert_true(y != x);
+    assert_null(ag_tensor_grad_fn_name(x));
+    assert_string_equal(ag_tensor_grad_fn_name(y), "CheckpointFunctionBackward");
+    ag_scope_begin();
+    ag_tensor *g;
+    l = ag_sum_all(ag_mul(y, y));
+    assert_int_equal(ag_grad(&l, NULL, 1, &x, 1, &g, false, false), 0);
+    /* d/dx sum(x*x) = 2x */
+    ag_tensor *two_x = ag_mul_scalar(x, 2);
+    assert_true(tu_max_abs_diff(g, two_x) == 0);
+    ag_scope_end();
+    ag_tensor_free(y);
+    /* nothing requires grad: no node, plain outputs */
+    ag_tensor *c = input_new(AG_F32);
+    assert_int_equal(ag_checkpoint(fails_second, &(int){0}, &c, 1, &y, 1), 1);
+    assert_null(ag_tensor_grad_fn_name(y));
+    assert_false(ag_tensor_requires_grad(y));
+    ag_tensor_free(y);
+    ag_tensor_free(c);
+    ag_tensor_free(x);
 }
 
 int main(void) {
@@ -217,6 +542,11 @@ int main(void) {
         cmocka_unit_test(test_eager_equals_plain),
         cmocka_unit_test(test_eager_node),
         cmocka_unit_test(test_export_tags),
+        cmocka_unit_test(test_partition_and_compile),
+        cmocka_unit_test(test_adjacent_regions_partition),
+        cmocka_unit_test(test_gradcheck),
+        cmocka_unit_test(test_module_checkpoint),
+        cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

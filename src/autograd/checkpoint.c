@@ -231,6 +231,10 @@ int ag_checkpoint(ag_checkpoint_fn fn, void *ud, ag_tensor *const *inputs, int n
     for (int i = 0; i < nin; i++)
         c->inputs[i] = ag_tensor_keep(inputs[i]);
     ag_rng_get_state(&c->seed, &c->offset);
+    /* The inputs that require grad lead the node's edges, read or not (as upstream's). */
+    for (int i = 0; i < nin; i++)
+        if (ag_tensor_requires_grad(inputs[i]) && ag_dtype_is_float(ag_tensor_dtype(inputs[i])))
+            capture(c, inputs[i]);
 
     int (*prev_cap)(void *, ag_tensor *) = ts->ckpt_capture;
     void *prev_ud = ts->ckpt_capture_ud;
