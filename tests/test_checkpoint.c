@@ -280,8 +280,8 @@ static void test_partition_and_compile(void **st) {
                 ag_joint *j = ag_export_joint(m, &xg, 1, NULL, NULL, 0, NULL);
                 ag_tensor_free(xg);
                 assert_non_null(j);
-                ag_compile_opts co = {
-                    .partition.partitioner = part ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT};
+                ag_compile_opts co = {.partition.partitioner =
+                                          part ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT};
                 ag_compiled *c = ag_compile_joint(j, &co);
                 assert_non_null(c);
                 saved[ck] = ag_compiled_stats(c)->saved_bytes;
@@ -315,8 +315,8 @@ static void test_partition_and_compile(void **st) {
                     }
                     double d = tu_max_abs_diff(g[i], e.g[i]);
                     if (!(d <= 1e-5))
-                        fail_msg("partitioner %d p %g ckpt %d: grad %d differs by %g", part, p,
-                                 ck, i, d);
+                        fail_msg("partitioner %d p %g ckpt %d: grad %d differs by %g", part, p, ck,
+                                 i, d);
                 }
                 ag_scope_end();
                 ag_tensor_free(xr);
@@ -349,8 +349,7 @@ static void test_adjacent_regions_partition(void **st) {
         ag_graph_free(bw);
     }
     /* the joint itself keeps its tags (the cleanup works on a copy) */
-    assert_int_equal(ag_node_recompute(ag_graph_find(ag_joint_graph(j), "mul")),
-                     AG_MUST_RECOMPUTE);
+    assert_int_equal(ag_node_recompute(ag_graph_find(ag_joint_graph(j), "mul")), AG_MUST_RECOMPUTE);
     ag_joint_free(j);
 }
 

@@ -408,8 +408,8 @@ static int set_node_meta(tracer *T, ag_node *n) {
         }
         rc = ag_node_set_recompute(n, AG_MUST_RECOMPUTE);
         if (!rc)
-            rc = ag_node_meta_set(n, "ac_graph_id",
-                                  (ag_mval){.kind = AG_MV_INT, .u.i = T->ckpt_id});
+            rc =
+                ag_node_meta_set(n, "ac_graph_id", (ag_mval){.kind = AG_MV_INT, .u.i = T->ckpt_id});
     }
     int na = nanns < MAX_ANN ? nanns : MAX_ANN;
     for (int i = 0; i < na && !rc; i++)
