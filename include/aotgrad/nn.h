@@ -293,6 +293,10 @@ typedef struct ag_gpt2_config {
      * (loss), so a training step does not keep the (B, T, V) logits alive as an output.
      * forward(idx) returns logits either way. */
     bool loss_only;
+    /* true: each block transformer.h.N is checkpointed (ag_module_set_checkpoint: its
+     * activations recomputed in the backward, its names unchanged), as nanoGPT-style training
+     * that wraps each block's call in torch.utils.checkpoint. false (the default): none. */
+    bool checkpoint_blocks;
 } ag_gpt2_config;
 AG_API ag_gpt2_config ag_gpt2_config_tiny(void);  /* 2 layers, 64 wide, 4 heads, vocab 256 */
 AG_API ag_gpt2_config ag_gpt2_config_small(void); /* 124M: 12/768/12, vocab 50257, ctx 1024 */
