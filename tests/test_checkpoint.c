@@ -374,10 +374,9 @@ static int gc_fn(void *ud, ag_tensor *const *inputs, int n, ag_tensor **outs, in
     int k = ag_checkpoint(gc_region, NULL, inputs, 2, o, 2);
     if (k < 0)
         return k;
-    ag_scope_begin();
-    outs[0] = ag_tensor_keep(ag_mul(o[0], o[0]));
-    outs[1] = ag_tensor_keep(o[1]);
-    ag_scope_end();
+    /* gradcheck reads outputs owned by the scope it opened around the call */
+    outs[0] = ag_mul(o[0], o[0]);
+    outs[1] = ag_mul_scalar(o[1], 1.0);
     ag_tensor_free(o[0]);
     ag_tensor_free(o[1]);
     *nouts = 2;
