@@ -286,6 +286,22 @@ static void test_partition_and_compile(void **st) {
                 assert_non_null(c);
                 saved[ck] = ag_compiled_stats(c)->saved_bytes;
                 const ag_graph *bw = ag_compiled_backward_graph(c);
+                if (ck && p > 0) {
+                    /* The mask is recomputed in the backward from the forward's seed and
+                     * offset, saved by the forward: the same draw, so the same mask. */
+                    const ag_graph *fw = ag_compiled_forward_graph(c);
+                    assert_true(saved_by(fw, 2, "fwd_seed"));
+                    assert_true(saved_by(fw, 2, "fwd_base_offset"));
+                    ag_node *r = ag_graph_find(bw, "philox_rand");
+                    assert_true(computed_in(bw, "philox_rand") && computed_in(bw, "ge"));
+                    ag_node *seed = ag_node_arg_node(r, 1), *off = ag_node_arg_node(r, 2);
+                    assert_string_equal(ag_node_name(seed), "fwd_seed");
+                    assert_int_equal(ag_node_kind_of(seed), AG_NODE_PLACEHOLDER);
+                    assert_string_equal(ag_node_name(ag_node_arg_node(off, 0)), "fwd_base_offset");
+                    assert_int_equal(ag_node_kind_of(ag_node_arg_node(off, 0)),
+                                     AG_NODE_PLACEHOLDER);
+                    assert_false(computed_in(bw, "fwd_seed"));
+                }
                 if (ck) {
                     assert_true(computed_in(bw, "tanh"));
                     assert_true(computed_in(bw, "sin"));
@@ -535,6 +551,46 @@ static void test_errors(void **st) {
     ag_tensor_free(x);
 }
 
+/* ---- out of memory ---- */
+
+/* A checkpointed forward with dropout and its backward: each allocation failing in turn fails
+ * the step cleanly (ENOMEM, nothing leaked, the generator and the histories put back). */
+typedef struct oom_case {
+    ag_module *m;
+    ag_tensor *x;
+} oom_case;
+
+static int oom_step(void *ud) {
+    oom_case *oc = ud;
+    ag_module *m = oc->m;
+    ag_tensor *x = oc->x;
+    ag_scope_begin();
+    ag_tensor *y = NULL, *g[4] = {0};
+    int rc = ag_module_call(m, &x, 1, &y, 1);
+    if (rc == 1) {
+        ag_tensor *wrt[4] = {ag_module_param(m, "w1"), ag_module_param(m, "w2"),
+                             ag_module_param(m, "w3"), ag_module_param(m, "w4")};
+        rc = ag_grad(&y, NULL, 1, wrt, 4, g, false, true);
+    }
+    ag_scope_end();
+    return rc < 0 ? rc : 0;
+}
+
+static void test_out_of_memory(void **st) {
+    (void)st;
+    for (int mode = 1; mode <= 3; mode += 2) {
+        ag_module *m = model_new(AG_F32, mode, 0.3, false);
+        oom_case oc = {m, input_new(AG_F32)};
+        tu_sweep_opts o = {.what = mode == 1 ? "checkpoint" : "nested checkpoint",
+                           .one_thread = true};
+        assert_true(tu_alloc_failure_sweep(oom_step, &oc, &o) > 10);
+        o.persistent = true;
+        assert_true(tu_alloc_failure_sweep(oom_step, &oc, &o) > 10);
+        ag_tensor_free(oc.x);
+        ag_module_free(m);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_eager_equals_plain),
@@ -545,6 +601,7 @@ int main(void) {
         cmocka_unit_test(test_gradcheck),
         cmocka_unit_test(test_module_checkpoint),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
