@@ -20,7 +20,8 @@
  *                                      on the same strategy and world size)
  *   --checkpoint                       gpt2 with each block checkpointed (ag_checkpoint): its
  *                                      activations recomputed in the backward (the same losses,
- *                                      less saved memory); not with --parallel
+ *                                      less saved memory), also under --parallel (the
+ *                                      sharding pass keeps the recompute tags)
  *   --schedule cosine|constant --warmup N --decay-steps N --min-lr F --clip F
  *                                      the recipe: gpt2 defaults to nanoGPT's (warmup + cosine,
  *                                      clip 1.0, no weight decay on biases and norms); cnn and
@@ -984,11 +985,6 @@ int cli_train(int argc, char **argv) {
                 "aotgrad train: --checkpoint checkpoints gpt2's blocks; --model %s has "
                 "none (use --model gpt2)\n",
                 o.model);
-        return 2;
-    }
-    if (o.checkpoint && o.parallel) {
-        fprintf(stderr, "aotgrad train: --checkpoint is not supported with --parallel yet (the "
-                        "sharding pass does not carry the recompute tags); drop one of them\n");
         return 2;
     }
     o.batch = o.batch ? o.batch : gpt2 ? 16 : 128;
