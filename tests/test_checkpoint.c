@@ -263,6 +263,35 @@ static bool saved_by(const ag_graph *fw, int nf, const char *name) {
     return false;
 }
 
+/* The compiled step of m (from seed 5) against the eager one: loss and gradients within 1e-5. */
+static void check_compiled(ag_module *m, ag_tensor *x, ag_compiled *c, const char *what) {
+    step e;
+    eager_step(m, x, &e);
+    ag_manual_seed(5);
+    ag_tensor *xr = ag_detach(x);
+    ag_tensor_set_requires_grad(xr, true);
+    ag_scope_begin();
+    ag_tensor *y, *g[5];
+    if (ag_compiled_call_module(c, m, &xr, 1, &y, 1) != 1)
+        fail_msg("%s: compiled call: %s", what, ag_last_error());
+    ag_tensor *wrt[5] = {ag_module_param(m, "w1"), ag_module_param(m, "w2"),
+                         ag_module_param(m, "w3"), ag_module_param(m, "w4"), xr};
+    assert_int_equal(ag_grad(&y, NULL, 1, wrt, 5, g, false, true), 0);
+    assert_true(tu_max_abs_diff(y, e.y) <= 1e-5);
+    for (int i = 0; i < 5; i++) {
+        if (!e.g[i]) {
+            assert_null(g[i]);
+            continue;
+        }
+        double d = tu_max_abs_diff(g[i], e.g[i]);
+        if (!(d <= 1e-5))
+            fail_msg("%s: grad %d differs by %g", what, i, d);
+    }
+    ag_scope_end();
+    ag_tensor_free(xr);
+    step_free(&e);
+}
+
 /* Partitioned: the checkpointed forward saves fewer bytes, its backward recomputes the region
  * (tanh, sin), and the compiled step equals eager (with dropout: the recomputed philox draws
  * read the saved seed and offset, so the masks match), for both partitioners. */
@@ -311,32 +340,9 @@ static void test_partition_and_compile(void **st) {
                 }
                 /* compiled against the eager model (the checkpointed one: equal to the plain
                  * one, test_eager_equals_plain) */
-                step e;
-                eager_step(m, x, &e);
-                ag_manual_seed(5);
-                ag_tensor *xr = ag_detach(x);
-                ag_tensor_set_requires_grad(xr, true);
-                ag_scope_begin();
-                ag_tensor *y, *g[5];
-                if (ag_compiled_call_module(c, m, &xr, 1, &y, 1) != 1)
-                    fail_msg("compiled call: %s", ag_last_error());
-                ag_tensor *wrt[5] = {ag_module_param(m, "w1"), ag_module_param(m, "w2"),
-                                     ag_module_param(m, "w3"), ag_module_param(m, "w4"), xr};
-                assert_int_equal(ag_grad(&y, NULL, 1, wrt, 5, g, false, true), 0);
-                assert_true(tu_max_abs_diff(y, e.y) <= 1e-5);
-                for (int i = 0; i < 5; i++) {
-                    if (!e.g[i]) {
-                        assert_null(g[i]);
-                        continue;
-                    }
-                    double d = tu_max_abs_diff(g[i], e.g[i]);
-                    if (!(d <= 1e-5))
-                        fail_msg("partitioner %d p %g ckpt %d: grad %d differs by %g", part, p, ck,
-                                 i, d);
-                }
-                ag_scope_end();
-                ag_tensor_free(xr);
-                step_free(&e);
+                char what[64];
+                snprintf(what, sizeof what, "partitioner %d p %g ckpt %d", part, p, ck);
+                check_compiled(m, x, c, what);
                 ag_compiled_free(c);
                 ag_joint_free(j);
                 ag_module_free(m);
@@ -345,6 +351,39 @@ static void test_partition_and_compile(void **st) {
                 fail_msg("partitioner %d p %g: saved %lld bytes checkpointed, %lld plain", part, p,
                          (long long)saved[1], (long long)saved[0]);
         }
+    ag_tensor_free(x);
+}
+
+/* The tags compose with the memory budget: at budgets 0.5 and 0 the min-cut still recomputes
+ * the region (it may recompute more, never save the region's inside), saves no more than at
+ * budget 1, and the step still equals eager, dropout included. */
+static void test_memory_budget(void **st) {
+    (void)st;
+    ag_tensor *x = input_new(AG_F32);
+    ag_module *m = model_new(AG_F32, 1, 0.3, false);
+    ag_tensor *xg = ag_detach(x);
+    ag_tensor_set_requires_grad(xg, true);
+    ag_joint *j = ag_export_joint(m, &xg, 1, NULL, NULL, 0, NULL);
+    ag_tensor_free(xg);
+    assert_non_null(j);
+    const double budgets[] = {1.0, 0.5, AG_MEMORY_BUDGET_ZERO};
+    int64_t saved1 = 0;
+    for (int b = 0; b < 3; b++) {
+        ag_compile_opts co = {
+            .partition = {.partitioner = AG_PARTITION_MINCUT, .memory_budget = budgets[b]}};
+        ag_compiled *c = ag_compile_joint(j, &co);
+        assert_non_null(c);
+        const ag_graph *bw = ag_compiled_backward_graph(c);
+        assert_true(computed_in(bw, "tanh") && computed_in(bw, "philox_rand"));
+        int64_t sv = ag_compiled_stats(c)->saved_bytes;
+        if (b == 0)
+            saved1 = sv;
+        assert_true(sv <= saved1);
+        check_compiled(m, x, c, b == 0 ? "budget 1" : b == 1 ? "budget 0.5" : "budget 0");
+        ag_compiled_free(c);
+    }
+    ag_joint_free(j);
+    ag_module_free(m);
     ag_tensor_free(x);
 }
 
@@ -597,6 +636,7 @@ int main(void) {
         cmocka_unit_test(test_eager_node),
         cmocka_unit_test(test_export_tags),
         cmocka_unit_test(test_partition_and_compile),
+        cmocka_unit_test(test_memory_budget),
         cmocka_unit_test(test_adjacent_regions_partition),
         cmocka_unit_test(test_gradcheck),
         cmocka_unit_test(test_module_checkpoint),
