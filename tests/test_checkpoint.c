@@ -590,6 +590,89 @@ static void test_errors(void **st) {
     ag_tensor_free(x);
 }
 
+/* ---- GPT-2 with checkpointed blocks ---- */
+
+static ag_module *gpt2_new(bool ckpt) {
+    ag_gpt2_config gc = ag_gpt2_config_tiny();
+    gc.n_layer = 2;
+    gc.block_size = 8;
+    gc.dropout = 0.1;
+    gc.loss_only = true;
+    gc.checkpoint_blocks = ckpt;
+    ag_manual_seed(42);
+    ag_module *m = ag_nn_gpt2(&gc);
+    assert_non_null(m);
+    return m;
+}
+
+/* Same names, same loss and gradients bit for bit (dropout on: the blocks' masks recomputed);
+ * the export tags each block as its own region (ac_graph_id 1 and 2), nothing outside. */
+static void test_gpt2_blocks(void **st) {
+    (void)st;
+    ag_module *m[2] = {gpt2_new(false), gpt2_new(true)};
+    assert_false(ag_module_is_checkpointed(ag_module_child(m[0], "transformer.h.0")));
+    assert_true(ag_module_is_checkpointed(ag_module_child(m[1], "transformer.h.0")));
+    assert_true(ag_module_is_checkpointed(ag_module_child(m[1], "transformer.h.1")));
+    ag_named_tensors nt[2];
+    for (int k = 0; k < 2; k++)
+        assert_int_equal(ag_module_named_parameters(m[k], true, &nt[k]), 0);
+    assert_int_equal(nt[0].n, nt[1].n);
+    for (int i = 0; i < nt[0].n; i++)
+        assert_string_equal(nt[0].names[i], nt[1].names[i]);
+    uint64_t s = 5;
+    ag_tensor *idx = tu_rand_tensor(AG_F32, 2, (int64_t[]){2, 8}, 0, 255, tu_xorshift, &s);
+    ag_tensor *in[2] = {ag_to_dtype(idx, AG_I64), NULL};
+    ag_tensor *tg = tu_rand_tensor(AG_F32, 2, (int64_t[]){2, 8}, 0, 255, tu_xorshift, &s);
+    in[1] = ag_to_dtype(tg, AG_I64);
+    ag_tensor *loss[2];
+    for (int k = 0; k < 2; k++) {
+        ag_manual_seed(9);
+        assert_int_equal(ag_module_call(m[k], in, 2, &loss[k], 1), 1);
+        assert_int_equal(ag_backward(loss[k], NULL, false), 0);
+    }
+    assert_true(tu_max_abs_diff(loss[0], loss[1]) == 0);
+    for (int i = 0; i < nt[0].n; i++) {
+        ag_tensor *g0 = ag_tensor_grad(nt[0].tensors[i]), *g1 = ag_tensor_grad(nt[1].tensors[i]);
+        assert_non_null(g0);
+        assert_non_null(g1);
+        if (tu_max_abs_diff(g0, g1) != 0)
+            fail_msg("%s: gradients differ by %g", nt[0].names[i], tu_max_abs_diff(g0, g1));
+    }
+    /* the export: every tagged node is a forward node of block 0 (id 1) or block 1 (id 2),
+     * and both blocks have some */
+    ag_joint *j = ag_export_joint(m[1], in, 2, NULL, NULL, 0, NULL);
+    assert_non_null(j);
+    int count[3] = {0};
+    for (ag_node *n = ag_graph_first(ag_joint_graph(j)); n; n = ag_node_next(n)) {
+        ag_mval id = ag_node_meta_get(n, "ac_graph_id");
+        if (ag_node_recompute(n) == AG_RECOMPUTE_NONE) {
+            assert_int_equal(id.kind, AG_MV_NONE);
+            continue;
+        }
+        assert_int_equal(ag_node_recompute(n), AG_MUST_RECOMPUTE);
+        assert_int_equal(id.kind, AG_MV_INT);
+        assert_true(id.u.i == 1 || id.u.i == 2);
+        assert_string_equal(ag_node_partitioner_tag(n), "is_forward");
+        ag_mval stack = ag_node_meta_get(n, "nn_module_stack");
+        assert_int_equal(stack.kind, AG_MV_STR);
+        const char *block = id.u.i == 1 ? "transformer.h.0" : "transformer.h.1";
+        if (!strstr(stack.u.s, block))
+            fail_msg("%s (ac_graph_id %lld) is not in %s: %s", ag_node_name(n), (long long)id.u.i,
+                     block, stack.u.s);
+        count[id.u.i]++;
+    }
+    assert_true(count[1] > 10 && count[1] == count[2]);
+    ag_joint_free(j);
+    for (int k = 0; k < 2; k++) {
+        ag_tensor_free(loss[k]);
+        ag_named_tensors_free(&nt[k]);
+        ag_module_free(m[k]);
+        ag_tensor_free(in[k]);
+    }
+    ag_tensor_free(idx);
+    ag_tensor_free(tg);
+}
+
 /* ---- out of memory ---- */
 
 /* A checkpointed forward with dropout and its backward: each allocation failing in turn fails
@@ -640,6 +723,7 @@ int main(void) {
         cmocka_unit_test(test_adjacent_regions_partition),
         cmocka_unit_test(test_gradcheck),
         cmocka_unit_test(test_module_checkpoint),
+        cmocka_unit_test(test_gpt2_blocks),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_out_of_memory),
     };
