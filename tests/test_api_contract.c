@@ -946,6 +946,15 @@ static long c_ag_module_train(void) {
     (ag_module_train)(NULL, false);
     return 0;
 }
+static long c_ag_module_set_checkpoint(void) {
+    return (ag_module_set_checkpoint)(NULL, false);
+}
+static long c_ag_module_is_checkpointed(void) {
+    return (ag_module_is_checkpointed)(NULL);
+}
+static long c_ag_checkpoint(void) {
+    return (ag_checkpoint)((ag_checkpoint_fn)0, NULL, NULL, 0, NULL, 0);
+}
 static long c_ag_module_is_training(void) {
     return (ag_module_is_training)(NULL);
 }
@@ -2022,6 +2031,9 @@ static const row rows[] = {
     {"ag_module_num_parameters", 'F', 'O', c_ag_module_num_parameters, NULL},
     {"ag_module_train", 'A', 'O', c_ag_module_train, NULL},
     {"ag_module_is_training", 'A', 'O', c_ag_module_is_training, NULL},
+    {"ag_module_set_checkpoint", 'F', 'I', c_ag_module_set_checkpoint, NULL},
+    {"ag_module_is_checkpointed", 'A', 'O', c_ag_module_is_checkpointed, NULL},
+    {"ag_checkpoint", 'F', 'I', c_ag_checkpoint, NULL},
     {"ag_module_call", 'F', 'I', c_ag_module_call, NULL},
     {"ag_module_forward", 'F', 'R', c_ag_module_forward, NULL},
     {"ag_module_save", 'F', 'I', c_ag_module_save, NULL},

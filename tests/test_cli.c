@@ -371,6 +371,62 @@ static void test_train_nonfinite_loss(void **state) {
                 strstr(r.err, ": loss is -inf;"));
 }
 
+/* The losses printed by a train run ("loss X" in order), joined by spaces. */
+static void losses_of(const char *out, char *buf, size_t n) {
+    buf[0] = 0;
+    for (const char *p = strstr(out, "loss "); p; p = strstr(p + 5, "loss ")) {
+        size_t len = strlen(buf);
+        const char *e = p + 5;
+        while (*e && *e != ' ' && *e != '\n' && *e != ';')
+            e++;
+        snprintf(buf + len, n - len, "%.*s ", (int)(e - p - 5), p + 5);
+    }
+}
+
+/* --checkpoint: gpt2's blocks recomputed in the backward, the same losses as without it (also
+ * under --parallel); refused for a model without blocks. */
+static void test_train_checkpoint(void **state) {
+    (void)state;
+    char text[256], o1[256], o2[256];
+    path_in(text, sizeof text, "text.txt");
+    path_in(o1, sizeof o1, "plain.out");
+    path_in(o2, sizeof o2, "ckpt.out");
+    write_text(text);
+    result r;
+    run(&r, o1, 0,
+        (const char *const[]){"train", "--model", "gpt2", "--data", text, "--batch", "2", "--steps",
+                              "4", NULL});
+    expect(&r, 0, NULL, "train gpt2");
+    static char a[4096], b[4096];
+    losses_of(slurp(o1), a, sizeof a);
+    run(&r, o2, 0,
+        (const char *const[]){"train", "--model", "gpt2", "--data", text, "--batch", "2", "--steps",
+                              "4", "--checkpoint", NULL});
+    expect(&r, 0, NULL, "train gpt2 --checkpoint");
+    const char *out = slurp(o2);
+    assert_non_null(strstr(out, ", blocks checkpointed)"));
+    losses_of(out, b, sizeof b);
+    assert_true(strlen(a) > 20);
+    assert_string_equal(a, b);
+    run(&r, NULL, 0, (const char *const[]){"train", "--model", "mlp", "--checkpoint", NULL});
+    expect(&r, 2, "--checkpoint checkpoints gpt2's blocks; --model mlp has none", "mlp");
+    /* --parallel (a world of one without mpirun): the sharding pass keeps the tags; the
+     * same losses as the sharded step without them, and less saved */
+    const char *plain_args[] = {"train",   "--model", "gpt2",       "--data", text, "--batch", "2",
+                                "--steps", "3",       "--parallel", "fsdp",   NULL, NULL};
+    run(&r, o1, 0, plain_args);
+    expect(&r, 0, NULL, "train gpt2 --parallel fsdp");
+    losses_of(slurp(o1), a, sizeof a);
+    plain_args[11] = "--checkpoint";
+    run(&r, o2, 0, plain_args);
+    expect(&r, 0, NULL, "train gpt2 --parallel fsdp --checkpoint");
+    out = slurp(o2);
+    assert_non_null(strstr(out, ", blocks checkpointed)"));
+    losses_of(out, b, sizeof b);
+    assert_true(strlen(a) > 15);
+    assert_string_equal(a, b);
+}
+
 /* An IDX file (the MNIST format), gzip-compressed: n items of the given item shape. */
 static void write_idx(const char *path, int ndim, const uint32_t *sizes, unsigned char fill) {
     gzFile f = gzopen(path, "wb");
@@ -869,6 +925,7 @@ int main(void) {
         cmocka_unit_test(test_o_link_and_mode),
         cmocka_unit_test(test_numeric_flags),
         cmocka_unit_test(test_train_nonfinite_loss),
+        cmocka_unit_test(test_train_checkpoint),
         cmocka_unit_test(test_train_batch_vs_data),
         cmocka_unit_test(test_train_resume),
         cmocka_unit_test(test_train_batch_too_large_for_memory),

@@ -128,6 +128,28 @@ static void test_world_of_one(void **st) {
     free(out);
 }
 
+/* --checkpoint (gpt2's blocks recomputed in the backward) on 2 ranks: the sharding pass keeps
+ * the recompute tags; the losses are the single process's without it. */
+static void test_activation_checkpointing(void **st) {
+    (void)st;
+    char *out = malloc(OUTSZ);
+    double ref[MAXL];
+    assert_int_equal(train(0, "--model gpt2 --steps 10 --batch 4", out), 0);
+    int nref = losses(out, ref);
+    static const char *const strategies[] = {"dp", "fsdp", "tp"};
+    for (int s = 0; s < 3; s++) {
+        char args[256];
+        snprintf(args, sizeof args, "--model gpt2 --steps 10 --batch 4 --checkpoint --parallel %s",
+                 strategies[s]);
+        int rc = train(2, args, out);
+        if (rc)
+            fail_msg("%s: exit status %d:\n%s", args, rc, out);
+        assert_non_null(strstr(out, "blocks checkpointed"));
+        assert_same_losses(args, ref, nref, out);
+    }
+    free(out);
+}
+
 /* A checkpoint saved by 2 ranks under tp (c_attn is StridedShard: the gather must put the q, k
  * and v blocks back in order) holds what one process saves after the same steps: both continue
  * with the same losses, in one process and on 4 ranks under fsdp. */
@@ -343,6 +365,7 @@ int main(void) {
         cmocka_unit_test(test_batch_must_split),
         cmocka_unit_test(test_failing_rank_ends_the_job),
         cmocka_unit_test(test_world_of_one),
+        cmocka_unit_test(test_activation_checkpointing),
         cmocka_unit_test(test_checkpoint_round_trip),
         cmocka_unit_test(test_parallel_resume),
         cmocka_unit_test(test_mlp_losses),

@@ -18,6 +18,10 @@
  *                                      flags prints the uninterrupted run's losses; under
  *                                      --parallel each rank saves its optimizer shard (resume
  *                                      on the same strategy and world size)
+ *   --checkpoint                       gpt2 with each block checkpointed (ag_checkpoint): its
+ *                                      activations recomputed in the backward (the same losses,
+ *                                      less saved memory), also under --parallel (the
+ *                                      sharding pass keeps the recompute tags)
  *   --schedule cosine|constant --warmup N --decay-steps N --min-lr F --clip F
  *                                      the recipe: gpt2 defaults to nanoGPT's (warmup + cosine,
  *                                      clip 1.0, no weight decay on biases and norms); cnn and
@@ -157,6 +161,7 @@ typedef struct train_opts {
     ag_partitioner partitioner;
     const char *parallel;    /* --parallel dp|fsdp|tp, or NULL */
     const char *save, *load; /* --save FILE, --load FILE */
+    bool checkpoint;         /* --checkpoint: gpt2's blocks checkpointed */
     int rank, world;         /* of the world under --parallel; 0 and 1 otherwise */
 } train_opts;
 
@@ -757,6 +762,7 @@ static int train_gpt2(train_opts *o) {
         (unsigned char *)cli_read_file("train", path, "training text", CLI_MAX_INPUT, &nbytes);
     int64_t n = (int64_t)nbytes;
     ag_gpt2_config cfg = ag_gpt2_config_tiny();
+    cfg.checkpoint_blocks = o->checkpoint;
     int64_t T = cfg.block_size, B = o->batch;
     if (!text || n < T + 2) {
         free(text);
@@ -781,9 +787,11 @@ static int train_gpt2(train_opts *o) {
     runner r = {0};
     if (!status) {
         printf("aotgrad train: character-level GPT-2 (%lld layers, %lld wide, %lld heads, "
-               "context %lld, %lld parameters) on %s (%lld bytes), batch %lld, %lld steps\n",
+               "context %lld, %lld parameters%s) on %s (%lld bytes), batch %lld, %lld steps\n",
                (long long)cfg.n_layer, (long long)cfg.n_embd, (long long)cfg.n_head, (long long)T,
-               (long long)ag_module_num_parameters(model), path, (long long)n, (long long)B, total);
+               (long long)ag_module_num_parameters(model),
+               o->checkpoint ? ", blocks checkpointed" : "", path, (long long)n, (long long)B,
+               total);
         status = resolve_recipe(o, total, 0.1);
     }
     if (!status) {
@@ -942,6 +950,8 @@ int cli_train(int argc, char **argv) {
         else if (!strcmp(argv[i], "--parallel") && v &&
                  (!strcmp(v, "dp") || !strcmp(v, "fsdp") || !strcmp(v, "tp")))
             o.parallel = v, i++;
+        else if (!strcmp(argv[i], "--checkpoint"))
+            o.checkpoint = true;
         else if (!strcmp(argv[i], "--partitioner") && v && !strcmp(v, "default"))
             o.partitioner = AG_PARTITION_DEFAULT, i++;
         else if (!strcmp(argv[i], "--partitioner") && v && !strcmp(v, "mincut"))
@@ -960,7 +970,7 @@ int cli_train(int argc, char **argv) {
                             "[--partitioner default|mincut] [--budget F] "
                             "[--parallel dp|fsdp|tp] [--save FILE.safetensors|DIR] [--load FILE] "
                             "[--resume DIR] [--schedule cosine|constant] [--warmup N] "
-                            "[--decay-steps N] [--min-lr F] [--clip F]\n");
+                            "[--decay-steps N] [--min-lr F] [--clip F] [--checkpoint]\n");
             return 2;
         }
     }
@@ -968,6 +978,13 @@ int cli_train(int argc, char **argv) {
     bool gpt2 = !strcmp(o.model, "gpt2");
     if (!gpt2 && strcmp(o.model, "cnn") && strcmp(o.model, "mlp")) {
         fprintf(stderr, "aotgrad train: unknown model '%s' (cnn, mlp or gpt2)\n", o.model);
+        return 2;
+    }
+    if (o.checkpoint && !gpt2) {
+        fprintf(stderr,
+                "aotgrad train: --checkpoint checkpoints gpt2's blocks; --model %s has "
+                "none (use --model gpt2)\n",
+                o.model);
         return 2;
     }
     o.batch = o.batch ? o.batch : gpt2 ? 16 : 128;

@@ -39,6 +39,33 @@ AG_API int64_t ag_tensor_seq_nr(const ag_tensor *t);
 /* Name of t's autograd node ("AddmmBackward0"-like: op name + "Backward"), or NULL. */
 AG_API const char *ag_tensor_grad_fn_name(const ag_tensor *t);
 
+/* ---- activation checkpointing ---- */
+
+/* A checkpointed function: reads nin borrowed inputs, stores up to max_out outputs (new
+ * references, none NULL) and returns their count, or a negative status with a message set (as
+ * ag_forward_fn). It may read other tensors (parameters); it must compute the same thing when
+ * called again on the same inputs, and must not mutate its inputs. */
+typedef int (*ag_checkpoint_fn)(void *ud, ag_tensor *const *inputs, int nin, ag_tensor **outs,
+                                int max_out);
+
+/* torch.utils.checkpoint.checkpoint(fn, *inputs, use_reentrant=False): returns fn's outputs
+ * (their count; outs[0..n) new references the caller owns) without keeping the region's
+ * activations. With grad mode on, fn runs with grad mode off and one autograd node
+ * ("CheckpointFunctionBackward") leads from the outputs to every tensor requiring grad that
+ * fn read (its inputs and the parameters it uses, so those get gradients as without the
+ * checkpoint); its backward restores the generator's state as it was when fn ran (so dropout
+ * draws the same masks), reruns fn with grad mode on, backpropagates through the rerun and
+ * puts the generator back. fn and ud must stay valid until that backward ran or the outputs
+ * were freed. With grad mode off, fn just runs. Under tracing (ag_export_joint) fn is traced
+ * as usual and its forward nodes are tagged recompute=MUST_RECOMPUTE with the region's
+ * ac_graph_id (1, 2, ... in the order the regions are traced; a region inside another belongs
+ * to the outer one), so the partitioner recomputes them in the backward. Errors: a NULL fn or
+ * outs, max_out < 1, a NULL input (AG_EINVAL, nothing run); fn's own failure (its status and
+ * message, nothing returned); in the backward, a rerun whose outputs differ in count, shape
+ * or dtype (AG_EINVAL). */
+AG_API int ag_checkpoint(ag_checkpoint_fn fn, void *ud, ag_tensor *const *inputs, int nin,
+                         ag_tensor **outs, int max_out);
+
 /* ---- gradcheck ---- */
 
 /* A function of n float64 inputs returning up to AG_GRADCHECK_MAX_OUT outputs (new refs). */

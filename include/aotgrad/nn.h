@@ -140,6 +140,17 @@ AG_API int64_t ag_module_num_parameters(const ag_module *m); /* elements, dedupl
 AG_API void ag_module_train(ag_module *m, bool training); /* recursive */
 AG_API bool ag_module_is_training(const ag_module *m);
 
+/* Activation checkpointing of m (not recursive): with on, ag_module_call runs m's forward
+ * through ag_checkpoint (autograd.h; torch.utils.checkpoint, use_reentrant=False), so the
+ * activations inside m are recomputed in the backward (eager) or tagged for the partitioner to
+ * recompute (ag_export_joint). Names stay as they were: m's parameters keep their FQNs and the
+ * state dict is unchanged (as nanoGPT-style `checkpoint(block, x)` in the parent's forward;
+ * PyTorch's checkpoint_wrapper would insert a `_checkpoint_wrapped_module.` level that its
+ * state-dict hooks strip again). m must outlive the backward of every output made meanwhile.
+ * AG_EINVAL for NULL or a module without a forward (a container: checkpoint its children). */
+AG_API int ag_module_set_checkpoint(ag_module *m, bool on);
+AG_API bool ag_module_is_checkpointed(const ag_module *m); /* false for NULL */
+
 /* ---- calling ---- */
 AG_API int ag_module_call(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
                           int max_out);
@@ -282,6 +293,10 @@ typedef struct ag_gpt2_config {
      * (loss), so a training step does not keep the (B, T, V) logits alive as an output.
      * forward(idx) returns logits either way. */
     bool loss_only;
+    /* true: each block transformer.h.N is checkpointed (ag_module_set_checkpoint: its
+     * activations recomputed in the backward, its names unchanged), as nanoGPT-style training
+     * that wraps each block's call in torch.utils.checkpoint. false (the default): none. */
+    bool checkpoint_blocks;
 } ag_gpt2_config;
 AG_API ag_gpt2_config ag_gpt2_config_tiny(void);  /* 2 layers, 64 wide, 4 heads, vocab 256 */
 AG_API ag_gpt2_config ag_gpt2_config_small(void); /* 124M: 12/768/12, vocab 50257, ctx 1024 */

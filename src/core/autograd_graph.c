@@ -131,7 +131,22 @@ static bool tensor_input_requires_grad(const ag_tensor *t) {
     return t && t->requires_grad && ag_dtype_is_float(t->dtype);
 }
 
+/* A checkpointed region's forward runs with grad mode off; its collector sees each tensor
+ * argument that requires grad (src/autograd/checkpoint.c). */
+static void ckpt_capture_args(const ag_arg *args, int nargs) {
+    for (int i = 0; i < nargs; i++) {
+        if (args[i].kind == AG_ARG_TENSOR && tensor_input_requires_grad(args[i].u.t))
+            tls.ckpt_capture(tls.ckpt_capture_ud, args[i].u.t);
+        if (args[i].kind == AG_ARG_TENSORS)
+            for (int k = 0; k < args[i].n; k++)
+                if (tensor_input_requires_grad(args[i].u.ts[k]))
+                    tls.ckpt_capture(tls.ckpt_capture_ud, args[i].u.ts[k]);
+    }
+}
+
 bool ag__autograd_wanted(const ag_op *op, const ag_arg *args, int nargs) {
+    if (tls.grad_disabled && tls.ckpt_capture && !(op->def->flags & AG_OP_NONDIFF))
+        ckpt_capture_args(args, nargs);
     if (tls.grad_disabled || (op->def->flags & AG_OP_NONDIFF))
         return false;
     for (int i = 0; i < nargs; i++) {

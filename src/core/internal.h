@@ -220,6 +220,16 @@ typedef struct ag__tls_state {
      * a mutated primal that requires grad is cloned, the clone mutated). */
     int (*leaf_inplace)(void *ud, ag_tensor *self);
     void *leaf_inplace_ud;
+    /* Activation checkpointing (src/autograd/checkpoint.c). ckpt_region: nonzero while the
+     * forward of an outermost checkpointed region runs under tracing (a serial, new for each
+     * region: the tracer numbers the regions it sees as ac_graph_id 1, 2, ...); ckpt_serial:
+     * the last serial given. ckpt_capture: set while a region's forward runs with grad mode
+     * off; the dispatcher calls it with each tensor argument that requires grad (the tensors
+     * the region's node must lead gradients to: its inputs and the parameters it reads). */
+    int64_t ckpt_region;
+    int64_t ckpt_serial;
+    int (*ckpt_capture)(void *ud, ag_tensor *t);
+    void *ckpt_capture_ud;
 } ag__tls_state;
 ag__tls_state *ag__tls(void);
 /* Drops one reference to an autograd node. */

@@ -332,8 +332,12 @@ ag_module *ag_nn_gpt2(const ag_gpt2_config *cfg) {
         h = ag_nn_module_list();
         rc = add(tr, "h", h);
     }
-    for (int64_t i = 0; i < cfg->n_layer && !rc; i++)
-        rc = ag_nn_append(h, ag_nn_gpt2_block(cfg));
+    for (int64_t i = 0; i < cfg->n_layer && !rc; i++) {
+        ag_module *b = ag_nn_gpt2_block(cfg);
+        if (b && cfg->checkpoint_blocks) /* a block has a forward: this cannot fail */
+            ag_module_set_checkpoint(b, true);
+        rc = ag_nn_append(h, b);
+    }
     if (!rc)
         rc = add(tr, "ln_f", ag__nn_layernorm_ex(C, ln_eps(cfg), true, cfg->bias));
     if (!rc)

@@ -28,6 +28,7 @@ struct ag_module {
     void *ud;
     void (*ud_free)(void *);
     bool training;
+    bool checkpoint; /* forward through ag_checkpoint */
     ag_module *parent;
     nn_entry *params;
     int64_t nparams, cap_params;
@@ -451,6 +452,28 @@ bool ag_module_is_training(const ag_module *m) {
     return m && m->training;
 }
 
+int ag_module_set_checkpoint(ag_module *m, bool on) {
+    AG__CHECK_NULL("module_set_checkpoint", m);
+    if (on && !m->forward)
+        return ag__err(AG_EINVAL,
+                       "%s: a module without a forward (a container) cannot be checkpointed; "
+                       "checkpoint its children",
+                       m->type);
+    m->checkpoint = on;
+    return 0;
+}
+
+bool ag_module_is_checkpointed(const ag_module *m) {
+    return m && m->checkpoint;
+}
+
+/* ag_checkpoint's function for a checkpointed module: its own forward. */
+static int checkpointed_forward(void *ud, ag_tensor *const *in, int nin, ag_tensor **out,
+                                int max_out) {
+    ag_module *m = ud;
+    return m->forward(m, in, nin, out, max_out);
+}
+
 /* ---- calling ---- */
 
 int ag_module_check_io(const ag_module *m, int nin, int min_in, int max_in, int max_out,
@@ -579,7 +602,8 @@ int ag_module_call(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
     ag_site_push();
     int n = module_enter(m);
     if (n == 0) {
-        n = m->forward(m, in, nin, out, max_out);
+        n = m->checkpoint ? ag_checkpoint(checkpointed_forward, m, in, nin, out, max_out)
+                          : m->forward(m, in, nin, out, max_out);
         module_exit(m);
     }
     ag_site_pop();

@@ -103,6 +103,9 @@ struct ag__tracer {
     bool bare;          /* add no metadata of our own (passes copy it from the node they replace) */
     bool functionalize; /* record mutating ops as their functional variants */
     const char *tag;    /* partitioner_tag for new nodes, or NULL */
+    /* Checkpointed regions (ag_checkpoint): the serial of the last one seen and its
+     * ac_graph_id (1, 2, ... in this session). */
+    int64_t ckpt_serial, ckpt_id;
     ag__token_chain *tokens;       /* effect tokens (the export), or NULL */
     ag__alias_table *aliases;      /* storages mutated under functionalization (trace_views.c) */
     ag__trace_random_fn random_fn; /* RNG functionalization (the joint export), or NULL */
@@ -397,6 +400,17 @@ static int set_node_meta(tracer *T, ag_node *n) {
         rc = ag_node_set_gradient_acc(n, true);
     if (!rc && T->tag)
         rc = ag_node_set_partitioner_tag(n, T->tag);
+    /* A forward node of a checkpointed region: upstream's checkpoint tags. */
+    if (!rc && ts->ckpt_region && ts->bw_seq_nr < 0 && !in_backward(T)) {
+        if (ts->ckpt_region != T->ckpt_serial) {
+            T->ckpt_serial = ts->ckpt_region;
+            T->ckpt_id++;
+        }
+        rc = ag_node_set_recompute(n, AG_MUST_RECOMPUTE);
+        if (!rc)
+            rc =
+                ag_node_meta_set(n, "ac_graph_id", (ag_mval){.kind = AG_MV_INT, .u.i = T->ckpt_id});
+    }
     int na = nanns < MAX_ANN ? nanns : MAX_ANN;
     for (int i = 0; i < na && !rc; i++)
         rc = ag_node_custom_set(n, anns[i].key, anns[i].v);
