@@ -109,10 +109,10 @@ static void test_gpt2_losses(void **st) {
     check_model("gpt2");
 }
 
-/* --parallel without mpirun: a world of one runs the sharded path and prints what one process
- * prints. */
-static void test_world_of_one(void **st) {
-    (void)st;
+/* Every strategy on `ranks` ranks (0: --parallel without mpirun, a world of one) with the
+ * extra flags prints the losses of one process without them; `needle` (may be NULL) must be
+ * in the output. */
+static void strategies_match_one_process(int ranks, const char *extra, const char *needle) {
     char *out = malloc(OUTSZ);
     double ref[MAXL];
     assert_int_equal(train(0, "--model gpt2 --steps 10 --batch 4", out), 0);
@@ -120,34 +120,30 @@ static void test_world_of_one(void **st) {
     static const char *const strategies[] = {"dp", "fsdp", "tp"};
     for (int s = 0; s < 3; s++) {
         char args[256];
-        snprintf(args, sizeof args, "--model gpt2 --steps 10 --batch 4 --parallel %s",
+        snprintf(args, sizeof args, "--model gpt2 --steps 10 --batch 4%s --parallel %s", extra,
                  strategies[s]);
-        assert_int_equal(train(0, args, out), 0);
+        int rc = train(ranks, args, out);
+        if (rc)
+            fail_msg("%s: exit status %d:\n%s", args, rc, out);
+        if (needle)
+            assert_non_null(strstr(out, needle));
         assert_same_losses(args, ref, nref, out);
     }
     free(out);
+}
+
+/* --parallel without mpirun: a world of one runs the sharded path and prints what one process
+ * prints. */
+static void test_world_of_one(void **st) {
+    (void)st;
+    strategies_match_one_process(0, "", NULL);
 }
 
 /* --checkpoint (gpt2's blocks recomputed in the backward) on 2 ranks: the sharding pass keeps
  * the recompute tags; the losses are the single process's without it. */
 static void test_activation_checkpointing(void **st) {
     (void)st;
-    char *out = malloc(OUTSZ);
-    double ref[MAXL];
-    assert_int_equal(train(0, "--model gpt2 --steps 10 --batch 4", out), 0);
-    int nref = losses(out, ref);
-    static const char *const strategies[] = {"dp", "fsdp", "tp"};
-    for (int s = 0; s < 3; s++) {
-        char args[256];
-        snprintf(args, sizeof args, "--model gpt2 --steps 10 --batch 4 --checkpoint --parallel %s",
-                 strategies[s]);
-        int rc = train(2, args, out);
-        if (rc)
-            fail_msg("%s: exit status %d:\n%s", args, rc, out);
-        assert_non_null(strstr(out, "blocks checkpointed"));
-        assert_same_losses(args, ref, nref, out);
-    }
-    free(out);
+    strategies_match_one_process(2, " --checkpoint", "blocks checkpointed");
 }
 
 /* A checkpoint saved by 2 ranks under tp (c_attn is StridedShard: the gather must put the q, k

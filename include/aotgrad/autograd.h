@@ -68,7 +68,10 @@ AG_API int ag_checkpoint(ag_checkpoint_fn fn, void *ud, ag_tensor *const *inputs
 
 /* ---- gradcheck ---- */
 
-/* A function of n float64 inputs returning up to AG_GRADCHECK_MAX_OUT outputs (new refs). */
+/* A function of n float64 inputs storing up to AG_GRADCHECK_MAX_OUT outputs in outs and their
+ * count in *nouts, returning 0 or a negative status. ag_gradcheck calls it inside an
+ * autorelease scope of its own and never frees the outputs itself: they are the ops' results,
+ * owned by that scope (do not ag_tensor_keep them, which would leak them). */
 #define AG_GRADCHECK_MAX_OUT 4
 typedef int (*ag_gradcheck_fn)(void *ud, ag_tensor *const *inputs, int n, ag_tensor **outs,
                                int *nouts);

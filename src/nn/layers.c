@@ -349,17 +349,22 @@ static ag_tensor *maxpool2d_apply(ag_module *m, ag_tensor *x) {
 }
 NN_UNARY_FORWARD(maxpool2d)
 
-/* stride <= 0 means PyTorch's default, the kernel size. */
+/* A pooling module's square window: stride <= 0 becomes the kernel size (PyTorch's None); 0,
+ * or AG_EINVAL naming the module when the kernel is empty or the padding more than half of it. */
+static int pool_window(const char *who, int64_t kernel, int64_t *stride, int64_t padding) {
+    if (*stride <= 0)
+        *stride = kernel;
+    if (kernel <= 0 || padding < 0 || padding * 2 > kernel)
+        return ag__err(AG_EINVAL,
+                       "%s: bad arguments (kernel_size %lld, stride %lld, padding %lld): padding "
+                       "should be at most half of the kernel size",
+                       who, (long long)kernel, (long long)*stride, (long long)padding);
+    return 0;
+}
+
 ag_module *ag_nn_maxpool2d(int64_t kernel, int64_t stride, int64_t padding) {
-    if (stride <= 0)
-        stride = kernel;
-    if (kernel <= 0 || padding < 0 || padding * 2 > kernel) {
-        ag__err(AG_EINVAL,
-                "MaxPool2d: bad arguments (kernel_size %lld, stride %lld, padding "
-                "%lld): padding should be at most half of the kernel size",
-                (long long)kernel, (long long)stride, (long long)padding);
+    if (pool_window("MaxPool2d", kernel, &stride, padding))
         return NULL;
-    }
     pool_ud u = {{kernel, kernel}, {stride, stride}, {padding, padding}};
     return module_with("MaxPool2d", maxpool2d_forward, &u, sizeof u);
 }
@@ -378,15 +383,8 @@ NN_UNARY_FORWARD(avgpool2d)
 
 ag_module *ag_nn_avgpool2d(int64_t kernel, int64_t stride, int64_t padding, bool ceil_mode,
                            bool count_include_pad, int64_t divisor_override) {
-    if (stride <= 0)
-        stride = kernel;
-    if (kernel <= 0 || padding < 0 || padding * 2 > kernel) {
-        ag__err(AG_EINVAL,
-                "AvgPool2d: bad arguments (kernel_size %lld, stride %lld, padding "
-                "%lld): padding should be at most half of the kernel size",
-                (long long)kernel, (long long)stride, (long long)padding);
+    if (pool_window("AvgPool2d", kernel, &stride, padding))
         return NULL;
-    }
     avgpool_ud u = {{kernel, kernel}, {stride, stride}, {padding, padding},
                     divisor_override, ceil_mode,        count_include_pad};
     return module_with("AvgPool2d", avgpool2d_forward, &u, sizeof u);
