@@ -354,7 +354,7 @@ static region_entry *new_entry(ag__tracer *T, const ag__region *r, const operand
     ag_graph *fw = ok ? trace_sub(T, r, o, e, false) : NULL;
     ok = fw && add_sub(g, fw, e->fw_attr, sizeof e->fw_attr) == 0;
     bool any_rg = false, any_out_rg = false;
-    for (int i = 0; i < o->n; i++)
+    for (int i = 0; ok && i < o->n; i++)
         any_rg |= e->rg[i];
     for (int k = 0; k < e->nout; k++)
         any_out_rg |= e->out_rg[k];

@@ -697,6 +697,16 @@ void ag__tracer_end(ag__tracer *T) {
     ag__free(T);
 }
 
+/* In a region's session the leaves requiring grad are the operands' stand-ins. */
+static int refuse_leaf_inplace(void *ud, ag_tensor *self) {
+    (void)self;
+    const tracer *T = ud;
+    return ag__err(AG_ENOTSUP,
+                   "nested_compile_region %s: the region mutates an operand in place; mutating "
+                   "inputs, parameters or buffers inside a region is not supported",
+                   T->region);
+}
+
 /* A session tracing a region's function into sub inside parent (region.c): the thread's
  * call sites and module frames continue the parent's, the annotations open around the call
  * and the thread's per-trace state (backward seq_nr, checkpoint region, leaf in-place hook)
@@ -738,8 +748,8 @@ ag__tracer *ag__tracer_begin_nested(ag__tracer *parent, ag_graph *sub, const cha
     ts->ckpt_region = 0;
     ts->ckpt_capture = NULL;
     ts->ckpt_capture_ud = NULL;
-    ts->leaf_inplace = NULL;
-    ts->leaf_inplace_ud = NULL;
+    ts->leaf_inplace = refuse_leaf_inplace;
+    ts->leaf_inplace_ud = T;
     ag_set_grad_enabled(true);
     tracer_activate(T);
     return T;
