@@ -310,6 +310,12 @@ typedef struct ag_gpt2_config {
      * activations recomputed in the backward, its names unchanged), as nanoGPT-style training
      * that wraps each block's call in torch.utils.checkpoint. false (the default): none. */
     bool checkpoint_blocks;
+    /* true: each block transformer.h.N is a nested compile region (ag_module_set_compile_region:
+     * under tracing the block is traced once into a subgraph that every block calls, and the
+     * joint has one forward and one backward subgraph), as decorating nanoGPT's Block.forward
+     * with torch.compiler.nested_compile_region. Eager nothing changes. false (the default):
+     * flat graphs. */
+    bool compile_region_blocks;
 } ag_gpt2_config;
 AG_API ag_gpt2_config ag_gpt2_config_tiny(void);  /* 2 layers, 64 wide, 4 heads, vocab 256 */
 AG_API ag_gpt2_config ag_gpt2_config_small(void); /* 124M: 12/768/12, vocab 50257, ctx 1024 */
