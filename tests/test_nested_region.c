@@ -551,6 +551,51 @@ static void test_inference_trace(void **st) {
     ag_tensor_free(x);
 }
 
+/* A region called inside a region is traced inline into the outer one's subgraph. */
+static int outer_region(void *ud, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
+    (void)ud;
+    (void)nin;
+    (void)max_out;
+    ag_tensor *h[1] = {0};
+    int rc = ag_nested_compile_region(twice_sin, NULL, in, 2, h, 1);
+    if (rc != 1)
+        return rc;
+    ag_scope_begin();
+    out[0] = ag_tensor_keep(ag_cos(h[0]));
+    ag_scope_end();
+    ag_tensor_free(h[0]);
+    return out[0] ? 1 : ag_last_status();
+}
+
+static int nested_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
+                          int max_out) {
+    (void)m;
+    (void)nin;
+    return ag_nested_compile_region(outer_region, NULL, in, 2, out, max_out);
+}
+
+static void test_region_in_region(void **st) {
+    (void)st;
+    ag_module *m = ag_module_new("Nested", nested_forward, NULL, NULL);
+    ag_tensor *x = rnd(2, (int64_t[]){4, 3}, 51), *w = rnd(2, (int64_t[]){4, 3}, 52);
+    ag_graph *g = ag_trace_module(m, (ag_tensor *[]){x, w}, 2, NULL);
+    assert_non_null(g);
+    assert_int_equal(ag_graph_num_subgraphs(g), 1);
+    assert_int_equal(count_calls(g, "fw_subgraph_0"), 1);
+    expect_text(ag_graph_subgraph(g, "repeated_subgraph0"),
+                "graph():\n"
+                "    %arg0_1 : f32[4, 3]  # None\n"
+                "    %arg1_1 : f32[4, 3]  # None\n"
+                "    %sin = sin(%arg0_1)  # f32[4, 3]\n"
+                "    %mul = mul.Tensor(%sin, %arg1_1)  # f32[4, 3]\n"
+                "    %cos = cos(%mul)  # f32[4, 3]\n"
+                "    return (%cos,)\n");
+    ag_graph_free(g);
+    ag_module_free(m);
+    ag_tensor_free(x);
+    ag_tensor_free(w);
+}
+
 /* ---- GPT-2 with its blocks as regions ---- */
 
 /* The zoo's tiny GPT-2 (2 blocks) with nested_blocks: one forward and one joint subgraph for
@@ -755,8 +800,9 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_upstream_23),     cmocka_unit_test(test_three_calls_trace_once),
         cmocka_unit_test(test_eager),           cmocka_unit_test(test_two_shapes_trace_twice),
-        cmocka_unit_test(test_inference_trace), cmocka_unit_test(test_gpt2_blocks),
-        cmocka_unit_test(test_refusals),        cmocka_unit_test(test_out_of_memory),
+        cmocka_unit_test(test_inference_trace), cmocka_unit_test(test_region_in_region),
+        cmocka_unit_test(test_gpt2_blocks),     cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -90,8 +90,9 @@ typedef int (*ag_region_fn)(void *ud, ag_tensor *const *inputs, int nin, ag_tens
  * input does not require grad, then the forward's outputs), and the backward records
  *     invoke_subgraph(%repeated_subgraphK+1, 'bw_subgraph_I_0', inputs..., tangents...)
  * plus a getitem per gradient needed. A region inside a region is traced inline into the
- * outer one. fn must read the traced tensors it uses through its inputs; it is traced with
- * fresh stand-ins for them. Refused under a trace (AG_EINVAL or AG_ENOTSUP, naming the
+ * outer one. fn must read the traced tensors it uses through its inputs (it is traced with
+ * fresh stand-ins for them), and what it computes must depend on nothing else: ud is not
+ * part of the key. Messages name the region `function 0x...` (fn's address). Refused under a trace (AG_EINVAL or AG_ENOTSUP, naming the
  * region): fn reading a tensor of the enclosing trace that is not among its inputs, mutating
  * an input in place, a random or effectful op inside the region, an output aliasing an
  * input, more than 16 inputs+outputs for the joint. fn and ud must stay valid while the

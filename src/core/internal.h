@@ -292,7 +292,7 @@ typedef int (*ag__trace_hook_fn)(const ag_op *op, const ag_arg *args, int nargs,
                                  int nouts);
 extern _Thread_local ag__trace_hook_fn ag__trace_hook;
 
-/* A nested compile region's call (ag_nested_compile_region, ag_module_set_compile_region):
+/* A nested compile region's call (ag_nested_compile_region, and the module form of nn.h):
  * under tracing, the tracer's region hook (set while a tracing session is active; trace/
  * region.c) traces it into a subgraph and records one invoke_subgraph call. `fn`/`ud` for
  * the function form, `module` for the module form (its forward runs with its parameters and
@@ -304,7 +304,7 @@ typedef struct ag__region {
     const char *type; /* NULL for the function form */
     int (*fn)(void *ud, ag_tensor *const *inputs, int nin, ag_tensor **outs, int max_out);
     void *ud;
-    struct ag_module *module;
+    void *module; /* the module form: its module (nn.h), else NULL */
     ag_tensor *const *inputs;
     int nin;
 } ag__region;
