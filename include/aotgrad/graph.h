@@ -328,7 +328,8 @@ AG_API int ag_decomp_table_add(ag_decomp_table *t, const ag_op *op, ag_decomp_fn
  * ...): the "core" table. */
 AG_API ag_decomp_table *ag_decomp_table_core(void);
 /* Replaces each call to an op in the table by the nodes its decomposition emits (traced in
- * place, repeated until no node of the table remains). Returns the number replaced. */
+ * place, repeated until no node of the table remains), in g and in each of its subgraphs.
+ * Returns the number replaced. */
 AG_API int ag_graph_decompose(ag_graph *g, const ag_decomp_table *t);
 /* Replaces call node n of g by the nodes fn (a decomposition, e.g. its op's ag_opdef.decomp)
  * emits when traced in place, once (what fn emits is not decomposed further); the new nodes
