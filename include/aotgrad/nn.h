@@ -160,7 +160,8 @@ AG_API bool ag_module_is_checkpointed(const ag_module *m); /* false for NULL */
  * buffers (named_buffers order, deduplicated): the subgraph's arg0_1, arg1_1, ... in that
  * order. Modules of one type share a subgraph when their operands match: their forwards must
  * not differ in anything else (configuration kept in ud). A module both checkpointed and a
- * region is checkpointed. AG_EINVAL for NULL or a module without a forward. */
+ * region is checkpointed. m must stay valid while a trace that called it runs. AG_EINVAL for
+ * NULL or a module without a forward. */
 AG_API int ag_module_set_compile_region(ag_module *m, bool on);
 AG_API bool ag_module_is_compile_region(const ag_module *m); /* false for NULL */
 

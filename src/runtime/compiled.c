@@ -464,11 +464,6 @@ ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts) {
         return ag__err(AG_EINVAL, "compile: a pre-partitioned pair needs both the forward and "
                                   "the backward graph"),
                NULL;
-    if (ag_graph_num_subgraphs(ag_joint_graph(j)) > 0)
-        return ag__err(AG_ENOTSUP,
-                       "compile: the joint calls subgraphs (invoke_subgraph of nested compile "
-                       "regions); partitioning and compiling them is not supported yet"),
-               NULL;
     ag_compiled *c = ag__calloc(1, sizeof *c);
     if (!c)
         return NULL;
