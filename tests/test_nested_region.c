@@ -499,6 +499,20 @@ static void test_two_shapes_trace_twice(void **st) {
     assert_int_equal(outs->n, 3);
     assert_non_null(outs->u.nodes[0]);
     assert_null(outs->u.nodes[1]); /* w's gradient */
+    /* a None output prints, parses back and prints the same (its element of the call's tuple
+     * VAL is f32[], read by no getitem) */
+    char *text = ag_graph_to_string(g, NULL);
+    assert_non_null(strstr(text, "'bw_subgraph_0_0', %primals_1, %primals_2, %tangents_1)  # "
+                                 "(f32[4, 3], f32[], f32[4, 3])"));
+    ag_graph *back = ag_graph_parse(text, strlen(text));
+    if (!back)
+        print_error("%s\n", ag_last_error());
+    assert_non_null(back);
+    char *again = ag_graph_to_string(back, NULL);
+    assert_string_equal(again, text);
+    ag_free(again);
+    ag_free(text);
+    ag_graph_free(back);
     /* the interpreter's output and x's gradient against eager */
     ag_tensor *r[4] = {0};
     int n = ag_graph_run(g, (ag_tensor *[]){x, w, t}, 3, r, 4);
