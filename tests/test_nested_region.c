@@ -239,6 +239,23 @@ static void test_upstream_23(void **st) {
              "{'mod_name': 'my_mod'})]\n"
              "('call_function', 'invoke_subgraph_1', {'mod_name': 'my_mod', 'call_id': 1})\n"
              "('call_function', 'getitem_1', {'mod_name': 'my_mod'})");
+    /* Stack traces, as upstream's: the outer call and its backward point at the module call
+     * (`z = self.bar(x)`), the subgraphs' nodes at their own lines (`y = x.sin()`; the whole
+     * stack, the caller's frames above, as upstream's node.meta["stack_trace"]). */
+    const char *st_fw = ag_node_stack_trace(ag_graph_find(g, "invoke_subgraph"));
+    const char *st_bw = ag_node_stack_trace(ag_graph_find(g, "invoke_subgraph_1"));
+    const char *st_sin =
+        ag_node_stack_trace(ag_graph_find(ag_graph_subgraph(g, "repeated_subgraph0"), "sin"));
+    const char *st_cos =
+        ag_node_stack_trace(ag_graph_find(ag_graph_subgraph(g, "repeated_subgraph1"), "cos"));
+    assert_non_null(st_fw);
+    assert_non_null(st_bw);
+    assert_non_null(st_sin);
+    assert_non_null(st_cos);
+    assert_non_null(strstr(st_fw, "ag_tensor *z = ag_module_forward(bar, in[0]);"));
+    assert_string_equal(st_bw, st_fw);
+    assert_non_null(strstr(st_sin, "ag_tensor *y = ag_sin(in[0]);"));
+    assert_non_null(strstr(st_cos, "ag_tensor *y = ag_sin(in[0]);"));
     /* The whole text (metadata included) parses back and prints identically. */
     char *full = ag_graph_to_string(g, NULL);
     assert_non_null(full);
