@@ -824,6 +824,13 @@ static void test_out_of_memory(void **st) {
     ag_module *m = mymod_new(true);
     tu_sweep_opts o = {.what = "nested region export", .one_thread = true};
     assert_true(tu_alloc_failure_sweep(oom_export, m, &o) > 10);
+    o.persistent = true;
+    assert_true(tu_alloc_failure_sweep(oom_export, m, &o) > 10);
+    ag_module_free(m);
+    /* three calls of one region with parameters: the cache hit path and the backward calls */
+    m = stack_new(3, true);
+    o = (tu_sweep_opts){.what = "three region calls", .one_thread = true};
+    assert_true(tu_alloc_failure_sweep(oom_export, m, &o) > 10);
     ag_module_free(m);
 }
 
