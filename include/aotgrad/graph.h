@@ -176,7 +176,10 @@ AG_API int ag_node_index(const ag_node *n); /* position in the graph, 0-based */
  * get_attr node, identifier and operands, and never when the subgraph holds a random op.
  * A subgraph is a whole graph (placeholders, output node), verified with its parent; it may
  * not own subgraphs itself (not yet supported), and its nodes may reference only its own
- * nodes. Attribute names are unique among the graph's subgraphs and constants
+ * nodes. An output of a subgraph may be None (a region's joint returns None for the gradient
+ * of an operand that needs none): its element of the call's tuple val is f32[] and no getitem
+ * may read it. Nested compile regions (autograd.h, ag_nested_compile_region) make them. Attribute
+ * names are unique among the graph's subgraphs and constants
  * ([A-Za-z_][A-Za-z0-9_]*). */
 /* Adds sub as the attribute `name`: on success g owns sub (freed with g; a copy of g copies
  * it); on failure the caller keeps it. Refused (AG_EINVAL): a name in use or not an
