@@ -170,7 +170,9 @@ static ag_module *mymod_new(bool region) {
  * inputs are its placeholders rather than the flattened (primals, tangents) lists. The
  * backward invoke_subgraph_1's custom map lists mod_name before call_id where upstream's lists
  * call_id first (the same dict: upstream sets call_id when the node is made and copies the
- * forward's annotations later; we copy the forward node's map, which has that order). */
+ * forward's annotations later; we copy the forward node's map, which has that order).
+ * call_id is upstream's per-call id of a region call (1, 2, ... in the trace), shared by the
+ * call's forward and backward invoke_subgraph so that passes can pair them. */
 static void test_upstream_23(void **st) {
     (void)st;
     ag_manual_seed(0);
