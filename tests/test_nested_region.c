@@ -629,6 +629,64 @@ static void test_region_in_region(void **st) {
     ag_tensor_free(w);
 }
 
+/* A trace that is not the joint export but differentiates itself (ag_grad inside the traced
+ * function): the region's joint is traced when its backward first runs, and the gradient the
+ * graph computes equals eager's. */
+static int grad_of_region(void *ud, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
+    (void)ud;
+    (void)nin;
+    (void)max_out;
+    ag_tensor *y[1] = {0};
+    int rc = ag_nested_compile_region(twice_sin, NULL, in, 2, y, 1);
+    if (rc != 1)
+        return rc;
+    ag_scope_begin();
+    ag_tensor *l = ag_sum_all(y[0]), *g = NULL;
+    rc = l ? ag_grad(&l, NULL, 1, in, 1, &g, false, false) : ag_last_status();
+    out[0] = rc == 0 ? ag_tensor_keep(ag_mul_scalar(g, 1.0)) : NULL; /* g: the scope's */
+    ag_scope_end();
+    ag_tensor_free(y[0]);
+    return out[0] ? 1 : (rc < 0 ? rc : ag_last_status());
+}
+
+/* ag_trace's functions return results of its scope (not references of their own). */
+static int grad_of_region_traced(void *ud, ag_tensor *const *in, int nin, ag_tensor **out,
+                                 int max_out) {
+    ag_tensor *kept = NULL;
+    int rc = grad_of_region(ud, in, nin, &kept, max_out);
+    if (rc != 1)
+        return rc;
+    out[0] = ag_mul_scalar(kept, 1.0);
+    ag_tensor_free(kept);
+    return out[0] ? 1 : ag_last_status();
+}
+
+static void test_backward_in_trace(void **st) {
+    (void)st;
+    ag_tensor *x = rnd(2, (int64_t[]){4, 3}, 61), *w = rnd(2, (int64_t[]){4, 3}, 62);
+    assert_int_equal(ag_tensor_set_requires_grad(x, true), 0);
+    fn_calls = 0;
+    ag_graph *g = ag_trace(grad_of_region_traced, NULL, (ag_tensor *[]){x, w}, 2, NULL, NULL, NULL);
+    if (!g)
+        print_error("%s\n", ag_last_error());
+    assert_non_null(g);
+    assert_int_equal(fn_calls, 2); /* the forward, then (in the backward) the joint */
+    assert_int_equal(ag_graph_verify(g), 0);
+    assert_int_equal(ag_graph_num_subgraphs(g), 2);
+    assert_int_equal(count_calls(g, "fw_subgraph_0"), 1);
+    assert_int_equal(count_calls(g, "bw_subgraph_0_0"), 1);
+    ag_tensor *r = NULL;
+    assert_int_equal(ag_graph_run(g, (ag_tensor *[]){x, w}, 2, &r, 1), 1);
+    ag_tensor *e = NULL;
+    assert_int_equal(grad_of_region(NULL, (ag_tensor *[]){x, w}, 2, &e, 1), 1);
+    assert_true(tu_max_abs_diff(r, e) < 1e-6);
+    ag_tensor_free(r);
+    ag_tensor_free(e);
+    ag_graph_free(g);
+    ag_tensor_free(x);
+    ag_tensor_free(w);
+}
+
 /* ---- GPT-2 with its blocks as regions ---- */
 
 /* The zoo's tiny GPT-2 (2 blocks) with nested_blocks: one forward and one joint subgraph for
@@ -838,10 +896,15 @@ static void test_out_of_memory(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_upstream_23),     cmocka_unit_test(test_three_calls_trace_once),
-        cmocka_unit_test(test_eager),           cmocka_unit_test(test_two_shapes_trace_twice),
-        cmocka_unit_test(test_inference_trace), cmocka_unit_test(test_region_in_region),
-        cmocka_unit_test(test_gpt2_blocks),     cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_upstream_23),
+        cmocka_unit_test(test_three_calls_trace_once),
+        cmocka_unit_test(test_eager),
+        cmocka_unit_test(test_two_shapes_trace_twice),
+        cmocka_unit_test(test_inference_trace),
+        cmocka_unit_test(test_region_in_region),
+        cmocka_unit_test(test_backward_in_trace),
+        cmocka_unit_test(test_gpt2_blocks),
+        cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
