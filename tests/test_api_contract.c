@@ -955,6 +955,15 @@ static long c_ag_module_is_checkpointed(void) {
 static long c_ag_checkpoint(void) {
     return (ag_checkpoint)((ag_checkpoint_fn)0, NULL, NULL, 0, NULL, 0);
 }
+static long c_ag_module_set_compile_region(void) {
+    return (ag_module_set_compile_region)(NULL, false);
+}
+static long c_ag_module_is_compile_region(void) {
+    return (ag_module_is_compile_region)(NULL);
+}
+static long c_ag_nested_compile_region(void) {
+    return (ag_nested_compile_region)((ag_region_fn)0, NULL, NULL, 0, NULL, 0);
+}
 static long c_ag_module_is_training(void) {
     return (ag_module_is_training)(NULL);
 }
@@ -2034,6 +2043,9 @@ static const row rows[] = {
     {"ag_module_set_checkpoint", 'F', 'I', c_ag_module_set_checkpoint, NULL},
     {"ag_module_is_checkpointed", 'A', 'O', c_ag_module_is_checkpointed, NULL},
     {"ag_checkpoint", 'F', 'I', c_ag_checkpoint, NULL},
+    {"ag_module_set_compile_region", 'F', 'I', c_ag_module_set_compile_region, NULL},
+    {"ag_module_is_compile_region", 'A', 'O', c_ag_module_is_compile_region, NULL},
+    {"ag_nested_compile_region", 'F', 'I', c_ag_nested_compile_region, NULL},
     {"ag_module_call", 'F', 'I', c_ag_module_call, NULL},
     {"ag_module_forward", 'F', 'R', c_ag_module_forward, NULL},
     {"ag_module_save", 'F', 'I', c_ag_module_save, NULL},

@@ -385,6 +385,28 @@ static void losses_of(const char *out, char *buf, size_t n) {
 
 /* --checkpoint: gpt2's blocks recomputed in the backward, the same losses as without it (also
  * under --parallel); refused for a model without blocks. */
+/* export --nested-blocks: gpt2's two blocks call one forward and one joint subgraph. */
+static void test_export_nested_blocks(void **state) {
+    (void)state;
+    char o1[256];
+    path_in(o1, sizeof o1, "nested.out");
+    result r;
+    run(&r, o1, 0, (const char *const[]){"export", "gpt2", "--nested-blocks", NULL});
+    expect(&r, 0, NULL, "export gpt2 --nested-blocks");
+    const char *out = slurp(o1);
+    const char *want[] = {"invoke_subgraph(%repeated_subgraph0, 'fw_subgraph_0', %clone, ",
+                          "invoke_subgraph(%repeated_subgraph0_1, 'fw_subgraph_0', %getitem, ",
+                          "invoke_subgraph(%repeated_subgraph1, 'bw_subgraph_0_0', %getitem, ",
+                          "invoke_subgraph(%repeated_subgraph1_1, 'bw_subgraph_0_0', %clone, ",
+                          "\nsubgraph repeated_subgraph0():\n",
+                          "\nsubgraph repeated_subgraph1():\n"};
+    for (size_t k = 0; k < sizeof want / sizeof want[0]; k++)
+        assert_non_null(strstr(out, want[k]));
+    assert_null(strstr(out, "repeated_subgraph2"));
+    run(&r, NULL, 0, (const char *const[]){"export", "mlp", "--nested-blocks", NULL});
+    expect(&r, 2, "only gpt2 has", "export mlp --nested-blocks");
+}
+
 static void test_train_checkpoint(void **state) {
     (void)state;
     char text[256], o1[256], o2[256];
@@ -925,6 +947,7 @@ int main(void) {
         cmocka_unit_test(test_o_link_and_mode),
         cmocka_unit_test(test_numeric_flags),
         cmocka_unit_test(test_train_nonfinite_loss),
+        cmocka_unit_test(test_export_nested_blocks),
         cmocka_unit_test(test_train_checkpoint),
         cmocka_unit_test(test_train_batch_vs_data),
         cmocka_unit_test(test_train_resume),

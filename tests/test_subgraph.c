@@ -83,10 +83,10 @@ static const char expected[] =
     "graph():\n"
     "    %x : f32[4, 3]  # None\n"
     "    %repeated_subgraph0 = get_attr(repeated_subgraph0)  # subgraph\n"
-    "    %invoke_subgraph = invoke_subgraph(%repeated_subgraph0, 'subgraph_0', [%x])  "
+    "    %invoke_subgraph = invoke_subgraph(%repeated_subgraph0, 'subgraph_0', %x)  "
     "# (f32[4, 3],)\n"
     "    %getitem = getitem(%invoke_subgraph, 0)  # f32[4, 3]\n"
-    "    %invoke_subgraph_1 = invoke_subgraph(%repeated_subgraph0, 'subgraph_0', [%getitem])  "
+    "    %invoke_subgraph_1 = invoke_subgraph(%repeated_subgraph0, 'subgraph_0', %getitem)  "
     "# (f32[4, 3],)\n"
     "    %getitem_1 = getitem(%invoke_subgraph_1, 0)  # f32[4, 3]\n"
     "    %sub = sub.Scalar(%getitem_1, 1)  # f32[4, 3]\n"
@@ -244,7 +244,7 @@ static void test_no_operands(void **state) {
     const char *text = "graph():\n"
                        "    %x : f32[2]  # None\n"
                        "    %k = get_attr(k)  # subgraph\n"
-                       "    %invoke_subgraph = invoke_subgraph(%k, 'c', [])  # (f32[2],)\n"
+                       "    %invoke_subgraph = invoke_subgraph(%k, 'c')  # (f32[2],)\n"
                        "    %getitem = getitem(%invoke_subgraph, 0)  # f32[2]\n"
                        "    %add = add.Tensor(%x, %getitem)  # f32[2]\n"
                        "    return (%add,)\n"
@@ -399,9 +399,9 @@ static void test_dce_cse(void **state) {
                  "graph():\n"
                  "    %%x : f32[2]  # None\n"
                  "    %%r = get_attr(r)  # subgraph\n"
-                 "    %%i = invoke_subgraph(%%r, 'id', [%%x])  # (f32[2],)\n"
+                 "    %%i = invoke_subgraph(%%r, 'id', %%x)  # (f32[2],)\n"
                  "    %%a = getitem(%%i, 0)  # f32[2]\n"
-                 "    %%j = invoke_subgraph(%%r, 'id', [%%x])  # (f32[2],)\n"
+                 "    %%j = invoke_subgraph(%%r, 'id', %%x)  # (f32[2],)\n"
                  "    %%b = getitem(%%j, 0)  # f32[2]\n"
                  "    %%s = sub.Tensor(%%a, %%b)  # f32[2]\n"
                  "    return (%%s,)\n"
@@ -578,7 +578,7 @@ static void test_parse_errors(void **state) {
              "graph():\n"
              "    %x : f32[3]  # None\n"
              "    %s0 = get_attr(s0)  # subgraph\n"
-             "    %i = invoke_subgraph(%s0, 'id', [%x])  # (f32[2],)\n"
+             "    %i = invoke_subgraph(%s0, 'id', %x)  # (f32[2],)\n"
              "    %g = getitem(%i, 0)  # f32[2]\n"
              "    return (%g,)\n",
              sub);
@@ -589,7 +589,7 @@ static void test_parse_errors(void **state) {
              "graph():\n"
              "    %x : f32[2]  # None\n"
              "    %s0 = get_attr(s0)  # subgraph\n"
-             "    %i = invoke_subgraph(%s0, 'id', [%x])  # (f32[2],)\n"
+             "    %i = invoke_subgraph(%s0, 'id', %x)  # (f32[2],)\n"
              "    %g = getitem(%i, 1)  # f32[2]\n"
              "    return (%g,)\n",
              sub);
@@ -641,7 +641,7 @@ static void test_parse_errors(void **state) {
              "graph():\n"
              "    %x : f32[2]  # None\n"
              "    %s0 = get_attr(s0)  # subgraph\n"
-             "    %i = invoke_subgraph(%s0, 'id', [%x])  # (f32[2],)\n"
+             "    %i = invoke_subgraph(%s0, 'id', %x)  # (f32[2],)\n"
              "    %r = relu(%i)  # f32[2]\n"
              "    return (%r,)\n",
              sub);

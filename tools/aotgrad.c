@@ -56,11 +56,11 @@ static const struct {
     {"show", cli_show, "FILE [--format text|dot|svg] [-o FILE]",
      "parse, verify and print a graph file (or a saved FILE.joint's graph)"},
     {"export", cli_export,
-     "MODEL [--config NAME] [--dropout P] [--decompose core] [--format text|dot|svg|joint] "
-     "[-o FILE] [--seq-nr] [--stack-traces] [--module-stacks]",
+     "MODEL [--config NAME] [--dropout P] [--nested-blocks] [--decompose core] "
+     "[--format text|dot|svg|joint] [-o FILE] [--seq-nr] [--stack-traces] [--module-stacks]",
      "print a zoo model's joint fw+bw graph with descriptors; -o FILE.joint (or --format "
      "joint) saves the joint for partition and check"},
-    {"descriptors", cli_descriptors, "MODEL [--config NAME] [--dropout P]",
+    {"descriptors", cli_descriptors, "MODEL [--config NAME] [--dropout P] [--nested-blocks]",
      "print a zoo model's params/buffers/in/out specs and its input->grad and "
      "output->tangent pairs"},
     {"partition", cli_partition,

@@ -1,7 +1,8 @@
 /* `aotgrad export` and `aotgrad descriptors`: a zoo model's joint forward+backward graph with
  * descriptors (ag_export_joint) and its calling convention.
  *
- *   aotgrad export MODEL [--config NAME] [--decompose core] [--format text|dot|svg|joint]
+ *   aotgrad export MODEL [--config NAME] [--nested-blocks] [--decompose core]
+ *                        [--format text|dot|svg|joint]
  *                        [-o FILE] [--seq-nr] [--stack-traces] [--module-stacks]
  *       builds MODEL in meta mode (shapes only: the export reads no weight), exports the joint
  *       graph and prints it as text (docs/GRAPH_FORMAT.md, descriptors included), as Graphviz
@@ -19,7 +20,9 @@
  *       seeds and offsets of a model with random ops); for a joint with tensor subclasses,
  *       which those utilities refuse, every placeholder and output with its descriptor
  *       instead, and the utilities' message.
- *   Both take --dropout P: the dropout probability of zoo models with dropout layers.
+ *   Both take --dropout P: the dropout probability of zoo models with dropout layers, and
+ *   --nested-blocks: gpt2 with each block a nested compile region (traced once into a
+ *   subgraph every block calls: invoke_subgraph, fw_subgraph_0 / bw_subgraph_0_0).
  *
  * C has no keyword arguments, so the zoo passes keyword inputs positionally, last; the table
  * zoo_kwargs below names them, and they reach the export as kwargs (upstream's
@@ -46,11 +49,14 @@ typedef struct opts {
 } opts;
 
 static const char export_usage[] =
-    "usage: aotgrad export MODEL [--config NAME] [--dropout P] [--decompose core] "
-    "[--format text|dot|svg|joint] [-o FILE] [--seq-nr] [--stack-traces] [--module-stacks]\n"
+    "usage: aotgrad export MODEL [--config NAME] [--dropout P] [--nested-blocks] "
+    "[--decompose core]\n"
+    "       [--format text|dot|svg|joint] [-o FILE] [--seq-nr] [--stack-traces] "
+    "[--module-stacks]\n"
     "       (aotgrad models lists the models; -o FILE.joint or --format joint writes the saved\n"
     "       joint that partition and check read)\n";
-static const char desc_usage[] = "usage: aotgrad descriptors MODEL [--config NAME] [--dropout P]\n"
+static const char desc_usage[] = "usage: aotgrad descriptors MODEL [--config NAME] [--dropout P] "
+                                 "[--nested-blocks]\n"
                                  "       (aotgrad models lists the models)\n";
 
 /* The zoo models whose last inputs are keyword arguments, and their names. */
@@ -82,6 +88,8 @@ static int parse_opts(const char *cmd, int argc, char **argv, bool is_export, co
                 return 2;
             }
             i++;
+        } else if (!strcmp(a, "--nested-blocks")) {
+            o->zoo.nested_blocks = true;
         } else if (is_export && !strcmp(a, "--decompose")) {
             if (!v || strcmp(v, "core")) {
                 fprintf(stderr, "aotgrad %s: --decompose needs 'core', got '%s'\n%s", cmd,

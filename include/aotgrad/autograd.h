@@ -66,6 +66,43 @@ typedef int (*ag_checkpoint_fn)(void *ud, ag_tensor *const *inputs, int nin, ag_
 AG_API int ag_checkpoint(ag_checkpoint_fn fn, void *ud, ag_tensor *const *inputs, int nin,
                          ag_tensor **outs, int max_out);
 
+/* ---- nested compile regions ---- */
+
+/* A region's function: as ag_checkpoint_fn (nin borrowed inputs; up to max_out outputs, new
+ * references, none NULL; their count or a negative status with a message set). */
+typedef int (*ag_region_fn)(void *ud, ag_tensor *const *inputs, int nin, ag_tensor **outs,
+                            int max_out);
+
+/* torch.compiler.nested_compile_region: marks fn as a region that is traced once and reused.
+ * Eager (no trace active): just runs fn (same results, same autograd). Under a trace (ag_trace,
+ * ag_trace_module, ag_export_joint) the first call with a given key (fn, and each input's
+ * dtype, sizes, strides and requires_grad) traces fn in a nested session into a new subgraph
+ * of the traced graph (`repeated_subgraphK`: placeholders arg0_1, arg1_1, ... for the inputs,
+ * an output node returning a tuple) and records
+ *     invoke_subgraph(%repeated_subgraphK, 'fw_subgraph_I', inputs...)
+ * plus one getitem per output; later calls with the same key record a call of the same
+ * subgraph without running fn. Its nodes carry the annotations open inside the region only
+ * (the outer ones are not inherited, as upstream); the outer nodes take those open around
+ * the call, and the invoke_subgraph the custom entry 'call_id' (1, 2, ...: one per call, the
+ * backward call sharing its forward's). Under ag_export_joint with an input requiring grad,
+ * the first call also traces the region's joint into `repeated_subgraphK+1` (placeholders:
+ * the inputs, then one tangent per output; outputs: one gradient per input, None where the
+ * input does not require grad, then the forward's outputs), and the backward records
+ *     invoke_subgraph(%repeated_subgraphK+1, 'bw_subgraph_I_0', inputs..., tangents...)
+ * plus a getitem per gradient needed. A region inside a region is traced inline into the
+ * outer one. fn must read the traced tensors it uses through its inputs (it is traced with
+ * fresh stand-ins for them), and what it computes must depend on nothing else: ud is not
+ * part of the key. Messages name the region `function 0x...` (fn's address). Returns the
+ * output count; outs[0..n) are new references the caller owns (data-less under a trace).
+ * Refused under a trace (AG_EINVAL or AG_ENOTSUP, naming the region): fn reading a tensor of
+ * the enclosing trace that is not among its inputs, mutating an input in place, a random or
+ * effectful op inside the region, an output aliasing an input, more than 16 inputs+outputs
+ * for the joint. fn and ud must stay valid while the trace runs. Errors also: a NULL fn or
+ * outs, max_out < 1, a NULL input (AG_EINVAL, nothing run); fn's own failure (its status and
+ * message). Thread-safety: per thread, as tracing. */
+AG_API int ag_nested_compile_region(ag_region_fn fn, void *ud, ag_tensor *const *inputs, int nin,
+                                    ag_tensor **outs, int max_out);
+
 /* ---- gradcheck ---- */
 
 /* A function of n float64 inputs storing up to AG_GRADCHECK_MAX_OUT outputs in outs and their

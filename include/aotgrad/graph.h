@@ -176,7 +176,10 @@ AG_API int ag_node_index(const ag_node *n); /* position in the graph, 0-based */
  * get_attr node, identifier and operands, and never when the subgraph holds a random op.
  * A subgraph is a whole graph (placeholders, output node), verified with its parent; it may
  * not own subgraphs itself (not yet supported), and its nodes may reference only its own
- * nodes. Attribute names are unique among the graph's subgraphs and constants
+ * nodes. An output of a subgraph may be None (a region's joint returns None for the gradient
+ * of an operand that needs none): its element of the call's tuple val is f32[] and no getitem
+ * may read it. Nested compile regions (autograd.h, ag_nested_compile_region) make them. Attribute
+ * names are unique among the graph's subgraphs and constants
  * ([A-Za-z_][A-Za-z0-9_]*). */
 /* Adds sub as the attribute `name`: on success g owns sub (freed with g; a copy of g copies
  * it); on failure the caller keeps it. Refused (AG_EINVAL): a name in use or not an
@@ -328,7 +331,8 @@ AG_API int ag_decomp_table_add(ag_decomp_table *t, const ag_op *op, ag_decomp_fn
  * ...): the "core" table. */
 AG_API ag_decomp_table *ag_decomp_table_core(void);
 /* Replaces each call to an op in the table by the nodes its decomposition emits (traced in
- * place, repeated until no node of the table remains). Returns the number replaced. */
+ * place, repeated until no node of the table remains), in g and in each of its subgraphs.
+ * Returns the number replaced. */
 AG_API int ag_graph_decompose(ag_graph *g, const ag_decomp_table *t);
 /* Replaces call node n of g by the nodes fn (a decomposition, e.g. its op's ag_opdef.decomp)
  * emits when traced in place, once (what fn emits is not decomposed further); the new nodes

@@ -151,6 +151,20 @@ AG_API bool ag_module_is_training(const ag_module *m);
 AG_API int ag_module_set_checkpoint(ag_module *m, bool on);
 AG_API bool ag_module_is_checkpointed(const ag_module *m); /* false for NULL */
 
+/* m as a nested compile region (not recursive; as decorating its forward with
+ * torch.compiler.nested_compile_region; see ag_nested_compile_region in autograd.h): eager,
+ * ag_module_call runs m's forward as usual; under tracing the forward is traced once per key
+ * (m's forward function and type name, whether m is training, and each operand's dtype,
+ * sizes, strides and requires_grad) into a subgraph, later calls reusing it. The operands are
+ * the call's inputs, then m's parameters (named_parameters order, deduplicated), then its
+ * buffers (named_buffers order, deduplicated): the subgraph's arg0_1, arg1_1, ... in that
+ * order. Modules of one type share a subgraph when their operands match: their forwards must
+ * not differ in anything else (configuration kept in ud). A module both checkpointed and a
+ * region is checkpointed. m must stay valid while a trace that called it runs. AG_EINVAL for
+ * NULL or a module without a forward. */
+AG_API int ag_module_set_compile_region(ag_module *m, bool on);
+AG_API bool ag_module_is_compile_region(const ag_module *m); /* false for NULL */
+
 /* ---- calling ---- */
 AG_API int ag_module_call(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
                           int max_out);
@@ -297,6 +311,12 @@ typedef struct ag_gpt2_config {
      * activations recomputed in the backward, its names unchanged), as nanoGPT-style training
      * that wraps each block's call in torch.utils.checkpoint. false (the default): none. */
     bool checkpoint_blocks;
+    /* true: each block transformer.h.N is a nested compile region (ag_module_set_compile_region:
+     * under tracing the block is traced once into a subgraph that every block calls, and the
+     * joint has one forward and one backward subgraph), as decorating nanoGPT's Block.forward
+     * with torch.compiler.nested_compile_region. Eager nothing changes. false (the default):
+     * flat graphs. */
+    bool compile_region_blocks;
 } ag_gpt2_config;
 AG_API ag_gpt2_config ag_gpt2_config_tiny(void);  /* 2 layers, 64 wide, 4 heads, vocab 256 */
 AG_API ag_gpt2_config ag_gpt2_config_small(void); /* 124M: 12/768/12, vocab 50257, ctx 1024 */

@@ -93,9 +93,12 @@ AG_API void ag_zoo_log_echo(bool on);
 typedef struct ag_zoo_opts {
     bool set_dropout; /* use `dropout` as the dropout probability (dropout_mlp, gpt2 only) */
     double dropout;   /* in [0, 1] */
+    /* gpt2 only: each block a nested compile region (ag_gpt2_config.compile_region_blocks) */
+    bool nested_blocks;
 } ag_zoo_opts;
 /* ag_zoo_build with options (NULL: defaults). Setting a dropout for a model without dropout
- * layers, or one outside [0, 1], is an error (AG_EINVAL). */
+ * layers, or one outside [0, 1], or nested_blocks for a model other than gpt2, is an error
+ * (AG_EINVAL). */
 AG_API int ag_zoo_build_opts(const char *name, const char *config, const ag_zoo_opts *opts,
                              ag_module **model, ag_tensor **inputs, int max_inputs, int *ninputs);
 

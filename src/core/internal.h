@@ -292,6 +292,25 @@ typedef int (*ag__trace_hook_fn)(const ag_op *op, const ag_arg *args, int nargs,
                                  int nouts);
 extern _Thread_local ag__trace_hook_fn ag__trace_hook;
 
+/* A nested compile region's call (ag_nested_compile_region, and the module form of nn.h):
+ * under tracing, the tracer's region hook (set while a tracing session is active; trace/
+ * region.c) traces it into a subgraph and records one invoke_subgraph call. `fn`/`ud` for
+ * the function form, `module` for the module form (its forward runs with its parameters and
+ * buffers lifted to operands after the inputs); `key` and `type` identify the region (the
+ * function pointer, or the module's forward and type name). */
+typedef struct ag__region {
+    const char *name; /* for messages */
+    const void *key;
+    const char *type; /* NULL for the function form */
+    int (*fn)(void *ud, ag_tensor *const *inputs, int nin, ag_tensor **outs, int max_out);
+    void *ud;
+    void *module; /* the module form: its module (nn.h), else NULL */
+    ag_tensor *const *inputs;
+    int nin;
+} ag__region;
+typedef int (*ag__region_hook_fn)(const ag__region *r, ag_tensor **outs, int max_out);
+extern _Thread_local ag__region_hook_fn ag__region_hook;
+
 /* Checks args against op's schema and fills defaults into full[] (AG_MAX_ARGS entries). */
 int ag__op_check_args(const ag_op *op, const ag_arg *args, int nargs, ag_arg *full);
 

@@ -416,20 +416,29 @@ static int copy_fwd_metadata(ag_graph *g) {
     }
     if (hi < 0)
         return 0;
-    ag_node **first = ag__calloc((size_t)(hi - lo + 1), sizeof *first);
+    size_t span = (size_t)(hi - lo + 1);
+    ag_node **first = ag__calloc(2 * span, sizeof *first);
     if (!first)
         return AG_ENOMEM;
+    ag_node **first_gi = first + span; /* the first forward getitem of each seq_nr */
     for (ag_node *n = ag_graph_first(g); n; n = ag_node_next(n)) {
         int64_t seq = ag_node_seq_nr(n);
         if (seq >= 0 && !is_backward(n) && !first[seq - lo])
             first[seq - lo] = n;
+        if (seq >= 0 && !is_backward(n) && ag_node_kind_of(n) == AG_NODE_GETITEM &&
+            !first_gi[seq - lo])
+            first_gi[seq - lo] = n;
     }
     int rc = 0;
     for (ag_node *n = ag_graph_first(g); n && rc == 0; n = ag_node_next(n)) {
         int64_t seq = ag_node_seq_nr(n);
         if (seq < 0 || !is_backward(n) || ag_node_is_gradient_acc(n) || !first[seq - lo])
             continue;
-        ag_node *f = first[seq - lo];
+        /* A backward getitem takes the forward getitem's (an invoke_subgraph's call_id is
+         * the call's own, not its outputs'). */
+        ag_node *f = ag_node_kind_of(n) == AG_NODE_GETITEM && first_gi[seq - lo]
+                         ? first_gi[seq - lo]
+                         : first[seq - lo];
         rc = ag_node_custom_copy(n, f);
         if (rc == 0) /* the text shared, not copied */
             rc = ag__node_meta_copy_key_as(n, "fwd_nn_module_stack", f, "nn_module_stack");
@@ -563,6 +572,8 @@ static ag_joint *pass_start(ag__export_pass *st) {
     ok = ok && (j->in_spec =
                     make_in_spec(ps->n + bs->n + st->nargs, st->kwarg_names, st->nkwargs)) != NULL;
     ok = ok && (st->T = ag__tracer_begin(j->g, true)) != NULL;
+    if (ok)
+        ag__tracer_set_joint(st->T, true);
     if (!ok) {
         ag_joint_free(j); /* and the graph */
         st->g = NULL;

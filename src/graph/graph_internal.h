@@ -207,6 +207,26 @@ int ag__trace_effect(ag__tracer *T, ag_graph *g, ag__token_chain *c, const ag_op
 typedef int (*ag__trace_random_fn)(void *ud, const ag_op *op, const ag_arg *args, int nargs,
                                    ag_tensor **outs, int nouts);
 void ag__tracer_set_random(ag__tracer *T, ag__trace_random_fn fn, void *ud);
+/* Nested compile regions (trace/region.c). The tracer's region hook traces a region into a
+ * subgraph in a nested session (ag__tracer_begin_nested, ended by ag__tracer_end) and keeps
+ * the regions it traced in the outermost session's cache (freed with the session). */
+typedef struct ag__region_cache ag__region_cache;
+void ag__region_cache_free(ag__region_cache *c); /* NULL: no-op */
+int ag__trace_region(const ag__region *r, ag_tensor **outs, int max_out);
+ag__tracer *ag__tracer_begin_nested(ag__tracer *parent, ag_graph *sub, const char *region);
+ag__tracer *ag__tracer_active(void); /* the thread's active session, or NULL */
+ag__tracer *ag__tracer_parent(const ag__tracer *T);
+const char *ag__tracer_region(const ag__tracer *T); /* NULL unless nested */
+ag_graph *ag__tracer_graph(const ag__tracer *T);
+uint64_t ag__tracer_id(const ag__tracer *T);
+ag__region_cache **ag__tracer_regions(ag__tracer *T);
+/* Whether the session builds a joint (the export sets it): a region's first call then also
+ * traces the region's joint. */
+bool ag__tracer_joint(const ag__tracer *T);
+void ag__tracer_set_joint(ag__tracer *T, bool on);
+bool ag__tracer_in_backward(const ag__tracer *T);
+int ag__tracer_outer_anns(const ag__tracer *T, ag_node *n);
+int ag__tracer_attr_meta(ag__tracer *T, ag_node *n);
 /* infer.c: runs the op's meta function on argument nodes' vals. */
 int ag__infer_meta(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *vals, int *nvals);
 /* infer.c: the op table's cost estimate (ag_op_cost) of a call node from its arguments' vals;

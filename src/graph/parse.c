@@ -438,6 +438,50 @@ static int parse_args(cur *c, const ag_op *op, ag_garg *args, int *nargs) {
     return 0;
 }
 
+/* invoke_subgraph's arguments as upstream prints them: the subgraph's get_attr, the
+ * identifier, then the operands as trailing arguments (`invoke_subgraph(%s, 'id', %a, %b)`);
+ * they become the schema's operand list. */
+static int parse_invoke_args(cur *c, const ag_op *op, ag_garg *args, int *nargs) {
+    parser *P = c->P;
+    int rc, n = 0;
+    for (int i = 0; i < 2; i++) {
+        lx_skip_ws(c);
+        const char *at = c->p;
+        if (i == 0 ? *at != '%' : (*at != '\'' && *at != '"'))
+            return ag__lx_expected(c, i == 0 ? "the subgraph's get_attr node"
+                                             : "the identifier (a string)");
+        if ((rc = parse_arg(c, ag_op_arg(op, i)->type, &args[i])))
+            return rc;
+        if (i == 0 && (rc = lx_expect(c, ',', "','")))
+            return rc;
+    }
+    while (lx_accept(c, ',')) {
+        lx_skip_ws(c);
+        if (*c->p == ')')
+            break;
+        if (*c->p != '%')
+            return ag__lx_expected(c, "an operand node");
+        if (n == MAX_LIST)
+            return ag__lx_err(c, c->p, "more than %d operands", MAX_LIST);
+        if (ag__grow((void **)&P->ptrs, &P->ptrs_cap, n + 1, sizeof *P->ptrs))
+            return AG_ENOMEM;
+        ag_node *nd;
+        if ((rc = parse_ref(c, &nd)))
+            return rc;
+        P->ptrs[n++] = nd;
+    }
+    if ((rc = lx_expect(c, ')', "',' or ')'")))
+        return rc;
+    ag_node **v = ag__lx_alloc(P, sizeof *v * (size_t)(n ? n : 1));
+    if (!v)
+        return AG_ENOMEM;
+    if (n)
+        memcpy(v, P->ptrs, sizeof *v * (size_t)n);
+    args[2] = AG_GA_NODES(v, n);
+    *nargs = 3;
+    return 0;
+}
+
 /* ---- node references ---- */
 
 /* The line index (in [from, to)) of a node line defining `name`, or -1. */
@@ -775,7 +819,8 @@ static int call_line(cur *c, const char *start, const char *name) {
             return ag__lx_err(c, opat, "unknown op '%s'", opname);
         ag_garg args[AG_MAX_ARGS];
         int nargs = 0;
-        if ((rc = parse_args(c, op, args, &nargs)))
+        if ((ag_op_def(op)->flags & AG_OP_SUBGRAPH) ? (rc = parse_invoke_args(c, op, args, &nargs))
+                                                    : (rc = parse_args(c, op, args, &nargs)))
             return rc;
         n = ag_graph_call(P->g, op, args, nargs, name);
     }

@@ -244,6 +244,22 @@ static void put_vals(ag__sbuf *b, const ag_node *n) {
 static void put_call(ag__sbuf *b, const ag_node *n) {
     ag__sb_puts(b, ag_op_name(n->op));
     ag__sb_putc(b, '(');
+    if ((ag_op_def(n->op)->flags & AG_OP_SUBGRAPH) && n->nargs == 3 &&
+        n->args[2].kind == AG_GA_NODES) {
+        /* invoke_subgraph: the operands as trailing arguments, as upstream prints them */
+        put_garg(b, &n->args[0]);
+        ag__sb_puts(b, ", ");
+        put_garg(b, &n->args[1]);
+        for (int k = 0; k < n->args[2].n; k++) {
+            ag__sb_puts(b, ", ");
+            if (n->args[2].u.nodes[k])
+                put_node_ref(b, n->args[2].u.nodes[k]);
+            else
+                ag__sb_puts(b, "None");
+        }
+        ag__sb_putc(b, ')');
+        return;
+    }
     for (int i = 0; i < n->nargs; i++) {
         if (i)
             ag__sb_puts(b, ", ");

@@ -388,6 +388,7 @@ static ag_gpt2_config gpt2_config(const char *config) {
 static ag_module *build_gpt2(const char *config, int *rc) {
     ag_gpt2_config cfg = gpt2_config(config);
     cfg.dropout = dropout_or(cfg.dropout);
+    cfg.compile_region_blocks = build_opts && build_opts->nested_blocks;
     ag_module *m = ag_nn_gpt2(&cfg);
     *rc = m ? 0 : status();
     return m;
@@ -553,6 +554,11 @@ int ag_zoo_build_opts(const char *name, const char *config, const ag_zoo_opts *o
             return ag__err(AG_EINVAL, "zoo: dropout probability %g is not in [0, 1]",
                            opts->dropout);
     }
+    if (opts && opts->nested_blocks && strcmp(name, "gpt2"))
+        return ag__err(AG_EINVAL,
+                       "zoo: model '%s' has no blocks to mark as nested compile "
+                       "regions (only gpt2 has)",
+                       name);
     if (max_inputs < e->ninputs)
         return ag__err(AG_EINVAL, "zoo: model '%s' takes %d input%s, room for %d", name, e->ninputs,
                        e->ninputs == 1 ? "" : "s", max_inputs);

@@ -336,6 +336,8 @@ ag_module *ag_nn_gpt2(const ag_gpt2_config *cfg) {
         ag_module *b = ag_nn_gpt2_block(cfg);
         if (b && cfg->checkpoint_blocks) /* a block has a forward: this cannot fail */
             ag_module_set_checkpoint(b, true);
+        if (b && cfg->compile_region_blocks) /* likewise */
+            ag_module_set_compile_region(b, true);
         rc = ag_nn_append(h, b);
     }
     if (!rc)

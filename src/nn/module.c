@@ -28,7 +28,8 @@ struct ag_module {
     void *ud;
     void (*ud_free)(void *);
     bool training;
-    bool checkpoint; /* forward through ag_checkpoint */
+    bool checkpoint;     /* forward through ag_checkpoint */
+    bool compile_region; /* forward as a nested compile region under tracing */
     ag_module *parent;
     nn_entry *params;
     int64_t nparams, cap_params;
@@ -467,6 +468,41 @@ bool ag_module_is_checkpointed(const ag_module *m) {
     return m && m->checkpoint;
 }
 
+int ag_module_set_compile_region(ag_module *m, bool on) {
+    AG__CHECK_NULL("module_set_compile_region", m);
+    if (on && !m->forward)
+        return ag__err(AG_EINVAL,
+                       "%s: a module without a forward (a container) cannot be a compile "
+                       "region; mark its children",
+                       m->type);
+    m->compile_region = on;
+    return 0;
+}
+
+bool ag_module_is_compile_region(const ag_module *m) {
+    return m && m->compile_region;
+}
+
+int ag__module_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
+    if (!m->forward)
+        return ag__err(AG_EINVAL, "%s: this module has no forward", m->type);
+    return m->forward(m, in, nin, out, max_out);
+}
+
+/* m's forward: under tracing as a nested compile region (trace/region.c), else as it is. */
+static int region_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
+                          int max_out) {
+    if (!ag__tls()->tracing || !ag__region_hook)
+        return m->forward(m, in, nin, out, max_out);
+    ag__region r = {.name = m->type,
+                    .key = (const void *)(uintptr_t)m->forward,
+                    .type = m->type,
+                    .module = m,
+                    .inputs = in,
+                    .nin = nin};
+    return ag__region_hook(&r, out, max_out);
+}
+
 /* ag_checkpoint's function for a checkpointed module: its own forward. */
 static int checkpointed_forward(void *ud, ag_tensor *const *in, int nin, ag_tensor **out,
                                 int max_out) {
@@ -602,8 +638,9 @@ int ag_module_call(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
     ag_site_push();
     int n = module_enter(m);
     if (n == 0) {
-        n = m->checkpoint ? ag_checkpoint(checkpointed_forward, m, in, nin, out, max_out)
-                          : m->forward(m, in, nin, out, max_out);
+        n = m->checkpoint       ? ag_checkpoint(checkpointed_forward, m, in, nin, out, max_out)
+            : m->compile_region ? region_forward(m, in, nin, out, max_out)
+                                : m->forward(m, in, nin, out, max_out);
         module_exit(m);
     }
     ag_site_pop();

@@ -21,6 +21,11 @@ ag_tensor *ag__module_swap_tensor(ag_module *m, const char *fqn, bool param, ag_
  * the first `cap` in out (may be NULL when cap is 0) and returns how many there are. */
 int64_t ag__module_flat_tensors(const ag_module *m, ag_tensor **out, int64_t cap);
 
+/* m's own forward, called directly (no module frame, no checkpoint or region handling): the
+ * tracer's region hook (trace/region.c) runs a region's forward with it. AG_EINVAL for a
+ * module without a forward. */
+int ag__module_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out);
+
 /* Module calls seen by a tracer (per thread): while an observer is set, ag_module_call calls
  * enter(ud, m) before m's forward runs (a negative status fails the call, which then runs
  * nothing) and exit(ud, m) after it returns, failed or not. The tracer uses it to record each

@@ -19,6 +19,7 @@
 /* The thread's tracer hook (src/trace/trace.c): per thread, so that one thread's trace never
  * sees another thread's op calls. */
 _Thread_local ag__trace_hook_fn ag__trace_hook;
+_Thread_local ag__region_hook_fn ag__region_hook;
 
 /* ---- registry ----
  * Built-in ops are registered once, by the first call that needs the table (pthread_once, so

@@ -540,6 +540,10 @@ int ag__partition_ex(const ag_graph *joint, int num_fwd_outputs, const ag_partit
     if (!fw || !bw)
         return ag__err(AG_EINVAL, "partition: NULL result pointer");
     *fw = *bw = NULL;
+    if (joint && ag_graph_num_subgraphs(joint) > 0)
+        return ag__err(AG_ENOTSUP,
+                       "partition: the joint calls subgraphs (invoke_subgraph of nested compile "
+                       "regions); partitioning them is not supported yet");
     /* NULL and a zeroed struct are the same: upstream's defaults. */
     ag_partition_opts o = opts ? *opts : (ag_partition_opts){0};
     if (o.partitioner != AG_PARTITION_DEFAULT && o.partitioner != AG_PARTITION_MINCUT)

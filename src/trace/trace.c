@@ -27,6 +27,9 @@ typedef struct ann {
 } ann;
 static _Thread_local ann anns[MAX_ANN];
 static _Thread_local int nanns;
+/* The first annotation nodes get: a nested region's session starts above the annotations
+ * open around the call (its nodes do not inherit them, as upstream). */
+static _Thread_local int ann_base;
 
 void ag_annotate_begin(const char *key, ag_mval v) {
     if (nanns < MAX_ANN && key) {
@@ -42,7 +45,7 @@ void ag_annotate_begin(const char *key, ag_mval v) {
 }
 
 void ag_annotate_end(void) {
-    if (nanns > 0)
+    if (nanns > ann_base)
         nanns--;
 }
 
@@ -123,6 +126,17 @@ struct ag__tracer {
     mframe *mframes;
     int64_t nmframes, mframes_cap;
     ag__strmap mcalls;
+    /* Nested compile regions (region.c): the regions traced so far (the outermost session's),
+     * whether this session builds a joint (the export), the session a nested one traces
+     * inside and the region it traces (NULL: not nested), and the thread state a nested
+     * session set aside (restored at its end). */
+    ag__region_cache *regions;
+    bool joint;
+    tracer *parent;
+    const char *region;
+    int saved_ann_base, saved_nanns; /* the annotations open around a nested session */
+    ag__tls_state saved_ts;
+    ag__region_hook_fn prev_region_hook;
 };
 
 static _Thread_local tracer *active;
@@ -247,7 +261,7 @@ static ag_node *new_constant(tracer *T, ag_tensor *t, const char *name) {
     if (!rc && T->tag)
         rc = ag_node_set_partitioner_tag(n, T->tag);
     int na = nanns < MAX_ANN ? nanns : MAX_ANN;
-    for (int i = 0; i < na && !rc; i++)
+    for (int i = ann_base; i < na && !rc; i++)
         rc = ag_node_custom_set(n, anns[i].key, anns[i].v);
     if (rc) {
         ag_graph_erase(T->g, n);
@@ -286,6 +300,19 @@ static ag_node *node_of(tracer *T, ag_tensor *t) {
         }
         return n;
     }
+    bool outer_const = false;
+    for (const tracer *p = T->parent; p && t->trace; p = p->parent)
+        if (t->trace_id == p->id) {
+            if (ag__is_meta(t) || ag_node_kind_of(t->trace) != AG_NODE_GET_ATTR) {
+                char b[128];
+                ag__err(AG_EINVAL,
+                        "nested_compile_region %s: the region reads a tensor of the enclosing "
+                        "trace (%s, %%%s) that is not among its inputs; pass it as an input",
+                        T->region, ag_tensor_meta_str(t, b, sizeof b), ag_node_name(t->trace));
+                return NULL;
+            }
+            outer_const = true; /* a constant: the subgraph gets its own get_attr */
+        }
     if (ag__is_meta(t)) {
         char b[128];
         ag__err(AG_EINVAL,
@@ -295,8 +322,8 @@ static ag_node *node_of(tracer *T, ag_tensor *t) {
         return NULL;
     }
     ag_node *n = new_constant(T, t, NULL);
-    if (!n)
-        return NULL;
+    if (!n || outer_const) /* never re-tag the enclosing trace's tensors */
+        return n;
     t->trace = n;
     t->trace_id = T->id;
     t->trace_ver = ag__alias_current_ver(T->aliases, t);
@@ -412,7 +439,7 @@ static int set_node_meta(tracer *T, ag_node *n) {
                 ag_node_meta_set(n, "ac_graph_id", (ag_mval){.kind = AG_MV_INT, .u.i = T->ckpt_id});
     }
     int na = nanns < MAX_ANN ? nanns : MAX_ANN;
-    for (int i = 0; i < na && !rc; i++)
+    for (int i = ann_base; i < na && !rc; i++)
         rc = ag_node_custom_set(n, anns[i].key, anns[i].v);
     if (!rc && T->nmframes > 0 && T->mframes[T->nmframes - 1].stack)
         rc = ag__node_meta_set_shared(n, "nn_module_stack", T->mframes[T->nmframes - 1].stack);
@@ -491,6 +518,12 @@ static int trace_hook(const ag_op *op, const ag_arg *args, int nargs, ag_tensor 
     tracer *T = active;
     if (!T)
         return 0;
+    if (T->region && (ag_op_def(op)->flags & (AG_OP_RANDOM | AG_OP_EFFECTFUL)))
+        return ag__err(AG_ENOTSUP,
+                       "nested_compile_region %s: %s is %s; random and effectful ops inside a "
+                       "region are not supported",
+                       T->region, ag_op_name(op),
+                       (ag_op_def(op)->flags & AG_OP_RANDOM) ? "a random op" : "effectful");
     if (T->random_fn && (ag_op_def(op)->flags & AG_OP_RANDOM)) {
         /* The functional form is recorded there; 1 means "record the call as it is". */
         int rc = T->random_fn(T->random_ud, op, args, nargs, outs, nouts);
@@ -577,6 +610,8 @@ static int trace_hook(const ag_op *op, const ag_arg *args, int nargs, ag_tensor 
 }
 
 static void tracer_free(tracer *T) {
+    ag__region_cache_free(T->regions);
+    T->regions = NULL;
     ag__alias_table_free(T->aliases);
     T->aliases = NULL;
     ag__free(T->trace_str);
@@ -600,8 +635,10 @@ static void tracer_activate(tracer *T) {
     T->prev_site = S->cur;
     T->prev_nframes = S->nframes;
     if (!T->bare) {
-        S->cur = (ag__site){0};
-        S->gen++;
+        if (!T->parent) { /* a nested session continues its parent's stack */
+            S->cur = (ag__site){0};
+            S->gen++;
+        }
         T->mobs = (ag__module_observer){module_enter, module_exit, T};
         T->prev_mobs = ag__module_set_observer(&T->mobs);
     }
@@ -610,6 +647,9 @@ static void tracer_activate(tracer *T) {
     T->prev_meta = ag_set_meta_mode(true);
     active = T;
     ag__trace_hook = trace_hook;
+    T->prev_region_hook = ag__region_hook;
+    if (!T->bare)
+        ag__region_hook = ag__trace_region;
 }
 
 static void tracer_deactivate(tracer *T) {
@@ -621,6 +661,7 @@ static void tracer_deactivate(tracer *T) {
     S->gen++;
     active = T->prev_active;
     ag__trace_hook = T->prev_hook;
+    ag__region_hook = T->prev_region_hook;
     ag_set_meta_mode(T->prev_meta);
 }
 
@@ -639,8 +680,131 @@ void ag__tracer_end(ag__tracer *T) {
     if (!T)
         return;
     tracer_deactivate(T);
+    if (T->parent) {
+        ann_base = T->saved_ann_base;
+        nanns = T->saved_nanns; /* a region that failed may leave its own open */
+        ag__tls_state *ts = ag__tls();
+        ts->bw_seq_nr = T->saved_ts.bw_seq_nr;
+        ts->in_grad_acc = T->saved_ts.in_grad_acc;
+        ts->ckpt_region = T->saved_ts.ckpt_region;
+        ts->ckpt_capture = T->saved_ts.ckpt_capture;
+        ts->ckpt_capture_ud = T->saved_ts.ckpt_capture_ud;
+        ts->leaf_inplace = T->saved_ts.leaf_inplace;
+        ts->leaf_inplace_ud = T->saved_ts.leaf_inplace_ud;
+        ag_set_grad_enabled(!T->saved_ts.grad_disabled);
+    }
     tracer_free(T);
     ag__free(T);
+}
+
+/* In a region's session the leaves requiring grad are the operands' stand-ins. */
+static int refuse_leaf_inplace(void *ud, ag_tensor *self) {
+    (void)self;
+    const tracer *T = ud;
+    return ag__err(AG_ENOTSUP,
+                   "nested_compile_region %s: the region mutates an operand in place; mutating "
+                   "inputs, parameters or buffers inside a region is not supported",
+                   T->region);
+}
+
+/* A session tracing a region's function into sub inside parent (region.c): the thread's
+ * call sites and module frames continue the parent's, the annotations open around the call
+ * and the thread's per-trace state (backward seq_nr, checkpoint region, leaf in-place hook)
+ * are set aside until ag__tracer_end, and grad mode is on. */
+ag__tracer *ag__tracer_begin_nested(ag__tracer *parent, ag_graph *sub, const char *region) {
+    tracer *T = ag__calloc(1, sizeof *T);
+    if (!T)
+        return NULL;
+    T->g = sub;
+    T->id = __atomic_fetch_add(&next_trace_id, 1, __ATOMIC_RELAXED);
+    T->functionalize = true;
+    T->opts = parent->opts;
+    T->parent = parent;
+    T->region = region;
+    /* The parent's open module calls, their texts kept in sub's pool. */
+    if (parent->nmframes > 0) {
+        if (ag__grow((void **)&T->mframes, &T->mframes_cap, parent->nmframes, sizeof *T->mframes)) {
+            ag__free(T);
+            return NULL;
+        }
+        for (int64_t i = 0; i < parent->nmframes; i++) {
+            T->mframes[i] = parent->mframes[i];
+            if (parent->mframes[i].stack &&
+                !(T->mframes[i].stack = ag__graph_shared_str(sub, parent->mframes[i].stack))) {
+                tracer_free(T);
+                ag__free(T);
+                return NULL;
+            }
+        }
+        T->nmframes = parent->nmframes;
+    }
+    ag__tls_state *ts = ag__tls();
+    T->saved_ts = *ts;
+    T->saved_ann_base = ann_base;
+    T->saved_nanns = nanns;
+    ann_base = nanns;
+    ts->bw_seq_nr = -1;
+    ts->in_grad_acc = false;
+    ts->ckpt_region = 0;
+    ts->ckpt_capture = NULL;
+    ts->ckpt_capture_ud = NULL;
+    ts->leaf_inplace = refuse_leaf_inplace;
+    ts->leaf_inplace_ud = T;
+    ag_set_grad_enabled(true);
+    tracer_activate(T);
+    return T;
+}
+
+ag__tracer *ag__tracer_active(void) {
+    return active;
+}
+ag__tracer *ag__tracer_parent(const ag__tracer *T) {
+    return T->parent;
+}
+const char *ag__tracer_region(const ag__tracer *T) {
+    return T->region;
+}
+ag_graph *ag__tracer_graph(const ag__tracer *T) {
+    return T->g;
+}
+uint64_t ag__tracer_id(const ag__tracer *T) {
+    return T->id;
+}
+ag__region_cache **ag__tracer_regions(ag__tracer *T) {
+    return &T->regions;
+}
+bool ag__tracer_joint(const ag__tracer *T) {
+    return T->joint;
+}
+void ag__tracer_set_joint(ag__tracer *T, bool on) {
+    T->joint = on;
+}
+bool ag__tracer_in_backward(const ag__tracer *T) {
+    return in_backward(T);
+}
+
+/* The annotations open in the parent around a nested session (those a nested session set
+ * aside), as custom metadata of n. */
+int ag__tracer_outer_anns(const ag__tracer *T, ag_node *n) {
+    int na = T->saved_nanns < MAX_ANN ? T->saved_nanns : MAX_ANN;
+    for (int i = T->saved_ann_base; i < na; i++) {
+        int rc = ag_node_custom_set(n, anns[i].key, anns[i].v);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* A subgraph's get_attr made now: the partitioner tag and the open annotations (no seq_nr,
+ * as upstream's get_attr of a subgraph has none). */
+int ag__tracer_attr_meta(ag__tracer *T, ag_node *n) {
+    int rc = T->tag ? ag_node_set_partitioner_tag(n, T->tag) : 0;
+    int na = nanns < MAX_ANN ? nanns : MAX_ANN;
+    for (int i = ann_base; i < na && !rc; i++)
+        rc = ag_node_custom_set(n, anns[i].key, anns[i].v);
+    if (!rc && T->nmframes > 0 && T->mframes[T->nmframes - 1].stack)
+        rc = ag__node_meta_set_shared(n, "nn_module_stack", T->mframes[T->nmframes - 1].stack);
+    return rc;
 }
 
 void ag__tracer_set_tag(ag__tracer *T, const char *tag) {

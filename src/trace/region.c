@@ -1,0 +1,560 @@
+/* Nested compile regions under tracing (ag_nested_compile_region, ag_module_set_compile_region;
+ * upstream's torch.compiler.nested_compile_region and its invoke_subgraph HOP).
+ *
+ * In: a region's call seen by the tracer's region hook (ag__region: a function or a module,
+ * its inputs). Out: in the traced graph, get_attr(repeated_subgraphK) + invoke_subgraph(...,
+ * 'fw_subgraph_I', operands...) + one getitem per output, and data-less outputs bound to the
+ * getitems; with autograd recording, an autograd node whose backward (traced by the joint
+ * export) records invoke_subgraph(repeated_subgraphK+1, 'bw_subgraph_I_0', operands...,
+ * tangents...) + a getitem per gradient.
+ *
+ * The first call with a key (the function or the module's forward and type, training, and
+ * every operand's dtype, sizes, strides and requires_grad) traces the region in a nested
+ * session (trace.c: ag__tracer_begin_nested) on fresh data-less stand-ins for its operands,
+ * into a new subgraph; for a joint it also traces the region's joint: the forward again, then
+ * ag_grad from one tangent per output back to the operands requiring grad. The cache lives in
+ * the outermost session; later calls only emit the call. */
+#include "../graph/graph_internal.h"
+#include "../nn/nn_internal.h"
+
+#include <stdio.h>
+
+typedef struct region_entry {
+    const void *key;
+    char *type; /* NULL for the function form */
+    bool training;
+    int nops;
+    ag_tmeta *ops;
+    bool *rg;                      /* operand requires grad */
+    int index;                     /* I of fw_subgraph_I */
+    char fw_attr[48], bw_attr[48]; /* bw_attr "" until the joint is traced */
+    ag_node *fw_attr_node;         /* the first call's get_attr (its metadata: the backward's) */
+    int nout;
+    ag_tmeta out[AG_MAX_OUTPUTS];
+    bool out_rg[AG_MAX_OUTPUTS];
+    bool grad_none[AG_MAX_OUTPUTS]; /* the joint's gradient output j is None */
+} region_entry;
+
+struct ag__region_cache {
+    region_entry *e;
+    int64_t n, cap;
+    int64_t calls; /* call_id of the last call */
+};
+
+void ag__region_cache_free(ag__region_cache *c) {
+    if (!c)
+        return;
+    for (int64_t i = 0; i < c->n; i++) {
+        ag__free(c->e[i].type);
+        ag__free(c->e[i].ops);
+        ag__free(c->e[i].rg);
+    }
+    ag__free(c->e);
+    ag__free(c);
+}
+
+static bool is_float_rg(const ag_tensor *t) {
+    return t->requires_grad && ag_dtype_is_float(t->dtype);
+}
+
+/* ---- operands ---- */
+
+/* A region call's operands: the inputs, then (module form) the module's parameters and
+ * buffers, deduplicated. fqns/fqn_t: every name under which the module reaches each of them
+ * (for swapping in the stand-ins). */
+typedef struct operands {
+    ag_tensor **t;
+    int n;
+    ag_named_tensors ps, bs; /* remove_duplicate false */
+} operands;
+
+static void operands_free(operands *o) {
+    ag__free(o->t);
+    ag_named_tensors_free(&o->ps);
+    ag_named_tensors_free(&o->bs);
+}
+
+static int add_unique(operands *o, ag_tensor *t) {
+    for (int i = 0; i < o->n; i++)
+        if (o->t[i] == t)
+            return 0;
+    o->t[o->n++] = t;
+    return 0;
+}
+
+static int operands_of(const ag__region *r, operands *o) {
+    memset(o, 0, sizeof *o);
+    if (r->module && (ag_module_named_parameters(r->module, false, &o->ps) ||
+                      ag_module_named_buffers(r->module, false, &o->bs)))
+        return ag_last_status();
+    int cap = r->nin + o->ps.n + o->bs.n;
+    if (!(o->t = ag__calloc((size_t)(cap ? cap : 1), sizeof *o->t)))
+        return AG_ENOMEM;
+    for (int i = 0; i < r->nin; i++)
+        o->t[o->n++] = r->inputs[i]; /* an input passed twice is two operands */
+    for (int i = 0; i < o->ps.n; i++)
+        add_unique(o, o->ps.tensors[i]);
+    for (int i = 0; i < o->bs.n; i++)
+        add_unique(o, o->bs.tensors[i]);
+    return 0;
+}
+
+/* ---- the cache ---- */
+
+static bool meta_eq(const ag_tmeta *a, const ag_tmeta *b) {
+    if (a->dtype != b->dtype || a->ndim != b->ndim || a->offset != b->offset)
+        return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->sizes[d] != b->sizes[d] || a->strides[d] != b->strides[d])
+            return false;
+    return true;
+}
+
+static region_entry *lookup(ag__region_cache *c, const ag__region *r, const operands *o) {
+    bool training = r->module && ag_module_is_training(r->module);
+    for (int64_t i = 0; c && i < c->n; i++) {
+        region_entry *e = &c->e[i];
+        if (e->key != r->key || e->nops != o->n || e->training != training ||
+            (!e->type) != (!r->type) || (e->type && strcmp(e->type, r->type)))
+            continue;
+        bool same = true;
+        for (int k = 0; k < o->n && same; k++) {
+            ag_tmeta m;
+            ag__tmeta_of(o->t[k], &m);
+            same = meta_eq(&m, &e->ops[k]) && e->rg[k] == is_float_rg(o->t[k]);
+        }
+        if (same)
+            return e;
+    }
+    return NULL;
+}
+
+/* The first free name repeated_subgraphN of g. */
+static void free_attr_name(ag_graph *g, char *buf, size_t n) {
+    for (int k = ag_graph_num_subgraphs(g);; k++) {
+        snprintf(buf, n, "repeated_subgraph%d", k);
+        if (!ag_graph_subgraph(g, buf) && !ag_graph_find(g, buf))
+            return;
+    }
+}
+
+/* ---- tracing a region ---- */
+
+/* Runs the region's function on ins (the stand-ins): the module form with its parameters and
+ * buffers swapped for their stand-ins meanwhile. */
+static int run_region(const ag__region *r, const operands *o, ag_tensor **ins, ag_tensor **outs,
+                      int max_out) {
+    if (!r->module)
+        return r->fn(r->ud, ins, r->nin, outs, max_out);
+    ag_module *m = r->module;
+    /* each fqn's tensor -> the stand-in of its operand */
+    for (int pass = 0; pass < 2; pass++) {
+        const ag_named_tensors *nt = pass ? &o->bs : &o->ps;
+        for (int i = 0; i < nt->n; i++)
+            for (int k = r->nin; k < o->n; k++)
+                if (o->t[k] == nt->tensors[i]) {
+                    ag__module_swap_tensor(m, nt->names[i], !pass, ins[k]);
+                    break;
+                }
+    }
+    int n = ag__module_forward(m, ins, r->nin, outs, max_out);
+    for (int pass = 0; pass < 2; pass++) {
+        const ag_named_tensors *nt = pass ? &o->bs : &o->ps;
+        for (int i = 0; i < nt->n; i++)
+            ag__module_swap_tensor(m, nt->names[i], !pass, nt->tensors[i]);
+    }
+    return n;
+}
+
+/* Backward nodes of a joint subgraph take the custom metadata and stack trace of the first
+ * forward node with their seq_nr (as the export does for the outer graph). */
+static int copy_fwd_meta(ag_node *first_bw) {
+    for (ag_node *b = first_bw; b; b = ag_node_next(b)) {
+        int64_t seq = ag_node_seq_nr(b);
+        if (seq < 0 || ag_node_is_gradient_acc(b) || ag_node_kind_of(b) == AG_NODE_OUTPUT)
+            continue;
+        for (ag_node *f = ag_graph_first(b->graph); f && f != first_bw; f = ag_node_next(f))
+            if (ag_node_seq_nr(f) == seq) {
+                int rc = ag_node_custom_copy(b, f);
+                if (rc == 0 && ag_node_stack_trace(f))
+                    rc = ag__node_meta_copy_key(b, f, "stack_trace");
+                if (rc)
+                    return rc;
+                break;
+            }
+    }
+    return 0;
+}
+
+/* Traces the region into a new subgraph: its forward (joint false: e->nout, e->out* are
+ * filled), or its joint (placeholders: operands then one tangent per output; outputs: a
+ * gradient per operand, then the forward's outputs). Returns the subgraph or NULL. */
+static ag_graph *trace_sub(ag__tracer *T, const ag__region *r, const operands *o, region_entry *e,
+                           bool joint) {
+    ag_graph *sub = ag_graph_new();
+    if (!sub)
+        return NULL;
+    int nph = o->n + (joint ? e->nout : 0);
+    ag_tensor **ins = ag__calloc((size_t)(nph ? nph : 1), sizeof *ins);
+    ag__tracer *S = ins ? ag__tracer_begin_nested(T, sub, r->name) : NULL;
+    if (!S) {
+        ag__free(ins);
+        ag_graph_free(sub);
+        return NULL;
+    }
+    int rc = 0;
+    for (int i = 0; i < nph && rc == 0; i++) {
+        ag_tmeta m;
+        bool rg = false;
+        if (i < o->n) {
+            ag__tmeta_of(o->t[i], &m);
+            rg = e->rg[i];
+        } else {
+            const ag_tmeta *om = &e->out[i - o->n];
+            ag__tmeta_contiguous(&m, om->dtype, om->ndim, om->sizes);
+        }
+        char name[32];
+        snprintf(name, sizeof name, "arg%d_1", i);
+        ag_node *ph = ag_graph_placeholder(sub, name, &m);
+        if (!ph || ag__tracer_outer_anns(S, ph) ||
+            !(ins[i] = ag__tensor_new(m.dtype, m.ndim, m.sizes, true))) {
+            rc = ag_last_status() ? ag_last_status() : AG_ENOMEM;
+            break;
+        }
+        memcpy(ins[i]->strides, m.strides, sizeof ins[i]->strides);
+        ins[i]->offset = m.offset;
+        ins[i]->requires_grad = rg;
+        ag__tracer_bind(S, ins[i], ph);
+    }
+    ag_tensor *outs[AG_MAX_OUTPUTS + 1] = {0};
+    ag_node *onodes[2 * AG_MAX_OUTPUTS] = {0};
+    int n = 0, non = 0;
+    ag_scope_begin();
+    if (rc == 0) {
+        uint64_t errs = ag__err_count();
+        n = run_region(r, o, ins, outs, AG_MAX_OUTPUTS + 1);
+        if (n < 0) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", ag__err_count() != errs ? ag_last_error() : "");
+            rc = ag__err(n, "nested_compile_region %s: the region failed: %s", r->name,
+                         why[0] ? why : "(no message)");
+        } else if (n > AG_MAX_OUTPUTS) {
+            rc = ag__err(AG_ENOTSUP, "nested_compile_region %s: more than %d outputs", r->name,
+                         AG_MAX_OUTPUTS);
+        }
+    }
+    for (int i = 0; i < o->n && rc == 0; i++)
+        if (ins[i]->storage->version != 0)
+            rc = ag__err(AG_ENOTSUP,
+                         "nested_compile_region %s: the region mutates its operand %d (%s) in "
+                         "place; mutating inputs, parameters or buffers inside a region is not "
+                         "supported",
+                         r->name, i, i < r->nin ? "an input" : "a parameter or buffer");
+    for (int k = 0; k < n && rc == 0; k++) {
+        for (int i = 0; i < o->n && rc == 0; i++)
+            if (outs[k]->storage == ins[i]->storage)
+                rc = ag__err(AG_ENOTSUP,
+                             "nested_compile_region %s: output %d aliases operand %d (is it or a "
+                             "view of it); return a copy (clone) instead",
+                             r->name, k, i);
+        if (rc == 0 && joint && n != e->nout)
+            rc = ag__err(AG_EINVAL, "nested_compile_region %s: %d outputs, then %d", r->name,
+                         e->nout, n);
+    }
+    if (rc == 0 && joint && o->n + n > AG_MAX_OUTPUTS)
+        rc = ag__err(AG_ENOTSUP,
+                     "nested_compile_region %s: the joint would have %d outputs (%d operands + "
+                     "%d outputs; at most %d)",
+                     r->name, o->n + n, o->n, n, AG_MAX_OUTPUTS);
+    if (rc == 0 && joint) {
+        ag_node *last_fw = ag_graph_last(sub);
+        ag_tensor *roots[AG_MAX_OUTPUTS], *seeds[AG_MAX_OUTPUTS], *want[AG_MAX_OUTPUTS];
+        ag_tensor *grads[AG_MAX_OUTPUTS] = {0};
+        int nr = 0, nw = 0;
+        for (int k = 0; k < n; k++)
+            if (is_float_rg(outs[k])) {
+                roots[nr] = outs[k];
+                seeds[nr++] = ins[o->n + k];
+            }
+        for (int i = 0; i < o->n; i++)
+            if (e->rg[i])
+                want[nw++] = ins[i];
+        if (nr > 0 && nw > 0)
+            rc = ag_grad(roots, seeds, nr, want, nw, grads, false, true);
+        for (int i = 0, w = 0; i < o->n && rc == 0; i++) {
+            ag_tensor *gt = e->rg[i] ? grads[w++] : NULL;
+            onodes[non] = gt ? ag__tracer_node_of(S, gt) : NULL;
+            if (gt && !onodes[non])
+                rc = ag_last_status();
+            e->grad_none[i] = !onodes[non++];
+        }
+        if (rc == 0)
+            rc = copy_fwd_meta(last_fw ? ag_node_next(last_fw) : ag_graph_first(sub));
+    }
+    for (int k = 0; k < n && rc == 0; k++) {
+        if (!(onodes[non++] = ag__tracer_node_of(S, outs[k])))
+            rc = ag_last_status();
+        if (!joint) {
+            ag__tmeta_of(outs[k], &e->out[k]);
+            e->out_rg[k] = is_float_rg(outs[k]);
+        }
+    }
+    if (!joint)
+        e->nout = n;
+    ag_node *on = NULL;
+    if (rc == 0 && (!(on = ag_graph_output(sub, onodes, non)) || ag__tracer_outer_anns(S, on)))
+        rc = ag_last_status() ? ag_last_status() : AG_ENOMEM;
+    ag_scope_end();
+    ag__tracer_end(S);
+    for (int k = 0; k < n; k++)
+        ag_tensor_free(outs[k]); /* fn's new references */
+    for (int i = 0; i < nph; i++)
+        ag_tensor_free(ins[i]);
+    ag__free(ins);
+    if (rc) {
+        ag_graph_free(sub);
+        return NULL;
+    }
+    return sub;
+}
+
+/* Traces sub as the graph's attribute `name`. */
+static int add_sub(ag_graph *g, ag_graph *sub, char *name, size_t cap) {
+    free_attr_name(g, name, cap);
+    if (ag_graph_add_subgraph(g, name, sub)) {
+        ag_graph_free(sub);
+        name[0] = 0;
+        return ag_last_status();
+    }
+    return 0;
+}
+
+static region_entry *new_entry(ag__tracer *T, const ag__region *r, const operands *o,
+                               bool want_joint) {
+    ag__region_cache **cp = ag__tracer_regions(T);
+    if (!*cp && !(*cp = ag__calloc(1, sizeof **cp)))
+        return NULL;
+    ag__region_cache *c = *cp;
+    if (ag__grow((void **)&c->e, &c->cap, c->n + 1, sizeof *c->e))
+        return NULL;
+    region_entry *e = &c->e[c->n];
+    memset(e, 0, sizeof *e);
+    e->key = r->key;
+    e->training = r->module && ag_module_is_training(r->module);
+    e->nops = o->n;
+    e->index = (int)c->n;
+    e->ops = ag__calloc((size_t)(o->n ? o->n : 1), sizeof *e->ops);
+    e->rg = ag__calloc((size_t)(o->n ? o->n : 1), sizeof *e->rg);
+    bool ok = e->ops && e->rg && (!r->type || (e->type = ag__strdup(r->type)));
+    for (int i = 0; ok && i < o->n; i++) {
+        ag__tmeta_of(o->t[i], &e->ops[i]);
+        e->rg[i] = is_float_rg(o->t[i]);
+    }
+    ag_graph *g = ag__tracer_graph(T);
+    ag_graph *fw = ok ? trace_sub(T, r, o, e, false) : NULL;
+    ok = fw && add_sub(g, fw, e->fw_attr, sizeof e->fw_attr) == 0;
+    bool any_rg = false, any_out_rg = false;
+    for (int i = 0; ok && i < o->n; i++)
+        any_rg |= e->rg[i];
+    for (int k = 0; k < e->nout; k++)
+        any_out_rg |= e->out_rg[k];
+    if (ok && want_joint && any_rg && any_out_rg) {
+        ag_graph *bw = trace_sub(T, r, o, e, true);
+        ok = bw && add_sub(g, bw, e->bw_attr, sizeof e->bw_attr) == 0;
+    }
+    if (!ok) {
+        /* the attributes added stay (unused; DCE-like cleanup is not needed for a failed trace) */
+        ag__free(e->type);
+        ag__free(e->ops);
+        ag__free(e->rg);
+        if (!ag_last_status())
+            ag__err(AG_ENOMEM, "nested_compile_region %s: out of memory", r->name);
+        return NULL;
+    }
+    c->n++;
+    return e;
+}
+
+/* ---- the backward ---- */
+
+typedef struct region_bw {
+    ag__region r; /* fn, ud, module, key, type (borrowed: valid while the trace runs) */
+    char name[64];
+    uint64_t trace_id; /* the outermost session's */
+    int64_t entry, call_id;
+    int nops;
+    ag_tensor **ops; /* kept */
+    operands o;      /* the module's names, for a lazily traced joint */
+} region_bw;
+
+static void region_bw_free(void *p) {
+    region_bw *b = p;
+    if (!b)
+        return;
+    for (int i = 0; i < b->nops; i++)
+        ag_tensor_free(b->ops[i]);
+    ag__free(b->ops);
+    ag_named_tensors_free(&b->o.ps);
+    ag_named_tensors_free(&b->o.bs);
+    ag__free(b);
+}
+
+/* getitem k of inv and a data-less tensor bound to it in *out: a new reference, or (give) a
+ * result of the open scope. */
+static int emit_getitem(ag__tracer *T, ag_node *inv, int k, const ag_tmeta *m, bool give,
+                        ag_tensor **out) {
+    ag_node *gi = ag_graph_getitem(ag__tracer_graph(T), inv, k, NULL);
+    if (!gi || ag__tracer_node_meta(T, gi))
+        return ag_last_status() ? ag_last_status() : AG_ENOMEM;
+    ag_tensor *t = ag__tensor_new(m->dtype, m->ndim, m->sizes, true);
+    if (!t)
+        return ag_last_status() ? ag_last_status() : AG_ENOMEM;
+    memcpy(t->strides, m->strides, sizeof t->strides);
+    t->offset = m->offset;
+    ag__tracer_bind(T, t, gi);
+    *out = give ? ag__give(t) : t;
+    return *out ? 0 : AG_ENOMEM;
+}
+
+static int region_backward(void *ud, ag_tensor *const *gout, int nout, ag_tensor **gin, int nin,
+                           const bool *needs) {
+    region_bw *b = ud;
+    ag__tracer *T = ag__tracer_active();
+    if (!T || ag__tracer_id(T) != b->trace_id)
+        return ag__err(AG_ENOTSUP,
+                       "nested_compile_region %s: the backward of a traced region runs only in "
+                       "the trace that recorded it",
+                       b->name);
+    region_entry *e = &(*ag__tracer_regions(T))->e[b->entry];
+    ag_graph *g = ag__tracer_graph(T);
+    if (!e->bw_attr[0]) { /* a trace that is not a joint export: the joint now */
+        b->o.t = b->ops;
+        b->o.n = b->nops;
+        ag_graph *bw = trace_sub(T, &b->r, &b->o, e, true);
+        b->o.t = NULL;
+        if (!bw || add_sub(g, bw, e->bw_attr, sizeof e->bw_attr))
+            return ag_last_status() ? ag_last_status() : AG_ENOMEM;
+    }
+    int nargs = b->nops + e->nout, rc = 0;
+    ag_node **args = ag__calloc((size_t)nargs, sizeof *args);
+    if (!args)
+        return AG_ENOMEM;
+    for (int i = 0; i < b->nops && rc == 0; i++)
+        if (!(args[i] = ag__tracer_node_of(T, b->ops[i])))
+            rc = ag_last_status();
+    for (int k = 0; k < e->nout && rc == 0; k++) {
+        ag_tensor *t = k < nout ? gout[k] : NULL;
+        if (!t) /* an output without a gradient: a zero tangent */
+            t = ag_zeros(e->out[k].dtype, e->out[k].ndim, e->out[k].sizes);
+        if (!t || !(args[b->nops + k] = ag__tracer_node_of(T, t)))
+            rc = ag_last_status() ? ag_last_status() : AG_ENOMEM;
+    }
+    ag_node *attr = NULL, *inv = NULL;
+    char ident[48];
+    snprintf(ident, sizeof ident, "bw_subgraph_%d_0", e->index);
+    if (rc == 0 &&
+        (!(attr = ag_graph_get_attr_subgraph(g, e->bw_attr, NULL)) ||
+         ag__tracer_attr_meta(T, attr) || ag_node_custom_copy(attr, e->fw_attr_node) ||
+         !(inv = ag_graph_invoke_subgraph(g, attr, ident, args, nargs, NULL)) ||
+         ag__tracer_node_meta(T, inv) ||
+         ag_node_custom_set(inv, "call_id", (ag_mval){.kind = AG_MV_INT, .u.i = b->call_id})))
+        rc = ag_last_status() ? ag_last_status() : AG_ENOMEM;
+    for (int j = 0; j < nin && j < b->nops && rc == 0; j++)
+        if (needs[j] && e->rg[j] && !e->grad_none[j])
+            rc = emit_getitem(T, inv, j, &e->ops[j], true, &gin[j]);
+    ag__free(args);
+    return rc;
+}
+
+/* ---- the hook ---- */
+
+int ag__trace_region(const ag__region *r, ag_tensor **outs, int max_out) {
+    ag__tracer *T = ag__tracer_active();
+    /* A region inside a region (or met by a pass's session): traced inline. */
+    if (!T || ag__tracer_region(T)) {
+        if (r->module)
+            return ag__module_forward(r->module, r->inputs, r->nin, outs, max_out);
+        return r->fn(r->ud, r->inputs, r->nin, outs, max_out);
+    }
+    operands o;
+    int rc = operands_of(r, &o);
+    ag_node **nodes = rc ? NULL : ag__calloc((size_t)(o.n ? o.n : 1), sizeof *nodes);
+    if (!rc && !nodes)
+        rc = AG_ENOMEM;
+    for (int i = 0; i < o.n && rc == 0; i++)
+        if (!(nodes[i] = ag__tracer_node_of(T, o.t[i])))
+            rc = ag_last_status();
+    bool want_ag = false;
+    for (int i = 0; i < o.n; i++)
+        want_ag |= is_float_rg(o.t[i]);
+    want_ag = want_ag && ag_is_grad_enabled();
+    region_entry *e = NULL;
+    if (rc == 0 && !(e = lookup(*ag__tracer_regions(T), r, &o)) &&
+        !(e = new_entry(T, r, &o, want_ag && ag__tracer_joint(T))))
+        rc = ag_last_status() ? ag_last_status() : AG_ENOMEM;
+    if (rc == 0 && e->nout > max_out)
+        rc = ag__err(AG_EINVAL, "nested_compile_region %s: %d outputs, room for %d", r->name,
+                     e->nout, max_out);
+    bool any_out_rg = false;
+    for (int k = 0; e && k < e->nout; k++)
+        any_out_rg |= e->out_rg[k];
+    want_ag = want_ag && any_out_rg;
+    ag_graph *g = ag__tracer_graph(T);
+    ag__region_cache *c = *ag__tracer_regions(T);
+    ag_node *attr = NULL, *inv = NULL;
+    int64_t call_id = c ? c->calls + 1 : 1;
+    if (rc == 0) {
+        /* The call's nodes carry the seq_nr of the autograd node made below (upstream's). */
+        ag__tls_state *ts = ag__tls();
+        ts->trace_seq = want_ag ? ag__autograd_current_seq() + 1 : ag__autograd_current_seq();
+        char ident[48];
+        snprintf(ident, sizeof ident, "fw_subgraph_%d", e->index);
+        if (!(attr = ag_graph_get_attr_subgraph(g, e->fw_attr, NULL)) ||
+            ag__tracer_attr_meta(T, attr) ||
+            !(inv = ag_graph_invoke_subgraph(g, attr, ident, nodes, o.n, NULL)) ||
+            ag__tracer_node_meta(T, inv) ||
+            ag_node_custom_set(inv, "call_id", (ag_mval){.kind = AG_MV_INT, .u.i = call_id}))
+            rc = ag_last_status() ? ag_last_status() : AG_ENOMEM;
+        else
+            c->calls = call_id;
+        if (rc == 0 && !e->fw_attr_node)
+            e->fw_attr_node = attr;
+    }
+    int n = 0;
+    for (; rc == 0 && n < e->nout; n++)
+        rc = emit_getitem(T, inv, n, &e->out[n], false, &outs[n]);
+    region_bw *b = NULL;
+    if (rc == 0 && want_ag) {
+        b = ag__calloc(1, sizeof *b);
+        if (b && (b->ops = ag__calloc((size_t)(o.n ? o.n : 1), sizeof *b->ops))) {
+            b->r = *r;
+            snprintf(b->name, sizeof b->name, "%s", r->name);
+            b->r.name = b->name;
+            b->trace_id = ag__tracer_id(T);
+            b->entry = e->index;
+            b->call_id = call_id;
+            b->nops = o.n;
+            for (int i = 0; i < o.n; i++)
+                b->ops[i] = ag_tensor_keep(o.t[i]);
+            b->o.ps = o.ps;
+            b->o.bs = o.bs;
+            memset(&o.ps, 0, sizeof o.ps);
+            memset(&o.bs, 0, sizeof o.bs);
+            rc = ag__autograd_custom("InvokeSubgraphAutogradOp", o.t, o.n, outs, n, e->out_rg,
+                                     region_backward, b, region_bw_free);
+        } else {
+            ag__free(b);
+            rc = AG_ENOMEM;
+        }
+    }
+    ag__free(nodes);
+    operands_free(&o);
+    if (rc) {
+        for (int k = 0; k < n && k < max_out; k++) {
+            ag_tensor_free(outs[k]);
+            outs[k] = NULL;
+        }
+        return rc;
+    }
+    return n;
+}
