@@ -294,7 +294,7 @@ extern _Thread_local ag__trace_hook_fn ag__trace_hook;
 
 /* A nested compile region's call (ag_nested_compile_region, and the module form of nn.h):
  * under tracing, the tracer's region hook (set while a tracing session is active; trace/
- * region.c) traces it into a subgraph and records one invoke_subgraph call. `fn`/`ud` for
+ * region_trace.c) traces it into a subgraph and records one invoke_subgraph call. `fn`/`ud` for
  * the function form, `module` for the module form (its forward runs with its parameters and
  * buffers lifted to operands after the inputs); `key` and `type` identify the region (the
  * function pointer, or the module's forward and type name). */

@@ -207,7 +207,7 @@ int ag__trace_effect(ag__tracer *T, ag_graph *g, ag__token_chain *c, const ag_op
 typedef int (*ag__trace_random_fn)(void *ud, const ag_op *op, const ag_arg *args, int nargs,
                                    ag_tensor **outs, int nouts);
 void ag__tracer_set_random(ag__tracer *T, ag__trace_random_fn fn, void *ud);
-/* Nested compile regions (trace/region.c). The tracer's region hook traces a region into a
+/* Nested compile regions (trace/region_trace.c). The tracer's region hook traces a region into a
  * subgraph in a nested session (ag__tracer_begin_nested, ended by ag__tracer_end) and keeps
  * the regions it traced in the outermost session's cache (freed with the session). */
 typedef struct ag__region_cache ag__region_cache;

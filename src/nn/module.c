@@ -489,7 +489,7 @@ int ag__module_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **
     return m->forward(m, in, nin, out, max_out);
 }
 
-/* m's forward: under tracing as a nested compile region (trace/region.c), else as it is. */
+/* m's forward: under tracing as a nested compile region (trace/region_trace.c), else as it is. */
 static int region_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
                           int max_out) {
     if (!ag__tls()->tracing || !ag__region_hook)

@@ -22,7 +22,7 @@ ag_tensor *ag__module_swap_tensor(ag_module *m, const char *fqn, bool param, ag_
 int64_t ag__module_flat_tensors(const ag_module *m, ag_tensor **out, int64_t cap);
 
 /* m's own forward, called directly (no module frame, no checkpoint or region handling): the
- * tracer's region hook (trace/region.c) runs a region's forward with it. AG_EINVAL for a
+ * tracer's region hook (trace/region_trace.c) runs a region's forward with it. AG_EINVAL for a
  * module without a forward. */
 int ag__module_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out);
 

@@ -126,7 +126,7 @@ struct ag__tracer {
     mframe *mframes;
     int64_t nmframes, mframes_cap;
     ag__strmap mcalls;
-    /* Nested compile regions (region.c): the regions traced so far (the outermost session's),
+    /* Nested compile regions (region_trace.c): the regions traced so far (the outermost session's),
      * whether this session builds a joint (the export), the session a nested one traces
      * inside and the region it traces (NULL: not nested), and the thread state a nested
      * session set aside (restored at its end). */
@@ -707,7 +707,7 @@ static int refuse_leaf_inplace(void *ud, ag_tensor *self) {
                    T->region);
 }
 
-/* A session tracing a region's function into sub inside parent (region.c): the thread's
+/* A session tracing a region's function into sub inside parent (region_trace.c): the thread's
  * call sites and module frames continue the parent's, the annotations open around the call
  * and the thread's per-trace state (backward seq_nr, checkpoint region, leaf in-place hook)
  * are set aside until ag__tracer_end, and grad mode is on. */

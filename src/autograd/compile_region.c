@@ -1,7 +1,7 @@
 /* Nested compile regions (torch.compiler.nested_compile_region; include/aotgrad/autograd.h).
  *
  * Eager, the region is just its function. Under tracing the tracer's region hook
- * (ag__region_hook, set by an active tracing session: src/trace/region.c) traces it into a
+ * (ag__region_hook, set by an active tracing session: src/trace/region_trace.c) traces it into a
  * subgraph once per key and records an invoke_subgraph call. */
 #include "../core/internal.h"
 
