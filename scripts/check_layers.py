@@ -235,6 +235,16 @@ def main():
         print(f"{f}: not in any layer: add its folder to LAYERS (or PUBLIC_HEADERS)")
         problems += 1
 
+    # No two files share a name, whatever their folders (a .c and its own .h excepted): grep,
+    # debuggers and ctags must not be ambiguous.
+    by_name = {}
+    for f in files:
+        by_name.setdefault(os.path.basename(f), []).append(f)
+    for name, fs in sorted(by_name.items()):
+        if len(fs) > 1:
+            print(f"same file name: {', '.join(sorted(fs))}: rename one to say what it holds")
+            problems += 1
+
     # Units: a .c with the .h of the same name beside it and the .inc files it includes.
     unit = {f: f for f in files}
     for f in files:
