@@ -188,6 +188,13 @@ AG_API ag_graph *ag_graph_subgraph(const ag_graph *g, const char *name);
 AG_API int ag_graph_num_subgraphs(const ag_graph *g);
 /* Subgraph i in the order added (borrowed); *name (may be NULL) receives its name, borrowed. */
 AG_API ag_graph *ag_graph_subgraph_at(const ag_graph *g, int i, const char **name);
+/* A flat copy of g (a new graph, the caller frees it): each invoke_subgraph call is replaced by
+ * a copy of its subgraph's nodes (vals and metadata kept; a name already taken in g is made
+ * anew from the op's, as FX makes names), each getitem of the call by the node the subgraph
+ * returns at that index, and subgraph attributes no longer read are dropped. The copy runs
+ * bit-identically to g. NULL on failure (g a subgraph itself, a getitem of a None output,
+ * out of memory); g is never changed. */
+AG_API ag_graph *ag_graph_inline_subgraphs(const ag_graph *g);
 /* The invoke_subgraph op (made on first use, kept for the process; not in the registry). */
 AG_API const ag_op *ag_op_invoke_subgraph(void);
 /* A call invoke_subgraph(attr, identifier, operands) (attr: a get_attr of a subgraph of g);

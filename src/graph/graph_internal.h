@@ -113,6 +113,8 @@ void ag__subgraphs_free(ag_graph *g);
 /* subgraph.c: gives dst a copy of each of src's subgraphs (same names, same order); 0 or
  * AG_ENOMEM (dst keeps the ones copied so far: the caller frees dst). */
 int ag__subgraphs_copy(ag_graph *dst, const ag_graph *src);
+/* subgraph.c: frees subgraph k of g and removes it from the list (no get_attr may read it). */
+void ag__subgraph_remove(ag_graph *g, int k);
 /* subgraph.c: the index in g's list of subgraph sub, or -1. */
 int ag__subgraph_index(const ag_graph *g, const ag_graph *sub);
 /* subgraph.c: the meta inference of a call of an AG_OP_SUBGRAPH op (invoke_subgraph): checks

@@ -83,6 +83,13 @@ int ag_graph_add_subgraph(ag_graph *g, const char *name, ag_graph *sub) {
     return push(g, name, sub);
 }
 
+void ag__subgraph_remove(ag_graph *g, int k) {
+    ag__free(g->subs[k].name);
+    ag_graph_free(g->subs[k].g);
+    memmove(g->subs + k, g->subs + k + 1, sizeof *g->subs * (size_t)(g->nsubs - k - 1));
+    g->nsubs--;
+}
+
 ag_graph *ag_graph_subgraph(const ag_graph *g, const char *name) {
     if (!g || !name)
         return NULL;

@@ -273,6 +273,17 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
                 P->info[pi->users[u]].req_bw = true;
     }
     P->info[P->out].req_bw = false;
+    /* A get_attr of a subgraph called only by backward nodes stays in the backward (it has no
+     * tensor value and is never saved); one of a forward call is free, as a constant. */
+    for (i = 0; i < P->nn; i++) {
+        ag__pinfo *pi = &P->info[i];
+        if (pi->kind != AG_NODE_GET_ATTR || !ag_node_subgraph(pi->node))
+            continue;
+        bool bw = pi->nusers > 0;
+        for (int u = 0; u < pi->nusers; u++)
+            bw &= P->info[pi->users[u]].req_bw;
+        pi->req_bw = pi->must_bw = bw;
+    }
     for (int k = num_fwd_outputs; k < nouts; k++)
         if (P->outs[k] >= 0)
             P->info[P->outs[k]].req_bw = true;
@@ -370,9 +381,27 @@ static ag_node *copy_node(ag_graph *dst, const ag__part *P, int x, ag_node **env
         m = ag_graph_getitem(dst, env[idx_of(ag_node_arg_node(n, 0))], (int)ag_node_arg(n, 1)->u.i,
                              ag_node_name(n));
         break;
-    case AG_NODE_GET_ATTR:
-        m = ag_graph_get_attr(dst, ag_node_constant(n), ag_node_name(n));
+    case AG_NODE_GET_ATTR: {
+        const ag_graph *sub = ag_node_subgraph(n);
+        if (!sub) {
+            m = ag_graph_get_attr(dst, ag_node_constant(n), ag_node_name(n));
+            break;
+        }
+        /* A subgraph: the side takes a copy of the attribute on its first get_attr. */
+        const char *attr = NULL;
+        for (int k = 0; k < ag_graph_num_subgraphs(P->g) && !attr; k++)
+            if (ag_graph_subgraph_at(P->g, k, &attr) != sub)
+                attr = NULL;
+        if (attr && !ag_graph_subgraph(dst, attr)) {
+            ag_graph *c = ag_graph_copy(sub);
+            if (!c || ag_graph_add_subgraph(dst, attr, c)) {
+                ag_graph_free(c);
+                return NULL;
+            }
+        }
+        m = attr ? ag_graph_get_attr_subgraph(dst, attr, ag_node_name(n)) : NULL;
         break;
+    }
     default:
         ag__err(AG_EINVAL, "partition: cannot copy %s", ag_node_name(n));
         return NULL;
@@ -414,6 +443,15 @@ static ag_graph *build_graph(const ag__part *P, const int *inputs, int nin, cons
         on[k] = outs[k] >= 0 ? env[outs[k]] : NULL;
     ag_node *o = ok ? ag_graph_output(g, on, nouts) : NULL;
     ok = o && ag_node_set_output_descs(o, descs, nouts) == 0 && ag_graph_dce(g) >= 0;
+    /* subgraph attributes whose get_attr the side does not keep */
+    for (int k = ok ? ag_graph_num_subgraphs(g) - 1 : -1; k >= 0; k--) {
+        const ag_graph *s = ag_graph_subgraph_at(g, k, NULL);
+        bool read = false;
+        for (const ag_node *n = ag_graph_first(g); n && !read; n = ag_node_next(n))
+            read = ag_node_subgraph(n) == s;
+        if (!read)
+            ag__subgraph_remove(g, k);
+    }
     ag__free(env);
     ag__free(on);
     if (!ok) {
@@ -534,12 +572,35 @@ int ag__memory_budget_of(double field, double *budget) {
     return 0;
 }
 
+static int partition_flat(const ag_graph *joint, int num_fwd_outputs, const ag_partition_opts *opts,
+                          ag__budget_mode mode, ag_graph **fw, ag_graph **bw,
+                          ag_partition_stats *stats, ag__peak *peak);
+
 int ag__partition_ex(const ag_graph *joint, int num_fwd_outputs, const ag_partition_opts *opts,
                      ag__budget_mode mode, ag_graph **fw, ag_graph **bw, ag_partition_stats *stats,
                      ag__peak *peak) {
     if (!fw || !bw)
         return ag__err(AG_EINVAL, "partition: NULL result pointer");
     *fw = *bw = NULL;
+    if (!joint || ag_graph_num_subgraphs(joint) == 0)
+        return partition_flat(joint, num_fwd_outputs, opts, mode, fw, bw, stats, peak);
+    /* The regions' joint subgraphs first, each once (subgraph_partition.c), with the same
+     * options; then the rewritten joint, its calls opaque. */
+    ag_partition_opts o = opts ? *opts : (ag_partition_opts){0};
+    double budget;
+    int rc = ag__memory_budget_of(o.memory_budget, &budget);
+    ag_graph *rw = NULL;
+    if (rc == 0)
+        rc = ag__partition_subgraphs(joint, num_fwd_outputs, opts, mode, &rw);
+    if (rc == 0)
+        rc = partition_flat(rw ? rw : joint, num_fwd_outputs, opts, mode, fw, bw, stats, peak);
+    ag_graph_free(rw);
+    return rc;
+}
+
+static int partition_flat(const ag_graph *joint, int num_fwd_outputs, const ag_partition_opts *opts,
+                          ag__budget_mode mode, ag_graph **fw, ag_graph **bw,
+                          ag_partition_stats *stats, ag__peak *peak) {
     /* NULL and a zeroed struct are the same: upstream's defaults. */
     ag_partition_opts o = opts ? *opts : (ag_partition_opts){0};
     if (o.partitioner != AG_PARTITION_DEFAULT && o.partitioner != AG_PARTITION_MINCUT)

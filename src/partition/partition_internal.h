@@ -166,6 +166,11 @@ int ag__memory_budget_of(double field, double *budget);
 
 /* ag_partition with the budget mode exposed (tests and the CLI compare the two). peak may be
  * NULL. */
+/* subgraph_partition.c: partitions each region's joint subgraph of joint once (opts, mode as
+ * the outer partition) and gives *out, a copy of joint whose call pairs use them; *out NULL
+ * when joint has no backward call of a region. */
+int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
+                            const ag_partition_opts *opts, ag__budget_mode mode, ag_graph **out);
 int ag__partition_ex(const ag_graph *joint, int num_fwd_outputs, const ag_partition_opts *opts,
                      ag__budget_mode mode, ag_graph **fw, ag_graph **bw, ag_partition_stats *stats,
                      ag__peak *peak);

@@ -454,7 +454,7 @@ static bool never_recomputed(const ag__pinfo *pi) {
         return false;
     if (pi->opflags & AG_OP_COLLECTIVE)
         return pi->policy != AG_MUST_RECOMPUTE;
-    return pi->random;
+    return pi->random || (pi->opflags & AG_OP_SUBGRAPH); /* a region's forward runs once */
 }
 
 /* Whether the backward would run x again and must save it instead. A collective whose

@@ -107,6 +107,7 @@ typedef struct pstep {
     int nreads;
     void *mem; /* lists, int arrays and strings the args point to (in the plan's step_mem) */
     ag__fuse_group fuse; /* the first step of a fused group: its rule (fuse.f->n steps) */
+    int sub;             /* invoke_subgraph: 1 + the index of its subgraph's plan; else 0 */
 } pstep;
 
 typedef struct pout {
@@ -139,14 +140,19 @@ struct ag_plan {
     char *arena;
     int64_t arena_bytes, sum_bytes, ideal_bytes, out_bytes;
     int ninplace, nplanned, nkernel, nview, narena_bufs;
-    ag_storage dummy;        /* what idle pool tensors point at */
-    ag_tensor **pick;        /* per output slot: the struct chosen this run */
-    int *by_end;             /* checking: arena buffers by end */
-    int *live;               /* checking: scratch */
-    ag__fuse_group *fuse_at; /* building: per node, the fused group it starts */
-    int nfused;              /* fused groups */
-    int64_t fused_declined;  /* group runs that fell back to one kernel per node */
-    bool coll_check;         /* the collective-order check (coll_order.c) is due */
+    ag_storage dummy;           /* what idle pool tensors point at */
+    ag_tensor **pick;           /* per output slot: the struct chosen this run */
+    int *by_end;                /* checking: arena buffers by end */
+    int *live;                  /* checking: scratch */
+    ag__fuse_group *fuse_at;    /* building: per node, the fused group it starts */
+    int nfused;                 /* fused groups */
+    int64_t fused_declined;     /* group runs that fell back to one kernel per node */
+    bool coll_check;            /* the collective-order check (coll_order.c) is due */
+    const ag_graph **subgraphs; /* the subgraphs invoke_subgraph calls, one plan each */
+    ag_plan **subplans;
+    int nsubplans;
+    int64_t subgraphs_cap, subplans_cap;
+    int64_t nruns; /* successful runs */
 };
 
 static int64_t align_up(int64_t n) {
@@ -286,6 +292,36 @@ static int count_values(const ag_graph *g, int *ncalls) {
     return n;
 }
 
+/* The plan of subgraph sub (*k: its index), made on first use with the plan's options: a
+ * subgraph is planned once however many calls run it. */
+static int subplan_of(ag_plan *p, const ag_graph *sub, int *k) {
+    for (int i = 0; i < p->nsubplans; i++)
+        if (p->subgraphs[i] == sub) {
+            if (k)
+                *k = i;
+            return 0;
+        }
+    int n = p->nsubplans;
+    if (ag__grow((void **)&p->subgraphs, &p->subgraphs_cap, n + 1, sizeof *p->subgraphs) ||
+        ag__grow((void **)&p->subplans, &p->subplans_cap, n + 1, sizeof *p->subplans))
+        return AG_ENOMEM;
+    const ag_graph **gs = p->subgraphs;
+    ag_plan **ps = p->subplans;
+    ag_plan *sp = ag_plan_new(sub, &p->opts);
+    if (!sp) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", ag_last_error());
+        int rc = ag_last_status();
+        return ag__err(rc < 0 ? rc : AG_EINVAL, "plan_new: a subgraph: %s", msg);
+    }
+    gs[n] = sub;
+    ps[n] = sp;
+    p->nsubplans = n + 1;
+    if (k)
+        *k = n;
+    return 0;
+}
+
 /* Assigns every node its values (kinds, roots) and checks what the executor supports. */
 static int assign_values(ag_plan *p, const ag_graph *g) {
     for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
@@ -302,6 +338,12 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
             break;
         }
         case AG_NODE_GET_ATTR: {
+            if (ag_node_subgraph(x)) { /* read by invoke_subgraph only: no value */
+                int rc = subplan_of(p, ag_node_subgraph(x), NULL);
+                if (rc)
+                    return rc;
+                break;
+            }
             ag_tensor *c = ag_node_constant(x);
             if (!c || !c->storage->data)
                 return ag__err(AG_EINVAL, "plan_new: %%%s: get_attr without a real constant",
@@ -386,7 +428,7 @@ static int for_each_read(ag_plan *p, const ag_node *x, read_fn fn, void *ud) {
         int cnt = a->kind == AG_GA_NODE ? 1 : a->kind == AG_GA_NODES ? a->n : 0;
         for (int k = 0; k < cnt; k++) {
             ag_node *d = a->kind == AG_GA_NODE ? a->u.node : a->u.nodes[k];
-            if (!d)
+            if (!d || ag_node_subgraph(d))
                 continue;
             int v = -1, rc = val_of_node(p, x, d, &v);
             if (rc == 0)
@@ -582,7 +624,7 @@ static int bind_args(ag_plan *p, const ag_node *x, pstep *s) {
             raw[i] = AG_A_NONE;
             break;
         case AG_GA_NODE:
-            if (!a->u.node) {
+            if (!a->u.node || ag_node_subgraph(a->u.node)) { /* a subgraph: the step's plan */
                 raw[i] = AG_A_NONE;
                 break;
             }
@@ -638,6 +680,10 @@ static int bind_args(ag_plan *p, const ag_node *x, pstep *s) {
             break;
         }
         }
+    }
+    if (ag_op_def(op)->flags & AG_OP_SUBGRAPH) { /* run by its plan: no schema to fill */
+        memcpy(s->args, raw, sizeof(ag_arg) * (size_t)na);
+        return 0;
     }
     int rc = ag__op_check_args(op, raw, na, s->args);
     if (rc) {
@@ -741,6 +787,12 @@ static int make_steps(ag_plan *p, const ag_graph *g) {
             continue;
         }
         s->kind = STEP_KERNEL;
+        if (def->flags & AG_OP_SUBGRAPH) {
+            int k = 0;
+            if ((rc = subplan_of(p, ag_node_subgraph(ag_node_arg_node(x, 0)), &k)))
+                return rc;
+            s->sub = k + 1;
+        }
         int nv = ag_node_num_vals(x);
         s->nouts = nv;
         for (int k = 0; k < nv; k++)
@@ -1017,6 +1069,10 @@ void ag_plan_free(ag_plan *p) {
     ag__free(p->by_end);
     ag__free(p->live);
     ag__free(p->fuse_at);
+    for (int k = 0; k < p->nsubplans; k++)
+        ag_plan_free(p->subplans[k]);
+    ag__free(p->subplans);
+    ag__free(p->subgraphs);
     ag__free(p);
 }
 
@@ -1043,6 +1099,13 @@ void ag__plan_get_stats(const ag_plan *p, ag__plan_stats *s) {
             s->pooled_storages += p->bufs[b].owners.n;
         }
     s->fused_groups = p->nfused;
+    s->subplans = p->nsubplans;
+    for (int k = 0; k < p->nsubplans; k++) {
+        ag__plan_stats ss;
+        ag__plan_get_stats(p->subplans[k], &ss);
+        s->subplan_runs += ss.runs;
+    }
+    s->runs = p->nruns;
     s->fused_declined = p->fused_declined;
     s->arena_bytes = p->arena_bytes;
     s->sum_bytes = p->sum_bytes;
@@ -1261,7 +1324,36 @@ void ag__plan_set_step_hook(ag__plan_step_fn fn, void *ud) {
 }
 
 /* Calls one step's kernel; bumps the versions of what it mutates. */
+static int plan_run(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor **outs,
+                    int max_out, bool give);
+
+/* invoke_subgraph: runs the subgraph's plan on the operands and copies its outputs into the
+ * step's buffers. The subplan's outputs are released at once, so its pools hand the same
+ * storages out at the next call (no allocation once warm), and nothing of the outer plan
+ * aliases a buffer the next call reuses. */
+static int run_subgraph(ag_plan *p, pstep *s) {
+    ag_plan *sp = p->subplans[s->sub - 1];
+    ag_tensor *outs[AG_MAX_OUTPUTS] = {0};
+    const ag_arg *ops = &s->args[2];
+    int rc = plan_run(sp, ops->u.ts, ops->n, outs, AG_MAX_OUTPUTS, false);
+    if (rc >= 0 && rc != s->nouts)
+        rc = ag__err(AG_EINVAL, "plan: %%%s: the subgraph gave %d outputs for %d",
+                     nname(p, s->node), rc, s->nouts);
+    for (int k = 0; rc >= 0 && k < s->nouts; k++)
+        rc = ag__copy_into(s->outs[k], outs[k]);
+    for (int k = 0; k < AG_MAX_OUTPUTS; k++)
+        ag_tensor_free(outs[k]);
+    if (rc < 0) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", ag_last_error());
+        return ag__err(rc, "plan: %%%s: %s", nname(p, s->node), msg);
+    }
+    return 0;
+}
+
 static int run_kernel(ag_plan *p, pstep *s, ag__tls_state *ts) {
+    if (s->sub)
+        return run_subgraph(p, s);
     if (step_hook)
         step_hook(ag_op_name(s->op), nname(p, s->node), step_hook_ud);
     ts->dispatch_depth++;
@@ -1439,6 +1531,12 @@ int ag_plan_run(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor **o
         AG__CHECK_NULL("plan_run", inputs);
     if (max_out > 0)
         AG__CHECK_NULL("plan_run", outs);
+    return plan_run(p, inputs, ninputs, outs, max_out, true);
+}
+
+/* give: hand the outputs to the caller's scope, if any (a subgraph's run keeps them). */
+static int plan_run(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor **outs,
+                    int max_out, bool give) {
     if (p->nouts > max_out || (p->nouts > 0 && !outs))
         return ag__err(AG_EINVAL, "plan: the graph has %d outputs, room for %d given", p->nouts,
                        max_out);
@@ -1468,7 +1566,8 @@ int ag_plan_run(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor **o
     }
     if ((rc = take_outputs(p, inputs, outs)))
         return rc;
-    if (caller_scope)
+    p->nruns++;
+    if (caller_scope && give)
         for (int k = 0; k < p->nouts; k++)
             if (outs[k] && !ag__give(outs[k])) {
                 /* ag__give released outs[k]; the earlier ones belong to the scope now. */

@@ -56,6 +56,9 @@ typedef struct ag__plan_stats {
     int64_t pooled_storages; /* output storages the pools hold now (in use or spare) */
     int fused_groups;        /* groups of kernel calls that run as one fused kernel */
     int64_t fused_declined;  /* group runs so far that fell back to one call per node */
+    int subplans;            /* plans of the subgraphs invoke_subgraph calls (one per subgraph) */
+    int64_t runs;            /* runs so far */
+    int64_t subplan_runs;    /* runs so far of the subgraphs' plans, all together */
 } ag__plan_stats;
 
 void ag__plan_get_stats(const ag_plan *p, ag__plan_stats *s);
