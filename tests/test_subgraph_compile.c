@@ -645,6 +645,11 @@ static int partition_scenario(void *ud) {
     if (!flat)
         return ag_last_status();
     ag_graph_free(flat);
+    /* compiling plans each side and its region's subgraph */
+    ag_compiled *c = ag_compile_joint(j, &(ag_compile_opts){.partition = po});
+    if (!c)
+        return ag_last_status();
+    ag_compiled_free(c);
     return 0;
 }
 
