@@ -273,7 +273,7 @@ static void setup_model(model *m, bool mlp) {
     m->want_out = eager_forward(m);
     assert_int_equal(ag_backward(m->want_out, m->tangent, false), 0);
     for (int i = 0; i < m->nin; i++) {
-        m->want[i] = ag_tensor_keep(ag_detach(ag_tensor_grad(m->in[i])));
+        m->want[i] = ag_detach(ag_tensor_grad(m->in[i])); /* a new reference: no scope */
         assert_non_null(m->want[i]);
     }
     zero_grads(m);
@@ -503,7 +503,7 @@ static void test_plan_once_per_subgraph(void **st) {
      * allocates nothing. */
     ag_tensor *fin[MLP_NIN], *fo[32] = {0}, *bo[MLP_NIN] = {0};
     for (int i = 0; i < MLP_NIN; i++)
-        fin[i] = ag_tensor_keep(ag_detach(m.in[i]));
+        fin[i] = ag_detach(m.in[i]);
     ag_node **ph = NULL;
     int nbin = ag_graph_placeholders(bw, &ph);
     for (int round = 0; round < 2; round++) {
@@ -661,8 +661,62 @@ static void test_alloc_failures(void **st) {
     ag_joint_free(j);
 }
 
+/* Upstream test 23's joint under the default partitioner, exactly: the forward calls the
+ * region's partitioned forward, which returns sin(x) * 1 and saves x (cos(x) needs it); the
+ * backward calls the partitioned backward on the saved x and the tangent. */
+static const char *const sin_fw_want =
+    "graph():\n"
+    "    %primals_1 : f32[4, 3]  # PlainAOTInput(idx=0)\n"
+    "    %partitioned_fw_subgraph_0_0 = get_attr(partitioned_fw_subgraph_0_0)  # subgraph\n"
+    "    %invoke_subgraph_2 = invoke_subgraph(%partitioned_fw_subgraph_0_0, "
+    "'partitioned_fw_subgraph_0_0', [%primals_1])  # (f32[4, 3], f32[4, 3])\n"
+    "    %getitem_2 = getitem(%invoke_subgraph_2, 0)  # f32[4, 3]\n"
+    "    %getitem_3 = getitem(%invoke_subgraph_2, 1)  # f32[4, 3]\n"
+    "    %sub = sub.Scalar(%getitem_2, 1)  # f32[4, 3]\n"
+    "    return (%sub, %getitem_3)  # [PlainAOTOutput(idx=0), "
+    "SavedForBackwardsAOTOutput(idx=0)]\n"
+    "\n"
+    "subgraph partitioned_fw_subgraph_0_0():\n"
+    "    %arg0_1 : f32[4, 3]  # None\n"
+    "    %sin = sin(%arg0_1)  # f32[4, 3]\n"
+    "    %mul = mul.Scalar(%sin, 1)  # f32[4, 3]\n"
+    "    return (%mul, %arg0_1)\n";
+static const char *const sin_bw_want =
+    "graph():\n"
+    "    %getitem_3 : f32[4, 3]  # None\n"
+    "    %tangents_1 : f32[4, 3]  # TangentAOTInput(output=PlainAOTOutput(idx=0))\n"
+    "    %partitioned_bw_subgraph_0_0 = get_attr(partitioned_bw_subgraph_0_0)  # subgraph\n"
+    "    %invoke_subgraph_3 = invoke_subgraph(%partitioned_bw_subgraph_0_0, "
+    "'partitioned_bw_subgraph_0_0', [%getitem_3, %tangents_1])  # (f32[4, 3],)\n"
+    "    %getitem_4 = getitem(%invoke_subgraph_3, 0)  # f32[4, 3]\n"
+    "    return (%getitem_4,)  # [GradAOTOutput(grad_of=PlainAOTInput(idx=0))]\n"
+    "\n"
+    "subgraph partitioned_bw_subgraph_0_0():\n"
+    "    %arg0_1 : f32[4, 3]  # None\n"
+    "    %arg1_1 : f32[4, 3]  # None\n"
+    "    %mul_1 = mul.Scalar(%arg1_1, 1)  # f32[4, 3]\n"
+    "    %cos = cos(%arg0_1)  # f32[4, 3]\n"
+    "    %mul_2 = mul.Tensor(%mul_1, %cos)  # f32[4, 3]\n"
+    "    return (%mul_2,)\n";
+
+static void test_sin_region_exact(void **st) {
+    (void)st;
+    ag_joint *j = load_joint(1, sin_region_graph);
+    ag_graph *fw = NULL, *bw = NULL;
+    assert_int_equal(ag_partition(ag_joint_graph(j), 1, NULL, &fw, &bw, NULL), 0);
+    char *a = ag_graph_to_string(fw, NULL), *b = ag_graph_to_string(bw, NULL);
+    assert_string_equal(a, sin_fw_want);
+    assert_string_equal(b, sin_bw_want);
+    ag_free(a);
+    ag_free(b);
+    ag_graph_free(fw);
+    ag_graph_free(bw);
+    ag_joint_free(j);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_sin_region_exact),
         cmocka_unit_test(test_inline_runs_identically),
         cmocka_unit_test(test_partition_structure),
         cmocka_unit_test(test_compile_matches_eager),
