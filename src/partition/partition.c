@@ -13,7 +13,9 @@
  * what each side runs for a saved set (the "plan", computed first on node indices by
  * side_plan.c, with the backward reordering and the peak-memory model, so the budget search can
  * score many saved sets cheaply), upstream's default_partition, the public ag_partition and
- * ag_tag_region_recompute. The min-cut choice of the saved set lives in mincut.c. */
+ * ag_tag_region_recompute. The min-cut choice of the saved set lives in mincut.c; the entry
+ * points that partition a joint's regions first (ag_partition, ag__partition_ex) in
+ * subgraph_partition.c. */
 #include "partition_internal.h"
 #include "side_plan.h"
 
@@ -572,35 +574,12 @@ int ag__memory_budget_of(double field, double *budget) {
     return 0;
 }
 
-static int partition_flat(const ag_graph *joint, int num_fwd_outputs, const ag_partition_opts *opts,
-                          ag__budget_mode mode, ag_graph **fw, ag_graph **bw,
-                          ag_partition_stats *stats, ag__peak *peak);
-
-int ag__partition_ex(const ag_graph *joint, int num_fwd_outputs, const ag_partition_opts *opts,
-                     ag__budget_mode mode, ag_graph **fw, ag_graph **bw, ag_partition_stats *stats,
-                     ag__peak *peak) {
+int ag__partition_flat(const ag_graph *joint, int num_fwd_outputs, const ag_partition_opts *opts,
+                       ag__budget_mode mode, ag_graph **fw, ag_graph **bw,
+                       ag_partition_stats *stats, ag__peak *peak) {
     if (!fw || !bw)
         return ag__err(AG_EINVAL, "partition: NULL result pointer");
     *fw = *bw = NULL;
-    if (!joint || ag_graph_num_subgraphs(joint) == 0)
-        return partition_flat(joint, num_fwd_outputs, opts, mode, fw, bw, stats, peak);
-    /* The regions' joint subgraphs first, each once (subgraph_partition.c), with the same
-     * options; then the rewritten joint, its calls opaque. */
-    ag_partition_opts o = opts ? *opts : (ag_partition_opts){0};
-    double budget;
-    int rc = ag__memory_budget_of(o.memory_budget, &budget);
-    ag_graph *rw = NULL;
-    if (rc == 0)
-        rc = ag__partition_subgraphs(joint, num_fwd_outputs, opts, mode, &rw);
-    if (rc == 0)
-        rc = partition_flat(rw ? rw : joint, num_fwd_outputs, opts, mode, fw, bw, stats, peak);
-    ag_graph_free(rw);
-    return rc;
-}
-
-static int partition_flat(const ag_graph *joint, int num_fwd_outputs, const ag_partition_opts *opts,
-                          ag__budget_mode mode, ag_graph **fw, ag_graph **bw,
-                          ag_partition_stats *stats, ag__peak *peak) {
     /* NULL and a zeroed struct are the same: upstream's defaults. */
     ag_partition_opts o = opts ? *opts : (ag_partition_opts){0};
     if (o.partitioner != AG_PARTITION_DEFAULT && o.partitioner != AG_PARTITION_MINCUT)
@@ -668,11 +647,6 @@ static int partition_flat(const ag_graph *joint, int num_fwd_outputs, const ag_p
 done:
     ag__part_free(&P);
     return rc;
-}
-
-int ag_partition(const ag_graph *joint, int num_fwd_outputs, const ag_partition_opts *opts,
-                 ag_graph **fw, ag_graph **bw, ag_partition_stats *stats) {
-    return ag__partition_ex(joint, num_fwd_outputs, opts, AG__BUDGET_PEAK, fw, bw, stats, NULL);
 }
 
 int ag_tag_region_recompute(ag_graph *g, ag_node *first, ag_node *last, ag_recompute policy) {

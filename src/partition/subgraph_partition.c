@@ -385,3 +385,32 @@ done:
     *out = g;
     return 0;
 }
+
+/* ---- the entry points ---- */
+
+int ag__partition_ex(const ag_graph *joint, int num_fwd_outputs, const ag_partition_opts *opts,
+                     ag__budget_mode mode, ag_graph **fw, ag_graph **bw, ag_partition_stats *stats,
+                     ag__peak *peak) {
+    if (!fw || !bw)
+        return ag__err(AG_EINVAL, "partition: NULL result pointer");
+    *fw = *bw = NULL;
+    if (!joint || ag_graph_num_subgraphs(joint) == 0)
+        return ag__partition_flat(joint, num_fwd_outputs, opts, mode, fw, bw, stats, peak);
+    /* The regions' joint subgraphs first, each once (subgraph_partition.c), with the same
+     * options; then the rewritten joint, its calls opaque. */
+    ag_partition_opts o = opts ? *opts : (ag_partition_opts){0};
+    double budget;
+    int rc = ag__memory_budget_of(o.memory_budget, &budget);
+    ag_graph *rw = NULL;
+    if (rc == 0)
+        rc = ag__partition_subgraphs(joint, num_fwd_outputs, opts, mode, &rw);
+    if (rc == 0)
+        rc = ag__partition_flat(rw ? rw : joint, num_fwd_outputs, opts, mode, fw, bw, stats, peak);
+    ag_graph_free(rw);
+    return rc;
+}
+
+int ag_partition(const ag_graph *joint, int num_fwd_outputs, const ag_partition_opts *opts,
+                 ag_graph **fw, ag_graph **bw, ag_partition_stats *stats) {
+    return ag__partition_ex(joint, num_fwd_outputs, opts, AG__BUDGET_PEAK, fw, bw, stats, NULL);
+}
