@@ -483,6 +483,23 @@ static void test_compile_matches_eager(void **st) {
     }
 }
 
+/* A pair partitioned beforehand (calling the partitioned subgraphs) compiles as given. */
+static void test_prepartitioned_pair(void **st) {
+    (void)st;
+    model m;
+    setup_model(&m, true);
+    ag_graph *fw = NULL, *bw = NULL;
+    ag_partition_opts po = {.partitioner = AG_PARTITION_MINCUT};
+    assert_int_equal(ag_partition(ag_joint_graph(m.j), 1, &po, &fw, &bw, NULL), 0);
+    ag_compile_opts o = {.fw_graph = fw, .bw_graph = bw};
+    ag_compiled *c = check_compiled(&m, &o, "pre-partitioned");
+    assert_int_equal(count_calls(ag_compiled_forward_graph(c), "partitioned_fw_subgraph_0_0"), 3);
+    ag_compiled_free(c);
+    ag_graph_free(fw);
+    ag_graph_free(bw);
+    teardown_model(&m);
+}
+
 /* ---- the executor ---- */
 
 static void test_plan_once_per_subgraph(void **st) {
@@ -716,15 +733,11 @@ static void test_sin_region_exact(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_sin_region_exact),
-        cmocka_unit_test(test_inline_runs_identically),
-        cmocka_unit_test(test_partition_structure),
-        cmocka_unit_test(test_compile_matches_eager),
-        cmocka_unit_test(test_plan_once_per_subgraph),
-        cmocka_unit_test(test_joint_io_roundtrip),
-        cmocka_unit_test(test_malformed_pairs),
-        cmocka_unit_test(test_shard_inlines),
-        cmocka_unit_test(test_alloc_failures),
+        cmocka_unit_test(test_sin_region_exact),    cmocka_unit_test(test_inline_runs_identically),
+        cmocka_unit_test(test_partition_structure), cmocka_unit_test(test_compile_matches_eager),
+        cmocka_unit_test(test_prepartitioned_pair), cmocka_unit_test(test_plan_once_per_subgraph),
+        cmocka_unit_test(test_joint_io_roundtrip),  cmocka_unit_test(test_malformed_pairs),
+        cmocka_unit_test(test_shard_inlines),       cmocka_unit_test(test_alloc_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
