@@ -643,6 +643,21 @@ static void test_shard_inlines(void **st) {
     m2.j = sj;
     ag_compiled_free(check_compiled(&m2, NULL, "sharded"));
     ag_joint_free(sj);
+    /* Rank 0 of 2 with the batch sharded: the rank's joint is the inlined one with its batch
+     * halved and the weights' gradients all-reduced. */
+    assert_int_equal(ag_shard_plan_set_input(plan, 0, AG_P_SHARD(0)), 0);
+    ag_mesh two = {.size = 2, .rank = 0};
+    sj = ag_shard_joint(m.j, &two, plan);
+    if (!sj)
+        fail_msg("shard on 2 ranks: %s", ag_last_error());
+    const ag_graph *g = ag_joint_graph(sj);
+    assert_int_equal(ag_graph_num_subgraphs(g), 0);
+    ag_node **ph = NULL;
+    assert_true(ag_graph_placeholders(g, &ph) > 0);
+    assert_int_equal(ag_node_val(ph[0], 0)->sizes[0], 2);
+    int nred = count_op(g, "_c10d_functional::all_reduce");
+    assert_true(nred >= 1);
+    ag_joint_free(sj);
     ag_shard_plan_free(plan);
     teardown_model(&m);
 }
