@@ -397,6 +397,53 @@ static void test_inline_runs_identically(void **st) {
         teardown_model(&m);
     }
     assert_null(ag_graph_inline_subgraphs(NULL));
+
+    /* A subgraph with a constant, called twice, and a constant of the same name outside. */
+    const char *text =
+        "graph():\n"
+        "    %x : f32[2]  # None\n"
+        "    %k = get_attr(k)  # subgraph\n"
+        "    %invoke_subgraph = invoke_subgraph(%k, 'c', [%x])  # (f32[2],)\n"
+        "    %getitem = getitem(%invoke_subgraph, 0)  # f32[2]\n"
+        "    %invoke_subgraph_1 = invoke_subgraph(%k, 'c', [%getitem])  # (f32[2],)\n"
+        "    %getitem_1 = getitem(%invoke_subgraph_1, 0)  # f32[2]\n"
+        "    %_tensor_constant0 = get_attr(_tensor_constant0)  # f32[2]\n"
+        "    %add = add.Tensor(%getitem_1, %_tensor_constant0)  # f32[2]\n"
+        "    return (%add,)\n"
+        "\n"
+        "constant _tensor_constant0 : f32[2] = [1.0, -1.0]\n"
+        "\n"
+        "subgraph k():\n"
+        "    %arg0_1 : f32[2]  # None\n"
+        "    %_tensor_constant0 = get_attr(_tensor_constant0)  # f32[2]\n"
+        "    %mul = mul.Tensor(%arg0_1, %_tensor_constant0)  # f32[2]\n"
+        "    return (%mul,)\n"
+        "\n"
+        "constant _tensor_constant0 : f32[2] = [0.5, -2.0]\n";
+    ag_graph *g = ag_graph_parse(text, strlen(text));
+    if (!g)
+        fail_msg("parse: %s", ag_last_error());
+    ag_graph *flat = ag_graph_inline_subgraphs(g);
+    if (!flat)
+        fail_msg("inline: %s", ag_last_error());
+    assert_int_equal(ag_graph_verify(flat), 0);
+    assert_int_equal(ag_graph_num_subgraphs(flat), 0);
+    assert_int_equal(count_op(flat, "mul.Tensor"), 2);
+    static const int64_t two[1] = {2};
+    static const double xv[2] = {3, 5};
+    ag_tensor *x = tu_tensor(AG_F32, 1, two, xv);
+    ag_tensor *o1 = NULL, *o2 = NULL;
+    assert_int_equal(ag_graph_run(g, &x, 1, &o1, 1), 1);
+    assert_int_equal(ag_graph_run(flat, &x, 1, &o2, 1), 1);
+    assert_true(tu_same_bits(o1, o2));
+    /* by hand: 3 * 0.5 * 0.5 + 1 and 5 * -2 * -2 - 1 */
+    static const double want[2] = {1.75, 19};
+    tu_assert_close(o2, want, 0);
+    ag_tensor_free(o1);
+    ag_tensor_free(o2);
+    ag_tensor_free(x);
+    ag_graph_free(flat);
+    ag_graph_free(g);
 }
 
 /* ---- partitioning ---- */
