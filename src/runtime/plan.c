@@ -87,10 +87,11 @@ typedef struct pbuf {
     int start, end;
     int64_t offset; /* arena offset; -1 for output buffers */
     bool out;
-    int root;       /* the value that made it */
-    ag_storage st;  /* arena buffers: points into the arena */
-    tpool owners;   /* output buffers: storages (held through owner tensors) */
-    ag_tensor *cur; /* output buffers: this run's owner */
+    int root;         /* the value that made it */
+    ag_storage st;    /* arena buffers: points into the arena */
+    tpool owners;     /* output buffers: storages (held through owner tensors) */
+    ag_tensor *cur;   /* output buffers: this run's owner */
+    ag_storage *into; /* output buffers of a subgraph's run: the caller's storage written */
 } pbuf;
 
 typedef enum step_kind { STEP_KERNEL = 0, STEP_VIEW } step_kind;
@@ -153,6 +154,7 @@ struct ag_plan {
     int nsubplans;
     int64_t subgraphs_cap, subplans_cap;
     int64_t nruns; /* successful runs */
+    int64_t ninto; /* subgraph runs: outputs computed in the caller's buffers, all runs */
 };
 
 static int64_t align_up(int64_t n) {
@@ -1104,8 +1106,10 @@ void ag__plan_get_stats(const ag_plan *p, ag__plan_stats *s) {
         ag__plan_stats ss;
         ag__plan_get_stats(p->subplans[k], &ss);
         s->subplan_runs += ss.runs;
+        s->subplan_direct_outputs += ss.direct_outputs;
     }
     s->runs = p->nruns;
+    s->direct_outputs = p->ninto;
     s->fused_declined = p->fused_declined;
     s->arena_bytes = p->arena_bytes;
     s->sum_bytes = p->sum_bytes;
@@ -1274,16 +1278,12 @@ static int bind_inputs(ag_plan *p, ag_tensor *const *inputs, int ninputs) {
 
 /* Takes this run's storage for every output buffer (reusing free ones) and points every
  * value at its storage. On ENOMEM nothing is handed out and the pools stay consistent. */
-static int acquire_storages(ag_plan *p) {
-    for (int k = 0; k < p->nouts; k++) {
-        tpool *tp = &p->outs[k].pool;
-        for (int64_t i = 0; i < tp->n; i++)
-            if (slot_idle(tp->t[i]))
-                reclaim(p, tp->t[i]);
-    }
+/* This run's storage of each output buffer not bound to a caller's storage: an idle one from
+ * its pool, else a new one. */
+static int acquire_out_buffers(ag_plan *p) {
     for (int bi = 0; bi < p->nbufs; bi++) {
         pbuf *b = &p->bufs[bi];
-        if (!b->out)
+        if (!b->out || b->into)
             continue;
         b->cur = NULL;
         for (int64_t i = 0; i < b->owners.n && !b->cur; i++)
@@ -1301,6 +1301,7 @@ static int acquire_storages(ag_plan *p) {
         }
         pool_trim(&b->owners, b->cur, owner_idle);
     }
+    /* Every value rooted at an input or an output buffer takes this run's storage. */
     for (int v = 0; v < p->nvals; v++) {
         const pv *x = &p->vals[v];
         const pv *r = &p->vals[x->root];
@@ -1309,9 +1310,40 @@ static int acquire_storages(ag_plan *p) {
         if (r->kind == PV_INPUT)
             p->tens[v].storage = p->tens[x->root].storage;
         else if (r->kind == PV_BUF && p->bufs[r->buf].out)
-            p->tens[v].storage = p->bufs[r->buf].cur->storage;
+            p->tens[v].storage =
+                p->bufs[r->buf].into ? p->bufs[r->buf].into : p->bufs[r->buf].cur->storage;
     }
     return 0;
+}
+
+static int acquire_storages(ag_plan *p) {
+    for (int bi = 0; bi < p->nbufs; bi++)
+        p->bufs[bi].into = NULL;
+    for (int k = 0; k < p->nouts; k++) {
+        tpool *tp = &p->outs[k].pool;
+        for (int64_t i = 0; i < tp->n; i++)
+            if (slot_idle(tp->t[i]))
+                reclaim(p, tp->t[i]);
+    }
+    return acquire_out_buffers(p);
+}
+
+/* A subgraph's run (plan_run_into): an output buffer whose value is output k itself is bound
+ * to dst[k]'s storage (its kernel writes there); the others come from their pools. */
+static int acquire_storages_into(ag_plan *p, ag_tensor *const *dst) {
+    for (int bi = 0; bi < p->nbufs; bi++)
+        p->bufs[bi].into = NULL;
+    for (int k = 0; k < p->nouts; k++) {
+        const pout *po = &p->outs[k];
+        if (po->val < 0 || po->same_as >= 0)
+            continue;
+        const pv *x = &p->vals[po->val];
+        if (x->kind != PV_BUF || x->root != po->val || !p->bufs[x->buf].out ||
+            p->bufs[x->buf].into || dst[k]->storage->nbytes < (size_t)p->bufs[x->buf].bytes)
+            continue;
+        p->bufs[x->buf].into = dst[k]->storage;
+    }
+    return acquire_out_buffers(p);
 }
 
 /* Per thread: a profiler sees the steps of the plans its own thread runs. */
@@ -1324,25 +1356,16 @@ void ag__plan_set_step_hook(ag__plan_step_fn fn, void *ud) {
 }
 
 /* Calls one step's kernel; bumps the versions of what it mutates. */
-static int plan_run(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor **outs,
-                    int max_out, bool give);
+static int plan_run_into(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor *const *dst,
+                         int ndst);
 
-/* invoke_subgraph: runs the subgraph's plan on the operands and copies its outputs into the
- * step's buffers. The subplan's outputs are released at once, so its pools hand the same
- * storages out at the next call (no allocation once warm), and nothing of the outer plan
- * aliases a buffer the next call reuses. */
+/* invoke_subgraph: runs the subgraph's plan on the operands, its outputs written into the
+ * step's buffers (plan_run_into): nothing of the subplan's is handed out, so nothing of the
+ * outer plan aliases a buffer the next call reuses, and a warm run allocates nothing. */
 static int run_subgraph(ag_plan *p, pstep *s) {
     ag_plan *sp = p->subplans[s->sub - 1];
-    ag_tensor *outs[AG_MAX_OUTPUTS] = {0};
     const ag_arg *ops = &s->args[2];
-    int rc = plan_run(sp, ops->u.ts, ops->n, outs, AG_MAX_OUTPUTS, false);
-    if (rc >= 0 && rc != s->nouts)
-        rc = ag__err(AG_EINVAL, "plan: %%%s: the subgraph gave %d outputs for %d",
-                     nname(p, s->node), rc, s->nouts);
-    for (int k = 0; rc >= 0 && k < s->nouts; k++)
-        rc = ag__copy_into(s->outs[k], outs[k]);
-    for (int k = 0; k < AG_MAX_OUTPUTS; k++)
-        ag_tensor_free(outs[k]);
+    int rc = plan_run_into(sp, ops->u.ts, ops->n, s->outs, s->nouts);
     if (rc < 0) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", ag_last_error());
@@ -1525,18 +1548,66 @@ static int take_outputs(ag_plan *p, ag_tensor *const *inputs, ag_tensor **outs) 
     return rc;
 }
 
+/* The arena, allocated by the first run. */
+static int ensure_arena(ag_plan *p) {
+    if (p->arena)
+        return 0;
+    p->arena = ag__malloc((size_t)(p->arena_bytes > 0 ? p->arena_bytes : AG_ALIGN));
+    if (!p->arena)
+        return AG_ENOMEM;
+    for (int b = 0; b < p->nbufs; b++)
+        if (!p->bufs[b].out)
+            p->bufs[b].st.data = p->arena + p->bufs[b].offset;
+    return 0;
+}
+
+/* A subgraph's run: output k is written into dst[k] (a contiguous tensor of its val, which the
+ * caller owns): computed there when it is a kernel output of its own, else copied (an input
+ * passed through, a view, a constant). Nothing is handed out. */
+static int plan_run_into(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor *const *dst,
+                         int ndst) {
+    if (ndst != p->nouts)
+        return ag__err(AG_EINVAL, "plan: the subgraph has %d outputs, the call %d", p->nouts, ndst);
+    int rc = bind_inputs(p, inputs, ninputs);
+    if (rc == 0 && p->coll_check)
+        rc = check_collectives(p);
+    if (rc == 0)
+        rc = ensure_arena(p);
+    if (rc == 0)
+        rc = acquire_storages_into(p, dst);
+    if (rc)
+        return rc;
+    ag_scope_begin();
+    rc = run_steps(p);
+    ag_scope_end();
+    if (rc) {
+        settle_collectives(p);
+        return rc;
+    }
+    for (int k = 0; k < p->nouts; k++) {
+        const pout *po = &p->outs[k];
+        if (po->val < 0)
+            return ag__err(AG_EINVAL, "plan: output %d of the subgraph is None", k);
+        const pv *x = &p->vals[po->val];
+        if (po->same_as < 0 && x->kind == PV_BUF && x->root == po->val &&
+            p->bufs[x->buf].into == dst[k]->storage) {
+            p->ninto++;
+            continue; /* computed in the caller's buffer */
+        }
+        const ag_tensor *src = x->kind == PV_INPUT ? inputs[x->ph] : p->tp[po->val];
+        if ((rc = ag__copy_into(dst[k], src)))
+            return rc;
+    }
+    p->nruns++;
+    return 0;
+}
+
 int ag_plan_run(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor **outs, int max_out) {
     AG__CHECK_NULL("plan_run", p);
     if (ninputs > 0)
         AG__CHECK_NULL("plan_run", inputs);
     if (max_out > 0)
         AG__CHECK_NULL("plan_run", outs);
-    return plan_run(p, inputs, ninputs, outs, max_out, true);
-}
-
-/* give: hand the outputs to the caller's scope, if any (a subgraph's run keeps them). */
-static int plan_run(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor **outs,
-                    int max_out, bool give) {
     if (p->nouts > max_out || (p->nouts > 0 && !outs))
         return ag__err(AG_EINVAL, "plan: the graph has %d outputs, room for %d given", p->nouts,
                        max_out);
@@ -1545,14 +1616,8 @@ static int plan_run(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor
         return rc;
     if (p->coll_check && (rc = check_collectives(p)))
         return rc;
-    if (!p->arena) {
-        p->arena = ag__malloc((size_t)(p->arena_bytes > 0 ? p->arena_bytes : AG_ALIGN));
-        if (!p->arena)
-            return AG_ENOMEM;
-        for (int b = 0; b < p->nbufs; b++)
-            if (!p->bufs[b].out)
-                p->bufs[b].st.data = p->arena + p->bufs[b].offset;
-    }
+    if ((rc = ensure_arena(p)))
+        return rc;
     if ((rc = acquire_storages(p)))
         return rc;
     /* Kernels that call ops internally hand their temporaries to a scope: ours. */
@@ -1567,7 +1632,7 @@ static int plan_run(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor
     if ((rc = take_outputs(p, inputs, outs)))
         return rc;
     p->nruns++;
-    if (caller_scope && give)
+    if (caller_scope)
         for (int k = 0; k < p->nouts; k++)
             if (outs[k] && !ag__give(outs[k])) {
                 /* ag__give released outs[k]; the earlier ones belong to the scope now. */

@@ -59,6 +59,9 @@ typedef struct ag__plan_stats {
     int subplans;            /* plans of the subgraphs invoke_subgraph calls (one per subgraph) */
     int64_t runs;            /* runs so far */
     int64_t subplan_runs;    /* runs so far of the subgraphs' plans, all together */
+    int64_t direct_outputs;  /* as a subgraph's plan: outputs its kernels wrote straight into
+                              * the calling plan's buffers (the others are copied), all runs */
+    int64_t subplan_direct_outputs; /* the same, over the subgraphs' plans */
 } ag__plan_stats;
 
 void ag__plan_get_stats(const ag_plan *p, ag__plan_stats *s);
