@@ -44,6 +44,14 @@
  * plan never places a member's output over what the fused kernel still reads. A group whose
  * operands a run finds unsuitable runs its members one by one. Results are bit-identical.
  *
+ * Subgraphs. A call of invoke_subgraph is a step like a multi-output kernel whose outputs the
+ * memory plan places as any other; its subgraph gets one plan of its own (made at ag_plan_new
+ * with the same options, whatever the number of calls) that the step runs on the operands with
+ * the step's output structs as destinations: a subgraph output that is a kernel output of its
+ * own is computed straight into the caller's buffer, the others (an operand passed through, a
+ * view) are copied there. The subgraph's plan hands nothing out, so no buffer of the caller
+ * aliases one that the next call overwrites.
+ *
  * Checking mode (ag_plan_opts.checking) fills every arena buffer with a poison pattern (a
  * NaN with a fixed payload for floats, 0xAB bytes otherwise) at the start of a run and as soon
  * as its last reader ran; before each kernel it checks that no two buffers alive at that node
