@@ -555,7 +555,8 @@ static void test_plan_once_per_subgraph(void **st) {
     setup_model(&m, true);
     ag_compiled *c = check_compiled(&m, NULL, "default");
     const ag_graph *fw = ag_compiled_forward_graph(c), *bw = ag_compiled_backward_graph(c);
-    ag_plan *pf = ag_plan_new(fw, NULL), *pb = ag_plan_new(bw, NULL);
+    ag_plan_opts chk = {.checking = true}; /* poison and overlap checks, the subplans too */
+    ag_plan *pf = ag_plan_new(fw, &chk), *pb = ag_plan_new(bw, &chk);
     assert_non_null(pf);
     assert_non_null(pb);
     ag__plan_stats s;
