@@ -23,8 +23,9 @@
 
 /* ---- the joints ---- */
 
-/* The saved-joint header for nin plain inputs that require grad and one plain output. */
-static char *joint_text(int nin, const char *graph) {
+/* The saved-joint header for nin plain inputs (input i requires grad unless rg says it does
+ * not; rg NULL: all do) and one plain output. */
+static char *joint_text_rg(int nin, const bool *rg, const char *graph) {
     size_t cap = 4096 + strlen(graph) + (size_t)nin * 256;
     char *s = malloc(cap);
     assert_non_null(s);
@@ -41,8 +42,8 @@ static char *joint_text(int nin, const char *graph) {
     for (int i = 0; i < nin; i++)
         k += (size_t)snprintf(s + k, cap - k,
                               "  %d mutates_data=False mutates_metadata=False "
-                              "requires_grad=True\n",
-                              i);
+                              "requires_grad=%s\n",
+                              i, !rg || rg[i] ? "True" : "False");
     k += (size_t)snprintf(s + k, cap - k,
                           "output_info: 1\n  0 alias=non_alias base_index=-1 requires_grad=True "
                           "geom=f32[]{}+0\nflat_inputs: %d\n",
@@ -59,6 +60,10 @@ static char *joint_text(int nin, const char *graph) {
         (size_t)snprintf(s + k, cap - k, "metadata_mutations: 0\nintermediate_bases: 0\n%s", graph);
     assert_true(k < cap);
     return s;
+}
+
+static char *joint_text(int nin, const char *graph) {
+    return joint_text_rg(nin, NULL, graph);
 }
 
 static ag_joint *load_joint(int nin, const char *graph) {
@@ -797,13 +802,223 @@ static void test_sin_region_exact(void **st) {
     ag_joint_free(j);
 }
 
+/* ---- a region with operands that do not require grad ---- */
+
+/* y = index_select(relu(x @ w^T) * m, 0, idx) in a region called on x1 and x2 with the same
+ * w, mask m and index idx (i64); out = y(x1) + y(x2). Only x1, x2 and w require grad: the
+ * region's joint subgraph returns None for m's and idx's grads, which nothing reads. */
+static const char *const masked_graph =
+    "graph():\n"
+    "    %primals_1 : f32[4, 3]  # PlainAOTInput(idx=0)\n"
+    "    %primals_2 : f32[4, 3]  # PlainAOTInput(idx=1)\n"
+    "    %primals_3 : f32[5, 3]  # PlainAOTInput(idx=2)\n"
+    "    %primals_4 : f32[4, 5]  # PlainAOTInput(idx=3)\n"
+    "    %primals_5 : i64[4]  # PlainAOTInput(idx=4)\n"
+    "    %tangents_1 : f32[4, 5]  # TangentAOTInput(output=PlainAOTOutput(idx=0))\n"
+    "    %fa0 = get_attr(repeated_subgraph0)  # subgraph\n"
+    "    %fc0 = invoke_subgraph(%fa0, 'fw_subgraph_0', [%primals_1, %primals_3, %primals_4, "
+    "%primals_5])  # (f32[4, 5],)\n"
+    "    %ya = getitem(%fc0, 0)  # f32[4, 5]\n"
+    "    %fa1 = get_attr(repeated_subgraph0)  # subgraph\n"
+    "    %fc1 = invoke_subgraph(%fa1, 'fw_subgraph_0', [%primals_2, %primals_3, %primals_4, "
+    "%primals_5])  # (f32[4, 5],)\n"
+    "    %yb = getitem(%fc1, 0)  # f32[4, 5]\n"
+    "    %add = add.Tensor(%ya, %yb)  # f32[4, 5]\n"
+    "    %ba1 = get_attr(repeated_subgraph1)  # subgraph\n"
+    "    %bc1 = invoke_subgraph(%ba1, 'bw_subgraph_0_0', [%primals_2, %primals_3, %primals_4, "
+    "%primals_5, %tangents_1])  # (f32[4, 3], f32[5, 3], f32[0], f32[0], f32[4, 5])\n"
+    "    %gb0 = getitem(%bc1, 0)  # f32[4, 3]\n"
+    "    %gb1 = getitem(%bc1, 1)  # f32[5, 3]\n"
+    "    %ba0 = get_attr(repeated_subgraph1)  # subgraph\n"
+    "    %bc0 = invoke_subgraph(%ba0, 'bw_subgraph_0_0', [%primals_1, %primals_3, %primals_4, "
+    "%primals_5, %tangents_1])  # (f32[4, 3], f32[5, 3], f32[0], f32[0], f32[4, 5])\n"
+    "    %ga0 = getitem(%bc0, 0)  # f32[4, 3]\n"
+    "    %ga1 = getitem(%bc0, 1)  # f32[5, 3]\n"
+    "    %gw = add.Tensor(%ga1, %gb1)  # f32[5, 3]\n"
+    "    return (%add, %ga0, %gb0, %gw, None, None)  # [PlainAOTOutput(idx=0), "
+    "GradAOTOutput(grad_of=PlainAOTInput(idx=0)), GradAOTOutput(grad_of=PlainAOTInput(idx=1)), "
+    "GradAOTOutput(grad_of=PlainAOTInput(idx=2)), None, None]\n"
+    "\n"
+    "subgraph repeated_subgraph0():\n"
+    "    %arg0_1 : f32[4, 3]  # None\n"
+    "    %arg1_1 : f32[5, 3]  # None\n"
+    "    %arg2_1 : f32[4, 5]  # None\n"
+    "    %arg3_1 : i64[4]  # None\n"
+    "    %t = t(%arg1_1)  # f32[3, 5]{1, 3}\n"
+    "    %mm = mm(%arg0_1, %t)  # f32[4, 5]\n"
+    "    %relu = relu(%mm)  # f32[4, 5]\n"
+    "    %mul = mul.Tensor(%relu, %arg2_1)  # f32[4, 5]\n"
+    "    %index_select = index_select(%mul, 0, %arg3_1)  # f32[4, 5]\n"
+    "    return (%index_select,)\n"
+    "\n"
+    "subgraph repeated_subgraph1():\n"
+    "    %arg0_1 : f32[4, 3]  # None\n"
+    "    %arg1_1 : f32[5, 3]  # None\n"
+    "    %arg2_1 : f32[4, 5]  # None\n"
+    "    %arg3_1 : i64[4]  # None\n"
+    "    %arg4_1 : f32[4, 5]  # None\n"
+    "    %t = t(%arg1_1)  # f32[3, 5]{1, 3}\n"
+    "    %mm = mm(%arg0_1, %t)  # f32[4, 5]\n"
+    "    %relu = relu(%mm)  # f32[4, 5]\n"
+    "    %mul = mul.Tensor(%relu, %arg2_1)  # f32[4, 5]\n"
+    "    %index_select = index_select(%mul, 0, %arg3_1)  # f32[4, 5]\n"
+    "    %new_zeros = new_zeros(%arg4_1, [4, 5])  # f32[4, 5]\n"
+    "    %index_add = index_add(%new_zeros, 0, %arg3_1, %arg4_1)  # f32[4, 5]\n"
+    "    %mul_1 = mul.Tensor(%index_add, %arg2_1)  # f32[4, 5]\n"
+    "    %threshold_backward = threshold_backward(%mul_1, %relu, 0)  # f32[4, 5]\n"
+    "    %mm_1 = mm(%threshold_backward, %arg1_1)  # f32[4, 3]\n"
+    "    %t_1 = t(%threshold_backward)  # f32[5, 4]{1, 5}\n"
+    "    %mm_2 = mm(%t_1, %arg0_1)  # f32[5, 3]\n"
+    "    return (%mm_1, %mm_2, None, None, %index_select)\n";
+
+#define MASKED_NIN 5
+
+typedef struct masked {
+    ag_joint *j;
+    ag_tensor *in[MASKED_NIN]; /* x1, x2, w (leaves requiring grad), m, idx */
+    ag_tensor *tangent, *want_out, *want[3];
+} masked;
+
+static void setup_masked(masked *m) {
+    memset(m, 0, sizeof *m);
+    static const bool rg[MASKED_NIN] = {true, true, true, false, false};
+    char *s = joint_text_rg(MASKED_NIN, rg, masked_graph);
+    m->j = ag_joint_load(s, strlen(s));
+    free(s);
+    if (!m->j)
+        fail_msg("load: %s", ag_last_error());
+    uint64_t st = 0x3a5c;
+    static const int64_t x[2] = {4, 3}, w[2] = {5, 3}, y[2] = {4, 5}, four[1] = {4};
+    m->in[0] = rand_leaf(2, x, &st);
+    m->in[1] = rand_leaf(2, x, &st);
+    m->in[2] = rand_leaf(2, w, &st);
+    m->in[3] = tu_rand_tensor(AG_F32, 2, y, -1, 1, tu_xorshift, &st);
+    static const double idx[4] = {2, 0, 2, 3}; /* row 2 twice, row 1 never */
+    m->in[4] = tu_tensor(AG_I64, 1, four, idx);
+    m->tangent = tu_rand_tensor(AG_F32, 2, y, -1, 1, tu_xorshift, &st);
+    ag_scope_begin();
+    ag_tensor *out = NULL;
+    for (int c = 0; c < 2; c++) {
+        ag_tensor *r = ag_mul(ag_relu(ag_mm(m->in[c], ag_t(m->in[2]))), m->in[3]);
+        ag_tensor *yc = ag_index_select(r, 0, m->in[4]);
+        out = c ? ag_add(out, yc) : yc;
+    }
+    m->want_out = ag_tensor_keep(out);
+    ag_scope_end();
+    assert_int_equal(ag_backward(m->want_out, m->tangent, false), 0);
+    for (int i = 0; i < 3; i++) {
+        m->want[i] = ag_detach(ag_tensor_grad(m->in[i]));
+        assert_non_null(m->want[i]);
+        ag_tensor_set_grad(m->in[i], NULL);
+    }
+}
+
+static void teardown_masked(masked *m) {
+    ag_joint_free(m->j);
+    for (int i = 0; i < MASKED_NIN; i++)
+        ag_tensor_free(m->in[i]);
+    for (int i = 0; i < 3; i++)
+        ag_tensor_free(m->want[i]);
+    ag_tensor_free(m->tangent);
+    ag_tensor_free(m->want_out);
+}
+
+static void test_region_with_nondifferentiable_operands(void **st) {
+    (void)st;
+    masked m;
+    setup_masked(&m);
+    const ag_graph *g = ag_joint_graph(m.j);
+    assert_int_equal(ag_graph_verify(g), 0);
+    /* The None outputs: a getitem of one is refused, naming it. */
+    ag_graph *gc = ag_graph_copy(g);
+    assert_non_null(gc);
+    ag_node *bc0 = ag_graph_find(gc, "bc0");
+    assert_non_null(bc0);
+    assert_int_equal(ag_node_num_vals(bc0), 5);
+    assert_int_equal(ag_node_val(bc0, 2)->ndim, 1);
+    assert_int_equal(ag_node_val(bc0, 2)->sizes[0], 0);
+    assert_null(ag_graph_getitem(gc, bc0, 2, NULL));
+    tu_assert_error_contains("output 2 of %bc0 is None");
+    ag_graph_free(gc);
+    /* The interpreter on the joint, and on its inlined copy, equals eager. */
+    ag_tensor *v[MASKED_NIN + 1], *o1[8] = {0}, *o2[8] = {0};
+    for (int i = 0; i < MASKED_NIN; i++)
+        v[i] = m.in[i];
+    v[MASKED_NIN] = m.tangent;
+    ag_graph *flat = ag_graph_inline_subgraphs(g);
+    if (!flat)
+        fail_msg("inline: %s", ag_last_error());
+    assert_int_equal(ag_graph_verify(flat), 0);
+    assert_int_equal(ag_graph_num_subgraphs(flat), 0);
+    ag_scope_begin();
+    assert_int_equal(ag_graph_run(g, v, MASKED_NIN + 1, o1, 8), 6);
+    assert_int_equal(ag_graph_run(flat, v, MASKED_NIN + 1, o2, 8), 6);
+    assert_close_rel(m.want_out, o1[0], "interpreted");
+    for (int i = 0; i < 3; i++) {
+        assert_close_rel(m.want[i], o1[1 + i], "interpreted grad");
+        assert_true(tu_same_bits(o1[1 + i], o2[1 + i]));
+    }
+    assert_null(o1[4]);
+    assert_null(o1[5]);
+    ag_scope_end();
+    ag_graph_free(flat);
+    /* Partitioned: the region's backward returns None for m and idx; compiled == eager. */
+    for (int part = 0; part < 2; part++)
+        for (int b = 0; b < 2; b++) {
+            ag_partition_opts po = {.partitioner =
+                                        part ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT,
+                                    .memory_budget = b ? 0 : AG_MEMORY_BUDGET_ZERO};
+            ag_graph *fw = NULL, *bw = NULL;
+            if (ag_partition(g, 1, &po, &fw, &bw, NULL))
+                fail_msg("partition %d budget %d: %s", part, b, ag_last_error());
+            ag_graph *rbw = ag_graph_subgraph(bw, "partitioned_bw_subgraph_0_0");
+            assert_non_null(rbw);
+            const ag_garg *ro = ag_node_arg(ag_graph_output_node(rbw), 0);
+            assert_int_equal(ro->n, 4);
+            assert_non_null(ro->u.nodes[0]);
+            assert_non_null(ro->u.nodes[1]);
+            assert_null(ro->u.nodes[2]);
+            assert_null(ro->u.nodes[3]);
+            assert_int_equal(count_calls(bw, "partitioned_bw_subgraph_0_0"), 2);
+            ag_graph_free(fw);
+            ag_graph_free(bw);
+            for (int interp = 0; interp < 2; interp++) {
+                ag_compile_opts o = {.partition = po, .interpret = interp};
+                ag_compiled *c = ag_compile_joint(m.j, &o);
+                if (!c)
+                    fail_msg("compile %d %d %d: %s", part, b, interp, ag_last_error());
+                for (int round = 0; round < 2; round++) {
+                    ag_tensor *out = NULL;
+                    assert_int_equal(ag_compiled_call(c, m.in, MASKED_NIN, &out, 1), 1);
+                    assert_close_rel(m.want_out, out, "compiled");
+                    if (ag_backward(out, m.tangent, false))
+                        fail_msg("backward %d %d %d: %s", part, b, interp, ag_last_error());
+                    for (int i = 0; i < 3; i++) {
+                        assert_close_rel(m.want[i], ag_tensor_grad(m.in[i]), "compiled grad");
+                        ag_tensor_set_grad(m.in[i], NULL);
+                    }
+                    assert_null(ag_tensor_grad(m.in[3]));
+                    ag_tensor_free(out);
+                }
+                ag_compiled_free(c);
+            }
+        }
+    teardown_masked(&m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_sin_region_exact),    cmocka_unit_test(test_inline_runs_identically),
-        cmocka_unit_test(test_partition_structure), cmocka_unit_test(test_compile_matches_eager),
-        cmocka_unit_test(test_prepartitioned_pair), cmocka_unit_test(test_plan_once_per_subgraph),
-        cmocka_unit_test(test_joint_io_roundtrip),  cmocka_unit_test(test_malformed_pairs),
-        cmocka_unit_test(test_shard_inlines),       cmocka_unit_test(test_alloc_failures),
+        cmocka_unit_test(test_sin_region_exact),
+        cmocka_unit_test(test_inline_runs_identically),
+        cmocka_unit_test(test_partition_structure),
+        cmocka_unit_test(test_compile_matches_eager),
+        cmocka_unit_test(test_prepartitioned_pair),
+        cmocka_unit_test(test_plan_once_per_subgraph),
+        cmocka_unit_test(test_joint_io_roundtrip),
+        cmocka_unit_test(test_malformed_pairs),
+        cmocka_unit_test(test_shard_inlines),
+        cmocka_unit_test(test_alloc_failures),
+        cmocka_unit_test(test_region_with_nondifferentiable_operands),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

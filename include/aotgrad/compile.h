@@ -18,9 +18,10 @@
  * subgraph, invoke_subgraph(fw_subgraph, 'fw_subgraph_I', operands...), and in its backward the
  * region's joint subgraph, invoke_subgraph(bw_subgraph, 'bw_subgraph_I_0', the same operands...,
  * one tangent per forward output) -> (one grad per operand..., the forward outputs...), at any
- * number of call sites. ag_partition partitions each distinct joint subgraph once, with the
- * same partitioner, options and budget as the outer joint, into the attributes
- * partitioned_fw_subgraph_I_0 (operands -> forward outputs, saved...) and
+ * number of call sites; the grad of an operand that needs none (a mask, an integer index) is
+ * None, and the partitioned backward subgraph returns None there too. ag_partition partitions each
+ * distinct joint subgraph once, with the same partitioner, options and budget as the outer joint,
+ * into the attributes partitioned_fw_subgraph_I_0 (operands -> forward outputs, saved...) and
  * partitioned_bw_subgraph_I_0 (saved..., tangents -> grads), rewrites every call pair to call
  * them (the forward call returns the saved values too, the backward call takes them), then
  * partitions the outer joint with the calls as opaque ops, never recomputed in the backward: the

@@ -170,13 +170,16 @@ AG_API int ag_node_index(const ag_node *n); /* position in the graph, 0-based */
  * and returns its outputs as a tuple read by getitem. The op is flagged AG_OP_SUBGRAPH: meta
  * inference (infer.c) gives it the subgraph's output vals after checking the operands' count,
  * dtypes and sizes against the subgraph's placeholders; the interpreter runs the subgraph; it
- * has no eager kernel. DCE removes an unused invoke_subgraph unless a call in its subgraph has
- * side effects, and a get_attr without users, but the subgraph stays an attribute of the graph
- * (as FX's dead-code elimination leaves submodules); CSE merges two calls only with the same
- * get_attr node, identifier and operands, and never when the subgraph holds a random op.
- * A subgraph is a whole graph (placeholders, output node), verified with its parent; it may
- * not own subgraphs itself (not yet supported), and its nodes may reference only its own
- * nodes. Attribute names are unique among the graph's subgraphs and constants
+ * has no eager kernel. A subgraph may return None (a region's joint subgraph returns None for
+ * the grad of an operand that needs none, e.g. a mask or an integer index): the call's val at
+ * that index is a contiguous f32[0] placeholder value, a getitem of it is refused (by
+ * ag_graph_getitem and verify), and the executors leave it empty. DCE removes an unused
+ * invoke_subgraph unless a call in its subgraph has side effects, and a get_attr without users, but
+ * the subgraph stays an attribute of the graph (as FX's dead-code elimination leaves submodules);
+ * CSE merges two calls only with the same get_attr node, identifier and operands, and never when
+ * the subgraph holds a random op. A subgraph is a whole graph (placeholders, output node), verified
+ * with its parent; it may not own subgraphs itself (not yet supported), and its nodes may reference
+ * only its own nodes. Attribute names are unique among the graph's subgraphs and constants
  * ([A-Za-z_][A-Za-z0-9_]*). */
 /* Adds sub as the attribute `name`: on success g owns sub (freed with g; a copy of g copies
  * it); on failure the caller keeps it. Refused (AG_EINVAL): a name in use or not an

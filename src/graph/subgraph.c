@@ -205,6 +205,14 @@ ag_node *ag_graph_invoke_subgraph(ag_graph *g, ag_node *attr, const char *identi
 
 /* ---- meta inference ---- */
 
+bool ag__call_output_is_none(const ag_node *n, int i) {
+    const ag_graph *sub = ag__call_subgraph(n);
+    if (!sub || !sub->output || sub->output->nargs != 1 || sub->output->args[0].kind != AG_GA_NODES)
+        return false;
+    const ag_garg *o = &sub->output->args[0];
+    return i >= 0 && i < o->n && !o->u.nodes[i];
+}
+
 const ag_graph *ag__call_subgraph(const ag_node *n) {
     if (n->kind != AG_NODE_CALL || !n->op || !(ag_op_def(n->op)->flags & AG_OP_SUBGRAPH) ||
         n->nargs < 1 || n->args[0].kind != AG_GA_NODE || !n->args[0].u.node)
@@ -277,7 +285,12 @@ int ag__subgraph_infer(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta
     memset(vals, 0, sizeof(ag_tmeta) * AG_MAX_OUTPUTS);
     for (int i = 0; i < o->n; i++) {
         const ag_node *x = o->u.nodes[i];
-        if (!x || x->nvals != 1)
+        if (!x) { /* None (a grad of an operand that needs none): no tensor, nothing to read */
+            int64_t zero = 0;
+            ag__tmeta_contiguous(&vals[i], AG_F32, 1, &zero);
+            continue;
+        }
+        if (x->nvals != 1)
             return ag__err(AG_EINVAL, "%s: output %d of %s is not one tensor", opn, i, sname);
         vals[i] = x->vals[0];
     }

@@ -1571,7 +1571,8 @@ static int ensure_arena(ag_plan *p) {
 
 /* A subgraph's run: output k is written into dst[k] (a contiguous tensor of its val, which the
  * caller owns): computed there when it is a kernel output of its own, else copied (an input
- * passed through, a view, a constant). Nothing is handed out. */
+ * passed through, a view, a constant); a None output writes nothing (dst[k] is the f32[0] of
+ * its val). Nothing is handed out. */
 static int plan_run_into(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor *const *dst,
                          int ndst) {
     if (ndst != p->nouts)
@@ -1595,7 +1596,7 @@ static int plan_run_into(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_t
     for (int k = 0; k < p->nouts; k++) {
         const pout *po = &p->outs[k];
         if (po->val < 0)
-            return ag__err(AG_EINVAL, "plan: output %d of the subgraph is None", k);
+            continue; /* None: its val in the call is an f32[0] nothing reads */
         const pv *x = &p->vals[po->val];
         if (po->same_as < 0 && x->kind == PV_BUF && x->root == po->val &&
             p->bufs[x->buf].into == dst[k]->storage) {
