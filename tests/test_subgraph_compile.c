@@ -14,6 +14,7 @@
  * against the interpreter of the same graphs is bit-identical in practice but not promised. */
 #define AG_NO_SITES
 #include "testutil.h"
+#include "partition/partition_internal.h"
 #include "runtime/plan_internal.h"
 
 #include <math.h>
@@ -1006,6 +1007,53 @@ static void test_region_with_nondifferentiable_operands(void **st) {
     teardown_masked(&m);
 }
 
+/* ---- the peak-memory model ---- */
+
+/* The sin region under the default partitioner (f32[4, 3]: 48 bytes a value), by hand. The
+ * forward call returns mul and the saved x (two 48-byte outputs) while its subgraph holds sin
+ * (48): 96 + 48 = 144. The backward starts with the saved x (48); its call returns the grad
+ * (48) while its subgraph holds mul_1 and cos (96): 48 + 48 + 96 = 192. The outputs' bytes
+ * alone (the model before it counted subgraphs) would give 96 for the backward. */
+static void test_peak_counts_subgraph_intermediates(void **st) {
+    (void)st;
+    ag_joint *j = load_joint(1, sin_region_graph);
+    ag_graph *fw = NULL, *bw = NULL;
+    ag__peak pk;
+    assert_int_equal(
+        ag__partition_ex(ag_joint_graph(j), 1, NULL, AG__BUDGET_PEAK, &fw, &bw, NULL, &pk), 0);
+    assert_int_equal(pk.fw_peak, 144);
+    assert_int_equal(pk.bw_peak, 192);
+    assert_int_equal(pk.peak, 192);
+    ag_graph_free(fw);
+    ag_graph_free(bw);
+    ag_joint_free(j);
+    /* Never below the flat joint's: a region's intermediates are as real as inlined ones. */
+    for (int mi = 0; mi < 2; mi++) {
+        model m;
+        setup_model(&m, mi == 1);
+        const ag_graph *g = ag_joint_graph(m.j);
+        ag_graph *flat = ag_graph_inline_subgraphs(g);
+        assert_non_null(flat);
+        for (int part = 0; part < 2; part++) {
+            ag_partition_opts po = {.partitioner =
+                                        part ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT};
+            ag__peak pr, pf;
+            assert_int_equal(ag__partition_ex(g, 1, &po, AG__BUDGET_PEAK, &fw, &bw, NULL, &pr), 0);
+            ag_graph_free(fw);
+            ag_graph_free(bw);
+            assert_int_equal(ag__partition_ex(flat, 1, &po, AG__BUDGET_PEAK, &fw, &bw, NULL, &pf),
+                             0);
+            ag_graph_free(fw);
+            ag_graph_free(bw);
+            if (pr.peak < pf.peak)
+                fail_msg("%s partitioner %d: region peak %lld < flat %lld", m.name, part,
+                         (long long)pr.peak, (long long)pf.peak);
+        }
+        ag_graph_free(flat);
+        teardown_model(&m);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sin_region_exact),
@@ -1019,6 +1067,7 @@ int main(void) {
         cmocka_unit_test(test_shard_inlines),
         cmocka_unit_test(test_alloc_failures),
         cmocka_unit_test(test_region_with_nondifferentiable_operands),
+        cmocka_unit_test(test_peak_counts_subgraph_intermediates),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -28,11 +28,12 @@
  * forward graph holds the one forward attribute and its calls, the backward graph the backward
  * one. A call reached from a tangent is a backward call; one whose first operands are not
  * those of a forward call, or whose counts do not fit, is an error naming it. A forward call
- * without a backward call is left as it is. The peak-memory model of the memory budget counts
- * a call's outputs, not what its subgraph holds while it runs. The user's joint is never
- * changed. A partition_fn hook gets the joint as it is (subgraphs unpartitioned); a
- * pre-partitioned pair may call subgraphs. The planned executor makes one plan per subgraph
- * and runs it at each call; the interpreter runs subgraphs as well. */
+ * without a backward call is left as it is. The peak-memory model of the memory budget counts at
+ * each call its outputs and, while it runs, its partitioned subgraph's intermediates (their peak)
+ * on top of what is live there. The user's joint is never changed. A partition_fn hook gets the
+ * joint as it is (subgraphs unpartitioned); a pre-partitioned pair may call subgraphs. The planned
+ * executor makes one plan per subgraph and runs it at each call; the interpreter runs subgraphs as
+ * well. */
 #ifndef AOTGRAD_COMPILE_H
 #define AOTGRAD_COMPILE_H
 

@@ -217,7 +217,23 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
         if (pi->kind == AG_NODE_CALL) {
             const ag_op *op = ag_node_op(n);
             pi->opflags = ag_op_def(op)->flags;
-            pi->tuple = ag_op_noutputs(op) != 1;
+            pi->tuple = ag_op_noutputs(op) != 1 || (pi->opflags & AG_OP_SUBGRAPH);
+            if (pi->opflags & AG_OP_SUBGRAPH) {
+                /* What its subgraph holds while it runs (peak model), once per subgraph. */
+                const ag_graph *sub = ag_node_subgraph(ag_node_arg_node(n, 0));
+                pi->sub_extra = -1;
+                for (int e = 0; e < i && pi->sub_extra < 0; e++)
+                    if ((P->info[e].opflags & AG_OP_SUBGRAPH) &&
+                        ag_node_subgraph(ag_node_arg_node(P->info[e].node, 0)) == sub)
+                        pi->sub_extra = P->info[e].sub_extra;
+                if (pi->sub_extra < 0 && sub &&
+                    (pi->sub_extra = ag__subgraph_extra_bytes(sub)) < 0) {
+                    rc = (int)pi->sub_extra;
+                    goto fail;
+                }
+                if (pi->sub_extra < 0)
+                    pi->sub_extra = 0;
+            }
             pi->effectful = (pi->opflags & (AG_OP_EFFECTFUL | AG_OP_INPLACE)) != 0;
             /* upstream's _must_be_in_backward: a backward with_effects stays in the backward;
              * a forward one stays in the forward (an effect is never run twice). */
