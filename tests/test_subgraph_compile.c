@@ -606,9 +606,11 @@ static void test_plan_once_per_subgraph(void **st) {
     ag__plan_get_stats(pf, &s);
     assert_int_equal(s.runs, 2);
     assert_int_equal(s.subplan_runs, 6); /* one plan, run at each of the 3 calls */
-    /* The region's forward output and its saved relu are computed in the caller's buffers
-     * (operands passed through as saved values are copied). */
+    /* The region's forward output and its saved relu are computed in the caller's buffers.*/
     assert_true(s.subplan_direct_outputs >= 2 * 6);
+    /* The operands it saves (x, weights) are read by the caller where they are: no copies. */
+    assert_true(s.subplan_passed_outputs >= 6);
+    assert_int_equal(s.subplan_copied_outputs, 0);
     ag__plan_get_stats(pb, &s);
     assert_int_equal(s.subplan_runs, 6);
     for (int i = 0; i < MLP_NIN; i++)
@@ -1054,6 +1056,68 @@ static void test_peak_counts_subgraph_intermediates(void **st) {
     }
 }
 
+/* ---- operands passed through ---- */
+
+/* A subgraph returning x * x and x itself: the planned call's readers read the operand (no
+ * copy), unless a later node may mutate it (copy_ into x after the call), where the output
+ * must keep x's value from before (copied). Values by hand. */
+static void test_passthrough_not_copied(void **st) {
+    (void)st;
+    for (int mut = 0; mut < 2; mut++) {
+        char text[1024];
+        snprintf(text, sizeof text,
+                 "graph():\n"
+                 "    %%x : f32[2]  # None\n"
+                 "    %%k = get_attr(k)  # subgraph\n"
+                 "    %%c = invoke_subgraph(%%k, 'c', [%%x])  # (f32[2], f32[2])\n"
+                 "    %%g0 = getitem(%%c, 0)  # f32[2]\n"
+                 "    %%g1 = getitem(%%c, 1)  # f32[2]\n"
+                 "%s"
+                 "    return (%%g0, %%g1)\n"
+                 "\n"
+                 "subgraph k():\n"
+                 "    %%arg0_1 : f32[2]  # None\n"
+                 "    %%mul = mul.Tensor(%%arg0_1, %%arg0_1)  # f32[2]\n"
+                 "    return (%%mul, %%arg0_1)\n",
+                 mut ? "    %copy_ = copy_(%x, %g0)  # f32[2]\n" : "");
+        ag_graph *g = ag_graph_parse(text, strlen(text));
+        if (!g)
+            fail_msg("parse: %s", ag_last_error());
+        ag_plan_opts chk = {.checking = true};
+        ag_plan *p = ag_plan_new(g, &chk);
+        if (!p)
+            fail_msg("plan: %s", ag_last_error());
+        static const int64_t two[1] = {2};
+        static const double xv[2] = {3, -2}, sq[2] = {9, 4};
+        for (int round = 0; round < 2; round++) {
+            ag_tensor *x = tu_tensor(AG_F32, 1, two, xv), *o[2] = {0};
+            if (round == 1)
+                tu_alloc_count_begin();
+            assert_int_equal(ag_plan_run(p, &x, 1, o, 2), 2);
+            if (round == 1)
+                assert_int_equal(tu_alloc_count_end(), 0);
+            tu_assert_close(o[0], sq, 0);
+            if (mut) {
+                tu_assert_close(o[1], xv, 0); /* the value before copy_ */
+                tu_assert_close(x, sq, 0);
+            } else {
+                assert_ptr_equal(o[1], x); /* x itself, as a graph returning x gives it */
+            }
+            ag_tensor_free(o[0]);
+            ag_tensor_free(o[1]);
+            ag_tensor_free(x);
+        }
+        ag__plan_stats s;
+        ag__plan_get_stats(p, &s);
+        assert_int_equal(s.subplan_runs, 2);
+        assert_int_equal(s.subplan_direct_outputs, 2);
+        assert_int_equal(s.subplan_passed_outputs, mut ? 0 : 2);
+        assert_int_equal(s.subplan_copied_outputs, mut ? 2 : 0);
+        ag_plan_free(p);
+        ag_graph_free(g);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sin_region_exact),
@@ -1068,6 +1132,7 @@ int main(void) {
         cmocka_unit_test(test_alloc_failures),
         cmocka_unit_test(test_region_with_nondifferentiable_operands),
         cmocka_unit_test(test_peak_counts_subgraph_intermediates),
+        cmocka_unit_test(test_passthrough_not_copied),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

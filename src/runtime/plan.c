@@ -48,9 +48,12 @@
  * memory plan places as any other; its subgraph gets one plan of its own (made at ag_plan_new
  * with the same options, whatever the number of calls) that the step runs on the operands with
  * the step's output structs as destinations: a subgraph output that is a kernel output of its
- * own is computed straight into the caller's buffer, the others (an operand passed through, a
- * view) are copied there. The subgraph's plan hands nothing out, so no buffer of the caller
- * aliases one that the next call overwrites.
+ * own is computed straight into the caller's buffer; an operand passed through (a region's
+ * forward saving its input) is no buffer at all: the call's getitem reads the operand's value,
+ * as a view would, unless a later node of the graph may mutate a value (then it is copied, as
+ * are views and constants). A None output (a grad nobody needs) is left empty. The subgraph's
+ * plan hands nothing out, so no buffer of the caller aliases one that the next call
+ * overwrites.
  *
  * Checking mode (ag_plan_opts.checking) fills every arena buffer with a poison pattern (a
  * NaN with a fixed payload for floats, 0xAB bytes otherwise) at the start of a run and as soon
@@ -81,6 +84,8 @@ typedef struct pv {
     int ph;   /* INPUT: placeholder position */
     int last; /* last node reading it */
     bool dyn; /* ALIAS rooted at an input: geometry recomputed each run */
+    int pass; /* invoke_subgraph output slots: 1 + the operand's value it passes through (the
+               * slot is an ALIAS of it, its getitem reads the operand), else 0 */
     ag_tmeta val;
 } pv;
 
@@ -163,6 +168,9 @@ struct ag_plan {
     int64_t subgraphs_cap, subplans_cap;
     int64_t nruns; /* successful runs */
     int64_t ninto; /* subgraph runs: outputs computed in the caller's buffers, all runs */
+    int64_t npass; /* subgraph runs: operands passed through (the caller reads the operand) */
+    int64_t ncopy; /* subgraph runs: outputs copied into the caller's buffers */
+    int last_mut;  /* building: the last node that may mutate a value (-1: none) */
 };
 
 static int64_t align_up(int64_t n) {
@@ -332,8 +340,54 @@ static int subplan_of(ag_plan *p, const ag_graph *sub, int *k) {
     return 0;
 }
 
+/* Whether call x may write a tensor it reads: an in-place or mutating op, or a subgraph call
+ * whose subgraph holds one. */
+static bool may_mutate(const ag_node *x) {
+    const ag_op *op = ag_node_op(x);
+    if (ag_op_def(op)->flags & AG_OP_INPLACE)
+        return true;
+    for (int a = 0; a < op->nargs; a++)
+        if (op->mutates[a])
+            return true;
+    if (ag_op_def(op)->flags & AG_OP_SUBGRAPH) {
+        const ag_graph *sub = ag_node_subgraph(ag_node_arg_node(x, 0));
+        for (ag_node *y = sub ? ag_graph_first(sub) : NULL; y; y = ag_node_next(y))
+            if (ag_node_kind_of(y) == AG_NODE_CALL && may_mutate(y))
+                return true;
+    }
+    return false;
+}
+
+/* Output k of subgraph call x when its subgraph returns placeholder j there: the value of
+ * operand j, which the call's readers then read directly (no copy into a buffer of its own);
+ * else -1. Only when nothing after the call may mutate a value (p->last_mut), so the operand
+ * and the output cannot diverge. */
+static int passthrough_value(ag_plan *p, const ag_node *x, int k) {
+    if (ag_node_index(x) <= p->last_mut)
+        return -1;
+    const ag_graph *sub = ag_node_subgraph(ag_node_arg_node(x, 0));
+    const ag_node *o = sub ? ag_graph_output_node(sub) : NULL;
+    const ag_garg *oa = o ? ag_node_arg(o, 0) : NULL;
+    if (!oa || oa->kind != AG_GA_NODES || k >= oa->n || !oa->u.nodes[k] ||
+        ag_node_kind_of(oa->u.nodes[k]) != AG_NODE_PLACEHOLDER)
+        return -1;
+    int j = 0;
+    for (ag_node *y = ag_graph_first(sub); y && y != oa->u.nodes[k]; y = ag_node_next(y))
+        j += ag_node_kind_of(y) == AG_NODE_PLACEHOLDER;
+    const ag_garg *ops = ag_node_arg(x, 2);
+    int v = -1;
+    if (!ops || ops->kind != AG_GA_NODES || j >= ops->n || !ops->u.nodes[j] ||
+        val_of_node(p, x, ops->u.nodes[j], &v))
+        return -1;
+    return v;
+}
+
 /* Assigns every node its values (kinds, roots) and checks what the executor supports. */
 static int assign_values(ag_plan *p, const ag_graph *g) {
+    p->last_mut = -1;
+    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x))
+        if (ag_node_kind_of(x) == AG_NODE_CALL && may_mutate(x))
+            p->last_mut = ag_node_index(x);
     for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
         int i = ag_node_index(x);
         p->node_val[i] = -1;
@@ -373,6 +427,8 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
                 k >= ag_node_num_vals(src) || p->node_val[ag_node_index(src)] < 0)
                 return ag__err(AG_EINVAL, "plan_new: %%%s: bad getitem", ag_node_name(x));
             p->node_val[i] = p->node_val[ag_node_index(src)] + (int)k;
+            if (p->vals[p->node_val[i]].pass) /* an operand passed through: read it */
+                p->node_val[i] = p->vals[p->node_val[i]].pass - 1;
             break;
         }
         case AG_NODE_CALL: {
@@ -416,6 +472,12 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
                 int v = new_value(p, PV_BUF, i, ag_node_val(x, k));
                 if (k == 0)
                     p->node_val[i] = v;
+                int src = (def->flags & AG_OP_SUBGRAPH) ? passthrough_value(p, x, k) : -1;
+                if (src >= 0) {
+                    p->vals[v].kind = PV_ALIAS;
+                    p->vals[v].root = p->vals[src].root;
+                    p->vals[v].pass = src + 1;
+                }
             }
             break;
         }
@@ -521,6 +583,8 @@ static int plan_buffers(ag_plan *p, const ag_graph *g, const int *rend, const bo
         for (int k = 0; k < ag_node_num_vals(x); k++) {
             int o = p->node_val[i] + k;
             pv *ov = &p->vals[o];
+            if (ov->pass) /* an operand passed through: no buffer */
+                continue;
             int src = k == 0 ? inplace_source(p, x, o, out_root) : -1;
             if (!out_root[o]) {
                 p->sum_bytes += align_up(val_bytes(&ov->val));
@@ -805,8 +869,11 @@ static int make_steps(ag_plan *p, const ag_graph *g) {
         }
         int nv = ag_node_num_vals(x);
         s->nouts = nv;
-        for (int k = 0; k < nv; k++)
-            s->outs[k] = p->tp[p->node_val[i] + ((def->flags & AG_OP_INPLACE) ? 0 : k)];
+        for (int k = 0; k < nv; k++) {
+            int v = p->node_val[i] + ((def->flags & AG_OP_INPLACE) ? 0 : k);
+            /* an operand passed through: the subgraph's plan sees its struct as the output */
+            s->outs[k] = p->tp[p->vals[v].pass ? p->vals[v].pass - 1 : v];
+        }
         ag_dtype kdt = kernel_dtype(s, op->nargs, nv ? ag_node_val(x, 0) : NULL);
         p->nsteps++;
         p->nkernel++;
@@ -1115,7 +1182,11 @@ void ag__plan_get_stats(const ag_plan *p, ag__plan_stats *s) {
         ag__plan_get_stats(p->subplans[k], &ss);
         s->subplan_runs += ss.runs;
         s->subplan_direct_outputs += ss.direct_outputs;
+        s->subplan_passed_outputs += ss.passed_outputs;
+        s->subplan_copied_outputs += ss.copied_outputs;
     }
+    s->passed_outputs = p->npass;
+    s->copied_outputs = p->ncopy;
     s->runs = p->nruns;
     s->direct_outputs = p->ninto;
     s->fused_declined = p->fused_declined;
@@ -1603,9 +1674,14 @@ static int plan_run_into(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_t
             p->ninto++;
             continue; /* computed in the caller's buffer */
         }
+        if (x->kind == PV_INPUT && dst[k] == inputs[x->ph]) {
+            p->npass++; /* the caller reads the operand itself */
+            continue;
+        }
         const ag_tensor *src = x->kind == PV_INPUT ? inputs[x->ph] : p->tp[po->val];
         if ((rc = ag__copy_into(dst[k], src)))
             return rc;
+        p->ncopy++;
     }
     p->nruns++;
     return 0;

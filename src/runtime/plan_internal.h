@@ -62,6 +62,13 @@ typedef struct ag__plan_stats {
     int64_t direct_outputs;  /* as a subgraph's plan: outputs its kernels wrote straight into
                               * the calling plan's buffers (the others are copied), all runs */
     int64_t subplan_direct_outputs; /* the same, over the subgraphs' plans */
+    int64_t passed_outputs;         /* as a subgraph's plan: outputs that are an operand passed
+                                     * through, which the caller reads itself (no copy) */
+    int64_t copied_outputs;         /* as a subgraph's plan: outputs copied into the caller's
+                                     * buffers (views, constants, operands passed through where
+                                     * a later node may mutate), all runs */
+    int64_t subplan_passed_outputs; /* the same two, over the subgraphs' plans */
+    int64_t subplan_copied_outputs;
 } ag__plan_stats;
 
 void ag__plan_get_stats(const ag_plan *p, ag__plan_stats *s);
