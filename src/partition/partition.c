@@ -36,6 +36,22 @@ static int64_t tmeta_bytes(const ag_tmeta *m) {
 
 /* ---- classification ---- */
 
+/* The operand that output k of subgraph call n passes through (its subgraph returns a
+ * placeholder there), or NULL. The executor reads the operand instead of a copy (plan.c). */
+static ag_node *passed_operand(const ag_node *n, int k) {
+    const ag_graph *sub = ag_node_subgraph(ag_node_arg_node(n, 0));
+    const ag_node *o = sub ? ag_graph_output_node(sub) : NULL;
+    const ag_garg *oa = o ? ag_node_arg(o, 0) : NULL;
+    if (!oa || oa->kind != AG_GA_NODES || k < 0 || k >= oa->n || !oa->u.nodes[k] ||
+        ag_node_kind_of(oa->u.nodes[k]) != AG_NODE_PLACEHOLDER)
+        return NULL;
+    int j = 0;
+    for (ag_node *y = ag_graph_first(sub); y && y != oa->u.nodes[k]; y = ag_node_next(y))
+        j += ag_node_kind_of(y) == AG_NODE_PLACEHOLDER;
+    const ag_garg *ops = ag_node_arg(n, 2);
+    return ops && ops->kind == AG_GA_NODES && j < ops->n ? ops->u.nodes[j] : NULL;
+}
+
 void ag__part_free(ag__part *P) {
     ag__free(P->pool);
     ag__free(P->info);
@@ -255,9 +271,20 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
             }
         } else if (pi->kind == AG_NODE_GETITEM) {
             pi->recomputable = pi->fusible = true; /* operator.getitem is in upstream's list */
+            /* An operand a subgraph call passes through: the operand's storage (peak model). */
+            ag_node *src = ag_node_arg_node(n, 0);
+            ag_node *opnd = src && (ag_op_def(ag_node_op(src))->flags & AG_OP_SUBGRAPH)
+                                ? passed_operand(src, (int)ag_node_arg(n, 1)->u.i)
+                                : NULL;
+            if (opnd) {
+                pi->pass = idx_of(opnd) + 1;
+                pi->root = P->info[pi->pass - 1].root;
+                pi->external = P->info[pi->root].external;
+            }
         }
         for (int v = 0; v < ag_node_num_vals(n); v++)
-            pi->bytes += tmeta_bytes(ag_node_val(n, v));
+            if (!(pi->opflags & AG_OP_SUBGRAPH) || !passed_operand(n, v))
+                pi->bytes += tmeta_bytes(ag_node_val(n, v));
     }
     ag__free(mark);
     mark = NULL;

@@ -37,8 +37,11 @@ typedef struct ag__pinfo {
     ag_recompute policy;
     int fw_order;       /* rank among req_fw nodes; -1 otherwise */
     int64_t dist;       /* dist_from_bw */
-    int64_t bytes;      /* numel * itemsize (a tuple: the sum over its outputs) */
+    int64_t bytes;      /* numel * itemsize (a tuple: the sum over its outputs, less those
+                         * that pass an operand through) */
     int64_t sub_extra;  /* invoke_subgraph: its subgraph's intermediates' peak while it runs */
+    int pass;           /* a getitem of an operand a subgraph call passes through: 1 + the
+                         * operand's index (it shares the operand's storage), else 0 */
     double flops;       /* the op table's cost (ag_op_cost) of a call */
     int root;           /* storage root for the peak model: a view's base, else itself */
     bool external;      /* the root is a graph input or constant (costs no activation) */

@@ -445,6 +445,8 @@ int ag__plan_peak(const ag__part *P, const ag__plan *pl, ag__peak *out) {
             S.key[x] = -1;
         else if (pi->view && pi->nargs > 0)
             S.key[x] = S.key[pi->args[0]];
+        else if (pi->pass)
+            S.key[x] = S.key[pi->pass - 1];
         else
             S.key[x] = x;
         if (S.key[x] == x)
