@@ -32,7 +32,8 @@
  * each call its outputs and, while it runs, its partitioned subgraph's intermediates (their peak)
  * on top of what is live there. The user's joint is never changed. A partition_fn hook gets the
  * joint as it is (subgraphs unpartitioned); a pre-partitioned pair may call subgraphs. The planned
- * executor makes one plan per subgraph and runs it at each call; the interpreter runs subgraphs as
+ * executor makes one plan per subgraph and runs it at each call (an operand the subgraph
+ * passes through is read where it is, not copied); the interpreter runs subgraphs as
  * well. */
 #ifndef AOTGRAD_COMPILE_H
 #define AOTGRAD_COMPILE_H
