@@ -185,6 +185,9 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
 
     /* Per-node facts. */
     int i = 0;
+    const ag_graph *seen_sub[8]; /* subgraphs called, with their sub_extra */
+    int64_t seen_extra[8];
+    int nseen = 0;
     for (ag_node *n = ag_graph_first(P->g); n; n = ag_node_next(n), i++) {
         ag__pinfo *pi = &P->info[i];
         pi->node = n;
@@ -235,17 +238,21 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
             pi->opflags = ag_op_def(op)->flags;
             pi->tuple = ag_op_noutputs(op) != 1 || (pi->opflags & AG_OP_SUBGRAPH);
             if (pi->opflags & AG_OP_SUBGRAPH) {
-                /* What its subgraph holds while it runs (peak model), once per subgraph. */
+                /* What its subgraph holds while it runs (peak model), once per subgraph
+                 * (the last few remembered). */
                 const ag_graph *sub = ag_node_subgraph(ag_node_arg_node(n, 0));
                 pi->sub_extra = -1;
-                for (int e = 0; e < i && pi->sub_extra < 0; e++)
-                    if ((P->info[e].opflags & AG_OP_SUBGRAPH) &&
-                        ag_node_subgraph(ag_node_arg_node(P->info[e].node, 0)) == sub)
-                        pi->sub_extra = P->info[e].sub_extra;
-                if (pi->sub_extra < 0 && sub &&
-                    (pi->sub_extra = ag__subgraph_extra_bytes(sub)) < 0) {
-                    rc = (int)pi->sub_extra;
-                    goto fail;
+                for (int e = 0; e < nseen && pi->sub_extra < 0; e++)
+                    if (seen_sub[e] == sub)
+                        pi->sub_extra = seen_extra[e];
+                if (pi->sub_extra < 0 && sub) {
+                    if ((pi->sub_extra = ag__subgraph_extra_bytes(sub)) < 0) {
+                        rc = (int)pi->sub_extra;
+                        goto fail;
+                    }
+                    seen_sub[nseen % 8] = sub;
+                    seen_extra[nseen % 8] = pi->sub_extra;
+                    nseen = nseen < 8 ? nseen + 1 : 8;
                 }
                 if (pi->sub_extra < 0)
                     pi->sub_extra = 0;
