@@ -688,6 +688,9 @@ static long c_ag_graph_subgraph_at(void) {
 static long c_ag_graph_invoke_subgraph(void) {
     return ag_graph_invoke_subgraph(NULL, NULL, NULL, NULL, 0, NULL) == NULL;
 }
+static long c_ag_graph_inline_subgraphs(void) {
+    return ag_graph_inline_subgraphs(NULL) == NULL;
+}
 static long c_ag_graph_output(void) {
     return ag_graph_output(NULL, NULL, 0) == NULL;
 }
@@ -1956,6 +1959,7 @@ static const row rows[] = {
     {"ag_graph_num_subgraphs", 'A', 'I', c_ag_graph_num_subgraphs, NULL},
     {"ag_graph_subgraph_at", 'A', 'R', c_ag_graph_subgraph_at, NULL},
     {"ag_graph_invoke_subgraph", 'F', 'R', c_ag_graph_invoke_subgraph, NULL},
+    {"ag_graph_inline_subgraphs", 'F', 'R', c_ag_graph_inline_subgraphs, NULL},
     {"ag_graph_output", 'F', 'R', c_ag_graph_output, NULL},
     {"ag_node_replace_all_uses", 'F', 'I', c_ag_node_replace_all_uses, NULL},
     {"ag_node_set_arg", 'F', 'I', c_ag_node_set_arg, NULL},

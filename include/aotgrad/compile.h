@@ -12,7 +12,29 @@
  * forward offset is a forward output, counted in num_fwd_outputs), bwd_seed and
  * bwd_base_offset backward inputs after the tangents (the updated backward offset follows the
  * grads). The min-cut may recompute philox draws in the backward from the saved seed and
- * offset, e.g. a dropout mask rather than saving it. */
+ * offset, e.g. a dropout mask rather than saving it.
+ *
+ * Regions (invoke_subgraph, upstream test 23's form). A joint may call a region's forward
+ * subgraph, invoke_subgraph(fw_subgraph, 'fw_subgraph_I', operands...), and in its backward the
+ * region's joint subgraph, invoke_subgraph(bw_subgraph, 'bw_subgraph_I_0', the same operands...,
+ * one tangent per forward output) -> (one grad per operand..., the forward outputs...), at any
+ * number of call sites; the grad of an operand that needs none (a mask, an integer index) is
+ * None, and the partitioned backward subgraph returns None there too. ag_partition partitions each
+ * distinct joint subgraph once, with the same partitioner, options and budget as the outer joint,
+ * into the attributes partitioned_fw_subgraph_I_0 (operands -> forward outputs, saved...) and
+ * partitioned_bw_subgraph_I_0 (saved..., tangents -> grads), rewrites every call pair to call
+ * them (the forward call returns the saved values too, the backward call takes them), then
+ * partitions the outer joint with the calls as opaque ops, never recomputed in the backward: the
+ * forward graph holds the one forward attribute and its calls, the backward graph the backward
+ * one. A call reached from a tangent is a backward call; one whose first operands are not
+ * those of a forward call, or whose counts do not fit, is an error naming it. A forward call
+ * without a backward call is left as it is. The peak-memory model of the memory budget counts at
+ * each call its outputs and, while it runs, its partitioned subgraph's intermediates (their peak)
+ * on top of what is live there. The user's joint is never changed. A partition_fn hook gets the
+ * joint as it is (subgraphs unpartitioned); a pre-partitioned pair may call subgraphs. The planned
+ * executor makes one plan per subgraph and runs it at each call (an operand the subgraph
+ * passes through is read where it is, not copied); the interpreter runs subgraphs as
+ * well. */
 #ifndef AOTGRAD_COMPILE_H
 #define AOTGRAD_COMPILE_H
 

@@ -170,16 +170,17 @@ AG_API int ag_node_index(const ag_node *n); /* position in the graph, 0-based */
  * and returns its outputs as a tuple read by getitem. The op is flagged AG_OP_SUBGRAPH: meta
  * inference (infer.c) gives it the subgraph's output vals after checking the operands' count,
  * dtypes and sizes against the subgraph's placeholders; the interpreter runs the subgraph; it
- * has no eager kernel. DCE removes an unused invoke_subgraph unless a call in its subgraph has
- * side effects, and a get_attr without users, but the subgraph stays an attribute of the graph
- * (as FX's dead-code elimination leaves submodules); CSE merges two calls only with the same
- * get_attr node, identifier and operands, and never when the subgraph holds a random op.
- * A subgraph is a whole graph (placeholders, output node), verified with its parent; it may
- * not own subgraphs itself (not yet supported), and its nodes may reference only its own
- * nodes. An output of a subgraph may be None (a region's joint returns None for the gradient
- * of an operand that needs none): its element of the call's tuple val is f32[] and no getitem
- * may read it. Nested compile regions (autograd.h, ag_nested_compile_region) make them. Attribute
- * names are unique among the graph's subgraphs and constants
+ * has no eager kernel. A subgraph may return None (a region's joint subgraph returns None for
+ * the grad of an operand that needs none, e.g. a mask or an integer index): the call's val at
+ * that index is a contiguous f32[0] placeholder value, a getitem of it is refused (by
+ * ag_graph_getitem and verify), and the executors leave it empty. DCE removes an unused
+ * invoke_subgraph unless a call in its subgraph has side effects, and a get_attr without users, but
+ * the subgraph stays an attribute of the graph (as FX's dead-code elimination leaves submodules);
+ * CSE merges two calls only with the same get_attr node, identifier and operands, and never when
+ * the subgraph holds a random op. A subgraph is a whole graph (placeholders, output node), verified
+ * with its parent; it may not own subgraphs itself (not yet supported), and its nodes may reference
+ * only its own nodes. Nested compile regions (autograd.h, ag_nested_compile_region) make
+ * them. Attribute names are unique among the graph's subgraphs and constants
  * ([A-Za-z_][A-Za-z0-9_]*). */
 /* Adds sub as the attribute `name`: on success g owns sub (freed with g; a copy of g copies
  * it); on failure the caller keeps it. Refused (AG_EINVAL): a name in use or not an
@@ -191,6 +192,13 @@ AG_API ag_graph *ag_graph_subgraph(const ag_graph *g, const char *name);
 AG_API int ag_graph_num_subgraphs(const ag_graph *g);
 /* Subgraph i in the order added (borrowed); *name (may be NULL) receives its name, borrowed. */
 AG_API ag_graph *ag_graph_subgraph_at(const ag_graph *g, int i, const char **name);
+/* A flat copy of g (a new graph, the caller frees it): each invoke_subgraph call is replaced by
+ * a copy of its subgraph's nodes (vals and metadata kept; a name already taken in g is made
+ * anew from the op's, as FX makes names), each getitem of the call by the node the subgraph
+ * returns at that index, and subgraph attributes no longer read are dropped. The copy runs
+ * bit-identically to g. NULL on failure (g a subgraph itself, a getitem of a None output,
+ * out of memory); g is never changed. */
+AG_API ag_graph *ag_graph_inline_subgraphs(const ag_graph *g);
 /* The invoke_subgraph op (made on first use, kept for the process; not in the registry). */
 AG_API const ag_op *ag_op_invoke_subgraph(void);
 /* A call invoke_subgraph(attr, identifier, operands) (attr: a get_attr of a subgraph of g);

@@ -837,6 +837,11 @@ ag_node *ag_graph_getitem(ag_graph *g, ag_node *src, int idx, const char *name) 
                  (src->nvals >= 2 || (ag_op_def(src->op)->flags & AG_OP_SUBGRAPH));
     if (!tuple || idx < 0 || idx >= src->nvals)
         return ag__err(AG_EINVAL, "getitem: %s has no output %d", src->name, idx), NULL;
+    if (ag__call_output_is_none(src, idx))
+        return ag__err(AG_EINVAL,
+                       "getitem: output %d of %%%s is None in its subgraph (nothing to read)", idx,
+                       src->name),
+               NULL;
     ag_node *n = node_new(g, AG_NODE_GETITEM, name, "getitem");
     if (!n)
         return NULL;

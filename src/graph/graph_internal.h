@@ -113,17 +113,23 @@ void ag__subgraphs_free(ag_graph *g);
 /* subgraph.c: gives dst a copy of each of src's subgraphs (same names, same order); 0 or
  * AG_ENOMEM (dst keeps the ones copied so far: the caller frees dst). */
 int ag__subgraphs_copy(ag_graph *dst, const ag_graph *src);
+/* subgraph.c: frees subgraph k of g and removes it from the list (no get_attr may read it). */
+void ag__subgraph_remove(ag_graph *g, int k);
 /* subgraph.c: the index in g's list of subgraph sub, or -1. */
 int ag__subgraph_index(const ag_graph *g, const ag_graph *sub);
 /* subgraph.c: the meta inference of a call of an AG_OP_SUBGRAPH op (invoke_subgraph): checks
  * the subgraph argument and the operands against the subgraph's placeholders and gives the
- * subgraph's output vals. ag__infer_meta calls it instead of the op's meta function. */
+ * subgraph's output vals (a None output, e.g. the grad of an operand that needs none: a
+ * contiguous f32[0], which no getitem may read). ag__infer_meta calls it instead of the op's
+ * meta function. */
 int ag__subgraph_infer(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *vals, int *nvals);
 /* subgraph.c: refuses (AG_EINVAL) an argument node of g's parent, of one of g's subgraphs or
  * of a sibling subgraph: a graph and its subgraphs share no nodes. */
 int ag__subgraph_check_args(const ag_graph *g, const ag_op *op, const ag_garg *args, int nargs);
 /* subgraph.c: the subgraph a call of an AG_OP_SUBGRAPH op invokes (NULL for other nodes). */
 const ag_graph *ag__call_subgraph(const ag_node *n);
+/* subgraph.c: whether output i of call n (an AG_OP_SUBGRAPH call) is None in its subgraph. */
+bool ag__call_output_is_none(const ag_node *n, int i);
 
 /* Deep copy / free of an argument value (lists and strings). */
 int ag__garg_copy(ag_garg *dst, const ag_garg *src);

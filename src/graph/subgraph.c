@@ -83,6 +83,13 @@ int ag_graph_add_subgraph(ag_graph *g, const char *name, ag_graph *sub) {
     return push(g, name, sub);
 }
 
+void ag__subgraph_remove(ag_graph *g, int k) {
+    ag__free(g->subs[k].name);
+    ag_graph_free(g->subs[k].g);
+    memmove(g->subs + k, g->subs + k + 1, sizeof *g->subs * (size_t)(g->nsubs - k - 1));
+    g->nsubs--;
+}
+
 ag_graph *ag_graph_subgraph(const ag_graph *g, const char *name) {
     if (!g || !name)
         return NULL;
@@ -198,6 +205,14 @@ ag_node *ag_graph_invoke_subgraph(ag_graph *g, ag_node *attr, const char *identi
 
 /* ---- meta inference ---- */
 
+bool ag__call_output_is_none(const ag_node *n, int i) {
+    const ag_graph *sub = ag__call_subgraph(n);
+    if (!sub || !sub->output || sub->output->nargs != 1 || sub->output->args[0].kind != AG_GA_NODES)
+        return false;
+    const ag_garg *o = &sub->output->args[0];
+    return i >= 0 && i < o->n && !o->u.nodes[i];
+}
+
 const ag_graph *ag__call_subgraph(const ag_node *n) {
     if (n->kind != AG_NODE_CALL || !n->op || !(ag_op_def(n->op)->flags & AG_OP_SUBGRAPH) ||
         n->nargs < 1 || n->args[0].kind != AG_GA_NODE || !n->args[0].u.node)
@@ -270,8 +285,11 @@ int ag__subgraph_infer(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta
     memset(vals, 0, sizeof(ag_tmeta) * AG_MAX_OUTPUTS);
     for (int i = 0; i < o->n; i++) {
         const ag_node *x = o->u.nodes[i];
-        if (!x)
-            continue; /* None (a joint's gradient nobody needs): an f32[] VAL no getitem reads */
+        if (!x) { /* None (a grad of an operand that needs none): no tensor, nothing to read */
+            int64_t zero = 0;
+            ag__tmeta_contiguous(&vals[i], AG_F32, 1, &zero);
+            continue;
+        }
         if (x->nvals != 1)
             return ag__err(AG_EINVAL, "%s: output %d of %s is not one tensor", opn, i, sname);
         vals[i] = x->vals[0];

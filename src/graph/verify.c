@@ -336,6 +336,9 @@ static int check_getitem(const ag_node *n) {
     if (idx < 0 || idx >= src->nvals)
         return ag__err(AG_EINVAL, "verify: %%%s: index %lld out of range (%%%s has %d outputs)",
                        n->name, (long long)idx, src->name, src->nvals);
+    if (ag__call_output_is_none(src, (int)idx))
+        return ag__err(AG_EINVAL, "verify: %%%s: output %lld of %%%s is None in its subgraph",
+                       n->name, (long long)idx, src->name);
     if (n->nvals != 1)
         return ag__err(AG_EINVAL, "verify: %%%s: getitem stores %d vals", n->name, n->nvals);
     if (!ag__tmeta_equal(&n->vals[0], &src->vals[idx])) {

@@ -321,9 +321,26 @@ static int propagate(const ag_graph *src, const ag_mesh *mesh, const ag_shard_pl
  * find new candidates, e.g. a batch norm's backward that gathers once its forward is
  * decomposed, or reject some, then the next round goes without them; at most 16 rounds). The
  * result never communicates more than the plain propagation. */
+static int shard_graph_flat(const ag_graph *src, const ag_mesh *mesh, const ag_shard_plan *plan,
+                            ag_graph **out);
 static int shard_graph(const ag_joint *j, const ag_mesh *mesh, const ag_shard_plan *plan,
                        ag_graph **out) {
     const ag_graph *src = ag_joint_graph(j);
+    /* Propagation knows flat graphs only: a joint calling subgraphs is sharded inlined (the
+     * rank's joint then has no subgraphs). */
+    ag_graph *flat = NULL;
+    if (ag_graph_num_subgraphs(src) > 0) {
+        if (!(flat = ag_graph_inline_subgraphs(src)))
+            return ag_last_status() ? ag_last_status() : AG_ENOMEM;
+        src = flat;
+    }
+    int rc = shard_graph_flat(src, mesh, plan, out);
+    ag_graph_free(flat);
+    return rc;
+}
+
+static int shard_graph_flat(const ag_graph *src, const ag_mesh *mesh, const ag_shard_plan *plan,
+                            ag_graph **out) {
     ag__decomp_list dl = {0};
     ag_graph *plain = NULL, *best = NULL;
     int rc = propagate(src, mesh, plan, mesh->size > 1 ? &dl : NULL, &plain);

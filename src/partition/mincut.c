@@ -205,14 +205,15 @@ static bool should_ban_recomputation(const ag__part *P, const ag__mincut_opts *o
 }
 
 /* Ties n_in to the source unless n is a view, the knapsack allowed its recomputation, or the
- * user asked for it. Random and effectful ops are banned regardless, collectives unless tagged
+ * user asked for it. Random and effectful ops and subgraph calls (a region's forward runs once)
+ * are banned regardless, collectives unless tagged
  * MUST (see must_recompute). */
 static bool ban(builder *b, int i) {
     const ag__pinfo *pi = &b->P->info[i];
     if (pi->opflags & AG_OP_COLLECTIVE) {
         if (must_recompute(pi))
             return false;
-    } else if (!pi->random && !(pi->opflags & AG_OP_EFFECTFUL)) {
+    } else if (!pi->random && !(pi->opflags & (AG_OP_EFFECTFUL | AG_OP_SUBGRAPH))) {
         if (pi->view || (b->dont_ban && b->dont_ban[i]) || must_recompute(pi))
             return false;
     }

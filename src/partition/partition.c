@@ -13,7 +13,9 @@
  * what each side runs for a saved set (the "plan", computed first on node indices by
  * side_plan.c, with the backward reordering and the peak-memory model, so the budget search can
  * score many saved sets cheaply), upstream's default_partition, the public ag_partition and
- * ag_tag_region_recompute. The min-cut choice of the saved set lives in mincut.c. */
+ * ag_tag_region_recompute. The min-cut choice of the saved set lives in mincut.c; the entry
+ * points that partition a joint's regions first (ag_partition, ag__partition_ex) in
+ * subgraph_partition.c. */
 #include "partition_internal.h"
 #include "side_plan.h"
 
@@ -33,6 +35,22 @@ static int64_t tmeta_bytes(const ag_tmeta *m) {
 }
 
 /* ---- classification ---- */
+
+/* The operand that output k of subgraph call n passes through (its subgraph returns a
+ * placeholder there), or NULL. The executor reads the operand instead of a copy (plan.c). */
+static ag_node *passed_operand(const ag_node *n, int k) {
+    const ag_graph *sub = ag_node_subgraph(ag_node_arg_node(n, 0));
+    const ag_node *o = sub ? ag_graph_output_node(sub) : NULL;
+    const ag_garg *oa = o ? ag_node_arg(o, 0) : NULL;
+    if (!oa || oa->kind != AG_GA_NODES || k < 0 || k >= oa->n || !oa->u.nodes[k] ||
+        ag_node_kind_of(oa->u.nodes[k]) != AG_NODE_PLACEHOLDER)
+        return NULL;
+    int j = 0;
+    for (ag_node *y = ag_graph_first(sub); y && y != oa->u.nodes[k]; y = ag_node_next(y))
+        j += ag_node_kind_of(y) == AG_NODE_PLACEHOLDER;
+    const ag_garg *ops = ag_node_arg(n, 2);
+    return ops && ops->kind == AG_GA_NODES && j < ops->n ? ops->u.nodes[j] : NULL;
+}
 
 void ag__part_free(ag__part *P) {
     ag__free(P->pool);
@@ -167,6 +185,9 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
 
     /* Per-node facts. */
     int i = 0;
+    const ag_graph *seen_sub[8]; /* subgraphs called, with their sub_extra */
+    int64_t seen_extra[8];
+    int nseen = 0;
     for (ag_node *n = ag_graph_first(P->g); n; n = ag_node_next(n), i++) {
         ag__pinfo *pi = &P->info[i];
         pi->node = n;
@@ -215,7 +236,27 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
         if (pi->kind == AG_NODE_CALL) {
             const ag_op *op = ag_node_op(n);
             pi->opflags = ag_op_def(op)->flags;
-            pi->tuple = ag_op_noutputs(op) != 1;
+            pi->tuple = ag_op_noutputs(op) != 1 || (pi->opflags & AG_OP_SUBGRAPH);
+            if (pi->opflags & AG_OP_SUBGRAPH) {
+                /* What its subgraph holds while it runs (peak model), once per subgraph
+                 * (the last few remembered). */
+                const ag_graph *sub = ag_node_subgraph(ag_node_arg_node(n, 0));
+                pi->sub_extra = -1;
+                for (int e = 0; e < nseen && pi->sub_extra < 0; e++)
+                    if (seen_sub[e] == sub)
+                        pi->sub_extra = seen_extra[e];
+                if (pi->sub_extra < 0 && sub) {
+                    if ((pi->sub_extra = ag__subgraph_extra_bytes(sub)) < 0) {
+                        rc = (int)pi->sub_extra;
+                        goto fail;
+                    }
+                    seen_sub[nseen % 8] = sub;
+                    seen_extra[nseen % 8] = pi->sub_extra;
+                    nseen = nseen < 8 ? nseen + 1 : 8;
+                }
+                if (pi->sub_extra < 0)
+                    pi->sub_extra = 0;
+            }
             pi->effectful = (pi->opflags & (AG_OP_EFFECTFUL | AG_OP_INPLACE)) != 0;
             /* upstream's _must_be_in_backward: a backward with_effects stays in the backward;
              * a forward one stays in the forward (an effect is never run twice). */
@@ -237,9 +278,20 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
             }
         } else if (pi->kind == AG_NODE_GETITEM) {
             pi->recomputable = pi->fusible = true; /* operator.getitem is in upstream's list */
+            /* An operand a subgraph call passes through: the operand's storage (peak model). */
+            ag_node *src = ag_node_arg_node(n, 0);
+            ag_node *opnd = src && (ag_op_def(ag_node_op(src))->flags & AG_OP_SUBGRAPH)
+                                ? passed_operand(src, (int)ag_node_arg(n, 1)->u.i)
+                                : NULL;
+            if (opnd) {
+                pi->pass = idx_of(opnd) + 1;
+                pi->root = P->info[pi->pass - 1].root;
+                pi->external = P->info[pi->root].external;
+            }
         }
         for (int v = 0; v < ag_node_num_vals(n); v++)
-            pi->bytes += tmeta_bytes(ag_node_val(n, v));
+            if (!(pi->opflags & AG_OP_SUBGRAPH) || !passed_operand(n, v))
+                pi->bytes += tmeta_bytes(ag_node_val(n, v));
     }
     ag__free(mark);
     mark = NULL;
@@ -273,6 +325,17 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
                 P->info[pi->users[u]].req_bw = true;
     }
     P->info[P->out].req_bw = false;
+    /* A get_attr of a subgraph called only by backward nodes stays in the backward (it has no
+     * tensor value and is never saved); one of a forward call is free, as a constant. */
+    for (i = 0; i < P->nn; i++) {
+        ag__pinfo *pi = &P->info[i];
+        if (pi->kind != AG_NODE_GET_ATTR || !ag_node_subgraph(pi->node))
+            continue;
+        bool bw = pi->nusers > 0;
+        for (int u = 0; u < pi->nusers; u++)
+            bw &= P->info[pi->users[u]].req_bw;
+        pi->req_bw = pi->must_bw = bw;
+    }
     for (int k = num_fwd_outputs; k < nouts; k++)
         if (P->outs[k] >= 0)
             P->info[P->outs[k]].req_bw = true;
@@ -370,9 +433,27 @@ static ag_node *copy_node(ag_graph *dst, const ag__part *P, int x, ag_node **env
         m = ag_graph_getitem(dst, env[idx_of(ag_node_arg_node(n, 0))], (int)ag_node_arg(n, 1)->u.i,
                              ag_node_name(n));
         break;
-    case AG_NODE_GET_ATTR:
-        m = ag_graph_get_attr(dst, ag_node_constant(n), ag_node_name(n));
+    case AG_NODE_GET_ATTR: {
+        const ag_graph *sub = ag_node_subgraph(n);
+        if (!sub) {
+            m = ag_graph_get_attr(dst, ag_node_constant(n), ag_node_name(n));
+            break;
+        }
+        /* A subgraph: the side takes a copy of the attribute on its first get_attr. */
+        const char *attr = NULL;
+        for (int k = 0; k < ag_graph_num_subgraphs(P->g) && !attr; k++)
+            if (ag_graph_subgraph_at(P->g, k, &attr) != sub)
+                attr = NULL;
+        if (attr && !ag_graph_subgraph(dst, attr)) {
+            ag_graph *c = ag_graph_copy(sub);
+            if (!c || ag_graph_add_subgraph(dst, attr, c)) {
+                ag_graph_free(c);
+                return NULL;
+            }
+        }
+        m = attr ? ag_graph_get_attr_subgraph(dst, attr, ag_node_name(n)) : NULL;
         break;
+    }
     default:
         ag__err(AG_EINVAL, "partition: cannot copy %s", ag_node_name(n));
         return NULL;
@@ -414,6 +495,15 @@ static ag_graph *build_graph(const ag__part *P, const int *inputs, int nin, cons
         on[k] = outs[k] >= 0 ? env[outs[k]] : NULL;
     ag_node *o = ok ? ag_graph_output(g, on, nouts) : NULL;
     ok = o && ag_node_set_output_descs(o, descs, nouts) == 0 && ag_graph_dce(g) >= 0;
+    /* subgraph attributes whose get_attr the side does not keep */
+    for (int k = ok ? ag_graph_num_subgraphs(g) - 1 : -1; k >= 0; k--) {
+        const ag_graph *s = ag_graph_subgraph_at(g, k, NULL);
+        bool read = false;
+        for (const ag_node *n = ag_graph_first(g); n && !read; n = ag_node_next(n))
+            read = ag_node_subgraph(n) == s;
+        if (!read)
+            ag__subgraph_remove(g, k);
+    }
     ag__free(env);
     ag__free(on);
     if (!ok) {
@@ -534,16 +624,12 @@ int ag__memory_budget_of(double field, double *budget) {
     return 0;
 }
 
-int ag__partition_ex(const ag_graph *joint, int num_fwd_outputs, const ag_partition_opts *opts,
-                     ag__budget_mode mode, ag_graph **fw, ag_graph **bw, ag_partition_stats *stats,
-                     ag__peak *peak) {
+int ag__partition_flat(const ag_graph *joint, int num_fwd_outputs, const ag_partition_opts *opts,
+                       ag__budget_mode mode, ag_graph **fw, ag_graph **bw,
+                       ag_partition_stats *stats, ag__peak *peak) {
     if (!fw || !bw)
         return ag__err(AG_EINVAL, "partition: NULL result pointer");
     *fw = *bw = NULL;
-    if (joint && ag_graph_num_subgraphs(joint) > 0)
-        return ag__err(AG_ENOTSUP,
-                       "partition: the joint calls subgraphs (invoke_subgraph of nested compile "
-                       "regions); partitioning them is not supported yet");
     /* NULL and a zeroed struct are the same: upstream's defaults. */
     ag_partition_opts o = opts ? *opts : (ag_partition_opts){0};
     if (o.partitioner != AG_PARTITION_DEFAULT && o.partitioner != AG_PARTITION_MINCUT)
@@ -611,11 +697,6 @@ int ag__partition_ex(const ag_graph *joint, int num_fwd_outputs, const ag_partit
 done:
     ag__part_free(&P);
     return rc;
-}
-
-int ag_partition(const ag_graph *joint, int num_fwd_outputs, const ag_partition_opts *opts,
-                 ag_graph **fw, ag_graph **bw, ag_partition_stats *stats) {
-    return ag__partition_ex(joint, num_fwd_outputs, opts, AG__BUDGET_PEAK, fw, bw, stats, NULL);
 }
 
 int ag_tag_region_recompute(ag_graph *g, ag_node *first, ag_node *last, ag_recompute policy) {

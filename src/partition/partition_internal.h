@@ -1,11 +1,13 @@
 /* Internal interface of the partitioners (src/partition): the classified joint graph shared by
+ * subgraph_partition.c (the regions a joint calls, partitioned first; the entry points),
  * partition.c (classification, materialization of the forward and backward graphs, the default
- * partition, the public entry points), side_plan.c (what each side runs for a saved set, the
+ * partition), side_plan.c (what each side runs for a saved set, the
  * backward reordering, the peak-memory model: side_plan.h), mincut.c (the min-cut
  * rematerialization partition: bans, weights, the flow network, the memory budget) and
  * knapsack.c (the knapsack solvers), plus what the tests, the CLI, bench_maxflow and
  * bench_knapsack reach in.
- * The files use each other in a line: partition.c -> mincut.c -> side_plan.c, knapsack.c.
+ * The files use each other in a line: subgraph_partition.c -> partition.c -> mincut.c ->
+ * side_plan.c, knapsack.c.
  *
  * Every per-node array is indexed by the node's position in the partitioner's private copy of
  * the joint graph (ag__part.g, dead code removed), so node i is P->info[i].node. */
@@ -35,7 +37,11 @@ typedef struct ag__pinfo {
     ag_recompute policy;
     int fw_order;       /* rank among req_fw nodes; -1 otherwise */
     int64_t dist;       /* dist_from_bw */
-    int64_t bytes;      /* numel * itemsize (a tuple: the sum over its outputs) */
+    int64_t bytes;      /* numel * itemsize (a tuple: the sum over its outputs, less those
+                         * that pass an operand through) */
+    int64_t sub_extra;  /* invoke_subgraph: its subgraph's intermediates' peak while it runs */
+    int pass;           /* a getitem of an operand a subgraph call passes through: 1 + the
+                         * operand's index (it shares the operand's storage), else 0 */
     double flops;       /* the op table's cost (ag_op_cost) of a call */
     int root;           /* storage root for the peak model: a view's base, else itself */
     bool external;      /* the root is a graph input or constant (costs no activation) */
@@ -164,8 +170,18 @@ int ag__choose_saved(const ag__part *P, double budget, ag_knapsack solver, ag__b
  * (AG_MEMORY_BUDGET_ZERO) is 0, (0, 1] itself; anything else AG_EINVAL with a message. */
 int ag__memory_budget_of(double field, double *budget);
 
-/* ag_partition with the budget mode exposed (tests and the CLI compare the two). peak may be
- * NULL. */
+/* partition.c: partitions a joint whose subgraph calls (if any) are opaque ops (what
+ * ag__partition_ex does after partitioning the regions). */
+int ag__partition_flat(const ag_graph *joint, int num_fwd_outputs, const ag_partition_opts *opts,
+                       ag__budget_mode mode, ag_graph **fw, ag_graph **bw,
+                       ag_partition_stats *stats, ag__peak *peak);
+/* subgraph_partition.c: partitions each region's joint subgraph of joint once (opts, mode as
+ * the outer partition) and gives *out, a copy of joint whose call pairs use them; *out NULL
+ * when joint has no backward call of a region. */
+int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
+                            const ag_partition_opts *opts, ag__budget_mode mode, ag_graph **out);
+/* subgraph_partition.c: ag_partition with the budget mode exposed (tests and the CLI compare
+ * the two): the regions first, then the joint. peak may be NULL. */
 int ag__partition_ex(const ag_graph *joint, int num_fwd_outputs, const ag_partition_opts *opts,
                      ag__budget_mode mode, ag_graph **fw, ag_graph **bw, ag_partition_stats *stats,
                      ag__peak *peak);

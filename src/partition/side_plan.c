@@ -274,7 +274,8 @@ static int64_t run_sim(sim *S, const int *order, int n, int64_t start_bytes, int
                     kept += S->kbytes[k];
                 }
             }
-            transient = tuple_bytes(pi) - kept;
+            /* A subgraph call also holds its subgraph's intermediates while it runs. */
+            transient = tuple_bytes(pi) + pi->sub_extra - kept;
             if (transient < 0)
                 transient = 0;
         } else if (pi->kind == AG_NODE_CALL && !pi->view) {
@@ -297,6 +298,85 @@ static int64_t run_sim(sim *S, const int *order, int n, int64_t start_bytes, int
         }
     }
     *end = cur;
+    return peak;
+}
+
+int64_t ag__subgraph_extra_bytes(const ag_graph *sub) {
+    int n = 0;
+    for (ag_node *x = ag_graph_first(sub); x; x = ag_node_next(x))
+        n++;
+    /* Per node: the node owning its storage (-1: none of the run's), its bytes when it owns
+     * it, the last position reading that storage, and whether it is an output's. */
+    int *root = ag__malloc(sizeof(int) * (size_t)(2 * n + 1));
+    int64_t *bytes = ag__calloc((size_t)n + 1, sizeof(int64_t));
+    bool *out = ag__calloc((size_t)n + 1, sizeof(bool));
+    if (!root || !bytes || !out) {
+        ag__free(root);
+        ag__free(bytes);
+        ag__free(out);
+        return ag__err(AG_ENOMEM, "partition: out of memory");
+    }
+    int *last = root + n;
+    int p = 0;
+    for (ag_node *x = ag_graph_first(sub); x; x = ag_node_next(x), p++) {
+        root[p] = -1;
+        last[p] = -1;
+        ag_node_kind k = ag_node_kind_of(x);
+        if (k == AG_NODE_GETITEM) {
+            root[p] = root[ag_node_index(ag_node_arg_node(x, 0))];
+        } else if (k == AG_NODE_CALL) {
+            const ag_garg *a0 = ag_node_arg(x, 0);
+            if ((ag_op_def(ag_node_op(x))->flags & AG_OP_VIEW) && a0 && a0->kind == AG_GA_NODE &&
+                a0->u.node) {
+                root[p] = root[ag_node_index(a0->u.node)];
+            } else {
+                root[p] = p;
+                for (int v = 0; v < ag_node_num_vals(x); v++) {
+                    const ag_tmeta *m = ag_node_val(x, v);
+                    bytes[p] += ag__numel(m->ndim, m->sizes) * (int64_t)ag_dtype_size(m->dtype);
+                }
+            }
+        }
+        for (int a = 0; a < ag_node_nargs(x); a++) {
+            const ag_garg *g = ag_node_arg(x, a);
+            int cnt = g->kind == AG_GA_NODE ? 1 : g->kind == AG_GA_NODES ? g->n : 0;
+            for (int e = 0; e < cnt; e++) {
+                ag_node *d = g->kind == AG_GA_NODE ? g->u.node : g->u.nodes[e];
+                int r = d ? root[ag_node_index(d)] : -1;
+                if (r < 0)
+                    continue;
+                if (k == AG_NODE_OUTPUT)
+                    out[r] = true;
+                else if (last[r] < p)
+                    last[r] = p;
+            }
+        }
+    }
+    int64_t cur = 0, peak = 0;
+    p = 0;
+    for (ag_node *x = ag_graph_first(sub); x; x = ag_node_next(x), p++) {
+        if (root[p] == p && !out[p]) {
+            cur += bytes[p];
+            if (cur > peak)
+                peak = cur;
+        }
+        /* Free what this node read for the last time, and its own value if nothing reads it. */
+        for (int a = 0; a <= ag_node_nargs(x); a++) {
+            const ag_garg *g = a < ag_node_nargs(x) ? ag_node_arg(x, a) : NULL;
+            int cnt = !g ? 1 : g->kind == AG_GA_NODE ? 1 : g->kind == AG_GA_NODES ? g->n : 0;
+            for (int e = 0; e < cnt; e++) {
+                ag_node *d = !g ? x : g->kind == AG_GA_NODE ? g->u.node : g->u.nodes[e];
+                int r = d ? root[ag_node_index(d)] : -1;
+                if (r >= 0 && !out[r] && bytes[r] && last[r] <= p) {
+                    cur -= bytes[r];
+                    bytes[r] = 0; /* freed */
+                }
+            }
+        }
+    }
+    ag__free(root);
+    ag__free(bytes);
+    ag__free(out);
     return peak;
 }
 
@@ -365,6 +445,8 @@ int ag__plan_peak(const ag__part *P, const ag__plan *pl, ag__peak *out) {
             S.key[x] = -1;
         else if (pi->view && pi->nargs > 0)
             S.key[x] = S.key[pi->args[0]];
+        else if (pi->pass)
+            S.key[x] = S.key[pi->pass - 1];
         else
             S.key[x] = x;
         if (S.key[x] == x)
@@ -454,7 +536,7 @@ static bool never_recomputed(const ag__pinfo *pi) {
         return false;
     if (pi->opflags & AG_OP_COLLECTIVE)
         return pi->policy != AG_MUST_RECOMPUTE;
-    return pi->random;
+    return pi->random || (pi->opflags & AG_OP_SUBGRAPH); /* a region's forward runs once */
 }
 
 /* Whether the backward would run x again and must save it instead. A collective whose

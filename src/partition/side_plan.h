@@ -23,12 +23,21 @@ void ag__plan_free(ag__plan *pl);
 /* The peak-memory model of one training step run as the plan says: the forward with values
  * freed after their last use and the saved values kept to its end, then the backward starting
  * with the saved values alive, recomputed values alive from their recomputation to their last
- * use. Views share their base's storage; a multi-output call writes all its outputs at once.
- * Graph inputs, tangents and constants cost nothing, and other graph outputs (user outputs,
- * gradients) leave the step's memory when made: they belong to the caller, are the same for
- * every partition, and counting gradients to the end would bury the activations under the
- * parameter-sized gradients. The executor (src/runtime) reports the real planned peaks. */
+ * use. A subgraph call (invoke_subgraph) holds its outputs and, while it runs, its subgraph's
+ * intermediates (ag__subgraph_extra_bytes) on top of what is live at the call. Views share their
+ * base's storage; a multi-output call writes all its outputs at once. Graph inputs, tangents and
+ * constants cost nothing, and other graph outputs (user outputs, gradients) leave the step's memory
+ * when made: they belong to the caller, are the same for every partition, and counting gradients to
+ * the end would bury the activations under the parameter-sized gradients. The executor
+ * (src/runtime) reports the real planned peaks. */
 int ag__plan_peak(const ag__part *P, const ag__plan *pl, ag__peak *out);
+
+/* What running subgraph sub (an invoke_subgraph's, nothing nested) holds beyond its inputs
+ * and outputs: the highest bytes of its intermediate values alive at once, each freed after
+ * its last read (views share their base's storage; inputs and constants cost nothing; the
+ * outputs are the caller's buffers, counted by the call). The peak model adds it to what is
+ * live at each call (ag__pinfo.sub_extra). A negative status on failure (out of memory). */
+int64_t ag__subgraph_extra_bytes(const ag_graph *sub);
 
 /* Adds to a saved set every random node the backward would otherwise run again (aotgrad does
  * not functionalize the generator), every collective it would run again that is not tagged

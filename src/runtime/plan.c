@@ -44,6 +44,17 @@
  * plan never places a member's output over what the fused kernel still reads. A group whose
  * operands a run finds unsuitable runs its members one by one. Results are bit-identical.
  *
+ * Subgraphs. A call of invoke_subgraph is a step like a multi-output kernel whose outputs the
+ * memory plan places as any other; its subgraph gets one plan of its own (made at ag_plan_new
+ * with the same options, whatever the number of calls) that the step runs on the operands with
+ * the step's output structs as destinations: a subgraph output that is a kernel output of its
+ * own is computed straight into the caller's buffer; an operand passed through (a region's
+ * forward saving its input) is no buffer at all: the call's getitem reads the operand's value,
+ * as a view would, unless a later node of the graph may mutate a value (then it is copied, as
+ * are views and constants). A None output (a grad nobody needs) is left empty. The subgraph's
+ * plan hands nothing out, so no buffer of the caller aliases one that the next call
+ * overwrites.
+ *
  * Checking mode (ag_plan_opts.checking) fills every arena buffer with a poison pattern (a
  * NaN with a fixed payload for floats, 0xAB bytes otherwise) at the start of a run and as soon
  * as its last reader ran; before each kernel it checks that no two buffers alive at that node
@@ -73,6 +84,8 @@ typedef struct pv {
     int ph;   /* INPUT: placeholder position */
     int last; /* last node reading it */
     bool dyn; /* ALIAS rooted at an input: geometry recomputed each run */
+    int pass; /* invoke_subgraph output slots: 1 + the operand's value it passes through (the
+               * slot is an ALIAS of it, its getitem reads the operand), else 0 */
     ag_tmeta val;
 } pv;
 
@@ -87,10 +100,11 @@ typedef struct pbuf {
     int start, end;
     int64_t offset; /* arena offset; -1 for output buffers */
     bool out;
-    int root;       /* the value that made it */
-    ag_storage st;  /* arena buffers: points into the arena */
-    tpool owners;   /* output buffers: storages (held through owner tensors) */
-    ag_tensor *cur; /* output buffers: this run's owner */
+    int root;         /* the value that made it */
+    ag_storage st;    /* arena buffers: points into the arena */
+    tpool owners;     /* output buffers: storages (held through owner tensors) */
+    ag_tensor *cur;   /* output buffers: this run's owner */
+    ag_storage *into; /* output buffers of a subgraph's run: the caller's storage written */
 } pbuf;
 
 typedef enum step_kind { STEP_KERNEL = 0, STEP_VIEW } step_kind;
@@ -107,6 +121,7 @@ typedef struct pstep {
     int nreads;
     void *mem; /* lists, int arrays and strings the args point to (in the plan's step_mem) */
     ag__fuse_group fuse; /* the first step of a fused group: its rule (fuse.f->n steps) */
+    int sub;             /* invoke_subgraph: 1 + the index of its subgraph's plan; else 0 */
 } pstep;
 
 typedef struct pout {
@@ -139,14 +154,23 @@ struct ag_plan {
     char *arena;
     int64_t arena_bytes, sum_bytes, ideal_bytes, out_bytes;
     int ninplace, nplanned, nkernel, nview, narena_bufs;
-    ag_storage dummy;        /* what idle pool tensors point at */
-    ag_tensor **pick;        /* per output slot: the struct chosen this run */
-    int *by_end;             /* checking: arena buffers by end */
-    int *live;               /* checking: scratch */
-    ag__fuse_group *fuse_at; /* building: per node, the fused group it starts */
-    int nfused;              /* fused groups */
-    int64_t fused_declined;  /* group runs that fell back to one kernel per node */
-    bool coll_check;         /* the collective-order check (coll_order.c) is due */
+    ag_storage dummy;           /* what idle pool tensors point at */
+    ag_tensor **pick;           /* per output slot: the struct chosen this run */
+    int *by_end;                /* checking: arena buffers by end */
+    int *live;                  /* checking: scratch */
+    ag__fuse_group *fuse_at;    /* building: per node, the fused group it starts */
+    int nfused;                 /* fused groups */
+    int64_t fused_declined;     /* group runs that fell back to one kernel per node */
+    bool coll_check;            /* the collective-order check (coll_order.c) is due */
+    const ag_graph **subgraphs; /* the subgraphs invoke_subgraph calls, one plan each */
+    ag_plan **subplans;
+    int nsubplans;
+    int64_t subgraphs_cap, subplans_cap;
+    int64_t nruns; /* successful runs */
+    int64_t ninto; /* subgraph runs: outputs computed in the caller's buffers, all runs */
+    int64_t npass; /* subgraph runs: operands passed through (the caller reads the operand) */
+    int64_t ncopy; /* subgraph runs: outputs copied into the caller's buffers */
+    int last_mut;  /* building: the last node that may mutate a value (-1: none) */
 };
 
 static int64_t align_up(int64_t n) {
@@ -286,8 +310,84 @@ static int count_values(const ag_graph *g, int *ncalls) {
     return n;
 }
 
+/* The plan of subgraph sub (*k: its index), made on first use with the plan's options: a
+ * subgraph is planned once however many calls run it. */
+static int subplan_of(ag_plan *p, const ag_graph *sub, int *k) {
+    for (int i = 0; i < p->nsubplans; i++)
+        if (p->subgraphs[i] == sub) {
+            if (k)
+                *k = i;
+            return 0;
+        }
+    int n = p->nsubplans;
+    if (ag__grow((void **)&p->subgraphs, &p->subgraphs_cap, n + 1, sizeof *p->subgraphs) ||
+        ag__grow((void **)&p->subplans, &p->subplans_cap, n + 1, sizeof *p->subplans))
+        return AG_ENOMEM;
+    const ag_graph **gs = p->subgraphs;
+    ag_plan **ps = p->subplans;
+    ag_plan *sp = ag_plan_new(sub, &p->opts);
+    if (!sp) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", ag_last_error());
+        int rc = ag_last_status();
+        return ag__err(rc < 0 ? rc : AG_EINVAL, "plan_new: a subgraph: %s", msg);
+    }
+    gs[n] = sub;
+    ps[n] = sp;
+    p->nsubplans = n + 1;
+    if (k)
+        *k = n;
+    return 0;
+}
+
+/* Whether call x may write a tensor it reads: an in-place or mutating op, or a subgraph call
+ * whose subgraph holds one. */
+static bool may_mutate(const ag_node *x) {
+    const ag_op *op = ag_node_op(x);
+    if (ag_op_def(op)->flags & AG_OP_INPLACE)
+        return true;
+    for (int a = 0; a < op->nargs; a++)
+        if (op->mutates[a])
+            return true;
+    if (ag_op_def(op)->flags & AG_OP_SUBGRAPH) {
+        const ag_graph *sub = ag_node_subgraph(ag_node_arg_node(x, 0));
+        for (ag_node *y = sub ? ag_graph_first(sub) : NULL; y; y = ag_node_next(y))
+            if (ag_node_kind_of(y) == AG_NODE_CALL && may_mutate(y))
+                return true;
+    }
+    return false;
+}
+
+/* Output k of subgraph call x when its subgraph returns placeholder j there: the value of
+ * operand j, which the call's readers then read directly (no copy into a buffer of its own);
+ * else -1. Only when nothing after the call may mutate a value (p->last_mut), so the operand
+ * and the output cannot diverge. */
+static int passthrough_value(ag_plan *p, const ag_node *x, int k) {
+    if (ag_node_index(x) <= p->last_mut)
+        return -1;
+    const ag_graph *sub = ag_node_subgraph(ag_node_arg_node(x, 0));
+    const ag_node *o = sub ? ag_graph_output_node(sub) : NULL;
+    const ag_garg *oa = o ? ag_node_arg(o, 0) : NULL;
+    if (!oa || oa->kind != AG_GA_NODES || k >= oa->n || !oa->u.nodes[k] ||
+        ag_node_kind_of(oa->u.nodes[k]) != AG_NODE_PLACEHOLDER)
+        return -1;
+    int j = 0;
+    for (ag_node *y = ag_graph_first(sub); y && y != oa->u.nodes[k]; y = ag_node_next(y))
+        j += ag_node_kind_of(y) == AG_NODE_PLACEHOLDER;
+    const ag_garg *ops = ag_node_arg(x, 2);
+    int v = -1;
+    if (!ops || ops->kind != AG_GA_NODES || j >= ops->n || !ops->u.nodes[j] ||
+        val_of_node(p, x, ops->u.nodes[j], &v))
+        return -1;
+    return v;
+}
+
 /* Assigns every node its values (kinds, roots) and checks what the executor supports. */
 static int assign_values(ag_plan *p, const ag_graph *g) {
+    p->last_mut = -1;
+    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x))
+        if (ag_node_kind_of(x) == AG_NODE_CALL && may_mutate(x))
+            p->last_mut = ag_node_index(x);
     for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
         int i = ag_node_index(x);
         p->node_val[i] = -1;
@@ -302,6 +402,12 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
             break;
         }
         case AG_NODE_GET_ATTR: {
+            if (ag_node_subgraph(x)) { /* read by invoke_subgraph only: no value */
+                int rc = subplan_of(p, ag_node_subgraph(x), NULL);
+                if (rc)
+                    return rc;
+                break;
+            }
             ag_tensor *c = ag_node_constant(x);
             if (!c || !c->storage->data)
                 return ag__err(AG_EINVAL, "plan_new: %%%s: get_attr without a real constant",
@@ -321,6 +427,8 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
                 k >= ag_node_num_vals(src) || p->node_val[ag_node_index(src)] < 0)
                 return ag__err(AG_EINVAL, "plan_new: %%%s: bad getitem", ag_node_name(x));
             p->node_val[i] = p->node_val[ag_node_index(src)] + (int)k;
+            if (p->vals[p->node_val[i]].pass) /* an operand passed through: read it */
+                p->node_val[i] = p->vals[p->node_val[i]].pass - 1;
             break;
         }
         case AG_NODE_CALL: {
@@ -364,6 +472,12 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
                 int v = new_value(p, PV_BUF, i, ag_node_val(x, k));
                 if (k == 0)
                     p->node_val[i] = v;
+                int src = (def->flags & AG_OP_SUBGRAPH) ? passthrough_value(p, x, k) : -1;
+                if (src >= 0) {
+                    p->vals[v].kind = PV_ALIAS;
+                    p->vals[v].root = p->vals[src].root;
+                    p->vals[v].pass = src + 1;
+                }
             }
             break;
         }
@@ -386,7 +500,7 @@ static int for_each_read(ag_plan *p, const ag_node *x, read_fn fn, void *ud) {
         int cnt = a->kind == AG_GA_NODE ? 1 : a->kind == AG_GA_NODES ? a->n : 0;
         for (int k = 0; k < cnt; k++) {
             ag_node *d = a->kind == AG_GA_NODE ? a->u.node : a->u.nodes[k];
-            if (!d)
+            if (!d || ag_node_subgraph(d))
                 continue;
             int v = -1, rc = val_of_node(p, x, d, &v);
             if (rc == 0)
@@ -469,6 +583,8 @@ static int plan_buffers(ag_plan *p, const ag_graph *g, const int *rend, const bo
         for (int k = 0; k < ag_node_num_vals(x); k++) {
             int o = p->node_val[i] + k;
             pv *ov = &p->vals[o];
+            if (ov->pass) /* an operand passed through: no buffer */
+                continue;
             int src = k == 0 ? inplace_source(p, x, o, out_root) : -1;
             if (!out_root[o]) {
                 p->sum_bytes += align_up(val_bytes(&ov->val));
@@ -582,7 +698,7 @@ static int bind_args(ag_plan *p, const ag_node *x, pstep *s) {
             raw[i] = AG_A_NONE;
             break;
         case AG_GA_NODE:
-            if (!a->u.node) {
+            if (!a->u.node || ag_node_subgraph(a->u.node)) { /* a subgraph: the step's plan */
                 raw[i] = AG_A_NONE;
                 break;
             }
@@ -638,6 +754,10 @@ static int bind_args(ag_plan *p, const ag_node *x, pstep *s) {
             break;
         }
         }
+    }
+    if (ag_op_def(op)->flags & AG_OP_SUBGRAPH) { /* run by its plan: no schema to fill */
+        memcpy(s->args, raw, sizeof(ag_arg) * (size_t)na);
+        return 0;
     }
     int rc = ag__op_check_args(op, raw, na, s->args);
     if (rc) {
@@ -741,10 +861,19 @@ static int make_steps(ag_plan *p, const ag_graph *g) {
             continue;
         }
         s->kind = STEP_KERNEL;
+        if (def->flags & AG_OP_SUBGRAPH) {
+            int k = 0;
+            if ((rc = subplan_of(p, ag_node_subgraph(ag_node_arg_node(x, 0)), &k)))
+                return rc;
+            s->sub = k + 1;
+        }
         int nv = ag_node_num_vals(x);
         s->nouts = nv;
-        for (int k = 0; k < nv; k++)
-            s->outs[k] = p->tp[p->node_val[i] + ((def->flags & AG_OP_INPLACE) ? 0 : k)];
+        for (int k = 0; k < nv; k++) {
+            int v = p->node_val[i] + ((def->flags & AG_OP_INPLACE) ? 0 : k);
+            /* an operand passed through: the subgraph's plan sees its struct as the output */
+            s->outs[k] = p->tp[p->vals[v].pass ? p->vals[v].pass - 1 : v];
+        }
         ag_dtype kdt = kernel_dtype(s, op->nargs, nv ? ag_node_val(x, 0) : NULL);
         p->nsteps++;
         p->nkernel++;
@@ -1017,6 +1146,10 @@ void ag_plan_free(ag_plan *p) {
     ag__free(p->by_end);
     ag__free(p->live);
     ag__free(p->fuse_at);
+    for (int k = 0; k < p->nsubplans; k++)
+        ag_plan_free(p->subplans[k]);
+    ag__free(p->subplans);
+    ag__free(p->subgraphs);
     ag__free(p);
 }
 
@@ -1043,6 +1176,19 @@ void ag__plan_get_stats(const ag_plan *p, ag__plan_stats *s) {
             s->pooled_storages += p->bufs[b].owners.n;
         }
     s->fused_groups = p->nfused;
+    s->subplans = p->nsubplans;
+    for (int k = 0; k < p->nsubplans; k++) {
+        ag__plan_stats ss;
+        ag__plan_get_stats(p->subplans[k], &ss);
+        s->subplan_runs += ss.runs;
+        s->subplan_direct_outputs += ss.direct_outputs;
+        s->subplan_passed_outputs += ss.passed_outputs;
+        s->subplan_copied_outputs += ss.copied_outputs;
+    }
+    s->passed_outputs = p->npass;
+    s->copied_outputs = p->ncopy;
+    s->runs = p->nruns;
+    s->direct_outputs = p->ninto;
     s->fused_declined = p->fused_declined;
     s->arena_bytes = p->arena_bytes;
     s->sum_bytes = p->sum_bytes;
@@ -1211,16 +1357,12 @@ static int bind_inputs(ag_plan *p, ag_tensor *const *inputs, int ninputs) {
 
 /* Takes this run's storage for every output buffer (reusing free ones) and points every
  * value at its storage. On ENOMEM nothing is handed out and the pools stay consistent. */
-static int acquire_storages(ag_plan *p) {
-    for (int k = 0; k < p->nouts; k++) {
-        tpool *tp = &p->outs[k].pool;
-        for (int64_t i = 0; i < tp->n; i++)
-            if (slot_idle(tp->t[i]))
-                reclaim(p, tp->t[i]);
-    }
+/* This run's storage of each output buffer not bound to a caller's storage: an idle one from
+ * its pool, else a new one. */
+static int acquire_out_buffers(ag_plan *p) {
     for (int bi = 0; bi < p->nbufs; bi++) {
         pbuf *b = &p->bufs[bi];
-        if (!b->out)
+        if (!b->out || b->into)
             continue;
         b->cur = NULL;
         for (int64_t i = 0; i < b->owners.n && !b->cur; i++)
@@ -1238,6 +1380,7 @@ static int acquire_storages(ag_plan *p) {
         }
         pool_trim(&b->owners, b->cur, owner_idle);
     }
+    /* Every value rooted at an input or an output buffer takes this run's storage. */
     for (int v = 0; v < p->nvals; v++) {
         const pv *x = &p->vals[v];
         const pv *r = &p->vals[x->root];
@@ -1246,9 +1389,40 @@ static int acquire_storages(ag_plan *p) {
         if (r->kind == PV_INPUT)
             p->tens[v].storage = p->tens[x->root].storage;
         else if (r->kind == PV_BUF && p->bufs[r->buf].out)
-            p->tens[v].storage = p->bufs[r->buf].cur->storage;
+            p->tens[v].storage =
+                p->bufs[r->buf].into ? p->bufs[r->buf].into : p->bufs[r->buf].cur->storage;
     }
     return 0;
+}
+
+static int acquire_storages(ag_plan *p) {
+    for (int bi = 0; bi < p->nbufs; bi++)
+        p->bufs[bi].into = NULL;
+    for (int k = 0; k < p->nouts; k++) {
+        tpool *tp = &p->outs[k].pool;
+        for (int64_t i = 0; i < tp->n; i++)
+            if (slot_idle(tp->t[i]))
+                reclaim(p, tp->t[i]);
+    }
+    return acquire_out_buffers(p);
+}
+
+/* A subgraph's run (plan_run_into): an output buffer whose value is output k itself is bound
+ * to dst[k]'s storage (its kernel writes there); the others come from their pools. */
+static int acquire_storages_into(ag_plan *p, ag_tensor *const *dst) {
+    for (int bi = 0; bi < p->nbufs; bi++)
+        p->bufs[bi].into = NULL;
+    for (int k = 0; k < p->nouts; k++) {
+        const pout *po = &p->outs[k];
+        if (po->val < 0 || po->same_as >= 0)
+            continue;
+        const pv *x = &p->vals[po->val];
+        if (x->kind != PV_BUF || x->root != po->val || !p->bufs[x->buf].out ||
+            p->bufs[x->buf].into || dst[k]->storage->nbytes < (size_t)p->bufs[x->buf].bytes)
+            continue;
+        p->bufs[x->buf].into = dst[k]->storage;
+    }
+    return acquire_out_buffers(p);
 }
 
 /* Per thread: a profiler sees the steps of the plans its own thread runs. */
@@ -1261,7 +1435,27 @@ void ag__plan_set_step_hook(ag__plan_step_fn fn, void *ud) {
 }
 
 /* Calls one step's kernel; bumps the versions of what it mutates. */
+static int plan_run_into(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor *const *dst,
+                         int ndst);
+
+/* invoke_subgraph: runs the subgraph's plan on the operands, its outputs written into the
+ * step's buffers (plan_run_into): nothing of the subplan's is handed out, so nothing of the
+ * outer plan aliases a buffer the next call reuses, and a warm run allocates nothing. */
+static int run_subgraph(ag_plan *p, pstep *s) {
+    ag_plan *sp = p->subplans[s->sub - 1];
+    const ag_arg *ops = &s->args[2];
+    int rc = plan_run_into(sp, ops->u.ts, ops->n, s->outs, s->nouts);
+    if (rc < 0) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", ag_last_error());
+        return ag__err(rc, "plan: %%%s: %s", nname(p, s->node), msg);
+    }
+    return 0;
+}
+
 static int run_kernel(ag_plan *p, pstep *s, ag__tls_state *ts) {
+    if (s->sub)
+        return run_subgraph(p, s);
     if (step_hook)
         step_hook(ag_op_name(s->op), nname(p, s->node), step_hook_ud);
     ts->dispatch_depth++;
@@ -1433,6 +1627,66 @@ static int take_outputs(ag_plan *p, ag_tensor *const *inputs, ag_tensor **outs) 
     return rc;
 }
 
+/* The arena, allocated by the first run. */
+static int ensure_arena(ag_plan *p) {
+    if (p->arena)
+        return 0;
+    p->arena = ag__malloc((size_t)(p->arena_bytes > 0 ? p->arena_bytes : AG_ALIGN));
+    if (!p->arena)
+        return AG_ENOMEM;
+    for (int b = 0; b < p->nbufs; b++)
+        if (!p->bufs[b].out)
+            p->bufs[b].st.data = p->arena + p->bufs[b].offset;
+    return 0;
+}
+
+/* A subgraph's run: output k is written into dst[k] (a contiguous tensor of its val, which the
+ * caller owns): computed there when it is a kernel output of its own, else copied (an input
+ * passed through, a view, a constant); a None output writes nothing (dst[k] is the f32[0] of
+ * its val). Nothing is handed out. */
+static int plan_run_into(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor *const *dst,
+                         int ndst) {
+    if (ndst != p->nouts)
+        return ag__err(AG_EINVAL, "plan: the subgraph has %d outputs, the call %d", p->nouts, ndst);
+    int rc = bind_inputs(p, inputs, ninputs);
+    if (rc == 0 && p->coll_check)
+        rc = check_collectives(p);
+    if (rc == 0)
+        rc = ensure_arena(p);
+    if (rc == 0)
+        rc = acquire_storages_into(p, dst);
+    if (rc)
+        return rc;
+    ag_scope_begin();
+    rc = run_steps(p);
+    ag_scope_end();
+    if (rc) {
+        settle_collectives(p);
+        return rc;
+    }
+    for (int k = 0; k < p->nouts; k++) {
+        const pout *po = &p->outs[k];
+        if (po->val < 0)
+            continue; /* None: its val in the call is an f32[0] nothing reads */
+        const pv *x = &p->vals[po->val];
+        if (po->same_as < 0 && x->kind == PV_BUF && x->root == po->val &&
+            p->bufs[x->buf].into == dst[k]->storage) {
+            p->ninto++;
+            continue; /* computed in the caller's buffer */
+        }
+        if (x->kind == PV_INPUT && dst[k] == inputs[x->ph]) {
+            p->npass++; /* the caller reads the operand itself */
+            continue;
+        }
+        const ag_tensor *src = x->kind == PV_INPUT ? inputs[x->ph] : p->tp[po->val];
+        if ((rc = ag__copy_into(dst[k], src)))
+            return rc;
+        p->ncopy++;
+    }
+    p->nruns++;
+    return 0;
+}
+
 int ag_plan_run(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor **outs, int max_out) {
     AG__CHECK_NULL("plan_run", p);
     if (ninputs > 0)
@@ -1447,14 +1701,8 @@ int ag_plan_run(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor **o
         return rc;
     if (p->coll_check && (rc = check_collectives(p)))
         return rc;
-    if (!p->arena) {
-        p->arena = ag__malloc((size_t)(p->arena_bytes > 0 ? p->arena_bytes : AG_ALIGN));
-        if (!p->arena)
-            return AG_ENOMEM;
-        for (int b = 0; b < p->nbufs; b++)
-            if (!p->bufs[b].out)
-                p->bufs[b].st.data = p->arena + p->bufs[b].offset;
-    }
+    if ((rc = ensure_arena(p)))
+        return rc;
     if ((rc = acquire_storages(p)))
         return rc;
     /* Kernels that call ops internally hand their temporaries to a scope: ours. */
@@ -1468,6 +1716,7 @@ int ag_plan_run(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor **o
     }
     if ((rc = take_outputs(p, inputs, outs)))
         return rc;
+    p->nruns++;
     if (caller_scope)
         for (int k = 0; k < p->nouts; k++)
             if (outs[k] && !ag__give(outs[k])) {

@@ -56,6 +56,19 @@ typedef struct ag__plan_stats {
     int64_t pooled_storages; /* output storages the pools hold now (in use or spare) */
     int fused_groups;        /* groups of kernel calls that run as one fused kernel */
     int64_t fused_declined;  /* group runs so far that fell back to one call per node */
+    int subplans;            /* plans of the subgraphs invoke_subgraph calls (one per subgraph) */
+    int64_t runs;            /* runs so far */
+    int64_t subplan_runs;    /* runs so far of the subgraphs' plans, all together */
+    int64_t direct_outputs;  /* as a subgraph's plan: outputs its kernels wrote straight into
+                              * the calling plan's buffers (the others are copied), all runs */
+    int64_t subplan_direct_outputs; /* the same, over the subgraphs' plans */
+    int64_t passed_outputs;         /* as a subgraph's plan: outputs that are an operand passed
+                                     * through, which the caller reads itself (no copy) */
+    int64_t copied_outputs;         /* as a subgraph's plan: outputs copied into the caller's
+                                     * buffers (views, constants, operands passed through where
+                                     * a later node may mutate), all runs */
+    int64_t subplan_passed_outputs; /* the same two, over the subgraphs' plans */
+    int64_t subplan_copied_outputs;
 } ag__plan_stats;
 
 void ag__plan_get_stats(const ag_plan *p, ag__plan_stats *s);
