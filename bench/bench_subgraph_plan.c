@@ -86,8 +86,8 @@ static char *joint_text(int n, int B, int D, int H) {
     for (int c = 0; c < n; c++) {
         put(&b,
             "    %%fa%d = get_attr(repeated_subgraph0)  # subgraph\n"
-            "    %%fc%d = invoke_subgraph(%%fa%d, 'fw_subgraph_0', [%%%s, %%primals_%d, "
-            "%%primals_%d, %%primals_%d, %%primals_%d])  # (f32[%d, %d],)\n"
+            "    %%fc%d = invoke_subgraph(%%fa%d, 'fw_subgraph_0', %%%s, %%primals_%d, "
+            "%%primals_%d, %%primals_%d, %%primals_%d)  # (f32[%d, %d],)\n"
             "    %%y%d = getitem(%%fc%d, 0)  # f32[%d, %d]\n",
             c, c, c, prev, 2 + 4 * c, 3 + 4 * c, 4 + 4 * c, 5 + 4 * c, B, D, c, c, B, D);
         snprintf(prev, sizeof prev, "y%d", c);
@@ -101,8 +101,8 @@ static char *joint_text(int n, int B, int D, int H) {
             snprintf(in, sizeof in, "y%d", c - 1);
         put(&b,
             "    %%ba%d = get_attr(repeated_subgraph1)  # subgraph\n"
-            "    %%bc%d = invoke_subgraph(%%ba%d, 'bw_subgraph_0_0', [%%%s, %%primals_%d, "
-            "%%primals_%d, %%primals_%d, %%primals_%d, %%%s])  # (f32[%d, %d], f32[%d, %d], "
+            "    %%bc%d = invoke_subgraph(%%ba%d, 'bw_subgraph_0_0', %%%s, %%primals_%d, "
+            "%%primals_%d, %%primals_%d, %%primals_%d, %%%s)  # (f32[%d, %d], f32[%d, %d], "
             "f32[%d], f32[%d, %d], f32[%d], f32[%d, %d])\n",
             c, c, c, in, 2 + 4 * c, 3 + 4 * c, 4 + 4 * c, 5 + 4 * c, g, B, D, H, D, H, D, H, D, B,
             D);
