@@ -65,7 +65,7 @@ typedef struct ag_tmeta {
     int64_t offset;
 } ag_tmeta;
 
-#define AG_MAX_OUTPUTS 16
+#define AG_MAX_OUTPUTS 64
 #define AG_MAX_ARGS 16
 
 /* Op flags. */

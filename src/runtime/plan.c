@@ -114,7 +114,7 @@ typedef struct pstep {
     int node;
     const ag_op *op;
     ag_arg args[AG_MAX_ARGS];
-    ag_tensor *outs[AG_MAX_OUTPUTS];
+    ag_tensor **outs; /* nouts output structs (in mem) */
     int nouts;
     int view_val; /* STEP_VIEW: the view's value */
     int *reads;   /* values of the tensor arguments (checking) */
@@ -650,10 +650,11 @@ static int plan_buffers(ag_plan *p, const ag_graph *g, const int *rend, const bo
 
 /* ---- building: tensor structs and steps ---- */
 
-/* The bytes of a call's step memory: 8-byte items (tensor pointers, ints) first, then the
+/* The bytes of a call's step memory: 8-byte items (its output structs, then the tensor
+ * pointers and ints of its arguments) first, then the
  * reads, then strings, rounded up to 8 so that the next step's block stays aligned. */
 static size_t step_mem_bytes(const ag_node *x, size_t *wide_out, int *nreads_out) {
-    size_t wide = 0, chars = 0;
+    size_t wide = sizeof(ag_tensor *) * (size_t)ag_node_num_vals(x), chars = 0; /* outs */
     int nreads = 0;
     for (int i = 0; i < ag_node_nargs(x); i++) {
         const ag_garg *a = ag_node_arg(x, i);
@@ -689,6 +690,10 @@ static int bind_args(ag_plan *p, const ag_node *x, pstep *s) {
     char *m = s->mem;
     s->reads = (int *)(m + wide);
     char *mstr = m + wide + sizeof(int) * (size_t)nreads;
+    s->outs = (ag_tensor **)m; /* the output structs first (make_steps fills them) */
+    m += sizeof(ag_tensor *) * (size_t)ag_node_num_vals(x);
+    for (int k = 0; k < ag_node_num_vals(x); k++)
+        s->outs[k] = NULL;
     ag_arg raw[AG_MAX_ARGS];
     for (int i = 0; i < na; i++) {
         const ag_garg *a = ag_node_arg(x, i);
