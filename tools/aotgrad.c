@@ -40,12 +40,12 @@ static const struct {
      "[--model cnn|mlp|gpt2] [--data PATH] [--steps N] [--batch B] [--lr F] [--seed S] "
      "[--schedule cosine|constant] [--warmup N] [--decay-steps N] [--min-lr F] [--clip F] "
      "[--partitioner default|mincut] [--budget F] [--parallel dp|fsdp|tp] "
-     "[--save DIR|FILE.safetensors] [--resume DIR] [--load FILE] [--checkpoint]",
+     "[--save DIR|FILE.safetensors] [--resume DIR] [--load FILE] [--checkpoint] [--nested-blocks]",
      "the main job: export, partition, compile and train a zoo model (default the cnn on "
      "Fashion-MNIST); --parallel under mpirun"},
     {"check", cli_check,
-     "MODEL|FILE.joint [--config NAME] [--dropout P] [--partitioner default|mincut] "
-     "[--budget F] [--steps N] [--interpret]",
+     "MODEL|FILE.joint [--config NAME] [--dropout P] [--nested-blocks] "
+     "[--partitioner default|mincut] [--budget F] [--steps N] [--interpret]",
      "eager vs compiled side by side for a few SGD steps; for FILE.joint (a saved joint) "
      "compiled vs interpreted and finite differences; exits 1 on a mismatch"},
     {"models", cli_models, "", "list the model zoo"},

@@ -1,11 +1,11 @@
-/* `aotgrad check MODEL|FILE.joint [--config NAME] [--dropout P] [--partitioner default|mincut]
- * [--budget F] [--steps N] [--interpret]`: for a saved joint (a name ending in .joint) see
- * cmd_check_saved.c; for a zoo model, runs a zoo model eagerly and through export -> partition ->
- * compile side by side for a few SGD steps, and prints the largest differences of outputs,
- * parameter gradients, buffers (BatchNorm running statistics) and the inputs after the call (a
- * model may mutate its inputs, through views too). Exits 1 when a difference exceeds the
- * tolerance: 1e-5 (float32) or 1e-12 (float64), relative to the reference's largest magnitude,
- * NaN matching NaN and infinities matching the same infinities (cli_compare.c),
+/* `aotgrad check MODEL|FILE.joint [--config NAME] [--dropout P] [--nested-blocks]
+ * [--partitioner default|mincut] [--budget F] [--steps N] [--interpret]`: for a saved joint (a name
+ * ending in .joint) see cmd_check_saved.c; for a zoo model, runs a zoo model eagerly and through
+ * export -> partition -> compile side by side for a few SGD steps, and prints the largest
+ * differences of outputs, parameter gradients, buffers (BatchNorm running statistics) and the
+ * inputs after the call (a model may mutate its inputs, through views too). Exits 1 when a
+ * difference exceeds the tolerance: 1e-5 (float32) or 1e-12 (float64), relative to the reference's
+ * largest magnitude, NaN matching NaN and infinities matching the same infinities (cli_compare.c),
  * or when the side effects of effectful ops (the zoo log, cli_effects.c) differ between the two
  * runs. Both runs share the one generator: each step saves its state before the eager step and
  * restores it before the compiled one, so both draw the same numbers; a model with random ops
@@ -58,13 +58,15 @@ int cli_check(int argc, char **argv) {
             i++;
         } else if (!strcmp(argv[i], "--interpret")) {
             co.interpret = true;
+        } else if (!strcmp(argv[i], "--nested-blocks")) {
+            zo.nested_blocks = true;
         } else if (argv[i][0] != '-' && !model) {
             model = argv[i];
         } else {
             fprintf(stderr,
                     "aotgrad check: bad option '%s'\nusage: aotgrad check MODEL [--config NAME] "
-                    "[--dropout P] [--partitioner default|mincut] [--budget F] [--steps N] "
-                    "[--interpret]\n",
+                    "[--dropout P] [--nested-blocks] [--partitioner default|mincut] [--budget F] "
+                    "[--steps N] [--interpret]\n",
                     argv[i]);
             return 2;
         }
@@ -74,10 +76,10 @@ int cli_check(int argc, char **argv) {
         return 2;
     }
     if (cli_is_joint_file(model)) {
-        if (config || zo.set_dropout) {
+        if (config || zo.set_dropout || zo.nested_blocks) {
             fprintf(stderr,
-                    "aotgrad check: --config and --dropout choose a zoo model's build; "
-                    "%s is a saved joint\n",
+                    "aotgrad check: --config, --dropout and --nested-blocks choose a zoo model's "
+                    "build; %s is a saved joint\n",
                     model);
             return 2;
         }

@@ -22,6 +22,11 @@
  *                                      activations recomputed in the backward (the same losses,
  *                                      less saved memory), also under --parallel (the
  *                                      sharding pass keeps the recompute tags)
+ *   --nested-blocks                    gpt2 with each block a nested compile region
+ *                                      (ag_module_set_compile_region): one block traced,
+ *                                      differentiated, partitioned and planned once, every block
+ *                                      calling it (the same losses); under --parallel the
+ *                                      sharding pass inlines the regions first
  *   --schedule cosine|constant --warmup N --decay-steps N --min-lr F --clip F
  *                                      the recipe: gpt2 defaults to nanoGPT's (warmup + cosine,
  *                                      clip 1.0, no weight decay on biases and norms); cnn and
@@ -162,6 +167,7 @@ typedef struct train_opts {
     const char *parallel;    /* --parallel dp|fsdp|tp, or NULL */
     const char *save, *load; /* --save FILE, --load FILE */
     bool checkpoint;         /* --checkpoint: gpt2's blocks checkpointed */
+    bool nested_blocks;      /* --nested-blocks: gpt2's blocks nested compile regions */
     int rank, world;         /* of the world under --parallel; 0 and 1 otherwise */
 } train_opts;
 
@@ -763,6 +769,7 @@ static int train_gpt2(train_opts *o) {
     int64_t n = (int64_t)nbytes;
     ag_gpt2_config cfg = ag_gpt2_config_tiny();
     cfg.checkpoint_blocks = o->checkpoint;
+    cfg.compile_region_blocks = o->nested_blocks;
     int64_t T = cfg.block_size, B = o->batch;
     if (!text || n < T + 2) {
         free(text);
@@ -790,8 +797,10 @@ static int train_gpt2(train_opts *o) {
                "context %lld, %lld parameters%s) on %s (%lld bytes), batch %lld, %lld steps\n",
                (long long)cfg.n_layer, (long long)cfg.n_embd, (long long)cfg.n_head, (long long)T,
                (long long)ag_module_num_parameters(model),
-               o->checkpoint ? ", blocks checkpointed" : "", path, (long long)n, (long long)B,
-               total);
+               o->checkpoint      ? ", blocks checkpointed"
+               : o->nested_blocks ? ", blocks as nested compile regions"
+                                  : "",
+               path, (long long)n, (long long)B, total);
         status = resolve_recipe(o, total, 0.1);
     }
     if (!status) {
@@ -952,6 +961,8 @@ int cli_train(int argc, char **argv) {
             o.parallel = v, i++;
         else if (!strcmp(argv[i], "--checkpoint"))
             o.checkpoint = true;
+        else if (!strcmp(argv[i], "--nested-blocks"))
+            o.nested_blocks = true;
         else if (!strcmp(argv[i], "--partitioner") && v && !strcmp(v, "default"))
             o.partitioner = AG_PARTITION_DEFAULT, i++;
         else if (!strcmp(argv[i], "--partitioner") && v && !strcmp(v, "mincut"))
@@ -970,7 +981,8 @@ int cli_train(int argc, char **argv) {
                             "[--partitioner default|mincut] [--budget F] "
                             "[--parallel dp|fsdp|tp] [--save FILE.safetensors|DIR] [--load FILE] "
                             "[--resume DIR] [--schedule cosine|constant] [--warmup N] "
-                            "[--decay-steps N] [--min-lr F] [--clip F] [--checkpoint]\n");
+                            "[--decay-steps N] [--min-lr F] [--clip F] [--checkpoint] "
+                            "[--nested-blocks]\n");
             return 2;
         }
     }
@@ -985,6 +997,18 @@ int cli_train(int argc, char **argv) {
                 "aotgrad train: --checkpoint checkpoints gpt2's blocks; --model %s has "
                 "none (use --model gpt2)\n",
                 o.model);
+        return 2;
+    }
+    if (o.nested_blocks && !gpt2) {
+        fprintf(stderr,
+                "aotgrad train: --nested-blocks makes gpt2's blocks nested compile regions; "
+                "--model %s has none (use --model gpt2)\n",
+                o.model);
+        return 2;
+    }
+    if (o.nested_blocks && o.checkpoint) {
+        fprintf(stderr, "aotgrad train: --nested-blocks with --checkpoint: a checkpointed "
+                        "nested compile region is not supported yet (use one of them)\n");
         return 2;
     }
     o.batch = o.batch ? o.batch : gpt2 ? 16 : 128;
