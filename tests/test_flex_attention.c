@@ -1,0 +1,496 @@
+/* flex_attention and block masks (include/aotgrad/flex_attention.h): the block mask's
+ * structure for a small causal case, exactly; which tiles the kernel visits (mask_mod only on
+ * partial tiles, score_mod never on empty ones); outputs, logsumexp and gradients against plain
+ * masked attention built from primitive ops (matmul, masked_fill, softmax, matmul; the mask and
+ * the ALiBi bias built from plain C loops) for causal, sliding window, document masking,
+ * ALiBi as a score_mod with a learned slope buffer, grouped-query attention, cross attention
+ * and rows masked everywhere, in float32 and float64; gradcheck in float64; errors. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { M_NONE, M_CAUSAL, M_SLIDING, M_DOC, M_LATE };
+#define WINDOW 5
+#define LATE_FROM 5
+
+typedef struct mcase {
+    int kind;
+    const int64_t *doc_ids; /* M_DOC: per-token document ids (the mask_mod's buffer too) */
+    int calls;              /* mask_mod calls */
+} mcase;
+
+/* The truth, in plain C. */
+static bool keep(const mcase *c, int64_t i, int64_t j) {
+    switch (c->kind) {
+    case M_CAUSAL:
+        return j <= i;
+    case M_SLIDING:
+        return j <= i && i - j < WINDOW;
+    case M_DOC:
+        return c->doc_ids[i] == c->doc_ids[j];
+    case M_LATE:
+        return i >= LATE_FROM && j <= i;
+    default:
+        return true;
+    }
+}
+
+static ag_tensor *and_(ag_tensor *a, ag_tensor *b) {
+    return ag_where(a, b, a);
+}
+
+/* The same masks as mask_mods over tensors. */
+static ag_tensor *mask_fn(void *ud, ag_tensor *b, ag_tensor *h, ag_tensor *qi, ag_tensor *ki,
+                          ag_tensor *const *bufs, int nbuf) {
+    (void)b;
+    (void)h;
+    mcase *c = ud;
+    c->calls++;
+    switch (c->kind) {
+    case M_CAUSAL:
+        return ag_ge(qi, ki);
+    case M_SLIDING:
+        return and_(ag_ge(qi, ki), ag_lt_scalar(ag_sub(qi, ki), WINDOW));
+    case M_DOC:
+        assert_int_equal(nbuf, 1);
+        return ag_eq(ag_index(bufs[0], &qi, 1), ag_index(bufs[0], &ki, 1));
+    case M_LATE:
+        return and_(ag_ge_scalar(qi, LATE_FROM), ag_ge(qi, ki));
+    default:
+        return ag_ge_scalar(qi, 0);
+    }
+}
+
+static int score_calls;
+
+/* ALiBi: score + slope[h] * (kv_idx - q_idx). */
+static ag_tensor *alibi(void *ud, ag_tensor *score, ag_tensor *b, ag_tensor *h, ag_tensor *qi,
+                        ag_tensor *ki, ag_tensor *const *bufs, int nbuf) {
+    (void)ud;
+    (void)b;
+    assert_int_equal(nbuf, 1);
+    score_calls++;
+    ag_tensor *rel = ag_to_dtype(ag_sub(ki, qi), ag_tensor_dtype(score));
+    return ag_add(score, ag_mul(ag_index(bufs[0], &h, 1), rel));
+}
+
+/* A plain tanh soft-cap (no buffers): 4 tanh(score / 4). */
+static ag_tensor *softcap(void *ud, ag_tensor *score, ag_tensor *b, ag_tensor *h, ag_tensor *qi,
+                          ag_tensor *ki, ag_tensor *const *bufs, int nbuf) {
+    (void)ud, (void)b, (void)h, (void)qi, (void)ki, (void)bufs, (void)nbuf;
+    score_calls++;
+    return ag_mul_scalar(ag_tanh(ag_div_scalar(score, 4)), 4);
+}
+
+/* ---- the reference: materialized attention from primitive ops ---- */
+typedef struct ref_opts {
+    const mcase *mask;
+    ag_tensor *slopes; /* ALiBi when set */
+    bool softcap;
+    double scale;
+} ref_opts;
+
+/* out (and lse) of plain attention; results in the open scope. */
+static ag_tensor *reference(ag_tensor *q, ag_tensor *k, ag_tensor *v, const ref_opts *o,
+                            ag_tensor **lse) {
+    const ag_dtype dt = ag_tensor_dtype(q);
+    const int64_t B = ag_tensor_size(q, 0), Hq = ag_tensor_size(q, 1), L = ag_tensor_size(q, 2);
+    const int64_t Hkv = ag_tensor_size(k, 1), S = ag_tensor_size(k, 2), E = ag_tensor_size(k, 3);
+    const int64_t Ev = ag_tensor_size(v, 3);
+    if (Hkv != Hq) { /* grouped-query: repeat each kv head */
+        const int64_t G = Hq / Hkv;
+        int64_t ke[5] = {B, Hkv, G, S, E}, kr[4] = {B, Hq, S, E};
+        int64_t ve[5] = {B, Hkv, G, S, Ev}, vr[4] = {B, Hq, S, Ev};
+        k = ag_reshape(ag_expand(ag_unsqueeze(k, 2), 5, ke), 4, kr);
+        v = ag_reshape(ag_expand(ag_unsqueeze(v, 2), 5, ve), 4, vr);
+    }
+    ag_tensor *s = ag_mul_scalar(ag_matmul(q, ag_transpose(k, 2, 3)), o->scale);
+    if (o->slopes) {
+        double *rel = malloc(sizeof(double) * (size_t)(L * S));
+        for (int64_t i = 0; i < L; i++)
+            for (int64_t j = 0; j < S; j++)
+                rel[i * S + j] = (double)(j - i);
+        ag_tensor *r = tu_tensor(dt, 2, (int64_t[]){L, S}, rel);
+        free(rel);
+        s = ag_add(s, ag_mul(ag_view(o->slopes, 4, (int64_t[]){1, Hq, 1, 1}), r));
+    }
+    if (o->softcap)
+        s = ag_mul_scalar(ag_tanh(ag_div_scalar(s, 4)), 4);
+    double *drop = malloc(sizeof(double) * (size_t)(L * S)),
+           *any = malloc(sizeof(double) * (size_t)L);
+    for (int64_t i = 0; i < L; i++) {
+        any[i] = 0;
+        for (int64_t j = 0; j < S; j++) {
+            const bool kk = !o->mask || keep(o->mask, i, j);
+            drop[i * S + j] = !kk;
+            any[i] += kk;
+        }
+        any[i] = any[i] > 0;
+    }
+    ag_tensor *dropm = tu_tensor(AG_BOOL, 2, (int64_t[]){L, S}, drop);
+    ag_tensor *anym = tu_tensor(AG_BOOL, 2, (int64_t[]){L, 1}, any);
+    free(drop);
+    free(any);
+    s = ag_masked_fill(s, dropm, -1e30);
+    ag_tensor *p = ag_softmax(s, -1);
+    p = ag_where(anym, p, ag_zeros_like(p));
+    if (lse)
+        *lse = ag_logsumexp(s, (int64_t[]){-1}, 1, false);
+    return ag_matmul(p, v);
+}
+
+/* ---- helpers ---- */
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static ag_tensor *rnd(ag_dtype dt, int64_t a, int64_t b, int64_t c, int64_t d, bool grad) {
+    ag_tensor *t = tu_rand_tensor(dt, 4, (int64_t[]){a, b, c, d}, -1, 1, tu_xorshift, &rng);
+    if (grad)
+        ag_tensor_set_requires_grad(t, true);
+    return t;
+}
+
+typedef struct fcase {
+    const char *name;
+    int mask;
+    int score; /* 0 none, 1 alibi, 2 softcap */
+    int64_t B, Hq, Hkv, L, S, E, Ev, QB, KB;
+    bool with_lse_grad;
+} fcase;
+
+static void check_case(const fcase *fc, ag_dtype dt) {
+    ag_scope_begin();
+    const double tol = dt == AG_F64 ? 1e-10 : 2e-5;
+    ag_tensor *q = rnd(dt, fc->B, fc->Hq, fc->L, fc->E, true);
+    ag_tensor *k = rnd(dt, fc->B, fc->Hkv, fc->S, fc->E, true);
+    ag_tensor *v = rnd(dt, fc->B, fc->Hkv, fc->S, fc->Ev, true);
+    ag_tensor *slopes = NULL;
+    if (fc->score == 1) {
+        double sl[8];
+        for (int h = 0; h < fc->Hq; h++)
+            sl[h] = pow(2.0, -(h + 1.0)) * (h % 2 ? -1 : 1);
+        slopes = tu_leaf(dt, 1, (int64_t[]){fc->Hq}, sl);
+    }
+    int64_t doc_ids[256];
+    for (int64_t i = 0; i < fc->L && i < 256; i++)
+        doc_ids[i] = i < 7 ? 0 : i < 9 ? 1 : i < 23 ? 2 : 3;
+    mcase mc = {.kind = fc->mask, .doc_ids = doc_ids};
+    ag_tensor *doc = NULL;
+    if (fc->mask == M_DOC) {
+        double d[256];
+        for (int64_t i = 0; i < fc->L; i++)
+            d[i] = (double)doc_ids[i];
+        doc = tu_tensor(AG_I64, 1, (int64_t[]){fc->L}, d);
+    }
+    ag_block_mask *bm = NULL;
+    if (fc->mask != M_NONE) {
+        ag_mask_mod mm = {mask_fn, &mc, &doc, doc ? 1 : 0};
+        bm = ag_create_block_mask(&mm, 1, 1, fc->L, fc->S, fc->QB, fc->KB);
+        assert_non_null(bm);
+    }
+    ag_score_mod sm = {fc->score == 1 ? alibi : softcap, NULL, &slopes, fc->score == 1 ? 1 : 0};
+    ag_flex_opts fo = {
+        .enable_gqa = fc->Hq != fc->Hkv, .q_block_size = fc->QB, .kv_block_size = fc->KB};
+    ag_tensor *out = NULL, *lse = NULL;
+    int rc = ag_flex_attention(q, k, v, fc->score ? &sm : NULL, bm, &fo, &out, &lse);
+    if (rc)
+        fail_msg("%s: %s", fc->name, ag_last_error());
+    ref_opts ro = {fc->mask != M_NONE ? &mc : NULL, slopes, fc->score == 2,
+                   1.0 / sqrt((double)fc->E)};
+    ag_tensor *rlse = NULL;
+    ag_tensor *rout = reference(q, k, v, &ro, &rlse);
+    assert_non_null(rout);
+    tu_assert_shape(out, 4, (int64_t[]){fc->B, fc->Hq, fc->L, fc->Ev});
+    tu_assert_shape(lse, 3, (int64_t[]){fc->B, fc->Hq, fc->L});
+    double d = tu_max_abs_diff(out, rout);
+    if (!(d <= tol))
+        fail_msg("%s %s: out differs from the reference by %g", fc->name, ag_dtype_name(dt), d);
+    /* logsumexp: -inf on rows masked everywhere, the reference's elsewhere */
+    for (int64_t r = 0; r < ag_tensor_numel(lse); r++) {
+        const int64_t i = r % fc->L;
+        bool any = false;
+        for (int64_t j = 0; j < fc->S; j++)
+            any |= fc->mask == M_NONE || keep(&mc, i, j);
+        const double got = ag_tensor_item_at(lse, r), want = ag_tensor_item_at(rlse, r);
+        if (!any)
+            assert_true(isinf(got) && got < 0);
+        else
+            tu_assert_near(got, want, tol, fc->name, r);
+    }
+    /* gradients of sum(out * w) (+ sum(lse * w2)) */
+    ag_tensor *w = rnd(dt, fc->B, fc->Hq, fc->L, fc->Ev, false);
+    ag_tensor *w2 =
+        tu_rand_tensor(dt, 3, (int64_t[]){fc->B, fc->Hq, fc->L}, -1, 1, tu_xorshift, &rng);
+    ag_tensor *loss = ag_sum_all(ag_mul(out, w)), *rloss = ag_sum_all(ag_mul(rout, w));
+    if (fc->with_lse_grad) {
+        loss = ag_add(loss, ag_sum_all(ag_mul(lse, w2)));
+        rloss = ag_add(rloss, ag_sum_all(ag_mul(rlse, w2)));
+    }
+    ag_tensor *ins[4] = {q, k, v, slopes};
+    const int nin = slopes ? 4 : 3;
+    ag_tensor *g[4] = {0}, *rg[4] = {0};
+    assert_int_equal(ag_grad(&loss, NULL, 1, ins, nin, g, false, false), 0);
+    assert_int_equal(ag_grad(&rloss, NULL, 1, ins, nin, rg, false, false), 0);
+    const char *nm[4] = {"dq", "dk", "dv", "dslopes"};
+    for (int i = 0; i < nin; i++) {
+        double gd = tu_max_abs_diff(g[i], rg[i]);
+        const double gtol = i == 3 ? tol * (double)(fc->B * fc->L * fc->S) : tol * 10;
+        if (!(gd <= gtol))
+            fail_msg("%s %s: %s differs from the reference by %g", fc->name, ag_dtype_name(dt),
+                     nm[i], gd);
+    }
+    ag_block_mask_free(bm);
+    ag_scope_end();
+}
+
+static const fcase cases[] = {
+    {"plain", M_NONE, 0, 2, 2, 2, 19, 19, 8, 6, 8, 8, true},
+    {"cross attention", M_NONE, 0, 1, 2, 2, 13, 29, 8, 5, 8, 8, true},
+    {"causal", M_CAUSAL, 0, 2, 3, 3, 37, 37, 8, 6, 8, 8, true},
+    {"causal, one tile", M_CAUSAL, 0, 1, 2, 2, 9, 9, 4, 4, 0, 0, true},
+    {"sliding window", M_SLIDING, 0, 2, 2, 2, 40, 40, 8, 8, 8, 8, true},
+    {"document", M_DOC, 0, 1, 2, 2, 31, 31, 8, 8, 8, 8, true},
+    {"alibi causal", M_CAUSAL, 1, 2, 4, 4, 33, 33, 8, 8, 8, 16, true},
+    {"softcap sliding", M_SLIDING, 2, 1, 2, 2, 27, 27, 8, 4, 8, 8, true},
+    {"gqa causal", M_CAUSAL, 0, 2, 4, 2, 25, 25, 8, 8, 8, 8, true},
+    {"gqa alibi", M_NONE, 1, 1, 4, 1, 17, 17, 4, 4, 8, 8, true},
+    {"masked rows", M_LATE, 0, 1, 2, 2, 21, 21, 8, 8, 8, 8, false},
+    {"masked rows alibi", M_LATE, 1, 1, 2, 2, 21, 21, 8, 8, 4, 8, false},
+};
+
+static void test_matches_reference_f64(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        check_case(&cases[i], AG_F64);
+}
+
+static void test_matches_reference_f32(void **state) {
+    (void)state;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
+        check_case(&cases[i], AG_F32);
+}
+
+/* Causal, 12 x 12 in 4 x 4 blocks: block (i, j) full below the diagonal, partial on it, empty
+ * above; the lists as upstream lays them out (listed blocks first, then the rest). */
+static void test_block_mask_structure(void **state) {
+    (void)state;
+    mcase mc = {.kind = M_CAUSAL};
+    ag_mask_mod mm = {mask_fn, &mc, NULL, 0};
+    ag_block_mask *bm = ag_create_block_mask(&mm, 1, 1, 12, 12, 4, 4);
+    assert_non_null(bm);
+    assert_int_equal(mc.calls, 9); /* every tile once, at creation */
+    int64_t shp[6];
+    assert_int_equal(ag_block_mask_shape(bm, shp), 0);
+    const int64_t want_shape[6] = {1, 1, 12, 12, 4, 4};
+    assert_memory_equal(shp, want_shape, sizeof shp);
+    tu_assert_values(ag_block_mask_tensor(bm, AG_BM_KV_NUM_BLOCKS), 3, (int64_t[]){1, 1, 3},
+                     (double[]){1, 1, 1}, 0);
+    tu_assert_values(ag_block_mask_tensor(bm, AG_BM_KV_INDICES), 4, (int64_t[]){1, 1, 3, 3},
+                     (double[]){0, 1, 2, 1, 0, 2, 2, 0, 1}, 0);
+    tu_assert_values(ag_block_mask_tensor(bm, AG_BM_FULL_KV_NUM_BLOCKS), 3, (int64_t[]){1, 1, 3},
+                     (double[]){0, 1, 2}, 0);
+    tu_assert_values(ag_block_mask_tensor(bm, AG_BM_FULL_KV_INDICES), 4, (int64_t[]){1, 1, 3, 3},
+                     (double[]){0, 1, 2, 0, 1, 2, 0, 1, 2}, 0);
+    tu_assert_values(ag_block_mask_tensor(bm, AG_BM_Q_NUM_BLOCKS), 3, (int64_t[]){1, 1, 3},
+                     (double[]){1, 1, 1}, 0);
+    tu_assert_values(ag_block_mask_tensor(bm, AG_BM_Q_INDICES), 4, (int64_t[]){1, 1, 3, 3},
+                     (double[]){0, 1, 2, 1, 0, 2, 2, 0, 1}, 0);
+    tu_assert_values(ag_block_mask_tensor(bm, AG_BM_FULL_Q_NUM_BLOCKS), 3, (int64_t[]){1, 1, 3},
+                     (double[]){2, 1, 0}, 0);
+    tu_assert_values(ag_block_mask_tensor(bm, AG_BM_FULL_Q_INDICES), 4, (int64_t[]){1, 1, 3, 3},
+                     (double[]){1, 2, 0, 2, 0, 1, 0, 1, 2}, 0);
+    assert_null(ag_block_mask_tensor(bm, (ag_block_mask_part)8));
+
+    /* The kernel: mask_mod on the 3 diagonal tiles only; score_mod on the 6 visited tiles of
+     * each (b, h), never on the 3 empty ones. */
+    ag_scope_begin();
+    ag_tensor *q = rnd(AG_F64, 2, 3, 12, 4, true), *k = rnd(AG_F64, 2, 3, 12, 4, true);
+    ag_tensor *v = rnd(AG_F64, 2, 3, 12, 4, true);
+    mc.calls = 0;
+    score_calls = 0;
+    ag_score_mod sm = {softcap, NULL, NULL, 0};
+    ag_tensor *out = NULL;
+    assert_int_equal(ag_flex_attention(q, k, v, &sm, bm, NULL, &out, NULL), 0);
+    assert_int_equal(mc.calls, 3);
+    assert_int_equal(score_calls, 6 * 2 * 3);
+    assert_string_equal(ag_tensor_grad_fn_name(out), "FlexAttentionBackward0");
+    mc.calls = 0;
+    score_calls = 0;
+    assert_int_equal(ag_backward(ag_sum_all(out), NULL, false), 0);
+    assert_int_equal(mc.calls, 3);
+    assert_int_equal(score_calls, 6 * 2 * 3);
+    ag_scope_end();
+    ag_block_mask_free(bm);
+    ag_block_mask_free(NULL);
+
+    /* Sizes not multiples of the block: 10 x 10 in 4 x 4 blocks, sliding window 5 (row i keeps
+     * i-4 .. i). Rows 0-3: block 0 partial. Rows 4-7: block 0 partial (row 4 keeps 0-3, row 7
+     * only 3), block 1 partial. Rows 8-9: block 0 empty (row 8 keeps 4-8), block 1 partial
+     * (row 9 keeps 5-9), block 2 (8-9) partial. */
+    mc.kind = M_SLIDING;
+    bm = ag_create_block_mask(&mm, 1, 1, 10, 10, 4, 4);
+    assert_non_null(bm);
+    tu_assert_values(ag_block_mask_tensor(bm, AG_BM_KV_NUM_BLOCKS), 3, (int64_t[]){1, 1, 3},
+                     (double[]){1, 2, 2}, 0);
+    tu_assert_values(ag_block_mask_tensor(bm, AG_BM_FULL_KV_NUM_BLOCKS), 3, (int64_t[]){1, 1, 3},
+                     (double[]){0, 0, 0}, 0);
+    tu_assert_values(ag_block_mask_tensor(bm, AG_BM_KV_INDICES), 4, (int64_t[]){1, 1, 3, 3},
+                     (double[]){0, 1, 2, 0, 1, 2, 1, 2, 0}, 0);
+    ag_block_mask_free(bm);
+
+    /* no mask_mod: every block full */
+    bm = ag_create_block_mask(NULL, 2, 1, 5, 9, 4, 4);
+    assert_non_null(bm);
+    tu_assert_values(ag_block_mask_tensor(bm, AG_BM_FULL_KV_NUM_BLOCKS), 3, (int64_t[]){2, 1, 2},
+                     (double[]){3, 3, 3, 3}, 0);
+    tu_assert_values(ag_block_mask_tensor(bm, AG_BM_KV_NUM_BLOCKS), 3, (int64_t[]){2, 1, 2},
+                     (double[]){0, 0, 0, 0}, 0);
+    ag_block_mask_free(bm);
+}
+
+/* ---- gradcheck ---- */
+typedef struct gc_ud {
+    ag_block_mask *bm;
+    bool alibi;
+} gc_ud;
+
+static int gc_fn(void *ud, ag_tensor *const *in, int n, ag_tensor **outs, int *nouts) {
+    gc_ud *g = ud;
+    ag_tensor *slopes = n > 3 ? in[3] : NULL;
+    ag_score_mod sm = {alibi, NULL, &slopes, 1};
+    ag_flex_opts fo = {.q_block_size = 4, .kv_block_size = 4};
+    int rc = ag_flex_attention(in[0], in[1], in[2], g->alibi ? &sm : NULL, g->bm, &fo, &outs[0],
+                               &outs[1]);
+    *nouts = 2;
+    return rc;
+}
+
+static void test_gradcheck(void **state) {
+    (void)state;
+    ag_scope_begin();
+    mcase mc = {.kind = M_SLIDING};
+    ag_mask_mod mm = {mask_fn, &mc, NULL, 0};
+    gc_ud g = {ag_create_block_mask(&mm, 1, 1, 9, 9, 4, 4), true};
+    assert_non_null(g.bm);
+    ag_tensor *in[4] = {rnd(AG_F64, 1, 2, 9, 3, true), rnd(AG_F64, 1, 2, 9, 3, true),
+                        rnd(AG_F64, 1, 2, 9, 2, true),
+                        tu_leaf(AG_F64, 1, (int64_t[]){2}, (double[]){0.5, -0.25})};
+    if (ag_gradcheck(gc_fn, &g, in, 4, NULL))
+        fail_msg("gradcheck: %s", ag_last_error());
+    g.alibi = false;
+    mc.kind = M_DOC; /* unused: plain causal below */
+    ag_block_mask_free(g.bm);
+    mc.kind = M_CAUSAL;
+    g.bm = ag_create_block_mask(&mm, 1, 1, 9, 9, 4, 4);
+    if (ag_gradcheck(gc_fn, &g, in, 3, NULL))
+        fail_msg("gradcheck causal: %s", ag_last_error());
+    ag_block_mask_free(g.bm);
+    ag_scope_end();
+}
+
+/* ---- errors ---- */
+static ag_tensor *bad_mask(void *ud, ag_tensor *b, ag_tensor *h, ag_tensor *qi, ag_tensor *ki,
+                           ag_tensor *const *bufs, int nbuf) {
+    (void)ud, (void)b, (void)h, (void)ki, (void)bufs, (void)nbuf;
+    return ag_to_dtype(qi, AG_F32); /* not bool */
+}
+
+static ag_tensor *bad_score(void *ud, ag_tensor *score, ag_tensor *b, ag_tensor *h, ag_tensor *qi,
+                            ag_tensor *ki, ag_tensor *const *bufs, int nbuf) {
+    (void)ud, (void)score, (void)b, (void)h, (void)qi, (void)bufs, (void)nbuf;
+    return ag_to_dtype(ag_cat((ag_tensor *[]){ki, ki}, 2, 1), AG_F64); /* [1, 2 bk] */
+}
+
+static ag_tensor *null_score(void *ud, ag_tensor *score, ag_tensor *b, ag_tensor *h, ag_tensor *qi,
+                             ag_tensor *ki, ag_tensor *const *bufs, int nbuf) {
+    (void)ud, (void)score, (void)b, (void)h, (void)qi, (void)ki, (void)bufs, (void)nbuf;
+    return NULL;
+}
+
+static void expect_fail(int rc, ag_tensor *const *out, const char *needle) {
+    assert_int_equal(rc, AG_EINVAL);
+    assert_null(*out);
+    tu_assert_error_contains(needle);
+}
+
+static void test_errors(void **state) {
+    (void)state;
+    ag_scope_begin();
+    ag_tensor *q = rnd(AG_F64, 1, 2, 8, 4, true), *k = rnd(AG_F64, 1, 2, 8, 4, false);
+    ag_tensor *v = rnd(AG_F64, 1, 2, 8, 4, false), *out = q;
+    expect_fail(ag_flex_attention(NULL, k, v, NULL, NULL, NULL, &out, NULL), &out,
+                "flex_attention: q is NULL");
+    assert_int_equal(ag_flex_attention(q, k, v, NULL, NULL, NULL, NULL, NULL), AG_EINVAL);
+    tu_assert_error_contains("out is NULL");
+    ag_tensor *q3 = ag_view(q, 3, (int64_t[]){2, 8, 4});
+    expect_fail(ag_flex_attention(q3, k, v, NULL, NULL, NULL, &out, NULL), &out,
+                "query must be 4-d");
+    ag_tensor *qi = ag_to_dtype(q, AG_I64);
+    expect_fail(ag_flex_attention(qi, k, v, NULL, NULL, NULL, &out, NULL), &out,
+                "query must be float32 or float64, got int64");
+    ag_tensor *k32 = ag_to_dtype(k, AG_F32);
+    expect_fail(ag_flex_attention(q, k32, v, NULL, NULL, NULL, &out, NULL), &out, "one dtype");
+    ag_tensor *k5 = rnd(AG_F64, 1, 2, 8, 5, false);
+    expect_fail(ag_flex_attention(q, k5, v, NULL, NULL, NULL, &out, NULL), &out,
+                "sizes do not match");
+    ag_tensor *k1 = rnd(AG_F64, 1, 1, 8, 4, false), *v1 = rnd(AG_F64, 1, 1, 8, 4, false);
+    expect_fail(ag_flex_attention(q, k1, v1, NULL, NULL, NULL, &out, NULL), &out,
+                "unless enable_gqa");
+    ag_tensor *q3h = rnd(AG_F64, 1, 3, 8, 4, false), *k2 = rnd(AG_F64, 1, 2, 8, 4, false);
+    ag_flex_opts gqa = {.enable_gqa = true};
+    expect_fail(ag_flex_attention(q3h, k2, k2, NULL, NULL, &gqa, &out, NULL), &out, "multiple");
+    ag_block_mask *bm = ag_create_block_mask(NULL, 1, 1, 9, 8, 4, 4);
+    expect_fail(ag_flex_attention(q, k, v, NULL, bm, NULL, &out, NULL), &out, "Q_LEN=9");
+    ag_block_mask_free(bm);
+    bm = ag_create_block_mask(NULL, 1, 3, 8, 8, 4, 4);
+    expect_fail(ag_flex_attention(q, k, v, NULL, bm, NULL, &out, NULL), &out, "H=3");
+    ag_block_mask_free(bm);
+    ag_mask_mod mm = {bad_mask, NULL, NULL, 0};
+    assert_null(ag_create_block_mask(&mm, 1, 1, 8, 8, 4, 4));
+    tu_assert_error_contains("mask_mod returned a float32 tensor, expected bool");
+    assert_null(ag_create_block_mask(NULL, 1, 0, 8, 8, 4, 4));
+    tu_assert_error_contains("H=0");
+    ag_tensor *nullbuf = NULL;
+    ag_mask_mod mm2 = {mask_fn, NULL, &nullbuf, 1};
+    assert_null(ag_create_block_mask(&mm2, 1, 1, 8, 8, 4, 4));
+    tu_assert_error_contains("buffer 0 is NULL");
+    ag_score_mod sm = {bad_score, NULL, NULL, 0};
+    expect_fail(ag_flex_attention(q, k, v, &sm, NULL, NULL, &out, NULL), &out,
+                "does not broadcast to the tile [8, 8]");
+    ag_score_mod sm2 = {null_score, NULL, NULL, 0};
+    expect_fail(ag_flex_attention(q, k, v, &sm2, NULL, NULL, &out, NULL), &out,
+                "score_mod returned NULL");
+    ag_score_mod sm3 = {alibi, NULL, &nullbuf, 1};
+    expect_fail(ag_flex_attention(q, k, v, &sm3, NULL, NULL, &out, NULL), &out,
+                "score_mod buffer 0 is NULL");
+    /* after all that, a good call still works */
+    assert_int_equal(ag_flex_attention(q, k, v, NULL, NULL, NULL, &out, NULL), 0);
+    assert_non_null(out);
+    assert_int_equal(ag_block_mask_shape(NULL, (int64_t[6]){0}), AG_EINVAL);
+    ag_scope_end();
+}
+
+/* A strided (transposed) query gives what its contiguous copy gives. */
+static void test_strided_inputs(void **state) {
+    (void)state;
+    ag_scope_begin();
+    ag_tensor *qt = rnd(AG_F64, 1, 10, 2, 4, false); /* [B, L, H, E] */
+    ag_tensor *q = ag_transpose(qt, 1, 2), *qc = ag_contiguous(q);
+    ag_tensor *k = rnd(AG_F64, 1, 2, 10, 4, false), *v = rnd(AG_F64, 1, 2, 10, 3, false);
+    ag_tensor *a = NULL, *b = NULL;
+    assert_int_equal(ag_flex_attention(q, k, v, NULL, NULL, NULL, &a, NULL), 0);
+    assert_int_equal(ag_flex_attention(qc, k, v, NULL, NULL, NULL, &b, NULL), 0);
+    assert_true(tu_max_abs_diff(a, b) == 0);
+    ag_scope_end();
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_block_mask_structure),  cmocka_unit_test(test_matches_reference_f64),
+        cmocka_unit_test(test_matches_reference_f32), cmocka_unit_test(test_gradcheck),
+        cmocka_unit_test(test_strided_inputs),        cmocka_unit_test(test_errors),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
