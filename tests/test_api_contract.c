@@ -955,6 +955,22 @@ static long c_ag_module_is_checkpointed(void) {
 static long c_ag_checkpoint(void) {
     return (ag_checkpoint)((ag_checkpoint_fn)0, NULL, NULL, 0, NULL, 0);
 }
+static long c_ag_create_block_mask(void) {
+    return ag_create_block_mask(NULL, 0, 0, 0, 0, 0, 0) == NULL;
+}
+static long c_ag_block_mask_free(void) {
+    (ag_block_mask_free)(NULL);
+    return 0;
+}
+static long c_ag_block_mask_tensor(void) {
+    return ag_block_mask_tensor(NULL, (ag_block_mask_part)0) == NULL;
+}
+static long c_ag_block_mask_shape(void) {
+    return (ag_block_mask_shape)(NULL, NULL);
+}
+static long c_ag_flex_attention(void) {
+    return (ag_flex_attention)(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
+}
 static long c_ag_module_is_training(void) {
     return (ag_module_is_training)(NULL);
 }
@@ -2034,6 +2050,11 @@ static const row rows[] = {
     {"ag_module_set_checkpoint", 'F', 'I', c_ag_module_set_checkpoint, NULL},
     {"ag_module_is_checkpointed", 'A', 'O', c_ag_module_is_checkpointed, NULL},
     {"ag_checkpoint", 'F', 'I', c_ag_checkpoint, NULL},
+    {"ag_create_block_mask", 'F', 'R', c_ag_create_block_mask, NULL},
+    {"ag_block_mask_free", 'A', 'O', c_ag_block_mask_free, NULL},
+    {"ag_block_mask_tensor", 'A', 'R', c_ag_block_mask_tensor, NULL},
+    {"ag_block_mask_shape", 'F', 'I', c_ag_block_mask_shape, NULL},
+    {"ag_flex_attention", 'F', 'I', c_ag_flex_attention, NULL},
     {"ag_module_call", 'F', 'I', c_ag_module_call, NULL},
     {"ag_module_forward", 'F', 'R', c_ag_module_forward, NULL},
     {"ag_module_save", 'F', 'I', c_ag_module_save, NULL},
