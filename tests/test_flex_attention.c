@@ -486,11 +486,66 @@ static void test_strided_inputs(void **state) {
     ag_scope_end();
 }
 
+/* ---- out of memory ----
+ * A block mask (document masking, its ids a buffer), flex_attention with ALiBi and its
+ * backward to q, k, v and the slopes: each allocation failing in turn (and every one from
+ * there on) fails the step with ENOMEM and leaks nothing. */
+typedef struct oom_case {
+    ag_tensor *q, *k, *v, *slopes, *doc;
+    mcase mc;
+} oom_case;
+
+static int oom_step(void *ud) {
+    oom_case *oc = ud;
+    ag_mask_mod mm = {mask_fn, &oc->mc, &oc->doc, 1};
+    ag_block_mask *bm = ag_create_block_mask(&mm, 1, 1, 12, 12, 4, 4);
+    if (!bm)
+        return ag_last_status();
+    ag_scope_begin();
+    ag_score_mod sm = {alibi, NULL, &oc->slopes, 1};
+    ag_tensor *out = NULL, *lse = NULL, *g[4] = {0};
+    int rc = ag_flex_attention(oc->q, oc->k, oc->v, &sm, bm, NULL, &out, &lse);
+    ag_block_mask_free(bm);
+    if (!rc) {
+        ag_tensor *wrt[4] = {oc->q, oc->k, oc->v, oc->slopes};
+        ag_tensor *loss = ag_add(ag_sum_all(out), ag_sum_all(lse));
+        rc = loss ? ag_grad(&loss, NULL, 1, wrt, 4, g, false, false) : ag_last_status();
+    }
+    tu_alloc_cleanup_begin();
+    ag_scope_end();
+    tu_alloc_cleanup_end();
+    return rc;
+}
+
+static void test_out_of_memory(void **st) {
+    (void)st;
+    int64_t ids[12] = {0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 2};
+    double d[12];
+    for (int i = 0; i < 12; i++)
+        d[i] = (double)ids[i];
+    oom_case oc = {rnd(AG_F64, 1, 2, 12, 4, true),
+                   rnd(AG_F64, 1, 2, 12, 4, true),
+                   rnd(AG_F64, 1, 2, 12, 3, true),
+                   tu_leaf(AG_F64, 1, (int64_t[]){2}, (double[]){0.5, -0.25}),
+                   tu_tensor(AG_I64, 1, (int64_t[]){12}, d),
+                   {.kind = M_DOC, .doc_ids = ids}};
+    tu_sweep_opts o = {.what = "flex_attention", .one_thread = true};
+    assert_true(tu_alloc_failure_sweep(oom_step, &oc, &o) > 10);
+    o.persistent = true;
+    assert_true(tu_alloc_failure_sweep(oom_step, &oc, &o) > 10);
+    ag_tensor_free(oc.q);
+    ag_tensor_free(oc.k);
+    ag_tensor_free(oc.v);
+    ag_tensor_free(oc.slopes);
+    ag_tensor_free(oc.doc);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_block_mask_structure),  cmocka_unit_test(test_matches_reference_f64),
         cmocka_unit_test(test_matches_reference_f32), cmocka_unit_test(test_gradcheck),
         cmocka_unit_test(test_strided_inputs),        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
