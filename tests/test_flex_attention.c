@@ -486,6 +486,63 @@ static void test_strided_inputs(void **state) {
     ag_scope_end();
 }
 
+/* A mask that depends on b and h (causal where b == h, a sliding window elsewhere), in a block
+ * mask of B=2, H=2: each (b, h) slice of the output and of the gradients equals a call on that
+ * slice alone with its own mask. */
+static ag_tensor *per_head_mask(void *ud, ag_tensor *b, ag_tensor *h, ag_tensor *qi, ag_tensor *ki,
+                                ag_tensor *const *bufs, int nbuf) {
+    (void)ud, (void)bufs, (void)nbuf;
+    ag_tensor *causal = ag_ge(qi, ki);
+    ag_tensor *sliding = and_(causal, ag_lt_scalar(ag_sub(qi, ki), WINDOW));
+    return ag_where(ag_ne(b, h), sliding, causal);
+}
+
+static void test_per_head_masks(void **state) {
+    (void)state;
+    ag_scope_begin();
+    const int64_t L = 23;
+    ag_tensor *q = rnd(AG_F64, 2, 2, L, 4, true), *k = rnd(AG_F64, 2, 2, L, 4, true);
+    ag_tensor *v = rnd(AG_F64, 2, 2, L, 3, true), *w = rnd(AG_F64, 2, 2, L, 3, false);
+    ag_mask_mod mm = {per_head_mask, NULL, NULL, 0};
+    ag_block_mask *bm = ag_create_block_mask(&mm, 2, 2, L, L, 8, 8);
+    assert_non_null(bm);
+    ag_score_mod sm = {softcap, NULL, NULL, 0};
+    ag_tensor *out = NULL;
+    assert_int_equal(ag_flex_attention(q, k, v, &sm, bm, NULL, &out, NULL), 0);
+    ag_tensor *loss = ag_sum_all(ag_mul(out, w));
+    ag_tensor *ins[3] = {q, k, v}, *g[3];
+    assert_int_equal(ag_grad(&loss, NULL, 1, ins, 3, g, false, false), 0);
+    mcase causal = {.kind = M_CAUSAL}, sliding = {.kind = M_SLIDING};
+    ag_mask_mod mc = {mask_fn, &causal, NULL, 0}, ms = {mask_fn, &sliding, NULL, 0};
+    ag_block_mask *bc = ag_create_block_mask(&mc, 1, 1, L, L, 8, 8);
+    ag_block_mask *bs = ag_create_block_mask(&ms, 1, 1, L, L, 8, 8);
+    for (int b = 0; b < 2; b++)
+        for (int h = 0; h < 2; h++) {
+            ag_tensor *t[4] = {q, k, v, w}, *sl[4];
+            for (int i = 0; i < 4; i++) {
+                ag_tensor *x = ag_detach(ag_slice(ag_slice(t[i], 0, b, b + 1, 1), 1, h, h + 1, 1));
+                sl[i] = ag_contiguous(x);
+                if (i < 3)
+                    ag_tensor_set_requires_grad(sl[i], true);
+            }
+            ag_tensor *o1 = NULL;
+            assert_int_equal(
+                ag_flex_attention(sl[0], sl[1], sl[2], &sm, b == h ? bc : bs, NULL, &o1, NULL), 0);
+            ag_tensor *want = ag_slice(ag_slice(out, 0, b, b + 1, 1), 1, h, h + 1, 1);
+            assert_true(tu_max_abs_diff(o1, want) < 1e-12);
+            ag_tensor *l1 = ag_sum_all(ag_mul(o1, sl[3])), *g1[3];
+            assert_int_equal(ag_grad(&l1, NULL, 1, sl, 3, g1, false, false), 0);
+            for (int i = 0; i < 3; i++) {
+                ag_tensor *gw = ag_slice(ag_slice(g[i], 0, b, b + 1, 1), 1, h, h + 1, 1);
+                assert_true(tu_max_abs_diff(g1[i], gw) < 1e-12);
+            }
+        }
+    ag_block_mask_free(bm);
+    ag_block_mask_free(bc);
+    ag_block_mask_free(bs);
+    ag_scope_end();
+}
+
 /* ---- out of memory ----
  * A block mask (document masking, its ids a buffer), flex_attention with ALiBi and its
  * backward to q, k, v and the slopes: each allocation failing in turn (and every one from
@@ -542,9 +599,13 @@ static void test_out_of_memory(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_block_mask_structure),  cmocka_unit_test(test_matches_reference_f64),
-        cmocka_unit_test(test_matches_reference_f32), cmocka_unit_test(test_gradcheck),
-        cmocka_unit_test(test_strided_inputs),        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_block_mask_structure),
+        cmocka_unit_test(test_matches_reference_f64),
+        cmocka_unit_test(test_matches_reference_f32),
+        cmocka_unit_test(test_gradcheck),
+        cmocka_unit_test(test_strided_inputs),
+        cmocka_unit_test(test_per_head_masks),
+        cmocka_unit_test(test_errors),
         cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
