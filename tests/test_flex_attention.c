@@ -543,6 +543,217 @@ static void test_per_head_masks(void **state) {
     ag_scope_end();
 }
 
+/* ---- score_mod and mask_mod as graphs (ag_trace_score_mod, ...) ---- */
+
+static ag_tensor *identity_score(void *ud, ag_tensor *score, ag_tensor *b, ag_tensor *h,
+                                 ag_tensor *qi, ag_tensor *ki, ag_tensor *const *bufs, int nbuf) {
+    (void)ud, (void)b, (void)h, (void)qi, (void)ki, (void)bufs, (void)nbuf;
+    return score;
+}
+
+/* The traced graphs, as printed (ag_graph_to_string, default options). */
+static const char *const GRAPH_IDENTITY = "graph():\n"
+                                          "    %arg0_1 : f32[]  # None\n"
+                                          "    %arg1_1 : i64[]  # None\n"
+                                          "    %arg2_1 : i64[]  # None\n"
+                                          "    %arg3_1 : i64[]  # None\n"
+                                          "    %arg4_1 : i64[]  # None\n"
+                                          "    return (%arg0_1,)\n";
+static const char *const GRAPH_IDENTITY_JOINT = "graph():\n"
+                                                "    %arg0_1 : f32[]  # None\n"
+                                                "    %arg1_1 : i64[]  # None\n"
+                                                "    %arg2_1 : i64[]  # None\n"
+                                                "    %arg3_1 : i64[]  # None\n"
+                                                "    %arg4_1 : i64[]  # None\n"
+                                                "    %arg5_1 : f32[]  # None\n"
+                                                "    return (%arg5_1, None, None, None, None)\n";
+static const char *const GRAPH_ALIBI =
+    "graph():\n"
+    "    %arg0_1 : f64[]  # None\n"
+    "    %arg1_1 : i64[]  # None\n"
+    "    %arg2_1 : i64[]  # None\n"
+    "    %arg3_1 : i64[]  # None\n"
+    "    %arg4_1 : i64[]  # None\n"
+    "    %arg5_1 : f64[2]  # None\n"
+    "    %sub = sub.Tensor(%arg4_1, %arg3_1)  # i64[]\n"
+    "    %_to_copy = _to_copy(%sub, dtype=torch.float64)  # f64[]\n"
+    "    %index = index.Tensor(%arg5_1, [%arg2_1])  # f64[]\n"
+    "    %mul = mul.Tensor(%index, %_to_copy)  # f64[]\n"
+    "    %add = add.Tensor(%arg0_1, %mul)  # f64[]\n"
+    "    return (%add,)\n";
+static const char *const GRAPH_DOC_MASK =
+    "graph():\n"
+    "    %arg0_1 : i64[]  # None\n"
+    "    %arg1_1 : i64[]  # None\n"
+    "    %arg2_1 : i64[]  # None\n"
+    "    %arg3_1 : i64[]  # None\n"
+    "    %arg4_1 : i64[31]  # None\n"
+    "    %index = index.Tensor(%arg4_1, [%arg3_1])  # i64[]\n"
+    "    %index_1 = index.Tensor(%arg4_1, [%arg2_1])  # i64[]\n"
+    "    %eq = eq.Tensor(%index_1, %index)  # b8[]\n"
+    "    return (%eq,)\n";
+static const char *const GRAPH_ALIBI_JOINT =
+    "graph():\n"
+    "    %arg0_1 : f64[]  # None\n"
+    "    %arg1_1 : i64[]  # None\n"
+    "    %arg2_1 : i64[]  # None\n"
+    "    %arg3_1 : i64[]  # None\n"
+    "    %arg4_1 : i64[]  # None\n"
+    "    %arg5_1 : f64[]  # None\n"
+    "    %arg6_1 : f64[2]  # None\n"
+    "    %sub = sub.Tensor(%arg4_1, %arg3_1)  # i64[]\n"
+    "    %_to_copy = _to_copy(%sub, dtype=torch.float64)  # f64[]\n"
+    "    %index = index.Tensor(%arg6_1, [%arg2_1])  # f64[]\n"
+    "    %mul = mul.Tensor(%index, %_to_copy)  # f64[]\n"
+    "    %add = add.Tensor(%arg0_1, %mul)  # f64[]\n"
+    "    %mul_1 = mul.Tensor(%arg5_1, %_to_copy)  # f64[]\n"
+    "    %new_zeros = new_zeros(%mul_1, [2])  # f64[2]\n"
+    "    %index_put = index_put(%new_zeros, [%arg2_1], %mul_1, True)  # f64[2]\n"
+    "    return (%arg5_1, None, None, None, None, %index_put)\n";
+
+static void expect_graph(const ag_graph *g, const char *want) {
+    assert_non_null(g);
+    char *s = ag_graph_to_string(g, NULL);
+    assert_non_null(s);
+    if (strcmp(s, want))
+        fail_msg("graph:\n%s\nwant:\n%s", s, want);
+    ag_free(s);
+}
+
+/* ag_graph_run on inputs of other shapes than the traced 0-d ones: a copy whose placeholders
+ * take the inputs' metadata (as ag_score_mod_graph runs a graph on a tile). */
+static int run_reshaped(const ag_graph *g, ag_tensor *const *in, int n, ag_tensor **out, int max) {
+    ag_graph *c = ag_graph_copy(g);
+    assert_non_null(c);
+    int i = 0;
+    for (ag_node *x = ag_graph_first(c); x; x = ag_node_next(x))
+        if (ag_node_kind_of(x) == AG_NODE_PLACEHOLDER) {
+            ag_tmeta m =
+                tu_tmeta(ag_tensor_dtype(in[i]), ag_tensor_ndim(in[i]), ag_tensor_sizes(in[i]));
+            i++;
+            assert_int_equal(ag_node_set_val(x, 0, &m), 0);
+        }
+    if (ag_graph_reinfer_meta(c))
+        fail_msg("reinfer: %s", ag_last_error());
+    int r = ag_graph_run(c, in, n, out, max);
+    ag_graph_free(c);
+    return r;
+}
+
+static void test_traced_mods(void **state) {
+    (void)state;
+    ag_scope_begin();
+    /* upstream test 14's score_mod: the identity */
+    ag_score_mod id = {identity_score, NULL, NULL, 0};
+    ag_graph *g = ag_trace_score_mod(&id, AG_F32);
+    expect_graph(g, GRAPH_IDENTITY);
+    ag_graph_free(g);
+    g = ag_trace_score_mod_joint(&id, AG_F32);
+    expect_graph(g, GRAPH_IDENTITY_JOINT);
+    ag_graph_free(g);
+
+    /* ALiBi with its slopes a buffer; document masking with its ids a buffer */
+    int64_t ids[31];
+    double dids[31];
+    for (int i = 0; i < 31; i++)
+        dids[i] = (double)(ids[i] = i < 7 ? 0 : i < 9 ? 1 : i < 23 ? 2 : 3);
+    ag_tensor *doc = tu_tensor(AG_I64, 1, (int64_t[]){31}, dids);
+    ag_tensor *slopes = tu_leaf(AG_F64, 1, (int64_t[]){2}, (double[]){0.5, -0.25});
+    ag_score_mod sm = {alibi, NULL, &slopes, 1};
+    mcase mc = {.kind = M_DOC, .doc_ids = ids};
+    ag_mask_mod mm = {mask_fn, &mc, &doc, 1};
+    ag_graph *sg = ag_trace_score_mod(&sm, AG_F64), *mg = ag_trace_mask_mod(&mm);
+    ag_graph *jg = ag_trace_score_mod_joint(&sm, AG_F64);
+    expect_graph(sg, GRAPH_ALIBI);
+    expect_graph(mg, GRAPH_DOC_MASK);
+    expect_graph(jg, GRAPH_ALIBI_JOINT);
+
+    /* the graphs run where the functions ran: the same outputs and gradients, bit for bit */
+    ag_tensor *q = rnd(AG_F64, 1, 2, 31, 4, true), *k = rnd(AG_F64, 1, 2, 31, 4, true);
+    ag_tensor *v = rnd(AG_F64, 1, 2, 31, 3, true);
+    ag_block_mask *bm = ag_create_block_mask(&mm, 1, 1, 31, 31, 8, 8);
+    ag_mask_mod mmg = {ag_mask_mod_graph, mg, &doc, 1};
+    ag_block_mask *bmg = ag_create_block_mask(&mmg, 1, 1, 31, 31, 8, 8);
+    assert_non_null(bm);
+    if (!bmg)
+        fail_msg("%s", ag_last_error());
+    for (int p = 0; p < 8; p++) {
+        ag_tensor *a = ag_block_mask_tensor(bm, (ag_block_mask_part)p);
+        assert_true(tu_max_abs_diff(a, ag_block_mask_tensor(bmg, (ag_block_mask_part)p)) == 0);
+    }
+    ag_score_mod smg = {ag_score_mod_graph, sg, &slopes, 1};
+    ag_tensor *o1 = NULL, *o2 = NULL, *l1 = NULL, *l2 = NULL;
+    assert_int_equal(ag_flex_attention(q, k, v, &sm, bm, NULL, &o1, &l1), 0);
+    assert_int_equal(ag_flex_attention(q, k, v, &smg, bmg, NULL, &o2, &l2), 0);
+    assert_true(tu_max_abs_diff(o1, o2) == 0);
+    assert_true(tu_max_abs_diff(l1, l2) == 0);
+    ag_tensor *ins[4] = {q, k, v, slopes}, *g1[4], *g2[4];
+    ag_tensor *loss1 = ag_add(ag_sum_all(o1), ag_sum_all(l1));
+    ag_tensor *loss2 = ag_add(ag_sum_all(o2), ag_sum_all(l2));
+    assert_int_equal(ag_grad(&loss1, NULL, 1, ins, 4, g1, false, false), 0);
+    assert_int_equal(ag_grad(&loss2, NULL, 1, ins, 4, g2, false, false), 0);
+    for (int i = 0; i < 4; i++)
+        assert_true(tu_max_abs_diff(g1[i], g2[i]) == 0);
+
+    /* the joint graph's gradient: softcap's d/ds 4 tanh(s / 4) = 1 - tanh(s / 4)^2, and for
+     * ALiBi grad_slope[h] = sum of grad * (kv - q) over the tile */
+    ag_score_mod sc = {softcap, NULL, NULL, 0};
+    ag_graph *cj = ag_trace_score_mod_joint(&sc, AG_F64);
+    assert_non_null(cj);
+    double sv[5] = {-3, -0.5, 0, 1.25, 7}, gv[5] = {0.5, -2, 1, 3, -1};
+    ag_tensor *st = tu_tensor(AG_F64, 1, (int64_t[]){5}, sv);
+    ag_tensor *gt = tu_tensor(AG_F64, 1, (int64_t[]){5}, gv);
+    ag_tensor *zero = ag_scalar_tensor(AG_I64, 0);
+    ag_tensor *jin[6] = {st, zero, zero, zero, zero, gt}, *jout[8];
+    assert_int_equal(run_reshaped(cj, jin, 6, jout, 8), 5);
+    for (int i = 0; i < 5; i++) {
+        const double t = tanh(sv[i] / 4);
+        tu_assert_near(ag_tensor_item_at(jout[0], i), gv[i] * (1 - t * t), 1e-12, "dscore", i);
+    }
+    for (int i = 1; i < 5; i++)
+        assert_null(jout[i]);
+    ag_graph_free(cj);
+    /* The joint graph is a 0-d function (upstream vmaps it over the tile): run per entry of a
+     * 3 x 4 tile, the slopes' gradients summed. */
+    ag_tensor *s34 = rnd(AG_F64, 1, 1, 3, 4, false), *g34 = rnd(AG_F64, 1, 1, 3, 4, false);
+    double want = 0, got = 0;
+    for (int i = 0; i < 3; i++)
+        for (int j = 0; j < 4; j++) {
+            const double gij = ag_tensor_item_at(g34, i * 4 + j);
+            ag_tensor *ain[7] = {ag_scalar_tensor(AG_F64, ag_tensor_item_at(s34, i * 4 + j)),
+                                 zero,
+                                 ag_scalar_tensor(AG_I64, 1),
+                                 ag_scalar_tensor(AG_I64, i),
+                                 ag_scalar_tensor(AG_I64, j),
+                                 ag_scalar_tensor(AG_F64, gij),
+                                 slopes};
+            assert_int_equal(ag_graph_run(jg, ain, 7, jout, 8), 6);
+            tu_assert_near(ag_tensor_item(jout[0]), gij, 0, "dscore", i * 4 + j);
+            tu_assert_near(ag_tensor_item_at(jout[5], 0), 0, 0, "dslope0", i * 4 + j);
+            got += ag_tensor_item_at(jout[5], 1);
+            want += gij * (double)(j - i);
+        }
+    tu_assert_near(got, want, 1e-12, "dslope1", 0);
+
+    /* errors */
+    assert_null(ag_trace_score_mod(&sm, AG_I64));
+    tu_assert_error_contains("trace_score_mod: the scores' dtype must be float32 or float64");
+    ag_tensor *nb = NULL;
+    ag_mask_mod bad = {mask_fn, &mc, &nb, 1};
+    assert_null(ag_trace_mask_mod(&bad));
+    tu_assert_error_contains("trace_mask_mod: buffer 0 is NULL");
+    ag_score_mod nul = {null_score, NULL, NULL, 0};
+    assert_null(ag_trace_score_mod(&nul, AG_F32));
+    tu_assert_error_contains("trace_score_mod: the function returned NULL");
+
+    ag_block_mask_free(bm);
+    ag_block_mask_free(bmg);
+    ag_graph_free(sg);
+    ag_graph_free(mg);
+    ag_graph_free(jg);
+    ag_scope_end();
+}
+
 /* ---- out of memory ----
  * A block mask (document masking, its ids a buffer), flex_attention with ALiBi and its
  * backward to q, k, v and the slopes: each allocation failing in turn (and every one from
@@ -606,6 +817,7 @@ int main(void) {
         cmocka_unit_test(test_strided_inputs),
         cmocka_unit_test(test_per_head_masks),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_traced_mods),
         cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
