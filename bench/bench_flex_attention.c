@@ -2,7 +2,9 @@
  * primitive ops, on the CPU.
  *
  * Shapes: B=1, H=12, T=1024 (query and key length), E=64, float32 (GPT-2 small's attention at
- * T=1024). Masks: causal and a causal sliding window of 128, as a block mask of 128 x 128
+ * T=1024). Masks: causal, a causal sliding window of 128, and causal with an ALiBi bias (a
+ * score_mod over tensors for flex, evaluated per tile through ops on the calling thread; an
+ * added [1, H, T, T] bias for the primitive reference), as a block mask of 128 x 128
  * blocks for flex_attention (built once, outside the timings; its build time is reported) and
  * as a [T, T] bool mask for the references. References, timed in the same run:
  *   - "primitive": matmul(q, k^T) * scale, masked_fill(-inf), softmax, matmul(p, v): the whole
@@ -66,8 +68,16 @@ static void count_free(void *ud, void *ptr) {
     free((char *)ptr - hdr);
 }
 
-/* ---- the masks ---- */
+/* ---- the masks and the score_mod ---- */
 static int64_t window; /* 0: causal */
+static bool use_alibi; /* ALiBi as a score_mod (flex) or an added bias (primitive) */
+
+static ag_tensor *alibi(void *ud, ag_tensor *score, ag_tensor *b, ag_tensor *h, ag_tensor *qi,
+                        ag_tensor *ki, ag_tensor *const *bufs, int nbuf) {
+    (void)ud, (void)b, (void)nbuf;
+    ag_tensor *rel = ag_to_dtype(ag_sub(ki, qi), ag_tensor_dtype(score));
+    return ag_add(score, ag_mul(ag_index(bufs[0], &h, 1), rel));
+}
 
 static ag_tensor *mask_mod(void *ud, ag_tensor *b, ag_tensor *h, ag_tensor *qi, ag_tensor *ki,
                            ag_tensor *const *bufs, int nbuf) {
@@ -83,6 +93,7 @@ typedef struct setup {
     ag_tensor *q, *k, *v, *gout; /* q, k, v require grad */
     ag_tensor *drop;             /* [T, T] bool: true where masked out */
     ag_block_mask *bm;
+    ag_tensor *slopes, *rel; /* ALiBi: [H] slopes, [T, T] kv - q */
 } setup;
 
 enum { IMPL_FLEX, IMPL_PRIMITIVE, IMPL_SDPA, NIMPL };
@@ -93,11 +104,15 @@ static int run(const setup *s, int impl, bool backward) {
     ag_scope_begin();
     ag_tensor *out = NULL;
     if (impl == IMPL_FLEX) {
-        if (ag_flex_attention(s->q, s->k, s->v, NULL, s->bm, NULL, &out, NULL))
+        ag_tensor *slopes = s->slopes;
+        ag_score_mod sm = {alibi, NULL, &slopes, 1};
+        if (ag_flex_attention(s->q, s->k, s->v, use_alibi ? &sm : NULL, s->bm, NULL, &out, NULL))
             out = NULL;
     } else if (impl == IMPL_PRIMITIVE) {
         ag_tensor *sc =
             ag_mul_scalar(ag_matmul(s->q, ag_transpose(s->k, 2, 3)), 1.0 / sqrt((double)s->E));
+        if (use_alibi)
+            sc = ag_add(sc, ag_mul(ag_view(s->slopes, 4, (int64_t[]){1, s->H, 1, 1}), s->rel));
         ag_tensor *p = ag_softmax(ag_masked_fill(sc, s->drop, -INFINITY), -1);
         out = ag_matmul(p, s->v);
     } else {
@@ -168,10 +183,26 @@ int main(int argc, char **argv) {
            (long long)T, runs, ag_get_num_threads());
     printf("%-16s %-10s %10s %10s %12s %12s\n", "mask", "impl", "fwd_s", "fwd+bwd_s", "peak_fwd_MB",
            "peak_fb_MB");
-    const int64_t windows[2] = {0, 128};
-    for (int w = 0; w < 2; w++) {
+    const int64_t windows[3] = {0, 128, 0};
+    for (int w = 0; w < 3; w++) {
         window = windows[w];
-        setup s = {1, 12, T, 64, NULL, NULL, NULL, NULL, NULL, NULL};
+        use_alibi = w == 2;
+        setup s = {1, 12, T, 64, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+        double sl[12], *rel = malloc(sizeof(double) * (size_t)(T * T));
+        for (int h = 0; h < 12; h++)
+            sl[h] = pow(2.0, -8.0 * (h + 1) / 12.0);
+        for (int64_t i = 0; i < T; i++)
+            for (int64_t j = 0; j < T; j++)
+                rel[i * T + j] = (double)(j - i);
+        float *relf = malloc(sizeof(float) * (size_t)(T * T)), slf[12];
+        for (int64_t i = 0; i < T * T; i++)
+            relf[i] = (float)rel[i];
+        for (int h = 0; h < 12; h++)
+            slf[h] = (float)sl[h];
+        s.rel = ag_from_data(AG_F32, 2, (int64_t[]){T, T}, relf);
+        s.slopes = ag_from_data(AG_F32, 1, (int64_t[]){12}, slf);
+        free(rel);
+        free(relf);
         ag_manual_seed(0);
         s.q = ag_randn(AG_F32, 4, (int64_t[]){s.B, s.H, T, s.E});
         s.k = ag_randn(AG_F32, 4, (int64_t[]){s.B, s.H, T, s.E});
@@ -197,7 +228,7 @@ int main(int argc, char **argv) {
         double med[NIMPL][2];
         int64_t peak[NIMPL][2];
         double *ts = malloc(sizeof(double) * (size_t)runs);
-        const int nimpl = window ? IMPL_SDPA : NIMPL;
+        const int nimpl = window || use_alibi ? IMPL_SDPA : NIMPL;
         for (int impl = 0; impl < nimpl; impl++)
             for (int bw = 0; bw < 2; bw++) {
                 int rc = 0;
@@ -217,7 +248,11 @@ int main(int argc, char **argv) {
             }
         free(ts);
         char name[32];
-        snprintf(name, sizeof name, window ? "sliding %lld" : "causal", (long long)window);
+        snprintf(name, sizeof name,
+                 use_alibi ? "causal+alibi"
+                 : window  ? "sliding %lld"
+                           : "causal",
+                 (long long)window);
         for (int impl = 0; impl < nimpl; impl++)
             printf("%-16s %-10s %10.4f %10.4f %12.2f %12.2f\n", name, impl_name[impl], med[impl][0],
                    med[impl][1], (double)peak[impl][0] / 1048576.0,
@@ -234,6 +269,8 @@ int main(int argc, char **argv) {
         ag_tensor_free(s.v);
         ag_tensor_free(s.gout);
         ag_tensor_free(s.drop);
+        ag_tensor_free(s.rel);
+        ag_tensor_free(s.slopes);
     }
     return 0;
 }
