@@ -785,6 +785,40 @@ static int oom_step(void *ud) {
     return rc;
 }
 
+/* Tracing the functions into graphs and running flex_attention with the graphs in their place. */
+static int oom_trace(void *ud) {
+    oom_case *oc = ud;
+    ag_score_mod sm = {alibi, NULL, &oc->slopes, 1};
+    ag_mask_mod mm = {mask_fn, &oc->mc, &oc->doc, 1};
+    ag_graph *sg = ag_trace_score_mod(&sm, AG_F64), *jg = ag_trace_score_mod_joint(&sm, AG_F64);
+    ag_graph *mg = ag_trace_mask_mod(&mm);
+    int rc = sg && jg && mg ? 0 : ag_last_status();
+    ag_block_mask *bm = NULL;
+    if (!rc) {
+        ag_mask_mod mmg = {ag_mask_mod_graph, mg, &oc->doc, 1};
+        bm = ag_create_block_mask(&mmg, 1, 1, 12, 12, 4, 4);
+        rc = bm ? 0 : ag_last_status();
+    }
+    ag_scope_begin();
+    if (!rc) {
+        ag_score_mod smg = {ag_score_mod_graph, sg, &oc->slopes, 1};
+        ag_tensor *out = NULL, *g[4];
+        rc = ag_flex_attention(oc->q, oc->k, oc->v, &smg, bm, NULL, &out, NULL);
+        ag_tensor *loss = rc ? NULL : ag_sum_all(out);
+        ag_tensor *wrt[4] = {oc->q, oc->k, oc->v, oc->slopes};
+        if (!rc)
+            rc = loss ? ag_grad(&loss, NULL, 1, wrt, 4, g, false, false) : ag_last_status();
+    }
+    tu_alloc_cleanup_begin();
+    ag_scope_end();
+    ag_block_mask_free(bm);
+    ag_graph_free(sg);
+    ag_graph_free(jg);
+    ag_graph_free(mg);
+    tu_alloc_cleanup_end();
+    return rc;
+}
+
 static void test_out_of_memory(void **st) {
     (void)st;
     int64_t ids[12] = {0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 2};
@@ -801,6 +835,10 @@ static void test_out_of_memory(void **st) {
     assert_true(tu_alloc_failure_sweep(oom_step, &oc, &o) > 10);
     o.persistent = true;
     assert_true(tu_alloc_failure_sweep(oom_step, &oc, &o) > 10);
+    tu_sweep_opts ot = {.what = "flex_attention's functions as graphs", .one_thread = true};
+    assert_true(tu_alloc_failure_sweep(oom_trace, &oc, &ot) > 10);
+    ot.persistent = true;
+    assert_true(tu_alloc_failure_sweep(oom_trace, &oc, &ot) > 10);
     ag_tensor_free(oc.q);
     ag_tensor_free(oc.k);
     ag_tensor_free(oc.v);
