@@ -754,6 +754,112 @@ static void test_traced_mods(void **state) {
     ag_scope_end();
 }
 
+/* ---- upstream test 14: test_preserve_annotate_flex_attention, on the CPU ----
+ * An identity score_mod and a block-causal mask over per-token document ids (a buffer), the
+ * call inside annotate({'compile_with_inductor': 'flex_attention'}); the exported joint has
+ * get_attr sdpa_score0, sdpa_mask0, fw_graph0, joint_graph0, mask_graph0 and the calls
+ * flex_attention and flex_attention_backward, each carrying the annotation. Upstream's sizes
+ * (batch 2, 4 heads, 288 tokens, head_dim 64); float32. */
+typedef struct t14 {
+    ag_block_mask *bm;
+} t14;
+
+static ag_tensor *block_causal(void *ud, ag_tensor *b, ag_tensor *h, ag_tensor *qi, ag_tensor *ki,
+                               ag_tensor *const *bufs, int nbuf) {
+    (void)ud, (void)h, (void)nbuf;
+    ag_tensor *iq[2] = {b, qi}, *ik[2] = {b, ki};
+    return and_(ag_eq(ag_index(bufs[0], iq, 2), ag_index(bufs[0], ik, 2)), ag_ge(qi, ki));
+}
+
+static int flex_module_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
+                               int max_out) {
+    (void)nin, (void)max_out;
+    t14 *t = ag_module_ud(m);
+    ag_score_mod id = {identity_score, NULL, NULL, 0};
+    ag_annotate_begin("compile_with_inductor",
+                      (ag_mval){.kind = AG_MV_STR, .u.s = "flex_attention"});
+    ag_tensor *o = NULL;
+    int rc = ag_flex_attention(in[0], in[1], in[2], &id, t->bm, NULL, &o, NULL);
+    ag_annotate_end();
+    if (rc)
+        return rc;
+    return ag_module_return1(o, out);
+}
+
+static void test_upstream_14_annotations(void **state) {
+    (void)state;
+    const int64_t B = 2, H = 4, T = 12 * 24, E = 64;
+    double *ids = malloc(sizeof(double) * (size_t)(B * T));
+    for (int64_t i = 0; i < B * T; i++)
+        ids[i] = (i % T) >= T / 2; /* the second half of each sequence is document 1 */
+    ag_tensor *seq_idx = tu_tensor(AG_I64, 2, (int64_t[]){B, T}, ids);
+    free(ids);
+    ag_mask_mod mm = {block_causal, NULL, &seq_idx, 1};
+    t14 t = {ag_create_block_mask(&mm, 1, 1, T, T, 0, 0)};
+    assert_non_null(t.bm);
+    ag_module *m = ag_module_new("FlexAttentionModule", flex_module_forward, &t, NULL);
+    ag_tensor *x[3];
+    for (int i = 0; i < 3; i++) {
+        x[i] = ag_randn(AG_F32, 4, (int64_t[]){B, H, T, E});
+        ag_tensor_set_requires_grad(x[i], true);
+    }
+    ag_joint *j = ag_export_joint(m, x, 3, NULL, NULL, 0, NULL);
+    if (!j)
+        fail_msg("export: %s", ag_last_error());
+    const ag_graph *g = ag_joint_graph(j);
+    assert_int_equal(ag_graph_verify(g), 0);
+    const char *want[7][2] = {{"get_attr", "sdpa_score0"},        {"get_attr", "sdpa_mask0"},
+                              {"call", "flex_attention"},         {"get_attr", "fw_graph0"},
+                              {"get_attr", "joint_graph0"},       {"get_attr", "mask_graph0"},
+                              {"call", "flex_attention_backward"}};
+    for (int w = 0; w < 7; w++) {
+        const ag_node *n = ag_graph_find(g, want[w][1]);
+        if (!n)
+            fail_msg("no node %s", want[w][1]);
+        assert_int_equal(ag_node_kind_of(n),
+                         !strcmp(want[w][0], "call") ? AG_NODE_CALL : AG_NODE_GET_ATTR);
+        ag_mval v;
+        if (ag_node_custom_count(n) != 1 ||
+            strcmp(ag_node_custom_key_at(n, 0, &v), "compile_with_inductor") ||
+            v.kind != AG_MV_STR || strcmp(v.u.s, "flex_attention"))
+            fail_msg("%s lacks {'compile_with_inductor': 'flex_attention'}", want[w][1]);
+    }
+    /* the calls as printed: get_attr arguments, the block mask's tensors as constants */
+    char *txt = ag_graph_to_string(g, NULL);
+    assert_non_null(strstr(
+        txt, "%flex_attention = flex_attention(%primals_1, %primals_2, %primals_3, "
+             "%sdpa_score0, [%_tensor_constant0, %_tensor_constant1, %_tensor_constant2, "
+             "%_tensor_constant3, %_tensor_constant4, %_tensor_constant5, %_tensor_constant6, "
+             "%_tensor_constant7, %sdpa_mask0], [288, 288, 128, 128], 0.125, [], "
+             "[%_tensor_constant8])  # (f32[2, 4, 288, 64], f32[2, 4, 288])"));
+    assert_non_null(strstr(
+        txt, "%flex_attention_backward = flex_attention_backward(%primals_1, %primals_2, "
+             "%primals_3, %getitem, %getitem_1, %tangents_1, None, %fw_graph0, %joint_graph0, "
+             "[%_tensor_constant0_1, %_tensor_constant1_1, %_tensor_constant2_1, "
+             "%_tensor_constant3_1, %_tensor_constant4_1, %_tensor_constant5_1, "
+             "%_tensor_constant6_1, %_tensor_constant7_1, %mask_graph0], [288, 288, 128, 128], "
+             "0.125, [], [%_tensor_constant8_1])  # (f32[2, 4, 288, 64], f32[2, 4, 288, 64], "
+             "f32[2, 4, 288, 64])"));
+    /* it parses back to the same text */
+    ag_graph *back = ag_graph_parse(txt, strlen(txt));
+    if (!back)
+        fail_msg("parse: %s", ag_last_error());
+    char *txt2 = ag_graph_to_string(back, NULL);
+    assert_string_equal(txt, txt2);
+    ag_free(txt2);
+    ag_graph_free(back);
+    ag_free(txt);
+    /* Not yet: partitioning (the partitioners copy get_attr nodes by value and do not carry
+     * subgraph attributes yet, as for invoke_subgraph), the interpreter and the executor
+     * (the ops have no kernel in graphs yet). */
+    ag_joint_free(j);
+    ag_module_free(m);
+    for (int i = 0; i < 3; i++)
+        ag_tensor_free(x[i]);
+    ag_tensor_free(seq_idx);
+    ag_block_mask_free(t.bm);
+}
+
 /* ---- out of memory ----
  * A block mask (document masking, its ids a buffer), flex_attention with ALiBi and its
  * backward to q, k, v and the slopes: each allocation failing in turn (and every one from
@@ -856,6 +962,7 @@ int main(void) {
         cmocka_unit_test(test_per_head_masks),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_traced_mods),
+        cmocka_unit_test(test_upstream_14_annotations),
         cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -26,8 +26,14 @@
  * for mask_mod. The functions must be pure (the backward evaluates them again).
  *
  * Supported: float32 and float64 (q, k, v of one dtype); CPU; eager with autograd (first
- * order). Not yet: under tracing and export (ag_flex_attention refuses with AG_EINVAL while a
- * trace is active), double backward, nesting flex_attention inside a score_mod or mask_mod. */
+ * order). Under a trace (ag_trace, ag_export_joint) the call is recorded as upstream records
+ * it: score_mod and mask_mod traced into subgraphs (sdpa_score0, sdpa_mask0; an identity
+ * score_mod when none is given, a block mask of full 128 x 128 blocks when none is given), the
+ * block mask's tensors as constants, a flex_attention node, and in the backward fw_graph0,
+ * joint_graph0, mask_graph0 and a flex_attention_backward node (docs/GRAPH_FORMAT.md); under
+ * tracing, score_mod's buffers must be float tensors. Such graphs print, parse and verify; they
+ * do not yet partition, interpret or compile. Not yet either: double backward, nesting
+ * flex_attention inside a score_mod or mask_mod. */
 #ifndef AOTGRAD_FLEX_ATTENTION_H
 #define AOTGRAD_FLEX_ATTENTION_H
 
@@ -122,7 +128,7 @@ typedef struct ag_flex_opts {
  * argument and values (NULL tensors, not 4-d, mixed or non-float dtypes, mismatched sizes,
  * Hq != Hkv without enable_gqa or Hq not a multiple of Hkv, a block mask of another Q_LEN or
  * KV_LEN or whose B or H is neither 1 nor the query's, a NULL buffer, a failing score_mod or
- * mask_mod, tracing active) with *out and *lse NULL and nothing else changed. */
+ * mask_mod) with *out and *lse NULL and nothing else changed. */
 AG_API int ag_flex_attention(ag_tensor *q, ag_tensor *k, ag_tensor *v,
                              const ag_score_mod *score_mod, const ag_block_mask *block_mask,
                              const ag_flex_opts *opts, ag_tensor **out, ag_tensor **lse);

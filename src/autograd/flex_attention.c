@@ -18,7 +18,8 @@
  * the per-thread tile workspaces. No op kernel uses those slots, so the user functions called
  * while they are held cannot clobber them; flex_attention inside a score_mod or mask_mod is
  * refused. */
-#include "../core/internal.h"
+#include "flex_internal.h"
+
 #include "../core/kernel_util.h"
 #include "aotgrad/flex_attention.h"
 
@@ -28,6 +29,8 @@
 
 #define FLEX_SLOT_MASKS 6
 #define FLEX_SLOT_WS 7
+
+ag__flex_trace_fn ag__flex_trace_hook;
 
 /* flex_attention running on this thread (nesting refused: the scratch slots are held). */
 static _Thread_local int flex_depth;
@@ -546,6 +549,16 @@ ag_block_mask *ag_create_block_mask(const ag_mask_mod *mask_mod, int64_t B, int6
     return m;
 }
 
+void ag__block_mask_mod(const ag_block_mask *m, ag_mask_mod *out) {
+    *out = (ag_mask_mod){m->fn, m->ud, m->bufs, m->nbuf};
+}
+
+ag_block_mask *ag__block_mask_retain(const ag_block_mask *m) {
+    ag_block_mask *w = (ag_block_mask *)m;
+    w->refs++;
+    return w;
+}
+
 ag_tensor *ag_block_mask_tensor(const ag_block_mask *m, ag_block_mask_part part) {
     if (!m || (int)part < 0 || (int)part >= 8)
         return NULL;
@@ -710,8 +723,6 @@ static int check_inputs(ag_tensor *q, ag_tensor *k, ag_tensor *v, const ag_score
             if (!sm->buffers[i])
                 return ag__err(AG_EINVAL, "flex_attention: score_mod buffer %d is NULL", i);
     }
-    if (ag__tls()->tracing)
-        return ag__err(AG_EINVAL, "flex_attention: not supported under tracing or export yet");
     if (flex_depth)
         return ag__err(AG_EINVAL, "flex_attention: called inside a score_mod or mask_mod");
     return 0;
@@ -727,6 +738,16 @@ int ag_flex_attention(ag_tensor *q, ag_tensor *k, ag_tensor *v, const ag_score_m
     int rc = check_inputs(q, k, v, score_mod, block_mask, opts);
     if (rc)
         return rc;
+    if (ag__tls()->tracing) {
+        if (!ag__flex_trace_hook)
+            return ag__err(AG_EINVAL, "flex_attention: tracing without the tracer's hook");
+        const double sc =
+            opts && opts->scale != 0
+                ? opts->scale
+                : 1.0 / sqrt((double)(ag_tensor_size(q, 3) ? ag_tensor_size(q, 3) : 1));
+        return ag__flex_trace_hook(q, k, v, score_mod && score_mod->fn ? score_mod : NULL,
+                                   block_mask, sc, out, lse);
+    }
     const ag_score_mod *sm = score_mod && score_mod->fn ? score_mod : NULL;
     flex_saved *s = ag__calloc(1, sizeof *s);
     if (!s ||

@@ -119,6 +119,13 @@ int ag__subgraph_index(const ag_graph *g, const ag_graph *sub);
  * the subgraph argument and the operands against the subgraph's placeholders and gives the
  * subgraph's output vals. ag__infer_meta calls it instead of the op's meta function. */
 int ag__subgraph_infer(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *vals, int *nvals);
+/* flex_hop.c: the flex_attention higher-order ops (made on first use, kept for the process;
+ * not in the registry): the forward's or the backward's; by name (the parser); a test; their
+ * meta inference (ag__subgraph_infer hands their calls here). */
+const ag_op *ag__op_flex_attention(bool backward);
+const ag_op *ag__op_flex_find(const char *name);
+bool ag__op_is_flex(const ag_op *op);
+int ag__flex_infer(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *vals, int *nvals);
 /* subgraph.c: refuses (AG_EINVAL) an argument node of g's parent, of one of g's subgraphs or
  * of a sibling subgraph: a graph and its subgraphs share no nodes. */
 int ag__subgraph_check_args(const ag_graph *g, const ag_op *op, const ag_garg *args, int nargs);
@@ -195,6 +202,9 @@ struct ag__token_chain {
     ag_node *cur; /* the current token, NULL before the chain's first effect */
 };
 void ag__tracer_set_token_chain(ag__tracer *T, ag__token_chain *c); /* NULL: none */
+/* trace.c: the thread's active session (NULL when none) and its graph. */
+ag__tracer *ag__tracer_active(void);
+ag_graph *ag__tracer_graph(ag__tracer *T);
 /* trace.c: gives n the session's metadata (seq_nr, tag, annotations, stack trace). */
 int ag__tracer_node_meta(ag__tracer *T, ag_node *n);
 /* trace/trace_effects.c: records op's call (graph args ga, outputs outs) as with_effects on c. */

@@ -769,6 +769,8 @@ static int call_line(cur *c, const char *start, const char *name) {
         const ag_op *op = ag_op_find(opname);
         if (!op && !strcmp(opname, "invoke_subgraph") && !(op = ag_op_invoke_subgraph()))
             return AG_ENOMEM;
+        if (!op)
+            op = ag__op_flex_find(opname); /* flex_attention's higher-order ops (flex_hop.c) */
         if (!op && !strcmp(opname, "with_effects") && (rc = ag__lx_with_effects_op(c, &op)))
             return rc;
         if (!op)

@@ -8,6 +8,7 @@
  * make data-less tensors) and the dispatcher's trace hook points here. Each tensor remembers its
  * node (tensor->trace) together with the id of the trace that made it, so tensors left over
  * from an earlier trace are never confused with this one's. */
+#include "../autograd/flex_internal.h"
 #include "../graph/graph_internal.h"
 #include "../nn/nn_internal.h"
 #include "aotgrad/trace.h"
@@ -610,6 +611,7 @@ static void tracer_activate(tracer *T) {
     T->prev_meta = ag_set_meta_mode(true);
     active = T;
     ag__trace_hook = trace_hook;
+    ag__flex_trace_hook = ag__flex_traced; /* flex_attention under a trace (flex_trace.c) */
 }
 
 static void tracer_deactivate(tracer *T) {
@@ -641,6 +643,13 @@ void ag__tracer_end(ag__tracer *T) {
     tracer_deactivate(T);
     tracer_free(T);
     ag__free(T);
+}
+
+ag__tracer *ag__tracer_active(void) {
+    return active;
+}
+ag_graph *ag__tracer_graph(ag__tracer *T) {
+    return T->g;
 }
 
 void ag__tracer_set_tag(ag__tracer *T, const char *tag) {
