@@ -849,9 +849,30 @@ static void test_upstream_14_annotations(void **state) {
     ag_free(txt2);
     ag_graph_free(back);
     ag_free(txt);
+    /* The interpreter runs the joint (the ops with the subgraphs as score_mod and mask_mod):
+     * the output and the gradients equal eager flex_attention's and ag_grad's. */
+    ag_tensor *tangent = ag_randn(AG_F32, 4, (int64_t[]){B, H, T, E});
+    ag_tensor *jin[4] = {x[0], x[1], x[2], tangent}, *jout[8];
+    int nj = ag_graph_run(g, jin, 4, jout, 8);
+    if (nj != 4)
+        fail_msg("run: %s", ag_last_error());
+    ag_score_mod id = {identity_score, NULL, NULL, 0};
+    ag_tensor *eo = NULL, *eg[3];
+    assert_int_equal(ag_flex_attention(x[0], x[1], x[2], &id, t.bm, NULL, &eo, NULL), 0);
+    assert_int_equal(ag_grad(&eo, &tangent, 1, x, 3, eg, false, false), 0);
+    assert_true(tu_max_abs_diff(jout[0], eo) < 1e-6);
+    for (int i = 0; i < 3; i++)
+        if (!(tu_max_abs_diff(jout[1 + i], eg[i]) < 1e-5))
+            fail_msg("interpreted gradient %d differs by %g", i,
+                     tu_max_abs_diff(jout[1 + i], eg[i]));
+    for (int i = 0; i < 4; i++)
+        ag_tensor_free(jout[i]);
+    for (int i = 0; i < 3; i++)
+        ag_tensor_free(eg[i]);
+    ag_tensor_free(eo);
+    ag_tensor_free(tangent);
     /* Not yet: partitioning (the partitioners copy get_attr nodes by value and do not carry
-     * subgraph attributes yet, as for invoke_subgraph), the interpreter and the executor
-     * (the ops have no kernel in graphs yet). */
+     * subgraph attributes yet, as for invoke_subgraph) and the planned executor. */
     ag_joint_free(j);
     ag_module_free(m);
     for (int i = 0; i < 3; i++)

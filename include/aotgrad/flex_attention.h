@@ -31,8 +31,9 @@
  * score_mod when none is given, a block mask of full 128 x 128 blocks when none is given), the
  * block mask's tensors as constants, a flex_attention node, and in the backward fw_graph0,
  * joint_graph0, mask_graph0 and a flex_attention_backward node (docs/GRAPH_FORMAT.md); under
- * tracing, score_mod's buffers must be float tensors. Such graphs print, parse and verify; they
- * do not yet partition, interpret or compile. Not yet either: double backward, nesting
+ * tracing, score_mod's buffers must be float tensors. Such graphs print, parse, verify and run in
+ * the interpreter (ag_graph_run: the subgraphs as score_mod and mask_mod); they do not yet
+ * partition or compile. Not yet either: double backward, nesting
  * flex_attention inside a score_mod or mask_mod. */
 #ifndef AOTGRAD_FLEX_ATTENTION_H
 #define AOTGRAD_FLEX_ATTENTION_H

@@ -92,16 +92,6 @@ AG_API void ag_site_pop(void);
 AG_API ag_graph *ag_trace_score_mod(const ag_score_mod *score_mod, ag_dtype dt);
 AG_API ag_graph *ag_trace_score_mod_joint(const ag_score_mod *score_mod, ag_dtype dt);
 AG_API ag_graph *ag_trace_mask_mod(const ag_mask_mod *mask_mod);
-/* ag_score_mod_fn / ag_mask_mod_fn whose ud is a graph made above (const ag_graph *): runs it
- * with ag_graph_run on the tile's tensors and the buffers, so a traced function runs in
- * ag_flex_attention (and ag_create_block_mask) where the C function ran; its ops broadcast
- * over the tile as the function's did. Returns the graph's first output (owned by the open
- * scope, as the contract asks), or NULL with the interpreter's message. */
-AG_API ag_tensor *ag_score_mod_graph(void *graph, ag_tensor *score, ag_tensor *b, ag_tensor *h,
-                                     ag_tensor *q_idx, ag_tensor *kv_idx, ag_tensor *const *buffers,
-                                     int nbuffers);
-AG_API ag_tensor *ag_mask_mod_graph(void *graph, ag_tensor *b, ag_tensor *h, ag_tensor *q_idx,
-                                    ag_tensor *kv_idx, ag_tensor *const *buffers, int nbuffers);
 
 #ifdef __cplusplus
 }

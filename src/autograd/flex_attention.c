@@ -728,6 +728,116 @@ static int check_inputs(ag_tensor *q, ag_tensor *k, ag_tensor *v, const ag_score
     return 0;
 }
 
+/* Sizes, scale and tiles of a call. */
+static void setup_flex(flex *f, const ag_tensor *q, const ag_tensor *k, const ag_tensor *v,
+                       const ag_block_mask *block_mask, const ag_flex_opts *opts) {
+    const int64_t *qs = ag_tensor_sizes(q), *ks = ag_tensor_sizes(k), *vs = ag_tensor_sizes(v);
+    f->dt = ag_tensor_dtype(q);
+    f->B = qs[0];
+    f->Hq = qs[1];
+    f->Hkv = ks[1];
+    f->G = f->Hkv ? f->Hq / f->Hkv : 1;
+    f->L = qs[2];
+    f->S = ks[2];
+    f->E = qs[3];
+    f->Ev = vs[3];
+    f->scale = opts && opts->scale != 0 ? opts->scale : 1.0 / sqrt((double)(f->E ? f->E : 1));
+    f->QB = block_mask ? block_mask->QB : opts && opts->q_block_size ? opts->q_block_size : 128;
+    f->KB = block_mask ? block_mask->KB : opts && opts->kv_block_size ? opts->kv_block_size : 128;
+    f->nq = (f->L + f->QB - 1) / f->QB;
+    f->nk = (f->S + f->KB - 1) / f->KB;
+}
+
+int ag__flex_attention_backward(ag_tensor *q, ag_tensor *k, ag_tensor *v, ag_tensor *out,
+                                ag_tensor *lse, ag_tensor *grad_out, ag_tensor *grad_lse,
+                                const ag_score_mod *score_mod, const ag_block_mask *block_mask,
+                                double scale, ag_tensor **grads) {
+    const ag_score_mod *sm = score_mod && score_mod->fn ? score_mod : NULL;
+    int rc = check_inputs(q, k, v, sm, block_mask, NULL);
+    if (rc)
+        return rc;
+    const ag_tensor *chk[2] = {out, lse};
+    for (int i = 0; i < 2; i++)
+        if (!chk[i] || ag_tensor_dtype(chk[i]) != ag_tensor_dtype(q) ||
+            ag_tensor_ndim(chk[i]) != 4 - i)
+            return ag__err(AG_EINVAL, "flex_attention_backward: bad %s", i ? "logsumexp" : "out");
+    flex_saved s = {0};
+    ag_flex_opts o = {.scale = scale};
+    setup_flex(&s.f, q, k, v, block_mask, &o);
+    s.f.bm = s.bm = (ag_block_mask *)block_mask;
+    if (sm) {
+        s.f.sfn = sm->fn;
+        s.f.sud = sm->ud;
+        s.bufs = (ag_tensor **)sm->buffers;
+        s.nbuf = sm->nbuffers;
+    }
+    bool prev = ag_set_grad_enabled(false);
+    s.q = contiguous_data(q);
+    s.k = contiguous_data(k);
+    s.v = contiguous_data(v);
+    s.out = contiguous_data(out);
+    s.lse = contiguous_data(lse);
+    ag_set_grad_enabled(prev);
+    if (!s.q || !s.k || !s.v || !s.out || !s.lse)
+        return failed();
+    bool needs[3 + 64];
+    for (int i = 0; i < 3 + s.nbuf; i++)
+        needs[i] = true;
+    ag_tensor *gout[2] = {grad_out, grad_lse};
+    return flex_backward(&s, gout, 2, grads, 3 + s.nbuf, needs);
+}
+
+ag_block_mask *ag__block_mask_from_parts(ag_tensor *const *parts, const int64_t *sizes,
+                                         const ag_mask_mod *mask_mod) {
+    const int64_t S = sizes[0], L = sizes[1], QB = sizes[2], KB = sizes[3];
+    if (L < 1 || S < 1 || QB < 1 || KB < 1) {
+        ag__err(AG_EINVAL, "flex_attention: bad block mask sizes (%lld, %lld, %lld, %lld)",
+                (long long)S, (long long)L, (long long)QB, (long long)KB);
+        return NULL;
+    }
+    const int64_t nq = (L + QB - 1) / QB, nk = (S + KB - 1) / KB;
+    for (int p = 0; p < 8; p++) {
+        const ag_tensor *t = parts[p];
+        const bool q_side = p >= AG_BM_Q_NUM_BLOCKS, is_num = p % 2 == 0;
+        const int64_t rows = q_side ? nk : nq, cols = q_side ? nq : nk;
+        if (!t || ag_tensor_dtype(t) != AG_I64 || !ag_tensor_is_contiguous(t) ||
+            ag_tensor_ndim(t) != (is_num ? 3 : 4) ||
+            ag_tensor_size(t, 0) != ag_tensor_size(parts[0], 0) ||
+            ag_tensor_size(t, 1) != ag_tensor_size(parts[0], 1) || ag_tensor_size(t, 2) != rows ||
+            (!is_num && ag_tensor_size(t, 3) != cols)) {
+            ag__err(AG_EINVAL,
+                    "flex_attention: block mask tensor %d does not fit Q_LEN=%lld, "
+                    "KV_LEN=%lld in %lld x %lld blocks",
+                    p, (long long)L, (long long)S, (long long)QB, (long long)KB);
+            return NULL;
+        }
+    }
+    const int nbuf = mask_mod && mask_mod->fn ? mask_mod->nbuffers : 0;
+    ag_block_mask *m = ag__calloc(1, sizeof *m);
+    if (!m || (nbuf && !(m->bufs = ag__calloc((size_t)nbuf, sizeof *m->bufs)))) {
+        ag__free(m);
+        return NULL;
+    }
+    m->refs = 1;
+    m->B = ag_tensor_size(parts[0], 0);
+    m->H = ag_tensor_size(parts[0], 1);
+    m->L = L;
+    m->S = S;
+    m->QB = QB;
+    m->KB = KB;
+    m->nq = nq;
+    m->nk = nk;
+    for (int p = 0; p < 8; p++)
+        m->parts[p] = ag_tensor_keep(parts[p]);
+    if (mask_mod && mask_mod->fn) {
+        m->fn = mask_mod->fn;
+        m->ud = mask_mod->ud;
+        for (int i = 0; i < nbuf; i++, m->nbuf++)
+            m->bufs[i] = ag_tensor_keep(mask_mod->buffers[i]);
+    }
+    return m;
+}
+
 int ag_flex_attention(ag_tensor *q, ag_tensor *k, ag_tensor *v, const ag_score_mod *score_mod,
                       const ag_block_mask *block_mask, const ag_flex_opts *opts, ag_tensor **out,
                       ag_tensor **lse) {
@@ -756,21 +866,7 @@ int ag_flex_attention(ag_tensor *q, ag_tensor *k, ag_tensor *v, const ag_score_m
         return AG_ENOMEM;
     }
     flex *f = &s->f;
-    const int64_t *qs = ag_tensor_sizes(q), *ks = ag_tensor_sizes(k), *vs = ag_tensor_sizes(v);
-    f->dt = ag_tensor_dtype(q);
-    f->B = qs[0];
-    f->Hq = qs[1];
-    f->Hkv = ks[1];
-    f->G = f->Hkv ? f->Hq / f->Hkv : 1;
-    f->L = qs[2];
-    f->S = ks[2];
-    f->E = qs[3];
-    f->Ev = vs[3];
-    f->scale = opts && opts->scale != 0 ? opts->scale : 1.0 / sqrt((double)(f->E ? f->E : 1));
-    f->QB = block_mask ? block_mask->QB : opts && opts->q_block_size ? opts->q_block_size : 128;
-    f->KB = block_mask ? block_mask->KB : opts && opts->kv_block_size ? opts->kv_block_size : 128;
-    f->nq = (f->L + f->QB - 1) / f->QB;
-    f->nk = (f->S + f->KB - 1) / f->KB;
+    setup_flex(f, q, k, v, block_mask, opts);
     if (block_mask) {
         s->bm = (ag_block_mask *)block_mask;
         s->bm->refs++;

@@ -20,8 +20,11 @@
  * mask_mod); block_mask_sizes is (KV_LEN, Q_LEN, Q_BLOCK_SIZE, KV_BLOCK_SIZE). Both ops are
  * flagged AG_OP_SUBGRAPH and kept out of the registry like invoke_subgraph; meta inference
  * (ag__subgraph_infer hands them here) checks the tensors and gives the outputs' metadata.
- * They have no eager kernel yet: the interpreter and the executor refuse them. */
+ * The interpreter runs them through ag__flex_run (below); they have no kernel for the planned
+ * executor yet (refused). */
 #include "graph_internal.h"
+
+#include "../autograd/flex_internal.h"
 
 #include <pthread.h>
 
@@ -33,8 +36,8 @@ static int refuse_meta(const ag_arg *args, ag_tmeta *out) {
 
 static int refuse_kernel(const ag_arg *args, ag_tensor **outs) {
     (void)args, (void)outs;
-    return ag__err(AG_ENOTSUP, "flex_attention: running the higher-order op in a graph is not "
-                               "supported yet (call ag_flex_attention eagerly)");
+    return ag__err(AG_ENOTSUP, "flex_attention: the planned executor does not run the "
+                               "higher-order op yet (the interpreter, ag_graph_run, does)");
 }
 
 static const ag_opdef fwd_def = {
@@ -159,4 +162,146 @@ int ag__flex_infer(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *va
     }
     *nvals = 3 + nbuf;
     return 0;
+}
+
+/* ---- graphs as score_mod / mask_mod ---- */
+
+/* Runs g on tile-shaped inputs, as upstream vmaps the 0-d function over the tile: a copy of g
+ * whose placeholders take the inputs' metadata, its calls' vals inferred again. The result
+ * (output 0) belongs to the open scope, or is a new reference when none is open. */
+static ag_tensor *run_graph(const ag_graph *g, ag_tensor *const *lead, int nlead,
+                            ag_tensor *const *bufs, int nbuf) {
+    ag_tensor *in[70];
+    if (nbuf < 0 || nlead + nbuf > 70 || (nbuf > 0 && !bufs)) {
+        ag__err(AG_EINVAL,
+                "flex_attention: bad buffer list for a graph function (%d buffers, at "
+                "most 64)",
+                nbuf);
+        return NULL;
+    }
+    for (int i = 0; i < nlead; i++)
+        in[i] = lead[i];
+    for (int i = 0; i < nbuf; i++)
+        in[nlead + i] = bufs[i];
+    ag_graph *c = ag_graph_copy(g);
+    if (!c)
+        return NULL;
+    int rc = 0, i = 0;
+    for (ag_node *n = ag_graph_first(c); n && !rc; n = ag_node_next(n))
+        if (ag_node_kind_of(n) == AG_NODE_PLACEHOLDER) {
+            if (i >= nlead + nbuf || !in[i]) {
+                rc = ag__err(AG_EINVAL,
+                             "flex_attention: the graph function takes more than the "
+                             "%d inputs given, or input %d is NULL",
+                             nlead + nbuf, i);
+                break;
+            }
+            ag_tmeta m;
+            ag__tmeta_of(in[i++], &m);
+            rc = ag_node_set_val(n, 0, &m);
+        }
+    if (!rc)
+        rc = ag_graph_reinfer_meta(c);
+    ag_tensor *out[AG_MAX_OUTPUTS] = {0};
+    const bool scoped = ag__in_scope();
+    int n = rc ? rc : ag_graph_run(c, in, nlead + nbuf, out, AG_MAX_OUTPUTS);
+    ag_graph_free(c);
+    if (n < 0)
+        return NULL;
+    if (!scoped)
+        for (int k = 1; k < n; k++)
+            ag_tensor_free(out[k]);
+    if (n < 1 || !out[0]) {
+        if (!scoped && n >= 1)
+            ag_tensor_free(out[0]);
+        ag__err(AG_EINVAL, "flex_attention: the graph function returned %s",
+                n < 1 ? "nothing" : "None");
+        return NULL;
+    }
+    return out[0];
+}
+
+ag_tensor *ag_score_mod_graph(void *graph, ag_tensor *score, ag_tensor *b, ag_tensor *h,
+                              ag_tensor *q_idx, ag_tensor *kv_idx, ag_tensor *const *buffers,
+                              int nbuffers) {
+    AG__CHECK_NULL_RET("score_mod_graph", graph, NULL);
+    ag_tensor *lead[5] = {score, b, h, q_idx, kv_idx};
+    return run_graph(graph, lead, 5, buffers, nbuffers);
+}
+
+ag_tensor *ag_mask_mod_graph(void *graph, ag_tensor *b, ag_tensor *h, ag_tensor *q_idx,
+                             ag_tensor *kv_idx, ag_tensor *const *buffers, int nbuffers) {
+    AG__CHECK_NULL_RET("mask_mod_graph", graph, NULL);
+    ag_tensor *lead[4] = {b, h, q_idx, kv_idx};
+    return run_graph(graph, lead, 4, buffers, nbuffers);
+}
+
+/* ---- running the ops (the interpreter) ----
+ * flex_attention runs ag_flex_attention with the score graph as its score_mod and a block mask
+ * over the node's tensors with the mask graph as its mask_mod; flex_attention_backward runs the
+ * same backward as the eager node's (score_mod's gradient per tile through autograd on the
+ * forward graph, fw_graph: the joint graph, a 0-d function, is not run on tiles). */
+
+static ag_tensor *arg_tensor(const ag_node *n, int i, ag__flex_value_fn val, void *ud) {
+    const ag_garg *a = &n->args[i];
+    if (a->kind != AG_GA_NODE || !a->u.node)
+        return NULL;
+    return val(ud, n, a->u.node);
+}
+
+static int arg_list(const ag_node *n, int i, ag__flex_value_fn val, void *ud, ag_tensor **out,
+                    const ag_graph **sub) {
+    const ag_garg *a = &n->args[i];
+    for (int k = 0; k < a->n; k++) {
+        const ag_node *x = a->u.nodes[k];
+        out[k] = NULL;
+        if (x && x->sub && sub)
+            *sub = x->sub;
+        else if (x && !(out[k] = val(ud, n, x)))
+            return ag_last_status();
+    }
+    return 0;
+}
+
+int ag__flex_run(const ag_node *n, ag__flex_value_fn val, void *ud, ag_tensor **outs) {
+    const bool bwd = n->op == bwd_op;
+    const int ibm = bwd ? 9 : 4, ibuf = bwd ? 12 : 7;
+    ag_tensor *q = arg_tensor(n, 0, val, ud), *k = arg_tensor(n, 1, val, ud);
+    ag_tensor *v = arg_tensor(n, 2, val, ud);
+    if (!q || !k || !v)
+        return ag_last_status() < 0 ? ag_last_status()
+                                    : ag__err(AG_EINVAL, "run: %%%s: no query/key/value", n->name);
+    const ag_graph *score = n->args[bwd ? 7 : 3].u.node->sub, *mask = NULL;
+    ag_tensor *parts[9], *sb[64], *mb[64];
+    int rc = arg_list(n, ibm, val, ud, parts, &mask);
+    if (!rc)
+        rc = arg_list(n, ibuf, val, ud, sb, NULL);
+    if (!rc)
+        rc = arg_list(n, ibuf + 1, val, ud, mb, NULL);
+    if (rc)
+        return rc;
+    const int nsb = n->args[ibuf].n, nmb = n->args[ibuf + 1].n;
+    ag_mask_mod mm = {ag_mask_mod_graph, (void *)mask, mb, nmb};
+    ag_block_mask *bm =
+        ag__block_mask_from_parts(parts, n->args[ibm + 1].u.ints, mask ? &mm : NULL);
+    if (!bm)
+        return ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
+    ag_score_mod sm = {ag_score_mod_graph, (void *)score, sb, nsb};
+    const double scale = n->args[ibm + 2].u.f;
+    if (!bwd) {
+        ag_flex_opts o = {.scale = scale};
+        rc = ag_flex_attention(q, k, v, &sm, bm, &o, &outs[0], &outs[1]);
+        ag_block_mask_free(bm);
+        return rc ? rc : 2;
+    }
+    ag_tensor *out = arg_tensor(n, 3, val, ud), *lse = arg_tensor(n, 4, val, ud);
+    ag_tensor *go = arg_tensor(n, 5, val, ud), *gl = arg_tensor(n, 6, val, ud);
+    rc = out && lse ? 0 : ag_last_status() < 0 ? ag_last_status() : AG_EINVAL;
+    if (!rc)
+        rc = ag__flex_attention_backward(q, k, v, out, lse, go, gl, &sm, bm, scale, outs);
+    ag_block_mask_free(bm);
+    for (int i = 0; i < nsb && !rc; i++)
+        if (!outs[3 + i] && !(outs[3 + i] = ag_zeros_like(sb[i])))
+            rc = ag_last_status();
+    return rc ? rc : 3 + nsb;
 }

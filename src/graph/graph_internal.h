@@ -126,6 +126,11 @@ const ag_op *ag__op_flex_attention(bool backward);
 const ag_op *ag__op_flex_find(const char *name);
 bool ag__op_is_flex(const ag_op *op);
 int ag__flex_infer(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *vals, int *nvals);
+/* flex_hop.c: runs a flex_attention / flex_attention_backward call node for the interpreter:
+ * val(ud, n, x) gives the value of argument node x; outs get the outputs (the open scope's);
+ * returns their count or a negative status. */
+typedef ag_tensor *(*ag__flex_value_fn)(void *ud, const ag_node *user, const ag_node *x);
+int ag__flex_run(const ag_node *n, ag__flex_value_fn val, void *ud, ag_tensor **outs);
 /* subgraph.c: refuses (AG_EINVAL) an argument node of g's parent, of one of g's subgraphs or
  * of a sibling subgraph: a graph and its subgraphs share no nodes. */
 int ag__subgraph_check_args(const ag_graph *g, const ag_op *op, const ag_garg *args, int nargs);
