@@ -776,13 +776,16 @@ static int flex_module_forward(ag_module *m, ag_tensor *const *in, int nin, ag_t
     (void)nin, (void)max_out;
     t14 *t = ag_module_ud(m);
     ag_score_mod id = {identity_score, NULL, NULL, 0};
+    ag_scope_begin();
     ag_annotate_begin("compile_with_inductor",
                       (ag_mval){.kind = AG_MV_STR, .u.s = "flex_attention"});
     ag_tensor *o = NULL;
     int rc = ag_flex_attention(in[0], in[1], in[2], &id, t->bm, NULL, &o, NULL);
     ag_annotate_end();
-    if (rc)
+    if (rc) {
+        ag_scope_end();
         return rc;
+    }
     return ag_module_return1(o, out);
 }
 
@@ -879,6 +882,42 @@ static void test_upstream_14_annotations(void **state) {
         ag_tensor_free(x[i]);
     ag_tensor_free(seq_idx);
     ag_block_mask_free(t.bm);
+}
+
+/* ag_trace of a plain call (no score_mod, no block mask): upstream's defaults are recorded (an
+ * identity sdpa_score0, a block mask of full blocks as constants, no mask graph), and the
+ * graph runs to eager's result. */
+static int plain_flex(void *ud, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
+    (void)ud, (void)nin, (void)max_out;
+    return ag_flex_attention(in[0], in[1], in[2], NULL, NULL, NULL, &out[0], &out[1]) ? -1 : 2;
+}
+
+static void test_trace_defaults(void **state) {
+    (void)state;
+    ag_scope_begin();
+    ag_tensor *x[3] = {rnd(AG_F64, 1, 2, 10, 4, false), rnd(AG_F64, 1, 2, 10, 4, false),
+                       rnd(AG_F64, 1, 2, 10, 3, false)};
+    ag_graph *g = ag_trace(plain_flex, NULL, x, 3, NULL, NULL, NULL);
+    if (!g)
+        fail_msg("trace: %s", ag_last_error());
+    assert_int_equal(ag_graph_verify(g), 0);
+    char *txt = ag_graph_to_string(g, NULL);
+    if (strstr(txt, "empty"))
+        fail_msg("%s", txt);
+    assert_non_null(strstr(txt, "%flex_attention = flex_attention(%arg0, %arg1, %arg2, "
+                                "%sdpa_score0, [%_tensor_constant0, %_tensor_constant1, "
+                                "%_tensor_constant2, %_tensor_constant3, %_tensor_constant4, "
+                                "%_tensor_constant5, %_tensor_constant6, %_tensor_constant7, "
+                                "None], [10, 10, 128, 128], 0.5, [], [])"));
+    assert_non_null(strstr(txt, "constant _tensor_constant2 : i64[1, 1, 1] = [1]"));
+    ag_free(txt);
+    ag_tensor *run[2], *eo = NULL, *el = NULL;
+    assert_int_equal(ag_graph_run(g, x, 3, run, 2), 2);
+    assert_int_equal(ag_flex_attention(x[0], x[1], x[2], NULL, NULL, NULL, &eo, &el), 0);
+    assert_true(tu_max_abs_diff(run[0], eo) == 0);
+    assert_true(tu_max_abs_diff(run[1], el) == 0);
+    ag_graph_free(g);
+    ag_scope_end();
 }
 
 /* ---- out of memory ----
@@ -984,6 +1023,7 @@ int main(void) {
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_traced_mods),
         cmocka_unit_test(test_upstream_14_annotations),
+        cmocka_unit_test(test_trace_defaults),
         cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -426,12 +426,10 @@ static int run_rows(flex *f, bool backward) {
 
 /* ---- block masks ---- */
 
+/* An int64 tensor with data, made outside the dispatcher: a block mask built while a trace is
+ * active (flex_attention's default mask) holds data, not graph nodes. */
 static ag_tensor *kept_empty(int ndim, const int64_t *sizes) {
-    ag_scope_begin();
-    ag_tensor *t = ag_empty(AG_I64, ndim, sizes);
-    ag_tensor *k = t ? ag_tensor_keep(t) : NULL;
-    ag_scope_end();
-    return k;
+    return ag__tensor_new(AG_I64, ndim, sizes, false);
 }
 
 void ag_block_mask_free(ag_block_mask *m) {

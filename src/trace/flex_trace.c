@@ -79,7 +79,8 @@ static int traced_fn(void *ud, ag_tensor *const *in, int nin, ag_tensor **out, i
     return 5 + m->nbuf;
 }
 
-/* Traces the function described by m: placeholders arg0_1, arg1_1, ... */
+/* Traces the function described by m: placeholders arg0_1, arg1_1, ... The stand-ins are
+ * data-less tensors made outside the dispatcher, so an outer trace records nothing for them. */
 static ag_graph *trace_mod(mod_trace *m, ag_dtype dt, ag_tensor *const *bufs, const char *what) {
     const int nlead = m->kind == MOD_MASK ? 4 : m->kind == MOD_JOINT ? 6 : 5;
     if (m->nbuf < 0 || m->nbuf > 64 || (m->nbuf > 0 && !bufs)) {
@@ -110,10 +111,10 @@ static ag_graph *trace_mod(mod_trace *m, ag_dtype dt, ag_tensor *const *bufs, co
         if (i < nlead) {
             const bool is_score =
                 m->kind != MOD_MASK && (i == 0 || (m->kind == MOD_JOINT && i == 5));
-            in[i] = ag_empty(is_score ? dt : AG_I64, 0, NULL);
+            in[i] = ag__tensor_new(is_score ? dt : AG_I64, 0, NULL, true);
         } else {
             const ag_tensor *b = bufs[i - nlead];
-            in[i] = ag_empty(ag_tensor_dtype(b), ag_tensor_ndim(b), ag_tensor_sizes(b));
+            in[i] = ag__tensor_new(ag_tensor_dtype(b), ag_tensor_ndim(b), ag_tensor_sizes(b), true);
         }
         if (!in[i])
             rc = ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
@@ -125,6 +126,8 @@ static ag_graph *trace_mod(mod_trace *m, ag_dtype dt, ag_tensor *const *bufs, co
         g = ag_trace(traced_fn, m, in, n, np, NULL, &(ag_trace_opts){.no_stack_traces = true});
     ag_set_grad_enabled(prev);
     ag_scope_end();
+    for (int i = 0; i < n; i++)
+        ag_tensor_free(in[i]);
     return g;
 }
 
@@ -352,9 +355,7 @@ int ag__flex_traced(ag_tensor *q, ag_tensor *k, ag_tensor *v, const ag_score_mod
     if (block_mask) {
         r->bm = ag__block_mask_retain(block_mask);
     } else { /* upstream's default: every block full, 128 x 128 */
-        bool prev = ag_set_meta_mode(false);
         r->bm = ag_create_block_mask(NULL, 1, 1, ag_tensor_size(q, 2), ag_tensor_size(k, 2), 0, 0);
-        ag_set_meta_mode(prev);
         if (!r->bm)
             rc = ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
     }
