@@ -338,6 +338,15 @@ static int score_bwd_finish(flex *f, int64_t bq, int64_t bk, void *dS) {
 #undef EXP
 #undef LOG
 
+/* The user's functions run ops on one small tile at a time, on the calling thread: their ops
+ * run single-threaded meanwhile (an OpenMP region per tiny op costs more than the op, and far
+ * more on a loaded machine). Returns the thread count to restore with omp_set_num_threads. */
+static int one_thread_begin(void) {
+    const int nth = omp_get_max_threads();
+    omp_set_num_threads(1);
+    return nth;
+}
+
 /* Evaluates mask_mod on every partial tile the call visits (slot 6). */
 static int prepare_masks(flex *f) {
     f->pm = NULL;
@@ -361,20 +370,23 @@ static int prepare_masks(flex *f) {
     for (int64_t i = 0; i < nrows * m->nk; i++)
         index[i] = -1;
     int64_t t = 0;
-    for (int64_t mb = 0; mb < m->B; mb++)
-        for (int64_t mh = 0; mh < m->H; mh++)
-            for (int64_t qb = 0; qb < m->nq; qb++) {
+    int rc = 0;
+    const int nth = one_thread_begin();
+    for (int64_t mb = 0; mb < m->B && !rc; mb++)
+        for (int64_t mh = 0; mh < m->H && !rc; mh++)
+            for (int64_t qb = 0; qb < m->nq && !rc; qb++) {
                 const int64_t r = (mb * m->H + mh) * m->nq + qb;
-                for (int64_t j = 0; j < part_n[r]; j++, t++) {
+                for (int64_t j = 0; j < part_n[r] && !rc; j++, t++) {
                     const int64_t kb = part_i[r * m->nk + j], q0 = qb * m->QB, k0 = kb * m->KB;
                     int64_t n;
-                    int rc = mask_tile(m, mb, mh, q0, min64(m->QB, m->L - q0), k0,
-                                       min64(m->KB, m->S - k0), pm + (size_t)t * tile, m->KB, &n);
-                    if (rc)
-                        return rc;
+                    rc = mask_tile(m, mb, mh, q0, min64(m->QB, m->L - q0), k0,
+                                   min64(m->KB, m->S - k0), pm + (size_t)t * tile, m->KB, &n);
                     index[r * m->nk + kb] = t;
                 }
             }
+    omp_set_num_threads(nth);
+    if (rc)
+        return rc;
     f->pm = pm;
     f->pm_index = index;
     return 0;
@@ -392,6 +404,7 @@ static int run_rows(flex *f, bool backward) {
     if (!blk)
         return AG_ENOMEM;
     int err = 0;
+    const int prev_nth = f->sfn ? one_thread_begin() : 0;
     if (!backward) {
         const int64_t nrows = f->B * f->Hq * f->nq;
         AG__BLAS_FOR(nth > 1, "omp parallel for schedule(dynamic) num_threads(nth)", r, nrows, {
@@ -421,6 +434,8 @@ static int run_rows(flex *f, bool backward) {
                 }
         });
     }
+    if (f->sfn)
+        omp_set_num_threads(prev_nth);
     return err;
 }
 
@@ -510,6 +525,7 @@ ag_block_mask *ag_create_block_mask(const ag_mask_mod *mask_mod, int64_t B, int6
     uint8_t *cls = ag__malloc((size_t)(BH * nq * nk));
     uint8_t *tile = ag__malloc((size_t)(QB * KB));
     int rc = cls && tile ? 0 : AG_ENOMEM;
+    const int nth = one_thread_begin();
     for (int64_t bh = 0; bh < BH && !rc; bh++)
         for (int64_t qb = 0; qb < nq && !rc; qb++)
             for (int64_t kb = 0; kb < nk && !rc; kb++) {
@@ -520,6 +536,7 @@ ag_block_mask *ag_create_block_mask(const ag_mask_mod *mask_mod, int64_t B, int6
                     rc = mask_tile(m, bh / H, bh % H, q0, bq, k0, bk, tile, KB, &n);
                 cls[(bh * nq + qb) * nk + kb] = n == 0 ? 0 : n == bq * bk ? 2 : 1;
             }
+    omp_set_num_threads(nth);
     int64_t rows[3] = {B, H, nq}, rows_t[3] = {B, H, nk};
     int64_t full[4] = {B, H, nq, nk}, full_t[4] = {B, H, nk, nq};
     for (int p = 0; p < 8 && !rc; p++) {
