@@ -28,6 +28,7 @@
 #include "aotgrad/ops.h"
 #include "aotgrad/autograd.h"
 #include "aotgrad/nn.h"
+#include "aotgrad/flex_attention.h"
 #include "aotgrad/desc.h"
 #include "aotgrad/graph.h"
 #include "aotgrad/trace.h"

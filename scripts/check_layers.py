@@ -58,6 +58,7 @@ PUBLIC_HEADERS = {
     "dist.h": "src/dist",
     "ops.h": "src/ops",
     "autograd.h": "src/autograd",
+    "flex_attention.h": "src/autograd",
     "graph.h": "src/graph",
     "nn.h": "src/nn",
     "trace.h": "src/trace",

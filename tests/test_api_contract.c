@@ -967,6 +967,37 @@ static long c_ag_module_is_compile_region(void) {
 static long c_ag_nested_compile_region(void) {
     return (ag_nested_compile_region)((ag_region_fn)0, NULL, NULL, 0, NULL, 0);
 }
+static long c_ag_create_block_mask(void) {
+    return ag_create_block_mask(NULL, 0, 0, 0, 0, 0, 0) == NULL;
+}
+static long c_ag_block_mask_free(void) {
+    (ag_block_mask_free)(NULL);
+    return 0;
+}
+static long c_ag_block_mask_tensor(void) {
+    return ag_block_mask_tensor(NULL, (ag_block_mask_part)0) == NULL;
+}
+static long c_ag_block_mask_shape(void) {
+    return (ag_block_mask_shape)(NULL, NULL);
+}
+static long c_ag_trace_score_mod(void) {
+    return ag_trace_score_mod(NULL, AG_F32) == NULL;
+}
+static long c_ag_trace_score_mod_joint(void) {
+    return ag_trace_score_mod_joint(NULL, AG_F32) == NULL;
+}
+static long c_ag_trace_mask_mod(void) {
+    return ag_trace_mask_mod(NULL) == NULL;
+}
+static long c_ag_score_mod_graph(void) {
+    return ag_score_mod_graph(NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0) == NULL;
+}
+static long c_ag_mask_mod_graph(void) {
+    return ag_mask_mod_graph(NULL, NULL, NULL, NULL, NULL, NULL, 0) == NULL;
+}
+static long c_ag_flex_attention(void) {
+    return (ag_flex_attention)(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
+}
 static long c_ag_module_is_training(void) {
     return (ag_module_is_training)(NULL);
 }
@@ -2050,6 +2081,16 @@ static const row rows[] = {
     {"ag_module_set_compile_region", 'F', 'I', c_ag_module_set_compile_region, NULL},
     {"ag_module_is_compile_region", 'A', 'O', c_ag_module_is_compile_region, NULL},
     {"ag_nested_compile_region", 'F', 'I', c_ag_nested_compile_region, NULL},
+    {"ag_create_block_mask", 'F', 'R', c_ag_create_block_mask, NULL},
+    {"ag_block_mask_free", 'A', 'O', c_ag_block_mask_free, NULL},
+    {"ag_block_mask_tensor", 'A', 'R', c_ag_block_mask_tensor, NULL},
+    {"ag_block_mask_shape", 'F', 'I', c_ag_block_mask_shape, NULL},
+    {"ag_flex_attention", 'F', 'I', c_ag_flex_attention, NULL},
+    {"ag_trace_score_mod", 'F', 'R', c_ag_trace_score_mod, NULL},
+    {"ag_trace_score_mod_joint", 'F', 'R', c_ag_trace_score_mod_joint, NULL},
+    {"ag_trace_mask_mod", 'F', 'R', c_ag_trace_mask_mod, NULL},
+    {"ag_score_mod_graph", 'F', 'R', c_ag_score_mod_graph, NULL},
+    {"ag_mask_mod_graph", 'F', 'R', c_ag_mask_mod_graph, NULL},
     {"ag_module_call", 'F', 'I', c_ag_module_call, NULL},
     {"ag_module_forward", 'F', 'R', c_ag_module_forward, NULL},
     {"ag_module_save", 'F', 'I', c_ag_module_save, NULL},

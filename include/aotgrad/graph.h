@@ -32,6 +32,7 @@
 #include <stdio.h>
 
 #include "core.h"
+#include "flex_attention.h"
 #include "optable.h"
 #include "desc.h"
 
@@ -356,6 +357,19 @@ AG_API int ag_graph_decompose_node(ag_graph *g, ag_node *n, ag_decomp_fn fn);
  * node that failed. */
 AG_API int ag_graph_run(const ag_graph *g, ag_tensor *const *inputs, int ninputs, ag_tensor **outs,
                         int max_out);
+
+/* ---- flex_attention's functions as graphs ---- */
+/* ag_score_mod_fn / ag_mask_mod_fn whose ud is a graph of ag_trace_score_mod's or
+ * ag_trace_mask_mod's shape (trace.h; const ag_graph *): runs it with ag_graph_run on the tile's
+ * tensors and the buffers, so a traced function runs in ag_flex_attention (and
+ * ag_create_block_mask) where the C function ran; its ops broadcast over the tile as the function's
+ * did. Returns the graph's first output (owned by the open scope, as the contract asks), or NULL
+ * with the interpreter's message. */
+AG_API ag_tensor *ag_score_mod_graph(void *graph, ag_tensor *score, ag_tensor *b, ag_tensor *h,
+                                     ag_tensor *q_idx, ag_tensor *kv_idx, ag_tensor *const *buffers,
+                                     int nbuffers);
+AG_API ag_tensor *ag_mask_mod_graph(void *graph, ag_tensor *b, ag_tensor *h, ag_tensor *q_idx,
+                                    ag_tensor *kv_idx, ag_tensor *const *buffers, int nbuffers);
 
 /* ---- text format ---- */
 /* Zero-initialized, or NULL (the same): custom annotations and metadata printed; seq_nr, stack

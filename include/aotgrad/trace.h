@@ -21,6 +21,7 @@
 #define AOTGRAD_TRACE_H
 
 #include "core.h"
+#include "flex_attention.h"
 #include "graph.h"
 #include "nn.h"
 
@@ -73,6 +74,24 @@ AG_API void ag_site(const char *file, int line, const char *func);
 /* Pushes / pops the current site as an outer frame (module calls do this). */
 AG_API void ag_site_push(void);
 AG_API void ag_site_pop(void);
+
+/* ---- flex_attention's functions as graphs ----
+ * Upstream traces flex_attention's score_mod and mask_mod into subgraphs of the joint
+ * (sdpa_score0 and fw_graph0, joint_graph0, sdpa_mask0 and mask_graph0). These trace them the
+ * same way, on 0-d stand-ins (a score of dtype dt; b, h, q_idx, kv_idx int64), every buffer a
+ * placeholder of its own after those; placeholders are named arg0_1, arg1_1, ... as upstream's.
+ *   ag_trace_score_mod:       (score, b, h, q_idx, kv_idx, *buffers) -> (new score)
+ *   ag_trace_score_mod_joint: (score, b, h, q_idx, kv_idx, grad, *buffers) ->
+ *                             (grad of score, None, None, None, None, grad of each buffer
+ *                              (None for one that is not float or gets no gradient))
+ *   ag_trace_mask_mod:        (b, h, q_idx, kv_idx, *buffers) -> (keep)
+ * dt: float32 or float64. The buffers are read for their metadata only. Safe inside another
+ * trace (fresh stand-ins are traced, so the outer trace's bindings stay). Returns a graph the
+ * caller frees, or NULL with AG_EINVAL (a NULL function, a NULL buffer, more than 64 buffers,
+ * another dt, the function's own failure) or AG_ENOMEM. */
+AG_API ag_graph *ag_trace_score_mod(const ag_score_mod *score_mod, ag_dtype dt);
+AG_API ag_graph *ag_trace_score_mod_joint(const ag_score_mod *score_mod, ag_dtype dt);
+AG_API ag_graph *ag_trace_mask_mod(const ag_mask_mod *mask_mod);
 
 #ifdef __cplusplus
 }

@@ -60,7 +60,11 @@
  *   linalg.c          mm, bmm, addmm -> 0, 1: copies of operands whose layout BLAS
  *                       cannot read.
  *   pointwise.c       kernels with an operand of another dtype than the computation's -> 0,
- *                       1: first and second operand converted. */
+ *                       1: first and second operand converted.
+ *   flex_attention.c  (src/autograd) ag_flex_attention and its backward -> 6: the partial
+ *                       tiles' masks and their index (filled while the user's mask_mod runs
+ *                       ops, which take slots 0-5 only); 7: per-thread tile workspaces (held
+ *                       while a score_mod runs ops). */
 #include "internal.h"
 
 #include <assert.h>

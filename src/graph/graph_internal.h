@@ -123,6 +123,18 @@ int ag__subgraph_index(const ag_graph *g, const ag_graph *sub);
  * contiguous f32[0], which no getitem may read). ag__infer_meta calls it instead of the op's
  * meta function. */
 int ag__subgraph_infer(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *vals, int *nvals);
+/* flex_hop.c: the flex_attention higher-order ops (made on first use, kept for the process;
+ * not in the registry): the forward's or the backward's; by name (the parser); a test; their
+ * meta inference (ag__subgraph_infer hands their calls here). */
+const ag_op *ag__op_flex_attention(bool backward);
+const ag_op *ag__op_flex_find(const char *name);
+bool ag__op_is_flex(const ag_op *op);
+int ag__flex_infer(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *vals, int *nvals);
+/* flex_hop.c: runs a flex_attention / flex_attention_backward call node for the interpreter:
+ * val(ud, n, x) gives the value of argument node x; outs get the outputs (the open scope's);
+ * returns their count or a negative status. */
+typedef ag_tensor *(*ag__flex_value_fn)(void *ud, const ag_node *user, const ag_node *x);
+int ag__flex_run(const ag_node *n, ag__flex_value_fn val, void *ud, ag_tensor **outs);
 /* subgraph.c: refuses (AG_EINVAL) an argument node of g's parent, of one of g's subgraphs or
  * of a sibling subgraph: a graph and its subgraphs share no nodes. */
 int ag__subgraph_check_args(const ag_graph *g, const ag_op *op, const ag_garg *args, int nargs);

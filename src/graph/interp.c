@@ -177,10 +177,41 @@ static int run_subgraph_call(run_state *st, const ag_node *n, const ag_graph *su
     return 0;
 }
 
+static ag_tensor *flex_value(void *ud, const ag_node *user, const ag_node *x) {
+    return value_of(ud, user, x);
+}
+
+/* flex_attention's higher-order ops (flex_hop.c). */
+static int run_flex_call(run_state *st, const ag_node *n) {
+    ag_tensor *outs[AG_MAX_OUTPUTS] = {0};
+    ag_scope_begin();
+    int rc = ag__flex_run(n, flex_value, st, outs);
+    for (int i = 0; i < rc; i++)
+        ag_tensor_keep(outs[i]);
+    ag_scope_end();
+    if (rc < 0) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", ag_last_error());
+        return ag__err(rc, "run: %%%s: %s", n->name, msg);
+    }
+    if (rc != n->nvals) {
+        for (int i = 0; i < rc; i++)
+            ag_tensor_free(outs[i]);
+        return ag__err(AG_EINVAL, "run: %%%s: %d output(s), the graph expects %d", n->name, rc,
+                       n->nvals);
+    }
+    int64_t f = st->first[n->index];
+    for (int i = 0; i < rc; i++)
+        st->slots[f + i] = outs[i];
+    return 0;
+}
+
 static int run_call(run_state *st, const ag_node *n) {
     const ag_graph *sub = ag__call_subgraph(n);
     if (sub)
         return run_subgraph_call(st, n, sub);
+    if (ag__op_is_flex(n->op))
+        return run_flex_call(st, n);
     ag_arg args[AG_MAX_ARGS];
     int64_t used = 0;
     for (int i = 0; i < n->nargs; i++) {

@@ -813,14 +813,16 @@ static int call_line(cur *c, const char *start, const char *name) {
         const ag_op *op = ag_op_find(opname);
         if (!op && !strcmp(opname, "invoke_subgraph") && !(op = ag_op_invoke_subgraph()))
             return AG_ENOMEM;
+        if (!op)
+            op = ag__op_flex_find(opname); /* flex_attention's higher-order ops (flex_hop.c) */
         if (!op && !strcmp(opname, "with_effects") && (rc = ag__lx_with_effects_op(c, &op)))
             return rc;
         if (!op)
             return ag__lx_err(c, opat, "unknown op '%s'", opname);
         ag_garg args[AG_MAX_ARGS];
         int nargs = 0;
-        if ((ag_op_def(op)->flags & AG_OP_SUBGRAPH) ? (rc = parse_invoke_args(c, op, args, &nargs))
-                                                    : (rc = parse_args(c, op, args, &nargs)))
+        if (op == ag_op_invoke_subgraph() ? (rc = parse_invoke_args(c, op, args, &nargs))
+                                          : (rc = parse_args(c, op, args, &nargs)))
             return rc;
         n = ag_graph_call(P->g, op, args, nargs, name);
     }

@@ -244,8 +244,7 @@ static void put_vals(ag__sbuf *b, const ag_node *n) {
 static void put_call(ag__sbuf *b, const ag_node *n) {
     ag__sb_puts(b, ag_op_name(n->op));
     ag__sb_putc(b, '(');
-    if ((ag_op_def(n->op)->flags & AG_OP_SUBGRAPH) && n->nargs == 3 &&
-        n->args[2].kind == AG_GA_NODES) {
+    if (n->op == ag_op_invoke_subgraph() && n->nargs == 3 && n->args[2].kind == AG_GA_NODES) {
         /* invoke_subgraph: the operands as trailing arguments, as upstream prints them */
         put_garg(b, &n->args[0]);
         ag__sb_puts(b, ", ");

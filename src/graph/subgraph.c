@@ -229,6 +229,8 @@ static const char *meta_str(const ag_tmeta *m, char *buf, size_t n) {
 
 int ag__subgraph_infer(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *vals,
                        int *nvals) {
+    if (ag__op_is_flex(op)) /* flex_attention's higher-order ops (flex_hop.c) */
+        return ag__flex_infer(op, args, nargs, vals, nvals);
     const char *opn = ag_op_name(op);
     if (nargs != 3 || args[0].kind != AG_GA_NODE || !args[0].u.node || args[1].kind != AG_GA_STR ||
         !args[1].u.s || args[2].kind != AG_GA_NODES)

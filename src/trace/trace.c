@@ -8,6 +8,7 @@
  * make data-less tensors) and the dispatcher's trace hook points here. Each tensor remembers its
  * node (tensor->trace) together with the id of the trace that made it, so tensors left over
  * from an earlier trace are never confused with this one's. */
+#include "../autograd/flex_internal.h"
 #include "../graph/graph_internal.h"
 #include "../nn/nn_internal.h"
 #include "aotgrad/trace.h"
@@ -650,6 +651,7 @@ static void tracer_activate(tracer *T) {
     T->prev_region_hook = ag__region_hook;
     if (!T->bare)
         ag__region_hook = ag__trace_region;
+    ag__flex_trace_hook = ag__flex_traced; /* flex_attention under a trace (flex_trace.c) */
 }
 
 static void tracer_deactivate(tracer *T) {

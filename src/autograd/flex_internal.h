@@ -1,0 +1,39 @@
+/* flex_attention's internals shared with the tracer (src/trace/flex_trace.c), which records
+ * ag_flex_attention's call as flex_attention / flex_attention_backward nodes while a trace is
+ * active. */
+#ifndef AG_FLEX_INTERNAL_H
+#define AG_FLEX_INTERNAL_H
+
+#include "../core/internal.h"
+
+/* Set by the tracer when a session starts: ag_flex_attention's work under tracing, called
+ * with checked arguments (scale already resolved, > 0); same contract as ag_flex_attention. */
+typedef int (*ag__flex_trace_fn)(ag_tensor *q, ag_tensor *k, ag_tensor *v,
+                                 const ag_score_mod *score_mod, const ag_block_mask *block_mask,
+                                 double scale, ag_tensor **out, ag_tensor **lse);
+extern ag__flex_trace_fn ag__flex_trace_hook;
+/* trace/flex_trace.c: the hook. */
+int ag__flex_traced(ag_tensor *q, ag_tensor *k, ag_tensor *v, const ag_score_mod *score_mod,
+                    const ag_block_mask *block_mask, double scale, ag_tensor **out,
+                    ag_tensor **lse);
+
+/* The block mask's mask_mod (fn NULL when it has none) into *out. */
+void ag__block_mask_mod(const ag_block_mask *m, ag_mask_mod *out);
+/* Another reference to m (dropped by ag_block_mask_free). */
+ag_block_mask *ag__block_mask_retain(const ag_block_mask *m);
+
+/* flex_attention_backward on explicit tensors (the graph layer's interpreter): grads gets
+ * grad_query, grad_key, grad_value and a gradient per score_mod buffer (NULL when none
+ * reached it), results of the open scope. grad_out and grad_lse may be NULL (zeros). 0 or a
+ * negative status with a message. */
+int ag__flex_attention_backward(ag_tensor *q, ag_tensor *k, ag_tensor *v, ag_tensor *out,
+                                ag_tensor *lse, ag_tensor *grad_out, ag_tensor *grad_lse,
+                                const ag_score_mod *score_mod, const ag_block_mask *block_mask,
+                                double scale, ag_tensor **grads);
+/* A block mask over existing parts (8 int64 tensors in ag_block_mask_part order, referenced,
+ * not copied) with sizes (KV_LEN, Q_LEN, Q_BLOCK_SIZE, KV_BLOCK_SIZE) and mask_mod (may be
+ * NULL); NULL with AG_EINVAL when the parts do not fit the sizes. */
+ag_block_mask *ag__block_mask_from_parts(ag_tensor *const *parts, const int64_t *sizes,
+                                         const ag_mask_mod *mask_mod);
+
+#endif
