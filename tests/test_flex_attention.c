@@ -4,7 +4,9 @@
  * masked attention built from primitive ops (matmul, masked_fill, softmax, matmul; the mask and
  * the ALiBi bias built from plain C loops) for causal, sliding window, document masking,
  * ALiBi as a score_mod with a learned slope buffer, grouped-query attention, cross attention
- * and rows masked everywhere, in float32 and float64; gradcheck in float64; errors. */
+ * and rows masked everywhere, in float32 and float64; gradcheck in float64; errors; traced and
+ * exported joints, interpreted, and compiled (both partitioners, planned and interpreted)
+ * against eager. */
 #include "testutil.h"
 
 #include <math.h>
@@ -874,8 +876,7 @@ static void test_upstream_14_annotations(void **state) {
         ag_tensor_free(eg[i]);
     ag_tensor_free(eo);
     ag_tensor_free(tangent);
-    /* Not yet: partitioning (the partitioners copy get_attr nodes by value and do not carry
-     * subgraph attributes yet, as for invoke_subgraph) and the planned executor. */
+    /* Partitioning and compiling such joints: test_compiled. */
     ag_joint_free(j);
     ag_module_free(m);
     for (int i = 0; i < 3; i++)
@@ -1061,6 +1062,27 @@ static void test_compiled(void **state) {
             ag_set_grad_enabled(prev);
         }
         ag_compiled_free(c);
+    }
+    /* The forward tagged MUST_RECOMPUTE (activation checkpointing over it): flex_attention is
+     * still not recomputed in the backward (banned like random ops and subgraph calls), at
+     * budgets 0 and 1. */
+    for (int b = 0; b < 2; b++) {
+        ag_graph *g = ag_graph_copy(ag_joint_graph(j));
+        assert_non_null(g);
+        ag_node *first = ag_graph_find(g, "flex_attention"), *last = ag_graph_find(g, "mul");
+        assert_non_null(first);
+        assert_non_null(last);
+        assert_int_equal(ag_tag_region_recompute(g, first, last, AG_MUST_RECOMPUTE), 0);
+        ag_partition_opts po = {.memory_budget = ag_memory_budget(b)};
+        ag_graph *fw = NULL, *bw = NULL;
+        if (ag_partition(g, ag_layout_num_fw_outputs(ag_joint_layout(j)), &po, &fw, &bw, NULL))
+            fail_msg("partition (recompute tags, budget %d): %s", b, ag_last_error());
+        assert_int_equal(count_calls(fw, "flex_attention"), 1);
+        assert_int_equal(count_calls(bw, "flex_attention"), 0);
+        assert_int_equal(count_calls(bw, "flex_attention_backward"), 1);
+        ag_graph_free(fw);
+        ag_graph_free(bw);
+        ag_graph_free(g);
     }
     ag_joint_free(j);
     ag_module_free(m);
