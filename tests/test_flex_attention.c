@@ -1057,8 +1057,10 @@ static void test_compiled(void **state) {
                 ag_tensor_free(x[i]);
             /* new parameters for the next call */
             bool prev = ag_set_grad_enabled(false);
+            ag_scope_begin(); /* the ops' returned references */
             assert_non_null(ag_mul_scalar_(p[0], 1.5));
             assert_non_null(ag_add_scalar_(p[1], 0.25));
+            ag_scope_end();
             ag_set_grad_enabled(prev);
         }
         ag_compiled_free(c);
