@@ -8,6 +8,7 @@
  * exported joints, interpreted, and compiled (both partitioners, planned and interpreted)
  * against eager. */
 #include "testutil.h"
+#include "runtime/plan_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -978,6 +979,62 @@ static int count_calls(const ag_graph *g, const char *op) {
     return c;
 }
 
+/* Allocations during a plan's run, split by the step running (the plan's step hook): flex
+ * steps' and all others'. Atomic: flex kernels may allocate on OpenMP workers. */
+typedef struct fc_allocs {
+    ag_allocator prev;
+    bool in_flex;
+    int64_t flex, other;
+} fc_allocs;
+
+static void *fc_alloc(void *ud, size_t size, size_t align) {
+    fc_allocs *l = ud;
+    __atomic_fetch_add(l->in_flex ? &l->flex : &l->other, 1, __ATOMIC_RELAXED);
+    return l->prev.alloc(l->prev.ud, size, align);
+}
+
+static void fc_free(void *ud, void *ptr) {
+    fc_allocs *l = ud;
+    l->prev.free(l->prev.ud, ptr);
+}
+
+static void fc_step(const char *op, const char *node, void *ud) {
+    (void)node;
+    ((fc_allocs *)ud)->in_flex = op && !strncmp(op, "flex_attention", 14);
+}
+
+/* Runs plan p on in twice; the second (warm) run's allocations go to *a. Returns the output
+ * count; outs hold the second run's outputs. */
+static int run_twice_counting(ag_plan *p, ag_tensor *const *in, int nin, ag_tensor **outs, int max,
+                              fc_allocs *a) {
+    int n = ag_plan_run(p, in, nin, outs, max);
+    if (n < 0)
+        fail_msg("plan run: %s", ag_last_error());
+    for (int i = 0; i < n; i++)
+        ag_tensor_free(outs[i]);
+    memset(a, 0, sizeof *a);
+    a->prev = ag_get_allocator();
+    ag_set_allocator(&(ag_allocator){fc_alloc, fc_free, a});
+    ag__plan_set_step_hook(fc_step, a);
+    n = ag_plan_run(p, in, nin, outs, max);
+    ag__plan_set_step_hook(NULL, NULL);
+    ag_set_allocator(&a->prev);
+    if (n < 0)
+        fail_msg("plan run: %s", ag_last_error());
+    return n;
+}
+
+/* A tensor for each placeholder of g from index `from` on (uniform in [-1, 1]). */
+static void fill_inputs(const ag_graph *g, int from, ag_tensor **in, int *nin) {
+    int k = 0;
+    for (const ag_node *n = ag_graph_first(g); n; n = ag_node_next(n))
+        if (ag_node_kind_of(n) == AG_NODE_PLACEHOLDER && k++ >= from) {
+            const ag_tmeta *m = ag_node_val(n, 0);
+            in[k - 1] = tu_rand_tensor(m->dtype, m->ndim, m->sizes, -1, 1, tu_xorshift, &rng);
+        }
+    *nin = k;
+}
+
 static void test_compiled(void **state) {
     (void)state;
     const int64_t doc[FC_T] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1,
@@ -1063,6 +1120,45 @@ static void test_compiled(void **state) {
             ag_scope_end();
             ag_set_grad_enabled(prev);
         }
+        ag_compiled_free(c);
+    }
+    /* Warm runs of the planned halves: the flex steps allocate (their results and per-tile
+     * temporaries: the op runs the interpreter's code, its graphs on each tile); every other
+     * step of the plans allocates nothing. */
+    {
+        ag_compiled *c = ag_compile_joint(j, NULL);
+        assert_non_null(c);
+        const ag_graph *fw = ag_compiled_forward_graph(c), *bw = ag_compiled_backward_graph(c);
+        ag_plan *pf = ag_plan_new(fw, NULL), *pb = ag_plan_new(bw, NULL);
+        if (!pf || !pb)
+            fail_msg("plan_new: %s", ag_last_error());
+        ag_tensor *in[16], *fo[16], *bi[16], *bo[16];
+        int nin = 0, nbi = 0;
+        fill_inputs(fw, 0, in, &nin);
+        fc_allocs af, ab;
+        const int nfo = run_twice_counting(pf, in, nin, fo, 16, &af);
+        fill_inputs(bw, nfo - 1, bi, &nbi);
+        for (int i = 1; i < nfo; i++)
+            bi[i - 1] = fo[i];
+        const int nbo = run_twice_counting(pb, bi, nbi, bo, 16, &ab);
+        print_message("  warm runs: forward plan %lld allocations in flex_attention, %lld "
+                      "elsewhere; backward plan %lld in flex_attention_backward, %lld "
+                      "elsewhere\n",
+                      (long long)af.flex, (long long)af.other, (long long)ab.flex,
+                      (long long)ab.other);
+        assert_int_equal(af.other, 0);
+        assert_int_equal(ab.other, 0);
+        assert_true(af.flex > 0 && ab.flex > 0);
+        for (int i = 0; i < nbo; i++)
+            ag_tensor_free(bo[i]);
+        for (int i = nfo - 1; i < nbi; i++)
+            ag_tensor_free(bi[i]);
+        for (int i = 0; i < nfo; i++)
+            ag_tensor_free(fo[i]);
+        for (int i = 0; i < nin; i++)
+            ag_tensor_free(in[i]);
+        ag_plan_free(pf);
+        ag_plan_free(pb);
         ag_compiled_free(c);
     }
     /* The forward tagged MUST_RECOMPUTE (activation checkpointing over it): flex_attention is
