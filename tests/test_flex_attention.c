@@ -1077,6 +1077,14 @@ static void test_compiled(void **state) {
         assert_int_equal(count_calls(fw, "flex_attention"), 1);
         assert_int_equal(count_calls(bw, "flex_attention_backward"), 1);
         assert_int_equal(count_calls(bw, "flex_attention"), 0);
+        /* each side holds the subgraphs its calls read, and only those */
+        assert_int_equal(ag_graph_num_subgraphs(fw), 2);
+        assert_non_null(ag_graph_subgraph(fw, "sdpa_score0"));
+        assert_non_null(ag_graph_subgraph(fw, "sdpa_mask0"));
+        assert_int_equal(ag_graph_num_subgraphs(bw), 3);
+        assert_non_null(ag_graph_subgraph(bw, "fw_graph0"));
+        assert_non_null(ag_graph_subgraph(bw, "joint_graph0"));
+        assert_non_null(ag_graph_subgraph(bw, "mask_graph0"));
         const int nfo = ag_node_arg(ag_graph_output_node(fw), 0)->n;
         bool saved_out = false, saved_lse = false;
         for (int k = 1; k < nfo; k++) {
