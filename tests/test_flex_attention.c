@@ -871,13 +871,29 @@ static void test_upstream_14_annotations(void **state) {
         if (!(tu_max_abs_diff(jout[1 + i], eg[i]) < 1e-5))
             fail_msg("interpreted gradient %d differs by %g", i,
                      tu_max_abs_diff(jout[1 + i], eg[i]));
+    /* Compiled (the default partitioner, the planned executor): the same results. */
+    ag_compiled *c = ag_compile_joint(j, NULL);
+    if (!c)
+        fail_msg("compile: %s", ag_last_error());
+    ag_tensor *yc = NULL, *gc[3];
+    if (ag_compiled_call_module(c, m, x, 3, &yc, 1) != 1 ||
+        ag_grad(&yc, &tangent, 1, x, 3, gc, false, false))
+        fail_msg("compiled: %s", ag_last_error());
+    assert_true(tu_max_abs_diff(yc, eo) < 1e-6);
+    for (int i = 0; i < 3; i++)
+        if (!(tu_max_abs_diff(gc[i], eg[i]) < 1e-5))
+            fail_msg("compiled gradient %d differs by %g", i, tu_max_abs_diff(gc[i], eg[i]));
+    for (int i = 0; i < 3; i++)
+        ag_tensor_free(gc[i]);
+    ag_tensor_free(yc);
+    ag_compiled_free(c);
     for (int i = 0; i < 4; i++)
         ag_tensor_free(jout[i]);
     for (int i = 0; i < 3; i++)
         ag_tensor_free(eg[i]);
     ag_tensor_free(eo);
     ag_tensor_free(tangent);
-    /* Partitioning and compiling such joints: test_compiled. */
+    /* More configurations (both partitioners, budgets, the interpreter): test_compiled. */
     ag_joint_free(j);
     ag_module_free(m);
     for (int i = 0; i < 3; i++)
