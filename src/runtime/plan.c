@@ -418,8 +418,10 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
             break;
         }
         case AG_NODE_GET_ATTR: {
-            if (ag_node_subgraph(x)) { /* read by invoke_subgraph only: no value */
-                bool invoked = false;  /* flex_attention's graphs run per tile: no plan */
+            /* A subgraph has no value; one that invoke_subgraph calls gets a plan, one that
+             * only flex_attention reads none (its step runs a copy of it per tile). */
+            if (ag_node_subgraph(x)) {
+                bool invoked = false;
                 for (int u = 0; u < ag_node_num_users(x) && !invoked; u++)
                     invoked = !ag__op_is_flex(ag_node_op(ag_node_user(x, u)));
                 int rc = invoked ? subplan_of(p, ag_node_subgraph(x), NULL) : 0;
