@@ -4,8 +4,11 @@
  * masked attention built from primitive ops (matmul, masked_fill, softmax, matmul; the mask and
  * the ALiBi bias built from plain C loops) for causal, sliding window, document masking,
  * ALiBi as a score_mod with a learned slope buffer, grouped-query attention, cross attention
- * and rows masked everywhere, in float32 and float64; gradcheck in float64; errors. */
+ * and rows masked everywhere, in float32 and float64; gradcheck in float64; errors; traced and
+ * exported joints, interpreted, and compiled (both partitioners, planned and interpreted)
+ * against eager. */
 #include "testutil.h"
+#include "runtime/plan_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -868,14 +871,29 @@ static void test_upstream_14_annotations(void **state) {
         if (!(tu_max_abs_diff(jout[1 + i], eg[i]) < 1e-5))
             fail_msg("interpreted gradient %d differs by %g", i,
                      tu_max_abs_diff(jout[1 + i], eg[i]));
+    /* Compiled (the default partitioner, the planned executor): the same results. */
+    ag_compiled *c = ag_compile_joint(j, NULL);
+    if (!c)
+        fail_msg("compile: %s", ag_last_error());
+    ag_tensor *yc = NULL, *gc[3];
+    if (ag_compiled_call_module(c, m, x, 3, &yc, 1) != 1 ||
+        ag_grad(&yc, &tangent, 1, x, 3, gc, false, false))
+        fail_msg("compiled: %s", ag_last_error());
+    assert_true(tu_max_abs_diff(yc, eo) < 1e-6);
+    for (int i = 0; i < 3; i++)
+        if (!(tu_max_abs_diff(gc[i], eg[i]) < 1e-5))
+            fail_msg("compiled gradient %d differs by %g", i, tu_max_abs_diff(gc[i], eg[i]));
+    for (int i = 0; i < 3; i++)
+        ag_tensor_free(gc[i]);
+    ag_tensor_free(yc);
+    ag_compiled_free(c);
     for (int i = 0; i < 4; i++)
         ag_tensor_free(jout[i]);
     for (int i = 0; i < 3; i++)
         ag_tensor_free(eg[i]);
     ag_tensor_free(eo);
     ag_tensor_free(tangent);
-    /* Not yet: partitioning (the partitioners copy get_attr nodes by value and do not carry
-     * subgraph attributes yet, as for invoke_subgraph) and the planned executor. */
+    /* More configurations (both partitioners, budgets, the interpreter): test_compiled. */
     ag_joint_free(j);
     ag_module_free(m);
     for (int i = 0; i < 3; i++)
@@ -918,6 +936,280 @@ static void test_trace_defaults(void **state) {
     assert_true(tu_max_abs_diff(run[1], el) == 0);
     ag_graph_free(g);
     ag_scope_end();
+}
+
+/* ---- partitioned and compiled ----
+ * A module: y = flex_attention(q, k, v, score_mod=ALiBi with the learnable parameter `slopes`
+ * as its buffer, block_mask=causal within documents) * w, w a parameter [Ev]. Exported, its
+ * joint compiled with the default and the min-cut partitioner at budgets 0 and 1, its halves
+ * run by the planned executor and by the interpreter: over two calls (new q, k, v, tangent and
+ * parameters each), the output and the gradients of q, k, v, slopes and w equal eager
+ * flex_attention's and ag_grad's. Tolerance 1e-10 in float64: every path runs the same flex
+ * kernel (the same tiles in the same order); what may differ is the summation order of the
+ * planned reductions around it (w's gradient), a few ulps, where a wrong mask, a lost buffer
+ * gradient or a stale saved value gives differences of order 0.01 to 1. Structure: the
+ * forward graph holds flex_attention, the backward flex_attention_backward and no
+ * flex_attention (never recomputed), and both of its outputs (out, logsumexp) are saved. */
+#define FC_B 2
+#define FC_H 2
+#define FC_T 24
+#define FC_E 8
+
+static ag_tensor *causal_doc(void *ud, ag_tensor *b, ag_tensor *h, ag_tensor *qi, ag_tensor *ki,
+                             ag_tensor *const *bufs, int nbuf) {
+    (void)ud, (void)b, (void)h;
+    assert_int_equal(nbuf, 1);
+    return and_(ag_ge(qi, ki), ag_eq(ag_index(bufs[0], &qi, 1), ag_index(bufs[0], &ki, 1)));
+}
+
+static int alibi_module_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
+                                int max_out) {
+    (void)nin, (void)max_out;
+    ag_block_mask *bm = ag_module_ud(m);
+    ag_tensor *slopes = ag_module_param(m, "slopes");
+    ag_score_mod sm = {alibi, NULL, &slopes, 1};
+    ag_scope_begin();
+    ag_tensor *o = NULL;
+    int rc = ag_flex_attention(in[0], in[1], in[2], &sm, bm, NULL, &o, NULL);
+    if (rc) {
+        ag_scope_end();
+        return rc;
+    }
+    return ag_module_return1(ag_mul(o, ag_module_param(m, "w")), out);
+}
+
+/* Whether output k of g's output node is getitem(%<call of op>, idx). */
+static bool output_is_item(const ag_graph *g, int k, const char *op, int idx) {
+    const ag_garg *a = ag_node_arg(ag_graph_output_node(g), 0);
+    const ag_node *n = k < a->n ? a->u.nodes[k] : NULL;
+    if (!n || ag_node_kind_of(n) != AG_NODE_GETITEM || ag_node_arg(n, 1)->u.i != idx)
+        return false;
+    const ag_node *src = ag_node_arg_node(n, 0);
+    return ag_node_kind_of(src) == AG_NODE_CALL && !strcmp(ag_op_name(ag_node_op(src)), op);
+}
+
+static int count_calls(const ag_graph *g, const char *op) {
+    int c = 0;
+    for (const ag_node *n = ag_graph_first(g); n; n = ag_node_next(n))
+        c += ag_node_kind_of(n) == AG_NODE_CALL && !strcmp(ag_op_name(ag_node_op(n)), op);
+    return c;
+}
+
+/* Allocations during a plan's run, split by the step running (the plan's step hook): flex
+ * steps' and all others'. Atomic: flex kernels may allocate on OpenMP workers. */
+typedef struct fc_allocs {
+    ag_allocator prev;
+    bool in_flex;
+    int64_t flex, other;
+} fc_allocs;
+
+static void *fc_alloc(void *ud, size_t size, size_t align) {
+    fc_allocs *l = ud;
+    __atomic_fetch_add(l->in_flex ? &l->flex : &l->other, 1, __ATOMIC_RELAXED);
+    return l->prev.alloc(l->prev.ud, size, align);
+}
+
+static void fc_free(void *ud, void *ptr) {
+    fc_allocs *l = ud;
+    l->prev.free(l->prev.ud, ptr);
+}
+
+static void fc_step(const char *op, const char *node, void *ud) {
+    (void)node;
+    ((fc_allocs *)ud)->in_flex = op && !strncmp(op, "flex_attention", 14);
+}
+
+/* Runs plan p on in twice; the second (warm) run's allocations go to *a. Returns the output
+ * count; outs hold the second run's outputs. */
+static int run_twice_counting(ag_plan *p, ag_tensor *const *in, int nin, ag_tensor **outs, int max,
+                              fc_allocs *a) {
+    int n = ag_plan_run(p, in, nin, outs, max);
+    if (n < 0)
+        fail_msg("plan run: %s", ag_last_error());
+    for (int i = 0; i < n; i++)
+        ag_tensor_free(outs[i]);
+    memset(a, 0, sizeof *a);
+    a->prev = ag_get_allocator();
+    ag_set_allocator(&(ag_allocator){fc_alloc, fc_free, a});
+    ag__plan_set_step_hook(fc_step, a);
+    n = ag_plan_run(p, in, nin, outs, max);
+    ag__plan_set_step_hook(NULL, NULL);
+    ag_set_allocator(&a->prev);
+    if (n < 0)
+        fail_msg("plan run: %s", ag_last_error());
+    return n;
+}
+
+/* A tensor for each placeholder of g from index `from` on (uniform in [-1, 1]). */
+static void fill_inputs(const ag_graph *g, int from, ag_tensor **in, int *nin) {
+    int k = 0;
+    for (const ag_node *n = ag_graph_first(g); n; n = ag_node_next(n))
+        if (ag_node_kind_of(n) == AG_NODE_PLACEHOLDER && k++ >= from) {
+            const ag_tmeta *m = ag_node_val(n, 0);
+            in[k - 1] = tu_rand_tensor(m->dtype, m->ndim, m->sizes, -1, 1, tu_xorshift, &rng);
+        }
+    *nin = k;
+}
+
+static void test_compiled(void **state) {
+    (void)state;
+    const int64_t doc[FC_T] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1,
+                               1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2};
+    double dd[FC_T];
+    for (int i = 0; i < FC_T; i++)
+        dd[i] = (double)doc[i];
+    ag_tensor *doc_t = tu_tensor(AG_I64, 1, (int64_t[]){FC_T}, dd);
+    ag_mask_mod mm = {causal_doc, NULL, &doc_t, 1};
+    ag_block_mask *bm = ag_create_block_mask(&mm, 1, 1, FC_T, FC_T, 8, 8);
+    assert_non_null(bm);
+    ag_module *m = ag_module_new("FlexAlibi", alibi_module_forward, bm, NULL);
+    assert_int_equal(ag_module_add_tensor(m, "slopes", true, AG_F64, 1, (int64_t[]){FC_H},
+                                          AG_INIT_UNIFORM, -0.5, -0.1),
+                     0);
+    assert_int_equal(
+        ag_module_add_tensor(m, "w", true, AG_F64, 1, (int64_t[]){FC_E}, AG_INIT_UNIFORM, 0.5, 1.5),
+        0);
+    ag_tensor *p[2] = {ag_module_param(m, "slopes"), ag_module_param(m, "w")};
+    ag_tensor *x[3];
+    for (int i = 0; i < 3; i++)
+        x[i] = rnd(AG_F64, FC_B, FC_H, FC_T, FC_E, true);
+    ag_joint *j = ag_export_joint(m, x, 3, NULL, NULL, 0, NULL);
+    if (!j)
+        fail_msg("export: %s", ag_last_error());
+    for (int i = 0; i < 3; i++)
+        ag_tensor_free(x[i]);
+    for (int cfg = 0; cfg < 8; cfg++) {
+        const bool mincut = cfg & 1, interpret = cfg & 4;
+        const double budget = (cfg & 2) ? 1.0 : 0.0;
+        ag_compile_opts co = {
+            .partition = {.partitioner = mincut ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT,
+                          .memory_budget = ag_memory_budget(budget)},
+            .interpret = interpret};
+        ag_compiled *c = ag_compile_joint(j, &co);
+        if (!c)
+            fail_msg("compile (%s, budget %g, %s): %s", mincut ? "min-cut" : "default", budget,
+                     interpret ? "interpreted" : "planned", ag_last_error());
+        const ag_graph *fw = ag_compiled_forward_graph(c), *bw = ag_compiled_backward_graph(c);
+        assert_int_equal(count_calls(fw, "flex_attention"), 1);
+        assert_int_equal(count_calls(bw, "flex_attention_backward"), 1);
+        assert_int_equal(count_calls(bw, "flex_attention"), 0);
+        /* each side holds the subgraphs its calls read, and only those */
+        assert_int_equal(ag_graph_num_subgraphs(fw), 2);
+        assert_non_null(ag_graph_subgraph(fw, "sdpa_score0"));
+        assert_non_null(ag_graph_subgraph(fw, "sdpa_mask0"));
+        assert_int_equal(ag_graph_num_subgraphs(bw), 3);
+        assert_non_null(ag_graph_subgraph(bw, "fw_graph0"));
+        assert_non_null(ag_graph_subgraph(bw, "joint_graph0"));
+        assert_non_null(ag_graph_subgraph(bw, "mask_graph0"));
+        const int nfo = ag_node_arg(ag_graph_output_node(fw), 0)->n;
+        bool saved_out = false, saved_lse = false;
+        for (int k = 1; k < nfo; k++) {
+            saved_out |= output_is_item(fw, k, "flex_attention", 0);
+            saved_lse |= output_is_item(fw, k, "flex_attention", 1);
+        }
+        if (!saved_out || !saved_lse)
+            fail_msg("config %d: out saved %d, logsumexp saved %d", cfg, saved_out, saved_lse);
+        for (int call = 0; call < 2; call++) {
+            for (int i = 0; i < 3; i++)
+                x[i] = rnd(AG_F64, FC_B, FC_H, FC_T, FC_E, true);
+            ag_tensor *tangent = rnd(AG_F64, FC_B, FC_H, FC_T, FC_E, false);
+            ag_tensor *wrt[5] = {x[0], x[1], x[2], p[0], p[1]}, *ge[5], *gc[5];
+            ag_tensor *ye = NULL, *yc = NULL;
+            assert_int_equal(ag_module_call(m, x, 3, &ye, 1), 1);
+            assert_int_equal(ag_grad(&ye, &tangent, 1, wrt, 5, ge, false, false), 0);
+            if (ag_compiled_call_module(c, m, x, 3, &yc, 1) != 1)
+                fail_msg("config %d call %d: %s", cfg, call, ag_last_error());
+            if (ag_grad(&yc, &tangent, 1, wrt, 5, gc, false, false))
+                fail_msg("config %d call %d: backward: %s", cfg, call, ag_last_error());
+            double d = tu_max_abs_diff(ye, yc);
+            if (!(d < 1e-10))
+                fail_msg("config %d call %d: output differs by %g", cfg, call, d);
+            for (int i = 0; i < 5; i++)
+                if (!((d = tu_max_abs_diff(ge[i], gc[i])) < 1e-10))
+                    fail_msg("config %d call %d: gradient %d differs by %g", cfg, call, i, d);
+            for (int i = 0; i < 5; i++) {
+                ag_tensor_free(ge[i]);
+                ag_tensor_free(gc[i]);
+            }
+            ag_tensor_free(ye);
+            ag_tensor_free(yc);
+            ag_tensor_free(tangent);
+            for (int i = 0; i < 3; i++)
+                ag_tensor_free(x[i]);
+            /* new parameters for the next call */
+            bool prev = ag_set_grad_enabled(false);
+            ag_scope_begin(); /* the ops' returned references */
+            assert_non_null(ag_mul_scalar_(p[0], 1.5));
+            assert_non_null(ag_add_scalar_(p[1], 0.25));
+            ag_scope_end();
+            ag_set_grad_enabled(prev);
+        }
+        ag_compiled_free(c);
+    }
+    /* Warm runs of the planned halves: the flex steps allocate (their results and per-tile
+     * temporaries: the op runs the interpreter's code, its graphs on each tile); every other
+     * step of the plans allocates nothing. */
+    {
+        ag_compiled *c = ag_compile_joint(j, NULL);
+        assert_non_null(c);
+        const ag_graph *fw = ag_compiled_forward_graph(c), *bw = ag_compiled_backward_graph(c);
+        ag_plan *pf = ag_plan_new(fw, NULL), *pb = ag_plan_new(bw, NULL);
+        if (!pf || !pb)
+            fail_msg("plan_new: %s", ag_last_error());
+        ag_tensor *in[16], *fo[16], *bi[16], *bo[16];
+        int nin = 0, nbi = 0;
+        fill_inputs(fw, 0, in, &nin);
+        fc_allocs af, ab;
+        const int nfo = run_twice_counting(pf, in, nin, fo, 16, &af);
+        fill_inputs(bw, nfo - 1, bi, &nbi);
+        for (int i = 1; i < nfo; i++)
+            bi[i - 1] = fo[i];
+        const int nbo = run_twice_counting(pb, bi, nbi, bo, 16, &ab);
+        print_message("  warm runs: forward plan %lld allocations in flex_attention, %lld "
+                      "elsewhere; backward plan %lld in flex_attention_backward, %lld "
+                      "elsewhere\n",
+                      (long long)af.flex, (long long)af.other, (long long)ab.flex,
+                      (long long)ab.other);
+        assert_int_equal(af.other, 0);
+        assert_int_equal(ab.other, 0);
+        assert_true(af.flex > 0 && ab.flex > 0);
+        for (int i = 0; i < nbo; i++)
+            ag_tensor_free(bo[i]);
+        for (int i = nfo - 1; i < nbi; i++)
+            ag_tensor_free(bi[i]);
+        for (int i = 0; i < nfo; i++)
+            ag_tensor_free(fo[i]);
+        for (int i = 0; i < nin; i++)
+            ag_tensor_free(in[i]);
+        ag_plan_free(pf);
+        ag_plan_free(pb);
+        ag_compiled_free(c);
+    }
+    /* The forward tagged MUST_RECOMPUTE (activation checkpointing over it): flex_attention is
+     * still not recomputed in the backward (banned like random ops and subgraph calls), at
+     * budgets 0 and 1. */
+    for (int b = 0; b < 2; b++) {
+        ag_graph *g = ag_graph_copy(ag_joint_graph(j));
+        assert_non_null(g);
+        ag_node *first = ag_graph_find(g, "flex_attention"), *last = ag_graph_find(g, "mul");
+        assert_non_null(first);
+        assert_non_null(last);
+        assert_int_equal(ag_tag_region_recompute(g, first, last, AG_MUST_RECOMPUTE), 0);
+        ag_partition_opts po = {.memory_budget = ag_memory_budget(b)};
+        ag_graph *fw = NULL, *bw = NULL;
+        if (ag_partition(g, ag_layout_num_fw_outputs(ag_joint_layout(j)), &po, &fw, &bw, NULL))
+            fail_msg("partition (recompute tags, budget %d): %s", b, ag_last_error());
+        assert_int_equal(count_calls(fw, "flex_attention"), 1);
+        assert_int_equal(count_calls(bw, "flex_attention"), 0);
+        assert_int_equal(count_calls(bw, "flex_attention_backward"), 1);
+        ag_graph_free(fw);
+        ag_graph_free(bw);
+        ag_graph_free(g);
+    }
+    ag_joint_free(j);
+    ag_module_free(m);
+    ag_block_mask_free(bm);
+    ag_tensor_free(doc_t);
 }
 
 /* ---- out of memory ----
@@ -1024,6 +1316,7 @@ int main(void) {
         cmocka_unit_test(test_traced_mods),
         cmocka_unit_test(test_upstream_14_annotations),
         cmocka_unit_test(test_trace_defaults),
+        cmocka_unit_test(test_compiled),
         cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

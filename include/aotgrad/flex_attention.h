@@ -32,8 +32,10 @@
  * block mask's tensors as constants, a flex_attention node, and in the backward fw_graph0,
  * joint_graph0, mask_graph0 and a flex_attention_backward node (docs/GRAPH_FORMAT.md); under
  * tracing, score_mod's buffers must be float tensors. Such graphs print, parse, verify and run in
- * the interpreter (ag_graph_run: the subgraphs as score_mod and mask_mod); they do not yet
- * partition or compile. Not yet either: double backward, nesting
+ * the interpreter (ag_graph_run: the subgraphs as score_mod and mask_mod); their joints partition
+ * (ag_partition, both partitioners: out and logsumexp saved, flex_attention never recomputed)
+ * and compile (ag_compile_joint: the planned executor runs the ops through the interpreter's
+ * code, allocating per run, or the interpreter). Not yet: double backward, nesting
  * flex_attention inside a score_mod or mask_mod. */
 #ifndef AOTGRAD_FLEX_ATTENTION_H
 #define AOTGRAD_FLEX_ATTENTION_H

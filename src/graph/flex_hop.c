@@ -20,8 +20,8 @@
  * mask_mod); block_mask_sizes is (KV_LEN, Q_LEN, Q_BLOCK_SIZE, KV_BLOCK_SIZE). Both ops are
  * flagged AG_OP_SUBGRAPH and kept out of the registry like invoke_subgraph; meta inference
  * (ag__subgraph_infer hands them here) checks the tensors and gives the outputs' metadata.
- * The interpreter runs them through ag__flex_run (below); they have no kernel for the planned
- * executor yet (refused). */
+ * The interpreter runs them through ag__flex_run (below), the planned executor (plan.c)
+ * through ag__flex_call_run on its bound tensors; neither has an op kernel (refused). */
 #include "graph_internal.h"
 
 #include "../autograd/flex_internal.h"
@@ -36,8 +36,8 @@ static int refuse_meta(const ag_arg *args, ag_tmeta *out) {
 
 static int refuse_kernel(const ag_arg *args, ag_tensor **outs) {
     (void)args, (void)outs;
-    return ag__err(AG_ENOTSUP, "flex_attention: the planned executor does not run the "
-                               "higher-order op yet (the interpreter, ag_graph_run, does)");
+    return ag__err(AG_ENOTSUP, "flex_attention: a higher-order op of graphs; the interpreter "
+                               "and the planned executor run its calls");
 }
 
 static const ag_opdef fwd_def = {
@@ -263,45 +263,55 @@ static int arg_list(const ag_node *n, int i, ag__flex_value_fn val, void *ud, ag
     return 0;
 }
 
+int ag__flex_call_run(const ag__flex_call *c, ag_tensor **outs) {
+    ag_mask_mod mm = {ag_mask_mod_graph, (void *)c->mask, c->mb, c->nmb};
+    ag_block_mask *bm = ag__block_mask_from_parts(c->parts, c->sizes, c->mask ? &mm : NULL);
+    if (!bm)
+        return ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
+    ag_score_mod sm = {ag_score_mod_graph, (void *)c->score, c->sb, c->nsb};
+    int rc;
+    if (!c->bwd) {
+        ag_flex_opts o = {.scale = c->scale};
+        rc = ag_flex_attention(c->q, c->k, c->v, &sm, bm, &o, &outs[0], &outs[1]);
+        ag_block_mask_free(bm);
+        return rc ? rc : 2;
+    }
+    rc = c->out && c->lse ? 0 : ag__err(AG_EINVAL, "flex_attention_backward: no out/logsumexp");
+    if (!rc)
+        rc = ag__flex_attention_backward(c->q, c->k, c->v, c->out, c->lse, c->go, c->gl, &sm, bm,
+                                         c->scale, outs);
+    ag_block_mask_free(bm);
+    for (int i = 0; i < c->nsb && !rc; i++)
+        if (!outs[3 + i] && !(outs[3 + i] = ag_zeros_like(c->sb[i])))
+            rc = ag_last_status();
+    return rc ? rc : 3 + c->nsb;
+}
+
 int ag__flex_run(const ag_node *n, ag__flex_value_fn val, void *ud, ag_tensor **outs) {
     const bool bwd = n->op == bwd_op;
     const int ibm = bwd ? 9 : 4, ibuf = bwd ? 12 : 7;
-    ag_tensor *q = arg_tensor(n, 0, val, ud), *k = arg_tensor(n, 1, val, ud);
-    ag_tensor *v = arg_tensor(n, 2, val, ud);
-    if (!q || !k || !v)
+    ag__flex_call c = {.bwd = bwd};
+    c.q = arg_tensor(n, 0, val, ud), c.k = arg_tensor(n, 1, val, ud);
+    c.v = arg_tensor(n, 2, val, ud);
+    if (!c.q || !c.k || !c.v)
         return ag_last_status() < 0 ? ag_last_status()
                                     : ag__err(AG_EINVAL, "run: %%%s: no query/key/value", n->name);
-    const ag_graph *score = n->args[bwd ? 7 : 3].u.node->sub, *mask = NULL;
+    c.score = n->args[bwd ? 7 : 3].u.node->sub;
     ag_tensor *parts[9], *sb[64], *mb[64];
-    int rc = arg_list(n, ibm, val, ud, parts, &mask);
+    int rc = arg_list(n, ibm, val, ud, parts, &c.mask);
     if (!rc)
         rc = arg_list(n, ibuf, val, ud, sb, NULL);
     if (!rc)
         rc = arg_list(n, ibuf + 1, val, ud, mb, NULL);
     if (rc)
         return rc;
-    const int nsb = n->args[ibuf].n, nmb = n->args[ibuf + 1].n;
-    ag_mask_mod mm = {ag_mask_mod_graph, (void *)mask, mb, nmb};
-    ag_block_mask *bm =
-        ag__block_mask_from_parts(parts, n->args[ibm + 1].u.ints, mask ? &mm : NULL);
-    if (!bm)
-        return ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
-    ag_score_mod sm = {ag_score_mod_graph, (void *)score, sb, nsb};
-    const double scale = n->args[ibm + 2].u.f;
-    if (!bwd) {
-        ag_flex_opts o = {.scale = scale};
-        rc = ag_flex_attention(q, k, v, &sm, bm, &o, &outs[0], &outs[1]);
-        ag_block_mask_free(bm);
-        return rc ? rc : 2;
+    c.parts = parts, c.sizes = n->args[ibm + 1].u.ints, c.scale = n->args[ibm + 2].u.f;
+    c.sb = sb, c.nsb = n->args[ibuf].n, c.mb = mb, c.nmb = n->args[ibuf + 1].n;
+    if (bwd) {
+        c.out = arg_tensor(n, 3, val, ud), c.lse = arg_tensor(n, 4, val, ud);
+        c.go = arg_tensor(n, 5, val, ud), c.gl = arg_tensor(n, 6, val, ud);
+        if ((!c.out || !c.lse) && ag_last_status() < 0)
+            return ag_last_status();
     }
-    ag_tensor *out = arg_tensor(n, 3, val, ud), *lse = arg_tensor(n, 4, val, ud);
-    ag_tensor *go = arg_tensor(n, 5, val, ud), *gl = arg_tensor(n, 6, val, ud);
-    rc = out && lse ? 0 : ag_last_status() < 0 ? ag_last_status() : AG_EINVAL;
-    if (!rc)
-        rc = ag__flex_attention_backward(q, k, v, out, lse, go, gl, &sm, bm, scale, outs);
-    ag_block_mask_free(bm);
-    for (int i = 0; i < nsb && !rc; i++)
-        if (!outs[3 + i] && !(outs[3 + i] = ag_zeros_like(sb[i])))
-            rc = ag_last_status();
-    return rc ? rc : 3 + nsb;
+    return ag__flex_call_run(&c, outs);
 }

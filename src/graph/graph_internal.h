@@ -135,6 +135,24 @@ int ag__flex_infer(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *va
  * returns their count or a negative status. */
 typedef ag_tensor *(*ag__flex_value_fn)(void *ud, const ag_node *user, const ag_node *x);
 int ag__flex_run(const ag_node *n, ag__flex_value_fn val, void *ud, ag_tensor **outs);
+/* flex_hop.c: one call of flex_attention (bwd false: outs = out, logsumexp) or
+ * flex_attention_backward (outs = grad q, k, v, one per score_mod buffer) on tensors already
+ * bound, the score and mask graphs run per tile as score_mod / mask_mod (what ag__flex_run
+ * does for the interpreter; the planned executor calls it directly). parts: the block mask's 8
+ * tensors; sizes: block_mask_sizes. Returns the output count (new references, or the open
+ * scope's) or a negative status. */
+typedef struct ag__flex_call {
+    bool bwd;
+    ag_tensor *q, *k, *v;
+    ag_tensor *out, *lse, *go, *gl; /* backward only; go, gl may be NULL */
+    const ag_graph *score, *mask;   /* mask NULL: no mask_mod */
+    ag_tensor *const *parts;
+    const int64_t *sizes;
+    double scale;
+    ag_tensor *const *sb, *const *mb;
+    int nsb, nmb;
+} ag__flex_call;
+int ag__flex_call_run(const ag__flex_call *c, ag_tensor **outs);
 /* subgraph.c: refuses (AG_EINVAL) an argument node of g's parent, of one of g's subgraphs or
  * of a sibling subgraph: a graph and its subgraphs share no nodes. */
 int ag__subgraph_check_args(const ag_graph *g, const ag_op *op, const ag_garg *args, int nargs);

@@ -55,6 +55,13 @@
  * plan hands nothing out, so no buffer of the caller aliases one that the next call
  * overwrites.
  *
+ * flex_attention / flex_attention_backward (flex_hop.c's higher-order ops) are steps like
+ * multi-output kernels too: the step runs ag__flex_call_run, the interpreter's code, on its
+ * bound tensors with copies of the score and mask graphs (taken at ag_plan_new, run per tile
+ * as score_mod / mask_mod), and copies the results into the step's buffers. The op allocates
+ * its results and per-tile temporaries at every run (its graphs run by the interpreter on
+ * each tile), so a plan holding these steps is not allocation-free when warm.
+ *
  * Checking mode (ag_plan_opts.checking) fills every arena buffer with a poison pattern (a
  * NaN with a fixed payload for floats, 0xAB bytes otherwise) at the start of a run and as soon
  * as its last reader ran; before each kernel it checks that no two buffers alive at that node
@@ -64,6 +71,7 @@
 #include "fuse.h"
 #include "aotgrad/dist.h"
 #include "../dist/pending.h"
+#include "../graph/graph_internal.h"
 
 #include <assert.h>
 #include <stdio.h>
@@ -122,7 +130,12 @@ typedef struct pstep {
     void *mem; /* lists, int arrays and strings the args point to (in the plan's step_mem) */
     ag__fuse_group fuse; /* the first step of a fused group: its rule (fuse.f->n steps) */
     int sub;             /* invoke_subgraph: 1 + the index of its subgraph's plan; else 0 */
+    int flex;            /* flex_attention(_backward): 1 + the index of its graphs; else 0 */
 } pstep;
+
+typedef struct pflex {
+    ag_graph *score, *mask; /* copies of the call's score and mask graphs (mask may be NULL) */
+} pflex;
 
 typedef struct pout {
     int val;     /* -1: None */
@@ -166,6 +179,9 @@ struct ag_plan {
     ag_plan **subplans;
     int nsubplans;
     int64_t subgraphs_cap, subplans_cap;
+    pflex *flex; /* the graphs of the flex_attention steps, one entry per step */
+    int nflex;
+    int64_t flex_cap;
     int64_t nruns; /* successful runs */
     int64_t ninto; /* subgraph runs: outputs computed in the caller's buffers, all runs */
     int64_t npass; /* subgraph runs: operands passed through (the caller reads the operand) */
@@ -402,8 +418,13 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
             break;
         }
         case AG_NODE_GET_ATTR: {
-            if (ag_node_subgraph(x)) { /* read by invoke_subgraph only: no value */
-                int rc = subplan_of(p, ag_node_subgraph(x), NULL);
+            /* A subgraph has no value; one that invoke_subgraph calls gets a plan, one that
+             * only flex_attention reads none (its step runs a copy of it per tile). */
+            if (ag_node_subgraph(x)) {
+                bool invoked = false;
+                for (int u = 0; u < ag_node_num_users(x) && !invoked; u++)
+                    invoked = !ag__op_is_flex(ag_node_op(ag_node_user(x, u)));
+                int rc = invoked ? subplan_of(p, ag_node_subgraph(x), NULL) : 0;
                 if (rc)
                     return rc;
                 break;
@@ -717,7 +738,7 @@ static int bind_args(ag_plan *p, const ag_node *x, pstep *s) {
             m += sizeof(ag_tensor *) * (size_t)a->n;
             for (int k = 0; k < a->n; k++) {
                 ts[k] = NULL;
-                if (!a->u.nodes[k])
+                if (!a->u.nodes[k] || ag_node_subgraph(a->u.nodes[k])) /* a flex mask graph */
                     continue;
                 if (val_of_node(p, x, a->u.nodes[k], &v))
                     return ag_last_status();
@@ -819,6 +840,30 @@ static ag_storage *initial_storage(ag_plan *p, int v) {
     return &p->dummy;
 }
 
+/* A flex_attention step's graphs: copies of its score graph (argument 3, or 7 for the
+ * backward) and of the mask graph (the block mask list's last element, may be None). */
+static int flex_graphs_of(ag_plan *p, const ag_node *x) {
+    const bool bwd = ag_node_op(x) == ag__op_flex_attention(true);
+    const ag_node *sn = ag_node_arg_node(x, bwd ? 7 : 3);
+    const ag_garg *bm = ag_node_arg(x, bwd ? 9 : 4);
+    const ag_node *mn = bm && bm->kind == AG_GA_NODES && bm->n == 9 ? bm->u.nodes[8] : NULL;
+    if (!sn || !ag_node_subgraph(sn) || (mn && !ag_node_subgraph(mn)))
+        return ag__err(AG_EINVAL, "plan_new: %%%s: the score or mask graph is not a subgraph",
+                       ag_node_name(x));
+    if (ag__grow((void **)&p->flex, &p->flex_cap, p->nflex + 1, sizeof *p->flex))
+        return AG_ENOMEM;
+    pflex *f = &p->flex[p->nflex];
+    f->score = ag_graph_copy(ag_node_subgraph(sn));
+    f->mask = mn ? ag_graph_copy(ag_node_subgraph(mn)) : NULL;
+    if (!f->score || (mn && !f->mask)) {
+        ag_graph_free(f->score);
+        ag_graph_free(f->mask);
+        return ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
+    }
+    p->nflex++;
+    return 0;
+}
+
 static int make_steps(ag_plan *p, const ag_graph *g) {
     /* Structs of inputs and buffers first: views read them. */
     for (int v = 0; v < p->nvals; v++) {
@@ -866,7 +911,11 @@ static int make_steps(ag_plan *p, const ag_graph *g) {
             continue;
         }
         s->kind = STEP_KERNEL;
-        if (def->flags & AG_OP_SUBGRAPH) {
+        if (ag__op_is_flex(op)) {
+            if ((rc = flex_graphs_of(p, x)))
+                return rc;
+            s->flex = p->nflex;
+        } else if (def->flags & AG_OP_SUBGRAPH) {
             int k = 0;
             if ((rc = subplan_of(p, ag_node_subgraph(ag_node_arg_node(x, 0)), &k)))
                 return rc;
@@ -1153,6 +1202,11 @@ void ag_plan_free(ag_plan *p) {
     ag__free(p->fuse_at);
     for (int k = 0; k < p->nsubplans; k++)
         ag_plan_free(p->subplans[k]);
+    for (int k = 0; k < p->nflex; k++) {
+        ag_graph_free(p->flex[k].score);
+        ag_graph_free(p->flex[k].mask);
+    }
+    ag__free(p->flex);
     ag__free(p->subplans);
     ag__free(p->subgraphs);
     ag__free(p);
@@ -1458,9 +1512,61 @@ static int run_subgraph(ag_plan *p, pstep *s) {
     return 0;
 }
 
+/* flex_attention(_backward): the interpreter's run (ag__flex_call_run) on the step's bound
+ * tensors and the plan's copies of its graphs; the results are copied into the step's
+ * buffers. */
+static int run_flex(ag_plan *p, pstep *s) {
+    const pflex *f = &p->flex[s->flex - 1];
+    const bool bwd = s->op == ag__op_flex_attention(true);
+    const ag_arg *a = s->args;
+    const int ibm = bwd ? 9 : 4, ibuf = bwd ? 12 : 7;
+    ag__flex_call c = {.bwd = bwd,
+                       .q = a[0].u.t,
+                       .k = a[1].u.t,
+                       .v = a[2].u.t,
+                       .score = f->score,
+                       .mask = f->mask,
+                       .parts = a[ibm].u.ts,
+                       .sizes = a[ibm + 1].u.ints,
+                       .scale = a[ibm + 2].u.f,
+                       .sb = a[ibuf].u.ts,
+                       .nsb = a[ibuf].n,
+                       .mb = a[ibuf + 1].u.ts,
+                       .nmb = a[ibuf + 1].n};
+    if (bwd) {
+        c.out = a[3].u.t, c.lse = a[4].u.t;
+        c.go = a[5].kind == AG_ARG_TENSOR ? a[5].u.t : NULL;
+        c.gl = a[6].kind == AG_ARG_TENSOR ? a[6].u.t : NULL;
+    }
+    if (step_hook)
+        step_hook(ag_op_name(s->op), nname(p, s->node), step_hook_ud);
+    ag_tensor *outs[AG_MAX_OUTPUTS] = {0};
+    ag_scope_begin();
+    int n = ag__flex_call_run(&c, outs);
+    for (int i = 0; i < n; i++)
+        ag_tensor_keep(outs[i]);
+    ag_scope_end();
+    int rc = n < 0 ? n : 0;
+    if (!rc && n != s->nouts)
+        rc = ag__err(AG_EINVAL, "%d output(s), the graph expects %d", n, s->nouts);
+    for (int i = 0; i < n && !rc; i++)
+        if (s->outs[i])
+            rc = ag__copy_into(s->outs[i], outs[i]);
+    for (int i = 0; i < n; i++)
+        ag_tensor_free(outs[i]);
+    if (rc < 0) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", ag_last_error());
+        return ag__err(rc, "plan: %%%s: %s", nname(p, s->node), msg);
+    }
+    return 0;
+}
+
 static int run_kernel(ag_plan *p, pstep *s, ag__tls_state *ts) {
     if (s->sub)
         return run_subgraph(p, s);
+    if (s->flex)
+        return run_flex(p, s);
     if (step_hook)
         step_hook(ag_op_name(s->op), nname(p, s->node), step_hook_ud);
     ts->dispatch_depth++;
