@@ -142,6 +142,26 @@ static int run_placeholder(run_state *st, const ag_node *n, int idx, ag_tensor *
     return 0;
 }
 
+/* A higher-order call's outputs (rc of them, kept references, or rc < 0 with the error set)
+ * into n's slots, or the error named after n. */
+static int take_call_outputs(run_state *st, const ag_node *n, ag_tensor **outs, int rc) {
+    if (rc < 0) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", ag_last_error());
+        return ag__err(rc, "run: %%%s: %s", n->name, msg);
+    }
+    if (rc != n->nvals) {
+        for (int i = 0; i < rc; i++)
+            ag_tensor_free(outs[i]);
+        return ag__err(AG_EINVAL, "run: %%%s: %d output(s), the graph expects %d", n->name, rc,
+                       n->nvals);
+    }
+    int64_t f = st->first[n->index];
+    for (int i = 0; i < rc; i++)
+        st->slots[f + i] = outs[i];
+    return 0;
+}
+
 /* invoke_subgraph: runs the subgraph on the operands (argument 2). */
 static int run_subgraph_call(run_state *st, const ag_node *n, const ag_graph *sub) {
     const ag_garg *a = &n->args[2];
@@ -158,23 +178,7 @@ static int run_subgraph_call(run_state *st, const ag_node *n, const ag_graph *su
     for (int i = 0; i < rc; i++)
         ag_tensor_keep(outs[i]);
     ag_scope_end();
-    if (rc < 0) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", ag_last_error());
-        return ag__err(rc, "run: %%%s: %s", n->name, msg);
-    }
-    if (rc != n->nvals) {
-        for (int i = 0; i < rc; i++)
-            ag_tensor_free(outs[i]);
-        return ag__err(AG_EINVAL,
-                       "run: %%%s: the subgraph produced %d output(s), the graph "
-                       "expects %d",
-                       n->name, rc, n->nvals);
-    }
-    int64_t f = st->first[n->index];
-    for (int i = 0; i < rc; i++)
-        st->slots[f + i] = outs[i];
-    return 0;
+    return take_call_outputs(st, n, outs, rc);
 }
 
 static ag_tensor *flex_value(void *ud, const ag_node *user, const ag_node *x) {
@@ -189,21 +193,7 @@ static int run_flex_call(run_state *st, const ag_node *n) {
     for (int i = 0; i < rc; i++)
         ag_tensor_keep(outs[i]);
     ag_scope_end();
-    if (rc < 0) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", ag_last_error());
-        return ag__err(rc, "run: %%%s: %s", n->name, msg);
-    }
-    if (rc != n->nvals) {
-        for (int i = 0; i < rc; i++)
-            ag_tensor_free(outs[i]);
-        return ag__err(AG_EINVAL, "run: %%%s: %d output(s), the graph expects %d", n->name, rc,
-                       n->nvals);
-    }
-    int64_t f = st->first[n->index];
-    for (int i = 0; i < rc; i++)
-        st->slots[f + i] = outs[i];
-    return 0;
+    return take_call_outputs(st, n, outs, rc);
 }
 
 static int run_call(run_state *st, const ag_node *n) {
