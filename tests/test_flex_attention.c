@@ -1147,8 +1147,9 @@ static void test_compiled(void **state) {
         ag_compiled_free(c);
     }
     /* Warm runs of the planned halves: the flex steps allocate (their results and per-tile
-     * temporaries: the op runs the interpreter's code, its graphs on each tile); every other
-     * step of the plans allocates nothing. */
+     * temporaries: the op runs the interpreter's code, its graphs on each tile, each tile's
+     * tensors and interpreter state; the graphs themselves are copied and re-inferred once per
+     * tile shape per call, not per tile); every other step of the plans allocates nothing. */
     {
         ag_compiled *c = ag_compile_joint(j, NULL);
         assert_non_null(c);

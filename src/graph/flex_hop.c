@@ -374,8 +374,7 @@ int ag__flex_call_run(const ag__flex_call *c, ag_tensor **outs) {
         ag_flex_opts o = {.scale = c->scale};
         rc = ag_flex_attention(c->q, c->k, c->v, &sm, bm, &o, &outs[0], &outs[1]);
     } else {
-        rc = c->out && c->lse ? 0
-                              : ag__err(AG_EINVAL, "flex_attention_backward: no out/logsumexp");
+        rc = c->out && c->lse ? 0 : ag__err(AG_EINVAL, "flex_attention_backward: no out/logsumexp");
         if (!rc)
             rc = ag__flex_attention_backward(c->q, c->k, c->v, c->out, c->lse, c->go, c->gl, &sm,
                                              bm, c->scale, outs);
