@@ -643,6 +643,13 @@ static int run_reshaped(const ag_graph *g, ag_tensor *const *in, int n, ag_tenso
     return r;
 }
 
+/* ALiBi (slopes: input 3) under the block mask ud, for ag_trace. */
+static int alibi_flex(void *ud, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
+    (void)nin, (void)max_out;
+    ag_score_mod sm = {alibi, NULL, &in[3], 1};
+    return ag_flex_attention(in[0], in[1], in[2], &sm, ud, NULL, &out[0], &out[1]) ? -1 : 2;
+}
+
 static void test_traced_mods(void **state) {
     (void)state;
     ag_scope_begin();
@@ -697,6 +704,18 @@ static void test_traced_mods(void **state) {
     assert_int_equal(ag_grad(&loss2, NULL, 1, ins, 4, g2, false, false), 0);
     for (int i = 0; i < 4; i++)
         assert_true(tu_max_abs_diff(g1[i], g2[i]) == 0);
+    /* The same call traced and run by the interpreter (flex_attention with sdpa_score0 and
+     * sdpa_mask0, its tiles 8 x 8, 8 x 7, 7 x 8 and 7 x 7, each shape's re-inferred graph
+     * reused across the call's tiles): the same output and logsumexp, bit for bit. */
+    ag_graph *tg = ag_trace(alibi_flex, bm, ins, 4, NULL, NULL, NULL);
+    if (!tg)
+        fail_msg("trace: %s", ag_last_error());
+    ag_tensor *run[2];
+    if (ag_graph_run(tg, ins, 4, run, 2) != 2)
+        fail_msg("run: %s", ag_last_error());
+    assert_true(tu_max_abs_diff(run[0], o1) == 0);
+    assert_true(tu_max_abs_diff(run[1], l1) == 0);
+    ag_graph_free(tg);
 
     /* the joint graph's gradient: softcap's d/ds 4 tanh(s / 4) = 1 - tanh(s / 4)^2, and for
      * ALiBi grad_slope[h] = sum of grad * (kv - q) over the tile */
