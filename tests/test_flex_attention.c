@@ -1297,6 +1297,28 @@ static int oom_trace(void *ud) {
     return rc;
 }
 
+/* The call traced (its functions as subgraphs) and run by the interpreter: 5 x 5 blocks over
+ * 12 positions, so tiles of four shapes, a re-inferred graph kept per shape during the call. */
+static int oom_interp(void *ud) {
+    oom_case *oc = ud;
+    ag_mask_mod mm = {mask_fn, &oc->mc, &oc->doc, 1};
+    ag_block_mask *bm = ag_create_block_mask(&mm, 1, 1, 12, 12, 5, 5);
+    ag_tensor *in[4] = {oc->q, oc->k, oc->v, oc->slopes}, *out[2] = {0};
+    ag_graph *g = bm ? ag_trace(alibi_flex, bm, in, 4, NULL, NULL, NULL) : NULL;
+    int rc = g ? 0 : ag_last_status();
+    if (!rc) {
+        const int n = ag_graph_run(g, in, 4, out, 2);
+        rc = n < 0 ? n : n == 2 ? 0 : AG_EINVAL;
+    }
+    tu_alloc_cleanup_begin();
+    for (int i = 0; i < 2 && !rc; i++)
+        ag_tensor_free(out[i]);
+    ag_graph_free(g);
+    ag_block_mask_free(bm);
+    tu_alloc_cleanup_end();
+    return rc;
+}
+
 static void test_out_of_memory(void **st) {
     (void)st;
     int64_t ids[12] = {0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 2};
@@ -1317,6 +1339,10 @@ static void test_out_of_memory(void **st) {
     assert_true(tu_alloc_failure_sweep(oom_trace, &oc, &ot) > 10);
     ot.persistent = true;
     assert_true(tu_alloc_failure_sweep(oom_trace, &oc, &ot) > 10);
+    tu_sweep_opts oi = {.what = "flex_attention traced, interpreted", .one_thread = true};
+    assert_true(tu_alloc_failure_sweep(oom_interp, &oc, &oi) > 10);
+    oi.persistent = true;
+    assert_true(tu_alloc_failure_sweep(oom_interp, &oc, &oi) > 10);
     ag_tensor_free(oc.q);
     ag_tensor_free(oc.k);
     ag_tensor_free(oc.v);
