@@ -643,6 +643,13 @@ static int run_reshaped(const ag_graph *g, ag_tensor *const *in, int n, ag_tenso
     return r;
 }
 
+/* ALiBi (slopes: input 3) under the block mask ud, for ag_trace. */
+static int alibi_flex(void *ud, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
+    (void)nin, (void)max_out;
+    ag_score_mod sm = {alibi, NULL, &in[3], 1};
+    return ag_flex_attention(in[0], in[1], in[2], &sm, ud, NULL, &out[0], &out[1]) ? -1 : 2;
+}
+
 static void test_traced_mods(void **state) {
     (void)state;
     ag_scope_begin();
@@ -697,6 +704,18 @@ static void test_traced_mods(void **state) {
     assert_int_equal(ag_grad(&loss2, NULL, 1, ins, 4, g2, false, false), 0);
     for (int i = 0; i < 4; i++)
         assert_true(tu_max_abs_diff(g1[i], g2[i]) == 0);
+    /* The same call traced and run by the interpreter (flex_attention with sdpa_score0 and
+     * sdpa_mask0, its tiles 8 x 8, 8 x 7, 7 x 8 and 7 x 7, each shape's re-inferred graph
+     * reused across the call's tiles): the same output and logsumexp, bit for bit. */
+    ag_graph *tg = ag_trace(alibi_flex, bm, ins, 4, NULL, NULL, NULL);
+    if (!tg)
+        fail_msg("trace: %s", ag_last_error());
+    ag_tensor *run[2];
+    if (ag_graph_run(tg, ins, 4, run, 2) != 2)
+        fail_msg("run: %s", ag_last_error());
+    assert_true(tu_max_abs_diff(run[0], o1) == 0);
+    assert_true(tu_max_abs_diff(run[1], l1) == 0);
+    ag_graph_free(tg);
 
     /* the joint graph's gradient: softcap's d/ds 4 tanh(s / 4) = 1 - tanh(s / 4)^2, and for
      * ALiBi grad_slope[h] = sum of grad * (kv - q) over the tile */
@@ -1147,8 +1166,9 @@ static void test_compiled(void **state) {
         ag_compiled_free(c);
     }
     /* Warm runs of the planned halves: the flex steps allocate (their results and per-tile
-     * temporaries: the op runs the interpreter's code, its graphs on each tile); every other
-     * step of the plans allocates nothing. */
+     * temporaries: the op runs the interpreter's code, its graphs on each tile, each tile's
+     * tensors and interpreter state; the graphs themselves are copied and re-inferred once per
+     * tile shape per call, not per tile); every other step of the plans allocates nothing. */
     {
         ag_compiled *c = ag_compile_joint(j, NULL);
         assert_non_null(c);
@@ -1277,6 +1297,28 @@ static int oom_trace(void *ud) {
     return rc;
 }
 
+/* The call traced (its functions as subgraphs) and run by the interpreter: 5 x 5 blocks over
+ * 12 positions, so tiles of four shapes, a re-inferred graph kept per shape during the call. */
+static int oom_interp(void *ud) {
+    oom_case *oc = ud;
+    ag_mask_mod mm = {mask_fn, &oc->mc, &oc->doc, 1};
+    ag_block_mask *bm = ag_create_block_mask(&mm, 1, 1, 12, 12, 5, 5);
+    ag_tensor *in[4] = {oc->q, oc->k, oc->v, oc->slopes}, *out[2] = {0};
+    ag_graph *g = bm ? ag_trace(alibi_flex, bm, in, 4, NULL, NULL, NULL) : NULL;
+    int rc = g ? 0 : ag_last_status();
+    if (!rc) {
+        const int n = ag_graph_run(g, in, 4, out, 2);
+        rc = n < 0 ? n : n == 2 ? 0 : AG_EINVAL;
+    }
+    tu_alloc_cleanup_begin();
+    for (int i = 0; i < 2 && !rc; i++)
+        ag_tensor_free(out[i]);
+    ag_graph_free(g);
+    ag_block_mask_free(bm);
+    tu_alloc_cleanup_end();
+    return rc;
+}
+
 static void test_out_of_memory(void **st) {
     (void)st;
     int64_t ids[12] = {0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 2, 2};
@@ -1297,6 +1339,10 @@ static void test_out_of_memory(void **st) {
     assert_true(tu_alloc_failure_sweep(oom_trace, &oc, &ot) > 10);
     ot.persistent = true;
     assert_true(tu_alloc_failure_sweep(oom_trace, &oc, &ot) > 10);
+    tu_sweep_opts oi = {.what = "flex_attention traced, interpreted", .one_thread = true};
+    assert_true(tu_alloc_failure_sweep(oom_interp, &oc, &oi) > 10);
+    oi.persistent = true;
+    assert_true(tu_alloc_failure_sweep(oom_interp, &oc, &oi) > 10);
     ag_tensor_free(oc.q);
     ag_tensor_free(oc.k);
     ag_tensor_free(oc.v);

@@ -166,13 +166,106 @@ int ag__flex_infer(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *va
 
 /* ---- graphs as score_mod / mask_mod ---- */
 
-/* Runs g on tile-shaped inputs, as upstream vmaps the 0-d function over the tile: a copy of g
- * whose placeholders take the inputs' metadata, its calls' vals inferred again. The result
- * (output 0) belongs to the open scope, or is a new reference when none is open. */
-static ag_tensor *run_graph(const ag_graph *g, ag_tensor *const *lead, int nlead,
+/* Graphs run per tile as upstream vmaps the 0-d function over the tile: on a copy of g whose
+ * placeholders take the inputs' metadata, its calls' vals inferred again (ag_graph_run checks
+ * its inputs against the placeholders). A call of ag__flex_call_run keeps such copies in a
+ * tile_fn, one per distinct set of input metadata (full tiles and edge tiles: a handful), so
+ * that each tile runs one without copying; ag_score_mod_graph / ag_mask_mod_graph, called
+ * alone, make one per call. The kernel calls the functions serially on the calling thread
+ * (run_rows and prepare_masks in flex_attention.c), and a tile_fn lives in one call only. */
+#define TILE_SHAPES 8
+#define TILE_MAX_IN 70
+
+typedef struct tile_copy {
+    ag_graph *g;  /* NULL: unused */
+    ag_tmeta *in; /* the inputs' metadata the copy was inferred for (nin) */
+} tile_copy;
+
+typedef struct tile_fn {
+    const ag_graph *g;
+    int next; /* the entry to replace when all are used */
+    tile_copy c[TILE_SHAPES];
+} tile_fn;
+
+static bool same_meta(const ag_tmeta *a, const ag_tmeta *b) {
+    if (a->dtype != b->dtype || a->ndim != b->ndim || a->offset != b->offset)
+        return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->sizes[d] != b->sizes[d] || a->strides[d] != b->strides[d])
+            return false;
+    return true;
+}
+
+static void tile_copy_free(tile_copy *c) {
+    ag_graph_free(c->g);
+    ag__free(c->in);
+    c->g = NULL;
+    c->in = NULL;
+}
+
+static void tile_fn_free(tile_fn *f) {
+    for (int i = 0; i < TILE_SHAPES; i++)
+        tile_copy_free(&f->c[i]);
+}
+
+/* A copy of g for inputs of metadata m (nin): its placeholders take them, its calls' vals
+ * inferred again; NULL with the error set. */
+static ag_graph *copy_for(const ag_graph *g, const ag_tmeta *m, int nin) {
+    ag_graph *c = ag_graph_copy(g);
+    if (!c)
+        return NULL;
+    int rc = 0, i = 0;
+    for (ag_node *n = ag_graph_first(c); n && !rc; n = ag_node_next(n))
+        if (ag_node_kind_of(n) == AG_NODE_PLACEHOLDER) {
+            if (i >= nin) {
+                rc = ag__err(AG_EINVAL,
+                             "flex_attention: the graph function takes more than the "
+                             "%d inputs given",
+                             nin);
+                break;
+            }
+            rc = ag_node_set_val(n, 0, &m[i++]);
+        }
+    if (!rc)
+        rc = ag_graph_reinfer_meta(c);
+    if (rc) {
+        ag_graph_free(c);
+        return NULL;
+    }
+    return c;
+}
+
+/* The copy of f's graph for inputs of metadata m (nin), made on first use. */
+static const ag_graph *tile_fn_graph(tile_fn *f, const ag_tmeta *m, int nin) {
+    for (int i = 0; i < TILE_SHAPES && f->c[i].g; i++) {
+        bool same = true;
+        for (int k = 0; k < nin && same; k++)
+            same = same_meta(&f->c[i].in[k], &m[k]);
+        if (same)
+            return f->c[i].g;
+    }
+    ag_graph *g = copy_for(f->g, m, nin);
+    ag_tmeta *in = g ? ag__malloc(sizeof *in * (size_t)nin) : NULL;
+    if (!in) {
+        ag_graph_free(g);
+        return NULL;
+    }
+    memcpy(in, m, sizeof *in * (size_t)nin);
+    tile_copy *c = &f->c[f->next];
+    f->next = (f->next + 1) % TILE_SHAPES;
+    tile_copy_free(c);
+    c->g = g;
+    c->in = in;
+    return g;
+}
+
+/* Runs g (or, f non-NULL, f's copy of its graph for these inputs' shapes) on tile-shaped
+ * inputs. The result (output 0) belongs to the open scope, or is a new reference when none is
+ * open. */
+static ag_tensor *run_graph(const ag_graph *g, tile_fn *f, ag_tensor *const *lead, int nlead,
                             ag_tensor *const *bufs, int nbuf) {
-    ag_tensor *in[70];
-    if (nbuf < 0 || nlead + nbuf > 70 || (nbuf > 0 && !bufs)) {
+    ag_tensor *in[TILE_MAX_IN];
+    if (nbuf < 0 || nlead + nbuf > TILE_MAX_IN || (nbuf > 0 && !bufs)) {
         ag__err(AG_EINVAL,
                 "flex_attention: bad buffer list for a graph function (%d buffers, at "
                 "most 64)",
@@ -183,29 +276,21 @@ static ag_tensor *run_graph(const ag_graph *g, ag_tensor *const *lead, int nlead
         in[i] = lead[i];
     for (int i = 0; i < nbuf; i++)
         in[nlead + i] = bufs[i];
-    ag_graph *c = ag_graph_copy(g);
-    if (!c)
-        return NULL;
-    int rc = 0, i = 0;
-    for (ag_node *n = ag_graph_first(c); n && !rc; n = ag_node_next(n))
-        if (ag_node_kind_of(n) == AG_NODE_PLACEHOLDER) {
-            if (i >= nlead + nbuf || !in[i]) {
-                rc = ag__err(AG_EINVAL,
-                             "flex_attention: the graph function takes more than the "
-                             "%d inputs given, or input %d is NULL",
-                             nlead + nbuf, i);
-                break;
-            }
-            ag_tmeta m;
-            ag__tmeta_of(in[i++], &m);
-            rc = ag_node_set_val(n, 0, &m);
+    const int nin = nlead + nbuf;
+    ag_tmeta m[TILE_MAX_IN];
+    for (int i = 0; i < nin; i++) {
+        if (!in[i]) {
+            ag__err(AG_EINVAL, "flex_attention: input %d of the graph function is NULL", i);
+            return NULL;
         }
-    if (!rc)
-        rc = ag_graph_reinfer_meta(c);
+        ag__tmeta_of(in[i], &m[i]);
+    }
+    ag_graph *own = NULL;
+    const ag_graph *run = f ? tile_fn_graph(f, m, nin) : (own = copy_for(g, m, nin));
     ag_tensor *out[AG_MAX_OUTPUTS] = {0};
     const bool scoped = ag__in_scope();
-    int n = rc ? rc : ag_graph_run(c, in, nlead + nbuf, out, AG_MAX_OUTPUTS);
-    ag_graph_free(c);
+    int n = run ? ag_graph_run(run, in, nin, out, AG_MAX_OUTPUTS) : ag_last_status();
+    ag_graph_free(own);
     if (n < 0)
         return NULL;
     if (!scoped)
@@ -221,19 +306,33 @@ static ag_tensor *run_graph(const ag_graph *g, ag_tensor *const *lead, int nlead
     return out[0];
 }
 
+/* score_mod / mask_mod over a call's tile_fn (its ud). */
+static ag_tensor *score_cached(void *ud, ag_tensor *score, ag_tensor *b, ag_tensor *h,
+                               ag_tensor *q_idx, ag_tensor *kv_idx, ag_tensor *const *buffers,
+                               int nbuffers) {
+    ag_tensor *lead[5] = {score, b, h, q_idx, kv_idx};
+    return run_graph(NULL, ud, lead, 5, buffers, nbuffers);
+}
+
+static ag_tensor *mask_cached(void *ud, ag_tensor *b, ag_tensor *h, ag_tensor *q_idx,
+                              ag_tensor *kv_idx, ag_tensor *const *buffers, int nbuffers) {
+    ag_tensor *lead[4] = {b, h, q_idx, kv_idx};
+    return run_graph(NULL, ud, lead, 4, buffers, nbuffers);
+}
+
 ag_tensor *ag_score_mod_graph(void *graph, ag_tensor *score, ag_tensor *b, ag_tensor *h,
                               ag_tensor *q_idx, ag_tensor *kv_idx, ag_tensor *const *buffers,
                               int nbuffers) {
     AG__CHECK_NULL_RET("score_mod_graph", graph, NULL);
     ag_tensor *lead[5] = {score, b, h, q_idx, kv_idx};
-    return run_graph(graph, lead, 5, buffers, nbuffers);
+    return run_graph(graph, NULL, lead, 5, buffers, nbuffers);
 }
 
 ag_tensor *ag_mask_mod_graph(void *graph, ag_tensor *b, ag_tensor *h, ag_tensor *q_idx,
                              ag_tensor *kv_idx, ag_tensor *const *buffers, int nbuffers) {
     AG__CHECK_NULL_RET("mask_mod_graph", graph, NULL);
     ag_tensor *lead[4] = {b, h, q_idx, kv_idx};
-    return run_graph(graph, lead, 4, buffers, nbuffers);
+    return run_graph(graph, NULL, lead, 4, buffers, nbuffers);
 }
 
 /* ---- running the ops (the interpreter) ----
@@ -264,23 +363,27 @@ static int arg_list(const ag_node *n, int i, ag__flex_value_fn val, void *ud, ag
 }
 
 int ag__flex_call_run(const ag__flex_call *c, ag_tensor **outs) {
-    ag_mask_mod mm = {ag_mask_mod_graph, (void *)c->mask, c->mb, c->nmb};
+    tile_fn sf = {.g = c->score}, mf = {.g = c->mask};
+    ag_mask_mod mm = {mask_cached, &mf, c->mb, c->nmb};
     ag_block_mask *bm = ag__block_mask_from_parts(c->parts, c->sizes, c->mask ? &mm : NULL);
     if (!bm)
         return ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
-    ag_score_mod sm = {ag_score_mod_graph, (void *)c->score, c->sb, c->nsb};
+    ag_score_mod sm = {score_cached, &sf, c->sb, c->nsb};
     int rc;
     if (!c->bwd) {
         ag_flex_opts o = {.scale = c->scale};
         rc = ag_flex_attention(c->q, c->k, c->v, &sm, bm, &o, &outs[0], &outs[1]);
-        ag_block_mask_free(bm);
-        return rc ? rc : 2;
+    } else {
+        rc = c->out && c->lse ? 0 : ag__err(AG_EINVAL, "flex_attention_backward: no out/logsumexp");
+        if (!rc)
+            rc = ag__flex_attention_backward(c->q, c->k, c->v, c->out, c->lse, c->go, c->gl, &sm,
+                                             bm, c->scale, outs);
     }
-    rc = c->out && c->lse ? 0 : ag__err(AG_EINVAL, "flex_attention_backward: no out/logsumexp");
-    if (!rc)
-        rc = ag__flex_attention_backward(c->q, c->k, c->v, c->out, c->lse, c->go, c->gl, &sm, bm,
-                                         c->scale, outs);
     ag_block_mask_free(bm);
+    tile_fn_free(&sf);
+    tile_fn_free(&mf);
+    if (!c->bwd)
+        return rc ? rc : 2;
     for (int i = 0; i < c->nsb && !rc; i++)
         if (!outs[3 + i] && !(outs[3 + i] = ag_zeros_like(c->sb[i])))
             rc = ag_last_status();
