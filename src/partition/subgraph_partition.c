@@ -395,7 +395,7 @@ int ag__partition_ex(const ag_graph *joint, int num_fwd_outputs, const ag_partit
         return ag__err(AG_EINVAL, "partition: NULL result pointer");
     *fw = *bw = NULL;
     if (!joint || ag_graph_num_subgraphs(joint) == 0)
-        return ag__partition_flat(joint, num_fwd_outputs, opts, mode, fw, bw, stats, peak);
+        return ag__partition_flat(joint, num_fwd_outputs, opts, mode, fw, bw, stats, peak, false);
     /* The regions' joint subgraphs first, each once (subgraph_partition.c), with the same
      * options; then the rewritten joint, its calls opaque. */
     ag_partition_opts o = opts ? *opts : (ag_partition_opts){0};
@@ -405,7 +405,8 @@ int ag__partition_ex(const ag_graph *joint, int num_fwd_outputs, const ag_partit
     if (rc == 0)
         rc = ag__partition_subgraphs(joint, num_fwd_outputs, opts, mode, &rw);
     if (rc == 0)
-        rc = ag__partition_flat(rw ? rw : joint, num_fwd_outputs, opts, mode, fw, bw, stats, peak);
+        rc = ag__partition_flat(rw ? rw : joint, num_fwd_outputs, opts, mode, fw, bw, stats, peak,
+                                rw != NULL); /* the rewritten joint was verified */
     ag_graph_free(rw);
     return rc;
 }

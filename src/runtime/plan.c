@@ -790,7 +790,9 @@ static ag_dtype kernel_dtype(const pstep *s, int nargs, const ag_tmeta *out0) {
 /* Runs a view's meta function on the bound arguments and gives value v that geometry. */
 static int view_geometry(ag_plan *p, const pstep *s, int v, const char *who) {
     ag_tmeta metas[AG_MAX_OUTPUTS];
-    memset(metas, 0, sizeof metas);
+    /* only the outputs the meta fills (all for a list): it runs at every step */
+    int nclear = ag_op_noutputs(s->op) < 0 ? AG_MAX_OUTPUTS : ag_op_noutputs(s->op);
+    memset(metas, 0, sizeof(ag_tmeta) * (size_t)nclear);
     int rc = ag_op_def(s->op)->meta(s->args, metas);
     if (rc < 0) {
         char msg[512];
