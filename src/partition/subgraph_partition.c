@@ -22,6 +22,7 @@
  * are not those of a forward call, or whose counts do not fit (operands = the forward's +
  * one tangent per forward output; outputs = one grad per operand + the forward outputs), is
  * refused with a message naming it. */
+#include "../core/ptrmap.h"
 #include "partition_internal.h"
 
 #include <stdio.h>
@@ -331,7 +332,8 @@ static int erase_call(ag_graph *g, ag_node *c) {
 }
 
 /* Rewrites the pair (F, B) of g to call the partitioned subgraphs of pp. */
-static int rewrite_pair(ag_graph *g, const call_info *F, const call_info *B, const part_pair *pp) {
+static int rewrite_pair(ag_graph *g, const call_info *F, const call_info *B, const part_pair *pp,
+                        ag__ptrmap *repl) {
     int k = F->nops, m = pp->nfo, s = pp->nsaved, rc = 0;
     ag_node **fops = ag__malloc(sizeof(ag_node *) * (size_t)(k + 1));
     ag_node **bops = ag__malloc(sizeof(ag_node *) * (size_t)(s + m + 1));
@@ -372,12 +374,13 @@ static int rewrite_pair(ag_graph *g, const call_info *F, const call_info *B, con
         ag_node *x = ag_node_user(B->n, u);
         int i = (int)ag_node_arg(x, 1)->u.i;
         ag_node *by = i < k ? getitem_like(g, B2, i, x) : fget[i - k];
-        if (!by || ag_node_replace_all_uses(x, by) < 0)
+        if (!by || ag_node_replace_all_uses(x, by) < 0 ||
+            ag__ptrmap_put(repl, x, (int64_t)(intptr_t)by))
             goto fail;
     }
     for (int u = 0; u < ag_node_num_users(F->n); u++) {
-        ag_node *x = ag_node_user(F->n, u);
-        if (ag_node_replace_all_uses(x, fget[ag_node_arg(x, 1)->u.i]) < 0)
+        ag_node *x = ag_node_user(F->n, u), *by = fget[ag_node_arg(x, 1)->u.i];
+        if (ag_node_replace_all_uses(x, by) < 0 || ag__ptrmap_put(repl, x, (int64_t)(intptr_t)by))
             goto fail;
     }
     ag_graph_insert_at_end(g);
@@ -416,6 +419,8 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
     part_pair *parts = ag__calloc((size_t)P.nn, sizeof *parts);
     ag_graph **made = ag__calloc((size_t)(2 * P.nn + 1), sizeof *made);
     int ncalls = 0, nparts = 0, nmade = 0;
+    ag__ptrmap rewritten = {0}, repl = {0}; /* calls rewritten; getitem -> its replacement */
+    ag_node **keep = NULL;                  /* the output node's list */
     if (!g || !calls || !parts || !made) {
         rc = ag_last_status() ? ag_last_status() : AG_ENOMEM;
         goto done;
@@ -510,10 +515,40 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
         made[nmade - 1] = NULL;
         B->part = nparts++;
     }
+    /* The output node lists every grad (thousands of values for a deep model): replacing a
+     * getitem it reads would scan the whole list each time. It lets go of the getitems of the
+     * calls rewritten (None meanwhile) and reads their replacements once at the end. */
+    ag_node *onode = ag_graph_output_node(g);
+    int nouts = ag_node_arg(onode, 0)->n;
+    keep = ag__malloc(sizeof(ag_node *) * (size_t)(2 * nouts + 1));
+    if (!keep) {
+        rc = AG_ENOMEM;
+        goto done;
+    }
+    ag_node **tmp = keep + nouts;
+    for (int b = 0; b < ncalls; b++)
+        if (calls[b].bw && ((rc = ag__ptrmap_put(&rewritten, calls[b].n, 1)) ||
+                            (rc = ag__ptrmap_put(&rewritten, calls[calls[b].pair].n, 1))))
+            goto done;
+    for (int k = 0; k < nouts; k++) {
+        ag_node *x = keep[k] = ag_node_arg(onode, 0)->u.nodes[k];
+        tmp[k] = x && ag_node_kind_of(x) == AG_NODE_GETITEM &&
+                         ag__ptrmap_has(&rewritten, ag_node_arg_node(x, 0))
+                     ? NULL
+                     : x;
+    }
+    if ((rc = ag_node_set_arg(onode, 0, AG_GA_NODES(tmp, nouts))))
+        goto done;
     for (int b = 0; b < ncalls; b++)
         if (calls[b].bw &&
-            (rc = rewrite_pair(g, &calls[calls[b].pair], &calls[b], &parts[calls[b].part])))
+            (rc = rewrite_pair(g, &calls[calls[b].pair], &calls[b], &parts[calls[b].part], &repl)))
             goto done;
+    for (int k = 0; k < nouts; k++)
+        tmp[k] = keep[k] && ag__ptrmap_has(&repl, keep[k])
+                     ? (ag_node *)(intptr_t)ag__ptrmap_get(&repl, keep[k], 0)
+                     : keep[k];
+    if ((rc = ag_node_set_arg(onode, 0, AG_GA_NODES(tmp, nouts))))
+        goto done;
     /* Attributes no call reads any more (the regions' original subgraphs). */
     for (int k = ag_graph_num_subgraphs(g) - 1; k >= 0; k--) {
         ag_graph *s = ag_graph_subgraph_at(g, k, NULL);
@@ -523,12 +558,21 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
         if (!read)
             ag__subgraph_remove(g, k);
     }
+#ifndef NDEBUG
+    /* The rewrite went through the graph API on a verified joint; Debug builds (the
+     * sanitizer runs of the tests) check it again, Release builds do not pay a second walk of
+     * the whole joint (the outer partition reads it unverified; the plans verify its forward
+     * and backward). */
     if (nparts > 0 && (rc = ag_graph_verify(g)) != 0) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", ag_last_error());
         rc = ag__err(rc, "partition: the joint with its regions partitioned: %s", msg);
     }
+#endif
 done:
+    ag__ptrmap_free(&rewritten);
+    ag__ptrmap_free(&repl);
+    ag__free(keep);
     for (int k = 0; k < nmade; k++)
         ag_graph_free(made[k]);
     ag__free(made);
@@ -567,7 +611,7 @@ int ag__partition_ex(const ag_graph *joint, int num_fwd_outputs, const ag_partit
         rc = ag__partition_subgraphs(joint, num_fwd_outputs, opts, mode, &rw);
     if (rc == 0)
         rc = ag__partition_flat(rw ? rw : joint, num_fwd_outputs, opts, mode, fw, bw, stats, peak,
-                                rw != NULL); /* the rewritten joint was verified */
+                                true); /* ag__partition_subgraphs verified the joint */
     ag_graph_free(rw);
     return rc;
 }
