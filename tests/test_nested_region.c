@@ -965,6 +965,17 @@ static int oom_export(void *ud) {
     return rc;
 }
 
+/* Partitioning a joint whose region saves views (each block's t of its weight): the region's
+ * partition, its saved views turned into their bases, the calls rewritten. */
+static int oom_partition(void *ud) {
+    const ag_joint *j = ud;
+    ag_graph *fw = NULL, *bw = NULL;
+    int rc = ag_partition(ag_joint_graph(j), ag_joint_num_fw_outputs(j), NULL, &fw, &bw, NULL);
+    ag_graph_free(fw);
+    ag_graph_free(bw);
+    return rc;
+}
+
 static void test_out_of_memory(void **st) {
     (void)st;
     ag_module *m = mymod_new(true);
@@ -977,6 +988,16 @@ static void test_out_of_memory(void **st) {
     m = stack_new(3, true);
     o = (tu_sweep_opts){.what = "three region calls", .one_thread = true};
     assert_true(tu_alloc_failure_sweep(oom_export, m, &o) > 10);
+    ag_tensor *x = rnd(2, (int64_t[]){4, 3}, 11);
+    assert_int_equal(ag_tensor_set_requires_grad(x, true), 0);
+    ag_joint *j = ag_export_joint(m, &x, 1, NULL, NULL, 0, NULL);
+    assert_non_null(j);
+    o = (tu_sweep_opts){.what = "partition of three region calls", .one_thread = true};
+    assert_true(tu_alloc_failure_sweep(oom_partition, j, &o) > 10);
+    o.persistent = true;
+    assert_true(tu_alloc_failure_sweep(oom_partition, j, &o) > 10);
+    ag_joint_free(j);
+    ag_tensor_free(x);
     ag_module_free(m);
 }
 
