@@ -787,6 +787,50 @@ static void test_gpt2_blocks(void **st) {
         ag_tensor_free(of[i]);
         ag_tensor_free(orr[i]);
     }
+    /* The block's partitioned forward saves no view (the transposed weights, the heads'
+     * transposes, the reshapes): a saved view would be copied into the caller's buffer at every
+     * call; its base is saved instead (a weight: the operand itself) and the backward replays
+     * the view on it. */
+    ag_graph *pfw = NULL, *pbw = NULL;
+    assert_int_equal(ag_partition(g, ag_joint_num_fw_outputs(jr), NULL, &pfw, &pbw, NULL), 0);
+    const ag_graph *rfw = ag_graph_subgraph(pfw, "partitioned_fw_subgraph_0_0");
+    const ag_graph *rbw = ag_graph_subgraph(pbw, "partitioned_bw_subgraph_0_0");
+    assert_non_null(rfw);
+    assert_non_null(rbw);
+    const ag_garg *ro = ag_node_arg(ag_graph_output_node(rfw), 0);
+    ag_node **rph = NULL;
+    assert_int_equal(ag_graph_placeholders(rbw, &rph), ro->n); /* saved..., the tangent */
+    int saved_weights = 0;
+    for (int i = 1; i < ro->n; i++) {
+        ag_node *x = ro->u.nodes[i];
+        if (ag_node_kind_of(x) == AG_NODE_GETITEM)
+            x = ag_node_arg_node(x, 0);
+        assert_false(ag_node_kind_of(x) == AG_NODE_CALL &&
+                     (ag_op_def(ag_node_op(x))->flags & AG_OP_VIEW));
+        saved_weights += ag_node_kind_of(x) == AG_NODE_PLACEHOLDER && ag_node_val(x, 0)->ndim == 2;
+    }
+    assert_int_equal(saved_weights, 4); /* c_attn, attn.c_proj, c_fc, mlp.c_proj, for their t */
+    ag_graph_free(pfw);
+    ag_graph_free(pbw);
+    /* Compiled with the default options, the region joint's step is the flat one's. */
+    ag_compiled *cf = ag_compile_joint(jf, NULL), *cr = ag_compile_joint(jr, NULL);
+    assert_non_null(cf);
+    assert_non_null(cr);
+    ag_tensor *yf = NULL, *yr = NULL;
+    assert_int_equal(ag_compiled_call_module(cf, mf, in_f, 1, &yf, 1), 1);
+    assert_int_equal(ag_backward(yf, t, false), 0);
+    assert_int_equal(ag_compiled_call_module(cr, mr, in_r, 1, &yr, 1), 1);
+    assert_int_equal(ag_backward(yr, t, false), 0);
+    assert_true(tu_max_abs_diff(yf, yr) < 1e-5);
+    for (int i = 0; i < pf.n; i++) {
+        assert_non_null(ag_tensor_grad(pr.tensors[i]));
+        assert_true(tu_max_abs_diff(ag_tensor_grad(pf.tensors[i]), ag_tensor_grad(pr.tensors[i])) <
+                    1e-5);
+    }
+    ag_tensor_free(yf);
+    ag_tensor_free(yr);
+    ag_compiled_free(cf);
+    ag_compiled_free(cr);
     ag_named_tensors_free(&pf);
     ag_named_tensors_free(&pr);
     ag_tensor_free(t);
@@ -921,6 +965,17 @@ static int oom_export(void *ud) {
     return rc;
 }
 
+/* Partitioning a joint whose region saves views (each block's t of its weight): the region's
+ * partition, its saved views turned into their bases, the calls rewritten. */
+static int oom_partition(void *ud) {
+    const ag_joint *j = ud;
+    ag_graph *fw = NULL, *bw = NULL;
+    int rc = ag_partition(ag_joint_graph(j), ag_joint_num_fw_outputs(j), NULL, &fw, &bw, NULL);
+    ag_graph_free(fw);
+    ag_graph_free(bw);
+    return rc;
+}
+
 static void test_out_of_memory(void **st) {
     (void)st;
     ag_module *m = mymod_new(true);
@@ -933,6 +988,16 @@ static void test_out_of_memory(void **st) {
     m = stack_new(3, true);
     o = (tu_sweep_opts){.what = "three region calls", .one_thread = true};
     assert_true(tu_alloc_failure_sweep(oom_export, m, &o) > 10);
+    ag_tensor *x = rnd(2, (int64_t[]){4, 3}, 11);
+    assert_int_equal(ag_tensor_set_requires_grad(x, true), 0);
+    ag_joint *j = ag_export_joint(m, &x, 1, NULL, NULL, 0, NULL);
+    assert_non_null(j);
+    o = (tu_sweep_opts){.what = "partition of three region calls", .one_thread = true};
+    assert_true(tu_alloc_failure_sweep(oom_partition, j, &o) > 10);
+    o.persistent = true;
+    assert_true(tu_alloc_failure_sweep(oom_partition, j, &o) > 10);
+    ag_joint_free(j);
+    ag_tensor_free(x);
     ag_module_free(m);
 }
 

@@ -164,7 +164,9 @@ int ag__infer_meta(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *va
     if (rc == 0)
         rc = ag__op_check_args(op, a, nargs, full);
     if (rc == 0) {
-        memset(vals, 0, sizeof(ag_tmeta) * AG_MAX_OUTPUTS);
+        /* the outputs the meta function writes: all of them for a list (count unknown) */
+        int nclear = ag_op_noutputs(op) < 0 ? AG_MAX_OUTPUTS : ag_op_noutputs(op);
+        memset(vals, 0, sizeof(ag_tmeta) * (size_t)nclear);
         rc = ag_op_def(op)->meta(full, vals);
         if (rc >= 0) {
             *nvals = ag_op_noutputs(op) < 0 ? rc : ag_op_noutputs(op);

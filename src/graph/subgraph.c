@@ -248,10 +248,8 @@ int ag__subgraph_infer(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta
         return ag__err(AG_EINVAL, "%s: %%%s refers to a subgraph its graph does not own", opn,
                        attr->name);
     const char *sname = attr->graph->subs[k].name;
-    int nph = 0;
+    int nph = (int)sub->nph; /* kept by the node list (graph.c): no walk per call */
     const ag_node *ph = sub->first;
-    for (const ag_node *x = sub->first; x; x = x->next)
-        nph += x->kind == AG_NODE_PLACEHOLDER;
     if (args[2].n != nph)
         return ag__err(AG_EINVAL, "%s: %d operand(s) for the %d placeholder(s) of %s", opn,
                        args[2].n, nph, sname);
@@ -284,7 +282,7 @@ int ag__subgraph_infer(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta
     if (o->n > AG_MAX_OUTPUTS)
         return ag__err(AG_EINVAL, "%s: %s has %d outputs (at most %d)", opn, sname, o->n,
                        AG_MAX_OUTPUTS);
-    memset(vals, 0, sizeof(ag_tmeta) * AG_MAX_OUTPUTS);
+    memset(vals, 0, sizeof(ag_tmeta) * (size_t)o->n);
     for (int i = 0; i < o->n; i++) {
         const ag_node *x = o->u.nodes[i];
         if (!x) { /* None (a grad of an operand that needs none): no tensor, nothing to read */

@@ -136,6 +136,10 @@ static bool has_recompute_tags(const ag_graph *g) {
 }
 
 int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
+    return ag__part_init_ex(P, joint, num_fwd_outputs, false);
+}
+
+int ag__part_init_ex(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bool verified) {
     int *mark = NULL;
     memset(P, 0, sizeof *P);
     P->meta_budget = -1;
@@ -143,7 +147,7 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
         return ag__err(AG_EINVAL, "partition: NULL joint graph");
     if (!ag_graph_output_node(joint))
         return ag__err(AG_EINVAL, "partition: the joint graph has no output node");
-    int rc = ag_graph_verify(joint);
+    int rc = verified ? 0 : ag_graph_verify(joint);
     if (rc)
         return rc;
     int nouts = ag_node_arg(ag_graph_output_node(joint), 0)->n;
@@ -185,9 +189,10 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
 
     /* Per-node facts. */
     int i = 0;
-    const ag_graph *seen_sub[8]; /* subgraphs called, with their sub_extra */
+    const ag_graph *seen_sub[8]; /* subgraphs called, with their sub_extra and cost */
     int64_t seen_extra[8];
-    int nseen = 0;
+    double seen_flops[8];
+    int nseen = 0, next_seen = 0;
     for (ag_node *n = ag_graph_first(P->g); n; n = ag_node_next(n), i++) {
         ag__pinfo *pi = &P->info[i];
         pi->node = n;
@@ -237,21 +242,32 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
             const ag_op *op = ag_node_op(n);
             pi->opflags = ag_op_def(op)->flags;
             pi->tuple = ag_op_noutputs(op) != 1 || (pi->opflags & AG_OP_SUBGRAPH);
+            bool costed = false;
             if (pi->opflags & AG_OP_SUBGRAPH) {
-                /* What its subgraph holds while it runs (peak model), once per subgraph
-                 * (the last few remembered). */
+                /* What its subgraph holds while it runs (peak model) and what a run costs,
+                 * once per subgraph (the last few remembered), not once per call. */
                 const ag_graph *sub = ag_node_subgraph(ag_node_arg_node(n, 0));
                 pi->sub_extra = -1;
                 for (int e = 0; e < nseen && pi->sub_extra < 0; e++)
-                    if (seen_sub[e] == sub)
+                    if (seen_sub[e] == sub) {
                         pi->sub_extra = seen_extra[e];
+                        pi->flops = seen_flops[e];
+                        costed = true;
+                    }
                 if (pi->sub_extra < 0 && sub) {
+                    ag_cost c;
                     if ((pi->sub_extra = ag__subgraph_extra_bytes(sub)) < 0) {
                         rc = (int)pi->sub_extra;
                         goto fail;
                     }
-                    seen_sub[nseen % 8] = sub;
-                    seen_extra[nseen % 8] = pi->sub_extra;
+                    if ((rc = ag__node_cost(n, &c)))
+                        goto fail;
+                    pi->flops = c.flops;
+                    costed = true;
+                    seen_sub[next_seen] = sub;
+                    seen_extra[next_seen] = pi->sub_extra;
+                    seen_flops[next_seen] = pi->flops;
+                    next_seen = (next_seen + 1) % 8;
                     nseen = nseen < 8 ? nseen + 1 : 8;
                 }
                 if (pi->sub_extra < 0)
@@ -268,9 +284,10 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
                            &pi->is_cat);
             pi->fusible = pi->recomputable || pi->random;
             ag_cost c;
-            if ((rc = ag__node_cost(n, &c)))
+            if (!costed && (rc = ag__node_cost(n, &c)))
                 goto fail;
-            pi->flops = c.flops;
+            if (!costed)
+                pi->flops = c.flops;
             /* A view shares its base's storage (peak model). */
             if (pi->view && pi->nargs > 0) {
                 pi->root = P->info[pi->args[0]].root;
@@ -626,7 +643,7 @@ int ag__memory_budget_of(double field, double *budget) {
 
 int ag__partition_flat(const ag_graph *joint, int num_fwd_outputs, const ag_partition_opts *opts,
                        ag__budget_mode mode, ag_graph **fw, ag_graph **bw,
-                       ag_partition_stats *stats, ag__peak *peak) {
+                       ag_partition_stats *stats, ag__peak *peak, bool verified) {
     if (!fw || !bw)
         return ag__err(AG_EINVAL, "partition: NULL result pointer");
     *fw = *bw = NULL;
@@ -641,7 +658,7 @@ int ag__partition_flat(const ag_graph *joint, int num_fwd_outputs, const ag_part
     if (rc)
         return rc;
     ag__part P;
-    rc = ag__part_init(&P, joint, num_fwd_outputs);
+    rc = ag__part_init_ex(&P, joint, num_fwd_outputs, verified);
     if (rc)
         return rc;
     if (P.meta_budget >= 0) {

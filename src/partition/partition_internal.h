@@ -71,6 +71,8 @@ typedef struct ag__part {
 /* Copies and classifies `joint` (spec 7.2 step 2, dist_from_bw of step 3). On failure a
  * negative status with a message; *P is then empty (ag__part_free is still safe). */
 int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs);
+/* The same for a joint the caller has just verified (ag_graph_verify): not verified again. */
+int ag__part_init_ex(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bool verified);
 void ag__part_free(ag__part *P);
 
 /* Nodes that make up a side's body (what is neither an input nor the output node). */
@@ -171,10 +173,11 @@ int ag__choose_saved(const ag__part *P, double budget, ag_knapsack solver, ag__b
 int ag__memory_budget_of(double field, double *budget);
 
 /* partition.c: partitions a joint whose subgraph calls (if any) are opaque ops (what
- * ag__partition_ex does after partitioning the regions). */
+ * ag__partition_ex does after partitioning the regions); verified: the caller has just
+ * verified joint (it is not verified again). */
 int ag__partition_flat(const ag_graph *joint, int num_fwd_outputs, const ag_partition_opts *opts,
                        ag__budget_mode mode, ag_graph **fw, ag_graph **bw,
-                       ag_partition_stats *stats, ag__peak *peak);
+                       ag_partition_stats *stats, ag__peak *peak, bool verified);
 /* subgraph_partition.c: partitions each region's joint subgraph of joint once (opts, mode as
  * the outer partition) and gives *out, a copy of joint whose call pairs use them; *out NULL
  * when joint has no backward call of a region. */

@@ -22,6 +22,7 @@
  * are not those of a forward call, or whose counts do not fit (operands = the forward's +
  * one tangent per forward output; outputs = one grad per operand + the forward outputs), is
  * refused with a message naming it. */
+#include "../core/ptrmap.h"
 #include "partition_internal.h"
 
 #include <stdio.h>
@@ -66,6 +67,165 @@ static int strip_descs(ag_graph *g) {
     o->nout_descs = 0;
     o->has_out_descs = false;
     return 0;
+}
+
+/* ---- saved views ----
+ * A saved value that is a view (t of a weight, the heads' transposes of a projection) would
+ * leave the region's forward as a copy: the caller's buffer for a call's output is a tensor of
+ * its own, and the subgraph's plan copies a view into it at every call. A flat graph's saved
+ * view costs nothing (it stays a view of its base). So the region's forward saves the view's
+ * base instead (the root of its chain of view ops, saved once whatever number of views it
+ * has; an operand passed through when the root is one) and the backward replays the views on
+ * it: views are metadata, the data is the same. */
+
+enum { VIEW_CHAIN_MAX = 16 };
+
+/* A view op call reading one tensor, its first argument (what replay_view copies). */
+static bool is_view_call(const ag_node *x) {
+    if (!x || ag_node_kind_of(x) != AG_NODE_CALL || ag__call_subgraph(x) ||
+        !(ag_op_def(ag_node_op(x))->flags & AG_OP_VIEW) ||
+        (ag_op_def(ag_node_op(x))->flags & AG_OP_INPLACE) || !ag_node_arg_node(x, 0) ||
+        ag_node_nargs(x) > AG_MAX_ARGS)
+        return false;
+    for (int i = 1; i < ag_node_nargs(x); i++) {
+        const ag_garg *a = ag_node_arg(x, i);
+        if ((a->kind == AG_GA_NODE && a->u.node) || a->kind == AG_GA_NODES)
+            return false;
+    }
+    return true;
+}
+
+/* The chain of views from x's root to x (chain[0] the first view, chain[n-1] x): n, 0 when x
+ * is no view, -1 when the chain is too long to replay. *root: the base. */
+static int view_chain(ag_node *x, ag_node **chain, ag_node **root) {
+    ag_node *rev[VIEW_CHAIN_MAX];
+    int n = 0;
+    for (;;) {
+        ag_node *src = NULL;
+        if (is_view_call(x))
+            src = ag_node_arg_node(x, 0);
+        else if (ag_node_kind_of(x) == AG_NODE_GETITEM && is_view_call(ag_node_arg_node(x, 0)))
+            src = ag_node_arg_node(x, 0); /* a piece of split: the split is a view */
+        if (!src)
+            break;
+        if (n == VIEW_CHAIN_MAX)
+            return -1;
+        rev[n++] = x;
+        x = src;
+    }
+    *root = x;
+    for (int i = 0; i < n; i++)
+        chain[i] = rev[n - 1 - i];
+    return n;
+}
+
+/* bw's copy of view node x of fw (is_view_call, or a getitem of one) reading `base`, bw's
+ * copy of x's argument. */
+static ag_node *replay_view(ag_graph *bw, ag_node *x, ag_node *base) {
+    if (ag_node_kind_of(x) == AG_NODE_GETITEM)
+        return ag_graph_getitem(bw, base, (int)ag_node_arg(x, 1)->u.i, NULL);
+    ag_garg args[AG_MAX_ARGS];
+    int na = ag_node_nargs(x);
+    for (int i = 0; i < na; i++)
+        args[i] = *ag_node_arg(x, i);
+    args[0].u.node = base;
+    return ag_graph_call(bw, ag_node_op(x), args, na, NULL);
+}
+
+/* The rewrite above on the region's partitioned pair (m forward outputs; no descriptors). */
+static int save_view_bases(ag_graph *fw, ag_graph *bw, int m) {
+    ag_node *fo = ag_graph_output_node(fw);
+    const ag_garg *fa = ag_node_arg(fo, 0);
+    int s = fa->n - m;
+    ag_node **ph = NULL;
+    int nph = ag_graph_placeholders(bw, &ph);
+    if (nph < 0)
+        return nph;
+    if (nph < s)
+        return ag__err(AG_EINVAL, "partition: the region's backward takes %d values, not %d saved",
+                       nph, s);
+    ag_node *chain[VIEW_CHAIN_MAX];
+    bool any = false;
+    for (int j = 0; j < s && !any; j++) {
+        ag_node *root;
+        any = view_chain(fa->u.nodes[m + j], chain, &root) > 0;
+    }
+    if (!any)
+        return 0;
+    /* The new saved list: each old saved value's root, once, in order. */
+    ag_node **outs = ag__malloc(sizeof(ag_node *) * (size_t)(m + s));
+    ag_node **old = ag__malloc(sizeof(ag_node *) * (size_t)(s + 1));
+    ag_node **newph = ag__malloc(sizeof(ag_node *) * (size_t)(s + 1));
+    int rc = 0, ns = 0;
+    if (!outs || !old || !newph) {
+        rc = AG_ENOMEM;
+        goto done;
+    }
+    for (int i = 0; i < m; i++)
+        outs[i] = fa->u.nodes[i];
+    for (int j = 0; j < s; j++)
+        old[j] = ph[j]; /* ph is the graph's cache: it changes with the placeholders */
+    ag_node *first_tangent = s < nph ? ph[s] : NULL, *body = NULL;
+    for (ag_node *x = ag_graph_first(bw); x && !body; x = ag_node_next(x))
+        if (ag_node_kind_of(x) != AG_NODE_PLACEHOLDER)
+            body = x;
+    for (int j = 0; j < s && rc == 0; j++) {
+        ag_node *v = fa->u.nodes[m + j], *root = v;
+        int n = view_chain(v, chain, &root);
+        if (n < 0)
+            root = v, n = 0;
+        int b = 0;
+        while (b < ns && outs[m + b] != root)
+            b++;
+        if (b == ns) { /* a new saved value: its placeholder next, before the tangents */
+            const char *nm = ag_node_name(root);
+            ag_node *p = n == 0 ? old[j] /* kept */
+                                : ag_graph_placeholder(bw, ag_graph_find(bw, nm) ? NULL : nm,
+                                                       ag_node_val(root, 0));
+            if (!p || (first_tangent && (rc = ag_graph_move_before(bw, p, first_tangent))))
+                goto fail;
+            if (n == 0)
+                old[j] = NULL;
+            outs[m + ns] = root;
+            newph[ns++] = p;
+        }
+        /* The old placeholder's readers read the base, or its views replayed on it. */
+        ag_node *by = newph[b];
+        if (n > 0) { /* chain[i] reads chain[i - 1] (the root for i = 0) */
+            if (body)
+                ag_graph_insert_before(bw, body);
+            for (int i = 0; i < n && by; i++)
+                by = replay_view(bw, chain[i], by);
+            ag_graph_insert_at_end(bw);
+            if (!by)
+                goto fail;
+            if (!ag__tmeta_equal(ag_node_val(by, 0), ag_node_val(old[j], 0))) {
+                rc = ag__err(AG_EINVAL,
+                             "partition: the view %%%s replayed in the region's "
+                             "backward differs from the saved one",
+                             ag_node_name(v));
+                goto done;
+            }
+        }
+        if (old[j] && ag_node_replace_all_uses(old[j], by) < 0)
+            goto fail;
+    }
+    for (int j = 0; j < s && rc == 0; j++)
+        if (old[j])
+            rc = ag_graph_erase(bw, old[j]);
+    if (rc == 0 && (rc = ag_graph_erase(fw, fo)) == 0 && !ag_graph_output(fw, outs, m + ns))
+        goto fail;
+    if (rc == 0 && (rc = ag_graph_dce(fw)) > 0)
+        rc = 0;
+    goto done;
+fail:
+    ag_graph_insert_at_end(bw);
+    rc = ag_last_status() ? ag_last_status() : AG_ENOMEM;
+done:
+    ag__free(outs);
+    ag__free(old);
+    ag__free(newph);
+    return rc;
 }
 
 /* Partitions joint subgraph S (k operands, m forward outputs) into *fw, *bw. */
@@ -119,6 +279,8 @@ static int partition_region(const ag_graph *S, int k, int m, const ag_partition_
                      num_outputs(*fw), m, num_outputs(*fw) - m, AG_MAX_OUTPUTS);
     if (rc == 0 && !(rc = strip_descs(*fw)))
         rc = strip_descs(*bw);
+    if (rc == 0)
+        rc = save_view_bases(*fw, *bw, m);
     if (rc) {
         ag_graph_free(*fw);
         ag_graph_free(*bw);
@@ -170,7 +332,8 @@ static int erase_call(ag_graph *g, ag_node *c) {
 }
 
 /* Rewrites the pair (F, B) of g to call the partitioned subgraphs of pp. */
-static int rewrite_pair(ag_graph *g, const call_info *F, const call_info *B, const part_pair *pp) {
+static int rewrite_pair(ag_graph *g, const call_info *F, const call_info *B, const part_pair *pp,
+                        ag__ptrmap *repl) {
     int k = F->nops, m = pp->nfo, s = pp->nsaved, rc = 0;
     ag_node **fops = ag__malloc(sizeof(ag_node *) * (size_t)(k + 1));
     ag_node **bops = ag__malloc(sizeof(ag_node *) * (size_t)(s + m + 1));
@@ -211,12 +374,13 @@ static int rewrite_pair(ag_graph *g, const call_info *F, const call_info *B, con
         ag_node *x = ag_node_user(B->n, u);
         int i = (int)ag_node_arg(x, 1)->u.i;
         ag_node *by = i < k ? getitem_like(g, B2, i, x) : fget[i - k];
-        if (!by || ag_node_replace_all_uses(x, by) < 0)
+        if (!by || ag_node_replace_all_uses(x, by) < 0 ||
+            ag__ptrmap_put(repl, x, (int64_t)(intptr_t)by))
             goto fail;
     }
     for (int u = 0; u < ag_node_num_users(F->n); u++) {
-        ag_node *x = ag_node_user(F->n, u);
-        if (ag_node_replace_all_uses(x, fget[ag_node_arg(x, 1)->u.i]) < 0)
+        ag_node *x = ag_node_user(F->n, u), *by = fget[ag_node_arg(x, 1)->u.i];
+        if (ag_node_replace_all_uses(x, by) < 0 || ag__ptrmap_put(repl, x, (int64_t)(intptr_t)by))
             goto fail;
     }
     ag_graph_insert_at_end(g);
@@ -255,6 +419,8 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
     part_pair *parts = ag__calloc((size_t)P.nn, sizeof *parts);
     ag_graph **made = ag__calloc((size_t)(2 * P.nn + 1), sizeof *made);
     int ncalls = 0, nparts = 0, nmade = 0;
+    ag__ptrmap rewritten = {0}, repl = {0}; /* calls rewritten; getitem -> its replacement */
+    ag_node **keep = NULL;                  /* the output node's list */
     if (!g || !calls || !parts || !made) {
         rc = ag_last_status() ? ag_last_status() : AG_ENOMEM;
         goto done;
@@ -349,10 +515,40 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
         made[nmade - 1] = NULL;
         B->part = nparts++;
     }
+    /* The output node lists every grad (thousands of values for a deep model): replacing a
+     * getitem it reads would scan the whole list each time. It lets go of the getitems of the
+     * calls rewritten (None meanwhile) and reads their replacements once at the end. */
+    ag_node *onode = ag_graph_output_node(g);
+    int nouts = ag_node_arg(onode, 0)->n;
+    keep = ag__malloc(sizeof(ag_node *) * (size_t)(2 * nouts + 1));
+    if (!keep) {
+        rc = AG_ENOMEM;
+        goto done;
+    }
+    ag_node **tmp = keep + nouts;
+    for (int b = 0; b < ncalls; b++)
+        if (calls[b].bw && ((rc = ag__ptrmap_put(&rewritten, calls[b].n, 1)) ||
+                            (rc = ag__ptrmap_put(&rewritten, calls[calls[b].pair].n, 1))))
+            goto done;
+    for (int k = 0; k < nouts; k++) {
+        ag_node *x = keep[k] = ag_node_arg(onode, 0)->u.nodes[k];
+        tmp[k] = x && ag_node_kind_of(x) == AG_NODE_GETITEM &&
+                         ag__ptrmap_has(&rewritten, ag_node_arg_node(x, 0))
+                     ? NULL
+                     : x;
+    }
+    if ((rc = ag_node_set_arg(onode, 0, AG_GA_NODES(tmp, nouts))))
+        goto done;
     for (int b = 0; b < ncalls; b++)
         if (calls[b].bw &&
-            (rc = rewrite_pair(g, &calls[calls[b].pair], &calls[b], &parts[calls[b].part])))
+            (rc = rewrite_pair(g, &calls[calls[b].pair], &calls[b], &parts[calls[b].part], &repl)))
             goto done;
+    for (int k = 0; k < nouts; k++)
+        tmp[k] = keep[k] && ag__ptrmap_has(&repl, keep[k])
+                     ? (ag_node *)(intptr_t)ag__ptrmap_get(&repl, keep[k], 0)
+                     : keep[k];
+    if ((rc = ag_node_set_arg(onode, 0, AG_GA_NODES(tmp, nouts))))
+        goto done;
     /* Attributes no call reads any more (the regions' original subgraphs). */
     for (int k = ag_graph_num_subgraphs(g) - 1; k >= 0; k--) {
         ag_graph *s = ag_graph_subgraph_at(g, k, NULL);
@@ -362,12 +558,21 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
         if (!read)
             ag__subgraph_remove(g, k);
     }
+#ifndef NDEBUG
+    /* The rewrite went through the graph API on a verified joint; Debug builds (the
+     * sanitizer runs of the tests) check it again, Release builds do not pay a second walk of
+     * the whole joint (the outer partition reads it unverified; the plans verify its forward
+     * and backward). */
     if (nparts > 0 && (rc = ag_graph_verify(g)) != 0) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", ag_last_error());
         rc = ag__err(rc, "partition: the joint with its regions partitioned: %s", msg);
     }
+#endif
 done:
+    ag__ptrmap_free(&rewritten);
+    ag__ptrmap_free(&repl);
+    ag__free(keep);
     for (int k = 0; k < nmade; k++)
         ag_graph_free(made[k]);
     ag__free(made);
@@ -395,7 +600,7 @@ int ag__partition_ex(const ag_graph *joint, int num_fwd_outputs, const ag_partit
         return ag__err(AG_EINVAL, "partition: NULL result pointer");
     *fw = *bw = NULL;
     if (!joint || ag_graph_num_subgraphs(joint) == 0)
-        return ag__partition_flat(joint, num_fwd_outputs, opts, mode, fw, bw, stats, peak);
+        return ag__partition_flat(joint, num_fwd_outputs, opts, mode, fw, bw, stats, peak, false);
     /* The regions' joint subgraphs first, each once (subgraph_partition.c), with the same
      * options; then the rewritten joint, its calls opaque. */
     ag_partition_opts o = opts ? *opts : (ag_partition_opts){0};
@@ -405,7 +610,8 @@ int ag__partition_ex(const ag_graph *joint, int num_fwd_outputs, const ag_partit
     if (rc == 0)
         rc = ag__partition_subgraphs(joint, num_fwd_outputs, opts, mode, &rw);
     if (rc == 0)
-        rc = ag__partition_flat(rw ? rw : joint, num_fwd_outputs, opts, mode, fw, bw, stats, peak);
+        rc = ag__partition_flat(rw ? rw : joint, num_fwd_outputs, opts, mode, fw, bw, stats, peak,
+                                true); /* ag__partition_subgraphs verified the joint */
     ag_graph_free(rw);
     return rc;
 }

@@ -57,10 +57,10 @@
  *
  * flex_attention / flex_attention_backward (flex_hop.c's higher-order ops) are steps like
  * multi-output kernels too: the step runs ag__flex_call_run, the interpreter's code, on its
- * bound tensors with copies of the score and mask graphs (taken at ag_plan_new, run per tile
- * as score_mod / mask_mod), and copies the results into the step's buffers. The op allocates
- * its results and per-tile temporaries at every run (its graphs run by the interpreter on
- * each tile), so a plan holding these steps is not allocation-free when warm.
+ * bound tensors with copies of the score and mask graphs (taken at ag_plan_new, run per tile, one
+ * copy per tile shape, as score_mod / mask_mod), and copies the results into the step's buffers.
+ * The op allocates its results and per-tile temporaries at every run (its graphs run by the
+ * interpreter on each tile), so a plan holding these steps is not allocation-free when warm.
  *
  * Checking mode (ag_plan_opts.checking) fills every arena buffer with a poison pattern (a
  * NaN with a fixed payload for floats, 0xAB bytes otherwise) at the start of a run and as soon
@@ -419,7 +419,8 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
         }
         case AG_NODE_GET_ATTR: {
             /* A subgraph has no value; one that invoke_subgraph calls gets a plan, one that
-             * only flex_attention reads none (its step runs a copy of it per tile). */
+             * only flex_attention reads none (its step runs it per tile, one copy per tile shape).
+             */
             if (ag_node_subgraph(x)) {
                 bool invoked = false;
                 for (int u = 0; u < ag_node_num_users(x) && !invoked; u++)
@@ -811,7 +812,9 @@ static ag_dtype kernel_dtype(const pstep *s, int nargs, const ag_tmeta *out0) {
 /* Runs a view's meta function on the bound arguments and gives value v that geometry. */
 static int view_geometry(ag_plan *p, const pstep *s, int v, const char *who) {
     ag_tmeta metas[AG_MAX_OUTPUTS];
-    memset(metas, 0, sizeof metas);
+    /* only the outputs the meta fills (all for a list): it runs at every step */
+    int nclear = ag_op_noutputs(s->op) < 0 ? AG_MAX_OUTPUTS : ag_op_noutputs(s->op);
+    memset(metas, 0, sizeof(ag_tmeta) * (size_t)nclear);
     int rc = ag_op_def(s->op)->meta(s->args, metas);
     if (rc < 0) {
         char msg[512];
