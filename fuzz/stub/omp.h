@@ -19,6 +19,9 @@ static inline int omp_get_num_procs(void) {
 static inline int omp_in_parallel(void) {
     return 0;
 }
+static inline int omp_get_thread_limit(void) {
+    return 1;
+}
 static inline void omp_set_num_threads(int n) {
     (void)n;
 }
