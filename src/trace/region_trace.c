@@ -8,12 +8,18 @@
  * export) records invoke_subgraph(repeated_subgraphK+1, 'bw_subgraph_I_0', operands...,
  * tangents...) + a getitem per gradient.
  *
- * The first call with a key (the function or the module's forward and type, training, and
- * every operand's dtype, sizes, strides and requires_grad) traces the region in a nested
- * session (trace.c: ag__tracer_begin_nested) on fresh data-less stand-ins for its operands,
- * into a new subgraph; for a joint it also traces the region's joint: the forward again, then
- * ag_grad from one tangent per output back to the operands requiring grad. The cache lives in
- * the outermost session; later calls only emit the call. */
+ * The first call with a key (the function or the module's forward, type, training and
+ * checkpointing, and every operand's dtype, sizes, strides and requires_grad) traces the region in
+ * a nested session (trace.c: ag__tracer_begin_nested) on fresh data-less stand-ins for its
+ * operands, into a new subgraph; for a joint it also traces the region's joint: the forward again,
+ * then ag_grad from one tangent per output back to the operands requiring grad. The cache lives in
+ * the outermost session; later calls only emit the call.
+ *
+ * A checkpointed region (a checkpointed module, or a function calling ag_checkpoint) traces
+ * its body through ag_checkpoint, so both subgraphs' forward nodes carry the checkpoint's
+ * recompute=MUST_RECOMPUTE and ac_graph_id (numbered from 1 in each subgraph: a nested session
+ * starts with no checkpoint open), and the region's joint partitions once to save what
+ * checkpointing saves. */
 #include "../graph/graph_internal.h"
 #include "../nn/nn_internal.h"
 
@@ -23,6 +29,7 @@ typedef struct region_entry {
     const void *key;
     char *type; /* NULL for the function form */
     bool training;
+    bool checkpoint; /* the module form: the module is checkpointed */
     int nops;
     ag_tmeta *ops;
     bool *rg;                      /* operand requires grad */
@@ -115,7 +122,8 @@ static region_entry *lookup(ag__region_cache *c, const ag__region *r, const oper
     for (int64_t i = 0; c && i < c->n; i++) {
         region_entry *e = &c->e[i];
         if (e->key != r->key || e->nops != o->n || e->training != training ||
-            (!e->type) != (!r->type) || (e->type && strcmp(e->type, r->type)))
+            e->checkpoint != r->checkpoint || (!e->type) != (!r->type) ||
+            (e->type && strcmp(e->type, r->type)))
             continue;
         bool same = true;
         for (int k = 0; k < o->n && same; k++) {
@@ -341,6 +349,7 @@ static region_entry *new_entry(ag__tracer *T, const ag__region *r, const operand
     memset(e, 0, sizeof *e);
     e->key = r->key;
     e->training = r->module && ag_module_is_training(r->module);
+    e->checkpoint = r->checkpoint;
     e->nops = o->n;
     e->index = (int)c->n;
     e->ops = ag__calloc((size_t)(o->n ? o->n : 1), sizeof *e->ops);
