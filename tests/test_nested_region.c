@@ -1181,6 +1181,100 @@ static void test_checkpoint_in_function_region(void **st) {
     ag_module_free(m);
 }
 
+/* The other nesting, checkpoint(region): fn_region_forward's two region calls inside one
+ * ag_checkpoint. The region is checkpointed too: both subgraphs' forward nodes tagged
+ * (ac_graph_id 1), its partition saves its operands only (the plain region's saves more);
+ * eager and compiled with either partitioner it equals the model without the checkpoint. */
+static int checkpointed_regions(void *ud, ag_tensor *const *in, int nin, ag_tensor **out,
+                                int max_out) {
+    return fn_region_forward(ud, in, nin, out, max_out);
+}
+
+static int ckpt_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
+    return ag_checkpoint(checkpointed_regions, m, in, nin, out, max_out);
+}
+
+static ag_module *fn_region_module(ag_forward_fn forward) {
+    ag_manual_seed(3);
+    ag_module *m = ag_module_new("FnRegion", forward, NULL, NULL);
+    assert_int_equal(
+        ag_module_add_tensor(m, "w", true, AG_F32, 2, (int64_t[]){4, 3}, AG_INIT_NORMAL, 0, 1), 0);
+    return m;
+}
+
+static void test_region_in_checkpoint(void **st) {
+    (void)st;
+    fn_checkpointed = false;
+    ag_module *mp = fn_region_module(fn_region_forward), *mc = fn_region_module(ckpt_forward);
+    ag_tensor *wp = ag_module_param(mp, "w"), *wc = ag_module_param(mc, "w");
+    assert_true(tu_max_abs_diff(wp, wc) == 0);
+    ag_tensor *x = rnd(2, (int64_t[]){4, 3}, 41);
+    ag_tensor *t = rnd(2, (int64_t[]){4, 3}, 42);
+    assert_int_equal(ag_tensor_set_requires_grad(x, true), 0);
+    ag_joint *jp = ag_export_joint(mp, &x, 1, NULL, NULL, 0, NULL);
+    ag_joint *jc = ag_export_joint(mc, &x, 1, NULL, NULL, 0, NULL);
+    if (!jc)
+        print_error("%s\n", ag_last_error());
+    assert_non_null(jp);
+    assert_non_null(jc);
+    const ag_graph *g = ag_joint_graph(jc);
+    assert_int_equal(ag_graph_verify(g), 0);
+    assert_int_equal(ag_graph_num_subgraphs(g), 2);
+    bool seen[3] = {0};
+    for (int s = 0; s < 2; s++) {
+        const ag_graph *sub = ag_graph_subgraph(g, s ? "repeated_subgraph1" : "repeated_subgraph0");
+        assert_int_equal(count_recompute(sub, 1, seen), 5); /* mul, sin, mul, sin, tanh */
+    }
+    int sp, sp_ops, tp, sc, sc_ops, tc;
+    region_partition(jp, &sp, &sp_ops, &tp);
+    region_partition(jc, &sc, &sc_ops, &tc);
+    assert_int_equal(sc, 2); /* its two operands */
+    assert_int_equal(sc_ops, 2);
+    assert_true(sp > sc);
+    assert_true(tc >= 1); /* the backward recomputes the tanh */
+    assert_int_equal(tp, 0);
+    /* eager, then compiled */
+    for (int k = 0; k < 3; k++) {
+        ag_compile_opts co = {0};
+        co.partition.partitioner = k == 2 ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT;
+        ag_compiled *cp = k ? ag_compile_joint(jp, &co) : NULL;
+        ag_compiled *cc = k ? ag_compile_joint(jc, &co) : NULL;
+        ag_tensor *yp = NULL, *yc = NULL;
+        if (k) {
+            assert_non_null(cp);
+            assert_non_null(cc);
+            assert_int_equal(ag_compiled_call_module(cp, mp, &x, 1, &yp, 1), 1);
+        } else {
+            assert_non_null(yp = ag_module_forward(mp, x));
+        }
+        assert_int_equal(ag_backward(yp, t, false), 0);
+        ag_tensor *gx = ag_tensor_keep(ag_tensor_grad(x));
+        assert_int_equal(ag_tensor_set_grad(x, NULL), 0);
+        if (k)
+            assert_int_equal(ag_compiled_call_module(cc, mc, &x, 1, &yc, 1), 1);
+        else
+            assert_non_null(yc = ag_module_forward(mc, x));
+        assert_int_equal(ag_backward(yc, t, false), 0);
+        assert_true(tu_max_abs_diff(yp, yc) < 1e-6);
+        assert_true(tu_max_abs_diff(gx, ag_tensor_grad(x)) < 1e-6);
+        assert_true(tu_max_abs_diff(ag_tensor_grad(wp), ag_tensor_grad(wc)) < 1e-6);
+        assert_int_equal(ag_tensor_set_grad(x, NULL), 0);
+        assert_int_equal(ag_tensor_set_grad(wp, NULL), 0);
+        assert_int_equal(ag_tensor_set_grad(wc, NULL), 0);
+        ag_tensor_free(gx);
+        ag_tensor_free(yp);
+        ag_tensor_free(yc);
+        ag_compiled_free(cp);
+        ag_compiled_free(cc);
+    }
+    ag_joint_free(jp);
+    ag_joint_free(jc);
+    ag_tensor_free(x);
+    ag_tensor_free(t);
+    ag_module_free(mp);
+    ag_module_free(mc);
+}
+
 /* ---- refusals ---- */
 
 typedef struct bad {
@@ -1346,6 +1440,7 @@ int main(void) {
         cmocka_unit_test(test_gpt2_blocks),
         cmocka_unit_test(test_checkpointed_region),
         cmocka_unit_test(test_checkpoint_in_function_region),
+        cmocka_unit_test(test_region_in_checkpoint),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_out_of_memory),
     };

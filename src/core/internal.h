@@ -305,7 +305,8 @@ typedef struct ag__region {
     int (*fn)(void *ud, ag_tensor *const *inputs, int nin, ag_tensor **outs, int max_out);
     void *ud;
     void *module;    /* the module form: its module (nn.h), else NULL */
-    bool checkpoint; /* the module form: the module is checkpointed (part of the cache key) */
+    bool checkpoint; /* the body is checkpointed (a checkpointed module; the tracer sets it for
+                      * a call inside ag_checkpoint); part of the cache key */
     ag_tensor *const *inputs;
     int nin;
 } ag__region;
