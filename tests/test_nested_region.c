@@ -1275,6 +1275,86 @@ static void test_region_in_checkpoint(void **st) {
     ag_module_free(mc);
 }
 
+/* The tiny GPT-2 with its blocks both checkpointed and compile regions (ag_gpt2_config's
+ * checkpoint_blocks and compile_region_blocks): one block traced once, its joint subgraph's
+ * forward nodes tagged, its partition saving fewer values than the plain regions'; compiled,
+ * the flat un-checkpointed model's logits and gradients (within 1e-5). (No dropout: regions
+ * refuse random ops.) */
+static ag_module *gpt2_with(bool regions, bool ckpt) {
+    ag_gpt2_config cfg = ag_gpt2_config_tiny();
+    cfg.compile_region_blocks = regions;
+    cfg.checkpoint_blocks = ckpt;
+    ag_manual_seed(5);
+    ag_module *m = ag_nn_gpt2(&cfg);
+    assert_non_null(m);
+    return m;
+}
+
+static void test_gpt2_checkpointed_regions(void **st) {
+    (void)st;
+    ag_module *mf = gpt2_with(false, false), *mr = gpt2_with(true, false),
+              *mc = gpt2_with(true, true);
+    ag_module *h1 = ag_module_child(mc, "transformer.h.1");
+    assert_true(ag_module_is_compile_region(h1) && ag_module_is_checkpointed(h1));
+    ag_tensor *idx = ag_zeros(AG_I64, 2, (int64_t[]){2, 16});
+    int64_t *d = ag_tensor_data(idx);
+    for (int i = 0; i < 32; i++)
+        d[i] = (i * 37 + 11) % 256;
+    ag_joint *jf = ag_export_joint(mf, &idx, 1, NULL, NULL, 0, NULL);
+    ag_joint *jr = ag_export_joint(mr, &idx, 1, NULL, NULL, 0, NULL);
+    ag_joint *jc = ag_export_joint(mc, &idx, 1, NULL, NULL, 0, NULL);
+    if (!jc)
+        print_error("%s\n", ag_last_error());
+    assert_non_null(jf);
+    assert_non_null(jr);
+    assert_non_null(jc);
+    const ag_graph *g = ag_joint_graph(jc);
+    assert_int_equal(ag_graph_num_subgraphs(g), 2);
+    assert_int_equal(count_calls(g, "bw_subgraph_0_0"), 2);
+    bool seen[3] = {0};
+    assert_true(count_recompute(ag_graph_subgraph(g, "repeated_subgraph1"), 1, seen) > 10);
+    int sr, sr_ops, tr, sc, sc_ops, tc;
+    region_partition(jr, &sr, &sr_ops, &tr);
+    region_partition(jc, &sc, &sc_ops, &tc);
+    print_message("gpt2 block saves %d values, checkpointed %d (%d operands)\n", sr, sc, sc_ops);
+    assert_true(sc < sr);
+    assert_int_equal(sc, sc_ops); /* operands only */
+    ag_compiled *cf = ag_compile_joint(jf, NULL), *cc = ag_compile_joint(jc, NULL);
+    assert_non_null(cf);
+    assert_non_null(cc);
+    ag_tensor *yf = NULL, *yc = NULL;
+    assert_int_equal(ag_compiled_call_module(cf, mf, &idx, 1, &yf, 1), 1);
+    ag_tensor *t = rnd(ag_tensor_ndim(yf), ag_tensor_sizes(yf), 6);
+    assert_int_equal(ag_backward(yf, t, false), 0);
+    assert_int_equal(ag_compiled_call_module(cc, mc, &idx, 1, &yc, 1), 1);
+    assert_int_equal(ag_backward(yc, t, false), 0);
+    assert_true(tu_max_abs_diff(yf, yc) < 1e-5);
+    ag_named_tensors pf, pc;
+    assert_int_equal(ag_module_named_parameters(mf, true, &pf), 0);
+    assert_int_equal(ag_module_named_parameters(mc, true, &pc), 0);
+    assert_int_equal(pf.n, pc.n);
+    for (int i = 0; i < pf.n; i++) {
+        assert_string_equal(pf.names[i], pc.names[i]);
+        assert_non_null(ag_tensor_grad(pc.tensors[i]));
+        assert_true(tu_max_abs_diff(ag_tensor_grad(pf.tensors[i]), ag_tensor_grad(pc.tensors[i])) <
+                    1e-5);
+    }
+    ag_named_tensors_free(&pf);
+    ag_named_tensors_free(&pc);
+    ag_tensor_free(yf);
+    ag_tensor_free(yc);
+    ag_tensor_free(t);
+    ag_compiled_free(cf);
+    ag_compiled_free(cc);
+    ag_joint_free(jf);
+    ag_joint_free(jr);
+    ag_joint_free(jc);
+    ag_tensor_free(idx);
+    ag_module_free(mf);
+    ag_module_free(mr);
+    ag_module_free(mc);
+}
+
 /* ---- refusals ---- */
 
 typedef struct bad {
@@ -1441,6 +1521,7 @@ int main(void) {
         cmocka_unit_test(test_checkpointed_region),
         cmocka_unit_test(test_checkpoint_in_function_region),
         cmocka_unit_test(test_region_in_checkpoint),
+        cmocka_unit_test(test_gpt2_checkpointed_regions),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_out_of_memory),
     };
