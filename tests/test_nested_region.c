@@ -1504,6 +1504,26 @@ static void test_out_of_memory(void **st) {
     o.persistent = true;
     assert_true(tu_alloc_failure_sweep(oom_partition, j, &o) > 10);
     ag_joint_free(j);
+    ag_module_free(m);
+    /* checkpointed regions: the checkpoint state set around the region's body, the key */
+    m = stack_of(3, true, deep_block_forward);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(ag_module_set_checkpoint(ag_module_child_at(m, i, NULL), true), 0);
+    o = (tu_sweep_opts){.what = "three checkpointed region calls", .one_thread = true};
+    assert_true(tu_alloc_failure_sweep(oom_export, m, &o) > 10);
+    ag_module *plain = stack_new(3, true); /* no checkpoint state left behind by the failures */
+    j = ag_export_joint(plain, &x, 1, NULL, NULL, 0, NULL);
+    assert_non_null(j);
+    bool seen[2] = {0};
+    assert_int_equal(
+        count_recompute(ag_graph_subgraph(ag_joint_graph(j), "repeated_subgraph1"), 1, seen), 0);
+    ag_joint_free(j);
+    ag_module_free(plain);
+    j = ag_export_joint(m, &x, 1, NULL, NULL, 0, NULL);
+    assert_non_null(j);
+    o = (tu_sweep_opts){.what = "partition of checkpointed regions", .one_thread = true};
+    assert_true(tu_alloc_failure_sweep(oom_partition, j, &o) > 10);
+    ag_joint_free(j);
     ag_tensor_free(x);
     ag_module_free(m);
 }

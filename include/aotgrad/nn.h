@@ -318,8 +318,9 @@ typedef struct ag_gpt2_config {
     /* true: each block transformer.h.N is a nested compile region (ag_module_set_compile_region:
      * under tracing the block is traced once into a subgraph that every block calls, and the
      * joint has one forward and one backward subgraph), as decorating nanoGPT's Block.forward
-     * with torch.compiler.nested_compile_region. Eager nothing changes. false (the default):
-     * flat graphs. */
+     * with torch.compiler.nested_compile_region. Eager nothing changes. With
+     * checkpoint_blocks too, each region is checkpointed inside (its partition saves the
+     * block's operands only). false (the default): flat graphs. */
     bool compile_region_blocks;
 } ag_gpt2_config;
 AG_API ag_gpt2_config ag_gpt2_config_tiny(void);  /* 2 layers, 64 wide, 4 heads, vocab 256 */
