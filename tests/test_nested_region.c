@@ -1184,7 +1184,8 @@ static void test_checkpoint_in_function_region(void **st) {
 /* The other nesting, checkpoint(region): fn_region_forward's two region calls inside one
  * ag_checkpoint. The region is checkpointed too: both subgraphs' forward nodes tagged
  * (ac_graph_id 1), its partition saves its operands only (the plain region's saves more);
- * eager and compiled with either partitioner it equals the model without the checkpoint. */
+ * eager and compiled with either partitioner (min-cut also under memory budgets) it equals
+ * the model without the checkpoint (within 1e-6). */
 static int checkpointed_regions(void *ud, ag_tensor *const *in, int nin, ag_tensor **out,
                                 int max_out) {
     return fn_region_forward(ud, in, nin, out, max_out);
@@ -1234,9 +1235,10 @@ static void test_region_in_checkpoint(void **st) {
     assert_true(tc >= 1); /* the backward recomputes the tanh */
     assert_int_equal(tp, 0);
     /* eager, then compiled */
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; k < 5; k++) { /* eager; default; min-cut at budgets 1, 0 and 0.5 */
         ag_compile_opts co = {0};
-        co.partition.partitioner = k == 2 ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT;
+        co.partition.partitioner = k >= 2 ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT;
+        co.partition.memory_budget = k == 3 ? AG_MEMORY_BUDGET_ZERO : k == 4 ? 0.5 : 1.0;
         ag_compiled *cp = k ? ag_compile_joint(jp, &co) : NULL;
         ag_compiled *cc = k ? ag_compile_joint(jc, &co) : NULL;
         ag_tensor *yp = NULL, *yc = NULL;
