@@ -304,11 +304,25 @@ static int stack_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor 
     return out[0] ? 1 : ag_last_status();
 }
 
-static ag_module *stack_new(int nblocks, bool region) {
+/* A block with more activations: y = sin(tanh(lin(x)) * x) * x + x. */
+static int deep_block_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
+                              int max_out) {
+    (void)nin;
+    (void)max_out;
+    block_calls++;
+    ag_scope_begin();
+    ag_tensor *h = ag_module_forward(ag_module_child(m, "lin"), in[0]);
+    ag_tensor *p = ag_sin(ag_mul(ag_tanh(h), in[0]));
+    out[0] = ag_tensor_keep(ag_add(ag_mul(p, in[0]), in[0]));
+    ag_scope_end();
+    return out[0] ? 1 : ag_last_status();
+}
+
+static ag_module *stack_of(int nblocks, bool region, ag_forward_fn block) {
     ag_manual_seed(7);
     ag_module *m = ag_module_new("Stack", stack_forward, NULL, NULL);
     for (int i = 0; i < nblocks; i++) {
-        ag_module *b = ag_module_new("Block", block_forward, NULL, NULL);
+        ag_module *b = ag_module_new("Block", block, NULL, NULL);
         assert_int_equal(ag_module_add_child(b, "lin", ag_nn_linear(3, 3, true)), 0);
         char name[16];
         snprintf(name, sizeof name, "b%d", i);
@@ -317,6 +331,10 @@ static ag_module *stack_new(int nblocks, bool region) {
         assert_true(ag_module_is_compile_region(b) == region);
     }
     return m;
+}
+
+static ag_module *stack_new(int nblocks, bool region) {
+    return stack_of(nblocks, region, block_forward);
 }
 
 static int count_calls(const ag_graph *g, const char *ident) {
@@ -848,6 +866,497 @@ static void test_gpt2_blocks(void **st) {
     tu_assert_error_contains("only gpt2");
 }
 
+/* ---- checkpointed regions ---- */
+
+/* The forward nodes of g tagged MUST_RECOMPUTE; each has ac_graph_id 1..max_id (seen[id] set). */
+static int count_recompute(const ag_graph *g, int max_id, bool *seen) {
+    int n = 0;
+    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
+        if (ag_node_recompute(x) != AG_MUST_RECOMPUTE)
+            continue;
+        ag_mval id = ag_node_meta_get(x, "ac_graph_id");
+        assert_int_equal(id.kind, AG_MV_INT);
+        assert_true(id.u.i >= 1 && id.u.i <= max_id);
+        seen[id.u.i] = true;
+        n++;
+    }
+    return n;
+}
+
+static int count_op(const ag_graph *g, const ag_op *op) {
+    int n = 0;
+    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x))
+        n += ag_node_kind_of(x) == AG_NODE_CALL && ag_node_op(x) == op;
+    return n;
+}
+
+/* The region's partition of j (default options): how many values its forward subgraph saves,
+ * how many of them are its operands, and how many tanh its backward subgraph computes. */
+static void region_partition(const ag_joint *j, int *saved, int *saved_ops, int *bw_tanh) {
+    ag_graph *pfw = NULL, *pbw = NULL;
+    assert_int_equal(
+        ag_partition(ag_joint_graph(j), ag_joint_num_fw_outputs(j), NULL, &pfw, &pbw, NULL), 0);
+    const ag_graph *rfw = ag_graph_subgraph(pfw, "partitioned_fw_subgraph_0_0");
+    const ag_graph *rbw = ag_graph_subgraph(pbw, "partitioned_bw_subgraph_0_0");
+    assert_non_null(rfw);
+    assert_non_null(rbw);
+    const ag_garg *ro = ag_node_arg(ag_graph_output_node(rfw), 0);
+    *saved = ro->n - 1; /* the block's output, then the saved values */
+    *saved_ops = 0;
+    for (int i = 1; i < ro->n; i++)
+        *saved_ops += ag_node_kind_of(ro->u.nodes[i]) == AG_NODE_PLACEHOLDER;
+    *bw_tanh = count_op(rbw, ag_op_find("tanh"));
+    ag_graph_free(pfw);
+    ag_graph_free(pbw);
+}
+
+/* Three blocks, each checkpointed and a compile region (upstream's nested_compile_region around
+ * a checkpointed function): eager it is checkpointing (output and gradients equal the flat
+ * model's); exported the block is traced once (forward and joint subgraphs) with its forward
+ * nodes tagged MUST_RECOMPUTE, ac_graph_id 1, in both subgraphs and nothing tagged outside;
+ * its partition (once) saves only the block's operands, fewer values than the region without
+ * checkpointing, and its backward subgraph recomputes tanh; compiled with either partitioner
+ * its output and every gradient equal the flat un-checkpointed model's (within 1e-5). */
+static void test_checkpointed_region(void **st) {
+    (void)st;
+    ag_module *flat = stack_of(3, false, deep_block_forward),
+              *reg = stack_of(3, true, deep_block_forward),
+              *ck = stack_of(3, true, deep_block_forward);
+    for (int i = 0; i < 3; i++) {
+        ag_module *b = ag_module_child_at(ck, i, NULL);
+        assert_int_equal(ag_module_set_checkpoint(b, true), 0);
+        assert_true(ag_module_is_compile_region(b) && ag_module_is_checkpointed(b));
+    }
+    ag_tensor *x = rnd(2, (int64_t[]){4, 3}, 21);
+    ag_tensor *t = rnd(2, (int64_t[]){4, 3}, 22);
+    assert_int_equal(ag_tensor_set_requires_grad(x, true), 0);
+    ag_named_tensors pf, pc;
+    assert_int_equal(ag_module_named_parameters(flat, true, &pf), 0);
+    assert_int_equal(ag_module_named_parameters(ck, true, &pc), 0);
+    assert_int_equal(pf.n, 6);
+    assert_int_equal(pc.n, pf.n);
+
+    /* eager: checkpointing (the backward reruns each block: 3 more forwards) */
+    ag_tensor *yf = ag_module_forward(flat, x);
+    assert_non_null(yf);
+    assert_int_equal(ag_backward(yf, t, false), 0);
+    ag_tensor *gxf = ag_tensor_keep(ag_tensor_grad(x));
+    assert_int_equal(ag_tensor_set_grad(x, NULL), 0);
+    block_calls = 0;
+    ag_tensor *yc = ag_module_forward(ck, x);
+    assert_non_null(yc);
+    assert_int_equal(block_calls, 3);
+    assert_int_equal(ag_backward(yc, t, false), 0);
+    assert_int_equal(block_calls, 6);
+    assert_true(tu_max_abs_diff(yf, yc) == 0);
+    assert_true(tu_max_abs_diff(gxf, ag_tensor_grad(x)) == 0);
+    for (int i = 0; i < pf.n; i++) {
+        assert_true(tu_max_abs_diff(ag_tensor_grad(pf.tensors[i]), ag_tensor_grad(pc.tensors[i])) ==
+                    0);
+        assert_int_equal(ag_tensor_set_grad(pf.tensors[i], NULL), 0);
+        assert_int_equal(ag_tensor_set_grad(pc.tensors[i], NULL), 0);
+    }
+    assert_int_equal(ag_tensor_set_grad(x, NULL), 0);
+    ag_tensor_free(yf);
+    ag_tensor_free(yc);
+    ag_tensor_free(gxf);
+
+    /* exported */
+    ag_joint *jf = ag_export_joint(flat, &x, 1, NULL, NULL, 0, NULL);
+    ag_joint *jr = ag_export_joint(reg, &x, 1, NULL, NULL, 0, NULL);
+    block_calls = 0;
+    ag_joint *jc = ag_export_joint(ck, &x, 1, NULL, NULL, 0, NULL);
+    if (!jc)
+        print_error("%s\n", ag_last_error());
+    assert_non_null(jf);
+    assert_non_null(jr);
+    assert_non_null(jc);
+    assert_int_equal(block_calls, 2); /* the forward subgraph, then the joint subgraph */
+    const ag_graph *g = ag_joint_graph(jc);
+    assert_int_equal(ag_graph_verify(g), 0);
+    assert_int_equal(ag_graph_num_subgraphs(g), 2);
+    assert_int_equal(count_calls(g, "fw_subgraph_0"), 3);
+    assert_int_equal(count_calls(g, "bw_subgraph_0_0"), 3);
+    bool seen[3] = {0};
+    assert_int_equal(count_recompute(g, 2, seen), 0);
+    const ag_graph *fw = ag_graph_subgraph(g, "repeated_subgraph0");
+    const ag_graph *joint = ag_graph_subgraph(g, "repeated_subgraph1");
+    int nfw = count_recompute(fw, 1, seen), njoint = count_recompute(joint, 1, seen);
+    assert_true(seen[1] && !seen[2]);
+    assert_true(nfw >= 5);         /* t, addmm, tanh, mul, sin, mul, add */
+    assert_int_equal(njoint, nfw); /* the joint's forward part, none of its backward */
+    for (ag_node *n = ag_graph_first(joint); n; n = ag_node_next(n))
+        if (ag_node_recompute(n) == AG_MUST_RECOMPUTE)
+            assert_true(ag_node_partitioner_tag(n) == NULL ||
+                        strcmp(ag_node_partitioner_tag(n), "is_backward"));
+    bool none[3] = {0};
+    assert_int_equal(
+        count_recompute(ag_graph_subgraph(ag_joint_graph(jr), "repeated_subgraph1"), 2, none), 0);
+
+    /* the region's partition: checkpointing saves the operands only and recomputes */
+    int sr, sr_ops, tr, sc, sc_ops, tc;
+    region_partition(jr, &sr, &sr_ops, &tr);
+    region_partition(jc, &sc, &sc_ops, &tc);
+    print_message("region saves %d values (%d operands), checkpointed region %d (%d operands)\n",
+                  sr, sr_ops, sc, sc_ops);
+    assert_true(sc < sr);
+    assert_int_equal(sc, sc_ops);
+    assert_int_equal(sr, 5); /* x, lin.weight (for its t), tanh, the mul, sin */
+    assert_int_equal(sc, 3); /* x, lin.weight, lin.bias */
+    assert_int_equal(tr, 0);
+    assert_true(tc >= 1);
+
+    /* compiled: the flat un-checkpointed model's output and gradients */
+    for (int k = 0; k < 2; k++) {
+        ag_compile_opts co = {0};
+        co.partition.partitioner = k ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT;
+        ag_compiled *cf = ag_compile_joint(jf, &co), *cc = ag_compile_joint(jc, &co);
+        if (!cc)
+            print_error("%s\n", ag_last_error());
+        assert_non_null(cf);
+        assert_non_null(cc);
+        yf = yc = NULL;
+        assert_int_equal(ag_compiled_call_module(cf, flat, &x, 1, &yf, 1), 1);
+        assert_int_equal(ag_backward(yf, t, false), 0);
+        gxf = ag_tensor_keep(ag_tensor_grad(x));
+        assert_int_equal(ag_tensor_set_grad(x, NULL), 0);
+        assert_int_equal(ag_compiled_call_module(cc, ck, &x, 1, &yc, 1), 1);
+        assert_int_equal(ag_backward(yc, t, false), 0);
+        assert_true(tu_max_abs_diff(yf, yc) < 1e-5);
+        assert_true(tu_max_abs_diff(gxf, ag_tensor_grad(x)) < 1e-5);
+        for (int i = 0; i < pf.n; i++) {
+            assert_non_null(ag_tensor_grad(pc.tensors[i]));
+            assert_true(tu_max_abs_diff(ag_tensor_grad(pf.tensors[i]),
+                                        ag_tensor_grad(pc.tensors[i])) < 1e-5);
+            assert_int_equal(ag_tensor_set_grad(pf.tensors[i], NULL), 0);
+            assert_int_equal(ag_tensor_set_grad(pc.tensors[i], NULL), 0);
+        }
+        assert_int_equal(ag_tensor_set_grad(x, NULL), 0);
+        ag_tensor_free(gxf);
+        ag_tensor_free(yf);
+        ag_tensor_free(yc);
+        ag_compiled_free(cf);
+        ag_compiled_free(cc);
+    }
+    /* a region and a checkpointed region of one type are two subgraphs */
+    ag_module_set_checkpoint(ag_module_child_at(ck, 1, NULL), false);
+    ag_joint *jm = ag_export_joint(ck, &x, 1, NULL, NULL, 0, NULL);
+    assert_non_null(jm);
+    assert_int_equal(ag_graph_num_subgraphs(ag_joint_graph(jm)), 4);
+    ag_joint_free(jm);
+    ag_named_tensors_free(&pf);
+    ag_named_tensors_free(&pc);
+    ag_joint_free(jf);
+    ag_joint_free(jr);
+    ag_joint_free(jc);
+    ag_module_free(flat);
+    ag_module_free(reg);
+    ag_module_free(ck);
+    ag_tensor_free(x);
+    ag_tensor_free(t);
+}
+
+/* ag_checkpoint called twice inside a function region: each checkpoint's nodes are their own
+ * region in the subgraphs (ac_graph_id 1 and 2, counted in each subgraph), and the joint
+ * compiled equals the one without checkpoints. */
+static int ck_sin(void *ud, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
+    (void)ud;
+    (void)nin;
+    (void)max_out;
+    out[0] = ag_tensor_keep(ag_sin(ag_mul(in[0], in[1])));
+    return out[0] ? 1 : ag_last_status();
+}
+
+static bool fn_checkpointed;
+
+static int two_checkpoints(void *ud, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
+    (void)ud;
+    (void)nin;
+    (void)max_out;
+    ag_scope_begin();
+    ag_tensor *a = NULL, *b = NULL;
+    ag_tensor *in2[2] = {in[0], in[1]};
+    if (fn_checkpointed) {
+        if (ag_checkpoint(ck_sin, NULL, in2, 2, &a, 1) == 1) {
+            in2[0] = a;
+            if (ag_checkpoint(ck_sin, NULL, in2, 2, &b, 1) != 1)
+                b = NULL;
+        }
+    } else if (ck_sin(NULL, in2, 2, &a, 1) == 1) {
+        in2[0] = a;
+        if (ck_sin(NULL, in2, 2, &b, 1) != 1)
+            b = NULL;
+    }
+    out[0] = b ? ag_tensor_keep(ag_tanh(b)) : NULL;
+    ag_tensor_free(a);
+    ag_tensor_free(b);
+    ag_scope_end();
+    return out[0] ? 1 : ag_last_status();
+}
+
+static int fn_region_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
+                             int max_out) {
+    (void)nin;
+    (void)max_out;
+    ag_tensor *w = ag_module_param(m, "w"), *y[2] = {0};
+    int rc =
+        ag_nested_compile_region(two_checkpoints, NULL, (ag_tensor *[]){in[0], w}, 2, &y[0], 1);
+    if (rc == 1)
+        rc = ag_nested_compile_region(two_checkpoints, NULL, (ag_tensor *[]){y[0], w}, 2, &y[1], 1);
+    out[0] = rc == 1 ? y[1] : NULL; /* the region's new reference */
+    ag_tensor_free(y[0]);
+    if (rc != 1)
+        ag_tensor_free(y[1]);
+    return rc == 1 ? 1 : ag_last_status();
+}
+
+static void test_checkpoint_in_function_region(void **st) {
+    (void)st;
+    ag_manual_seed(3);
+    ag_module *m = ag_module_new("FnRegion", fn_region_forward, NULL, NULL);
+    assert_int_equal(
+        ag_module_add_tensor(m, "w", true, AG_F32, 2, (int64_t[]){4, 3}, AG_INIT_NORMAL, 0, 1), 0);
+    ag_tensor *x = rnd(2, (int64_t[]){4, 3}, 31);
+    ag_tensor *t = rnd(2, (int64_t[]){4, 3}, 32);
+    assert_int_equal(ag_tensor_set_requires_grad(x, true), 0);
+    fn_checkpointed = false;
+    ag_joint *jp = ag_export_joint(m, &x, 1, NULL, NULL, 0, NULL);
+    fn_checkpointed = true;
+    ag_joint *jc = ag_export_joint(m, &x, 1, NULL, NULL, 0, NULL);
+    if (!jc)
+        print_error("%s\n", ag_last_error());
+    assert_non_null(jp);
+    assert_non_null(jc);
+    const ag_graph *g = ag_joint_graph(jc);
+    assert_int_equal(ag_graph_verify(g), 0);
+    assert_int_equal(ag_graph_num_subgraphs(g), 2);
+    assert_int_equal(count_calls(g, "fw_subgraph_0"), 2);
+    bool seen[4] = {0};
+    assert_int_equal(count_recompute(g, 3, seen), 0);
+    for (int s = 0; s < 2; s++) {
+        memset(seen, 0, sizeof seen);
+        const ag_graph *sub = ag_graph_subgraph(g, s ? "repeated_subgraph1" : "repeated_subgraph0");
+        assert_int_equal(count_recompute(sub, 3, seen), 4); /* mul, sin; mul, sin */
+        assert_true(seen[1] && seen[2] && !seen[3]);
+        /* the first checkpoint's sin is 1, the second's 2; tanh (outside both) untagged */
+        int64_t last = 0;
+        for (ag_node *n = ag_graph_first(sub); n; n = ag_node_next(n)) {
+            if (ag_node_kind_of(n) == AG_NODE_CALL && ag_node_op(n) == ag_op_find("tanh") &&
+                (!ag_node_partitioner_tag(n) || strcmp(ag_node_partitioner_tag(n), "is_backward")))
+                assert_int_equal(ag_node_recompute(n), AG_RECOMPUTE_NONE);
+            if (ag_node_recompute(n) == AG_MUST_RECOMPUTE) {
+                int64_t id = ag_node_meta_get(n, "ac_graph_id").u.i;
+                assert_true(id >= last);
+                last = id;
+            }
+        }
+    }
+    ag_compiled *cp = ag_compile_joint(jp, NULL), *cc = ag_compile_joint(jc, NULL);
+    if (!cc)
+        print_error("%s\n", ag_last_error());
+    assert_non_null(cp);
+    assert_non_null(cc);
+    ag_tensor *yp = NULL, *yc = NULL;
+    ag_tensor *w = ag_module_param(m, "w");
+    assert_int_equal(ag_compiled_call_module(cp, m, &x, 1, &yp, 1), 1);
+    assert_int_equal(ag_backward(yp, t, false), 0);
+    ag_tensor *gx = ag_tensor_keep(ag_tensor_grad(x)), *gw = ag_tensor_keep(ag_tensor_grad(w));
+    assert_int_equal(ag_tensor_set_grad(x, NULL), 0);
+    assert_int_equal(ag_tensor_set_grad(w, NULL), 0);
+    assert_int_equal(ag_compiled_call_module(cc, m, &x, 1, &yc, 1), 1);
+    assert_int_equal(ag_backward(yc, t, false), 0);
+    assert_true(tu_max_abs_diff(yp, yc) < 1e-6);
+    assert_true(tu_max_abs_diff(gx, ag_tensor_grad(x)) < 1e-6);
+    assert_true(tu_max_abs_diff(gw, ag_tensor_grad(w)) < 1e-6);
+    ag_tensor_free(gx);
+    ag_tensor_free(gw);
+    ag_tensor_free(yp);
+    ag_tensor_free(yc);
+    ag_compiled_free(cp);
+    ag_compiled_free(cc);
+    ag_joint_free(jp);
+    ag_joint_free(jc);
+    ag_tensor_free(x);
+    ag_tensor_free(t);
+    ag_module_free(m);
+}
+
+/* The other nesting, checkpoint(region): fn_region_forward's two region calls inside one
+ * ag_checkpoint. The region is checkpointed too: both subgraphs' forward nodes tagged
+ * (ac_graph_id 1), its partition saves its operands only (the plain region's saves more);
+ * eager and compiled with either partitioner (min-cut also under memory budgets) it equals
+ * the model without the checkpoint (within 1e-6). */
+static int checkpointed_regions(void *ud, ag_tensor *const *in, int nin, ag_tensor **out,
+                                int max_out) {
+    return fn_region_forward(ud, in, nin, out, max_out);
+}
+
+static int ckpt_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
+    return ag_checkpoint(checkpointed_regions, m, in, nin, out, max_out);
+}
+
+static ag_module *fn_region_module(ag_forward_fn forward) {
+    ag_manual_seed(3);
+    ag_module *m = ag_module_new("FnRegion", forward, NULL, NULL);
+    assert_int_equal(
+        ag_module_add_tensor(m, "w", true, AG_F32, 2, (int64_t[]){4, 3}, AG_INIT_NORMAL, 0, 1), 0);
+    return m;
+}
+
+static void test_region_in_checkpoint(void **st) {
+    (void)st;
+    fn_checkpointed = false;
+    ag_module *mp = fn_region_module(fn_region_forward), *mc = fn_region_module(ckpt_forward);
+    ag_tensor *wp = ag_module_param(mp, "w"), *wc = ag_module_param(mc, "w");
+    assert_true(tu_max_abs_diff(wp, wc) == 0);
+    ag_tensor *x = rnd(2, (int64_t[]){4, 3}, 41);
+    ag_tensor *t = rnd(2, (int64_t[]){4, 3}, 42);
+    assert_int_equal(ag_tensor_set_requires_grad(x, true), 0);
+    ag_joint *jp = ag_export_joint(mp, &x, 1, NULL, NULL, 0, NULL);
+    ag_joint *jc = ag_export_joint(mc, &x, 1, NULL, NULL, 0, NULL);
+    if (!jc)
+        print_error("%s\n", ag_last_error());
+    assert_non_null(jp);
+    assert_non_null(jc);
+    const ag_graph *g = ag_joint_graph(jc);
+    assert_int_equal(ag_graph_verify(g), 0);
+    assert_int_equal(ag_graph_num_subgraphs(g), 2);
+    bool seen[3] = {0};
+    for (int s = 0; s < 2; s++) {
+        const ag_graph *sub = ag_graph_subgraph(g, s ? "repeated_subgraph1" : "repeated_subgraph0");
+        assert_int_equal(count_recompute(sub, 1, seen), 5); /* mul, sin, mul, sin, tanh */
+    }
+    int sp, sp_ops, tp, sc, sc_ops, tc;
+    region_partition(jp, &sp, &sp_ops, &tp);
+    region_partition(jc, &sc, &sc_ops, &tc);
+    assert_int_equal(sc, 2); /* its two operands */
+    assert_int_equal(sc_ops, 2);
+    assert_true(sp > sc);
+    assert_true(tc >= 1); /* the backward recomputes the tanh */
+    assert_int_equal(tp, 0);
+    /* eager, then compiled */
+    for (int k = 0; k < 5; k++) { /* eager; default; min-cut at budgets 1, 0 and 0.5 */
+        ag_compile_opts co = {0};
+        co.partition.partitioner = k >= 2 ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT;
+        co.partition.memory_budget = k == 3 ? AG_MEMORY_BUDGET_ZERO : k == 4 ? 0.5 : 1.0;
+        ag_compiled *cp = k ? ag_compile_joint(jp, &co) : NULL;
+        ag_compiled *cc = k ? ag_compile_joint(jc, &co) : NULL;
+        ag_tensor *yp = NULL, *yc = NULL;
+        if (k) {
+            assert_non_null(cp);
+            assert_non_null(cc);
+            assert_int_equal(ag_compiled_call_module(cp, mp, &x, 1, &yp, 1), 1);
+        } else {
+            assert_non_null(yp = ag_module_forward(mp, x));
+        }
+        assert_int_equal(ag_backward(yp, t, false), 0);
+        ag_tensor *gx = ag_tensor_keep(ag_tensor_grad(x));
+        assert_int_equal(ag_tensor_set_grad(x, NULL), 0);
+        if (k)
+            assert_int_equal(ag_compiled_call_module(cc, mc, &x, 1, &yc, 1), 1);
+        else
+            assert_non_null(yc = ag_module_forward(mc, x));
+        assert_int_equal(ag_backward(yc, t, false), 0);
+        assert_true(tu_max_abs_diff(yp, yc) < 1e-6);
+        assert_true(tu_max_abs_diff(gx, ag_tensor_grad(x)) < 1e-6);
+        assert_true(tu_max_abs_diff(ag_tensor_grad(wp), ag_tensor_grad(wc)) < 1e-6);
+        assert_int_equal(ag_tensor_set_grad(x, NULL), 0);
+        assert_int_equal(ag_tensor_set_grad(wp, NULL), 0);
+        assert_int_equal(ag_tensor_set_grad(wc, NULL), 0);
+        ag_tensor_free(gx);
+        ag_tensor_free(yp);
+        ag_tensor_free(yc);
+        ag_compiled_free(cp);
+        ag_compiled_free(cc);
+    }
+    ag_joint_free(jp);
+    ag_joint_free(jc);
+    ag_tensor_free(x);
+    ag_tensor_free(t);
+    ag_module_free(mp);
+    ag_module_free(mc);
+}
+
+/* The tiny GPT-2 with its blocks both checkpointed and compile regions (ag_gpt2_config's
+ * checkpoint_blocks and compile_region_blocks): one block traced once, its joint subgraph's
+ * forward nodes tagged, its partition saving fewer values than the plain regions'; compiled,
+ * the flat un-checkpointed model's logits and gradients (within 1e-5). (No dropout: regions
+ * refuse random ops.) */
+static ag_module *gpt2_with(bool regions, bool ckpt) {
+    ag_gpt2_config cfg = ag_gpt2_config_tiny();
+    cfg.compile_region_blocks = regions;
+    cfg.checkpoint_blocks = ckpt;
+    ag_manual_seed(5);
+    ag_module *m = ag_nn_gpt2(&cfg);
+    assert_non_null(m);
+    return m;
+}
+
+static void test_gpt2_checkpointed_regions(void **st) {
+    (void)st;
+    ag_module *mf = gpt2_with(false, false), *mr = gpt2_with(true, false),
+              *mc = gpt2_with(true, true);
+    ag_module *h1 = ag_module_child(mc, "transformer.h.1");
+    assert_true(ag_module_is_compile_region(h1) && ag_module_is_checkpointed(h1));
+    ag_tensor *idx = ag_zeros(AG_I64, 2, (int64_t[]){2, 16});
+    int64_t *d = ag_tensor_data(idx);
+    for (int i = 0; i < 32; i++)
+        d[i] = (i * 37 + 11) % 256;
+    ag_joint *jf = ag_export_joint(mf, &idx, 1, NULL, NULL, 0, NULL);
+    ag_joint *jr = ag_export_joint(mr, &idx, 1, NULL, NULL, 0, NULL);
+    ag_joint *jc = ag_export_joint(mc, &idx, 1, NULL, NULL, 0, NULL);
+    if (!jc)
+        print_error("%s\n", ag_last_error());
+    assert_non_null(jf);
+    assert_non_null(jr);
+    assert_non_null(jc);
+    const ag_graph *g = ag_joint_graph(jc);
+    assert_int_equal(ag_graph_num_subgraphs(g), 2);
+    assert_int_equal(count_calls(g, "bw_subgraph_0_0"), 2);
+    bool seen[3] = {0};
+    assert_true(count_recompute(ag_graph_subgraph(g, "repeated_subgraph1"), 1, seen) > 10);
+    int sr, sr_ops, tr, sc, sc_ops, tc;
+    region_partition(jr, &sr, &sr_ops, &tr);
+    region_partition(jc, &sc, &sc_ops, &tc);
+    print_message("gpt2 block saves %d values, checkpointed %d (%d operands)\n", sr, sc, sc_ops);
+    assert_true(sc < sr);
+    assert_int_equal(sc, sc_ops); /* operands only */
+    ag_compiled *cf = ag_compile_joint(jf, NULL), *cc = ag_compile_joint(jc, NULL);
+    assert_non_null(cf);
+    assert_non_null(cc);
+    ag_tensor *yf = NULL, *yc = NULL;
+    assert_int_equal(ag_compiled_call_module(cf, mf, &idx, 1, &yf, 1), 1);
+    ag_tensor *t = rnd(ag_tensor_ndim(yf), ag_tensor_sizes(yf), 6);
+    assert_int_equal(ag_backward(yf, t, false), 0);
+    assert_int_equal(ag_compiled_call_module(cc, mc, &idx, 1, &yc, 1), 1);
+    assert_int_equal(ag_backward(yc, t, false), 0);
+    assert_true(tu_max_abs_diff(yf, yc) < 1e-5);
+    ag_named_tensors pf, pc;
+    assert_int_equal(ag_module_named_parameters(mf, true, &pf), 0);
+    assert_int_equal(ag_module_named_parameters(mc, true, &pc), 0);
+    assert_int_equal(pf.n, pc.n);
+    for (int i = 0; i < pf.n; i++) {
+        assert_string_equal(pf.names[i], pc.names[i]);
+        assert_non_null(ag_tensor_grad(pc.tensors[i]));
+        assert_true(tu_max_abs_diff(ag_tensor_grad(pf.tensors[i]), ag_tensor_grad(pc.tensors[i])) <
+                    1e-5);
+    }
+    ag_named_tensors_free(&pf);
+    ag_named_tensors_free(&pc);
+    ag_tensor_free(yf);
+    ag_tensor_free(yc);
+    ag_tensor_free(t);
+    ag_compiled_free(cf);
+    ag_compiled_free(cc);
+    ag_joint_free(jf);
+    ag_joint_free(jr);
+    ag_joint_free(jc);
+    ag_tensor_free(idx);
+    ag_module_free(mf);
+    ag_module_free(mr);
+    ag_module_free(mc);
+}
+
 /* ---- refusals ---- */
 
 typedef struct bad {
@@ -997,6 +1506,26 @@ static void test_out_of_memory(void **st) {
     o.persistent = true;
     assert_true(tu_alloc_failure_sweep(oom_partition, j, &o) > 10);
     ag_joint_free(j);
+    ag_module_free(m);
+    /* checkpointed regions: the checkpoint state set around the region's body, the key */
+    m = stack_of(3, true, deep_block_forward);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(ag_module_set_checkpoint(ag_module_child_at(m, i, NULL), true), 0);
+    o = (tu_sweep_opts){.what = "three checkpointed region calls", .one_thread = true};
+    assert_true(tu_alloc_failure_sweep(oom_export, m, &o) > 10);
+    ag_module *plain = stack_new(3, true); /* no checkpoint state left behind by the failures */
+    j = ag_export_joint(plain, &x, 1, NULL, NULL, 0, NULL);
+    assert_non_null(j);
+    bool seen[2] = {0};
+    assert_int_equal(
+        count_recompute(ag_graph_subgraph(ag_joint_graph(j), "repeated_subgraph1"), 1, seen), 0);
+    ag_joint_free(j);
+    ag_module_free(plain);
+    j = ag_export_joint(m, &x, 1, NULL, NULL, 0, NULL);
+    assert_non_null(j);
+    o = (tu_sweep_opts){.what = "partition of checkpointed regions", .one_thread = true};
+    assert_true(tu_alloc_failure_sweep(oom_partition, j, &o) > 10);
+    ag_joint_free(j);
     ag_tensor_free(x);
     ag_module_free(m);
 }
@@ -1011,6 +1540,10 @@ int main(void) {
         cmocka_unit_test(test_region_in_region),
         cmocka_unit_test(test_backward_in_trace),
         cmocka_unit_test(test_gpt2_blocks),
+        cmocka_unit_test(test_checkpointed_region),
+        cmocka_unit_test(test_checkpoint_in_function_region),
+        cmocka_unit_test(test_region_in_checkpoint),
+        cmocka_unit_test(test_gpt2_checkpointed_regions),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_out_of_memory),
     };

@@ -26,7 +26,9 @@
  *                                      (ag_module_set_compile_region): one block traced,
  *                                      differentiated, partitioned and planned once, every block
  *                                      calling it (the same losses); under --parallel the
- *                                      sharding pass inlines the regions first
+ *                                      sharding pass inlines the regions first; with
+ *                                      --checkpoint each region is checkpointed inside (its
+ *                                      partition, done once, saves only the block's operands)
  *   --schedule cosine|constant --warmup N --decay-steps N --min-lr F --clip F
  *                                      the recipe: gpt2 defaults to nanoGPT's (warmup + cosine,
  *                                      clip 1.0, no weight decay on biases and norms); cnn and
@@ -797,9 +799,10 @@ static int train_gpt2(train_opts *o) {
                "context %lld, %lld parameters%s) on %s (%lld bytes), batch %lld, %lld steps\n",
                (long long)cfg.n_layer, (long long)cfg.n_embd, (long long)cfg.n_head, (long long)T,
                (long long)ag_module_num_parameters(model),
-               o->checkpoint      ? ", blocks checkpointed"
-               : o->nested_blocks ? ", blocks as nested compile regions"
-                                  : "",
+               o->checkpoint && o->nested_blocks ? ", blocks as checkpointed nested compile regions"
+               : o->checkpoint                   ? ", blocks checkpointed"
+               : o->nested_blocks                ? ", blocks as nested compile regions"
+                                                 : "",
                path, (long long)n, (long long)B, total);
         status = resolve_recipe(o, total, 0.1);
     }
@@ -1004,11 +1007,6 @@ int cli_train(int argc, char **argv) {
                 "aotgrad train: --nested-blocks makes gpt2's blocks nested compile regions; "
                 "--model %s has none (use --model gpt2)\n",
                 o.model);
-        return 2;
-    }
-    if (o.nested_blocks && o.checkpoint) {
-        fprintf(stderr, "aotgrad train: --nested-blocks with --checkpoint: a checkpointed "
-                        "nested compile region is not supported yet (use one of them)\n");
         return 2;
     }
     o.batch = o.batch ? o.batch : gpt2 ? 16 : 128;

@@ -59,7 +59,10 @@ typedef int (*ag_checkpoint_fn)(void *ud, ag_tensor *const *inputs, int nin, ag_
  * were freed. With grad mode off, fn just runs. Under tracing (ag_export_joint) fn is traced
  * as usual and its forward nodes are tagged recompute=MUST_RECOMPUTE with the region's
  * ac_graph_id (1, 2, ... in the order the regions are traced; a region inside another belongs
- * to the outer one), so the partitioner recomputes them in the backward. Errors: a NULL fn or
+ * to the outer one), so the partitioner recomputes them in the backward. Inside a nested
+ * compile region the tags are the subgraphs' (ac_graph_id counted from 1 in each subgraph),
+ * and a nested compile region called inside fn is checkpointed as a whole (see
+ * ag_nested_compile_region). Errors: a NULL fn or
  * outs, max_out < 1, a NULL input (AG_EINVAL, nothing run); fn's own failure (its status and
  * message, nothing returned); in the backward, a rerun whose outputs differ in count, shape
  * or dtype (AG_EINVAL). */
@@ -90,15 +93,20 @@ typedef int (*ag_region_fn)(void *ud, ag_tensor *const *inputs, int nin, ag_tens
  * input does not require grad, then the forward's outputs), and the backward records
  *     invoke_subgraph(%repeated_subgraphK+1, 'bw_subgraph_I_0', inputs..., tangents...)
  * plus a getitem per gradient needed. A region inside a region is traced inline into the
- * outer one. fn must read the traced tensors it uses through its inputs (it is traced with
- * fresh stand-ins for them), and what it computes must depend on nothing else: ud is not
- * part of the key. Messages name the region `function 0x...` (fn's address). Returns the
- * output count; outs[0..n) are new references the caller owns (data-less under a trace).
- * Refused under a trace (AG_EINVAL or AG_ENOTSUP, naming the region): fn reading a tensor of
- * the enclosing trace that is not among its inputs, mutating an input in place, a random or
- * effectful op inside the region, an output aliasing an input, more than 16 inputs+outputs
- * for the joint. fn and ud must stay valid while the trace runs. Errors also: a NULL fn or
- * outs, max_out < 1, a NULL input (AG_EINVAL, nothing run); fn's own failure (its status and
+ * outer one. Checkpointing composes: ag_checkpoint called by fn tags its part of both
+ * subgraphs (recompute=MUST_RECOMPUTE, ac_graph_id 1, 2, ... within each subgraph), and a
+ * region called inside an ag_checkpoint'd function has all its forward nodes tagged (being
+ * inside a checkpoint is then part of the key); the partitioner partitions the region's joint
+ * once, saving what checkpointing saves and recomputing the rest in the partitioned backward
+ * subgraph. Eager, checkpointing works as without the region. fn must read the traced tensors it
+ * uses through its inputs (it is traced with fresh stand-ins for them), and what it computes must
+ * depend on nothing else: ud is not part of the key. Messages name the region `function 0x...`
+ * (fn's address). Returns the output count; outs[0..n) are new references the caller owns
+ * (data-less under a trace). Refused under a trace (AG_EINVAL or AG_ENOTSUP, naming the region): fn
+ * reading a tensor of the enclosing trace that is not among its inputs, mutating an input in place,
+ * a random or effectful op inside the region, an output aliasing an input, more than 16
+ * inputs+outputs for the joint. fn and ud must stay valid while the trace runs. Errors also: a NULL
+ * fn or outs, max_out < 1, a NULL input (AG_EINVAL, nothing run); fn's own failure (its status and
  * message). Thread-safety: per thread, as tracing. */
 AG_API int ag_nested_compile_region(ag_region_fn fn, void *ud, ag_tensor *const *inputs, int nin,
                                     ag_tensor **outs, int max_out);

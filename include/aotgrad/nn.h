@@ -160,8 +160,12 @@ AG_API bool ag_module_is_checkpointed(const ag_module *m); /* false for NULL */
  * buffers (named_buffers order, deduplicated): the subgraph's arg0_1, arg1_1, ... in that
  * order. Modules of one type share a subgraph when their operands match: their forwards must
  * not differ in anything else (configuration kept in ud). A module both checkpointed and a
- * region is checkpointed. m must stay valid while a trace that called it runs. AG_EINVAL for
- * NULL or a module without a forward. */
+ * region is the region around the checkpoint (upstream's nested_compile_region around a
+ * checkpointed function): eager it is checkpointed; under tracing it is traced once (whether
+ * it is checkpointed is part of the key), the forward nodes of both its subgraphs tagged
+ * recompute=MUST_RECOMPUTE, ac_graph_id 1, so the region's partition (done once) saves its
+ * operands only and its backward subgraph recomputes the rest. m must stay valid while a trace
+ * that called it runs. AG_EINVAL for NULL or a module without a forward. */
 AG_API int ag_module_set_compile_region(ag_module *m, bool on);
 AG_API bool ag_module_is_compile_region(const ag_module *m); /* false for NULL */
 
@@ -314,8 +318,9 @@ typedef struct ag_gpt2_config {
     /* true: each block transformer.h.N is a nested compile region (ag_module_set_compile_region:
      * under tracing the block is traced once into a subgraph that every block calls, and the
      * joint has one forward and one backward subgraph), as decorating nanoGPT's Block.forward
-     * with torch.compiler.nested_compile_region. Eager nothing changes. false (the default):
-     * flat graphs. */
+     * with torch.compiler.nested_compile_region. Eager nothing changes. With
+     * checkpoint_blocks too, each region is checkpointed inside (its partition saves the
+     * block's operands only). false (the default): flat graphs. */
     bool compile_region_blocks;
 } ag_gpt2_config;
 AG_API ag_gpt2_config ag_gpt2_config_tiny(void);  /* 2 layers, 64 wide, 4 heads, vocab 256 */

@@ -304,7 +304,9 @@ typedef struct ag__region {
     const char *type; /* NULL for the function form */
     int (*fn)(void *ud, ag_tensor *const *inputs, int nin, ag_tensor **outs, int max_out);
     void *ud;
-    void *module; /* the module form: its module (nn.h), else NULL */
+    void *module;    /* the module form: its module (nn.h), else NULL */
+    bool checkpoint; /* the body is checkpointed (a checkpointed module; the tracer sets it for
+                      * a call inside ag_checkpoint); part of the cache key */
     ag_tensor *const *inputs;
     int nin;
 } ag__region;

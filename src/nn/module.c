@@ -483,31 +483,38 @@ bool ag_module_is_compile_region(const ag_module *m) {
     return m && m->compile_region;
 }
 
-int ag__module_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
-    if (!m->forward)
-        return ag__err(AG_EINVAL, "%s: this module has no forward", m->type);
-    return m->forward(m, in, nin, out, max_out);
-}
-
-/* m's forward: under tracing as a nested compile region (trace/region_trace.c), else as it is. */
-static int region_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
-                          int max_out) {
-    if (!ag__tls()->tracing || !ag__region_hook)
-        return m->forward(m, in, nin, out, max_out);
-    ag__region r = {.name = m->type,
-                    .key = (const void *)(uintptr_t)m->forward,
-                    .type = m->type,
-                    .module = m,
-                    .inputs = in,
-                    .nin = nin};
-    return ag__region_hook(&r, out, max_out);
-}
-
 /* ag_checkpoint's function for a checkpointed module: its own forward. */
 static int checkpointed_forward(void *ud, ag_tensor *const *in, int nin, ag_tensor **out,
                                 int max_out) {
     ag_module *m = ud;
     return m->forward(m, in, nin, out, max_out);
+}
+
+/* m's forward, through ag_checkpoint when m is checkpointed (not as a compile region: this is
+ * also the body a region traces, trace/region_trace.c, so a checkpointed region's subgraphs
+ * carry the checkpoint's recompute tags). */
+int ag__module_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
+    if (!m->forward)
+        return ag__err(AG_EINVAL, "%s: this module has no forward", m->type);
+    if (m->checkpoint)
+        return ag_checkpoint(checkpointed_forward, m, in, nin, out, max_out);
+    return m->forward(m, in, nin, out, max_out);
+}
+
+/* m's forward: under tracing as a nested compile region (trace/region_trace.c), else as it is
+ * (checkpointed if m is: upstream's nested_compile_region around a checkpointed function). */
+static int region_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
+                          int max_out) {
+    if (!ag__tls()->tracing || !ag__region_hook)
+        return ag__module_forward(m, in, nin, out, max_out);
+    ag__region r = {.name = m->type,
+                    .key = (const void *)(uintptr_t)m->forward,
+                    .type = m->type,
+                    .module = m,
+                    .checkpoint = m->checkpoint,
+                    .inputs = in,
+                    .nin = nin};
+    return ag__region_hook(&r, out, max_out);
 }
 
 /* ---- calling ---- */
@@ -638,9 +645,9 @@ int ag_module_call(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
     ag_site_push();
     int n = module_enter(m);
     if (n == 0) {
-        n = m->checkpoint       ? ag_checkpoint(checkpointed_forward, m, in, nin, out, max_out)
-            : m->compile_region ? region_forward(m, in, nin, out, max_out)
-                                : m->forward(m, in, nin, out, max_out);
+        /* a compile region that is also checkpointed: the region around the checkpoint */
+        n = m->compile_region ? region_forward(m, in, nin, out, max_out)
+                              : ag__module_forward(m, in, nin, out, max_out);
         module_exit(m);
     }
     ag_site_pop();

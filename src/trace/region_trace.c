@@ -8,12 +8,18 @@
  * export) records invoke_subgraph(repeated_subgraphK+1, 'bw_subgraph_I_0', operands...,
  * tangents...) + a getitem per gradient.
  *
- * The first call with a key (the function or the module's forward and type, training, and
- * every operand's dtype, sizes, strides and requires_grad) traces the region in a nested
- * session (trace.c: ag__tracer_begin_nested) on fresh data-less stand-ins for its operands,
- * into a new subgraph; for a joint it also traces the region's joint: the forward again, then
- * ag_grad from one tangent per output back to the operands requiring grad. The cache lives in
- * the outermost session; later calls only emit the call. */
+ * The first call with a key (the function or the module's forward, type, training and
+ * checkpointing, and every operand's dtype, sizes, strides and requires_grad) traces the region in
+ * a nested session (trace.c: ag__tracer_begin_nested) on fresh data-less stand-ins for its
+ * operands, into a new subgraph; for a joint it also traces the region's joint: the forward again,
+ * then ag_grad from one tangent per output back to the operands requiring grad. The cache lives in
+ * the outermost session; later calls only emit the call.
+ *
+ * A checkpointed region (a checkpointed module, or a function calling ag_checkpoint) traces
+ * its body through ag_checkpoint, so both subgraphs' forward nodes carry the checkpoint's
+ * recompute=MUST_RECOMPUTE and ac_graph_id (numbered from 1 in each subgraph: a nested session
+ * starts with no checkpoint open), and the region's joint partitions once to save what
+ * checkpointing saves. */
 #include "../graph/graph_internal.h"
 #include "../nn/nn_internal.h"
 
@@ -23,6 +29,7 @@ typedef struct region_entry {
     const void *key;
     char *type; /* NULL for the function form */
     bool training;
+    bool checkpoint; /* the body is checkpointed (ag__region.checkpoint) */
     int nops;
     ag_tmeta *ops;
     bool *rg;                      /* operand requires grad */
@@ -115,7 +122,8 @@ static region_entry *lookup(ag__region_cache *c, const ag__region *r, const oper
     for (int64_t i = 0; c && i < c->n; i++) {
         region_entry *e = &c->e[i];
         if (e->key != r->key || e->nops != o->n || e->training != training ||
-            (!e->type) != (!r->type) || (e->type && strcmp(e->type, r->type)))
+            e->checkpoint != r->checkpoint || (!e->type) != (!r->type) ||
+            (e->type && strcmp(e->type, r->type)))
             continue;
         bool same = true;
         for (int k = 0; k < o->n && same; k++) {
@@ -232,7 +240,14 @@ static ag_graph *trace_sub(ag__tracer *T, const ag__region *r, const operands *o
     ag_scope_begin();
     if (rc == 0) {
         uint64_t errs = ag__err_count();
+        /* a checkpointed region: its body's forward nodes tagged as one checkpoint (the
+         * nested session began with none open; a checkpointed module's own ag_checkpoint
+         * joins this one) */
+        ag__tls_state *ts = ag__tls();
+        if (r->checkpoint)
+            ts->ckpt_region = ++ts->ckpt_serial;
         n = run_region(r, o, ins, outs, AG_MAX_OUTPUTS + 1);
+        ts->ckpt_region = 0;
         if (n < 0) {
             char why[512];
             snprintf(why, sizeof why, "%s", ag__err_count() != errs ? ag_last_error() : "");
@@ -341,6 +356,7 @@ static region_entry *new_entry(ag__tracer *T, const ag__region *r, const operand
     memset(e, 0, sizeof *e);
     e->key = r->key;
     e->training = r->module && ag_module_is_training(r->module);
+    e->checkpoint = r->checkpoint;
     e->nops = o->n;
     e->index = (int)c->n;
     e->ops = ag__calloc((size_t)(o->n ? o->n : 1), sizeof *e->ops);
@@ -468,14 +484,21 @@ static int region_backward(void *ud, ag_tensor *const *gout, int nout, ag_tensor
 
 /* ---- the hook ---- */
 
-int ag__trace_region(const ag__region *r, ag_tensor **outs, int max_out) {
+int ag__trace_region(const ag__region *r0, ag_tensor **outs, int max_out) {
     ag__tracer *T = ag__tracer_active();
     /* A region inside a region (or met by a pass's session): traced inline. */
     if (!T || ag__tracer_region(T)) {
-        if (r->module)
-            return ag__module_forward(r->module, r->inputs, r->nin, outs, max_out);
-        return r->fn(r->ud, r->inputs, r->nin, outs, max_out);
+        if (r0->module)
+            return ag__module_forward(r0->module, r0->inputs, r0->nin, outs, max_out);
+        return r0->fn(r0->ud, r0->inputs, r0->nin, outs, max_out);
     }
+    /* A region called inside a checkpoint's forward is checkpointed too: its subgraphs' forward
+     * nodes carry the tags (the outer call's nodes do as well, but an invoke_subgraph is never
+     * recomputed: the region's partition is what saves less). */
+    ag__tls_state *ts0 = ag__tls();
+    ag__region rr = *r0;
+    rr.checkpoint |= ts0->ckpt_region && ts0->bw_seq_nr < 0 && !ag__tracer_in_backward(T);
+    const ag__region *r = &rr;
     operands o;
     int rc = operands_of(r, &o);
     ag_node **nodes = rc ? NULL : ag__calloc((size_t)(o.n ? o.n : 1), sizeof *nodes);
