@@ -327,11 +327,16 @@ static int shard_graph(const ag_joint *j, const ag_mesh *mesh, const ag_shard_pl
                        ag_graph **out) {
     const ag_graph *src = ag_joint_graph(j);
     /* Propagation knows flat graphs only: a joint calling subgraphs is sharded inlined (the
-     * rank's joint then has no subgraphs). */
+     * rank's joint then has no subgraphs). A region's joint subgraph recomputes the region's
+     * forward; inlined, that copy is the forward's own nodes again, which CSE merges (else
+     * the backward would compute the blocks a second time). */
     ag_graph *flat = NULL;
     if (ag_graph_num_subgraphs(src) > 0) {
-        if (!(flat = ag_graph_inline_subgraphs(src)))
-            return ag_last_status() ? ag_last_status() : AG_ENOMEM;
+        int rc = (flat = ag_graph_inline_subgraphs(src)) ? ag_graph_cse(flat) : AG_ENOMEM;
+        if (rc < 0) {
+            ag_graph_free(flat);
+            return ag_last_status() ? ag_last_status() : rc;
+        }
         src = flat;
     }
     int rc = shard_graph_flat(src, mesh, plan, out);
