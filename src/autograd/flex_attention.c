@@ -942,6 +942,10 @@ int ag_flex_attention(ag_tensor *q, ag_tensor *k, ag_tensor *v, const ag_score_m
         s = NULL; /* owned by the node, or freed */
     }
     saved_free(s);
+    return ag__flex_hand_out(rc, res, out, lse);
+}
+
+int ag__flex_hand_out(int rc, ag_tensor *res[2], ag_tensor **out, ag_tensor **lse) {
     if (rc) {
         ag_tensor_free(res[0]);
         ag_tensor_free(res[1]);

@@ -20,6 +20,10 @@ int ag__flex_traced(ag_tensor *q, ag_tensor *k, ag_tensor *v, const ag_score_mod
 /* The block mask's mask_mod (fn NULL when it has none) into *out. */
 void ag__block_mask_mod(const ag_block_mask *m, ag_mask_mod *out);
 /* Another reference to m (dropped by ag_block_mask_free). */
+/* The end of a flex_attention call: rc != 0 frees res[0..1] and returns rc; else hands res[0]
+ * to *out and res[1] to *lse (freed when lse is NULL) through the caller's scope; AG_ENOMEM
+ * when the scope cannot take them. */
+int ag__flex_hand_out(int rc, ag_tensor *res[2], ag_tensor **out, ag_tensor **lse);
 ag_block_mask *ag__block_mask_retain(const ag_block_mask *m);
 
 /* flex_attention_backward on explicit tensors (the graph layer's interpreter): grads gets

@@ -187,15 +187,6 @@ typedef struct tile_fn {
     tile_copy c[TILE_SHAPES];
 } tile_fn;
 
-static bool same_meta(const ag_tmeta *a, const ag_tmeta *b) {
-    if (a->dtype != b->dtype || a->ndim != b->ndim || a->offset != b->offset)
-        return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->sizes[d] != b->sizes[d] || a->strides[d] != b->strides[d])
-            return false;
-    return true;
-}
-
 static void tile_copy_free(tile_copy *c) {
     ag_graph_free(c->g);
     ag__free(c->in);
@@ -240,7 +231,7 @@ static const ag_graph *tile_fn_graph(tile_fn *f, const ag_tmeta *m, int nin) {
     for (int i = 0; i < TILE_SHAPES && f->c[i].g; i++) {
         bool same = true;
         for (int k = 0; k < nin && same; k++)
-            same = same_meta(&f->c[i].in[k], &m[k]);
+            same = ag__tmeta_equal(&f->c[i].in[k], &m[k]);
         if (same)
             return f->c[i].g;
     }

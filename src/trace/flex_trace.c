@@ -428,15 +428,5 @@ int ag__flex_traced(ag_tensor *q, ag_tensor *k, ag_tensor *v, const ag_score_mod
         }
     }
     rec_free(r);
-    if (rc) {
-        ag_tensor_free(res[0]);
-        ag_tensor_free(res[1]);
-        return rc;
-    }
-    *out = ag__give(res[0]);
-    if (lse)
-        *lse = ag__give(res[1]);
-    else
-        ag_tensor_free(res[1]);
-    return 0;
+    return ag__flex_hand_out(rc, res, out, lse);
 }

@@ -108,15 +108,6 @@ static int operands_of(const ag__region *r, operands *o) {
 
 /* ---- the cache ---- */
 
-static bool meta_eq(const ag_tmeta *a, const ag_tmeta *b) {
-    if (a->dtype != b->dtype || a->ndim != b->ndim || a->offset != b->offset)
-        return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->sizes[d] != b->sizes[d] || a->strides[d] != b->strides[d])
-            return false;
-    return true;
-}
-
 static region_entry *lookup(ag__region_cache *c, const ag__region *r, const operands *o) {
     bool training = r->module && ag_module_is_training(r->module);
     for (int64_t i = 0; c && i < c->n; i++) {
@@ -129,7 +120,7 @@ static region_entry *lookup(ag__region_cache *c, const ag__region *r, const oper
         for (int k = 0; k < o->n && same; k++) {
             ag_tmeta m;
             ag__tmeta_of(o->t[k], &m);
-            same = meta_eq(&m, &e->ops[k]) && e->rg[k] == is_float_rg(o->t[k]);
+            same = ag__tmeta_equal(&m, &e->ops[k]) && e->rg[k] == is_float_rg(o->t[k]);
         }
         if (same)
             return e;
