@@ -44,23 +44,10 @@
  * plan never places a member's output over what the fused kernel still reads. A group whose
  * operands a run finds unsuitable runs its members one by one. Results are bit-identical.
  *
- * Subgraphs. A call of invoke_subgraph is a step like a multi-output kernel whose outputs the
- * memory plan places as any other; its subgraph gets one plan of its own (made at ag_plan_new
- * with the same options, whatever the number of calls) that the step runs on the operands with
- * the step's output structs as destinations: a subgraph output that is a kernel output of its
- * own is computed straight into the caller's buffer; an operand passed through (a region's
- * forward saving its input) is no buffer at all: the call's getitem reads the operand's value,
- * as a view would, unless a later node of the graph may mutate a value (then it is copied, as
- * are views and constants). A None output (a grad nobody needs) is left empty. The subgraph's
- * plan hands nothing out, so no buffer of the caller aliases one that the next call
- * overwrites.
- *
- * flex_attention / flex_attention_backward (flex_hop.c's higher-order ops) are steps like
- * multi-output kernels too: the step runs ag__flex_call_run, the interpreter's code, on its
- * bound tensors with copies of the score and mask graphs (taken at ag_plan_new, run per tile, one
- * copy per tile shape, as score_mod / mask_mod), and copies the results into the step's buffers.
- * The op allocates its results and per-tile temporaries at every run (its graphs run by the
- * interpreter on each tile), so a plan holding these steps is not allocation-free when warm.
+ * Higher-order calls (plan_calls.c). An invoke_subgraph call and a flex_attention(_backward)
+ * call are steps like multi-output kernels whose outputs the memory plan places as any other:
+ * the first runs its subgraph's own plan (one per subgraph) with the step's buffers as
+ * destinations, the second flex_hop.c's code on its bound tensors; see there.
  *
  * Checking mode (ag_plan_opts.checking) fills every arena buffer with a poison pattern (a
  * NaN with a fixed payload for floats, 0xAB bytes otherwise) at the start of a run and as soon
@@ -76,118 +63,6 @@
 #include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
-
-typedef enum pv_kind {
-    PV_INPUT = 0, /* a placeholder */
-    PV_CONST,     /* a get_attr constant */
-    PV_BUF,       /* a kernel output owning a buffer */
-    PV_ALIAS,     /* a view of another value's storage */
-} pv_kind;
-
-typedef struct pv {
-    pv_kind kind;
-    int node; /* defining node index */
-    int root; /* the value owning the storage (itself unless ALIAS) */
-    int buf;  /* buffer of the root (BUF roots only), else -1 */
-    int ph;   /* INPUT: placeholder position */
-    int last; /* last node reading it */
-    bool dyn; /* ALIAS rooted at an input: geometry recomputed each run */
-    int pass; /* invoke_subgraph output slots: 1 + the operand's value it passes through (the
-               * slot is an ALIAS of it, its getitem reads the operand), else 0 */
-    ag_tmeta val;
-} pv;
-
-typedef struct tpool {
-    ag_tensor **t;
-    int64_t n, cap;
-} tpool;
-
-typedef struct pbuf {
-    int64_t size;  /* aligned bytes (arena) */
-    int64_t bytes; /* exact bytes */
-    int start, end;
-    int64_t offset; /* arena offset; -1 for output buffers */
-    bool out;
-    int root;         /* the value that made it */
-    ag_storage st;    /* arena buffers: points into the arena */
-    tpool owners;     /* output buffers: storages (held through owner tensors) */
-    ag_tensor *cur;   /* output buffers: this run's owner */
-    ag_storage *into; /* output buffers of a subgraph's run: the caller's storage written */
-} pbuf;
-
-typedef enum step_kind { STEP_KERNEL = 0, STEP_VIEW } step_kind;
-
-typedef struct pstep {
-    step_kind kind;
-    int node;
-    const ag_op *op;
-    ag_arg args[AG_MAX_ARGS];
-    ag_tensor **outs; /* nouts output structs (in mem) */
-    int nouts;
-    int view_val; /* STEP_VIEW: the view's value */
-    int *reads;   /* values of the tensor arguments (checking) */
-    int nreads;
-    void *mem; /* lists, int arrays and strings the args point to (in the plan's step_mem) */
-    ag__fuse_group fuse; /* the first step of a fused group: its rule (fuse.f->n steps) */
-    int sub;             /* invoke_subgraph: 1 + the index of its subgraph's plan; else 0 */
-    int flex;            /* flex_attention(_backward): 1 + the index of its graphs; else 0 */
-} pstep;
-
-typedef struct pflex {
-    ag_graph *score, *mask; /* copies of the call's score and mask graphs (mask may be NULL) */
-} pflex;
-
-typedef struct pout {
-    int val;     /* -1: None */
-    int same_as; /* an earlier output slot with the same value, or -1 */
-    tpool pool;  /* tensor structs handed out for this slot */
-} pout;
-
-struct ag_plan {
-    ag_plan_opts opts;
-    int nnodes;
-    char **names;     /* per node, into name_chars */
-    char *name_chars; /* the node names, one block */
-    char *step_mem;   /* the steps' mem, one block */
-    size_t step_mem_used, step_mem_size;
-    int *node_val; /* per node: its first value, -1 when none */
-    int nvals;
-    pv *vals;
-    ag_tensor *tens; /* per value (unused for CONST) */
-    ag_tensor **tp;  /* per value: the struct kernels see */
-    int nbufs;
-    pbuf *bufs;
-    int nsteps;
-    pstep *steps;
-    int nph;
-    int *ph_val;
-    int nouts;
-    pout *outs;
-    int out_node;
-    char *arena;
-    int64_t arena_bytes, sum_bytes, ideal_bytes, out_bytes;
-    int ninplace, nplanned, nkernel, nview, narena_bufs;
-    ag_storage dummy;           /* what idle pool tensors point at */
-    ag_tensor **pick;           /* per output slot: the struct chosen this run */
-    int *by_end;                /* checking: arena buffers by end */
-    int *live;                  /* checking: scratch */
-    ag__fuse_group *fuse_at;    /* building: per node, the fused group it starts */
-    int nfused;                 /* fused groups */
-    int64_t fused_declined;     /* group runs that fell back to one kernel per node */
-    bool coll_check;            /* the collective-order check (coll_order.c) is due */
-    const ag_graph **subgraphs; /* the subgraphs invoke_subgraph calls, one plan each */
-    ag_plan **subplans;
-    int nsubplans;
-    int64_t subgraphs_cap, subplans_cap;
-    pflex *flex; /* the graphs of the flex_attention steps, one entry per step */
-    int nflex;
-    int64_t flex_cap;
-    int64_t nruns; /* successful runs */
-    int64_t ninto; /* subgraph runs: outputs computed in the caller's buffers, all runs */
-    int64_t npass; /* subgraph runs: operands passed through (the caller reads the operand) */
-    int64_t ncopy; /* subgraph runs: outputs copied into the caller's buffers */
-    int last_mut;  /* building: the last node that may mutate a value (-1: none) */
-};
 
 static int64_t align_up(int64_t n) {
     return (n + AG_ALIGN - 1) / AG_ALIGN * AG_ALIGN;
@@ -281,7 +156,7 @@ static bool slot_idle(const ag_tensor *t) {
 
 /* ---- building: values ---- */
 
-static int val_of_node(const ag_plan *p, const ag_node *user, const ag_node *d, int *v) {
+int ag__plan_val_of_node(const ag_plan *p, const ag_node *user, const ag_node *d, int *v) {
     int di = ag_node_index(d);
     if (ag_node_kind_of(d) == AG_NODE_CALL && ag_node_num_vals(d) > 1 &&
         ag_node_kind_of(user) != AG_NODE_GETITEM)
@@ -326,83 +201,11 @@ static int count_values(const ag_graph *g, int *ncalls) {
     return n;
 }
 
-/* The plan of subgraph sub (*k: its index), made on first use with the plan's options: a
- * subgraph is planned once however many calls run it. */
-static int subplan_of(ag_plan *p, const ag_graph *sub, int *k) {
-    for (int i = 0; i < p->nsubplans; i++)
-        if (p->subgraphs[i] == sub) {
-            if (k)
-                *k = i;
-            return 0;
-        }
-    int n = p->nsubplans;
-    if (ag__grow((void **)&p->subgraphs, &p->subgraphs_cap, n + 1, sizeof *p->subgraphs) ||
-        ag__grow((void **)&p->subplans, &p->subplans_cap, n + 1, sizeof *p->subplans))
-        return AG_ENOMEM;
-    const ag_graph **gs = p->subgraphs;
-    ag_plan **ps = p->subplans;
-    ag_plan *sp = ag_plan_new(sub, &p->opts);
-    if (!sp) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", ag_last_error());
-        int rc = ag_last_status();
-        return ag__err(rc < 0 ? rc : AG_EINVAL, "plan_new: a subgraph: %s", msg);
-    }
-    gs[n] = sub;
-    ps[n] = sp;
-    p->nsubplans = n + 1;
-    if (k)
-        *k = n;
-    return 0;
-}
-
-/* Whether call x may write a tensor it reads: an in-place or mutating op, or a subgraph call
- * whose subgraph holds one. */
-static bool may_mutate(const ag_node *x) {
-    const ag_op *op = ag_node_op(x);
-    if (ag_op_def(op)->flags & AG_OP_INPLACE)
-        return true;
-    for (int a = 0; a < op->nargs; a++)
-        if (op->mutates[a])
-            return true;
-    if (ag_op_def(op)->flags & AG_OP_SUBGRAPH) {
-        const ag_graph *sub = ag_node_subgraph(ag_node_arg_node(x, 0));
-        for (ag_node *y = sub ? ag_graph_first(sub) : NULL; y; y = ag_node_next(y))
-            if (ag_node_kind_of(y) == AG_NODE_CALL && may_mutate(y))
-                return true;
-    }
-    return false;
-}
-
-/* Output k of subgraph call x when its subgraph returns placeholder j there: the value of
- * operand j, which the call's readers then read directly (no copy into a buffer of its own);
- * else -1. Only when nothing after the call may mutate a value (p->last_mut), so the operand
- * and the output cannot diverge. */
-static int passthrough_value(ag_plan *p, const ag_node *x, int k) {
-    if (ag_node_index(x) <= p->last_mut)
-        return -1;
-    const ag_graph *sub = ag_node_subgraph(ag_node_arg_node(x, 0));
-    const ag_node *o = sub ? ag_graph_output_node(sub) : NULL;
-    const ag_garg *oa = o ? ag_node_arg(o, 0) : NULL;
-    if (!oa || oa->kind != AG_GA_NODES || k >= oa->n || !oa->u.nodes[k] ||
-        ag_node_kind_of(oa->u.nodes[k]) != AG_NODE_PLACEHOLDER)
-        return -1;
-    int j = 0;
-    for (ag_node *y = ag_graph_first(sub); y && y != oa->u.nodes[k]; y = ag_node_next(y))
-        j += ag_node_kind_of(y) == AG_NODE_PLACEHOLDER;
-    const ag_garg *ops = ag_node_arg(x, 2);
-    int v = -1;
-    if (!ops || ops->kind != AG_GA_NODES || j >= ops->n || !ops->u.nodes[j] ||
-        val_of_node(p, x, ops->u.nodes[j], &v))
-        return -1;
-    return v;
-}
-
 /* Assigns every node its values (kinds, roots) and checks what the executor supports. */
 static int assign_values(ag_plan *p, const ag_graph *g) {
     p->last_mut = -1;
     for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x))
-        if (ag_node_kind_of(x) == AG_NODE_CALL && may_mutate(x))
+        if (ag_node_kind_of(x) == AG_NODE_CALL && ag__plan_may_mutate(x))
             p->last_mut = ag_node_index(x);
     for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
         int i = ag_node_index(x);
@@ -425,7 +228,7 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
                 bool invoked = false;
                 for (int u = 0; u < ag_node_num_users(x) && !invoked; u++)
                     invoked = !ag__op_is_flex(ag_node_op(ag_node_user(x, u)));
-                int rc = invoked ? subplan_of(p, ag_node_subgraph(x), NULL) : 0;
+                int rc = invoked ? ag__plan_subplan_of(p, ag_node_subgraph(x), NULL) : 0;
                 if (rc)
                     return rc;
                 break;
@@ -463,7 +266,7 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
                 if (nv != 1 || !a0 || a0->kind != AG_GA_NODE || !a0->u.node)
                     return ag__err(AG_EINVAL, "plan_new: %%%s: view %s without a base",
                                    ag_node_name(x), ag_op_name(op));
-                int rc = val_of_node(p, x, a0->u.node, &base);
+                int rc = ag__plan_val_of_node(p, x, a0->u.node, &base);
                 if (rc)
                     return rc;
                 int v = new_value(p, PV_ALIAS, i, ag_node_val(x, 0));
@@ -485,7 +288,7 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
                 if (nv != 1 || !a0 || a0->kind != AG_GA_NODE || !a0->u.node)
                     return ag__err(AG_EINVAL, "plan_new: %%%s: in-place %s without self",
                                    ag_node_name(x), ag_op_name(op));
-                int rc = val_of_node(p, x, a0->u.node, &p->node_val[i]);
+                int rc = ag__plan_val_of_node(p, x, a0->u.node, &p->node_val[i]);
                 if (rc)
                     return rc;
                 break;
@@ -494,7 +297,7 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
                 int v = new_value(p, PV_BUF, i, ag_node_val(x, k));
                 if (k == 0)
                     p->node_val[i] = v;
-                int src = (def->flags & AG_OP_SUBGRAPH) ? passthrough_value(p, x, k) : -1;
+                int src = (def->flags & AG_OP_SUBGRAPH) ? ag__plan_passthrough_value(p, x, k) : -1;
                 if (src >= 0) {
                     p->vals[v].kind = PV_ALIAS;
                     p->vals[v].root = p->vals[src].root;
@@ -524,7 +327,7 @@ static int for_each_read(ag_plan *p, const ag_node *x, read_fn fn, void *ud) {
             ag_node *d = a->kind == AG_GA_NODE ? a->u.node : a->u.nodes[k];
             if (!d || ag_node_subgraph(d))
                 continue;
-            int v = -1, rc = val_of_node(p, x, d, &v);
+            int v = -1, rc = ag__plan_val_of_node(p, x, d, &v);
             if (rc == 0)
                 rc = fn(p, x, v, ud);
             if (rc)
@@ -577,7 +380,7 @@ static int inplace_source(ag_plan *p, const ag_node *x, int o, const bool *out_r
         if (a->kind != AG_GA_NODE || !a->u.node)
             continue;
         int v = -1;
-        if (val_of_node(p, x, a->u.node, &v))
+        if (ag__plan_val_of_node(p, x, a->u.node, &v))
             return -1;
         const pv *xv = &p->vals[v];
         if (xv->kind != PV_BUF || xv->buf < 0)
@@ -729,7 +532,7 @@ static int bind_args(ag_plan *p, const ag_node *x, pstep *s) {
                 raw[i] = AG_A_NONE;
                 break;
             }
-            if (val_of_node(p, x, a->u.node, &v))
+            if (ag__plan_val_of_node(p, x, a->u.node, &v))
                 return ag_last_status();
             s->reads[s->nreads++] = v;
             raw[i] = AG_A_T(p->tp[v]);
@@ -741,7 +544,7 @@ static int bind_args(ag_plan *p, const ag_node *x, pstep *s) {
                 ts[k] = NULL;
                 if (!a->u.nodes[k] || ag_node_subgraph(a->u.nodes[k])) /* a flex mask graph */
                     continue;
-                if (val_of_node(p, x, a->u.nodes[k], &v))
+                if (ag__plan_val_of_node(p, x, a->u.nodes[k], &v))
                     return ag_last_status();
                 s->reads[s->nreads++] = v;
                 ts[k] = p->tp[v];
@@ -843,30 +646,6 @@ static ag_storage *initial_storage(ag_plan *p, int v) {
     return &p->dummy;
 }
 
-/* A flex_attention step's graphs: copies of its score graph (argument 3, or 7 for the
- * backward) and of the mask graph (the block mask list's last element, may be None). */
-static int flex_graphs_of(ag_plan *p, const ag_node *x) {
-    const bool bwd = ag_node_op(x) == ag__op_flex_attention(true);
-    const ag_node *sn = ag_node_arg_node(x, bwd ? 7 : 3);
-    const ag_garg *bm = ag_node_arg(x, bwd ? 9 : 4);
-    const ag_node *mn = bm && bm->kind == AG_GA_NODES && bm->n == 9 ? bm->u.nodes[8] : NULL;
-    if (!sn || !ag_node_subgraph(sn) || (mn && !ag_node_subgraph(mn)))
-        return ag__err(AG_EINVAL, "plan_new: %%%s: the score or mask graph is not a subgraph",
-                       ag_node_name(x));
-    if (ag__grow((void **)&p->flex, &p->flex_cap, p->nflex + 1, sizeof *p->flex))
-        return AG_ENOMEM;
-    pflex *f = &p->flex[p->nflex];
-    f->score = ag_graph_copy(ag_node_subgraph(sn));
-    f->mask = mn ? ag_graph_copy(ag_node_subgraph(mn)) : NULL;
-    if (!f->score || (mn && !f->mask)) {
-        ag_graph_free(f->score);
-        ag_graph_free(f->mask);
-        return ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
-    }
-    p->nflex++;
-    return 0;
-}
-
 static int make_steps(ag_plan *p, const ag_graph *g) {
     /* Structs of inputs and buffers first: views read them. */
     for (int v = 0; v < p->nvals; v++) {
@@ -915,12 +694,12 @@ static int make_steps(ag_plan *p, const ag_graph *g) {
         }
         s->kind = STEP_KERNEL;
         if (ag__op_is_flex(op)) {
-            if ((rc = flex_graphs_of(p, x)))
+            if ((rc = ag__plan_flex_graphs_of(p, x)))
                 return rc;
             s->flex = p->nflex;
         } else if (def->flags & AG_OP_SUBGRAPH) {
             int k = 0;
-            if ((rc = subplan_of(p, ag_node_subgraph(ag_node_arg_node(x, 0)), &k)))
+            if ((rc = ag__plan_subplan_of(p, ag_node_subgraph(ag_node_arg_node(x, 0)), &k)))
                 return rc;
             s->sub = k + 1;
         }
@@ -963,7 +742,7 @@ static int make_outputs(ag_plan *p, const ag_graph *g, bool *out_root) {
         po->same_as = -1;
         if (!a->u.nodes[k])
             continue;
-        if ((rc = val_of_node(p, o, a->u.nodes[k], &po->val)))
+        if ((rc = ag__plan_val_of_node(p, o, a->u.nodes[k], &po->val)))
             break;
         po->same_as = first_slot[po->val];
         if (po->same_as < 0)
@@ -1153,7 +932,7 @@ ag_plan *ag_plan_new(const ag_graph *g, const ag_plan_opts *opts) {
 }
 
 /* The first run of a plan with collectives: the ranks compare their sequences of them. */
-static int check_collectives(ag_plan *p) {
+int ag__plan_check_collectives(ag_plan *p) {
     int n = 0;
     for (int si = 0; si < p->nsteps; si++)
         n += p->steps[si].kind == STEP_KERNEL &&
@@ -1384,7 +1163,7 @@ static void sort_by_end(ag_plan *p, int *n) {
     *n = k;
 }
 
-static int bind_inputs(ag_plan *p, ag_tensor *const *inputs, int ninputs) {
+int ag__plan_bind_inputs(ag_plan *p, ag_tensor *const *inputs, int ninputs) {
     if (ninputs != p->nph)
         return ag__err(AG_EINVAL, "plan: the graph has %d placeholders, %d inputs given", p->nph,
                        ninputs);
@@ -1421,7 +1200,7 @@ static int bind_inputs(ag_plan *p, ag_tensor *const *inputs, int ninputs) {
  * value at its storage. On ENOMEM nothing is handed out and the pools stay consistent. */
 /* This run's storage of each output buffer not bound to a caller's storage: an idle one from
  * its pool, else a new one. */
-static int acquire_out_buffers(ag_plan *p) {
+int ag__plan_acquire_out_buffers(ag_plan *p) {
     for (int bi = 0; bi < p->nbufs; bi++) {
         pbuf *b = &p->bufs[bi];
         if (!b->out || b->into)
@@ -1466,25 +1245,7 @@ static int acquire_storages(ag_plan *p) {
             if (slot_idle(tp->t[i]))
                 reclaim(p, tp->t[i]);
     }
-    return acquire_out_buffers(p);
-}
-
-/* A subgraph's run (plan_run_into): an output buffer whose value is output k itself is bound
- * to dst[k]'s storage (its kernel writes there); the others come from their pools. */
-static int acquire_storages_into(ag_plan *p, ag_tensor *const *dst) {
-    for (int bi = 0; bi < p->nbufs; bi++)
-        p->bufs[bi].into = NULL;
-    for (int k = 0; k < p->nouts; k++) {
-        const pout *po = &p->outs[k];
-        if (po->val < 0 || po->same_as >= 0)
-            continue;
-        const pv *x = &p->vals[po->val];
-        if (x->kind != PV_BUF || x->root != po->val || !p->bufs[x->buf].out ||
-            p->bufs[x->buf].into || dst[k]->storage->nbytes < (size_t)p->bufs[x->buf].bytes)
-            continue;
-        p->bufs[x->buf].into = dst[k]->storage;
-    }
-    return acquire_out_buffers(p);
+    return ag__plan_acquire_out_buffers(p);
 }
 
 /* Per thread: a profiler sees the steps of the plans its own thread runs. */
@@ -1496,82 +1257,15 @@ void ag__plan_set_step_hook(ag__plan_step_fn fn, void *ud) {
     step_hook_ud = ud;
 }
 
-/* Calls one step's kernel; bumps the versions of what it mutates. */
-static int plan_run_into(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor *const *dst,
-                         int ndst);
-
-/* invoke_subgraph: runs the subgraph's plan on the operands, its outputs written into the
- * step's buffers (plan_run_into): nothing of the subplan's is handed out, so nothing of the
- * outer plan aliases a buffer the next call reuses, and a warm run allocates nothing. */
-static int run_subgraph(ag_plan *p, pstep *s) {
-    ag_plan *sp = p->subplans[s->sub - 1];
-    const ag_arg *ops = &s->args[2];
-    int rc = plan_run_into(sp, ops->u.ts, ops->n, s->outs, s->nouts);
-    if (rc < 0) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", ag_last_error());
-        return ag__err(rc, "plan: %%%s: %s", nname(p, s->node), msg);
-    }
-    return 0;
-}
-
-/* flex_attention(_backward): the interpreter's run (ag__flex_call_run) on the step's bound
- * tensors and the plan's copies of its graphs; the results are copied into the step's
- * buffers. */
-static int run_flex(ag_plan *p, pstep *s) {
-    const pflex *f = &p->flex[s->flex - 1];
-    const bool bwd = s->op == ag__op_flex_attention(true);
-    const ag_arg *a = s->args;
-    const int ibm = bwd ? 9 : 4, ibuf = bwd ? 12 : 7;
-    ag__flex_call c = {.bwd = bwd,
-                       .q = a[0].u.t,
-                       .k = a[1].u.t,
-                       .v = a[2].u.t,
-                       .score = f->score,
-                       .mask = f->mask,
-                       .parts = a[ibm].u.ts,
-                       .sizes = a[ibm + 1].u.ints,
-                       .scale = a[ibm + 2].u.f,
-                       .sb = a[ibuf].u.ts,
-                       .nsb = a[ibuf].n,
-                       .mb = a[ibuf + 1].u.ts,
-                       .nmb = a[ibuf + 1].n};
-    if (bwd) {
-        c.out = a[3].u.t, c.lse = a[4].u.t;
-        c.go = a[5].kind == AG_ARG_TENSOR ? a[5].u.t : NULL;
-        c.gl = a[6].kind == AG_ARG_TENSOR ? a[6].u.t : NULL;
-    }
-    if (step_hook)
-        step_hook(ag_op_name(s->op), nname(p, s->node), step_hook_ud);
-    ag_tensor *outs[AG_MAX_OUTPUTS] = {0};
-    ag_scope_begin();
-    int n = ag__flex_call_run(&c, outs);
-    for (int i = 0; i < n; i++)
-        ag_tensor_keep(outs[i]);
-    ag_scope_end();
-    int rc = n < 0 ? n : 0;
-    if (!rc && n != s->nouts)
-        rc = ag__err(AG_EINVAL, "%d output(s), the graph expects %d", n, s->nouts);
-    for (int i = 0; i < n && !rc; i++)
-        if (s->outs[i])
-            rc = ag__copy_into(s->outs[i], outs[i]);
-    for (int i = 0; i < n; i++)
-        ag_tensor_free(outs[i]);
-    if (rc < 0) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", ag_last_error());
-        return ag__err(rc, "plan: %%%s: %s", nname(p, s->node), msg);
-    }
-    return 0;
-}
-
+/* Calls one step's kernel (a subgraph's or flex_attention's call: plan_calls.c); bumps the
+ * versions of what it mutates. */
 static int run_kernel(ag_plan *p, pstep *s, ag__tls_state *ts) {
     if (s->sub)
-        return run_subgraph(p, s);
-    if (s->flex)
-        return run_flex(p, s);
+        return ag__plan_run_subgraph(p, s);
     if (step_hook)
         step_hook(ag_op_name(s->op), nname(p, s->node), step_hook_ud);
+    if (s->flex)
+        return ag__plan_run_flex(p, s);
     ts->dispatch_depth++;
     int rc = ag_op_def(s->op)->kernel(s->args, s->outs);
     ts->dispatch_depth--;
@@ -1613,7 +1307,7 @@ static int run_fused(ag_plan *p, int si, ag__tls_state *ts) {
  * (each rank runs the same steps, so the peers reach these collectives too; a peer that never
  * does ends the job through the timeout watchdog). A started collective has no pending entry
  * once its wait ran, and ag__coll_wait does nothing then. */
-static void settle_collectives(ag_plan *p) {
+void ag__plan_settle_collectives(ag_plan *p) {
     for (int si = 0; si < p->nsteps; si++) {
         const pstep *s = &p->steps[si];
         if (s->kind == STEP_KERNEL && (ag_op_def(s->op)->flags & AG_OP_COLLECTIVE) &&
@@ -1622,7 +1316,7 @@ static void settle_collectives(ag_plan *p) {
     }
 }
 
-static int run_steps(ag_plan *p) {
+int ag__plan_run_steps(ag_plan *p) {
     int nend = 0, next_end = 0;
     if (p->opts.checking) {
         sort_by_end(p, &nend);
@@ -1742,7 +1436,7 @@ static int take_outputs(ag_plan *p, ag_tensor *const *inputs, ag_tensor **outs) 
 }
 
 /* The arena, allocated by the first run. */
-static int ensure_arena(ag_plan *p) {
+int ag__plan_ensure_arena(ag_plan *p) {
     if (p->arena)
         return 0;
     p->arena = ag__malloc((size_t)(p->arena_bytes > 0 ? p->arena_bytes : AG_ALIGN));
@@ -1751,53 +1445,6 @@ static int ensure_arena(ag_plan *p) {
     for (int b = 0; b < p->nbufs; b++)
         if (!p->bufs[b].out)
             p->bufs[b].st.data = p->arena + p->bufs[b].offset;
-    return 0;
-}
-
-/* A subgraph's run: output k is written into dst[k] (a contiguous tensor of its val, which the
- * caller owns): computed there when it is a kernel output of its own, else copied (an input
- * passed through, a view, a constant); a None output writes nothing (dst[k] is the f32[0] of
- * its val). Nothing is handed out. */
-static int plan_run_into(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor *const *dst,
-                         int ndst) {
-    if (ndst != p->nouts)
-        return ag__err(AG_EINVAL, "plan: the subgraph has %d outputs, the call %d", p->nouts, ndst);
-    int rc = bind_inputs(p, inputs, ninputs);
-    if (rc == 0 && p->coll_check)
-        rc = check_collectives(p);
-    if (rc == 0)
-        rc = ensure_arena(p);
-    if (rc == 0)
-        rc = acquire_storages_into(p, dst);
-    if (rc)
-        return rc;
-    ag_scope_begin();
-    rc = run_steps(p);
-    ag_scope_end();
-    if (rc) {
-        settle_collectives(p);
-        return rc;
-    }
-    for (int k = 0; k < p->nouts; k++) {
-        const pout *po = &p->outs[k];
-        if (po->val < 0)
-            continue; /* None: its val in the call is an f32[0] nothing reads */
-        const pv *x = &p->vals[po->val];
-        if (po->same_as < 0 && x->kind == PV_BUF && x->root == po->val &&
-            p->bufs[x->buf].into == dst[k]->storage) {
-            p->ninto++;
-            continue; /* computed in the caller's buffer */
-        }
-        if (x->kind == PV_INPUT && dst[k] == inputs[x->ph]) {
-            p->npass++; /* the caller reads the operand itself */
-            continue;
-        }
-        const ag_tensor *src = x->kind == PV_INPUT ? inputs[x->ph] : p->tp[po->val];
-        if ((rc = ag__copy_into(dst[k], src)))
-            return rc;
-        p->ncopy++;
-    }
-    p->nruns++;
     return 0;
 }
 
@@ -1810,22 +1457,22 @@ int ag_plan_run(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor **o
     if (p->nouts > max_out || (p->nouts > 0 && !outs))
         return ag__err(AG_EINVAL, "plan: the graph has %d outputs, room for %d given", p->nouts,
                        max_out);
-    int rc = bind_inputs(p, inputs, ninputs);
+    int rc = ag__plan_bind_inputs(p, inputs, ninputs);
     if (rc)
         return rc;
-    if (p->coll_check && (rc = check_collectives(p)))
+    if (p->coll_check && (rc = ag__plan_check_collectives(p)))
         return rc;
-    if ((rc = ensure_arena(p)))
+    if ((rc = ag__plan_ensure_arena(p)))
         return rc;
     if ((rc = acquire_storages(p)))
         return rc;
     /* Kernels that call ops internally hand their temporaries to a scope: ours. */
     bool caller_scope = ag__in_scope();
     ag_scope_begin();
-    rc = run_steps(p);
+    rc = ag__plan_run_steps(p);
     ag_scope_end();
     if (rc) {
-        settle_collectives(p);
+        ag__plan_settle_collectives(p);
         return rc;
     }
     if ((rc = take_outputs(p, inputs, outs)))

@@ -1,5 +1,5 @@
-/* Internal interface of the executor (plan.c) and its memory planner (memplan.c), shared with
- * the compiled runtime, the tests and the benchmarks.
+/* Internal interface of the executor (plan.c, its higher-order calls in plan_calls.c) and its
+ * memory planner (memplan.c), shared with the compiled runtime, the tests and the benchmarks.
  *
  * memplan: given buffers with a size and a lifetime (first and last step, inclusive), assigns
  * each an offset in one arena so that no two buffers alive at the same step overlap, and
@@ -11,6 +11,7 @@
 
 #include "../core/internal.h"
 #include "aotgrad/compile.h"
+#include "fuse.h"
 
 /* ---- memplan.c ---- */
 
@@ -82,6 +83,147 @@ int ag__plan_debug_move(ag_plan *p, const char *name, int64_t offset, const char
 /* The fused groups of a plan in step order: up to max of their names ("addmm+gelu", ...) and
  * first nodes' names; returns how many groups there are. */
 int ag__plan_fused_groups(const ag_plan *p, const char **names, const char **first, int max);
+
+/* ---- the plan itself: plan.c and plan_calls.c only (to everyone else ag_plan is opaque) ---- */
+
+typedef enum pv_kind {
+    PV_INPUT = 0, /* a placeholder */
+    PV_CONST,     /* a get_attr constant */
+    PV_BUF,       /* a kernel output owning a buffer */
+    PV_ALIAS,     /* a view of another value's storage */
+} pv_kind;
+
+typedef struct pv {
+    pv_kind kind;
+    int node; /* defining node index */
+    int root; /* the value owning the storage (itself unless ALIAS) */
+    int buf;  /* buffer of the root (BUF roots only), else -1 */
+    int ph;   /* INPUT: placeholder position */
+    int last; /* last node reading it */
+    bool dyn; /* ALIAS rooted at an input: geometry recomputed each run */
+    int pass; /* invoke_subgraph output slots: 1 + the operand's value it passes through (the
+               * slot is an ALIAS of it, its getitem reads the operand), else 0 */
+    ag_tmeta val;
+} pv;
+
+typedef struct tpool {
+    ag_tensor **t;
+    int64_t n, cap;
+} tpool;
+
+typedef struct pbuf {
+    int64_t size;  /* aligned bytes (arena) */
+    int64_t bytes; /* exact bytes */
+    int start, end;
+    int64_t offset; /* arena offset; -1 for output buffers */
+    bool out;
+    int root;         /* the value that made it */
+    ag_storage st;    /* arena buffers: points into the arena */
+    tpool owners;     /* output buffers: storages (held through owner tensors) */
+    ag_tensor *cur;   /* output buffers: this run's owner */
+    ag_storage *into; /* output buffers of a subgraph's run: the caller's storage written */
+} pbuf;
+
+typedef enum step_kind { STEP_KERNEL = 0, STEP_VIEW } step_kind;
+
+typedef struct pstep {
+    step_kind kind;
+    int node;
+    const ag_op *op;
+    ag_arg args[AG_MAX_ARGS];
+    ag_tensor **outs; /* nouts output structs (in mem) */
+    int nouts;
+    int view_val; /* STEP_VIEW: the view's value */
+    int *reads;   /* values of the tensor arguments (checking) */
+    int nreads;
+    void *mem; /* lists, int arrays and strings the args point to (in the plan's step_mem) */
+    ag__fuse_group fuse; /* the first step of a fused group: its rule (fuse.f->n steps) */
+    int sub;             /* invoke_subgraph: 1 + the index of its subgraph's plan; else 0 */
+    int flex;            /* flex_attention(_backward): 1 + the index of its graphs; else 0 */
+} pstep;
+
+typedef struct pflex {
+    ag_graph *score, *mask; /* copies of the call's score and mask graphs (mask may be NULL) */
+} pflex;
+
+typedef struct pout {
+    int val;     /* -1: None */
+    int same_as; /* an earlier output slot with the same value, or -1 */
+    tpool pool;  /* tensor structs handed out for this slot */
+} pout;
+
+struct ag_plan {
+    ag_plan_opts opts;
+    int nnodes;
+    char **names;     /* per node, into name_chars */
+    char *name_chars; /* the node names, one block */
+    char *step_mem;   /* the steps' mem, one block */
+    size_t step_mem_used, step_mem_size;
+    int *node_val; /* per node: its first value, -1 when none */
+    int nvals;
+    pv *vals;
+    ag_tensor *tens; /* per value (unused for CONST) */
+    ag_tensor **tp;  /* per value: the struct kernels see */
+    int nbufs;
+    pbuf *bufs;
+    int nsteps;
+    pstep *steps;
+    int nph;
+    int *ph_val;
+    int nouts;
+    pout *outs;
+    int out_node;
+    char *arena;
+    int64_t arena_bytes, sum_bytes, ideal_bytes, out_bytes;
+    int ninplace, nplanned, nkernel, nview, narena_bufs;
+    ag_storage dummy;           /* what idle pool tensors point at */
+    ag_tensor **pick;           /* per output slot: the struct chosen this run */
+    int *by_end;                /* checking: arena buffers by end */
+    int *live;                  /* checking: scratch */
+    ag__fuse_group *fuse_at;    /* building: per node, the fused group it starts */
+    int nfused;                 /* fused groups */
+    int64_t fused_declined;     /* group runs that fell back to one kernel per node */
+    bool coll_check;            /* the collective-order check (coll_order.c) is due */
+    const ag_graph **subgraphs; /* the subgraphs invoke_subgraph calls, one plan each */
+    ag_plan **subplans;
+    int nsubplans;
+    int64_t subgraphs_cap, subplans_cap;
+    pflex *flex; /* the graphs of the flex_attention steps, one entry per step */
+    int nflex;
+    int64_t flex_cap;
+    int64_t nruns; /* successful runs */
+    int64_t ninto; /* subgraph runs: outputs computed in the caller's buffers, all runs */
+    int64_t npass; /* subgraph runs: operands passed through (the caller reads the operand) */
+    int64_t ncopy; /* subgraph runs: outputs copied into the caller's buffers */
+    int last_mut;  /* building: the last node that may mutate a value (-1: none) */
+};
+
+/* plan.c, for plan_calls.c. */
+/* The value node user reads as d (*v): an error when d has several outputs (only getitem reads
+ * them) or no value. */
+int ag__plan_val_of_node(const ag_plan *p, const ag_node *user, const ag_node *d, int *v);
+/* A run's parts, in order: bind the inputs (checked against the placeholders), the first run's
+ * collective-order check (when p->coll_check), the arena, this run's storages of the output
+ * buffers not bound to a caller's (bufs[].into), the steps, and after a failed run the
+ * collectives it left started. Each 0 or a negative status. */
+int ag__plan_bind_inputs(ag_plan *p, ag_tensor *const *inputs, int ninputs);
+int ag__plan_check_collectives(ag_plan *p);
+int ag__plan_ensure_arena(ag_plan *p);
+int ag__plan_acquire_out_buffers(ag_plan *p);
+int ag__plan_run_steps(ag_plan *p);
+void ag__plan_settle_collectives(ag_plan *p);
+
+/* plan_calls.c: invoke_subgraph and flex_attention(_backward) steps. */
+/* Building: the plan of subgraph sub (*k: its index; one per subgraph), whether call x may
+ * write a tensor it reads, the operand's value that output k of subgraph call x passes through
+ * (or -1), and the copies of a flex_attention call's score and mask graphs (p->flex). */
+int ag__plan_subplan_of(ag_plan *p, const ag_graph *sub, int *k);
+bool ag__plan_may_mutate(const ag_node *x);
+int ag__plan_passthrough_value(ag_plan *p, const ag_node *x, int k);
+int ag__plan_flex_graphs_of(ag_plan *p, const ag_node *x);
+/* Running step s (s->sub, s->flex): 0 or a negative status naming the node. */
+int ag__plan_run_subgraph(ag_plan *p, pstep *s);
+int ag__plan_run_flex(ag_plan *p, pstep *s);
 
 /* ---- coll_order.c: the collective-order check of a plan's first run ---- */
 

@@ -1,0 +1,252 @@
+/* The executor's higher-order calls (plan.c runs them as steps): invoke_subgraph and
+ * flex_attention / flex_attention_backward.
+ *
+ * Subgraphs. A call of invoke_subgraph is a step like a multi-output kernel whose outputs the
+ * memory plan places as any other; its subgraph gets one plan of its own (made at ag_plan_new
+ * with the same options, whatever the number of calls) that the step runs on the operands with
+ * the step's output structs as destinations: a subgraph output that is a kernel output of its
+ * own is computed straight into the caller's buffer; an operand passed through (a region's
+ * forward saving its input) is no buffer at all: the call's getitem reads the operand's value,
+ * as a view would, unless a later node of the graph may mutate a value (then it is copied, as
+ * are views and constants). A None output (a grad nobody needs) is left empty. The subgraph's
+ * plan hands nothing out, so no buffer of the caller aliases one that the next call
+ * overwrites.
+ *
+ * flex_attention / flex_attention_backward (flex_hop.c's higher-order ops) are steps like
+ * multi-output kernels too: the step runs ag__flex_call_run, the interpreter's code, on its
+ * bound tensors with copies of the score and mask graphs (taken at ag_plan_new, run per tile, one
+ * copy per tile shape, as score_mod / mask_mod), and copies the results into the step's buffers.
+ * The op allocates its results and per-tile temporaries at every run (its graphs run by the
+ * interpreter on each tile), so a plan holding these steps is not allocation-free when warm. */
+#include "plan_internal.h"
+#include "../graph/graph_internal.h"
+
+#include <stdio.h>
+
+/* ---- building ---- */
+
+/* The plan of subgraph sub (*k: its index), made on first use with the plan's options: a
+ * subgraph is planned once however many calls run it. */
+int ag__plan_subplan_of(ag_plan *p, const ag_graph *sub, int *k) {
+    for (int i = 0; i < p->nsubplans; i++)
+        if (p->subgraphs[i] == sub) {
+            if (k)
+                *k = i;
+            return 0;
+        }
+    int n = p->nsubplans;
+    if (ag__grow((void **)&p->subgraphs, &p->subgraphs_cap, n + 1, sizeof *p->subgraphs) ||
+        ag__grow((void **)&p->subplans, &p->subplans_cap, n + 1, sizeof *p->subplans))
+        return AG_ENOMEM;
+    const ag_graph **gs = p->subgraphs;
+    ag_plan **ps = p->subplans;
+    ag_plan *sp = ag_plan_new(sub, &p->opts);
+    if (!sp) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", ag_last_error());
+        int rc = ag_last_status();
+        return ag__err(rc < 0 ? rc : AG_EINVAL, "plan_new: a subgraph: %s", msg);
+    }
+    gs[n] = sub;
+    ps[n] = sp;
+    p->nsubplans = n + 1;
+    if (k)
+        *k = n;
+    return 0;
+}
+
+/* Whether call x may write a tensor it reads: an in-place or mutating op, or a subgraph call
+ * whose subgraph holds one. */
+bool ag__plan_may_mutate(const ag_node *x) {
+    const ag_op *op = ag_node_op(x);
+    if (ag_op_def(op)->flags & AG_OP_INPLACE)
+        return true;
+    for (int a = 0; a < op->nargs; a++)
+        if (op->mutates[a])
+            return true;
+    if (ag_op_def(op)->flags & AG_OP_SUBGRAPH) {
+        const ag_graph *sub = ag_node_subgraph(ag_node_arg_node(x, 0));
+        for (ag_node *y = sub ? ag_graph_first(sub) : NULL; y; y = ag_node_next(y))
+            if (ag_node_kind_of(y) == AG_NODE_CALL && ag__plan_may_mutate(y))
+                return true;
+    }
+    return false;
+}
+
+/* Output k of subgraph call x when its subgraph returns placeholder j there: the value of
+ * operand j, which the call's readers then read directly (no copy into a buffer of its own);
+ * else -1. Only when nothing after the call may mutate a value (p->last_mut), so the operand
+ * and the output cannot diverge. */
+int ag__plan_passthrough_value(ag_plan *p, const ag_node *x, int k) {
+    if (ag_node_index(x) <= p->last_mut)
+        return -1;
+    const ag_graph *sub = ag_node_subgraph(ag_node_arg_node(x, 0));
+    const ag_node *o = sub ? ag_graph_output_node(sub) : NULL;
+    const ag_garg *oa = o ? ag_node_arg(o, 0) : NULL;
+    if (!oa || oa->kind != AG_GA_NODES || k >= oa->n || !oa->u.nodes[k] ||
+        ag_node_kind_of(oa->u.nodes[k]) != AG_NODE_PLACEHOLDER)
+        return -1;
+    int j = 0;
+    for (ag_node *y = ag_graph_first(sub); y && y != oa->u.nodes[k]; y = ag_node_next(y))
+        j += ag_node_kind_of(y) == AG_NODE_PLACEHOLDER;
+    const ag_garg *ops = ag_node_arg(x, 2);
+    int v = -1;
+    if (!ops || ops->kind != AG_GA_NODES || j >= ops->n || !ops->u.nodes[j] ||
+        ag__plan_val_of_node(p, x, ops->u.nodes[j], &v))
+        return -1;
+    return v;
+}
+
+/* A flex_attention step's graphs: copies of its score graph (argument 3, or 7 for the
+ * backward) and of the mask graph (the block mask list's last element, may be None). */
+int ag__plan_flex_graphs_of(ag_plan *p, const ag_node *x) {
+    const bool bwd = ag_node_op(x) == ag__op_flex_attention(true);
+    const ag_node *sn = ag_node_arg_node(x, bwd ? 7 : 3);
+    const ag_garg *bm = ag_node_arg(x, bwd ? 9 : 4);
+    const ag_node *mn = bm && bm->kind == AG_GA_NODES && bm->n == 9 ? bm->u.nodes[8] : NULL;
+    if (!sn || !ag_node_subgraph(sn) || (mn && !ag_node_subgraph(mn)))
+        return ag__err(AG_EINVAL, "plan_new: %%%s: the score or mask graph is not a subgraph",
+                       ag_node_name(x));
+    if (ag__grow((void **)&p->flex, &p->flex_cap, p->nflex + 1, sizeof *p->flex))
+        return AG_ENOMEM;
+    pflex *f = &p->flex[p->nflex];
+    f->score = ag_graph_copy(ag_node_subgraph(sn));
+    f->mask = mn ? ag_graph_copy(ag_node_subgraph(mn)) : NULL;
+    if (!f->score || (mn && !f->mask)) {
+        ag_graph_free(f->score);
+        ag_graph_free(f->mask);
+        return ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
+    }
+    p->nflex++;
+    return 0;
+}
+
+/* ---- running ---- */
+
+/* A subgraph's run (plan_run_into): an output buffer whose value is output k itself is bound
+ * to dst[k]'s storage (its kernel writes there); the others come from their pools. */
+static int acquire_storages_into(ag_plan *p, ag_tensor *const *dst) {
+    for (int bi = 0; bi < p->nbufs; bi++)
+        p->bufs[bi].into = NULL;
+    for (int k = 0; k < p->nouts; k++) {
+        const pout *po = &p->outs[k];
+        if (po->val < 0 || po->same_as >= 0)
+            continue;
+        const pv *x = &p->vals[po->val];
+        if (x->kind != PV_BUF || x->root != po->val || !p->bufs[x->buf].out ||
+            p->bufs[x->buf].into || dst[k]->storage->nbytes < (size_t)p->bufs[x->buf].bytes)
+            continue;
+        p->bufs[x->buf].into = dst[k]->storage;
+    }
+    return ag__plan_acquire_out_buffers(p);
+}
+
+/* A subgraph's run: output k is written into dst[k] (a contiguous tensor of its val, which the
+ * caller owns): computed there when it is a kernel output of its own, else copied (an input
+ * passed through, a view, a constant); a None output writes nothing (dst[k] is the f32[0] of
+ * its val). Nothing is handed out. */
+static int plan_run_into(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor *const *dst,
+                         int ndst) {
+    if (ndst != p->nouts)
+        return ag__err(AG_EINVAL, "plan: the subgraph has %d outputs, the call %d", p->nouts, ndst);
+    int rc = ag__plan_bind_inputs(p, inputs, ninputs);
+    if (rc == 0 && p->coll_check)
+        rc = ag__plan_check_collectives(p);
+    if (rc == 0)
+        rc = ag__plan_ensure_arena(p);
+    if (rc == 0)
+        rc = acquire_storages_into(p, dst);
+    if (rc)
+        return rc;
+    ag_scope_begin();
+    rc = ag__plan_run_steps(p);
+    ag_scope_end();
+    if (rc) {
+        ag__plan_settle_collectives(p);
+        return rc;
+    }
+    for (int k = 0; k < p->nouts; k++) {
+        const pout *po = &p->outs[k];
+        if (po->val < 0)
+            continue; /* None: its val in the call is an f32[0] nothing reads */
+        const pv *x = &p->vals[po->val];
+        if (po->same_as < 0 && x->kind == PV_BUF && x->root == po->val &&
+            p->bufs[x->buf].into == dst[k]->storage) {
+            p->ninto++;
+            continue; /* computed in the caller's buffer */
+        }
+        if (x->kind == PV_INPUT && dst[k] == inputs[x->ph]) {
+            p->npass++; /* the caller reads the operand itself */
+            continue;
+        }
+        const ag_tensor *src = x->kind == PV_INPUT ? inputs[x->ph] : p->tp[po->val];
+        if ((rc = ag__copy_into(dst[k], src)))
+            return rc;
+        p->ncopy++;
+    }
+    p->nruns++;
+    return 0;
+}
+
+/* invoke_subgraph: runs the subgraph's plan on the operands, its outputs written into the
+ * step's buffers (plan_run_into): nothing of the subplan's is handed out, so nothing of the
+ * outer plan aliases a buffer the next call reuses, and a warm run allocates nothing. */
+int ag__plan_run_subgraph(ag_plan *p, pstep *s) {
+    ag_plan *sp = p->subplans[s->sub - 1];
+    const ag_arg *ops = &s->args[2];
+    int rc = plan_run_into(sp, ops->u.ts, ops->n, s->outs, s->nouts);
+    if (rc < 0) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", ag_last_error());
+        return ag__err(rc, "plan: %%%s: %s", p->names[s->node], msg);
+    }
+    return 0;
+}
+
+/* flex_attention(_backward): the interpreter's run (ag__flex_call_run) on the step's bound
+ * tensors and the plan's copies of its graphs; the results are copied into the step's
+ * buffers. plan.c's run_kernel called the step hook. */
+int ag__plan_run_flex(ag_plan *p, pstep *s) {
+    const pflex *f = &p->flex[s->flex - 1];
+    const bool bwd = s->op == ag__op_flex_attention(true);
+    const ag_arg *a = s->args;
+    const int ibm = bwd ? 9 : 4, ibuf = bwd ? 12 : 7;
+    ag__flex_call c = {.bwd = bwd,
+                       .q = a[0].u.t,
+                       .k = a[1].u.t,
+                       .v = a[2].u.t,
+                       .score = f->score,
+                       .mask = f->mask,
+                       .parts = a[ibm].u.ts,
+                       .sizes = a[ibm + 1].u.ints,
+                       .scale = a[ibm + 2].u.f,
+                       .sb = a[ibuf].u.ts,
+                       .nsb = a[ibuf].n,
+                       .mb = a[ibuf + 1].u.ts,
+                       .nmb = a[ibuf + 1].n};
+    if (bwd) {
+        c.out = a[3].u.t, c.lse = a[4].u.t;
+        c.go = a[5].kind == AG_ARG_TENSOR ? a[5].u.t : NULL;
+        c.gl = a[6].kind == AG_ARG_TENSOR ? a[6].u.t : NULL;
+    }
+    ag_tensor *outs[AG_MAX_OUTPUTS] = {0};
+    ag_scope_begin();
+    int n = ag__flex_call_run(&c, outs);
+    for (int i = 0; i < n; i++)
+        ag_tensor_keep(outs[i]);
+    ag_scope_end();
+    int rc = n < 0 ? n : 0;
+    if (!rc && n != s->nouts)
+        rc = ag__err(AG_EINVAL, "%d output(s), the graph expects %d", n, s->nouts);
+    for (int i = 0; i < n && !rc; i++)
+        if (s->outs[i])
+            rc = ag__copy_into(s->outs[i], outs[i]);
+    for (int i = 0; i < n; i++)
+        ag_tensor_free(outs[i]);
+    if (rc < 0) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", ag_last_error());
+        return ag__err(rc, "plan: %%%s: %s", p->names[s->node], msg);
+    }
+    return 0;
+}
