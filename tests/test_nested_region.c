@@ -892,10 +892,11 @@ static int count_op(const ag_graph *g, const ag_op *op) {
 
 /* The region's partition of j (default options): how many values its forward subgraph saves,
  * how many of them are its operands, and how many tanh its backward subgraph computes. */
-static void region_partition(const ag_joint *j, int *saved, int *saved_ops, int *bw_tanh) {
+static void region_partition(const ag_joint *j, int *saved, int *saved_ops, int *bw_tanh,
+                             ag_partition_stats *ps) {
     ag_graph *pfw = NULL, *pbw = NULL;
     assert_int_equal(
-        ag_partition(ag_joint_graph(j), ag_joint_num_fw_outputs(j), NULL, &pfw, &pbw, NULL), 0);
+        ag_partition(ag_joint_graph(j), ag_joint_num_fw_outputs(j), NULL, &pfw, &pbw, ps), 0);
     const ag_graph *rfw = ag_graph_subgraph(pfw, "partitioned_fw_subgraph_0_0");
     const ag_graph *rbw = ag_graph_subgraph(pbw, "partitioned_bw_subgraph_0_0");
     assert_non_null(rfw);
@@ -995,8 +996,9 @@ static void test_checkpointed_region(void **st) {
 
     /* the region's partition: checkpointing saves the operands only and recomputes */
     int sr, sr_ops, tr, sc, sc_ops, tc;
-    region_partition(jr, &sr, &sr_ops, &tr);
-    region_partition(jc, &sc, &sc_ops, &tc);
+    ag_partition_stats str, stc;
+    region_partition(jr, &sr, &sr_ops, &tr, &str);
+    region_partition(jc, &sc, &sc_ops, &tc, &stc);
     print_message("region saves %d values (%d operands), checkpointed region %d (%d operands)\n",
                   sr, sr_ops, sc, sc_ops);
     assert_true(sc < sr);
@@ -1005,6 +1007,15 @@ static void test_checkpointed_region(void **st) {
     assert_int_equal(sc, 3); /* x, lin.weight, lin.bias */
     assert_int_equal(tr, 0);
     assert_true(tc >= 1);
+    /* the stats count what the regions' backwards recompute, at each of the 3 calls: the
+     * checkpointed region's tanh and more on top of what the plain region recomputes (the
+     * outer graphs are alike: without the regions' share the two would be equal) */
+    print_message("recomputed: region %d nodes %g FLOPs, checkpointed %d nodes %g FLOPs\n",
+                  str.recomputed_nodes, str.recomputed_flops, stc.recomputed_nodes,
+                  stc.recomputed_flops);
+    assert_true(stc.recomputed_nodes >= 3 * tc + str.recomputed_nodes);
+    /* at least tanh of [4, 3] more, 3 times */
+    assert_true(stc.recomputed_flops >= str.recomputed_flops + 3 * 4 * 3);
 
     /* compiled: the flat un-checkpointed model's output and gradients */
     for (int k = 0; k < 2; k++) {
@@ -1227,8 +1238,8 @@ static void test_region_in_checkpoint(void **st) {
         assert_int_equal(count_recompute(sub, 1, seen), 5); /* mul, sin, mul, sin, tanh */
     }
     int sp, sp_ops, tp, sc, sc_ops, tc;
-    region_partition(jp, &sp, &sp_ops, &tp);
-    region_partition(jc, &sc, &sc_ops, &tc);
+    region_partition(jp, &sp, &sp_ops, &tp, NULL);
+    region_partition(jc, &sc, &sc_ops, &tc, NULL);
     assert_int_equal(sc, 2); /* its two operands */
     assert_int_equal(sc_ops, 2);
     assert_true(sp > sc);
@@ -1316,8 +1327,8 @@ static void test_gpt2_checkpointed_regions(void **st) {
     bool seen[3] = {0};
     assert_true(count_recompute(ag_graph_subgraph(g, "repeated_subgraph1"), 1, seen) > 10);
     int sr, sr_ops, tr, sc, sc_ops, tc;
-    region_partition(jr, &sr, &sr_ops, &tr);
-    region_partition(jc, &sc, &sc_ops, &tc);
+    region_partition(jr, &sr, &sr_ops, &tr, NULL);
+    region_partition(jc, &sc, &sc_ops, &tc, NULL);
     print_message("gpt2 block saves %d values, checkpointed %d (%d operands)\n", sr, sc, sc_ops);
     assert_true(sc < sr);
     assert_int_equal(sc, sc_ops); /* operands only */

@@ -94,6 +94,9 @@ static inline double ag_memory_budget(double b) {
     return b == 0 ? AG_MEMORY_BUDGET_ZERO : b;
 }
 
+/* What a partition saves and recomputes. With regions (invoke_subgraph), the saved values are
+ * the outer graph's (a region's saved values are among them, one getitem each); the recomputed
+ * nodes and FLOPs add what each region's backward recomputes, at every backward call. */
 typedef struct ag_partition_stats {
     int saved_tensors;
     int64_t saved_bytes;

@@ -180,9 +180,11 @@ int ag__partition_flat(const ag_graph *joint, int num_fwd_outputs, const ag_part
                        ag_partition_stats *stats, ag__peak *peak, bool verified);
 /* subgraph_partition.c: partitions each region's joint subgraph of joint once (opts, mode as
  * the outer partition) and gives *out, a copy of joint whose call pairs use them; *out NULL
- * when joint has no backward call of a region. */
+ * when joint has no backward call of a region. *inner: the nodes and FLOPs the regions'
+ * backwards recompute, summed over the backward calls. */
 int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
-                            const ag_partition_opts *opts, ag__budget_mode mode, ag_graph **out);
+                            const ag_partition_opts *opts, ag__budget_mode mode, ag_graph **out,
+                            ag_partition_stats *inner);
 /* subgraph_partition.c: ag_partition with the budget mode exposed (tests and the CLI compare
  * the two): the regions first, then the joint. peak may be NULL. */
 int ag__partition_ex(const ag_graph *joint, int num_fwd_outputs, const ag_partition_opts *opts,

@@ -40,6 +40,7 @@ typedef struct part_pair {
     ag_graph *joint_sub; /* the bw joint subgraph partitioned (borrowed) */
     char fw_name[96], bw_name[96];
     int nfo, nsaved, ngrads;
+    ag_partition_stats st; /* the region's partition: what one call's backward recomputes */
 } part_pair;
 
 static int num_placeholders(const ag_graph *g) {
@@ -230,7 +231,8 @@ done:
 
 /* Partitions joint subgraph S (k operands, m forward outputs) into *fw, *bw. */
 static int partition_region(const ag_graph *S, int k, int m, const ag_partition_opts *opts,
-                            ag__budget_mode mode, ag_graph **fw, ag_graph **bw) {
+                            ag__budget_mode mode, ag_graph **fw, ag_graph **bw,
+                            ag_partition_stats *st) {
     *fw = *bw = NULL;
     ag_graph *Q = ag_graph_copy(S);
     if (!Q)
@@ -270,7 +272,7 @@ static int partition_region(const ag_graph *S, int k, int m, const ag_partition_
     if (rc == 0 && !ag_graph_output(Q, outs, k + m))
         rc = ag_last_status() ? ag_last_status() : AG_ENOMEM;
     if (rc == 0)
-        rc = ag__partition_ex(Q, m, opts, mode, fw, bw, NULL, NULL);
+        rc = ag__partition_ex(Q, m, opts, mode, fw, bw, st, NULL);
     ag_graph_free(Q);
     if (rc == 0 && num_outputs(*fw) > AG_MAX_OUTPUTS)
         rc = ag__err(AG_EINVAL,
@@ -408,8 +410,10 @@ static bool pairs_with(const call_info *F, const call_info *B) {
 }
 
 int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
-                            const ag_partition_opts *opts, ag__budget_mode mode, ag_graph **out) {
+                            const ag_partition_opts *opts, ag__budget_mode mode, ag_graph **out,
+                            ag_partition_stats *inner) {
     *out = NULL;
+    *inner = (ag_partition_stats){0};
     ag__part P;
     int rc = ag__part_init(&P, joint, num_fwd_outputs);
     if (rc)
@@ -471,6 +475,8 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
                              ag_node_name(B->n), attr_name(g, B->sub));
             if (rc)
                 goto done;
+            inner->recomputed_nodes += parts[B->part].st.recomputed_nodes;
+            inner->recomputed_flops += parts[B->part].st.recomputed_flops;
             continue;
         }
         const call_info *F = &calls[B->pair];
@@ -479,7 +485,7 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
         pp->nfo = F->nout;
         pp->ngrads = F->nops;
         ag_graph *fw = NULL, *bw = NULL;
-        if ((rc = partition_region(B->sub, F->nops, F->nout, opts, mode, &fw, &bw))) {
+        if ((rc = partition_region(B->sub, F->nops, F->nout, opts, mode, &fw, &bw, &pp->st))) {
             char msg[512];
             snprintf(msg, sizeof msg, "%s", ag_last_error());
             rc = ag__err(rc, "partition: the region '%s' called by %%%s: %s", attr_name(g, B->sub),
@@ -514,6 +520,8 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
             goto done;
         made[nmade - 1] = NULL;
         B->part = nparts++;
+        inner->recomputed_nodes += pp->st.recomputed_nodes;
+        inner->recomputed_flops += pp->st.recomputed_flops;
     }
     /* The output node lists every grad (thousands of values for a deep model): replacing a
      * getitem it reads would scan the whole list each time. It lets go of the getitems of the
@@ -607,11 +615,16 @@ int ag__partition_ex(const ag_graph *joint, int num_fwd_outputs, const ag_partit
     double budget;
     int rc = ag__memory_budget_of(o.memory_budget, &budget);
     ag_graph *rw = NULL;
+    ag_partition_stats inner = {0};
     if (rc == 0)
-        rc = ag__partition_subgraphs(joint, num_fwd_outputs, opts, mode, &rw);
+        rc = ag__partition_subgraphs(joint, num_fwd_outputs, opts, mode, &rw, &inner);
     if (rc == 0)
         rc = ag__partition_flat(rw ? rw : joint, num_fwd_outputs, opts, mode, fw, bw, stats, peak,
                                 true); /* ag__partition_subgraphs verified the joint */
+    if (rc == 0 && stats) {            /* what the regions' backwards recompute, at every call */
+        stats->recomputed_nodes += inner.recomputed_nodes;
+        stats->recomputed_flops += inner.recomputed_flops;
+    }
     ag_graph_free(rw);
     return rc;
 }
