@@ -315,6 +315,9 @@ extern _Thread_local ag__region_hook_fn ag__region_hook;
 
 /* Checks args against op's schema and fills defaults into full[] (AG_MAX_ARGS entries). */
 int ag__op_check_args(const ag_op *op, const ag_arg *args, int nargs, ag_arg *full);
+/* Runs op's meta function on full arguments into metas (AG_MAX_OUTPUTS entries), the entries
+ * it fills zeroed first; returns what the meta function returns. */
+int ag__op_run_meta(const ag_op *op, const ag_arg *full, ag_tmeta *metas);
 
 /* An op parsed from def but not registered (ag_op_find does not see it); freed with
  * ag__op_free_detached. Used for the with_effects wrappers (ops/with_effects.c). */

@@ -164,10 +164,7 @@ int ag__infer_meta(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *va
     if (rc == 0)
         rc = ag__op_check_args(op, a, nargs, full);
     if (rc == 0) {
-        /* the outputs the meta function writes: all of them for a list (count unknown) */
-        int nclear = ag_op_noutputs(op) < 0 ? AG_MAX_OUTPUTS : ag_op_noutputs(op);
-        memset(vals, 0, sizeof(ag_tmeta) * (size_t)nclear);
-        rc = ag_op_def(op)->meta(full, vals);
+        rc = ag__op_run_meta(op, full, vals);
         if (rc >= 0) {
             *nvals = ag_op_noutputs(op) < 0 ? rc : ag_op_noutputs(op);
             rc = ag__check_out_metas(ag_op_name(op), vals, *nvals);

@@ -621,12 +621,13 @@ static void wait_pending_args(const ag_op *op, const ag_arg *full) {
     }
 }
 
-/* Zeroes the metas op's meta function fills: its outputs, or every slot for a list of outputs
- * (their count is known after it runs). Not the whole AG_MAX_OUTPUTS array for a fixed count:
- * that is 9 kB per call. */
-static void clear_metas(const ag_op *op, ag_tmeta *metas) {
+/* Zeroes the metas op's meta function fills, its outputs (every slot for a list of outputs,
+ * whose count is known after it runs; not the whole array for a fixed count: that is 9 kB per
+ * call), and runs it. */
+int ag__op_run_meta(const ag_op *op, const ag_arg *full, ag_tmeta *metas) {
     int n = op->out_is_list || op->noutputs > AG_MAX_OUTPUTS ? AG_MAX_OUTPUTS : op->noutputs;
     memset(metas, 0, sizeof(ag_tmeta) * (size_t)(n > 0 ? n : 0));
+    return op->def->meta(full, metas);
 }
 
 /* Runs the call; on success outs hold references owned by the caller (not given to a scope). */
@@ -662,8 +663,7 @@ static int call_raw(const ag_op *op, const ag_arg *full, ag_tensor **outs, int *
     }
 
     ag_tmeta metas[AG_MAX_OUTPUTS];
-    clear_metas(op, metas);
-    int rc = def->meta(full, metas);
+    int rc = ag__op_run_meta(op, full, metas);
     if (rc < 0)
         return rc;
     int nouts = op->out_is_list ? rc : op->noutputs;
@@ -881,8 +881,7 @@ int ag_op_cost(const ag_op *op, const ag_arg *args, int nargs, ag_cost *c) {
     if (op->def->flags & AG_OP_COMPOSITE)
         return 0;
     ag_tmeta metas[AG_MAX_OUTPUTS];
-    clear_metas(op, metas);
-    rc = op->def->meta(full, metas);
+    rc = ag__op_run_meta(op, full, metas);
     if (rc < 0)
         return rc;
     int nouts = op->out_is_list ? rc : op->noutputs;

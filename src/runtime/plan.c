@@ -615,10 +615,7 @@ static ag_dtype kernel_dtype(const pstep *s, int nargs, const ag_tmeta *out0) {
 /* Runs a view's meta function on the bound arguments and gives value v that geometry. */
 static int view_geometry(ag_plan *p, const pstep *s, int v, const char *who) {
     ag_tmeta metas[AG_MAX_OUTPUTS];
-    /* only the outputs the meta fills (all for a list): it runs at every step */
-    int nclear = ag_op_noutputs(s->op) < 0 ? AG_MAX_OUTPUTS : ag_op_noutputs(s->op);
-    memset(metas, 0, sizeof(ag_tmeta) * (size_t)nclear);
-    int rc = ag_op_def(s->op)->meta(s->args, metas);
+    int rc = ag__op_run_meta(s->op, s->args, metas); /* it runs at every dynamic view step */
     if (rc < 0) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", ag_last_error());
