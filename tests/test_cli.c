@@ -533,8 +533,8 @@ static void test_train_nested_blocks(void **state) {
      * flat, as regions and as checkpointed regions), which dropout changes; check agrees
      * eager and compiled bit for bit; a model without dropout layers refuses the flag */
     static char c[4096], d[4096];
-    const char *dargs[] = {"train", "--model", "gpt2", "--data", text, "--batch", "2",
-                           "--steps", "4",       "--dropout", "0.1", NULL, NULL, NULL};
+    const char *dargs[] = {"train",   "--model", "gpt2",      "--data", text, "--batch", "2",
+                           "--steps", "4",       "--dropout", "0.1",    NULL, NULL,      NULL};
     run(&r, o1, 0, dargs);
     expect(&r, 0, NULL, "train gpt2 --dropout 0.1");
     out = slurp(o1);

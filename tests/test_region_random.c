@@ -305,8 +305,7 @@ static void test_checkpoint_recomputes_masks(void **st) {
         ag_joint *j = export_or_fail(m, x);
         ag_graph *pfw = NULL, *pbw = NULL;
         assert_int_equal(
-            ag_partition(ag_joint_graph(j), ag_joint_num_fw_outputs(j), NULL, &pfw, &pbw, NULL),
-            0);
+            ag_partition(ag_joint_graph(j), ag_joint_num_fw_outputs(j), NULL, &pfw, &pbw, NULL), 0);
         const ag_graph *rfw = ag_graph_subgraph(pfw, "partitioned_fw_subgraph_0_0");
         const ag_graph *rbw = ag_graph_subgraph(pbw, "partitioned_bw_subgraph_0_0");
         assert_non_null(rfw);

@@ -19,7 +19,15 @@
  * its body through ag_checkpoint, so both subgraphs' forward nodes carry the checkpoint's
  * recompute=MUST_RECOMPUTE and ac_graph_id (numbered from 1 in each subgraph: a nested session
  * starts with no checkpoint open), and the region's joint partitions once to save what
- * checkpointing saves. */
+ * checkpointing saves.
+ *
+ * Random ops in the body (the joint export's RNG functionalization; upstream threads graph-safe
+ * RNG state into invoke_subgraph's subgraphs): the nested session records each draw from two
+ * more placeholders after the operands, philox_seed and philox_base_offset (rng_draws.c), erased
+ * again when the body draws nothing. Every call then reserves the numbers one call draws
+ * (ag__tracer_rng_reserve) and passes the seed and its own offset after its operands, the
+ * backward call the same two (the joint subgraph takes them before its tangents and returns None
+ * as their gradients): N calls draw N masks, eager's. A backward that draws is refused. */
 #include "../graph/graph_internal.h"
 #include "../nn/nn_internal.h"
 
@@ -195,8 +203,8 @@ typedef struct region_rng {
     int64_t drawn;
 } region_rng;
 
-static int region_random(void *ud, const ag_op *op, const ag_arg *args, int nargs,
-                         ag_tensor **outs, int nouts) {
+static int region_random(void *ud, const ag_op *op, const ag_arg *args, int nargs, ag_tensor **outs,
+                         int nouts) {
     (void)nargs;
     (void)nouts;
     region_rng *R = ud;

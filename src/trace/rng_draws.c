@@ -101,8 +101,8 @@ static int emit(ag__tracer *T, ag_tensor *seed, ag_tensor *base, int64_t *drawn,
     return 0;
 }
 
-int ag__rng_record(ag__tracer *T, ag_tensor *seed, ag_tensor *base, int64_t *drawn,
-                   const ag_op *op, const ag_arg *args, ag_tensor **outs) {
+int ag__rng_record(ag__tracer *T, ag_tensor *seed, ag_tensor *base, int64_t *drawn, const ag_op *op,
+                   const ag_arg *args, ag_tensor **outs) {
     int f = form_of(op);
     if (f < 0)
         return ag__rng_call_draws(op, args);
