@@ -6,8 +6,8 @@
  * the numbers drawn before), compiled training bit-identical to eager with the masks of the
  * three calls different, a checkpointed region recomputing its masks in its backward from the
  * seed and offset, GPT-2 with dropout and its blocks as regions equal to the flat model after
- * compiled steps, and the refusals (a trace without RNG functionalization; a region whose
- * backward draws). */
+ * compiled steps, the refusals (a trace without RNG functionalization; a region whose
+ * backward draws), and allocation-failure sweeps of the export and the partition. */
 #include "testutil.h"
 
 #include <stdio.h>
@@ -450,6 +450,49 @@ static void test_refusals(void **st) {
     ag_tensor_free(x);
 }
 
+/* ---- allocation failures ---- */
+
+typedef struct oom_case {
+    ag_module *m;
+    ag_tensor *x;
+} oom_case;
+
+static int oom_export(void *ud) {
+    const oom_case *c = ud;
+    ag_joint *j = ag_export_joint(c->m, (ag_tensor *[]){c->x}, 1, NULL, NULL, 0, NULL);
+    int rc = j ? 0 : ag_last_status();
+    ag_joint_free(j);
+    return rc;
+}
+
+static int oom_partition(void *ud) {
+    const ag_joint *j = ud;
+    ag_graph *fw = NULL, *bw = NULL;
+    int rc = ag_partition(ag_joint_graph(j), ag_joint_num_fw_outputs(j), NULL, &fw, &bw, NULL);
+    ag_graph_free(fw);
+    ag_graph_free(bw);
+    return rc;
+}
+
+/* Exporting (the region's draws, the calls' reserved offsets) and partitioning the dropout
+ * regions, plain and checkpointed, under every allocation failure: a clear status, no leak. */
+static void test_out_of_memory(void **st) {
+    (void)st;
+    for (int ck = 0; ck < 2; ck++) {
+        ag_module *m = stack_new(ck ? REGION_CKPT : REGION);
+        ag_tensor *x = rnd(2, (int64_t[]){4, 6}, 1);
+        oom_case c = {m, x};
+        tu_sweep_opts o = {.what = "dropout region export", .one_thread = true};
+        assert_true(tu_alloc_failure_sweep(oom_export, &c, &o) > 10);
+        ag_joint *j = export_or_fail(m, x);
+        o = (tu_sweep_opts){.what = "partition of dropout regions", .one_thread = true};
+        assert_true(tu_alloc_failure_sweep(oom_partition, j, &o) > 10);
+        ag_joint_free(j);
+        ag_tensor_free(x);
+        ag_module_free(m);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_joint_structure),
@@ -457,6 +500,7 @@ int main(void) {
         cmocka_unit_test(test_checkpoint_recomputes_masks),
         cmocka_unit_test(test_gpt2_dropout_blocks),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
