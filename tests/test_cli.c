@@ -452,7 +452,8 @@ static void test_train_checkpoint(void **state) {
 /* --nested-blocks: gpt2's blocks as nested compile regions train to the same losses as the flat
  * model, in one process and under --parallel (the sharding pass inlines the regions); check
  * agrees eager and compiled; refused for a model without blocks; with --checkpoint too (each
- * region checkpointed inside) the same losses as the plain model. */
+ * region checkpointed inside) the same losses as the plain model; with --dropout the flat
+ * model's dropout losses. */
 /* The saved part of train's partition line ("saved 60 tensors, 11.04 MB") into buf. */
 static void saved_of(const char *out, char *buf, size_t n) {
     const char *p = strstr(out, "partition (");
@@ -528,6 +529,37 @@ static void test_train_nested_blocks(void **state) {
     assert_non_null(sp);
     assert_true(saved_ck > 0);
     assert_true(saved_ck < atoi(sp + 6));
+    /* --dropout: the regions' calls draw their own masks, the flat model's (the same losses,
+     * flat, as regions and as checkpointed regions), which dropout changes; check agrees
+     * eager and compiled bit for bit; a model without dropout layers refuses the flag */
+    static char c[4096], d[4096];
+    const char *dargs[] = {"train",   "--model", "gpt2",      "--data", text, "--batch", "2",
+                           "--steps", "4",       "--dropout", "0.1",    NULL, NULL,      NULL};
+    run(&r, o1, 0, dargs);
+    expect(&r, 0, NULL, "train gpt2 --dropout 0.1");
+    out = slurp(o1);
+    assert_non_null(strstr(out, ", dropout 0.1)"));
+    losses_of(out, c, sizeof c);
+    assert_true(strlen(c) > 15);
+    assert_string_not_equal(a, c);
+    dargs[11] = "--nested-blocks";
+    run(&r, o2, 0, dargs);
+    expect(&r, 0, NULL, "train gpt2 --dropout 0.1 --nested-blocks");
+    out = slurp(o2);
+    assert_non_null(strstr(out, ", dropout 0.1, blocks as nested compile regions)"));
+    losses_of(out, d, sizeof d);
+    assert_string_equal(c, d);
+    dargs[12] = "--checkpoint";
+    run(&r, o2, 0, dargs);
+    expect(&r, 0, NULL, "train gpt2 --dropout 0.1 --nested-blocks --checkpoint");
+    losses_of(slurp(o2), d, sizeof d);
+    assert_string_equal(c, d);
+    run(&r, o1, 0,
+        (const char *const[]){"check", "gpt2", "--dropout", "0.1", "--nested-blocks", NULL});
+    expect(&r, 0, NULL, "check gpt2 --dropout 0.1 --nested-blocks");
+    assert_non_null(strstr(slurp(o1), "(tolerance 0): OK"));
+    run(&r, NULL, 0, (const char *const[]){"train", "--model", "mlp", "--dropout", "0.1", NULL});
+    expect(&r, 2, "--model mlp has no dropout layers", "train mlp --dropout");
 }
 
 /* An IDX file (the MNIST format), gzip-compressed: n items of the given item shape. */

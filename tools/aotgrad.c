@@ -40,7 +40,8 @@ static const struct {
      "[--model cnn|mlp|gpt2] [--data PATH] [--steps N] [--batch B] [--lr F] [--seed S] "
      "[--schedule cosine|constant] [--warmup N] [--decay-steps N] [--min-lr F] [--clip F] "
      "[--partitioner default|mincut] [--budget F] [--parallel dp|fsdp|tp] "
-     "[--save DIR|FILE.safetensors] [--resume DIR] [--load FILE] [--checkpoint] [--nested-blocks]",
+     "[--save DIR|FILE.safetensors] [--resume DIR] [--load FILE] [--checkpoint] [--nested-blocks] "
+     "[--dropout P]",
      "the main job: export, partition, compile and train a zoo model (default the cnn on "
      "Fashion-MNIST); --parallel under mpirun"},
     {"check", cli_check,

@@ -29,6 +29,10 @@
  *                                      sharding pass inlines the regions first; with
  *                                      --checkpoint each region is checkpointed inside (its
  *                                      partition, done once, saves only the block's operands)
+ *   --dropout P                        gpt2's dropout probability (default 0; nanoGPT's
+ *                                      embedding, attention, residual and MLP dropout), with
+ *                                      --nested-blocks too (each call of the block draws its
+ *                                      own masks, as eager does)
  *   --schedule cosine|constant --warmup N --decay-steps N --min-lr F --clip F
  *                                      the recipe: gpt2 defaults to nanoGPT's (warmup + cosine,
  *                                      clip 1.0, no weight decay on biases and norms); cnn and
@@ -170,6 +174,8 @@ typedef struct train_opts {
     const char *save, *load; /* --save FILE, --load FILE */
     bool checkpoint;         /* --checkpoint: gpt2's blocks checkpointed */
     bool nested_blocks;      /* --nested-blocks: gpt2's blocks nested compile regions */
+    bool set_dropout;        /* --dropout P given */
+    double dropout;          /* gpt2's dropout probability */
     int rank, world;         /* of the world under --parallel; 0 and 1 otherwise */
 } train_opts;
 
@@ -772,6 +778,8 @@ static int train_gpt2(train_opts *o) {
     ag_gpt2_config cfg = ag_gpt2_config_tiny();
     cfg.checkpoint_blocks = o->checkpoint;
     cfg.compile_region_blocks = o->nested_blocks;
+    if (o->set_dropout)
+        cfg.dropout = o->dropout;
     int64_t T = cfg.block_size, B = o->batch;
     if (!text || n < T + 2) {
         free(text);
@@ -795,10 +803,13 @@ static int train_gpt2(train_opts *o) {
     long long total = o->steps > 0 ? o->steps : 300;
     runner r = {0};
     if (!status) {
+        char drop[48] = "";
+        if (cfg.dropout > 0)
+            snprintf(drop, sizeof drop, ", dropout %g", cfg.dropout);
         printf("aotgrad train: character-level GPT-2 (%lld layers, %lld wide, %lld heads, "
-               "context %lld, %lld parameters%s) on %s (%lld bytes), batch %lld, %lld steps\n",
+               "context %lld, %lld parameters%s%s) on %s (%lld bytes), batch %lld, %lld steps\n",
                (long long)cfg.n_layer, (long long)cfg.n_embd, (long long)cfg.n_head, (long long)T,
-               (long long)ag_module_num_parameters(model),
+               (long long)ag_module_num_parameters(model), drop,
                o->checkpoint && o->nested_blocks ? ", blocks as checkpointed nested compile regions"
                : o->checkpoint                   ? ", blocks checkpointed"
                : o->nested_blocks                ? ", blocks as nested compile regions"
@@ -966,6 +977,9 @@ int cli_train(int argc, char **argv) {
             o.checkpoint = true;
         else if (!strcmp(argv[i], "--nested-blocks"))
             o.nested_blocks = true;
+        else if (!strcmp(argv[i], "--dropout"))
+            rc = cli_float_opt("train", "--dropout", v, 0, false, 1, &o.dropout), i++,
+            o.set_dropout = true;
         else if (!strcmp(argv[i], "--partitioner") && v && !strcmp(v, "default"))
             o.partitioner = AG_PARTITION_DEFAULT, i++;
         else if (!strcmp(argv[i], "--partitioner") && v && !strcmp(v, "mincut"))
@@ -985,7 +999,7 @@ int cli_train(int argc, char **argv) {
                             "[--parallel dp|fsdp|tp] [--save FILE.safetensors|DIR] [--load FILE] "
                             "[--resume DIR] [--schedule cosine|constant] [--warmup N] "
                             "[--decay-steps N] [--min-lr F] [--clip F] [--checkpoint] "
-                            "[--nested-blocks]\n");
+                            "[--nested-blocks] [--dropout P]\n");
             return 2;
         }
     }
@@ -999,6 +1013,13 @@ int cli_train(int argc, char **argv) {
         fprintf(stderr,
                 "aotgrad train: --checkpoint checkpoints gpt2's blocks; --model %s has "
                 "none (use --model gpt2)\n",
+                o.model);
+        return 2;
+    }
+    if (o.set_dropout && !gpt2) {
+        fprintf(stderr,
+                "aotgrad train: --dropout sets gpt2's dropout; --model %s has no dropout "
+                "layers (use --model gpt2)\n",
                 o.model);
         return 2;
     }

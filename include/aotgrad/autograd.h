@@ -98,16 +98,23 @@ typedef int (*ag_region_fn)(void *ud, ag_tensor *const *inputs, int nin, ag_tens
  * region called inside an ag_checkpoint'd function has all its forward nodes tagged (being
  * inside a checkpoint is then part of the key); the partitioner partitions the region's joint
  * once, saving what checkpointing saves and recomputing the rest in the partitioned backward
- * subgraph. Eager, checkpointing works as without the region. fn must read the traced tensors it
+ * subgraph. Eager, checkpointing works as without the region. Random ops inside the region
+ * (dropout, rand, ...) under ag_export_joint (RNG functionalization): both subgraphs take a
+ * Philox seed and base offset after the inputs (placeholders philox_seed, philox_base_offset;
+ * None as their gradients) and every call passes the export's seed and its own offset, so each
+ * call draws what eager's call draws (compiled training stays bit-identical to eager). fn must
+ * read the traced tensors it
  * uses through its inputs (it is traced with fresh stand-ins for them), and what it computes must
  * depend on nothing else: ud is not part of the key. Messages name the region `function 0x...`
  * (fn's address). Returns the output count; outs[0..n) are new references the caller owns
  * (data-less under a trace). Refused under a trace (AG_EINVAL or AG_ENOTSUP, naming the region): fn
  * reading a tensor of the enclosing trace that is not among its inputs, mutating an input in place,
- * a random or effectful op inside the region, an output aliasing an input, more than 16
- * inputs+outputs for the joint. fn and ud must stay valid while the trace runs. Errors also: a NULL
- * fn or outs, max_out < 1, a NULL input (AG_EINVAL, nothing run); fn's own failure (its status and
- * message). Thread-safety: per thread, as tracing. */
+ * an effectful op inside the region, a random op inside it under a trace without RNG
+ * functionalization (ag_trace, ag_trace_module, keep_random_ops) or in its backward, an output
+ * aliasing an input, more than 16 inputs+outputs (the RNG state's two included) for the joint. fn
+ * and ud must stay valid while the trace runs. Errors also: a NULL fn or outs, max_out < 1, a NULL
+ * input (AG_EINVAL, nothing run); fn's own failure (its status and message). Thread-safety: per
+ * thread, as tracing. */
 AG_API int ag_nested_compile_region(ag_region_fn fn, void *ud, ag_tensor *const *inputs, int nin,
                                     ag_tensor **outs, int max_out);
 

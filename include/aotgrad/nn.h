@@ -158,14 +158,15 @@ AG_API bool ag_module_is_checkpointed(const ag_module *m); /* false for NULL */
  * sizes, strides and requires_grad) into a subgraph, later calls reusing it. The operands are
  * the call's inputs, then m's parameters (named_parameters order, deduplicated), then its
  * buffers (named_buffers order, deduplicated): the subgraph's arg0_1, arg1_1, ... in that
- * order. Modules of one type share a subgraph when their operands match: their forwards must
- * not differ in anything else (configuration kept in ud). A module both checkpointed and a
- * region is the region around the checkpoint (upstream's nested_compile_region around a
- * checkpointed function): eager it is checkpointed; under tracing it is traced once (whether
- * it is checkpointed is part of the key), the forward nodes of both its subgraphs tagged
- * recompute=MUST_RECOMPUTE, ac_graph_id 1, so the region's partition (done once) saves its
- * operands only and its backward subgraph recomputes the rest. m must stay valid while a trace
- * that called it runs. AG_EINVAL for NULL or a module without a forward. */
+ * order (then philox_seed and philox_base_offset when the forward draws random numbers under
+ * ag_export_joint, as ag_nested_compile_region says). Modules of one type share a subgraph when
+ * their operands match: their forwards must not differ in anything else (configuration kept in ud).
+ * A module both checkpointed and a region is the region around the checkpoint (upstream's
+ * nested_compile_region around a checkpointed function): eager it is checkpointed; under tracing it
+ * is traced once (whether it is checkpointed is part of the key), the forward nodes of both its
+ * subgraphs tagged recompute=MUST_RECOMPUTE, ac_graph_id 1, so the region's partition (done once)
+ * saves its operands only and its backward subgraph recomputes the rest. m must stay valid while a
+ * trace that called it runs. AG_EINVAL for NULL or a module without a forward. */
 AG_API int ag_module_set_compile_region(ag_module *m, bool on);
 AG_API bool ag_module_is_compile_region(const ag_module *m); /* false for NULL */
 

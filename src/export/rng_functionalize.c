@@ -5,22 +5,12 @@
  * state instead (philox_rand / philox_randn, src/ops/philox.c), the seed and base offset
  * placeholders of each side that draws, and the offset each side leaves the generator at.
  *
- * The functional form of each random op (k: numbers the side drew before this call, n: numel):
- *   rand(size, dtype)           philox_rand(size, seed, add(base_offset, k), dtype=dtype)
- *   randn(size, dtype)          philox_randn(size, seed, add(base_offset, k), dtype=dtype)
- *   uniform_(self, from, to)    self := philox_rand(self.size, seed, add(..), from, to, dtype)
- *   normal_(self, mean, std)    self := philox_randn(self.size, seed, add(..), mean, std, dtype)
- *   native_dropout(x, p, True)  u = philox_rand(x.size, seed, add(..), dtype=x.dtype)
- *                               mask = ge(u, p); out = mul(mul(mask, x), scale)
- *                               with scale = 1/(1-p) (0 when p = 1): the eager kernel keeps
- *                               u >= p and computes (mask * x) * scale in x's dtype, so the two
- *                               agree bit for bit.
- * Eager draws reserve the same n counters, so a compiled model fed the generator's (seed,
- * offset) and advanced to the returned offset draws exactly what eager draws. An evaluation-mode
- * native_dropout draws nothing and is recorded as it is. The emitted nodes are traced by
- * calling the ops on the meta tensors with grad mode off; they take the random op's seq_nr. The
- * op's outputs (dropout's mask included, which its autograd node saves) are bound to them, so
- * native_dropout's backward rule reads the mask node. Any other random op is refused. */
+ * Each random op's call becomes its functional form (src/trace/rng_draws.c) drawing from the
+ * side's seed at add(base_offset, k), k the numbers the side drew before this call. Eager draws
+ * reserve the same n counters, so a compiled model fed the generator's (seed, offset) and
+ * advanced to the returned offset draws exactly what eager draws. A nested compile region's call
+ * whose body draws n numbers reserves them here too (reserve_hook): its subgraph takes the seed
+ * and add(base_offset, k) as operands and draws from them (src/trace/region_trace.c). */
 #include "../graph/graph_internal.h"
 #include "export_wrappers.h"
 
@@ -100,96 +90,38 @@ static int ensure_side(ag__rng_fn *R, int s) {
     return 0;
 }
 
-typedef enum { R_RAND, R_RANDN, R_UNIFORM, R_NORMAL, R_DROPOUT } rkind;
-
-/* The functional form of one call (see the file comment); outs get bound to its nodes. */
-static int emit(ag__rng_fn *R, rkind k, const ag_arg *args, ag_tensor **outs) {
-    rng_side *S = &R->side[R->backward];
-    ag_tensor *ref = k == R_DROPOUT ? args[0].u.t : outs[0]; /* gives size and dtype */
-    int64_t n = ag_tensor_numel(ref);
-    int nd = ag_tensor_ndim(ref);
-    const int64_t *sz = ag_tensor_sizes(ref);
-    ag_dtype dt = ag_tensor_dtype(ref);
-    int rc = 0;
-    ag_scope_begin();
-    ag_tensor *off = ag_add_scalar(S->base, (double)S->drawn);
-    ag_tensor *r = NULL, *mask = NULL;
-    if (off) {
-        switch (k) {
-        case R_RAND:
-            r = ag_philox_rand(S->seed, off, dt, nd, sz, 0.0, 1.0);
-            break;
-        case R_RANDN:
-            r = ag_philox_randn(S->seed, off, dt, nd, sz, 0.0, 1.0);
-            break;
-        case R_UNIFORM:
-            r = ag_philox_rand(S->seed, off, dt, nd, sz, args[1].u.f, args[2].u.f);
-            break;
-        case R_NORMAL:
-            r = ag_philox_randn(S->seed, off, dt, nd, sz, args[1].u.f, args[2].u.f);
-            break;
-        case R_DROPOUT: {
-            const double p = args[1].u.f, scale = p < 1 ? 1.0 / (1.0 - p) : 0.0;
-            mask = ag_ge_scalar(ag_philox_rand(S->seed, off, dt, nd, sz, 0.0, 1.0), p);
-            r = mask ? ag_mul_scalar(ag_mul(mask, args[0].u.t), scale) : NULL;
-            break;
-        }
-        }
-    }
-    ag_node *rn = r ? ag__tracer_node_of(R->T, r) : NULL;
-    ag_node *mn = mask ? ag__tracer_node_of(R->T, mask) : NULL;
-    if (!rn || (k == R_DROPOUT && !mn))
-        rc = ag_last_status() < 0 ? ag_last_status() : AG_EINVAL;
-    ag_scope_end();
-    if (rc)
-        return rc;
-    S->drawn += n;
-    ag__tracer_bind(R->T, outs[0], rn);
-    if (k == R_DROPOUT)
-        ag__tracer_bind(R->T, outs[1], mn);
-    return 0;
-}
-
 static int random_hook(void *ud, const ag_op *op, const ag_arg *args, int nargs, ag_tensor **outs,
                        int nouts) {
     (void)nargs;
     (void)nouts;
     ag__rng_fn *R = ud;
-    static const struct {
-        const char *name;
-        rkind kind;
-    } forms[] = {{"rand", R_RAND},
-                 {"randn", R_RANDN},
-                 {"uniform_", R_UNIFORM},
-                 {"normal_", R_NORMAL},
-                 {"native_dropout", R_DROPOUT}};
-    const char *name = ag_op_name(op);
-    int f = -1;
-    for (int i = 0; i < (int)(sizeof forms / sizeof forms[0]) && f < 0; i++)
-        if (!strcmp(name, forms[i].name))
-            f = i;
-    if (f < 0)
-        return ag__err(AG_ENOTSUP,
-                       "export: %s draws random numbers and has no functional form "
-                       "for RNG functionalization (rand, randn, uniform_, normal_ and "
-                       "native_dropout have one)",
-                       name);
-    if (forms[f].kind == R_DROPOUT && !(args[2].kind == AG_ARG_NONE || args[2].u.b))
-        return 1; /* evaluation: no draw */
+    int d = ag__rng_call_draws(op, args);
+    if (d <= 0)
+        return d < 0 ? d : 1; /* 1: record the call as it is */
+    rng_side *S = &R->side[R->backward];
+    int rc = ensure_side(R, R->backward);
+    return rc ? rc : ag__rng_record(R->T, S->seed, S->base, &S->drawn, op, args, outs);
+}
+
+/* A nested compile region's call (ag__trace_rng_reserve_fn): its body draws n numbers from the
+ * current side's seed at add(base_offset, drawn before), which its subgraph takes as operands. */
+static int reserve_hook(void *ud, int64_t n, ag_tensor **seed, ag_tensor **offset) {
+    ag__rng_fn *R = ud;
+    rng_side *S = &R->side[R->backward];
     int rc = ensure_side(R, R->backward);
     if (rc)
         return rc;
-    /* The emitted nodes take this call's seq_nr (the dispatcher gives nested calls their own). */
-    ag__tls_state *ts = ag__tls();
-    int64_t seq = ts->bw_seq_nr >= 0 ? ts->bw_seq_nr : ts->trace_seq;
-    ag_node *last = ag_graph_last(R->g);
     bool prev = ag_set_grad_enabled(false);
-    rc = emit(R, forms[f].kind, args, outs);
+    ag_scope_begin();
+    ag_tensor *t = ag_add_scalar(S->base, (double)S->drawn);
+    *offset = t && ag__tracer_node_of(R->T, t) ? ag_tensor_keep(t) : NULL;
+    ag_scope_end();
     ag_set_grad_enabled(prev);
-    for (ag_node *m = last ? ag_node_next(last) : NULL; m && rc == 0 && seq >= 0;
-         m = ag_node_next(m))
-        rc = ag_node_set_seq_nr(m, seq);
-    return rc;
+    if (!*offset)
+        return ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
+    *seed = ag_tensor_keep(S->seed);
+    S->drawn += n;
+    return 0;
 }
 
 static ag__rng_fn *ag__rng_begin(ag__tracer *T, ag_graph *g) {
@@ -199,6 +131,7 @@ static ag__rng_fn *ag__rng_begin(ag__tracer *T, ag_graph *g) {
     R->T = T;
     R->g = g;
     ag__tracer_set_random(T, random_hook, R);
+    ag__tracer_set_rng_reserve(T, reserve_hook, R);
     return R;
 }
 
@@ -303,8 +236,10 @@ static int rng_finish(ag__export_pass *st, void **self) {
 }
 
 static void rng_end(ag__export_pass *st, void **self) {
-    if (*self && st->T)
+    if (*self && st->T) {
         ag__tracer_set_random(st->T, NULL, NULL);
+        ag__tracer_set_rng_reserve(st->T, NULL, NULL);
+    }
     ag__rng_free(*self);
     *self = NULL;
 }

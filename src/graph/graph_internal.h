@@ -243,6 +243,22 @@ int ag__trace_effect(ag__tracer *T, ag_graph *g, ag__token_chain *c, const ag_op
 typedef int (*ag__trace_random_fn)(void *ud, const ag_op *op, const ag_arg *args, int nargs,
                                    ag_tensor **outs, int nouts);
 void ag__tracer_set_random(ag__tracer *T, ag__trace_random_fn fn, void *ud);
+/* The RNG state a nested compile region's call draws from (region_trace.c): set with the random
+ * hook by RNG functionalization, fn reserves the next n numbers of the session's current side and
+ * gives 0-dim int64 tensors bound to its seed and to add(base_offset, numbers drawn before) (new
+ * references). ag__tracer_rng_reserve calls it; without one it fails with AG_ENOTSUP. */
+typedef int (*ag__trace_rng_reserve_fn)(void *ud, int64_t n, ag_tensor **seed, ag_tensor **offset);
+void ag__tracer_set_rng_reserve(ag__tracer *T, ag__trace_rng_reserve_fn fn, void *ud);
+bool ag__tracer_has_rng_reserve(const ag__tracer *T);
+int ag__tracer_rng_reserve(ag__tracer *T, int64_t n, ag_tensor **seed, ag_tensor **offset);
+/* trace/rng_draws.c: a random op's call as Philox draws from explicit state.
+ * ag__rng_call_draws: whether the call of random op `op` draws (1) or is recorded as it is (0:
+ * an evaluation-mode native_dropout); a negative status when it has no functional form.
+ * ag__rng_record: records the call's functional form on T drawing from seed at
+ * add(base, *drawn), binds outs to its nodes and advances *drawn by the numbers drawn. */
+int ag__rng_call_draws(const ag_op *op, const ag_arg *args);
+int ag__rng_record(ag__tracer *T, ag_tensor *seed, ag_tensor *base, int64_t *drawn, const ag_op *op,
+                   const ag_arg *args, ag_tensor **outs);
 /* Nested compile regions (trace/region_trace.c). The tracer's region hook traces a region into a
  * subgraph in a nested session (ag__tracer_begin_nested, ended by ag__tracer_end) and keeps
  * the regions it traced in the outermost session's cache (freed with the session). */

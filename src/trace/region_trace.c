@@ -19,7 +19,15 @@
  * its body through ag_checkpoint, so both subgraphs' forward nodes carry the checkpoint's
  * recompute=MUST_RECOMPUTE and ac_graph_id (numbered from 1 in each subgraph: a nested session
  * starts with no checkpoint open), and the region's joint partitions once to save what
- * checkpointing saves. */
+ * checkpointing saves.
+ *
+ * Random ops in the body (the joint export's RNG functionalization; upstream threads graph-safe
+ * RNG state into invoke_subgraph's subgraphs): the nested session records each draw from two
+ * more placeholders after the operands, philox_seed and philox_base_offset (rng_draws.c), erased
+ * again when the body draws nothing. Every call then reserves the numbers one call draws
+ * (ag__tracer_rng_reserve) and passes the seed and its own offset after its operands, the
+ * backward call the same two (the joint subgraph takes them before its tangents and returns None
+ * as their gradients): N calls draw N masks, eager's. A backward that draws is refused. */
 #include "../graph/graph_internal.h"
 #include "../nn/nn_internal.h"
 
@@ -40,6 +48,8 @@ typedef struct region_entry {
     ag_tmeta out[AG_MAX_OUTPUTS];
     bool out_rg[AG_MAX_OUTPUTS];
     bool grad_none[AG_MAX_OUTPUTS]; /* the joint's gradient output j is None */
+    int nrng;                       /* 2 when the body draws (seed and offset operands), else 0 */
+    int64_t drawn;                  /* the numbers one call draws */
 } region_entry;
 
 struct ag__region_cache {
@@ -185,15 +195,38 @@ static int copy_fwd_meta(ag_node *first_bw) {
     return 0;
 }
 
-/* Traces the region into a new subgraph: its forward (joint false: e->nout, e->out* are
- * filled), or its joint (placeholders: operands then one tangent per output; outputs: a
- * gradient per operand, then the forward's outputs). Returns the subgraph or NULL. */
+/* The draws of a region's body (the nested session's random hook): from the subgraph's seed
+ * and base offset placeholders. */
+typedef struct region_rng {
+    ag__tracer *S;
+    ag_tensor *seed, *base;
+    int64_t drawn;
+} region_rng;
+
+static int region_random(void *ud, const ag_op *op, const ag_arg *args, int nargs, ag_tensor **outs,
+                         int nouts) {
+    (void)nargs;
+    (void)nouts;
+    region_rng *R = ud;
+    int d = ag__rng_call_draws(op, args);
+    if (d <= 0)
+        return d < 0 ? d : 1; /* 1: record the call as it is */
+    return ag__rng_record(R->S, R->seed, R->base, &R->drawn, op, args, outs);
+}
+
+/* Traces the region into a new subgraph: its forward (joint false: e->nout, e->out*, e->nrng
+ * and e->drawn are filled), or its joint (placeholders: operands, the RNG operands, then one
+ * tangent per output; outputs: a gradient per operand (None for the RNG operands), then the
+ * forward's outputs). When T functionalizes random ops, the forward takes a seed and a base
+ * offset after the operands, kept when the body draws (e->nrng 2), erased when it does not.
+ * Returns the subgraph or NULL. */
 static ag_graph *trace_sub(ag__tracer *T, const ag__region *r, const operands *o, region_entry *e,
                            bool joint) {
     ag_graph *sub = ag_graph_new();
     if (!sub)
         return NULL;
-    int nph = o->n + (joint ? e->nout : 0);
+    int nrng = joint ? e->nrng : ag__tracer_has_rng_reserve(T) ? 2 : 0;
+    int nph = o->n + nrng + (joint ? e->nout : 0);
     ag_tensor **ins = ag__calloc((size_t)(nph ? nph : 1), sizeof *ins);
     ag__tracer *S = ins ? ag__tracer_begin_nested(T, sub, r->name) : NULL;
     if (!S) {
@@ -202,19 +235,25 @@ static ag_graph *trace_sub(ag__tracer *T, const ag__region *r, const operands *o
         return NULL;
     }
     int rc = 0;
+    ag_node *rng_ph[2] = {0};
     for (int i = 0; i < nph && rc == 0; i++) {
         ag_tmeta m;
         bool rg = false;
+        char name[32];
+        snprintf(name, sizeof name, "arg%d_1", i);
         if (i < o->n) {
             ag__tmeta_of(o->t[i], &m);
             rg = e->rg[i];
+        } else if (i < o->n + nrng) {
+            ag__tmeta_contiguous(&m, AG_I64, 0, NULL);
+            snprintf(name, sizeof name, "%s", i == o->n ? "philox_seed" : "philox_base_offset");
         } else {
-            const ag_tmeta *om = &e->out[i - o->n];
+            const ag_tmeta *om = &e->out[i - o->n - nrng];
             ag__tmeta_contiguous(&m, om->dtype, om->ndim, om->sizes);
         }
-        char name[32];
-        snprintf(name, sizeof name, "arg%d_1", i);
         ag_node *ph = ag_graph_placeholder(sub, name, &m);
+        if (ph && i >= o->n && i < o->n + nrng)
+            rng_ph[i - o->n] = ph;
         if (!ph || ag__tracer_outer_anns(S, ph) ||
             !(ins[i] = ag__tensor_new(m.dtype, m.ndim, m.sizes, true))) {
             rc = ag_last_status() ? ag_last_status() : AG_ENOMEM;
@@ -224,6 +263,12 @@ static ag_graph *trace_sub(ag__tracer *T, const ag__region *r, const operands *o
         ins[i]->offset = m.offset;
         ins[i]->requires_grad = rg;
         ag__tracer_bind(S, ins[i], ph);
+    }
+    region_rng rs = {S, NULL, NULL, 0};
+    if (rc == 0 && nrng) {
+        rs.seed = ins[o->n];
+        rs.base = ins[o->n + 1];
+        ag__tracer_set_random(S, region_random, &rs);
     }
     ag_tensor *outs[AG_MAX_OUTPUTS + 1] = {0};
     ag_node *onodes[2 * AG_MAX_OUTPUTS] = {0};
@@ -239,7 +284,10 @@ static ag_graph *trace_sub(ag__tracer *T, const ag__region *r, const operands *o
             ts->ckpt_region = ++ts->ckpt_serial;
         n = run_region(r, o, ins, outs, AG_MAX_OUTPUTS + 1);
         ts->ckpt_region = 0;
-        if (n < 0) {
+        if (n >= 0 && joint && rs.drawn != e->drawn)
+            rc = ag__err(AG_EINVAL, "nested_compile_region %s: drew %lld random numbers, then %lld",
+                         r->name, (long long)e->drawn, (long long)rs.drawn);
+        if (rc == 0 && n < 0) {
             char why[512];
             snprintf(why, sizeof why, "%s", ag__err_count() != errs ? ag_last_error() : "");
             rc = ag__err(n, "nested_compile_region %s: the region failed: %s", r->name,
@@ -267,11 +315,11 @@ static ag_graph *trace_sub(ag__tracer *T, const ag__region *r, const operands *o
             rc = ag__err(AG_EINVAL, "nested_compile_region %s: %d outputs, then %d", r->name,
                          e->nout, n);
     }
-    if (rc == 0 && joint && o->n + n > AG_MAX_OUTPUTS)
+    if (rc == 0 && joint && o->n + nrng + n > AG_MAX_OUTPUTS)
         rc = ag__err(AG_ENOTSUP,
                      "nested_compile_region %s: the joint would have %d outputs (%d operands + "
                      "%d outputs; at most %d)",
-                     r->name, o->n + n, o->n, n, AG_MAX_OUTPUTS);
+                     r->name, o->n + nrng + n, o->n + nrng, n, AG_MAX_OUTPUTS);
     if (rc == 0 && joint) {
         ag_node *last_fw = ag_graph_last(sub);
         ag_tensor *roots[AG_MAX_OUTPUTS], *seeds[AG_MAX_OUTPUTS], *want[AG_MAX_OUTPUTS];
@@ -280,7 +328,7 @@ static ag_graph *trace_sub(ag__tracer *T, const ag__region *r, const operands *o
         for (int k = 0; k < n; k++)
             if (is_float_rg(outs[k])) {
                 roots[nr] = outs[k];
-                seeds[nr++] = ins[o->n + k];
+                seeds[nr++] = ins[o->n + nrng + k];
             }
         for (int i = 0; i < o->n; i++)
             if (e->rg[i])
@@ -294,6 +342,17 @@ static ag_graph *trace_sub(ag__tracer *T, const ag__region *r, const operands *o
                 rc = ag_last_status();
             e->grad_none[i] = !onodes[non++];
         }
+        for (int i = 0; i < nrng; i++) { /* the seed and offset: no gradient */
+            e->grad_none[o->n + i] = true;
+            onodes[non++] = NULL;
+        }
+        /* A backward rule drawing (none of the functional forms' rules does) would need the
+         * backward's own RNG state. */
+        if (rc == 0 && rs.drawn != e->drawn)
+            rc = ag__err(AG_ENOTSUP,
+                         "nested_compile_region %s: the region's backward draws random numbers; "
+                         "a region's backward drawing is not supported",
+                         r->name);
         if (rc == 0)
             rc = copy_fwd_meta(last_fw ? ag_node_next(last_fw) : ag_graph_first(sub));
     }
@@ -305,8 +364,11 @@ static ag_graph *trace_sub(ag__tracer *T, const ag__region *r, const operands *o
             e->out_rg[k] = is_float_rg(outs[k]);
         }
     }
-    if (!joint)
+    if (!joint) {
         e->nout = n;
+        e->drawn = rs.drawn;
+        e->nrng = rs.drawn > 0 ? nrng : 0;
+    }
     ag_node *on = NULL;
     if (rc == 0 && (!(on = ag_graph_output(sub, onodes, non)) || ag__tracer_outer_anns(S, on)))
         rc = ag_last_status() ? ag_last_status() : AG_ENOMEM;
@@ -317,6 +379,10 @@ static ag_graph *trace_sub(ag__tracer *T, const ag__region *r, const operands *o
     for (int i = 0; i < nph; i++)
         ag_tensor_free(ins[i]);
     ag__free(ins);
+    /* a body that draws nothing takes no RNG operands */
+    for (int i = 0; i < 2 && rc == 0 && !joint && !e->nrng; i++)
+        if (rng_ph[i])
+            rc = ag_graph_erase(sub, rng_ph[i]);
     if (rc) {
         ag_graph_free(sub);
         return NULL;
@@ -389,7 +455,7 @@ typedef struct region_bw {
     char name[64];
     uint64_t trace_id; /* the outermost session's */
     int64_t entry, call_id;
-    int nops;
+    int nops, nreal; /* the call's operands: the region's nreal, then its RNG operands */
     ag_tensor **ops; /* kept */
     operands o;      /* the module's names, for a lazily traced joint */
 } region_bw;
@@ -436,7 +502,7 @@ static int region_backward(void *ud, ag_tensor *const *gout, int nout, ag_tensor
     ag_graph *g = ag__tracer_graph(T);
     if (!e->bw_attr[0]) { /* a trace that is not a joint export: the joint now */
         b->o.t = b->ops;
-        b->o.n = b->nops;
+        b->o.n = b->nreal;
         ag_graph *bw = trace_sub(T, &b->r, &b->o, e, true);
         b->o.t = NULL;
         if (!bw || add_sub(g, bw, e->bw_attr, sizeof e->bw_attr))
@@ -492,7 +558,7 @@ int ag__trace_region(const ag__region *r0, ag_tensor **outs, int max_out) {
     const ag__region *r = &rr;
     operands o;
     int rc = operands_of(r, &o);
-    ag_node **nodes = rc ? NULL : ag__calloc((size_t)(o.n ? o.n : 1), sizeof *nodes);
+    ag_node **nodes = rc ? NULL : ag__calloc((size_t)o.n + 2, sizeof *nodes);
     if (!rc && !nodes)
         rc = AG_ENOMEM;
     for (int i = 0; i < o.n && rc == 0; i++)
@@ -517,15 +583,27 @@ int ag__trace_region(const ag__region *r0, ag_tensor **outs, int max_out) {
     ag__region_cache *c = *ag__tracer_regions(T);
     ag_node *attr = NULL, *inv = NULL;
     int64_t call_id = c ? c->calls + 1 : 1;
+    ag_tensor *rng[2] = {0}; /* the call's seed and offset when the body draws */
+    int nops = o.n;
     if (rc == 0) {
         /* The call's nodes carry the seq_nr of the autograd node made below (upstream's). */
         ag__tls_state *ts = ag__tls();
         ts->trace_seq = want_ag ? ag__autograd_current_seq() + 1 : ag__autograd_current_seq();
+        /* A body that draws takes its RNG state as operands: the call draws the next numbers
+         * of the session's generator, as eager's call of the region does. */
+        if (e->nrng) {
+            rc = ag__tracer_rng_reserve(T, e->drawn, &rng[0], &rng[1]);
+            for (int k = 0; k < 2 && rc == 0; k++)
+                if (!(nodes[nops++] = ag__tracer_node_of(T, rng[k])))
+                    rc = ag_last_status();
+        }
+    }
+    if (rc == 0) {
         char ident[48];
         snprintf(ident, sizeof ident, "fw_subgraph_%d", e->index);
         if (!(attr = ag_graph_get_attr_subgraph(g, e->fw_attr, NULL)) ||
             ag__tracer_attr_meta(T, attr) ||
-            !(inv = ag_graph_invoke_subgraph(g, attr, ident, nodes, o.n, NULL)) ||
+            !(inv = ag_graph_invoke_subgraph(g, attr, ident, nodes, nops, NULL)) ||
             ag__tracer_node_meta(T, inv) ||
             ag_node_custom_set(inv, "call_id", (ag_mval){.kind = AG_MV_INT, .u.i = call_id}))
             rc = ag_last_status() ? ag_last_status() : AG_ENOMEM;
@@ -540,16 +618,19 @@ int ag__trace_region(const ag__region *r0, ag_tensor **outs, int max_out) {
     region_bw *b = NULL;
     if (rc == 0 && want_ag) {
         b = ag__calloc(1, sizeof *b);
-        if (b && (b->ops = ag__calloc((size_t)(o.n ? o.n : 1), sizeof *b->ops))) {
+        if (b && (b->ops = ag__calloc((size_t)nops + 1, sizeof *b->ops))) {
             b->r = *r;
             snprintf(b->name, sizeof b->name, "%s", r->name);
             b->r.name = b->name;
             b->trace_id = ag__tracer_id(T);
             b->entry = e->index;
             b->call_id = call_id;
-            b->nops = o.n;
+            b->nops = nops;
+            b->nreal = o.n;
             for (int i = 0; i < o.n; i++)
                 b->ops[i] = ag_tensor_keep(o.t[i]);
+            for (int i = o.n; i < nops; i++)
+                b->ops[i] = ag_tensor_keep(rng[i - o.n]);
             b->o.ps = o.ps;
             b->o.bs = o.bs;
             memset(&o.ps, 0, sizeof o.ps);
@@ -563,6 +644,8 @@ int ag__trace_region(const ag__region *r0, ag_tensor **outs, int max_out) {
     }
     ag__free(nodes);
     operands_free(&o);
+    ag_tensor_free(rng[0]);
+    ag_tensor_free(rng[1]);
     if (rc) {
         for (int k = 0; k < n && k < max_out; k++) {
             ag_tensor_free(outs[k]);

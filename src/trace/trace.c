@@ -114,6 +114,8 @@ struct ag__tracer {
     ag__alias_table *aliases;      /* storages mutated under functionalization (trace_views.c) */
     ag__trace_random_fn random_fn; /* RNG functionalization (the joint export), or NULL */
     void *random_ud;
+    ag__trace_rng_reserve_fn rng_reserve; /* the RNG state of a region's call, or NULL */
+    void *rng_reserve_ud;
     /* saved thread state, restored by tracer_end */
     tracer *prev_active;
     ag__trace_hook_fn prev_hook;
@@ -519,12 +521,17 @@ static int trace_hook(const ag_op *op, const ag_arg *args, int nargs, ag_tensor 
     tracer *T = active;
     if (!T)
         return 0;
-    if (T->region && (ag_op_def(op)->flags & (AG_OP_RANDOM | AG_OP_EFFECTFUL)))
+    if (T->region && (ag_op_def(op)->flags & AG_OP_EFFECTFUL))
         return ag__err(AG_ENOTSUP,
-                       "nested_compile_region %s: %s is %s; random and effectful ops inside a "
+                       "nested_compile_region %s: %s is effectful; effectful ops inside a "
                        "region are not supported",
-                       T->region, ag_op_name(op),
-                       (ag_op_def(op)->flags & AG_OP_RANDOM) ? "a random op" : "effectful");
+                       T->region, ag_op_name(op));
+    if (T->region && !T->random_fn && (ag_op_def(op)->flags & AG_OP_RANDOM))
+        return ag__err(AG_ENOTSUP,
+                       "nested_compile_region %s: %s is a random op; a region draws random "
+                       "numbers only in the joint export with RNG functionalization (a trace "
+                       "without it, or keep_random_ops, records random ops as they are)",
+                       T->region, ag_op_name(op));
     if (T->random_fn && (ag_op_def(op)->flags & AG_OP_RANDOM)) {
         /* The functional form is recorded there; 1 means "record the call as it is". */
         int rc = T->random_fn(T->random_ud, op, args, nargs, outs, nouts);
@@ -824,6 +831,19 @@ void ag__tracer_set_stack_traces(ag__tracer *T, bool on) {
 void ag__tracer_set_random(ag__tracer *T, ag__trace_random_fn fn, void *ud) {
     T->random_fn = fn;
     T->random_ud = ud;
+}
+void ag__tracer_set_rng_reserve(ag__tracer *T, ag__trace_rng_reserve_fn fn, void *ud) {
+    T->rng_reserve = fn;
+    T->rng_reserve_ud = ud;
+}
+bool ag__tracer_has_rng_reserve(const ag__tracer *T) {
+    return T->rng_reserve != NULL;
+}
+int ag__tracer_rng_reserve(ag__tracer *T, int64_t n, ag_tensor **seed, ag_tensor **offset) {
+    *seed = *offset = NULL;
+    if (!T->rng_reserve)
+        return ag__err(AG_ENOTSUP, "trace: this session does not functionalize random ops");
+    return T->rng_reserve(T->rng_reserve_ud, n, seed, offset);
 }
 
 void ag__tracer_bind(ag__tracer *T, ag_tensor *t, ag_node *n) {
