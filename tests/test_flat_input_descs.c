@@ -130,8 +130,9 @@ static void test_mixed_structure(void **st) {
         p[i] = ag_zeros(F32, 2, SZ(2, 3));
     ag_tensor *y64 = ag_zeros(AG_F64, 2, SZ(2, 3));
     ag_scope_begin(); /* (the outputs are the scope's) */
-    assert_int_equal(ag_compiled_call(c, (ag_tensor *[]){w, p[0], p[1], p[2], p[3], p[0]}, 6, out, 2),
-                     AG_EINVAL);
+    assert_int_equal(
+        ag_compiled_call(c, (ag_tensor *[]){w, p[0], p[1], p[2], p[3], p[0]}, 6, out, 2),
+        AG_EINVAL);
     tu_assert_error_contains(
         "compiled: PlainAOTInput(idx=0) (input 3) is a plain tensor; expected a TwoTensor");
     assert_int_equal(ag_compiled_call(c, (ag_tensor *[]){w, p[0], p[1], x, y64, p[0]}, 6, out, 2),
@@ -165,16 +166,14 @@ static void test_zoo_structure(void **st) {
     assert_int_equal(nin, 1);
     ag_joint *j = ag_export_joint(m, in, nin, NULL, NULL, 0, NULL);
     assert_non_null(j);
-    expect_flat_descs(j,
-                      (const char *const[]){"ParamAOTInput(target='conv.weight')",
-                                            "ParamAOTInput(target='conv.bias')",
-                                            "ParamAOTInput(target='bn.weight')",
-                                            "ParamAOTInput(target='bn.bias')",
-                                            "BufferAOTInput(target='bn.running_mean')",
-                                            "BufferAOTInput(target='bn.running_var')",
-                                            "BufferAOTInput(target='bn.num_batches_tracked')",
-                                            "PlainAOTInput(idx=0)"},
-                      8);
+    expect_flat_descs(
+        j,
+        (const char *const[]){
+            "ParamAOTInput(target='conv.weight')", "ParamAOTInput(target='conv.bias')",
+            "ParamAOTInput(target='bn.weight')", "ParamAOTInput(target='bn.bias')",
+            "BufferAOTInput(target='bn.running_mean')", "BufferAOTInput(target='bn.running_var')",
+            "BufferAOTInput(target='bn.num_batches_tracked')", "PlainAOTInput(idx=0)"},
+        8);
     assert_int_equal(ag_joint_num_static_inputs(j), 7);
     ag_joint_free(j);
     ag_tensor_free(in[0]);
@@ -271,8 +270,8 @@ static void test_version1_loads(void **st) {
         int nin = 0, nkw = !strcmp(zoo[z], "kwargs");
         assert_int_equal(ag_zoo_build(zoo[z], NULL, &mods[z], in, 8, &nin), 0);
         const char *kw[] = {"scale"};
-        joints[1 + z] = ag_export_joint(mods[z], in, nin - nkw, nkw ? kw : NULL, in + nin - nkw,
-                                        nkw, NULL);
+        joints[1 + z] =
+            ag_export_joint(mods[z], in, nin - nkw, nkw ? kw : NULL, in + nin - nkw, nkw, NULL);
         assert_non_null(joints[1 + z]);
         for (int i = 0; i < nin; i++)
             ag_tensor_free(in[i]);
@@ -341,8 +340,7 @@ static void test_version2_errors(void **st) {
     bad = replaced(s, " desc=PlainAOTInput(idx=1)", "");
     assert_null(ag_joint_load(bad, strlen(bad)));
     snprintf(want, sizeof want,
-             "joint_load: line %d: expected ' desc=' and the flat input's descriptor",
-             line + 7);
+             "joint_load: line %d: expected ' desc=' and the flat input's descriptor", line + 7);
     tu_assert_error_contains(want);
     free(bad);
     ag_free(s);

@@ -326,8 +326,7 @@ static int update_primals(const ag_joint *j, const ag_graph *g, const ag_layout 
         return AG_ENOMEM;
     u->nflat_descs = nf;
     for (int f = 0; f < nf; f++)
-        u->flat_descs[f] =
-            ag_desc_retain(same ? j->flat_descs[f] : u->primal_descs[pr->start + f]);
+        u->flat_descs[f] = ag_desc_retain(same ? j->flat_descs[f] : u->primal_descs[pr->start + f]);
     if (same)
         return ag__joint_alias_copy(&u->alias, &j->alias);
     ag__joint_alias *a = &u->alias;
@@ -386,9 +385,9 @@ int ag_joint_update(ag_joint *j, ag_graph *g) {
     }
     /* Nothing can fail from here: the joint takes the new state (the counts and descriptors of
      * tangents, tokens and philox inputs are the new graph's layout). */
-    update_state old = {NULL,        j->in_info,  j->params, j->buffers,     j->nprimals,
-                        j->nparams,  j->nbuffers, NULL,      j->alias,       j->flat_descs,
-                        j->alias.nflat};
+    update_state old = {NULL,        j->in_info,    j->params,     j->buffers,
+                        j->nprimals, j->nparams,    j->nbuffers,   NULL,
+                        j->alias,    j->flat_descs, j->alias.nflat};
     if (u.in_spec) {
         old.in_spec = j->in_spec;
         j->in_spec = u.in_spec;

@@ -8,12 +8,13 @@
  * The text is a header of one fact per line (format and version; params_spec, buffers_spec,
  * in_spec and out_spec; needs_autograd; the per-primal input facts; the per-user-output facts;
  * the aliasing facts of src/export/alias.h: flat inputs -> primals and their descriptors,
- * where each primal comes from, geometries) followed by the graph in its own text format (src/graph/print.c, with
- * seq_nr, stack traces, annotations and every metadata item). What the graph already says
- * is not repeated: the counts of primals, tangents, tokens, RNG inputs and extra outputs, and
- * the descriptors the joint keeps, are read back from the graph's layout (ag_graph_layout), as
- * the export leaves them. The reader checks every line and every index against the graph, so
- * text edited by hand gives a joint the runtime can use or an error naming the line. */
+ * where each primal comes from, geometries) followed by the graph in its own text format
+ * (src/graph/print.c, with seq_nr, stack traces, annotations and every metadata item). What the
+ * graph already says is not repeated: the counts of primals, tangents, tokens, RNG inputs and extra
+ * outputs, and the descriptors the joint keeps, are read back from the graph's layout
+ * (ag_graph_layout), as the export leaves them. The reader checks every line and every index
+ * against the graph, so text edited by hand gives a joint the runtime can use or an error naming
+ * the line. */
 #include "../core/pystr.h"
 #include "../graph/text_internal.h"
 #include "joint_internal.h"
@@ -921,8 +922,8 @@ static int read_header(rd *r, ag_joint *j, lines *L) {
         return bad(r, "expected a format version after '" FORMAT_NAME " '");
     if (version < FORMAT_OLDEST || version > FORMAT_VERSION)
         return ag__err(AG_EFORMAT,
-                       "%s: line 1: format version %d; this aotgrad reads versions %d to %d",
-                       r->fn, version, FORMAT_OLDEST, FORMAT_VERSION);
+                       "%s: line 1: format version %d; this aotgrad reads versions %d to %d", r->fn,
+                       version, FORMAT_OLDEST, FORMAT_VERSION);
     L->version = version;
     if ((rc = header(r, "params_spec")) || (rc = get_fqns(r, &j->params, &j->nparams)))
         return rc;

@@ -80,7 +80,7 @@ struct ag__subx {
     ag_desc **in_desc; /* owned */
     ag__scmeta *in_meta;
     ag__scmeta *grad_meta;
-    int *in_start; /* first flattened primal of each outer input; [nin] = nflat */
+    int *in_start;   /* first flattened primal of each outer input; [nin] = nflat */
     int nuser_first; /* the first outer input that is the user's (after params and buffers) */
     /* this pass: the outer tensors the forward sees (references), and the module tensors they
      * replace while it runs */
