@@ -547,6 +547,9 @@ static long c_ag_joint_num_flat_inputs(void) {
 static long c_ag_joint_flat_input_primal(void) {
     return (ag_joint_flat_input_primal)(NULL, 0);
 }
+static long c_ag_joint_flat_input_desc(void) {
+    return ag_joint_flat_input_desc(NULL, 0) == NULL;
+}
 static long c_ag_joint_primals_from_flat(void) {
     return (ag_joint_primals_from_flat)(NULL, NULL, 0, NULL, 0);
 }
@@ -1944,6 +1947,7 @@ static const row rows[] = {
     {"ag_joint_needs_autograd", 'A', 'O', c_ag_joint_needs_autograd, NULL},
     {"ag_joint_num_flat_inputs", 'A', 'I', c_ag_joint_num_flat_inputs, NULL},
     {"ag_joint_flat_input_primal", 'A', 'I', c_ag_joint_flat_input_primal, NULL},
+    {"ag_joint_flat_input_desc", 'A', 'R', c_ag_joint_flat_input_desc, NULL},
     {"ag_joint_primals_from_flat", 'F', 'I', c_ag_joint_primals_from_flat, NULL},
     {"ag_fx_pairs_free", 'A', 'O', c_ag_fx_pairs_free, NULL},
     {"ag_fx_pairs_count", 'A', 'I', c_ag_fx_pairs_count, NULL},

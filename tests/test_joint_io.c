@@ -118,7 +118,7 @@ static void test_zoo_round_trip(void **st) {
         ag_joint *j = export_zoo(name);
         size_t n1, n2;
         char *s1 = save(j, &n1);
-        assert_true(!strncmp(s1, "aotgrad-joint 1\n", 16));
+        assert_true(!strncmp(s1, "aotgrad-joint 2\n", 16));
         ag_joint *l = load(s1);
         char *s2 = save(l, &n2);
         if (strcmp(s1, s2))
@@ -546,10 +546,12 @@ static void test_load_errors(void **st) {
     ag_joint *j = export_zoo("linear");
     char *s = save(j, NULL);
     expect_refused(
-        s, "aotgrad-joint 1", "aotgrad-graph 1",
-        "joint_load: line 1: expected the header 'aotgrad-joint 1', got 'aotgrad-graph 1'");
-    expect_refused(s, "aotgrad-joint 1", "aotgrad-joint 2",
-                   "joint_load: line 1: format version 2; this aotgrad reads version 1");
+        s, "aotgrad-joint 2", "aotgrad-graph 2",
+        "joint_load: line 1: expected the header 'aotgrad-joint 2', got 'aotgrad-graph 2'");
+    expect_refused(s, "aotgrad-joint 2", "aotgrad-joint 3",
+                   "joint_load: line 1: format version 3; this aotgrad reads versions 1 to 2");
+    expect_refused(s, "aotgrad-joint 2", "aotgrad-joint 0",
+                   "joint_load: line 1: format version 0; this aotgrad reads versions 1 to 2");
     expect_refused(s, "params_spec: [", "params_spec: (",
                    "joint_load: line 2: expected a list of names '['");
     expect_refused(s, "'linear.bias']", "'linear.bias]",
@@ -616,7 +618,7 @@ static void test_load_errors(void **st) {
         tu_assert_error_contains("line ");
     }
     assert_null(ag_joint_load("", 0));
-    tu_assert_error_contains("joint_load: line 1: expected the header 'aotgrad-joint 1', got "
+    tu_assert_error_contains("joint_load: line 1: expected the header 'aotgrad-joint 2', got "
                              "end of input");
     ag_free(s);
     ag_joint_free(j);
@@ -627,7 +629,7 @@ static void test_text_of_linear(void **st) {
     (void)st;
     ag_joint *j = export_zoo("linear");
     char *s = save(j, NULL);
-    const char *head = "aotgrad-joint 1\n"
+    const char *head = "aotgrad-joint 2\n"
                        "params_spec: ['linear.weight', 'linear.bias']\n"
                        "buffers_spec: []\n"
                        "in_spec: TreeSpec(tuple, None, [TreeSpec(list, None, [*, *, *]), "

@@ -264,6 +264,14 @@ AG_API bool ag_joint_needs_autograd(const ag_joint *j);
  * graph regenerates them. Otherwise flat input i is its own primal. */
 AG_API int ag_joint_num_flat_inputs(const ag_joint *j);
 AG_API int ag_joint_flat_input_primal(const ag_joint *j, int flat); /* -1 out of range */
+/* Flat input `flat`'s descriptor, the joint's record of its calling convention (upstream's
+ * flat_args_descs after subclass flattening): ParamAOTInput(target=fqn) for each parameter,
+ * BufferAOTInput(target=fqn) for each buffer, then PlainAOTInput(idx=k) for the user's args and
+ * kwargs values; a tensor subclass instance is one flat input per plain inner tensor,
+ * SubclassGetAttrAOTInput(base=<its descriptor>, attr=...), in its attrs' order. Borrowed: it
+ * lives as long as the joint's calling convention (until ag_joint_update or ag_joint_free; take
+ * a reference with ag_desc_retain to keep it). NULL for a NULL joint or flat out of range. */
+AG_API const ag_desc *ag_joint_flat_input_desc(const ag_joint *j, int flat);
 /* The graph's primal inputs for flat inputs, as the compiled callable derives them: stores
  * num_primals new references in primals (the caller frees them). Checks that removed
  * duplicates are the same tensor as their first occurrence and that merged inputs are views

@@ -477,6 +477,29 @@ CTOR_IDX(ag_desc_dummy_output, AG_DESC_DUMMY_OUTPUT)
 CTOR_IDX(ag_desc_saved_for_backwards, AG_DESC_SAVED_FOR_BACKWARDS)
 CTOR_IDX(ag_desc_saved_for_backwards_no_vc_check, AG_DESC_SAVED_FOR_BACKWARDS_NO_VC_CHECK)
 
+/* The calling convention of a module's flat inputs, made in this one place: parameters, then
+ * buffers, then the user's inputs (upstream's prepare_aot_module_simplified). */
+int ag__desc_module_inputs(char *const *params, int nparams, char *const *buffers, int nbuffers,
+                           int nuser, ag_desc **descs) {
+    int n = nparams + nbuffers + nuser;
+    for (int i = 0; i < n; i++) {
+        if (i < nparams)
+            descs[i] = ag_desc_param(params[i]);
+        else if (i < nparams + nbuffers)
+            descs[i] = ag_desc_buffer(buffers[i - nparams]);
+        else
+            descs[i] = ag_desc_plain_input(i - nparams - nbuffers);
+        if (!descs[i]) {
+            for (int k = 0; k < i; k++) {
+                ag_desc_release(descs[k]);
+                descs[k] = NULL;
+            }
+            return ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
+        }
+    }
+    return 0;
+}
+
 ag_desc *ag_desc_retain(const ag_desc *d) {
     ag_desc *m = (ag_desc *)d; /* the refcount is mutable bookkeeping on an immutable value */
     if (m)

@@ -261,6 +261,16 @@ int64_t ag__autograd_current_seq(void);
 /* Element i (flat, row-major over the view) as double. */
 double ag__get_f64(const ag_tensor *t, int64_t i);
 
+/* ---- descriptors (desc.c) ---- */
+
+/* The descriptors of a module's flat inputs in calling order, the one place that lays the
+ * convention out: ParamAOTInput(target=params[i]) for each parameter, then
+ * BufferAOTInput(target=buffers[i]) for each buffer, then PlainAOTInput(idx=k) for the user's
+ * nuser inputs (args, then kwargs values). descs (nparams + nbuffers + nuser entries) receives
+ * new references; on failure (AG_ENOMEM) it holds none. Names are borrowed. */
+int ag__desc_module_inputs(char *const *params, int nparams, char *const *buffers, int nbuffers,
+                           int nuser, ag_desc **descs);
+
 /* ---- tensor subclasses (core/subclass_instance.c, ops/subclass_call.c) ---- */
 struct ag__subdata;
 void ag__subdata_retain(struct ag__subdata *s);

@@ -125,8 +125,8 @@ typedef struct group {
 struct ag__alias_plan {
     ag_tensor *const *flat;
     ag_desc *const *descs;
-    char *const *fqns;
-    int nflat, nparams, nbuffers;
+    bool module_tensors; /* the flat parameters and buffers are the module's own tensors */
+    int nflat;
     int *dup_of; /* first slot holding the same tensor, or -1 */
     bool dedupe; /* strategy 2: later occurrences removed */
     int *group;  /* per flat: merged group, or -1 */
@@ -142,8 +142,8 @@ struct ag__alias_plan {
     ag_tensor **tt;      /* per flat: the tensor the forward sees (a reference) */
     ag_tensor **ptt;     /* per primal: the tensor bound to the placeholder (a reference) */
     ag_tmeta *start;     /* per flat: tt's geometry when the pass began */
-    ag_tmeta *pb_geom;   /* per param/buffer: its geometry before the pass */
-    ag_tensor **swapped; /* per param/buffer: the module's own tensor when another is shown */
+    ag_tmeta *pb_geom;   /* per flat param/buffer: its geometry before the pass */
+    ag_tensor **swapped; /* per flat param/buffer: the module's own tensor when another is shown */
     ag_tensor **user;
     /* per pass, after the forward */
     bool *data_mut, *meta_mut; /* per flat */
@@ -154,8 +154,19 @@ struct ag__alias_plan {
     int ninter;
 };
 
+/* Flat input i is the module's own parameter or buffer (its descriptor says which; the inner
+ * tensors of flattened subclass inputs are fresh leaves, all of them). */
 static bool is_pb(const ag__alias_plan *P, int i) {
-    return i < P->nparams + P->nbuffers;
+    if (!P->module_tensors)
+        return false;
+    ag_desc_kind k = ag_desc_kind_of(P->descs[i]);
+    return k == AG_DESC_PARAM || k == AG_DESC_BUFFER;
+}
+
+/* Shows the module tensor t in place of flat parameter or buffer i; returns the one it had. */
+static ag_tensor *swap_pb(const ag__alias_plan *P, ag_module *m, int i, ag_tensor *t) {
+    return ag__module_swap_tensor(m, ag_desc_target(P->descs[i]),
+                                  ag_desc_kind_of(P->descs[i]) == AG_DESC_PARAM, t);
 }
 
 static void free_layout(ag__alias_plan *P) {
@@ -412,26 +423,23 @@ static int merge_final(ag__alias_plan *P, const int *m, int n, void *ud) {
     return 0;
 }
 
-ag__alias_plan *ag__aplan_new(ag_tensor *const *flat, ag_desc *const *descs, int nflat, int nparams,
-                              int nbuffers, char *const *fqns) {
+ag__alias_plan *ag__aplan_new(ag_tensor *const *flat, ag_desc *const *descs, int nflat,
+                              bool module_tensors) {
     ag__alias_plan *P = ag__calloc(1, sizeof *P);
     if (!P)
         return NULL;
     P->flat = flat;
     P->descs = descs;
-    P->fqns = fqns;
     P->nflat = nflat;
-    P->nparams = nparams;
-    P->nbuffers = nbuffers;
-    size_t n = (size_t)(nflat ? nflat : 1),
-           npb = (size_t)(nparams + nbuffers ? nparams + nbuffers : 1);
+    P->module_tensors = module_tensors;
+    size_t n = (size_t)(nflat ? nflat : 1);
     P->dup_of = ag__calloc(n, sizeof(int));
     P->group = ag__calloc(n, sizeof(int));
     P->tt = ag__calloc(n, sizeof(ag_tensor *));
     P->ptt = ag__calloc(n, sizeof(ag_tensor *));
     P->start = ag__calloc(n, sizeof(ag_tmeta));
-    P->pb_geom = ag__calloc(npb, sizeof(ag_tmeta));
-    P->swapped = ag__calloc(npb, sizeof(ag_tensor *));
+    P->pb_geom = ag__calloc(n, sizeof(ag_tmeta));
+    P->swapped = ag__calloc(n, sizeof(ag_tensor *));
     P->user = ag__calloc(n, sizeof(ag_tensor *));
     P->data_mut = ag__calloc(n, sizeof(bool));
     P->meta_mut = ag__calloc(n, sizeof(bool));
@@ -490,9 +498,10 @@ static ag_tensor *leaf_like(ag_tensor *t, const ag_tmeta *m) {
 
 int ag__aplan_begin(ag__alias_plan *P, ag_module *m, ag__tracer *T, ag_node *const *ph,
                     ag_tensor ***user) {
-    int npb = P->nparams + P->nbuffers, rc = 0;
-    for (int i = 0; i < npb; i++)
-        ag__tmeta_of(P->flat[i], &P->pb_geom[i]);
+    int rc = 0, nuser = 0;
+    for (int i = 0; i < P->nflat; i++)
+        if (is_pb(P, i))
+            ag__tmeta_of(P->flat[i], &P->pb_geom[i]);
     /* Placeholders: the module's own tensor for a parameter or buffer that is its own primal,
      * a new leaf for everything else (user args, extra leaves of tied weights, bases). */
     for (int p = 0; p < P->nprim && rc == 0; p++) {
@@ -543,24 +552,25 @@ int ag__aplan_begin(ag__alias_plan *P, ag_module *m, ag__tracer *T, ag_node *con
         if (!P->tt[i]) /* a removed duplicate: the kept slot's tensor */
             P->tt[i] = ag_tensor_keep(P->tt[P->dup_of[i]]);
     /* The module shows the forward the slot's tensor. */
-    for (int i = 0; i < npb && rc == 0; i++)
-        if (P->tt[i] != P->flat[i])
-            P->swapped[i] = ag__module_swap_tensor(m, P->fqns[i], i < P->nparams, P->tt[i]);
+    for (int i = 0; i < P->nflat && rc == 0; i++)
+        if (is_pb(P, i) && P->tt[i] != P->flat[i])
+            P->swapped[i] = swap_pb(P, m, i, P->tt[i]);
     for (int i = 0; i < P->nflat; i++) {
         if (P->tt[i])
             ag__tmeta_of(P->tt[i], &P->start[i]);
-        if (!is_pb(P, i))
-            P->user[i - npb] = P->tt[i];
+        if (!is_pb(P, i)) /* the user's inputs, in order */
+            P->user[nuser++] = P->tt[i];
     }
     *user = P->user;
     return rc;
 }
 
 void ag__aplan_end(ag__alias_plan *P, ag_module *m) {
-    int npb = P->nparams + P->nbuffers;
-    for (int i = 0; i < npb; i++) {
+    for (int i = 0; i < P->nflat; i++) {
+        if (!is_pb(P, i))
+            continue;
         if (P->swapped[i])
-            ag__module_swap_tensor(m, P->fqns[i], i < P->nparams, P->swapped[i]);
+            swap_pb(P, m, i, P->swapped[i]);
         P->swapped[i] = NULL;
         /* The export changes no module tensor: metadata mutations are undone. */
         ag_tensor *t = P->flat[i];
@@ -787,8 +797,7 @@ int ag__aplan_refine(ag__alias_plan *P, const ag_input_info *info, bool needs_au
  * pass says whether its layout stands. Its slot holds the plan while a pass has begun. */
 static int dsb_prepare(ag__export_pass *st, void **self) {
     (void)self;
-    st->plan = ag__aplan_new(st->flat, st->flat_descs, st->nflat, st->nparams_flat,
-                             st->nbuffers_flat, st->fqns);
+    st->plan = ag__aplan_new(st->flat, st->flat_descs, st->nflat, st->flat_module_tensors);
     return st->plan ? 0 : ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
 }
 

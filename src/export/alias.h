@@ -24,9 +24,11 @@ const ag__joint_alias *ag__joint_alias_of(const ag_joint *j);
  * says whether a second pass with the final layout is needed. */
 
 /* flat: params, buffers, user args, kwargs (borrowed, they must outlive the plan); descs:
- * theirs; fqns: the names of the nparams + nbuffers first ones. */
-ag__alias_plan *ag__aplan_new(ag_tensor *const *flat, ag_desc *const *descs, int nflat, int nparams,
-                              int nbuffers, char *const *fqns);
+ * theirs (borrowed too), which say which flat inputs are parameters and buffers
+ * (ParamAOTInput / BufferAOTInput, by target); module_tensors: whether those are the module's
+ * own tensors, which the plan binds and swaps (false for inner tensors of subclasses). */
+ag__alias_plan *ag__aplan_new(ag_tensor *const *flat, ag_desc *const *descs, int nflat,
+                              bool module_tensors);
 void ag__aplan_free(ag__alias_plan *P);
 int ag__aplan_num_primals(const ag__alias_plan *P);
 /* Primal p's descriptor (borrowed) and the example tensor its placeholder stands for. */

@@ -23,6 +23,7 @@
 #include "export_wrappers.h"
 #include "joint_internal.h"
 
+#include <assert.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -54,13 +55,17 @@ const ag_treespec *ag_joint_out_spec(const ag_joint *j) {
     return j ? j->out_spec : NULL;
 }
 /* Static inputs: the primals of parameters and buffers that are primals of their own (not
- * merged into a base, not removed as duplicates), in primal order, after the effect tokens. */
+ * merged into a base, not removed as duplicates), in primal order, after the effect tokens. A
+ * flat input is a parameter's or buffer's by its descriptor (ParamAOTInput, BufferAOTInput, or
+ * an inner tensor of one: SubclassGetAttrAOTInput asks its base), as upstream's
+ * _try_get_metadata_from_dynamo picks them. */
 static int static_inputs(const ag_joint *j, int want) {
     int n = 0, ntok = ag__joint_ntok(j);
     for (int p = 0; p < j->nprimals - ntok; p++) {
         bool is_static = false;
-        for (int i = 0; i < j->npb_flat && !is_static; i++)
-            is_static = j->alias.flat[i].kind == AG__FLAT_PRIMAL && j->alias.flat[i].primal == p;
+        for (int i = 0; i < j->alias.nflat && !is_static; i++)
+            is_static = j->alias.flat[i].kind == AG__FLAT_PRIMAL && j->alias.flat[i].primal == p &&
+                        (ag_desc_is_param(j->flat_descs[i]) || ag_desc_is_buffer(j->flat_descs[i]));
         if (is_static && n++ == want)
             return ntok + p;
     }
@@ -132,6 +137,7 @@ void ag_joint_free(ag_joint *j) {
     ag_treespec_release(j->out_spec);
     ag__free(j->in_info);
     ag__free(j->out_info);
+    ag__joint_flat_descs_free(j->flat_descs, j->alias.nflat); /* (before the count goes) */
     ag__joint_alias_clear(&j->alias);
     ag__subx_info_release(j->subclass);
     ag__free(j);
@@ -207,6 +213,8 @@ typedef struct update_state {
     int nprimals, nparams, nbuffers;
     ag_treespec *in_spec;
     ag__joint_alias alias;
+    ag_desc **flat_descs; /* nflat_descs references (alias.nflat once complete) */
+    int nflat_descs;
 } update_state;
 
 static void update_state_clear(update_state *u) {
@@ -219,6 +227,7 @@ static void update_state_clear(update_state *u) {
     ag__free(u->params);
     ag__free(u->buffers);
     ag_treespec_release(u->in_spec);
+    ag__joint_flat_descs_free(u->flat_descs, u->nflat_descs);
     ag__joint_alias_clear(&u->alias);
 }
 
@@ -310,10 +319,16 @@ static int update_primals(const ag_joint *j, const ag_graph *g, const ag_layout 
                            ag_node_name(ph[i]), k);
         k++;
     }
+    /* The same flat inputs keep their descriptors; added or dropped inputs make the flat
+     * inputs the primals, in order, described as their placeholders are. */
+    int nf = same ? j->alias.nflat : pr->count;
+    if (!(u->flat_descs = ag__calloc((size_t)nf + 1, sizeof *u->flat_descs)))
+        return AG_ENOMEM;
+    u->nflat_descs = nf;
+    for (int f = 0; f < nf; f++)
+        u->flat_descs[f] = ag_desc_retain(same ? j->flat_descs[f] : u->primal_descs[pr->start + f]);
     if (same)
         return ag__joint_alias_copy(&u->alias, &j->alias);
-    /* Added or dropped inputs: the flat inputs are the primals, in order. */
-    int nf = pr->count;
     ag__joint_alias *a = &u->alias;
     a->flat = ag__calloc((size_t)nf + 1, sizeof *a->flat);
     a->prim = ag__calloc((size_t)nf + 1, sizeof *a->prim);
@@ -370,8 +385,9 @@ int ag_joint_update(ag_joint *j, ag_graph *g) {
     }
     /* Nothing can fail from here: the joint takes the new state (the counts and descriptors of
      * tangents, tokens and philox inputs are the new graph's layout). */
-    update_state old = {NULL,       j->in_info,  j->params, j->buffers, j->nprimals,
-                        j->nparams, j->nbuffers, NULL,      j->alias};
+    update_state old = {NULL,        j->in_info,    j->params,     j->buffers,
+                        j->nprimals, j->nparams,    j->nbuffers,   NULL,
+                        j->alias,    j->flat_descs, j->alias.nflat};
     if (u.in_spec) {
         old.in_spec = j->in_spec;
         j->in_spec = u.in_spec;
@@ -384,9 +400,9 @@ int ag_joint_update(ag_joint *j, ag_graph *g) {
     j->nparams = u.nparams;
     j->nbuffers = u.nbuffers;
     j->alias = u.alias;
+    j->flat_descs = u.flat_descs;
     ag__free(u.primal_descs); /* (borrowed descriptors) */
     j->needs_autograd = ag_layout_count(&L, AG_SEC_OUT_GRADS) > 0;
-    j->npb_flat = j->subclass ? j->npb_flat : u.nparams + u.nbuffers;
     ag_graph_free(j->g);
     j->g = g;
     j->layout = L;
@@ -579,7 +595,6 @@ static ag_joint *pass_start(ag__export_pass *st) {
         st->g = NULL;
         return NULL;
     }
-    st->npb_flat = ps->n + bs->n;
     ag_scope_begin();
     return j;
 }
@@ -738,11 +753,17 @@ static int joint_take(ag_joint *j, ag__export_pass *st) {
     j->needs_autograd = st->needs_autograd;
     j->alias = st->alias;
     j->subclass = st->subclass;
-    j->npb_flat = st->npb_flat;
     st->in_info = NULL;
     st->out_info = NULL;
     memset(&st->alias, 0, sizeof st->alias);
     st->subclass = NULL;
+    /* The flat inputs' descriptors, as the wrappers left them (the subclass wrapper's are the
+     * inner tensors'), one per flat input of the aliasing facts. */
+    assert(st->nflat == j->alias.nflat);
+    if (!(j->flat_descs = ag__calloc((size_t)(st->nflat ? st->nflat : 1), sizeof *j->flat_descs)))
+        return AG_ENOMEM;
+    for (int i = 0; i < st->nflat; i++)
+        j->flat_descs[i] = ag_desc_retain(st->flat_descs[i]);
     if (ag_graph_layout(j->g, 0, &j->layout) || ag_graph_dce(j->g) < 0)
         return status_or(AG_EINVAL);
     if (st->o->decompositions &&
@@ -785,35 +806,29 @@ static ag_joint *export_pass(ag__export_pass *st) {
     return j;
 }
 
-/* The flat inputs (params, buffers, args, kwargs) and their descriptors. */
+/* The flat inputs (params, buffers, args, kwargs) and their descriptors, the record the
+ * wrappers read (which flat input is a parameter, which buffer) and the joint keeps. */
 static int flat_inputs(ag__export_pass *st) {
     const ag_named_tensors *ps = st->ps, *bs = st->bs;
-    int n = ps->n + bs->n + st->nargs + st->nkwargs, npb = ps->n + bs->n;
+    int n = ps->n + bs->n + st->nargs + st->nkwargs, k = 0;
     st->flat = ag__calloc((size_t)(n ? n : 1), sizeof *st->flat);
     st->flat_descs = ag__calloc((size_t)(n ? n : 1), sizeof *st->flat_descs);
-    st->fqns = ag__calloc((size_t)(npb ? npb : 1), sizeof *st->fqns);
-    if (!st->flat || !st->flat_descs || !st->fqns)
+    if (!st->flat || !st->flat_descs)
         return AG_ENOMEM;
+    int rc = ag__desc_module_inputs(ps->names, ps->n, bs->names, bs->n, st->nargs + st->nkwargs,
+                                    st->flat_descs);
+    if (rc)
+        return rc;
     st->nflat = n;
-    st->nparams_flat = ps->n;
-    st->nbuffers_flat = bs->n;
-    for (int i = 0; i < n; i++) {
-        int u = i - npb; /* the user input's index: args, then kwargs */
-        if (i < ps->n) {
-            st->flat[i] = ps->tensors[i];
-            st->flat_descs[i] = ag_desc_param(ps->names[i]);
-            st->fqns[i] = ps->names[i];
-        } else if (i < npb) {
-            st->flat[i] = bs->tensors[i - ps->n];
-            st->flat_descs[i] = ag_desc_buffer(bs->names[i - ps->n]);
-            st->fqns[i] = bs->names[i - ps->n];
-        } else {
-            st->flat[i] = u < st->nargs ? st->args[u] : st->kwargs[u - st->nargs];
-            st->flat_descs[i] = ag_desc_plain_input(u);
-        }
-        if (!st->flat_descs[i])
-            return status_or(AG_ENOMEM);
-    }
+    st->flat_module_tensors = true;
+    for (int i = 0; i < ps->n; i++)
+        st->flat[k++] = ps->tensors[i];
+    for (int i = 0; i < bs->n; i++)
+        st->flat[k++] = bs->tensors[i];
+    for (int i = 0; i < st->nargs; i++)
+        st->flat[k++] = st->args[i];
+    for (int i = 0; i < st->nkwargs; i++)
+        st->flat[k++] = st->kwargs[i];
     return 0;
 }
 
@@ -894,7 +909,6 @@ ag_joint *ag_export_joint(ag_module *m, ag_tensor *const *args, int nargs,
         ag_desc_release(st.flat_descs[i]);
     ag__free(st.flat_descs);
     ag__free(st.flat);
-    ag__free(st.fqns);
     ag_named_tensors_free(&ps);
     ag_named_tensors_free(&bs);
     return j;
@@ -920,6 +934,11 @@ int ag_joint_flat_input_primal(const ag_joint *j, int flat) {
     if (flat < 0 || flat >= j->alias.nflat || j->alias.flat[flat].primal < 0)
         return -1;
     return ag__joint_ntok(j) + j->alias.flat[flat].primal;
+}
+const ag_desc *ag_joint_flat_input_desc(const ag_joint *j, int flat) {
+    if (!j || !j->flat_descs || flat < 0 || flat >= j->alias.nflat)
+        return NULL;
+    return j->flat_descs[flat];
 }
 
 int ag_joint_primals_from_flat(const ag_joint *j, ag_tensor *const *flat, int nflat,

@@ -50,13 +50,13 @@ typedef struct ag__export_pass {
     const char *const *kwarg_names;
     int nargs, nkwargs;
     /* The flat inputs (params, buffers, args, kwargs; borrowed tensors, an owned array) and
-     * their descriptors (owned references); a `prepare` hook may replace them (the subclass
-     * wrapper: by their inner tensors). The first nparams_flat + nbuffers_flat are the
-     * module's own parameters and buffers (fqns, borrowed names); 0 once replaced. */
+     * their descriptors (owned references), which say what each is (ParamAOTInput(target=fqn)
+     * is the module's own parameter) and which the joint keeps; a `prepare` hook may replace
+     * them (the subclass wrapper: by their inner tensors, SubclassGetAttrAOTInput(...)). */
     ag_tensor **flat;
     ag_desc **flat_descs;
-    int nflat, nparams_flat, nbuffers_flat;
-    char **fqns;
+    int nflat;
+    bool flat_module_tensors; /* the flat params and buffers are the module's own tensors */
     ag__alias_plan *plan; /* the dedupe/synthetic-base wrapper's; the aliasing outputs read it */
     void *self[AG__EXPORT_MAX_WRAPPERS];
 
@@ -87,7 +87,6 @@ typedef struct ag__export_pass {
     ag_desc *rng_descs[4]; /* owned */
     bool rng_fw_out;
     ag__subx_info *subclass; /* owned */
-    int npb_flat;            /* flat inputs from params and buffers (the core: ps->n + bs->n) */
 } ag__export_pass;
 
 typedef int (*ag__export_hook)(ag__export_pass *st, void **self);

@@ -21,11 +21,22 @@ struct ag_joint {
     ag_output_info *out_info;
     bool needs_autograd;
     ag__joint_alias alias; /* flat inputs -> primals, aliasing outputs (alias.c) */
-    /* Tensor subclasses flattened (subclass_flatten.c), or NULL; the flat inputs that are
-     * parameters and buffers (their inner tensors when flattened). */
+    /* The flat inputs' descriptors (alias.nflat owned references), in calling order:
+     * ParamAOTInput, BufferAOTInput, PlainAOTInput, or SubclassGetAttrAOTInput(base=...) for
+     * the inner tensors of a flattened subclass instance. Made once where the joint is made
+     * (the export, ag_joint_update, the saved-joint reader); everything that asks which flat
+     * input is what (static inputs, the compiled callable's messages) reads it. */
+    ag_desc **flat_descs;
+    /* Tensor subclasses flattened (subclass_flatten.c), or NULL. */
     ag__subx_info *subclass;
-    int npb_flat;
 };
+
+/* Releases n descriptors and their array (NULL: no-op). */
+static inline void ag__joint_flat_descs_free(ag_desc **d, int n) {
+    for (int i = 0; d && i < n; i++)
+        ag_desc_release(d[i]);
+    ag__free(d);
+}
 
 /* The forward effect tokens: the first primals. */
 static inline int ag__joint_ntok(const ag_joint *j) {

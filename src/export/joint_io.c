@@ -7,13 +7,14 @@
  *
  * The text is a header of one fact per line (format and version; params_spec, buffers_spec,
  * in_spec and out_spec; needs_autograd; the per-primal input facts; the per-user-output facts;
- * the aliasing facts of src/export/alias.h: flat inputs -> primals, where each primal comes
- * from, geometries) followed by the graph in its own text format (src/graph/print.c, with
- * seq_nr, stack traces, annotations and every metadata item). What the graph already says
- * is not repeated: the counts of primals, tangents, tokens, RNG inputs and extra outputs, and
- * the descriptors the joint keeps, are read back from the graph's layout (ag_graph_layout), as
- * the export leaves them. The reader checks every line and every index against the graph, so
- * text edited by hand gives a joint the runtime can use or an error naming the line. */
+ * the aliasing facts of src/export/alias.h: flat inputs -> primals and their descriptors,
+ * where each primal comes from, geometries) followed by the graph in its own text format
+ * (src/graph/print.c, with seq_nr, stack traces, annotations and every metadata item). What the
+ * graph already says is not repeated: the counts of primals, tangents, tokens, RNG inputs and extra
+ * outputs, and the descriptors the joint keeps, are read back from the graph's layout
+ * (ag_graph_layout), as the export leaves them. The reader checks every line and every index
+ * against the graph, so text edited by hand gives a joint the runtime can use or an error naming
+ * the line. */
 #include "../core/pystr.h"
 #include "../graph/text_internal.h"
 #include "joint_internal.h"
@@ -26,7 +27,11 @@
 #include <unistd.h>
 
 #define FORMAT_NAME "aotgrad-joint"
-#define FORMAT_VERSION 1
+/* Version 2 adds each flat input's descriptor (` desc=` on its flat_inputs line); version 1
+ * files still load, their flat inputs' descriptors derived once from params_spec,
+ * buffers_spec and the subclass lines. */
+#define FORMAT_VERSION 2
+#define FORMAT_OLDEST 1
 #define SPEC_MAX_DEPTH 64
 
 static const char *const alias_names[] = {
@@ -69,6 +74,14 @@ static void put_fqns(ag__sbuf *b, char *const *names, int n) {
         ag__sb_pystr(b, names[i], strlen(names[i]));
     }
     ag__sb_puts(b, "]\n");
+}
+
+static void put_desc(ag__sbuf *b, const ag_desc *d) {
+    size_t n = ag_desc_repr(d, NULL, 0);
+    if (!ag__sb_reserve(b, n + 1))
+        return;
+    ag_desc_repr(d, b->p + b->len, n + 1);
+    b->len += n;
 }
 
 static void put_spec(ag__sbuf *b, const ag_treespec *s) {
@@ -244,6 +257,8 @@ static char *save_text(const ag_joint *j, bool canonical, size_t *len, const cha
         put_geom(&b, &f->geom);
         ag__sb_puts(&b, " new_geom=");
         put_geom(&b, &f->new_geom);
+        ag__sb_puts(&b, " desc=");
+        put_desc(&b, j->flat_descs[i]);
         ag__sb_putc(&b, '\n');
     }
     ag__sb_printf(&b, "primal_sources: %d\n", a->nprimals);
@@ -706,7 +721,33 @@ static int read_output_info(rd *r, ag_output_info *oi, ag__out_info *ao, int k) 
     return end_of_line(r);
 }
 
-static int read_flat(rd *r, ag__flat_info *f, int i) {
+/* " desc=REPR" up to the end of the line into a new reference *d. */
+static int get_desc_field(rd *r, ag_desc **d) {
+    if (!lit(r, " desc="))
+        return bad(r, "expected ' desc=' and the flat input's descriptor");
+    size_t n = (size_t)(r->eol - r->p);
+    if (n > 0 && r->p[n - 1] == '\r')
+        n--;
+    char *text = ag__malloc(n + 1); /* (the text need not end in NUL: a copy of the line) */
+    if (!text)
+        return AG_ENOMEM;
+    memcpy(text, r->p, n);
+    text[n] = '\0';
+    *d = ag_desc_parse(text, NULL);
+    ag__free(text);
+    if (*d) {
+        r->p = r->eol;
+        return 0;
+    }
+    if (ag_last_status() == AG_ENOMEM)
+        return AG_ENOMEM;
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", ag_last_error());
+    return ag__err(AG_EFORMAT, "%s: line %d: bad descriptor: %s", r->fn, r->line, msg);
+}
+
+/* A flat input's line; from version 2 on it ends with its descriptor (into *d). */
+static int read_flat(rd *r, ag__flat_info *f, int i, int version, ag_desc **d) {
     int rc = entry_start(r, i, "flat input");
     if (rc)
         return rc;
@@ -719,6 +760,8 @@ static int read_flat(rd *r, ag__flat_info *f, int i) {
     FIELD(r, " metadata_mutation=", get_int, &f->metadata_mutation, -1, INT_MAX);
     FIELD(r, " geom=", get_geom, &f->geom);
     FIELD(r, " new_geom=", get_geom, &f->new_geom);
+    if (version >= 2 && (rc = get_desc_field(r, d)))
+        return rc;
     return end_of_line(r);
 }
 
@@ -830,6 +873,7 @@ static int read_scmetas(rd *r, const char *key, const char *what, ag__scmeta **o
 
 /* Lines of the header, for the checks against the graph. */
 typedef struct lines {
+    int version; /* the file's format version */
     int input_info, output_info, flat, sources, metamut, inter, in_spec, out_spec;
     int sub_in, sub_grad, sub_out; /* 0: no subclass lines */
 } lines;
@@ -873,12 +917,14 @@ static int read_subclass(rd *r, ag_joint *j, lines *L) {
 static int read_header(rd *r, ag_joint *j, lines *L) {
     int version = 0, rc;
     if (!next_line(r) || !lit(r, FORMAT_NAME " "))
-        return bad(r, "expected the header '" FORMAT_NAME " 1'");
+        return bad(r, "expected the header '" FORMAT_NAME " 2'");
     if (!get_int(r, &version, 0, INT_MAX) || !at_eol(r))
         return bad(r, "expected a format version after '" FORMAT_NAME " '");
-    if (version != FORMAT_VERSION)
-        return ag__err(AG_EFORMAT, "%s: line 1: format version %d; this aotgrad reads version %d",
-                       r->fn, version, FORMAT_VERSION);
+    if (version < FORMAT_OLDEST || version > FORMAT_VERSION)
+        return ag__err(AG_EFORMAT,
+                       "%s: line 1: format version %d; this aotgrad reads versions %d to %d", r->fn,
+                       version, FORMAT_OLDEST, FORMAT_VERSION);
+    L->version = version;
     if ((rc = header(r, "params_spec")) || (rc = get_fqns(r, &j->params, &j->nparams)))
         return rc;
     if ((rc = header(r, "buffers_spec")) || (rc = get_fqns(r, &j->buffers, &j->nbuffers)))
@@ -920,11 +966,13 @@ static int read_header(rd *r, ag_joint *j, lines *L) {
     if ((rc = count_line(r, "flat_inputs", &n)))
         return rc;
     L->flat = r->line;
-    if (!(a->flat = ag__calloc((size_t)n + 1, sizeof *a->flat)))
+    a->flat = ag__calloc((size_t)n + 1, sizeof *a->flat);
+    j->flat_descs = ag__calloc((size_t)n + 1, sizeof *j->flat_descs);
+    if (!a->flat || !j->flat_descs)
         return AG_ENOMEM;
     a->nflat = n;
     for (int i = 0; i < n; i++)
-        if ((rc = read_flat(r, &a->flat[i], i)))
+        if ((rc = read_flat(r, &a->flat[i], i, version, &j->flat_descs[i])))
             return rc;
     if ((rc = count_line(r, "primal_sources", &n)))
         return rc;
@@ -1006,9 +1054,6 @@ static int check_subclass(ag_joint *j, const lines *L, const char *fn, int nspec
         CHECK(!sx->grad[i].type || ag__scmeta_same_structure(&sx->grad[i], &sx->in[i]),
               L->sub_grad + 1 + i, "gradient %d is a %s; its input is a %s", i,
               ag__scmeta_name(&sx->grad[i]), ag__scmeta_name(&sx->in[i]));
-    sx->nstatic = 0;
-    for (int i = 0; i < j->nparams + j->nbuffers; i++)
-        sx->nstatic += sx->in[i].nflat;
     /* Each flat input that is a primal of its own, and each user output, has the dtype and
      * sizes the graph gives it. */
     int nv = sx->nflat_in > sx->nflat_out ? sx->nflat_in : sx->nflat_out;
@@ -1176,10 +1221,64 @@ static int check_facts(ag_joint *j, const lines *L, const char *fn) {
     return 0;
 }
 
+/* A version 1 file's flat input descriptors, derived once as the export lays them out:
+ * params_spec, buffers_spec, then the user's inputs; with subclass lines, each outer input's
+ * plain inner tensors as SubclassGetAttrAOTInput of its descriptor. (check_facts has checked
+ * the counts: the params and buffers fit, the subclass inputs flatten into the flat inputs.) */
+static int derive_flat_descs(ag_joint *j) {
+    const ag__subx_info *sx = j->subclass;
+    int nouter = sx ? sx->nin : j->alias.nflat;
+    ag_desc **outer = ag__calloc((size_t)nouter + 1, sizeof *outer);
+    if (!outer)
+        return AG_ENOMEM;
+    int rc = ag__desc_module_inputs(j->params, j->nparams, j->buffers, j->nbuffers,
+                                    nouter - j->nparams - j->nbuffers, outer);
+    for (int i = 0, f = 0; rc == 0 && i < nouter; i++) {
+        if (!sx) {
+            j->flat_descs[i] = ag_desc_retain(outer[i]);
+            continue;
+        }
+        rc = ag__scmeta_descs(&sx->in[i], outer[i], j->flat_descs + f);
+        f += sx->in[i].nflat;
+    }
+    for (int i = 0; i < nouter; i++)
+        ag_desc_release(outer[i]);
+    ag__free(outer);
+    return rc;
+}
+
+/* Each flat input that is a primal of its own is described as its placeholder is. */
+static int check_flat_descs(const ag_joint *j, const lines *L, const char *fn) {
+    ag_node **ph = NULL;
+    ag_graph_placeholders(j->g, &ph);
+    int p0 = ag_layout_start(&j->layout, AG_SEC_IN_PRIMALS);
+    for (int i = 0; i < j->alias.nflat; i++) {
+        const ag__flat_info *f = &j->alias.flat[i];
+        if (f->kind != AG__FLAT_PRIMAL || j->alias.prim[f->primal].base != AG__BASE_NONE)
+            continue;
+        const ag_desc *want = ag_node_desc(ph[p0 + f->primal]);
+        if (ag_desc_equal(j->flat_descs[i], want))
+            continue;
+        char a[256] = "None", b[256] = "None";
+        ag_desc_repr(j->flat_descs[i], a, sizeof a);
+        if (want)
+            ag_desc_repr(want, b, sizeof b);
+        return line_err(fn, L->version >= 2 ? L->flat + 1 + i : L->flat,
+                        "flat input %d is %s%s; its primal %s is %s", i, a,
+                        L->version >= 2 ? "" : " (by params_spec and buffers_spec)",
+                        ag_node_name(ph[p0 + f->primal]), b);
+    }
+    return 0;
+}
+
 /* The descriptors and counts the joint keeps, from the layout (as the export sets them). */
-static int take_layout(ag_joint *j, const char *fn) {
+static int take_layout(ag_joint *j, const lines *L, const char *fn) {
     const ag_layout *lay = &j->layout;
-    j->npb_flat = j->subclass ? j->subclass->nstatic : j->nparams + j->nbuffers;
+    int rc = L->version < 2 ? derive_flat_descs(j) : 0;
+    if (rc == 0)
+        rc = check_flat_descs(j, L, fn);
+    if (rc)
+        return rc;
     int nrng = ag_layout_count(lay, AG_SEC_IN_FW_RNG) + ag_layout_count(lay, AG_SEC_IN_BW_RNG);
     if (nrng > 4)
         return ag__err(AG_EFORMAT,
@@ -1212,7 +1311,7 @@ static ag_joint *load(const char *text, size_t len, const char *fn) {
     if (rc == 0)
         rc = check_facts(j, &L, fn);
     if (rc == 0)
-        rc = take_layout(j, fn);
+        rc = take_layout(j, &L, fn);
     if (rc) {
         if (rc == AG_ENOMEM && !ag__has_error())
             ag__err(AG_ENOMEM, "%s: out of memory", fn);

@@ -35,10 +35,10 @@
 
 typedef struct ag__subx ag__subx;
 
-/* Looks at the outer inputs (params, buffers, args, kwargs); when one is a subclass instance,
+/* Looks at the n outer inputs (params, buffers, args, kwargs: borrowed) and their descriptors
+ * (ParamAOTInput, BufferAOTInput, PlainAOTInput: borrowed); when one is a subclass instance,
  * *sx becomes the flattening state, else NULL. 0 or a negative status. */
-static int ag__subx_begin(ag__subx **sx, const ag_named_tensors *ps, const ag_named_tensors *bs,
-                          ag_tensor *const *args, int nargs, ag_tensor *const *kwargs, int nkwargs);
+static int ag__subx_begin(ag__subx **sx, ag_tensor *const *in, ag_desc *const *descs, int n);
 static int ag__subx_num_flat(const ag__subx *sx);
 /* Flattened primal i: its plain tensor (borrowed) and, in *desc, a new reference to its
  * descriptor. */
@@ -59,14 +59,12 @@ static int ag__subx_pass_begin(ag__subx *sx, ag_module *m, ag_tensor *const *inn
 static void ag__subx_pass_end(ag__subx *sx, ag_module *m);
 /* Whether the state was made by ag__subx_outputs for plain inputs (freed after its pass). */
 static bool ag__subx_pass_owned(const ag__subx *sx);
-static int ag__subx_num_static(const ag__subx *sx); /* flattened inputs from params and buffers */
 /* After the forward: replaces the outer outputs outs[0..nouts) by their flattened plain
  * tensors (the state keeps the outer ones) and returns the new count, or a negative status.
  * Creates the state when the inputs were plain but an output is a subclass (the flat primals
- * are then the outer inputs: flat/flat_descs, nstatic of them from params and buffers). */
+ * are then the outer inputs: flat/flat_descs). */
 static int ag__subx_outputs(ag__subx **sx, ag_tensor **outs, int nouts, int max_out,
-                            ag_tensor *const *flat, ag_desc *const *flat_descs, int nflat,
-                            int nstatic);
+                            ag_tensor *const *flat, ag_desc *const *flat_descs, int nflat);
 static bool ag__subx_out_requires_grad(const ag__subx *sx,
                                        int k);                /* flattened output k's outer's */
 static ag_desc *ag__subx_out_desc(const ag__subx *sx, int k); /* new reference */
@@ -82,9 +80,8 @@ struct ag__subx {
     ag_desc **in_desc; /* owned */
     ag__scmeta *in_meta;
     ag__scmeta *grad_meta;
-    int *in_start; /* first flattened primal of each outer input; [nin] = nflat */
-    int nstatic, nstatic_outer;
-    const ag_named_tensors *ps, *bs; /* the module's parameters and buffers (borrowed) */
+    int *in_start;   /* first flattened primal of each outer input; [nin] = nflat */
+    int nuser_first; /* the first outer input that is the user's (after params and buffers) */
     /* this pass: the outer tensors the forward sees (references), and the module tensors they
      * replace while it runs */
     ag_tensor **cur;
@@ -169,7 +166,6 @@ static int ag__subx_finish(ag__subx *sx, ag__subx_info **out) {
     info->refcount = 1;
     info->nin = sx->nin;
     info->nout = sx->nout;
-    info->nstatic = sx->nstatic;
     info->nflat_in = sx->nflat;
     info->nflat_out = sx->nout_flat;
     size_t ci = (size_t)(sx->nin ? sx->nin : 1), co = (size_t)(sx->nout ? sx->nout : 1);
@@ -192,9 +188,20 @@ static int ag__subx_finish(ag__subx *sx, ag__subx_info **out) {
 
 /* ---- inputs ---- */
 
+/* Outer input o is the module's own parameter or buffer (by its descriptor). */
+static bool outer_is_pb(const ag__subx *sx, int o) {
+    ag_desc_kind k = ag_desc_kind_of(sx->in_desc[o]);
+    return k == AG_DESC_PARAM || k == AG_DESC_BUFFER;
+}
+
+/* Shows the module tensor t in place of outer parameter or buffer o; returns the one it had. */
+static ag_tensor *swap_pb(const ag__subx *sx, ag_module *m, int o, ag_tensor *t) {
+    return ag__module_swap_tensor(m, ag_desc_target(sx->in_desc[o]),
+                                  ag_desc_kind_of(sx->in_desc[o]) == AG_DESC_PARAM, t);
+}
+
 /* Builds the state over n outer inputs (tensors borrowed, descriptors taken over). */
-static int subx_new(ag__subx **out, ag_tensor *const *in, ag_desc **descs, int n,
-                    int nstatic_outer) {
+static int subx_new(ag__subx **out, ag_tensor *const *in, ag_desc **descs, int n) {
     ag__subx *sx = ag__calloc(1, sizeof *sx);
     size_t cn = (size_t)(n ? n : 1);
     if (sx) {
@@ -229,8 +236,8 @@ static int subx_new(ag__subx **out, ag_tensor *const *in, ag_desc **descs, int n
     }
     sx->in_start[n] = nf;
     sx->nflat = nf;
-    sx->nstatic = nstatic_outer < n ? sx->in_start[nstatic_outer] : nf;
-    sx->nstatic_outer = nstatic_outer;
+    for (int i = 0; i < n; i++) /* (the convention puts the user's inputs last) */
+        sx->nuser_first = outer_is_pb(sx, i) ? i + 1 : sx->nuser_first;
     size_t cf = (size_t)(nf ? nf : 1);
     if (rc == 0) {
         sx->flat = ag__calloc(cf, sizeof *sx->flat);
@@ -253,51 +260,19 @@ static int subx_new(ag__subx **out, ag_tensor *const *in, ag_desc **descs, int n
     return 0;
 }
 
-static int ag__subx_begin(ag__subx **sx, const ag_named_tensors *ps, const ag_named_tensors *bs,
-                          ag_tensor *const *args, int nargs, ag_tensor *const *kwargs,
-                          int nkwargs) {
+static int ag__subx_begin(ag__subx **sx, ag_tensor *const *in, ag_desc *const *descs, int n) {
     *sx = NULL;
-    int n = ps->n + bs->n + nargs + nkwargs;
     bool any = false;
-    for (int i = 0; i < ps->n; i++)
-        any |= ag_tensor_subclass(ps->tensors[i]) != NULL;
-    for (int i = 0; i < bs->n; i++)
-        any |= ag_tensor_subclass(bs->tensors[i]) != NULL;
-    for (int i = 0; i < nargs; i++)
-        any |= ag_tensor_subclass(args[i]) != NULL;
-    for (int i = 0; i < nkwargs; i++)
-        any |= ag_tensor_subclass(kwargs[i]) != NULL;
+    for (int i = 0; i < n; i++)
+        any |= ag_tensor_subclass(in[i]) != NULL;
     if (!any)
         return 0;
-    ag_tensor **in = ag__calloc((size_t)(n ? n : 1), sizeof *in);
     ag_desc **d = ag__calloc((size_t)(n ? n : 1), sizeof *d);
-    int rc = in && d ? 0 : AG_ENOMEM;
-    for (int i = 0; i < n && rc == 0; i++) {
-        if (i < ps->n) {
-            in[i] = ps->tensors[i];
-            d[i] = ag_desc_param(ps->names[i]);
-        } else if (i < ps->n + bs->n) {
-            in[i] = bs->tensors[i - ps->n];
-            d[i] = ag_desc_buffer(bs->names[i - ps->n]);
-        } else {
-            int u = i - ps->n - bs->n;
-            in[i] = u < nargs ? args[u] : kwargs[u - nargs];
-            d[i] = ag_desc_plain_input(u);
-        }
-        if (!d[i])
-            rc = ag_last_status();
-    }
-    if (rc == 0) {
-        rc = subx_new(sx, in, d, n, ps->n + bs->n); /* takes the descriptors */
-        if (rc == 0) {
-            (*sx)->ps = ps;
-            (*sx)->bs = bs;
-        }
-    } else {
-        for (int i = 0; d && i < n; i++)
-            ag_desc_release(d[i]);
-    }
-    ag__free(in);
+    if (!d)
+        return AG_ENOMEM;
+    for (int i = 0; i < n; i++)
+        d[i] = ag_desc_retain(descs[i]);
+    int rc = subx_new(sx, in, d, n); /* takes the references */
     ag__free(d);
     return rc;
 }
@@ -344,23 +319,19 @@ static int ag__subx_pass_begin(ag__subx *sx, ag_module *m, ag_tensor *const *inn
         }
         sx->cur[o] = t;
     }
-    /* The module's parameters and buffers are the pass's tensors while the forward runs. */
-    for (int o = 0; o < sx->nstatic_outer && rc == 0 && m; o++) {
-        bool param = o < sx->ps->n;
-        const char *fqn = param ? sx->ps->names[o] : sx->bs->names[o - sx->ps->n];
-        sx->swapped[o] = ag__module_swap_tensor(m, fqn, param, sx->cur[o]);
-    }
-    *user = sx->cur + sx->nstatic_outer;
+    /* The module's parameters and buffers (by their descriptors' targets) are the pass's
+     * tensors while the forward runs. */
+    for (int o = 0; o < sx->nin && rc == 0 && m; o++)
+        if (outer_is_pb(sx, o))
+            sx->swapped[o] = swap_pb(sx, m, o, sx->cur[o]);
+    *user = sx->cur + sx->nuser_first;
     return rc;
 }
 
 static void ag__subx_pass_end(ag__subx *sx, ag_module *m) {
-    for (int o = sx->nstatic_outer - 1; o >= 0; o--) { /* reversed: tied names restore last */
-        if (sx->swapped[o] && m) {
-            bool param = o < sx->ps->n;
-            const char *fqn = param ? sx->ps->names[o] : sx->bs->names[o - sx->ps->n];
-            ag__module_swap_tensor(m, fqn, param, sx->swapped[o]);
-        }
+    for (int o = sx->nin - 1; o >= 0; o--) { /* reversed: tied names restore last */
+        if (sx->swapped[o] && m)
+            swap_pb(sx, m, o, sx->swapped[o]);
         sx->swapped[o] = NULL;
     }
     for (int o = 0; o < sx->nin; o++) {
@@ -387,15 +358,11 @@ static void ag__subx_pass_end(ag__subx *sx, ag_module *m) {
 static bool ag__subx_pass_owned(const ag__subx *sx) {
     return sx && sx->pass_owned;
 }
-static int ag__subx_num_static(const ag__subx *sx) {
-    return sx->nstatic;
-}
 
 /* ---- outputs ---- */
 
 static int ag__subx_outputs(ag__subx **sxp, ag_tensor **outs, int nouts, int max_out,
-                            ag_tensor *const *flat, ag_desc *const *flat_descs, int nflat,
-                            int nstatic) {
+                            ag_tensor *const *flat, ag_desc *const *flat_descs, int nflat) {
     bool any = false;
     for (int k = 0; k < nouts; k++)
         any |= ag_tensor_subclass(outs[k]) != NULL;
@@ -407,7 +374,7 @@ static int ag__subx_outputs(ag__subx **sxp, ag_tensor **outs, int nouts, int max
             return AG_ENOMEM;
         for (int i = 0; i < nflat; i++)
             d[i] = ag_desc_retain(flat_descs[i]);
-        int rc = subx_new(sxp, flat, d, nflat, nstatic);
+        int rc = subx_new(sxp, flat, d, nflat);
         ag__free(d);
         if (rc)
             return rc;
@@ -632,7 +599,7 @@ static int subx_backward(ag__subx *sx, ag__export_pass *st) {
  * holds the state, NULL while no input or output is a subclass instance. */
 static int sc_prepare(ag__export_pass *st, void **self) {
     ag__subx *sx = NULL;
-    int rc = ag__subx_begin(&sx, st->ps, st->bs, st->args, st->nargs, st->kwargs, st->nkwargs);
+    int rc = ag__subx_begin(&sx, st->flat, st->flat_descs, st->nflat);
     *self = sx;
     if (rc || !sx)
         return rc;
@@ -653,7 +620,7 @@ static int sc_prepare(ag__export_pass *st, void **self) {
     for (int i = 0; i < n; i++)
         flat[i] = ag__subx_flat(sx, i, &descs[i]);
     st->nflat = n;
-    st->nparams_flat = st->nbuffers_flat = 0; /* the plan sees inner tensors, all fresh leaves */
+    st->flat_module_tensors = false; /* the plan sees inner tensors, all fresh leaves */
     return 0;
 }
 
@@ -666,8 +633,7 @@ static int sc_begin(ag__export_pass *st, void **self) {
  * grad is the outer inputs' question. */
 static int sc_forward_done(ag__export_pass *st, void **self) {
     int n = ag__subx_outputs((ag__subx **)self, st->outs, st->nouts, AG__EXPORT_MAX_OUTS,
-                             ag__aplan_flat_tensors(st->plan), st->flat_descs, st->nflat,
-                             st->ps->n + st->bs->n);
+                             ag__aplan_flat_tensors(st->plan), st->flat_descs, st->nflat);
     if (n < 0)
         return n;
     st->nouts = n;
@@ -729,8 +695,6 @@ static int sc_trace_backward(ag__export_pass *st, void **self) {
 }
 
 static int sc_finish(ag__export_pass *st, void **self) {
-    if (*self)
-        st->npb_flat = ag__subx_num_static(*self);
     return ag__subx_finish(*self, &st->subclass);
 }
 

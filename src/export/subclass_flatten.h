@@ -24,7 +24,6 @@ struct ag__subx_info {
     ag__scmeta *grad; /* per outer input: its gradient's structure (a leaf when plain or none) */
     int nout;         /* outer user outputs */
     ag__scmeta *out;  /* per outer user output */
-    int nstatic;      /* flattened primals that come from params and buffers */
     int nflat_in, nflat_out;
 };
 

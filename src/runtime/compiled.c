@@ -215,9 +215,8 @@ static int read_tangents(ag_compiled *c, const ag_graph *g, ag_node *const *ph) 
 }
 
 /* The descriptors that name inputs in messages: each primal's placeholder's, and each flat
- * input's: its primal's when it is that primal; else (a removed duplicate, a view merged into
- * a base) the one its place among params, buffers and args gives; none with tensor subclasses
- * (their flat inputs are parts of instances). */
+ * input's, the joint's record of them (ParamAOTInput(target='w'), PlainAOTInput(idx=0),
+ * SubclassGetAttrAOTInput(...) for a part of a tensor subclass instance). */
 static int read_input_descs(ag_compiled *c, const ag_joint *j, ag_node *const *prim_ph) {
     c->prim_desc = ag__calloc((size_t)(c->nprimals ? c->nprimals : 1), sizeof *c->prim_desc);
     c->flat_desc = ag__calloc((size_t)(c->nflat ? c->nflat : 1), sizeof *c->flat_desc);
@@ -225,25 +224,8 @@ static int read_input_descs(ag_compiled *c, const ag_joint *j, ag_node *const *p
         return AG_ENOMEM;
     for (int p = 0; p < c->nprimals; p++)
         c->prim_desc[p] = ag_desc_retain(ag_node_desc(prim_ph[p]));
-    int np = ag_joint_num_params(j), nb = ag_joint_num_buffers(j);
-    for (int i = 0; i < c->nflat && i < c->alias.nflat; i++) {
-        const ag__flat_info *f = &c->alias.flat[i];
-        ag_desc *d = NULL;
-        if (f->kind == AG__FLAT_PRIMAL && f->primal >= 0 && f->primal < c->nprimals &&
-            c->alias.prim[f->primal].base == AG__BASE_NONE)
-            d = ag_desc_retain(c->prim_desc[f->primal]);
-        else if (c->sub)
-            continue;
-        else if (i < np)
-            d = ag_desc_param(ag_joint_param_fqn(j, i));
-        else if (i < np + nb)
-            d = ag_desc_buffer(ag_joint_buffer_fqn(j, i - np));
-        else
-            d = ag_desc_plain_input(i - np - nb);
-        if (!d && ag_last_status() == AG_ENOMEM)
-            return AG_ENOMEM;
-        c->flat_desc[i] = d;
-    }
+    for (int i = 0; i < c->nflat; i++)
+        c->flat_desc[i] = ag_desc_retain(ag_joint_flat_input_desc(j, i));
     return 0;
 }
 

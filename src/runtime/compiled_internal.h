@@ -67,7 +67,7 @@ struct ag_compiled {
     int *node_of_mut;
     ag__subx_info *sub; /* the subclass wrapper's structures, or NULL */
     /* Descriptors for messages (references, NULL where unknown): each primal's placeholder's,
-     * each flat input's (ag__rt_input_name). */
+     * each flat input's (the joint's record, ag_joint_flat_input_desc; ag__rt_input_name). */
     ag_desc **prim_desc, **flat_desc;
     /* Kept between calls so a training step allocates no bookkeeping once warm. */
     ag__kept_ptrs call_mem, bw_mem; /* a call's and a backward's pointer arrays */
@@ -121,7 +121,7 @@ extern const ag__rt_wrapper ag__rtw_tokens;    /* effect_tokens.c: effect tokens
 
 /* A message's name for flat input i: "ParamAOTInput(target='fc.weight') (input 4)", or
  * "input 4" when its descriptor is unknown ("flat input" with tensor subclasses, whose flat
- * inputs are the instances' parts). Returns buf. */
+ * inputs are the instances' parts: "SubclassGetAttrAOTInput(...) (flat input 1)"). Returns buf. */
 static inline const char *ag__rt_input_name(const ag_compiled *c, int i, char *buf, size_t n) {
     const ag_desc *d = c->flat_desc && i >= 0 && i < c->nflat ? c->flat_desc[i] : NULL;
     return ag__flat_input_name(d, c->sub ? "flat input" : "input", i, buf, n);

@@ -1075,22 +1075,19 @@ ag_graph *ag_trace_module(ag_module *m, ag_tensor *const *inputs, int ninputs,
     ag_desc **descs = ag__calloc((size_t)(total ? total : 1), sizeof *descs);
     char **names = ag__calloc((size_t)(total ? total : 1), sizeof *names);
     ag_graph *g = NULL;
-    bool ok = all && descs && names;
+    bool ok = all && descs && names &&
+              ag__desc_module_inputs(ps.names, ps.n, bs.names, bs.n, ninputs, descs) == 0;
+    /* The tensors in the descriptors' order: parameters, buffers, inputs. */
+    for (int i = 0; ok && i < ps.n; i++)
+        all[i] = ps.tensors[i];
+    for (int i = 0; ok && i < bs.n; i++)
+        all[ps.n + i] = bs.tensors[i];
+    for (int i = 0; ok && i < ninputs; i++)
+        all[ps.n + bs.n + i] = inputs[i];
     for (int i = 0; ok && i < total; i++) {
         char nm[32];
         snprintf(nm, sizeof nm, "primals_%d", i + 1);
-        names[i] = ag__strdup(nm);
-        if (i < ps.n) {
-            all[i] = ps.tensors[i];
-            descs[i] = ag_desc_param(ps.names[i]);
-        } else if (i < ps.n + bs.n) {
-            all[i] = bs.tensors[i - ps.n];
-            descs[i] = ag_desc_buffer(bs.names[i - ps.n]);
-        } else {
-            all[i] = inputs[i - ps.n - bs.n];
-            descs[i] = ag_desc_plain_input(i - ps.n - bs.n);
-        }
-        ok = names[i] && descs[i];
+        ok = (names[i] = ag__strdup(nm)) != NULL;
     }
     if (ok) {
         module_call mc = {m, ps.n + bs.n};
