@@ -9,8 +9,9 @@
  *      the same ones;
  *   2. the compiled callable's gradients against central finite differences of its loss along
  *      one random direction of the inputs that require grad, in the joint's own precision
- *      (float32 graphs cannot be evaluated in float64 without their module), with steps 1e-3
- *      and 1e-4 (the better one counts: the larger crosses more kinks of relu and max pooling,
+ *      (float32 graphs cannot be evaluated in float64 without their module), with steps 1e-3,
+ *      1e-4 and 1e-5 (the best one counts: the larger cross more kinks of relu and max pooling
+ *      and feel more curvature (GPT-2 with N(0, 1) weights and dropout's 1/(1-p) needs 1e-5),
  *      the smaller loses more to rounding) and tolerance 1e-2 relative to max(1, |derivative|).
  *
  * The inputs are made from the graph's placeholders: float tensors from N(0, 1) (seed 0),
@@ -123,11 +124,12 @@ static int finite_differences(const char *path, side *s, int nin, double *err, d
         ag_tensor_set_grad(t, NULL);
     }
     /* The loss at inputs + h v and - h v, each from the generator state of the first call
-     * and with the inputs restored first (the call may mutate buffers), for two steps h. */
-    double lp[2][2] = {{0, 0}, {0, 0}};
+     * and with the inputs restored first (the call may mutate buffers), for NSTEPS steps h. */
+    enum { NSTEPS = 3 };
+    double lp[NSTEPS][2] = {{0, 0}, {0, 0}, {0, 0}};
     bool prev = ag_set_grad_enabled(false);
-    for (int k = 0; rc == 0 && k < 4; k++) {
-        double step = k < 2 ? h : h / 10;
+    for (int k = 0; rc == 0 && k < 2 * NSTEPS; k++) {
+        double step = h / pow(10, k / 2);
         for (int i = 0; i < nin; i++)
             if (v[i])
                 ag_copy_(s->in[i], ag_add(saved[i], ag_mul_scalar(v[i], k % 2 ? -step : step)));
@@ -147,11 +149,11 @@ static int finite_differences(const char *path, side *s, int nin, double *err, d
         fprintf(stderr, "aotgrad check: %s: finite differences: %s\n", path, ag_last_error());
         return 2;
     }
-    /* The better of the two steps: the larger crosses more kinks, the smaller loses more to
+    /* The best of the steps: the larger cross more kinks, the smaller lose more to
      * rounding. */
     *err = INFINITY;
-    for (int k = 0; k < 2; k++) {
-        double step = k ? h / 10 : h, fd = (lp[k][0] - lp[k][1]) / (2 * step);
+    for (int k = 0; k < NSTEPS; k++) {
+        double step = h / pow(10, k), fd = (lp[k][0] - lp[k][1]) / (2 * step);
         double e = fabs(fd - an) / fmax(1, fabs(an));
         if (e < *err) {
             *err = e;
