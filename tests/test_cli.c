@@ -827,8 +827,7 @@ static void test_saved_joint_round_trip(void **state) {
      * 1e-4 the difference was 10%). */
     char gj[256];
     path_in(gj, sizeof gj, "gpt2_dropout.joint");
-    run(&r, out, 0,
-        (const char *const[]){"export", "gpt2", "--dropout", "0.1", "-o", gj, NULL});
+    run(&r, out, 0, (const char *const[]){"export", "gpt2", "--dropout", "0.1", "-o", gj, NULL});
     expect(&r, 0, NULL, "export gpt2 --dropout 0.1 -o gpt2_dropout.joint");
     run(&r, out, 0, (const char *const[]){"check", gj, NULL});
     expect(&r, 0, NULL, "check gpt2_dropout.joint");
