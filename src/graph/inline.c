@@ -7,7 +7,14 @@
  * standing for the call's operands, with their vals and metadata; their names are made unique
  * in the outer graph as FX makes names (a copy of `mul` becomes `mul_3` when `mul` is taken).
  * Each getitem of the call is then replaced by the node the subgraph returns at its index, the
- * call is erased, and attributes no get_attr reads any more are dropped. */
+ * call is erased, and attributes no get_attr reads any more are dropped.
+ *
+ * Checkpoint tags: a subgraph numbers its checkpointed regions' ac_graph_id from 1, the same in
+ * every call. Each call's copies get fresh ids, above every id of the graph and increasing in
+ * call order, as the flat trace numbers its regions: the partitioner's boundary rule (a
+ * must-recompute value read by a later region is saved) needs consecutive calls told apart,
+ * or two checkpointed blocks in a row become one region and the value between them is
+ * recomputed instead of saved. */
 #include "graph_internal.h"
 
 /* x's name when g has no node of that name, else NULL (a name made from the op's). */
@@ -59,14 +66,43 @@ static ag_node *copy_into(ag_graph *g, const ag_node *x, ag_node **env) {
     return m;
 }
 
-/* Replaces call n (an invoke_subgraph of sub) by a copy of sub's nodes. */
-static int inline_call(ag_graph *g, ag_node *n, const ag_graph *sub) {
+/* The ac_graph_id of subgraph copy m, mapped to this call's own: map[i] is the id given to the
+ * subgraph's id i in this call (0 until first met), *next the next fresh id. */
+static int renumber_region(ag_node *m, int64_t *map, int64_t nmap, int64_t *next) {
+    ag_mval v = ag_node_meta_get(m, "ac_graph_id");
+    if (v.kind != AG_MV_INT || v.u.i < 0 || v.u.i >= nmap)
+        return 0;
+    if (!map[v.u.i])
+        map[v.u.i] = (*next)++;
+    int rc = ag_node_meta_set(m, "ac_graph_id", (ag_mval){.kind = AG_MV_INT, .u.i = map[v.u.i]});
+    return rc < 0 ? rc : 0;
+}
+
+/* The largest ac_graph_id of g's nodes (0 when none). */
+static int64_t max_region_id(const ag_graph *g) {
+    int64_t id = 0;
+    for (const ag_node *n = g->first; n; n = n->next) {
+        ag_mval v = ag_node_meta_get(n, "ac_graph_id");
+        if (v.kind == AG_MV_INT && v.u.i > id)
+            id = v.u.i;
+    }
+    return id;
+}
+
+/* Replaces call n (an invoke_subgraph of sub) by a copy of sub's nodes; *next_id is the next
+ * fresh ac_graph_id. */
+static int inline_call(ag_graph *g, ag_node *n, const ag_graph *sub, int64_t *next_id) {
     int nn = 0;
     for (const ag_node *x = sub->first; x; x = x->next)
         nn++;
+    int64_t nmap = max_region_id(sub) + 1;
     ag_node **env = ag__calloc((size_t)(nn ? nn : 1), sizeof *env);
-    if (!env)
-        return AG_ENOMEM;
+    int64_t *map = ag__calloc((size_t)nmap, sizeof *map);
+    if (!env || !map) {
+        ag__free(env);
+        ag__free(map);
+        return ag__err(AG_ENOMEM, "graph_inline_subgraphs: out of memory");
+    }
     /* Node indices of sub are its own (ag_node_index renumbers on demand). */
     (void)ag_node_index(sub->first);
     const ag_garg *ops = &n->args[2];
@@ -80,6 +116,14 @@ static int inline_call(ag_graph *g, ag_node *n, const ag_graph *sub) {
             env[x->index] = copy_into(g, x, env);
             if (!env[x->index])
                 rc = ag_last_status() ? ag_last_status() : AG_ENOMEM;
+            else
+                rc = renumber_region(env[x->index], map, nmap, next_id);
+            /* A copy runs where the call ran: the forward's calls are forward, a joint
+             * subgraph's calls backward (its forward part included, as the region's backward
+             * reran it). */
+            const char *tag = ag_node_partitioner_tag(n);
+            if (rc == 0 && tag && !ag_node_partitioner_tag(env[x->index]))
+                rc = ag_node_set_partitioner_tag(env[x->index], tag);
         }
     }
     ag_graph_insert_at_end(g);
@@ -105,6 +149,7 @@ static int inline_call(ag_graph *g, ag_node *n, const ag_graph *sub) {
             rc = ag_graph_erase(g, u);
     }
     ag__free(env);
+    ag__free(map);
     if (rc < 0)
         return rc;
     ag_node *attr = n->args[0].u.node;
@@ -134,8 +179,9 @@ ag_graph *ag_graph_inline_subgraphs(const ag_graph *g) {
     for (ag_node *n = c->first; n; n = n->next)
         if (ag__call_subgraph(n))
             calls[ncalls++] = n;
+    int64_t next_id = max_region_id(c) + 1;
     for (int k = 0; k < ncalls && rc == 0; k++)
-        rc = inline_call(c, calls[k], ag__call_subgraph(calls[k]));
+        rc = inline_call(c, calls[k], ag__call_subgraph(calls[k]), &next_id);
     ag__free(calls);
     /* Attributes no get_attr reads any more. */
     for (int k = c->nsubs - 1; rc == 0 && k >= 0; k--) {
