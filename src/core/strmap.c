@@ -6,14 +6,29 @@
 #include "internal.h"
 
 #include <assert.h>
+#include <string.h>
 
 static const char tomb_key[] = "";
 #define TOMB (tomb_key)
 
+/* Eight bytes at a time (a node name is hashed several times on its way through the
+ * pipeline; FNV's byte loop was most of a probe). The table reads the low bits: the final
+ * mix spreads every byte into them. */
 uint64_t ag__strhash(const char *s) {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    size_t n = strlen(s);
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ (uint64_t)n;
+    for (; n >= 8; s += 8, n -= 8) {
+        uint64_t w;
+        memcpy(&w, s, 8);
+        h = (h ^ w) * 0xff51afd7ed558ccdull;
+        h ^= h >> 32;
+    }
+    uint64_t w = 0;
+    memcpy(&w, s, n);
+    h = (h ^ w) * 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 29;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 32;
     return h;
 }
 

@@ -7,7 +7,6 @@
  * reference it (with a use count per user); the output node, if any, is last. */
 #include "graph_internal.h"
 #include "../core/asan.h"
-#include "../core/ptrmap.h"
 
 #include <assert.h>
 #include <stdatomic.h>
@@ -32,6 +31,11 @@ static const char *const python_builtins[] = {
 };
 
 static bool illegal_name(const char *s) {
+    /* Every entry is 2 to 8 letters: most names (getitem_3, add_1) are out after a few bytes. */
+    size_t n = 0;
+    for (; s[n]; n++)
+        if (n == 8 || !((s[n] >= 'a' && s[n] <= 'z') || (s[n] >= 'A' && s[n] <= 'Z')))
+            return false;
     for (size_t i = 0; i < sizeof python_builtins / sizeof python_builtins[0]; i++)
         if (python_builtins[i][0] == s[0] && !strcmp(s, python_builtins[i]))
             return true;
@@ -1467,17 +1471,32 @@ int ag__graph_reserve(ag_graph *g, int64_t nnodes) {
 
 /* ---- copy ---- */
 
+/* The copy of source node x (NULL for a node that is not one of the source's, or not copied
+ * yet). */
+static ag_node *copy_of(ag_node *const *from, ag_node *const *to, int64_t cnt, const ag_node *x) {
+    int64_t i = x->index;
+    return i >= 0 && i < cnt && from[i] == x ? to[i] : NULL;
+}
+
 ag_graph *ag_graph_copy(const ag_graph *src) {
     AG__CHECK_NULL_RET("graph_copy", src, NULL);
     ag_graph *g = ag_graph_new();
     if (!g)
         return NULL;
-    ag__ptrmap map = {0}; /* source node -> its copy */
-    int rc = ag__subgraphs_copy(g, src);
-    if (rc == 0)
-        rc = ag__ptrmap_reserve(&map, src->count);
+    /* Source node -> its copy, by the source's positions (ag_node_index's cache, filled by
+     * the first call): a node that is not in the source maps to NULL. */
+    int64_t cnt = src->count;
+    ag_node **from = ag__calloc((size_t)(2 * cnt + 1), sizeof *from), **to = NULL;
+    int rc = from ? ag__subgraphs_copy(g, src) : AG_ENOMEM;
     if (rc == 0)
         rc = ag__graph_reserve(g, src->count);
+    if (rc == 0 && src->first)
+        (void)ag_node_index(src->first);
+    if (rc == 0)
+        to = from + cnt;
+    for (ag_node *n = src->first; n && rc == 0; n = n->next)
+        if (n->index >= 0 && n->index < cnt)
+            from[n->index] = n;
     for (ag_node *n = src->first; n && rc == 0; n = n->next) {
         ag_node *m = node_alloc(g);
         if (!m) {
@@ -1503,7 +1522,7 @@ ag_graph *ag_graph_copy(const ag_graph *src) {
             ag_garg a = n->args[i];
             ag_node *tmp[64];
             if (a.kind == AG_GA_NODE && a.u.node) {
-                a.u.node = (ag_node *)(intptr_t)ag__ptrmap_get(&map, a.u.node, 0);
+                a.u.node = copy_of(from, to, cnt, a.u.node);
             } else if (a.kind == AG_GA_NODES) {
                 ag_node **nv = a.n <= 64 ? tmp : ag__malloc(sizeof(ag_node *) * (size_t)a.n);
                 if (!nv) {
@@ -1511,9 +1530,7 @@ ag_graph *ag_graph_copy(const ag_graph *src) {
                     break;
                 }
                 for (int k = 0; k < a.n; k++)
-                    nv[k] = a.u.nodes[k]
-                                ? (ag_node *)(intptr_t)ag__ptrmap_get(&map, a.u.nodes[k], 0)
-                                : NULL;
+                    nv[k] = a.u.nodes[k] ? copy_of(from, to, cnt, a.u.nodes[k]) : NULL;
                 a.u.nodes = nv;
                 rc = ag__garg_copy(&m->args[i], &a);
                 if (nv != tmp)
@@ -1547,11 +1564,8 @@ ag_graph *ag_graph_copy(const ag_graph *src) {
             node_free(m);
             break;
         }
-        if (ag__ptrmap_put(&map, n, (int64_t)(intptr_t)m)) {
-            node_free(m);
-            rc = AG_ENOMEM;
-            break;
-        }
+        if (n->index >= 0 && n->index < cnt && from[n->index] == n)
+            to[n->index] = m; /* a failed commit frees m and ends the copy */
         ag_node *r = node_commit(g, m, false);
         if (!r) {
             rc = AG_ENOMEM;
@@ -1574,7 +1588,7 @@ ag_graph *ag_graph_copy(const ag_graph *src) {
         g->bases[g->nbases++] = (ag__base_count){b, src->bases[i].count};
     }
     g->nconst = src->nconst;
-    ag__ptrmap_free(&map);
+    ag__free(from);
     if (rc) {
         ag_graph_free(g);
         return NULL;
