@@ -347,6 +347,15 @@ static bool uses_match(const ag_node *user, bool dropped) {
 
 /* ---- node memory ---- */
 
+/* node_alloc zeroes every field but val1 and the inline arrays, which come last. */
+_Static_assert(offsetof(ag_node, vals) == offsetof(ag_node, val1) + sizeof(ag_tmeta) &&
+                   offsetof(ag_node, args_inline) > offsetof(ag_node, stamp) &&
+                   offsetof(ag_node, users_inline) > offsetof(ag_node, args_inline) &&
+                   offsetof(ag_node, meta_inline) > offsetof(ag_node, users_inline) &&
+                   offsetof(ag_node, name_inline) > offsetof(ag_node, meta_inline) &&
+                   offsetof(ag_node, name_inline) + AG__NAME_INLINE == sizeof(ag_node),
+               "ag_node layout: node_alloc zeroes up to args_inline, val1 excepted");
+
 static ag_node *node_alloc(ag_graph *g) {
     ag_node *n = g->free_nodes;
     if (n) {
@@ -366,7 +375,11 @@ static ag_node *node_alloc(ag_graph *g) {
         }
         n = &b->nodes[b->used++];
     }
-    memset(n, 0, sizeof *n);
+    /* The fields are zeroed; val1 and the inline arrays are not (each is read only below its
+     * count: nvals, nargs, nusers, nmeta, and the name's terminator), which keeps a new node
+     * to the five cache lines its header spans instead of ten. */
+    memset(n, 0, offsetof(ag_node, val1));
+    memset(&n->vals, 0, offsetof(ag_node, args_inline) - offsetof(ag_node, vals));
     n->args = n->args_inline;
     return n;
 }

@@ -419,9 +419,12 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
     if (rc)
         return rc;
     ag_graph *g = ag_graph_copy(P.g); /* node i of g is node i of P.g */
-    call_info *calls = ag__calloc((size_t)P.nn, sizeof *calls);
-    part_pair *parts = ag__calloc((size_t)P.nn, sizeof *parts);
-    ag_graph **made = ag__calloc((size_t)(2 * P.nn + 1), sizeof *made);
+    int maxcalls = 1;                 /* the tables below hold one entry per call, not per node */
+    for (int k = 0; k < P.nn; k++)
+        maxcalls += ag__call_subgraph(P.info[k].node) != NULL;
+    call_info *calls = ag__calloc((size_t)maxcalls, sizeof *calls);
+    part_pair *parts = ag__calloc((size_t)maxcalls, sizeof *parts);
+    ag_graph **made = ag__calloc((size_t)(2 * maxcalls + 1), sizeof *made);
     int ncalls = 0, nparts = 0, nmade = 0;
     ag__ptrmap rewritten = {0}, repl = {0}; /* calls rewritten; getitem -> its replacement */
     ag_node **keep = NULL;                  /* the output node's list */
