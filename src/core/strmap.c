@@ -107,6 +107,11 @@ void *ag__strmap_get(const ag__strmap *m, const char *key) {
     return s >= 0 ? m->slots[s].val : NULL;
 }
 
+void *ag__strmap_get_h(const ag__strmap *m, const char *key, uint64_t h) {
+    int64_t s = m->cap ? find_slot_h(m, key, h, false) : -1;
+    return s >= 0 ? m->slots[s].val : NULL;
+}
+
 bool ag__strmap_has(const ag__strmap *m, const char *key) {
     return find_slot(m, key, false) >= 0;
 }

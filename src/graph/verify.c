@@ -479,10 +479,23 @@ static int check_links(const ag_graph *g, ptab *t) {
     return rc;
 }
 
-static int check_name(const ag_graph *g, const ag_node *n, int64_t pos) {
+/* The name's hash (0 for no name), its table slot prefetched: the main walk asks it NAME_AHEAD
+ * nodes before it checks the name, so that the probes into a large table overlap. */
+enum { NAME_AHEAD = 8 };
+
+static uint64_t name_hash_ahead(const ag_graph *g, const ag_node *n) {
+    if (!n->name || !*n->name)
+        return 0;
+    uint64_t h = ag__strhash(n->name);
+    ag__strmap_prefetch(&g->names, h);
+    return h;
+}
+
+/* h: the name's ag__strhash. */
+static int check_name(const ag_graph *g, const ag_node *n, int64_t pos, uint64_t h) {
     if (!n->name || !*n->name)
         return ag__err(AG_EINVAL, "verify: node %lld has no name", (long long)pos);
-    const ag_node *m = ag__strmap_get(&g->names, n->name);
+    const ag_node *m = ag__strmap_get_h(&g->names, n->name, h);
     if (m != n) {
         if (m)
             return ag__err(AG_EINVAL, "verify: two nodes are named '%s'", n->name);
@@ -496,9 +509,15 @@ static int verify(const ag_graph *g, ptab *t, refs *r) {
     if (rc || (rc = refs_init(r, g, t)))
         return rc;
     const ag_node *first_other = NULL, *output = NULL;
+    uint64_t ahead[NAME_AHEAD]; /* the hashes of the names of nodes pos .. pos + NAME_AHEAD - 1 */
+    for (int64_t k = 0; k < NAME_AHEAD && k < t->n; k++)
+        ahead[k] = name_hash_ahead(g, t->at[k]);
     int64_t pos = 0;
     for (const ag_node *n = g->first; n; n = n->next, pos++) {
-        if ((rc = check_name(g, n, pos)))
+        uint64_t h = ahead[pos % NAME_AHEAD];
+        if (pos + NAME_AHEAD < t->n)
+            ahead[pos % NAME_AHEAD] = name_hash_ahead(g, t->at[pos + NAME_AHEAD]);
+        if ((rc = check_name(g, n, pos, h)))
             return rc;
         if (output)
             return ag__err(AG_EINVAL, "verify: the output node %%%s is not last (%%%s follows it)",
