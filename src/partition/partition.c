@@ -233,12 +233,16 @@ int ag__part_init_req_bw(ag__part *P, const ag_graph *joint, int num_fwd_outputs
 #ifndef NDEBUG
     /* Debug builds (the sanitizer runs of the tests) check the sweep against the full one. */
     ag__part F;
-    if (ag__part_init_ex(&F, P->g, num_fwd_outputs, true) == 0) {
-        assert(F.nn == P->nn);
-        for (int k = 0; k < F.nn; k++)
-            assert(F.info[k].req_bw == req[k]);
-        ag__part_free(&F);
+    int frc = ag__part_init_ex(&F, P->g, num_fwd_outputs, true);
+    if (frc) {
+        ag__free(req);
+        ag__part_free(P);
+        return frc;
     }
+    assert(F.nn == P->nn);
+    for (int k = 0; k < F.nn; k++)
+        assert(F.info[k].req_bw == req[k]);
+    ag__part_free(&F);
 #endif
     *req_bw = req;
     return 0;
