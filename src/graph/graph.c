@@ -349,11 +349,7 @@ static bool uses_match(const ag_node *user, bool dropped) {
 
 /* node_alloc zeroes every field but val1 and the inline arrays, which come last. */
 _Static_assert(offsetof(ag_node, vals) == offsetof(ag_node, val1) + sizeof(ag_tmeta) &&
-                   offsetof(ag_node, args_inline) > offsetof(ag_node, stamp) &&
-                   offsetof(ag_node, users_inline) > offsetof(ag_node, args_inline) &&
-                   offsetof(ag_node, meta_inline) > offsetof(ag_node, users_inline) &&
-                   offsetof(ag_node, name_inline) > offsetof(ag_node, meta_inline) &&
-                   offsetof(ag_node, name_inline) + AG__NAME_INLINE == sizeof(ag_node),
+                   offsetof(ag_node, args_inline) == offsetof(ag_node, stamp) + sizeof(uint32_t),
                "ag_node layout: node_alloc zeroes up to args_inline, val1 excepted");
 
 static ag_node *node_alloc(ag_graph *g) {

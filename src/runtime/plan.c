@@ -204,24 +204,15 @@ static int count_values(const ag_graph *g, int *ncalls) {
 /* Assigns every node its values (kinds, roots) and checks what the executor supports. */
 static int assign_values(ag_plan *p, const ag_graph *g) {
     p->last_mut = -1;
-    /* A subgraph call's answer walks its subgraph: asked once for a run of calls of one
-     * subgraph (a stack of regions calls the same one). */
-    const ag_op *last_op = NULL;
-    const ag_graph *last_sub = NULL;
-    bool last_mut = false;
+    /* A subgraph call's answer walks its subgraph: asked once per run of calls of one. */
+    const ag_op *mop = NULL;
+    const ag_graph *msub = NULL;
+    bool mut = false;
     for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
-        if (ag_node_kind_of(x) != AG_NODE_CALL)
-            continue;
-        const ag_graph *sub = ag__call_subgraph(x);
-        bool m;
-        if (sub && sub == last_sub && ag_node_op(x) == last_op) {
-            m = last_mut;
-        } else {
-            m = ag__plan_may_mutate(x);
-            if (sub)
-                last_op = ag_node_op(x), last_sub = sub, last_mut = m;
-        }
-        if (m)
+        const ag_graph *sub = ag_node_kind_of(x) == AG_NODE_CALL ? ag__call_subgraph(x) : NULL;
+        if (ag_node_kind_of(x) == AG_NODE_CALL && (!sub || sub != msub || ag_node_op(x) != mop))
+            mut = ag__plan_may_mutate(x), mop = ag_node_op(x), msub = sub;
+        if (ag_node_kind_of(x) == AG_NODE_CALL && mut)
             p->last_mut = ag_node_index(x);
     }
     for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
