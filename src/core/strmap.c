@@ -79,7 +79,7 @@ static int rehash(ag__strmap *m, int64_t ncap) {
     return 0;
 }
 
-int ag__strmap_put(ag__strmap *m, const char *key, void *val) {
+static int put(ag__strmap *m, const char *key, void *val, bool replace) {
     if ((m->len + m->tombs + 1) * 10 >= m->cap * 7) {
         int64_t ncap = m->cap ? m->cap : 16;
         while ((m->len + 1) * 10 >= ncap * 5)
@@ -91,6 +91,8 @@ int ag__strmap_put(ag__strmap *m, const char *key, void *val) {
     int64_t s = find_slot_h(m, key, h, true);
     ag__strslot *x = &m->slots[s];
     if (x->key && x->key != TOMB) {
+        if (!replace)
+            return 1;
         x->val = val;
         return 0;
     }
@@ -100,6 +102,14 @@ int ag__strmap_put(ag__strmap *m, const char *key, void *val) {
     m->len++;
     assert((m->len + m->tombs) * 10 < m->cap * 7); /* below the load limit */
     return 0;
+}
+
+int ag__strmap_put(ag__strmap *m, const char *key, void *val) {
+    return put(m, key, val, true);
+}
+
+int ag__strmap_put_new(ag__strmap *m, const char *key, void *val) {
+    return put(m, key, val, false);
 }
 
 void *ag__strmap_get(const ag__strmap *m, const char *key) {

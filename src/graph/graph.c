@@ -703,9 +703,10 @@ void ag_graph_insert_at_end(ag_graph *g) {
     g->explicit_insert = 0;
 }
 
-/* A node with name and args set up, not yet linked. */
+/* A node with name and args set up, not yet linked (a given name already taken is refused
+ * by node_commit: one probe of the name table). */
 static ag_node *node_new(ag_graph *g, ag_node_kind kind, const char *name, const char *candidate) {
-    if (name && (ag__strmap_has(&g->names, name) || !*name)) {
+    if (name && !*name) {
         ag__err(AG_EINVAL, "graph: a node named '%s' already exists", name);
         return NULL;
     }
@@ -723,8 +724,9 @@ static ag_node *node_new(ag_graph *g, ag_node_kind kind, const char *name, const
     return n;
 }
 
-/* Registers the node's name and uses and links it; frees it on failure. */
-static ag_node *node_commit(ag_graph *g, ag_node *n, bool at_placeholders) {
+/* Registers the node's name (refused when taken, unless `replace`: a copy) and uses and
+ * links it; frees it on failure. */
+static ag_node *node_commit_ex(ag_graph *g, ag_node *n, bool at_placeholders, bool replace) {
     for (int i = 0; i < n->nargs; i++)
         if (arg_uses_ex(n, &n->args[i], true, true)) {
             for (int j = 0; j < i; j++)
@@ -732,7 +734,11 @@ static ag_node *node_commit(ag_graph *g, ag_node *n, bool at_placeholders) {
             node_free(n);
             return NULL;
         }
-    if (ag__strmap_put(&g->names, n->name, n)) {
+    int rc =
+        replace ? ag__strmap_put(&g->names, n->name, n) : ag__strmap_put_new(&g->names, n->name, n);
+    if (rc) {
+        if (rc > 0)
+            ag__err(AG_EINVAL, "graph: a node named '%s' already exists", n->name);
         for (int j = 0; j < n->nargs; j++)
             arg_uses(n, &n->args[j], false);
         node_free(n);
@@ -757,6 +763,10 @@ static ag_node *node_commit(ag_graph *g, ag_node *n, bool at_placeholders) {
         link_at_insert_point(g, n);
     }
     return n;
+}
+
+static ag_node *node_commit(ag_graph *g, ag_node *n, bool at_placeholders) {
+    return node_commit_ex(g, n, at_placeholders, false);
 }
 
 ag_node *ag_graph_placeholder(ag_graph *g, const char *name, const ag_tmeta *val) {
@@ -1575,7 +1585,7 @@ ag_graph *ag_graph_copy(const ag_graph *src) {
         }
         if (n->index >= 0 && n->index < cnt && from[n->index] == n)
             to[n->index] = m; /* a failed commit frees m and ends the copy */
-        ag_node *r = node_commit(g, m, false);
+        ag_node *r = node_commit_ex(g, m, false, true);
         if (!r) {
             rc = AG_ENOMEM;
             break;
