@@ -6,14 +6,29 @@
 #include "internal.h"
 
 #include <assert.h>
+#include <string.h>
 
 static const char tomb_key[] = "";
 #define TOMB (tomb_key)
 
+/* Eight bytes at a time (a node name is hashed several times on its way through the
+ * pipeline; FNV's byte loop was most of a probe). The table reads the low bits: the final
+ * mix spreads every byte into them. */
 uint64_t ag__strhash(const char *s) {
-    uint64_t h = 1469598103934665603ull; /* FNV-1a */
-    for (; *s; s++)
-        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    size_t n = strlen(s);
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ (uint64_t)n;
+    for (; n >= 8; s += 8, n -= 8) {
+        uint64_t w;
+        memcpy(&w, s, 8);
+        h = (h ^ w) * 0xff51afd7ed558ccdull;
+        h ^= h >> 32;
+    }
+    uint64_t w = 0;
+    memcpy(&w, s, n);
+    h = (h ^ w) * 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 29;
+    h *= 0xff51afd7ed558ccdull;
+    h ^= h >> 32;
     return h;
 }
 
@@ -64,7 +79,7 @@ static int rehash(ag__strmap *m, int64_t ncap) {
     return 0;
 }
 
-int ag__strmap_put(ag__strmap *m, const char *key, void *val) {
+static int put(ag__strmap *m, const char *key, void *val, bool replace) {
     if ((m->len + m->tombs + 1) * 10 >= m->cap * 7) {
         int64_t ncap = m->cap ? m->cap : 16;
         while ((m->len + 1) * 10 >= ncap * 5)
@@ -76,6 +91,8 @@ int ag__strmap_put(ag__strmap *m, const char *key, void *val) {
     int64_t s = find_slot_h(m, key, h, true);
     ag__strslot *x = &m->slots[s];
     if (x->key && x->key != TOMB) {
+        if (!replace)
+            return 1;
         x->val = val;
         return 0;
     }
@@ -87,8 +104,21 @@ int ag__strmap_put(ag__strmap *m, const char *key, void *val) {
     return 0;
 }
 
+int ag__strmap_put(ag__strmap *m, const char *key, void *val) {
+    return put(m, key, val, true);
+}
+
+int ag__strmap_put_new(ag__strmap *m, const char *key, void *val) {
+    return put(m, key, val, false);
+}
+
 void *ag__strmap_get(const ag__strmap *m, const char *key) {
     int64_t s = find_slot(m, key, false);
+    return s >= 0 ? m->slots[s].val : NULL;
+}
+
+void *ag__strmap_get_h(const ag__strmap *m, const char *key, uint64_t h) {
+    int64_t s = m->cap ? find_slot_h(m, key, h, false) : -1;
     return s >= 0 ? m->slots[s].val : NULL;
 }
 

@@ -7,7 +7,6 @@
  * reference it (with a use count per user); the output node, if any, is last. */
 #include "graph_internal.h"
 #include "../core/asan.h"
-#include "../core/ptrmap.h"
 
 #include <assert.h>
 #include <stdatomic.h>
@@ -32,6 +31,11 @@ static const char *const python_builtins[] = {
 };
 
 static bool illegal_name(const char *s) {
+    /* Every entry is 2 to 8 letters: most names (getitem_3, add_1) are out after a few bytes. */
+    size_t n = 0;
+    for (; s[n]; n++)
+        if (n == 8 || !((s[n] >= 'a' && s[n] <= 'z') || (s[n] >= 'A' && s[n] <= 'Z')))
+            return false;
     for (size_t i = 0; i < sizeof python_builtins / sizeof python_builtins[0]; i++)
         if (python_builtins[i][0] == s[0] && !strcmp(s, python_builtins[i]))
             return true;
@@ -343,6 +347,11 @@ static bool uses_match(const ag_node *user, bool dropped) {
 
 /* ---- node memory ---- */
 
+/* node_alloc zeroes every field but val1 and the inline arrays, which come last. */
+_Static_assert(offsetof(ag_node, vals) == offsetof(ag_node, val1) + sizeof(ag_tmeta) &&
+                   offsetof(ag_node, args_inline) == offsetof(ag_node, stamp) + sizeof(uint32_t),
+               "ag_node layout: node_alloc zeroes up to args_inline, val1 excepted");
+
 static ag_node *node_alloc(ag_graph *g) {
     ag_node *n = g->free_nodes;
     if (n) {
@@ -362,7 +371,11 @@ static ag_node *node_alloc(ag_graph *g) {
         }
         n = &b->nodes[b->used++];
     }
-    memset(n, 0, sizeof *n);
+    /* The fields are zeroed; val1 and the inline arrays are not (each is read only below its
+     * count: nvals, nargs, nusers, nmeta, and the name's terminator), which keeps a new node
+     * to the five cache lines its header spans instead of ten. */
+    memset(n, 0, offsetof(ag_node, val1));
+    memset(&n->vals, 0, offsetof(ag_node, args_inline) - offsetof(ag_node, vals));
     n->args = n->args_inline;
     return n;
 }
@@ -690,9 +703,10 @@ void ag_graph_insert_at_end(ag_graph *g) {
     g->explicit_insert = 0;
 }
 
-/* A node with name and args set up, not yet linked. */
+/* A node with name and args set up, not yet linked (a given name already taken is refused
+ * by node_commit: one probe of the name table). */
 static ag_node *node_new(ag_graph *g, ag_node_kind kind, const char *name, const char *candidate) {
-    if (name && (ag__strmap_has(&g->names, name) || !*name)) {
+    if (name && !*name) {
         ag__err(AG_EINVAL, "graph: a node named '%s' already exists", name);
         return NULL;
     }
@@ -710,8 +724,9 @@ static ag_node *node_new(ag_graph *g, ag_node_kind kind, const char *name, const
     return n;
 }
 
-/* Registers the node's name and uses and links it; frees it on failure. */
-static ag_node *node_commit(ag_graph *g, ag_node *n, bool at_placeholders) {
+/* Registers the node's name (refused when taken, unless `replace`: a copy) and uses and
+ * links it; frees it on failure. */
+static ag_node *node_commit_ex(ag_graph *g, ag_node *n, bool at_placeholders, bool replace) {
     for (int i = 0; i < n->nargs; i++)
         if (arg_uses_ex(n, &n->args[i], true, true)) {
             for (int j = 0; j < i; j++)
@@ -719,7 +734,11 @@ static ag_node *node_commit(ag_graph *g, ag_node *n, bool at_placeholders) {
             node_free(n);
             return NULL;
         }
-    if (ag__strmap_put(&g->names, n->name, n)) {
+    int rc =
+        replace ? ag__strmap_put(&g->names, n->name, n) : ag__strmap_put_new(&g->names, n->name, n);
+    if (rc) {
+        if (rc > 0)
+            ag__err(AG_EINVAL, "graph: a node named '%s' already exists", n->name);
         for (int j = 0; j < n->nargs; j++)
             arg_uses(n, &n->args[j], false);
         node_free(n);
@@ -744,6 +763,10 @@ static ag_node *node_commit(ag_graph *g, ag_node *n, bool at_placeholders) {
         link_at_insert_point(g, n);
     }
     return n;
+}
+
+static ag_node *node_commit(ag_graph *g, ag_node *n, bool at_placeholders) {
+    return node_commit_ex(g, n, at_placeholders, false);
 }
 
 ag_node *ag_graph_placeholder(ag_graph *g, const char *name, const ag_tmeta *val) {
@@ -1467,17 +1490,32 @@ int ag__graph_reserve(ag_graph *g, int64_t nnodes) {
 
 /* ---- copy ---- */
 
+/* The copy of source node x (NULL for a node that is not one of the source's, or not copied
+ * yet). */
+static ag_node *copy_of(ag_node *const *from, ag_node *const *to, int64_t cnt, const ag_node *x) {
+    int64_t i = x->index;
+    return i >= 0 && i < cnt && from[i] == x ? to[i] : NULL;
+}
+
 ag_graph *ag_graph_copy(const ag_graph *src) {
     AG__CHECK_NULL_RET("graph_copy", src, NULL);
     ag_graph *g = ag_graph_new();
     if (!g)
         return NULL;
-    ag__ptrmap map = {0}; /* source node -> its copy */
-    int rc = ag__subgraphs_copy(g, src);
-    if (rc == 0)
-        rc = ag__ptrmap_reserve(&map, src->count);
+    /* Source node -> its copy, by the source's positions (ag_node_index's cache, filled by
+     * the first call): a node that is not in the source maps to NULL. */
+    int64_t cnt = src->count;
+    ag_node **from = ag__calloc((size_t)(2 * cnt + 1), sizeof *from), **to = NULL;
+    int rc = from ? ag__subgraphs_copy(g, src) : AG_ENOMEM;
     if (rc == 0)
         rc = ag__graph_reserve(g, src->count);
+    if (rc == 0 && src->first)
+        (void)ag_node_index(src->first);
+    if (rc == 0)
+        to = from + cnt;
+    for (ag_node *n = src->first; n && rc == 0; n = n->next)
+        if (n->index >= 0 && n->index < cnt)
+            from[n->index] = n;
     for (ag_node *n = src->first; n && rc == 0; n = n->next) {
         ag_node *m = node_alloc(g);
         if (!m) {
@@ -1503,7 +1541,7 @@ ag_graph *ag_graph_copy(const ag_graph *src) {
             ag_garg a = n->args[i];
             ag_node *tmp[64];
             if (a.kind == AG_GA_NODE && a.u.node) {
-                a.u.node = (ag_node *)(intptr_t)ag__ptrmap_get(&map, a.u.node, 0);
+                a.u.node = copy_of(from, to, cnt, a.u.node);
             } else if (a.kind == AG_GA_NODES) {
                 ag_node **nv = a.n <= 64 ? tmp : ag__malloc(sizeof(ag_node *) * (size_t)a.n);
                 if (!nv) {
@@ -1511,9 +1549,7 @@ ag_graph *ag_graph_copy(const ag_graph *src) {
                     break;
                 }
                 for (int k = 0; k < a.n; k++)
-                    nv[k] = a.u.nodes[k]
-                                ? (ag_node *)(intptr_t)ag__ptrmap_get(&map, a.u.nodes[k], 0)
-                                : NULL;
+                    nv[k] = a.u.nodes[k] ? copy_of(from, to, cnt, a.u.nodes[k]) : NULL;
                 a.u.nodes = nv;
                 rc = ag__garg_copy(&m->args[i], &a);
                 if (nv != tmp)
@@ -1547,12 +1583,9 @@ ag_graph *ag_graph_copy(const ag_graph *src) {
             node_free(m);
             break;
         }
-        if (ag__ptrmap_put(&map, n, (int64_t)(intptr_t)m)) {
-            node_free(m);
-            rc = AG_ENOMEM;
-            break;
-        }
-        ag_node *r = node_commit(g, m, false);
+        if (n->index >= 0 && n->index < cnt && from[n->index] == n)
+            to[n->index] = m; /* a failed commit frees m and ends the copy */
+        ag_node *r = node_commit_ex(g, m, false, true);
         if (!r) {
             rc = AG_ENOMEM;
             break;
@@ -1574,7 +1607,7 @@ ag_graph *ag_graph_copy(const ag_graph *src) {
         g->bases[g->nbases++] = (ag__base_count){b, src->bases[i].count};
     }
     g->nconst = src->nconst;
-    ag__ptrmap_free(&map);
+    ag__free(from);
     if (rc) {
         ag_graph_free(g);
         return NULL;

@@ -54,6 +54,8 @@ struct ag_node {
     bool has_out_descs;
     int index;
     uint32_t stamp; /* scratch mark for a pass's sweep (DCE) */
+    /* Not zeroed by node_alloc (nor is val1): read only below their counts. New fields go
+     * above. */
     ag_garg args_inline[AG__ARGS_INLINE];
     ag__use users_inline[AG__USERS_INLINE];
     ag__mentry meta_inline[AG__META_INLINE];

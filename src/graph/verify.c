@@ -16,52 +16,32 @@
 
 #include <stdio.h>
 
-/* ---- a pointer -> position table (open addressing, positions 0..n-1) ---- */
-
-typedef struct pslot {
-    const ag_node *key;
-    int64_t pos;
-} pslot;
+/* ---- positions ----
+ * check_links walks the node list and stores each node's position in the node's index (the
+ * cache ag_node_index keeps: the same values it would compute) and the node at each position
+ * in a table. A referenced node d is then in the graph exactly when its index names a
+ * position holding d: one read of d and one of the table, where a pointer -> position hash
+ * table would miss the caches once per reference on a large graph. */
 
 typedef struct ptab {
-    pslot *s; /* key and position together: a lookup touches one place */
-    uint64_t mask;
+    const ag_node **at; /* the node at each position */
+    int64_t n;
 } ptab;
 
-static uint64_t ptr_hash(const void *p) {
-    uint64_t x = (uint64_t)(uintptr_t)p;
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdull;
-    x ^= x >> 33;
-    return x;
-}
-
 static int ptab_init(ptab *t, int64_t n) {
-    uint64_t cap = 16;
-    while (cap < (uint64_t)n * 2)
-        cap <<= 1;
-    t->s = ag__calloc(cap, sizeof *t->s);
-    t->mask = cap - 1;
-    return t->s ? 0 : AG_ENOMEM;
+    t->at = ag__malloc(sizeof *t->at * (size_t)(n > 0 ? n : 1));
+    t->n = 0;
+    return t->at ? 0 : AG_ENOMEM;
 }
 
 static void ptab_free(ptab *t) {
-    ag__free(t->s);
-}
-
-static void ptab_put(ptab *t, const ag_node *n, int64_t pos) {
-    uint64_t i = ptr_hash(n) & t->mask;
-    while (t->s[i].key && t->s[i].key != n)
-        i = (i + 1) & t->mask;
-    t->s[i] = (pslot){n, pos};
+    ag__free(t->at);
 }
 
 /* The node's position, or -1 when it is not in the graph. */
 static int64_t ptab_get(const ptab *t, const ag_node *n) {
-    for (uint64_t i = ptr_hash(n) & t->mask; t->s[i].key; i = (i + 1) & t->mask)
-        if (t->s[i].key == n)
-            return t->s[i].pos;
-    return -1;
+    int64_t p = n->index;
+    return p >= 0 && p < t->n && t->at[p] == n ? p : -1;
 }
 
 /* ---- helpers ---- */
@@ -104,33 +84,19 @@ static int val_mismatch(const ag_node *n, const char *what, const ag_tmeta *stor
 /* ---- references between nodes ----
  * Both directions of the users invariant need "how many times does u reference d". A node with
  * a few arguments answers by scanning them; the wide ones (a forward graph's output node lists
- * thousands of values) would make that quadratic, so their references go into an edge table
- * filled once. seen[] (one int per position) catches a user listed twice. */
+ * thousands of values) would make that quadratic, so their references are listed once, by
+ * referenced node: for each position, the positions of the wide users referencing it,
+ * ascending, one entry per reference (a count of equal entries answers). seen[] (one int per
+ * position) catches a user listed twice. */
 
 enum { WIDE_REFS = 16 };
 
-typedef struct edge {
-    const ag_node *user, *def;
-    int count;
-} edge;
-
 typedef struct refs {
-    edge *e; /* the wide users' references */
-    uint64_t mask;
     bool *wide; /* per position */
     int *seen;  /* per position: the position + 1 of the node whose users list named it last */
+    int *off;   /* per position + 1: where its wide users start in by[] */
+    int *by;    /* the wide users' positions, grouped by the position they reference */
 } refs;
-
-static uint64_t edge_hash(const ag_node *u, const ag_node *d) {
-    return ptr_hash(u) ^ (ptr_hash(d) * 0x9e3779b97f4a7c15ull);
-}
-
-static edge *edge_slot(const refs *r, const ag_node *u, const ag_node *d) {
-    uint64_t i = edge_hash(u, d) & r->mask;
-    while (r->e[i].user && (r->e[i].user != u || r->e[i].def != d))
-        i = (i + 1) & r->mask;
-    return &r->e[i];
-}
 
 static int nrefs(const ag_node *n) {
     int c = 0;
@@ -159,22 +125,48 @@ static int refs_scan(const ag_node *n, const ag_node *d) {
     return c;
 }
 
-/* How many times user u (at position upos) references d. */
-static int refs_to(const refs *r, const ag_node *u, int64_t upos, const ag_node *d) {
+/* How many times user u (at position upos) references d (at position dpos). */
+static int refs_to(const refs *r, const ag_node *u, int64_t upos, const ag_node *d, int64_t dpos) {
     if (!r->wide[upos])
         return refs_scan(u, d);
-    const edge *x = edge_slot(r, u, d);
-    return x->user ? x->count : 0;
+    int lo = r->off[dpos], hi = r->off[dpos + 1];
+    while (lo < hi) { /* the first entry >= upos */
+        int mid = lo + (hi - lo) / 2;
+        if (r->by[mid] < upos)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    int c = 0;
+    while (lo + c < r->off[dpos + 1] && r->by[lo + c] == upos)
+        c++;
+    return c;
 }
 
 static void refs_free(refs *r) {
-    ag__free(r->e);
     ag__free(r->wide);
     ag__free(r->seen);
+    ag__free(r->off);
+    ag__free(r->by);
 }
 
-/* Marks the wide nodes of the (well-linked) graph and tables their references. */
-static int refs_init(refs *r, const ag_graph *g) {
+/* Calls f(r, upos, dpos) for each reference of wide node x (at upos) to a node of the graph. */
+#define FOR_WIDE_REF(t, x, body)                                                                   \
+    for (int i_ = 0; i_ < (x)->nargs; i_++) {                                                      \
+        const ag_garg *a_ = &(x)->args[i_];                                                        \
+        int cnt_ = a_->kind == AG_GA_NODE                   ? 1                                    \
+                   : a_->kind == AG_GA_NODES && a_->u.nodes ? a_->n                                \
+                                                            : 0;                                   \
+        for (int k_ = 0; k_ < cnt_; k_++) {                                                        \
+            const ag_node *d_ = a_->kind == AG_GA_NODE ? a_->u.node : a_->u.nodes[k_];             \
+            int64_t dpos = d_ ? ptab_get(t, d_) : -1;                                              \
+            if (dpos >= 0)                                                                         \
+                body;                                                                              \
+        }                                                                                          \
+    }
+
+/* Marks the wide nodes of the (well-linked) graph and lists their references. */
+static int refs_init(refs *r, const ag_graph *g, const ptab *t) {
     size_t n = (size_t)(g->count ? g->count : 1);
     r->wide = ag__calloc(n, sizeof *r->wide);
     r->seen = ag__calloc(n, sizeof *r->seen);
@@ -188,33 +180,31 @@ static int refs_init(refs *r, const ag_graph *g) {
             total += c;
         }
     }
-    uint64_t cap = 16;
-    while (cap < (uint64_t)total * 2)
-        cap <<= 1;
-    r->e = ag__calloc(cap, sizeof *r->e);
-    r->mask = cap - 1;
-    if (!r->e)
+    if (total == 0)
+        return 0; /* no wide node: refs_to never reads the lists */
+    r->off = ag__calloc(n + 1, sizeof *r->off);
+    r->by = ag__malloc(sizeof *r->by * (size_t)total);
+    if (!r->off || !r->by)
         return AG_ENOMEM;
     pos = 0;
-    for (const ag_node *x = g->first; x; x = x->next, pos++) {
-        if (!r->wide[pos])
-            continue;
-        for (int i = 0; i < x->nargs; i++) {
-            const ag_garg *a = &x->args[i];
-            int cnt = a->kind == AG_GA_NODE ? 1 : a->kind == AG_GA_NODES && a->u.nodes ? a->n : 0;
-            for (int k = 0; k < cnt; k++) {
-                const ag_node *d = a->kind == AG_GA_NODE ? a->u.node : a->u.nodes[k];
-                if (!d)
-                    continue;
-                edge *e = edge_slot(r, x, d);
-                if (!e->user)
-                    *e = (edge){x, d, 0};
-                e->count++;
-            }
-        }
-    }
+    for (const ag_node *x = g->first; x; x = x->next, pos++)
+        if (r->wide[pos])
+            FOR_WIDE_REF(t, x, r->off[dpos + 1]++);
+    for (size_t i = 0; i < n; i++)
+        r->off[i + 1] += r->off[i];
+    /* Filled in position order (each group ascending), off[d] moving to the group's end... */
+    pos = 0;
+    for (const ag_node *x = g->first; x; x = x->next, pos++)
+        if (r->wide[pos])
+            FOR_WIDE_REF(t, x, r->by[r->off[dpos]++] = (int)pos);
+    /* ...and back to its start. */
+    for (size_t i = n; i > 0; i--)
+        r->off[i] = r->off[i - 1];
+    r->off[0] = 0;
     return 0;
 }
+
+#undef FOR_WIDE_REF
 
 static const char *kind_name(ag_node_kind k) {
     switch (k) {
@@ -246,7 +236,7 @@ static int check_ref(const ptab *t, const refs *r, const ag_node *n, int64_t pos
         return ag__err(AG_EINVAL, "verify: %%%s uses %%%s before it is defined", n->name, d->name);
     if (d->kind == AG_NODE_OUTPUT)
         return ag__err(AG_EINVAL, "verify: %%%s uses the output node %%%s", n->name, d->name);
-    int want = refs_to(r, n, pos, d);
+    int want = refs_to(r, n, pos, d, dpos);
     for (int i = 0; i < d->nusers; i++)
         if (d->users[i].node == n) {
             if (d->users[i].count != want)
@@ -271,7 +261,7 @@ static int check_users(const ptab *t, const refs *r, const ag_node *n, int64_t p
         if (r->seen[upos] == pos + 1)
             return ag__err(AG_EINVAL, "verify: %%%s lists user %%%s twice", n->name, u->name);
         r->seen[upos] = (int)pos + 1;
-        if (n->users[i].count <= 0 || refs_to(r, u, upos, n) == 0)
+        if (n->users[i].count <= 0 || refs_to(r, u, upos, n, pos) == 0)
             return ag__err(AG_EINVAL, "verify: %%%s lists user %%%s, which does not use it",
                            n->name, u->name);
         /* The count itself is compared from the user's side (check_ref). */
@@ -453,8 +443,10 @@ static int check_node(const ag_graph *g, const ag_node *n) {
 
 /* ---- the walk ---- */
 
-/* The list's links and node count; fills the position table. */
-static int check_links(const ag_graph *g, ptab *t) {
+/* The list's links and node count; fills the position table and the nodes' index (the order
+ * cache of ag_node_index, which writes it the same way for a const graph: a well-linked list
+ * leaves it valid, a broken one marks it stale). */
+static int links(const ag_graph *g, ptab *t) {
     const ag_node *prev = NULL;
     int64_t pos = 0;
     for (const ag_node *n = g->first; n; prev = n, n = n->next, pos++) {
@@ -469,7 +461,9 @@ static int check_links(const ag_graph *g, ptab *t) {
             return ag__err(AG_EINVAL, "verify: %%%s belongs to another graph", n->name);
         if (ptab_get(t, n) >= 0)
             return ag__err(AG_EINVAL, "verify: %%%s appears twice in the node list", n->name);
-        ptab_put(t, n, pos);
+        ((ag_node *)n)->index = (int)pos;
+        t->at[pos] = n;
+        t->n = pos + 1;
     }
     if (prev != g->last)
         return ag__err(AG_EINVAL, "verify: the graph's last node is not the end of its list");
@@ -479,10 +473,29 @@ static int check_links(const ag_graph *g, ptab *t) {
     return 0;
 }
 
-static int check_name(const ag_graph *g, const ag_node *n, int64_t pos) {
+static int check_links(const ag_graph *g, ptab *t) {
+    int rc = links(g, t);
+    ((ag_graph *)g)->order_dirty = rc != 0;
+    return rc;
+}
+
+/* The name's hash (0 for no name), its table slot prefetched: the main walk asks it NAME_AHEAD
+ * nodes before it checks the name, so that the probes into a large table overlap. */
+enum { NAME_AHEAD = 8 };
+
+static uint64_t name_hash_ahead(const ag_graph *g, const ag_node *n) {
+    if (!n->name || !*n->name)
+        return 0;
+    uint64_t h = ag__strhash(n->name);
+    ag__strmap_prefetch(&g->names, h);
+    return h;
+}
+
+/* h: the name's ag__strhash. */
+static int check_name(const ag_graph *g, const ag_node *n, int64_t pos, uint64_t h) {
     if (!n->name || !*n->name)
         return ag__err(AG_EINVAL, "verify: node %lld has no name", (long long)pos);
-    const ag_node *m = ag__strmap_get(&g->names, n->name);
+    const ag_node *m = ag__strmap_get_h(&g->names, n->name, h);
     if (m != n) {
         if (m)
             return ag__err(AG_EINVAL, "verify: two nodes are named '%s'", n->name);
@@ -493,12 +506,18 @@ static int check_name(const ag_graph *g, const ag_node *n, int64_t pos) {
 
 static int verify(const ag_graph *g, ptab *t, refs *r) {
     int rc = check_links(g, t);
-    if (rc || (rc = refs_init(r, g)))
+    if (rc || (rc = refs_init(r, g, t)))
         return rc;
     const ag_node *first_other = NULL, *output = NULL;
+    uint64_t ahead[NAME_AHEAD]; /* the hashes of the names of nodes pos .. pos + NAME_AHEAD - 1 */
+    for (int64_t k = 0; k < NAME_AHEAD && k < t->n; k++)
+        ahead[k] = name_hash_ahead(g, t->at[k]);
     int64_t pos = 0;
     for (const ag_node *n = g->first; n; n = n->next, pos++) {
-        if ((rc = check_name(g, n, pos)))
+        uint64_t h = ahead[pos % NAME_AHEAD];
+        if (pos + NAME_AHEAD < t->n)
+            ahead[pos % NAME_AHEAD] = name_hash_ahead(g, t->at[pos + NAME_AHEAD]);
+        if ((rc = check_name(g, n, pos, h)))
             return rc;
         if (output)
             return ag__err(AG_EINVAL, "verify: the output node %%%s is not last (%%%s follows it)",

@@ -304,6 +304,8 @@ typedef struct nt_builder {
     ag_named_tensors *out;
     int64_t cap_names, cap_tensors;
     bool dedup;
+    char *prefix; /* the dotted path of the module being walked, built in place */
+    int64_t prefix_cap;
 } nt_builder;
 
 static bool nt_contains(const ag_named_tensors *nt, const ag_tensor *t) {
@@ -313,16 +315,17 @@ static bool nt_contains(const ag_named_tensors *nt, const ag_tensor *t) {
     return false;
 }
 
-static int nt_push(nt_builder *b, const char *prefix, const char *name, ag_tensor *t) {
+/* Adds prefix.name (lp: the prefix's length). */
+static int nt_push(nt_builder *b, size_t lp, const char *name, ag_tensor *t) {
     ag_named_tensors *o = b->out;
     if (b->dedup && nt_contains(o, t))
         return 0;
-    size_t lp = strlen(prefix), ln = strlen(name);
+    size_t ln = strlen(name);
     char *fqn = ag__malloc(lp + ln + 2);
     if (!fqn)
         return AG_ENOMEM;
     if (lp) {
-        memcpy(fqn, prefix, lp);
+        memcpy(fqn, b->prefix, lp);
         fqn[lp] = '.';
         memcpy(fqn + lp + 1, name, ln + 1);
     } else {
@@ -342,25 +345,26 @@ static int nt_push(nt_builder *b, const char *prefix, const char *name, ag_tenso
 enum { WALK_PARAMS = 1, WALK_BUFFERS = 2, WALK_PERSISTENT_ONLY = 4 };
 
 /* Pre-order: a module's own entries, then each child's subtree, as PyTorch's named_modules()
- * + _named_members() do. */
-static int walk(const ag_module *m, const char *prefix, int what, nt_builder *b) {
+ * + _named_members() do. b->prefix holds m's path (lp characters); a child's path is written
+ * after it and cut off again. */
+static int walk(const ag_module *m, size_t lp, int what, nt_builder *b) {
     int rc = 0;
     if (what & WALK_PARAMS)
         for (int64_t i = 0; i < m->nparams && !rc; i++)
-            rc = nt_push(b, prefix, m->params[i].name, m->params[i].t);
+            rc = nt_push(b, lp, m->params[i].name, m->params[i].t);
     if (what & WALK_BUFFERS)
         for (int64_t i = 0; i < m->nbuffers && !rc; i++)
             if (!(what & WALK_PERSISTENT_ONLY) || m->buffers[i].persistent)
-                rc = nt_push(b, prefix, m->buffers[i].name, m->buffers[i].t);
+                rc = nt_push(b, lp, m->buffers[i].name, m->buffers[i].t);
     for (int64_t i = 0; i < m->nchildren && !rc; i++) {
         const char *cn = m->children[i].name;
-        size_t lp = strlen(prefix), lc = strlen(cn);
-        char *sub = ag__malloc(lp + lc + 2);
-        if (!sub)
+        size_t lc = strlen(cn), ls = lp + (lp ? 1 : 0) + lc;
+        if (ag__grow((void **)&b->prefix, &b->prefix_cap, (int64_t)ls + 1, 1))
             return AG_ENOMEM;
-        snprintf(sub, lp + lc + 2, lp ? "%s.%s" : "%s%s", prefix, cn);
-        rc = walk(m->children[i].m, sub, what, b);
-        ag__free(sub);
+        if (lp)
+            b->prefix[lp] = '.';
+        memcpy(b->prefix + ls - lc, cn, lc + 1);
+        rc = walk(m->children[i].m, ls, what, b);
     }
     return rc;
 }
@@ -380,7 +384,8 @@ static int named(const ag_module *m, int what, bool dedup, ag_named_tensors *out
     memset(out, 0, sizeof *out);
     AG__CHECK_NULL(fn, m);
     nt_builder b = {.out = out, .dedup = dedup};
-    int rc = walk(m, "", what, &b);
+    int rc = walk(m, 0, what, &b);
+    ag__free(b.prefix);
     if (rc)
         ag_named_tensors_free(out);
     return rc;
@@ -417,9 +422,10 @@ int ag__nn_state_tensors(const ag_module *m, bool remove_duplicate, ag_named_ten
     if (!m)
         return ag__err(AG_EINVAL, "state_tensors: NULL module");
     nt_builder b = {.out = out, .dedup = remove_duplicate};
-    int rc = walk(m, "", WALK_PARAMS, &b);
+    int rc = walk(m, 0, WALK_PARAMS, &b);
     if (!rc)
-        rc = walk(m, "", WALK_BUFFERS | WALK_PERSISTENT_ONLY, &b);
+        rc = walk(m, 0, WALK_BUFFERS | WALK_PERSISTENT_ONLY, &b);
+    ag__free(b.prefix);
     if (rc)
         ag_named_tensors_free(out);
     return rc;

@@ -135,12 +135,21 @@ static bool has_recompute_tags(const ag_graph *g) {
     return false;
 }
 
-int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
-    return ag__part_init_ex(P, joint, num_fwd_outputs, false);
+/* Backward inputs: tangents, backward tokens and the backward's philox seed and offset, told
+ * by their descriptors' sections; other placeholders (primals, the forward's tokens and philox
+ * inputs) are forward inputs. A graph built without descriptors is read by upstream's naming
+ * rule. */
+static bool is_bw_input(const ag_node *n) {
+    const ag_desc *pd = ag_node_desc(n);
+    ag_section sec = pd ? ag_desc_section(pd) : AG_SEC_NONE;
+    const char *nm = ag_node_name(n);
+    return pd ? sec == AG_SEC_IN_TANGENTS || sec == AG_SEC_IN_BW_TOKENS || sec == AG_SEC_IN_BW_RNG
+              : strstr(nm, "tangents") || strstr(nm, "bwd_seed") || strstr(nm, "bwd_base_offset");
 }
 
-int ag__part_init_ex(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bool verified) {
-    int *mark = NULL;
+/* The joint the partitioner reads (P->g): verified unless the caller has, and without dead
+ * code or touching checkpoint regions. Fills P->g, g_borrowed, nn, num_fwd_outputs, nouts. */
+static int part_graph(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bool verified) {
     memset(P, 0, sizeof *P);
     P->meta_budget = -1;
     if (!joint)
@@ -164,12 +173,91 @@ int ag__part_init_ex(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bo
         P->g = ag_graph_copy(joint);
         if (!P->g)
             return ag_last_status() ? ag_last_status() : AG_ENOMEM;
-        if ((rc = ag_graph_dce(P->g)) < 0 || (rc = cleanup_recompute_tags(P->g)) < 0)
-            goto fail;
+        if ((rc = ag_graph_dce(P->g)) < 0 || (rc = cleanup_recompute_tags(P->g)) < 0) {
+            ag__part_free(P);
+            return rc;
+        }
     }
     P->nn = ag_graph_num_nodes(P->g);
     P->num_fwd_outputs = num_fwd_outputs;
     P->nouts = nouts;
+    return 0;
+}
+
+int ag__part_init_req_bw(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bool **req_bw) {
+    *req_bw = NULL;
+    int rc = part_graph(P, joint, num_fwd_outputs, false);
+    if (rc)
+        return rc;
+    bool *req = ag__calloc((size_t)(P->nn ? P->nn : 1), sizeof *req);
+    if (!req) {
+        ag__part_free(P);
+        return AG_ENOMEM;
+    }
+    /* What ag__part_init_ex's sweep marks: a node is required by the backward when it is a
+     * backward input or must be in the backward, or reads one that is (its arguments come
+     * before it); then a subgraph's get_attr by all of its users, and the backward outputs. */
+    int i = 0;
+    for (ag_node *n = ag_graph_first(P->g); n; n = ag_node_next(n), i++) {
+        ag_node_kind k = ag_node_kind_of(n);
+        if (k == AG_NODE_OUTPUT)
+            continue;
+        const char *tag = ag_node_partitioner_tag(n);
+        bool r =
+            k == AG_NODE_PLACEHOLDER ? is_bw_input(n) : tag && !strcmp(tag, "must_be_in_backward");
+        if (!r && k == AG_NODE_CALL && tag && ag_op_with_effects_target(ag_node_op(n)))
+            r = !strcmp(tag, "is_backward");
+        for (int a = 0; a < ag_node_nargs(n) && !r; a++) {
+            const ag_garg *g = ag_node_arg(n, a);
+            int cnt = g->kind == AG_GA_NODE ? 1 : g->kind == AG_GA_NODES ? g->n : 0;
+            for (int e = 0; e < cnt && !r; e++) {
+                const ag_node *m = g->kind == AG_GA_NODE ? g->u.node : g->u.nodes[e];
+                r = m && req[idx_of(m)];
+            }
+        }
+        req[i] = r;
+    }
+    i = 0;
+    for (ag_node *n = ag_graph_first(P->g); n; n = ag_node_next(n), i++) {
+        if (ag_node_kind_of(n) != AG_NODE_GET_ATTR || !ag_node_subgraph(n))
+            continue;
+        bool bw = ag_node_num_users(n) > 0;
+        for (int u = 0; u < ag_node_num_users(n); u++)
+            bw &= req[idx_of(ag_node_user(n, u))];
+        req[i] = bw;
+    }
+    const ag_garg *oa = ag_node_arg(ag_graph_output_node(P->g), 0);
+    for (int k = num_fwd_outputs; k < P->nouts; k++)
+        if (oa->u.nodes[k])
+            req[idx_of(oa->u.nodes[k])] = true;
+#ifndef NDEBUG
+    /* Debug builds (the sanitizer runs of the tests) check the sweep against the full one. */
+    ag__part F;
+    int frc = ag__part_init_ex(&F, P->g, num_fwd_outputs, true);
+    if (frc) {
+        ag__free(req);
+        ag__part_free(P);
+        return frc;
+    }
+    assert(F.nn == P->nn);
+    for (int k = 0; k < F.nn; k++)
+        assert(F.info[k].req_bw == req[k]);
+    ag__part_free(&F);
+#endif
+    *req_bw = req;
+    return 0;
+}
+
+int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs) {
+    return ag__part_init_ex(P, joint, num_fwd_outputs, false);
+}
+
+int ag__part_init_ex(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bool verified) {
+    int *mark = NULL;
+    int rc = part_graph(P, joint, num_fwd_outputs, verified);
+    if (rc)
+        return rc;
+    int nouts = P->nouts;
     P->info = ag__calloc((size_t)P->nn, sizeof *P->info);
     P->outs = ag__malloc(sizeof(int) * (size_t)(nouts ? nouts : 1));
     P->primals = ag__malloc(sizeof(int) * (size_t)P->nn);
@@ -212,17 +300,7 @@ int ag__part_init_ex(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bo
         if (mb.kind == AG_MV_FLOAT && P->meta_budget < 0)
             P->meta_budget = mb.u.f;
         if (pi->kind == AG_NODE_PLACEHOLDER) {
-            /* Backward inputs: tangents, backward tokens and the backward's philox seed and
-             * offset, told by their descriptors' sections; other placeholders (primals, the
-             * forward's tokens and philox inputs) are forward inputs. A graph built without
-             * descriptors is read by upstream's naming rule. */
-            const ag_desc *pd = ag_node_desc(n);
-            ag_section sec = pd ? ag_desc_section(pd) : AG_SEC_NONE;
-            const char *nm = ag_node_name(n);
-            pi->tangent = pd ? sec == AG_SEC_IN_TANGENTS || sec == AG_SEC_IN_BW_TOKENS ||
-                                   sec == AG_SEC_IN_BW_RNG
-                             : strstr(nm, "tangents") || strstr(nm, "bwd_seed") ||
-                                   strstr(nm, "bwd_base_offset");
+            pi->tangent = is_bw_input(n);
             pi->primal = !pi->tangent;
             if (pi->primal)
                 P->primals[P->nprimals++] = i;
@@ -321,7 +399,16 @@ int ag__part_init_ex(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bo
             pooled += k;
             for (int u = 0; u < k; u++)
                 pi->users[u] = idx_of(ag_node_user(pi->node, u));
-            qsort(pi->users, (size_t)k, sizeof(int), ag__cmp_int);
+            if (k > 8) {
+                qsort(pi->users, (size_t)k, sizeof(int), ag__cmp_int);
+            } else { /* most values have one or two users: no qsort call */
+                for (int u = 1; u < k; u++)
+                    for (int v = u; v > 0 && pi->users[v - 1] > pi->users[v]; v--) {
+                        int x = pi->users[v];
+                        pi->users[v] = pi->users[v - 1];
+                        pi->users[v - 1] = x;
+                    }
+            }
             pi->nusers = k;
         }
     }

@@ -74,6 +74,10 @@ int ag__part_init(ag__part *P, const ag_graph *joint, int num_fwd_outputs);
 /* The same for a joint the caller has just verified (ag_graph_verify): not verified again. */
 int ag__part_init_ex(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bool verified);
 void ag__part_free(ag__part *P);
+/* Only what the regions' pairing reads (subgraph_partition.c): P->g, nn, num_fwd_outputs and
+ * nouts as ag__part_init fills them (P->info stays NULL), and in *req_bw (ag__malloc'd, one
+ * per node of P->g) each node's req_bw as ag__part_init would set it. */
+int ag__part_init_req_bw(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bool **req_bw);
 
 /* Nodes that make up a side's body (what is neither an input nor the output node). */
 static inline bool ag__is_body_kind(ag_node_kind k) {

@@ -415,13 +415,17 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
     *out = NULL;
     *inner = (ag_partition_stats){0};
     ag__part P;
-    int rc = ag__part_init(&P, joint, num_fwd_outputs);
+    bool *req_bw = NULL; /* per node of P.g */
+    int rc = ag__part_init_req_bw(&P, joint, num_fwd_outputs, &req_bw);
     if (rc)
         return rc;
     ag_graph *g = ag_graph_copy(P.g); /* node i of g is node i of P.g */
-    call_info *calls = ag__calloc((size_t)P.nn, sizeof *calls);
-    part_pair *parts = ag__calloc((size_t)P.nn, sizeof *parts);
-    ag_graph **made = ag__calloc((size_t)(2 * P.nn + 1), sizeof *made);
+    int maxcalls = 1;                 /* the tables below hold one entry per call, not per node */
+    for (ag_node *n = ag_graph_first(P.g); n; n = ag_node_next(n))
+        maxcalls += ag__call_subgraph(n) != NULL;
+    call_info *calls = ag__calloc((size_t)maxcalls, sizeof *calls);
+    part_pair *parts = ag__calloc((size_t)maxcalls, sizeof *parts);
+    ag_graph **made = ag__calloc((size_t)(2 * maxcalls + 1), sizeof *made);
     int ncalls = 0, nparts = 0, nmade = 0;
     ag__ptrmap rewritten = {0}, repl = {0}; /* calls rewritten; getitem -> its replacement */
     ag_node **keep = NULL;                  /* the output node's list */
@@ -440,7 +444,7 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
         c->nops = ag_node_arg(n, 2)->n;
         c->nph = num_placeholders(sub);
         c->nout = num_outputs(sub);
-        c->bw = P.info[i].req_bw;
+        c->bw = req_bw[i];
         c->pair = c->part = -1;
     }
     /* Pair every backward call with an unpaired forward call before it. */
@@ -587,6 +591,7 @@ done:
     ag__free(calls);
     ag__free(parts);
     ag__part_free(&P);
+    ag__free(req_bw);
     if (rc) {
         ag_graph_free(g);
         return rc;

@@ -204,9 +204,17 @@ static int count_values(const ag_graph *g, int *ncalls) {
 /* Assigns every node its values (kinds, roots) and checks what the executor supports. */
 static int assign_values(ag_plan *p, const ag_graph *g) {
     p->last_mut = -1;
-    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x))
-        if (ag_node_kind_of(x) == AG_NODE_CALL && ag__plan_may_mutate(x))
+    /* A subgraph call's answer walks its subgraph: asked once per run of calls of one. */
+    const ag_op *mop = NULL;
+    const ag_graph *msub = NULL;
+    bool mut = false;
+    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
+        const ag_graph *sub = ag_node_kind_of(x) == AG_NODE_CALL ? ag__call_subgraph(x) : NULL;
+        if (ag_node_kind_of(x) == AG_NODE_CALL && (!sub || sub != msub || ag_node_op(x) != mop))
+            mut = ag__plan_may_mutate(x), mop = ag_node_op(x), msub = sub;
+        if (ag_node_kind_of(x) == AG_NODE_CALL && mut)
             p->last_mut = ag_node_index(x);
+    }
     for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
         int i = ag_node_index(x);
         p->node_val[i] = -1;
