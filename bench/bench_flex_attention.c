@@ -103,15 +103,14 @@ static const char *impl_name[NIMPL] = {"flex", "compiled", "primitive", "sdpa"};
 
 /* The module of the "compiled" rows: out = flex_attention(q, k, v) with the bench's block mask
  * (its ud) and, for ALiBi, score_mod over the module's buffer "slopes". */
-static int flex_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
-                        int max_out) {
+static int flex_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
     (void)nin, (void)max_out;
     ag_tensor *slopes = ag_module_buffer(m, "slopes");
     ag_score_mod sm = {alibi, NULL, &slopes, 1};
     ag_scope_begin();
     ag_tensor *o = NULL;
-    int rc = ag_flex_attention(in[0], in[1], in[2], use_alibi ? &sm : NULL, ag_module_ud(m),
-                               NULL, &o, NULL);
+    int rc = ag_flex_attention(in[0], in[1], in[2], use_alibi ? &sm : NULL, ag_module_ud(m), NULL,
+                               &o, NULL);
     if (rc) {
         ag_scope_end();
         return rc;
@@ -125,8 +124,7 @@ static int compile_module(setup *s, const float *slopes) {
     if (!s->m || ag_module_add_tensor(s->m, "slopes", false, AG_F32, 1, (int64_t[]){s->H},
                                       AG_INIT_ZEROS, 0, 0))
         return -1;
-    memcpy(ag_tensor_data(ag_module_buffer(s->m, "slopes")), slopes,
-           sizeof(float) * (size_t)s->H);
+    memcpy(ag_tensor_data(ag_module_buffer(s->m, "slopes")), slopes, sizeof(float) * (size_t)s->H);
     ag_tensor *x[3] = {s->q, s->k, s->v};
     ag_joint *j = ag_export_joint(s->m, x, 3, NULL, NULL, 0, NULL);
     s->c = j ? ag_compile_joint(j, NULL) : NULL;

@@ -69,6 +69,7 @@ typedef struct flex {
     ag_tensor **sgrad; /* backward: kept sums of the buffers' gradients (NULL entries: none) */
     const bool *sneed; /* backward: which buffers need a gradient */
     ag_tensor *pend_root, *pend_leaf; /* backward: the open tile's score_mod result and input */
+    const ag__flex_tile_fns *tf;      /* ag__flex_run_raw: the per-tile functions (else NULL) */
 } flex;
 
 /* A row's key blocks: n[0] full ones, n[1] partial ones; idx NULL means 0, 1, ... */
@@ -352,7 +353,8 @@ static int prepare_masks(flex *f) {
     f->pm = NULL;
     f->pm_index = NULL;
     const ag_block_mask *m = f->bm;
-    if (!m || !m->fn)
+    const bool raw = f->tf && f->tf->mask;
+    if (!m || (!m->fn && !raw))
         return 0;
     const int64_t nrows = m->B * m->H * m->nq;
     const int64_t *part_n = ag_tensor_data(m->parts[AG_BM_KV_NUM_BLOCKS]);
@@ -379,8 +381,11 @@ static int prepare_masks(flex *f) {
                 for (int64_t j = 0; j < part_n[r] && !rc; j++, t++) {
                     const int64_t kb = part_i[r * m->nk + j], q0 = qb * m->QB, k0 = kb * m->KB;
                     int64_t n;
-                    rc = mask_tile(m, mb, mh, q0, min64(m->QB, m->L - q0), k0,
-                                   min64(m->KB, m->S - k0), pm + (size_t)t * tile, m->KB, &n);
+                    const int64_t bq = min64(m->QB, m->L - q0), bk = min64(m->KB, m->S - k0);
+                    rc = raw ? f->tf->mask(f->tf->ud, mb, mh, q0, bq, k0, bk, pm + (size_t)t * tile,
+                                           m->KB)
+                             : mask_tile(m, mb, mh, q0, bq, k0, bk, pm + (size_t)t * tile, m->KB,
+                                         &n);
                     index[r * m->nk + kb] = t;
                 }
             }
@@ -397,14 +402,16 @@ static int run_rows(flex *f, bool backward) {
     int rc = prepare_masks(f);
     if (rc)
         return rc;
-    const int nth = f->sfn ? 1 : ag_get_num_threads();
-    const size_t ws =
-        (size_t)(2 * f->QB * f->KB + f->QB * (f->Ev > f->E ? f->Ev : f->E) + 4 * f->QB + 16);
+    /* user functions (or the raw ones' graphs) run on the calling thread */
+    const bool serial = f->sfn || (f->tf && (f->tf->score || f->tf->joint));
+    const int nth = serial ? 1 : ag_get_num_threads();
+    const size_t ws = (size_t)(2 * f->QB * f->KB + f->QB * (f->Ev > f->E ? f->Ev : f->E) +
+                               4 * f->QB + 16 + (f->tf ? f->QB * f->KB : 0));
     void *blk = ag__scratch(FLEX_SLOT_WS, (size_t)nth * ws * ag_dtype_size(f->dt));
     if (!blk)
         return AG_ENOMEM;
     int err = 0;
-    const int prev_nth = f->sfn ? one_thread_begin() : 0;
+    const int prev_nth = serial ? one_thread_begin() : 0;
     if (!backward) {
         const int64_t nrows = f->B * f->Hq * f->nq;
         AG__BLAS_FOR(nth > 1, "omp parallel for schedule(dynamic) num_threads(nth)", r, nrows, {
@@ -434,7 +441,7 @@ static int run_rows(flex *f, bool backward) {
                 }
         });
     }
-    if (f->sfn)
+    if (serial)
         omp_set_num_threads(prev_nth);
     return err;
 }
@@ -802,14 +809,13 @@ int ag__flex_attention_backward(ag_tensor *q, ag_tensor *k, ag_tensor *v, ag_ten
     return flex_backward(&s, gout, 2, grads, 3 + s.nbuf, needs);
 }
 
-ag_block_mask *ag__block_mask_from_parts(ag_tensor *const *parts, const int64_t *sizes,
-                                         const ag_mask_mod *mask_mod) {
+/* m (zeroed by the caller) <- the sizes of a block mask over parts with sizes, the parts
+ * borrowed; AG_EINVAL when the parts do not fit the sizes. */
+static int mask_over_parts(ag_block_mask *m, ag_tensor *const *parts, const int64_t *sizes) {
     const int64_t S = sizes[0], L = sizes[1], QB = sizes[2], KB = sizes[3];
-    if (L < 1 || S < 1 || QB < 1 || KB < 1) {
-        ag__err(AG_EINVAL, "flex_attention: bad block mask sizes (%lld, %lld, %lld, %lld)",
-                (long long)S, (long long)L, (long long)QB, (long long)KB);
-        return NULL;
-    }
+    if (L < 1 || S < 1 || QB < 1 || KB < 1)
+        return ag__err(AG_EINVAL, "flex_attention: bad block mask sizes (%lld, %lld, %lld, %lld)",
+                       (long long)S, (long long)L, (long long)QB, (long long)KB);
     const int64_t nq = (L + QB - 1) / QB, nk = (S + KB - 1) / KB;
     for (int p = 0; p < 8; p++) {
         const ag_tensor *t = parts[p];
@@ -819,19 +825,11 @@ ag_block_mask *ag__block_mask_from_parts(ag_tensor *const *parts, const int64_t 
             ag_tensor_ndim(t) != (is_num ? 3 : 4) ||
             ag_tensor_size(t, 0) != ag_tensor_size(parts[0], 0) ||
             ag_tensor_size(t, 1) != ag_tensor_size(parts[0], 1) || ag_tensor_size(t, 2) != rows ||
-            (!is_num && ag_tensor_size(t, 3) != cols)) {
-            ag__err(AG_EINVAL,
-                    "flex_attention: block mask tensor %d does not fit Q_LEN=%lld, "
-                    "KV_LEN=%lld in %lld x %lld blocks",
-                    p, (long long)L, (long long)S, (long long)QB, (long long)KB);
-            return NULL;
-        }
-    }
-    const int nbuf = mask_mod && mask_mod->fn ? mask_mod->nbuffers : 0;
-    ag_block_mask *m = ag__calloc(1, sizeof *m);
-    if (!m || (nbuf && !(m->bufs = ag__calloc((size_t)nbuf, sizeof *m->bufs)))) {
-        ag__free(m);
-        return NULL;
+            (!is_num && ag_tensor_size(t, 3) != cols))
+            return ag__err(AG_EINVAL,
+                           "flex_attention: block mask tensor %d does not fit Q_LEN=%lld, "
+                           "KV_LEN=%lld in %lld x %lld blocks",
+                           p, (long long)L, (long long)S, (long long)QB, (long long)KB);
     }
     m->refs = 1;
     m->B = ag_tensor_size(parts[0], 0);
@@ -842,6 +840,83 @@ ag_block_mask *ag__block_mask_from_parts(ag_tensor *const *parts, const int64_t 
     m->KB = KB;
     m->nq = nq;
     m->nk = nk;
+    for (int p = 0; p < 8; p++)
+        m->parts[p] = parts[p];
+    return 0;
+}
+
+int ag__flex_run_raw(const ag__flex_raw *r) {
+    ag_block_mask m = {0};
+    int rc = mask_over_parts(&m, r->parts, r->sizes);
+    if (rc)
+        return rc;
+    if ((r->dt != AG_F32 && r->dt != AG_F64) || m.L != r->L || m.S != r->S ||
+        (m.B != 1 && m.B != r->B) || (m.H != 1 && m.H != r->Hq) || r->Hkv < 1 || r->Hq % r->Hkv ||
+        (r->bwd && !r->dout))
+        return ag__err(AG_EINVAL,
+                       "flex_attention: the call does not fit its block mask (B=%lld, H=%lld, "
+                       "Q_LEN=%lld, KV_LEN=%lld) or its dtype %s",
+                       (long long)m.B, (long long)m.H, (long long)m.L, (long long)m.S,
+                       ag_dtype_name(r->dt));
+    if (flex_depth)
+        return ag__err(AG_EINVAL, "flex_attention: called inside a score_mod or mask_mod");
+    const int64_t *part_n = ag_tensor_data(m.parts[AG_BM_KV_NUM_BLOCKS]);
+    for (int64_t i = 0; i < m.B * m.H * m.nq && !(r->fns && r->fns->mask); i++)
+        if (part_n[i])
+            return ag__err(AG_EINVAL, "flex_attention: the block mask has partial blocks but "
+                                      "no mask_mod");
+    flex f = {.dt = r->dt,
+              .B = r->B,
+              .Hq = r->Hq,
+              .Hkv = r->Hkv,
+              .G = r->Hq / r->Hkv,
+              .L = r->L,
+              .S = r->S,
+              .E = r->E,
+              .Ev = r->Ev,
+              .scale = r->scale,
+              .q = r->q,
+              .k = r->k,
+              .v = r->v,
+              .out = r->out,
+              .lse = r->lse,
+              .dout = r->dout,
+              .dlse = r->dlse,
+              .dq = r->dq,
+              .dk = r->dk,
+              .dv = r->dv,
+              .QB = m.QB,
+              .KB = m.KB,
+              .nq = m.nq,
+              .nk = m.nk,
+              .bm = &m,
+              .tf = r->fns};
+    if (r->bwd) {
+        const size_t es = ag_dtype_size(r->dt);
+        memset(r->dq, 0, (size_t)(r->B * r->Hq * r->L * r->E) * es);
+        memset(r->dk, 0, (size_t)(r->B * r->Hkv * r->S * r->E) * es);
+        memset(r->dv, 0, (size_t)(r->B * r->Hkv * r->S * r->Ev) * es);
+    }
+    flex_depth++;
+    rc = run_rows(&f, r->bwd);
+    flex_depth--;
+    return rc;
+}
+
+ag_block_mask *ag__block_mask_from_parts(ag_tensor *const *parts, const int64_t *sizes,
+                                         const ag_mask_mod *mask_mod) {
+    ag_block_mask over = {0};
+    if (mask_over_parts(&over, parts, sizes))
+        return NULL;
+    const int nbuf = mask_mod && mask_mod->fn ? mask_mod->nbuffers : 0;
+    ag_block_mask *m = ag__calloc(1, sizeof *m);
+    if (!m || (nbuf && !(m->bufs = ag__calloc((size_t)nbuf, sizeof *m->bufs)))) {
+        ag__free(m);
+        return NULL;
+    }
+    ag_tensor **bufs = m->bufs;
+    *m = over;
+    m->bufs = bufs;
     for (int p = 0; p < 8; p++)
         m->parts[p] = ag_tensor_keep(parts[p]);
     if (mask_mod && mask_mod->fn) {

@@ -40,4 +40,45 @@ int ag__flex_attention_backward(ag_tensor *q, ag_tensor *k, ag_tensor *v, ag_ten
 ag_block_mask *ag__block_mask_from_parts(ag_tensor *const *parts, const int64_t *sizes,
                                          const ag_mask_mod *mask_mod);
 
+/* ---- the kernel on raw memory (the planned executor's flex steps, runtime/plan_flex.c) ----
+ * Per-tile functions instead of score_mod / mask_mod over tensors, each 0 or a negative status
+ * with the error set; (b, h) the tile's batch and head, rows q0 .. q0 + bq - 1, columns
+ * k0 .. k0 + bk - 1. They run on the calling thread, serially.
+ *   score: S [bq, bk] (contiguous, the call's dtype) <- score_mod(S), in place;
+ *   mask:  dst [bq, bk] bytes (row stride ld) <- mask_mod, 0 or 1;
+ *   joint: the backward of score_mod at the raw scores S0 [bq, bk]: dS (in: the gradient of
+ *          the modified scores; out: of the raw scores), in place; the score_mod buffers'
+ *          gradients are the function's business (accumulated where its ud says).
+ * A NULL function is the identity (score), no mask_mod (mask: partial blocks need one), the
+ * identity's backward (joint). */
+typedef struct ag__flex_tile_fns {
+    void *ud;
+    int (*score)(void *ud, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0, int64_t bk,
+                 void *S);
+    int (*mask)(void *ud, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0, int64_t bk,
+                uint8_t *dst, int64_t ld);
+    int (*joint)(void *ud, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0, int64_t bk,
+                 const void *S0, void *dS);
+} ag__flex_tile_fns;
+
+/* One forward (bwd false: out and lse written) or backward (dq, dk, dv written) on contiguous
+ * [B, H, len, dim] arrays of dtype dt (float32 or float64), the block mask's 8 int64 tensors
+ * (parts, ag_block_mask_part order) with block_mask_sizes (KV_LEN, Q_LEN, Q_BLOCK_SIZE,
+ * KV_BLOCK_SIZE). dlse may be NULL (zero). Allocates nothing once the kernel's scratch has
+ * grown to the call's size. 0 or a negative status with a message. */
+typedef struct ag__flex_raw {
+    bool bwd;
+    ag_dtype dt;
+    int64_t B, Hq, Hkv, L, S, E, Ev;
+    double scale;
+    const void *q, *k, *v;
+    void *out, *lse;         /* forward: written; backward: the saved ones */
+    const void *dout, *dlse; /* backward */
+    void *dq, *dk, *dv;      /* backward: written */
+    ag_tensor *const *parts;
+    const int64_t *sizes;
+    const ag__flex_tile_fns *fns;
+} ag__flex_raw;
+int ag__flex_run_raw(const ag__flex_raw *r);
+
 #endif

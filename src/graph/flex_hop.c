@@ -226,6 +226,76 @@ static ag_graph *copy_for(const ag_graph *g, const ag_tmeta *m, int nin) {
     return c;
 }
 
+/* index_put(self, indices, values, accumulate=True) of a 0-d function (values and every index
+ * 0-d, one index per dimension of self: a scatter-add of one element, as a score_mod's joint
+ * graph takes the gradient of buffer[h]) evaluated over a [bq, bk] tile must add every
+ * element's value, as upstream's vmap over the tile does: its indices and values are
+ * expanded to the tile, so that the op indexes one element per tile position and accumulates
+ * them all. Other calls are left alone. */
+static int expand_scatters(ag_graph *c, int64_t bq, int64_t bk) {
+    const ag_op *ip = ag_op_find("index_put"), *ex = ag_op_find("expand");
+    if (!ip || !ex)
+        return 0;
+    int64_t tile[2] = {bq, bk};
+    for (ag_node *n = ag_graph_first(c); n; n = ag_node_next(n)) {
+        if (ag_node_kind_of(n) != AG_NODE_CALL || ag_node_op(n) != ip || ag_node_nargs(n) < 4 ||
+            ag_node_arg(n, 3)->kind != AG_GA_BOOL || !ag_node_arg(n, 3)->u.b)
+            continue;
+        const ag_node *self = ag_node_arg_node(n, 0);
+        const ag_garg *idx = ag_node_arg(n, 1);
+        ag_node *val = ag_node_arg_node(n, 2);
+        if (!self || !val || idx->kind != AG_GA_NODES || idx->n < 1 || idx->n > 8 ||
+            idx->n != ag_node_val(self, 0)->ndim || ag_node_val(val, 0)->ndim != 0)
+            continue;
+        bool scalar = true;
+        for (int i = 0; i < idx->n && scalar; i++)
+            scalar = idx->u.nodes[i] && ag_node_val(idx->u.nodes[i], 0)->ndim == 0;
+        if (!scalar)
+            continue;
+        ag_node *e[9];
+        ag_graph_insert_before(c, n);
+        for (int i = 0; i <= idx->n; i++) {
+            ag_node *x = i < idx->n ? idx->u.nodes[i] : val;
+            ag_garg a[2] = {AG_GA_N(x), AG_GA_INTS(tile, 2)};
+            if (!(e[i] = ag_graph_call(c, ex, a, 2, NULL)))
+                return ag_last_status();
+        }
+        const int ni = idx->n;
+        int rc = ag_node_set_arg(n, 1, AG_GA_NODES(e, ni));
+        if (!rc)
+            rc = ag_node_set_arg(n, 2, AG_GA_N(e[ni]));
+        if (rc)
+            return rc;
+    }
+    ag_graph_insert_at_end(c);
+    return 0;
+}
+
+ag_graph *ag__flex_tile_graph(const ag_graph *g, const ag_tmeta *m, int nin, int64_t bq,
+                              int64_t bk) {
+    ag_graph *c = ag_graph_copy(g);
+    if (!c)
+        return NULL;
+    int rc = expand_scatters(c, bq, bk), i = 0;
+    for (ag_node *n = ag_graph_first(c); n && !rc; n = ag_node_next(n))
+        if (ag_node_kind_of(n) == AG_NODE_PLACEHOLDER)
+            rc = i < nin ? ag_node_set_val(n, 0, &m[i++])
+                         : ag__err(AG_EINVAL,
+                                   "flex_attention: the graph function takes more than the %d "
+                                   "inputs given",
+                                   nin);
+    if (!rc && i != nin)
+        rc = ag__err(AG_EINVAL, "flex_attention: the graph function takes %d inputs, %d given", i,
+                     nin);
+    if (!rc)
+        rc = ag_graph_reinfer_meta(c);
+    if (rc) {
+        ag_graph_free(c);
+        return NULL;
+    }
+    return c;
+}
+
 /* The copy of f's graph for inputs of metadata m (nin), made on first use. */
 static const ag_graph *tile_fn_graph(tile_fn *f, const ag_tmeta *m, int nin) {
     for (int i = 0; i < TILE_SHAPES && f->c[i].g; i++) {
