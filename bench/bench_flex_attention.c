@@ -17,7 +17,7 @@
  * kernel's per-thread scratch included: each peak is measured on a fresh thread, whose scratch
  * is empty), with flex's ratios to the primitive reference.
  *
- *   bench_flex_attention [--runs N] [--threads N] [--t T]
+ *   bench_flex_attention [--runs N] [--threads N] [--t T] [--mask 0|1|2]
  *
  * No timed assertion: numbers are for the reader (docs/PERFORMANCE.md records a run). */
 #include "aotgrad.h"
@@ -194,7 +194,7 @@ static int64_t measure_peak(const setup *s, int impl, bool backward, int *rc) {
 }
 
 int main(int argc, char **argv) {
-    int runs = 10, threads = 0;
+    int runs = 10, threads = 0, only = -1; /* only: one mask (0 causal, 1 sliding, 2 ALiBi) */
     int64_t T = 1024;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--runs") && i + 1 < argc)
@@ -203,8 +203,11 @@ int main(int argc, char **argv) {
             threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--t") && i + 1 < argc)
             T = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--mask") && i + 1 < argc)
+            only = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: bench_flex_attention [--runs N] [--threads N] [--t T]\n");
+            fprintf(stderr, "usage: bench_flex_attention [--runs N] [--threads N] [--t T] "
+                            "[--mask 0|1|2]\n");
             return 2;
         }
     }
@@ -222,6 +225,8 @@ int main(int argc, char **argv) {
            "peak_fb_MB");
     const int64_t windows[3] = {0, 128, 0};
     for (int w = 0; w < 3; w++) {
+        if (only >= 0 && w != only)
+            continue;
         window = windows[w];
         use_alibi = w == 2;
         setup s = {.B = 1, .H = 12, .T = T, .E = 64};

@@ -289,6 +289,8 @@ ag_graph *ag__flex_tile_graph(const ag_graph *g, const ag_tmeta *m, int nin, int
                      nin);
     if (!rc)
         rc = ag_graph_reinfer_meta(c);
+    if (!rc && ag_graph_dce(c) < 0) /* a joint's forward part: its result is not an output */
+        rc = ag_last_status();
     if (rc) {
         ag_graph_free(c);
         return NULL;
