@@ -1184,10 +1184,11 @@ static void test_compiled(void **state) {
     }
     /* Warm runs of the planned halves allocate nothing, the flex steps included (their
      * graphs run per tile through plans made at ag_plan_new, into memory the plans own). Then
-     * joint_graph0 is what the planned backward runs for score_mod's gradient: the backward
-     * graph with its joint edited to return twice grad_score and twice the slopes' gradient
-     * gives twice the gradients of q, k and slopes (linear in the scores' gradient) and the
-     * same gradients of v and w, where a backward differentiating fw_graph0 would not change. */
+     * joint_graph0 is what the backward (planned or interpreted) runs for score_mod's
+     * gradient: the backward graph with its joint edited to return twice grad_score and twice
+     * the slopes' gradient gives twice the gradients of q, k and slopes (linear in the scores'
+     * gradient) and the same gradients of v and w, where a backward differentiating fw_graph0
+     * would not change. */
     {
         ag_compiled *c = ag_compile_joint(j, NULL);
         assert_non_null(c);
@@ -1220,21 +1221,27 @@ static void test_compiled(void **state) {
         if (!pe)
             fail_msg("plan_new (edited joint): %s", ag_last_error());
         ag_tensor *eo[16];
-        assert_int_equal(ag_plan_run(pe, bi, nbi, eo, 16), nbo);
         /* outputs: the gradients of slopes, w, q, k, v */
         assert_int_equal(nbo, 5);
         const double factor[5] = {2, 1, 2, 2, 1};
-        for (int i = 0; i < nbo; i++) {
-            ag_tensor *want = ag_mul_scalar(bo[i], factor[i]);
-            ag_tensor *zero = ag_zeros_like(bo[i]);
-            const double d = tu_max_abs_diff(eo[i], want), mag = tu_max_abs_diff(bo[i], zero);
-            ag_tensor_free(zero);
-            if (!(d < 1e-12 * (1 + mag)) || !(mag > 1e-3))
-                fail_msg("edited joint: gradient %d differs from %g x the original's by %g "
-                         "(magnitude %g)",
-                         i, factor[i], d, mag);
-            ag_tensor_free(want);
-            ag_tensor_free(eo[i]);
+        for (int run = 0; run < 2; run++) { /* the planned executor, the interpreter */
+            const int ne =
+                run ? ag_graph_run(ed, bi, nbi, eo, 16) : ag_plan_run(pe, bi, nbi, eo, 16);
+            if (ne != nbo)
+                fail_msg("edited joint (%s): %s", run ? "interpreted" : "planned", ag_last_error());
+            for (int i = 0; i < nbo; i++) {
+                ag_tensor *want = ag_mul_scalar(bo[i], factor[i]);
+                ag_tensor *zero = ag_zeros_like(bo[i]);
+                const double d = tu_max_abs_diff(eo[i], want), mag = tu_max_abs_diff(bo[i], zero);
+                ag_tensor_free(zero);
+                if (!(d < 1e-12 * (1 + mag)) || !(mag > 1e-3))
+                    fail_msg(
+                        "edited joint (%s): gradient %d differs from %g x the original's by %g "
+                        "(magnitude %g)",
+                        run ? "interpreted" : "planned", i, factor[i], d, mag);
+                ag_tensor_free(want);
+                ag_tensor_free(eo[i]);
+            }
         }
         ag_plan_free(pe);
         ag_graph_free(ed);

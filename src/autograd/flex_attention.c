@@ -845,6 +845,93 @@ static int mask_over_parts(ag_block_mask *m, ag_tensor *const *parts, const int6
     return 0;
 }
 
+/* ---- the helpers of the raw kernel's callers (flex_internal.h) ---- */
+
+bool ag__flex_fits_tile(const ag_tmeta *m, int64_t bq, int64_t bk) {
+    if (m->ndim > 2)
+        return false;
+    for (int d = 0; d < m->ndim; d++) {
+        const int64_t want = d == m->ndim - 1 ? bk : bq, n = m->sizes[d];
+        if (n != 1 && n != want)
+            return false;
+    }
+    return true;
+}
+
+bool ag__flex_reduces_to(const ag_tmeta *g, const ag_tmeta *b) {
+    if (!ag_dtype_is_float(g->dtype) || !ag_dtype_is_float(b->dtype) || g->ndim < b->ndim)
+        return false;
+    for (int d = 0; d < b->ndim; d++) {
+        const int64_t gs = g->sizes[g->ndim - b->ndim + d];
+        if (gs != b->sizes[d] && b->sizes[d] != 1)
+            return false;
+    }
+    return true;
+}
+
+static double get_f(const void *p, ag_dtype dt, int64_t i) {
+    return dt == AG_F32 ? (double)((const float *)p)[i] : ((const double *)p)[i];
+}
+
+void ag__flex_store_tile(const ag_tensor *r, ag_dtype dt, int64_t bq, int64_t bk, void *dst,
+                         int64_t ld) {
+    const int nd = ag_tensor_ndim(r);
+    const int64_t *sz = ag_tensor_sizes(r);
+    const int64_t si = nd == 2 && sz[0] > 1 ? sz[1] : 0;
+    const int64_t sj = nd >= 1 && sz[nd - 1] > 1 ? 1 : 0;
+    const ag_dtype rd = ag_tensor_dtype(r);
+    const void *src = ag_tensor_data(r);
+    const size_t es = ag_dtype_size(dt);
+    for (int64_t i = 0; i < bq; i++) {
+        char *row = (char *)dst + (size_t)(i * ld) * es;
+        if (rd == dt && sj == 1) {
+            memcpy(row, (const char *)src + (size_t)(i * si) * es, (size_t)bk * es);
+            continue;
+        }
+        for (int64_t j = 0; j < bk; j++) {
+            const int64_t at = i * si + j * sj;
+            if (dt == AG_BOOL)
+                ((uint8_t *)row)[j] = ((const uint8_t *)src)[at] != 0;
+            else if (dt == AG_F32)
+                ((float *)row)[j] = (float)get_f(src, rd, at);
+            else
+                ((double *)row)[j] = get_f(src, rd, at);
+        }
+    }
+}
+
+void ag__flex_add_reduced(ag_tensor *acc, const ag_tensor *g) {
+    const int nd = ag_tensor_ndim(g), na = ag_tensor_ndim(acc);
+    const int64_t *gs = ag_tensor_sizes(g), *as = ag_tensor_sizes(acc);
+    int64_t astride[AG_MAX_DIMS], idx[AG_MAX_DIMS] = {0}, st = 1;
+    for (int d = na - 1; d >= 0; d--) {
+        astride[d] = as[d] > 1 ? st : 0;
+        st *= as[d];
+    }
+    const int64_t n = ag_tensor_numel(g);
+    const ag_dtype gd = ag_tensor_dtype(g), ad = ag_tensor_dtype(acc);
+    const void *src = ag_tensor_data(g);
+    void *dst = ag_tensor_data(acc);
+    int64_t off = 0;
+    for (int64_t e = 0; e < n; e++) {
+        const double x = get_f(src, gd, e);
+        if (ad == AG_F32)
+            ((float *)dst)[off] += (float)x;
+        else
+            ((double *)dst)[off] += x;
+        for (int d = nd - 1; d >= 0; d--) { /* next index, off following it */
+            const int da = d - (nd - na);
+            const int64_t s = da >= 0 ? astride[da] : 0;
+            if (++idx[d] < gs[d]) {
+                off += s;
+                break;
+            }
+            off -= s * (gs[d] - 1);
+            idx[d] = 0;
+        }
+    }
+}
+
 int ag__flex_run_raw(const ag__flex_raw *r) {
     ag_block_mask m = {0};
     int rc = mask_over_parts(&m, r->parts, r->sizes);

@@ -80,5 +80,17 @@ typedef struct ag__flex_raw {
     const ag__flex_tile_fns *fns;
 } ag__flex_raw;
 int ag__flex_run_raw(const ag__flex_raw *r);
+/* For the per-tile functions: dst [bq, bk] (row stride ld elements, dtype dt: float32,
+ * float64 or bool) <- r, a contiguous float or bool tensor that broadcasts to the tile
+ * (ag__flex_fits_tile), converted. */
+void ag__flex_store_tile(const ag_tensor *r, ag_dtype dt, int64_t bq, int64_t bk, void *dst,
+                         int64_t ld);
+/* acc (a buffer's gradient: contiguous, float32 or float64) += g (contiguous, float) summed over
+ * its leading dimensions and those where acc has size 1 (ag__flex_reduces_to(g, acc)). */
+void ag__flex_add_reduced(ag_tensor *acc, const ag_tensor *g);
+/* Whether metadata m broadcasts to the tile [bq, bk]; whether a gradient of metadata g sums to
+ * a buffer of metadata b as ag__flex_add_reduced sums it. */
+bool ag__flex_fits_tile(const ag_tmeta *m, int64_t bq, int64_t bk);
+bool ag__flex_reduces_to(const ag_tmeta *g, const ag_tmeta *b);
 
 #endif

@@ -183,7 +183,8 @@ typedef struct tile_copy {
 
 typedef struct tile_fn {
     const ag_graph *g;
-    int next; /* the entry to replace when all are used */
+    bool tile; /* copies by ag__flex_tile_graph (inputs: score, b, h, q_idx, kv_idx, ...) */
+    int next;  /* the entry to replace when all are used */
     tile_copy c[TILE_SHAPES];
 } tile_fn;
 
@@ -307,7 +308,9 @@ static const ag_graph *tile_fn_graph(tile_fn *f, const ag_tmeta *m, int nin) {
         if (same)
             return f->c[i].g;
     }
-    ag_graph *g = copy_for(f->g, m, nin);
+    ag_graph *g = f->tile && nin >= 5 && m[3].ndim == 2 && m[4].ndim == 2
+                      ? ag__flex_tile_graph(f->g, m, nin, m[3].sizes[0], m[4].sizes[1])
+                      : copy_for(f->g, m, nin);
     ag_tmeta *in = g ? ag__malloc(sizeof *in * (size_t)nin) : NULL;
     if (!in) {
         ag_graph_free(g);
@@ -425,7 +428,247 @@ static int arg_list(const ag_node *n, int i, ag__flex_value_fn val, void *ud, ag
     return 0;
 }
 
+/* ---- flex_attention_backward through the joint graph ----
+ * Upstream's flex_attention_backward runs joint_graph over the scores: per tile, the score
+ * graph gives the modified scores, and the joint graph (score, b, h, q_idx, kv_idx,
+ * grad_score, buffers -> grad_score, None x 4, the buffers' gradients) turns the modified
+ * scores' gradient into the raw scores', its buffer gradients summed over the tile. Here the
+ * kernel on raw memory (ag__flex_run_raw) calls these functions, which run the graphs' tile
+ * copies through the interpreter (the planned executor runs plans of them instead). */
+
+typedef struct joint_bwd {
+    ag_dtype dt;
+    tile_fn sf, mf, jf;
+    ag_tensor *const *sb, *const *mb;
+    int nsb, nmb;
+    ag_tensor **bgrad; /* the buffers' gradients, zeroed */
+} joint_bwd;
+
+/* The tile's leading inputs (the score from S when S is not NULL, then b, h, q_idx, kv_idx)
+ * into lead, the open scope's; their count or a negative status. */
+static int tile_lead(ag_dtype dt, const void *S, int64_t b, int64_t h, int64_t q0, int64_t bq,
+                     int64_t k0, int64_t bk, ag_tensor **lead) {
+    const int64_t tile[2] = {bq, bk}, col[2] = {bq, 1}, row[2] = {1, bk};
+    int n = 0;
+    if (S)
+        lead[n++] = ag_from_data(dt, 2, tile, S);
+    lead[n++] = ag_scalar_tensor(AG_I64, (double)b);
+    lead[n++] = ag_scalar_tensor(AG_I64, (double)h);
+    ag_tensor *qi = ag_arange(AG_I64, (double)q0, (double)(q0 + bq), 1);
+    ag_tensor *ki = ag_arange(AG_I64, (double)k0, (double)(k0 + bk), 1);
+    lead[n++] = qi ? ag_view(qi, 2, col) : NULL;
+    lead[n++] = ki ? ag_view(ki, 2, row) : NULL;
+    for (int i = 0; i < n; i++)
+        if (!lead[i])
+            return ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
+    return n;
+}
+
+/* dst <- r broadcast to the tile (r: a graph's result, checked). */
+static int store(ag_tensor *r, ag_dtype dt, int64_t bq, int64_t bk, void *dst, int64_t ld) {
+    ag_tmeta m;
+    ag__tmeta_of(r, &m);
+    if (!ag__flex_fits_tile(&m, bq, bk) ||
+        (dt == AG_BOOL ? m.dtype != AG_BOOL : !ag_dtype_is_float(m.dtype)))
+        return ag__err(AG_EINVAL, "flex_attention: the graph function's result does not fit the "
+                                  "tile");
+    ag_tensor *c = ag_contiguous(r);
+    if (!c)
+        return ag_last_status();
+    ag__flex_store_tile(c, dt, bq, bk, dst, ld);
+    return 0;
+}
+
+static int jb_score(void *ud, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0, int64_t bk,
+                    void *S) {
+    joint_bwd *j = ud;
+    ag_scope_begin();
+    ag_tensor *lead[5];
+    int rc = tile_lead(j->dt, S, b, h, q0, bq, k0, bk, lead);
+    ag_tensor *r = rc < 0 ? NULL : run_graph(NULL, &j->sf, lead, 5, j->sb, j->nsb);
+    rc = r ? store(r, j->dt, bq, bk, S, bk) : ag_last_status();
+    ag_scope_end();
+    return rc;
+}
+
+static int jb_mask(void *ud, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0, int64_t bk,
+                   uint8_t *dst, int64_t ld) {
+    joint_bwd *j = ud;
+    ag_scope_begin();
+    ag_tensor *lead[4];
+    int rc = tile_lead(j->dt, NULL, b, h, q0, bq, k0, bk, lead);
+    ag_tensor *r = rc < 0 ? NULL : run_graph(NULL, &j->mf, lead, 4, j->mb, j->nmb);
+    rc = r ? store(r, AG_BOOL, bq, bk, dst, ld) : ag_last_status();
+    ag_scope_end();
+    return rc;
+}
+
+static int jb_joint(void *ud, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0, int64_t bk,
+                    const void *S0, void *dS) {
+    joint_bwd *j = ud;
+    ag_scope_begin();
+    ag_tensor *in[TILE_MAX_IN], *out[AG_MAX_OUTPUTS] = {0};
+    ag_tmeta m[TILE_MAX_IN];
+    const int64_t tile[2] = {bq, bk};
+    int rc = tile_lead(j->dt, S0, b, h, q0, bq, k0, bk, in);
+    const int nin = 6 + j->nsb;
+    if (rc >= 0 && !(in[5] = ag_from_data(j->dt, 2, tile, dS)))
+        rc = ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
+    for (int i = 0; i < j->nsb; i++)
+        in[6 + i] = j->sb[i];
+    for (int i = 0; i < nin && rc >= 0; i++)
+        ag__tmeta_of(in[i], &m[i]);
+    const ag_graph *g = rc < 0 ? NULL : tile_fn_graph(&j->jf, m, nin);
+    int n = g ? ag_graph_run(g, in, nin, out, AG_MAX_OUTPUTS) : ag_last_status();
+    rc = n < 0             ? n
+         : n != 5 + j->nsb ? ag__err(AG_EINVAL,
+                                     "flex_attention_backward: the joint "
+                                     "graph returned %d outputs, expected %d",
+                                     n, 5 + j->nsb)
+                           : 0;
+    if (!rc && out[0])
+        rc = store(out[0], j->dt, bq, bk, dS, bk);
+    else if (!rc)
+        memset(dS, 0, (size_t)(bq * bk) * ag_dtype_size(j->dt)); /* the score was ignored */
+    for (int i = 0; i < j->nsb && !rc; i++) {
+        ag_tensor *gr = out[5 + i];
+        if (!gr)
+            continue;
+        ag_tmeta gm, bm;
+        ag__tmeta_of(gr, &gm);
+        ag__tmeta_of(j->bgrad[i], &bm);
+        ag_tensor *c = ag__flex_reduces_to(&gm, &bm) ? ag_contiguous(gr) : NULL;
+        if (!c)
+            rc = ag_last_status() < 0
+                     ? ag_last_status()
+                     : ag__err(AG_EINVAL,
+                               "flex_attention_backward: the joint graph's gradient of "
+                               "buffer %d does not sum to the buffer's shape",
+                               i);
+        else
+            ag__flex_add_reduced(j->bgrad[i], c);
+    }
+    ag_scope_end(); /* the tile's tensors and the graph's results */
+    return rc;
+}
+
+/* Whether the joint graph has a tile copy for every tile shape of the call (else the backward
+ * differentiates the score graph instead). */
+static bool joint_fits(joint_bwd *j, const ag__flex_call *c) {
+    const int64_t L = ag_tensor_size(c->q, 2), S = ag_tensor_size(c->k, 2);
+    const int64_t QB = c->sizes[2], KB = c->sizes[3];
+    const int64_t bqs[2] = {L >= QB ? QB : 0, L % QB}, bks[2] = {S >= KB ? KB : 0, S % KB};
+    ag_tmeta m[TILE_MAX_IN];
+    if (6 + c->nsb > TILE_MAX_IN)
+        return false;
+    for (int i = 0; i < c->nsb; i++)
+        ag__tmeta_of(c->sb[i], &m[6 + i]);
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 2; b++) {
+            if (!bqs[a] || !bks[b])
+                continue;
+            const int64_t tile[2] = {bqs[a], bks[b]}, col[2] = {bqs[a], 1}, row[2] = {1, bks[b]};
+            ag__tmeta_contiguous(&m[0], j->dt, 2, tile);
+            ag__tmeta_contiguous(&m[1], AG_I64, 0, NULL);
+            ag__tmeta_contiguous(&m[2], AG_I64, 0, NULL);
+            ag__tmeta_contiguous(&m[3], AG_I64, 2, col);
+            ag__tmeta_contiguous(&m[4], AG_I64, 2, row);
+            ag__tmeta_contiguous(&m[5], j->dt, 2, tile);
+            uint64_t errs = ag__err_count();
+            if (!tile_fn_graph(&j->jf, m, 6 + c->nsb)) {
+                if (ag__err_count() != errs)
+                    ag_clear_error();
+                return false;
+            }
+        }
+    return true;
+}
+
+/* The backward through the joint graph: 1 (and outs, the open scope's) when it ran, 0 when the
+ * joint graph does not run on the call's tiles, or a negative status. */
+static int joint_backward(const ag__flex_call *c, ag_tensor **outs) {
+    joint_bwd j = {.dt = ag_tensor_dtype(c->q),
+                   .sf = {.g = c->score},
+                   .mf = {.g = c->mask},
+                   .jf = {.g = c->joint, .tile = true},
+                   .sb = c->sb,
+                   .mb = c->mb,
+                   .nsb = c->nsb,
+                   .nmb = c->nmb};
+    const bool fits = (j.dt == AG_F32 || j.dt == AG_F64) && joint_fits(&j, c);
+    if (!fits) {
+        tile_fn_free(&j.jf);
+        return 0;
+    }
+    ag_scope_begin();
+    bool prev = ag_set_grad_enabled(false);
+    ag_tensor *t[7] = {c->q, c->k, c->v, c->out, c->lse, c->go, c->gl}, *ct[7] = {0};
+    int rc = 0;
+    for (int i = 0; i < 7 && !rc; i++)
+        if (t[i] && !(ct[i] = ag_contiguous(t[i])))
+            rc = ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
+    if (!rc && !ct[5] && !(ct[5] = ag_zeros_like(c->out)))
+        rc = ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
+    ag_tensor *res[AG_MAX_OUTPUTS] = {0};
+    for (int i = 0; i < 3 && !rc; i++)
+        if (!(res[i] = ag_empty(j.dt, 4, ag_tensor_sizes(ct[i]))))
+            rc = ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
+    for (int i = 0; i < c->nsb && !rc; i++)
+        if (!(res[3 + i] = ag_zeros_like(c->sb[i])))
+            rc = ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
+    j.bgrad = res + 3;
+    ag__flex_tile_fns fns = {&j, jb_score, c->mask ? jb_mask : NULL, jb_joint};
+    if (!rc) {
+        const int64_t *qs = ag_tensor_sizes(ct[0]), *ks = ag_tensor_sizes(ct[1]);
+        ag__flex_raw r = {.bwd = true,
+                          .dt = j.dt,
+                          .B = qs[0],
+                          .Hq = qs[1],
+                          .Hkv = ks[1],
+                          .L = qs[2],
+                          .S = ks[2],
+                          .E = qs[3],
+                          .Ev = ag_tensor_size(ct[2], 3),
+                          .scale = c->scale,
+                          .q = ag_tensor_data(ct[0]),
+                          .k = ag_tensor_data(ct[1]),
+                          .v = ag_tensor_data(ct[2]),
+                          .out = ag_tensor_data(ct[3]),
+                          .lse = ag_tensor_data(ct[4]),
+                          .dout = ag_tensor_data(ct[5]),
+                          .dlse = ct[6] ? ag_tensor_data(ct[6]) : NULL,
+                          .dq = ag_tensor_data(res[0]),
+                          .dk = ag_tensor_data(res[1]),
+                          .dv = ag_tensor_data(res[2]),
+                          .parts = c->parts,
+                          .sizes = c->sizes,
+                          .fns = &fns};
+        rc = ag__flex_run_raw(&r);
+    }
+    const int n = 3 + c->nsb;
+    for (int i = 0; i < n && !rc; i++)
+        if (!ag_tensor_keep(res[i]))
+            rc = AG_ENOMEM;
+    ag_set_grad_enabled(prev);
+    ag_scope_end();
+    tile_fn_free(&j.sf);
+    tile_fn_free(&j.mf);
+    tile_fn_free(&j.jf);
+    if (rc)
+        return rc;
+    for (int i = 0; i < n; i++)
+        outs[i] = ag__give(res[i]);
+    return 1;
+}
+
 int ag__flex_call_run(const ag__flex_call *c, ag_tensor **outs) {
+    if (c->bwd && c->joint) {
+        if (!c->out || !c->lse)
+            return ag__err(AG_EINVAL, "flex_attention_backward: no out/logsumexp");
+        int rc = joint_backward(c, outs);
+        if (rc)
+            return rc < 0 ? rc : 3 + c->nsb;
+    }
     tile_fn sf = {.g = c->score}, mf = {.g = c->mask};
     ag_mask_mod mm = {mask_cached, &mf, c->mb, c->nmb};
     ag_block_mask *bm = ag__block_mask_from_parts(c->parts, c->sizes, c->mask ? &mm : NULL);
@@ -474,6 +717,7 @@ int ag__flex_run(const ag_node *n, ag__flex_value_fn val, void *ud, ag_tensor **
     c.parts = parts, c.sizes = n->args[ibm + 1].u.ints, c.scale = n->args[ibm + 2].u.f;
     c.sb = sb, c.nsb = n->args[ibuf].n, c.mb = mb, c.nmb = n->args[ibuf + 1].n;
     if (bwd) {
+        c.joint = n->args[8].u.node->sub;
         c.out = arg_tensor(n, 3, val, ud), c.lse = arg_tensor(n, 4, val, ud);
         c.go = arg_tensor(n, 5, val, ud), c.gl = arg_tensor(n, 6, val, ud);
         if ((!c.out || !c.lse) && ag_last_status() < 0)

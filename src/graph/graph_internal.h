@@ -146,6 +146,7 @@ typedef struct ag__flex_call {
     ag_tensor *q, *k, *v;
     ag_tensor *out, *lse, *go, *gl; /* backward only; go, gl may be NULL */
     const ag_graph *score, *mask;   /* mask NULL: no mask_mod */
+    const ag_graph *joint;          /* backward: the joint graph (NULL: differentiate score) */
     ag_tensor *const *parts;
     const int64_t *sizes;
     double scale;

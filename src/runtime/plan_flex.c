@@ -74,6 +74,7 @@ static void tile_fn_free(tile_fn *f) {
 void ag__plan_flex_free(pflex *f) {
     ag_graph_free(f->score);
     ag_graph_free(f->mask);
+    ag_graph_free(f->joint);
     if (!f->tiles)
         return;
     for (int k = 0; k < NFN; k++)
@@ -85,31 +86,6 @@ void ag__plan_flex_free(pflex *f) {
 }
 
 /* ---- building ---- */
-
-/* Whether a result of sizes (nd) broadcasts to the tile [bq, bk]. */
-static bool fits_tile(const ag_tmeta *m, int64_t bq, int64_t bk) {
-    if (m->ndim > 2)
-        return false;
-    for (int d = 0; d < m->ndim; d++) {
-        const int64_t want = d == m->ndim - 1 ? bk : bq, n = m->sizes[d];
-        if (n != 1 && n != want)
-            return false;
-    }
-    return true;
-}
-
-/* Whether a buffer gradient of metadata g sums to the buffer's b: g's dimensions aligned right
- * are b's or b's are 1, the leading ones summed. */
-static bool reduces_to(const ag_tmeta *g, const ag_tmeta *b) {
-    if (!ag_dtype_is_float(g->dtype) || !ag_dtype_is_float(b->dtype) || g->ndim < b->ndim)
-        return false;
-    for (int d = 0; d < b->ndim; d++) {
-        const int64_t gs = g->sizes[g->ndim - b->ndim + d];
-        if (gs != b->sizes[d] && b->sizes[d] != 1)
-            return false;
-    }
-    return true;
-}
 
 /* The plan of graph g (function kind) for tiles [bq, bk]: 0, or a status (the step then falls
  * back to the interpreter's code). */
@@ -148,12 +124,12 @@ static int tile_plan_build(tile_plan *t, const ag_graph *g, int kind, ag_dtype d
             return ag__err(AG_EINVAL, "flex_attention: output %d is not a tensor", i);
         bool ok = true;
         if (i == 0 && v)
-            ok = fits_tile(v, bq, bk) &&
+            ok = ag__flex_fits_tile(v, bq, bk) &&
                  (kind == FN_MASK ? v->dtype == AG_BOOL : ag_dtype_is_float(v->dtype));
         else if (i == 0)
             ok = kind == FN_JOINT; /* a score_mod ignoring the score: no gradient */
         else if (i >= 5 && v)
-            ok = reduces_to(v, &bufs[i - 5]);
+            ok = ag__flex_reduces_to(v, &bufs[i - 5]);
         if (!ok)
             return ag__err(AG_EINVAL, "flex_attention: output %d does not fit the tile", i);
         t->nout = i + 1;
@@ -195,10 +171,10 @@ static int list_metas(const ag_node *x, int i, ag_tmeta *m, int max) {
 
 /* The tile plans of step x's graphs; NULL with the error set when one cannot be made. */
 static struct ag__flex_tiles *tiles_build(const ag_plan *p, const ag_node *x, bool bwd,
-                                          const ag_graph *score, const ag_graph *mask) {
+                                          const ag_graph *score, const ag_graph *mask,
+                                          const ag_graph *joint) {
     const ag_node *qn = ag_node_arg_node(x, 0), *kn = ag_node_arg_node(x, 1);
     const ag_garg *sz = ag_node_arg(x, bwd ? 10 : 5);
-    const ag_graph *joint = bwd ? ag_node_subgraph(ag_node_arg_node(x, 8)) : NULL;
     ag_tmeta sb[64], mb[64];
     const int nsb = list_metas(x, bwd ? 12 : 7, sb, 64), nmb = list_metas(x, bwd ? 13 : 8, mb, 64);
     if (!qn || !kn || !sz || sz->kind != AG_GA_INTS || sz->n != 4 || nsb < 0 || nmb < 0 ||
@@ -254,13 +230,15 @@ int ag__plan_flex_graphs_of(ag_plan *p, const ag_node *x) {
     *f = (pflex){0};
     f->score = ag_graph_copy(ag_node_subgraph(sn));
     f->mask = mn ? ag_graph_copy(ag_node_subgraph(mn)) : NULL;
-    if (!f->score || (mn && !f->mask)) {
+    const ag_graph *jg = bwd ? ag_node_subgraph(ag_node_arg_node(x, 8)) : NULL;
+    f->joint = jg ? ag_graph_copy(jg) : NULL;
+    if (!f->score || (mn && !f->mask) || (jg && !f->joint)) {
         ag__plan_flex_free(f);
         return ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
     }
     /* the tile plans; without them the step runs the interpreter's code */
     uint64_t errs = ag__err_count();
-    f->tiles = tiles_build(p, x, bwd, f->score, f->mask);
+    f->tiles = tiles_build(p, x, bwd, f->score, f->mask, f->joint);
     if (!f->tiles && ag_last_status() == AG_ENOMEM) {
         ag__plan_flex_free(f);
         return AG_ENOMEM;
@@ -298,73 +276,6 @@ static int run_tile(struct ag__flex_tiles *st, int kind, tile_plan *t, int at, i
     return ag__plan_run_into(t->p, st->in, nlead + nbuf, t->out, t->nout);
 }
 
-static double get_f(const void *p, ag_dtype dt, int64_t i) {
-    return dt == AG_F32 ? (double)((const float *)p)[i] : ((const double *)p)[i];
-}
-
-/* dst [bq, bk] (row stride ld elements, dtype dt) <- r, a contiguous result broadcast to the
- * tile (converted to dt; bool for masks). */
-static void store_tile(const ag_tensor *r, ag_dtype dt, int64_t bq, int64_t bk, void *dst,
-                       int64_t ld) {
-    const int nd = ag_tensor_ndim(r);
-    const int64_t *sz = ag_tensor_sizes(r);
-    const int64_t si = nd == 2 && sz[0] > 1 ? sz[1] : 0;
-    const int64_t sj = nd >= 1 && sz[nd - 1] > 1 ? 1 : 0;
-    const ag_dtype rd = ag_tensor_dtype(r);
-    const void *src = ag_tensor_data(r);
-    const size_t es = ag_dtype_size(dt);
-    for (int64_t i = 0; i < bq; i++) {
-        char *row = (char *)dst + (size_t)(i * ld) * es;
-        if (rd == dt && sj == 1) {
-            memcpy(row, (const char *)src + (size_t)(i * si) * es, (size_t)bk * es);
-            continue;
-        }
-        for (int64_t j = 0; j < bk; j++) {
-            const int64_t at = i * si + j * sj;
-            if (dt == AG_BOOL)
-                ((uint8_t *)row)[j] = ((const uint8_t *)src)[at] != 0;
-            else if (dt == AG_F32)
-                ((float *)row)[j] = (float)get_f(src, rd, at);
-            else
-                ((double *)row)[j] = get_f(src, rd, at);
-        }
-    }
-}
-
-/* acc (a buffer's gradient, contiguous) += g summed over its leading and broadcast dimensions
- * (reduces_to(g, acc) holds). */
-static void add_reduced(ag_tensor *acc, const ag_tensor *g) {
-    const int nd = ag_tensor_ndim(g), na = ag_tensor_ndim(acc);
-    const int64_t *gs = ag_tensor_sizes(g), *as = ag_tensor_sizes(acc);
-    int64_t astride[AG_MAX_DIMS], idx[AG_MAX_DIMS] = {0}, st = 1;
-    for (int d = na - 1; d >= 0; d--) {
-        astride[d] = as[d] > 1 ? st : 0;
-        st *= as[d];
-    }
-    const int64_t n = ag_tensor_numel(g);
-    const ag_dtype gd = ag_tensor_dtype(g), ad = ag_tensor_dtype(acc);
-    const void *src = ag_tensor_data(g);
-    void *dst = ag_tensor_data(acc);
-    int64_t off = 0;
-    for (int64_t e = 0; e < n; e++) {
-        const double x = get_f(src, gd, e);
-        if (ad == AG_F32)
-            ((float *)dst)[off] += (float)x;
-        else
-            ((double *)dst)[off] += x;
-        for (int d = nd - 1; d >= 0; d--) { /* next index, off following it */
-            const int da = d - (nd - na);
-            const int64_t s = da >= 0 ? astride[da] : 0;
-            if (++idx[d] < gs[d]) {
-                off += s;
-                break;
-            }
-            off -= s * (gs[d] - 1);
-            idx[d] = 0;
-        }
-    }
-}
-
 static int score_tile(void *ud, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0,
                       int64_t bk, void *S) {
     struct ag__flex_tiles *st = ud;
@@ -372,7 +283,7 @@ static int score_tile(void *ud, int64_t b, int64_t h, int64_t q0, int64_t bq, in
     memcpy(ag_tensor_data(t->in[0]), S, (size_t)(bq * bk) * ag_dtype_size(st->dt));
     int rc = run_tile(st, FN_SCORE, t, 1, b, h, q0, bq, k0, bk);
     if (!rc)
-        store_tile(t->out[0], st->dt, bq, bk, S, bk);
+        ag__flex_store_tile(t->out[0], st->dt, bq, bk, S, bk);
     return rc;
 }
 
@@ -382,7 +293,7 @@ static int mask_tile(void *ud, int64_t b, int64_t h, int64_t q0, int64_t bq, int
     tile_plan *t = tile_of(st, FN_MASK, bq, bk);
     int rc = run_tile(st, FN_MASK, t, 0, b, h, q0, bq, k0, bk);
     if (!rc)
-        store_tile(t->out[0], AG_BOOL, bq, bk, dst, ld);
+        ag__flex_store_tile(t->out[0], AG_BOOL, bq, bk, dst, ld);
     return rc;
 }
 
@@ -397,12 +308,12 @@ static int joint_tile(void *ud, int64_t b, int64_t h, int64_t q0, int64_t bq, in
     if (rc)
         return rc;
     if (t->out[0])
-        store_tile(t->out[0], st->dt, bq, bk, dS, bk);
+        ag__flex_store_tile(t->out[0], st->dt, bq, bk, dS, bk);
     else
         memset(dS, 0, bytes); /* score_mod ignored the score */
     for (int i = 0; i < st->nsb; i++)
         if (t->out[5 + i] && st->bgrad[i])
-            add_reduced(st->bgrad[i], t->out[5 + i]);
+            ag__flex_add_reduced(st->bgrad[i], t->out[5 + i]);
     return 0;
 }
 
@@ -530,6 +441,7 @@ static int run_interpreted(const pflex *f, pstep *s, bool bwd) {
                        .v = a[2].u.t,
                        .score = f->score,
                        .mask = f->mask,
+                       .joint = f->joint,
                        .parts = a[ibm].u.ts,
                        .sizes = a[ibm + 1].u.ints,
                        .scale = a[ibm + 2].u.f,

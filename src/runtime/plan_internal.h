@@ -144,6 +144,7 @@ typedef struct pstep {
 
 typedef struct pflex {
     ag_graph *score, *mask;       /* copies of the call's score and mask graphs (mask: NULL) */
+    ag_graph *joint;              /* the backward's: a copy of its joint graph (else NULL) */
     struct ag__flex_tiles *tiles; /* plan_flex.c: the graphs' tile plans; NULL: interpreted */
 } pflex;
 
