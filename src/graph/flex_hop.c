@@ -20,8 +20,9 @@
  * mask_mod); block_mask_sizes is (KV_LEN, Q_LEN, Q_BLOCK_SIZE, KV_BLOCK_SIZE). Both ops are
  * flagged AG_OP_SUBGRAPH and kept out of the registry like invoke_subgraph; meta inference
  * (ag__subgraph_infer hands them here) checks the tensors and gives the outputs' metadata.
- * The interpreter runs them through ag__flex_run (below), the planned executor (plan.c)
- * through ag__flex_call_run on its bound tensors; neither has an op kernel (refused). */
+ * The interpreter runs them through ag__flex_run (below), the planned executor through its tile
+ * plans (src/runtime/plan_flex.c; ag__flex_call_run when those cannot be made); neither has an
+ * op kernel (refused). */
 #include "graph_internal.h"
 
 #include "../autograd/flex_internal.h"
@@ -404,8 +405,8 @@ ag_tensor *ag_mask_mod_graph(void *graph, ag_tensor *b, ag_tensor *h, ag_tensor 
 /* ---- running the ops (the interpreter) ----
  * flex_attention runs ag_flex_attention with the score graph as its score_mod and a block mask
  * over the node's tensors with the mask graph as its mask_mod; flex_attention_backward runs the
- * same backward as the eager node's (score_mod's gradient per tile through autograd on the
- * forward graph, fw_graph: the joint graph, a 0-d function, is not run on tiles). */
+ * joint graph per tile (above), or, when that cannot run on the tiles, the same backward as the
+ * eager node's (score_mod's gradient per tile through autograd on the forward graph). */
 
 static ag_tensor *arg_tensor(const ag_node *n, int i, ag__flex_value_fn val, void *ud) {
     const ag_garg *a = &n->args[i];
