@@ -382,8 +382,8 @@ static int prepare_masks(flex *f) {
                     const int64_t kb = part_i[r * m->nk + j], q0 = qb * m->QB, k0 = kb * m->KB;
                     int64_t n;
                     const int64_t bq = min64(m->QB, m->L - q0), bk = min64(m->KB, m->S - k0);
-                    rc = raw ? f->tf->mask(f->tf->ud, mb, mh, q0, bq, k0, bk, pm + (size_t)t * tile,
-                                           m->KB)
+                    rc = raw ? f->tf->mask(f->tf->ud, 0, mb, mh, q0, bq, k0, bk,
+                                           pm + (size_t)t * tile, m->KB)
                              : mask_tile(m, mb, mh, q0, bq, k0, bk, pm + (size_t)t * tile, m->KB,
                                          &n);
                     index[r * m->nk + kb] = t;
@@ -402,9 +402,15 @@ static int run_rows(flex *f, bool backward) {
     int rc = prepare_masks(f);
     if (rc)
         return rc;
-    /* user functions (or the raw ones' graphs) run on the calling thread */
-    const bool serial = f->sfn || (f->tf && (f->tf->score || f->tf->joint));
-    const int nth = serial ? 1 : ag_get_num_threads();
+    /* user functions run on the calling thread, the raw ones on up to their nthreads; the ops
+     * they run, single-threaded */
+    const bool raw_fns = f->tf && (f->tf->score || f->tf->joint);
+    const bool serial = f->sfn || raw_fns;
+    int nth = ag_get_num_threads();
+    if (f->sfn || (raw_fns && f->tf->nthreads < 2))
+        nth = 1;
+    else if (raw_fns && nth > f->tf->nthreads)
+        nth = f->tf->nthreads;
     const size_t ws = (size_t)(2 * f->QB * f->KB + f->QB * (f->Ev > f->E ? f->Ev : f->E) +
                                4 * f->QB + 16 + (f->tf ? f->QB * f->KB : 0));
     void *blk = ag__scratch(FLEX_SLOT_WS, (size_t)nth * ws * ag_dtype_size(f->dt));

@@ -43,7 +43,9 @@ ag_block_mask *ag__block_mask_from_parts(ag_tensor *const *parts, const int64_t 
 /* ---- the kernel on raw memory (the planned executor's flex steps, runtime/plan_flex.c) ----
  * Per-tile functions instead of score_mod / mask_mod over tensors, each 0 or a negative status
  * with the error set; (b, h) the tile's batch and head, rows q0 .. q0 + bq - 1, columns
- * k0 .. k0 + bk - 1. They run on the calling thread, serially.
+ * k0 .. k0 + bk - 1; tid is the calling thread's number, 0 .. nthreads - 1: with nthreads > 1
+ * the kernel calls them from up to nthreads threads at once (each thread its own tid), else
+ * serially on the calling thread. mask is always called serially (tid 0).
  *   score: S [bq, bk] (contiguous, the call's dtype) <- score_mod(S), in place;
  *   mask:  dst [bq, bk] bytes (row stride ld) <- mask_mod, 0 or 1;
  *   joint: the backward of score_mod at the raw scores S0 [bq, bk]: dS (in: the gradient of
@@ -53,12 +55,13 @@ ag_block_mask *ag__block_mask_from_parts(ag_tensor *const *parts, const int64_t 
  * identity's backward (joint). */
 typedef struct ag__flex_tile_fns {
     void *ud;
-    int (*score)(void *ud, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0, int64_t bk,
-                 void *S);
-    int (*mask)(void *ud, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0, int64_t bk,
-                uint8_t *dst, int64_t ld);
-    int (*joint)(void *ud, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0, int64_t bk,
-                 const void *S0, void *dS);
+    int nthreads; /* < 2: serial */
+    int (*score)(void *ud, int tid, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0,
+                 int64_t bk, void *S);
+    int (*mask)(void *ud, int tid, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0,
+                int64_t bk, uint8_t *dst, int64_t ld);
+    int (*joint)(void *ud, int tid, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0,
+                 int64_t bk, const void *S0, void *dS);
 } ag__flex_tile_fns;
 
 /* One forward (bwd false: out and lse written) or backward (dq, dk, dv written) on contiguous

@@ -480,9 +480,10 @@ static int store(ag_tensor *r, ag_dtype dt, int64_t bq, int64_t bk, void *dst, i
     return 0;
 }
 
-static int jb_score(void *ud, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0, int64_t bk,
-                    void *S) {
+static int jb_score(void *ud, int tid, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0,
+                    int64_t bk, void *S) {
     joint_bwd *j = ud;
+    (void)tid; /* serial */
     ag_scope_begin();
     ag_tensor *lead[5];
     int rc = tile_lead(j->dt, S, b, h, q0, bq, k0, bk, lead);
@@ -492,9 +493,10 @@ static int jb_score(void *ud, int64_t b, int64_t h, int64_t q0, int64_t bq, int6
     return rc;
 }
 
-static int jb_mask(void *ud, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0, int64_t bk,
-                   uint8_t *dst, int64_t ld) {
+static int jb_mask(void *ud, int tid, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0,
+                   int64_t bk, uint8_t *dst, int64_t ld) {
     joint_bwd *j = ud;
+    (void)tid; /* serial */
     ag_scope_begin();
     ag_tensor *lead[4];
     int rc = tile_lead(j->dt, NULL, b, h, q0, bq, k0, bk, lead);
@@ -504,9 +506,10 @@ static int jb_mask(void *ud, int64_t b, int64_t h, int64_t q0, int64_t bq, int64
     return rc;
 }
 
-static int jb_joint(void *ud, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0, int64_t bk,
-                    const void *S0, void *dS) {
+static int jb_joint(void *ud, int tid, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0,
+                    int64_t bk, const void *S0, void *dS) {
     joint_bwd *j = ud;
+    (void)tid; /* serial */
     ag_scope_begin();
     ag_tensor *in[TILE_MAX_IN], *out[AG_MAX_OUTPUTS] = {0};
     ag_tmeta m[TILE_MAX_IN];
@@ -618,7 +621,7 @@ static int joint_backward(const ag__flex_call *c, ag_tensor **outs) {
         if (!(res[3 + i] = ag_zeros_like(c->sb[i])))
             rc = ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
     j.bgrad = res + 3;
-    ag__flex_tile_fns fns = {&j, jb_score, c->mask ? jb_mask : NULL, jb_joint};
+    ag__flex_tile_fns fns = {&j, 1, jb_score, c->mask ? jb_mask : NULL, jb_joint};
     if (!rc) {
         const int64_t *qs = ag_tensor_sizes(ct[0]), *ks = ag_tensor_sizes(ct[1]);
         ag__flex_raw r = {.bwd = true,

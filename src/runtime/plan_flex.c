@@ -29,7 +29,7 @@
 #include <stdio.h>
 
 enum { FN_SCORE, FN_MASK, FN_JOINT, NFN };
-enum { MAX_IN = 70, NTMP = 10 };
+enum { MAX_IN = 70, NTMP = 10, MAX_THREADS = 8 };
 
 typedef struct tile_plan {
     ag_graph *g;                    /* the tile's copy of the graph */
@@ -42,26 +42,30 @@ typedef struct tile_plan {
 typedef struct tile_fn {
     bool on; /* false: nothing to run (an identity, no mask) */
     int nlead;
-    tile_plan t[4]; /* by (bq != Q_BLOCK_SIZE) * 2 + (bk != KV_BLOCK_SIZE) */
+    /* per thread (nth), by (bq != Q_BLOCK_SIZE) * 2 + (bk != KV_BLOCK_SIZE) */
+    tile_plan t[MAX_THREADS][4];
 } tile_fn;
 
 struct ag__flex_tiles {
     ag_dtype dt;
     int64_t QB, KB;
     int nsb; /* score_mod buffers */
+    int nth; /* threads the tiles run on: each its own tile plans */
     tile_fn fn[NFN];
     ag__flex_tile_fns fns;
     /* this run's */
     ag_tensor *const *sb, *const *mb;
     int nmb;
     ag_tensor *const *bgrad; /* the step's buffer gradients (NULL entries: not needed) */
-    ag_tensor *in[MAX_IN];   /* a tile plan's inputs */
+    ag_tensor **acc;         /* per thread, per buffer: gradient sums (nth > 1; made on use) */
     ag_tensor *tmp[NTMP];    /* contiguous copies, zeros, unneeded outputs (made on first use) */
+    int failed;              /* a tile failed: its status, msg its message (first one) */
+    char msg[512];
 };
 
 static void tile_fn_free(tile_fn *f) {
-    for (int s = 0; s < 4; s++) {
-        tile_plan *t = &f->t[s];
+    for (int s = 0; s < 4 * MAX_THREADS; s++) {
+        tile_plan *t = &f->t[s / 4][s % 4];
         ag_plan_free(t->p);
         ag_graph_free(t->g);
         for (int i = 0; i < 6; i++)
@@ -81,6 +85,9 @@ void ag__plan_flex_free(pflex *f) {
         tile_fn_free(&f->tiles->fn[k]);
     for (int i = 0; i < NTMP; i++)
         ag_tensor_free(f->tiles->tmp[i]);
+    for (int i = 0; f->tiles->acc && i < f->tiles->nth * f->tiles->nsb; i++)
+        ag_tensor_free(f->tiles->acc[i]);
+    ag__free(f->tiles->acc);
     ag__free(f->tiles);
     f->tiles = NULL;
 }
@@ -189,6 +196,9 @@ static struct ag__flex_tiles *tiles_build(const ag_plan *p, const ag_node *x, bo
     st->QB = sz->u.ints[2];
     st->KB = sz->u.ints[3];
     st->nsb = nsb;
+    st->nth = ag_get_num_threads() < MAX_THREADS ? ag_get_num_threads() : MAX_THREADS;
+    if (st->nth < 1)
+        st->nth = 1;
     const int64_t L = ag_node_val(qn, 0)->sizes[2], S = ag_node_val(kn, 0)->sizes[2];
     const int64_t bqs[2] = {L >= st->QB ? st->QB : 0, L % st->QB};
     const int64_t bks[2] = {S >= st->KB ? st->KB : 0, S % st->KB};
@@ -202,11 +212,13 @@ static struct ag__flex_tiles *tiles_build(const ag_plan *p, const ag_node *x, bo
     for (int k = 0; k < NFN && !rc; k++) {
         tile_fn *f = &st->fn[k];
         f->nlead = k == FN_MASK ? 4 : k == FN_JOINT ? 6 : 5;
-        for (int i = 0; i < 2 && f->on && !rc; i++)
-            for (int j = 0; j < 2 && !rc; j++)
-                if (bqs[i] > 0 && bks[j] > 0)
-                    rc = tile_plan_build(&f->t[i * 2 + j], gs[k], k, st->dt, bqs[i], bks[j],
-                                         bufs[k], nbufs[k], &p->opts);
+        const int nth = k == FN_MASK ? 1 : st->nth; /* masks: evaluated serially */
+        for (int th = 0; th < nth && f->on && !rc; th++)
+            for (int i = 0; i < 2 && !rc; i++)
+                for (int j = 0; j < 2 && !rc; j++)
+                    if (bqs[i] > 0 && bks[j] > 0)
+                        rc = tile_plan_build(&f->t[th][i * 2 + j], gs[k], k, st->dt, bqs[i], bks[j],
+                                             bufs[k], nbufs[k], &p->opts);
     }
     if (rc) {
         pflex tmp = {.tiles = st};
@@ -251,8 +263,17 @@ int ag__plan_flex_graphs_of(ag_plan *p, const ag_node *x) {
 
 /* ---- the per-tile functions ---- */
 
-static tile_plan *tile_of(struct ag__flex_tiles *st, int kind, int64_t bq, int64_t bk) {
-    return &st->fn[kind].t[(bq != st->QB) * 2 + (bk != st->KB)];
+static tile_plan *tile_of(struct ag__flex_tiles *st, int kind, int tid, int64_t bq, int64_t bk) {
+    return &st->fn[kind].t[tid][(bq != st->QB) * 2 + (bk != st->KB)];
+}
+
+/* rc, a tile's failure (on any thread): the first one's message kept for the step. */
+static int tile_failed(struct ag__flex_tiles *st, int rc) {
+    int none = 0;
+    if (rc && __atomic_compare_exchange_n(&st->failed, &none, rc, false, __ATOMIC_ACQ_REL,
+                                          __ATOMIC_ACQUIRE))
+        snprintf(st->msg, sizeof st->msg, "%s", ag_last_error());
+    return rc;
 }
 
 /* Sets the tile's b, h, q_idx and kv_idx (t->in from `at`) and runs its plan on them and the
@@ -269,17 +290,18 @@ static int run_tile(struct ag__flex_tiles *st, int kind, tile_plan *t, int at, i
     const int nlead = st->fn[kind].nlead;
     ag_tensor *const *bufs = kind == FN_MASK ? st->mb : st->sb;
     const int nbuf = kind == FN_MASK ? st->nmb : st->nsb;
+    ag_tensor *in[MAX_IN];
     for (int i = 0; i < nlead; i++)
-        st->in[i] = t->in[i];
+        in[i] = t->in[i];
     for (int i = 0; i < nbuf; i++)
-        st->in[nlead + i] = bufs[i];
-    return ag__plan_run_into(t->p, st->in, nlead + nbuf, t->out, t->nout);
+        in[nlead + i] = bufs[i];
+    return tile_failed(st, ag__plan_run_into(t->p, in, nlead + nbuf, t->out, t->nout));
 }
 
-static int score_tile(void *ud, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0,
+static int score_tile(void *ud, int tid, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0,
                       int64_t bk, void *S) {
     struct ag__flex_tiles *st = ud;
-    tile_plan *t = tile_of(st, FN_SCORE, bq, bk);
+    tile_plan *t = tile_of(st, FN_SCORE, tid, bq, bk);
     memcpy(ag_tensor_data(t->in[0]), S, (size_t)(bq * bk) * ag_dtype_size(st->dt));
     int rc = run_tile(st, FN_SCORE, t, 1, b, h, q0, bq, k0, bk);
     if (!rc)
@@ -287,20 +309,20 @@ static int score_tile(void *ud, int64_t b, int64_t h, int64_t q0, int64_t bq, in
     return rc;
 }
 
-static int mask_tile(void *ud, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0, int64_t bk,
-                     uint8_t *dst, int64_t ld) {
+static int mask_tile(void *ud, int tid, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0,
+                     int64_t bk, uint8_t *dst, int64_t ld) {
     struct ag__flex_tiles *st = ud;
-    tile_plan *t = tile_of(st, FN_MASK, bq, bk);
+    tile_plan *t = tile_of(st, FN_MASK, tid, bq, bk);
     int rc = run_tile(st, FN_MASK, t, 0, b, h, q0, bq, k0, bk);
     if (!rc)
         ag__flex_store_tile(t->out[0], AG_BOOL, bq, bk, dst, ld);
     return rc;
 }
 
-static int joint_tile(void *ud, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0,
+static int joint_tile(void *ud, int tid, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0,
                       int64_t bk, const void *S0, void *dS) {
     struct ag__flex_tiles *st = ud;
-    tile_plan *t = tile_of(st, FN_JOINT, bq, bk);
+    tile_plan *t = tile_of(st, FN_JOINT, tid, bq, bk);
     const size_t bytes = (size_t)(bq * bk) * ag_dtype_size(st->dt);
     memcpy(ag_tensor_data(t->in[0]), S0, bytes);
     memcpy(ag_tensor_data(t->in[5]), dS, bytes);
@@ -313,7 +335,8 @@ static int joint_tile(void *ud, int64_t b, int64_t h, int64_t q0, int64_t bq, in
         memset(dS, 0, bytes); /* score_mod ignored the score */
     for (int i = 0; i < st->nsb; i++)
         if (t->out[5 + i] && st->bgrad[i])
-            ag__flex_add_reduced(st->bgrad[i], t->out[5 + i]);
+            ag__flex_add_reduced(st->nth > 1 ? st->acc[tid * st->nsb + i] : st->bgrad[i],
+                                 t->out[5 + i]);
     return 0;
 }
 
@@ -354,6 +377,33 @@ static int put_back(ag_tensor *out, ag_tensor *d) {
     return out && out != d ? ag__copy_into(out, d) : 0;
 }
 
+/* Zeroes buffer i's gradient bg and, with several threads, each thread's sum for it (made on
+ * first use). */
+static int zero_acc(struct ag__flex_tiles *st, int i, ag_tensor *bg) {
+    const size_t bytes = (size_t)ag_tensor_numel(bg) * ag_dtype_size(ag_tensor_dtype(bg));
+    memset(ag_tensor_data(bg), 0, bytes);
+    if (st->nth < 2)
+        return 0;
+    if (!st->acc && !(st->acc = ag__calloc((size_t)(st->nth * st->nsb), sizeof *st->acc)))
+        return AG_ENOMEM;
+    for (int th = 0; th < st->nth; th++) {
+        ag_tensor **a = &st->acc[th * st->nsb + i];
+        if (!*a && !(*a = ag__tensor_new(ag_tensor_dtype(bg), ag_tensor_ndim(bg),
+                                         ag_tensor_sizes(bg), false)))
+            return AG_ENOMEM;
+        memset(ag_tensor_data(*a), 0, bytes);
+    }
+    return 0;
+}
+
+/* The kernel's status rc, with the failed tile's message when a tile failed (perhaps on
+ * another thread). */
+static int raw_failed(struct ag__flex_tiles *st, int rc) {
+    if (rc && st->failed)
+        return ag__err(rc, "%s", st->msg);
+    return rc;
+}
+
 /* The planned run of step s: the kernel on raw memory with the tile plans. */
 static int run_tiles(struct ag__flex_tiles *st, pstep *s, bool bwd) {
     const ag_arg *a = s->args;
@@ -362,7 +412,8 @@ static int run_tiles(struct ag__flex_tiles *st, pstep *s, bool bwd) {
     ag_tensor *v = contig(st, 2, a[2].u.t);
     if (!q || !k || !v)
         return ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
-    st->fns = (ag__flex_tile_fns){st, st->fn[FN_SCORE].on ? score_tile : NULL,
+    st->failed = 0;
+    st->fns = (ag__flex_tile_fns){st, st->nth, st->fn[FN_SCORE].on ? score_tile : NULL,
                                   st->fn[FN_MASK].on ? mask_tile : NULL,
                                   st->fn[FN_JOINT].on ? joint_tile : NULL};
     st->sb = a[ibuf].u.ts;
@@ -394,7 +445,7 @@ static int run_tiles(struct ag__flex_tiles *st, pstep *s, bool bwd) {
             return AG_ENOMEM;
         r.out = ag_tensor_data(o);
         r.lse = ag_tensor_data(l);
-        int rc = ag__flex_run_raw(&r);
+        int rc = raw_failed(st, ag__flex_run_raw(&r));
         if (!rc)
             rc = put_back(s->outs[0], o);
         return rc ? rc : put_back(s->outs[1], l);
@@ -413,9 +464,8 @@ static int run_tiles(struct ag__flex_tiles *st, pstep *s, bool bwd) {
         if (bg && !ag_tensor_is_contiguous(bg))
             return ag__err(AG_EINVAL, "flex_attention_backward: a buffer's gradient output is "
                                       "not contiguous");
-        if (bg)
-            memset(ag_tensor_data(bg), 0,
-                   (size_t)ag_tensor_numel(bg) * ag_dtype_size(ag_tensor_dtype(bg)));
+        if (bg && zero_acc(st, i, bg))
+            return AG_ENOMEM;
     }
     r.out = ag_tensor_data(o);
     r.lse = ag_tensor_data(l);
@@ -424,7 +474,10 @@ static int run_tiles(struct ag__flex_tiles *st, pstep *s, bool bwd) {
     r.dq = ag_tensor_data(g[0]);
     r.dk = ag_tensor_data(g[1]);
     r.dv = ag_tensor_data(g[2]);
-    int rc = ag__flex_run_raw(&r);
+    int rc = raw_failed(st, ag__flex_run_raw(&r));
+    for (int i = 0; i < st->nsb && !rc && st->nth > 1; i++)
+        for (int th = 0; th < st->nth && s->outs[3 + i]; th++)
+            ag__flex_add_reduced(s->outs[3 + i], st->acc[th * st->nsb + i]);
     for (int i = 0; i < 3 && !rc; i++)
         rc = put_back(s->outs[i], g[i]);
     return rc;
