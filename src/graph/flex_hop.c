@@ -228,16 +228,47 @@ static ag_graph *copy_for(const ag_graph *g, const ag_tmeta *m, int nin) {
     return c;
 }
 
+/* Whether node x of c varies over the tile: it depends on a placeholder whose metadata m (nin)
+ * is not its 0-d val (the score, q_idx, kv_idx, the score's gradient; not b, h, the buffers).
+ * Unsure (too deep): true. */
+static bool tiled(const ag_node *x, ag_node *const *ph, int nph, const ag_tmeta *m, int nin,
+                  int depth) {
+    if (!x || depth > 64)
+        return x != NULL;
+    if (ag_node_kind_of(x) == AG_NODE_PLACEHOLDER) {
+        for (int i = 0; i < nph && i < nin; i++)
+            if (ph[i] == x)
+                return !ag__tmeta_equal(ag_node_val(x, 0), &m[i]);
+        return true;
+    }
+    for (int a = 0; a < ag_node_nargs(x); a++) {
+        const ag_garg *g = ag_node_arg(x, a);
+        if (g->kind == AG_GA_NODE && tiled(g->u.node, ph, nph, m, nin, depth + 1))
+            return true;
+        for (int k = 0; g->kind == AG_GA_NODES && k < g->n; k++)
+            if (tiled(g->u.nodes[k], ph, nph, m, nin, depth + 1))
+                return true;
+    }
+    return false;
+}
+
 /* index_put(self, indices, values, accumulate=True) of a 0-d function (values and every index
  * 0-d, one index per dimension of self: a scatter-add of one element, as a score_mod's joint
- * graph takes the gradient of buffer[h]) evaluated over a [bq, bk] tile must add every
- * element's value, as upstream's vmap over the tile does: its indices and values are
- * expanded to the tile, so that the op indexes one element per tile position and accumulates
- * them all. Other calls are left alone. */
-static int expand_scatters(ag_graph *c, int64_t bq, int64_t bk) {
+ * graph takes the gradient of buffer[h]) evaluated over a [bq, bk] tile (placeholders of
+ * metadata m) must add every element's value, as upstream's vmap over the tile does. When no
+ * index varies over the tile, the values are summed first (one element added); else indices
+ * and values are expanded to the tile, so that the op indexes one element per tile position
+ * and accumulates them all. Other calls are left alone. */
+static int expand_scatters(ag_graph *c, int64_t bq, int64_t bk, const ag_tmeta *m, int nin) {
     const ag_op *ip = ag_op_find("index_put"), *ex = ag_op_find("expand");
-    if (!ip || !ex)
+    const ag_op *sum = ag_op_find("sum.dim_IntList");
+    ag_node **phs = NULL, *ph[TILE_MAX_IN];
+    int nph = ag_graph_placeholders(c, &phs); /* copied: valid until the graph changes */
+    if (!ip || !ex || !sum || nph < 0)
         return 0;
+    nph = nph < TILE_MAX_IN ? nph : TILE_MAX_IN;
+    for (int i = 0; i < nph; i++)
+        ph[i] = phs[i];
     int64_t tile[2] = {bq, bk};
     for (ag_node *n = ag_graph_first(c); n; n = ag_node_next(n)) {
         if (ag_node_kind_of(n) != AG_NODE_CALL || ag_node_op(n) != ip || ag_node_nargs(n) < 4 ||
@@ -249,13 +280,22 @@ static int expand_scatters(ag_graph *c, int64_t bq, int64_t bk) {
         if (!self || !val || idx->kind != AG_GA_NODES || idx->n < 1 || idx->n > 8 ||
             idx->n != ag_node_val(self, 0)->ndim || ag_node_val(val, 0)->ndim != 0)
             continue;
-        bool scalar = true;
-        for (int i = 0; i < idx->n && scalar; i++)
+        bool scalar = true, idx_tiled = false;
+        for (int i = 0; i < idx->n && scalar; i++) {
             scalar = idx->u.nodes[i] && ag_node_val(idx->u.nodes[i], 0)->ndim == 0;
+            idx_tiled |= scalar && tiled(idx->u.nodes[i], ph, nph, m, nin, 0);
+        }
         if (!scalar)
             continue;
         ag_node *e[9];
         ag_graph_insert_before(c, n);
+        if (!idx_tiled) { /* one element: the tile's values summed */
+            ag_node *sv = ag_graph_call(c, sum, (ag_garg[]){AG_GA_N(val), AG_GA_NIL}, 2, NULL);
+            int rc = sv ? ag_node_set_arg(n, 2, AG_GA_N(sv)) : ag_last_status();
+            if (rc)
+                return rc;
+            continue;
+        }
         for (int i = 0; i <= idx->n; i++) {
             ag_node *x = i < idx->n ? idx->u.nodes[i] : val;
             ag_garg a[2] = {AG_GA_N(x), AG_GA_INTS(tile, 2)};
@@ -278,7 +318,7 @@ ag_graph *ag__flex_tile_graph(const ag_graph *g, const ag_tmeta *m, int nin, int
     ag_graph *c = ag_graph_copy(g);
     if (!c)
         return NULL;
-    int rc = expand_scatters(c, bq, bk), i = 0;
+    int rc = expand_scatters(c, bq, bk, m, nin), i = 0;
     for (ag_node *n = ag_graph_first(c); n && !rc; n = ag_node_next(n))
         if (ag_node_kind_of(n) == AG_NODE_PLACEHOLDER)
             rc = i < nin ? ag_node_set_val(n, 0, &m[i++])
