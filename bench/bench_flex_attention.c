@@ -6,7 +6,11 @@
  * score_mod over tensors for flex, evaluated per tile through ops on the calling thread; an
  * added [1, H, T, T] bias for the primitive reference), as a block mask of 128 x 128
  * blocks for flex_attention (built once, outside the timings; its build time is reported) and
- * as a [T, T] bool mask for the references. References, timed in the same run:
+ * as a [T, T] bool mask for the references. Also timed, "compiled": the same flex_attention
+ * call in a module (ALiBi's slopes a buffer of it), its joint exported and compiled
+ * (ag_compile_joint, the planned executor; the forward and backward steps of flex_attention
+ * run the score, mask and joint graphs per tile through plans made at compile time). References,
+ * timed in the same run:
  *   - "primitive": matmul(q, k^T) * scale, masked_fill(-inf), softmax, matmul(p, v): the whole
  *     [B, H, T, T] score and probability tensors live at once;
  *   - "sdpa": ag_scaled_dot_product_attention with is_causal (a fused kernel that still forms
