@@ -397,6 +397,32 @@ static int prepare_masks(flex *f) {
     return 0;
 }
 
+/* Iteration r of run_rows: forward, row r = (b, h, q block); backward, r = (b, kv head), its
+ * rows (one iteration owns its dK, dV rows). A failure (only user or raw functions fail) goes
+ * to *err. */
+static void run_iter(flex *f, bool backward, int64_t r, void *blk, size_t ws, int *err) {
+    const size_t off = (size_t)omp_get_thread_num() * ws;
+    if (!backward) {
+        const int64_t qb = r % f->nq, bh = r / f->nq;
+        if (*err)
+            return;
+        int e = f->dt == AG_F32 ? fwd_row_f32(f, bh / f->Hq, bh % f->Hq, qb, (float *)blk + off)
+                                : fwd_row_f64(f, bh / f->Hq, bh % f->Hq, qb, (double *)blk + off);
+        if (e)
+            *err = e;
+        return;
+    }
+    const int64_t b = r / f->Hkv, hk = r % f->Hkv;
+    for (int64_t g = 0; g < f->G && !*err; g++)
+        for (int64_t qb = 0; qb < f->nq && !*err; qb++) {
+            const int64_t h = hk * f->G + g;
+            int e = f->dt == AG_F32 ? bwd_row_f32(f, b, h, qb, (float *)blk + off)
+                                    : bwd_row_f64(f, b, h, qb, (double *)blk + off);
+            if (e)
+                *err = e;
+        }
+}
+
 /* Runs every row's forward or backward. */
 static int run_rows(flex *f, bool backward) {
     int rc = prepare_masks(f);
@@ -418,35 +444,17 @@ static int run_rows(flex *f, bool backward) {
         return AG_ENOMEM;
     int err = 0;
     const int prev_nth = serial ? one_thread_begin() : 0;
-    if (!backward) {
-        const int64_t nrows = f->B * f->Hq * f->nq;
-        AG__BLAS_FOR(nth > 1, "omp parallel for schedule(dynamic) num_threads(nth)", r, nrows, {
-            const int64_t qb = r % f->nq, bh = r / f->nq;
-            const size_t off = (size_t)omp_get_thread_num() * ws;
-            if (!err) {
-                int e = f->dt == AG_F32
-                            ? fwd_row_f32(f, bh / f->Hq, bh % f->Hq, qb, (float *)blk + off)
-                            : fwd_row_f64(f, bh / f->Hq, bh % f->Hq, qb, (double *)blk + off);
-                if (e)
-                    err = e; /* only serial runs (user functions) fail */
-            }
-        });
-    } else {
-        /* one (b, kv head) per iteration: its dK, dV rows are this iteration's alone */
-        const int64_t n = f->B * f->Hkv;
-        AG__BLAS_FOR(nth > 1, "omp parallel for schedule(dynamic) num_threads(nth)", r, n, {
-            const int64_t b = r / f->Hkv, hk = r % f->Hkv;
-            const size_t off = (size_t)omp_get_thread_num() * ws;
-            for (int64_t g = 0; g < f->G && !err; g++)
-                for (int64_t qb = 0; qb < f->nq && !err; qb++) {
-                    const int64_t h = hk * f->G + g;
-                    int e = f->dt == AG_F32 ? bwd_row_f32(f, b, h, qb, (float *)blk + off)
-                                            : bwd_row_f64(f, b, h, qb, (double *)blk + off);
-                    if (e)
-                        err = e;
-                }
-        });
-    }
+    /* With raw functions on several threads each row goes to the same thread at every run
+     * (static schedule): a thread's tile plans meet the same tile shapes, so they are warm
+     * after the first run. */
+    const bool fixed = raw_fns && nth > 1;
+    const int64_t n = backward ? f->B * f->Hkv : f->B * f->Hq * f->nq;
+    if (fixed)
+        AG__BLAS_FOR(true, "omp parallel for schedule(static, 1) num_threads(nth)", r, n,
+                     { run_iter(f, backward, r, blk, ws, &err); });
+    else
+        AG__BLAS_FOR(nth > 1, "omp parallel for schedule(dynamic) num_threads(nth)", r, n,
+                     { run_iter(f, backward, r, blk, ws, &err); });
     if (serial)
         omp_set_num_threads(prev_nth);
     return err;
