@@ -397,6 +397,16 @@ static int prepare_masks(flex *f) {
     return 0;
 }
 
+/* Iteration i's row when iterations go round-robin to nth threads: every other round of nth
+ * reversed, so that thread t gets rows t, 2 nth - 1 - t, 2 nth + t, ...: a causal mask's short
+ * and long rows (q block qb has qb + 1 key blocks) spread evenly. */
+static int64_t snake(int64_t i, int64_t n, int nth) {
+    const int64_t g = i / nth, pos = i % nth;
+    if (!(g & 1) || (g + 1) * nth > n)
+        return i;
+    return g * nth + (nth - 1 - pos);
+}
+
 /* Iteration r of run_rows: forward, row r = (b, h, q block); backward, r = (b, kv head), its
  * rows (one iteration owns its dK, dV rows). A failure (only user or raw functions fail) goes
  * to *err. */
@@ -445,13 +455,13 @@ static int run_rows(flex *f, bool backward) {
     int err = 0;
     const int prev_nth = serial ? one_thread_begin() : 0;
     /* With raw functions on several threads each row goes to the same thread at every run
-     * (static schedule): a thread's tile plans meet the same tile shapes, so they are warm
-     * after the first run. */
+     * (static schedule, in snake order): a thread's tile plans meet the same tile shapes, so
+     * they are warm after the first run. */
     const bool fixed = raw_fns && nth > 1;
     const int64_t n = backward ? f->B * f->Hkv : f->B * f->Hq * f->nq;
     if (fixed)
-        AG__BLAS_FOR(true, "omp parallel for schedule(static, 1) num_threads(nth)", r, n,
-                     { run_iter(f, backward, r, blk, ws, &err); });
+        AG__BLAS_FOR(true, "omp parallel for schedule(static, 1) num_threads(nth)", i, n,
+                     { run_iter(f, backward, snake(i, n, nth), blk, ws, &err); });
     else
         AG__BLAS_FOR(nth > 1, "omp parallel for schedule(dynamic) num_threads(nth)", r, n,
                      { run_iter(f, backward, r, blk, ws, &err); });
