@@ -199,9 +199,91 @@ static void test_compiled_position_bias(void **state) {
     ag_block_mask_free(bm);
 }
 
+/* Allocation failures while planning and running the compiled halves (the tile plans) and
+ * while interpreting the backward (the joint graph's tile copies): each fails cleanly, nothing
+ * leaks (tu_alloc_failure_sweep: every allocation point, then memory exhausted from it on). */
+typedef struct oom_case {
+    const ag_graph *fw, *bw;
+    ag_tensor *in[16], *bi[16]; /* bi: from nsaved on, the backward's tangents */
+    int nin, nsaved, nbi;
+    bool interpret; /* the backward by ag_graph_run */
+} oom_case;
+
+static int oom_scenario(void *ud) {
+    oom_case *oc = ud;
+    ag_plan *pf = ag_plan_new(oc->fw, NULL), *pb = oc->interpret ? NULL : ag_plan_new(oc->bw, NULL);
+    ag_tensor *fo[16] = {0}, *bo[16] = {0}, *bi[16];
+    memcpy(bi, oc->bi, sizeof bi);
+    int rc = pf && (oc->interpret || pb) ? 0 : ag_last_status(), nfo = 0, nbo = 0;
+    if (!rc && (nfo = ag_plan_run(pf, oc->in, oc->nin, fo, 16)) < 0)
+        rc = nfo;
+    for (int i = 0; i < oc->nsaved && !rc; i++)
+        bi[i] = fo[i + 1];
+    if (!rc && (nbo = oc->interpret ? ag_graph_run(oc->bw, bi, oc->nbi, bo, 16)
+                                    : ag_plan_run(pb, bi, oc->nbi, bo, 16)) < 0)
+        rc = nbo;
+    tu_alloc_cleanup_begin();
+    for (int i = 0; i < nbo; i++)
+        ag_tensor_free(bo[i]);
+    for (int i = 0; i < nfo; i++)
+        ag_tensor_free(fo[i]);
+    ag_plan_free(pf);
+    ag_plan_free(pb);
+    tu_alloc_cleanup_end();
+    return rc;
+}
+
+static void test_out_of_memory(void **state) {
+    (void)state;
+    ag_mask_mod mm = {causal_only, NULL, NULL, 0};
+    ag_block_mask *bm = ag_create_block_mask(&mm, 1, 1, 12, 12, 8, 8);
+    ag_module *m = ag_module_new("FlexPosBias", pos_bias_forward, bm, NULL);
+    assert_int_equal(
+        ag_module_add_tensor(m, "bias", true, AG_F64, 1, (int64_t[]){12}, AG_INIT_UNIFORM, -1, 1),
+        0);
+    ag_tensor *x[3];
+    for (int i = 0; i < 3; i++)
+        x[i] = rnd(AG_F64, 1, 1, 12, 2, true);
+    ag_joint *j = ag_export_joint(m, x, 3, NULL, NULL, 0, NULL);
+    ag_compiled *c = j ? ag_compile_joint(j, NULL) : NULL;
+    if (!c)
+        fail_msg("export/compile: %s", ag_last_error());
+    oom_case oc = {.fw = ag_compiled_forward_graph(c), .bw = ag_compiled_backward_graph(c)};
+    fill_inputs(oc.fw, 0, oc.in, &oc.nin);
+    ag_plan *pf = ag_plan_new(oc.fw, NULL);
+    ag_tensor *fo[16];
+    const int nfo = pf ? ag_plan_run(pf, oc.in, oc.nin, fo, 16) : -1;
+    assert_true(nfo > 1);
+    for (int i = 0; i < nfo; i++)
+        ag_tensor_free(fo[i]);
+    ag_plan_free(pf);
+    oc.nsaved = nfo - 1;
+    fill_inputs(oc.bw, oc.nsaved, oc.bi, &oc.nbi);
+    for (int k = 0; k < 2; k++) {
+        oc.interpret = k;
+        tu_sweep_opts o = {.what = k ? "flex_attention planned, backward interpreted"
+                                     : "flex_attention planned (tile plans)",
+                           .one_thread = true};
+        assert_true(tu_alloc_failure_sweep(oom_scenario, &oc, &o) > 10);
+        o.persistent = true;
+        assert_true(tu_alloc_failure_sweep(oom_scenario, &oc, &o) > 10);
+    }
+    for (int i = 0; i < oc.nin; i++)
+        ag_tensor_free(oc.in[i]);
+    for (int i = oc.nsaved; i < oc.nbi; i++)
+        ag_tensor_free(oc.bi[i]);
+    for (int i = 0; i < 3; i++)
+        ag_tensor_free(x[i]);
+    ag_compiled_free(c);
+    ag_joint_free(j);
+    ag_module_free(m);
+    ag_block_mask_free(bm);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_compiled_position_bias),
+        cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -264,7 +264,9 @@ static int expand_scatters(ag_graph *c, int64_t bq, int64_t bk, const ag_tmeta *
     const ag_op *sum = ag_op_find("sum.dim_IntList");
     ag_node **phs = NULL, *ph[TILE_MAX_IN];
     int nph = ag_graph_placeholders(c, &phs); /* copied: valid until the graph changes */
-    if (!ip || !ex || !sum || nph < 0)
+    if (nph < 0)
+        return nph;
+    if (!ip || !ex || !sum)
         return 0;
     nph = nph < TILE_MAX_IN ? nph : TILE_MAX_IN;
     for (int i = 0; i < nph; i++)
@@ -597,14 +599,14 @@ static int jb_joint(void *ud, int tid, int64_t b, int64_t h, int64_t q0, int64_t
 }
 
 /* Whether the joint graph has a tile copy for every tile shape of the call (else the backward
- * differentiates the score graph instead). */
-static bool joint_fits(joint_bwd *j, const ag__flex_call *c) {
+ * differentiates the score graph instead): 1 or 0; AG_ENOMEM when out of memory. */
+static int joint_fits(joint_bwd *j, const ag__flex_call *c) {
     const int64_t L = ag_tensor_size(c->q, 2), S = ag_tensor_size(c->k, 2);
     const int64_t QB = c->sizes[2], KB = c->sizes[3];
     const int64_t bqs[2] = {L >= QB ? QB : 0, L % QB}, bks[2] = {S >= KB ? KB : 0, S % KB};
     ag_tmeta m[TILE_MAX_IN];
     if (6 + c->nsb > TILE_MAX_IN)
-        return false;
+        return 0;
     for (int i = 0; i < c->nsb; i++)
         ag__tmeta_of(c->sb[i], &m[6 + i]);
     for (int a = 0; a < 2; a++)
@@ -620,12 +622,13 @@ static bool joint_fits(joint_bwd *j, const ag__flex_call *c) {
             ag__tmeta_contiguous(&m[5], j->dt, 2, tile);
             uint64_t errs = ag__err_count();
             if (!tile_fn_graph(&j->jf, m, 6 + c->nsb)) {
-                if (ag__err_count() != errs)
-                    ag_clear_error();
-                return false;
+                if (ag__err_count() == errs || ag_last_status() == AG_ENOMEM)
+                    return AG_ENOMEM;
+                ag_clear_error();
+                return 0;
             }
         }
-    return true;
+    return 1;
 }
 
 /* The backward through the joint graph: 1 (and outs, the open scope's) when it ran, 0 when the
@@ -639,10 +642,10 @@ static int joint_backward(const ag__flex_call *c, ag_tensor **outs) {
                    .mb = c->mb,
                    .nsb = c->nsb,
                    .nmb = c->nmb};
-    const bool fits = (j.dt == AG_F32 || j.dt == AG_F64) && joint_fits(&j, c);
-    if (!fits) {
+    const int fits = j.dt == AG_F32 || j.dt == AG_F64 ? joint_fits(&j, c) : 0;
+    if (fits <= 0) {
         tile_fn_free(&j.jf);
-        return 0;
+        return fits;
     }
     ag_scope_begin();
     bool prev = ag_set_grad_enabled(false);

@@ -176,22 +176,25 @@ static int list_metas(const ag_node *x, int i, ag_tmeta *m, int max) {
     return a->n;
 }
 
-/* The tile plans of step x's graphs; NULL with the error set when one cannot be made. */
+/* The tile plans of step x's graphs; NULL with the error set and its status in *status when
+ * one cannot be made. */
 static struct ag__flex_tiles *tiles_build(const ag_plan *p, const ag_node *x, bool bwd,
                                           const ag_graph *score, const ag_graph *mask,
-                                          const ag_graph *joint) {
+                                          const ag_graph *joint, int *status) {
     const ag_node *qn = ag_node_arg_node(x, 0), *kn = ag_node_arg_node(x, 1);
     const ag_garg *sz = ag_node_arg(x, bwd ? 10 : 5);
     ag_tmeta sb[64], mb[64];
     const int nsb = list_metas(x, bwd ? 12 : 7, sb, 64), nmb = list_metas(x, bwd ? 13 : 8, mb, 64);
     if (!qn || !kn || !sz || sz->kind != AG_GA_INTS || sz->n != 4 || nsb < 0 || nmb < 0 ||
         (bwd && !joint)) {
-        ag__err(AG_EINVAL, "flex_attention: unexpected arguments");
+        *status = ag__err(AG_EINVAL, "flex_attention: unexpected arguments");
         return NULL;
     }
     struct ag__flex_tiles *st = ag__calloc(1, sizeof *st);
-    if (!st)
+    if (!st) {
+        *status = AG_ENOMEM;
         return NULL;
+    }
     st->dt = ag_node_val(qn, 0)->dtype;
     st->QB = sz->u.ints[2];
     st->KB = sz->u.ints[3];
@@ -223,6 +226,7 @@ static struct ag__flex_tiles *tiles_build(const ag_plan *p, const ag_node *x, bo
     if (rc) {
         pflex tmp = {.tiles = st};
         ag__plan_flex_free(&tmp);
+        *status = rc;
         return NULL;
     }
     return st;
@@ -248,12 +252,15 @@ int ag__plan_flex_graphs_of(ag_plan *p, const ag_node *x) {
         ag__plan_flex_free(f);
         return ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
     }
-    /* the tile plans; without them the step runs the interpreter's code */
+    /* the tile plans; without them (graphs that do not run on tiles) the step runs the
+     * interpreter's code; out of memory is a failure */
     uint64_t errs = ag__err_count();
-    f->tiles = tiles_build(p, x, bwd, f->score, f->mask, f->joint);
-    if (!f->tiles && ag_last_status() == AG_ENOMEM) {
+    int status = 0;
+    f->tiles = tiles_build(p, x, bwd, f->score, f->mask, f->joint, &status);
+    if (!f->tiles && status == AG_ENOMEM) {
         ag__plan_flex_free(f);
-        return AG_ENOMEM;
+        return ag__err(AG_ENOMEM, "plan_new: %s: out of memory planning its graphs' tiles",
+                       ag_node_name(x));
     }
     if (!f->tiles && ag__err_count() != errs)
         ag_clear_error();
