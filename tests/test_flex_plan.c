@@ -1,8 +1,8 @@
 /* flex_attention compiled with a score_mod buffer indexed by position (its joint graph's
  * gradient a scatter-add whose index varies over the tile) and edge tiles: the planned
  * executor's tile plans (src/runtime/plan_flex.c) and the interpreter's joint backward against
- * eager; warm runs of the planned halves allocate nothing. test_flex_attention.c covers the
- * rest of flex_attention. */
+ * eager; warm runs of the planned halves allocate nothing; allocation failures while planning
+ * and running them fail cleanly. test_flex_attention.c covers the rest of flex_attention. */
 #include "testutil.h"
 #include "runtime/plan_internal.h"
 
