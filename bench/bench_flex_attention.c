@@ -6,7 +6,11 @@
  * score_mod over tensors for flex, evaluated per tile through ops on the calling thread; an
  * added [1, H, T, T] bias for the primitive reference), as a block mask of 128 x 128
  * blocks for flex_attention (built once, outside the timings; its build time is reported) and
- * as a [T, T] bool mask for the references. References, timed in the same run:
+ * as a [T, T] bool mask for the references. Also timed, "compiled": the same flex_attention
+ * call in a module (ALiBi's slopes a buffer of it), its joint exported and compiled
+ * (ag_compile_joint, the planned executor; the forward and backward steps of flex_attention
+ * run the score, mask and joint graphs per tile through plans made at compile time). References,
+ * timed in the same run:
  *   - "primitive": matmul(q, k^T) * scale, masked_fill(-inf), softmax, matmul(p, v): the whole
  *     [B, H, T, T] score and probability tensors live at once;
  *   - "sdpa": ag_scaled_dot_product_attention with is_causal (a fused kernel that still forms
@@ -17,7 +21,7 @@
  * kernel's per-thread scratch included: each peak is measured on a fresh thread, whose scratch
  * is empty), with flex's ratios to the primitive reference.
  *
- *   bench_flex_attention [--runs N] [--threads N] [--t T]
+ *   bench_flex_attention [--runs N] [--threads N] [--t T] [--mask 0|1|2]
  *
  * No timed assertion: numbers are for the reader (docs/PERFORMANCE.md records a run). */
 #include "aotgrad.h"
@@ -94,10 +98,43 @@ typedef struct setup {
     ag_tensor *drop;             /* [T, T] bool: true where masked out */
     ag_block_mask *bm;
     ag_tensor *slopes, *rel; /* ALiBi: [H] slopes, [T, T] kv - q */
+    ag_module *m;            /* "compiled": flex_attention in a module (slopes its buffer) */
+    ag_compiled *c;          /* its joint, compiled (planned executor) */
 } setup;
 
-enum { IMPL_FLEX, IMPL_PRIMITIVE, IMPL_SDPA, NIMPL };
-static const char *impl_name[NIMPL] = {"flex", "primitive", "sdpa"};
+enum { IMPL_FLEX, IMPL_COMPILED, IMPL_PRIMITIVE, IMPL_SDPA, NIMPL };
+static const char *impl_name[NIMPL] = {"flex", "compiled", "primitive", "sdpa"};
+
+/* The module of the "compiled" rows: out = flex_attention(q, k, v) with the bench's block mask
+ * (its ud) and, for ALiBi, score_mod over the module's buffer "slopes". */
+static int flex_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
+    (void)nin, (void)max_out;
+    ag_tensor *slopes = ag_module_buffer(m, "slopes");
+    ag_score_mod sm = {alibi, NULL, &slopes, 1};
+    ag_scope_begin();
+    ag_tensor *o = NULL;
+    int rc = ag_flex_attention(in[0], in[1], in[2], use_alibi ? &sm : NULL, ag_module_ud(m), NULL,
+                               &o, NULL);
+    if (rc) {
+        ag_scope_end();
+        return rc;
+    }
+    return ag_module_return1(o, out);
+}
+
+/* Exports and compiles s->m's joint on s's q, k, v: 0 or -1. */
+static int compile_module(setup *s, const float *slopes) {
+    s->m = ag_module_new("Flex", flex_forward, s->bm, NULL);
+    if (!s->m || ag_module_add_tensor(s->m, "slopes", false, AG_F32, 1, (int64_t[]){s->H},
+                                      AG_INIT_ZEROS, 0, 0))
+        return -1;
+    memcpy(ag_tensor_data(ag_module_buffer(s->m, "slopes")), slopes, sizeof(float) * (size_t)s->H);
+    ag_tensor *x[3] = {s->q, s->k, s->v};
+    ag_joint *j = ag_export_joint(s->m, x, 3, NULL, NULL, 0, NULL);
+    s->c = j ? ag_compile_joint(j, NULL) : NULL;
+    ag_joint_free(j);
+    return s->c ? 0 : -1;
+}
 
 /* One forward (and backward): 0 or a status. */
 static int run(const setup *s, int impl, bool backward) {
@@ -107,6 +144,10 @@ static int run(const setup *s, int impl, bool backward) {
         ag_tensor *slopes = s->slopes;
         ag_score_mod sm = {alibi, NULL, &slopes, 1};
         if (ag_flex_attention(s->q, s->k, s->v, use_alibi ? &sm : NULL, s->bm, NULL, &out, NULL))
+            out = NULL;
+    } else if (impl == IMPL_COMPILED) {
+        ag_tensor *x[3] = {s->q, s->k, s->v};
+        if (ag_compiled_call_module(s->c, s->m, x, 3, &out, 1) != 1) /* out: the scope's */
             out = NULL;
     } else if (impl == IMPL_PRIMITIVE) {
         ag_tensor *sc =
@@ -157,7 +198,7 @@ static int64_t measure_peak(const setup *s, int impl, bool backward, int *rc) {
 }
 
 int main(int argc, char **argv) {
-    int runs = 10, threads = 0;
+    int runs = 10, threads = 0, only = -1; /* only: one mask (0 causal, 1 sliding, 2 ALiBi) */
     int64_t T = 1024;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--runs") && i + 1 < argc)
@@ -166,8 +207,11 @@ int main(int argc, char **argv) {
             threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--t") && i + 1 < argc)
             T = atoll(argv[++i]);
+        else if (!strcmp(argv[i], "--mask") && i + 1 < argc)
+            only = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: bench_flex_attention [--runs N] [--threads N] [--t T]\n");
+            fprintf(stderr, "usage: bench_flex_attention [--runs N] [--threads N] [--t T] "
+                            "[--mask 0|1|2]\n");
             return 2;
         }
     }
@@ -185,9 +229,11 @@ int main(int argc, char **argv) {
            "peak_fb_MB");
     const int64_t windows[3] = {0, 128, 0};
     for (int w = 0; w < 3; w++) {
+        if (only >= 0 && w != only)
+            continue;
         window = windows[w];
         use_alibi = w == 2;
-        setup s = {1, 12, T, 64, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL};
+        setup s = {.B = 1, .H = 12, .T = T, .E = 64};
         double sl[12], *rel = malloc(sizeof(double) * (size_t)(T * T));
         for (int h = 0; h < 12; h++)
             sl[h] = pow(2.0, -8.0 * (h + 1) / 12.0);
@@ -223,6 +269,10 @@ int main(int argc, char **argv) {
         const double build_s = now_s() - t0;
         if (!s.bm) {
             fprintf(stderr, "create_block_mask: %s\n", ag_last_error());
+            return 1;
+        }
+        if (compile_module(&s, slf)) {
+            fprintf(stderr, "compile: %s\n", ag_last_error());
             return 1;
         }
         double med[NIMPL][2];
@@ -263,6 +313,8 @@ int main(int argc, char **argv) {
                med[IMPL_FLEX][1] / med[IMPL_PRIMITIVE][1],
                (double)peak[IMPL_FLEX][0] / (double)peak[IMPL_PRIMITIVE][0],
                (double)peak[IMPL_FLEX][1] / (double)peak[IMPL_PRIMITIVE][1], build_s);
+        ag_compiled_free(s.c);
+        ag_module_free(s.m);
         ag_block_mask_free(s.bm);
         ag_tensor_free(s.q);
         ag_tensor_free(s.k);

@@ -1070,6 +1070,23 @@ static void fill_inputs(const ag_graph *g, int from, ag_tensor **in, int *nin) {
     *nin = k;
 }
 
+/* Edits joint graph j to return 2 * each of its outputs (add(x, x)). */
+static void double_joint_outputs(ag_graph *j) {
+    assert_non_null(j);
+    ag_node *o = ag_graph_output_node(j);
+    const ag_garg *oa = ag_node_arg(o, 0);
+    ag_node *outs[16];
+    const int n = oa->n;
+    assert_true(n <= 16);
+    const ag_op *add = ag_op_find("add.Tensor");
+    for (int i = 0; i < n; i++) {
+        ag_node *x = oa->u.nodes[i];
+        outs[i] = x ? ag_graph_call(j, add, (ag_garg[]){AG_GA_N(x), AG_GA_N(x)}, 2, NULL) : NULL;
+        assert_true(!x || outs[i]);
+    }
+    assert_int_equal(ag_node_set_arg(o, 0, AG_GA_NODES(outs, n)), 0);
+}
+
 static void test_compiled(void **state) {
     (void)state;
     const int64_t doc[FC_T] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1,
@@ -1165,10 +1182,13 @@ static void test_compiled(void **state) {
         }
         ag_compiled_free(c);
     }
-    /* Warm runs of the planned halves: the flex steps allocate (their results and per-tile
-     * temporaries: the op runs the interpreter's code, its graphs on each tile, each tile's
-     * tensors and interpreter state; the graphs themselves are copied and re-inferred once per
-     * tile shape per call, not per tile); every other step of the plans allocates nothing. */
+    /* Warm runs of the planned halves allocate nothing, the flex steps included (their
+     * graphs run per tile through plans made at ag_plan_new, into memory the plans own). Then
+     * joint_graph0 is what the backward (planned or interpreted) runs for score_mod's
+     * gradient: the backward graph with its joint edited to return twice grad_score and twice
+     * the slopes' gradient gives twice the gradients of q, k and slopes (linear in the scores'
+     * gradient) and the same gradients of v and w, where a backward differentiating fw_graph0
+     * would not change. */
     {
         ag_compiled *c = ag_compile_joint(j, NULL);
         assert_non_null(c);
@@ -1192,7 +1212,39 @@ static void test_compiled(void **state) {
                       (long long)ab.other);
         assert_int_equal(af.other, 0);
         assert_int_equal(ab.other, 0);
-        assert_true(af.flex > 0 && ab.flex > 0);
+        assert_int_equal(af.flex, 0);
+        assert_int_equal(ab.flex, 0);
+        ag_graph *ed = ag_graph_copy(bw);
+        assert_non_null(ed);
+        double_joint_outputs(ag_graph_subgraph(ed, "joint_graph0"));
+        ag_plan *pe = ag_plan_new(ed, NULL);
+        if (!pe)
+            fail_msg("plan_new (edited joint): %s", ag_last_error());
+        ag_tensor *eo[16];
+        /* outputs: the gradients of slopes, w, q, k, v */
+        assert_int_equal(nbo, 5);
+        const double factor[5] = {2, 1, 2, 2, 1};
+        for (int run = 0; run < 2; run++) { /* the planned executor, the interpreter */
+            const int ne =
+                run ? ag_graph_run(ed, bi, nbi, eo, 16) : ag_plan_run(pe, bi, nbi, eo, 16);
+            if (ne != nbo)
+                fail_msg("edited joint (%s): %s", run ? "interpreted" : "planned", ag_last_error());
+            for (int i = 0; i < nbo; i++) {
+                ag_tensor *want = ag_mul_scalar(bo[i], factor[i]);
+                ag_tensor *zero = ag_zeros_like(bo[i]);
+                const double d = tu_max_abs_diff(eo[i], want), mag = tu_max_abs_diff(bo[i], zero);
+                ag_tensor_free(zero);
+                if (!(d < 1e-12 * (1 + mag)) || !(mag > 1e-3))
+                    fail_msg(
+                        "edited joint (%s): gradient %d differs from %g x the original's by %g "
+                        "(magnitude %g)",
+                        run ? "interpreted" : "planned", i, factor[i], d, mag);
+                ag_tensor_free(want);
+                ag_tensor_free(eo[i]);
+            }
+        }
+        ag_plan_free(pe);
+        ag_graph_free(ed);
         for (int i = 0; i < nbo; i++)
             ag_tensor_free(bo[i]);
         for (int i = nfo - 1; i < nbi; i++)

@@ -34,9 +34,9 @@
  * tracing, score_mod's buffers must be float tensors. Such graphs print, parse, verify and run in
  * the interpreter (ag_graph_run: the subgraphs as score_mod and mask_mod); their joints partition
  * (ag_partition, both partitioners: out and logsumexp saved, flex_attention never recomputed)
- * and compile (ag_compile_joint: the planned executor runs the ops through the interpreter's
- * code, allocating per run, or the interpreter). Not yet: double backward, nesting
- * flex_attention inside a score_mod or mask_mod. */
+ * and compile (ag_compile_joint: the planned executor, its flex steps allocation-free when
+ * warm, or the interpreter); their backward runs joint_graph0 per tile. Not yet: double
+ * backward, nesting flex_attention inside a score_mod or mask_mod. */
 #ifndef AOTGRAD_FLEX_ATTENTION_H
 #define AOTGRAD_FLEX_ATTENTION_H
 

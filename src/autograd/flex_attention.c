@@ -69,6 +69,7 @@ typedef struct flex {
     ag_tensor **sgrad; /* backward: kept sums of the buffers' gradients (NULL entries: none) */
     const bool *sneed; /* backward: which buffers need a gradient */
     ag_tensor *pend_root, *pend_leaf; /* backward: the open tile's score_mod result and input */
+    const ag__flex_tile_fns *tf;      /* ag__flex_run_raw: the per-tile functions (else NULL) */
 } flex;
 
 /* A row's key blocks: n[0] full ones, n[1] partial ones; idx NULL means 0, 1, ... */
@@ -352,7 +353,8 @@ static int prepare_masks(flex *f) {
     f->pm = NULL;
     f->pm_index = NULL;
     const ag_block_mask *m = f->bm;
-    if (!m || !m->fn)
+    const bool raw = f->tf && f->tf->mask;
+    if (!m || (!m->fn && !raw))
         return 0;
     const int64_t nrows = m->B * m->H * m->nq;
     const int64_t *part_n = ag_tensor_data(m->parts[AG_BM_KV_NUM_BLOCKS]);
@@ -379,8 +381,11 @@ static int prepare_masks(flex *f) {
                 for (int64_t j = 0; j < part_n[r] && !rc; j++, t++) {
                     const int64_t kb = part_i[r * m->nk + j], q0 = qb * m->QB, k0 = kb * m->KB;
                     int64_t n;
-                    rc = mask_tile(m, mb, mh, q0, min64(m->QB, m->L - q0), k0,
-                                   min64(m->KB, m->S - k0), pm + (size_t)t * tile, m->KB, &n);
+                    const int64_t bq = min64(m->QB, m->L - q0), bk = min64(m->KB, m->S - k0);
+                    rc = raw ? f->tf->mask(f->tf->ud, 0, mb, mh, q0, bq, k0, bk,
+                                           pm + (size_t)t * tile, m->KB)
+                             : mask_tile(m, mb, mh, q0, bq, k0, bk, pm + (size_t)t * tile, m->KB,
+                                         &n);
                     index[r * m->nk + kb] = t;
                 }
             }
@@ -392,49 +397,75 @@ static int prepare_masks(flex *f) {
     return 0;
 }
 
+/* Iteration i's row when iterations go round-robin to nth threads: every other round of nth
+ * reversed, so that thread t gets rows t, 2 nth - 1 - t, 2 nth + t, ...: a causal mask's short
+ * and long rows (q block qb has qb + 1 key blocks) spread evenly. */
+static int64_t snake(int64_t i, int64_t n, int nth) {
+    const int64_t g = i / nth, pos = i % nth;
+    if (!(g & 1) || (g + 1) * nth > n)
+        return i;
+    return g * nth + (nth - 1 - pos);
+}
+
+/* Iteration r of run_rows: forward, row r = (b, h, q block); backward, r = (b, kv head), its
+ * rows (one iteration owns its dK, dV rows). A failure (only user or raw functions fail) goes
+ * to *err. */
+static void run_iter(flex *f, bool backward, int64_t r, void *blk, size_t ws, int *err) {
+    const size_t off = (size_t)omp_get_thread_num() * ws;
+    if (!backward) {
+        const int64_t qb = r % f->nq, bh = r / f->nq;
+        if (*err)
+            return;
+        int e = f->dt == AG_F32 ? fwd_row_f32(f, bh / f->Hq, bh % f->Hq, qb, (float *)blk + off)
+                                : fwd_row_f64(f, bh / f->Hq, bh % f->Hq, qb, (double *)blk + off);
+        if (e)
+            *err = e;
+        return;
+    }
+    const int64_t b = r / f->Hkv, hk = r % f->Hkv;
+    for (int64_t g = 0; g < f->G && !*err; g++)
+        for (int64_t qb = 0; qb < f->nq && !*err; qb++) {
+            const int64_t h = hk * f->G + g;
+            int e = f->dt == AG_F32 ? bwd_row_f32(f, b, h, qb, (float *)blk + off)
+                                    : bwd_row_f64(f, b, h, qb, (double *)blk + off);
+            if (e)
+                *err = e;
+        }
+}
+
 /* Runs every row's forward or backward. */
 static int run_rows(flex *f, bool backward) {
     int rc = prepare_masks(f);
     if (rc)
         return rc;
-    const int nth = f->sfn ? 1 : ag_get_num_threads();
-    const size_t ws =
-        (size_t)(2 * f->QB * f->KB + f->QB * (f->Ev > f->E ? f->Ev : f->E) + 4 * f->QB + 16);
+    /* user functions run on the calling thread, the raw ones on up to their nthreads; the ops
+     * they run, single-threaded */
+    const bool raw_fns = f->tf && (f->tf->score || f->tf->joint);
+    const bool serial = f->sfn || raw_fns;
+    int nth = ag_get_num_threads();
+    if (f->sfn || (raw_fns && f->tf->nthreads < 2))
+        nth = 1;
+    else if (raw_fns && nth > f->tf->nthreads)
+        nth = f->tf->nthreads;
+    const size_t ws = (size_t)(2 * f->QB * f->KB + f->QB * (f->Ev > f->E ? f->Ev : f->E) +
+                               4 * f->QB + 16 + (f->tf ? f->QB * f->KB : 0));
     void *blk = ag__scratch(FLEX_SLOT_WS, (size_t)nth * ws * ag_dtype_size(f->dt));
     if (!blk)
         return AG_ENOMEM;
     int err = 0;
-    const int prev_nth = f->sfn ? one_thread_begin() : 0;
-    if (!backward) {
-        const int64_t nrows = f->B * f->Hq * f->nq;
-        AG__BLAS_FOR(nth > 1, "omp parallel for schedule(dynamic) num_threads(nth)", r, nrows, {
-            const int64_t qb = r % f->nq, bh = r / f->nq;
-            const size_t off = (size_t)omp_get_thread_num() * ws;
-            if (!err) {
-                int e = f->dt == AG_F32
-                            ? fwd_row_f32(f, bh / f->Hq, bh % f->Hq, qb, (float *)blk + off)
-                            : fwd_row_f64(f, bh / f->Hq, bh % f->Hq, qb, (double *)blk + off);
-                if (e)
-                    err = e; /* only serial runs (user functions) fail */
-            }
-        });
-    } else {
-        /* one (b, kv head) per iteration: its dK, dV rows are this iteration's alone */
-        const int64_t n = f->B * f->Hkv;
-        AG__BLAS_FOR(nth > 1, "omp parallel for schedule(dynamic) num_threads(nth)", r, n, {
-            const int64_t b = r / f->Hkv, hk = r % f->Hkv;
-            const size_t off = (size_t)omp_get_thread_num() * ws;
-            for (int64_t g = 0; g < f->G && !err; g++)
-                for (int64_t qb = 0; qb < f->nq && !err; qb++) {
-                    const int64_t h = hk * f->G + g;
-                    int e = f->dt == AG_F32 ? bwd_row_f32(f, b, h, qb, (float *)blk + off)
-                                            : bwd_row_f64(f, b, h, qb, (double *)blk + off);
-                    if (e)
-                        err = e;
-                }
-        });
-    }
-    if (f->sfn)
+    const int prev_nth = serial ? one_thread_begin() : 0;
+    /* With raw functions on several threads each row goes to the same thread at every run
+     * (static schedule, in snake order): a thread's tile plans meet the same tile shapes, so
+     * they are warm after the first run. */
+    const bool fixed = raw_fns && nth > 1;
+    const int64_t n = backward ? f->B * f->Hkv : f->B * f->Hq * f->nq;
+    if (fixed)
+        AG__BLAS_FOR(true, "omp parallel for schedule(static, 1) num_threads(nth)", i, n,
+                     { run_iter(f, backward, snake(i, n, nth), blk, ws, &err); });
+    else
+        AG__BLAS_FOR(nth > 1, "omp parallel for schedule(dynamic) num_threads(nth)", r, n,
+                     { run_iter(f, backward, r, blk, ws, &err); });
+    if (serial)
         omp_set_num_threads(prev_nth);
     return err;
 }
@@ -802,14 +833,13 @@ int ag__flex_attention_backward(ag_tensor *q, ag_tensor *k, ag_tensor *v, ag_ten
     return flex_backward(&s, gout, 2, grads, 3 + s.nbuf, needs);
 }
 
-ag_block_mask *ag__block_mask_from_parts(ag_tensor *const *parts, const int64_t *sizes,
-                                         const ag_mask_mod *mask_mod) {
+/* m (zeroed by the caller) <- the sizes of a block mask over parts with sizes, the parts
+ * borrowed; AG_EINVAL when the parts do not fit the sizes. */
+static int mask_over_parts(ag_block_mask *m, ag_tensor *const *parts, const int64_t *sizes) {
     const int64_t S = sizes[0], L = sizes[1], QB = sizes[2], KB = sizes[3];
-    if (L < 1 || S < 1 || QB < 1 || KB < 1) {
-        ag__err(AG_EINVAL, "flex_attention: bad block mask sizes (%lld, %lld, %lld, %lld)",
-                (long long)S, (long long)L, (long long)QB, (long long)KB);
-        return NULL;
-    }
+    if (L < 1 || S < 1 || QB < 1 || KB < 1)
+        return ag__err(AG_EINVAL, "flex_attention: bad block mask sizes (%lld, %lld, %lld, %lld)",
+                       (long long)S, (long long)L, (long long)QB, (long long)KB);
     const int64_t nq = (L + QB - 1) / QB, nk = (S + KB - 1) / KB;
     for (int p = 0; p < 8; p++) {
         const ag_tensor *t = parts[p];
@@ -819,19 +849,11 @@ ag_block_mask *ag__block_mask_from_parts(ag_tensor *const *parts, const int64_t 
             ag_tensor_ndim(t) != (is_num ? 3 : 4) ||
             ag_tensor_size(t, 0) != ag_tensor_size(parts[0], 0) ||
             ag_tensor_size(t, 1) != ag_tensor_size(parts[0], 1) || ag_tensor_size(t, 2) != rows ||
-            (!is_num && ag_tensor_size(t, 3) != cols)) {
-            ag__err(AG_EINVAL,
-                    "flex_attention: block mask tensor %d does not fit Q_LEN=%lld, "
-                    "KV_LEN=%lld in %lld x %lld blocks",
-                    p, (long long)L, (long long)S, (long long)QB, (long long)KB);
-            return NULL;
-        }
-    }
-    const int nbuf = mask_mod && mask_mod->fn ? mask_mod->nbuffers : 0;
-    ag_block_mask *m = ag__calloc(1, sizeof *m);
-    if (!m || (nbuf && !(m->bufs = ag__calloc((size_t)nbuf, sizeof *m->bufs)))) {
-        ag__free(m);
-        return NULL;
+            (!is_num && ag_tensor_size(t, 3) != cols))
+            return ag__err(AG_EINVAL,
+                           "flex_attention: block mask tensor %d does not fit Q_LEN=%lld, "
+                           "KV_LEN=%lld in %lld x %lld blocks",
+                           p, (long long)L, (long long)S, (long long)QB, (long long)KB);
     }
     m->refs = 1;
     m->B = ag_tensor_size(parts[0], 0);
@@ -842,6 +864,170 @@ ag_block_mask *ag__block_mask_from_parts(ag_tensor *const *parts, const int64_t 
     m->KB = KB;
     m->nq = nq;
     m->nk = nk;
+    for (int p = 0; p < 8; p++)
+        m->parts[p] = parts[p];
+    return 0;
+}
+
+/* ---- the helpers of the raw kernel's callers (flex_internal.h) ---- */
+
+bool ag__flex_fits_tile(const ag_tmeta *m, int64_t bq, int64_t bk) {
+    if (m->ndim > 2)
+        return false;
+    for (int d = 0; d < m->ndim; d++) {
+        const int64_t want = d == m->ndim - 1 ? bk : bq, n = m->sizes[d];
+        if (n != 1 && n != want)
+            return false;
+    }
+    return true;
+}
+
+bool ag__flex_reduces_to(const ag_tmeta *g, const ag_tmeta *b) {
+    if (!ag_dtype_is_float(g->dtype) || !ag_dtype_is_float(b->dtype) || g->ndim < b->ndim)
+        return false;
+    for (int d = 0; d < b->ndim; d++) {
+        const int64_t gs = g->sizes[g->ndim - b->ndim + d];
+        if (gs != b->sizes[d] && b->sizes[d] != 1)
+            return false;
+    }
+    return true;
+}
+
+static double get_f(const void *p, ag_dtype dt, int64_t i) {
+    return dt == AG_F32 ? (double)((const float *)p)[i] : ((const double *)p)[i];
+}
+
+void ag__flex_store_tile(const ag_tensor *r, ag_dtype dt, int64_t bq, int64_t bk, void *dst,
+                         int64_t ld) {
+    const int nd = ag_tensor_ndim(r);
+    const int64_t *sz = ag_tensor_sizes(r);
+    const int64_t si = nd == 2 && sz[0] > 1 ? sz[1] : 0;
+    const int64_t sj = nd >= 1 && sz[nd - 1] > 1 ? 1 : 0;
+    const ag_dtype rd = ag_tensor_dtype(r);
+    const void *src = ag_tensor_data(r);
+    const size_t es = ag_dtype_size(dt);
+    for (int64_t i = 0; i < bq; i++) {
+        char *row = (char *)dst + (size_t)(i * ld) * es;
+        if (rd == dt && sj == 1) {
+            memcpy(row, (const char *)src + (size_t)(i * si) * es, (size_t)bk * es);
+            continue;
+        }
+        for (int64_t j = 0; j < bk; j++) {
+            const int64_t at = i * si + j * sj;
+            if (dt == AG_BOOL)
+                ((uint8_t *)row)[j] = ((const uint8_t *)src)[at] != 0;
+            else if (dt == AG_F32)
+                ((float *)row)[j] = (float)get_f(src, rd, at);
+            else
+                ((double *)row)[j] = get_f(src, rd, at);
+        }
+    }
+}
+
+void ag__flex_add_reduced(ag_tensor *acc, const ag_tensor *g) {
+    const int nd = ag_tensor_ndim(g), na = ag_tensor_ndim(acc);
+    const int64_t *gs = ag_tensor_sizes(g), *as = ag_tensor_sizes(acc);
+    int64_t astride[AG_MAX_DIMS], idx[AG_MAX_DIMS] = {0}, st = 1;
+    for (int d = na - 1; d >= 0; d--) {
+        astride[d] = as[d] > 1 ? st : 0;
+        st *= as[d];
+    }
+    const int64_t n = ag_tensor_numel(g);
+    const ag_dtype gd = ag_tensor_dtype(g), ad = ag_tensor_dtype(acc);
+    const void *src = ag_tensor_data(g);
+    void *dst = ag_tensor_data(acc);
+    int64_t off = 0;
+    for (int64_t e = 0; e < n; e++) {
+        const double x = get_f(src, gd, e);
+        if (ad == AG_F32)
+            ((float *)dst)[off] += (float)x;
+        else
+            ((double *)dst)[off] += x;
+        for (int d = nd - 1; d >= 0; d--) { /* next index, off following it */
+            const int da = d - (nd - na);
+            const int64_t s = da >= 0 ? astride[da] : 0;
+            if (++idx[d] < gs[d]) {
+                off += s;
+                break;
+            }
+            off -= s * (gs[d] - 1);
+            idx[d] = 0;
+        }
+    }
+}
+
+int ag__flex_run_raw(const ag__flex_raw *r) {
+    ag_block_mask m = {0};
+    int rc = mask_over_parts(&m, r->parts, r->sizes);
+    if (rc)
+        return rc;
+    if ((r->dt != AG_F32 && r->dt != AG_F64) || m.L != r->L || m.S != r->S ||
+        (m.B != 1 && m.B != r->B) || (m.H != 1 && m.H != r->Hq) || r->Hkv < 1 || r->Hq % r->Hkv ||
+        (r->bwd && !r->dout))
+        return ag__err(AG_EINVAL,
+                       "flex_attention: the call does not fit its block mask (B=%lld, H=%lld, "
+                       "Q_LEN=%lld, KV_LEN=%lld) or its dtype %s",
+                       (long long)m.B, (long long)m.H, (long long)m.L, (long long)m.S,
+                       ag_dtype_name(r->dt));
+    if (flex_depth)
+        return ag__err(AG_EINVAL, "flex_attention: called inside a score_mod or mask_mod");
+    const int64_t *part_n = ag_tensor_data(m.parts[AG_BM_KV_NUM_BLOCKS]);
+    for (int64_t i = 0; i < m.B * m.H * m.nq && !(r->fns && r->fns->mask); i++)
+        if (part_n[i])
+            return ag__err(AG_EINVAL, "flex_attention: the block mask has partial blocks but "
+                                      "no mask_mod");
+    flex f = {.dt = r->dt,
+              .B = r->B,
+              .Hq = r->Hq,
+              .Hkv = r->Hkv,
+              .G = r->Hq / r->Hkv,
+              .L = r->L,
+              .S = r->S,
+              .E = r->E,
+              .Ev = r->Ev,
+              .scale = r->scale,
+              .q = r->q,
+              .k = r->k,
+              .v = r->v,
+              .out = r->out,
+              .lse = r->lse,
+              .dout = r->dout,
+              .dlse = r->dlse,
+              .dq = r->dq,
+              .dk = r->dk,
+              .dv = r->dv,
+              .QB = m.QB,
+              .KB = m.KB,
+              .nq = m.nq,
+              .nk = m.nk,
+              .bm = &m,
+              .tf = r->fns};
+    if (r->bwd) {
+        const size_t es = ag_dtype_size(r->dt);
+        memset(r->dq, 0, (size_t)(r->B * r->Hq * r->L * r->E) * es);
+        memset(r->dk, 0, (size_t)(r->B * r->Hkv * r->S * r->E) * es);
+        memset(r->dv, 0, (size_t)(r->B * r->Hkv * r->S * r->Ev) * es);
+    }
+    flex_depth++;
+    rc = run_rows(&f, r->bwd);
+    flex_depth--;
+    return rc;
+}
+
+ag_block_mask *ag__block_mask_from_parts(ag_tensor *const *parts, const int64_t *sizes,
+                                         const ag_mask_mod *mask_mod) {
+    ag_block_mask over = {0};
+    if (mask_over_parts(&over, parts, sizes))
+        return NULL;
+    const int nbuf = mask_mod && mask_mod->fn ? mask_mod->nbuffers : 0;
+    ag_block_mask *m = ag__calloc(1, sizeof *m);
+    if (!m || (nbuf && !(m->bufs = ag__calloc((size_t)nbuf, sizeof *m->bufs)))) {
+        ag__free(m);
+        return NULL;
+    }
+    ag_tensor **bufs = m->bufs;
+    *m = over;
+    m->bufs = bufs;
     for (int p = 0; p < 8; p++)
         m->parts[p] = ag_tensor_keep(parts[p]);
     if (mask_mod && mask_mod->fn) {

@@ -40,4 +40,60 @@ int ag__flex_attention_backward(ag_tensor *q, ag_tensor *k, ag_tensor *v, ag_ten
 ag_block_mask *ag__block_mask_from_parts(ag_tensor *const *parts, const int64_t *sizes,
                                          const ag_mask_mod *mask_mod);
 
+/* ---- the kernel on raw memory (the planned executor's flex steps, runtime/plan_flex.c) ----
+ * Per-tile functions instead of score_mod / mask_mod over tensors, each 0 or a negative status
+ * with the error set; (b, h) the tile's batch and head, rows q0 .. q0 + bq - 1, columns
+ * k0 .. k0 + bk - 1; tid is the calling thread's number, 0 .. nthreads - 1: with nthreads > 1
+ * the kernel calls them from up to nthreads threads at once (each thread its own tid), else
+ * serially on the calling thread. mask is always called serially (tid 0).
+ *   score: S [bq, bk] (contiguous, the call's dtype) <- score_mod(S), in place;
+ *   mask:  dst [bq, bk] bytes (row stride ld) <- mask_mod, 0 or 1;
+ *   joint: the backward of score_mod at the raw scores S0 [bq, bk]: dS (in: the gradient of
+ *          the modified scores; out: of the raw scores), in place; the score_mod buffers'
+ *          gradients are the function's business (accumulated where its ud says).
+ * A NULL function is the identity (score), no mask_mod (mask: partial blocks need one), the
+ * identity's backward (joint). */
+typedef struct ag__flex_tile_fns {
+    void *ud;
+    int nthreads; /* < 2: serial */
+    int (*score)(void *ud, int tid, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0,
+                 int64_t bk, void *S);
+    int (*mask)(void *ud, int tid, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0,
+                int64_t bk, uint8_t *dst, int64_t ld);
+    int (*joint)(void *ud, int tid, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0,
+                 int64_t bk, const void *S0, void *dS);
+} ag__flex_tile_fns;
+
+/* One forward (bwd false: out and lse written) or backward (dq, dk, dv written) on contiguous
+ * [B, H, len, dim] arrays of dtype dt (float32 or float64), the block mask's 8 int64 tensors
+ * (parts, ag_block_mask_part order) with block_mask_sizes (KV_LEN, Q_LEN, Q_BLOCK_SIZE,
+ * KV_BLOCK_SIZE). dlse may be NULL (zero). Allocates nothing once the kernel's scratch has
+ * grown to the call's size. 0 or a negative status with a message. */
+typedef struct ag__flex_raw {
+    bool bwd;
+    ag_dtype dt;
+    int64_t B, Hq, Hkv, L, S, E, Ev;
+    double scale;
+    const void *q, *k, *v;
+    void *out, *lse;         /* forward: written; backward: the saved ones */
+    const void *dout, *dlse; /* backward */
+    void *dq, *dk, *dv;      /* backward: written */
+    ag_tensor *const *parts;
+    const int64_t *sizes;
+    const ag__flex_tile_fns *fns;
+} ag__flex_raw;
+int ag__flex_run_raw(const ag__flex_raw *r);
+/* For the per-tile functions: dst [bq, bk] (row stride ld elements, dtype dt: float32,
+ * float64 or bool) <- r, a contiguous float or bool tensor that broadcasts to the tile
+ * (ag__flex_fits_tile), converted. */
+void ag__flex_store_tile(const ag_tensor *r, ag_dtype dt, int64_t bq, int64_t bk, void *dst,
+                         int64_t ld);
+/* acc (a buffer's gradient: contiguous, float32 or float64) += g (contiguous, float) summed over
+ * its leading dimensions and those where acc has size 1 (ag__flex_reduces_to(g, acc)). */
+void ag__flex_add_reduced(ag_tensor *acc, const ag_tensor *g);
+/* Whether metadata m broadcasts to the tile [bq, bk]; whether a gradient of metadata g sums to
+ * a buffer of metadata b as ag__flex_add_reduced sums it. */
+bool ag__flex_fits_tile(const ag_tmeta *m, int64_t bq, int64_t bk);
+bool ag__flex_reduces_to(const ag_tmeta *g, const ag_tmeta *b);
+
 #endif

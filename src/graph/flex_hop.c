@@ -20,8 +20,9 @@
  * mask_mod); block_mask_sizes is (KV_LEN, Q_LEN, Q_BLOCK_SIZE, KV_BLOCK_SIZE). Both ops are
  * flagged AG_OP_SUBGRAPH and kept out of the registry like invoke_subgraph; meta inference
  * (ag__subgraph_infer hands them here) checks the tensors and gives the outputs' metadata.
- * The interpreter runs them through ag__flex_run (below), the planned executor (plan.c)
- * through ag__flex_call_run on its bound tensors; neither has an op kernel (refused). */
+ * The interpreter runs them through ag__flex_run (below), the planned executor through its tile
+ * plans (src/runtime/plan_flex.c; ag__flex_call_run when those cannot be made); neither has an
+ * op kernel (refused). */
 #include "graph_internal.h"
 
 #include "../autograd/flex_internal.h"
@@ -183,7 +184,8 @@ typedef struct tile_copy {
 
 typedef struct tile_fn {
     const ag_graph *g;
-    int next; /* the entry to replace when all are used */
+    bool tile; /* copies by ag__flex_tile_graph (inputs: score, b, h, q_idx, kv_idx, ...) */
+    int next;  /* the entry to replace when all are used */
     tile_copy c[TILE_SHAPES];
 } tile_fn;
 
@@ -226,6 +228,120 @@ static ag_graph *copy_for(const ag_graph *g, const ag_tmeta *m, int nin) {
     return c;
 }
 
+/* Whether node x of c varies over the tile: it depends on a placeholder whose metadata m (nin)
+ * is not its 0-d val (the score, q_idx, kv_idx, the score's gradient; not b, h, the buffers).
+ * Unsure (too deep): true. */
+static bool tiled(const ag_node *x, ag_node *const *ph, int nph, const ag_tmeta *m, int nin,
+                  int depth) {
+    if (!x || depth > 64)
+        return x != NULL;
+    if (ag_node_kind_of(x) == AG_NODE_PLACEHOLDER) {
+        for (int i = 0; i < nph && i < nin; i++)
+            if (ph[i] == x)
+                return !ag__tmeta_equal(ag_node_val(x, 0), &m[i]);
+        return true;
+    }
+    for (int a = 0; a < ag_node_nargs(x); a++) {
+        const ag_garg *g = ag_node_arg(x, a);
+        if (g->kind == AG_GA_NODE && tiled(g->u.node, ph, nph, m, nin, depth + 1))
+            return true;
+        for (int k = 0; g->kind == AG_GA_NODES && k < g->n; k++)
+            if (tiled(g->u.nodes[k], ph, nph, m, nin, depth + 1))
+                return true;
+    }
+    return false;
+}
+
+/* index_put(self, indices, values, accumulate=True) of a 0-d function (values and every index
+ * 0-d, one index per dimension of self: a scatter-add of one element, as a score_mod's joint
+ * graph takes the gradient of buffer[h]) evaluated over a [bq, bk] tile (placeholders of
+ * metadata m) must add every element's value, as upstream's vmap over the tile does. When no
+ * index varies over the tile, the values are summed first (one element added); else indices
+ * and values are expanded to the tile, so that the op indexes one element per tile position
+ * and accumulates them all. Other calls are left alone. */
+static int expand_scatters(ag_graph *c, int64_t bq, int64_t bk, const ag_tmeta *m, int nin) {
+    const ag_op *ip = ag_op_find("index_put"), *ex = ag_op_find("expand");
+    const ag_op *sum = ag_op_find("sum.dim_IntList");
+    ag_node **phs = NULL, *ph[TILE_MAX_IN];
+    int nph = ag_graph_placeholders(c, &phs); /* copied: valid until the graph changes */
+    if (nph < 0)
+        return nph;
+    if (!ip || !ex || !sum)
+        return 0;
+    nph = nph < TILE_MAX_IN ? nph : TILE_MAX_IN;
+    for (int i = 0; i < nph; i++)
+        ph[i] = phs[i];
+    int64_t tile[2] = {bq, bk};
+    for (ag_node *n = ag_graph_first(c); n; n = ag_node_next(n)) {
+        if (ag_node_kind_of(n) != AG_NODE_CALL || ag_node_op(n) != ip || ag_node_nargs(n) < 4 ||
+            ag_node_arg(n, 3)->kind != AG_GA_BOOL || !ag_node_arg(n, 3)->u.b)
+            continue;
+        const ag_node *self = ag_node_arg_node(n, 0);
+        const ag_garg *idx = ag_node_arg(n, 1);
+        ag_node *val = ag_node_arg_node(n, 2);
+        if (!self || !val || idx->kind != AG_GA_NODES || idx->n < 1 || idx->n > 8 ||
+            idx->n != ag_node_val(self, 0)->ndim || ag_node_val(val, 0)->ndim != 0)
+            continue;
+        bool scalar = true, idx_tiled = false;
+        for (int i = 0; i < idx->n && scalar; i++) {
+            scalar = idx->u.nodes[i] && ag_node_val(idx->u.nodes[i], 0)->ndim == 0;
+            idx_tiled |= scalar && tiled(idx->u.nodes[i], ph, nph, m, nin, 0);
+        }
+        if (!scalar)
+            continue;
+        ag_node *e[9];
+        ag_graph_insert_before(c, n);
+        if (!idx_tiled) { /* one element: the tile's values summed */
+            ag_node *sv = ag_graph_call(c, sum, (ag_garg[]){AG_GA_N(val), AG_GA_NIL}, 2, NULL);
+            int rc = sv ? ag_node_set_arg(n, 2, AG_GA_N(sv)) : ag_last_status();
+            if (rc)
+                return rc;
+            continue;
+        }
+        for (int i = 0; i <= idx->n; i++) {
+            ag_node *x = i < idx->n ? idx->u.nodes[i] : val;
+            ag_garg a[2] = {AG_GA_N(x), AG_GA_INTS(tile, 2)};
+            if (!(e[i] = ag_graph_call(c, ex, a, 2, NULL)))
+                return ag_last_status();
+        }
+        const int ni = idx->n;
+        int rc = ag_node_set_arg(n, 1, AG_GA_NODES(e, ni));
+        if (!rc)
+            rc = ag_node_set_arg(n, 2, AG_GA_N(e[ni]));
+        if (rc)
+            return rc;
+    }
+    ag_graph_insert_at_end(c);
+    return 0;
+}
+
+ag_graph *ag__flex_tile_graph(const ag_graph *g, const ag_tmeta *m, int nin, int64_t bq,
+                              int64_t bk) {
+    ag_graph *c = ag_graph_copy(g);
+    if (!c)
+        return NULL;
+    int rc = expand_scatters(c, bq, bk, m, nin), i = 0;
+    for (ag_node *n = ag_graph_first(c); n && !rc; n = ag_node_next(n))
+        if (ag_node_kind_of(n) == AG_NODE_PLACEHOLDER)
+            rc = i < nin ? ag_node_set_val(n, 0, &m[i++])
+                         : ag__err(AG_EINVAL,
+                                   "flex_attention: the graph function takes more than the %d "
+                                   "inputs given",
+                                   nin);
+    if (!rc && i != nin)
+        rc = ag__err(AG_EINVAL, "flex_attention: the graph function takes %d inputs, %d given", i,
+                     nin);
+    if (!rc)
+        rc = ag_graph_reinfer_meta(c);
+    if (!rc && ag_graph_dce(c) < 0) /* a joint's forward part: its result is not an output */
+        rc = ag_last_status();
+    if (rc) {
+        ag_graph_free(c);
+        return NULL;
+    }
+    return c;
+}
+
 /* The copy of f's graph for inputs of metadata m (nin), made on first use. */
 static const ag_graph *tile_fn_graph(tile_fn *f, const ag_tmeta *m, int nin) {
     for (int i = 0; i < TILE_SHAPES && f->c[i].g; i++) {
@@ -235,7 +351,9 @@ static const ag_graph *tile_fn_graph(tile_fn *f, const ag_tmeta *m, int nin) {
         if (same)
             return f->c[i].g;
     }
-    ag_graph *g = copy_for(f->g, m, nin);
+    ag_graph *g = f->tile && nin >= 5 && m[3].ndim == 2 && m[4].ndim == 2
+                      ? ag__flex_tile_graph(f->g, m, nin, m[3].sizes[0], m[4].sizes[1])
+                      : copy_for(f->g, m, nin);
     ag_tmeta *in = g ? ag__malloc(sizeof *in * (size_t)nin) : NULL;
     if (!in) {
         ag_graph_free(g);
@@ -329,8 +447,8 @@ ag_tensor *ag_mask_mod_graph(void *graph, ag_tensor *b, ag_tensor *h, ag_tensor 
 /* ---- running the ops (the interpreter) ----
  * flex_attention runs ag_flex_attention with the score graph as its score_mod and a block mask
  * over the node's tensors with the mask graph as its mask_mod; flex_attention_backward runs the
- * same backward as the eager node's (score_mod's gradient per tile through autograd on the
- * forward graph, fw_graph: the joint graph, a 0-d function, is not run on tiles). */
+ * joint graph per tile (above), or, when that cannot run on the tiles, the same backward as the
+ * eager node's (score_mod's gradient per tile through autograd on the forward graph). */
 
 static ag_tensor *arg_tensor(const ag_node *n, int i, ag__flex_value_fn val, void *ud) {
     const ag_garg *a = &n->args[i];
@@ -353,7 +471,251 @@ static int arg_list(const ag_node *n, int i, ag__flex_value_fn val, void *ud, ag
     return 0;
 }
 
+/* ---- flex_attention_backward through the joint graph ----
+ * Upstream's flex_attention_backward runs joint_graph over the scores: per tile, the score
+ * graph gives the modified scores, and the joint graph (score, b, h, q_idx, kv_idx,
+ * grad_score, buffers -> grad_score, None x 4, the buffers' gradients) turns the modified
+ * scores' gradient into the raw scores', its buffer gradients summed over the tile. Here the
+ * kernel on raw memory (ag__flex_run_raw) calls these functions, which run the graphs' tile
+ * copies through the interpreter (the planned executor runs plans of them instead). */
+
+typedef struct joint_bwd {
+    ag_dtype dt;
+    tile_fn sf, mf, jf;
+    ag_tensor *const *sb, *const *mb;
+    int nsb, nmb;
+    ag_tensor **bgrad; /* the buffers' gradients, zeroed */
+} joint_bwd;
+
+/* The tile's leading inputs (the score from S when S is not NULL, then b, h, q_idx, kv_idx)
+ * into lead, the open scope's; their count or a negative status. */
+static int tile_lead(ag_dtype dt, const void *S, int64_t b, int64_t h, int64_t q0, int64_t bq,
+                     int64_t k0, int64_t bk, ag_tensor **lead) {
+    const int64_t tile[2] = {bq, bk}, col[2] = {bq, 1}, row[2] = {1, bk};
+    int n = 0;
+    if (S)
+        lead[n++] = ag_from_data(dt, 2, tile, S);
+    lead[n++] = ag_scalar_tensor(AG_I64, (double)b);
+    lead[n++] = ag_scalar_tensor(AG_I64, (double)h);
+    ag_tensor *qi = ag_arange(AG_I64, (double)q0, (double)(q0 + bq), 1);
+    ag_tensor *ki = ag_arange(AG_I64, (double)k0, (double)(k0 + bk), 1);
+    lead[n++] = qi ? ag_view(qi, 2, col) : NULL;
+    lead[n++] = ki ? ag_view(ki, 2, row) : NULL;
+    for (int i = 0; i < n; i++)
+        if (!lead[i])
+            return ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
+    return n;
+}
+
+/* dst <- r broadcast to the tile (r: a graph's result, checked). */
+static int store(ag_tensor *r, ag_dtype dt, int64_t bq, int64_t bk, void *dst, int64_t ld) {
+    ag_tmeta m;
+    ag__tmeta_of(r, &m);
+    if (!ag__flex_fits_tile(&m, bq, bk) ||
+        (dt == AG_BOOL ? m.dtype != AG_BOOL : !ag_dtype_is_float(m.dtype)))
+        return ag__err(AG_EINVAL, "flex_attention: the graph function's result does not fit the "
+                                  "tile");
+    ag_tensor *c = ag_contiguous(r);
+    if (!c)
+        return ag_last_status();
+    ag__flex_store_tile(c, dt, bq, bk, dst, ld);
+    return 0;
+}
+
+static int jb_score(void *ud, int tid, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0,
+                    int64_t bk, void *S) {
+    joint_bwd *j = ud;
+    (void)tid; /* serial */
+    ag_scope_begin();
+    ag_tensor *lead[5];
+    int rc = tile_lead(j->dt, S, b, h, q0, bq, k0, bk, lead);
+    ag_tensor *r = rc < 0 ? NULL : run_graph(NULL, &j->sf, lead, 5, j->sb, j->nsb);
+    rc = r ? store(r, j->dt, bq, bk, S, bk) : ag_last_status();
+    ag_scope_end();
+    return rc;
+}
+
+static int jb_mask(void *ud, int tid, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0,
+                   int64_t bk, uint8_t *dst, int64_t ld) {
+    joint_bwd *j = ud;
+    (void)tid; /* serial */
+    ag_scope_begin();
+    ag_tensor *lead[4];
+    int rc = tile_lead(j->dt, NULL, b, h, q0, bq, k0, bk, lead);
+    ag_tensor *r = rc < 0 ? NULL : run_graph(NULL, &j->mf, lead, 4, j->mb, j->nmb);
+    rc = r ? store(r, AG_BOOL, bq, bk, dst, ld) : ag_last_status();
+    ag_scope_end();
+    return rc;
+}
+
+static int jb_joint(void *ud, int tid, int64_t b, int64_t h, int64_t q0, int64_t bq, int64_t k0,
+                    int64_t bk, const void *S0, void *dS) {
+    joint_bwd *j = ud;
+    (void)tid; /* serial */
+    ag_scope_begin();
+    ag_tensor *in[TILE_MAX_IN], *out[AG_MAX_OUTPUTS] = {0};
+    ag_tmeta m[TILE_MAX_IN];
+    const int64_t tile[2] = {bq, bk};
+    int rc = tile_lead(j->dt, S0, b, h, q0, bq, k0, bk, in);
+    const int nin = 6 + j->nsb;
+    if (rc >= 0 && !(in[5] = ag_from_data(j->dt, 2, tile, dS)))
+        rc = ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
+    for (int i = 0; i < j->nsb; i++)
+        in[6 + i] = j->sb[i];
+    for (int i = 0; i < nin && rc >= 0; i++)
+        ag__tmeta_of(in[i], &m[i]);
+    const ag_graph *g = rc < 0 ? NULL : tile_fn_graph(&j->jf, m, nin);
+    int n = g ? ag_graph_run(g, in, nin, out, AG_MAX_OUTPUTS) : ag_last_status();
+    rc = n < 0             ? n
+         : n != 5 + j->nsb ? ag__err(AG_EINVAL,
+                                     "flex_attention_backward: the joint "
+                                     "graph returned %d outputs, expected %d",
+                                     n, 5 + j->nsb)
+                           : 0;
+    if (!rc && out[0])
+        rc = store(out[0], j->dt, bq, bk, dS, bk);
+    else if (!rc)
+        memset(dS, 0, (size_t)(bq * bk) * ag_dtype_size(j->dt)); /* the score was ignored */
+    for (int i = 0; i < j->nsb && !rc; i++) {
+        ag_tensor *gr = out[5 + i];
+        if (!gr)
+            continue;
+        ag_tmeta gm, bm;
+        ag__tmeta_of(gr, &gm);
+        ag__tmeta_of(j->bgrad[i], &bm);
+        ag_tensor *c = ag__flex_reduces_to(&gm, &bm) ? ag_contiguous(gr) : NULL;
+        if (!c)
+            rc = ag_last_status() < 0
+                     ? ag_last_status()
+                     : ag__err(AG_EINVAL,
+                               "flex_attention_backward: the joint graph's gradient of "
+                               "buffer %d does not sum to the buffer's shape",
+                               i);
+        else
+            ag__flex_add_reduced(j->bgrad[i], c);
+    }
+    ag_scope_end(); /* the tile's tensors and the graph's results */
+    return rc;
+}
+
+/* Whether the joint graph has a tile copy for every tile shape of the call (else the backward
+ * differentiates the score graph instead): 1 or 0; AG_ENOMEM when out of memory. */
+static int joint_fits(joint_bwd *j, const ag__flex_call *c) {
+    const int64_t L = ag_tensor_size(c->q, 2), S = ag_tensor_size(c->k, 2);
+    const int64_t QB = c->sizes[2], KB = c->sizes[3];
+    const int64_t bqs[2] = {L >= QB ? QB : 0, L % QB}, bks[2] = {S >= KB ? KB : 0, S % KB};
+    ag_tmeta m[TILE_MAX_IN];
+    if (6 + c->nsb > TILE_MAX_IN)
+        return 0;
+    for (int i = 0; i < c->nsb; i++)
+        ag__tmeta_of(c->sb[i], &m[6 + i]);
+    for (int a = 0; a < 2; a++)
+        for (int b = 0; b < 2; b++) {
+            if (!bqs[a] || !bks[b])
+                continue;
+            const int64_t tile[2] = {bqs[a], bks[b]}, col[2] = {bqs[a], 1}, row[2] = {1, bks[b]};
+            ag__tmeta_contiguous(&m[0], j->dt, 2, tile);
+            ag__tmeta_contiguous(&m[1], AG_I64, 0, NULL);
+            ag__tmeta_contiguous(&m[2], AG_I64, 0, NULL);
+            ag__tmeta_contiguous(&m[3], AG_I64, 2, col);
+            ag__tmeta_contiguous(&m[4], AG_I64, 2, row);
+            ag__tmeta_contiguous(&m[5], j->dt, 2, tile);
+            uint64_t errs = ag__err_count();
+            if (!tile_fn_graph(&j->jf, m, 6 + c->nsb)) {
+                if (ag__err_count() == errs || ag_last_status() == AG_ENOMEM)
+                    return AG_ENOMEM;
+                ag_clear_error();
+                return 0;
+            }
+        }
+    return 1;
+}
+
+/* The backward through the joint graph: 1 (and outs, the open scope's) when it ran, 0 when the
+ * joint graph does not run on the call's tiles, or a negative status. */
+static int joint_backward(const ag__flex_call *c, ag_tensor **outs) {
+    joint_bwd j = {.dt = ag_tensor_dtype(c->q),
+                   .sf = {.g = c->score},
+                   .mf = {.g = c->mask},
+                   .jf = {.g = c->joint, .tile = true},
+                   .sb = c->sb,
+                   .mb = c->mb,
+                   .nsb = c->nsb,
+                   .nmb = c->nmb};
+    const int fits = j.dt == AG_F32 || j.dt == AG_F64 ? joint_fits(&j, c) : 0;
+    if (fits <= 0) {
+        tile_fn_free(&j.jf);
+        return fits;
+    }
+    ag_scope_begin();
+    bool prev = ag_set_grad_enabled(false);
+    ag_tensor *t[7] = {c->q, c->k, c->v, c->out, c->lse, c->go, c->gl}, *ct[7] = {0};
+    int rc = 0;
+    for (int i = 0; i < 7 && !rc; i++)
+        if (t[i] && !(ct[i] = ag_contiguous(t[i])))
+            rc = ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
+    if (!rc && !ct[5] && !(ct[5] = ag_zeros_like(c->out)))
+        rc = ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
+    ag_tensor *res[AG_MAX_OUTPUTS] = {0};
+    for (int i = 0; i < 3 && !rc; i++)
+        if (!(res[i] = ag_empty(j.dt, 4, ag_tensor_sizes(ct[i]))))
+            rc = ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
+    for (int i = 0; i < c->nsb && !rc; i++)
+        if (!(res[3 + i] = ag_zeros_like(c->sb[i])))
+            rc = ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
+    j.bgrad = res + 3;
+    ag__flex_tile_fns fns = {&j, 1, jb_score, c->mask ? jb_mask : NULL, jb_joint};
+    if (!rc) {
+        const int64_t *qs = ag_tensor_sizes(ct[0]), *ks = ag_tensor_sizes(ct[1]);
+        ag__flex_raw r = {.bwd = true,
+                          .dt = j.dt,
+                          .B = qs[0],
+                          .Hq = qs[1],
+                          .Hkv = ks[1],
+                          .L = qs[2],
+                          .S = ks[2],
+                          .E = qs[3],
+                          .Ev = ag_tensor_size(ct[2], 3),
+                          .scale = c->scale,
+                          .q = ag_tensor_data(ct[0]),
+                          .k = ag_tensor_data(ct[1]),
+                          .v = ag_tensor_data(ct[2]),
+                          .out = ag_tensor_data(ct[3]),
+                          .lse = ag_tensor_data(ct[4]),
+                          .dout = ag_tensor_data(ct[5]),
+                          .dlse = ct[6] ? ag_tensor_data(ct[6]) : NULL,
+                          .dq = ag_tensor_data(res[0]),
+                          .dk = ag_tensor_data(res[1]),
+                          .dv = ag_tensor_data(res[2]),
+                          .parts = c->parts,
+                          .sizes = c->sizes,
+                          .fns = &fns};
+        rc = ag__flex_run_raw(&r);
+    }
+    const int n = 3 + c->nsb;
+    for (int i = 0; i < n && !rc; i++)
+        if (!ag_tensor_keep(res[i]))
+            rc = AG_ENOMEM;
+    ag_set_grad_enabled(prev);
+    ag_scope_end();
+    tile_fn_free(&j.sf);
+    tile_fn_free(&j.mf);
+    tile_fn_free(&j.jf);
+    if (rc)
+        return rc;
+    for (int i = 0; i < n; i++)
+        outs[i] = ag__give(res[i]);
+    return 1;
+}
+
 int ag__flex_call_run(const ag__flex_call *c, ag_tensor **outs) {
+    if (c->bwd && c->joint) {
+        if (!c->out || !c->lse)
+            return ag__err(AG_EINVAL, "flex_attention_backward: no out/logsumexp");
+        int rc = joint_backward(c, outs);
+        if (rc)
+            return rc < 0 ? rc : 3 + c->nsb;
+    }
     tile_fn sf = {.g = c->score}, mf = {.g = c->mask};
     ag_mask_mod mm = {mask_cached, &mf, c->mb, c->nmb};
     ag_block_mask *bm = ag__block_mask_from_parts(c->parts, c->sizes, c->mask ? &mm : NULL);
@@ -402,6 +764,7 @@ int ag__flex_run(const ag_node *n, ag__flex_value_fn val, void *ud, ag_tensor **
     c.parts = parts, c.sizes = n->args[ibm + 1].u.ints, c.scale = n->args[ibm + 2].u.f;
     c.sb = sb, c.nsb = n->args[ibuf].n, c.mb = mb, c.nmb = n->args[ibuf + 1].n;
     if (bwd) {
+        c.joint = n->args[8].u.node->sub;
         c.out = arg_tensor(n, 3, val, ud), c.lse = arg_tensor(n, 4, val, ud);
         c.go = arg_tensor(n, 5, val, ud), c.gl = arg_tensor(n, 6, val, ud);
         if ((!c.out || !c.lse) && ag_last_status() < 0)

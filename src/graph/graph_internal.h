@@ -148,6 +148,7 @@ typedef struct ag__flex_call {
     ag_tensor *q, *k, *v;
     ag_tensor *out, *lse, *go, *gl; /* backward only; go, gl may be NULL */
     const ag_graph *score, *mask;   /* mask NULL: no mask_mod */
+    const ag_graph *joint;          /* backward: the joint graph (NULL: differentiate score) */
     ag_tensor *const *parts;
     const int64_t *sizes;
     double scale;
@@ -155,6 +156,14 @@ typedef struct ag__flex_call {
     int nsb, nmb;
 } ag__flex_call;
 int ag__flex_call_run(const ag__flex_call *c, ag_tensor **outs);
+/* flex_hop.c: a copy of score_mod / mask_mod / joint graph g (a function of 0-d scalars and its
+ * buffers) to run on one [bq, bk] tile: its placeholders take the inputs' metadata m (nin, all
+ * of them), each index_put accumulating one element (a buffer's gradient in a joint graph)
+ * expanded to the tile so that it adds every tile position's value (upstream's vmap), its
+ * calls' vals inferred again. NULL with the error set (an op that does not broadcast over the
+ * tile). */
+ag_graph *ag__flex_tile_graph(const ag_graph *g, const ag_tmeta *m, int nin, int64_t bq,
+                              int64_t bk);
 /* subgraph.c: refuses (AG_EINVAL) an argument node of g's parent, of one of g's subgraphs or
  * of a sibling subgraph: a graph and its subgraphs share no nodes. */
 int ag__subgraph_check_args(const ag_graph *g, const ag_op *op, const ag_garg *args, int nargs);

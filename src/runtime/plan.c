@@ -44,10 +44,10 @@
  * plan never places a member's output over what the fused kernel still reads. A group whose
  * operands a run finds unsuitable runs its members one by one. Results are bit-identical.
  *
- * Higher-order calls (plan_calls.c). An invoke_subgraph call and a flex_attention(_backward)
- * call are steps like multi-output kernels whose outputs the memory plan places as any other:
- * the first runs its subgraph's own plan (one per subgraph) with the step's buffers as
- * destinations, the second flex_hop.c's code on its bound tensors; see there.
+ * Higher-order calls (plan_calls.c, plan_flex.c). An invoke_subgraph call and a
+ * flex_attention(_backward) call are steps like multi-output kernels whose outputs the memory
+ * plan places as any other: the first runs its subgraph's own plan (one per subgraph) with the
+ * step's buffers as destinations, the second its graphs' plans per tile; see there.
  *
  * Checking mode (ag_plan_opts.checking) fills every arena buffer with a poison pattern (a
  * NaN with a fixed payload for floats, 0xAB bytes otherwise) at the start of a run and as soon
@@ -230,8 +230,7 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
         }
         case AG_NODE_GET_ATTR: {
             /* A subgraph has no value; one that invoke_subgraph calls gets a plan, one that
-             * only flex_attention reads none (its step runs it per tile, one copy per tile shape).
-             */
+             * only flex_attention reads none here (its step plans it per tile shape). */
             if (ag_node_subgraph(x)) {
                 bool invoked = false;
                 for (int u = 0; u < ag_node_num_users(x) && !invoked; u++)
@@ -989,10 +988,8 @@ void ag_plan_free(ag_plan *p) {
     ag__free(p->fuse_at);
     for (int k = 0; k < p->nsubplans; k++)
         ag_plan_free(p->subplans[k]);
-    for (int k = 0; k < p->nflex; k++) {
-        ag_graph_free(p->flex[k].score);
-        ag_graph_free(p->flex[k].mask);
-    }
+    for (int k = 0; k < p->nflex; k++)
+        ag__plan_flex_free(&p->flex[k]);
     ag__free(p->flex);
     ag__free(p->subplans);
     ag__free(p->subgraphs);

@@ -1,5 +1,5 @@
-/* The executor's higher-order calls (plan.c runs them as steps): invoke_subgraph and
- * flex_attention / flex_attention_backward.
+/* The executor's invoke_subgraph calls (plan.c runs them as steps; flex_attention's are in
+ * plan_flex.c).
  *
  * Subgraphs. A call of invoke_subgraph is a step like a multi-output kernel whose outputs the
  * memory plan places as any other; its subgraph gets one plan of its own (made at ag_plan_new
@@ -11,13 +11,7 @@
  * are views and constants). A None output (a grad nobody needs) is left empty. The subgraph's
  * plan hands nothing out, so no buffer of the caller aliases one that the next call
  * overwrites.
- *
- * flex_attention / flex_attention_backward (flex_hop.c's higher-order ops) are steps like
- * multi-output kernels too: the step runs ag__flex_call_run, the interpreter's code, on its
- * bound tensors with copies of the score and mask graphs (taken at ag_plan_new, run per tile, one
- * copy per tile shape, as score_mod / mask_mod), and copies the results into the step's buffers.
- * The op allocates its results and per-tile temporaries at every run (its graphs run by the
- * interpreter on each tile), so a plan holding these steps is not allocation-free when warm. */
+ */
 #include "plan_internal.h"
 #include "../graph/graph_internal.h"
 
@@ -97,33 +91,9 @@ int ag__plan_passthrough_value(ag_plan *p, const ag_node *x, int k) {
     return v;
 }
 
-/* A flex_attention step's graphs: copies of its score graph (argument 3, or 7 for the
- * backward) and of the mask graph (the block mask list's last element, may be None). */
-int ag__plan_flex_graphs_of(ag_plan *p, const ag_node *x) {
-    const bool bwd = ag_node_op(x) == ag__op_flex_attention(true);
-    const ag_node *sn = ag_node_arg_node(x, bwd ? 7 : 3);
-    const ag_garg *bm = ag_node_arg(x, bwd ? 9 : 4);
-    const ag_node *mn = bm && bm->kind == AG_GA_NODES && bm->n == 9 ? bm->u.nodes[8] : NULL;
-    if (!sn || !ag_node_subgraph(sn) || (mn && !ag_node_subgraph(mn)))
-        return ag__err(AG_EINVAL, "plan_new: %%%s: the score or mask graph is not a subgraph",
-                       ag_node_name(x));
-    if (ag__grow((void **)&p->flex, &p->flex_cap, p->nflex + 1, sizeof *p->flex))
-        return AG_ENOMEM;
-    pflex *f = &p->flex[p->nflex];
-    f->score = ag_graph_copy(ag_node_subgraph(sn));
-    f->mask = mn ? ag_graph_copy(ag_node_subgraph(mn)) : NULL;
-    if (!f->score || (mn && !f->mask)) {
-        ag_graph_free(f->score);
-        ag_graph_free(f->mask);
-        return ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
-    }
-    p->nflex++;
-    return 0;
-}
-
 /* ---- running ---- */
 
-/* A subgraph's run (plan_run_into): an output buffer whose value is output k itself is bound
+/* A subgraph's run (ag__plan_run_into): an output buffer whose value is output k itself is bound
  * to dst[k]'s storage (its kernel writes there); the others come from their pools. */
 static int acquire_storages_into(ag_plan *p, ag_tensor *const *dst) {
     for (int bi = 0; bi < p->nbufs; bi++)
@@ -145,8 +115,8 @@ static int acquire_storages_into(ag_plan *p, ag_tensor *const *dst) {
  * caller owns): computed there when it is a kernel output of its own, else copied (an input
  * passed through, a view, a constant); a None output writes nothing (dst[k] is the f32[0] of
  * its val). Nothing is handed out. */
-static int plan_run_into(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor *const *dst,
-                         int ndst) {
+int ag__plan_run_into(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor *const *dst,
+                      int ndst) {
     if (ndst != p->nouts)
         return ag__err(AG_EINVAL, "plan: the subgraph has %d outputs, the call %d", p->nouts, ndst);
     int rc = ag__plan_bind_inputs(p, inputs, ninputs);
@@ -189,60 +159,12 @@ static int plan_run_into(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_t
 }
 
 /* invoke_subgraph: runs the subgraph's plan on the operands, its outputs written into the
- * step's buffers (plan_run_into): nothing of the subplan's is handed out, so nothing of the
+ * step's buffers (ag__plan_run_into): nothing of the subplan's is handed out, so nothing of the
  * outer plan aliases a buffer the next call reuses, and a warm run allocates nothing. */
 int ag__plan_run_subgraph(ag_plan *p, pstep *s) {
     ag_plan *sp = p->subplans[s->sub - 1];
     const ag_arg *ops = &s->args[2];
-    int rc = plan_run_into(sp, ops->u.ts, ops->n, s->outs, s->nouts);
-    if (rc < 0) {
-        char msg[512];
-        snprintf(msg, sizeof msg, "%s", ag_last_error());
-        return ag__err(rc, "plan: %%%s: %s", p->names[s->node], msg);
-    }
-    return 0;
-}
-
-/* flex_attention(_backward): the interpreter's run (ag__flex_call_run) on the step's bound
- * tensors and the plan's copies of its graphs; the results are copied into the step's
- * buffers. plan.c's run_kernel called the step hook. */
-int ag__plan_run_flex(ag_plan *p, pstep *s) {
-    const pflex *f = &p->flex[s->flex - 1];
-    const bool bwd = s->op == ag__op_flex_attention(true);
-    const ag_arg *a = s->args;
-    const int ibm = bwd ? 9 : 4, ibuf = bwd ? 12 : 7;
-    ag__flex_call c = {.bwd = bwd,
-                       .q = a[0].u.t,
-                       .k = a[1].u.t,
-                       .v = a[2].u.t,
-                       .score = f->score,
-                       .mask = f->mask,
-                       .parts = a[ibm].u.ts,
-                       .sizes = a[ibm + 1].u.ints,
-                       .scale = a[ibm + 2].u.f,
-                       .sb = a[ibuf].u.ts,
-                       .nsb = a[ibuf].n,
-                       .mb = a[ibuf + 1].u.ts,
-                       .nmb = a[ibuf + 1].n};
-    if (bwd) {
-        c.out = a[3].u.t, c.lse = a[4].u.t;
-        c.go = a[5].kind == AG_ARG_TENSOR ? a[5].u.t : NULL;
-        c.gl = a[6].kind == AG_ARG_TENSOR ? a[6].u.t : NULL;
-    }
-    ag_tensor *outs[AG_MAX_OUTPUTS] = {0};
-    ag_scope_begin();
-    int n = ag__flex_call_run(&c, outs);
-    for (int i = 0; i < n; i++)
-        ag_tensor_keep(outs[i]);
-    ag_scope_end();
-    int rc = n < 0 ? n : 0;
-    if (!rc && n != s->nouts)
-        rc = ag__err(AG_EINVAL, "%d output(s), the graph expects %d", n, s->nouts);
-    for (int i = 0; i < n && !rc; i++)
-        if (s->outs[i])
-            rc = ag__copy_into(s->outs[i], outs[i]);
-    for (int i = 0; i < n; i++)
-        ag_tensor_free(outs[i]);
+    int rc = ag__plan_run_into(sp, ops->u.ts, ops->n, s->outs, s->nouts);
     if (rc < 0) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", ag_last_error());

@@ -143,7 +143,9 @@ typedef struct pstep {
 } pstep;
 
 typedef struct pflex {
-    ag_graph *score, *mask; /* copies of the call's score and mask graphs (mask may be NULL) */
+    ag_graph *score, *mask;       /* copies of the call's score and mask graphs (mask: NULL) */
+    ag_graph *joint;              /* the backward's: a copy of its joint graph (else NULL) */
+    struct ag__flex_tiles *tiles; /* plan_flex.c: the graphs' tile plans; NULL: interpreted */
 } pflex;
 
 typedef struct pout {
@@ -213,16 +215,26 @@ int ag__plan_acquire_out_buffers(ag_plan *p);
 int ag__plan_run_steps(ag_plan *p);
 void ag__plan_settle_collectives(ag_plan *p);
 
-/* plan_calls.c: invoke_subgraph and flex_attention(_backward) steps. */
+/* plan_calls.c: invoke_subgraph steps. */
 /* Building: the plan of subgraph sub (*k: its index; one per subgraph), whether call x may
  * write a tensor it reads, the operand's value that output k of subgraph call x passes through
- * (or -1), and the copies of a flex_attention call's score and mask graphs (p->flex). */
+ * (or -1). */
 int ag__plan_subplan_of(ag_plan *p, const ag_graph *sub, int *k);
 bool ag__plan_may_mutate(const ag_node *x);
 int ag__plan_passthrough_value(ag_plan *p, const ag_node *x, int k);
-int ag__plan_flex_graphs_of(ag_plan *p, const ag_node *x);
-/* Running step s (s->sub, s->flex): 0 or a negative status naming the node. */
+/* Running step s (s->sub): 0 or a negative status naming the node. */
 int ag__plan_run_subgraph(ag_plan *p, pstep *s);
+/* A run of plan p whose output k is written into dst[k] (a contiguous tensor of its val, the
+ * caller's; NULL where the output is None): computed there when it is a kernel output of its
+ * own, else copied. Nothing is handed out; a warm run allocates nothing. */
+int ag__plan_run_into(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor *const *dst,
+                      int ndst);
+
+/* plan_flex.c: flex_attention(_backward) steps. Building: a call's graphs and their tile plans
+ * (p->flex); freeing an entry; running step s (s->flex): 0 or a negative status naming the
+ * node. */
+int ag__plan_flex_graphs_of(ag_plan *p, const ag_node *x);
+void ag__plan_flex_free(pflex *f);
 int ag__plan_run_flex(ag_plan *p, pstep *s);
 
 /* ---- coll_order.c: the collective-order check of a plan's first run ---- */
