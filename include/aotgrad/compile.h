@@ -142,7 +142,9 @@ AG_API void ag_plan_free(ag_plan *p);
  * None) are stored in outs. Returns the output count or a negative status naming the node. */
 AG_API int ag_plan_run(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tensor **outs,
                        int max_out);
-/* Bytes of the arena (planned peak of intermediates) and of outputs. */
+/* Bytes of the arena (planned peak of intermediates; with the arenas of the plans its steps
+ * run inside them: each invoke_subgraph's subgraph plan and flex_attention's tile plans, which
+ * live as long as the plan) and of outputs. */
 AG_API int64_t ag_plan_peak_bytes(const ag_plan *p);
 AG_API int64_t ag_plan_output_bytes(const ag_plan *p);
 

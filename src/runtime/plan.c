@@ -997,7 +997,15 @@ void ag_plan_free(ag_plan *p) {
 }
 
 int64_t ag_plan_peak_bytes(const ag_plan *p) {
-    return p ? p->arena_bytes : 0;
+    if (!p)
+        return 0;
+    /* The plans it runs inside its steps hold their own arenas, alive with it. */
+    int64_t b = p->arena_bytes;
+    for (int k = 0; k < p->nsubplans; k++)
+        b += ag_plan_peak_bytes(p->subplans[k]);
+    for (int k = 0; k < p->nflex; k++)
+        b += ag__plan_flex_bytes(&p->flex[k]);
+    return b;
 }
 int64_t ag_plan_output_bytes(const ag_plan *p) {
     return p ? p->out_bytes : 0;

@@ -92,6 +92,15 @@ void ag__plan_flex_free(pflex *f) {
     f->tiles = NULL;
 }
 
+/* The bytes the step's tile plans hold for intermediates: their arenas, every thread's. */
+int64_t ag__plan_flex_bytes(const pflex *f) {
+    int64_t b = 0;
+    for (int k = 0; f->tiles && k < NFN; k++)
+        for (int s = 0; s < 4 * MAX_THREADS; s++)
+            b += ag_plan_peak_bytes(f->tiles->fn[k].t[s / 4][s % 4].p);
+    return b;
+}
+
 /* ---- building ---- */
 
 /* The plan of graph g (function kind) for tiles [bq, bk]: 0, or a status (the step then falls

@@ -235,6 +235,7 @@ int ag__plan_run_into(ag_plan *p, ag_tensor *const *inputs, int ninputs, ag_tens
  * node. */
 int ag__plan_flex_graphs_of(ag_plan *p, const ag_node *x);
 void ag__plan_flex_free(pflex *f);
+int64_t ag__plan_flex_bytes(const pflex *f); /* the tile plans' arenas */
 int ag__plan_run_flex(ag_plan *p, pstep *s);
 
 /* ---- coll_order.c: the collective-order check of a plan's first run ---- */
