@@ -169,6 +169,13 @@ int ag__garg_copy(ag_garg *dst, const ag_garg *src);
 bool ag__graph_has_dead_code(const ag_graph *g);
 /* Sizes the graph's tables for nnodes nodes (a copy or an extraction knows its size). */
 int ag__graph_reserve(ag_graph *g, int64_t nnodes);
+/* node_meta.c: frees the n entries of e (the list itself unless it is inline_buf). */
+void ag__meta_entries_free(ag__mentry *e, int n, const ag__mentry *inline_buf);
+/* node_meta.c: sets x's key and value on a list of g's, sharing x's string (ag_graph_copy). */
+int ag__entry_copy(ag_graph *g, ag__mentry **e, int *n, int *cap, ag__mentry *inline_buf,
+                   const ag__mentry *x);
+/* node_meta.c: drops one graph's hold on a string pool (NULL does nothing). */
+void ag__strpool_release(ag__strpool *p);
 /* Copies every metadata entry of src onto dst (same keys replaced), sharing string values. */
 int ag__node_meta_copy(ag_node *dst, const ag_node *src);
 /* Gives dst src's entry for key, sharing its string (removes dst's when src has none). */
