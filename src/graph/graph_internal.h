@@ -174,6 +174,9 @@ void ag__meta_entries_free(ag__mentry *e, int n, const ag__mentry *inline_buf);
 /* node_meta.c: sets x's key and value on a list of g's, sharing x's string (ag_graph_copy). */
 int ag__entry_copy(ag_graph *g, ag__mentry **e, int *n, int *cap, ag__mentry *inline_buf,
                    const ag__mentry *x);
+/* node_meta.c: the interned copy of a well-known metadata key or value (NULL for another
+ * string); ag_node_meta_get given it finds the entry by pointer, without comparing text. */
+const char *ag__meta_interned(const char *s);
 /* node_meta.c: drops one graph's hold on a string pool (NULL does nothing). */
 void ag__strpool_release(ag__strpool *p);
 /* Copies every metadata entry of src onto dst (same keys replaced), sharing string values. */

@@ -69,6 +69,10 @@ static const char *intern(const char *s) {
     return NULL;
 }
 
+const char *ag__meta_interned(const char *s) {
+    return intern(s);
+}
+
 /* ---- string pools ----
  * Metadata strings that are not interned live in string pools: append-only chunks, freed
  * together when the last graph using the pool is freed. A graph writes only into its own

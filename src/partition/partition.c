@@ -281,6 +281,7 @@ int ag__part_init_ex(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bo
     int64_t seen_extra[8];
     double seen_flops[8];
     int nseen = 0, next_seen = 0;
+    const char *mb_key = ag__meta_interned("memory_budget"); /* found by pointer */
     for (ag_node *n = ag_graph_first(P->g); n; n = ag_node_next(n), i++) {
         ag__pinfo *pi = &P->info[i];
         pi->node = n;
@@ -296,7 +297,7 @@ int ag__part_init_ex(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bo
         pi->policy = ag_node_recompute(n);
         if (pi->policy == AG_MUST_RECOMPUTE || pi->policy == AG_PREFER_RECOMPUTE)
             P->has_recompute_tags = true;
-        ag_mval mb = ag_node_meta_get(n, "memory_budget");
+        ag_mval mb = ag_node_meta_get(n, mb_key);
         if (mb.kind == AG_MV_FLOAT && P->meta_budget < 0)
             P->meta_budget = mb.u.f;
         if (pi->kind == AG_NODE_PLACEHOLDER) {
@@ -399,9 +400,14 @@ int ag__part_init_ex(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bo
             pooled += k;
             for (int u = 0; u < k; u++)
                 pi->users[u] = idx_of(ag_node_user(pi->node, u));
-            if (k > 8) {
+            /* Users are listed in creation order, mostly graph order already (a region call
+             * has one user per output): sorted only when they are not. */
+            bool sorted = true;
+            for (int u = 1; u < k && sorted; u++)
+                sorted = pi->users[u - 1] < pi->users[u];
+            if (!sorted && k > 8) {
                 qsort(pi->users, (size_t)k, sizeof(int), ag__cmp_int);
-            } else { /* most values have one or two users: no qsort call */
+            } else if (!sorted) { /* most values have one or two users: no qsort call */
                 for (int u = 1; u < k; u++)
                     for (int v = u; v > 0 && pi->users[v - 1] > pi->users[v]; v--) {
                         int x = pi->users[v];
