@@ -399,9 +399,18 @@ static void fmt_numbered(char *out, const char *base, int64_t num) {
     out[n] = 0;
 }
 
+static bool name_in_table(void *g, const char *name) {
+    return ag__strmap_has(&((ag_graph *)g)->names, name);
+}
+
+static int make_name(ag_graph *g, const char *candidate, char *out) {
+    return ag__graph_make_name(g, candidate, name_in_table, g, out);
+}
+
 /* The next free name for `candidate` into out (160 bytes), FX's rules: a trailing _<digits> is
  * split off as a counter, and the base keeps its own running count. */
-static int make_name(ag_graph *g, const char *candidate, char *out) {
+int ag__graph_make_name(ag_graph *g, const char *candidate, bool (*taken)(void *, const char *),
+                        void *ctx, char *out) {
     char base[128];
     size_t n = 0;
     for (const char *c = candidate; *c && n + 1 < sizeof base; c++)
@@ -450,7 +459,7 @@ static int make_name(ag_graph *g, const char *candidate, char *out) {
         memcpy(cand, base, strlen(base) + 1);
     if (num <= 0)
         num = bc->count;
-    while (ag__strmap_has(&g->names, cand) || illegal_name(cand)) {
+    while (taken(ctx, cand) || illegal_name(cand)) {
         num++;
         fmt_numbered(cand, base, num);
     }
@@ -634,6 +643,17 @@ static int set_vals(ag_node *n, const ag_tmeta *vals, int cnt) {
     return 0;
 }
 
+void ag__call_name_base(const ag_op *op, char *base) {
+    const char *colons = strstr(ag_op_name(op), "::");
+    const char *b = colons ? colons + 2 : ag_op_name(op);
+    const char *dot = strchr(b, '.');
+    size_t len = dot ? (size_t)(dot - b) : strlen(b);
+    if (len >= 96)
+        len = 95;
+    memcpy(base, b, len);
+    base[len] = 0;
+}
+
 ag_node *ag__graph_call_vals(ag_graph *g, const ag_op *op, const ag_garg *args, int nargs,
                              const ag_tmeta *vals, int nvals, const char *name) {
     /* Trailing arguments equal to their schema defaults are dropped, as FX does not show
@@ -641,14 +661,7 @@ ag_node *ag__graph_call_vals(ag_graph *g, const ag_op *op, const ag_garg *args, 
     while (nargs > 0 && ag__garg_is_default(op, nargs - 1, &args[nargs - 1]))
         nargs--;
     char base[96];
-    const char *colons = strstr(ag_op_name(op), "::");
-    const char *b = colons ? colons + 2 : ag_op_name(op);
-    const char *dot = strchr(b, '.');
-    size_t len = dot ? (size_t)(dot - b) : strlen(b);
-    if (len >= sizeof base)
-        len = sizeof base - 1;
-    memcpy(base, b, len);
-    base[len] = 0;
+    ag__call_name_base(op, base);
     ag_node *n = node_new(g, AG_NODE_CALL, name, base);
     if (!n)
         return NULL;
@@ -1022,33 +1035,67 @@ int ag__graph_reserve(ag_graph *g, int64_t nnodes) {
 
 /* ---- copy ---- */
 
-/* The copy of source node x (NULL for a node that is not one of the source's, or not copied
- * yet). */
-static ag_node *copy_of(ag_node *const *from, ag_node *const *to, int64_t cnt, const ag_node *x) {
+ag_node *ag__copy_map_get(const ag__copy_map *map, const ag_node *x) {
     int64_t i = x->index;
-    return i >= 0 && i < cnt && from[i] == x ? to[i] : NULL;
+    return i >= 0 && i < map->cnt && map->from[i] == x ? map->to[i] : NULL;
 }
 
-ag_graph *ag_graph_copy(const ag_graph *src) {
-    AG__CHECK_NULL_RET("graph_copy", src, NULL);
+void ag__copy_map_set(ag__copy_map *map, const ag_node *x, ag_node *to) {
+    int64_t i = x->index;
+    if (i >= 0 && i < map->cnt && map->from[i] == x)
+        map->to[i] = to;
+}
+
+ag_graph *ag__graph_copy_shell(const ag_graph *src) {
     ag_graph *g = ag_graph_new();
-    if (!g)
+    int rc = g ? ag__subgraphs_copy(g, src) : AG_ENOMEM;
+    if (rc == 0)
+        rc = ag__graph_reserve(g, src->count);
+    /* Name counters carry over so that later nodes are named as in the source graph. */
+    for (int64_t i = 0; i < src->nbases && rc == 0; i++) {
+        int64_t cap = g->bases_cap;
+        char *b = ag__strdup(src->bases[i].base);
+        if (!b || ag__grow((void **)&g->bases, &cap, g->nbases + 1, sizeof *g->bases) ||
+            ag__strmap_put(&g->base_idx, b, (void *)(intptr_t)(g->nbases + 1))) {
+            ag__free(b);
+            rc = AG_ENOMEM;
+            break;
+        }
+        g->bases_cap = cap;
+        g->bases[g->nbases++] = (ag__base_count){b, src->bases[i].count};
+    }
+    if (rc) {
+        ag_graph_free(g);
         return NULL;
+    }
+    g->nconst = src->nconst;
+    return g;
+}
+
+int ag__graph_copy_nodes(ag_graph *g, const ag_graph *src, ag__copy_hook hook, void *ctx) {
     /* Source node -> its copy, by the source's positions (ag_node_index's cache, filled by
      * the first call): a node that is not in the source maps to NULL. */
     int64_t cnt = src->count;
-    ag_node **from = ag__calloc((size_t)(2 * cnt + 1), sizeof *from), **to = NULL;
-    int rc = from ? ag__subgraphs_copy(g, src) : AG_ENOMEM;
-    if (rc == 0)
-        rc = ag__graph_reserve(g, src->count);
-    if (rc == 0 && src->first)
+    ag__copy_map map = {ag__calloc((size_t)(2 * cnt + 1), sizeof(ag_node *)), NULL, cnt};
+    if (!map.from)
+        return AG_ENOMEM;
+    map.to = map.from + cnt;
+    if (src->first)
         (void)ag_node_index(src->first);
-    if (rc == 0)
-        to = from + cnt;
-    for (ag_node *n = src->first; n && rc == 0; n = n->next)
+    for (ag_node *n = src->first; n; n = n->next)
         if (n->index >= 0 && n->index < cnt)
-            from[n->index] = n;
+            map.from[n->index] = n;
+    int rc = 0;
     for (ag_node *n = src->first; n && rc == 0; n = n->next) {
+        if (hook) {
+            int h = hook(ctx, g, n, &map);
+            if (h < 0) {
+                rc = h;
+                break;
+            }
+            if (h > 0)
+                continue;
+        }
         ag_node *m = node_alloc(g);
         if (!m) {
             rc = AG_ENOMEM;
@@ -1073,7 +1120,7 @@ ag_graph *ag_graph_copy(const ag_graph *src) {
             ag_garg a = n->args[i];
             ag_node *tmp[64];
             if (a.kind == AG_GA_NODE && a.u.node) {
-                a.u.node = copy_of(from, to, cnt, a.u.node);
+                a.u.node = ag__copy_map_get(&map, a.u.node);
             } else if (a.kind == AG_GA_NODES) {
                 ag_node **nv = a.n <= 64 ? tmp : ag__malloc(sizeof(ag_node *) * (size_t)a.n);
                 if (!nv) {
@@ -1081,7 +1128,7 @@ ag_graph *ag_graph_copy(const ag_graph *src) {
                     break;
                 }
                 for (int k = 0; k < a.n; k++)
-                    nv[k] = a.u.nodes[k] ? copy_of(from, to, cnt, a.u.nodes[k]) : NULL;
+                    nv[k] = a.u.nodes[k] ? ag__copy_map_get(&map, a.u.nodes[k]) : NULL;
                 a.u.nodes = nv;
                 rc = ag__garg_copy(&m->args[i], &a);
                 if (nv != tmp)
@@ -1115,8 +1162,7 @@ ag_graph *ag_graph_copy(const ag_graph *src) {
             node_free(m);
             break;
         }
-        if (n->index >= 0 && n->index < cnt && from[n->index] == n)
-            to[n->index] = m; /* a failed commit frees m and ends the copy */
+        ag__copy_map_set(&map, n, m); /* a failed commit frees m and ends the copy */
         ag_node *r = node_commit_ex(g, m, false, true);
         if (!r) {
             rc = AG_ENOMEM;
@@ -1125,22 +1171,14 @@ ag_graph *ag_graph_copy(const ag_graph *src) {
         if (r->kind == AG_NODE_OUTPUT)
             g->output = r;
     }
-    /* Name counters carry over so that later nodes are named as in the source graph. */
-    for (int64_t i = 0; i < src->nbases && rc == 0; i++) {
-        int64_t cap = g->bases_cap;
-        char *b = ag__strdup(src->bases[i].base);
-        if (!b || ag__grow((void **)&g->bases, &cap, g->nbases + 1, sizeof *g->bases) ||
-            ag__strmap_put(&g->base_idx, b, (void *)(intptr_t)(g->nbases + 1))) {
-            ag__free(b);
-            rc = AG_ENOMEM;
-            break;
-        }
-        g->bases_cap = cap;
-        g->bases[g->nbases++] = (ag__base_count){b, src->bases[i].count};
-    }
-    g->nconst = src->nconst;
-    ag__free(from);
-    if (rc) {
+    ag__free(map.from);
+    return rc;
+}
+
+ag_graph *ag_graph_copy(const ag_graph *src) {
+    AG__CHECK_NULL_RET("graph_copy", src, NULL);
+    ag_graph *g = ag__graph_copy_shell(src);
+    if (g && ag__graph_copy_nodes(g, src, NULL, NULL)) {
         ag_graph_free(g);
         return NULL;
     }
