@@ -178,6 +178,40 @@ int ag__garg_copy(ag_garg *dst, const ag_garg *src);
 bool ag__graph_has_dead_code(const ag_graph *g);
 /* Sizes the graph's tables for nnodes nodes (a copy or an extraction knows its size). */
 int ag__graph_reserve(ag_graph *g, int64_t nnodes);
+/* The name a new node asking for `candidate` gets (FX's rules, g's per-base counters, which it
+ * advances) into out (160 bytes), a name being free when taken(ctx, name) is false: the
+ * graph's own name table for every node the API makes; a rewrite that builds its graph in
+ * another order than its names were given passes the table it would have had. */
+int ag__graph_make_name(ag_graph *g, const char *candidate, bool (*taken)(void *, const char *),
+                        void *ctx, char *out);
+/* The name candidate of a call of op (96 bytes): its name without namespace and overload. */
+void ag__call_name_base(const ag_op *op, char *base);
+
+/* ag_graph_copy in two steps, for a rewrite that copies most of a graph: the shell (src's
+ * subgraphs, name counters and constant count, no nodes), then src's nodes in order, each
+ * offered first to hook: 0 copies it (its arguments mapped to their copies), 1 skips it (the
+ * hook may have added nodes to g and told the map which node stands for a skipped one), a
+ * negative status ends the copy with it. */
+typedef struct ag__copy_map {
+    ag_node **from, **to; /* by the source's positions */
+    int64_t cnt;
+} ag__copy_map;
+typedef int (*ag__copy_hook)(void *ctx, ag_graph *g, const ag_node *n, ag__copy_map *map);
+ag_graph *ag__graph_copy_shell(const ag_graph *src);
+int ag__graph_copy_nodes(ag_graph *g, const ag_graph *src, ag__copy_hook hook, void *ctx);
+/* What stands for source node x in the copy so far (NULL: nothing yet, or not src's). */
+ag_node *ag__copy_map_get(const ag__copy_map *map, const ag_node *x);
+void ag__copy_map_set(ag__copy_map *map, const ag_node *x, ag_node *to);
+/* node_meta.c: frees the n entries of e (the list itself unless it is inline_buf). */
+void ag__meta_entries_free(ag__mentry *e, int n, const ag__mentry *inline_buf);
+/* node_meta.c: sets x's key and value on a list of g's, sharing x's string (ag_graph_copy). */
+int ag__entry_copy(ag_graph *g, ag__mentry **e, int *n, int *cap, ag__mentry *inline_buf,
+                   const ag__mentry *x);
+/* node_meta.c: the interned copy of a well-known metadata key or value (NULL for another
+ * string); ag_node_meta_get given it finds the entry by pointer, without comparing text. */
+const char *ag__meta_interned(const char *s);
+/* node_meta.c: drops one graph's hold on a string pool (NULL does nothing). */
+void ag__strpool_release(ag__strpool *p);
 /* Copies every metadata entry of src onto dst (same keys replaced), sharing string values. */
 int ag__node_meta_copy(ag_node *dst, const ag_node *src);
 /* Gives dst src's entry for key, sharing its string (removes dst's when src has none). */

@@ -282,11 +282,11 @@ int ag__subgraph_infer(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta
     if (o->n > AG_MAX_OUTPUTS)
         return ag__err(AG_EINVAL, "%s: %s has %d outputs (at most %d)", opn, sname, o->n,
                        AG_MAX_OUTPUTS);
-    memset(vals, 0, sizeof(ag_tmeta) * (size_t)o->n);
     for (int i = 0; i < o->n; i++) {
         const ag_node *x = o->u.nodes[i];
         if (!x) { /* None (a grad of an operand that needs none): no tensor, nothing to read */
             int64_t zero = 0;
+            memset(&vals[i], 0, sizeof vals[i]);
             ag__tmeta_contiguous(&vals[i], AG_F32, 1, &zero);
             continue;
         }

@@ -281,6 +281,7 @@ int ag__part_init_ex(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bo
     int64_t seen_extra[8];
     double seen_flops[8];
     int nseen = 0, next_seen = 0;
+    const char *mb_key = ag__meta_interned("memory_budget"); /* found by pointer */
     for (ag_node *n = ag_graph_first(P->g); n; n = ag_node_next(n), i++) {
         ag__pinfo *pi = &P->info[i];
         pi->node = n;
@@ -296,7 +297,7 @@ int ag__part_init_ex(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bo
         pi->policy = ag_node_recompute(n);
         if (pi->policy == AG_MUST_RECOMPUTE || pi->policy == AG_PREFER_RECOMPUTE)
             P->has_recompute_tags = true;
-        ag_mval mb = ag_node_meta_get(n, "memory_budget");
+        ag_mval mb = ag_node_meta_get(n, mb_key);
         if (mb.kind == AG_MV_FLOAT && P->meta_budget < 0)
             P->meta_budget = mb.u.f;
         if (pi->kind == AG_NODE_PLACEHOLDER) {
@@ -399,9 +400,14 @@ int ag__part_init_ex(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bo
             pooled += k;
             for (int u = 0; u < k; u++)
                 pi->users[u] = idx_of(ag_node_user(pi->node, u));
-            if (k > 8) {
+            /* Users are listed in creation order, mostly graph order already (a region call
+             * has one user per output): sorted only when they are not. */
+            bool sorted = true;
+            for (int u = 1; u < k && sorted; u++)
+                sorted = pi->users[u - 1] < pi->users[u];
+            if (!sorted && k > 8) {
                 qsort(pi->users, (size_t)k, sizeof(int), ag__cmp_int);
-            } else { /* most values have one or two users: no qsort call */
+            } else if (!sorted) { /* most values have one or two users: no qsort call */
                 for (int u = 1; u < k; u++)
                     for (int v = u; v > 0 && pi->users[v - 1] > pi->users[v]; v--) {
                         int x = pi->users[v];
@@ -497,6 +503,17 @@ static int copy_meta(ag_node *dst, const ag_node *src) {
     return rc ? rc : ag_node_custom_copy(dst, src);
 }
 
+/* The copy of joint node d in the side being built: one made before (a side's nodes are built
+ * in an order where every argument comes first, which is what lets ag_compile_joint's
+ * executor skip verifying the sides; ag__plan_new_verified), else NULL with a message. */
+static ag_node *env_of(ag_node **env, const ag_node *d, const ag_node *user) {
+    ag_node *m = env[idx_of(d)];
+    if (!m)
+        ag__err(AG_EINVAL, "partition: %%%s reads %%%s, which its side does not compute before it",
+                ag_node_name(user), ag_node_name(d));
+    return m;
+}
+
 /* Copies body node x of the joint into dst, its node arguments mapped through env. */
 static ag_node *copy_node(ag_graph *dst, const ag__part *P, int x, ag_node **env) {
     const ag_node *n = P->info[x].node;
@@ -507,18 +524,19 @@ static ag_node *copy_node(ag_graph *dst, const ag__part *P, int x, ag_node **env
         ag_garg args[AG_MAX_ARGS];
         ag_node **lists[AG_MAX_ARGS] = {0};
         bool ok = true;
-        for (int a = 0; a < na; a++) {
+        for (int a = 0; a < na && ok; a++) {
             args[a] = *ag_node_arg(n, a);
             if (args[a].kind == AG_GA_NODE && args[a].u.node) {
-                args[a].u.node = env[idx_of(args[a].u.node)];
+                ok = (args[a].u.node = env_of(env, args[a].u.node, n)) != NULL;
             } else if (args[a].kind == AG_GA_NODES) {
                 lists[a] = ag__malloc(sizeof(ag_node *) * (size_t)(args[a].n ? args[a].n : 1));
                 if (!lists[a]) {
                     ok = false;
                     break;
                 }
-                for (int e = 0; e < args[a].n; e++)
-                    lists[a][e] = args[a].u.nodes[e] ? env[idx_of(args[a].u.nodes[e])] : NULL;
+                for (int e = 0; e < args[a].n && ok; e++)
+                    ok = !(lists[a][e] = args[a].u.nodes[e] ? env_of(env, args[a].u.nodes[e], n)
+                                                            : NULL) == !args[a].u.nodes[e];
                 args[a].u.nodes = lists[a];
             }
         }
@@ -533,10 +551,11 @@ static ag_node *copy_node(ag_graph *dst, const ag__part *P, int x, ag_node **env
             ag__free(lists[a]);
         break;
     }
-    case AG_NODE_GETITEM:
-        m = ag_graph_getitem(dst, env[idx_of(ag_node_arg_node(n, 0))], (int)ag_node_arg(n, 1)->u.i,
-                             ag_node_name(n));
+    case AG_NODE_GETITEM: {
+        ag_node *src = env_of(env, ag_node_arg_node(n, 0), n);
+        m = src ? ag_graph_getitem(dst, src, (int)ag_node_arg(n, 1)->u.i, ag_node_name(n)) : NULL;
         break;
+    }
     case AG_NODE_GET_ATTR: {
         const ag_graph *sub = ag_node_subgraph(n);
         if (!sub) {
@@ -596,7 +615,9 @@ static ag_graph *build_graph(const ag__part *P, const int *inputs, int nin, cons
     for (int k = 0; ok && k < nbody; k++)
         ok = (env[body[k]] = copy_node(g, P, body[k], env)) != NULL;
     for (int k = 0; ok && k < nouts; k++)
-        on[k] = outs[k] >= 0 ? env[outs[k]] : NULL;
+        ok = (on[k] = outs[k] >= 0 ? env_of(env, P->info[outs[k]].node, P->info[P->out].node)
+                                   : NULL) != NULL ||
+             outs[k] < 0;
     ag_node *o = ok ? ag_graph_output(g, on, nouts) : NULL;
     ok = o && ag_node_set_output_descs(o, descs, nouts) == 0 && ag_graph_dce(g) >= 0;
     /* subgraph attributes whose get_attr the side does not keep */

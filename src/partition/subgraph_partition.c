@@ -22,18 +22,18 @@
  * are not those of a forward call, or whose counts do not fit (operands = the forward's +
  * one tangent per forward output; outputs = one grad per operand + the forward outputs), is
  * refused with a message naming it. */
-#include "../core/ptrmap.h"
 #include "partition_internal.h"
 
 #include <stdio.h>
 
 typedef struct call_info {
-    ag_node *n;          /* the call in the working copy */
+    ag_node *n;          /* the call in the joint */
     ag_graph *sub;       /* its subgraph */
     int nops, nph, nout; /* operands, the subgraph's placeholders and outputs */
     bool bw;             /* reached from a tangent */
     int pair;            /* the other call of its pair, or -1 */
     int part;            /* bw calls: index of the partitioned pair in parts[] */
+    int rw;              /* bw calls: the pair's place in the rewrite order */
 } call_info;
 
 typedef struct part_pair {
@@ -301,101 +301,265 @@ static const char *attr_name(const ag_graph *g, const ag_graph *sub) {
     return NULL;
 }
 
-/* A getitem of call c at idx (its metadata from like, when given), at the insertion point. */
-static ag_node *getitem_like(ag_graph *g, ag_node *c, int idx, const ag_node *like) {
-    ag_node *x = ag_graph_getitem(g, c, idx, NULL);
+/* ---- the rewrite ----
+ * The outer graph is built in one pass over the joint (ag__graph_copy_nodes): every node is
+ * copied but the pairs' calls, their getitems and the get_attrs only they read. At a pair's
+ * forward call come its new forward call and getitems (one per old getitem, then the forward
+ * outputs nobody read, then one per saved value), at its backward call the new backward call
+ * and one getitem per old getitem of a grad; whatever read an old getitem reads its
+ * replacement. The new nodes are named as a copy of the joint rewritten pair by pair would
+ * name them (what the printed graphs show): pairs in the backward calls' order, each node by
+ * the graph's counters against the names in use at that point (the joint's, less the pairs
+ * already rewritten, plus the new ones). name_pairs works the names out first; the nodes are
+ * made afterwards in graph order, where every operand they read already stands. */
+
+/* The new names' text, in 16 KB chunks (a name is at most 159 characters). */
+typedef struct rw_chunk {
+    struct rw_chunk *next;
+    size_t used;
+    char data[16384];
+} rw_chunk;
+
+typedef struct rw_state {
+    const ag_graph *src; /* the joint as the partitioner reads it (P.g) */
+    call_info *calls;
+    part_pair *parts;
+    char **names; /* the new nodes' names, pair by pair: forward group, backward group */
+    int nnames;
+    int *nm_f0, *nm_b0;      /* per pair (rewrite order): where its groups' names start */
+    bool *erased;            /* per joint node: gone in the rewrite so far */
+    int *role;               /* per joint node: 0 copied, -1 dropped, 1 + index of a pair's call */
+    ag__strmap made;         /* the names given so far */
+    rw_chunk *text;          /* their characters */
+    ag_node **fget, **saved; /* per pair: AG_MAX_OUTPUTS each */
+} rw_state;
+
+static bool rw_taken(void *ctx, const char *name) {
+    const rw_state *st = ctx;
+    const ag_node *x = ag_graph_find(st->src, name);
+    return (x && !st->erased[ag_node_index(x)]) || ag__strmap_has(&st->made, name);
+}
+
+/* The next new node's name: `candidate` itself when free and `exact` (a get_attr of a
+ * subgraph takes the attribute's name), else the counters' next. */
+static int rw_name(rw_state *st, ag_graph *g, const char *candidate, bool exact) {
+    char buf[160];
+    const char *nm = candidate;
+    if (!exact || rw_taken(st, candidate)) {
+        if (ag__graph_make_name(g, candidate, rw_taken, st, buf))
+            return AG_ENOMEM;
+        nm = buf;
+    }
+    size_t len = strlen(nm) + 1;
+    if (!st->text || st->text->used + len > sizeof st->text->data) {
+        rw_chunk *c = ag__malloc(sizeof *c);
+        if (!c)
+            return AG_ENOMEM;
+        c->next = st->text;
+        c->used = 0;
+        st->text = c;
+    }
+    char *d = st->text->data + st->text->used;
+    memcpy(d, nm, len);
+    st->text->used += len;
+    st->names[st->nnames++] = d;
+    return ag__strmap_put(&st->made, d, d);
+}
+
+/* What erasing call c did: its getitems, c, and its get_attr once nothing reads it. */
+static void rw_erase_call(rw_state *st, const ag_node *c) {
+    for (int u = 0; u < ag_node_num_users(c); u++)
+        st->erased[ag_node_index(ag_node_user(c, u))] = true;
+    st->erased[ag_node_index(c)] = true;
+    const ag_node *a = ag_node_arg_node(c, 0);
+    bool read = false;
+    for (int u = 0; u < ag_node_num_users(a) && !read; u++)
+        read = !st->erased[ag_node_index(ag_node_user(a, u))];
+    if (!read)
+        st->erased[ag_node_index(a)] = true;
+}
+
+static int name_pairs(rw_state *st, ag_graph *g, int ncalls, int nn) {
+    int cap = 1, npairs = 0, rc = 0;
+    for (int b = 0; b < ncalls; b++) {
+        const call_info *B = &st->calls[b];
+        if (!B->bw)
+            continue;
+        const part_pair *pp = &st->parts[B->part];
+        cap += 4 + ag_node_num_users(st->calls[B->pair].n) + pp->nfo + pp->nsaved +
+               ag_node_num_users(B->n);
+        npairs++;
+    }
+    st->names = ag__calloc((size_t)cap, sizeof *st->names);
+    st->nm_f0 = ag__malloc(sizeof(int) * (size_t)(2 * npairs + 1));
+    st->erased = ag__calloc((size_t)(nn ? nn : 1), sizeof *st->erased);
+    st->role = ag__malloc(sizeof(int) * (size_t)(nn ? nn : 1));
+    st->fget = ag__malloc(sizeof(ag_node *) * (size_t)(2 * npairs * AG_MAX_OUTPUTS + 1));
+    if (!st->names || !st->nm_f0 || !st->erased || !st->role || !st->fget ||
+        ag__strmap_reserve(&st->made, cap))
+        return AG_ENOMEM;
+    st->nm_b0 = st->nm_f0 + npairs;
+    st->saved = st->fget + npairs * AG_MAX_OUTPUTS;
+    char call_base[96];
+    ag__call_name_base(ag_op_invoke_subgraph(), call_base);
+    int p = 0;
+    for (int b = 0; b < ncalls && rc == 0; b++) {
+        call_info *B = &st->calls[b];
+        if (!B->bw)
+            continue;
+        const call_info *F = &st->calls[B->pair];
+        const part_pair *pp = &st->parts[B->part];
+        B->rw = p;
+        st->nm_f0[p] = st->nnames;
+        bool got[AG_MAX_OUTPUTS] = {0};
+        rc = rw_name(st, g, pp->fw_name, true);
+        if (rc == 0)
+            rc = rw_name(st, g, call_base, false);
+        for (int u = 0; u < ag_node_num_users(F->n) && rc == 0; u++) {
+            got[ag_node_arg(ag_node_user(F->n, u), 1)->u.i] = true;
+            rc = rw_name(st, g, "getitem", false);
+        }
+        for (int i = 0; i < pp->nfo && rc == 0; i++)
+            if (!got[i])
+                rc = rw_name(st, g, "getitem", false);
+        for (int j = 0; j < pp->nsaved && rc == 0; j++)
+            rc = rw_name(st, g, "getitem", false);
+        st->nm_b0[p] = st->nnames;
+        if (rc == 0)
+            rc = rw_name(st, g, pp->bw_name, true);
+        if (rc == 0)
+            rc = rw_name(st, g, call_base, false);
+        for (int u = 0; u < ag_node_num_users(B->n) && rc == 0; u++)
+            if (ag_node_arg(ag_node_user(B->n, u), 1)->u.i < F->nops)
+                rc = rw_name(st, g, "getitem", false);
+        rw_erase_call(st, B->n);
+        rw_erase_call(st, F->n);
+        p++;
+    }
+    for (int i = 0; i < nn; i++)
+        st->role[i] = st->erased[i] ? -1 : 0;
+    for (int c = 0; c < ncalls; c++)
+        if (st->calls[c].pair >= 0)
+            st->role[ag_node_index(st->calls[c].n)] = 1 + c;
+    return rc;
+}
+
+/* The status of a graph API call that returned NULL. */
+static int api_fail(void) {
+    return ag_last_status() ? ag_last_status() : AG_ENOMEM;
+}
+
+/* A getitem of call c at idx named nm (its metadata from like, when given). */
+static ag_node *rw_getitem(ag_graph *g, ag_node *c, int idx, const char *nm, const ag_node *like) {
+    ag_node *x = ag_graph_getitem(g, c, idx, nm);
     if (x && like && (ag__node_meta_copy(x, like) || ag_node_custom_copy(x, like)))
         return NULL;
     return x;
 }
 
-/* A call of attribute `attr` with operands, before pos, metadata from like. */
-static ag_node *new_call(ag_graph *g, ag_node *pos, const char *attr, ag_node **ops, int nops,
-                         const ag_node *like) {
-    ag_graph_insert_before(g, pos);
-    ag_node *a = ag_graph_get_attr_subgraph(g, attr, NULL);
-    ag_node *c = a ? ag_graph_invoke_subgraph(g, a, attr, ops, nops, NULL) : NULL;
+/* A call of attribute `attr` (its get_attr named nms[0], the call nms[1]) with operands,
+ * metadata from like. */
+static ag_node *rw_call(ag_graph *g, const char *attr, char *const *nms, ag_node **ops, int nops,
+                        const ag_node *like) {
+    ag_node *a = ag_graph_get_attr_subgraph(g, attr, nms[0]);
+    ag_node *c = a ? ag_graph_invoke_subgraph(g, a, attr, ops, nops, nms[1]) : NULL;
     if (c && (ag__node_meta_copy(c, like) || ag_node_custom_copy(c, like)))
         c = NULL;
     return c;
 }
 
-/* Erases call c, its getitems (which must have no users left) and its get_attr when unread. */
-static int erase_call(ag_graph *g, ag_node *c) {
-    int rc = 0;
-    while (rc == 0 && ag_node_num_users(c) > 0)
-        rc = ag_graph_erase(g, ag_node_user(c, 0));
-    ag_node *a = ag_node_arg_node(c, 0);
-    if (rc == 0)
-        rc = ag_graph_erase(g, c);
-    if (rc == 0 && ag_node_num_users(a) == 0)
-        rc = ag_graph_erase(g, a);
-    return rc;
+/* The copies of the first n operands of call c of the joint, from off, into ops. */
+static int rw_operands(const ag__copy_map *map, const ag_node *c, int off, int n, ag_node **ops) {
+    const ag_garg *a = ag_node_arg(c, 2);
+    for (int i = 0; i < n; i++)
+        if (!(ops[i] = ag__copy_map_get(map, a->u.nodes[off + i])))
+            return ag__err(AG_EINVAL, "partition: %%%s reads %%%s before it is rewritten",
+                           ag_node_name(c), ag_node_name(a->u.nodes[off + i]));
+    return 0;
 }
 
-/* Rewrites the pair (F, B) of g to call the partitioned subgraphs of pp. */
-static int rewrite_pair(ag_graph *g, const call_info *F, const call_info *B, const part_pair *pp,
-                        ag__ptrmap *repl) {
-    int k = F->nops, m = pp->nfo, s = pp->nsaved, rc = 0;
-    ag_node **fops = ag__malloc(sizeof(ag_node *) * (size_t)(k + 1));
-    ag_node **bops = ag__malloc(sizeof(ag_node *) * (size_t)(s + m + 1));
-    ag_node *fget[AG_MAX_OUTPUTS] = {0};
-    if (!fops || !bops) {
-        rc = AG_ENOMEM;
-        goto done;
-    }
-    const ag_garg *fa = ag_node_arg(F->n, 2);
-    for (int i = 0; i < k; i++)
-        fops[i] = fa->u.nodes[i];
-    ag_node *F2 = new_call(g, F->n, pp->fw_name, fops, k, F->n);
-    if (!F2)
-        goto fail;
-    /* The forward call's getitems, then one per saved value. */
+/* The forward call F of a pair: its new call and getitems. */
+static int rw_forward(rw_state *st, ag_graph *g, const call_info *F, ag__copy_map *map) {
+    const call_info *B = &st->calls[F->pair];
+    const part_pair *pp = &st->parts[B->part];
+    char **nm = st->names + st->nm_f0[B->rw];
+    ag_node **fget = st->fget + B->rw * AG_MAX_OUTPUTS,
+            **saved = st->saved + B->rw * AG_MAX_OUTPUTS;
+    int k = F->nops, m = pp->nfo, s = pp->nsaved, t = 2;
+    ag_node **ops = ag__malloc(sizeof(ag_node *) * (size_t)(k + 1));
+    int rc = ops ? rw_operands(map, F->n, 0, k, ops) : AG_ENOMEM;
+    ag_node *F2 = rc ? NULL : rw_call(g, pp->fw_name, nm, ops, k, F->n);
+    ag__free(ops);
+    if (rc || !F2)
+        return rc ? rc : api_fail();
+    memset(fget, 0, sizeof(ag_node *) * AG_MAX_OUTPUTS);
     for (int u = 0; u < ag_node_num_users(F->n); u++) {
-        ag_node *x = ag_node_user(F->n, u);
+        const ag_node *x = ag_node_user(F->n, u);
         int i = (int)ag_node_arg(x, 1)->u.i;
-        if (!(fget[i] = getitem_like(g, F2, i, x)))
-            goto fail;
+        if (!(fget[i] = rw_getitem(g, F2, i, nm[t++], x)))
+            return api_fail();
     }
     for (int i = 0; i < m; i++)
-        if (!fget[i] && !(fget[i] = getitem_like(g, F2, i, NULL)))
-            goto fail;
-    for (int j = 0; j < s; j++) {
-        ag_node *x = getitem_like(g, F2, m + j, NULL);
-        if (!x)
-            goto fail;
-        bops[j] = x;
+        if (!fget[i] && !(fget[i] = rw_getitem(g, F2, i, nm[t++], NULL)))
+            return api_fail();
+    for (int j = 0; j < s; j++)
+        if (!(saved[j] = rw_getitem(g, F2, m + j, nm[t++], NULL)))
+            return api_fail();
+    for (int u = 0; u < ag_node_num_users(F->n); u++) {
+        const ag_node *x = ag_node_user(F->n, u);
+        ag__copy_map_set(map, x, fget[ag_node_arg(x, 1)->u.i]);
     }
-    const ag_garg *ba = ag_node_arg(B->n, 2);
-    for (int i = 0; i < m; i++)
-        bops[s + i] = ba->u.nodes[k + i];
-    ag_node *B2 = new_call(g, B->n, pp->bw_name, bops, s + m, B->n);
-    if (!B2)
-        goto fail;
+    return 0;
+}
+
+/* The backward call B of a pair: its new call, reading the saved values, and its grads'
+ * getitems (its forward outputs are the forward call's). */
+static int rw_backward(rw_state *st, ag_graph *g, const call_info *B, ag__copy_map *map) {
+    const part_pair *pp = &st->parts[B->part];
+    char **nm = st->names + st->nm_b0[B->rw];
+    ag_node **fget = st->fget + B->rw * AG_MAX_OUTPUTS,
+            **saved = st->saved + B->rw * AG_MAX_OUTPUTS;
+    int k = st->calls[B->pair].nops, m = pp->nfo, s = pp->nsaved, t = 2;
+    ag_node **ops = ag__malloc(sizeof(ag_node *) * (size_t)(s + m + 1));
+    int rc = ops ? rw_operands(map, B->n, k, m, ops + s) : AG_ENOMEM;
+    if (rc == 0)
+        memcpy(ops, saved, sizeof(ag_node *) * (size_t)s);
+    ag_node *B2 = rc ? NULL : rw_call(g, pp->bw_name, nm, ops, s + m, B->n);
+    ag__free(ops);
+    if (rc || !B2)
+        return rc ? rc : api_fail();
     for (int u = 0; u < ag_node_num_users(B->n); u++) {
-        ag_node *x = ag_node_user(B->n, u);
+        const ag_node *x = ag_node_user(B->n, u);
         int i = (int)ag_node_arg(x, 1)->u.i;
-        ag_node *by = i < k ? getitem_like(g, B2, i, x) : fget[i - k];
-        if (!by || ag_node_replace_all_uses(x, by) < 0 ||
-            ag__ptrmap_put(repl, x, (int64_t)(intptr_t)by))
-            goto fail;
+        ag_node *by = i < k ? rw_getitem(g, B2, i, nm[t++], x) : fget[i - k];
+        if (!by)
+            return api_fail();
+        ag__copy_map_set(map, x, by);
     }
-    for (int u = 0; u < ag_node_num_users(F->n); u++) {
-        ag_node *x = ag_node_user(F->n, u), *by = fget[ag_node_arg(x, 1)->u.i];
-        if (ag_node_replace_all_uses(x, by) < 0 || ag__ptrmap_put(repl, x, (int64_t)(intptr_t)by))
-            goto fail;
+    return 0;
+}
+
+static int rw_hook(void *ctx, ag_graph *g, const ag_node *n, ag__copy_map *map) {
+    rw_state *st = ctx;
+    int r = st->role[ag_node_index(n)];
+    if (r <= 0)
+        return r < 0;
+    const call_info *c = &st->calls[r - 1];
+    int rc = c->bw ? rw_backward(st, g, c, map) : rw_forward(st, g, c, map);
+    return rc ? rc : 1;
+}
+
+static void rw_free(rw_state *st) {
+    for (rw_chunk *c = st->text, *next; c; c = next) {
+        next = c->next;
+        ag__free(c);
     }
-    ag_graph_insert_at_end(g);
-    if ((rc = erase_call(g, B->n)) == 0)
-        rc = erase_call(g, F->n);
-    goto done;
-fail:
-    ag_graph_insert_at_end(g);
-    rc = ag_last_status() ? ag_last_status() : AG_ENOMEM;
-done:
-    ag__free(fops);
-    ag__free(bops);
-    return rc;
+    ag__free(st->names);
+    ag__free(st->nm_f0);
+    ag__free(st->erased);
+    ag__free(st->role);
+    ag__free(st->fget);
+    ag__strmap_free(&st->made);
 }
 
 /* Whether B's first nops(F) operands are F's, and the counts fit a region's pair. */
@@ -419,22 +583,22 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
     int rc = ag__part_init_req_bw(&P, joint, num_fwd_outputs, &req_bw);
     if (rc)
         return rc;
-    ag_graph *g = ag_graph_copy(P.g); /* node i of g is node i of P.g */
-    int maxcalls = 1;                 /* the tables below hold one entry per call, not per node */
+    /* The outer graph: P.g's subgraphs and name counters now, its nodes after the pairing. */
+    ag_graph *g = ag__graph_copy_shell(P.g);
+    int maxcalls = 1; /* the tables below hold one entry per call, not per node */
     for (ag_node *n = ag_graph_first(P.g); n; n = ag_node_next(n))
         maxcalls += ag__call_subgraph(n) != NULL;
     call_info *calls = ag__calloc((size_t)maxcalls, sizeof *calls);
     part_pair *parts = ag__calloc((size_t)maxcalls, sizeof *parts);
     ag_graph **made = ag__calloc((size_t)(2 * maxcalls + 1), sizeof *made);
     int ncalls = 0, nparts = 0, nmade = 0;
-    ag__ptrmap rewritten = {0}, repl = {0}; /* calls rewritten; getitem -> its replacement */
-    ag_node **keep = NULL;                  /* the output node's list */
+    rw_state st = {.src = P.g, .calls = calls, .parts = parts};
     if (!g || !calls || !parts || !made) {
         rc = ag_last_status() ? ag_last_status() : AG_ENOMEM;
         goto done;
     }
     int i = 0;
-    for (ag_node *n = ag_graph_first(g); n; n = ag_node_next(n), i++) {
+    for (ag_node *n = ag_graph_first(P.g); n; n = ag_node_next(n), i++) {
         const ag_graph *sub = ag__call_subgraph(n);
         if (!sub)
             continue;
@@ -445,7 +609,7 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
         c->nph = num_placeholders(sub);
         c->nout = num_outputs(sub);
         c->bw = req_bw[i];
-        c->pair = c->part = -1;
+        c->pair = c->part = c->rw = -1;
     }
     /* Pair every backward call with an unpaired forward call before it. */
     for (int b = 0; b < ncalls; b++) {
@@ -476,7 +640,7 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
                 rc = ag__err(AG_EINVAL,
                              "partition: invoke_subgraph %%%s calls '%s' for a forward call "
                              "of another shape",
-                             ag_node_name(B->n), attr_name(g, B->sub));
+                             ag_node_name(B->n), attr_name(P.g, B->sub));
             if (rc)
                 goto done;
             inner->recomputed_nodes += parts[B->part].st.recomputed_nodes;
@@ -492,8 +656,8 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
         if ((rc = partition_region(B->sub, F->nops, F->nout, opts, mode, &fw, &bw, &pp->st))) {
             char msg[512];
             snprintf(msg, sizeof msg, "%s", ag_last_error());
-            rc = ag__err(rc, "partition: the region '%s' called by %%%s: %s", attr_name(g, B->sub),
-                         ag_node_name(B->n), msg);
+            rc = ag__err(rc, "partition: the region '%s' called by %%%s: %s",
+                         attr_name(P.g, B->sub), ag_node_name(B->n), msg);
             goto done;
         }
         made[nmade++] = fw;
@@ -513,8 +677,8 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
                 snprintf(tag, sizeof tag, "_%d", t);
             snprintf(pp->fw_name, sizeof pp->fw_name, "partitioned_fw_subgraph_%s%s", suffix, tag);
             snprintf(pp->bw_name, sizeof pp->bw_name, "partitioned_bw_subgraph_%s%s", suffix, tag);
-            if (!ag_graph_subgraph(g, pp->fw_name) && !ag_graph_find(g, pp->fw_name) &&
-                !ag_graph_subgraph(g, pp->bw_name) && !ag_graph_find(g, pp->bw_name))
+            if (!ag_graph_subgraph(g, pp->fw_name) && !ag_graph_find(P.g, pp->fw_name) &&
+                !ag_graph_subgraph(g, pp->bw_name) && !ag_graph_find(P.g, pp->bw_name))
                 break;
         }
         if ((rc = ag_graph_add_subgraph(g, pp->fw_name, fw)))
@@ -527,39 +691,10 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
         inner->recomputed_nodes += pp->st.recomputed_nodes;
         inner->recomputed_flops += pp->st.recomputed_flops;
     }
-    /* The output node lists every grad (thousands of values for a deep model): replacing a
-     * getitem it reads would scan the whole list each time. It lets go of the getitems of the
-     * calls rewritten (None meanwhile) and reads their replacements once at the end. */
-    ag_node *onode = ag_graph_output_node(g);
-    int nouts = ag_node_arg(onode, 0)->n;
-    keep = ag__malloc(sizeof(ag_node *) * (size_t)(2 * nouts + 1));
-    if (!keep) {
-        rc = AG_ENOMEM;
-        goto done;
-    }
-    ag_node **tmp = keep + nouts;
-    for (int b = 0; b < ncalls; b++)
-        if (calls[b].bw && ((rc = ag__ptrmap_put(&rewritten, calls[b].n, 1)) ||
-                            (rc = ag__ptrmap_put(&rewritten, calls[calls[b].pair].n, 1))))
-            goto done;
-    for (int k = 0; k < nouts; k++) {
-        ag_node *x = keep[k] = ag_node_arg(onode, 0)->u.nodes[k];
-        tmp[k] = x && ag_node_kind_of(x) == AG_NODE_GETITEM &&
-                         ag__ptrmap_has(&rewritten, ag_node_arg_node(x, 0))
-                     ? NULL
-                     : x;
-    }
-    if ((rc = ag_node_set_arg(onode, 0, AG_GA_NODES(tmp, nouts))))
-        goto done;
-    for (int b = 0; b < ncalls; b++)
-        if (calls[b].bw &&
-            (rc = rewrite_pair(g, &calls[calls[b].pair], &calls[b], &parts[calls[b].part], &repl)))
-            goto done;
-    for (int k = 0; k < nouts; k++)
-        tmp[k] = keep[k] && ag__ptrmap_has(&repl, keep[k])
-                     ? (ag_node *)(intptr_t)ag__ptrmap_get(&repl, keep[k], 0)
-                     : keep[k];
-    if ((rc = ag_node_set_arg(onode, 0, AG_GA_NODES(tmp, nouts))))
+    if (nparts == 0)
+        goto done; /* nothing to rewrite: the caller partitions the joint itself */
+    if ((rc = name_pairs(&st, g, ncalls, P.nn)) ||
+        (rc = ag__graph_copy_nodes(g, P.g, rw_hook, &st)))
         goto done;
     /* Attributes no call reads any more (the regions' original subgraphs). */
     for (int k = ag_graph_num_subgraphs(g) - 1; k >= 0; k--) {
@@ -573,18 +708,16 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
 #ifndef NDEBUG
     /* The rewrite went through the graph API on a verified joint; Debug builds (the
      * sanitizer runs of the tests) check it again, Release builds do not pay a second walk of
-     * the whole joint (the outer partition reads it unverified; the plans verify its forward
-     * and backward). */
-    if (nparts > 0 && (rc = ag_graph_verify(g)) != 0) {
+     * the whole joint (the outer partition reads it unverified; ag_compile_joint's plans do
+     * not verify the halves either, build_graph checking what the API does not). */
+    if ((rc = ag_graph_verify(g)) != 0) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", ag_last_error());
         rc = ag__err(rc, "partition: the joint with its regions partitioned: %s", msg);
     }
 #endif
 done:
-    ag__ptrmap_free(&rewritten);
-    ag__ptrmap_free(&repl);
-    ag__free(keep);
+    rw_free(&st);
     for (int k = 0; k < nmade; k++)
         ag_graph_free(made[k]);
     ag__free(made);
@@ -592,13 +725,9 @@ done:
     ag__free(parts);
     ag__part_free(&P);
     ag__free(req_bw);
-    if (rc) {
+    if (rc || nparts == 0) {
         ag_graph_free(g);
         return rc;
-    }
-    if (nparts == 0) {
-        ag_graph_free(g); /* nothing to rewrite: the caller partitions the joint itself */
-        return 0;
     }
     *out = g;
     return 0;

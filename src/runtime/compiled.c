@@ -17,6 +17,7 @@
 #include "../graph/graph_internal.h"
 #include "../nn/nn_internal.h"
 #include "compiled_internal.h"
+#include "plan_internal.h"
 
 #include <stdio.h>
 
@@ -423,9 +424,15 @@ static int read_backward(ag_compiled *c, const ag_joint *j) {
     return 0;
 }
 
-/* Each half through its compiler: the user's, or the planned executor (the interpreter). */
+/* Each half through its compiler: the user's, or the planned executor (the interpreter). The
+ * halves ag_partition built from the exported (verified) joint are not verified again by the
+ * executor in Release builds (ag__plan_new_verified); a pair or a partition function given
+ * by the user is (split above). */
 static int compile_halves(ag_compiled *c, const ag_compile_opts *o) {
-    ag_compiler_fn builtin = o->interpret ? ag_compiler_interpreter : ag_compiler_plan;
+    bool ours = c->needs_autograd && !o->fw_graph && !o->partition_fn;
+    ag_compiler_fn builtin = o->interpret ? ag_compiler_interpreter
+                             : ours       ? ag__compiler_plan_verified
+                                          : ag_compiler_plan;
     c->plan_opts = o->plan;
     int rc = o->fw_compiler ? o->fw_compiler(c->fw, o->fw_compiler_user, &c->fw_run)
                             : builtin(c->fw, &c->plan_opts, &c->fw_run);

@@ -80,6 +80,13 @@ void ag__plan_get_stats(const ag_plan *p, ag__plan_stats *s);
  * the first run; the offset must keep the buffer inside the arena. */
 int ag__plan_debug_move(ag_plan *p, const char *name, int64_t offset, const char *end_at);
 
+/* ag_plan_new for a graph its caller has just built from a verified graph through the graph
+ * API and knows to be well formed (ag_compile_joint's halves from ag_partition): not verified
+ * again in Release builds; Debug builds verify it as ag_plan_new does. */
+ag_plan *ag__plan_new_verified(const ag_graph *g, const ag_plan_opts *opts);
+/* ag_compiler_plan through ag__plan_new_verified (g and out non-NULL). */
+int ag__compiler_plan_verified(const ag_graph *g, void *user, ag_runnable *out);
+
 /* The fused groups of a plan in step order: up to max of their names ("addmm+gelu", ...) and
  * first nodes' names; returns how many groups there are. */
 int ag__plan_fused_groups(const ag_plan *p, const char **names, const char **first, int max);
