@@ -35,8 +35,9 @@
  *
  * Configuration as upstream's defaults: recompute_views = False (views are weighed like other
  * values, but never banned), max_dist_from_bw = 1000 (so the dist_from_bw ban never fires),
- * treat_parameters_as_free_to_save = True (saving a parameter or buffer costs 0), every
- * ban_recompute_* option on, aggressive_recomputation off.
+ * treat_parameters_as_free_to_save = True (saving a parameter or buffer, or a subclass
+ * parameter's inner tensor, costs 0), every ban_recompute_* option on, aggressive_recomputation
+ * off.
  *
  * Recompute policies (node meta "recompute", as activation checkpointing sets them): MUST_SAVE
  * bans recomputation; MUST_RECOMPUTE and PREFER_RECOMPUTE tie n_in to the sink so n is never

@@ -308,9 +308,9 @@ int ag__part_init_ex(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bo
             else
                 P->tangents[P->ntangents++] = i;
             const ag_desc *d = ag_node_desc(n);
-            pi->static_input =
-                pi->primal && d &&
-                (ag_desc_kind_of(d) == AG_DESC_PARAM || ag_desc_kind_of(d) == AG_DESC_BUFFER);
+            /* A subclass parameter's inner tensors too (upstream's static_input_indices count
+             * the flattened inputs): ag_desc_is_param/_buffer look through the subclass. */
+            pi->static_input = pi->primal && d && (ag_desc_is_param(d) || ag_desc_is_buffer(d));
             pi->external = true;
         } else if (pi->kind == AG_NODE_GET_ATTR) {
             pi->external = true;
