@@ -748,8 +748,10 @@ static void test_backward_in_trace(void **st) {
 }
 
 /* The module form of the above: a Linear region whose joint is traced in the backward (the
- * call keeps no parameter names; they are built then). The traced gradient of x equals eager's
- * without regions (d sum(x W^T + b) / dx = ones W). */
+ * call keeps no parameter names; they are built then, after a parameter was added). The traced
+ * gradient of x equals eager's without regions (d sum(x W^T + b) / dx = ones W). */
+static ag_tensor *extra_param;
+
 static int grad_of_module_region(void *ud, ag_tensor *const *in, int nin, ag_tensor **out,
                                  int max_out) {
     (void)nin;
@@ -758,6 +760,9 @@ static int grad_of_module_region(void *ud, ag_tensor *const *in, int nin, ag_ten
     int rc = ag_module_call(ud, in, 1, y, 1);
     if (rc != 1)
         return rc < 0 ? rc : ag_last_status();
+    /* a parameter added after the call is no operand: the joint traced below ignores it */
+    if ((rc = ag_module_register_parameter(ud, "extra", extra_param)))
+        return rc;
     ag_tensor *l = ag_sum_all(y[0]), *g = NULL;
     rc = l ? ag_grad(&l, NULL, 1, (ag_tensor **)in, 1, &g, false, false) : ag_last_status();
     out[0] = rc == 0 ? ag_mul_scalar(g, 1.0) : NULL;
@@ -772,6 +777,8 @@ static void test_module_backward_in_trace(void **st) {
     assert_int_equal(ag_module_set_compile_region(lin, true), 0);
     ag_tensor *x = rnd(2, (int64_t[]){4, 3}, 64);
     assert_int_equal(ag_tensor_set_requires_grad(x, true), 0);
+    extra_param = ag_zeros(AG_F32, 1, (int64_t[]){2});
+    assert_non_null(extra_param);
     ag_graph *g = ag_trace(grad_of_module_region, lin, (ag_tensor *[]){x}, 1, NULL, NULL, NULL);
     if (!g)
         print_error("%s\n", ag_last_error());
@@ -794,6 +801,7 @@ static void test_module_backward_in_trace(void **st) {
     ag_tensor_free(r);
     ag_graph_free(g);
     ag_tensor_free(x);
+    ag_tensor_free(extra_param);
     ag_module_free(lin);
 }
 

@@ -125,9 +125,10 @@ static int operands_of(const ag__region *r, operands *o) {
     return 0;
 }
 
-/* The module's names of its operands (a no-op for the function form, or when built). Each named
- * tensor must still be one of the operands: a module whose parameters were replaced since the
- * call is refused. */
+/* The module's names of its operands (a no-op for the function form, or when built). Every
+ * parameter or buffer operand must still be reachable in the module (a lazily traced joint runs
+ * after the call): one that was replaced since is refused; tensors added since are not operands
+ * and stay as they are. */
 static int operands_names(const ag__region *r, operands *o) {
     if (!r->module || o->named)
         return 0;
@@ -135,18 +136,19 @@ static int operands_names(const ag__region *r, operands *o) {
         ag_module_named_buffers(r->module, false, &o->bs))
         return ag_last_status();
     o->named = true;
-    for (int pass = 0; pass < 2; pass++) {
-        const ag_named_tensors *nt = pass ? &o->bs : &o->ps;
-        for (int i = 0; i < nt->n; i++) {
-            bool found = false;
-            for (int k = 0; k < o->n && !found; k++)
+    for (int k = r->nin; k < o->n; k++) {
+        bool found = false;
+        for (int pass = 0; pass < 2 && !found; pass++) {
+            const ag_named_tensors *nt = pass ? &o->bs : &o->ps;
+            for (int i = 0; i < nt->n && !found; i++)
                 found = o->t[k] == nt->tensors[i];
-            if (!found)
-                return ag__err(AG_EINVAL,
-                               "nested_compile_region %s: the module's %s '%s' is not the one "
-                               "it had when the region was called",
-                               r->name, pass ? "buffer" : "parameter", nt->names[i]);
         }
+        if (!found)
+            return ag__err(AG_EINVAL,
+                           "nested_compile_region %s: operand %d, a parameter or buffer of the "
+                           "module when the region was called, is no longer one of its "
+                           "parameters or buffers",
+                           r->name, k);
     }
     return 0;
 }
