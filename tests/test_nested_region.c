@@ -747,6 +747,64 @@ static void test_backward_in_trace(void **st) {
     ag_tensor_free(w);
 }
 
+/* The module form of the above: a Linear region whose joint is traced in the backward (the
+ * call keeps no parameter names; they are built then, after a parameter was added). The traced
+ * gradient of x equals eager's without regions (d sum(x W^T + b) / dx = ones W). */
+static ag_tensor *extra_param;
+
+static int grad_of_module_region(void *ud, ag_tensor *const *in, int nin, ag_tensor **out,
+                                 int max_out) {
+    (void)nin;
+    (void)max_out;
+    ag_tensor *y[1] = {0};
+    int rc = ag_module_call(ud, in, 1, y, 1);
+    if (rc != 1)
+        return rc < 0 ? rc : ag_last_status();
+    /* a parameter added after the call is no operand: the joint traced below ignores it */
+    if ((rc = ag_module_register_parameter(ud, "extra", extra_param)))
+        return rc;
+    ag_tensor *l = ag_sum_all(y[0]), *g = NULL;
+    rc = l ? ag_grad(&l, NULL, 1, (ag_tensor **)in, 1, &g, false, false) : ag_last_status();
+    out[0] = rc == 0 ? ag_mul_scalar(g, 1.0) : NULL;
+    return out[0] ? 1 : (rc < 0 ? rc : ag_last_status());
+}
+
+static void test_module_backward_in_trace(void **st) {
+    (void)st;
+    ag_manual_seed(63);
+    ag_module *lin = ag_nn_linear(3, 2, true);
+    assert_non_null(lin);
+    assert_int_equal(ag_module_set_compile_region(lin, true), 0);
+    ag_tensor *x = rnd(2, (int64_t[]){4, 3}, 64);
+    assert_int_equal(ag_tensor_set_requires_grad(x, true), 0);
+    extra_param = ag_zeros(AG_F32, 1, (int64_t[]){2});
+    assert_non_null(extra_param);
+    ag_graph *g = ag_trace(grad_of_module_region, lin, (ag_tensor *[]){x}, 1, NULL, NULL, NULL);
+    if (!g)
+        print_error("%s\n", ag_last_error());
+    assert_non_null(g);
+    assert_int_equal(ag_graph_verify(g), 0);
+    assert_int_equal(ag_graph_num_subgraphs(g), 2);
+    assert_int_equal(count_calls(g, "fw_subgraph_0"), 1);
+    assert_int_equal(count_calls(g, "bw_subgraph_0_0"), 1);
+    ag_tensor *r = NULL;
+    assert_int_equal(ag_graph_run(g, (ag_tensor *[]){x}, 1, &r, 1), 1);
+    ag_named_tensors ps;
+    assert_int_equal(ag_module_named_parameters(lin, true, &ps), 0);
+    assert_string_equal(ps.names[0], "weight");
+    const float *w = ag_tensor_data(ps.tensors[0]); /* [2, 3] */
+    const float *rv = ag_tensor_data(r);
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 3; j++)
+            assert_true(fabsf(rv[i * 3 + j] - (w[j] + w[3 + j])) < 1e-6f);
+    ag_named_tensors_free(&ps);
+    ag_tensor_free(r);
+    ag_graph_free(g);
+    ag_tensor_free(x);
+    ag_tensor_free(extra_param);
+    ag_module_free(lin);
+}
+
 /* ---- GPT-2 with its blocks as regions ---- */
 
 /* The zoo's tiny GPT-2 (2 blocks) with nested_blocks: one forward and one joint subgraph for
@@ -1607,6 +1665,7 @@ int main(void) {
         cmocka_unit_test(test_inference_trace),
         cmocka_unit_test(test_region_in_region),
         cmocka_unit_test(test_backward_in_trace),
+        cmocka_unit_test(test_module_backward_in_trace),
         cmocka_unit_test(test_gpt2_blocks),
         cmocka_unit_test(test_checkpointed_region),
         cmocka_unit_test(test_checkpoint_in_function_region),

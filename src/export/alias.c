@@ -807,8 +807,14 @@ static int dsb_begin(ag__export_pass *st, void **self) {
     for (int p = 0; rc == 0 && p < np; p++) {
         ag_desc *d = ag_desc_retain(ag__aplan_primal_desc(P, p));
         st->primal_descs[p] = d;
-        char name[32];
-        snprintf(name, sizeof name, "primals_%d", p + 1);
+        char name[32] = "primals_"; /* primals_N (without printf: one per parameter) */
+        char digits[12];
+        int nd = 0;
+        for (unsigned u = (unsigned)p + 1; u; u /= 10)
+            digits[nd++] = (char)('0' + u % 10);
+        for (int i = 0; i < nd; i++)
+            name[8 + i] = digits[nd - 1 - i];
+        name[8 + nd] = 0;
         ag_tmeta mt;
         ag__tmeta_of(ag__aplan_primal_example(P, p), &mt);
         st->prim[p] = ag_graph_placeholder(st->g, name, &mt);

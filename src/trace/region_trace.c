@@ -40,10 +40,11 @@ typedef struct region_entry {
     bool checkpoint; /* the body is checkpointed (ag__region.checkpoint) */
     int nops;
     ag_tmeta *ops;
-    bool *rg;                      /* operand requires grad */
-    int index;                     /* I of fw_subgraph_I */
-    char fw_attr[48], bw_attr[48]; /* bw_attr "" until the joint is traced */
-    ag_node *fw_attr_node;         /* the first call's get_attr (its metadata: the backward's) */
+    bool *rg;                        /* operand requires grad */
+    int index;                       /* I of fw_subgraph_I */
+    char fw_attr[48], bw_attr[48];   /* bw_attr "" until the joint is traced */
+    char fw_ident[32], bw_ident[32]; /* fw_subgraph_I, bw_subgraph_I_0 (made once) */
+    ag_node *fw_attr_node;           /* the first call's get_attr (its metadata: the backward's) */
     int nout;
     ag_tmeta out[AG_MAX_OUTPUTS];
     bool out_rg[AG_MAX_OUTPUTS];
@@ -77,11 +78,12 @@ static bool is_float_rg(const ag_tensor *t) {
 /* ---- operands ---- */
 
 /* A region call's operands: the inputs, then (module form) the module's parameters and
- * buffers, deduplicated. fqns/fqn_t: every name under which the module reaches each of them
- * (for swapping in the stand-ins). */
+ * buffers, deduplicated. ps/bs: every name under which the module reaches each of them (for
+ * swapping in the stand-ins), built by operands_names only when a region is traced. */
 typedef struct operands {
     ag_tensor **t;
     int n;
+    bool named;              /* ps and bs built */
     ag_named_tensors ps, bs; /* remove_duplicate false */
 } operands;
 
@@ -91,28 +93,63 @@ static void operands_free(operands *o) {
     ag_named_tensors_free(&o->bs);
 }
 
-static int add_unique(operands *o, ag_tensor *t) {
-    for (int i = 0; i < o->n; i++)
-        if (o->t[i] == t)
-            return 0;
-    o->t[o->n++] = t;
+/* The operands without names: the module's parameters then buffers in named_parameters' and
+ * named_buffers' order (ag__module_flat_tensors), each kept once (an input passed twice is two
+ * operands). */
+static int operands_of(const ag__region *r, operands *o) {
+    memset(o, 0, sizeof *o);
+    ag_tensor *buf[64], **flat = buf; /* one walk unless the module has more tensors */
+    int64_t nt = r->module ? ag__module_flat_tensors(r->module, buf, 64) : 0;
+    if (nt > 64) {
+        if (!(flat = ag__malloc((size_t)nt * sizeof *flat)))
+            return AG_ENOMEM;
+        ag__module_flat_tensors(r->module, flat, nt);
+    }
+    int64_t cap = r->nin + nt;
+    if (!(o->t = ag__calloc((size_t)(cap ? cap : 1), sizeof *o->t))) {
+        if (flat != buf)
+            ag__free(flat);
+        return AG_ENOMEM;
+    }
+    for (int i = 0; i < r->nin; i++)
+        o->t[o->n++] = r->inputs[i];
+    for (int64_t j = 0; j < nt; j++) {
+        bool seen = false;
+        for (int i = 0; i < o->n && !seen; i++)
+            seen = o->t[i] == flat[j];
+        if (!seen)
+            o->t[o->n++] = flat[j];
+    }
+    if (flat != buf)
+        ag__free(flat);
     return 0;
 }
 
-static int operands_of(const ag__region *r, operands *o) {
-    memset(o, 0, sizeof *o);
-    if (r->module && (ag_module_named_parameters(r->module, false, &o->ps) ||
-                      ag_module_named_buffers(r->module, false, &o->bs)))
+/* The module's names of its operands (a no-op for the function form, or when built). Every
+ * parameter or buffer operand must still be reachable in the module (a lazily traced joint runs
+ * after the call): one that was replaced since is refused; tensors added since are not operands
+ * and stay as they are. */
+static int operands_names(const ag__region *r, operands *o) {
+    if (!r->module || o->named)
+        return 0;
+    if (ag_module_named_parameters(r->module, false, &o->ps) ||
+        ag_module_named_buffers(r->module, false, &o->bs))
         return ag_last_status();
-    int cap = r->nin + o->ps.n + o->bs.n;
-    if (!(o->t = ag__calloc((size_t)(cap ? cap : 1), sizeof *o->t)))
-        return AG_ENOMEM;
-    for (int i = 0; i < r->nin; i++)
-        o->t[o->n++] = r->inputs[i]; /* an input passed twice is two operands */
-    for (int i = 0; i < o->ps.n; i++)
-        add_unique(o, o->ps.tensors[i]);
-    for (int i = 0; i < o->bs.n; i++)
-        add_unique(o, o->bs.tensors[i]);
+    o->named = true;
+    for (int k = r->nin; k < o->n; k++) {
+        bool found = false;
+        for (int pass = 0; pass < 2 && !found; pass++) {
+            const ag_named_tensors *nt = pass ? &o->bs : &o->ps;
+            for (int i = 0; i < nt->n && !found; i++)
+                found = o->t[k] == nt->tensors[i];
+        }
+        if (!found)
+            return ag__err(AG_EINVAL,
+                           "nested_compile_region %s: operand %d, a parameter or buffer of the "
+                           "module when the region was called, is no longer one of its "
+                           "parameters or buffers",
+                           r->name, k);
+    }
     return 0;
 }
 
@@ -401,8 +438,7 @@ static int add_sub(ag_graph *g, ag_graph *sub, char *name, size_t cap) {
     return 0;
 }
 
-static region_entry *new_entry(ag__tracer *T, const ag__region *r, const operands *o,
-                               bool want_joint) {
+static region_entry *new_entry(ag__tracer *T, const ag__region *r, operands *o, bool want_joint) {
     ag__region_cache **cp = ag__tracer_regions(T);
     if (!*cp && !(*cp = ag__calloc(1, sizeof **cp)))
         return NULL;
@@ -416,9 +452,12 @@ static region_entry *new_entry(ag__tracer *T, const ag__region *r, const operand
     e->checkpoint = r->checkpoint;
     e->nops = o->n;
     e->index = (int)c->n;
+    snprintf(e->fw_ident, sizeof e->fw_ident, "fw_subgraph_%d", e->index);
+    snprintf(e->bw_ident, sizeof e->bw_ident, "bw_subgraph_%d_0", e->index);
     e->ops = ag__calloc((size_t)(o->n ? o->n : 1), sizeof *e->ops);
     e->rg = ag__calloc((size_t)(o->n ? o->n : 1), sizeof *e->rg);
-    bool ok = e->ops && e->rg && (!r->type || (e->type = ag__strdup(r->type)));
+    bool ok = e->ops && e->rg && (!r->type || (e->type = ag__strdup(r->type))) &&
+              operands_names(r, o) == 0;
     for (int i = 0; ok && i < o->n; i++) {
         ag__tmeta_of(o->t[i], &e->ops[i]);
         e->rg[i] = is_float_rg(o->t[i]);
@@ -503,7 +542,7 @@ static int region_backward(void *ud, ag_tensor *const *gout, int nout, ag_tensor
     if (!e->bw_attr[0]) { /* a trace that is not a joint export: the joint now */
         b->o.t = b->ops;
         b->o.n = b->nreal;
-        ag_graph *bw = trace_sub(T, &b->r, &b->o, e, true);
+        ag_graph *bw = operands_names(&b->r, &b->o) ? NULL : trace_sub(T, &b->r, &b->o, e, true);
         b->o.t = NULL;
         if (!bw || add_sub(g, bw, e->bw_attr, sizeof e->bw_attr))
             return ag_last_status() ? ag_last_status() : AG_ENOMEM;
@@ -523,12 +562,10 @@ static int region_backward(void *ud, ag_tensor *const *gout, int nout, ag_tensor
             rc = ag_last_status() ? ag_last_status() : AG_ENOMEM;
     }
     ag_node *attr = NULL, *inv = NULL;
-    char ident[48];
-    snprintf(ident, sizeof ident, "bw_subgraph_%d_0", e->index);
     if (rc == 0 &&
         (!(attr = ag_graph_get_attr_subgraph(g, e->bw_attr, NULL)) ||
          ag__tracer_attr_meta(T, attr) || ag_node_custom_copy(attr, e->fw_attr_node) ||
-         !(inv = ag_graph_invoke_subgraph(g, attr, ident, args, nargs, NULL)) ||
+         !(inv = ag_graph_invoke_subgraph(g, attr, e->bw_ident, args, nargs, NULL)) ||
          ag__tracer_node_meta(T, inv) ||
          ag_node_custom_set(inv, "call_id", (ag_mval){.kind = AG_MV_INT, .u.i = b->call_id})))
         rc = ag_last_status() ? ag_last_status() : AG_ENOMEM;
@@ -599,11 +636,9 @@ int ag__trace_region(const ag__region *r0, ag_tensor **outs, int max_out) {
         }
     }
     if (rc == 0) {
-        char ident[48];
-        snprintf(ident, sizeof ident, "fw_subgraph_%d", e->index);
         if (!(attr = ag_graph_get_attr_subgraph(g, e->fw_attr, NULL)) ||
             ag__tracer_attr_meta(T, attr) ||
-            !(inv = ag_graph_invoke_subgraph(g, attr, ident, nodes, nops, NULL)) ||
+            !(inv = ag_graph_invoke_subgraph(g, attr, e->fw_ident, nodes, nops, NULL)) ||
             ag__tracer_node_meta(T, inv) ||
             ag_node_custom_set(inv, "call_id", (ag_mval){.kind = AG_MV_INT, .u.i = call_id}))
             rc = ag_last_status() ? ag_last_status() : AG_ENOMEM;
@@ -620,7 +655,9 @@ int ag__trace_region(const ag__region *r0, ag_tensor **outs, int max_out) {
         b = ag__calloc(1, sizeof *b);
         if (b && (b->ops = ag__calloc((size_t)nops + 1, sizeof *b->ops))) {
             b->r = *r;
-            snprintf(b->name, sizeof b->name, "%s", r->name);
+            size_t ln = strnlen(r->name, sizeof b->name - 1); /* truncated as before */
+            memcpy(b->name, r->name, ln);
+            b->name[ln] = 0;
             b->r.name = b->name;
             b->trace_id = ag__tracer_id(T);
             b->entry = e->index;
@@ -631,8 +668,10 @@ int ag__trace_region(const ag__region *r0, ag_tensor **outs, int max_out) {
                 b->ops[i] = ag_tensor_keep(o.t[i]);
             for (int i = o.n; i < nops; i++)
                 b->ops[i] = ag_tensor_keep(rng[i - o.n]);
+            b->o.named = o.named;
             b->o.ps = o.ps;
             b->o.bs = o.bs;
+            o.named = false;
             memset(&o.ps, 0, sizeof o.ps);
             memset(&o.bs, 0, sizeof o.bs);
             rc = ag__autograd_custom("InvokeSubgraphAutogradOp", o.t, o.n, outs, n, e->out_rg,

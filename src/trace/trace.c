@@ -193,12 +193,57 @@ static const src_file *load_source(tracer *T, const char *path) {
     return f;
 }
 
-/* Formats one frame; *failed is set when the source cache could not grow (out of memory). */
+/* Text appended to buf (cap n > 0) as snprintf writes it: k counts every character, the buffer
+ * keeps what fits before its terminating NUL. */
+typedef struct bounded {
+    char *buf;
+    size_t n, k;
+} bounded;
+
+static void b_put(bounded *b, const char *s, size_t len) {
+    if (b->k < b->n - 1) {
+        size_t room = b->n - 1 - b->k;
+        memcpy(b->buf + b->k, s, len < room ? len : room);
+    }
+    b->k += len;
+}
+
+static void b_puts(bounded *b, const char *s) {
+    b_put(b, s, strlen(s));
+}
+
+static void b_int(bounded *b, int v) {
+    char d[16];
+    int i = sizeof d;
+    unsigned u = v < 0 ? 0u - (unsigned)v : (unsigned)v;
+    do
+        d[--i] = (char)('0' + u % 10);
+    while (u /= 10);
+    if (v < 0)
+        d[--i] = '-';
+    b_put(b, d + i, sizeof d - (size_t)i);
+}
+
+static size_t b_end(bounded *b) {
+    b->buf[b->k < b->n ? b->k : b->n - 1] = 0;
+    return b->k;
+}
+
+/* Formats one frame (as "  File \"%s\", line %d, in %s\n" then "    %s\n" would, without
+ * printf: stack traces are formatted per call site); *failed is set when the source cache could
+ * not grow (out of memory). */
 static size_t fmt_frame(tracer *T, const ag__site *s, char *buf, size_t n, bool *failed) {
     if (!s->file)
         return 0;
-    size_t k = (size_t)snprintf(buf, n, "  File \"%s\", line %d, in %s\n", s->file, s->line,
-                                s->func ? s->func : "?");
+    bounded b = {buf, n, 0};
+    b_put(&b, "  File \"", 8);
+    b_puts(&b, s->file);
+    b_put(&b, "\", line ", 8);
+    b_int(&b, s->line);
+    b_put(&b, ", in ", 5);
+    b_puts(&b, s->func ? s->func : "?");
+    b_put(&b, "\n", 1);
+    size_t k = b_end(&b);
     const src_file *f = load_source(T, s->file);
     if (!f)
         *failed = true;
@@ -206,7 +251,11 @@ static size_t fmt_frame(tracer *T, const ag__site *s, char *buf, size_t n, bool 
         const char *l = f->lines[s->line - 1];
         while (*l == ' ' || *l == '\t')
             l++;
-        k += (size_t)snprintf(buf + k, n - k, "    %s\n", l);
+        bounded c = {buf + k, n - k, 0};
+        b_put(&c, "    ", 4);
+        b_puts(&c, l);
+        b_put(&c, "\n", 1);
+        k += b_end(&c);
     }
     return k < n ? k : n;
 }
