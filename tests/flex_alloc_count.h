@@ -1,5 +1,6 @@
-/* Shared by test_flex_attention.c and test_flex_plan.c: counting a planned run's allocations by
- * the step making them (include after testutil.h and runtime/plan_internal.h). */
+/* Shared by test_flex_attention.c and test_flex_plan.c: a compiled callable's halves planned
+ * and run warm, the allocations of the warm runs counted by the step making them (include
+ * after testutil.h and runtime/plan_internal.h). */
 #ifndef FLEX_ALLOC_COUNT_H
 #define FLEX_ALLOC_COUNT_H
 
@@ -48,6 +49,54 @@ static int run_twice_counting(ag_plan *p, ag_tensor *const *in, int nin, ag_tens
     if (n < 0)
         fail_msg("plan run: %s", ag_last_error());
     return n;
+}
+
+/* A tensor for each placeholder of g from index `from` on (uniform in [-1, 1], from *rng). */
+static void fill_inputs(const ag_graph *g, int from, ag_tensor **in, int *nin, uint64_t *rng) {
+    int k = 0;
+    for (const ag_node *n = ag_graph_first(g); n; n = ag_node_next(n))
+        if (ag_node_kind_of(n) == AG_NODE_PLACEHOLDER && k++ >= from) {
+            const ag_tmeta *m = ag_node_val(n, 0);
+            in[k - 1] = tu_rand_tensor(m->dtype, m->ndim, m->sizes, -1, 1, tu_xorshift, rng);
+        }
+    *nin = k;
+}
+
+/* A compiled callable's halves planned and each run twice, the warm runs counted: the forward
+ * on random inputs, the backward on its saved values and random tangents. */
+typedef struct warm_halves {
+    ag_plan *pf, *pb;
+    ag_tensor *in[16], *fo[16], *bi[16], *bo[16];
+    int nin, nfo, nbi, nbo;
+    fc_allocs af, ab;
+} warm_halves;
+
+static void warm_halves_run(warm_halves *w, const ag_compiled *c, uint64_t *rng) {
+    memset(w, 0, sizeof *w);
+    const ag_graph *fw = ag_compiled_forward_graph(c), *bw = ag_compiled_backward_graph(c);
+    w->pf = ag_plan_new(fw, NULL);
+    w->pb = ag_plan_new(bw, NULL);
+    if (!w->pf || !w->pb)
+        fail_msg("plan_new: %s", ag_last_error());
+    fill_inputs(fw, 0, w->in, &w->nin, rng);
+    w->nfo = run_twice_counting(w->pf, w->in, w->nin, w->fo, 16, &w->af);
+    fill_inputs(bw, w->nfo - 1, w->bi, &w->nbi, rng);
+    for (int i = 1; i < w->nfo; i++)
+        w->bi[i - 1] = w->fo[i];
+    w->nbo = run_twice_counting(w->pb, w->bi, w->nbi, w->bo, 16, &w->ab);
+}
+
+static void warm_halves_free(warm_halves *w) {
+    for (int i = 0; i < w->nbo; i++)
+        ag_tensor_free(w->bo[i]);
+    for (int i = w->nfo - 1; i < w->nbi; i++)
+        ag_tensor_free(w->bi[i]);
+    for (int i = 0; i < w->nfo; i++)
+        ag_tensor_free(w->fo[i]);
+    for (int i = 0; i < w->nin; i++)
+        ag_tensor_free(w->in[i]);
+    ag_plan_free(w->pf);
+    ag_plan_free(w->pb);
 }
 
 #endif

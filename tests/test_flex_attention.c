@@ -1015,17 +1015,6 @@ static int count_calls(const ag_graph *g, const char *op) {
     return c;
 }
 
-/* A tensor for each placeholder of g from index `from` on (uniform in [-1, 1]). */
-static void fill_inputs(const ag_graph *g, int from, ag_tensor **in, int *nin) {
-    int k = 0;
-    for (const ag_node *n = ag_graph_first(g); n; n = ag_node_next(n))
-        if (ag_node_kind_of(n) == AG_NODE_PLACEHOLDER && k++ >= from) {
-            const ag_tmeta *m = ag_node_val(n, 0);
-            in[k - 1] = tu_rand_tensor(m->dtype, m->ndim, m->sizes, -1, 1, tu_xorshift, &rng);
-        }
-    *nin = k;
-}
-
 /* Edits joint graph j to return 2 * each of its outputs (add(x, x)). */
 static void double_joint_outputs(ag_graph *j) {
     assert_non_null(j);
@@ -1148,28 +1137,18 @@ static void test_compiled(void **state) {
     {
         ag_compiled *c = ag_compile_joint(j, NULL);
         assert_non_null(c);
-        const ag_graph *fw = ag_compiled_forward_graph(c), *bw = ag_compiled_backward_graph(c);
-        ag_plan *pf = ag_plan_new(fw, NULL), *pb = ag_plan_new(bw, NULL);
-        if (!pf || !pb)
-            fail_msg("plan_new: %s", ag_last_error());
-        ag_tensor *in[16], *fo[16], *bi[16], *bo[16];
-        int nin = 0, nbi = 0;
-        fill_inputs(fw, 0, in, &nin);
-        fc_allocs af, ab;
-        const int nfo = run_twice_counting(pf, in, nin, fo, 16, &af);
-        fill_inputs(bw, nfo - 1, bi, &nbi);
-        for (int i = 1; i < nfo; i++)
-            bi[i - 1] = fo[i];
-        const int nbo = run_twice_counting(pb, bi, nbi, bo, 16, &ab);
+        warm_halves w;
+        warm_halves_run(&w, c, &rng);
+        const ag_graph *bw = ag_compiled_backward_graph(c);
         print_message("  warm runs: forward plan %lld allocations in flex_attention, %lld "
                       "elsewhere; backward plan %lld in flex_attention_backward, %lld "
                       "elsewhere\n",
-                      (long long)af.flex, (long long)af.other, (long long)ab.flex,
-                      (long long)ab.other);
-        assert_int_equal(af.other, 0);
-        assert_int_equal(ab.other, 0);
-        assert_int_equal(af.flex, 0);
-        assert_int_equal(ab.flex, 0);
+                      (long long)w.af.flex, (long long)w.af.other, (long long)w.ab.flex,
+                      (long long)w.ab.other);
+        assert_int_equal(w.af.other, 0);
+        assert_int_equal(w.ab.other, 0);
+        assert_int_equal(w.af.flex, 0);
+        assert_int_equal(w.ab.flex, 0);
         ag_graph *ed = ag_graph_copy(bw);
         assert_non_null(ed);
         double_joint_outputs(ag_graph_subgraph(ed, "joint_graph0"));
@@ -1178,17 +1157,17 @@ static void test_compiled(void **state) {
             fail_msg("plan_new (edited joint): %s", ag_last_error());
         ag_tensor *eo[16];
         /* outputs: the gradients of slopes, w, q, k, v */
-        assert_int_equal(nbo, 5);
+        assert_int_equal(w.nbo, 5);
         const double factor[5] = {2, 1, 2, 2, 1};
         for (int run = 0; run < 2; run++) { /* the planned executor, the interpreter */
             const int ne =
-                run ? ag_graph_run(ed, bi, nbi, eo, 16) : ag_plan_run(pe, bi, nbi, eo, 16);
-            if (ne != nbo)
+                run ? ag_graph_run(ed, w.bi, w.nbi, eo, 16) : ag_plan_run(pe, w.bi, w.nbi, eo, 16);
+            if (ne != w.nbo)
                 fail_msg("edited joint (%s): %s", run ? "interpreted" : "planned", ag_last_error());
-            for (int i = 0; i < nbo; i++) {
-                ag_tensor *want = ag_mul_scalar(bo[i], factor[i]);
-                ag_tensor *zero = ag_zeros_like(bo[i]);
-                const double d = tu_max_abs_diff(eo[i], want), mag = tu_max_abs_diff(bo[i], zero);
+            for (int i = 0; i < w.nbo; i++) {
+                ag_tensor *want = ag_mul_scalar(w.bo[i], factor[i]);
+                ag_tensor *zero = ag_zeros_like(w.bo[i]);
+                const double d = tu_max_abs_diff(eo[i], want), mag = tu_max_abs_diff(w.bo[i], zero);
                 ag_tensor_free(zero);
                 if (!(d < 1e-12 * (1 + mag)) || !(mag > 1e-3))
                     fail_msg(
@@ -1201,16 +1180,7 @@ static void test_compiled(void **state) {
         }
         ag_plan_free(pe);
         ag_graph_free(ed);
-        for (int i = 0; i < nbo; i++)
-            ag_tensor_free(bo[i]);
-        for (int i = nfo - 1; i < nbi; i++)
-            ag_tensor_free(bi[i]);
-        for (int i = 0; i < nfo; i++)
-            ag_tensor_free(fo[i]);
-        for (int i = 0; i < nin; i++)
-            ag_tensor_free(in[i]);
-        ag_plan_free(pf);
-        ag_plan_free(pb);
+        warm_halves_free(&w);
         ag_compiled_free(c);
     }
     /* The forward tagged MUST_RECOMPUTE (activation checkpointing over it): flex_attention is

@@ -18,17 +18,6 @@ static ag_tensor *rnd(ag_dtype dt, int64_t a, int64_t b, int64_t c, int64_t d, b
     return t;
 }
 
-/* A tensor for each placeholder of g from index `from` on (uniform in [-1, 1]). */
-static void fill_inputs(const ag_graph *g, int from, ag_tensor **in, int *nin) {
-    int k = 0;
-    for (const ag_node *n = ag_graph_first(g); n; n = ag_node_next(n))
-        if (ag_node_kind_of(n) == AG_NODE_PLACEHOLDER && k++ >= from) {
-            const ag_tmeta *m = ag_node_val(n, 0);
-            in[k - 1] = tu_rand_tensor(m->dtype, m->ndim, m->sizes, -1, 1, tu_xorshift, &rng);
-        }
-    *nin = k;
-}
-
 /* score_mod = score + bias[kv_idx] + bias[q_idx] (bias a learned [T] parameter: its gradient in
  * the joint graph is a scatter-add whose index varies over the tile, run expanded to the tile)
  * under a causal block mask of 8 x 8 blocks over T = 20 (full tiles and 8 x 4, 4 x 8, 4 x 4 edge
@@ -122,31 +111,11 @@ static void test_compiled_position_bias(void **state) {
             ag_set_grad_enabled(prev);
         }
         if (!interpret) {
-            const ag_graph *fw = ag_compiled_forward_graph(c), *bw = ag_compiled_backward_graph(c);
-            ag_plan *pf = ag_plan_new(fw, NULL), *pb = ag_plan_new(bw, NULL);
-            if (!pf || !pb)
-                fail_msg("plan_new: %s", ag_last_error());
-            ag_tensor *in[16], *fo[16], *bi[16], *bo[16];
-            int nin = 0, nbi = 0;
-            fill_inputs(fw, 0, in, &nin);
-            fc_allocs af, ab;
-            const int nfo = run_twice_counting(pf, in, nin, fo, 16, &af);
-            fill_inputs(bw, nfo - 1, bi, &nbi);
-            for (int i = 1; i < nfo; i++)
-                bi[i - 1] = fo[i];
-            const int nbo = run_twice_counting(pb, bi, nbi, bo, 16, &ab);
-            assert_int_equal(af.flex + af.other, 0);
-            assert_int_equal(ab.flex + ab.other, 0);
-            for (int i = 0; i < nbo; i++)
-                ag_tensor_free(bo[i]);
-            for (int i = nfo - 1; i < nbi; i++)
-                ag_tensor_free(bi[i]);
-            for (int i = 0; i < nfo; i++)
-                ag_tensor_free(fo[i]);
-            for (int i = 0; i < nin; i++)
-                ag_tensor_free(in[i]);
-            ag_plan_free(pf);
-            ag_plan_free(pb);
+            warm_halves w;
+            warm_halves_run(&w, c, &rng);
+            assert_int_equal(w.af.flex + w.af.other, 0);
+            assert_int_equal(w.ab.flex + w.ab.other, 0);
+            warm_halves_free(&w);
         }
         ag_compiled_free(c);
     }
@@ -205,7 +174,7 @@ static void test_out_of_memory(void **state) {
     if (!c)
         fail_msg("export/compile: %s", ag_last_error());
     oom_case oc = {.fw = ag_compiled_forward_graph(c), .bw = ag_compiled_backward_graph(c)};
-    fill_inputs(oc.fw, 0, oc.in, &oc.nin);
+    fill_inputs(oc.fw, 0, oc.in, &oc.nin, &rng);
     ag_plan *pf = ag_plan_new(oc.fw, NULL);
     ag_tensor *fo[16];
     const int nfo = pf ? ag_plan_run(pf, oc.in, oc.nin, fo, 16) : -1;
@@ -214,7 +183,7 @@ static void test_out_of_memory(void **state) {
         ag_tensor_free(fo[i]);
     ag_plan_free(pf);
     oc.nsaved = nfo - 1;
-    fill_inputs(oc.bw, oc.nsaved, oc.bi, &oc.nbi);
+    fill_inputs(oc.bw, oc.nsaved, oc.bi, &oc.nbi, &rng);
     for (int k = 0; k < 2; k++) {
         oc.interpret = k;
         tu_sweep_opts o = {.what = k ? "flex_attention planned, backward interpreted"
