@@ -104,8 +104,9 @@ int ag__modcall_init(ag_compiled *c) {
     mc->meta = ag__calloc(n, sizeof *mc->meta);
     mc->t = ag__calloc(n, sizeof *mc->t);
     mc->found = ag__calloc(n, sizeof *mc->found);
+    mc->in.p = ag__calloc(n, sizeof *mc->in.p);
     if (!mc->src || !mc->fqn || !mc->param || !mc->input || !mc->first || !mc->meta || !mc->t ||
-        !mc->found || ag__strmap_reserve(&mc->by_fqn, mc->nin))
+        !mc->found || !mc->in.p || ag__strmap_reserve(&mc->by_fqn, mc->nin))
         return AG_ENOMEM;
     for (int i = 0, b = 0; i < mc->nin; b += c->sub ? c->sub->in[i].nflat : 1, i++) {
         const ag_desc *d = input_desc(c, b);
@@ -229,17 +230,13 @@ int ag_compiled_call_module(ag_compiled *c, ag_module *m, ag_tensor *const *args
                        "compiled_call_module: %d args given, the compiled function takes %d "
                        "after the module's %d parameters and buffers",
                        nargs, mc->nargs, mc->nslots);
-    /* The inputs in the joint's order, in the kept array unless a call inside this one holds
-     * it. */
-    ag_tensor **in =
-        mc->in.busy ? ag__calloc((size_t)(mc->nin ? mc->nin : 1), sizeof *in)
-        : ag__grow((void **)&mc->in.p, &mc->in.cap, mc->nin ? mc->nin : 1, sizeof *mc->in.p)
-            ? NULL
-            : mc->in.p;
+    /* The inputs in the joint's order, in the kept array unless a call inside this one (a
+     * forward calling the callable again) holds it. */
+    bool kept = !mc->in.busy;
+    ag_tensor **in = kept ? mc->in.p : ag__calloc((size_t)(mc->nin ? mc->nin : 1), sizeof *in);
     if (!in)
         return AG_ENOMEM;
-    bool kept = in == mc->in.p;
-    mc->in.busy |= kept;
+    mc->in.busy = true;
     for (int i = 0; i < mc->nin; i++)
         in[i] = mc->src[i] >= 0 ? mc->t[mc->src[i]] : args[-1 - mc->src[i]];
     int rc = ag_compiled_call(c, in, mc->nin, outs, max_out);
