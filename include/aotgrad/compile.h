@@ -239,8 +239,31 @@ AG_API void ag_compiled_free(ag_compiled *c);
  * instance gradient (a plain one is an error naming the output). */
 AG_API int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_tensor **outs,
                             int max_out);
-/* Calls it on a module: gathers its parameters and buffers (named_parameters order, duplicates
- * kept, as the export did) and appends the args. */
+/* Calls it on module m (borrowed; args borrowed, outs as ag_compiled_call's). Each parameter
+ * and buffer input of the joint, ParamAOTInput(target=fqn) or BufferAOTInput(target=fqn) (a
+ * tensor subclass instance by its own descriptor, its parts' bases), is the tensor m holds
+ * under that fully qualified name: found by name, not by position, so a module whose
+ * parameters were registered in another order gets each one where the joint takes it, and a
+ * tied weight (GPT-2's lm_head.weight and transformer.wte.weight) is found under each of its
+ * names, as the export listed it (named_parameters with remove_duplicate=False). The args fill
+ * the other inputs in order (the user's args and kwargs values, after the parameters and
+ * buffers). Then it is ag_compiled_call on those inputs: mutated buffers (BatchNorm's running
+ * statistics) are written back into m's tensors, gradients accumulate into its parameters'
+ * .grad. Returns the number of user outputs.
+ * Refused before anything runs (AG_EINVAL, the message naming the FQN): a name the joint takes
+ * that m lacks; one that m holds as the other kind (a buffer where the joint takes a
+ * parameter); one whose dtype or shape differ from the joint's (both given); a parameter or
+ * buffer of m that the joint does not take; a count of args other than the joint's. An extra
+ * parameter is refused rather than ignored: the joint was exported from a module without it,
+ * and where upstream's guards would recompile for the changed module this callable cannot
+ * (as load_state_dict, strict by default, and functional_call(strict=True) refuse unexpected
+ * keys); export again, or give the tensors to ag_compiled_call, which is also the way to call
+ * a joint that ag_joint_update gave other parameters or fewer.
+ * The tensors found are kept (borrowed) with m until m's tree changes (a parameter, buffer or
+ * child added anywhere in it, ag_module_to_dtype) or another module is given, so a call on the
+ * unchanged module looks nothing up and allocates nothing; the other checks of
+ * ag_compiled_call still run at every call. Like ag_compiled_call, one thread at a time, and m
+ * is not used by another thread during the call. */
 AG_API int ag_compiled_call_module(ag_compiled *c, ag_module *m, ag_tensor *const *args, int nargs,
                                    ag_tensor **outs, int max_out);
 AG_API const ag_graph *ag_compiled_forward_graph(const ag_compiled *c);

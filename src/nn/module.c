@@ -37,7 +37,24 @@ struct ag_module {
     int64_t nbuffers, cap_buffers;
     nn_child *children;
     int64_t nchildren, cap_children;
+    /* Changes whenever a parameter, buffer or child is added anywhere in the subtree, or a
+     * tensor is swapped or converted: a value drawn from one process-wide counter, so that no
+     * two states of any modules, freed ones included, share it (ag__module_stamp). */
+    uint64_t stamp;
 };
+
+static uint64_t next_stamp = 1;
+
+/* A new stamp for m and its ancestors (whose subtrees changed with m's). */
+static void touch(ag_module *m) {
+    uint64_t s = __atomic_fetch_add(&next_stamp, 1, __ATOMIC_RELAXED);
+    for (; m; m = m->parent)
+        m->stamp = s;
+}
+
+uint64_t ag__module_stamp(const ag_module *m) {
+    return m ? m->stamp : 0;
+}
 
 int ag__nn_status(void) {
     int s = ag_last_status();
@@ -67,6 +84,7 @@ ag_module *ag_module_new(const char *type_name, ag_forward_fn forward, void *ud,
     m->ud = ud;
     m->ud_free = ud_free;
     m->training = true; /* PyTorch modules start in training mode */
+    touch(m);
     return m;
 }
 
@@ -166,6 +184,7 @@ int ag_module_register_parameter(ag_module *m, const char *name, ag_tensor *t) {
     if (rc)
         return rc;
     t->requires_grad = true; /* cannot fail now: a float leaf */
+    touch(m);
     return 0;
 }
 
@@ -175,7 +194,10 @@ int ag_module_register_buffer(ag_module *m, const char *name, ag_tensor *t, bool
         return rc;
     if (!t)
         return null_arg("module_register_buffer", "buffer", name);
-    return add_entry(&m->buffers, &m->nbuffers, &m->cap_buffers, name, t, persistent);
+    rc = add_entry(&m->buffers, &m->nbuffers, &m->cap_buffers, name, t, persistent);
+    if (rc == 0)
+        touch(m);
+    return rc;
 }
 
 /* The module owns `child` from here on: it is freed when this fails. */
@@ -201,6 +223,7 @@ int ag_module_add_child(ag_module *m, const char *name, ag_module *child) {
         } else {
             m->children[m->nchildren++] = (nn_child){nm, child};
             child->parent = m;
+            touch(m);
             return 0;
         }
     }
@@ -244,8 +267,9 @@ ag_module *ag_module_child(const ag_module *m, const char *path) {
     return (ag_module *)cur;
 }
 
-/* Splits "a.b.name" into the module at "a.b" and "name". */
-static const nn_entry *lookup(const ag_module *m, const char *fqn, bool param) {
+/* Splits "a.b.name" into the module at "a.b" (*owner when owner is not NULL) and "name". */
+static const nn_entry *lookup_in(const ag_module *m, const char *fqn, bool param,
+                                 ag_module **owner_out) {
     if (!m || !fqn)
         return NULL;
     const char *dot = strrchr(fqn, '.');
@@ -263,8 +287,14 @@ static const nn_entry *lookup(const ag_module *m, const char *fqn, bool param) {
         if (!owner)
             return NULL;
     }
+    if (owner_out)
+        *owner_out = (ag_module *)owner;
     return param ? find_entry(owner->params, owner->nparams, leaf)
                  : find_entry(owner->buffers, owner->nbuffers, leaf);
+}
+
+static const nn_entry *lookup(const ag_module *m, const char *fqn, bool param) {
+    return lookup_in(m, fqn, param, NULL);
 }
 
 ag_tensor *ag_module_param(const ag_module *m, const char *fqn) {
@@ -278,11 +308,13 @@ ag_tensor *ag_module_buffer(const ag_module *m, const char *fqn) {
 }
 
 ag_tensor *ag__module_swap_tensor(ag_module *m, const char *fqn, bool param, ag_tensor *t) {
-    nn_entry *e = (nn_entry *)lookup(m, fqn, param);
+    ag_module *owner = NULL;
+    nn_entry *e = (nn_entry *)lookup_in(m, fqn, param, &owner);
     if (!e)
         return NULL;
     ag_tensor *old = e->t;
     e->t = t;
+    touch(owner);
     return old;
 }
 
@@ -413,6 +445,61 @@ static int64_t flat_walk(const ag_module *m, bool params, ag_tensor **out, int64
 int64_t ag__module_flat_tensors(const ag_module *m, ag_tensor **out, int64_t cap) {
     int64_t n = flat_walk(m, true, out, cap, 0);
     return flat_walk(m, false, out, cap, n);
+}
+
+/* The path being visited, built in place: on the stack while it fits, else on the heap. */
+typedef struct visit {
+    ag__module_tensor_fn fn;
+    void *ud;
+    char *path;
+    size_t cap;
+    bool heap;
+} visit;
+
+/* Writes the name after the first lp characters of the path (with a '.' when lp > 0);
+ * returns the new length, or 0 when out of memory. */
+static size_t visit_name(visit *v, size_t lp, const char *name) {
+    size_t ln = strlen(name), need = lp + (lp ? 1 : 0) + ln + 1;
+    if (need > v->cap) {
+        size_t cap = need * 2;
+        char *p = ag__malloc(cap);
+        if (!p)
+            return 0;
+        memcpy(p, v->path, lp);
+        if (v->heap)
+            ag__free(v->path);
+        v->path = p;
+        v->cap = cap;
+        v->heap = true;
+    }
+    if (lp)
+        v->path[lp] = '.';
+    memcpy(v->path + need - 1 - ln, name, ln + 1);
+    return need - 1;
+}
+
+static int visit_walk(const ag_module *m, size_t lp, bool params, visit *v) {
+    const nn_entry *e = params ? m->params : m->buffers;
+    int64_t ne = params ? m->nparams : m->nbuffers;
+    int rc = 0;
+    for (int64_t i = 0; i < ne && rc == 0; i++)
+        rc = visit_name(v, lp, e[i].name) ? v->fn(v->ud, v->path, e[i].t, params) : AG_ENOMEM;
+    for (int64_t i = 0; i < m->nchildren && rc == 0; i++) {
+        size_t lc = visit_name(v, lp, m->children[i].name);
+        rc = lc ? visit_walk(m->children[i].m, lc, params, v) : AG_ENOMEM;
+    }
+    return rc;
+}
+
+int ag__module_visit_tensors(const ag_module *m, ag__module_tensor_fn fn, void *ud) {
+    char buf[256];
+    visit v = {.fn = fn, .ud = ud, .path = buf, .cap = sizeof buf};
+    int rc = visit_walk(m, 0, true, &v);
+    if (rc == 0)
+        rc = visit_walk(m, 0, false, &v);
+    if (v.heap)
+        ag__free(v.path);
+    return rc;
 }
 
 int ag__nn_state_tensors(const ag_module *m, bool remove_duplicate, ag_named_tensors *out) {
@@ -869,6 +956,8 @@ int ag_module_to_dtype(ag_module *m, ag_dtype dt) {
             t->offset = 0;
             memcpy(t->strides, f->strides, sizeof t->strides);
         }
+        if (l.n)
+            touch(m);
     }
     for (int64_t i = 0; i < l.n; i++)
         ag_tensor_free(l.items[i].fresh);

@@ -21,6 +21,20 @@ ag_tensor *ag__module_swap_tensor(ag_module *m, const char *fqn, bool param, ag_
  * the first `cap` in out (may be NULL when cap is 0) and returns how many there are. */
 int64_t ag__module_flat_tensors(const ag_module *m, ag_tensor **out, int64_t cap);
 
+/* The same tensors with their names: fn(ud, fqn, t, param) for each parameter (param true) then
+ * each buffer, in named_parameters / named_buffers order with remove_duplicate false (a tied
+ * weight under each of its names). fqn is valid during the call only. Allocates nothing while
+ * the names fit in 255 characters. Stops at the first nonzero return of fn and returns it;
+ * AG_ENOMEM when a longer name cannot be built. */
+typedef int (*ag__module_tensor_fn)(void *ud, const char *fqn, ag_tensor *t, bool param);
+int ag__module_visit_tensors(const ag_module *m, ag__module_tensor_fn fn, void *ud);
+
+/* A value that changes whenever m's subtree gains a parameter, buffer or child, one of its
+ * tensors is swapped (ag__module_swap_tensor) or converted (ag_module_to_dtype), and that no
+ * other module, live or freed, ever had: tensors looked up by name in m stay valid, and are
+ * the ones a new lookup would find, while it is unchanged. 0 for NULL. */
+uint64_t ag__module_stamp(const ag_module *m);
+
 /* m's own forward, called directly (no module frame, no checkpoint or region handling): the
  * tracer's region hook (trace/region_trace.c) runs a region's forward with it. AG_EINVAL for a
  * module without a forward. */

@@ -15,7 +15,6 @@
  * by descriptor; inputs saved for backward are checked against their storage version, so an
  * in-place change before backward is an error. */
 #include "../graph/graph_internal.h"
-#include "../nn/nn_internal.h"
 #include "compiled_internal.h"
 #include "plan_internal.h"
 
@@ -67,6 +66,7 @@ static void compiled_release(ag_compiled *c) {
     for (int w = 0; w < NWRAPPERS; w++)
         if (wrappers[w]->clear)
             wrappers[w]->clear(c);
+    ag__modcall_clear(c);
     runnable_clear(&c->fw_run);
     runnable_clear(&c->bw_run);
     ag_graph_free(c->fw);
@@ -459,6 +459,8 @@ ag_compiled *ag_compile_joint(const ag_joint *j, const ag_compile_opts *opts) {
     c->refcount = 1;
     int rc = read_joint(c, j);
     if (rc == 0)
+        rc = ag__modcall_init(c);
+    if (rc == 0)
         rc = split(c, j, &o);
     if (rc == 0)
         rc = read_forward(c, j);
@@ -775,29 +777,4 @@ int ag_compiled_call(ag_compiled *c, ag_tensor *const *inputs, int ninputs, ag_t
         }
     }
     return rc ? rc : nout;
-}
-
-int ag_compiled_call_module(ag_compiled *c, ag_module *m, ag_tensor *const *args, int nargs,
-                            ag_tensor **outs, int max_out) {
-    AG__CHECK_NULL("compiled_call_module", c);
-    AG__CHECK_NULL("compiled_call_module", m);
-    if (nargs < 0)
-        return ag__err(AG_EINVAL, "compiled_call_module: negative argument count %d", nargs);
-    if (nargs > 0)
-        AG__CHECK_NULL("compiled_call_module", args);
-    if (max_out > 0)
-        AG__CHECK_NULL("compiled_call_module", outs);
-    /* The flat inputs (parameters, buffers, args), on the stack when they fit. */
-    ag_tensor *stack_in[512];
-    int64_t nt = ag__module_flat_tensors(m, NULL, 0), n = nt + nargs;
-    ag_tensor **in = n <= 512 ? stack_in : ag__calloc((size_t)n, sizeof *in);
-    if (!in)
-        return AG_ENOMEM;
-    ag__module_flat_tensors(m, in, nt);
-    for (int i = 0; i < nargs; i++)
-        in[nt + i] = args[i];
-    int rc = ag_compiled_call(c, in, (int)n, outs, max_out);
-    if (in != stack_in)
-        ag__free(in);
-    return rc;
 }

@@ -29,6 +29,7 @@ typedef struct ag__kept_ptrs {
 } ag__kept_ptrs;
 
 typedef struct ag__bw_state ag__bw_state;
+typedef struct ag__modcall ag__modcall;
 
 struct ag_compiled {
     int64_t refcount; /* the callable and every pending backward node hold one */
@@ -72,6 +73,9 @@ struct ag_compiled {
     /* Kept between calls so a training step allocates no bookkeeping once warm. */
     ag__kept_ptrs call_mem, bw_mem; /* a call's and a backward's pointer arrays */
     ag__bw_state *spare_bw;         /* a released backward node's state, for the next call */
+    /* ag_compiled_call_module's record of the parameter and buffer inputs by name, and the
+     * module tensors it last found for them (call_module.c). */
+    ag__modcall *modcall;
 };
 
 /* One call as the wrappers see it. Each level's arrays are set by the wrapper outside it: the
@@ -118,6 +122,11 @@ extern const ag__rt_wrapper ag__rtw_aliased;   /* alias_rt.c: outputs aliasing i
 extern const ag__rt_wrapper ag__rtw_mutations; /* mutation_writeback.c: input mutations */
 extern const ag__rt_wrapper ag__rtw_rng;       /* rng_wrap.c: functionalized RNG */
 extern const ag__rt_wrapper ag__rtw_tokens;    /* effect_tokens.c: effect tokens */
+
+/* call_module.c: reads the joint's parameter and buffer inputs (their FQNs, kinds, dtypes and
+ * shapes) once the joint's facts are read (read_joint); frees that record. */
+int ag__modcall_init(ag_compiled *c);
+void ag__modcall_clear(ag_compiled *c);
 
 /* A message's name for flat input i: "ParamAOTInput(target='fc.weight') (input 4)", or
  * "input 4" when its descriptor is unknown ("flat input" with tensor subclasses, whose flat
