@@ -95,6 +95,20 @@ static void test_explore(void **st) {
     ag_free(s);
     if (ag_graph_verify(ag_joint_graph(j)))
         printf("verify: %s\n", ag_last_error());
+    ag_graph *fw = NULL, *bw = NULL;
+    ag_partition_opts po = {.partitioner = AG_PARTITION_MINCUT};
+    if (ag_partition(ag_joint_graph(j), ag_joint_num_fw_outputs(j), &po, &fw, &bw, NULL))
+        printf("partition: %s\n", ag_last_error());
+    else {
+        s = ag_graph_to_string(fw, &(ag_print_opts){.no_meta = true, .no_custom = true});
+        printf("FW\n%s\n", s);
+        ag_free(s);
+        s = ag_graph_to_string(bw, &(ag_print_opts){.no_meta = true, .no_custom = true});
+        printf("BW\n%s\n", s);
+        ag_free(s);
+    }
+    ag_graph_free(fw);
+    ag_graph_free(bw);
     ag_joint_free(j);
     ag_module_free(m);
     ag_tensor_free(x);
