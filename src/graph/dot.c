@@ -130,7 +130,8 @@ static void put_vals_esc(ag__sbuf *b, const ag_node *n) {
     esc_tail(b, from);
 }
 
-/* DOT ids: the graph's nodes are n<index>, subgraph k's s<k>n<index>, its subgraph j's s<k>s<j>n<index>. */
+/* DOT ids: the graph's nodes are n<index>, subgraph k's s<k>n<index>, its subgraph j's
+ * s<k>s<j>n<index>. */
 static void put_node_decl(ag__sbuf *b, const char *pfx, const ag_node *n, int id, bool hl) {
     ag__sb_printf(b, "  %sn%d [", pfx, id);
     switch (n->kind) {

@@ -300,8 +300,8 @@ static int partition_region(const ag_graph *S, int k, int m, const ag_partition_
  * joint subgraph's text, and a call of the same region at another level takes a copy. */
 
 typedef struct memo_entry {
-    char *id, *text;        /* the backward call's identifier, the joint subgraph printed */
-    ag_graph *fw, *bw;      /* the partitioned pair (owned) */
+    char *id, *text;   /* the backward call's identifier, the joint subgraph printed */
+    ag_graph *fw, *bw; /* the partitioned pair (owned) */
     ag_partition_stats st;
 } memo_entry;
 
@@ -386,8 +386,8 @@ static int memo_put(const char *id, char *text, const ag_graph *fw, const ag_gra
 /* Partitions region joint subgraph S (called as id; k operands, m forward outputs), or copies
  * the memo's partition of it. */
 static int partition_region_once(const char *id, const ag_graph *S, int k, int m,
-                                 const ag_partition_opts *opts, ag__budget_mode mode,
-                                 ag_graph **fw, ag_graph **bw, ag_partition_stats *st) {
+                                 const ag_partition_opts *opts, ag__budget_mode mode, ag_graph **fw,
+                                 ag_graph **bw, ag_partition_stats *st) {
     char *text = NULL;
     int rc = memo_get(id, S, &text, fw, bw, st);
     if (rc != 0) {

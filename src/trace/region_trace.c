@@ -379,8 +379,12 @@ static ag_graph *trace_sub(ag__tracer *T, const ag__region *r, const operands *o
         if (rc == 0 && n < 0) {
             char why[512];
             snprintf(why, sizeof why, "%s", ag__err_count() != errs ? ag_last_error() : "");
-            rc = ag__err(n, "nested_compile_region %s: the region failed: %s", r->name,
-                         why[0] ? why : "(no message)");
+            /* a region inside it that failed names itself (and a chain of them stays short) */
+            if (!strncmp(why, "nested_compile_region ", 22))
+                rc = ag__err(n, "%s", why);
+            else
+                rc = ag__err(n, "nested_compile_region %s: the region failed: %s", r->name,
+                             why[0] ? why : "(no message)");
         } else if (n > AG_MAX_OUTPUTS) {
             rc = ag__err(AG_ENOTSUP, "nested_compile_region %s: more than %d outputs", r->name,
                          AG_MAX_OUTPUTS);
@@ -694,8 +698,7 @@ static int region_backward(void *ud, ag_tensor *const *gout, int nout, ag_tensor
     const ag_node *fw_attr_node = fs ? fs->fw_attr_node : NULL;
     ag_node *attr = NULL, *inv = NULL;
     if (rc == 0 &&
-        (!(attr = ag_graph_get_attr_subgraph(g, bw_attr, NULL)) ||
-         ag__tracer_attr_meta(T, attr) ||
+        (!(attr = ag_graph_get_attr_subgraph(g, bw_attr, NULL)) || ag__tracer_attr_meta(T, attr) ||
          (fw_attr_node && ag_node_custom_copy(attr, fw_attr_node)) ||
          !(inv = ag_graph_invoke_subgraph(g, attr, e->bw_ident, args, nargs, NULL)) ||
          ag__tracer_node_meta(T, inv) ||
