@@ -670,6 +670,125 @@ static void test_checkpointed_outer(void **st) {
     free_inputs(&in);
 }
 
+/* ---- the module form ----
+ * Two blocks (each y = tanh(lin(x)) * x + x, its Linear a region of its own inside the block's
+ * region), as GPT-2's blocks with a nested region would be: the same subgraphs for both blocks,
+ * their parameters operands. */
+
+static int mblock_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
+                          int max_out) {
+    (void)nin, (void)max_out;
+    ag_scope_begin();
+    ag_tensor *h = ag_module_forward(ag_module_child(m, "lin"), in[0]);
+    out[0] = ag_tensor_keep(ag_add(ag_mul(ag_tanh(h), in[0]), in[0]));
+    ag_scope_end();
+    return out[0] ? 1 : ag_last_status();
+}
+
+static int mstack_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
+                          int max_out) {
+    (void)nin, (void)max_out;
+    ag_scope_begin();
+    ag_tensor *h = in[0];
+    for (int i = 0; i < ag_module_num_children(m) && h; i++)
+        h = ag_module_forward(ag_module_child_at(m, i, NULL), h);
+    out[0] = h ? ag_tensor_keep(ag_mul_scalar(h, 0.5)) : NULL;
+    ag_scope_end();
+    return out[0] ? 1 : ag_last_status();
+}
+
+static ag_module *mstack_new(bool regions) {
+    ag_manual_seed(7);
+    ag_module *m = ag_module_new("Stack", mstack_forward, NULL, NULL);
+    for (int i = 0; i < 2; i++) {
+        ag_module *b = ag_module_new("Block", mblock_forward, NULL, NULL);
+        ag_module *lin = ag_nn_linear(3, 3, true);
+        assert_int_equal(ag_module_add_child(b, "lin", lin), 0);
+        assert_int_equal(ag_module_set_compile_region(lin, regions), 0);
+        assert_int_equal(ag_module_set_compile_region(b, regions), 0);
+        char name[8];
+        snprintf(name, sizeof name, "b%d", i);
+        assert_int_equal(ag_module_add_child(m, name, b), 0);
+    }
+    return m;
+}
+
+static void test_module_form(void **st) {
+    (void)st;
+    ag_module *mr = mstack_new(true), *mf = mstack_new(false);
+    ag_tensor *x = rnd(AG_F32, 2, (int64_t[]){4, 3}, 21),
+              *t = rnd(AG_F32, 2, (int64_t[]){4, 3}, 22);
+    assert_int_equal(ag_tensor_set_requires_grad(x, true), 0);
+    ag_named_tensors before = {0};
+    assert_int_equal(ag_module_named_parameters(mr, true, &before), 0);
+    ag_joint *jr = ag_export_joint(mr, &x, 1, NULL, NULL, 0, NULL);
+    if (!jr)
+        print_error("export: %s\n", ag_last_error());
+    assert_non_null(jr);
+    ag_joint *jf = ag_export_joint(mf, &x, 1, NULL, NULL, 0, NULL);
+    assert_non_null(jf);
+    const ag_graph *g = ag_joint_graph(jr);
+    assert_int_equal(ag_graph_verify(g), 0);
+    assert_int_equal(count_calls(g, "fw_subgraph_0"), 2);
+    assert_int_equal(count_calls(g, "bw_subgraph_0_0"), 2);
+    assert_int_equal(count_calls(g, "fw_subgraph_1"), 0);
+    const ag_graph *bfw = callee(g, "fw_subgraph_0"), *bbw = callee(g, "bw_subgraph_0_0");
+    assert_int_equal(count_calls(bfw, "fw_subgraph_1"), 1);
+    assert_int_equal(count_calls(bbw, "bw_subgraph_1_0"), 1);
+    assert_int_equal(count_op(callee(bfw, "fw_subgraph_1"), "addmm"), 1);
+    expect_roundtrip(g);
+    /* the modules hold their own parameters again */
+    ag_named_tensors ps = {0};
+    assert_int_equal(ag_module_named_parameters(mr, true, &ps), 0);
+    assert_int_equal(ps.n, 4);
+    assert_int_equal(before.n, 4);
+    for (int i = 0; i < ps.n; i++)
+        assert_ptr_equal(ps.tensors[i], before.tensors[i]);
+    ag_named_tensors_free(&ps);
+    ag_named_tensors_free(&before);
+    for (int k = 0; k < 2; k++) {
+        ag_compile_opts co = {0};
+        co.partition.partitioner = k ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT;
+        ag_compiled *cr = ag_compile_joint(jr, &co), *cf = ag_compile_joint(jf, &co);
+        if (!cr)
+            print_error("compile: %s\n", ag_last_error());
+        assert_non_null(cr);
+        assert_non_null(cf);
+        ag_tensor *yr = NULL, *yf = NULL;
+        assert_int_equal(ag_compiled_call_module(cr, mr, &x, 1, &yr, 1), 1);
+        assert_int_equal(ag_backward(yr, t, false), 0);
+        ag_tensor *gxr = ag_tensor_keep(ag_tensor_grad(x));
+        assert_int_equal(ag_tensor_set_grad(x, NULL), 0);
+        assert_int_equal(ag_compiled_call_module(cf, mf, &x, 1, &yf, 1), 1);
+        assert_int_equal(ag_backward(yf, t, false), 0);
+        assert_true(tu_max_abs_diff(yr, yf) == 0);
+        assert_true(tu_max_abs_diff(gxr, ag_tensor_grad(x)) == 0);
+        assert_int_equal(ag_tensor_set_grad(x, NULL), 0);
+        ag_named_tensors pr = {0}, pf = {0};
+        assert_int_equal(ag_module_named_parameters(mr, true, &pr), 0);
+        assert_int_equal(ag_module_named_parameters(mf, true, &pf), 0);
+        for (int i = 0; i < pr.n; i++) {
+            assert_true(
+                tu_max_abs_diff(ag_tensor_grad(pr.tensors[i]), ag_tensor_grad(pf.tensors[i])) == 0);
+            assert_int_equal(ag_tensor_set_grad(pr.tensors[i], NULL), 0);
+            assert_int_equal(ag_tensor_set_grad(pf.tensors[i], NULL), 0);
+        }
+        ag_named_tensors_free(&pr);
+        ag_named_tensors_free(&pf);
+        ag_tensor_free(gxr);
+        ag_tensor_free(yr);
+        ag_tensor_free(yf);
+        ag_compiled_free(cr);
+        ag_compiled_free(cf);
+    }
+    ag_joint_free(jr);
+    ag_joint_free(jf);
+    ag_module_free(mr);
+    ag_module_free(mf);
+    ag_tensor_free(x);
+    ag_tensor_free(t);
+}
+
 /* ---- refusals ---- */
 
 static int self_depth;
@@ -824,6 +943,7 @@ int main(void) {
         cmocka_unit_test(test_inline_and_dot),
         cmocka_unit_test(test_random_inner),
         cmocka_unit_test(test_checkpointed_outer),
+        cmocka_unit_test(test_module_form),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_out_of_memory),
     };

@@ -219,28 +219,38 @@ static void free_attr_name(ag_graph *g, char *buf, size_t n) {
 /* ---- tracing a region ---- */
 
 /* Runs the region's function on ins (the stand-ins): the module form with its parameters and
- * buffers swapped for their stand-ins meanwhile. */
+ * buffers swapped for their stand-ins meanwhile, then given back what they held (the real
+ * tensors, or an enclosing region's stand-ins while that region is traced). */
 static int run_region(const ag__region *r, const operands *o, ag_tensor **ins, ag_tensor **outs,
                       int max_out) {
     if (!r->module)
         return r->fn(r->ud, ins, r->nin, outs, max_out);
     ag_module *m = r->module;
+    int nn = o->ps.n + o->bs.n;
+    ag_tensor *buf[64], **held = nn > 64 ? ag__malloc(sizeof *held * (size_t)nn) : buf;
+    if (!held)
+        return AG_ENOMEM;
     /* each fqn's tensor -> the stand-in of its operand */
-    for (int pass = 0; pass < 2; pass++) {
+    for (int pass = 0, h = 0; pass < 2; pass++) {
         const ag_named_tensors *nt = pass ? &o->bs : &o->ps;
-        for (int i = 0; i < nt->n; i++)
+        for (int i = 0; i < nt->n; i++, h++) {
+            held[h] = NULL;
             for (int k = r->nin; k < o->n; k++)
                 if (o->t[k] == nt->tensors[i]) {
-                    ag__module_swap_tensor(m, nt->names[i], !pass, ins[k]);
+                    held[h] = ag__module_swap_tensor(m, nt->names[i], !pass, ins[k]);
                     break;
                 }
+        }
     }
     int n = ag__module_forward(m, ins, r->nin, outs, max_out);
-    for (int pass = 0; pass < 2; pass++) {
+    for (int pass = 0, h = 0; pass < 2; pass++) {
         const ag_named_tensors *nt = pass ? &o->bs : &o->ps;
-        for (int i = 0; i < nt->n; i++)
-            ag__module_swap_tensor(m, nt->names[i], !pass, nt->tensors[i]);
+        for (int i = 0; i < nt->n; i++, h++)
+            if (held[h])
+                ag__module_swap_tensor(m, nt->names[i], !pass, held[h]);
     }
+    if (held != buf)
+        ag__free(held);
     return n;
 }
 
@@ -736,6 +746,10 @@ int ag__trace_region(const ag__region *r0, ag_tensor **outs, int max_out) {
     const ag__region *r = &rr;
     operands o;
     int rc = operands_of(r, &o);
+    /* In a region's body the module holds that region's stand-ins only while its body runs: a
+     * region called there names its operands now, for its joint traced later. */
+    if (rc == 0 && ag__tracer_parent(T))
+        rc = operands_names(r, &o);
     ag_node **nodes = rc ? NULL : ag__calloc((size_t)o.n + 2, sizeof *nodes);
     if (!rc && !nodes)
         rc = AG_ENOMEM;
