@@ -340,6 +340,29 @@ static void test_trace_structure(void **st) {
     assert_int_equal(ag_graph_verify(g), 0);
     expect_text(g, TRACE_TEXT);
     expect_roundtrip(g);
+    /* docs/GRAPH_FORMAT.md's nested example is outer's block of this text */
+    char *doc = tu_read_file("docs/GRAPH_FORMAT.md");
+    if (!doc)
+        fail_msg("docs/GRAPH_FORMAT.md not found (run the test from the repository root)");
+    char *sec = strstr(doc, "**Nested subgraphs**");
+    char *a = sec ? strstr(sec, "  ```\n") : NULL;
+    char *b = a ? strstr(a + 6, "  ```\n") : NULL;
+    assert_non_null(b);
+    char block[2048];
+    size_t k = 0;
+    for (char *l = a + 6; l < b && k + 200 < sizeof block;) { /* the lines less 2 spaces */
+        char *e = strchr(l, '\n');
+        size_t len = (size_t)(e - l) + 1;
+        size_t cut = len > 2 && l[0] == ' ' && l[1] == ' ' ? 2 : 0;
+        memcpy(block + k, l + cut, len - cut);
+        k += len - cut;
+        l = e + 1;
+    }
+    block[k] = 0;
+    char *text = text_of(g);
+    assert_non_null(strstr(text, block));
+    ag_free(text);
+    free(doc);
     ag_graph_free(g);
     ag_module_free(m);
     ag_tensor_free(x);
