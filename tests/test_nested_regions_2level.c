@@ -812,6 +812,135 @@ static void test_module_form(void **st) {
     ag_tensor_free(t);
 }
 
+/* ---- other orders and depths ---- */
+
+/* inner called directly before outer: outer's subgraphs get copies of the inner subgraphs
+ * traced for the graph; a third level (top calls deep, deep calls outer, outer calls inner); in
+ * both, inner and outer are traced once (forward, joint) and the compiled step equals the flat
+ * model's. */
+static int order;
+static int deep_fn(void *ud, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
+    (void)ud, (void)nin, (void)max_out;
+    ag_tensor *h = NULL;
+    int rc = call(outer_fn, in[0], in[1], &h);
+    ag_scope_begin();
+    out[0] = rc == 1 ? ag_tensor_keep(ag_mul(h, h)) : NULL;
+    ag_scope_end();
+    ag_tensor_free(h);
+    return out[0] ? 1 : rc < 0 ? rc : ag_last_status();
+}
+
+static int other_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor **out,
+                         int max_out) {
+    (void)m, (void)nin, (void)max_out;
+    ag_tensor *y1 = NULL, *y2 = NULL;
+    int rc = call(inner_fn, in[0], in[1], &y1); /* inner first */
+    if (rc == 1)
+        rc = call(order ? deep_fn : outer_fn, y1, in[1], &y2);
+    ag_scope_begin();
+    out[0] = rc == 1 ? ag_tensor_keep(ag_sum_all(y2)) : NULL;
+    ag_scope_end();
+    ag_tensor_free(y1);
+    ag_tensor_free(y2);
+    return out[0] ? 1 : rc < 0 ? rc : ag_last_status();
+}
+
+static void test_other_orders(void **st) {
+    (void)st;
+    ag_module *m = ag_module_new("Other", other_forward, NULL, NULL);
+    inputs in = make_inputs(AG_F32);
+    ag_tensor_free(in.t);
+    in.t = ag_ones(AG_F32, 0, NULL);
+    for (order = 0; order < 2; order++) {
+        inner_calls = outer_calls = 0;
+        ag_joint *jr = export_model(m, in.x, in.w, true);
+        assert_non_null(jr);
+        assert_int_equal(inner_calls, 2);
+        assert_int_equal(outer_calls, 2);
+        ag_joint *jf = export_model(m, in.x, in.w, false);
+        assert_non_null(jf);
+        const ag_graph *g = ag_joint_graph(jr);
+        assert_int_equal(ag_graph_verify(g), 0);
+        /* numbered as first traced: inner 0, then outer 1 (or deep 1, outer 2) */
+        const ag_graph *ofw = callee(g, "fw_subgraph_1");
+        assert_non_null(ofw);
+        if (order) { /* deep -> outer -> inner */
+            assert_int_equal(count_calls(ofw, "fw_subgraph_2"), 1);
+            ofw = callee(ofw, "fw_subgraph_2");
+            assert_non_null(ofw);
+            assert_int_equal(count_calls(callee(g, "bw_subgraph_1_0"), "bw_subgraph_2_0"), 1);
+            assert_int_equal(count_calls(callee(callee(g, "bw_subgraph_1_0"), "bw_subgraph_2_0"),
+                                         "bw_subgraph_0_0"),
+                             1);
+        }
+        expect_same_text(callee(ofw, "fw_subgraph_0"), callee(g, "fw_subgraph_0"));
+        expect_roundtrip(g);
+        /* the saved joint keeps the nesting */
+        char *text = NULL;
+        size_t len = 0;
+        assert_int_equal(ag_joint_save(jr, &text, &len), 0);
+        ag_joint *back = ag_joint_load(text, len);
+        if (!back)
+            print_error("load: %s\n", ag_last_error());
+        assert_non_null(back);
+        expect_same_text(ag_joint_graph(back), g);
+        ag_joint_free(back);
+        ag_free(text);
+        ag_tensor *r[3], *f[3];
+        run_compiled(jr, NULL, &in, r);
+        run_compiled(jf, NULL, &in, f);
+        assert_true(max_diff3(r, f) == 0);
+        free3(r);
+        free3(f);
+        ag_joint_free(jr);
+        ag_joint_free(jf);
+    }
+    ag_module_free(m);
+    free_inputs(&in);
+}
+
+/* A trace that is not the joint export but differentiates itself (ag_grad in the traced
+ * function): outer's joint, and inner's inside it, are traced when the backward first runs;
+ * the graph's gradient equals eager's. */
+static int grad_fn(void *ud, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
+    (void)ud, (void)nin, (void)max_out;
+    ag_tensor *y = NULL;
+    int rc = call(outer_fn, in[0], in[1], &y);
+    if (rc != 1)
+        return rc;
+    ag_scope_begin();
+    ag_tensor *l = ag_sum_all(y), *g[2] = {0};
+    rc = l ? ag_grad(&l, NULL, 1, in, 2, g, false, false) : ag_last_status();
+    out[0] = rc == 0 ? ag_tensor_keep(ag_add(g[0], g[1])) : NULL;
+    ag_scope_end();
+    ag_tensor_free(y);
+    return out[0] ? 1 : rc < 0 ? rc : ag_last_status();
+}
+
+static void test_backward_in_trace(void **st) {
+    (void)st;
+    inputs in = make_inputs(AG_F32);
+    ag_tensor *want = NULL;
+    assert_int_equal(grad_fn(NULL, (ag_tensor *[]){in.x, in.w}, 2, &want, 1), 1);
+    inner_calls = outer_calls = 0;
+    ag_graph *g = ag_trace(grad_fn, NULL, (ag_tensor *[]){in.x, in.w}, 2, NULL, NULL, NULL);
+    if (!g)
+        print_error("trace: %s\n", ag_last_error());
+    assert_non_null(g);
+    assert_int_equal(inner_calls, 2);
+    assert_int_equal(outer_calls, 2);
+    assert_int_equal(ag_graph_verify(g), 0);
+    assert_int_equal(count_calls(g, "bw_subgraph_0_0"), 1);
+    assert_int_equal(count_calls(callee(g, "bw_subgraph_0_0"), "bw_subgraph_1_0"), 1);
+    ag_tensor *got = NULL;
+    assert_int_equal(ag_graph_run(g, (ag_tensor *[]){in.x, in.w}, 2, &got, 1), 1);
+    assert_true(tu_max_abs_diff(got, want) < 1e-6);
+    ag_tensor_free(got);
+    ag_tensor_free(want);
+    ag_graph_free(g);
+    free_inputs(&in);
+}
+
 /* ---- refusals ---- */
 
 static int self_depth;
@@ -967,6 +1096,8 @@ int main(void) {
         cmocka_unit_test(test_random_inner),
         cmocka_unit_test(test_checkpointed_outer),
         cmocka_unit_test(test_module_form),
+        cmocka_unit_test(test_other_orders),
+        cmocka_unit_test(test_backward_in_trace),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_out_of_memory),
     };
