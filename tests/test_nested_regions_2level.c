@@ -693,6 +693,35 @@ static void test_checkpointed_outer(void **st) {
     free_inputs(&in);
 }
 
+/* Both: inner draws and outer is checkpointed (upstream's test_ac_rng, a level deeper): inner,
+ * called under the checkpoint, is traced checkpointed, and its partition recomputes its mask in
+ * its backward from the seed and offset its call passed, the forward's: the step stays
+ * bit-identical to eager. */
+static void test_random_in_checkpointed_outer(void **st) {
+    (void)st;
+    inner_dropout = outer_checkpointed = true;
+    ag_module *m = model_new();
+    inputs in = make_inputs(AG_F32);
+    ag_joint *jr = export_model(m, in.x, in.w, true);
+    assert_non_null(jr);
+    for (int k = 0; k < 2; k++) {
+        ag_compile_opts co = {0};
+        co.partition.partitioner = k ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT;
+        ag_tensor *e[3], *r[3];
+        ag_manual_seed(11);
+        run_eager(m, &in, true, e);
+        ag_manual_seed(11);
+        run_compiled(jr, &co, &in, r);
+        assert_true(max_diff3(r, e) == 0);
+        free3(e);
+        free3(r);
+    }
+    inner_dropout = outer_checkpointed = false;
+    ag_joint_free(jr);
+    ag_module_free(m);
+    free_inputs(&in);
+}
+
 /* ---- the module form ----
  * Two blocks (each y = tanh(lin(x)) * x + x, its Linear a region of its own inside the block's
  * region), as GPT-2's blocks with a nested region would be: the same subgraphs for both blocks,
@@ -1095,6 +1124,7 @@ int main(void) {
         cmocka_unit_test(test_inline_and_dot),
         cmocka_unit_test(test_random_inner),
         cmocka_unit_test(test_checkpointed_outer),
+        cmocka_unit_test(test_random_in_checkpointed_outer),
         cmocka_unit_test(test_module_form),
         cmocka_unit_test(test_other_orders),
         cmocka_unit_test(test_backward_in_trace),
