@@ -970,6 +970,63 @@ static void test_backward_in_trace(void **st) {
     free_inputs(&in);
 }
 
+/* ---- the text by hand ----
+ * A nested subgraph with a constant of its own, named as its parent's: each block reads its
+ * own. out = x * [3, -1] + [1, 2]. */
+static const char *nested_consts =
+    "graph():\n"
+    "    %x : f32[2]  # None\n"
+    "    %a = get_attr(a)  # subgraph\n"
+    "    %invoke_subgraph = invoke_subgraph(%a, 'fw_subgraph_0', %x)  # (f32[2],)\n"
+    "    %getitem = getitem(%invoke_subgraph, 0)  # f32[2]\n"
+    "    return (%getitem,)\n"
+    "\n"
+    "subgraph a():\n"
+    "    %y : f32[2]  # None\n"
+    "    %b = get_attr(b)  # subgraph\n"
+    "    %invoke_subgraph = invoke_subgraph(%b, 'fw_subgraph_1', %y)  # (f32[2],)\n"
+    "    %getitem = getitem(%invoke_subgraph, 0)  # f32[2]\n"
+    "    %_tensor_constant0 = get_attr(_tensor_constant0)  # f32[2]\n"
+    "    %add = add.Tensor(%getitem, %_tensor_constant0)  # f32[2]\n"
+    "    return (%add,)\n"
+    "\n"
+    "constant _tensor_constant0 : f32[2] = [1.0, 2.0]\n"
+    "\n"
+    "    subgraph b():\n"
+    "        %z : f32[2]  # None\n"
+    "        %_tensor_constant0 = get_attr(_tensor_constant0)  # f32[2]\n"
+    "        %mul = mul.Tensor(%z, %_tensor_constant0)  # f32[2]\n"
+    "        return (%mul,)\n"
+    "\n"
+    "    constant _tensor_constant0 : f32[2] = [3.0, -1.0]\n";
+
+static void test_text_nested_constants(void **st) {
+    (void)st;
+    ag_graph *g = ag_graph_parse(nested_consts, strlen(nested_consts));
+    if (!g)
+        print_error("parse: %s\n", ag_last_error());
+    assert_non_null(g);
+    assert_int_equal(ag_graph_verify(g), 0);
+    char *t = ag_graph_to_string(g, NULL);
+    assert_string_equal(t, nested_consts);
+    ag_free(t);
+    double xv[2] = {0.5, 4.0}, want[2] = {0.5 * 3 + 1, 4.0 * -1 + 2};
+    ag_tensor *x = tu_tensor(AG_F32, 1, (int64_t[]){2}, xv), *out = NULL;
+    assert_int_equal(ag_graph_run(g, &x, 1, &out, 1), 1);
+    tu_assert_values(out, 1, (int64_t[]){2}, want, 0);
+    ag_tensor_free(out);
+    ag_tensor_free(x);
+    ag_graph_free(g);
+    /* an error in the nested block: its line and column in the whole text */
+    char *bad = strdup(nested_consts);
+    char *at = strstr(bad, "mul.Tensor(%z, %_tensor_constant0)");
+    assert_non_null(at);
+    memcpy(at + 15, "%nope)             ", 19); /* as long as what it replaces, no NUL */
+    assert_null(ag_graph_parse(bad, strlen(bad)));
+    tu_assert_error_contains("line 22:31: unknown node %nope");
+    free(bad);
+}
+
 /* ---- refusals ---- */
 
 static int self_depth;
@@ -1128,6 +1185,7 @@ int main(void) {
         cmocka_unit_test(test_module_form),
         cmocka_unit_test(test_other_orders),
         cmocka_unit_test(test_backward_in_trace),
+        cmocka_unit_test(test_text_nested_constants),
         cmocka_unit_test(test_refusals),
         cmocka_unit_test(test_out_of_memory),
     };

@@ -15,6 +15,20 @@
  * then ag_grad from one tangent per output back to the operands requiring grad. The cache lives in
  * the outermost session; later calls only emit the call.
  *
+ * A region called inside another region's body (upstream's nested invoke_subgraph) goes through
+ * the same hook in the outer region's nested session: its subgraphs become attributes of the
+ * outer region's subgraph being traced (repeated_subgraphN numbered per graph) and its call an
+ * invoke_subgraph there. Entries are per key across all levels (identifiers numbered in the
+ * order regions are first traced); each records its sites, the graphs calling it with its
+ * attributes there, and a graph that calls a region traced for another gets a copy of the
+ * subgraph (outer's joint subgraph reruns outer's body, so it calls inner's forward subgraph
+ * and, from its ag_grad, inner's joint, traced then). A subgraph freed on a failure takes its
+ * sites with it. In the body the module form's tensors are the outer region's stand-ins, so a
+ * region called there names its operands at the call, and a module's swap gives back what it
+ * held. A draw in the inner body reads the outer region's seed and offset operands (its call
+ * reserves them from the outer region's, region_reserve). Regions nest at most
+ * REGION_MAX_DEPTH deep.
+ *
  * A checkpointed region (a checkpointed module, or a function calling ag_checkpoint) traces
  * its body through ag_checkpoint, so both subgraphs' forward nodes carry the checkpoint's
  * recompute=MUST_RECOMPUTE and ac_graph_id (numbered from 1 in each subgraph: a nested session
