@@ -798,6 +798,39 @@ static void test_module_form(void **st) {
         assert_ptr_equal(ps.tensors[i], before.tensors[i]);
     ag_named_tensors_free(&ps);
     ag_named_tensors_free(&before);
+    /* sharded (fsdp, rank 0 of 2), the nested joint is inlined level by level: the rank's
+     * graph has what the flat model's has */
+    ag_mesh mesh = {.size = 2, .rank = 0};
+    int nodes[2], ops[2][3];
+    for (int k = 0; k < 2; k++) {
+        const ag_joint *j = k ? jr : jf;
+        ag_shard_plan *plan = ag_shard_plan_fsdp(j, &mesh);
+        assert_non_null(plan);
+        ag_joint *sj = ag_shard_joint(j, &mesh, plan);
+        if (!sj)
+            print_error("shard: %s\n", ag_last_error());
+        assert_non_null(sj);
+        const ag_graph *sg = ag_joint_graph(sj);
+        assert_int_equal(ag_graph_num_subgraphs(sg), 0);
+        assert_int_equal(ag_graph_verify(sg), 0);
+        nodes[k] = ag_graph_num_nodes(sg);
+        ops[k][0] = count_op(sg, "addmm");
+        ops[k][1] = count_op(sg, "tanh");
+        ops[k][2] = count_op(sg, "_c10d_functional::all_gather_into_tensor");
+        ag_joint_free(sj);
+        ag_shard_plan_free(plan);
+    }
+    print_message("sharded: flat %d nodes (%d addmm, %d tanh, %d all_gather), nested %d (%d, %d, "
+                  "%d)\n",
+                  nodes[0], ops[0][0], ops[0][1], ops[0][2], nodes[1], ops[1][0], ops[1][1],
+                  ops[1][2]);
+    /* the same graph size and ops (the joint subgraphs' reruns of the forward are merged or
+     * dropped once inlined), the same collectives */
+    assert_int_equal(nodes[1], nodes[0]);
+    for (int i = 0; i < 3; i++) {
+        assert_true(ops[0][i] > 0);
+        assert_int_equal(ops[1][i], ops[0][i]);
+    }
     for (int k = 0; k < 2; k++) {
         ag_compile_opts co = {0};
         co.partition.partitioner = k ? AG_PARTITION_MINCUT : AG_PARTITION_DEFAULT;
