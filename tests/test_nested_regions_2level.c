@@ -28,11 +28,16 @@ static int inner_calls, outer_calls; /* bodies run (eager, or traced) */
 
 static bool inner_dropout;      /* inner's body draws: dropout(sin(a) * w, 0.5) */
 static bool outer_checkpointed; /* outer's body runs under ag_checkpoint */
+static bool inner_mutates;      /* inner's body adds 1 to its input in place (refused traced) */
 
 static int inner_fn(void *ud, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
     (void)ud, (void)nin, (void)max_out;
     inner_calls++;
     ag_scope_begin();
+    if (inner_mutates && !ag_add_scalar_(in[0], 1.0)) {
+        ag_scope_end();
+        return ag_last_status();
+    }
     ag_tensor *y = ag_mul(ag_sin(in[0]), in[1]);
     if (inner_dropout)
         y = ag_dropout(y, 0.5, true);
@@ -1081,6 +1086,26 @@ static int self_forward(ag_module *m, ag_tensor *const *in, int nin, ag_tensor *
 
 static void test_refusals(void **st) {
     (void)st;
+    /* inner mutating its operand, refused inside outer's body with inner's name */
+    {
+        ag_module *mm = model_new();
+        inputs in = make_inputs(AG_F32);
+        inner_mutates = true;
+        char want[96];
+        snprintf(want, sizeof want,
+                 "nested_compile_region function %p: ", (void *)(uintptr_t)inner_fn);
+        use_regions = true;
+        assert_null(ag_export_joint(mm, (ag_tensor *[]){in.x, in.w}, 2, NULL, NULL, 0, NULL));
+        tu_assert_error_contains(want);
+        tu_assert_error_contains("mutates");
+        inner_mutates = false;
+        /* the same model then exports (nothing of the failed trace left behind) */
+        ag_joint *j = export_model(mm, in.x, in.w, true);
+        assert_non_null(j);
+        ag_joint_free(j);
+        ag_module_free(mm);
+        free_inputs(&in);
+    }
     /* a region calling itself */
     ag_module *m = ag_module_new("Self", self_forward, NULL, NULL);
     ag_tensor *x = rnd(AG_F32, 1, (int64_t[]){3}, 9);

@@ -509,18 +509,30 @@ static ag_graph *trace_sub(ag__tracer *T, const ag__region *r, const operands *o
 
 /* ---- where a region is called ---- */
 
-/* Forgets the sites in g and in its subgraphs, which are being freed (a failed trace). */
+/* Forgets the sites in g and in its subgraphs, which are being freed (a failed trace). A region
+ * whose joint (forward) subgraph was in those graphs only is traced again when next needed (a
+ * new entry for its next call). */
 static void purge_sites(ag__region_cache *c, const ag_graph *g) {
     for (int i = 0; i < ag_graph_num_subgraphs(g); i++)
         purge_sites(c, ag_graph_subgraph_at(g, i, NULL));
     for (int64_t i = 0; c && i < c->n; i++) {
         region_entry *e = c->e[i];
-        for (int64_t k = e->nsites - 1; k >= 0; k--)
+        bool fw = false, bw = false, gone = false;
+        for (int64_t k = e->nsites - 1; k >= 0; k--) {
             if (e->sites[k].g == g) {
                 memmove(e->sites + k, e->sites + k + 1,
                         sizeof *e->sites * (size_t)(e->nsites - k - 1));
                 e->nsites--;
+                gone = true;
+                continue;
             }
+            fw |= e->sites[k].fw_attr[0] != 0;
+            bw |= e->sites[k].bw_attr[0] != 0;
+        }
+        if (gone && !bw)
+            e->has_bw = false;
+        if (gone && !fw)
+            e->ready = false;
     }
 }
 
