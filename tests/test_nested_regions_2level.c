@@ -433,7 +433,8 @@ static void test_joint_structure(void **st) {
 
 /* The joint with nested regions against eager and against the same model with no region
  * markers (exported flat), compiled by both partitioners at budgets 0 and 1 on the planned
- * executor and interpreted, and the unpartitioned joint run by the interpreter. */
+ * executor and interpreted, and the unpartitioned joint run by the interpreter: the output and
+ * both gradients bit-identical (float32) in every case. */
 static void test_matches_eager_and_flat(void **st) {
     (void)st;
     ag_module *m = model_new();
@@ -448,8 +449,9 @@ static void test_matches_eager_and_flat(void **st) {
     assert_int_equal(ag_graph_num_subgraphs(ag_joint_graph(jf)), 0);
     run_joint_graph(ag_joint_graph(jr), &in, r);
     run_joint_graph(ag_joint_graph(jf), &in, f);
-    assert_true(max_diff3(r, f) == 0); /* the same kernels on the same values */
-    assert_true(max_diff3(r, eager) < 1e-6);
+    /* the same kernels on the same values, in float32: bit-identical to each other and eager */
+    assert_true(max_diff3(r, f) == 0);
+    assert_true(max_diff3(r, eager) == 0);
     free3(r);
     free3(f);
     for (int k = 0; k < 8; k++) {
@@ -460,10 +462,11 @@ static void test_matches_eager_and_flat(void **st) {
         run_compiled(jr, &co, &in, r);
         run_compiled(jf, &co, &in, f);
         double d_flat = max_diff3(r, f), d_eager = max_diff3(r, eager);
-        if (d_flat != 0 || d_eager > 1e-6)
-            print_error("config %d: vs flat %g, vs eager %g\n", k, d_flat, d_eager);
+        if (k == 0 || d_flat != 0 || d_eager > 1e-6)
+            print_message("config %d: compiled nested vs flat %g, vs eager %g\n", k, d_flat,
+                          d_eager);
         assert_true(d_flat == 0);
-        assert_true(d_eager < 1e-6);
+        assert_true(d_eager == 0);
         free3(r);
         free3(f);
     }
