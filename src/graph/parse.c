@@ -4,7 +4,8 @@
  * The text is untrusted: any byte string gives a graph or a clean error, never a crash, a hang,
  * a leak or undefined behaviour (fuzz/fuzz_parse.c checks this). So: the input is copied once
  * and split into NUL-terminated lines, and every reader below stops at a line's end; nothing
- * recurses except descriptors (bounded by AG_DESC_MAX_DEPTH); sizes in VALs are bounded so no
+ * recurses except descriptors (bounded by AG_DESC_MAX_DEPTH) and nested subgraph blocks
+ * (bounded by AG_SUBGRAPH_MAX_DEPTH); sizes in VALs are bounded so no
  * meta computation overflows; constants allocate only what their values in the text fill.
  *
  * Graphs are built through the public graph API only, so a parsed graph is as well formed as
@@ -13,7 +14,8 @@
  *
  * Order of work: the text is cut into blocks, the graph's lines and one block per `subgraph
  * NAME():` line; the subgraph blocks are parsed first, each into a graph of its own that
- * becomes an attribute of the graph, so that the graph's get_attr lines find them. In each
+ * becomes an attribute of the graph, so that the graph's get_attr lines find them (a subgraph's
+ * own subgraphs, its blocks indented four more spaces after its lines, likewise first). In each
  * block a pre-pass indexes the `constant` lines by name (a constant is used before its
  * line), then the lines are read in order; a constant's values are parsed when a get_attr
  * first uses it, and unused ones when their line is reached. Strings, lists and names read
