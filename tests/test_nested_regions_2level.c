@@ -1143,17 +1143,40 @@ static void test_refusals(void **st) {
                       "  return (%z,)\n";
     assert_null(ag_graph_parse(bad, strlen(bad)));
     tu_assert_error_contains("line 11:1: expected a line of a nested subgraph block");
-    char deep[8192];
-    size_t k = (size_t)snprintf(deep, sizeof deep, "graph():\n    return ()\n");
-    for (int d = 0; d < 18; d++) {
-        char ind[80] = "";
-        for (int i = 0; i < d; i++)
-            strcat(ind, "    ");
-        k += (size_t)snprintf(deep + k, sizeof deep - k, "\n%ssubgraph s%d():\n%s    return ()\n",
-                              ind, d, ind);
+    /* 16 levels of subgraphs parse; 17 do not */
+    for (int levels = 16; levels <= 17; levels++) {
+        char deep[8192];
+        size_t k = (size_t)snprintf(deep, sizeof deep, "graph():\n    return ()\n");
+        for (int d = 0; d < levels; d++) {
+            char ind[80] = "";
+            for (int i = 0; i < d; i++)
+                strcat(ind, "    ");
+            k += (size_t)snprintf(deep + k, sizeof deep - k,
+                                  "\n%ssubgraph s%d():\n%s    return ()\n", ind, d, ind);
+        }
+        ag_graph *dg = ag_graph_parse(deep, k);
+        if (levels == 16) {
+            if (!dg)
+                print_error("parse: %s\n", ag_last_error());
+            assert_non_null(dg);
+            char *back = ag_graph_to_string(dg, NULL);
+            assert_string_equal(back, deep);
+            ag_free(back);
+            /* the graph API refuses a 17th level */
+            ag_graph *lowest = dg;
+            for (int d = 0; d < 16; d++)
+                lowest = ag_graph_subgraph_at(lowest, 0, NULL);
+            ag_graph *leaf = ag_graph_parse("graph():\n    return ()\n", 23);
+            assert_non_null(leaf);
+            assert_int_equal(ag_graph_add_subgraph(lowest, "s16", leaf), AG_EINVAL);
+            tu_assert_error_contains("'s16': subgraphs would nest too deeply");
+            ag_graph_free(leaf);
+            ag_graph_free(dg);
+        } else {
+            assert_null(dg);
+            tu_assert_error_contains("subgraphs nested more than 16 deep");
+        }
     }
-    assert_null(ag_graph_parse(deep, k));
-    tu_assert_error_contains("subgraphs nested more than 16 deep");
     /* the graph API: cycles */
     const char *two = "graph():\n"
                       "    %x : f32[2]  # None\n"

@@ -84,7 +84,7 @@ int ag_graph_add_subgraph(ag_graph *g, const char *name, ag_graph *sub) {
         for (const ag_graph *a = g; a && !why; a = a->parent, above++)
             if (a == sub)
                 why = "the subgraph is the graph's own ancestor";
-        if (!why && above + 1 + depth_below(sub) > AG_SUBGRAPH_MAX_DEPTH)
+        if (!why && above + depth_below(sub) > AG_SUBGRAPH_MAX_DEPTH) /* sub's level: above */
             why = "subgraphs would nest too deeply";
     }
     if (!why) {
