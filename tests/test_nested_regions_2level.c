@@ -1143,6 +1143,16 @@ static void test_refusals(void **st) {
                       "  return (%z,)\n";
     assert_null(ag_graph_parse(bad, strlen(bad)));
     tu_assert_error_contains("line 11:1: expected a line of a nested subgraph block");
+    const char *no_return = "graph():\n"
+                            "    return ()\n"
+                            "\n"
+                            "subgraph a():\n"
+                            "    %x : f32[2]  # None\n"
+                            "\n"
+                            "    subgraph b():\n"
+                            "        return ()\n";
+    assert_null(ag_graph_parse(no_return, strlen(no_return)));
+    tu_assert_error_contains("line 6:1: expected 'return', got the next subgraph block");
     /* 16 levels of subgraphs parse; 17 do not */
     for (int levels = 16; levels <= 17; levels++) {
         char deep[8192];

@@ -1181,7 +1181,7 @@ static int parse_block(parser *P, int from, int to, bool is_sub, int depth) {
                 .col0 = P->col0,
                 .is_sub = is_sub,
                 .parent = P->g,
-                .block_follows = to < P->nlines};
+                .block_follows = own_end < to || to < P->nlines};
     Q.g = is_sub ? ag_graph_new() : P->g;
     int rc = Q.g ? 0 : AG_ENOMEM;
     if (!rc && own_end < to) {
