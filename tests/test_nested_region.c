@@ -644,7 +644,8 @@ static void test_inference_trace(void **st) {
     ag_tensor_free(x);
 }
 
-/* A region called inside a region is traced inline into the outer one's subgraph. */
+/* A region called inside a region is a call of its own subgraph, an attribute of the outer
+ * region's subgraph (tests/test_nested_regions_2level.c has the rest). */
 static int outer_region(void *ud, ag_tensor *const *in, int nin, ag_tensor **out, int max_out) {
     (void)ud;
     (void)nin;
@@ -679,10 +680,19 @@ static void test_region_in_region(void **st) {
                 "graph():\n"
                 "    %arg0_1 : f32[4, 3]  # None\n"
                 "    %arg1_1 : f32[4, 3]  # None\n"
+                "    %repeated_subgraph0 = get_attr(repeated_subgraph0)  # subgraph\n"
+                "    %invoke_subgraph = invoke_subgraph(%repeated_subgraph0, 'fw_subgraph_1', "
+                "%arg0_1, %arg1_1)  # (f32[4, 3],)\n"
+                "    %getitem = getitem(%invoke_subgraph, 0)  # f32[4, 3]\n"
+                "    %cos = cos(%getitem)  # f32[4, 3]\n"
+                "    return (%cos,)\n"
+                "\n"
+                "subgraph repeated_subgraph0():\n"
+                "    %arg0_1 : f32[4, 3]  # None\n"
+                "    %arg1_1 : f32[4, 3]  # None\n"
                 "    %sin = sin(%arg0_1)  # f32[4, 3]\n"
                 "    %mul = mul.Tensor(%sin, %arg1_1)  # f32[4, 3]\n"
-                "    %cos = cos(%mul)  # f32[4, 3]\n"
-                "    return (%cos,)\n");
+                "    return (%mul,)\n");
     ag_graph_free(g);
     ag_module_free(m);
     ag_tensor_free(x);

@@ -92,8 +92,14 @@ typedef int (*ag_region_fn)(void *ud, ag_tensor *const *inputs, int nin, ag_tens
  * the inputs, then one tangent per output; outputs: one gradient per input, None where the
  * input does not require grad, then the forward's outputs), and the backward records
  *     invoke_subgraph(%repeated_subgraphK+1, 'bw_subgraph_I_0', inputs..., tangents...)
- * plus a getitem per gradient needed. A region inside a region is traced inline into the
- * outer one. Checkpointing composes: ag_checkpoint called by fn tags its part of both
+ * plus a getitem per gradient needed. A region called inside another region's fn is traced
+ * the same way into the outer region's subgraphs (upstream's nested invoke_subgraph): its
+ * subgraphs are attributes of the outer one's (`repeated_subgraphK` numbered per graph), each
+ * traced once per key however many levels and calls reach it (a copy in each graph calling
+ * it), its identifiers numbered with the others'; the outer joint subgraph calls the inner
+ * one's forward and joint subgraphs; random ops in it draw from the outer region's seed and
+ * offset operands. Regions nest at most 16 deep (AG_ENOTSUP beyond: a region calling
+ * itself). Checkpointing composes: ag_checkpoint called by fn tags its part of both
  * subgraphs (recompute=MUST_RECOMPUTE, ac_graph_id 1, 2, ... within each subgraph), and a
  * region called inside an ag_checkpoint'd function has all its forward nodes tagged (being
  * inside a checkpoint is then part of the key); the partitioner partitions the region's joint

@@ -179,14 +179,16 @@ AG_API int ag_node_index(const ag_node *n); /* position in the graph, 0-based */
  * the subgraph stays an attribute of the graph (as FX's dead-code elimination leaves submodules);
  * CSE merges two calls only with the same get_attr node, identifier and operands, and never when
  * the subgraph holds a random op. A subgraph is a whole graph (placeholders, output node), verified
- * with its parent; it may not own subgraphs itself (not yet supported), and its nodes may reference
- * only its own nodes. Nested compile regions (autograd.h, ag_nested_compile_region) make
- * them. Attribute names are unique among the graph's subgraphs and constants
+ * with its parent; it may own subgraphs itself (a region in a region: nested subgraphs, at most
+ * 16 levels below the outermost graph, verified, printed, copied and inlined recursively), and its
+ * nodes may reference only its own nodes. Nested compile regions (autograd.h,
+ * ag_nested_compile_region) make them. Attribute names are unique among the graph's subgraphs and
+ * constants
  * ([A-Za-z_][A-Za-z0-9_]*). */
 /* Adds sub as the attribute `name`: on success g owns sub (freed with g; a copy of g copies
  * it); on failure the caller keeps it. Refused (AG_EINVAL): a name in use or not an
- * identifier, sub == g, sub already a subgraph, sub with subgraphs of its own, g itself a
- * subgraph, sub without an output node. */
+ * identifier, sub == g, sub already a subgraph, sub an ancestor of g (a cycle), nesting deeper
+ * than 16 levels, sub without an output node. */
 AG_API int ag_graph_add_subgraph(ag_graph *g, const char *name, ag_graph *sub);
 /* The subgraph named name (borrowed), or NULL. */
 AG_API ag_graph *ag_graph_subgraph(const ag_graph *g, const char *name);

@@ -8,7 +8,8 @@
  * backward nodes (is_backward / must_be_in_backward) are filled with two colours, explained by
  * a legend; nodes named in ag_dot_opts.highlight get a thick red border. Labels are escaped
  * for records (quotes, backslashes, < > { } |) whatever the shape, so any node name is safe.
- * Each subgraph is a cluster of its own nodes, with a dashed edge from each get_attr of it.
+ * Each subgraph is a cluster of its own nodes, with a dashed edge from each get_attr of it; a
+ * subgraph's subgraphs (a region in a region) are clusters inside its cluster.
  *
  * ag_graph_write_svg runs `dot -Tsvg -o PATH` with posix_spawnp (no shell: the path is passed
  * as one argument) and feeds it the DOT on a pipe. */
@@ -129,7 +130,8 @@ static void put_vals_esc(ag__sbuf *b, const ag_node *n) {
     esc_tail(b, from);
 }
 
-/* DOT ids: the graph's nodes are n<index>, subgraph k's s<k>n<index>. */
+/* DOT ids: the graph's nodes are n<index>, subgraph k's s<k>n<index>, its subgraph j's
+ * s<k>s<j>n<index>. */
 static void put_node_decl(ag__sbuf *b, const char *pfx, const ag_node *n, int id, bool hl) {
     ag__sb_printf(b, "  %sn%d [", pfx, id);
     switch (n->kind) {
@@ -224,26 +226,29 @@ static void put_edges(ag__sbuf *b, const char *pfx, const ag_node *n) {
     }
 }
 
-/* A cluster per subgraph, and a dashed edge from each get_attr of it to the cluster. */
-static void put_subgraphs(ag__sbuf *b, const ag_graph *g) {
-    if (g->nsubs)
+/* A cluster per subgraph of g (whose nodes' ids start with pfx), and a dashed edge from each
+ * get_attr of it to the cluster; a subgraph's own subgraphs are clusters inside its cluster
+ * (ids s<k> appended per level). */
+static void put_subgraphs(ag__sbuf *b, const ag_graph *g, const char *pfx) {
+    if (g->nsubs && !pfx[0])
         ag__sb_puts(b, "  compound=true;\n");
     for (int k = 0; k < g->nsubs; k++) {
         const ag_graph *s = g->subs[k].g;
-        char pfx[32];
-        snprintf(pfx, sizeof pfx, "s%d", k);
-        ag__sb_printf(b, "  subgraph cluster_s%d {\n  label=\"subgraph ", k);
+        char sp[160];
+        snprintf(sp, sizeof sp, "%ss%d", pfx, k);
+        ag__sb_printf(b, "  subgraph cluster_%s {\n  label=\"subgraph ", sp);
         put_esc(b, g->subs[k].name);
         ag__sb_puts(b, "\";\n  style=rounded;\n  fontsize=10;\n");
         for (const ag_node *n = s->first; n; n = n->next)
-            put_node_decl(b, pfx, n, ag_node_index(n), false);
+            put_node_decl(b, sp, n, ag_node_index(n), false);
         for (const ag_node *n = s->first; n; n = n->next)
-            put_edges(b, pfx, n);
+            put_edges(b, sp, n);
+        put_subgraphs(b, s, sp);
         ag__sb_puts(b, "  }\n");
         for (const ag_node *n = g->first; n && s->first; n = n->next)
             if (n->sub == s)
-                ag__sb_printf(b, "  n%d -> s%dn0 [style=dashed, lhead=cluster_s%d];\n",
-                              ag_node_index(n), k, k);
+                ag__sb_printf(b, "  %sn%d -> %sn0 [style=dashed, lhead=cluster_%s];\n", pfx,
+                              ag_node_index(n), sp, sp);
     }
 }
 
@@ -277,7 +282,7 @@ char *ag_graph_to_dot(const ag_graph *g, const ag_dot_opts *opts) {
         put_node_decl(&b, "", n, ag_node_index(n), hl[ag_node_index(n)]);
     for (const ag_node *n = g->first; n; n = n->next)
         put_edges(&b, "", n);
-    put_subgraphs(&b, g);
+    put_subgraphs(&b, g, "");
     ag__sb_puts(&b, "  subgraph cluster_legend {\n    label=\"legend\";\n    style=dashed;\n"
                     "    fontsize=10;\n"
                     "    legend_forward [shape=box, style=filled, fillcolor=\"" FW_COLOR

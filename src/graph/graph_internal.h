@@ -117,6 +117,8 @@ void ag__subgraphs_free(ag_graph *g);
 int ag__subgraphs_copy(ag_graph *dst, const ag_graph *src);
 /* subgraph.c: frees subgraph k of g and removes it from the list (no get_attr may read it). */
 void ag__subgraph_remove(ag_graph *g, int k);
+/* Subgraphs nest at most this many levels below the outermost graph. */
+enum { AG_SUBGRAPH_MAX_DEPTH = 16 };
 /* subgraph.c: the index in g's list of subgraph sub, or -1. */
 int ag__subgraph_index(const ag_graph *g, const ag_graph *sub);
 /* subgraph.c: the meta inference of a call of an AG_OP_SUBGRAPH op (invoke_subgraph): checks

@@ -7,7 +7,8 @@
  * standing for the call's operands, with their vals and metadata; their names are made unique
  * in the outer graph as FX makes names (a copy of `mul` becomes `mul_3` when `mul` is taken).
  * Each getitem of the call is then replaced by the node the subgraph returns at its index, the
- * call is erased, and attributes no get_attr reads any more are dropped.
+ * call is erased, and attributes no get_attr reads any more are dropped. A subgraph calling
+ * subgraphs of its own (a region in a region) is made flat first, so inlining recurses.
  *
  * Checkpoint tags: a subgraph numbers its checkpointed regions' ac_graph_id from 1, the same in
  * every call. Each call's copies get fresh ids, above every id of the graph and increasing in
@@ -159,24 +160,23 @@ static int inline_call(ag_graph *g, ag_node *n, const ag_graph *sub, int64_t *ne
     return rc < 0 ? rc : 0;
 }
 
-ag_graph *ag_graph_inline_subgraphs(const ag_graph *g) {
-    AG__CHECK_NULL_RET("graph_inline_subgraphs", g, NULL);
-    if (g->parent)
-        return ag__err(AG_EINVAL, "graph_inline_subgraphs: the graph is a subgraph"), NULL;
-    ag_graph *c = ag_graph_copy(g);
-    if (!c)
-        return NULL;
+/* Inlines every call of g in place, its subgraphs first (a region in a region: the inner calls
+ * are inlined into the outer subgraph, which is then flat when its own calls are inlined), and
+ * drops the attributes no get_attr reads any more. */
+static int inline_all(ag_graph *c) {
+    int rc = 0;
+    for (int k = 0; k < c->nsubs && rc == 0; k++)
+        if (c->subs[k].g->nsubs)
+            rc = inline_all(c->subs[k].g);
     /* The calls first: inlining one erases its getitems and get_attr. */
-    int ncalls = 0, rc = 0;
+    int ncalls = 0;
     for (ag_node *n = c->first; n; n = n->next)
         ncalls += ag__call_subgraph(n) != NULL;
-    ag_node **calls = ag__malloc(sizeof *calls * (size_t)(ncalls ? ncalls : 1));
-    if (!calls) {
-        ag_graph_free(c);
-        return NULL;
-    }
+    ag_node **calls = rc ? NULL : ag__malloc(sizeof *calls * (size_t)(ncalls ? ncalls : 1));
+    if (!rc && !calls)
+        return AG_ENOMEM;
     ncalls = 0;
-    for (ag_node *n = c->first; n; n = n->next)
+    for (ag_node *n = rc ? NULL : c->first; n; n = n->next)
         if (ag__call_subgraph(n))
             calls[ncalls++] = n;
     int64_t next_id = max_region_id(c) + 1;
@@ -191,7 +191,17 @@ ag_graph *ag_graph_inline_subgraphs(const ag_graph *g) {
         if (!read)
             ag__subgraph_remove(c, k);
     }
-    if (rc) {
+    return rc;
+}
+
+ag_graph *ag_graph_inline_subgraphs(const ag_graph *g) {
+    AG__CHECK_NULL_RET("graph_inline_subgraphs", g, NULL);
+    if (g->parent)
+        return ag__err(AG_EINVAL, "graph_inline_subgraphs: the graph is a subgraph"), NULL;
+    ag_graph *c = ag_graph_copy(g);
+    if (!c)
+        return NULL;
+    if (inline_all(c)) {
         ag_graph_free(c);
         return NULL;
     }

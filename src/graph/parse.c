@@ -4,7 +4,8 @@
  * The text is untrusted: any byte string gives a graph or a clean error, never a crash, a hang,
  * a leak or undefined behaviour (fuzz/fuzz_parse.c checks this). So: the input is copied once
  * and split into NUL-terminated lines, and every reader below stops at a line's end; nothing
- * recurses except descriptors (bounded by AG_DESC_MAX_DEPTH); sizes in VALs are bounded so no
+ * recurses except descriptors (bounded by AG_DESC_MAX_DEPTH) and nested subgraph blocks
+ * (bounded by AG_SUBGRAPH_MAX_DEPTH); sizes in VALs are bounded so no
  * meta computation overflows; constants allocate only what their values in the text fill.
  *
  * Graphs are built through the public graph API only, so a parsed graph is as well formed as
@@ -13,7 +14,8 @@
  *
  * Order of work: the text is cut into blocks, the graph's lines and one block per `subgraph
  * NAME():` line; the subgraph blocks are parsed first, each into a graph of its own that
- * becomes an attribute of the graph, so that the graph's get_attr lines find them. In each
+ * becomes an attribute of the graph, so that the graph's get_attr lines find them (a subgraph's
+ * own subgraphs, its blocks indented four more spaces after its lines, likewise first). In each
  * block a pre-pass indexes the `constant` lines by name (a constant is used before its
  * line), then the lines are read in order; a constant's values are parsed when a get_attr
  * first uses it, and unused ones when their line is reached. Strings, lists and names read
@@ -1113,18 +1115,80 @@ static bool is_block_header(const char *s) {
     return !strncmp(s, "subgraph", 8) && (s[8] == ' ' || s[8] == '\t');
 }
 
-/* Parses lines [from, to) of P's text as one block: the graph P->g, or (is_sub) a subgraph
- * that becomes an attribute of P->g. */
-static int parse_block(parser *P, int from, int to, bool is_sub) {
+static int parse_block(parser *P, int from, int to, bool is_sub, int depth);
+
+/* Lines [from, to) of P's lines, the first a block header: each `subgraph NAME():` block (up to
+ * the next header) parsed into an attribute of P->g. depth: how deep these subgraphs nest. */
+static int parse_sub_blocks(parser *P, int from, int to, int depth) {
+    int rc = 0;
+    for (int li = from; li < to && !rc;) {
+        int end = li + 1;
+        while (end < to && !is_block_header(P->lines[end]))
+            end++;
+        rc = parse_block(P, li, end, true, depth);
+        li = end;
+    }
+    return rc;
+}
+
+/* A subgraph block's own subgraphs (lines [from, to) of Q, the first `    subgraph NAME():`):
+ * the lines less their four spaces of indentation, parsed as blocks of their own into Q->g. */
+static int parse_nested(parser *Q, int from, int to, int depth) {
+    if (depth > AG_SUBGRAPH_MAX_DEPTH) {
+        cur c = {Q, from, Q->lines[from], Q->lines[from]};
+        return ag__lx_err(&c, c.p, "subgraphs nested more than %d deep", AG_SUBGRAPH_MAX_DEPTH);
+    }
+    char **lines = ag__malloc(sizeof(char *) * (size_t)(to - from));
+    if (!lines)
+        return AG_ENOMEM;
+    int rc = 0;
+    for (int li = from; li < to && !rc; li++) {
+        char *s = Q->lines[li];
+        if (!strncmp(s, "    ", 4)) {
+            lines[li - from] = s + 4;
+        } else if (is_blank(s)) {
+            lines[li - from] = s + strlen(s);
+        } else {
+            cur c = {Q, li, s, s};
+            rc = ag__lx_expected(&c, "a line of a nested subgraph block (indented four spaces "
+                                     "more than its parent's)");
+        }
+    }
+    parser R = {.buf = Q->buf,
+                .lines = lines,
+                .nlines = to - from,
+                .line0 = Q->line0 + from,
+                .col0 = Q->col0 + 4,
+                .g = Q->g};
+    if (!rc)
+        rc = parse_sub_blocks(&R, 0, R.nlines, depth);
+    ag__free(lines);
+    return rc;
+}
+
+/* Parses lines [from, to) of P's lines as one block: the graph P->g, or (is_sub) a subgraph
+ * that becomes an attribute of P->g, its own subgraphs (blocks indented four more spaces after
+ * its lines) parsed first. depth: how deep the block's subgraph nests (1 for the graph's). */
+static int parse_block(parser *P, int from, int to, bool is_sub, int depth) {
+    int own_end = to;
+    for (int li = from + 1; is_sub && li < to && own_end == to; li++)
+        if (!strncmp(P->lines[li], "    ", 4) && is_block_header(P->lines[li] + 4))
+            own_end = li;
     parser Q = {.buf = P->buf,
                 .lines = P->lines + from,
-                .nlines = to - from,
-                .line0 = from,
+                .nlines = own_end - from,
+                .line0 = P->line0 + from,
+                .col0 = P->col0,
                 .is_sub = is_sub,
                 .parent = P->g,
-                .block_follows = to < P->nlines};
+                .block_follows = own_end < to || to < P->nlines};
     Q.g = is_sub ? ag_graph_new() : P->g;
     int rc = Q.g ? 0 : AG_ENOMEM;
+    if (!rc && own_end < to) {
+        Q.nlines = to - from; /* the nested blocks' lines, relative to Q's */
+        rc = parse_nested(&Q, own_end - from, to - from, depth + 1);
+        Q.nlines = own_end - from;
+    }
     if (!rc)
         rc = index_constants(&Q);
     if (!rc)
@@ -1204,19 +1268,13 @@ ag_graph *ag_graph_parse(const char *text, size_t len) {
     if (!P.g)
         rc = AG_ENOMEM;
     int main_end = P.nlines;
-    for (int li = 1; li < P.nlines && !rc; li++) {
-        if (!is_block_header(P.lines[li]))
-            continue;
-        if (main_end == P.nlines)
+    for (int li = 1; li < P.nlines && main_end == P.nlines; li++)
+        if (is_block_header(P.lines[li]))
             main_end = li;
-        int end = li + 1;
-        while (end < P.nlines && !is_block_header(P.lines[end]))
-            end++;
-        rc = parse_block(&P, li, end, true);
-        li = end - 1;
-    }
     if (!rc)
-        rc = parse_block(&P, 0, main_end, false);
+        rc = parse_sub_blocks(&P, main_end, P.nlines, 1);
+    if (!rc)
+        rc = parse_block(&P, 0, main_end, false, 0);
     ag__free(P.lines);
     ag__free(P.buf);
     if (rc) {

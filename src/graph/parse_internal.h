@@ -29,6 +29,7 @@ typedef struct ag__tparser {
     char **lines; /* the lines of the block being parsed (the graph or one subgraph) */
     int nlines;
     int line0;        /* the text's line index of lines[0] (errors count lines in the whole text) */
+    int col0;         /* columns cut from the lines' starts (a nested subgraph's indentation) */
     bool is_sub;      /* the block opens with `subgraph NAME():` rather than `graph():` */
     ag_graph *parent; /* for a subgraph block: the graph whose attribute it becomes */
     bool block_follows; /* another block follows this one */

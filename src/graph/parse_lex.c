@@ -42,8 +42,8 @@ int ag__lx_err(const cur *c, const char *at, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
-    return ag__err(AG_EFORMAT, "line %d:%d: %s", c->P->line0 + c->li + 1, (int)(at - c->line) + 1,
-                   msg);
+    return ag__err(AG_EFORMAT, "line %d:%d: %s", c->P->line0 + c->li + 1,
+                   c->P->col0 + (int)(at - c->line) + 1, msg);
 }
 
 /* "expected WHAT, got ..." at the cursor. */

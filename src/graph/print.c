@@ -432,6 +432,35 @@ static void put_body(ag__sbuf *b, const ag_graph *g, const ag_print_opts *o) {
     }
 }
 
+/* Each subgraph of g after g's lines (as print_readable prints submodules after forward): a
+ * `subgraph NAME():` block, then its own subgraphs' blocks, each level indented four spaces more
+ * than its parent's (a nested submodule's class). */
+static void put_subgraphs(ag__sbuf *b, const ag_graph *g, const ag_print_opts *o, int depth) {
+    for (int i = 0; i < g->nsubs; i++) {
+        ag__sbuf t = {0}, *d = depth ? &t : b; /* a nested block: written, then indented */
+        ag__sb_puts(b, "\n");
+        ag__sb_puts(d, "subgraph ");
+        ag__sb_name(d, g->subs[i].name);
+        ag__sb_puts(d, "():\n");
+        put_body(d, g->subs[i].g, o);
+        if (depth) {
+            if (t.oom)
+                b->oom = true;
+            for (size_t k = 0; k < t.len && !t.oom;) { /* each non-empty line indented */
+                const char *nl = memchr(t.p + k, '\n', t.len - k);
+                size_t e = nl ? (size_t)(nl - t.p) + 1 : t.len;
+                if (t.p[k] != '\n')
+                    for (int s = 0; s < depth; s++)
+                        ag__sb_puts(b, "    ");
+                ag__sb_putn(b, t.p + k, e - k);
+                k = e;
+            }
+            ag__sb_free(&t);
+        }
+        put_subgraphs(b, g->subs[i].g, o, depth + 1);
+    }
+}
+
 char *ag_graph_to_string(const ag_graph *g, const ag_print_opts *opts) {
     AG__CHECK_NULL_RET("graph_to_string", g, NULL);
     static const ag_print_opts defaults = {0};
@@ -441,13 +470,7 @@ char *ag_graph_to_string(const ag_graph *g, const ag_print_opts *opts) {
     ag__sb_reserve(&b, (size_t)g->count * 112 + 64);
     ag__sb_puts(&b, "graph():\n");
     put_body(&b, g, o);
-    /* Each subgraph after the graph (as print_readable prints submodules after forward). */
-    for (int i = 0; i < g->nsubs; i++) {
-        ag__sb_puts(&b, "\nsubgraph ");
-        ag__sb_name(&b, g->subs[i].name);
-        ag__sb_puts(&b, "():\n");
-        put_body(&b, g->subs[i].g, o);
-    }
+    put_subgraphs(&b, g, o, 0);
     return ag__sb_finish(&b);
 }
 

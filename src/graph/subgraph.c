@@ -54,6 +54,16 @@ static int push(ag_graph *g, const char *name, ag_graph *sub) {
     return 0;
 }
 
+/* How many levels of subgraphs g holds below itself (0: none). */
+static int depth_below(const ag_graph *g) {
+    int d = 0;
+    for (int i = 0; i < g->nsubs; i++) {
+        int k = 1 + depth_below(g->subs[i].g);
+        d = k > d ? k : d;
+    }
+    return d;
+}
+
 int ag_graph_add_subgraph(ag_graph *g, const char *name, ag_graph *sub) {
     AG__CHECK_NULL("graph_add_subgraph", g);
     AG__CHECK_NULL("graph_add_subgraph", name);
@@ -67,12 +77,16 @@ int ag_graph_add_subgraph(ag_graph *g, const char *name, ag_graph *sub) {
         why = "a graph cannot be its own subgraph";
     else if (sub->parent)
         why = "the graph is already a subgraph";
-    else if (sub->nsubs)
-        why = "the subgraph has subgraphs of its own (nested subgraphs are not supported)";
-    else if (g->parent)
-        why = "the graph is a subgraph itself (nested subgraphs are not supported)";
     else if (!sub->output)
         why = "the subgraph has no output node";
+    if (!why) { /* nesting: no cycle (sub an ancestor of g), and a bounded depth */
+        int above = 0;
+        for (const ag_graph *a = g; a && !why; a = a->parent, above++)
+            if (a == sub)
+                why = "the subgraph is the graph's own ancestor";
+        if (!why && above + depth_below(sub) > AG_SUBGRAPH_MAX_DEPTH) /* sub's level: above */
+            why = "subgraphs would nest too deeply";
+    }
     if (!why) {
         const ag_node *n = ag_graph_find(g, name);
         if (n && n->kind == AG_NODE_GET_ATTR && n->constant)

@@ -569,17 +569,18 @@ static int verify_one(const ag_graph *g) {
     return rc;
 }
 
-/* The graph, then each subgraph, which must be a whole graph of its own (its nodes reference
- * only its nodes: check_links and check_ref see to that). */
-int ag_graph_verify(const ag_graph *g) {
-    AG__CHECK_NULL("graph_verify", g);
-    int rc = verify_one(g);
+/* g's subgraphs, each a whole graph of its own (its nodes reference only its nodes: check_links
+ * and check_ref see to that), then theirs; errors prefixed "verify: subgraph NAME: " per
+ * level. */
+static int verify_subgraphs(const ag_graph *g) {
+    int rc = 0;
     for (int i = 0; i < g->nsubs && rc == 0; i++) {
         const ag__subgraph *s = &g->subs[i];
-        if (s->g->parent != g || s->g->nsubs)
-            return ag__err(AG_EINVAL, "verify: subgraph %s: not owned by the graph, or nested",
-                           s->name);
+        if (s->g->parent != g)
+            return ag__err(AG_EINVAL, "verify: subgraph %s: not owned by the graph", s->name);
         rc = verify_one(s->g);
+        if (rc == 0)
+            rc = verify_subgraphs(s->g);
         if (rc == AG_EINVAL) {
             char msg[512];
             const char *e = ag_last_error();
@@ -588,4 +589,11 @@ int ag_graph_verify(const ag_graph *g) {
         }
     }
     return rc;
+}
+
+/* The graph, then each subgraph. */
+int ag_graph_verify(const ag_graph *g) {
+    AG__CHECK_NULL("graph_verify", g);
+    int rc = verify_one(g);
+    return rc ? rc : verify_subgraphs(g);
 }

@@ -355,11 +355,18 @@ int64_t ag__subgraph_extra_bytes(const ag_graph *sub) {
     int64_t cur = 0, peak = 0;
     p = 0;
     for (ag_node *x = ag_graph_first(sub); x; x = ag_node_next(x), p++) {
-        if (root[p] == p && !out[p]) {
+        if (root[p] == p && !out[p])
             cur += bytes[p];
-            if (cur > peak)
-                peak = cur;
+        /* a call of a subgraph of sub's own (a region in a region) holds that subgraph's
+         * intermediates too while it runs */
+        const ag_graph *inner = ag__call_subgraph(x);
+        int64_t ex = inner ? ag__subgraph_extra_bytes(inner) : 0;
+        if (ex < 0) {
+            peak = ex;
+            break;
         }
+        if (cur + ex > peak)
+            peak = cur + ex;
         /* Free what this node read for the last time, and its own value if nothing reads it. */
         for (int a = 0; a <= ag_node_nargs(x); a++) {
             const ag_garg *g = a < ag_node_nargs(x) ? ag_node_arg(x, a) : NULL;

@@ -32,11 +32,12 @@ void ag__plan_free(ag__plan *pl);
  * (src/runtime) reports the real planned peaks. */
 int ag__plan_peak(const ag__part *P, const ag__plan *pl, ag__peak *out);
 
-/* What running subgraph sub (an invoke_subgraph's, nothing nested) holds beyond its inputs
- * and outputs: the highest bytes of its intermediate values alive at once, each freed after
- * its last read (views share their base's storage; inputs and constants cost nothing; the
- * outputs are the caller's buffers, counted by the call). The peak model adds it to what is
- * live at each call (ag__pinfo.sub_extra). A negative status on failure (out of memory). */
+/* What running subgraph sub (an invoke_subgraph's) holds beyond its inputs and outputs: the
+ * highest bytes of its intermediate values alive at once (a call of a nested subgraph adding
+ * that subgraph's, recursively), each freed after its last read (views share their base's storage;
+ * inputs and constants cost nothing; the outputs are the caller's buffers, counted by the call).
+ * The peak model adds it to what is live at each call (ag__pinfo.sub_extra). A negative status on
+ * failure (out of memory). */
 int64_t ag__subgraph_extra_bytes(const ag_graph *sub);
 
 /* Adds to a saved set every random node the backward would otherwise run again (aotgrad does

@@ -291,6 +291,120 @@ static int partition_region(const ag_graph *S, int k, int m, const ag_partition_
     return rc;
 }
 
+/* ---- regions in regions ----
+ * A region called inside another region's body is called from the outer region's joint
+ * subgraph too: partitioning the outer region partitions its joint subgraph, which partitions
+ * the inner one's (ag__partition_ex recurses through this file). The inner region is partitioned
+ * once: while a partition of a joint with nested regions runs, each region's partition is kept
+ * (this thread's memo, made by the outermost call), keyed by its backward identifier and its
+ * joint subgraph's text, and a call of the same region at another level takes a copy. */
+
+typedef struct memo_entry {
+    char *id, *text;   /* the backward call's identifier, the joint subgraph printed */
+    ag_graph *fw, *bw; /* the partitioned pair (owned) */
+    ag_partition_stats st;
+} memo_entry;
+
+typedef struct part_memo {
+    memo_entry *e;
+    int64_t n, cap;
+} part_memo;
+
+static _Thread_local part_memo *memo;
+
+static void memo_free(part_memo *m) {
+    for (int64_t i = 0; m && i < m->n; i++) {
+        ag__free(m->e[i].id);
+        ag__free(m->e[i].text);
+        ag_graph_free(m->e[i].fw);
+        ag_graph_free(m->e[i].bw);
+    }
+    if (m)
+        ag__free(m->e);
+    ag__free(m);
+}
+
+/* Whether any subgraph of g has subgraphs of its own (a region in a region). */
+static bool has_nested(const ag_graph *g) {
+    for (int i = 0; i < ag_graph_num_subgraphs(g); i++)
+        if (ag_graph_num_subgraphs(ag_graph_subgraph_at(g, i, NULL)) > 0)
+            return true;
+    return false;
+}
+
+static char *memo_text(const ag_graph *S) {
+    static const ag_print_opts po = {.no_meta = true};
+    return ag_graph_to_string(S, &po);
+}
+
+/* The memo's pair for joint subgraph S called as id: copies in *fw, *bw (1), none (0), or a
+ * status. *text: S printed, for memo_put (the caller frees it). */
+static int memo_get(const char *id, const ag_graph *S, char **text, ag_graph **fw, ag_graph **bw,
+                    ag_partition_stats *st) {
+    *text = NULL;
+    if (!memo)
+        return 0;
+    if (!(*text = memo_text(S)))
+        return ag_last_status() ? ag_last_status() : AG_ENOMEM;
+    for (int64_t i = 0; i < memo->n; i++) {
+        const memo_entry *e = &memo->e[i];
+        if (strcmp(e->id, id) || strcmp(e->text, *text))
+            continue;
+        *fw = ag_graph_copy(e->fw);
+        *bw = *fw ? ag_graph_copy(e->bw) : NULL;
+        if (!*bw) {
+            ag_graph_free(*fw);
+            *fw = NULL;
+            return ag_last_status() ? ag_last_status() : AG_ENOMEM;
+        }
+        *st = e->st;
+        return 1;
+    }
+    return 0;
+}
+
+/* Keeps copies of the pair partitioned from the joint subgraph printed as text (taken). */
+static int memo_put(const char *id, char *text, const ag_graph *fw, const ag_graph *bw,
+                    const ag_partition_stats *st) {
+    if (!memo || !text) {
+        ag__free(text);
+        return 0;
+    }
+    memo_entry e = {ag__strdup(id), text, ag_graph_copy(fw), ag_graph_copy(bw), *st};
+    if (!e.id || !e.fw || !e.bw ||
+        ag__grow((void **)&memo->e, &memo->cap, memo->n + 1, sizeof *memo->e)) {
+        ag__free(e.id);
+        ag__free(e.text);
+        ag_graph_free(e.fw);
+        ag_graph_free(e.bw);
+        return ag_last_status() ? ag_last_status() : AG_ENOMEM;
+    }
+    memo->e[memo->n++] = e;
+    return 0;
+}
+
+/* Partitions region joint subgraph S (called as id; k operands, m forward outputs), or copies
+ * the memo's partition of it. */
+static int partition_region_once(const char *id, const ag_graph *S, int k, int m,
+                                 const ag_partition_opts *opts, ag__budget_mode mode, ag_graph **fw,
+                                 ag_graph **bw, ag_partition_stats *st) {
+    char *text = NULL;
+    int rc = memo_get(id, S, &text, fw, bw, st);
+    if (rc != 0) {
+        ag__free(text);
+        return rc < 0 ? rc : 0;
+    }
+    rc = partition_region(S, k, m, opts, mode, fw, bw, st);
+    if (rc == 0 && (rc = memo_put(id, text, *fw, *bw, st)) != 0) {
+        ag_graph_free(*fw);
+        ag_graph_free(*bw);
+        *fw = *bw = NULL;
+    } else if (rc) {
+        ag__free(text);
+    }
+    return rc;
+}
+
 /* The attribute name of the subgraph n's get_attr reads in g. */
 static const char *attr_name(const ag_graph *g, const ag_graph *sub) {
     for (int i = 0; i < ag_graph_num_subgraphs(g); i++) {
@@ -578,11 +692,24 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
                             ag_partition_stats *inner) {
     *out = NULL;
     *inner = (ag_partition_stats){0};
+    /* The outermost partition of a joint with regions in regions keeps each region's partition
+     * for the levels below (memo above). */
+    part_memo *own_memo = NULL;
+    if (!memo && has_nested(joint)) {
+        if (!(own_memo = ag__calloc(1, sizeof *own_memo)))
+            return AG_ENOMEM;
+        memo = own_memo;
+    }
     ag__part P;
     bool *req_bw = NULL; /* per node of P.g */
     int rc = ag__part_init_req_bw(&P, joint, num_fwd_outputs, &req_bw);
-    if (rc)
+    if (rc) {
+        if (own_memo) {
+            memo_free(own_memo);
+            memo = NULL;
+        }
         return rc;
+    }
     /* The outer graph: P.g's subgraphs and name counters now, its nodes after the pairing. */
     ag_graph *g = ag__graph_copy_shell(P.g);
     int maxcalls = 1; /* the tables below hold one entry per call, not per node */
@@ -653,7 +780,8 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
         pp->nfo = F->nout;
         pp->ngrads = F->nops;
         ag_graph *fw = NULL, *bw = NULL;
-        if ((rc = partition_region(B->sub, F->nops, F->nout, opts, mode, &fw, &bw, &pp->st))) {
+        if ((rc = partition_region_once(ag_node_arg(B->n, 1)->u.s, B->sub, F->nops, F->nout, opts,
+                                        mode, &fw, &bw, &pp->st))) {
             char msg[512];
             snprintf(msg, sizeof msg, "%s", ag_last_error());
             rc = ag__err(rc, "partition: the region '%s' called by %%%s: %s",
@@ -717,6 +845,10 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
     }
 #endif
 done:
+    if (own_memo) {
+        memo_free(own_memo);
+        memo = NULL;
+    }
     rw_free(&st);
     for (int k = 0; k < nmade; k++)
         ag_graph_free(made[k]);

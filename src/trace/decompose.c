@@ -65,16 +65,21 @@ static ag_decomp_fn lookup(const ag_decomp_table *t, const ag_op *op) {
 
 static int decompose_one(ag_graph *g, const ag_decomp_table *t);
 
-int ag_graph_decompose(ag_graph *g, const ag_decomp_table *t) {
-    AG__CHECK_NULL("graph_decompose", g);
-    AG__CHECK_NULL("graph_decompose", t);
+/* g, then each subgraph (a nested compile region's forward and joint), theirs too (a region in
+ * a region). */
+static int decompose_tree(ag_graph *g, const ag_decomp_table *t) {
     int replaced = decompose_one(g, t);
-    /* and each subgraph (a nested compile region's forward and joint) */
     for (int i = 0; replaced >= 0 && i < ag_graph_num_subgraphs(g); i++) {
-        int r = decompose_one(ag_graph_subgraph_at(g, i, NULL), t);
+        int r = decompose_tree(ag_graph_subgraph_at(g, i, NULL), t);
         replaced = r < 0 ? r : replaced + r;
     }
     return replaced;
+}
+
+int ag_graph_decompose(ag_graph *g, const ag_decomp_table *t) {
+    AG__CHECK_NULL("graph_decompose", g);
+    AG__CHECK_NULL("graph_decompose", t);
+    return decompose_tree(g, t);
 }
 
 static int decompose_one(ag_graph *g, const ag_decomp_table *t) {

@@ -15,6 +15,20 @@
  * then ag_grad from one tangent per output back to the operands requiring grad. The cache lives in
  * the outermost session; later calls only emit the call.
  *
+ * A region called inside another region's body (upstream's nested invoke_subgraph) goes through
+ * the same hook in the outer region's nested session: its subgraphs become attributes of the
+ * outer region's subgraph being traced (repeated_subgraphN numbered per graph) and its call an
+ * invoke_subgraph there. Entries are per key across all levels (identifiers numbered in the
+ * order regions are first traced); each records its sites, the graphs calling it with its
+ * attributes there, and a graph that calls a region traced for another gets a copy of the
+ * subgraph (outer's joint subgraph reruns outer's body, so it calls inner's forward subgraph
+ * and, from its ag_grad, inner's joint, traced then). A subgraph freed on a failure takes its
+ * sites with it. In the body the module form's tensors are the outer region's stand-ins, so a
+ * region called there names its operands at the call, and a module's swap gives back what it
+ * held. A draw in the inner body reads the outer region's seed and offset operands (its call
+ * reserves them from the outer region's, region_reserve). Regions nest at most
+ * REGION_MAX_DEPTH deep.
+ *
  * A checkpointed region (a checkpointed module, or a function calling ag_checkpoint) traces
  * its body through ag_checkpoint, so both subgraphs' forward nodes carry the checkpoint's
  * recompute=MUST_RECOMPUTE and ac_graph_id (numbered from 1 in each subgraph: a nested session
@@ -33,7 +47,17 @@
 
 #include <stdio.h>
 
+/* A graph calling a region (the outermost graph or a subgraph: a region called inside another
+ * region's body is called from that region's subgraphs): the region's attributes there, each
+ * added on first need (a copy of the one traced, when traced for another graph). */
+typedef struct region_site {
+    ag_graph *g;
+    char fw_attr[48], bw_attr[48]; /* "" until needed */
+    ag_node *fw_attr_node;         /* the first forward call's get_attr there */
+} region_site;
+
 typedef struct region_entry {
+    bool ready; /* traced; a region being traced, or one that failed, is never looked up */
     const void *key;
     char *type; /* NULL for the function form */
     bool training;
@@ -42,9 +66,10 @@ typedef struct region_entry {
     ag_tmeta *ops;
     bool *rg;                        /* operand requires grad */
     int index;                       /* I of fw_subgraph_I */
-    char fw_attr[48], bw_attr[48];   /* bw_attr "" until the joint is traced */
     char fw_ident[32], bw_ident[32]; /* fw_subgraph_I, bw_subgraph_I_0 (made once) */
-    ag_node *fw_attr_node;           /* the first call's get_attr (its metadata: the backward's) */
+    bool has_bw;                     /* the joint subgraph is traced (an attribute of a site) */
+    region_site *sites;
+    int64_t nsites, sites_cap;
     int nout;
     ag_tmeta out[AG_MAX_OUTPUTS];
     bool out_rg[AG_MAX_OUTPUTS];
@@ -53,8 +78,10 @@ typedef struct region_entry {
     int64_t drawn;                  /* the numbers one call draws */
 } region_entry;
 
+/* The regions of the outermost session, entries by index (a region traced inside another's
+ * body is added while the outer one is traced, so entries are allocated one by one). */
 struct ag__region_cache {
-    region_entry *e;
+    region_entry **e;
     int64_t n, cap;
     int64_t calls; /* call_id of the last call */
 };
@@ -63,12 +90,31 @@ void ag__region_cache_free(ag__region_cache *c) {
     if (!c)
         return;
     for (int64_t i = 0; i < c->n; i++) {
-        ag__free(c->e[i].type);
-        ag__free(c->e[i].ops);
-        ag__free(c->e[i].rg);
+        ag__free(c->e[i]->type);
+        ag__free(c->e[i]->ops);
+        ag__free(c->e[i]->rg);
+        ag__free(c->e[i]->sites);
+        ag__free(c->e[i]);
     }
     ag__free(c->e);
     ag__free(c);
+}
+
+/* Regions nest at most this deep (a region calling itself would trace forever). */
+enum { REGION_MAX_DEPTH = 16 };
+
+/* The cache of the outermost session (nested sessions trace into it too). */
+static ag__region_cache **root_cache(ag__tracer *T) {
+    while (ag__tracer_parent(T))
+        T = ag__tracer_parent(T);
+    return ag__tracer_regions(T);
+}
+
+static int session_depth(const ag__tracer *T) {
+    int d = 0;
+    for (; ag__tracer_parent(T); T = ag__tracer_parent(T))
+        d++;
+    return d;
 }
 
 static bool is_float_rg(const ag_tensor *t) {
@@ -158,8 +204,8 @@ static int operands_names(const ag__region *r, operands *o) {
 static region_entry *lookup(ag__region_cache *c, const ag__region *r, const operands *o) {
     bool training = r->module && ag_module_is_training(r->module);
     for (int64_t i = 0; c && i < c->n; i++) {
-        region_entry *e = &c->e[i];
-        if (e->key != r->key || e->nops != o->n || e->training != training ||
+        region_entry *e = c->e[i];
+        if (!e->ready || e->key != r->key || e->nops != o->n || e->training != training ||
             e->checkpoint != r->checkpoint || (!e->type) != (!r->type) ||
             (e->type && strcmp(e->type, r->type)))
             continue;
@@ -187,28 +233,38 @@ static void free_attr_name(ag_graph *g, char *buf, size_t n) {
 /* ---- tracing a region ---- */
 
 /* Runs the region's function on ins (the stand-ins): the module form with its parameters and
- * buffers swapped for their stand-ins meanwhile. */
+ * buffers swapped for their stand-ins meanwhile, then given back what they held (the real
+ * tensors, or an enclosing region's stand-ins while that region is traced). */
 static int run_region(const ag__region *r, const operands *o, ag_tensor **ins, ag_tensor **outs,
                       int max_out) {
     if (!r->module)
         return r->fn(r->ud, ins, r->nin, outs, max_out);
     ag_module *m = r->module;
+    int nn = o->ps.n + o->bs.n;
+    ag_tensor *buf[64], **held = nn > 64 ? ag__malloc(sizeof *held * (size_t)nn) : buf;
+    if (!held)
+        return AG_ENOMEM;
     /* each fqn's tensor -> the stand-in of its operand */
-    for (int pass = 0; pass < 2; pass++) {
+    for (int pass = 0, h = 0; pass < 2; pass++) {
         const ag_named_tensors *nt = pass ? &o->bs : &o->ps;
-        for (int i = 0; i < nt->n; i++)
+        for (int i = 0; i < nt->n; i++, h++) {
+            held[h] = NULL;
             for (int k = r->nin; k < o->n; k++)
                 if (o->t[k] == nt->tensors[i]) {
-                    ag__module_swap_tensor(m, nt->names[i], !pass, ins[k]);
+                    held[h] = ag__module_swap_tensor(m, nt->names[i], !pass, ins[k]);
                     break;
                 }
+        }
     }
     int n = ag__module_forward(m, ins, r->nin, outs, max_out);
-    for (int pass = 0; pass < 2; pass++) {
+    for (int pass = 0, h = 0; pass < 2; pass++) {
         const ag_named_tensors *nt = pass ? &o->bs : &o->ps;
-        for (int i = 0; i < nt->n; i++)
-            ag__module_swap_tensor(m, nt->names[i], !pass, nt->tensors[i]);
+        for (int i = 0; i < nt->n; i++, h++)
+            if (held[h])
+                ag__module_swap_tensor(m, nt->names[i], !pass, held[h]);
     }
+    if (held != buf)
+        ag__free(held);
     return n;
 }
 
@@ -250,6 +306,25 @@ static int region_random(void *ud, const ag_op *op, const ag_arg *args, int narg
         return d < 0 ? d : 1; /* 1: record the call as it is */
     return ag__rng_record(R->S, R->seed, R->base, &R->drawn, op, args, outs);
 }
+
+/* A region call in the body (the nested session's reserve hook): the numbers it draws come
+ * from this region's seed at add(base_offset, drawn before), as a draw of the body would. */
+static int region_reserve(void *ud, int64_t n, ag_tensor **seed, ag_tensor **offset) {
+    region_rng *R = ud;
+    bool prev = ag_set_grad_enabled(false);
+    ag_scope_begin();
+    ag_tensor *t = ag_add_scalar(R->base, (double)R->drawn);
+    *offset = t && ag__tracer_node_of(R->S, t) ? ag_tensor_keep(t) : NULL;
+    ag_scope_end();
+    ag_set_grad_enabled(prev);
+    if (!*offset)
+        return ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
+    *seed = ag_tensor_keep(R->seed);
+    R->drawn += n;
+    return 0;
+}
+
+static void drop_sub(ag__tracer *T, ag_graph *sub);
 
 /* Traces the region into a new subgraph: its forward (joint false: e->nout, e->out*, e->nrng
  * and e->drawn are filled), or its joint (placeholders: operands, the RNG operands, then one
@@ -306,6 +381,7 @@ static ag_graph *trace_sub(ag__tracer *T, const ag__region *r, const operands *o
         rs.seed = ins[o->n];
         rs.base = ins[o->n + 1];
         ag__tracer_set_random(S, region_random, &rs);
+        ag__tracer_set_rng_reserve(S, region_reserve, &rs); /* regions called in the body */
     }
     ag_tensor *outs[AG_MAX_OUTPUTS + 1] = {0};
     ag_node *onodes[2 * AG_MAX_OUTPUTS] = {0};
@@ -327,8 +403,12 @@ static ag_graph *trace_sub(ag__tracer *T, const ag__region *r, const operands *o
         if (rc == 0 && n < 0) {
             char why[512];
             snprintf(why, sizeof why, "%s", ag__err_count() != errs ? ag_last_error() : "");
-            rc = ag__err(n, "nested_compile_region %s: the region failed: %s", r->name,
-                         why[0] ? why : "(no message)");
+            /* a region inside it that failed names itself (and a chain of them stays short) */
+            if (!strncmp(why, "nested_compile_region ", 22))
+                rc = ag__err(n, "%s", why);
+            else
+                rc = ag__err(n, "nested_compile_region %s: the region failed: %s", r->name,
+                             why[0] ? why : "(no message)");
         } else if (n > AG_MAX_OUTPUTS) {
             rc = ag__err(AG_ENOTSUP, "nested_compile_region %s: more than %d outputs", r->name,
                          AG_MAX_OUTPUTS);
@@ -421,37 +501,115 @@ static ag_graph *trace_sub(ag__tracer *T, const ag__region *r, const operands *o
         if (rng_ph[i])
             rc = ag_graph_erase(sub, rng_ph[i]);
     if (rc) {
-        ag_graph_free(sub);
+        drop_sub(T, sub);
         return NULL;
     }
     return sub;
 }
 
-/* Traces sub as the graph's attribute `name`. */
-static int add_sub(ag_graph *g, ag_graph *sub, char *name, size_t cap) {
+/* ---- where a region is called ---- */
+
+/* Forgets the sites in g and in its subgraphs, which are being freed (a failed trace). A region
+ * whose joint (forward) subgraph was in those graphs only is traced again when next needed (a
+ * new entry for its next call). */
+static void purge_sites(ag__region_cache *c, const ag_graph *g) {
+    for (int i = 0; i < ag_graph_num_subgraphs(g); i++)
+        purge_sites(c, ag_graph_subgraph_at(g, i, NULL));
+    for (int64_t i = 0; c && i < c->n; i++) {
+        region_entry *e = c->e[i];
+        bool fw = false, bw = false, gone = false;
+        for (int64_t k = e->nsites - 1; k >= 0; k--) {
+            if (e->sites[k].g == g) {
+                memmove(e->sites + k, e->sites + k + 1,
+                        sizeof *e->sites * (size_t)(e->nsites - k - 1));
+                e->nsites--;
+                gone = true;
+                continue;
+            }
+            fw |= e->sites[k].fw_attr[0] != 0;
+            bw |= e->sites[k].bw_attr[0] != 0;
+        }
+        if (gone && !bw)
+            e->has_bw = false;
+        if (gone && !fw)
+            e->ready = false;
+    }
+}
+
+/* Frees sub, a subgraph traced for the session T that no graph took. */
+static void drop_sub(ag__tracer *T, ag_graph *sub) {
+    purge_sites(*root_cache(T), sub);
+    ag_graph_free(sub);
+}
+
+/* e's site in g (made empty on first need), or NULL (out of memory). */
+static region_site *site_of(region_entry *e, ag_graph *g) {
+    for (int64_t k = 0; k < e->nsites; k++)
+        if (e->sites[k].g == g)
+            return &e->sites[k];
+    if (ag__grow((void **)&e->sites, &e->sites_cap, e->nsites + 1, sizeof *e->sites))
+        return NULL;
+    region_site *s = &e->sites[e->nsites++];
+    memset(s, 0, sizeof *s);
+    s->g = g;
+    return s;
+}
+
+/* Adds sub to g as the first free repeated_subgraphN, written to name (freed on failure). */
+static int add_sub(ag__tracer *T, ag_graph *g, ag_graph *sub, char *name, size_t cap) {
     free_attr_name(g, name, cap);
     if (ag_graph_add_subgraph(g, name, sub)) {
-        ag_graph_free(sub);
+        drop_sub(T, sub);
         name[0] = 0;
         return ag_last_status();
     }
     return 0;
 }
 
+/* The name of e's forward (bw: joint) subgraph in g: a copy of the one traced for another graph
+ * added to g on first need. NULL on failure. */
+static const char *attr_in(ag__tracer *T, region_entry *e, ag_graph *g, bool bw) {
+    region_site *s = site_of(e, g);
+    if (!s)
+        return NULL;
+    if ((bw ? s->bw_attr : s->fw_attr)[0])
+        return bw ? s->bw_attr : s->fw_attr;
+    const ag_graph *src = NULL;
+    for (int64_t k = 0; k < e->nsites && !src; k++) {
+        const char *a = bw ? e->sites[k].bw_attr : e->sites[k].fw_attr;
+        if (a[0])
+            src = ag_graph_subgraph(e->sites[k].g, a);
+    }
+    if (!src) {
+        ag__err(AG_EINVAL, "nested_compile_region: region %d has no traced %s subgraph", e->index,
+                bw ? "joint" : "forward");
+        return NULL;
+    }
+    ag_graph *copy = ag_graph_copy(src);
+    char *name = bw ? s->bw_attr : s->fw_attr;
+    if (!copy || add_sub(T, g, copy, name, sizeof s->fw_attr))
+        return NULL;
+    return name;
+}
+
+/* A new entry for r, traced: its forward subgraph (and, want_joint, its joint) an attribute of
+ * the session's graph. Its slot is taken first, so the regions its body calls, traced
+ * meanwhile, get the next indices; a failed entry stays, dead. */
 static region_entry *new_entry(ag__tracer *T, const ag__region *r, operands *o, bool want_joint) {
-    ag__region_cache **cp = ag__tracer_regions(T);
+    ag__region_cache **cp = root_cache(T);
     if (!*cp && !(*cp = ag__calloc(1, sizeof **cp)))
         return NULL;
     ag__region_cache *c = *cp;
-    if (ag__grow((void **)&c->e, &c->cap, c->n + 1, sizeof *c->e))
+    region_entry *e = NULL;
+    if (ag__grow((void **)&c->e, &c->cap, c->n + 1, sizeof *c->e) ||
+        !(e = ag__calloc(1, sizeof *e)))
         return NULL;
-    region_entry *e = &c->e[c->n];
-    memset(e, 0, sizeof *e);
+    c->e[c->n] = e;
+    e->index = (int)c->n++;
     e->key = r->key;
     e->training = r->module && ag_module_is_training(r->module);
     e->checkpoint = r->checkpoint;
     e->nops = o->n;
-    e->index = (int)c->n;
     snprintf(e->fw_ident, sizeof e->fw_ident, "fw_subgraph_%d", e->index);
     snprintf(e->bw_ident, sizeof e->bw_ident, "bw_subgraph_%d_0", e->index);
     e->ops = ag__calloc((size_t)(o->n ? o->n : 1), sizeof *e->ops);
@@ -464,7 +622,10 @@ static region_entry *new_entry(ag__tracer *T, const ag__region *r, operands *o, 
     }
     ag_graph *g = ag__tracer_graph(T);
     ag_graph *fw = ok ? trace_sub(T, r, o, e, false) : NULL;
-    ok = fw && add_sub(g, fw, e->fw_attr, sizeof e->fw_attr) == 0;
+    region_site *s = fw ? site_of(e, g) : NULL;
+    if (fw && !s)
+        drop_sub(T, fw);
+    ok = s && add_sub(T, g, fw, s->fw_attr, sizeof s->fw_attr) == 0;
     bool any_rg = false, any_out_rg = false;
     for (int i = 0; ok && i < o->n; i++)
         any_rg |= e->rg[i];
@@ -472,18 +633,18 @@ static region_entry *new_entry(ag__tracer *T, const ag__region *r, operands *o, 
         any_out_rg |= e->out_rg[k];
     if (ok && want_joint && any_rg && any_out_rg) {
         ag_graph *bw = trace_sub(T, r, o, e, true);
-        ok = bw && add_sub(g, bw, e->bw_attr, sizeof e->bw_attr) == 0;
+        s = bw ? site_of(e, g) : NULL; /* the sites may have moved meanwhile */
+        ok = s && add_sub(T, g, bw, s->bw_attr, sizeof s->bw_attr) == 0;
+        e->has_bw = ok;
     }
     if (!ok) {
-        /* the attributes added stay (unused; DCE-like cleanup is not needed for a failed trace) */
-        ag__free(e->type);
-        ag__free(e->ops);
-        ag__free(e->rg);
+        /* dead: never looked up (the attributes added stay, unused) */
+        e->key = NULL;
         if (!ag_last_status())
             ag__err(AG_ENOMEM, "nested_compile_region %s: out of memory", r->name);
         return NULL;
     }
-    c->n++;
+    e->ready = true;
     return e;
 }
 
@@ -537,16 +698,23 @@ static int region_backward(void *ud, ag_tensor *const *gout, int nout, ag_tensor
                        "nested_compile_region %s: the backward of a traced region runs only in "
                        "the trace that recorded it",
                        b->name);
-    region_entry *e = &(*ag__tracer_regions(T))->e[b->entry];
+    region_entry *e = (*root_cache(T))->e[b->entry];
     ag_graph *g = ag__tracer_graph(T);
-    if (!e->bw_attr[0]) { /* a trace that is not a joint export: the joint now */
+    if (!e->has_bw) { /* a trace that is not a joint export, or a region in a region: now */
         b->o.t = b->ops;
         b->o.n = b->nreal;
         ag_graph *bw = operands_names(&b->r, &b->o) ? NULL : trace_sub(T, &b->r, &b->o, e, true);
         b->o.t = NULL;
-        if (!bw || add_sub(g, bw, e->bw_attr, sizeof e->bw_attr))
+        region_site *s = bw ? site_of(e, g) : NULL;
+        if (bw && !s)
+            drop_sub(T, bw);
+        if (!s || add_sub(T, g, bw, s->bw_attr, sizeof s->bw_attr))
             return ag_last_status() ? ag_last_status() : AG_ENOMEM;
+        e->has_bw = true;
     }
+    const char *bw_attr = attr_in(T, e, g, true);
+    if (!bw_attr)
+        return ag_last_status() ? ag_last_status() : AG_ENOMEM;
     int nargs = b->nops + e->nout, rc = 0;
     ag_node **args = ag__calloc((size_t)nargs, sizeof *args);
     if (!args)
@@ -561,10 +729,13 @@ static int region_backward(void *ud, ag_tensor *const *gout, int nout, ag_tensor
         if (!t || !(args[b->nops + k] = ag__tracer_node_of(T, t)))
             rc = ag_last_status() ? ag_last_status() : AG_ENOMEM;
     }
+    /* the get_attr takes the forward call's metadata (the first forward call in this graph) */
+    const region_site *fs = site_of(e, g);
+    const ag_node *fw_attr_node = fs ? fs->fw_attr_node : NULL;
     ag_node *attr = NULL, *inv = NULL;
     if (rc == 0 &&
-        (!(attr = ag_graph_get_attr_subgraph(g, e->bw_attr, NULL)) ||
-         ag__tracer_attr_meta(T, attr) || ag_node_custom_copy(attr, e->fw_attr_node) ||
+        (!(attr = ag_graph_get_attr_subgraph(g, bw_attr, NULL)) || ag__tracer_attr_meta(T, attr) ||
+         (fw_attr_node && ag_node_custom_copy(attr, fw_attr_node)) ||
          !(inv = ag_graph_invoke_subgraph(g, attr, e->bw_ident, args, nargs, NULL)) ||
          ag__tracer_node_meta(T, inv) ||
          ag_node_custom_set(inv, "call_id", (ag_mval){.kind = AG_MV_INT, .u.i = b->call_id})))
@@ -580,12 +751,18 @@ static int region_backward(void *ud, ag_tensor *const *gout, int nout, ag_tensor
 
 int ag__trace_region(const ag__region *r0, ag_tensor **outs, int max_out) {
     ag__tracer *T = ag__tracer_active();
-    /* A region inside a region (or met by a pass's session): traced inline. */
-    if (!T || ag__tracer_region(T)) {
+    /* Outside a session: the function itself. A region inside a region's body is traced into
+     * that region's subgraph, as a call of its own subgraph (an attribute of the outer one). */
+    if (!T) {
         if (r0->module)
             return ag__module_forward(r0->module, r0->inputs, r0->nin, outs, max_out);
         return r0->fn(r0->ud, r0->inputs, r0->nin, outs, max_out);
     }
+    if (session_depth(T) >= REGION_MAX_DEPTH)
+        return ag__err(AG_ENOTSUP,
+                       "nested_compile_region %s: regions nested more than %d deep (does the "
+                       "region call itself?)",
+                       r0->name, REGION_MAX_DEPTH);
     /* A region called inside a checkpoint's forward is checkpointed too: its subgraphs' forward
      * nodes carry the tags (the outer call's nodes do as well, but an invoke_subgraph is never
      * recomputed: the region's partition is what saves less). */
@@ -595,6 +772,10 @@ int ag__trace_region(const ag__region *r0, ag_tensor **outs, int max_out) {
     const ag__region *r = &rr;
     operands o;
     int rc = operands_of(r, &o);
+    /* In a region's body the module holds that region's stand-ins only while its body runs: a
+     * region called there names its operands now, for its joint traced later. */
+    if (rc == 0 && ag__tracer_parent(T))
+        rc = operands_names(r, &o);
     ag_node **nodes = rc ? NULL : ag__calloc((size_t)o.n + 2, sizeof *nodes);
     if (!rc && !nodes)
         rc = AG_ENOMEM;
@@ -606,7 +787,7 @@ int ag__trace_region(const ag__region *r0, ag_tensor **outs, int max_out) {
         want_ag |= is_float_rg(o.t[i]);
     want_ag = want_ag && ag_is_grad_enabled();
     region_entry *e = NULL;
-    if (rc == 0 && !(e = lookup(*ag__tracer_regions(T), r, &o)) &&
+    if (rc == 0 && !(e = lookup(*root_cache(T), r, &o)) &&
         !(e = new_entry(T, r, &o, want_ag && ag__tracer_joint(T))))
         rc = ag_last_status() ? ag_last_status() : AG_ENOMEM;
     if (rc == 0 && e->nout > max_out)
@@ -617,7 +798,7 @@ int ag__trace_region(const ag__region *r0, ag_tensor **outs, int max_out) {
         any_out_rg |= e->out_rg[k];
     want_ag = want_ag && any_out_rg;
     ag_graph *g = ag__tracer_graph(T);
-    ag__region_cache *c = *ag__tracer_regions(T);
+    ag__region_cache *c = *root_cache(T);
     ag_node *attr = NULL, *inv = NULL;
     int64_t call_id = c ? c->calls + 1 : 1;
     ag_tensor *rng[2] = {0}; /* the call's seed and offset when the body draws */
@@ -635,8 +816,11 @@ int ag__trace_region(const ag__region *r0, ag_tensor **outs, int max_out) {
                     rc = ag_last_status();
         }
     }
+    const char *fw_attr = rc == 0 ? attr_in(T, e, g, false) : NULL;
+    if (rc == 0 && !fw_attr)
+        rc = ag_last_status() ? ag_last_status() : AG_ENOMEM;
     if (rc == 0) {
-        if (!(attr = ag_graph_get_attr_subgraph(g, e->fw_attr, NULL)) ||
+        if (!(attr = ag_graph_get_attr_subgraph(g, fw_attr, NULL)) ||
             ag__tracer_attr_meta(T, attr) ||
             !(inv = ag_graph_invoke_subgraph(g, attr, e->fw_ident, nodes, nops, NULL)) ||
             ag__tracer_node_meta(T, inv) ||
@@ -644,8 +828,9 @@ int ag__trace_region(const ag__region *r0, ag_tensor **outs, int max_out) {
             rc = ag_last_status() ? ag_last_status() : AG_ENOMEM;
         else
             c->calls = call_id;
-        if (rc == 0 && !e->fw_attr_node)
-            e->fw_attr_node = attr;
+        region_site *st = rc == 0 ? site_of(e, g) : NULL; /* made by attr_in */
+        if (st && !st->fw_attr_node)
+            st->fw_attr_node = attr;
     }
     int n = 0;
     for (; rc == 0 && n < e->nout; n++)
