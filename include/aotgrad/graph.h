@@ -179,9 +179,11 @@ AG_API ag_node *ag_graph_get_attr_subgraph(ag_graph *g, const char *attr, const 
 AG_API ag_node *ag_graph_output(ag_graph *g, ag_node *const *outs, int n);
 
 /* ---- changing the graph ---- */
-/* Replaces every use of `n` by `by` (NULL: None where allowed); returns the number of uses. */
+/* Replaces every use of `n` by `by` (NULL: None where allowed), inside lists and tuples too;
+ * returns the number of uses. */
 AG_API int ag_node_replace_all_uses(ag_node *n, ag_node *by);
-/* Sets argument i (nodes' users lists are updated). i == nargs appends. */
+/* Sets argument i (nodes' users lists are updated; a is copied deeply). i == nargs appends.
+ * A malformed tuple or dict (see ag_garg_kind) is refused (AG_EINVAL) and nothing changes. */
 AG_API int ag_node_set_arg(ag_node *n, int i, ag_garg a);
 /* Removes n; refused (AG_ESTATE) while it has users. */
 AG_API int ag_graph_erase(ag_graph *g, ag_node *n);
