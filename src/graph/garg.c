@@ -15,28 +15,11 @@
 enum { AGG_MAX = 65536 }; /* elements of a tuple or items of a dict, as lists */
 
 int ag_garg_num_refs(const ag_garg *a) {
-    if (!a)
-        return 0;
-    switch (a->kind) {
-    case AG_GA_NODE:
-        return 1;
-    case AG_GA_NODES:
-        return a->u.nodes ? a->n : 0;
-    case AG_GA_TUPLE:
-        return a->u.elems ? a->n : 0;
-    default:
-        return 0;
-    }
+    return a ? ag__garg_nrefs(a) : 0;
 }
 
 ag_node *ag_garg_ref(const ag_garg *a, int k) {
-    if (!a || k < 0 || k >= ag_garg_num_refs(a))
-        return NULL;
-    if (a->kind == AG_GA_NODE)
-        return a->u.node;
-    if (a->kind == AG_GA_NODES)
-        return a->u.nodes[k];
-    return a->u.elems[k].kind == AG_GA_NODE ? a->u.elems[k].u.node : NULL;
+    return a && k >= 0 && k < ag__garg_nrefs(a) ? ag__garg_ref(a, k) : NULL;
 }
 
 ag_node **ag__garg_slot(ag_garg *a, int k) {

@@ -139,16 +139,16 @@ static int arg_uses_ex(ag_node *user, const ag_garg *a, bool add, bool fresh) {
         return add_use(a->u.node, user, fresh);
     }
     if (a->kind == AG_GA_NODES || a->kind == AG_GA_TUPLE)
-        for (int k = 0, cnt = ag_garg_num_refs(a); k < cnt; k++) {
-            ag_node *d = ag_garg_ref(a, k);
+        for (int k = 0, cnt = ag__garg_nrefs(a); k < cnt; k++) {
+            ag_node *d = ag__garg_ref(a, k);
             if (!d)
                 continue;
             if (!add) {
                 drop_use(d, user);
             } else if (add_use(d, user, fresh)) {
                 for (int j = 0; j < k; j++)
-                    if (ag_garg_ref(a, j))
-                        drop_use(ag_garg_ref(a, j), user);
+                    if (ag__garg_ref(a, j))
+                        drop_use(ag__garg_ref(a, j), user);
                 return AG_ENOMEM;
             }
         }
@@ -165,8 +165,8 @@ static int refs_to(const ag_node *user, const ag_node *def) {
     int c = 0;
     for (int i = 0; i < user->nargs; i++) {
         const ag_garg *a = &user->args[i];
-        for (int k = 0, cnt = ag_garg_num_refs(a); k < cnt; k++)
-            c += ag_garg_ref(a, k) == def;
+        for (int k = 0, cnt = ag__garg_nrefs(a); k < cnt; k++)
+            c += ag__garg_ref(a, k) == def;
     }
     return c;
 }
@@ -176,9 +176,9 @@ static int refs_to(const ag_node *user, const ag_node *def) {
 static bool uses_match(const ag_node *user, bool dropped) {
     for (int i = 0; i < user->nargs; i++) {
         const ag_garg *a = &user->args[i];
-        int k = ag_garg_num_refs(a);
+        int k = ag__garg_nrefs(a);
         for (int e = 0; e < k; e++) {
-            const ag_node *d = ag_garg_ref(a, e);
+            const ag_node *d = ag__garg_ref(a, e);
             if (!d)
                 continue;
             int listed = 0;

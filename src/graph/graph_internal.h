@@ -213,6 +213,20 @@ int ag__garg_agg_copy(ag_garg *dst, const ag_garg *src);
 void ag__garg_agg_free(ag_garg *a);
 bool ag__garg_agg_equal(const ag_garg *a, const ag_garg *b);
 uint64_t ag__garg_agg_hash(const ag_garg *a);
+/* ag_garg_num_refs / ag_garg_ref for the walks over every argument of every node (the
+ * public functions call these): the node references of a (NULL elements are None or, in a
+ * tuple, elements that are not nodes); k in [0, ag__garg_nrefs(a)). */
+static inline int ag__garg_nrefs(const ag_garg *a) {
+    return a->kind == AG_GA_NODE                                              ? 1
+           : (a->kind == AG_GA_NODES || a->kind == AG_GA_TUPLE) && a->u.nodes ? a->n
+                                                                              : 0;
+}
+static inline ag_node *ag__garg_ref(const ag_garg *a, int k) {
+    return a->kind == AG_GA_NODE              ? a->u.node
+           : a->kind == AG_GA_NODES           ? a->u.nodes[k]
+           : a->u.elems[k].kind == AG_GA_NODE ? a->u.elems[k].u.node
+                                              : NULL;
+}
 /* garg.c: the slot of reference k of a (ag_garg_ref's), to rewrite it; NULL for a tuple element
  * that is not a node. */
 ag_node **ag__garg_slot(ag_garg *a, int k);

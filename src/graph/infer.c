@@ -153,8 +153,8 @@ int ag__infer_meta(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *va
         return ag__subgraph_infer(op, args, nargs, vals, nvals);
     for (int i = 0; i < nargs; i++) {
         int rc = 0;
-        for (int k = 0, cnt = ag_garg_num_refs(&args[i]); k < cnt && rc == 0; k++)
-            rc = check_node_arg(op, i, ag_garg_ref(&args[i], k));
+        for (int k = 0, cnt = ag__garg_nrefs(&args[i]); k < cnt && rc == 0; k++)
+            rc = check_node_arg(op, i, ag__garg_ref(&args[i], k));
         if (rc)
             return rc;
     }

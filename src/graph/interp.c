@@ -67,11 +67,11 @@ static int state_init(run_state *st, const ag_graph *g) {
         int64_t in_lists = 0;
         for (int i = 0; i < u->nargs; i++) {
             const ag_garg *a = &u->args[i];
-            int cnt = ag_garg_num_refs(a);
+            int cnt = ag__garg_nrefs(a);
             if (a->kind == AG_GA_NODES || a->kind == AG_GA_TUPLE)
                 in_lists += a->n;
             for (int k = 0; k < cnt; k++) {
-                const ag_node *d = ag_garg_ref(a, k);
+                const ag_node *d = ag__garg_ref(a, k);
                 if (!d)
                     continue;
                 if (d->graph != g || d->index >= u->index)
@@ -108,9 +108,9 @@ static ag_tensor *value_of(run_state *st, const ag_node *user, const ag_node *d)
 static void consume_args(run_state *st, const ag_node *u) {
     for (int i = 0; i < u->nargs; i++) {
         const ag_garg *a = &u->args[i];
-        int cnt = ag_garg_num_refs(a);
+        int cnt = ag__garg_nrefs(a);
         for (int k = 0; k < cnt; k++) {
-            const ag_node *d = ag_garg_ref(a, k);
+            const ag_node *d = ag__garg_ref(a, k);
             if (d && --st->remaining[d->index] == 0)
                 release_node(st, d);
         }

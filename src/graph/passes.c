@@ -94,9 +94,9 @@ int ag_graph_dce(ag_graph *g) {
             int nd = 0;
             for (int i = 0; i < n->nargs; i++) {
                 const ag_garg *a = &n->args[i];
-                int cnt = ag_garg_num_refs(a);
+                int cnt = ag__garg_nrefs(a);
                 for (int k = 0; k < cnt; k++) {
-                    ag_node *d = ag_garg_ref(a, k);
+                    ag_node *d = ag__garg_ref(a, k);
                     if (d && nd < 64)
                         defs[nd++] = d;
                     else if (d)

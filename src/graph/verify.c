@@ -102,8 +102,8 @@ static int nrefs(const ag_node *n) {
     int c = 0;
     for (int i = 0; i < n->nargs; i++) {
         const ag_garg *a = &n->args[i];
-        for (int k = 0, cnt = ag_garg_num_refs(a); k < cnt; k++)
-            c += ag_garg_ref(a, k) != NULL;
+        for (int k = 0, cnt = ag__garg_nrefs(a); k < cnt; k++)
+            c += ag__garg_ref(a, k) != NULL;
     }
     return c;
 }
@@ -113,8 +113,8 @@ static int refs_scan(const ag_node *n, const ag_node *d) {
     int c = 0;
     for (int i = 0; i < n->nargs; i++) {
         const ag_garg *a = &n->args[i];
-        for (int k = 0, cnt = ag_garg_num_refs(a); k < cnt; k++)
-            c += ag_garg_ref(a, k) == d;
+        for (int k = 0, cnt = ag__garg_nrefs(a); k < cnt; k++)
+            c += ag__garg_ref(a, k) == d;
     }
     return c;
 }
@@ -148,9 +148,9 @@ static void refs_free(refs *r) {
 #define FOR_WIDE_REF(t, x, body)                                                                   \
     for (int i_ = 0; i_ < (x)->nargs; i_++) {                                                      \
         const ag_garg *a_ = &(x)->args[i_];                                                        \
-        int cnt_ = ag_garg_num_refs(a_);                                                           \
+        int cnt_ = ag__garg_nrefs(a_);                                                             \
         for (int k_ = 0; k_ < cnt_; k_++) {                                                        \
-            const ag_node *d_ = ag_garg_ref(a_, k_);                                               \
+            const ag_node *d_ = ag__garg_ref(a_, k_);                                              \
             int64_t dpos = d_ ? ptab_get(t, d_) : -1;                                              \
             if (dpos >= 0)                                                                         \
                 body;                                                                              \
@@ -272,13 +272,13 @@ static int check_call(const ag_node *n) {
                            "through getitem",
                            n->name, i, a->u.node->name, a->u.node->nvals);
         if (a->kind == AG_GA_NODES || a->kind == AG_GA_TUPLE)
-            for (int k = 0; k < a->n; k++)
-                if (ag_garg_ref(a, k) && ag_garg_ref(a, k)->nvals > 1)
+            for (int k = 0; k < ag__garg_nrefs(a); k++)
+                if (ag__garg_ref(a, k) && ag__garg_ref(a, k)->nvals > 1)
                     return ag__err(AG_EINVAL,
                                    "verify: %%%s: element %d of argument %d (%%%s) has "
                                    "%d outputs; read one through getitem",
-                                   n->name, k, i, ag_garg_ref(a, k)->name,
-                                   ag_garg_ref(a, k)->nvals);
+                                   n->name, k, i, ag__garg_ref(a, k)->name,
+                                   ag__garg_ref(a, k)->nvals);
         if (ag__garg_check(ag_op_name(n->op), a)) {
             char msg[512];
             snprintf(msg, sizeof msg, "%s", ag_last_error());
@@ -539,9 +539,9 @@ static int verify(const ag_graph *g, ptab *t, refs *r) {
                 rc =
                     ag__err(AG_EINVAL, "verify: %%%s: argument %d is a NULL node list", n->name, i);
             else if (a->kind == AG_GA_NODES || a->kind == AG_GA_TUPLE)
-                for (int k = 0, cnt = ag_garg_num_refs(a); k < cnt && rc == 0; k++)
-                    if (ag_garg_ref(a, k))
-                        rc = check_ref(t, r, n, pos, ag_garg_ref(a, k));
+                for (int k = 0, cnt = ag__garg_nrefs(a); k < cnt && rc == 0; k++)
+                    if (ag__garg_ref(a, k))
+                        rc = check_ref(t, r, n, pos, ag__garg_ref(a, k));
             if (rc)
                 return rc;
         }

@@ -70,8 +70,8 @@ static int64_t count_refs(const ag_node *n) {
     int64_t c = 0;
     for (int a = 0; a < ag_node_nargs(n); a++) {
         const ag_garg *g = ag_node_arg(n, a);
-        for (int e = 0, k = ag_garg_num_refs(g); e < k; e++)
-            c += ag_garg_ref(g, e) != NULL;
+        for (int e = 0, k = ag__garg_nrefs(g); e < k; e++)
+            c += ag__garg_ref(g, e) != NULL;
     }
     return c;
 }
@@ -83,9 +83,9 @@ static void collect_args(ag__pinfo *pi, const ag_node *n, int *mark, int stamp) 
     int cnt = 0;
     for (int a = 0; a < ag_node_nargs(n); a++) {
         const ag_garg *g = ag_node_arg(n, a);
-        int k = ag_garg_num_refs(g);
+        int k = ag__garg_nrefs(g);
         for (int e = 0; e < k; e++) {
-            const ag_node *m = ag_garg_ref(g, e);
+            const ag_node *m = ag__garg_ref(g, e);
             if (!m)
                 continue;
             int x = idx_of(m);
@@ -206,9 +206,9 @@ int ag__part_init_req_bw(ag__part *P, const ag_graph *joint, int num_fwd_outputs
             r = !strcmp(tag, "is_backward");
         for (int a = 0; a < ag_node_nargs(n) && !r; a++) {
             const ag_garg *g = ag_node_arg(n, a);
-            int cnt = ag_garg_num_refs(g);
+            int cnt = ag__garg_nrefs(g);
             for (int e = 0; e < cnt && !r; e++) {
-                const ag_node *m = ag_garg_ref(g, e);
+                const ag_node *m = ag__garg_ref(g, e);
                 r = m && req[idx_of(m)];
             }
         }

@@ -329,9 +329,9 @@ static int for_each_read(ag_plan *p, const ag_node *x, read_fn fn, void *ud) {
         return 0;
     for (int i = 0; i < ag_node_nargs(x); i++) {
         const ag_garg *a = ag_node_arg(x, i);
-        int cnt = ag_garg_num_refs(a);
+        int cnt = ag__garg_nrefs(a);
         for (int k = 0; k < cnt; k++) {
-            ag_node *d = ag_garg_ref(a, k);
+            ag_node *d = ag__garg_ref(a, k);
             if (!d || ag_node_subgraph(d))
                 continue;
             int v = -1, rc = ag__plan_val_of_node(p, x, d, &v);
@@ -549,7 +549,7 @@ static int bind_args(ag_plan *p, const ag_node *x, pstep *s) {
             ag_tensor **ts = (ag_tensor **)m;
             m += sizeof(ag_tensor *) * (size_t)a->n;
             for (int k = 0; k < a->n; k++) {
-                ag_node *d = ag_garg_ref(a, k);
+                ag_node *d = ag__garg_ref(a, k);
                 ts[k] = NULL;
                 if (!d || ag_node_subgraph(d)) /* a flex mask graph */
                     continue;
