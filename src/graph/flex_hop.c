@@ -103,29 +103,22 @@ bool ag__op_is_flex(const ag_op *op) {
 
 /* upstream's _apply_kernel_options on CPU, in its insertion order; OUTPUT_LOGSUMEXP is True
  * only for return_lse (a CPU call records False otherwise, even under autograd). */
-#define KO_BOOL(k, v)                                                                              \
-    {                                                                                              \
-        k, {                                                                                       \
-            .kind = AG_MV_BOOL, .u.b = v                                                           \
-        }                                                                                          \
-    }
 static const ag_gitem kernel_options[2][7] = {
     {{"BACKEND", {.kind = AG_MV_STR, .u.s = "AUTO"}},
-     KO_BOOL("PRESCALE_QK", false),
-     KO_BOOL("ROWS_GUARANTEED_SAFE", false),
-     KO_BOOL("BLOCKS_ARE_CONTIGUOUS", false),
-     KO_BOOL("WRITE_DQ", true),
-     KO_BOOL("OUTPUT_LOGSUMEXP", false),
-     KO_BOOL("OUTPUT_MAX", false)},
+     {"PRESCALE_QK", {.kind = AG_MV_BOOL, .u.b = false}},
+     {"ROWS_GUARANTEED_SAFE", {.kind = AG_MV_BOOL, .u.b = false}},
+     {"BLOCKS_ARE_CONTIGUOUS", {.kind = AG_MV_BOOL, .u.b = false}},
+     {"WRITE_DQ", {.kind = AG_MV_BOOL, .u.b = true}},
+     {"OUTPUT_LOGSUMEXP", {.kind = AG_MV_BOOL, .u.b = false}},
+     {"OUTPUT_MAX", {.kind = AG_MV_BOOL, .u.b = false}}},
     {{"BACKEND", {.kind = AG_MV_STR, .u.s = "AUTO"}},
-     KO_BOOL("PRESCALE_QK", false),
-     KO_BOOL("ROWS_GUARANTEED_SAFE", false),
-     KO_BOOL("BLOCKS_ARE_CONTIGUOUS", false),
-     KO_BOOL("WRITE_DQ", true),
-     KO_BOOL("OUTPUT_LOGSUMEXP", true),
-     KO_BOOL("OUTPUT_MAX", false)},
+     {"PRESCALE_QK", {.kind = AG_MV_BOOL, .u.b = false}},
+     {"ROWS_GUARANTEED_SAFE", {.kind = AG_MV_BOOL, .u.b = false}},
+     {"BLOCKS_ARE_CONTIGUOUS", {.kind = AG_MV_BOOL, .u.b = false}},
+     {"WRITE_DQ", {.kind = AG_MV_BOOL, .u.b = true}},
+     {"OUTPUT_LOGSUMEXP", {.kind = AG_MV_BOOL, .u.b = true}},
+     {"OUTPUT_MAX", {.kind = AG_MV_BOOL, .u.b = false}}},
 };
-#undef KO_BOOL
 
 ag_garg ag__flex_kernel_options(bool return_lse) {
     return AG_GA_DICT(kernel_options[return_lse], 7);

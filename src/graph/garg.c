@@ -12,8 +12,6 @@
 
 #include <stdio.h>
 
-enum { AGG_MAX = 65536 }; /* elements of a tuple or items of a dict, as lists */
-
 int ag_garg_num_refs(const ag_garg *a) {
     return a ? ag__garg_nrefs(a) : 0;
 }
@@ -49,9 +47,10 @@ int ag__garg_check(const char *fn, const ag_garg *a) {
     if (a->kind != AG_GA_TUPLE && a->kind != AG_GA_DICT)
         return 0;
     const char *what = a->kind == AG_GA_TUPLE ? "tuple" : "dict";
-    if (a->n < 0 || a->n > AGG_MAX || (a->n > 0 && !a->u.elems))
+    const int max = a->kind == AG_GA_TUPLE ? AG__TUPLE_MAX : AG__DICT_MAX;
+    if (a->n < 0 || a->n > max || (a->n > 0 && !a->u.elems))
         return ag__err(AG_EINVAL, "%s: a %s of %d elements%s (at most %d)", fn, what, a->n,
-                       a->n > 0 && !a->u.elems ? " and no array" : "", AGG_MAX);
+                       a->n > 0 && !a->u.elems ? " and no array" : "", max);
     if (a->kind == AG_GA_TUPLE) {
         for (int k = 0; k < a->n; k++) {
             const ag_garg *e = &a->u.elems[k];

@@ -209,6 +209,10 @@ int ag__garg_copy(ag_garg *dst, const ag_garg *src);
  * agg_copy / agg_free: the deep copy (dst already holds src's fields) and free of a tuple or
  * dict; equal / hash: for CSE (nodes by identity, floats bitwise). */
 int ag__garg_check(const char *fn, const ag_garg *a);
+/* The most elements of a tuple argument and items of a dict argument (whose keys are compared
+ * pairwise: kernel options, a handful). */
+#define AG__TUPLE_MAX 65536
+#define AG__DICT_MAX 1024
 int ag__garg_agg_copy(ag_garg *dst, const ag_garg *src);
 void ag__garg_agg_free(ag_garg *a);
 bool ag__garg_agg_equal(const ag_garg *a, const ag_garg *b);

@@ -310,9 +310,10 @@ static int parse_aggregate(cur *c, ag_garg *out) {
     while (!lx_accept(c, close)) {
         lx_skip_ws(c);
         const char *at = c->p;
-        if (n == MAX_LIST) {
-            rc =
-                ag__lx_err(c, at, "%s longer than %d elements", tuple ? "tuple" : "dict", MAX_LIST);
+        if (n == (tuple ? AG__TUPLE_MAX : AG__DICT_MAX)) {
+            rc = ag__lx_err(c, at,
+                            tuple ? "tuple longer than %d elements" : "dict of more than %d items",
+                            tuple ? AG__TUPLE_MAX : AG__DICT_MAX);
             break;
         }
         if ((rc = ag__grow(&buf, &cap, n + 1, es)))
