@@ -100,7 +100,12 @@ static void check_numerics(const world *w, const ag_graph *g) {
  * sdpa_score0, block_mask.as_tuple(), scale, kernel_options, score_mod_other_buffers,
  * mask_mod_other_buffers)): (Q_LEN, KV_LEN, ..., Q_BLOCK_SIZE, KV_BLOCK_SIZE, mask graph);
  * the scale 1/sqrt(4); return_lse was asked, so OUTPUT_LOGSUMEXP is True; a one-element tuple
- * prints with its comma. */
+ * prints with its comma. Upstream's inductor tests expect this shape of their joints, e.g.
+ * `flex_attention_backward(..., fw_graph0, joint_graph0, (768, 768, primals_1, ..., primals_8,
+ * 128, 128, mask_graph0), 0.125, {'BACKEND': 'AUTO', 'PRESCALE_QK': False,
+ * 'ROWS_GUARANTEED_SAFE': False, 'BLOCKS_ARE_CONTIGUOUS': False, 'WRITE_DQ': True,
+ * 'OUTPUT_LOGSUMEXP': True, 'OUTPUT_MAX': False}, (), ())` (a CUDA run: OUTPUT_LOGSUMEXP True
+ * there; a CPU call without return_lse records False). */
 static const char *const flex_line =
     "    %flex_attention = flex_attention(%arg0, %arg1, %arg2, %sdpa_score0, (8, 12, " CONSTS
     ", 4, 2, %sdpa_mask0), 0.5, " KERNEL_OPTIONS("True") ", (%_tensor_constant8,), ())  # "
