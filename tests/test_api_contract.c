@@ -734,6 +734,12 @@ static long c_ag_node_arg(void) {
 static long c_ag_node_arg_node(void) {
     return ag_node_arg_node(NULL, 0) == NULL;
 }
+static long c_ag_garg_num_refs(void) {
+    return (ag_garg_num_refs)(NULL);
+}
+static long c_ag_garg_ref(void) {
+    return ag_garg_ref(NULL, 0) == NULL;
+}
 static long c_ag_node_num_users(void) {
     return (ag_node_num_users)(NULL);
 }
@@ -2008,6 +2014,8 @@ static const row rows[] = {
     {"ag_node_nargs", 'A', 'I', c_ag_node_nargs, NULL},
     {"ag_node_arg", 'A', 'R', c_ag_node_arg, NULL},
     {"ag_node_arg_node", 'A', 'R', c_ag_node_arg_node, NULL},
+    {"ag_garg_num_refs", 'A', 'I', c_ag_garg_num_refs, NULL},
+    {"ag_garg_ref", 'A', 'R', c_ag_garg_ref, NULL},
     {"ag_node_num_users", 'A', 'I', c_ag_node_num_users, NULL},
     {"ag_node_user", 'A', 'R', c_ag_node_user, NULL},
     {"ag_node_num_vals", 'A', 'I', c_ag_node_num_vals, NULL},

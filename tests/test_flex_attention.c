@@ -852,20 +852,28 @@ static void test_upstream_14_annotations(void **state) {
     }
     /* the calls as printed: get_attr arguments, the block mask's tensors as constants */
     char *txt = ag_graph_to_string(g, NULL);
+    /* upstream's arguments: the block mask as BlockMask.as_tuple() (Q_LEN, KV_LEN, 8 tensors,
+     * Q_BLOCK_SIZE, KV_BLOCK_SIZE, the mask graph), _apply_kernel_options' dict for a CPU call
+     * without return_lse, the buffers as tuples */
     assert_non_null(strstr(
         txt, "%flex_attention = flex_attention(%primals_1, %primals_2, %primals_3, "
-             "%sdpa_score0, [%_tensor_constant0, %_tensor_constant1, %_tensor_constant2, "
-             "%_tensor_constant3, %_tensor_constant4, %_tensor_constant5, %_tensor_constant6, "
-             "%_tensor_constant7, %sdpa_mask0], [288, 288, 128, 128], 0.125, [], "
-             "[%_tensor_constant8])  # (f32[2, 4, 288, 64], f32[2, 4, 288])"));
+             "%sdpa_score0, (288, 288, %_tensor_constant0, %_tensor_constant1, "
+             "%_tensor_constant2, %_tensor_constant3, %_tensor_constant4, %_tensor_constant5, "
+             "%_tensor_constant6, %_tensor_constant7, 128, 128, %sdpa_mask0), 0.125, "
+             "{'BACKEND': 'AUTO', 'PRESCALE_QK': False, 'ROWS_GUARANTEED_SAFE': False, "
+             "'BLOCKS_ARE_CONTIGUOUS': False, 'WRITE_DQ': True, 'OUTPUT_LOGSUMEXP': False, "
+             "'OUTPUT_MAX': False}, (), (%_tensor_constant8,))  # (f32[2, 4, 288, 64], "
+             "f32[2, 4, 288])"));
     assert_non_null(strstr(
         txt, "%flex_attention_backward = flex_attention_backward(%primals_1, %primals_2, "
              "%primals_3, %getitem, %getitem_1, %tangents_1, None, %fw_graph0, %joint_graph0, "
-             "[%_tensor_constant0_1, %_tensor_constant1_1, %_tensor_constant2_1, "
+             "(288, 288, %_tensor_constant0_1, %_tensor_constant1_1, %_tensor_constant2_1, "
              "%_tensor_constant3_1, %_tensor_constant4_1, %_tensor_constant5_1, "
-             "%_tensor_constant6_1, %_tensor_constant7_1, %mask_graph0], [288, 288, 128, 128], "
-             "0.125, [], [%_tensor_constant8_1])  # (f32[2, 4, 288, 64], f32[2, 4, 288, 64], "
-             "f32[2, 4, 288, 64])"));
+             "%_tensor_constant6_1, %_tensor_constant7_1, 128, 128, %mask_graph0), 0.125, "
+             "{'BACKEND': 'AUTO', 'PRESCALE_QK': False, 'ROWS_GUARANTEED_SAFE': False, "
+             "'BLOCKS_ARE_CONTIGUOUS': False, 'WRITE_DQ': True, 'OUTPUT_LOGSUMEXP': False, "
+             "'OUTPUT_MAX': False}, (), (%_tensor_constant8_1,))  # (f32[2, 4, 288, 64], "
+             "f32[2, 4, 288, 64], f32[2, 4, 288, 64])"));
     /* it parses back to the same text */
     ag_graph *back = ag_graph_parse(txt, strlen(txt));
     if (!back)
@@ -942,11 +950,15 @@ static void test_trace_defaults(void **state) {
     char *txt = ag_graph_to_string(g, NULL);
     if (strstr(txt, "empty"))
         fail_msg("%s", txt);
+    /* return_lse: OUTPUT_LOGSUMEXP is True */
     assert_non_null(strstr(txt, "%flex_attention = flex_attention(%arg0, %arg1, %arg2, "
-                                "%sdpa_score0, [%_tensor_constant0, %_tensor_constant1, "
+                                "%sdpa_score0, (10, 10, %_tensor_constant0, %_tensor_constant1, "
                                 "%_tensor_constant2, %_tensor_constant3, %_tensor_constant4, "
                                 "%_tensor_constant5, %_tensor_constant6, %_tensor_constant7, "
-                                "None], [10, 10, 128, 128], 0.5, [], [])"));
+                                "128, 128, None), 0.5, {'BACKEND': 'AUTO', 'PRESCALE_QK': False, "
+                                "'ROWS_GUARANTEED_SAFE': False, 'BLOCKS_ARE_CONTIGUOUS': False, "
+                                "'WRITE_DQ': True, 'OUTPUT_LOGSUMEXP': True, 'OUTPUT_MAX': "
+                                "False}, (), ())"));
     assert_non_null(strstr(txt, "constant _tensor_constant2 : i64[1, 1, 1] = [1]"));
     ag_free(txt);
     ag_tensor *run[2], *eo = NULL, *el = NULL;

@@ -4,8 +4,9 @@
  * output of a multi-output call), get_attr (a constant tensor owned by the graph, or one of
  * the graph's subgraphs: see "subgraphs" below) and output
  * (exactly one, last, listing the graph's outputs). Arguments are values (ag_garg): node
- * references, ints, floats, bools, int lists, None, dtypes, strings and lists of nodes. Every
- * node keeps the list of its users, kept correct by every mutation.
+ * references, ints, floats, bools, int lists, None, dtypes, strings, lists of nodes, tuples
+ * mixing nodes and scalars, and dicts of scalars. Every node keeps the list of its users (a
+ * node referenced inside a list or tuple included), kept correct by every mutation.
  *
  * Metadata. `val` is structural (dtype, shape, strides, storage offset of each output). The
  * rest lives in a per-node key/value store, so a new key needs no new struct field: `desc`
@@ -51,6 +52,25 @@ typedef enum ag_node_kind {
     AG_NODE_OUTPUT,
 } ag_node_kind;
 
+/* A scalar value: of a metadata entry (below), of a dict argument's item. */
+typedef enum ag_mval_kind {
+    AG_MV_NONE = 0,
+    AG_MV_INT,
+    AG_MV_FLOAT,
+    AG_MV_BOOL,
+    AG_MV_STR,
+} ag_mval_kind;
+
+typedef struct ag_mval {
+    ag_mval_kind kind;
+    union {
+        int64_t i;
+        double f;
+        bool b;
+        const char *s; /* owned by the node when read back */
+    } u;
+} ag_mval;
+
 typedef enum ag_garg_kind {
     AG_GA_NONE = 0,
     AG_GA_NODE,
@@ -61,13 +81,29 @@ typedef enum ag_garg_kind {
     AG_GA_INTS,
     AG_GA_DTYPE,
     AG_GA_STR,
+    /* A Python tuple mixing kinds, as upstream's higher-order ops take (flex_attention's
+     * block_mask: `(288, 288, %a, ..., 128, 128, %sdpa_mask0)`): n elements, each of kind
+     * NONE, NODE (a value or a subgraph's get_attr; never NULL: None is a NONE element),
+     * INT, FLOAT or BOOL. Printed `(1, %a, None)`, `(%a,)`, `()`. */
+    AG_GA_TUPLE,
+    /* A Python dict of n items with string keys (distinct, non-empty) and scalar values
+     * (ag_mval: None, int, float, bool, str), in insertion order: flex_attention's
+     * kernel_options, `{'PRESCALE_QK': False, 'BACKEND': 'AUTO'}`. */
+    AG_GA_DICT,
 } ag_garg_kind;
 
-/* A node argument. Pointers inside are borrowed when passed in (the graph copies them) and
- * owned by the graph when read back. */
+/* A dict argument's item. */
+typedef struct ag_gitem {
+    const char *key;
+    ag_mval v;
+} ag_gitem;
+
+/* A node argument. Pointers inside (lists, tuple elements, dict items and their strings) are
+ * borrowed when passed in (the graph copies them, deeply) and owned by the graph when read
+ * back (valid until the argument is set again or the node erased). */
 typedef struct ag_garg {
     ag_garg_kind kind;
-    int n; /* NODES, INTS */
+    int n; /* NODES, INTS, TUPLE, DICT */
     union {
         ag_node *node;
         ag_node **nodes;
@@ -77,6 +113,8 @@ typedef struct ag_garg {
         const int64_t *ints;
         ag_dtype dt;
         const char *s;
+        const struct ag_garg *elems; /* TUPLE */
+        const ag_gitem *items;       /* DICT */
     } u;
 } ag_garg;
 
@@ -89,6 +127,16 @@ typedef struct ag_garg {
 #define AG_GA_DT(x) ((ag_garg){.kind = AG_GA_DTYPE, .u.dt = (x)})
 #define AG_GA_S(x) ((ag_garg){.kind = AG_GA_STR, .u.s = (x)})
 #define AG_GA_NIL ((ag_garg){.kind = AG_GA_NONE})
+#define AG_GA_TUPLE(v, cnt) ((ag_garg){.kind = AG_GA_TUPLE, .n = (cnt), .u.elems = (v)})
+#define AG_GA_DICT(v, cnt) ((ag_garg){.kind = AG_GA_DICT, .n = (cnt), .u.items = (v)})
+
+/* The node references an argument holds, for walking them whatever its kind: NODE holds one
+ * (NULL when it is None), NODES one per element (NULL: None), TUPLE one per element (NULL for
+ * an element that is not a node), other kinds none. a is borrowed; NULL holds none. */
+AG_API int ag_garg_num_refs(const ag_garg *a);
+/* Reference k (0 <= k < ag_garg_num_refs(a)), NULL for None or a non-node tuple element (or
+ * k out of range, or a NULL). Borrowed: the node belongs to its graph. */
+AG_API ag_node *ag_garg_ref(const ag_garg *a, int k);
 
 /* ---- graphs ---- */
 AG_API ag_graph *ag_graph_new(void);
@@ -131,9 +179,11 @@ AG_API ag_node *ag_graph_get_attr_subgraph(ag_graph *g, const char *attr, const 
 AG_API ag_node *ag_graph_output(ag_graph *g, ag_node *const *outs, int n);
 
 /* ---- changing the graph ---- */
-/* Replaces every use of `n` by `by` (NULL: None where allowed); returns the number of uses. */
+/* Replaces every use of `n` by `by` (NULL: None where allowed), inside lists and tuples too;
+ * returns the number of uses. */
 AG_API int ag_node_replace_all_uses(ag_node *n, ag_node *by);
-/* Sets argument i (nodes' users lists are updated). i == nargs appends. */
+/* Sets argument i (nodes' users lists are updated; a is copied deeply). i == nargs appends.
+ * A malformed tuple or dict (see ag_garg_kind) is refused (AG_EINVAL) and nothing changes. */
 AG_API int ag_node_set_arg(ag_node *n, int i, ag_garg a);
 /* Removes n; refused (AG_ESTATE) while it has users. */
 AG_API int ag_graph_erase(ag_graph *g, ag_node *n);
@@ -209,25 +259,7 @@ AG_API const ag_op *ag_op_invoke_subgraph(void);
 AG_API ag_node *ag_graph_invoke_subgraph(ag_graph *g, ag_node *attr, const char *identifier,
                                          ag_node *const *operands, int noperands, const char *name);
 
-/* ---- metadata ---- */
-typedef enum ag_mval_kind {
-    AG_MV_NONE = 0,
-    AG_MV_INT,
-    AG_MV_FLOAT,
-    AG_MV_BOOL,
-    AG_MV_STR,
-} ag_mval_kind;
-
-typedef struct ag_mval {
-    ag_mval_kind kind;
-    union {
-        int64_t i;
-        double f;
-        bool b;
-        const char *s; /* owned by the node when read back */
-    } u;
-} ag_mval;
-
+/* ---- metadata ---- (ag_mval: above, with the arguments) */
 /* Generic keys. get returns kind AG_MV_NONE when absent. */
 AG_API int ag_node_meta_set(ag_node *n, const char *key, ag_mval v);
 AG_API ag_mval ag_node_meta_get(const ag_node *n, const char *key);

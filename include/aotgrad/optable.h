@@ -273,6 +273,10 @@ typedef enum ag_type {
     AG_TY_OPT_DTYPE,
     AG_TY_STR,
     AG_TY_OPT_BOOL,
+    /* "Any": any graph argument, a tuple or dict included (the higher-order ops' block_mask,
+     * kernel_options and buffers, checked by their own inference); never an op's eager
+     * argument. */
+    AG_TY_ANY,
 } ag_type;
 
 typedef struct ag_schema_arg {

@@ -209,9 +209,9 @@ static void put_edges(ag__sbuf *b, const char *pfx, const ag_node *n) {
     int nseen = 0;
     for (int i = 0; i < n->nargs; i++) {
         const ag_garg *a = &n->args[i];
-        int cnt = a->kind == AG_GA_NODE ? 1 : a->kind == AG_GA_NODES ? a->n : 0;
+        int cnt = ag__garg_nrefs(a);
         for (int k = 0; k < cnt; k++) {
-            const ag_node *src = a->kind == AG_GA_NODE ? a->u.node : a->u.nodes[k];
+            const ag_node *src = ag__garg_ref(a, k);
             if (!src)
                 continue;
             bool dup = false;

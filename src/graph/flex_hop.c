@@ -1,28 +1,31 @@
 /* The higher-order ops flex_attention and flex_attention_backward as graph nodes (upstream's
  * torch.ops.higher_order.flex_attention / flex_attention_backward), made by the tracer
- * (src/trace/flex_trace.c) when ag_flex_attention runs under a trace:
+ * (src/trace/flex_trace.c) when ag_flex_attention runs under a trace, with upstream's
+ * arguments:
  *
- *   flex_attention(Tensor query, Tensor key, Tensor value, Tensor score_mod,
- *                  Tensor?[] block_mask, int[] block_mask_sizes, float scale,
- *                  Tensor[] score_mod_other_buffers, Tensor[] mask_mod_other_buffers)
- *       -> (Tensor out, Tensor logsumexp)
+ *   flex_attention(Tensor query, Tensor key, Tensor value, Tensor score_mod, Any block_mask,
+ *                  float scale, Any kernel_options, Any score_mod_other_buffers,
+ *                  Any mask_mod_other_buffers) -> (Tensor out, Tensor logsumexp)
  *   flex_attention_backward(Tensor query, Tensor key, Tensor value, Tensor out,
  *                  Tensor logsumexp, Tensor? grad_out, Tensor? grad_logsumexp, Tensor fw_graph,
- *                  Tensor joint_graph, Tensor?[] block_mask, int[] block_mask_sizes,
- *                  float scale, Tensor[] score_mod_other_buffers,
- *                  Tensor[] mask_mod_other_buffers)
+ *                  Tensor joint_graph, Any block_mask, float scale, Any kernel_options,
+ *                  Any score_mod_other_buffers, Any mask_mod_other_buffers)
  *       -> Tensor[] (grad_query, grad_key, grad_value, a gradient per score_mod buffer)
  *
  * score_mod, fw_graph and joint_graph are get_attrs of subgraphs (sdpa_score0, fw_graph0,
- * joint_graph0); block_mask is upstream's tuple without its ints: kv_num_blocks, kv_indices,
- * full_kv_num_blocks, full_kv_indices, q_num_blocks, q_indices, full_q_num_blocks,
- * full_q_indices, then the mask graph's get_attr (sdpa_mask0 / mask_graph0, None without a
- * mask_mod); block_mask_sizes is (KV_LEN, Q_LEN, Q_BLOCK_SIZE, KV_BLOCK_SIZE). Both ops are
- * flagged AG_OP_SUBGRAPH and kept out of the registry like invoke_subgraph; meta inference
- * (ag__subgraph_infer hands them here) checks the tensors and gives the outputs' metadata.
- * The interpreter runs them through ag__flex_run (below), the planned executor through its tile
- * plans (src/runtime/plan_flex.c; ag__flex_call_run when those cannot be made); neither has an
- * op kernel (refused). */
+ * joint_graph0); block_mask is the tuple of upstream's BlockMask.as_tuple(): (Q_LEN, KV_LEN,
+ * kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, q_num_blocks, q_indices,
+ * full_q_num_blocks, full_q_indices, Q_BLOCK_SIZE, KV_BLOCK_SIZE, the mask graph's get_attr
+ * (sdpa_mask0 / mask_graph0, None without a mask_mod)); kernel_options is the dict upstream's
+ * _apply_kernel_options records on CPU (ag__flex_kernel_options); the buffers are tuples of
+ * tensors. Both ops are flagged AG_OP_SUBGRAPH and kept out of the registry like
+ * invoke_subgraph; meta inference (ag__subgraph_infer hands them here) reads the arguments
+ * (ag__flex_args_read, which names the argument and element that is wrong) and gives the
+ * outputs' metadata. The interpreter runs them through ag__flex_run (below), the planned executor
+ * through its tile plans (src/runtime/plan_flex.c; ag__flex_call_run when those cannot be
+ * made); neither has an op kernel (refused). Text in the form before tuples (block_mask a
+ * list of 9 and an int list [KV_LEN, Q_LEN, Q_BLOCK_SIZE, KV_BLOCK_SIZE], no kernel_options)
+ * still parses (ag__flex_legacy_args). */
 #include "graph_internal.h"
 
 #include "../autograd/flex_internal.h"
@@ -43,9 +46,8 @@ static int refuse_kernel(const ag_arg *args, ag_tensor **outs) {
 
 static const ag_opdef fwd_def = {
     .schema = "flex_attention(Tensor query, Tensor key, Tensor value, Tensor score_mod, "
-              "Tensor?[] block_mask, int[] block_mask_sizes, float scale, "
-              "Tensor[] score_mod_other_buffers, Tensor[] mask_mod_other_buffers) "
-              "-> (Tensor, Tensor)",
+              "Any block_mask, float scale, Any kernel_options, Any score_mod_other_buffers, "
+              "Any mask_mod_other_buffers) -> (Tensor, Tensor)",
     .flags = AG_OP_SUBGRAPH,
     .meta = refuse_meta,
     .kernel = refuse_kernel,
@@ -55,8 +57,8 @@ static const ag_opdef fwd_def = {
 static const ag_opdef bwd_def = {
     .schema = "flex_attention_backward(Tensor query, Tensor key, Tensor value, Tensor out, "
               "Tensor logsumexp, Tensor? grad_out, Tensor? grad_logsumexp, Tensor fw_graph, "
-              "Tensor joint_graph, Tensor?[] block_mask, int[] block_mask_sizes, float scale, "
-              "Tensor[] score_mod_other_buffers, Tensor[] mask_mod_other_buffers) -> Tensor[]",
+              "Tensor joint_graph, Any block_mask, float scale, Any kernel_options, "
+              "Any score_mod_other_buffers, Any mask_mod_other_buffers) -> Tensor[]",
     .flags = AG_OP_SUBGRAPH | AG_OP_BACKWARD_HELPER,
     .meta = refuse_meta,
     .kernel = refuse_kernel,
@@ -97,11 +99,39 @@ bool ag__op_is_flex(const ag_op *op) {
     return op && (op == fwd_op || op == bwd_op);
 }
 
-/* ---- meta inference ---- */
+/* ---- the arguments ---- */
 
-static const ag_tmeta *tensor_arg(const ag_garg *a) {
+/* upstream's _apply_kernel_options on CPU, in its insertion order; OUTPUT_LOGSUMEXP is True
+ * only for return_lse (a CPU call records False otherwise, even under autograd). */
+static const ag_gitem kernel_options[2][7] = {
+    {{"BACKEND", {.kind = AG_MV_STR, .u.s = "AUTO"}},
+     {"PRESCALE_QK", {.kind = AG_MV_BOOL, .u.b = false}},
+     {"ROWS_GUARANTEED_SAFE", {.kind = AG_MV_BOOL, .u.b = false}},
+     {"BLOCKS_ARE_CONTIGUOUS", {.kind = AG_MV_BOOL, .u.b = false}},
+     {"WRITE_DQ", {.kind = AG_MV_BOOL, .u.b = true}},
+     {"OUTPUT_LOGSUMEXP", {.kind = AG_MV_BOOL, .u.b = false}},
+     {"OUTPUT_MAX", {.kind = AG_MV_BOOL, .u.b = false}}},
+    {{"BACKEND", {.kind = AG_MV_STR, .u.s = "AUTO"}},
+     {"PRESCALE_QK", {.kind = AG_MV_BOOL, .u.b = false}},
+     {"ROWS_GUARANTEED_SAFE", {.kind = AG_MV_BOOL, .u.b = false}},
+     {"BLOCKS_ARE_CONTIGUOUS", {.kind = AG_MV_BOOL, .u.b = false}},
+     {"WRITE_DQ", {.kind = AG_MV_BOOL, .u.b = true}},
+     {"OUTPUT_LOGSUMEXP", {.kind = AG_MV_BOOL, .u.b = true}},
+     {"OUTPUT_MAX", {.kind = AG_MV_BOOL, .u.b = false}}},
+};
+
+ag_garg ag__flex_kernel_options(bool return_lse) {
+    return AG_GA_DICT(kernel_options[return_lse], 7);
+}
+
+static const char *const bm_names[13] = {
+    "Q_LEN",           "KV_LEN",        "kv_num_blocks", "kv_indices",        "full_kv_num_blocks",
+    "full_kv_indices", "q_num_blocks",  "q_indices",     "full_q_num_blocks", "full_q_indices",
+    "Q_BLOCK_SIZE",    "KV_BLOCK_SIZE", "mask_mod"};
+
+static const ag_node *tensor_node(const ag_garg *a) {
     return a->kind == AG_GA_NODE && a->u.node && a->u.node->nvals == 1 && !a->u.node->sub
-               ? &a->u.node->vals[0]
+               ? a->u.node
                : NULL;
 }
 
@@ -109,14 +139,160 @@ static bool is_subgraph_arg(const ag_garg *a) {
     return a->kind == AG_GA_NODE && a->u.node && a->u.node->sub;
 }
 
-int ag__flex_infer(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *vals, int *nvals) {
+/* Argument i, a tuple of tensors (the buffers), into fa. */
+static int read_buffers(const char *opn, const ag_garg *args, int i, const ag_garg **out, int *n) {
+    static const char *const what[2] = {"score_mod_other_buffers", "mask_mod_other_buffers"};
+    const ag_garg *a = &args[i];
+    const char *nm = what[(i == 8 || i == 13)];
+    if (a->kind != AG_GA_TUPLE)
+        return ag__err(AG_EINVAL, "%s: %s (argument %d) must be a tuple of tensors, not %s", opn,
+                       nm, i, ag__garg_kind_name(a->kind));
+    if (a->n > 64)
+        return ag__err(AG_EINVAL, "%s: %s (argument %d) has %d tensors (at most 64)", opn, nm, i,
+                       a->n);
+    for (int k = 0; k < a->n; k++)
+        if (!tensor_node(&a->u.elems[k]))
+            return ag__err(AG_EINVAL, "%s: %s (argument %d) element %d is %s; a tensor expected",
+                           opn, nm, i, k,
+                           is_subgraph_arg(&a->u.elems[k])
+                               ? "a subgraph"
+                               : ag__garg_kind_name(a->u.elems[k].kind));
+    *out = a->u.elems;
+    *n = a->n;
+    return 0;
+}
+
+int ag__flex_args_read(const ag_op *op, const ag_garg *args, int nargs, ag__flex_args *fa) {
     const bool bwd = op == bwd_op;
     const char *opn = ag_op_name(op);
+    memset(fa, 0, sizeof *fa);
+    fa->bwd = bwd;
     if (nargs != (bwd ? 14 : 9))
         return ag__err(AG_EINVAL, "%s: %d arguments (takes %d)", opn, nargs, bwd ? 14 : 9);
-    const ag_tmeta *q = tensor_arg(&args[0]), *k = tensor_arg(&args[1]), *v = tensor_arg(&args[2]);
-    if (!q || !k || !v)
-        return ag__err(AG_EINVAL, "%s: query, key and value must be tensors", opn);
+    const ag_node **t3[3] = {&fa->q, &fa->k, &fa->v};
+    for (int i = 0; i < 3; i++)
+        if (!(*t3[i] = tensor_node(&args[i])))
+            return ag__err(AG_EINVAL, "%s: query, key and value must be tensors (argument %d)", opn,
+                           i);
+    const int isub = bwd ? 7 : 3, ibm = bwd ? 9 : 4;
+    if (!is_subgraph_arg(&args[isub]) || (bwd && !is_subgraph_arg(&args[8])))
+        return ag__err(AG_EINVAL, "%s: argument %d must be a get_attr of a subgraph", opn,
+                       !is_subgraph_arg(&args[isub]) ? isub : 8);
+    fa->score = args[isub].u.node;
+    fa->joint = bwd ? args[8].u.node : NULL;
+    if (bwd) {
+        const ag_node **t4[4] = {&fa->out, &fa->lse, &fa->go, &fa->gl};
+        for (int i = 0; i < 4; i++)
+            if (!(*t4[i] = tensor_node(&args[3 + i])) && (i < 2 || args[3 + i].kind != AG_GA_NONE))
+                return ag__err(AG_EINVAL, "%s: argument %d must be a tensor%s", opn, 3 + i,
+                               i < 2 ? "" : " or None");
+    }
+    /* block_mask: upstream's BlockMask.as_tuple() */
+    const ag_garg *bm = &args[ibm];
+    if (bm->kind != AG_GA_TUPLE)
+        return ag__err(AG_EINVAL, "%s: block_mask (argument %d) must be a tuple, not %s", opn, ibm,
+                       ag__garg_kind_name(bm->kind));
+    if (bm->n != 13)
+        return ag__err(AG_EINVAL,
+                       "%s: block_mask (argument %d) has %d elements; upstream's "
+                       "BlockMask.as_tuple() has 13 (Q_LEN, KV_LEN, 8 tensors, Q_BLOCK_SIZE, "
+                       "KV_BLOCK_SIZE, mask_mod)",
+                       opn, ibm, bm->n);
+    int64_t ints[4];
+    for (int e = 0; e < 13; e++) {
+        const ag_garg *x = &bm->u.elems[e];
+        const bool is_int = e < 2 || e == 10 || e == 11, is_mask = e == 12;
+        bool ok;
+        if (is_int)
+            ok = x->kind == AG_GA_INT && x->u.i > 0;
+        else if (is_mask)
+            ok = x->kind == AG_GA_NONE || is_subgraph_arg(x);
+        else /* kv_num_blocks and kv_indices are required; the others may be None */
+            ok = tensor_node(x) || (e >= 4 && x->kind == AG_GA_NONE);
+        if (!ok)
+            return ag__err(AG_EINVAL,
+                           "%s: block_mask (argument %d) element %d (%s) is %s; %s "
+                           "expected",
+                           opn, ibm, e, bm_names[e],
+                           is_subgraph_arg(x) ? "a subgraph" : ag__garg_kind_name(x->kind),
+                           is_int    ? "a positive int"
+                           : is_mask ? "the mask graph's get_attr or None"
+                           : e >= 4  ? "a tensor or None"
+                                     : "a tensor");
+        if (is_int)
+            ints[e < 2 ? e : e - 8] = x->u.i;
+        else if (is_mask)
+            fa->mask = x->kind == AG_GA_NONE ? NULL : x->u.node;
+        else
+            fa->parts[e - 2] = x->kind == AG_GA_NONE ? NULL : x->u.node;
+    }
+    /* the kernel's order: (KV_LEN, Q_LEN, Q_BLOCK_SIZE, KV_BLOCK_SIZE) */
+    fa->sizes[0] = ints[1];
+    fa->sizes[1] = ints[0];
+    fa->sizes[2] = ints[2];
+    fa->sizes[3] = ints[3];
+    if (args[ibm + 1].kind != AG_GA_FLOAT)
+        return ag__err(AG_EINVAL, "%s: scale (argument %d) must be a float, not %s", opn, ibm + 1,
+                       ag__garg_kind_name(args[ibm + 1].kind));
+    fa->scale = args[ibm + 1].u.f;
+    const ag_garg *ko = &args[ibm + 2];
+    if (ko->kind != AG_GA_DICT)
+        return ag__err(AG_EINVAL, "%s: kernel_options (argument %d) must be a dict, not %s", opn,
+                       ibm + 2, ag__garg_kind_name(ko->kind));
+    for (int k = 0; k < ko->n; k++)
+        if (!strcmp(ko->u.items[k].key, "OUTPUT_MAX") && ko->u.items[k].v.kind == AG_MV_BOOL &&
+            ko->u.items[k].v.u.b)
+            return ag__err(AG_EINVAL,
+                           "%s: kernel_options (argument %d): OUTPUT_MAX=True (returning the max "
+                           "scores) is not supported on CPU",
+                           opn, ibm + 2);
+    int rc = read_buffers(opn, args, ibm + 3, &fa->sb, &fa->nsb);
+    return rc ? rc : read_buffers(opn, args, ibm + 4, &fa->mb, &fa->nmb);
+}
+
+int ag__flex_legacy_args(const ag_op *op, ag_garg *args, int *nargs, ag__flex_legacy *mem) {
+    const bool bwd = op == bwd_op;
+    const int ibm = bwd ? 9 : 4;
+    if (!ag__op_is_flex(op) || *nargs != (bwd ? 14 : 9) || args[ibm].kind != AG_GA_NODES ||
+        args[ibm].n != 9 || args[ibm + 1].kind != AG_GA_INTS || args[ibm + 1].n != 4)
+        return 0;
+    const ag_garg *lists[2] = {&args[ibm + 3], &args[ibm + 4]};
+    ag_garg *dst[2] = {mem->sb, mem->mb};
+    int cnt[2];
+    for (int j = 0; j < 2; j++) {
+        const ag_garg *l = lists[j];
+        cnt[j] = l->kind == AG_GA_NODES ? l->n : l->kind == AG_GA_INTS && l->n == 0 ? 0 : -1;
+        if (cnt[j] < 0 || cnt[j] > 64)
+            return ag__err(AG_EINVAL, "%s: argument %d must list at most 64 tensors",
+                           ag_op_name(op), ibm + 3 + j);
+        for (int k = 0; k < cnt[j]; k++)
+            dst[j][k] = l->u.nodes[k] ? AG_GA_N(l->u.nodes[k]) : AG_GA_NIL;
+    }
+    const int64_t *sz = args[ibm + 1].u.ints; /* (KV_LEN, Q_LEN, Q_BLOCK_SIZE, KV_BLOCK_SIZE) */
+    mem->bm[0] = AG_GA_I(sz[1]);
+    mem->bm[1] = AG_GA_I(sz[0]);
+    for (int p = 0; p < 8; p++)
+        mem->bm[2 + p] = args[ibm].u.nodes[p] ? AG_GA_N(args[ibm].u.nodes[p]) : AG_GA_NIL;
+    mem->bm[10] = AG_GA_I(sz[2]);
+    mem->bm[11] = AG_GA_I(sz[3]);
+    mem->bm[12] = args[ibm].u.nodes[8] ? AG_GA_N(args[ibm].u.nodes[8]) : AG_GA_NIL;
+    args[ibm] = AG_GA_TUPLE(mem->bm, 13);
+    args[ibm + 1] = args[ibm + 2]; /* the scale */
+    args[ibm + 2] = ag__flex_kernel_options(false);
+    args[ibm + 3] = AG_GA_TUPLE(mem->sb, cnt[0]);
+    args[ibm + 4] = AG_GA_TUPLE(mem->mb, cnt[1]);
+    return 1;
+}
+
+/* ---- meta inference ---- */
+
+int ag__flex_infer(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *vals, int *nvals) {
+    const char *opn = ag_op_name(op);
+    ag__flex_args fa;
+    int rc = ag__flex_args_read(op, args, nargs, &fa);
+    if (rc)
+        return rc;
+    const ag_tmeta *q = &fa.q->vals[0], *k = &fa.k->vals[0], *v = &fa.v->vals[0];
     if (q->ndim != 4 || k->ndim != 4 || v->ndim != 4 || q->dtype != k->dtype ||
         q->dtype != v->dtype || !ag_dtype_is_float(q->dtype) || q->sizes[0] != k->sizes[0] ||
         q->sizes[3] != k->sizes[3] || k->sizes[0] != v->sizes[0] || k->sizes[1] != v->sizes[1] ||
@@ -125,43 +301,30 @@ int ag__flex_infer(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *va
                        "%s: query [B, Hq, L, E], key [B, Hkv, S, E] and value [B, Hkv, S, Ev] "
                        "of one float dtype expected",
                        opn);
-    const int isub = bwd ? 7 : 3, ibm = bwd ? 9 : 4, ibuf = bwd ? 12 : 7;
-    if (!is_subgraph_arg(&args[isub]) || (bwd && !is_subgraph_arg(&args[8])))
-        return ag__err(AG_EINVAL, "%s: argument %d must be a get_attr of a subgraph", opn,
-                       !is_subgraph_arg(&args[isub]) ? isub : 8);
-    if (args[ibm].kind != AG_GA_NODES || args[ibm].n != 9 || args[ibm + 1].kind != AG_GA_INTS ||
-        args[ibm + 1].n != 4)
+    if (fa.sizes[0] != k->sizes[2] || fa.sizes[1] != q->sizes[2])
         return ag__err(AG_EINVAL,
-                       "%s: block_mask must list 8 tensors and the mask graph, block_mask_sizes 4 "
-                       "ints",
-                       opn);
-    const int64_t *bs = args[ibm + 1].u.ints;
-    if (bs[0] != k->sizes[2] || bs[1] != q->sizes[2])
-        return ag__err(AG_EINVAL, "%s: the block mask is for KV_LEN=%lld, Q_LEN=%lld", opn,
-                       (long long)bs[0], (long long)bs[1]);
-    if (args[ibuf].kind != AG_GA_NODES || args[ibuf + 1].kind != AG_GA_NODES)
-        return ag__err(AG_EINVAL, "%s: the buffers must be tensor lists", opn);
+                       "%s: the block mask is for Q_LEN=%lld, KV_LEN=%lld; query has L=%lld, key "
+                       "S=%lld",
+                       opn, (long long)fa.sizes[1], (long long)fa.sizes[0], (long long)q->sizes[2],
+                       (long long)k->sizes[2]);
     memset(vals, 0, sizeof(ag_tmeta) * AG_MAX_OUTPUTS);
-    if (!bwd) {
+    if (!fa.bwd) {
         const int64_t o[4] = {q->sizes[0], q->sizes[1], q->sizes[2], v->sizes[3]};
         ag__tmeta_contiguous(&vals[0], q->dtype, 4, o);
         ag__tmeta_contiguous(&vals[1], q->dtype, 3, o);
         *nvals = 2;
         return 0;
     }
-    const int nbuf = args[ibuf].n;
-    if (3 + nbuf > AG_MAX_OUTPUTS)
-        return ag__err(AG_EINVAL, "%s: %d buffers (at most %d)", opn, nbuf, AG_MAX_OUTPUTS - 3);
+    if (3 + fa.nsb > AG_MAX_OUTPUTS)
+        return ag__err(AG_EINVAL, "%s: %d buffers (at most %d)", opn, fa.nsb, AG_MAX_OUTPUTS - 3);
     const ag_tmeta *in[3] = {q, k, v};
     for (int i = 0; i < 3; i++)
         ag__tmeta_contiguous(&vals[i], in[i]->dtype, 4, in[i]->sizes);
-    for (int i = 0; i < nbuf; i++) {
-        const ag_node *b = args[ibuf].u.nodes[i];
-        if (!b || b->nvals != 1)
-            return ag__err(AG_EINVAL, "%s: score_mod buffer %d is not a tensor", opn, i);
-        ag__tmeta_contiguous(&vals[3 + i], b->vals[0].dtype, b->vals[0].ndim, b->vals[0].sizes);
+    for (int i = 0; i < fa.nsb; i++) {
+        const ag_tmeta *b = &fa.sb[i].u.node->vals[0];
+        ag__tmeta_contiguous(&vals[3 + i], b->dtype, b->ndim, b->sizes);
     }
-    *nvals = 3 + nbuf;
+    *nvals = 3 + fa.nsb;
     return 0;
 }
 
@@ -450,25 +613,13 @@ ag_tensor *ag_mask_mod_graph(void *graph, ag_tensor *b, ag_tensor *h, ag_tensor 
  * joint graph per tile (above), or, when that cannot run on the tiles, the same backward as the
  * eager node's (score_mod's gradient per tile through autograd on the forward graph). */
 
-static ag_tensor *arg_tensor(const ag_node *n, int i, ag__flex_value_fn val, void *ud) {
-    const ag_garg *a = &n->args[i];
-    if (a->kind != AG_GA_NODE || !a->u.node)
-        return NULL;
-    return val(ud, n, a->u.node);
-}
-
-static int arg_list(const ag_node *n, int i, ag__flex_value_fn val, void *ud, ag_tensor **out,
-                    const ag_graph **sub) {
-    const ag_garg *a = &n->args[i];
-    for (int k = 0; k < a->n; k++) {
-        const ag_node *x = a->u.nodes[k];
-        out[k] = NULL;
-        if (x && x->sub && sub)
-            *sub = x->sub;
-        else if (x && !(out[k] = val(ud, n, x)))
-            return ag_last_status();
-    }
-    return 0;
+/* The value of node x (NULL: None) read by call n; *rc gets the failure's status. */
+static ag_tensor *value_of(const ag_node *n, const ag_node *x, ag__flex_value_fn val, void *ud,
+                           int *rc) {
+    ag_tensor *t = x && !*rc ? val(ud, n, x) : NULL;
+    if (x && !t && !*rc)
+        *rc = ag_last_status() < 0 ? ag_last_status() : AG_EINVAL;
+    return t;
 }
 
 /* ---- flex_attention_backward through the joint graph ----
@@ -744,31 +895,30 @@ int ag__flex_call_run(const ag__flex_call *c, ag_tensor **outs) {
 }
 
 int ag__flex_run(const ag_node *n, ag__flex_value_fn val, void *ud, ag_tensor **outs) {
-    const bool bwd = n->op == bwd_op;
-    const int ibm = bwd ? 9 : 4, ibuf = bwd ? 12 : 7;
-    ag__flex_call c = {.bwd = bwd};
-    c.q = arg_tensor(n, 0, val, ud), c.k = arg_tensor(n, 1, val, ud);
-    c.v = arg_tensor(n, 2, val, ud);
-    if (!c.q || !c.k || !c.v)
-        return ag_last_status() < 0 ? ag_last_status()
-                                    : ag__err(AG_EINVAL, "run: %%%s: no query/key/value", n->name);
-    c.score = n->args[bwd ? 7 : 3].u.node->sub;
-    ag_tensor *parts[9], *sb[64], *mb[64];
-    int rc = arg_list(n, ibm, val, ud, parts, &c.mask);
-    if (!rc)
-        rc = arg_list(n, ibuf, val, ud, sb, NULL);
-    if (!rc)
-        rc = arg_list(n, ibuf + 1, val, ud, mb, NULL);
+    ag__flex_args fa;
+    int rc = ag__flex_args_read(n->op, n->args, n->nargs, &fa);
     if (rc)
         return rc;
-    c.parts = parts, c.sizes = n->args[ibm + 1].u.ints, c.scale = n->args[ibm + 2].u.f;
-    c.sb = sb, c.nsb = n->args[ibuf].n, c.mb = mb, c.nmb = n->args[ibuf + 1].n;
-    if (bwd) {
-        c.joint = n->args[8].u.node->sub;
-        c.out = arg_tensor(n, 3, val, ud), c.lse = arg_tensor(n, 4, val, ud);
-        c.go = arg_tensor(n, 5, val, ud), c.gl = arg_tensor(n, 6, val, ud);
-        if ((!c.out || !c.lse) && ag_last_status() < 0)
-            return ag_last_status();
+    ag__flex_call c = {.bwd = fa.bwd};
+    ag_tensor *parts[8], *sb[64], *mb[64];
+    c.q = value_of(n, fa.q, val, ud, &rc), c.k = value_of(n, fa.k, val, ud, &rc);
+    c.v = value_of(n, fa.v, val, ud, &rc);
+    for (int p = 0; p < 8; p++)
+        parts[p] = value_of(n, fa.parts[p], val, ud, &rc);
+    for (int i = 0; i < fa.nsb; i++)
+        sb[i] = value_of(n, fa.sb[i].u.node, val, ud, &rc);
+    for (int i = 0; i < fa.nmb; i++)
+        mb[i] = value_of(n, fa.mb[i].u.node, val, ud, &rc);
+    if (fa.bwd) {
+        c.out = value_of(n, fa.out, val, ud, &rc), c.lse = value_of(n, fa.lse, val, ud, &rc);
+        c.go = value_of(n, fa.go, val, ud, &rc), c.gl = value_of(n, fa.gl, val, ud, &rc);
+        c.joint = fa.joint->sub;
     }
+    if (rc)
+        return rc;
+    c.score = fa.score->sub;
+    c.mask = fa.mask ? fa.mask->sub : NULL;
+    c.parts = parts, c.sizes = fa.sizes, c.scale = fa.scale;
+    c.sb = sb, c.nsb = fa.nsb, c.mb = mb, c.nmb = fa.nmb;
     return ag__flex_call_run(&c, outs);
 }

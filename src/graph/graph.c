@@ -62,6 +62,8 @@ int ag__garg_copy(ag_garg *dst, const ag_garg *src) {
         dst->u.s = ag__strdup(src->u.s ? src->u.s : "");
         if (!dst->u.s)
             return AG_ENOMEM;
+    } else if (src->kind == AG_GA_TUPLE || src->kind == AG_GA_DICT) {
+        return ag__garg_agg_copy(dst, src);
     }
     return 0;
 }
@@ -73,6 +75,8 @@ void ag__garg_free(ag_garg *a) {
         ag__free(a->u.nodes);
     else if (a->kind == AG_GA_STR)
         ag__free((void *)a->u.s);
+    else if (a->kind == AG_GA_TUPLE || a->kind == AG_GA_DICT)
+        ag__garg_agg_free(a);
     a->kind = AG_GA_NONE;
 }
 
@@ -134,17 +138,17 @@ static int arg_uses_ex(ag_node *user, const ag_garg *a, bool add, bool fresh) {
         }
         return add_use(a->u.node, user, fresh);
     }
-    if (a->kind == AG_GA_NODES)
-        for (int k = 0; k < a->n; k++) {
-            ag_node *d = a->u.nodes[k];
+    if (a->kind == AG_GA_NODES || a->kind == AG_GA_TUPLE)
+        for (int k = 0, cnt = ag__garg_nrefs(a); k < cnt; k++) {
+            ag_node *d = ag__garg_ref(a, k);
             if (!d)
                 continue;
             if (!add) {
                 drop_use(d, user);
             } else if (add_use(d, user, fresh)) {
                 for (int j = 0; j < k; j++)
-                    if (a->u.nodes[j])
-                        drop_use(a->u.nodes[j], user);
+                    if (ag__garg_ref(a, j))
+                        drop_use(ag__garg_ref(a, j), user);
                 return AG_ENOMEM;
             }
         }
@@ -161,11 +165,8 @@ static int refs_to(const ag_node *user, const ag_node *def) {
     int c = 0;
     for (int i = 0; i < user->nargs; i++) {
         const ag_garg *a = &user->args[i];
-        if (a->kind == AG_GA_NODE)
-            c += a->u.node == def;
-        else if (a->kind == AG_GA_NODES)
-            for (int k = 0; k < a->n; k++)
-                c += a->u.nodes[k] == def;
+        for (int k = 0, cnt = ag__garg_nrefs(a); k < cnt; k++)
+            c += ag__garg_ref(a, k) == def;
     }
     return c;
 }
@@ -175,9 +176,9 @@ static int refs_to(const ag_node *user, const ag_node *def) {
 static bool uses_match(const ag_node *user, bool dropped) {
     for (int i = 0; i < user->nargs; i++) {
         const ag_garg *a = &user->args[i];
-        int k = a->kind == AG_GA_NODE ? 1 : a->kind == AG_GA_NODES ? a->n : 0;
+        int k = ag__garg_nrefs(a);
         for (int e = 0; e < k; e++) {
-            const ag_node *d = a->kind == AG_GA_NODE ? a->u.node : a->u.nodes[e];
+            const ag_node *d = ag__garg_ref(a, e);
             if (!d)
                 continue;
             int listed = 0;
@@ -691,6 +692,9 @@ ag_node *ag_graph_call(ag_graph *g, const ag_op *op, const ag_garg *args, int na
     AG__CHECK_NULL_RET("graph_call", op, NULL);
     if (nargs > 0)
         AG__CHECK_NULL_RET("graph_call", args, NULL);
+    for (int i = 0; i < nargs; i++)
+        if (ag__garg_check(ag_op_name(op), &args[i]))
+            return NULL;
     if (ag__subgraph_check_args(g, op, args, nargs))
         return NULL;
     ag_tmeta vals[AG_MAX_OUTPUTS];
@@ -797,6 +801,8 @@ int ag_node_set_arg(ag_node *n, int i, ag_garg a) {
     AG__CHECK_NULL("node_set_arg", n);
     if (i < 0 || i > n->nargs || i >= AG_MAX_ARGS)
         return ag__err(AG_EINVAL, "set_arg: %s has no argument %d", n->name, i);
+    if (ag__garg_check("set_arg", &a))
+        return AG_EINVAL;
     ag_garg copy;
     if (node_args_reserve(n, i + 1) || ag__garg_copy(&copy, &a))
         return AG_ENOMEM;
@@ -812,6 +818,22 @@ int ag_node_set_arg(ag_node *n, int i, ag_garg a) {
     }
     n->args[i] = copy;
     return 0;
+}
+
+/* The elements of tuple a (an argument of u) that are n become by (NULL: None elements);
+ * their count, or AG_ENOMEM. */
+static int tuple_replace(ag_garg *a, const ag_node *n, ag_node *by, ag_node *u) {
+    int replaced = 0;
+    for (int k = 0; k < a->n; k++) {
+        ag_garg *e = (ag_garg *)&a->u.elems[k];
+        if (e->kind != AG_GA_NODE || e->u.node != n)
+            continue;
+        if (by && add_use(by, u, false))
+            return AG_ENOMEM;
+        *e = by ? AG_GA_N(by) : AG_GA_NIL;
+        replaced++;
+    }
+    return replaced;
 }
 
 int ag_node_replace_all_uses(ag_node *n, ag_node *by) {
@@ -840,6 +862,11 @@ int ag_node_replace_all_uses(ag_node *n, ag_node *by) {
                         a->u.nodes[k] = by;
                         replaced++;
                     }
+            } else if (a->kind == AG_GA_TUPLE) {
+                int r = tuple_replace(a, n, by, u);
+                if (r < 0)
+                    return r;
+                replaced += r;
             }
         }
         for (int k = 0; k < cnt; k++)
@@ -1140,6 +1167,14 @@ int ag__graph_copy_nodes(ag_graph *g, const ag_graph *src, ag__copy_hook hook, v
             rc = ag__garg_copy(&m->args[i], &a);
             if (rc == 0)
                 m->nargs = i + 1;
+            for (int k = 0; rc == 0 && a.kind == AG_GA_TUPLE && k < a.n; k++) {
+                ag_node **slot = ag__garg_slot(&m->args[i], k); /* a tuple's node: its copy's */
+                ag_node *to = slot ? ag__copy_map_get(&map, *slot) : NULL;
+                if (slot && to)
+                    *slot = to;
+                else if (slot) /* nothing stands for it: None, as a NODE argument gets */
+                    ((ag_garg *)m->args[i].u.elems)[k] = AG_GA_NIL;
+            }
         }
         for (int i = 0; i < n->nmeta && rc == 0; i++)
             rc = ag__entry_copy(g, &m->meta, &m->nmeta, &m->meta_cap, m->meta_inline, &n->meta[i]);

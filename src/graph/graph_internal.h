@@ -134,6 +134,35 @@ const ag_op *ag__op_flex_attention(bool backward);
 const ag_op *ag__op_flex_find(const char *name);
 bool ag__op_is_flex(const ag_op *op);
 int ag__flex_infer(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *vals, int *nvals);
+/* flex_hop.c: a flex_attention / flex_attention_backward call's arguments (upstream's schema,
+ * flex_hop.c), read and checked: 0, or AG_EINVAL naming the op, the argument and the tuple
+ * element that is wrong ("flex_attention: block_mask (argument 4) element 3 (kv_indices) is an
+ * int; a tensor expected"). Pointers borrowed from args. */
+typedef struct ag__flex_args {
+    bool bwd;
+    const ag_node *q, *k, *v;
+    const ag_node *out, *lse, *go, *gl;  /* backward; go, gl NULL for None */
+    const ag_node *score, *joint, *mask; /* get_attrs of subgraphs (joint: backward; mask NULL:
+                                          * no mask_mod) */
+    const ag_node *parts[8];             /* the block mask's tensors (NULL: None) */
+    int64_t sizes[4]; /* (KV_LEN, Q_LEN, Q_BLOCK_SIZE, KV_BLOCK_SIZE): ag__flex_call's order */
+    double scale;
+    const ag_garg *sb, *mb; /* the buffers tuples' elements (each a tensor node) */
+    int nsb, nmb;
+} ag__flex_args;
+int ag__flex_args_read(const ag_op *op, const ag_garg *args, int nargs, ag__flex_args *fa);
+/* flex_hop.c: kernel_options as upstream's _apply_kernel_options records them for a CPU call
+ * (OUTPUT_LOGSUMEXP: return_lse); a dict argument of static storage. */
+ag_garg ag__flex_kernel_options(bool return_lse);
+/* flex_hop.c: a call's arguments in the text form before tuples (block_mask a list of 8 tensors
+ * and the mask graph, block_mask_sizes [KV_LEN, Q_LEN, Q_BLOCK_SIZE, KV_BLOCK_SIZE], the buffers
+ * lists, no kernel_options) rewritten in place into upstream's schema, the new tuples in mem (the
+ * default kernel_options). 1 when rewritten, 0 when not in that form, AG_EINVAL (more than 64
+ * buffers). */
+typedef struct ag__flex_legacy {
+    ag_garg bm[13], sb[64], mb[64];
+} ag__flex_legacy;
+int ag__flex_legacy_args(const ag_op *op, ag_garg *args, int *nargs, ag__flex_legacy *mem);
 /* flex_hop.c: runs a flex_attention / flex_attention_backward call node for the interpreter:
  * val(ud, n, x) gives the value of argument node x; outs get the outputs (the open scope's);
  * returns their count or a negative status. */
@@ -174,8 +203,46 @@ const ag_graph *ag__call_subgraph(const ag_node *n);
 /* subgraph.c: whether output i of call n (an AG_OP_SUBGRAPH call) is None in its subgraph. */
 bool ag__call_output_is_none(const ag_node *n, int i);
 
-/* Deep copy / free of an argument value (lists and strings). */
+/* Deep copy / free of an argument value (lists, strings, tuples, dicts). */
 int ag__garg_copy(ag_garg *dst, const ag_garg *src);
+/* garg.c: the aggregate kinds (AG_GA_TUPLE, AG_GA_DICT). ag__garg_check: 0 for any other kind
+ * or a well-formed aggregate, else AG_EINVAL with "FN: tuple element 3 is a node list" (elements
+ * None/node/int/float/bool, no NULL node; dict keys non-empty and distinct, scalar values).
+ * agg_copy / agg_free: the deep copy (dst already holds src's fields) and free of a tuple or
+ * dict; equal / hash: for CSE (nodes by identity, floats bitwise). */
+int ag__garg_check(const char *fn, const ag_garg *a);
+/* The most elements of a tuple argument and items of a dict argument (whose keys are compared
+ * pairwise: kernel options, a handful). */
+#define AG__TUPLE_MAX 65536
+#define AG__DICT_MAX 1024
+int ag__garg_agg_copy(ag_garg *dst, const ag_garg *src);
+void ag__garg_agg_free(ag_garg *a);
+bool ag__garg_agg_equal(const ag_garg *a, const ag_garg *b);
+uint64_t ag__garg_agg_hash(const ag_garg *a);
+/* ag_garg_num_refs / ag_garg_ref for the walks over every argument of every node (the
+ * public functions call these): the node references of a (NULL elements are None or, in a
+ * tuple, elements that are not nodes); k in [0, ag__garg_nrefs(a)). */
+static inline int ag__garg_nrefs(const ag_garg *a) {
+    return a->kind == AG_GA_NODE                                              ? 1
+           : (a->kind == AG_GA_NODES || a->kind == AG_GA_TUPLE) && a->u.nodes ? a->n
+                                                                              : 0;
+}
+static inline ag_node *ag__garg_ref(const ag_garg *a, int k) {
+    return a->kind == AG_GA_NODE              ? a->u.node
+           : a->kind == AG_GA_NODES           ? a->u.nodes[k]
+           : a->u.elems[k].kind == AG_GA_NODE ? a->u.elems[k].u.node
+                                              : NULL;
+}
+/* garg.c: the slot of reference k of a (ag_garg_ref's), to rewrite it; NULL for a tuple element
+ * that is not a node. */
+ag_node **ag__garg_slot(ag_garg *a, int k);
+/* garg.c: a copy of tuple a's elements (ag__malloc'd, the caller frees it) with each node
+ * element x replaced by fn(ctx, x) (a rewrite copying a node into another graph); NULL when out
+ * of memory or when fn returns NULL (fn's error kept). */
+ag_garg *ag__garg_tuple_map(const ag_garg *a, ag_node *(*fn)(void *ctx, const ag_node *x),
+                            void *ctx);
+/* garg.c: "a tuple", "an int", ... for messages. */
+const char *ag__garg_kind_name(ag_garg_kind k);
 /* passes.c: whether ag_graph_dce would remove anything. */
 bool ag__graph_has_dead_code(const ag_graph *g);
 /* Sizes the graph's tables for nnodes nodes (a copy or an extraction knows its size). */

@@ -45,7 +45,8 @@ static int shells_init(shells *sh, const ag_garg *args, int nargs) {
     for (int i = 0; i < nargs; i++)
         if (args[i].kind == AG_GA_NODE)
             refs++;
-        else if (args[i].kind == AG_GA_NODES && args[i].n > 0 && args[i].n <= 64) {
+        else if ((args[i].kind == AG_GA_NODES || args[i].kind == AG_GA_TUPLE) && args[i].n > 0 &&
+                 args[i].n <= 64) {
             refs += args[i].n;
             listed += args[i].n;
         }
@@ -116,6 +117,10 @@ static int to_args(const ag_op *op, const ag_garg *args, int nargs, ag_arg *out,
             }
             out[i] = AG_A_TS(list, g->n);
             break;
+        case AG_GA_TUPLE:
+        case AG_GA_DICT: /* the higher-order ops' only, which have their own inference */
+            return ag__err(AG_EINVAL, "%s: argument %d is %s; it takes none", ag_op_name(op), i,
+                           ag__garg_kind_name(g->kind));
         default: /* a constant: int, float, bool, ints, dtype, str */
             out[i] = ag__garg_const_arg(g);
             break;
@@ -148,11 +153,8 @@ int ag__infer_meta(const ag_op *op, const ag_garg *args, int nargs, ag_tmeta *va
         return ag__subgraph_infer(op, args, nargs, vals, nvals);
     for (int i = 0; i < nargs; i++) {
         int rc = 0;
-        if (args[i].kind == AG_GA_NODE)
-            rc = check_node_arg(op, i, args[i].u.node);
-        else if (args[i].kind == AG_GA_NODES && args[i].u.nodes)
-            for (int k = 0; k < args[i].n && rc == 0; k++)
-                rc = check_node_arg(op, i, args[i].u.nodes[k]);
+        for (int k = 0, cnt = ag__garg_nrefs(&args[i]); k < cnt && rc == 0; k++)
+            rc = check_node_arg(op, i, ag__garg_ref(&args[i], k));
         if (rc)
             return rc;
     }

@@ -23,6 +23,10 @@ static const char *fresh(const ag_graph *g, const ag_node *x) {
     return ag_graph_find(g, x->name) || ag_graph_subgraph(g, x->name) ? NULL : x->name;
 }
 
+static ag_node *env_node(void *env, const ag_node *x) {
+    return ((ag_node **)env)[x->index];
+}
+
 /* Copies subgraph node x into g (at g's insertion point), its node arguments mapped through
  * env (indexed by the subgraph's node index). */
 static ag_node *copy_into(ag_graph *g, const ag_node *x, ag_node **env) {
@@ -36,6 +40,11 @@ static ag_node *copy_into(ag_graph *g, const ag_node *x, ag_node **env) {
             args[a] = x->args[a];
             if (args[a].kind == AG_GA_NODE && args[a].u.node) {
                 args[a].u.node = env[args[a].u.node->index];
+            } else if (args[a].kind == AG_GA_TUPLE) {
+                ag_garg *t = ag__garg_tuple_map(&args[a], env_node, env);
+                lists[a] = (ag_node **)(void *)t;
+                ok = t != NULL;
+                args[a].u.elems = t;
             } else if (args[a].kind == AG_GA_NODES) {
                 lists[a] = ag__malloc(sizeof(ag_node *) * (size_t)(args[a].n ? args[a].n : 1));
                 ok = lists[a] != NULL;

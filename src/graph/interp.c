@@ -67,11 +67,11 @@ static int state_init(run_state *st, const ag_graph *g) {
         int64_t in_lists = 0;
         for (int i = 0; i < u->nargs; i++) {
             const ag_garg *a = &u->args[i];
-            int cnt = a->kind == AG_GA_NODE ? 1 : a->kind == AG_GA_NODES ? a->n : 0;
-            if (a->kind == AG_GA_NODES)
+            int cnt = ag__garg_nrefs(a);
+            if (a->kind == AG_GA_NODES || a->kind == AG_GA_TUPLE)
                 in_lists += a->n;
             for (int k = 0; k < cnt; k++) {
-                const ag_node *d = a->kind == AG_GA_NODE ? a->u.node : a->u.nodes[k];
+                const ag_node *d = ag__garg_ref(a, k);
                 if (!d)
                     continue;
                 if (d->graph != g || d->index >= u->index)
@@ -108,9 +108,9 @@ static ag_tensor *value_of(run_state *st, const ag_node *user, const ag_node *d)
 static void consume_args(run_state *st, const ag_node *u) {
     for (int i = 0; i < u->nargs; i++) {
         const ag_garg *a = &u->args[i];
-        int cnt = a->kind == AG_GA_NODE ? 1 : a->kind == AG_GA_NODES ? a->n : 0;
+        int cnt = ag__garg_nrefs(a);
         for (int k = 0; k < cnt; k++) {
-            const ag_node *d = a->kind == AG_GA_NODE ? a->u.node : a->u.nodes[k];
+            const ag_node *d = ag__garg_ref(a, k);
             if (d && --st->remaining[d->index] == 0)
                 release_node(st, d);
         }
@@ -230,6 +230,10 @@ static int run_call(run_state *st, const ag_node *n) {
             args[i] = AG_A_TS(v, a->n);
             break;
         }
+        case AG_GA_TUPLE:
+        case AG_GA_DICT: /* the higher-order ops' only (verify refuses others) */
+            return ag__err(AG_EINVAL, "run: %%%s: argument %d is %s, which %s does not take",
+                           n->name, i, ag__garg_kind_name(a->kind), ag_op_name(n->op));
         default: /* a constant: int, float, bool, ints, dtype, str */
             args[i] = ag__garg_const_arg(a);
             break;

@@ -296,10 +296,80 @@ static int parse_list(cur *c, ag_type ty, ag_garg *out) {
     return 0;
 }
 
+static int parse_arg(cur *c, ag_type ty, ag_garg *out);
+
+/* "(ELEM, ...)" (a tuple: None, nodes, ints, floats, bools; `(x,)` for one) or
+ * "{'KEY': VALUE, ...}" (a dict of scalars), read into parser memory. */
+static int parse_aggregate(cur *c, ag_garg *out) {
+    parser *P = c->P;
+    const bool tuple = *c->p == '(';
+    const char close = tuple ? ')' : '}';
+    c->p++; /* `(x)` is read as the tuple `(x,)`, as the return line reads `(%a)` */
+    size_t es = tuple ? sizeof(ag_garg) : sizeof(ag_gitem);
+    void *buf = NULL; /* the elements so far (heap; copied into parser memory at the end) */
+    int64_t cap = 0;
+    int n = 0, rc = 0;
+    while (!lx_accept(c, close)) {
+        lx_skip_ws(c);
+        const char *at = c->p;
+        if (n == (tuple ? AG__TUPLE_MAX : AG__DICT_MAX)) {
+            rc = ag__lx_err(c, at,
+                            tuple ? "tuple longer than %d elements" : "dict of more than %d items",
+                            tuple ? AG__TUPLE_MAX : AG__DICT_MAX);
+            break;
+        }
+        if ((rc = ag__grow(&buf, &cap, n + 1, es)))
+            break;
+        if (tuple) {
+            ag_garg *e = (ag_garg *)buf + n;
+            if (*at == '(' || *at == '[' || *at == '{' || *at == '\'' || *at == '"' ||
+                !strncmp(at, "torch.", 6)) {
+                rc =
+                    ag__lx_expected(c, "a tuple element (None, a node, an int, a float or a bool)");
+                break;
+            }
+            if ((rc = parse_arg(c, AG_TY_ANY, e)))
+                break;
+        } else {
+            ag_gitem *it = (ag_gitem *)buf + n;
+            char *key;
+            if ((rc = ag__lx_str(c, &key)))
+                break;
+            if (!*key) {
+                rc = ag__lx_err(c, at, "an empty dict key");
+                break;
+            }
+            for (int j = 0; j < n && !rc; j++)
+                if (!strcmp(((ag_gitem *)buf)[j].key, key))
+                    rc = ag__lx_err(c, at, "dict key '%s' given twice", key);
+            if (rc || (rc = lx_expect(c, ':', "':'")) || (rc = ag__lx_mval(c, &it->v)))
+                break;
+            it->key = key;
+        }
+        n++;
+        if (lx_accept(c, close))
+            break;
+        if ((rc = lx_expect(c, ',', tuple ? "',' or ')'" : "',' or '}'")))
+            break;
+    }
+    void *v = rc ? NULL : ag__lx_alloc(P, es * (size_t)(n ? n : 1));
+    if (!rc && !v)
+        rc = AG_ENOMEM;
+    if (!rc && n)
+        memcpy(v, buf, es * (size_t)n);
+    ag__free(buf);
+    if (rc)
+        return rc;
+    *out = tuple ? AG_GA_TUPLE((ag_garg *)v, n) : AG_GA_DICT((ag_gitem *)v, n);
+    return 0;
+}
+
 static int parse_arg(cur *c, ag_type ty, ag_garg *out) {
     lx_skip_ws(c);
     char ch = *c->p;
     int rc;
+    if (ch == '(' || ch == '{')
+        return parse_aggregate(c, out);
     if (ch == '%') {
         ag_node *n;
         if ((rc = parse_ref(c, &n)))
@@ -823,9 +893,13 @@ static int call_line(cur *c, const char *start, const char *name) {
             return ag__lx_err(c, opat, "unknown op '%s'", opname);
         ag_garg args[AG_MAX_ARGS];
         int nargs = 0;
+        const char *aat = c->p;
         if (op == ag_op_invoke_subgraph() ? (rc = parse_invoke_args(c, op, args, &nargs))
                                           : (rc = parse_args(c, op, args, &nargs)))
             return rc;
+        ag__flex_legacy legacy; /* flex_attention written before tuples: upstream's form */
+        if (ag__op_is_flex(op) && ag__flex_legacy_args(op, args, &nargs, &legacy) < 0)
+            return ag__lx_api_err(c, aat, name);
         n = ag_graph_call(P->g, op, args, nargs, name);
     }
     if (!n)

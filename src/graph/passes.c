@@ -21,7 +21,7 @@ static bool mutates_args(const ag_node *n) {
         return true;
     for (int i = 0; i < n->nargs && i < n->op->nargs; i++)
         if (n->op->mutates[i] && ((n->args[i].kind == AG_GA_NODE && n->args[i].u.node) ||
-                                  n->args[i].kind == AG_GA_NODES))
+                                  n->args[i].kind == AG_GA_NODES || n->args[i].kind == AG_GA_TUPLE))
             return true;
     return false;
 }
@@ -94,9 +94,9 @@ int ag_graph_dce(ag_graph *g) {
             int nd = 0;
             for (int i = 0; i < n->nargs; i++) {
                 const ag_garg *a = &n->args[i];
-                int cnt = a->kind == AG_GA_NODE ? 1 : a->kind == AG_GA_NODES ? a->n : 0;
+                int cnt = ag__garg_nrefs(a);
                 for (int k = 0; k < cnt; k++) {
-                    ag_node *d = a->kind == AG_GA_NODE ? a->u.node : a->u.nodes[k];
+                    ag_node *d = ag__garg_ref(a, k);
                     if (d && nd < 64)
                         defs[nd++] = d;
                     else if (d)
@@ -165,6 +165,10 @@ static uint64_t hash_node(const ag_node *n) {
         case AG_GA_STR:
             h = mix(h, ag__strhash(a->u.s ? a->u.s : ""));
             break;
+        case AG_GA_TUPLE:
+        case AG_GA_DICT:
+            h = mix(h, ag__garg_agg_hash(a));
+            break;
         }
     }
     return h;
@@ -196,6 +200,9 @@ static bool garg_equal(const ag_garg *a, const ag_garg *b) {
         return a->u.dt == b->u.dt;
     case AG_GA_STR:
         return !strcmp(a->u.s ? a->u.s : "", b->u.s ? b->u.s : "");
+    case AG_GA_TUPLE:
+    case AG_GA_DICT:
+        return ag__garg_agg_equal(a, b);
     }
     return false;
 }

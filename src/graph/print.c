@@ -32,8 +32,34 @@ static void put_node_ref(ag__sbuf *b, const ag_node *n) {
     ag__sb_name(b, n->name);
 }
 
+static void put_mval(ag__sbuf *b, ag_mval v);
+static void put_garg(ag__sbuf *b, const ag_garg *a);
+
+/* A tuple as Python prints one: `(1, %a)`, `(%a,)`, `()`; a dict `{'KEY': False, ...}`. */
+static void put_aggregate(ag__sbuf *b, const ag_garg *a) {
+    bool tuple = a->kind == AG_GA_TUPLE;
+    ag__sb_putc(b, tuple ? '(' : '{');
+    for (int k = 0; k < a->n; k++) {
+        if (k)
+            ag__sb_puts(b, ", ");
+        if (tuple) {
+            put_garg(b, &a->u.elems[k]);
+        } else {
+            const char *key = a->u.items[k].key ? a->u.items[k].key : "";
+            ag__sb_pystr(b, key, strlen(key));
+            ag__sb_puts(b, ": ");
+            put_mval(b, a->u.items[k].v);
+        }
+    }
+    ag__sb_puts(b, tuple && a->n == 1 ? ",)" : tuple ? ")" : "}");
+}
+
 static void put_garg(ag__sbuf *b, const ag_garg *a) {
     switch (a->kind) {
+    case AG_GA_TUPLE:
+    case AG_GA_DICT:
+        put_aggregate(b, a);
+        break;
     case AG_GA_NONE:
         ag__sb_puts(b, "None");
         break;

@@ -143,9 +143,9 @@ int ag__subgraphs_copy(ag_graph *dst, const ag_graph *src) {
 int ag__subgraph_check_args(const ag_graph *g, const ag_op *op, const ag_garg *args, int nargs) {
     for (int i = 0; i < nargs; i++) {
         const ag_garg *a = &args[i];
-        int cnt = a->kind == AG_GA_NODE ? 1 : a->kind == AG_GA_NODES && a->u.nodes ? a->n : 0;
+        int cnt = ag__garg_nrefs(a);
         for (int k = 0; k < cnt; k++) {
-            const ag_node *d = a->kind == AG_GA_NODE ? a->u.node : a->u.nodes[k];
+            const ag_node *d = ag__garg_ref(a, k);
             /* A graph and its subgraphs share no nodes (other graphs: not checked here). */
             if (d && d->graph != g &&
                 (d->graph == g->parent || d->graph->parent == g ||

@@ -102,11 +102,8 @@ static int nrefs(const ag_node *n) {
     int c = 0;
     for (int i = 0; i < n->nargs; i++) {
         const ag_garg *a = &n->args[i];
-        if (a->kind == AG_GA_NODE && a->u.node)
-            c++;
-        else if (a->kind == AG_GA_NODES && a->u.nodes)
-            for (int k = 0; k < a->n; k++)
-                c += a->u.nodes[k] != NULL;
+        for (int k = 0, cnt = ag__garg_nrefs(a); k < cnt; k++)
+            c += ag__garg_ref(a, k) != NULL;
     }
     return c;
 }
@@ -116,11 +113,8 @@ static int refs_scan(const ag_node *n, const ag_node *d) {
     int c = 0;
     for (int i = 0; i < n->nargs; i++) {
         const ag_garg *a = &n->args[i];
-        if (a->kind == AG_GA_NODE)
-            c += a->u.node == d;
-        else if (a->kind == AG_GA_NODES && a->u.nodes)
-            for (int k = 0; k < a->n; k++)
-                c += a->u.nodes[k] == d;
+        for (int k = 0, cnt = ag__garg_nrefs(a); k < cnt; k++)
+            c += ag__garg_ref(a, k) == d;
     }
     return c;
 }
@@ -154,11 +148,9 @@ static void refs_free(refs *r) {
 #define FOR_WIDE_REF(t, x, body)                                                                   \
     for (int i_ = 0; i_ < (x)->nargs; i_++) {                                                      \
         const ag_garg *a_ = &(x)->args[i_];                                                        \
-        int cnt_ = a_->kind == AG_GA_NODE                   ? 1                                    \
-                   : a_->kind == AG_GA_NODES && a_->u.nodes ? a_->n                                \
-                                                            : 0;                                   \
+        int cnt_ = ag__garg_nrefs(a_);                                                             \
         for (int k_ = 0; k_ < cnt_; k_++) {                                                        \
-            const ag_node *d_ = a_->kind == AG_GA_NODE ? a_->u.node : a_->u.nodes[k_];             \
+            const ag_node *d_ = ag__garg_ref(a_, k_);                                              \
             int64_t dpos = d_ ? ptab_get(t, d_) : -1;                                              \
             if (dpos >= 0)                                                                         \
                 body;                                                                              \
@@ -279,13 +271,19 @@ static int check_call(const ag_node *n) {
                            "verify: %%%s: argument %d (%%%s) has %d outputs; read one "
                            "through getitem",
                            n->name, i, a->u.node->name, a->u.node->nvals);
-        if (a->kind == AG_GA_NODES)
-            for (int k = 0; k < a->n; k++)
-                if (a->u.nodes[k] && a->u.nodes[k]->nvals > 1)
+        if (a->kind == AG_GA_NODES || a->kind == AG_GA_TUPLE)
+            for (int k = 0; k < ag__garg_nrefs(a); k++)
+                if (ag__garg_ref(a, k) && ag__garg_ref(a, k)->nvals > 1)
                     return ag__err(AG_EINVAL,
                                    "verify: %%%s: element %d of argument %d (%%%s) has "
                                    "%d outputs; read one through getitem",
-                                   n->name, k, i, a->u.nodes[k]->name, a->u.nodes[k]->nvals);
+                                   n->name, k, i, ag__garg_ref(a, k)->name,
+                                   ag__garg_ref(a, k)->nvals);
+        if (ag__garg_check(ag_op_name(n->op), a)) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", ag_last_error());
+            return ag__err(AG_EINVAL, "verify: %%%s: argument %d: %s", n->name, i, msg);
+        }
     }
     ag_tmeta vals[AG_MAX_OUTPUTS];
     int nvals = 0;
@@ -540,10 +538,10 @@ static int verify(const ag_graph *g, ptab *t, refs *r) {
             else if (a->kind == AG_GA_NODES && a->n > 0 && !a->u.nodes)
                 rc =
                     ag__err(AG_EINVAL, "verify: %%%s: argument %d is a NULL node list", n->name, i);
-            else if (a->kind == AG_GA_NODES)
-                for (int k = 0; k < a->n && rc == 0; k++)
-                    if (a->u.nodes[k])
-                        rc = check_ref(t, r, n, pos, a->u.nodes[k]);
+            else if (a->kind == AG_GA_NODES || a->kind == AG_GA_TUPLE)
+                for (int k = 0, cnt = ag__garg_nrefs(a); k < cnt && rc == 0; k++)
+                    if (ag__garg_ref(a, k))
+                        rc = check_ref(t, r, n, pos, ag__garg_ref(a, k));
             if (rc)
                 return rc;
         }

@@ -122,6 +122,8 @@ static int parse_type(parser *p, ag_type *ty, bool *mutates) {
         *ty = opt ? AG_TY_OPT_DTYPE : AG_TY_DTYPE;
     else if (!strcmp(base, "str"))
         *ty = AG_TY_STR;
+    else if (!strcmp(base, "Any") && !list && !opt)
+        *ty = AG_TY_ANY;
     else {
         snprintf(p->err, sizeof p->err, "unknown type '%s'", base);
         return -1;
@@ -454,10 +456,10 @@ char *ag_op_flags_str(uint32_t flags, char *buf, size_t n) {
 /* ---- argument checking ---- */
 
 static const char *type_name(ag_type t) {
-    static const char *const names[] = {"Tensor",     "Tensor?",     "Tensor[]", "Tensor?[]",
-                                        "int",        "int?",        "float",    "float?",
-                                        "Scalar",     "bool",        "int[]",    "int[]?",
-                                        "ScalarType", "ScalarType?", "str",      "bool?"};
+    static const char *const names[] = {"Tensor", "Tensor?", "Tensor[]",   "Tensor?[]",   "int",
+                                        "int?",   "float",   "float?",     "Scalar",      "bool",
+                                        "int[]",  "int[]?",  "ScalarType", "ScalarType?", "str",
+                                        "bool?",  "Any"};
     return names[t];
 }
 
@@ -496,6 +498,8 @@ static bool kind_ok(ag_type ty, ag_arg *a) {
         return a->kind == AG_ARG_DTYPE || a->kind == AG_ARG_NONE;
     case AG_TY_STR:
         return a->kind == AG_ARG_STR || a->kind == AG_ARG_NONE;
+    case AG_TY_ANY:
+        return true;
     }
     return false;
 }

@@ -303,6 +303,8 @@ static ag_arg garg_to_arg(const ag_garg *a, ag_tensor **nulls) {
     case AG_GA_STR:
         return AG_A_S(a->u.s);
     case AG_GA_NONE:
+    case AG_GA_TUPLE: /* refused by ag__shard_call */
+    case AG_GA_DICT:
         break;
     }
     return AG_A_NONE;
@@ -389,6 +391,12 @@ int ag__shard_call(ag__shard_pass *P, const ag_node *n) {
     if (nargs > AG_MAX_ARGS)
         return ag__err(AG_ENOTSUP, "shard_joint: node '%s' (%s) has %d arguments", ag_node_name(n),
                        opname, nargs);
+    for (int i = 0; i < srcn; i++) /* a higher-order op's tuple or dict (flex_attention) */
+        if (ag_node_arg(n, i)->kind == AG_GA_TUPLE || ag_node_arg(n, i)->kind == AG_GA_DICT)
+            return ag__err(AG_ENOTSUP,
+                           "shard_joint: node '%s' (%s): argument %d is a tuple or dict; the "
+                           "sharding pass has no rule for it",
+                           ag_node_name(n), opname, i);
     /* Tensor inputs in schema order (list elements each one, None slots too). */
     int tin_src[AG_MAX_ARGS * 8];
     int ntin = 0;

@@ -70,11 +70,8 @@ static int64_t count_refs(const ag_node *n) {
     int64_t c = 0;
     for (int a = 0; a < ag_node_nargs(n); a++) {
         const ag_garg *g = ag_node_arg(n, a);
-        if (g->kind == AG_GA_NODE)
-            c += g->u.node != NULL;
-        else if (g->kind == AG_GA_NODES)
-            for (int e = 0; e < g->n; e++)
-                c += g->u.nodes[e] != NULL;
+        for (int e = 0, k = ag__garg_nrefs(g); e < k; e++)
+            c += ag__garg_ref(g, e) != NULL;
     }
     return c;
 }
@@ -86,9 +83,9 @@ static void collect_args(ag__pinfo *pi, const ag_node *n, int *mark, int stamp) 
     int cnt = 0;
     for (int a = 0; a < ag_node_nargs(n); a++) {
         const ag_garg *g = ag_node_arg(n, a);
-        int k = g->kind == AG_GA_NODE ? 1 : g->kind == AG_GA_NODES ? g->n : 0;
+        int k = ag__garg_nrefs(g);
         for (int e = 0; e < k; e++) {
-            const ag_node *m = g->kind == AG_GA_NODE ? g->u.node : g->u.nodes[e];
+            const ag_node *m = ag__garg_ref(g, e);
             if (!m)
                 continue;
             int x = idx_of(m);
@@ -209,9 +206,9 @@ int ag__part_init_req_bw(ag__part *P, const ag_graph *joint, int num_fwd_outputs
             r = !strcmp(tag, "is_backward");
         for (int a = 0; a < ag_node_nargs(n) && !r; a++) {
             const ag_garg *g = ag_node_arg(n, a);
-            int cnt = g->kind == AG_GA_NODE ? 1 : g->kind == AG_GA_NODES ? g->n : 0;
+            int cnt = ag__garg_nrefs(g);
             for (int e = 0; e < cnt && !r; e++) {
-                const ag_node *m = g->kind == AG_GA_NODE ? g->u.node : g->u.nodes[e];
+                const ag_node *m = ag__garg_ref(g, e);
                 r = m && req[idx_of(m)];
             }
         }
@@ -514,6 +511,17 @@ static ag_node *env_of(ag_node **env, const ag_node *d, const ag_node *user) {
     return m;
 }
 
+/* env_of for a tuple's elements (ag__garg_tuple_map). */
+struct env_ctx {
+    ag_node **env;
+    const ag_node *user;
+};
+
+static ag_node *env_node(void *ctx, const ag_node *x) {
+    struct env_ctx *c = ctx;
+    return env_of(c->env, x, c->user);
+}
+
 /* Copies body node x of the joint into dst, its node arguments mapped through env. */
 static ag_node *copy_node(ag_graph *dst, const ag__part *P, int x, ag_node **env) {
     const ag_node *n = P->info[x].node;
@@ -528,6 +536,12 @@ static ag_node *copy_node(ag_graph *dst, const ag__part *P, int x, ag_node **env
             args[a] = *ag_node_arg(n, a);
             if (args[a].kind == AG_GA_NODE && args[a].u.node) {
                 ok = (args[a].u.node = env_of(env, args[a].u.node, n)) != NULL;
+            } else if (args[a].kind == AG_GA_TUPLE) {
+                struct env_ctx ec = {env, n};
+                ag_garg *t = ag__garg_tuple_map(&args[a], env_node, &ec);
+                lists[a] = (ag_node **)(void *)t;
+                ok = t != NULL;
+                args[a].u.elems = t;
             } else if (args[a].kind == AG_GA_NODES) {
                 lists[a] = ag__malloc(sizeof(ag_node *) * (size_t)(args[a].n ? args[a].n : 1));
                 if (!lists[a]) {

@@ -339,9 +339,9 @@ int64_t ag__subgraph_extra_bytes(const ag_graph *sub) {
         }
         for (int a = 0; a < ag_node_nargs(x); a++) {
             const ag_garg *g = ag_node_arg(x, a);
-            int cnt = g->kind == AG_GA_NODE ? 1 : g->kind == AG_GA_NODES ? g->n : 0;
+            int cnt = ag__garg_nrefs(g);
             for (int e = 0; e < cnt; e++) {
-                ag_node *d = g->kind == AG_GA_NODE ? g->u.node : g->u.nodes[e];
+                ag_node *d = ag__garg_ref(g, e);
                 int r = d ? root[ag_node_index(d)] : -1;
                 if (r < 0)
                     continue;
@@ -370,9 +370,9 @@ int64_t ag__subgraph_extra_bytes(const ag_graph *sub) {
         /* Free what this node read for the last time, and its own value if nothing reads it. */
         for (int a = 0; a <= ag_node_nargs(x); a++) {
             const ag_garg *g = a < ag_node_nargs(x) ? ag_node_arg(x, a) : NULL;
-            int cnt = !g ? 1 : g->kind == AG_GA_NODE ? 1 : g->kind == AG_GA_NODES ? g->n : 0;
+            int cnt = !g ? 1 : ag__garg_nrefs(g);
             for (int e = 0; e < cnt; e++) {
-                ag_node *d = !g ? x : g->kind == AG_GA_NODE ? g->u.node : g->u.nodes[e];
+                ag_node *d = !g ? x : ag__garg_ref(g, e);
                 int r = d ? root[ag_node_index(d)] : -1;
                 if (r >= 0 && !out[r] && bytes[r] && last[r] <= p) {
                     cur -= bytes[r];

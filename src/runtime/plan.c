@@ -329,9 +329,9 @@ static int for_each_read(ag_plan *p, const ag_node *x, read_fn fn, void *ud) {
         return 0;
     for (int i = 0; i < ag_node_nargs(x); i++) {
         const ag_garg *a = ag_node_arg(x, i);
-        int cnt = a->kind == AG_GA_NODE ? 1 : a->kind == AG_GA_NODES ? a->n : 0;
+        int cnt = ag__garg_nrefs(a);
         for (int k = 0; k < cnt; k++) {
-            ag_node *d = a->kind == AG_GA_NODE ? a->u.node : a->u.nodes[k];
+            ag_node *d = ag__garg_ref(a, k);
             if (!d || ag_node_subgraph(d))
                 continue;
             int v = -1, rc = ag__plan_val_of_node(p, x, d, &v);
@@ -490,7 +490,7 @@ static size_t step_mem_bytes(const ag_node *x, size_t *wide_out, int *nreads_out
     int nreads = 0;
     for (int i = 0; i < ag_node_nargs(x); i++) {
         const ag_garg *a = ag_node_arg(x, i);
-        if (a->kind == AG_GA_NODES) {
+        if (a->kind == AG_GA_NODES || a->kind == AG_GA_TUPLE) {
             wide += sizeof(ag_tensor *) * (size_t)a->n;
             nreads += a->n;
         } else if (a->kind == AG_GA_INTS)
@@ -544,14 +544,16 @@ static int bind_args(ag_plan *p, const ag_node *x, pstep *s) {
             s->reads[s->nreads++] = v;
             raw[i] = AG_A_T(p->tp[v]);
             break;
-        case AG_GA_NODES: {
+        case AG_GA_NODES:
+        case AG_GA_TUPLE: { /* a tuple: its tensors in place, NULL for its other elements */
             ag_tensor **ts = (ag_tensor **)m;
             m += sizeof(ag_tensor *) * (size_t)a->n;
             for (int k = 0; k < a->n; k++) {
+                ag_node *d = ag__garg_ref(a, k);
                 ts[k] = NULL;
-                if (!a->u.nodes[k] || ag_node_subgraph(a->u.nodes[k])) /* a flex mask graph */
+                if (!d || ag_node_subgraph(d)) /* a flex mask graph */
                     continue;
-                if (ag__plan_val_of_node(p, x, a->u.nodes[k], &v))
+                if (ag__plan_val_of_node(p, x, d, &v))
                     return ag_last_status();
                 s->reads[s->nreads++] = v;
                 ts[k] = p->tp[v];
@@ -578,6 +580,9 @@ static int bind_args(ag_plan *p, const ag_node *x, pstep *s) {
         }
         case AG_GA_DTYPE:
             raw[i] = AG_A_DT(a->u.dt);
+            break;
+        case AG_GA_DICT: /* flex_attention's kernel_options: read at ag_plan_new */
+            raw[i] = AG_A_NONE;
             break;
         case AG_GA_STR: {
             if (!a->u.s) {

@@ -172,30 +172,24 @@ static bool returns_placeholder(const ag_graph *g, int ph) {
     return j == ph;
 }
 
-/* The metadata of list argument i's nodes (the buffers) into m. */
-static int list_metas(const ag_node *x, int i, ag_tmeta *m, int max) {
-    const ag_garg *a = ag_node_arg(x, i);
-    if (!a || a->kind != AG_GA_NODES || a->n > max)
-        return -1;
-    for (int k = 0; k < a->n; k++) {
-        if (!a->u.nodes[k] || ag_node_num_vals(a->u.nodes[k]) != 1)
-            return -1;
-        m[k] = *ag_node_val(a->u.nodes[k], 0);
-    }
-    return a->n;
+/* The metadata of the n buffers (tuple elements, each a tensor node) into m. */
+static void buffer_metas(const ag_garg *elems, int n, ag_tmeta *m) {
+    for (int k = 0; k < n; k++)
+        m[k] = *ag_node_val(elems[k].u.node, 0);
 }
 
 /* The tile plans of step x's graphs; NULL with the error set and its status in *status when
  * one cannot be made. */
-static struct ag__flex_tiles *tiles_build(const ag_plan *p, const ag_node *x, bool bwd,
+static struct ag__flex_tiles *tiles_build(const ag_plan *p, const ag__flex_args *fa,
                                           const ag_graph *score, const ag_graph *mask,
                                           const ag_graph *joint, int *status) {
-    const ag_node *qn = ag_node_arg_node(x, 0), *kn = ag_node_arg_node(x, 1);
-    const ag_garg *sz = ag_node_arg(x, bwd ? 10 : 5);
+    const bool bwd = fa->bwd;
+    const ag_node *qn = fa->q, *kn = fa->k;
     ag_tmeta sb[64], mb[64];
-    const int nsb = list_metas(x, bwd ? 12 : 7, sb, 64), nmb = list_metas(x, bwd ? 13 : 8, mb, 64);
-    if (!qn || !kn || !sz || sz->kind != AG_GA_INTS || sz->n != 4 || nsb < 0 || nmb < 0 ||
-        (bwd && !joint)) {
+    const int nsb = fa->nsb, nmb = fa->nmb;
+    buffer_metas(fa->sb, nsb, sb);
+    buffer_metas(fa->mb, nmb, mb);
+    if (bwd && !joint) {
         *status = ag__err(AG_EINVAL, "flex_attention: unexpected arguments");
         return NULL;
     }
@@ -205,8 +199,8 @@ static struct ag__flex_tiles *tiles_build(const ag_plan *p, const ag_node *x, bo
         return NULL;
     }
     st->dt = ag_node_val(qn, 0)->dtype;
-    st->QB = sz->u.ints[2];
-    st->KB = sz->u.ints[3];
+    st->QB = fa->sizes[2];
+    st->KB = fa->sizes[3];
     st->nsb = nsb;
     st->nth = ag_get_num_threads() < MAX_THREADS ? ag_get_num_threads() : MAX_THREADS;
     if (st->nth < 1)
@@ -242,20 +236,21 @@ static struct ag__flex_tiles *tiles_build(const ag_plan *p, const ag_node *x, bo
 }
 
 int ag__plan_flex_graphs_of(ag_plan *p, const ag_node *x) {
-    const bool bwd = ag_node_op(x) == ag__op_flex_attention(true);
-    const ag_node *sn = ag_node_arg_node(x, bwd ? 7 : 3);
-    const ag_garg *bm = ag_node_arg(x, bwd ? 9 : 4);
-    const ag_node *mn = bm && bm->kind == AG_GA_NODES && bm->n == 9 ? bm->u.nodes[8] : NULL;
-    if (!sn || !ag_node_subgraph(sn) || (mn && !ag_node_subgraph(mn)))
-        return ag__err(AG_EINVAL, "plan_new: %%%s: the score or mask graph is not a subgraph",
-                       ag_node_name(x));
+    ag__flex_args fa;
+    if (ag__flex_args_read(ag_node_op(x), ag_node_arg(x, 0), ag_node_nargs(x), &fa)) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", ag_last_error());
+        return ag__err(AG_EINVAL, "plan_new: %%%s: %s", ag_node_name(x), msg);
+    }
+    const ag_node *sn = fa.score, *mn = fa.mask;
     if (ag__grow((void **)&p->flex, &p->flex_cap, p->nflex + 1, sizeof *p->flex))
         return AG_ENOMEM;
     pflex *f = &p->flex[p->nflex];
     *f = (pflex){0};
+    memcpy(f->sizes, fa.sizes, sizeof f->sizes);
     f->score = ag_graph_copy(ag_node_subgraph(sn));
     f->mask = mn ? ag_graph_copy(ag_node_subgraph(mn)) : NULL;
-    const ag_graph *jg = bwd ? ag_node_subgraph(ag_node_arg_node(x, 8)) : NULL;
+    const ag_graph *jg = fa.bwd ? ag_node_subgraph(fa.joint) : NULL;
     f->joint = jg ? ag_graph_copy(jg) : NULL;
     if (!f->score || (mn && !f->mask) || (jg && !f->joint)) {
         ag__plan_flex_free(f);
@@ -265,7 +260,7 @@ int ag__plan_flex_graphs_of(ag_plan *p, const ag_node *x) {
      * interpreter's code; out of memory is a failure */
     uint64_t errs = ag__err_count();
     int status = 0;
-    f->tiles = tiles_build(p, x, bwd, f->score, f->mask, f->joint, &status);
+    f->tiles = tiles_build(p, &fa, f->score, f->mask, f->joint, &status);
     if (!f->tiles && status == AG_ENOMEM) {
         ag__plan_flex_free(f);
         return ag__err(AG_ENOMEM, "plan_new: %s: out of memory planning its graphs' tiles",
@@ -421,8 +416,9 @@ static int raw_failed(struct ag__flex_tiles *st, int rc) {
 }
 
 /* The planned run of step s: the kernel on raw memory with the tile plans. */
-static int run_tiles(struct ag__flex_tiles *st, pstep *s, bool bwd) {
-    const ag_arg *a = s->args;
+static int run_tiles(const pflex *f, pstep *s, bool bwd) {
+    struct ag__flex_tiles *st = f->tiles;
+    const ag_arg *a = s->args; /* block_mask: its 13 elements, the tensors bound (2..9) */
     const int ibm = bwd ? 9 : 4, ibuf = bwd ? 12 : 7;
     ag_tensor *q = contig(st, 0, a[0].u.t), *k = contig(st, 1, a[1].u.t);
     ag_tensor *v = contig(st, 2, a[2].u.t);
@@ -446,12 +442,12 @@ static int run_tiles(struct ag__flex_tiles *st, pstep *s, bool bwd) {
                       .S = ks[2],
                       .E = qs[3],
                       .Ev = vs[3],
-                      .scale = a[ibm + 2].u.f,
+                      .scale = a[ibm + 1].u.f,
                       .q = ag_tensor_data(q),
                       .k = ag_tensor_data(k),
                       .v = ag_tensor_data(v),
-                      .parts = a[ibm].u.ts,
-                      .sizes = a[ibm + 1].u.ints,
+                      .parts = a[ibm].u.ts + 2,
+                      .sizes = f->sizes,
                       .fns = &st->fns};
     const int64_t osz[4] = {qs[0], qs[1], qs[2], vs[3]};
     if (!bwd) {
@@ -511,9 +507,9 @@ static int run_interpreted(const pflex *f, pstep *s, bool bwd) {
                        .score = f->score,
                        .mask = f->mask,
                        .joint = f->joint,
-                       .parts = a[ibm].u.ts,
-                       .sizes = a[ibm + 1].u.ints,
-                       .scale = a[ibm + 2].u.f,
+                       .parts = a[ibm].u.ts + 2,
+                       .sizes = f->sizes,
+                       .scale = a[ibm + 1].u.f,
                        .sb = a[ibuf].u.ts,
                        .nsb = a[ibuf].n,
                        .mb = a[ibuf + 1].u.ts,
@@ -543,7 +539,7 @@ static int run_interpreted(const pflex *f, pstep *s, bool bwd) {
 int ag__plan_run_flex(ag_plan *p, pstep *s) {
     const pflex *f = &p->flex[s->flex - 1];
     const bool bwd = s->op == ag__op_flex_attention(true);
-    int rc = f->tiles ? run_tiles(f->tiles, s, bwd) : run_interpreted(f, s, bwd);
+    int rc = f->tiles ? run_tiles(f, s, bwd) : run_interpreted(f, s, bwd);
     if (rc < 0) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", ag_last_error());

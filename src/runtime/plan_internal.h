@@ -153,6 +153,7 @@ typedef struct pflex {
     ag_graph *score, *mask;       /* copies of the call's score and mask graphs (mask: NULL) */
     ag_graph *joint;              /* the backward's: a copy of its joint graph (else NULL) */
     struct ag__flex_tiles *tiles; /* plan_flex.c: the graphs' tile plans; NULL: interpreted */
+    int64_t sizes[4]; /* the block mask's (KV_LEN, Q_LEN, Q_BLOCK_SIZE, KV_BLOCK_SIZE) */
 } pflex;
 
 typedef struct pout {

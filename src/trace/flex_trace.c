@@ -167,6 +167,7 @@ typedef struct flex_rec {
     ag_block_mask *bm; /* a reference */
     double scale;
     ag_dtype dt;
+    bool return_lse; /* the caller asked for logsumexp: kernel_options' OUTPUT_LOGSUMEXP */
     /* the forward's nodes of q, k, v, out and logsumexp (the node must not keep its own
      * outputs: they hold the node) */
     ag_node *nq, *nk, *nv, *nout, *nlse;
@@ -215,18 +216,37 @@ static ag_node *add_sub(ag__tracer *T, ag_graph *g, const char *prefix, ag_graph
 }
 
 /* The block mask's argument list (8 tensors, the mask graph's get_attr or None) and sizes. */
-static int mask_args(ag__tracer *T, const flex_rec *r, ag_node *mask_attr, ag_node **list,
-                     int64_t sizes[4]) {
-    for (int p = 0; p < 8; p++)
-        if (!(list[p] = ag__tracer_node_of(T, ag_block_mask_tensor(r->bm, (ag_block_mask_part)p))))
-            return ag_last_status();
-    list[8] = mask_attr;
-    int64_t shp[6];
+/* The block mask as upstream's BlockMask.as_tuple() into bm[13]: (Q_LEN, KV_LEN, its 8
+ * tensors' nodes (None for a part it lacks), Q_BLOCK_SIZE, KV_BLOCK_SIZE, the mask graph's
+ * get_attr or None). */
+static int mask_tuple(ag__tracer *T, const flex_rec *r, ag_node *mask_attr, ag_garg *bm) {
+    int64_t shp[6]; /* B, H, Q_LEN, KV_LEN, Q_BLOCK_SIZE, KV_BLOCK_SIZE */
     ag_block_mask_shape(r->bm, shp);
-    sizes[0] = shp[3];
-    sizes[1] = shp[2];
-    sizes[2] = shp[4];
-    sizes[3] = shp[5];
+    bm[0] = AG_GA_I(shp[2]);
+    bm[1] = AG_GA_I(shp[3]);
+    for (int p = 0; p < 8; p++) {
+        ag_tensor *t = ag_block_mask_tensor(r->bm, (ag_block_mask_part)p);
+        ag_node *x = t ? ag__tracer_node_of(T, t) : NULL;
+        if (t && !x)
+            return ag_last_status();
+        bm[2 + p] = x ? AG_GA_N(x) : AG_GA_NIL;
+    }
+    bm[10] = AG_GA_I(shp[4]);
+    bm[11] = AG_GA_I(shp[5]);
+    bm[12] = mask_attr ? AG_GA_N(mask_attr) : AG_GA_NIL;
+    return 0;
+}
+
+/* The nodes of n tensors (a call's buffers) as tuple elements into out. */
+static int buffer_tuple(ag__tracer *T, ag_tensor *const *ts, int n, ag_garg *out) {
+    if (n > 64)
+        return ag__err(AG_EINVAL, "flex_attention: %d buffers (at most 64)", n);
+    for (int i = 0; i < n; i++) {
+        ag_node *x = ag__tracer_node_of(T, ts[i]);
+        if (!x)
+            return ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
+        out[i] = AG_GA_N(x);
+    }
     return 0;
 }
 
@@ -279,17 +299,14 @@ static int traced_backward(void *ud, ag_tensor *const *gout, int nout, ag_tensor
             return ag_last_status() < 0 ? ag_last_status() : AG_ENOMEM;
     }
     ag_tensor *dout = gout[0]; /* NULL: None (no gradient reached the output) */
-    ag_node *bm_list[9], *sb[64], *mb[64];
-    int64_t sizes[4];
-    int rc = mask_args(T, r, mask_attr, bm_list, sizes);
+    ag_garg bm[13], sb[64], mb[64];
+    int rc = mask_tuple(T, r, mask_attr, bm);
     ag_mask_mod mm;
     ag__block_mask_mod(r->bm, &mm);
-    for (int i = 0; i < r->nsbuf && !rc; i++)
-        if (!(sb[i] = ag__tracer_node_of(T, r->sbufs[i])))
-            rc = ag_last_status();
-    for (int i = 0; i < mm.nbuffers && !rc; i++)
-        if (!(mb[i] = ag__tracer_node_of(T, mm.buffers[i])))
-            rc = ag_last_status();
+    if (!rc)
+        rc = buffer_tuple(T, r->sbufs, r->nsbuf, sb);
+    if (!rc)
+        rc = buffer_tuple(T, mm.buffers, mm.nbuffers, mb);
     ag_node *nq = r->nq, *nk = r->nk, *nv = r->nv, *no = r->nout, *nl = r->nlse;
     ag_node *ngo = rc || !dout ? NULL : ag__tracer_node_of(T, dout);
     ag_node *ngl = nout > 1 && gout[1] ? ag__tracer_node_of(T, gout[1]) : NULL;
@@ -306,11 +323,11 @@ static int traced_backward(void *ud, ag_tensor *const *gout, int nout, ag_tensor
                       ngl ? AG_GA_N(ngl) : AG_GA_NIL,
                       AG_GA_N(fw_attr),
                       AG_GA_N(joint_attr),
-                      AG_GA_NODES(bm_list, 9),
-                      AG_GA_INTS(sizes, 4),
+                      AG_GA_TUPLE(bm, 13),
                       AG_GA_F(r->scale),
-                      AG_GA_NODES(sb, r->nsbuf),
-                      AG_GA_NODES(mb, mm.nbuffers)};
+                      ag__flex_kernel_options(r->return_lse),
+                      AG_GA_TUPLE(sb, r->nsbuf),
+                      AG_GA_TUPLE(mb, mm.nbuffers)};
     const ag_op *op = ag__op_flex_attention(true);
     ag_tensor *grads[AG_MAX_OUTPUTS] = {0};
     int n = op ? record_call(T, g, op, ga, 14, grads, AG_MAX_OUTPUTS) : AG_ENOMEM;
@@ -346,6 +363,7 @@ int ag__flex_traced(ag_tensor *q, ag_tensor *k, ag_tensor *v, const ag_score_mod
     }
     r->dt = ag_tensor_dtype(q);
     r->scale = scale;
+    r->return_lse = lse != NULL;
     if (score_mod)
         r->sm = *score_mod;
     for (int i = 0; i < nsbuf; i++, r->nsbuf++)
@@ -374,16 +392,13 @@ int ag__flex_traced(ag_tensor *q, ag_tensor *k, ag_tensor *v, const ag_score_mod
     /* the outputs, then the autograd node (its seq_nr goes on the forward's nodes) */
     int64_t osz[4] = {ag_tensor_size(q, 0), ag_tensor_size(q, 1), ag_tensor_size(q, 2),
                       ag_tensor_size(v, 3)};
-    ag_node *bm_list[9], *sb[64], *mb[64];
-    int64_t sizes[4];
+    ag_garg bm[13], sb[64], mb[64];
     if (!rc)
-        rc = mask_args(T, r, mask_attr, bm_list, sizes);
-    for (int i = 0; i < r->nsbuf && !rc; i++)
-        if (!(sb[i] = ag__tracer_node_of(T, r->sbufs[i])))
-            rc = ag_last_status();
-    for (int i = 0; i < mm.nbuffers && !rc; i++)
-        if (!(mb[i] = ag__tracer_node_of(T, mm.buffers[i])))
-            rc = ag_last_status();
+        rc = mask_tuple(T, r, mask_attr, bm);
+    if (!rc)
+        rc = buffer_tuple(T, r->sbufs, r->nsbuf, sb);
+    if (!rc)
+        rc = buffer_tuple(T, mm.buffers, mm.nbuffers, mb);
     ag_node *nq = rc ? NULL : ag__tracer_node_of(T, q), *nk = rc ? NULL : ag__tracer_node_of(T, k);
     ag_node *nv = rc ? NULL : ag__tracer_node_of(T, v);
     if (!rc && (!nq || !nk || !nv))
@@ -395,11 +410,11 @@ int ag__flex_traced(ag_tensor *q, ag_tensor *k, ag_tensor *v, const ag_score_mod
                          AG_GA_N(nk),
                          AG_GA_N(nv),
                          AG_GA_N(score_attr),
-                         AG_GA_NODES(bm_list, 9),
-                         AG_GA_INTS(sizes, 4),
+                         AG_GA_TUPLE(bm, 13),
                          AG_GA_F(scale),
-                         AG_GA_NODES(sb, r->nsbuf),
-                         AG_GA_NODES(mb, mm.nbuffers)};
+                         ag__flex_kernel_options(lse != NULL),
+                         AG_GA_TUPLE(sb, r->nsbuf),
+                         AG_GA_TUPLE(mb, mm.nbuffers)};
         const ag_op *op = ag__op_flex_attention(false);
         /* The node's seq_nr: the autograd node made below takes the next number. */
         ag__tls_state *ts = ag__tls();
