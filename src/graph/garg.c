@@ -146,28 +146,44 @@ static bool mval_equal(const ag_mval *a, const ag_mval *b) {
     }
 }
 
-static bool elem_equal(const ag_garg *a, const ag_garg *b) {
+/* (graph_internal.h) Nested in tuples: their elements are arguments of the scalar and node
+ * kinds. */
+bool ag__garg_equal(const ag_garg *a, const ag_garg *b) {
     if (a->kind != b->kind)
         return false;
     switch (a->kind) {
+    case AG_GA_NONE:
+        return true;
     case AG_GA_NODE:
         return a->u.node == b->u.node;
+    case AG_GA_NODES:
+        return a->n == b->n &&
+               (a->n == 0 || !memcmp(a->u.nodes, b->u.nodes, sizeof(ag_node *) * (size_t)a->n));
     case AG_GA_INT:
         return a->u.i == b->u.i;
     case AG_GA_FLOAT:
         return !memcmp(&a->u.f, &b->u.f, sizeof a->u.f);
     case AG_GA_BOOL:
         return a->u.b == b->u.b;
-    default:
-        return true;
+    case AG_GA_INTS:
+        return a->n == b->n &&
+               (a->n == 0 || !memcmp(a->u.ints, b->u.ints, sizeof(int64_t) * (size_t)a->n));
+    case AG_GA_DTYPE:
+        return a->u.dt == b->u.dt;
+    case AG_GA_STR:
+        return !strcmp(a->u.s ? a->u.s : "", b->u.s ? b->u.s : "");
+    case AG_GA_TUPLE:
+    case AG_GA_DICT:
+        return ag__garg_agg_equal(a, b);
     }
+    return false;
 }
 
 bool ag__garg_agg_equal(const ag_garg *a, const ag_garg *b) {
     if (a->kind != b->kind || a->n != b->n)
         return false;
     for (int k = 0; k < a->n; k++)
-        if (a->kind == AG_GA_TUPLE ? !elem_equal(&a->u.elems[k], &b->u.elems[k])
+        if (a->kind == AG_GA_TUPLE ? !ag__garg_equal(&a->u.elems[k], &b->u.elems[k])
                                    : strcmp(a->u.items[k].key, b->u.items[k].key) ||
                                          !mval_equal(&a->u.items[k].v, &b->u.items[k].v))
             return false;

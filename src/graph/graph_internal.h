@@ -218,6 +218,9 @@ int ag__garg_check(const char *fn, const ag_garg *a);
 int ag__garg_agg_copy(ag_garg *dst, const ag_garg *src);
 void ag__garg_agg_free(ag_garg *a);
 bool ag__garg_agg_equal(const ag_garg *a, const ag_garg *b);
+/* Argument equality (CSE's): nodes by identity, values by value (floats bitwise, so 0.0 and
+ * -0.0 differ and a NaN equals the same NaN), tuples and dicts element by element. */
+bool ag__garg_equal(const ag_garg *a, const ag_garg *b);
 uint64_t ag__garg_agg_hash(const ag_garg *a);
 /* ag_garg_num_refs / ag_garg_ref for the walks over every argument of every node (the
  * public functions call these): the node references of a (NULL elements are None or, in a

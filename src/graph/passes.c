@@ -174,44 +174,11 @@ static uint64_t hash_node(const ag_node *n) {
     return h;
 }
 
-/* Argument equality for CSE: nodes by identity, values by value (floats bitwise, so 0.0 and
- * -0.0 differ and a NaN equals the same NaN). */
-static bool garg_equal(const ag_garg *a, const ag_garg *b) {
-    if (a->kind != b->kind)
-        return false;
-    switch (a->kind) {
-    case AG_GA_NONE:
-        return true;
-    case AG_GA_NODE:
-        return a->u.node == b->u.node;
-    case AG_GA_NODES:
-        return a->n == b->n &&
-               (a->n == 0 || !memcmp(a->u.nodes, b->u.nodes, sizeof(ag_node *) * (size_t)a->n));
-    case AG_GA_INT:
-        return a->u.i == b->u.i;
-    case AG_GA_FLOAT:
-        return !memcmp(&a->u.f, &b->u.f, sizeof a->u.f);
-    case AG_GA_BOOL:
-        return a->u.b == b->u.b;
-    case AG_GA_INTS:
-        return a->n == b->n &&
-               (a->n == 0 || !memcmp(a->u.ints, b->u.ints, sizeof(int64_t) * (size_t)a->n));
-    case AG_GA_DTYPE:
-        return a->u.dt == b->u.dt;
-    case AG_GA_STR:
-        return !strcmp(a->u.s ? a->u.s : "", b->u.s ? b->u.s : "");
-    case AG_GA_TUPLE:
-    case AG_GA_DICT:
-        return ag__garg_agg_equal(a, b);
-    }
-    return false;
-}
-
 static bool node_equal(const ag_node *a, const ag_node *b) {
     if (a->kind != b->kind || a->op != b->op || a->nargs != b->nargs || a->nvals != b->nvals)
         return false;
     for (int i = 0; i < a->nargs; i++)
-        if (!garg_equal(&a->args[i], &b->args[i]))
+        if (!ag__garg_equal(&a->args[i], &b->args[i]))
             return false;
     /* Equal arguments give equal vals; comparing them anyway keeps a graph whose vals were
      * edited by hand from merging nodes that would then disagree. */
