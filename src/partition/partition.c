@@ -799,11 +799,9 @@ int ag__partition_flat(const ag_graph *joint, int num_fwd_outputs, const ag_part
         mincut = false;
     rc = mincut ? ag__choose_saved(&P, budget, o.solver, mode, &saved, &nsaved)
                 : ag__default_saved(&P, &saved, &nsaved);
-    if (rc == 0)
-        rc = ag__save_random_nodes(&P, &saved, &nsaved);
     ag__plan pl = {0};
-    if (rc == 0)
-        rc = ag__plan_make(&P, saved, nsaved, &pl);
+    if (rc == 0) /* the plan of the final saved set with it */
+        rc = ag__save_random_nodes(&P, &saved, &nsaved, &pl);
 #ifndef NDEBUG
     /* ag__save_random_nodes left no random forward node for the backward to draw again, and
      * no collective to run again that is not tagged MUST_RECOMPUTE. */

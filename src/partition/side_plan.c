@@ -566,7 +566,7 @@ static bool save_instead(const ag__part *P, const bool *in_bw, int x) {
  * inputs-only set under memory budget 0 included), such a node the backward would run again is
  * saved instead (its getitems for a tuple), until none is left. The values of forward effects
  * are saved too (save_effect_outputs). */
-int ag__save_random_nodes(const ag__part *P, int **saved, int *nsaved) {
+int ag__save_random_nodes(const ag__part *P, int **saved, int *nsaved, ag__plan *out) {
     int rc0 = save_effect_outputs(P, saved, nsaved);
     if (rc0)
         return rc0;
@@ -587,7 +587,10 @@ int ag__save_random_nodes(const ag__part *P, int **saved, int *nsaved) {
         for (int p = 0; p < pl.nbw; p++)
             add += save_instead(P, in_bw, pl.bw[p]) ? 1 + P->info[pl.bw[p]].nusers : 0;
         if (!add) {
-            ag__plan_free(&pl);
+            if (out) /* the plan of the final set: the caller's next step, not made twice */
+                *out = pl;
+            else
+                ag__plan_free(&pl);
             ag__free(in_bw);
             return 0;
         }
@@ -617,5 +620,5 @@ int ag__save_random_nodes(const ag__part *P, int **saved, int *nsaved) {
         *nsaved = n;
     }
     ag__free(in_bw);
-    return 0;
+    return out ? ag__plan_make(P, *saved, *nsaved, out) : 0;
 }

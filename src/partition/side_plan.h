@@ -44,7 +44,8 @@ int64_t ag__subgraph_extra_bytes(const ag_graph *sub);
  * not functionalize the generator), every collective it would run again that is not tagged
  * AG_MUST_RECOMPUTE (its wait_tensor's value, so that no rank communicates twice), and every
  * value of a forward effect; *saved (an ag__malloc'd
- * array the caller owns) is reallocated. */
-int ag__save_random_nodes(const ag__part *P, int **saved, int *nsaved);
+ * array the caller owns) is reallocated. out (may be NULL) receives ag__plan_make's plan of the
+ * final set (the caller frees it with ag__plan_free), which the check has made anyway. */
+int ag__save_random_nodes(const ag__part *P, int **saved, int *nsaved, ag__plan *out);
 
 #endif
