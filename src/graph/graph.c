@@ -408,13 +408,13 @@ static int make_name(ag_graph *g, const char *candidate, char *out) {
     return ag__graph_make_name(g, candidate, name_in_table, g, out);
 }
 
-/* The next free name for `candidate` into out (160 bytes), FX's rules: a trailing _<digits> is
- * split off as a counter, and the base keeps its own running count. */
-int ag__graph_make_name(ag_graph *g, const char *candidate, bool (*taken)(void *, const char *),
-                        void *ctx, char *out) {
-    char base[128];
+/* A candidate split as FX does: a trailing _<digits> is split off as a counter (*num, else
+ * -1), the rest is the base (its characters made legal); the base's counter entry in g (made
+ * when new) into *bc_idx. */
+static inline __attribute__((always_inline)) int
+parse_candidate(ag_graph *g, const char *candidate, char *base, int64_t *num, int64_t *bc_idx) {
     size_t n = 0;
-    for (const char *c = candidate; *c && n + 1 < sizeof base; c++)
+    for (const char *c = candidate; *c && n + 1 < 128; c++)
         base[n++] = (char)((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') ||
                                    (*c >= '0' && *c <= '9') || *c == '_'
                                ? *c
@@ -426,20 +426,19 @@ int ag__graph_make_name(ag_graph *g, const char *candidate, bool (*taken)(void *
         memmove(base + 1, base, strlen(base) + 1);
         base[0] = '_';
     }
-    int64_t num = -1;
+    *num = -1;
     char *us = strrchr(base, '_');
     if (us && us[1]) {
         bool digits = true;
         for (char *d = us + 1; *d; d++)
             digits &= *d >= '0' && *d <= '9';
         if (digits && us != base) {
-            num = strtoll(us + 1, NULL, 10);
+            *num = strtoll(us + 1, NULL, 10);
             *us = 0;
         }
     }
     void *bi = ag__strmap_get(&g->base_idx, base);
-    ag__base_count *bc = bi ? &g->bases[(intptr_t)bi - 1] : NULL;
-    if (!bc) {
+    if (!bi) {
         int64_t cap = g->bases_cap;
         if (ag__grow((void **)&g->bases, &cap, g->nbases + 1, sizeof *g->bases))
             return AG_ENOMEM;
@@ -449,23 +448,77 @@ int ag__graph_make_name(ag_graph *g, const char *candidate, bool (*taken)(void *
             ag__free(b);
             return AG_ENOMEM;
         }
-        bc = &g->bases[g->nbases++];
-        bc->base = b;
-        bc->count = 0;
+        g->bases[g->nbases++] = (ag__base_count){b, 0};
+        bi = (void *)(intptr_t)g->nbases;
     }
+    *bc_idx = (intptr_t)bi - 1;
+    return 0;
+}
+
+/* The next free name for `candidate` into out (160 bytes), FX's rules: a trailing _<digits> is
+ * split off as a counter, and the base keeps its own running count. */
+int ag__graph_make_name(ag_graph *g, const char *candidate, bool (*taken)(void *, const char *),
+                        void *ctx, char *out) {
+    char base[128];
+    int64_t num, bi;
+    if (parse_candidate(g, candidate, base, &num, &bi))
+        return AG_ENOMEM;
     char *cand = out;
     if (num >= 0)
         fmt_numbered(cand, base, num);
     else
         memcpy(cand, base, strlen(base) + 1);
     if (num <= 0)
-        num = bc->count;
+        num = g->bases[bi].count;
     while (taken(ctx, cand) || illegal_name(cand)) {
         num++;
         fmt_numbered(cand, base, num);
     }
-    bc->count = num;
+    g->bases[bi].count = num;
     return 0;
+}
+
+int ag__graph_name_gen_init(ag_graph *g, const char *candidate, ag__name_gen *ng) {
+    int64_t num;
+    if (parse_candidate(g, candidate, ng->text, &num, &ng->base))
+        return AG_ENOMEM;
+    if (num >= 0)
+        return 1;
+    ng->len = strlen(ng->text);
+    ng->illegal = illegal_name(ng->text);
+    ng->hash = ag__strhash(ng->text);
+    return 0;
+}
+
+/* ag__graph_make_name's loop for a candidate without a counter: the base itself, then
+ * <base>_<count + 1>, ... (a name with a counter is never a builtin's). */
+const char *ag__graph_name_gen_next(ag_graph *g, ag__name_gen *ng,
+                                    bool (*taken)(void *, const char *, uint64_t), void *ctx,
+                                    uint64_t *hash) {
+    int64_t num = g->bases[ng->base].count;
+    ng->text[ng->len] = 0;
+    uint64_t h = ng->hash;
+    bool illegal = ng->illegal;
+    while (illegal || taken(ctx, ng->text, h)) {
+        num++;
+        char *d = ng->text + ng->len;
+        *d++ = '_';
+        char digits[24];
+        int k = 0;
+        uint64_t u = (uint64_t)num; /* num > 0: the count starts at 0 */
+        do {
+            digits[k++] = (char)('0' + u % 10);
+            u /= 10;
+        } while (u);
+        while (k)
+            *d++ = digits[--k];
+        *d = 0;
+        h = ag__strhash(ng->text);
+        illegal = false;
+    }
+    g->bases[ng->base].count = num;
+    *hash = h;
+    return ng->text;
 }
 
 /* ---- node creation ---- */

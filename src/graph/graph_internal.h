@@ -253,6 +253,22 @@ int ag__graph_reserve(ag_graph *g, int64_t nnodes);
  * another order than its names were given passes the table it would have had. */
 int ag__graph_make_name(ag_graph *g, const char *candidate, bool (*taken)(void *, const char *),
                         void *ctx, char *out);
+/* ag__graph_make_name for many nodes named from one candidate without a _<digits> counter (a
+ * rewrite's getitems): init works the candidate out once (0; 1 when it has a counter: use
+ * ag__graph_make_name; AG_ENOMEM), next gives the name ag__graph_make_name would give (in
+ * ng->text, until the next call) and its ag__strhash, taken(ctx, name, hash) saying whether
+ * a name is in use. */
+typedef struct ag__name_gen {
+    int64_t base;  /* the base's counter in g->bases */
+    size_t len;    /* the base's length */
+    bool illegal;  /* the base is a Python builtin's name */
+    uint64_t hash; /* the base's ag__strhash */
+    char text[160];
+} ag__name_gen;
+int ag__graph_name_gen_init(ag_graph *g, const char *candidate, ag__name_gen *ng);
+const char *ag__graph_name_gen_next(ag_graph *g, ag__name_gen *ng,
+                                    bool (*taken)(void *, const char *, uint64_t), void *ctx,
+                                    uint64_t *hash);
 /* The name candidate of a call of op (96 bytes): its name without namespace and overload. */
 void ag__call_name_base(const ag_op *op, char *base);
 

@@ -446,24 +446,22 @@ typedef struct rw_state {
     ag__strmap made;         /* the names given so far */
     rw_chunk *text;          /* their characters */
     ag_node **fget, **saved; /* per pair: AG_MAX_OUTPUTS each */
+    ag__name_gen gen[2];     /* "getitem" and invoke_subgraph's call name, worked out once */
+    bool gen_ok[2];
 } rw_state;
 
-static bool rw_taken(void *ctx, const char *name) {
+static bool rw_taken_h(void *ctx, const char *name, uint64_t h) {
     const rw_state *st = ctx;
-    const ag_node *x = ag_graph_find(st->src, name);
-    return (x && !st->erased[ag_node_index(x)]) || ag__strmap_has(&st->made, name);
+    const ag_node *x = ag__strmap_get_h(&st->src->names, name, h);
+    return (x && !st->erased[ag_node_index(x)]) || ag__strmap_get_h(&st->made, name, h);
 }
 
-/* The next new node's name: `candidate` itself when free and `exact` (a get_attr of a
- * subgraph takes the attribute's name), else the counters' next. */
-static int rw_name(rw_state *st, ag_graph *g, const char *candidate, bool exact) {
-    char buf[160];
-    const char *nm = candidate;
-    if (!exact || rw_taken(st, candidate)) {
-        if (ag__graph_make_name(g, candidate, rw_taken, st, buf))
-            return AG_ENOMEM;
-        nm = buf;
-    }
+static bool rw_taken(void *ctx, const char *name) {
+    return rw_taken_h(ctx, name, ag__strhash(name));
+}
+
+/* Keeps name nm (its ag__strhash h) as the next new node's. */
+static int rw_keep(rw_state *st, const char *nm, uint64_t h) {
     size_t len = strlen(nm) + 1;
     if (!st->text || st->text->used + len > sizeof st->text->data) {
         rw_chunk *c = ag__malloc(sizeof *c);
@@ -477,7 +475,30 @@ static int rw_name(rw_state *st, ag_graph *g, const char *candidate, bool exact)
     memcpy(d, nm, len);
     st->text->used += len;
     st->names[st->nnames++] = d;
-    return ag__strmap_put(&st->made, d, d);
+    int rc = ag__strmap_put_new_h(&st->made, d, d, h); /* not taken: never 1 */
+    return rc < 0 ? rc : 0;
+}
+
+/* The next new node's name: `candidate` itself when free and `exact` (a get_attr of a
+ * subgraph takes the attribute's name), else the counters' next. */
+static int rw_name(rw_state *st, ag_graph *g, const char *candidate, bool exact) {
+    char buf[160];
+    const char *nm = candidate;
+    if (!exact || rw_taken(st, candidate)) {
+        if (ag__graph_make_name(g, candidate, rw_taken, st, buf))
+            return AG_ENOMEM;
+        nm = buf;
+    }
+    return rw_keep(st, nm, ag__strhash(nm));
+}
+
+/* rw_name(candidate k of st->gen, false), the candidate worked out once (the same names). */
+static int rw_name_gen(rw_state *st, ag_graph *g, int k, const char *candidate) {
+    if (!st->gen_ok[k])
+        return rw_name(st, g, candidate, false);
+    uint64_t h;
+    const char *nm = ag__graph_name_gen_next(g, &st->gen[k], rw_taken_h, st, &h);
+    return rw_keep(st, nm, h);
 }
 
 /* What erasing call c did: its getitems, c, and its get_attr once nothing reads it. */
@@ -516,6 +537,12 @@ static int name_pairs(rw_state *st, ag_graph *g, int ncalls, int nn) {
     st->saved = st->fget + npairs * AG_MAX_OUTPUTS;
     char call_base[96];
     ag__call_name_base(ag_op_invoke_subgraph(), call_base);
+    for (int k = 0; k < 2; k++) {
+        int r = ag__graph_name_gen_init(g, k ? call_base : "getitem", &st->gen[k]);
+        if (r < 0)
+            return r;
+        st->gen_ok[k] = r == 0;
+    }
     int p = 0;
     for (int b = 0; b < ncalls && rc == 0; b++) {
         call_info *B = &st->calls[b];
@@ -528,24 +555,24 @@ static int name_pairs(rw_state *st, ag_graph *g, int ncalls, int nn) {
         bool got[AG_MAX_OUTPUTS] = {0};
         rc = rw_name(st, g, pp->fw_name, true);
         if (rc == 0)
-            rc = rw_name(st, g, call_base, false);
+            rc = rw_name_gen(st, g, 1, call_base);
         for (int u = 0; u < ag_node_num_users(F->n) && rc == 0; u++) {
             got[ag_node_arg(ag_node_user(F->n, u), 1)->u.i] = true;
-            rc = rw_name(st, g, "getitem", false);
+            rc = rw_name_gen(st, g, 0, "getitem");
         }
         for (int i = 0; i < pp->nfo && rc == 0; i++)
             if (!got[i])
-                rc = rw_name(st, g, "getitem", false);
+                rc = rw_name_gen(st, g, 0, "getitem");
         for (int j = 0; j < pp->nsaved && rc == 0; j++)
-            rc = rw_name(st, g, "getitem", false);
+            rc = rw_name_gen(st, g, 0, "getitem");
         st->nm_b0[p] = st->nnames;
         if (rc == 0)
             rc = rw_name(st, g, pp->bw_name, true);
         if (rc == 0)
-            rc = rw_name(st, g, call_base, false);
+            rc = rw_name_gen(st, g, 1, call_base);
         for (int u = 0; u < ag_node_num_users(B->n) && rc == 0; u++)
             if (ag_node_arg(ag_node_user(B->n, u), 1)->u.i < F->nops)
-                rc = rw_name(st, g, "getitem", false);
+                rc = rw_name_gen(st, g, 0, "getitem");
         rw_erase_call(st, B->n);
         rw_erase_call(st, F->n);
         p++;
