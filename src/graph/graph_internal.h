@@ -200,6 +200,11 @@ ag_graph *ag__flex_tile_graph(const ag_graph *g, const ag_tmeta *m, int nin, int
 int ag__subgraph_check_args(const ag_graph *g, const ag_op *op, const ag_garg *args, int nargs);
 /* subgraph.c: the subgraph a call of an AG_OP_SUBGRAPH op invokes (NULL for other nodes). */
 const ag_graph *ag__call_subgraph(const ag_node *n);
+/* subgraph.c: for each output k of subgraph sub (the first max): the position among its
+ * placeholders of the placeholder it returns there (a call's operand passed through), or -1
+ * (a computed value, None), into ph_of; returns their count. One walk of the placeholders, for
+ * all of a call's outputs. */
+int ag__subgraph_passthrough(const ag_graph *sub, int *ph_of, int max);
 /* subgraph.c: whether output i of call n (an AG_OP_SUBGRAPH call) is None in its subgraph. */
 bool ag__call_output_is_none(const ag_node *n, int i);
 

@@ -52,6 +52,28 @@ static ag_node *passed_operand(const ag_node *n, int k) {
     return ops && ops->kind == AG_GA_NODES && j < ops->n ? ops->u.nodes[j] : NULL;
 }
 
+/* passed_operand with the last subgraph's outputs worked out once (a region's calls all call
+ * one subgraph, each asked for every output). */
+typedef struct pass_memo {
+    const ag_graph *sub;
+    int ph[AG_MAX_OUTPUTS], n;
+} pass_memo;
+
+static ag_node *passed_operand_memo(const ag_node *n, int k, pass_memo *m) {
+    const ag_graph *sub = ag_node_subgraph(ag_node_arg_node(n, 0));
+    if (!sub)
+        return NULL;
+    if (k >= AG_MAX_OUTPUTS)
+        return passed_operand(n, k);
+    if (sub != m->sub) {
+        m->n = ag__subgraph_passthrough(sub, m->ph, AG_MAX_OUTPUTS);
+        m->sub = sub;
+    }
+    int j = k >= 0 && k < m->n ? m->ph[k] : -1;
+    const ag_garg *ops = ag_node_arg(n, 2);
+    return j >= 0 && ops && ops->kind == AG_GA_NODES && j < ops->n ? ops->u.nodes[j] : NULL;
+}
+
 void ag__part_free(ag__part *P) {
     ag__free(P->pool);
     ag__free(P->info);
@@ -279,6 +301,7 @@ int ag__part_init_ex(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bo
     double seen_flops[8];
     int nseen = 0, next_seen = 0;
     const char *mb_key = ag__meta_interned("memory_budget"); /* found by pointer */
+    pass_memo pm = {0};
     for (ag_node *n = ag_graph_first(P->g); n; n = ag_node_next(n), i++) {
         ag__pinfo *pi = &P->info[i];
         pi->node = n;
@@ -374,7 +397,7 @@ int ag__part_init_ex(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bo
             /* An operand a subgraph call passes through: the operand's storage (peak model). */
             ag_node *src = ag_node_arg_node(n, 0);
             ag_node *opnd = src && (ag_op_def(ag_node_op(src))->flags & AG_OP_SUBGRAPH)
-                                ? passed_operand(src, (int)ag_node_arg(n, 1)->u.i)
+                                ? passed_operand_memo(src, (int)ag_node_arg(n, 1)->u.i, &pm)
                                 : NULL;
             if (opnd) {
                 pi->pass = idx_of(opnd) + 1;
@@ -383,7 +406,7 @@ int ag__part_init_ex(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bo
             }
         }
         for (int v = 0; v < ag_node_num_vals(n); v++)
-            if (!(pi->opflags & AG_OP_SUBGRAPH) || !passed_operand(n, v))
+            if (!(pi->opflags & AG_OP_SUBGRAPH) || !passed_operand_memo(n, v, &pm))
                 pi->bytes += tmeta_bytes(ag_node_val(n, v));
     }
     ag__free(mark);

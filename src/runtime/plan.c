@@ -215,6 +215,8 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
         if (ag_node_kind_of(x) == AG_NODE_CALL && mut)
             p->last_mut = ag_node_index(x);
     }
+    const ag_graph *pt_sub = NULL; /* the last subgraph called, its outputs' operands */
+    int pt[AG_MAX_OUTPUTS], npt = 0;
     for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
         int i = ag_node_index(x);
         p->node_val[i] = -1;
@@ -300,11 +302,19 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
                     return rc;
                 break;
             }
+            if (def->flags & AG_OP_SUBGRAPH) { /* its outputs' operands, once per subgraph */
+                const ag_graph *sub = ag_node_subgraph(ag_node_arg_node(x, 0));
+                if (sub != pt_sub)
+                    npt = sub ? ag__subgraph_passthrough(sub, pt, AG_MAX_OUTPUTS) : 0;
+                pt_sub = sub;
+            }
             for (int k = 0; k < nv; k++) {
                 int v = new_value(p, PV_BUF, i, ag_node_val(x, k));
                 if (k == 0)
                     p->node_val[i] = v;
-                int src = (def->flags & AG_OP_SUBGRAPH) ? ag__plan_passthrough_value(p, x, k) : -1;
+                int src = (def->flags & AG_OP_SUBGRAPH)
+                              ? ag__plan_passthrough_value(p, x, k < npt ? pt[k] : -1)
+                              : -1;
                 if (src >= 0) {
                     p->vals[v].kind = PV_ALIAS;
                     p->vals[v].root = p->vals[src].root;
@@ -429,17 +439,17 @@ static int plan_buffers(ag_plan *p, const ag_graph *g, const int *rend, const bo
                 p->ninplace++;
                 continue;
             }
-            pbuf *b = &p->bufs[p->nbufs];
+            pbuf *b = &p->bufs[p->nbufs]; /* malloc'd: each buffer is written whole here */
             ov->buf = p->nbufs++;
-            b->bytes = val_bytes(&ov->val);
-            b->size = align_up(b->bytes);
-            b->start = i;
-            b->end = rend[o];
-            b->out = out_root[o];
-            b->offset = -1;
-            b->root = o;
-            b->st.refcount = 1;
-            b->st.nbytes = (size_t)b->bytes;
+            int64_t bytes = val_bytes(&ov->val);
+            *b = (pbuf){.bytes = bytes,
+                        .size = align_up(bytes),
+                        .start = i,
+                        .end = rend[o],
+                        .out = out_root[o],
+                        .offset = -1,
+                        .root = o,
+                        .st = {.refcount = 1, .nbytes = (size_t)bytes}};
             if (b->out)
                 p->out_bytes += b->bytes;
         }
@@ -840,7 +850,7 @@ static int build(ag_plan *p, const ag_graph *g, bool verified) {
     p->vals = ag__malloc(sizeof *p->vals * v1);
     p->tens = ag__malloc(sizeof *p->tens * v1);
     p->tp = ag__calloc(v1, sizeof *p->tp);
-    p->bufs = ag__calloc(v1, sizeof *p->bufs);
+    p->bufs = ag__malloc(sizeof *p->bufs * v1); /* at most one per value, filled in order */
     int *rend = ag__malloc(sizeof *rend * v1);
     bool *out_root = ag__calloc(v1, sizeof *out_root);
     if (!p->names || !p->node_val || !p->ph_val || !p->steps || !p->vals || !p->tens || !p->tp ||

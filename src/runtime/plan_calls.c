@@ -71,18 +71,9 @@ bool ag__plan_may_mutate(const ag_node *x) {
  * operand j, which the call's readers then read directly (no copy into a buffer of its own);
  * else -1. Only when nothing after the call may mutate a value (p->last_mut), so the operand
  * and the output cannot diverge. */
-int ag__plan_passthrough_value(ag_plan *p, const ag_node *x, int k) {
-    if (ag_node_index(x) <= p->last_mut)
+int ag__plan_passthrough_value(ag_plan *p, const ag_node *x, int j) {
+    if (j < 0 || ag_node_index(x) <= p->last_mut)
         return -1;
-    const ag_graph *sub = ag_node_subgraph(ag_node_arg_node(x, 0));
-    const ag_node *o = sub ? ag_graph_output_node(sub) : NULL;
-    const ag_garg *oa = o ? ag_node_arg(o, 0) : NULL;
-    if (!oa || oa->kind != AG_GA_NODES || k >= oa->n || !oa->u.nodes[k] ||
-        ag_node_kind_of(oa->u.nodes[k]) != AG_NODE_PLACEHOLDER)
-        return -1;
-    int j = 0;
-    for (ag_node *y = ag_graph_first(sub); y && y != oa->u.nodes[k]; y = ag_node_next(y))
-        j += ag_node_kind_of(y) == AG_NODE_PLACEHOLDER;
     const ag_garg *ops = ag_node_arg(x, 2);
     int v = -1;
     if (!ops || ops->kind != AG_GA_NODES || j >= ops->n || !ops->u.nodes[j] ||
