@@ -195,10 +195,10 @@ static bool uses_match(const ag_node *user, bool dropped) {
 
 /* ---- node memory ---- */
 
-/* node_alloc zeroes every field but val1 and the inline arrays, which come last. */
-_Static_assert(offsetof(ag_node, vals) == offsetof(ag_node, val1) + sizeof(ag_tmeta) &&
-                   offsetof(ag_node, args_inline) == offsetof(ag_node, stamp) + sizeof(uint32_t),
-               "ag_node layout: node_alloc zeroes up to args_inline, val1 excepted");
+/* node_alloc zeroes the fields, which come first; the inline arrays and val1 come last. */
+_Static_assert(offsetof(ag_node, has_out_descs) < offsetof(ag_node, args_inline) &&
+                   offsetof(ag_node, val1) > offsetof(ag_node, name_inline),
+               "ag_node layout: node_alloc zeroes up to args_inline");
 
 static ag_node *node_alloc(ag_graph *g) {
     ag_node *n = g->free_nodes;
@@ -219,11 +219,10 @@ static ag_node *node_alloc(ag_graph *g) {
         }
         n = &b->nodes[b->used++];
     }
-    /* The fields are zeroed; val1 and the inline arrays are not (each is read only below its
-     * count: nvals, nargs, nusers, nmeta, and the name's terminator), which keeps a new node
-     * to the five cache lines its header spans instead of ten. */
-    memset(n, 0, offsetof(ag_node, val1));
-    memset(&n->vals, 0, offsetof(ag_node, args_inline) - offsetof(ag_node, vals));
+    /* The fields are zeroed; the inline arrays and val1 are not (each is read only below its
+     * count: nargs, nusers, nmeta, the name's terminator, nvals), which keeps a new node to
+     * the cache lines its header spans. */
+    memset(n, 0, offsetof(ag_node, args_inline));
     n->args = n->args_inline;
     return n;
 }

@@ -32,34 +32,37 @@ enum {
 };
 
 struct ag_node {
+    /* The fields walks read first (kind, next, index, op, arguments, users, vals, sub) lead,
+     * so a walk over a large graph touches one or two cache lines per node. */
     ag_graph *graph;
     ag_node *prev, *next;
     ag_node_kind kind;
+    int index;
     char *name;
     const ag_op *op;
     int nargs;
-    ag_garg *args; /* args_inline, or AG_MAX_ARGS on the heap for calls with more */
+    uint32_t stamp; /* scratch mark for a pass's sweep (DCE) */
+    ag_garg *args;  /* args_inline, or AG_MAX_ARGS on the heap for calls with more */
     ag__use *users;
     int nusers, users_cap;
-    ag_tmeta val1; /* storage for the common single-output case */
-    ag_tmeta *vals;
+    ag_tmeta *vals; /* val1, or a heap array for several outputs */
     int nvals;
-    ag_tensor *constant;
+    int nmeta;
     ag_graph *sub;             /* GET_ATTR of a subgraph: the subgraph, owned by the node's graph */
     ag__mentry *meta, *custom; /* meta is meta_inline until it outgrows it */
-    int nmeta, meta_cap, ncustom, custom_cap;
     ag_desc *desc;
-    ag_desc **out_descs;
+    int meta_cap, ncustom, custom_cap;
     int nout_descs;
+    ag_tensor *constant;
+    ag_desc **out_descs;
     bool has_out_descs;
-    int index;
-    uint32_t stamp; /* scratch mark for a pass's sweep (DCE) */
-    /* Not zeroed by node_alloc (nor is val1): read only below their counts. New fields go
-     * above. */
+    /* Not zeroed by node_alloc: read only below their counts (nargs, nusers, nmeta, the
+     * name's terminator, nvals). New fields go above. */
     ag_garg args_inline[AG__ARGS_INLINE];
     ag__use users_inline[AG__USERS_INLINE];
     ag__mentry meta_inline[AG__META_INLINE];
     char name_inline[AG__NAME_INLINE];
+    ag_tmeta val1; /* storage for the common single-output case */
 };
 
 /* Nodes are carved from blocks owned by the graph (consecutive nodes sit together in memory,
