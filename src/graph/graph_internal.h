@@ -113,6 +113,18 @@ struct ag_graph {
     ag_graph *parent; /* the graph owning this one as a subgraph, or NULL */
 };
 
+/* ag_node_kind_of, ag_node_next and ag_node_index inlined, for the walks of later stages over
+ * graphs they hold (the plans, the partitioner): n is not NULL. */
+static inline ag_node_kind ag__node_kind(const ag_node *n) {
+    return n->kind;
+}
+static inline ag_node *ag__node_next(const ag_node *n) {
+    return n->next;
+}
+static inline int ag__node_index(const ag_node *n) {
+    return n->graph->order_dirty ? ag_node_index(n) : n->index;
+}
+
 /* subgraph.c: frees g's subgraphs (ag_graph_free). */
 void ag__subgraphs_free(ag_graph *g);
 /* subgraph.c: gives dst a copy of each of src's subgraphs (same names, same order); 0 or

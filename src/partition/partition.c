@@ -27,7 +27,7 @@
 /* ---- small helpers ---- */
 
 static int idx_of(const ag_node *n) {
-    return ag_node_index(n);
+    return ag__node_index(n);
 }
 
 static int64_t tmeta_bytes(const ag_tmeta *m) {
@@ -46,7 +46,7 @@ static ag_node *passed_operand(const ag_node *n, int k) {
         ag_node_kind_of(oa->u.nodes[k]) != AG_NODE_PLACEHOLDER)
         return NULL;
     int j = 0;
-    for (ag_node *y = ag_graph_first(sub); y && y != oa->u.nodes[k]; y = ag_node_next(y))
+    for (ag_node *y = ag_graph_first(sub); y && y != oa->u.nodes[k]; y = ag__node_next(y))
         j += ag_node_kind_of(y) == AG_NODE_PLACEHOLDER;
     const ag_garg *ops = ag_node_arg(n, 2);
     return ops && ops->kind == AG_GA_NODES && j < ops->n ? ops->u.nodes[j] : NULL;
@@ -124,7 +124,7 @@ static void collect_args(ag__pinfo *pi, const ag_node *n, int *mark, int stamp) 
  * between, the value at the boundary is still stashed: a must-recompute node read by a
  * must-recompute node of a later region (a larger ac_graph_id) becomes MUST_SAVE. */
 static int cleanup_recompute_tags(ag_graph *g) {
-    for (ag_node *n = ag_graph_first(g); n; n = ag_node_next(n)) {
+    for (ag_node *n = ag_graph_first(g); n; n = ag__node_next(n)) {
         ag_recompute r = ag_node_recompute(n);
         if (r != AG_MUST_RECOMPUTE && r != AG_PREFER_RECOMPUTE)
             continue;
@@ -146,7 +146,7 @@ static int cleanup_recompute_tags(ag_graph *g) {
 }
 
 static bool has_recompute_tags(const ag_graph *g) {
-    for (ag_node *n = ag_graph_first(g); n; n = ag_node_next(n)) {
+    for (ag_node *n = ag_graph_first(g); n; n = ag__node_next(n)) {
         ag_recompute r = ag_node_recompute(n);
         if (r == AG_MUST_RECOMPUTE || r == AG_PREFER_RECOMPUTE)
             return true;
@@ -217,8 +217,8 @@ int ag__part_init_req_bw(ag__part *P, const ag_graph *joint, int num_fwd_outputs
      * backward input or must be in the backward, or reads one that is (its arguments come
      * before it); then a subgraph's get_attr by all of its users, and the backward outputs. */
     int i = 0;
-    for (ag_node *n = ag_graph_first(P->g); n; n = ag_node_next(n), i++) {
-        ag_node_kind k = ag_node_kind_of(n);
+    for (ag_node *n = ag_graph_first(P->g); n; n = ag__node_next(n), i++) {
+        ag_node_kind k = ag__node_kind(n);
         if (k == AG_NODE_OUTPUT)
             continue;
         const char *tag = ag_node_partitioner_tag(n);
@@ -237,8 +237,8 @@ int ag__part_init_req_bw(ag__part *P, const ag_graph *joint, int num_fwd_outputs
         req[i] = r;
     }
     i = 0;
-    for (ag_node *n = ag_graph_first(P->g); n; n = ag_node_next(n), i++) {
-        if (ag_node_kind_of(n) != AG_NODE_GET_ATTR || !ag_node_subgraph(n))
+    for (ag_node *n = ag_graph_first(P->g); n; n = ag__node_next(n), i++) {
+        if (ag__node_kind(n) != AG_NODE_GET_ATTR || !ag_node_subgraph(n))
             continue;
         bool bw = ag_node_num_users(n) > 0;
         for (int u = 0; u < ag_node_num_users(n); u++)
@@ -285,7 +285,7 @@ int ag__part_init_ex(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bo
     /* Every node's distinct arguments and distinct users, in one block: each list holds at
      * most the node's references, so twice the graph's references bound the total. */
     int64_t refs = 0, pooled = 0;
-    for (ag_node *n = ag_graph_first(P->g); n; n = ag_node_next(n))
+    for (ag_node *n = ag_graph_first(P->g); n; n = ag__node_next(n))
         refs += count_refs(n);
     P->pool = ag__malloc(sizeof(int) * (size_t)(2 * refs + 1));
     rc = AG_ENOMEM;
@@ -302,10 +302,10 @@ int ag__part_init_ex(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bo
     int nseen = 0, next_seen = 0;
     const char *mb_key = ag__meta_interned("memory_budget"); /* found by pointer */
     pass_memo pm = {0};
-    for (ag_node *n = ag_graph_first(P->g); n; n = ag_node_next(n), i++) {
+    for (ag_node *n = ag_graph_first(P->g); n; n = ag__node_next(n), i++) {
         ag__pinfo *pi = &P->info[i];
         pi->node = n;
-        pi->kind = ag_node_kind_of(n);
+        pi->kind = ag__node_kind(n);
         pi->fw_order = -1;
         pi->root = i;
         pi->args = P->pool + pooled;
@@ -549,7 +549,7 @@ static ag_node *env_node(void *ctx, const ag_node *x) {
 static ag_node *copy_node(ag_graph *dst, const ag__part *P, int x, ag_node **env) {
     const ag_node *n = P->info[x].node;
     ag_node *m = NULL;
-    switch (ag_node_kind_of(n)) {
+    switch (ag__node_kind(n)) {
     case AG_NODE_CALL: {
         int na = ag_node_nargs(n);
         ag_garg args[AG_MAX_ARGS];
@@ -634,7 +634,7 @@ static ag_node *copy_placeholder(ag_graph *dst, const ag__part *P, int x) {
     ag_node *m = ag_graph_placeholder(dst, ag_node_name(n), ag_node_val(n, 0));
     if (!m || copy_meta(m, n))
         return NULL;
-    if (ag_node_kind_of(n) == AG_NODE_PLACEHOLDER && ag_node_desc(n) &&
+    if (ag__node_kind(n) == AG_NODE_PLACEHOLDER && ag_node_desc(n) &&
         ag_node_set_desc(m, ag_node_desc(n)))
         return NULL;
     return m;
@@ -661,7 +661,7 @@ static ag_graph *build_graph(const ag__part *P, const int *inputs, int nin, cons
     for (int k = ok ? ag_graph_num_subgraphs(g) - 1 : -1; k >= 0; k--) {
         const ag_graph *s = ag_graph_subgraph_at(g, k, NULL);
         bool read = false;
-        for (const ag_node *n = ag_graph_first(g); n && !read; n = ag_node_next(n))
+        for (const ag_node *n = ag_graph_first(g); n && !read; n = ag__node_next(n))
             read = ag_node_subgraph(n) == s;
         if (!read)
             ag__subgraph_remove(g, k);
@@ -875,14 +875,14 @@ int ag_tag_region_recompute(ag_graph *g, ag_node *first, ag_node *last, ag_recom
     /* Each region gets the next ac_graph_id, so touching regions are told apart (upstream's
      * cleanup_recompute_tags saves the value at their boundary). */
     int64_t id = 0;
-    for (ag_node *n = ag_graph_first(g); n; n = ag_node_next(n)) {
+    for (ag_node *n = ag_graph_first(g); n; n = ag__node_next(n)) {
         ag_mval v = ag_node_meta_get(n, "ac_graph_id");
         if (v.kind == AG_MV_INT && v.u.i >= id)
             id = v.u.i + 1;
     }
     ag_node *stop = ag_node_next(last);
-    for (ag_node *n = first; n != stop; n = ag_node_next(n)) {
-        ag_node_kind k = ag_node_kind_of(n);
+    for (ag_node *n = first; n != stop; n = ag__node_next(n)) {
+        ag_node_kind k = ag__node_kind(n);
         if (k != AG_NODE_CALL && k != AG_NODE_GETITEM)
             continue;
         int rc = policy == AG_RECOMPUTE_NONE
@@ -892,7 +892,7 @@ int ag_tag_region_recompute(ag_graph *g, ag_node *first, ag_node *last, ag_recom
             rc = ag_node_set_recompute(n, policy);
         if (rc < 0) {
             /* Undo the region so far (deleting never allocates). */
-            for (ag_node *m = first; m != n; m = ag_node_next(m)) {
+            for (ag_node *m = first; m != n; m = ag__node_next(m)) {
                 ag_node_meta_del(m, "ac_graph_id");
                 ag_node_set_recompute(m, AG_RECOMPUTE_NONE);
             }

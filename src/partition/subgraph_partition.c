@@ -45,8 +45,8 @@ typedef struct part_pair {
 
 static int num_placeholders(const ag_graph *g) {
     int k = 0;
-    for (ag_node *n = ag_graph_first(g); n; n = ag_node_next(n))
-        k += ag_node_kind_of(n) == AG_NODE_PLACEHOLDER;
+    for (ag_node *n = ag_graph_first(g); n; n = ag__node_next(n))
+        k += ag__node_kind(n) == AG_NODE_PLACEHOLDER;
     return k;
 }
 
@@ -57,8 +57,8 @@ static int num_outputs(const ag_graph *g) {
 
 /* Removes every descriptor of g (descriptors live on the outer graph only). */
 static int strip_descs(ag_graph *g) {
-    for (ag_node *n = ag_graph_first(g); n; n = ag_node_next(n))
-        if (ag_node_kind_of(n) == AG_NODE_PLACEHOLDER && ag_node_set_desc(n, NULL))
+    for (ag_node *n = ag_graph_first(g); n; n = ag__node_next(n))
+        if (ag__node_kind(n) == AG_NODE_PLACEHOLDER && ag_node_set_desc(n, NULL))
             return ag_last_status();
     ag_node *o = ag_graph_output_node(g);
     for (int i = 0; i < o->nout_descs; i++)
@@ -167,7 +167,7 @@ static int save_view_bases(ag_graph *fw, ag_graph *bw, int m) {
     for (int j = 0; j < s; j++)
         old[j] = ph[j]; /* ph is the graph's cache: it changes with the placeholders */
     ag_node *first_tangent = s < nph ? ph[s] : NULL, *body = NULL;
-    for (ag_node *x = ag_graph_first(bw); x && !body; x = ag_node_next(x))
+    for (ag_node *x = ag_graph_first(bw); x && !body; x = ag__node_next(x))
         if (ag_node_kind_of(x) != AG_NODE_PLACEHOLDER)
             body = x;
     for (int j = 0; j < s && rc == 0; j++) {
@@ -453,7 +453,7 @@ typedef struct rw_state {
 static bool rw_taken_h(void *ctx, const char *name, uint64_t h) {
     const rw_state *st = ctx;
     const ag_node *x = ag__strmap_get_h(&st->src->names, name, h);
-    return (x && !st->erased[ag_node_index(x)]) || ag__strmap_get_h(&st->made, name, h);
+    return (x && !st->erased[ag__node_index(x)]) || ag__strmap_get_h(&st->made, name, h);
 }
 
 static bool rw_taken(void *ctx, const char *name) {
@@ -504,14 +504,14 @@ static int rw_name_gen(rw_state *st, ag_graph *g, int k, const char *candidate) 
 /* What erasing call c did: its getitems, c, and its get_attr once nothing reads it. */
 static void rw_erase_call(rw_state *st, const ag_node *c) {
     for (int u = 0; u < ag_node_num_users(c); u++)
-        st->erased[ag_node_index(ag_node_user(c, u))] = true;
-    st->erased[ag_node_index(c)] = true;
+        st->erased[ag__node_index(ag_node_user(c, u))] = true;
+    st->erased[ag__node_index(c)] = true;
     const ag_node *a = ag_node_arg_node(c, 0);
     bool read = false;
     for (int u = 0; u < ag_node_num_users(a) && !read; u++)
-        read = !st->erased[ag_node_index(ag_node_user(a, u))];
+        read = !st->erased[ag__node_index(ag_node_user(a, u))];
     if (!read)
-        st->erased[ag_node_index(a)] = true;
+        st->erased[ag__node_index(a)] = true;
 }
 
 static int name_pairs(rw_state *st, ag_graph *g, int ncalls, int nn) {
@@ -581,7 +581,7 @@ static int name_pairs(rw_state *st, ag_graph *g, int ncalls, int nn) {
         st->role[i] = st->erased[i] ? -1 : 0;
     for (int c = 0; c < ncalls; c++)
         if (st->calls[c].pair >= 0)
-            st->role[ag_node_index(st->calls[c].n)] = 1 + c;
+            st->role[ag__node_index(st->calls[c].n)] = 1 + c;
     return rc;
 }
 
@@ -682,7 +682,7 @@ static int rw_backward(rw_state *st, ag_graph *g, const call_info *B, ag__copy_m
 
 static int rw_hook(void *ctx, ag_graph *g, const ag_node *n, ag__copy_map *map) {
     rw_state *st = ctx;
-    int r = st->role[ag_node_index(n)];
+    int r = st->role[ag__node_index(n)];
     if (r <= 0)
         return r < 0;
     const call_info *c = &st->calls[r - 1];
@@ -740,7 +740,7 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
     /* The outer graph: P.g's subgraphs and name counters now, its nodes after the pairing. */
     ag_graph *g = ag__graph_copy_shell(P.g);
     int maxcalls = 1; /* the tables below hold one entry per call, not per node */
-    for (ag_node *n = ag_graph_first(P.g); n; n = ag_node_next(n))
+    for (ag_node *n = ag_graph_first(P.g); n; n = ag__node_next(n))
         maxcalls += ag__call_subgraph(n) != NULL;
     call_info *calls = ag__calloc((size_t)maxcalls, sizeof *calls);
     part_pair *parts = ag__calloc((size_t)maxcalls, sizeof *parts);
@@ -752,7 +752,7 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
         goto done;
     }
     int i = 0;
-    for (ag_node *n = ag_graph_first(P.g); n; n = ag_node_next(n), i++) {
+    for (ag_node *n = ag_graph_first(P.g); n; n = ag__node_next(n), i++) {
         const ag_graph *sub = ag__call_subgraph(n);
         if (!sub)
             continue;
@@ -855,7 +855,7 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
     for (int k = ag_graph_num_subgraphs(g) - 1; k >= 0; k--) {
         ag_graph *s = ag_graph_subgraph_at(g, k, NULL);
         bool read = false;
-        for (ag_node *n = ag_graph_first(g); n && !read; n = ag_node_next(n))
+        for (ag_node *n = ag_graph_first(g); n && !read; n = ag__node_next(n))
             read = ag_node_subgraph(n) == s;
         if (!read)
             ag__subgraph_remove(g, k);

@@ -157,9 +157,9 @@ static bool slot_idle(const ag_tensor *t) {
 /* ---- building: values ---- */
 
 int ag__plan_val_of_node(const ag_plan *p, const ag_node *user, const ag_node *d, int *v) {
-    int di = ag_node_index(d);
-    if (ag_node_kind_of(d) == AG_NODE_CALL && ag_node_num_vals(d) > 1 &&
-        ag_node_kind_of(user) != AG_NODE_GETITEM)
+    int di = ag__node_index(d);
+    if (ag__node_kind(d) == AG_NODE_CALL && ag_node_num_vals(d) > 1 &&
+        ag__node_kind(user) != AG_NODE_GETITEM)
         return ag__err(AG_EINVAL, "plan_new: %%%s reads %%%s, which has %d outputs (use getitem)",
                        ag_node_name(user), ag_node_name(d), ag_node_num_vals(d));
     if (p->node_val[di] < 0)
@@ -188,8 +188,8 @@ static int new_value(ag_plan *p, pv_kind kind, int node, const ag_tmeta *m) {
 static int count_values(const ag_graph *g, int *ncalls) {
     int n = 0;
     *ncalls = 0;
-    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
-        ag_node_kind k = ag_node_kind_of(x);
+    for (ag_node *x = ag_graph_first(g); x; x = ag__node_next(x)) {
+        ag_node_kind k = ag__node_kind(x);
         if (k == AG_NODE_PLACEHOLDER || k == AG_NODE_GET_ATTR)
             n++;
         else if (k == AG_NODE_CALL) {
@@ -208,19 +208,19 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
     const ag_op *mop = NULL;
     const ag_graph *msub = NULL;
     bool mut = false;
-    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
-        const ag_graph *sub = ag_node_kind_of(x) == AG_NODE_CALL ? ag__call_subgraph(x) : NULL;
-        if (ag_node_kind_of(x) == AG_NODE_CALL && (!sub || sub != msub || ag_node_op(x) != mop))
+    for (ag_node *x = ag_graph_first(g); x; x = ag__node_next(x)) {
+        const ag_graph *sub = ag__node_kind(x) == AG_NODE_CALL ? ag__call_subgraph(x) : NULL;
+        if (ag__node_kind(x) == AG_NODE_CALL && (!sub || sub != msub || ag_node_op(x) != mop))
             mut = ag__plan_may_mutate(x), mop = ag_node_op(x), msub = sub;
-        if (ag_node_kind_of(x) == AG_NODE_CALL && mut)
-            p->last_mut = ag_node_index(x);
+        if (ag__node_kind(x) == AG_NODE_CALL && mut)
+            p->last_mut = ag__node_index(x);
     }
     const ag_graph *pt_sub = NULL; /* the last subgraph called, its outputs' operands */
     int pt[AG_MAX_OUTPUTS], npt = 0;
-    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
-        int i = ag_node_index(x);
+    for (ag_node *x = ag_graph_first(g); x; x = ag__node_next(x)) {
+        int i = ag__node_index(x);
         p->node_val[i] = -1;
-        switch (ag_node_kind_of(x)) {
+        switch (ag__node_kind(x)) {
         case AG_NODE_PLACEHOLDER: {
             if (ag_node_num_vals(x) != 1)
                 return ag__err(AG_EINVAL, "plan_new: placeholder %%%s has no val", ag_node_name(x));
@@ -257,10 +257,10 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
             const ag_garg *a0 = ag_node_arg(x, 0), *a1 = ag_node_arg(x, 1);
             ag_node *src = a0 && a0->kind == AG_GA_NODE ? a0->u.node : NULL;
             int64_t k = a1 && a1->kind == AG_GA_INT ? a1->u.i : -1;
-            if (!src || ag_node_kind_of(src) != AG_NODE_CALL || k < 0 ||
-                k >= ag_node_num_vals(src) || p->node_val[ag_node_index(src)] < 0)
+            if (!src || ag__node_kind(src) != AG_NODE_CALL || k < 0 || k >= ag_node_num_vals(src) ||
+                p->node_val[ag__node_index(src)] < 0)
                 return ag__err(AG_EINVAL, "plan_new: %%%s: bad getitem", ag_node_name(x));
-            p->node_val[i] = p->node_val[ag_node_index(src)] + (int)k;
+            p->node_val[i] = p->node_val[ag__node_index(src)] + (int)k;
             if (p->vals[p->node_val[i]].pass) /* an operand passed through: read it */
                 p->node_val[i] = p->vals[p->node_val[i]].pass - 1;
             break;
@@ -335,7 +335,7 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
 typedef int (*read_fn)(ag_plan *p, const ag_node *user, int v, void *ud);
 
 static int for_each_read(ag_plan *p, const ag_node *x, read_fn fn, void *ud) {
-    if (ag_node_kind_of(x) == AG_NODE_GETITEM)
+    if (ag__node_kind(x) == AG_NODE_GETITEM)
         return 0;
     for (int i = 0; i < ag_node_nargs(x); i++) {
         const ag_garg *a = ag_node_arg(x, i);
@@ -356,7 +356,7 @@ static int for_each_read(ag_plan *p, const ag_node *x, read_fn fn, void *ud) {
 
 static int note_read(ag_plan *p, const ag_node *user, int v, void *ud) {
     (void)ud;
-    int t = ag_node_index(user);
+    int t = ag__node_index(user);
     if (t > p->vals[v].last)
         p->vals[v].last = t;
     return 0;
@@ -391,7 +391,7 @@ static int inplace_source(ag_plan *p, const ag_node *x, int o, const bool *out_r
     for (int i = 0; i < op->nargs; i++)
         if (op->mutates[i])
             return -1;
-    int t = ag_node_index(x);
+    int t = ag__node_index(x);
     for (int i = 0; i < ag_node_nargs(x); i++) {
         const ag_garg *a = ag_node_arg(x, i);
         if (a->kind != AG_GA_NODE || !a->u.node)
@@ -415,9 +415,9 @@ static int inplace_source(ag_plan *p, const ag_node *x, int o, const bool *out_r
 }
 
 static int plan_buffers(ag_plan *p, const ag_graph *g, const int *rend, const bool *out_root) {
-    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
-        int i = ag_node_index(x);
-        if (ag_node_kind_of(x) != AG_NODE_CALL)
+    for (ag_node *x = ag_graph_first(g); x; x = ag__node_next(x)) {
+        int i = ag__node_index(x);
+        if (ag__node_kind(x) != AG_NODE_CALL)
             continue;
         uint32_t f = ag_op_def(ag_node_op(x))->flags;
         if (f & (AG_OP_VIEW | AG_OP_INPLACE))
@@ -685,10 +685,10 @@ static int make_steps(ag_plan *p, const ag_graph *g) {
         t->storage = initial_storage(p, v);
         t->is_view = x->kind == PV_ALIAS;
     }
-    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
-        if (ag_node_kind_of(x) != AG_NODE_CALL)
+    for (ag_node *x = ag_graph_first(g); x; x = ag__node_next(x)) {
+        if (ag__node_kind(x) != AG_NODE_CALL)
             continue;
-        int i = ag_node_index(x);
+        int i = ag__node_index(x);
         const ag_op *op = ag_node_op(x);
         const ag_opdef *def = ag_op_def(op);
         pstep *s = &p->steps[p->nsteps];
@@ -742,7 +742,7 @@ static int make_steps(ag_plan *p, const ag_graph *g) {
 static int make_outputs(ag_plan *p, const ag_graph *g, bool *out_root) {
     ag_node *o = ag_graph_output_node(g);
     const ag_garg *a = ag_node_arg(o, 0);
-    p->out_node = ag_node_index(o);
+    p->out_node = ag__node_index(o);
     p->nouts = a->n;
     p->outs = ag__calloc((size_t)(a->n ? a->n : 1), sizeof *p->outs);
     p->pick = ag__calloc((size_t)(a->n ? a->n : 1), sizeof *p->pick);
@@ -792,18 +792,18 @@ static int find_fused_groups(ag_plan *p, const ag_graph *g) {
     ag_node *chain[AG__FUSE_MAX];
     ag_node *x = ag_graph_first(g);
     while (x) {
-        if (ag_node_kind_of(x) != AG_NODE_CALL || (ag_op_def(ag_node_op(x))->flags & AG_OP_VIEW)) {
-            x = ag_node_next(x);
+        if (ag__node_kind(x) != AG_NODE_CALL || (ag_op_def(ag_node_op(x))->flags & AG_OP_VIEW)) {
+            x = ag__node_next(x);
             continue;
         }
         /* The kernel calls from x on, up to the next step that is not one (a view of an input
          * is recomputed each run: a step of its own). */
         int n = 0;
-        for (ag_node *y = x; y && n < AG__FUSE_MAX; y = ag_node_next(y)) {
-            if (ag_node_kind_of(y) != AG_NODE_CALL)
+        for (ag_node *y = x; y && n < AG__FUSE_MAX; y = ag__node_next(y)) {
+            if (ag__node_kind(y) != AG_NODE_CALL)
                 continue;
             if (ag_op_def(ag_node_op(y))->flags & AG_OP_VIEW) {
-                if (p->vals[p->node_val[ag_node_index(y)]].dyn)
+                if (p->vals[p->node_val[ag__node_index(y)]].dyn)
                     break;
                 continue;
             }
@@ -812,18 +812,18 @@ static int find_fused_groups(ag_plan *p, const ag_graph *g) {
         ag__fuse_group grp;
         int len = n >= 2 ? ag__fuse_match(chain, n, &grp) : 0;
         if (len < 2) {
-            x = ag_node_next(x);
+            x = ag__node_next(x);
             continue;
         }
-        int end = ag_node_index(chain[len - 1]);
+        int end = ag__node_index(chain[len - 1]);
         for (int k = 0; k < len - 1 && !grp.f->reads_end_early; k++) {
             int rc = for_each_read(p, chain[k], extend_read, &end);
             if (rc)
                 return rc;
         }
-        p->fuse_at[ag_node_index(x)] = grp;
+        p->fuse_at[ag__node_index(x)] = grp;
         p->nfused++;
-        x = ag_node_next(chain[len - 1]);
+        x = ag__node_next(chain[len - 1]);
     }
     return 0;
 }
@@ -860,9 +860,9 @@ static int build(ag_plan *p, const ag_graph *g, bool verified) {
     }
     /* Node names and the steps' argument memory, each in one block. */
     size_t name_bytes = 0;
-    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
+    for (ag_node *x = ag_graph_first(g); x; x = ag__node_next(x)) {
         name_bytes += strlen(ag_node_name(x)) + 1;
-        if (ag_node_kind_of(x) == AG_NODE_CALL)
+        if (ag__node_kind(x) == AG_NODE_CALL)
             p->step_mem_size += step_mem_bytes(x, NULL, NULL);
     }
     p->name_chars = ag__malloc(name_bytes);
@@ -872,16 +872,16 @@ static int build(ag_plan *p, const ag_graph *g, bool verified) {
         goto done;
     }
     char *nc = p->name_chars;
-    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
+    for (ag_node *x = ag_graph_first(g); x; x = ag__node_next(x)) {
         size_t len = strlen(ag_node_name(x)) + 1;
         memcpy(nc, ag_node_name(x), len);
-        p->names[ag_node_index(x)] = nc;
+        p->names[ag__node_index(x)] = nc;
         nc += len;
     }
     if ((rc = assign_values(p, g)))
         goto done;
     /* Last reads; a view's reads keep its root alive. */
-    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x))
+    for (ag_node *x = ag_graph_first(g); x; x = ag__node_next(x))
         if ((rc = for_each_read(p, x, note_read, NULL)))
             goto done;
     if (!p->opts.no_fusion && !ag__fuse_disabled_by_env() && (rc = find_fused_groups(p, g)))
