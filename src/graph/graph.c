@@ -1228,8 +1228,8 @@ int ag__graph_copy_nodes(ag_graph *g, const ag_graph *src, ag__copy_hook hook, v
                     ((ag_garg *)m->args[i].u.elems)[k] = AG_GA_NIL;
             }
         }
-        for (int i = 0; i < n->nmeta && rc == 0; i++)
-            rc = ag__entry_copy(g, &m->meta, &m->nmeta, &m->meta_cap, m->meta_inline, &n->meta[i]);
+        if (rc == 0)
+            rc = ag__node_meta_copy(m, n); /* m->graph is g */
         for (int i = 0; i < n->ncustom && rc == 0; i++)
             rc = ag__entry_copy(g, &m->custom, &m->ncustom, &m->custom_cap, NULL, &n->custom[i]);
         m->desc = ag_desc_retain(n->desc);
