@@ -103,7 +103,7 @@ static int add_use(ag_node *def, ag_node *user, bool fresh) {
             return AG_ENOMEM;
         if (def->nusers)
             memcpy(nu, def->users, sizeof *nu * (size_t)def->nusers);
-        if (def->users != def->users_inline)
+        if (def->users && def->users != def->users_inline) /* NULL: the first user */
             ag__free(def->users);
         def->users = nu;
         def->users_cap = ncap;
@@ -279,7 +279,7 @@ static void node_clear(ag_node *n) {
         ag__garg_free(&n->args[i]);
     if (n->args != n->args_inline)
         ag__free(n->args);
-    if (n->users != n->users_inline)
+    if (n->users && n->users != n->users_inline)
         ag__free(n->users);
     node_free_name(n);
     if (n->vals != &n->val1)

@@ -173,7 +173,7 @@ static void entry_clear(ag__mentry *x) {
 void ag__meta_entries_free(ag__mentry *e, int n, const ag__mentry *inline_buf) {
     for (int i = 0; i < n; i++)
         entry_clear(&e[i]);
-    if (e != inline_buf)
+    if (e && e != inline_buf)
         ag__free(e);
 }
 
