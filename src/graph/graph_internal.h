@@ -124,6 +124,38 @@ static inline ag_node *ag__node_next(const ag_node *n) {
 static inline int ag__node_index(const ag_node *n) {
     return n->graph->order_dirty ? ag_node_index(n) : n->index;
 }
+/* The public readers of a node's fields inlined for the same walks, with their answers for
+ * NULL and out-of-range indexes. */
+static inline const char *ag__node_name(const ag_node *n) {
+    return n ? n->name : NULL;
+}
+static inline const ag_op *ag__node_op(const ag_node *n) {
+    return n ? n->op : NULL;
+}
+static inline int ag__node_nargs(const ag_node *n) {
+    return n ? n->nargs : 0;
+}
+static inline const ag_garg *ag__node_arg(const ag_node *n, int i) {
+    return n && i >= 0 && i < n->nargs ? &n->args[i] : NULL;
+}
+static inline ag_node *ag__node_arg_node(const ag_node *n, int i) {
+    return n && i >= 0 && i < n->nargs && n->args[i].kind == AG_GA_NODE ? n->args[i].u.node : NULL;
+}
+static inline int ag__node_num_users(const ag_node *n) {
+    return n ? n->nusers : 0;
+}
+static inline ag_node *ag__node_user(const ag_node *n, int i) {
+    return n && i >= 0 && i < n->nusers ? n->users[i].node : NULL;
+}
+static inline int ag__node_num_vals(const ag_node *n) {
+    return n ? n->nvals : 0;
+}
+static inline const ag_tmeta *ag__node_val(const ag_node *n, int i) {
+    return n && i >= 0 && i < n->nvals ? &n->vals[i] : NULL;
+}
+static inline ag_graph *ag__node_subgraph(const ag_node *n) {
+    return n && n->kind == AG_NODE_GET_ATTR ? n->sub : NULL;
+}
 
 /* subgraph.c: frees g's subgraphs (ag_graph_free). */
 void ag__subgraphs_free(ag_graph *g);

@@ -63,7 +63,7 @@ int ag__side_nodes(const ag__part *P, const bool *is_input, bool backward, const
             return ag__err(AG_EINVAL,
                            "partition: node %s was invalid, but is an output of the %s "
                            "graph",
-                           ag_node_name(P->info[outs[k]].node), backward ? "backward" : "forward");
+                           ag__node_name(P->info[outs[k]].node), backward ? "backward" : "forward");
         needed[outs[k]] = true;
     }
     for (int i = P->nn - 1; i >= 0; i--) {
@@ -163,7 +163,7 @@ int ag__plan_make(const ag__part *P, const int *saved_in, int nsaved_in, ag__pla
         }
         if (P->info[s].tuple) {
             rc = ag__err(AG_EINVAL, "partition: %s returns several tensors; save its getitems",
-                         ag_node_name(P->info[s].node));
+                         ag__node_name(P->info[s].node));
             goto done;
         }
         is_saved[s] = true;
@@ -323,22 +323,22 @@ int64_t ag__subgraph_extra_bytes(const ag_graph *sub) {
         last[p] = -1;
         ag_node_kind k = ag_node_kind_of(x);
         if (k == AG_NODE_GETITEM) {
-            root[p] = root[ag_node_index(ag_node_arg_node(x, 0))];
+            root[p] = root[ag_node_index(ag__node_arg_node(x, 0))];
         } else if (k == AG_NODE_CALL) {
-            const ag_garg *a0 = ag_node_arg(x, 0);
-            if ((ag_op_def(ag_node_op(x))->flags & AG_OP_VIEW) && a0 && a0->kind == AG_GA_NODE &&
+            const ag_garg *a0 = ag__node_arg(x, 0);
+            if ((ag_op_def(ag__node_op(x))->flags & AG_OP_VIEW) && a0 && a0->kind == AG_GA_NODE &&
                 a0->u.node) {
                 root[p] = root[ag_node_index(a0->u.node)];
             } else {
                 root[p] = p;
-                for (int v = 0; v < ag_node_num_vals(x); v++) {
-                    const ag_tmeta *m = ag_node_val(x, v);
+                for (int v = 0; v < ag__node_num_vals(x); v++) {
+                    const ag_tmeta *m = ag__node_val(x, v);
                     bytes[p] += ag__numel(m->ndim, m->sizes) * (int64_t)ag_dtype_size(m->dtype);
                 }
             }
         }
-        for (int a = 0; a < ag_node_nargs(x); a++) {
-            const ag_garg *g = ag_node_arg(x, a);
+        for (int a = 0; a < ag__node_nargs(x); a++) {
+            const ag_garg *g = ag__node_arg(x, a);
             int cnt = ag__garg_nrefs(g);
             for (int e = 0; e < cnt; e++) {
                 ag_node *d = ag__garg_ref(g, e);
@@ -368,8 +368,8 @@ int64_t ag__subgraph_extra_bytes(const ag_graph *sub) {
         if (cur + ex > peak)
             peak = cur + ex;
         /* Free what this node read for the last time, and its own value if nothing reads it. */
-        for (int a = 0; a <= ag_node_nargs(x); a++) {
-            const ag_garg *g = a < ag_node_nargs(x) ? ag_node_arg(x, a) : NULL;
+        for (int a = 0; a <= ag__node_nargs(x); a++) {
+            const ag_garg *g = a < ag__node_nargs(x) ? ag__node_arg(x, a) : NULL;
             int cnt = !g ? 1 : ag__garg_nrefs(g);
             for (int e = 0; e < cnt; e++) {
                 ag_node *d = !g ? x : ag__garg_ref(g, e);

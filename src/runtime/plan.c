@@ -158,13 +158,13 @@ static bool slot_idle(const ag_tensor *t) {
 
 int ag__plan_val_of_node(const ag_plan *p, const ag_node *user, const ag_node *d, int *v) {
     int di = ag__node_index(d);
-    if (ag__node_kind(d) == AG_NODE_CALL && ag_node_num_vals(d) > 1 &&
+    if (ag__node_kind(d) == AG_NODE_CALL && ag__node_num_vals(d) > 1 &&
         ag__node_kind(user) != AG_NODE_GETITEM)
         return ag__err(AG_EINVAL, "plan_new: %%%s reads %%%s, which has %d outputs (use getitem)",
-                       ag_node_name(user), ag_node_name(d), ag_node_num_vals(d));
+                       ag__node_name(user), ag__node_name(d), ag__node_num_vals(d));
     if (p->node_val[di] < 0)
         return ag__err(AG_EINVAL, "plan_new: %%%s reads %%%s, which has no value",
-                       ag_node_name(user), ag_node_name(d));
+                       ag__node_name(user), ag__node_name(d));
     *v = p->node_val[di];
     return 0;
 }
@@ -194,8 +194,8 @@ static int count_values(const ag_graph *g, int *ncalls) {
             n++;
         else if (k == AG_NODE_CALL) {
             (*ncalls)++;
-            uint32_t f = ag_op_def(ag_node_op(x))->flags;
-            n += (f & AG_OP_VIEW) ? 1 : (f & AG_OP_INPLACE) ? 0 : ag_node_num_vals(x);
+            uint32_t f = ag_op_def(ag__node_op(x))->flags;
+            n += (f & AG_OP_VIEW) ? 1 : (f & AG_OP_INPLACE) ? 0 : ag__node_num_vals(x);
         }
     }
     return n;
@@ -210,8 +210,8 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
     bool mut = false;
     for (ag_node *x = ag_graph_first(g); x; x = ag__node_next(x)) {
         const ag_graph *sub = ag__node_kind(x) == AG_NODE_CALL ? ag__call_subgraph(x) : NULL;
-        if (ag__node_kind(x) == AG_NODE_CALL && (!sub || sub != msub || ag_node_op(x) != mop))
-            mut = ag__plan_may_mutate(x), mop = ag_node_op(x), msub = sub;
+        if (ag__node_kind(x) == AG_NODE_CALL && (!sub || sub != msub || ag__node_op(x) != mop))
+            mut = ag__plan_may_mutate(x), mop = ag__node_op(x), msub = sub;
         if (ag__node_kind(x) == AG_NODE_CALL && mut)
             p->last_mut = ag__node_index(x);
     }
@@ -222,9 +222,10 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
         p->node_val[i] = -1;
         switch (ag__node_kind(x)) {
         case AG_NODE_PLACEHOLDER: {
-            if (ag_node_num_vals(x) != 1)
-                return ag__err(AG_EINVAL, "plan_new: placeholder %%%s has no val", ag_node_name(x));
-            int v = new_value(p, PV_INPUT, i, ag_node_val(x, 0));
+            if (ag__node_num_vals(x) != 1)
+                return ag__err(AG_EINVAL, "plan_new: placeholder %%%s has no val",
+                               ag__node_name(x));
+            int v = new_value(p, PV_INPUT, i, ag__node_val(x, 0));
             p->vals[v].ph = p->nph;
             p->ph_val[p->nph++] = v;
             p->node_val[i] = v;
@@ -233,11 +234,11 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
         case AG_NODE_GET_ATTR: {
             /* A subgraph has no value; one that invoke_subgraph calls gets a plan, one that
              * only flex_attention reads none here (its step plans it per tile shape). */
-            if (ag_node_subgraph(x)) {
+            if (ag__node_subgraph(x)) {
                 bool invoked = false;
-                for (int u = 0; u < ag_node_num_users(x) && !invoked; u++)
-                    invoked = !ag__op_is_flex(ag_node_op(ag_node_user(x, u)));
-                int rc = invoked ? ag__plan_subplan_of(p, ag_node_subgraph(x), NULL) : 0;
+                for (int u = 0; u < ag__node_num_users(x) && !invoked; u++)
+                    invoked = !ag__op_is_flex(ag__node_op(ag__node_user(x, u)));
+                int rc = invoked ? ag__plan_subplan_of(p, ag__node_subgraph(x), NULL) : 0;
                 if (rc)
                     return rc;
                 break;
@@ -245,7 +246,7 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
             ag_tensor *c = ag_node_constant(x);
             if (!c || !c->storage->data)
                 return ag__err(AG_EINVAL, "plan_new: %%%s: get_attr without a real constant",
-                               ag_node_name(x));
+                               ag__node_name(x));
             ag_tmeta m;
             ag__tmeta_of(c, &m);
             int v = new_value(p, PV_CONST, i, &m);
@@ -254,31 +255,31 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
             break;
         }
         case AG_NODE_GETITEM: {
-            const ag_garg *a0 = ag_node_arg(x, 0), *a1 = ag_node_arg(x, 1);
+            const ag_garg *a0 = ag__node_arg(x, 0), *a1 = ag__node_arg(x, 1);
             ag_node *src = a0 && a0->kind == AG_GA_NODE ? a0->u.node : NULL;
             int64_t k = a1 && a1->kind == AG_GA_INT ? a1->u.i : -1;
-            if (!src || ag__node_kind(src) != AG_NODE_CALL || k < 0 || k >= ag_node_num_vals(src) ||
-                p->node_val[ag__node_index(src)] < 0)
-                return ag__err(AG_EINVAL, "plan_new: %%%s: bad getitem", ag_node_name(x));
+            if (!src || ag__node_kind(src) != AG_NODE_CALL || k < 0 ||
+                k >= ag__node_num_vals(src) || p->node_val[ag__node_index(src)] < 0)
+                return ag__err(AG_EINVAL, "plan_new: %%%s: bad getitem", ag__node_name(x));
             p->node_val[i] = p->node_val[ag__node_index(src)] + (int)k;
             if (p->vals[p->node_val[i]].pass) /* an operand passed through: read it */
                 p->node_val[i] = p->vals[p->node_val[i]].pass - 1;
             break;
         }
         case AG_NODE_CALL: {
-            const ag_op *op = ag_node_op(x);
+            const ag_op *op = ag__node_op(x);
             const ag_opdef *def = ag_op_def(op);
-            int nv = ag_node_num_vals(x);
+            int nv = ag__node_num_vals(x);
             if (def->flags & AG_OP_VIEW) {
                 int base = -1;
-                const ag_garg *a0 = ag_node_arg(x, 0);
+                const ag_garg *a0 = ag__node_arg(x, 0);
                 if (nv != 1 || !a0 || a0->kind != AG_GA_NODE || !a0->u.node)
                     return ag__err(AG_EINVAL, "plan_new: %%%s: view %s without a base",
-                                   ag_node_name(x), ag_op_name(op));
+                                   ag__node_name(x), ag_op_name(op));
                 int rc = ag__plan_val_of_node(p, x, a0->u.node, &base);
                 if (rc)
                     return rc;
-                int v = new_value(p, PV_ALIAS, i, ag_node_val(x, 0));
+                int v = new_value(p, PV_ALIAS, i, ag__node_val(x, 0));
                 p->vals[v].root = p->vals[base].root;
                 p->vals[v].dyn = p->vals[p->vals[base].root].kind == PV_INPUT;
                 p->node_val[i] = v;
@@ -288,28 +289,28 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
                 return ag__err(AG_EINVAL,
                                "plan_new: %%%s: %s has no kernel (composite ops must be "
                                "decomposed before planning)",
-                               ag_node_name(x), ag_op_name(op));
+                               ag__node_name(x), ag_op_name(op));
             if (nv > AG_MAX_OUTPUTS)
                 return ag__err(AG_EINVAL, "plan_new: %%%s: %d outputs (at most %d)",
-                               ag_node_name(x), nv, AG_MAX_OUTPUTS);
+                               ag__node_name(x), nv, AG_MAX_OUTPUTS);
             if (def->flags & AG_OP_INPLACE) {
-                const ag_garg *a0 = ag_node_arg(x, 0);
+                const ag_garg *a0 = ag__node_arg(x, 0);
                 if (nv != 1 || !a0 || a0->kind != AG_GA_NODE || !a0->u.node)
                     return ag__err(AG_EINVAL, "plan_new: %%%s: in-place %s without self",
-                                   ag_node_name(x), ag_op_name(op));
+                                   ag__node_name(x), ag_op_name(op));
                 int rc = ag__plan_val_of_node(p, x, a0->u.node, &p->node_val[i]);
                 if (rc)
                     return rc;
                 break;
             }
             if (def->flags & AG_OP_SUBGRAPH) { /* its outputs' operands, once per subgraph */
-                const ag_graph *sub = ag_node_subgraph(ag_node_arg_node(x, 0));
+                const ag_graph *sub = ag__node_subgraph(ag__node_arg_node(x, 0));
                 if (sub != pt_sub)
                     npt = sub ? ag__subgraph_passthrough(sub, pt, AG_MAX_OUTPUTS) : 0;
                 pt_sub = sub;
             }
             for (int k = 0; k < nv; k++) {
-                int v = new_value(p, PV_BUF, i, ag_node_val(x, k));
+                int v = new_value(p, PV_BUF, i, ag__node_val(x, k));
                 if (k == 0)
                     p->node_val[i] = v;
                 int src = (def->flags & AG_OP_SUBGRAPH)
@@ -337,12 +338,12 @@ typedef int (*read_fn)(ag_plan *p, const ag_node *user, int v, void *ud);
 static int for_each_read(ag_plan *p, const ag_node *x, read_fn fn, void *ud) {
     if (ag__node_kind(x) == AG_NODE_GETITEM)
         return 0;
-    for (int i = 0; i < ag_node_nargs(x); i++) {
-        const ag_garg *a = ag_node_arg(x, i);
+    for (int i = 0; i < ag__node_nargs(x); i++) {
+        const ag_garg *a = ag__node_arg(x, i);
         int cnt = ag__garg_nrefs(a);
         for (int k = 0; k < cnt; k++) {
             ag_node *d = ag__garg_ref(a, k);
-            if (!d || ag_node_subgraph(d))
+            if (!d || ag__node_subgraph(d))
                 continue;
             int v = -1, rc = ag__plan_val_of_node(p, x, d, &v);
             if (rc == 0)
@@ -383,17 +384,17 @@ static int check_other(ag_plan *p, const ag_node *user, int v, void *ud) {
 
 /* The value whose buffer output value o of node x may take over, or -1. */
 static int inplace_source(ag_plan *p, const ag_node *x, int o, const bool *out_root) {
-    const ag_op *op = ag_node_op(x);
+    const ag_op *op = ag__node_op(x);
     const ag_opdef *def = ag_op_def(op);
     if (p->opts.no_inplace || !(def->flags & AG_OP_POINTWISE) || (def->flags & AG_OP_INPLACE) ||
-        ag_node_num_vals(x) != 1 || out_root[o])
+        ag__node_num_vals(x) != 1 || out_root[o])
         return -1;
     for (int i = 0; i < op->nargs; i++)
         if (op->mutates[i])
             return -1;
     int t = ag__node_index(x);
-    for (int i = 0; i < ag_node_nargs(x); i++) {
-        const ag_garg *a = ag_node_arg(x, i);
+    for (int i = 0; i < ag__node_nargs(x); i++) {
+        const ag_garg *a = ag__node_arg(x, i);
         if (a->kind != AG_GA_NODE || !a->u.node)
             continue;
         int v = -1;
@@ -419,10 +420,10 @@ static int plan_buffers(ag_plan *p, const ag_graph *g, const int *rend, const bo
         int i = ag__node_index(x);
         if (ag__node_kind(x) != AG_NODE_CALL)
             continue;
-        uint32_t f = ag_op_def(ag_node_op(x))->flags;
+        uint32_t f = ag_op_def(ag__node_op(x))->flags;
         if (f & (AG_OP_VIEW | AG_OP_INPLACE))
             continue;
-        for (int k = 0; k < ag_node_num_vals(x); k++) {
+        for (int k = 0; k < ag__node_num_vals(x); k++) {
             int o = p->node_val[i] + k;
             pv *ov = &p->vals[o];
             if (ov->pass) /* an operand passed through: no buffer */
@@ -496,10 +497,10 @@ static int plan_buffers(ag_plan *p, const ag_graph *g, const int *rend, const bo
  * pointers and ints of its arguments) first, then the
  * reads, then strings, rounded up to 8 so that the next step's block stays aligned. */
 static size_t step_mem_bytes(const ag_node *x, size_t *wide_out, int *nreads_out) {
-    size_t wide = sizeof(ag_tensor *) * (size_t)ag_node_num_vals(x), chars = 0; /* outs */
+    size_t wide = sizeof(ag_tensor *) * (size_t)ag__node_num_vals(x), chars = 0; /* outs */
     int nreads = 0;
-    for (int i = 0; i < ag_node_nargs(x); i++) {
-        const ag_garg *a = ag_node_arg(x, i);
+    for (int i = 0; i < ag__node_nargs(x); i++) {
+        const ag_garg *a = ag__node_arg(x, i);
         if (a->kind == AG_GA_NODES || a->kind == AG_GA_TUPLE) {
             wide += sizeof(ag_tensor *) * (size_t)a->n;
             nreads += a->n;
@@ -520,32 +521,32 @@ static size_t step_mem_bytes(const ag_node *x, size_t *wide_out, int *nreads_out
 /* Converts node arguments to kernel arguments over the plan's structs into s->args (defaults
  * filled); lists, int arrays and strings are copied into s->mem, carved from p->step_mem. */
 static int bind_args(ag_plan *p, const ag_node *x, pstep *s) {
-    const ag_op *op = ag_node_op(x);
-    int na = ag_node_nargs(x);
+    const ag_op *op = ag__node_op(x);
+    int na = ag__node_nargs(x);
     size_t wide = 0;
     int nreads = 0;
     size_t bytes = step_mem_bytes(x, &wide, &nreads);
     if (p->step_mem_used + bytes > p->step_mem_size)
-        return ag__err(AG_EINVAL, "plan_new: %%%s: step memory miscounted", ag_node_name(x));
+        return ag__err(AG_EINVAL, "plan_new: %%%s: step memory miscounted", ag__node_name(x));
     s->mem = p->step_mem + p->step_mem_used;
     p->step_mem_used += bytes;
     char *m = s->mem;
     s->reads = (int *)(m + wide);
     char *mstr = m + wide + sizeof(int) * (size_t)nreads;
     s->outs = (ag_tensor **)m; /* the output structs first (make_steps fills them) */
-    m += sizeof(ag_tensor *) * (size_t)ag_node_num_vals(x);
-    for (int k = 0; k < ag_node_num_vals(x); k++)
+    m += sizeof(ag_tensor *) * (size_t)ag__node_num_vals(x);
+    for (int k = 0; k < ag__node_num_vals(x); k++)
         s->outs[k] = NULL;
     ag_arg raw[AG_MAX_ARGS];
     for (int i = 0; i < na; i++) {
-        const ag_garg *a = ag_node_arg(x, i);
+        const ag_garg *a = ag__node_arg(x, i);
         int v = -1;
         switch (a->kind) {
         case AG_GA_NONE:
             raw[i] = AG_A_NONE;
             break;
         case AG_GA_NODE:
-            if (!a->u.node || ag_node_subgraph(a->u.node)) { /* a subgraph: the step's plan */
+            if (!a->u.node || ag__node_subgraph(a->u.node)) { /* a subgraph: the step's plan */
                 raw[i] = AG_A_NONE;
                 break;
             }
@@ -561,7 +562,7 @@ static int bind_args(ag_plan *p, const ag_node *x, pstep *s) {
             for (int k = 0; k < a->n; k++) {
                 ag_node *d = ag__garg_ref(a, k);
                 ts[k] = NULL;
-                if (!d || ag_node_subgraph(d)) /* a flex mask graph */
+                if (!d || ag__node_subgraph(d)) /* a flex mask graph */
                     continue;
                 if (ag__plan_val_of_node(p, x, d, &v))
                     return ag_last_status();
@@ -615,7 +616,7 @@ static int bind_args(ag_plan *p, const ag_node *x, pstep *s) {
     if (rc) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", ag_last_error());
-        return ag__err(rc, "plan_new: %%%s: %s", ag_node_name(x), msg);
+        return ag__err(rc, "plan_new: %%%s: %s", ag__node_name(x), msg);
     }
     return 0;
 }
@@ -689,7 +690,7 @@ static int make_steps(ag_plan *p, const ag_graph *g) {
         if (ag__node_kind(x) != AG_NODE_CALL)
             continue;
         int i = ag__node_index(x);
-        const ag_op *op = ag_node_op(x);
+        const ag_op *op = ag__node_op(x);
         const ag_opdef *def = ag_op_def(op);
         pstep *s = &p->steps[p->nsteps];
         memset(s, 0, sizeof *s);
@@ -718,30 +719,30 @@ static int make_steps(ag_plan *p, const ag_graph *g) {
             s->flex = p->nflex;
         } else if (def->flags & AG_OP_SUBGRAPH) {
             int k = 0;
-            if ((rc = ag__plan_subplan_of(p, ag_node_subgraph(ag_node_arg_node(x, 0)), &k)))
+            if ((rc = ag__plan_subplan_of(p, ag__node_subgraph(ag__node_arg_node(x, 0)), &k)))
                 return rc;
             s->sub = k + 1;
         }
-        int nv = ag_node_num_vals(x);
+        int nv = ag__node_num_vals(x);
         s->nouts = nv;
         for (int k = 0; k < nv; k++) {
             int v = p->node_val[i] + ((def->flags & AG_OP_INPLACE) ? 0 : k);
             /* an operand passed through: the subgraph's plan sees its struct as the output */
             s->outs[k] = p->tp[p->vals[v].pass ? p->vals[v].pass - 1 : v];
         }
-        ag_dtype kdt = kernel_dtype(s, op->nargs, nv ? ag_node_val(x, 0) : NULL);
+        ag_dtype kdt = kernel_dtype(s, op->nargs, nv ? ag__node_val(x, 0) : NULL);
         p->nsteps++;
         p->nkernel++;
         if (!(def->dtypes & (1u << kdt)))
             return ag__err(AG_ENOTSUP, "plan_new: %%%s: %s has no kernel for dtype %s",
-                           ag_node_name(x), ag_op_name(op), ag_dtype_short(kdt));
+                           ag__node_name(x), ag_op_name(op), ag_dtype_short(kdt));
     }
     return 0;
 }
 
 static int make_outputs(ag_plan *p, const ag_graph *g, bool *out_root) {
     ag_node *o = ag_graph_output_node(g);
-    const ag_garg *a = ag_node_arg(o, 0);
+    const ag_garg *a = ag__node_arg(o, 0);
     p->out_node = ag__node_index(o);
     p->nouts = a->n;
     p->outs = ag__calloc((size_t)(a->n ? a->n : 1), sizeof *p->outs);
@@ -792,7 +793,7 @@ static int find_fused_groups(ag_plan *p, const ag_graph *g) {
     ag_node *chain[AG__FUSE_MAX];
     ag_node *x = ag_graph_first(g);
     while (x) {
-        if (ag__node_kind(x) != AG_NODE_CALL || (ag_op_def(ag_node_op(x))->flags & AG_OP_VIEW)) {
+        if (ag__node_kind(x) != AG_NODE_CALL || (ag_op_def(ag__node_op(x))->flags & AG_OP_VIEW)) {
             x = ag__node_next(x);
             continue;
         }
@@ -802,7 +803,7 @@ static int find_fused_groups(ag_plan *p, const ag_graph *g) {
         for (ag_node *y = x; y && n < AG__FUSE_MAX; y = ag__node_next(y)) {
             if (ag__node_kind(y) != AG_NODE_CALL)
                 continue;
-            if (ag_op_def(ag_node_op(y))->flags & AG_OP_VIEW) {
+            if (ag_op_def(ag__node_op(y))->flags & AG_OP_VIEW) {
                 if (p->vals[p->node_val[ag__node_index(y)]].dyn)
                     break;
                 continue;
@@ -861,7 +862,7 @@ static int build(ag_plan *p, const ag_graph *g, bool verified) {
     /* Node names and the steps' argument memory, each in one block. */
     size_t name_bytes = 0;
     for (ag_node *x = ag_graph_first(g); x; x = ag__node_next(x)) {
-        name_bytes += strlen(ag_node_name(x)) + 1;
+        name_bytes += strlen(ag__node_name(x)) + 1;
         if (ag__node_kind(x) == AG_NODE_CALL)
             p->step_mem_size += step_mem_bytes(x, NULL, NULL);
     }
@@ -873,8 +874,8 @@ static int build(ag_plan *p, const ag_graph *g, bool verified) {
     }
     char *nc = p->name_chars;
     for (ag_node *x = ag_graph_first(g); x; x = ag__node_next(x)) {
-        size_t len = strlen(ag_node_name(x)) + 1;
-        memcpy(nc, ag_node_name(x), len);
+        size_t len = strlen(ag__node_name(x)) + 1;
+        memcpy(nc, ag__node_name(x), len);
         p->names[ag__node_index(x)] = nc;
         nc += len;
     }
