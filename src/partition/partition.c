@@ -832,8 +832,10 @@ int ag__partition_flat(const ag_graph *joint, int num_fwd_outputs, const ag_part
 #endif
     ag__free(saved);
     ag__peak pk = {0};
-    if (rc == 0 && (stats || peak))
+    if (rc == 0 && peak) /* the memory model; the stats need only what is recomputed */
         rc = ag__plan_peak(&P, &pl, &pk);
+    else if (rc == 0 && stats)
+        ag__plan_recompute(&P, &pl, &pk.recomputed_nodes, &pk.recompute_flops);
     if (rc == 0)
         rc = ag__plan_graphs(&P, &pl, fw, bw);
     if (rc == 0) {

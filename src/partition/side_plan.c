@@ -387,6 +387,22 @@ int64_t ag__subgraph_extra_bytes(const ag_graph *sub) {
     return peak;
 }
 
+void ag__plan_recompute(const ag__part *P, const ag__plan *pl, int *nodes, double *flops) {
+    /* Forward nodes the backward runs again. */
+    *nodes = 0;
+    *flops = 0;
+    for (int p = 0; p < pl->nbw; p++) {
+        const ag__pinfo *pi = &P->info[pl->bw[p]];
+        if (pi->kind != AG_NODE_CALL || pi->req_bw)
+            continue;
+        const char *tag = ag_node_partitioner_tag(pi->node);
+        if (tag && (!strcmp(tag, "is_backward") || !strcmp(tag, "must_be_in_backward")))
+            continue;
+        (*nodes)++;
+        *flops += pi->flops;
+    }
+}
+
 int ag__plan_peak(const ag__part *P, const ag__plan *pl, ag__peak *out) {
     memset(out, 0, sizeof *out);
     int nn = P->nn;
@@ -487,17 +503,7 @@ int ag__plan_peak(const ag__part *P, const ag__plan *pl, ag__peak *out) {
     out->bw_peak = run_sim(&S, pl->bw, pl->nbw, start, &bw_end);
     out->peak = out->fw_peak > out->bw_peak ? out->fw_peak : out->bw_peak;
 
-    /* Recomputation: forward nodes the backward runs again. */
-    for (int p = 0; p < pl->nbw; p++) {
-        const ag__pinfo *pi = &P->info[pl->bw[p]];
-        if (pi->kind != AG_NODE_CALL || pi->req_bw)
-            continue;
-        const char *tag = ag_node_partitioner_tag(pi->node);
-        if (tag && (!strcmp(tag, "is_backward") || !strcmp(tag, "must_be_in_backward")))
-            continue;
-        out->recomputed_nodes++;
-        out->recompute_flops += pi->flops;
-    }
+    ag__plan_recompute(P, pl, &out->recomputed_nodes, &out->recompute_flops);
     ag__free(S.key);
     ag__free(S.kbytes);
     ag__free(S.live);

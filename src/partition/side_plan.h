@@ -31,6 +31,9 @@ void ag__plan_free(ag__plan *pl);
  * the end would bury the activations under the parameter-sized gradients. The executor
  * (src/runtime) reports the real planned peaks. */
 int ag__plan_peak(const ag__part *P, const ag__plan *pl, ag__peak *out);
+/* What the plan's backward recomputes (the forward nodes it runs again, their op-table flops):
+ * ag__plan_peak's recomputed_nodes and recompute_flops without the memory model. */
+void ag__plan_recompute(const ag__part *P, const ag__plan *pl, int *nodes, double *flops);
 
 /* What running subgraph sub (an invoke_subgraph's) holds beyond its inputs and outputs: the
  * highest bytes of its intermediate values alive at once (a call of a nested subgraph adding
