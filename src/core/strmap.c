@@ -79,7 +79,9 @@ static int rehash(ag__strmap *m, int64_t ncap) {
     return 0;
 }
 
-static int put(ag__strmap *m, const char *key, void *val, bool replace) {
+/* Inlined into each entry point: a graph names every node through one of them. */
+static inline __attribute__((always_inline)) int put_h(ag__strmap *m, const char *key, void *val,
+                                                       bool replace, uint64_t h) {
     if ((m->len + m->tombs + 1) * 10 >= m->cap * 7) {
         int64_t ncap = m->cap ? m->cap : 16;
         while ((m->len + 1) * 10 >= ncap * 5)
@@ -87,7 +89,6 @@ static int put(ag__strmap *m, const char *key, void *val, bool replace) {
         if (rehash(m, ncap))
             return AG_ENOMEM;
     }
-    uint64_t h = ag__strhash(key);
     int64_t s = find_slot_h(m, key, h, true);
     ag__strslot *x = &m->slots[s];
     if (x->key && x->key != TOMB) {
@@ -105,11 +106,16 @@ static int put(ag__strmap *m, const char *key, void *val, bool replace) {
 }
 
 int ag__strmap_put(ag__strmap *m, const char *key, void *val) {
-    return put(m, key, val, true);
+    return put_h(m, key, val, true, ag__strhash(key));
 }
 
 int ag__strmap_put_new(ag__strmap *m, const char *key, void *val) {
-    return put(m, key, val, false);
+    return put_h(m, key, val, false, ag__strhash(key));
+}
+
+int ag__strmap_put_new_h(ag__strmap *m, const char *key, void *val, uint64_t h) {
+    assert(h == ag__strhash(key));
+    return put_h(m, key, val, false, h);
 }
 
 void *ag__strmap_get(const ag__strmap *m, const char *key) {

@@ -22,6 +22,8 @@ typedef struct ag__strmap {
 int ag__strmap_put(ag__strmap *m, const char *key, void *val);
 /* Adds key when it is absent (0); 1 when it is present (the map is unchanged); AG_ENOMEM. */
 int ag__strmap_put_new(ag__strmap *m, const char *key, void *val);
+/* The same with the key's ag__strhash h computed by the caller. */
+int ag__strmap_put_new_h(ag__strmap *m, const char *key, void *val, uint64_t h);
 void *ag__strmap_get(const ag__strmap *m, const char *key);
 /* The same with the key's ag__strhash h computed by the caller (who may have prefetched its
  * slot with ag__strmap_prefetch, as the verifier does a few nodes ahead). */

@@ -103,7 +103,7 @@ static int add_use(ag_node *def, ag_node *user, bool fresh) {
             return AG_ENOMEM;
         if (def->nusers)
             memcpy(nu, def->users, sizeof *nu * (size_t)def->nusers);
-        if (def->users != def->users_inline)
+        if (def->users && def->users != def->users_inline) /* NULL: the first user */
             ag__free(def->users);
         def->users = nu;
         def->users_cap = ncap;
@@ -195,10 +195,10 @@ static bool uses_match(const ag_node *user, bool dropped) {
 
 /* ---- node memory ---- */
 
-/* node_alloc zeroes every field but val1 and the inline arrays, which come last. */
-_Static_assert(offsetof(ag_node, vals) == offsetof(ag_node, val1) + sizeof(ag_tmeta) &&
-                   offsetof(ag_node, args_inline) == offsetof(ag_node, stamp) + sizeof(uint32_t),
-               "ag_node layout: node_alloc zeroes up to args_inline, val1 excepted");
+/* node_alloc zeroes the fields, which come first; the inline arrays and val1 come last. */
+_Static_assert(offsetof(ag_node, has_out_descs) < offsetof(ag_node, args_inline) &&
+                   offsetof(ag_node, val1) > offsetof(ag_node, name_inline),
+               "ag_node layout: node_alloc zeroes up to args_inline");
 
 static ag_node *node_alloc(ag_graph *g) {
     ag_node *n = g->free_nodes;
@@ -219,11 +219,10 @@ static ag_node *node_alloc(ag_graph *g) {
         }
         n = &b->nodes[b->used++];
     }
-    /* The fields are zeroed; val1 and the inline arrays are not (each is read only below its
-     * count: nvals, nargs, nusers, nmeta, and the name's terminator), which keeps a new node
-     * to the five cache lines its header spans instead of ten. */
-    memset(n, 0, offsetof(ag_node, val1));
-    memset(&n->vals, 0, offsetof(ag_node, args_inline) - offsetof(ag_node, vals));
+    /* The fields are zeroed; the inline arrays and val1 are not (each is read only below its
+     * count: nargs, nusers, nmeta, the name's terminator, nvals), which keeps a new node to
+     * the cache lines its header spans. */
+    memset(n, 0, offsetof(ag_node, args_inline));
     n->args = n->args_inline;
     return n;
 }
@@ -280,7 +279,7 @@ static void node_clear(ag_node *n) {
         ag__garg_free(&n->args[i]);
     if (n->args != n->args_inline)
         ag__free(n->args);
-    if (n->users != n->users_inline)
+    if (n->users && n->users != n->users_inline)
         ag__free(n->users);
     node_free_name(n);
     if (n->vals != &n->val1)
@@ -408,13 +407,13 @@ static int make_name(ag_graph *g, const char *candidate, char *out) {
     return ag__graph_make_name(g, candidate, name_in_table, g, out);
 }
 
-/* The next free name for `candidate` into out (160 bytes), FX's rules: a trailing _<digits> is
- * split off as a counter, and the base keeps its own running count. */
-int ag__graph_make_name(ag_graph *g, const char *candidate, bool (*taken)(void *, const char *),
-                        void *ctx, char *out) {
-    char base[128];
+/* A candidate split as FX does: a trailing _<digits> is split off as a counter (*num, else
+ * -1), the rest is the base (its characters made legal); the base's counter entry in g (made
+ * when new) into *bc_idx. */
+static inline __attribute__((always_inline)) int
+parse_candidate(ag_graph *g, const char *candidate, char *base, int64_t *num, int64_t *bc_idx) {
     size_t n = 0;
-    for (const char *c = candidate; *c && n + 1 < sizeof base; c++)
+    for (const char *c = candidate; *c && n + 1 < 128; c++)
         base[n++] = (char)((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') ||
                                    (*c >= '0' && *c <= '9') || *c == '_'
                                ? *c
@@ -426,20 +425,19 @@ int ag__graph_make_name(ag_graph *g, const char *candidate, bool (*taken)(void *
         memmove(base + 1, base, strlen(base) + 1);
         base[0] = '_';
     }
-    int64_t num = -1;
+    *num = -1;
     char *us = strrchr(base, '_');
     if (us && us[1]) {
         bool digits = true;
         for (char *d = us + 1; *d; d++)
             digits &= *d >= '0' && *d <= '9';
         if (digits && us != base) {
-            num = strtoll(us + 1, NULL, 10);
+            *num = strtoll(us + 1, NULL, 10);
             *us = 0;
         }
     }
     void *bi = ag__strmap_get(&g->base_idx, base);
-    ag__base_count *bc = bi ? &g->bases[(intptr_t)bi - 1] : NULL;
-    if (!bc) {
+    if (!bi) {
         int64_t cap = g->bases_cap;
         if (ag__grow((void **)&g->bases, &cap, g->nbases + 1, sizeof *g->bases))
             return AG_ENOMEM;
@@ -449,23 +447,77 @@ int ag__graph_make_name(ag_graph *g, const char *candidate, bool (*taken)(void *
             ag__free(b);
             return AG_ENOMEM;
         }
-        bc = &g->bases[g->nbases++];
-        bc->base = b;
-        bc->count = 0;
+        g->bases[g->nbases++] = (ag__base_count){b, 0};
+        bi = (void *)(intptr_t)g->nbases;
     }
+    *bc_idx = (intptr_t)bi - 1;
+    return 0;
+}
+
+/* The next free name for `candidate` into out (160 bytes), FX's rules: a trailing _<digits> is
+ * split off as a counter, and the base keeps its own running count. */
+int ag__graph_make_name(ag_graph *g, const char *candidate, bool (*taken)(void *, const char *),
+                        void *ctx, char *out) {
+    char base[128];
+    int64_t num, bi;
+    if (parse_candidate(g, candidate, base, &num, &bi))
+        return AG_ENOMEM;
     char *cand = out;
     if (num >= 0)
         fmt_numbered(cand, base, num);
     else
         memcpy(cand, base, strlen(base) + 1);
     if (num <= 0)
-        num = bc->count;
+        num = g->bases[bi].count;
     while (taken(ctx, cand) || illegal_name(cand)) {
         num++;
         fmt_numbered(cand, base, num);
     }
-    bc->count = num;
+    g->bases[bi].count = num;
     return 0;
+}
+
+int ag__graph_name_gen_init(ag_graph *g, const char *candidate, ag__name_gen *ng) {
+    int64_t num;
+    if (parse_candidate(g, candidate, ng->text, &num, &ng->base))
+        return AG_ENOMEM;
+    if (num >= 0)
+        return 1;
+    ng->len = strlen(ng->text);
+    ng->illegal = illegal_name(ng->text);
+    ng->hash = ag__strhash(ng->text);
+    return 0;
+}
+
+/* ag__graph_make_name's loop for a candidate without a counter: the base itself, then
+ * <base>_<count + 1>, ... (a name with a counter is never a builtin's). */
+const char *ag__graph_name_gen_next(ag_graph *g, ag__name_gen *ng,
+                                    bool (*taken)(void *, const char *, uint64_t), void *ctx,
+                                    uint64_t *hash) {
+    int64_t num = g->bases[ng->base].count;
+    ng->text[ng->len] = 0;
+    uint64_t h = ng->hash;
+    bool illegal = ng->illegal;
+    while (illegal || taken(ctx, ng->text, h)) {
+        num++;
+        char *d = ng->text + ng->len;
+        *d++ = '_';
+        char digits[24];
+        int k = 0;
+        uint64_t u = (uint64_t)num; /* num > 0: the count starts at 0 */
+        do {
+            digits[k++] = (char)('0' + u % 10);
+            u /= 10;
+        } while (u);
+        while (k)
+            *d++ = digits[--k];
+        *d = 0;
+        h = ag__strhash(ng->text);
+        illegal = false;
+    }
+    g->bases[ng->base].count = num;
+    *hash = h;
+    return ng->text;
 }
 
 /* ---- node creation ---- */
@@ -1176,8 +1228,8 @@ int ag__graph_copy_nodes(ag_graph *g, const ag_graph *src, ag__copy_hook hook, v
                     ((ag_garg *)m->args[i].u.elems)[k] = AG_GA_NIL;
             }
         }
-        for (int i = 0; i < n->nmeta && rc == 0; i++)
-            rc = ag__entry_copy(g, &m->meta, &m->nmeta, &m->meta_cap, m->meta_inline, &n->meta[i]);
+        if (rc == 0)
+            rc = ag__node_meta_copy(m, n); /* m->graph is g */
         for (int i = 0; i < n->ncustom && rc == 0; i++)
             rc = ag__entry_copy(g, &m->custom, &m->ncustom, &m->custom_cap, NULL, &n->custom[i]);
         m->desc = ag_desc_retain(n->desc);

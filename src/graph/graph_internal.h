@@ -32,34 +32,37 @@ enum {
 };
 
 struct ag_node {
+    /* The fields walks read first (kind, next, index, op, arguments, users, vals, sub) lead,
+     * so a walk over a large graph touches one or two cache lines per node. */
     ag_graph *graph;
     ag_node *prev, *next;
     ag_node_kind kind;
+    int index;
     char *name;
     const ag_op *op;
     int nargs;
-    ag_garg *args; /* args_inline, or AG_MAX_ARGS on the heap for calls with more */
+    uint32_t stamp; /* scratch mark for a pass's sweep (DCE) */
+    ag_garg *args;  /* args_inline, or AG_MAX_ARGS on the heap for calls with more */
     ag__use *users;
     int nusers, users_cap;
-    ag_tmeta val1; /* storage for the common single-output case */
-    ag_tmeta *vals;
+    ag_tmeta *vals; /* val1, or a heap array for several outputs */
     int nvals;
-    ag_tensor *constant;
+    int nmeta;
     ag_graph *sub;             /* GET_ATTR of a subgraph: the subgraph, owned by the node's graph */
     ag__mentry *meta, *custom; /* meta is meta_inline until it outgrows it */
-    int nmeta, meta_cap, ncustom, custom_cap;
     ag_desc *desc;
-    ag_desc **out_descs;
+    int meta_cap, ncustom, custom_cap;
     int nout_descs;
+    ag_tensor *constant;
+    ag_desc **out_descs;
     bool has_out_descs;
-    int index;
-    uint32_t stamp; /* scratch mark for a pass's sweep (DCE) */
-    /* Not zeroed by node_alloc (nor is val1): read only below their counts. New fields go
-     * above. */
+    /* Not zeroed by node_alloc: read only below their counts (nargs, nusers, nmeta, the
+     * name's terminator, nvals). New fields go above. */
     ag_garg args_inline[AG__ARGS_INLINE];
     ag__use users_inline[AG__USERS_INLINE];
     ag__mentry meta_inline[AG__META_INLINE];
     char name_inline[AG__NAME_INLINE];
+    ag_tmeta val1; /* storage for the common single-output case */
 };
 
 /* Nodes are carved from blocks owned by the graph (consecutive nodes sit together in memory,
@@ -109,6 +112,50 @@ struct ag_graph {
     int64_t subs_cap;
     ag_graph *parent; /* the graph owning this one as a subgraph, or NULL */
 };
+
+/* ag_node_kind_of, ag_node_next and ag_node_index inlined, for the walks of later stages over
+ * graphs they hold (the plans, the partitioner): n is not NULL. */
+static inline ag_node_kind ag__node_kind(const ag_node *n) {
+    return n->kind;
+}
+static inline ag_node *ag__node_next(const ag_node *n) {
+    return n->next;
+}
+static inline int ag__node_index(const ag_node *n) {
+    return n->graph->order_dirty ? ag_node_index(n) : n->index;
+}
+/* The public readers of a node's fields inlined for the same walks, with their answers for
+ * NULL and out-of-range indexes. */
+static inline const char *ag__node_name(const ag_node *n) {
+    return n ? n->name : NULL;
+}
+static inline const ag_op *ag__node_op(const ag_node *n) {
+    return n ? n->op : NULL;
+}
+static inline int ag__node_nargs(const ag_node *n) {
+    return n ? n->nargs : 0;
+}
+static inline const ag_garg *ag__node_arg(const ag_node *n, int i) {
+    return n && i >= 0 && i < n->nargs ? &n->args[i] : NULL;
+}
+static inline ag_node *ag__node_arg_node(const ag_node *n, int i) {
+    return n && i >= 0 && i < n->nargs && n->args[i].kind == AG_GA_NODE ? n->args[i].u.node : NULL;
+}
+static inline int ag__node_num_users(const ag_node *n) {
+    return n ? n->nusers : 0;
+}
+static inline ag_node *ag__node_user(const ag_node *n, int i) {
+    return n && i >= 0 && i < n->nusers ? n->users[i].node : NULL;
+}
+static inline int ag__node_num_vals(const ag_node *n) {
+    return n ? n->nvals : 0;
+}
+static inline const ag_tmeta *ag__node_val(const ag_node *n, int i) {
+    return n && i >= 0 && i < n->nvals ? &n->vals[i] : NULL;
+}
+static inline ag_graph *ag__node_subgraph(const ag_node *n) {
+    return n && n->kind == AG_NODE_GET_ATTR ? n->sub : NULL;
+}
 
 /* subgraph.c: frees g's subgraphs (ag_graph_free). */
 void ag__subgraphs_free(ag_graph *g);
@@ -200,6 +247,11 @@ ag_graph *ag__flex_tile_graph(const ag_graph *g, const ag_tmeta *m, int nin, int
 int ag__subgraph_check_args(const ag_graph *g, const ag_op *op, const ag_garg *args, int nargs);
 /* subgraph.c: the subgraph a call of an AG_OP_SUBGRAPH op invokes (NULL for other nodes). */
 const ag_graph *ag__call_subgraph(const ag_node *n);
+/* subgraph.c: for each output k of subgraph sub (the first max): the position among its
+ * placeholders of the placeholder it returns there (a call's operand passed through), or -1
+ * (a computed value, None), into ph_of; returns their count. One walk of the placeholders, for
+ * all of a call's outputs. */
+int ag__subgraph_passthrough(const ag_graph *sub, int *ph_of, int max);
 /* subgraph.c: whether output i of call n (an AG_OP_SUBGRAPH call) is None in its subgraph. */
 bool ag__call_output_is_none(const ag_node *n, int i);
 
@@ -256,6 +308,22 @@ int ag__graph_reserve(ag_graph *g, int64_t nnodes);
  * another order than its names were given passes the table it would have had. */
 int ag__graph_make_name(ag_graph *g, const char *candidate, bool (*taken)(void *, const char *),
                         void *ctx, char *out);
+/* ag__graph_make_name for many nodes named from one candidate without a _<digits> counter (a
+ * rewrite's getitems): init works the candidate out once (0; 1 when it has a counter: use
+ * ag__graph_make_name; AG_ENOMEM), next gives the name ag__graph_make_name would give (in
+ * ng->text, until the next call) and its ag__strhash, taken(ctx, name, hash) saying whether
+ * a name is in use. */
+typedef struct ag__name_gen {
+    int64_t base;  /* the base's counter in g->bases */
+    size_t len;    /* the base's length */
+    bool illegal;  /* the base is a Python builtin's name */
+    uint64_t hash; /* the base's ag__strhash */
+    char text[160];
+} ag__name_gen;
+int ag__graph_name_gen_init(ag_graph *g, const char *candidate, ag__name_gen *ng);
+const char *ag__graph_name_gen_next(ag_graph *g, ag__name_gen *ng,
+                                    bool (*taken)(void *, const char *, uint64_t), void *ctx,
+                                    uint64_t *hash);
 /* The name candidate of a call of op (96 bytes): its name without namespace and overload. */
 void ag__call_name_base(const ag_op *op, char *base);
 

@@ -173,7 +173,7 @@ static void entry_clear(ag__mentry *x) {
 void ag__meta_entries_free(ag__mentry *e, int n, const ag__mentry *inline_buf) {
     for (int i = 0; i < n; i++)
         entry_clear(&e[i]);
-    if (e != inline_buf)
+    if (e && e != inline_buf)
         ag__free(e);
 }
 
@@ -320,9 +320,38 @@ const char *ag_node_meta_key_at(const ag_node *n, int i, ag_mval *v) {
     return n->meta[i].key;
 }
 
+/* Whether entry x can be copied as it is (what entry_set_ex would store): its string value, if
+ * any, lives in a pool or is interned. */
+static bool entry_copies_as_is(const ag__mentry *x) {
+    return x->v.kind != AG_MV_STR || x->pool || is_interned(x->v.u.s);
+}
+
 int ag__node_meta_copy(ag_node *dst, const ag_node *src) {
     if (dst == src)
         return 0;
+    bool bulk = dst->nmeta == 0 && !dst->meta && src->nmeta > 0 && src->nmeta <= AG__META_INLINE;
+    for (int i = 0; i < src->nmeta && bulk; i++)
+        bulk = entry_copies_as_is(&src->meta[i]);
+    if (bulk) {
+        /* A new node (a copy's): src's keys are distinct, so entry_set_ex would append each
+         * entry in order; done without looking each key up. */
+        const ag__strpool *held = NULL;
+        dst->meta = dst->meta_inline;
+        dst->meta_cap = AG__META_INLINE;
+        for (int i = 0; i < src->nmeta; i++) {
+            const ag__mentry *x = &src->meta[i];
+            if (x->pool && x->pool != held) {
+                if (pool_hold(dst->graph, x->pool))
+                    return AG_ENOMEM;
+                held = x->pool;
+            }
+            char *k = is_interned(x->key) ? (char *)x->key : ag__strdup(x->key);
+            if (!k)
+                return AG_ENOMEM;
+            dst->meta[dst->nmeta++] = (ag__mentry){k, x->v, x->pool};
+        }
+        return 0;
+    }
     for (int i = 0; i < src->nmeta; i++)
         if (ag__entry_copy(dst->graph, &dst->meta, &dst->nmeta, &dst->meta_cap, dst->meta_inline,
                            &src->meta[i]))

@@ -227,6 +227,32 @@ bool ag__call_output_is_none(const ag_node *n, int i) {
     return i >= 0 && i < o->n && !o->u.nodes[i];
 }
 
+int ag__subgraph_passthrough(const ag_graph *sub, int *ph_of, int max) {
+    const ag_node *o = sub->output;
+    if (!o || o->nargs < 1 || o->args[0].kind != AG_GA_NODES)
+        return 0;
+    const ag_garg *oa = &o->args[0];
+    int n = oa->n < max ? oa->n : max, left = 0;
+    for (int k = 0; k < n; k++) {
+        const ag_node *y = oa->u.nodes[k];
+        ph_of[k] = y && y->kind == AG_NODE_PLACEHOLDER ? -2 : -1; /* -2: not counted yet */
+        left += ph_of[k] == -2;
+    }
+    /* The placeholders' positions, in one walk that stops after the last one returned. */
+    int j = 0;
+    for (const ag_node *y = sub->first; y && left > 0; y = y->next) {
+        if (y->kind != AG_NODE_PLACEHOLDER)
+            continue;
+        for (int k = 0; k < n; k++)
+            if (ph_of[k] == -2 && oa->u.nodes[k] == y) {
+                ph_of[k] = j;
+                left--;
+            }
+        j++;
+    }
+    return n;
+}
+
 const ag_graph *ag__call_subgraph(const ag_node *n) {
     if (n->kind != AG_NODE_CALL || !n->op || !(ag_op_def(n->op)->flags & AG_OP_SUBGRAPH) ||
         n->nargs < 1 || n->args[0].kind != AG_GA_NODE || !n->args[0].u.node)

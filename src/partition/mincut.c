@@ -871,13 +871,9 @@ static bool same_set(const cand *a, const int *v, int n) {
 
 /* Adds a candidate (taking v) unless the family already has that set; scores it. */
 static int add_cand(const ag__part *P, cand *c, int *nc, int *v, int n) {
-    int rc = ag__save_random_nodes(P, &v, &n);
-    if (rc) {
-        ag__free(v);
-        return rc;
-    }
     ag__plan pl;
-    if ((rc = ag__plan_make(P, v, n, &pl))) {
+    int rc = ag__save_random_nodes(P, &v, &n, &pl);
+    if (rc) {
         ag__free(v);
         return rc;
     }

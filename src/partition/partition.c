@@ -27,7 +27,7 @@
 /* ---- small helpers ---- */
 
 static int idx_of(const ag_node *n) {
-    return ag_node_index(n);
+    return ag__node_index(n);
 }
 
 static int64_t tmeta_bytes(const ag_tmeta *m) {
@@ -39,17 +39,39 @@ static int64_t tmeta_bytes(const ag_tmeta *m) {
 /* The operand that output k of subgraph call n passes through (its subgraph returns a
  * placeholder there), or NULL. The executor reads the operand instead of a copy (plan.c). */
 static ag_node *passed_operand(const ag_node *n, int k) {
-    const ag_graph *sub = ag_node_subgraph(ag_node_arg_node(n, 0));
+    const ag_graph *sub = ag__node_subgraph(ag__node_arg_node(n, 0));
     const ag_node *o = sub ? ag_graph_output_node(sub) : NULL;
-    const ag_garg *oa = o ? ag_node_arg(o, 0) : NULL;
+    const ag_garg *oa = o ? ag__node_arg(o, 0) : NULL;
     if (!oa || oa->kind != AG_GA_NODES || k < 0 || k >= oa->n || !oa->u.nodes[k] ||
         ag_node_kind_of(oa->u.nodes[k]) != AG_NODE_PLACEHOLDER)
         return NULL;
     int j = 0;
-    for (ag_node *y = ag_graph_first(sub); y && y != oa->u.nodes[k]; y = ag_node_next(y))
+    for (ag_node *y = ag_graph_first(sub); y && y != oa->u.nodes[k]; y = ag__node_next(y))
         j += ag_node_kind_of(y) == AG_NODE_PLACEHOLDER;
-    const ag_garg *ops = ag_node_arg(n, 2);
+    const ag_garg *ops = ag__node_arg(n, 2);
     return ops && ops->kind == AG_GA_NODES && j < ops->n ? ops->u.nodes[j] : NULL;
+}
+
+/* passed_operand with the last subgraph's outputs worked out once (a region's calls all call
+ * one subgraph, each asked for every output). */
+typedef struct pass_memo {
+    const ag_graph *sub;
+    int ph[AG_MAX_OUTPUTS], n;
+} pass_memo;
+
+static ag_node *passed_operand_memo(const ag_node *n, int k, pass_memo *m) {
+    const ag_graph *sub = ag__node_subgraph(ag__node_arg_node(n, 0));
+    if (!sub)
+        return NULL;
+    if (k >= AG_MAX_OUTPUTS)
+        return passed_operand(n, k);
+    if (sub != m->sub) {
+        m->n = ag__subgraph_passthrough(sub, m->ph, AG_MAX_OUTPUTS);
+        m->sub = sub;
+    }
+    int j = k >= 0 && k < m->n ? m->ph[k] : -1;
+    const ag_garg *ops = ag__node_arg(n, 2);
+    return j >= 0 && ops && ops->kind == AG_GA_NODES && j < ops->n ? ops->u.nodes[j] : NULL;
 }
 
 void ag__part_free(ag__part *P) {
@@ -68,8 +90,8 @@ void ag__part_free(ag__part *P) {
 /* The node references of n's arguments (None elements not counted). */
 static int64_t count_refs(const ag_node *n) {
     int64_t c = 0;
-    for (int a = 0; a < ag_node_nargs(n); a++) {
-        const ag_garg *g = ag_node_arg(n, a);
+    for (int a = 0; a < ag__node_nargs(n); a++) {
+        const ag_garg *g = ag__node_arg(n, a);
         for (int e = 0, k = ag__garg_nrefs(g); e < k; e++)
             c += ag__garg_ref(g, e) != NULL;
     }
@@ -81,8 +103,8 @@ static int64_t count_refs(const ag_node *n) {
  * the ones already taken. */
 static void collect_args(ag__pinfo *pi, const ag_node *n, int *mark, int stamp) {
     int cnt = 0;
-    for (int a = 0; a < ag_node_nargs(n); a++) {
-        const ag_garg *g = ag_node_arg(n, a);
+    for (int a = 0; a < ag__node_nargs(n); a++) {
+        const ag_garg *g = ag__node_arg(n, a);
         int k = ag__garg_nrefs(g);
         for (int e = 0; e < k; e++) {
             const ag_node *m = ag__garg_ref(g, e);
@@ -102,13 +124,13 @@ static void collect_args(ag__pinfo *pi, const ag_node *n, int *mark, int stamp) 
  * between, the value at the boundary is still stashed: a must-recompute node read by a
  * must-recompute node of a later region (a larger ac_graph_id) becomes MUST_SAVE. */
 static int cleanup_recompute_tags(ag_graph *g) {
-    for (ag_node *n = ag_graph_first(g); n; n = ag_node_next(n)) {
+    for (ag_node *n = ag_graph_first(g); n; n = ag__node_next(n)) {
         ag_recompute r = ag_node_recompute(n);
         if (r != AG_MUST_RECOMPUTE && r != AG_PREFER_RECOMPUTE)
             continue;
         ag_mval id = ag_node_meta_get(n, "ac_graph_id");
-        for (int u = 0; u < ag_node_num_users(n); u++) {
-            ag_node *user = ag_node_user(n, u);
+        for (int u = 0; u < ag__node_num_users(n); u++) {
+            ag_node *user = ag__node_user(n, u);
             ag_recompute ru = ag_node_recompute(user);
             ag_mval uid = ag_node_meta_get(user, "ac_graph_id");
             if ((ru == AG_MUST_RECOMPUTE || ru == AG_PREFER_RECOMPUTE) && id.kind == AG_MV_INT &&
@@ -124,7 +146,7 @@ static int cleanup_recompute_tags(ag_graph *g) {
 }
 
 static bool has_recompute_tags(const ag_graph *g) {
-    for (ag_node *n = ag_graph_first(g); n; n = ag_node_next(n)) {
+    for (ag_node *n = ag_graph_first(g); n; n = ag__node_next(n)) {
         ag_recompute r = ag_node_recompute(n);
         if (r == AG_MUST_RECOMPUTE || r == AG_PREFER_RECOMPUTE)
             return true;
@@ -139,7 +161,7 @@ static bool has_recompute_tags(const ag_graph *g) {
 static bool is_bw_input(const ag_node *n) {
     const ag_desc *pd = ag_node_desc(n);
     ag_section sec = pd ? ag_desc_section(pd) : AG_SEC_NONE;
-    const char *nm = ag_node_name(n);
+    const char *nm = ag__node_name(n);
     return pd ? sec == AG_SEC_IN_TANGENTS || sec == AG_SEC_IN_BW_TOKENS || sec == AG_SEC_IN_BW_RNG
               : strstr(nm, "tangents") || strstr(nm, "bwd_seed") || strstr(nm, "bwd_base_offset");
 }
@@ -156,7 +178,7 @@ static int part_graph(ag__part *P, const ag_graph *joint, int num_fwd_outputs, b
     int rc = verified ? 0 : ag_graph_verify(joint);
     if (rc)
         return rc;
-    int nouts = ag_node_arg(ag_graph_output_node(joint), 0)->n;
+    int nouts = ag__node_arg(ag_graph_output_node(joint), 0)->n;
     if (num_fwd_outputs < 0 || num_fwd_outputs > nouts)
         return ag__err(AG_EINVAL, "partition: num_fwd_outputs %d is outside [0, %d]",
                        num_fwd_outputs, nouts);
@@ -195,17 +217,17 @@ int ag__part_init_req_bw(ag__part *P, const ag_graph *joint, int num_fwd_outputs
      * backward input or must be in the backward, or reads one that is (its arguments come
      * before it); then a subgraph's get_attr by all of its users, and the backward outputs. */
     int i = 0;
-    for (ag_node *n = ag_graph_first(P->g); n; n = ag_node_next(n), i++) {
-        ag_node_kind k = ag_node_kind_of(n);
+    for (ag_node *n = ag_graph_first(P->g); n; n = ag__node_next(n), i++) {
+        ag_node_kind k = ag__node_kind(n);
         if (k == AG_NODE_OUTPUT)
             continue;
         const char *tag = ag_node_partitioner_tag(n);
         bool r =
             k == AG_NODE_PLACEHOLDER ? is_bw_input(n) : tag && !strcmp(tag, "must_be_in_backward");
-        if (!r && k == AG_NODE_CALL && tag && ag_op_with_effects_target(ag_node_op(n)))
+        if (!r && k == AG_NODE_CALL && tag && ag_op_with_effects_target(ag__node_op(n)))
             r = !strcmp(tag, "is_backward");
-        for (int a = 0; a < ag_node_nargs(n) && !r; a++) {
-            const ag_garg *g = ag_node_arg(n, a);
+        for (int a = 0; a < ag__node_nargs(n) && !r; a++) {
+            const ag_garg *g = ag__node_arg(n, a);
             int cnt = ag__garg_nrefs(g);
             for (int e = 0; e < cnt && !r; e++) {
                 const ag_node *m = ag__garg_ref(g, e);
@@ -215,15 +237,15 @@ int ag__part_init_req_bw(ag__part *P, const ag_graph *joint, int num_fwd_outputs
         req[i] = r;
     }
     i = 0;
-    for (ag_node *n = ag_graph_first(P->g); n; n = ag_node_next(n), i++) {
-        if (ag_node_kind_of(n) != AG_NODE_GET_ATTR || !ag_node_subgraph(n))
+    for (ag_node *n = ag_graph_first(P->g); n; n = ag__node_next(n), i++) {
+        if (ag__node_kind(n) != AG_NODE_GET_ATTR || !ag__node_subgraph(n))
             continue;
-        bool bw = ag_node_num_users(n) > 0;
-        for (int u = 0; u < ag_node_num_users(n); u++)
-            bw &= req[idx_of(ag_node_user(n, u))];
+        bool bw = ag__node_num_users(n) > 0;
+        for (int u = 0; u < ag__node_num_users(n); u++)
+            bw &= req[idx_of(ag__node_user(n, u))];
         req[i] = bw;
     }
-    const ag_garg *oa = ag_node_arg(ag_graph_output_node(P->g), 0);
+    const ag_garg *oa = ag__node_arg(ag_graph_output_node(P->g), 0);
     for (int k = num_fwd_outputs; k < P->nouts; k++)
         if (oa->u.nodes[k])
             req[idx_of(oa->u.nodes[k])] = true;
@@ -263,7 +285,7 @@ int ag__part_init_ex(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bo
     /* Every node's distinct arguments and distinct users, in one block: each list holds at
      * most the node's references, so twice the graph's references bound the total. */
     int64_t refs = 0, pooled = 0;
-    for (ag_node *n = ag_graph_first(P->g); n; n = ag_node_next(n))
+    for (ag_node *n = ag_graph_first(P->g); n; n = ag__node_next(n))
         refs += count_refs(n);
     P->pool = ag__malloc(sizeof(int) * (size_t)(2 * refs + 1));
     rc = AG_ENOMEM;
@@ -279,10 +301,11 @@ int ag__part_init_ex(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bo
     double seen_flops[8];
     int nseen = 0, next_seen = 0;
     const char *mb_key = ag__meta_interned("memory_budget"); /* found by pointer */
-    for (ag_node *n = ag_graph_first(P->g); n; n = ag_node_next(n), i++) {
+    pass_memo pm = {0};
+    for (ag_node *n = ag_graph_first(P->g); n; n = ag__node_next(n), i++) {
         ag__pinfo *pi = &P->info[i];
         pi->node = n;
-        pi->kind = ag_node_kind_of(n);
+        pi->kind = ag__node_kind(n);
         pi->fw_order = -1;
         pi->root = i;
         pi->args = P->pool + pooled;
@@ -315,14 +338,14 @@ int ag__part_init_ex(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bo
             P->out = i;
         }
         if (pi->kind == AG_NODE_CALL) {
-            const ag_op *op = ag_node_op(n);
+            const ag_op *op = ag__node_op(n);
             pi->opflags = ag_op_def(op)->flags;
             pi->tuple = ag_op_noutputs(op) != 1 || (pi->opflags & AG_OP_SUBGRAPH);
             bool costed = false;
             if (pi->opflags & AG_OP_SUBGRAPH) {
                 /* What its subgraph holds while it runs (peak model) and what a run costs,
                  * once per subgraph (the last few remembered), not once per call. */
-                const ag_graph *sub = ag_node_subgraph(ag_node_arg_node(n, 0));
+                const ag_graph *sub = ag__node_subgraph(ag__node_arg_node(n, 0));
                 pi->sub_extra = -1;
                 for (int e = 0; e < nseen && pi->sub_extra < 0; e++)
                     if (seen_sub[e] == sub) {
@@ -372,9 +395,9 @@ int ag__part_init_ex(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bo
         } else if (pi->kind == AG_NODE_GETITEM) {
             pi->recomputable = pi->fusible = true; /* operator.getitem is in upstream's list */
             /* An operand a subgraph call passes through: the operand's storage (peak model). */
-            ag_node *src = ag_node_arg_node(n, 0);
-            ag_node *opnd = src && (ag_op_def(ag_node_op(src))->flags & AG_OP_SUBGRAPH)
-                                ? passed_operand(src, (int)ag_node_arg(n, 1)->u.i)
+            ag_node *src = ag__node_arg_node(n, 0);
+            ag_node *opnd = src && (ag_op_def(ag__node_op(src))->flags & AG_OP_SUBGRAPH)
+                                ? passed_operand_memo(src, (int)ag__node_arg(n, 1)->u.i, &pm)
                                 : NULL;
             if (opnd) {
                 pi->pass = idx_of(opnd) + 1;
@@ -382,21 +405,21 @@ int ag__part_init_ex(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bo
                 pi->external = P->info[pi->root].external;
             }
         }
-        for (int v = 0; v < ag_node_num_vals(n); v++)
-            if (!(pi->opflags & AG_OP_SUBGRAPH) || !passed_operand(n, v))
-                pi->bytes += tmeta_bytes(ag_node_val(n, v));
+        for (int v = 0; v < ag__node_num_vals(n); v++)
+            if (!(pi->opflags & AG_OP_SUBGRAPH) || !passed_operand_memo(n, v, &pm))
+                pi->bytes += tmeta_bytes(ag__node_val(n, v));
     }
     ag__free(mark);
     mark = NULL;
     /* Users: distinct, in graph order (each user appears once in ag_node_user). */
     for (i = 0; i < P->nn; i++) {
         ag__pinfo *pi = &P->info[i];
-        int k = ag_node_num_users(pi->node);
+        int k = ag__node_num_users(pi->node);
         if (k) {
             pi->users = P->pool + pooled;
             pooled += k;
             for (int u = 0; u < k; u++)
-                pi->users[u] = idx_of(ag_node_user(pi->node, u));
+                pi->users[u] = idx_of(ag__node_user(pi->node, u));
             /* Users are listed in creation order, mostly graph order already (a region call
              * has one user per output): sorted only when they are not. */
             bool sorted = true;
@@ -415,7 +438,7 @@ int ag__part_init_ex(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bo
             pi->nusers = k;
         }
     }
-    const ag_garg *oa = ag_node_arg(P->info[P->out].node, 0);
+    const ag_garg *oa = ag__node_arg(P->info[P->out].node, 0);
     for (int k = 0; k < nouts; k++)
         P->outs[k] = oa->u.nodes[k] ? idx_of(oa->u.nodes[k]) : -1;
 
@@ -436,7 +459,7 @@ int ag__part_init_ex(ag__part *P, const ag_graph *joint, int num_fwd_outputs, bo
      * tensor value and is never saved); one of a forward call is free, as a constant. */
     for (i = 0; i < P->nn; i++) {
         ag__pinfo *pi = &P->info[i];
-        if (pi->kind != AG_NODE_GET_ATTR || !ag_node_subgraph(pi->node))
+        if (pi->kind != AG_NODE_GET_ATTR || !ag__node_subgraph(pi->node))
             continue;
         bool bw = pi->nusers > 0;
         for (int u = 0; u < pi->nusers; u++)
@@ -507,7 +530,7 @@ static ag_node *env_of(ag_node **env, const ag_node *d, const ag_node *user) {
     ag_node *m = env[idx_of(d)];
     if (!m)
         ag__err(AG_EINVAL, "partition: %%%s reads %%%s, which its side does not compute before it",
-                ag_node_name(user), ag_node_name(d));
+                ag__node_name(user), ag__node_name(d));
     return m;
 }
 
@@ -526,14 +549,14 @@ static ag_node *env_node(void *ctx, const ag_node *x) {
 static ag_node *copy_node(ag_graph *dst, const ag__part *P, int x, ag_node **env) {
     const ag_node *n = P->info[x].node;
     ag_node *m = NULL;
-    switch (ag_node_kind_of(n)) {
+    switch (ag__node_kind(n)) {
     case AG_NODE_CALL: {
-        int na = ag_node_nargs(n);
-        ag_garg args[AG_MAX_ARGS];
+        int na = ag__node_nargs(n);
+        ag_garg args[AG_MAX_ARGS] = {0};
         ag_node **lists[AG_MAX_ARGS] = {0};
         bool ok = true;
         for (int a = 0; a < na && ok; a++) {
-            args[a] = *ag_node_arg(n, a);
+            args[a] = *ag__node_arg(n, a);
             if (args[a].kind == AG_GA_NODE && args[a].u.node) {
                 ok = (args[a].u.node = env_of(env, args[a].u.node, n)) != NULL;
             } else if (args[a].kind == AG_GA_TUPLE) {
@@ -554,26 +577,21 @@ static ag_node *copy_node(ag_graph *dst, const ag__part *P, int x, ag_node **env
                 args[a].u.nodes = lists[a];
             }
         }
-        if (ok) {
-            int nv = ag_node_num_vals(n);
-            ag_tmeta vals[AG_MAX_OUTPUTS];
-            for (int v = 0; v < nv && v < AG_MAX_OUTPUTS; v++)
-                vals[v] = *ag_node_val(n, v);
-            m = ag__graph_call_vals(dst, ag_node_op(n), args, na, vals, nv, ag_node_name(n));
-        }
+        if (ok) /* the vals are the joint node's (copied by the new node) */
+            m = ag__graph_call_vals(dst, n->op, args, na, n->vals, n->nvals, n->name);
         for (int a = 0; a < na; a++)
             ag__free(lists[a]);
         break;
     }
     case AG_NODE_GETITEM: {
-        ag_node *src = env_of(env, ag_node_arg_node(n, 0), n);
-        m = src ? ag_graph_getitem(dst, src, (int)ag_node_arg(n, 1)->u.i, ag_node_name(n)) : NULL;
+        ag_node *src = env_of(env, ag__node_arg_node(n, 0), n);
+        m = src ? ag_graph_getitem(dst, src, (int)ag__node_arg(n, 1)->u.i, ag__node_name(n)) : NULL;
         break;
     }
     case AG_NODE_GET_ATTR: {
-        const ag_graph *sub = ag_node_subgraph(n);
+        const ag_graph *sub = ag__node_subgraph(n);
         if (!sub) {
-            m = ag_graph_get_attr(dst, ag_node_constant(n), ag_node_name(n));
+            m = ag_graph_get_attr(dst, ag_node_constant(n), ag__node_name(n));
             break;
         }
         /* A subgraph: the side takes a copy of the attribute on its first get_attr. */
@@ -588,11 +606,11 @@ static ag_node *copy_node(ag_graph *dst, const ag__part *P, int x, ag_node **env
                 return NULL;
             }
         }
-        m = attr ? ag_graph_get_attr_subgraph(dst, attr, ag_node_name(n)) : NULL;
+        m = attr ? ag_graph_get_attr_subgraph(dst, attr, ag__node_name(n)) : NULL;
         break;
     }
     default:
-        ag__err(AG_EINVAL, "partition: cannot copy %s", ag_node_name(n));
+        ag__err(AG_EINVAL, "partition: cannot copy %s", ag__node_name(n));
         return NULL;
     }
     if (m && copy_meta(m, n))
@@ -603,15 +621,15 @@ static ag_node *copy_node(ag_graph *dst, const ag__part *P, int x, ag_node **env
 /* A placeholder standing for joint node x (same name, val, metadata and descriptor). */
 static ag_node *copy_placeholder(ag_graph *dst, const ag__part *P, int x) {
     const ag_node *n = P->info[x].node;
-    if (ag_node_num_vals(n) != 1) {
+    if (ag__node_num_vals(n) != 1) {
         ag__err(AG_EINVAL, "partition: %s is not a single tensor and cannot be a graph input",
-                ag_node_name(n));
+                ag__node_name(n));
         return NULL;
     }
-    ag_node *m = ag_graph_placeholder(dst, ag_node_name(n), ag_node_val(n, 0));
+    ag_node *m = ag_graph_placeholder(dst, ag__node_name(n), ag__node_val(n, 0));
     if (!m || copy_meta(m, n))
         return NULL;
-    if (ag_node_kind_of(n) == AG_NODE_PLACEHOLDER && ag_node_desc(n) &&
+    if (ag__node_kind(n) == AG_NODE_PLACEHOLDER && ag_node_desc(n) &&
         ag_node_set_desc(m, ag_node_desc(n)))
         return NULL;
     return m;
@@ -638,8 +656,8 @@ static ag_graph *build_graph(const ag__part *P, const int *inputs, int nin, cons
     for (int k = ok ? ag_graph_num_subgraphs(g) - 1 : -1; k >= 0; k--) {
         const ag_graph *s = ag_graph_subgraph_at(g, k, NULL);
         bool read = false;
-        for (const ag_node *n = ag_graph_first(g); n && !read; n = ag_node_next(n))
-            read = ag_node_subgraph(n) == s;
+        for (const ag_node *n = ag_graph_first(g); n && !read; n = ag__node_next(n))
+            read = ag__node_subgraph(n) == s;
         if (!read)
             ag__subgraph_remove(g, k);
     }
@@ -799,11 +817,9 @@ int ag__partition_flat(const ag_graph *joint, int num_fwd_outputs, const ag_part
         mincut = false;
     rc = mincut ? ag__choose_saved(&P, budget, o.solver, mode, &saved, &nsaved)
                 : ag__default_saved(&P, &saved, &nsaved);
-    if (rc == 0)
-        rc = ag__save_random_nodes(&P, &saved, &nsaved);
     ag__plan pl = {0};
-    if (rc == 0)
-        rc = ag__plan_make(&P, saved, nsaved, &pl);
+    if (rc == 0) /* the plan of the final saved set with it */
+        rc = ag__save_random_nodes(&P, &saved, &nsaved, &pl);
 #ifndef NDEBUG
     /* ag__save_random_nodes left no random forward node for the backward to draw again, and
      * no collective to run again that is not tagged MUST_RECOMPUTE. */
@@ -816,8 +832,10 @@ int ag__partition_flat(const ag_graph *joint, int num_fwd_outputs, const ag_part
 #endif
     ag__free(saved);
     ag__peak pk = {0};
-    if (rc == 0 && (stats || peak))
+    if (rc == 0 && peak) /* the memory model; the stats need only what is recomputed */
         rc = ag__plan_peak(&P, &pl, &pk);
+    else if (rc == 0 && stats)
+        ag__plan_recompute(&P, &pl, &pk.recomputed_nodes, &pk.recompute_flops);
     if (rc == 0)
         rc = ag__plan_graphs(&P, &pl, fw, bw);
     if (rc == 0) {
@@ -844,24 +862,24 @@ int ag_tag_region_recompute(ag_graph *g, ag_node *first, ag_node *last, ag_recom
     AG__CHECK_NULL("tag_region_recompute", last);
     if ((unsigned)policy > AG_PREFER_RECOMPUTE)
         return ag__err(AG_EINVAL, "tag_region_recompute: bad policy %d", (int)policy);
-    if (ag_graph_find(g, ag_node_name(first)) != first ||
-        ag_graph_find(g, ag_node_name(last)) != last)
+    if (ag_graph_find(g, ag__node_name(first)) != first ||
+        ag_graph_find(g, ag__node_name(last)) != last)
         return ag__err(AG_EINVAL, "tag_region_recompute: %s or %s is not a node of this graph",
-                       ag_node_name(first), ag_node_name(last));
+                       ag__node_name(first), ag__node_name(last));
     if (ag_node_index(first) > ag_node_index(last))
-        return ag__err(AG_EINVAL, "tag_region_recompute: %s comes after %s", ag_node_name(first),
-                       ag_node_name(last));
+        return ag__err(AG_EINVAL, "tag_region_recompute: %s comes after %s", ag__node_name(first),
+                       ag__node_name(last));
     /* Each region gets the next ac_graph_id, so touching regions are told apart (upstream's
      * cleanup_recompute_tags saves the value at their boundary). */
     int64_t id = 0;
-    for (ag_node *n = ag_graph_first(g); n; n = ag_node_next(n)) {
+    for (ag_node *n = ag_graph_first(g); n; n = ag__node_next(n)) {
         ag_mval v = ag_node_meta_get(n, "ac_graph_id");
         if (v.kind == AG_MV_INT && v.u.i >= id)
             id = v.u.i + 1;
     }
     ag_node *stop = ag_node_next(last);
-    for (ag_node *n = first; n != stop; n = ag_node_next(n)) {
-        ag_node_kind k = ag_node_kind_of(n);
+    for (ag_node *n = first; n != stop; n = ag__node_next(n)) {
+        ag_node_kind k = ag__node_kind(n);
         if (k != AG_NODE_CALL && k != AG_NODE_GETITEM)
             continue;
         int rc = policy == AG_RECOMPUTE_NONE
@@ -871,7 +889,7 @@ int ag_tag_region_recompute(ag_graph *g, ag_node *first, ag_node *last, ag_recom
             rc = ag_node_set_recompute(n, policy);
         if (rc < 0) {
             /* Undo the region so far (deleting never allocates). */
-            for (ag_node *m = first; m != n; m = ag_node_next(m)) {
+            for (ag_node *m = first; m != n; m = ag__node_next(m)) {
                 ag_node_meta_del(m, "ac_graph_id");
                 ag_node_set_recompute(m, AG_RECOMPUTE_NONE);
             }

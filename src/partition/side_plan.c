@@ -63,7 +63,7 @@ int ag__side_nodes(const ag__part *P, const bool *is_input, bool backward, const
             return ag__err(AG_EINVAL,
                            "partition: node %s was invalid, but is an output of the %s "
                            "graph",
-                           ag_node_name(P->info[outs[k]].node), backward ? "backward" : "forward");
+                           ag__node_name(P->info[outs[k]].node), backward ? "backward" : "forward");
         needed[outs[k]] = true;
     }
     for (int i = P->nn - 1; i >= 0; i--) {
@@ -163,7 +163,7 @@ int ag__plan_make(const ag__part *P, const int *saved_in, int nsaved_in, ag__pla
         }
         if (P->info[s].tuple) {
             rc = ag__err(AG_EINVAL, "partition: %s returns several tensors; save its getitems",
-                         ag_node_name(P->info[s].node));
+                         ag__node_name(P->info[s].node));
             goto done;
         }
         is_saved[s] = true;
@@ -323,22 +323,22 @@ int64_t ag__subgraph_extra_bytes(const ag_graph *sub) {
         last[p] = -1;
         ag_node_kind k = ag_node_kind_of(x);
         if (k == AG_NODE_GETITEM) {
-            root[p] = root[ag_node_index(ag_node_arg_node(x, 0))];
+            root[p] = root[ag_node_index(ag__node_arg_node(x, 0))];
         } else if (k == AG_NODE_CALL) {
-            const ag_garg *a0 = ag_node_arg(x, 0);
-            if ((ag_op_def(ag_node_op(x))->flags & AG_OP_VIEW) && a0 && a0->kind == AG_GA_NODE &&
+            const ag_garg *a0 = ag__node_arg(x, 0);
+            if ((ag_op_def(ag__node_op(x))->flags & AG_OP_VIEW) && a0 && a0->kind == AG_GA_NODE &&
                 a0->u.node) {
                 root[p] = root[ag_node_index(a0->u.node)];
             } else {
                 root[p] = p;
-                for (int v = 0; v < ag_node_num_vals(x); v++) {
-                    const ag_tmeta *m = ag_node_val(x, v);
+                for (int v = 0; v < ag__node_num_vals(x); v++) {
+                    const ag_tmeta *m = ag__node_val(x, v);
                     bytes[p] += ag__numel(m->ndim, m->sizes) * (int64_t)ag_dtype_size(m->dtype);
                 }
             }
         }
-        for (int a = 0; a < ag_node_nargs(x); a++) {
-            const ag_garg *g = ag_node_arg(x, a);
+        for (int a = 0; a < ag__node_nargs(x); a++) {
+            const ag_garg *g = ag__node_arg(x, a);
             int cnt = ag__garg_nrefs(g);
             for (int e = 0; e < cnt; e++) {
                 ag_node *d = ag__garg_ref(g, e);
@@ -368,8 +368,8 @@ int64_t ag__subgraph_extra_bytes(const ag_graph *sub) {
         if (cur + ex > peak)
             peak = cur + ex;
         /* Free what this node read for the last time, and its own value if nothing reads it. */
-        for (int a = 0; a <= ag_node_nargs(x); a++) {
-            const ag_garg *g = a < ag_node_nargs(x) ? ag_node_arg(x, a) : NULL;
+        for (int a = 0; a <= ag__node_nargs(x); a++) {
+            const ag_garg *g = a < ag__node_nargs(x) ? ag__node_arg(x, a) : NULL;
             int cnt = !g ? 1 : ag__garg_nrefs(g);
             for (int e = 0; e < cnt; e++) {
                 ag_node *d = !g ? x : ag__garg_ref(g, e);
@@ -385,6 +385,22 @@ int64_t ag__subgraph_extra_bytes(const ag_graph *sub) {
     ag__free(bytes);
     ag__free(out);
     return peak;
+}
+
+void ag__plan_recompute(const ag__part *P, const ag__plan *pl, int *nodes, double *flops) {
+    /* Forward nodes the backward runs again. */
+    *nodes = 0;
+    *flops = 0;
+    for (int p = 0; p < pl->nbw; p++) {
+        const ag__pinfo *pi = &P->info[pl->bw[p]];
+        if (pi->kind != AG_NODE_CALL || pi->req_bw)
+            continue;
+        const char *tag = ag_node_partitioner_tag(pi->node);
+        if (tag && (!strcmp(tag, "is_backward") || !strcmp(tag, "must_be_in_backward")))
+            continue;
+        (*nodes)++;
+        *flops += pi->flops;
+    }
 }
 
 int ag__plan_peak(const ag__part *P, const ag__plan *pl, ag__peak *out) {
@@ -487,17 +503,7 @@ int ag__plan_peak(const ag__part *P, const ag__plan *pl, ag__peak *out) {
     out->bw_peak = run_sim(&S, pl->bw, pl->nbw, start, &bw_end);
     out->peak = out->fw_peak > out->bw_peak ? out->fw_peak : out->bw_peak;
 
-    /* Recomputation: forward nodes the backward runs again. */
-    for (int p = 0; p < pl->nbw; p++) {
-        const ag__pinfo *pi = &P->info[pl->bw[p]];
-        if (pi->kind != AG_NODE_CALL || pi->req_bw)
-            continue;
-        const char *tag = ag_node_partitioner_tag(pi->node);
-        if (tag && (!strcmp(tag, "is_backward") || !strcmp(tag, "must_be_in_backward")))
-            continue;
-        out->recomputed_nodes++;
-        out->recompute_flops += pi->flops;
-    }
+    ag__plan_recompute(P, pl, &out->recomputed_nodes, &out->recompute_flops);
     ag__free(S.key);
     ag__free(S.kbytes);
     ag__free(S.live);
@@ -566,7 +572,7 @@ static bool save_instead(const ag__part *P, const bool *in_bw, int x) {
  * inputs-only set under memory budget 0 included), such a node the backward would run again is
  * saved instead (its getitems for a tuple), until none is left. The values of forward effects
  * are saved too (save_effect_outputs). */
-int ag__save_random_nodes(const ag__part *P, int **saved, int *nsaved) {
+int ag__save_random_nodes(const ag__part *P, int **saved, int *nsaved, ag__plan *out) {
     int rc0 = save_effect_outputs(P, saved, nsaved);
     if (rc0)
         return rc0;
@@ -587,7 +593,10 @@ int ag__save_random_nodes(const ag__part *P, int **saved, int *nsaved) {
         for (int p = 0; p < pl.nbw; p++)
             add += save_instead(P, in_bw, pl.bw[p]) ? 1 + P->info[pl.bw[p]].nusers : 0;
         if (!add) {
-            ag__plan_free(&pl);
+            if (out) /* the plan of the final set: the caller's next step, not made twice */
+                *out = pl;
+            else
+                ag__plan_free(&pl);
             ag__free(in_bw);
             return 0;
         }
@@ -617,5 +626,5 @@ int ag__save_random_nodes(const ag__part *P, int **saved, int *nsaved) {
         *nsaved = n;
     }
     ag__free(in_bw);
-    return 0;
+    return out ? ag__plan_make(P, *saved, *nsaved, out) : 0;
 }

@@ -31,6 +31,9 @@ void ag__plan_free(ag__plan *pl);
  * the end would bury the activations under the parameter-sized gradients. The executor
  * (src/runtime) reports the real planned peaks. */
 int ag__plan_peak(const ag__part *P, const ag__plan *pl, ag__peak *out);
+/* What the plan's backward recomputes (the forward nodes it runs again, their op-table flops):
+ * ag__plan_peak's recomputed_nodes and recompute_flops without the memory model. */
+void ag__plan_recompute(const ag__part *P, const ag__plan *pl, int *nodes, double *flops);
 
 /* What running subgraph sub (an invoke_subgraph's) holds beyond its inputs and outputs: the
  * highest bytes of its intermediate values alive at once (a call of a nested subgraph adding
@@ -44,7 +47,8 @@ int64_t ag__subgraph_extra_bytes(const ag_graph *sub);
  * not functionalize the generator), every collective it would run again that is not tagged
  * AG_MUST_RECOMPUTE (its wait_tensor's value, so that no rank communicates twice), and every
  * value of a forward effect; *saved (an ag__malloc'd
- * array the caller owns) is reallocated. */
-int ag__save_random_nodes(const ag__part *P, int **saved, int *nsaved);
+ * array the caller owns) is reallocated. out (may be NULL) receives ag__plan_make's plan of the
+ * final set (the caller frees it with ag__plan_free), which the check has made anyway. */
+int ag__save_random_nodes(const ag__part *P, int **saved, int *nsaved, ag__plan *out);
 
 #endif

@@ -45,20 +45,20 @@ typedef struct part_pair {
 
 static int num_placeholders(const ag_graph *g) {
     int k = 0;
-    for (ag_node *n = ag_graph_first(g); n; n = ag_node_next(n))
-        k += ag_node_kind_of(n) == AG_NODE_PLACEHOLDER;
+    for (ag_node *n = ag_graph_first(g); n; n = ag__node_next(n))
+        k += ag__node_kind(n) == AG_NODE_PLACEHOLDER;
     return k;
 }
 
 static int num_outputs(const ag_graph *g) {
     const ag_node *o = ag_graph_output_node(g);
-    return o ? ag_node_arg(o, 0)->n : 0;
+    return o ? ag__node_arg(o, 0)->n : 0;
 }
 
 /* Removes every descriptor of g (descriptors live on the outer graph only). */
 static int strip_descs(ag_graph *g) {
-    for (ag_node *n = ag_graph_first(g); n; n = ag_node_next(n))
-        if (ag_node_kind_of(n) == AG_NODE_PLACEHOLDER && ag_node_set_desc(n, NULL))
+    for (ag_node *n = ag_graph_first(g); n; n = ag__node_next(n))
+        if (ag__node_kind(n) == AG_NODE_PLACEHOLDER && ag_node_set_desc(n, NULL))
             return ag_last_status();
     ag_node *o = ag_graph_output_node(g);
     for (int i = 0; i < o->nout_descs; i++)
@@ -84,12 +84,12 @@ enum { VIEW_CHAIN_MAX = 16 };
 /* A view op call reading one tensor, its first argument (what replay_view copies). */
 static bool is_view_call(const ag_node *x) {
     if (!x || ag_node_kind_of(x) != AG_NODE_CALL || ag__call_subgraph(x) ||
-        !(ag_op_def(ag_node_op(x))->flags & AG_OP_VIEW) ||
-        (ag_op_def(ag_node_op(x))->flags & AG_OP_INPLACE) || !ag_node_arg_node(x, 0) ||
-        ag_node_nargs(x) > AG_MAX_ARGS)
+        !(ag_op_def(ag__node_op(x))->flags & AG_OP_VIEW) ||
+        (ag_op_def(ag__node_op(x))->flags & AG_OP_INPLACE) || !ag__node_arg_node(x, 0) ||
+        ag__node_nargs(x) > AG_MAX_ARGS)
         return false;
-    for (int i = 1; i < ag_node_nargs(x); i++) {
-        const ag_garg *a = ag_node_arg(x, i);
+    for (int i = 1; i < ag__node_nargs(x); i++) {
+        const ag_garg *a = ag__node_arg(x, i);
         if ((a->kind == AG_GA_NODE && a->u.node) || a->kind == AG_GA_NODES)
             return false;
     }
@@ -104,9 +104,9 @@ static int view_chain(ag_node *x, ag_node **chain, ag_node **root) {
     for (;;) {
         ag_node *src = NULL;
         if (is_view_call(x))
-            src = ag_node_arg_node(x, 0);
-        else if (ag_node_kind_of(x) == AG_NODE_GETITEM && is_view_call(ag_node_arg_node(x, 0)))
-            src = ag_node_arg_node(x, 0); /* a piece of split: the split is a view */
+            src = ag__node_arg_node(x, 0);
+        else if (ag_node_kind_of(x) == AG_NODE_GETITEM && is_view_call(ag__node_arg_node(x, 0)))
+            src = ag__node_arg_node(x, 0); /* a piece of split: the split is a view */
         if (!src)
             break;
         if (n == VIEW_CHAIN_MAX)
@@ -124,19 +124,19 @@ static int view_chain(ag_node *x, ag_node **chain, ag_node **root) {
  * copy of x's argument. */
 static ag_node *replay_view(ag_graph *bw, ag_node *x, ag_node *base) {
     if (ag_node_kind_of(x) == AG_NODE_GETITEM)
-        return ag_graph_getitem(bw, base, (int)ag_node_arg(x, 1)->u.i, NULL);
+        return ag_graph_getitem(bw, base, (int)ag__node_arg(x, 1)->u.i, NULL);
     ag_garg args[AG_MAX_ARGS];
-    int na = ag_node_nargs(x);
+    int na = ag__node_nargs(x);
     for (int i = 0; i < na; i++)
-        args[i] = *ag_node_arg(x, i);
+        args[i] = *ag__node_arg(x, i);
     args[0].u.node = base;
-    return ag_graph_call(bw, ag_node_op(x), args, na, NULL);
+    return ag_graph_call(bw, ag__node_op(x), args, na, NULL);
 }
 
 /* The rewrite above on the region's partitioned pair (m forward outputs; no descriptors). */
 static int save_view_bases(ag_graph *fw, ag_graph *bw, int m) {
     ag_node *fo = ag_graph_output_node(fw);
-    const ag_garg *fa = ag_node_arg(fo, 0);
+    const ag_garg *fa = ag__node_arg(fo, 0);
     int s = fa->n - m;
     ag_node **ph = NULL;
     int nph = ag_graph_placeholders(bw, &ph);
@@ -167,7 +167,7 @@ static int save_view_bases(ag_graph *fw, ag_graph *bw, int m) {
     for (int j = 0; j < s; j++)
         old[j] = ph[j]; /* ph is the graph's cache: it changes with the placeholders */
     ag_node *first_tangent = s < nph ? ph[s] : NULL, *body = NULL;
-    for (ag_node *x = ag_graph_first(bw); x && !body; x = ag_node_next(x))
+    for (ag_node *x = ag_graph_first(bw); x && !body; x = ag__node_next(x))
         if (ag_node_kind_of(x) != AG_NODE_PLACEHOLDER)
             body = x;
     for (int j = 0; j < s && rc == 0; j++) {
@@ -179,10 +179,10 @@ static int save_view_bases(ag_graph *fw, ag_graph *bw, int m) {
         while (b < ns && outs[m + b] != root)
             b++;
         if (b == ns) { /* a new saved value: its placeholder next, before the tangents */
-            const char *nm = ag_node_name(root);
+            const char *nm = ag__node_name(root);
             ag_node *p = n == 0 ? old[j] /* kept */
                                 : ag_graph_placeholder(bw, ag_graph_find(bw, nm) ? NULL : nm,
-                                                       ag_node_val(root, 0));
+                                                       ag__node_val(root, 0));
             if (!p || (first_tangent && (rc = ag_graph_move_before(bw, p, first_tangent))))
                 goto fail;
             if (n == 0)
@@ -200,11 +200,11 @@ static int save_view_bases(ag_graph *fw, ag_graph *bw, int m) {
             ag_graph_insert_at_end(bw);
             if (!by)
                 goto fail;
-            if (!ag__tmeta_equal(ag_node_val(by, 0), ag_node_val(old[j], 0))) {
+            if (!ag__tmeta_equal(ag__node_val(by, 0), ag__node_val(old[j], 0))) {
                 rc = ag__err(AG_EINVAL,
                              "partition: the view %%%s replayed in the region's "
                              "backward differs from the saved one",
-                             ag_node_name(v));
+                             ag__node_name(v));
                 goto done;
             }
         }
@@ -262,7 +262,7 @@ static int partition_region(const ag_graph *S, int k, int m, const ag_partition_
     }
     ag_node *o = ag_graph_output_node(Q);
     ag_node *outs[AG_MAX_OUTPUTS];
-    const ag_garg *oa = ag_node_arg(o, 0);
+    const ag_garg *oa = ag__node_arg(o, 0);
     for (int i = 0; i < m; i++)
         outs[i] = oa->u.nodes[k + i];
     for (int i = 0; i < k; i++)
@@ -446,24 +446,22 @@ typedef struct rw_state {
     ag__strmap made;         /* the names given so far */
     rw_chunk *text;          /* their characters */
     ag_node **fget, **saved; /* per pair: AG_MAX_OUTPUTS each */
+    ag__name_gen gen[2];     /* "getitem" and invoke_subgraph's call name, worked out once */
+    bool gen_ok[2];
 } rw_state;
 
-static bool rw_taken(void *ctx, const char *name) {
+static bool rw_taken_h(void *ctx, const char *name, uint64_t h) {
     const rw_state *st = ctx;
-    const ag_node *x = ag_graph_find(st->src, name);
-    return (x && !st->erased[ag_node_index(x)]) || ag__strmap_has(&st->made, name);
+    const ag_node *x = ag__strmap_get_h(&st->src->names, name, h);
+    return (x && !st->erased[ag__node_index(x)]) || ag__strmap_get_h(&st->made, name, h);
 }
 
-/* The next new node's name: `candidate` itself when free and `exact` (a get_attr of a
- * subgraph takes the attribute's name), else the counters' next. */
-static int rw_name(rw_state *st, ag_graph *g, const char *candidate, bool exact) {
-    char buf[160];
-    const char *nm = candidate;
-    if (!exact || rw_taken(st, candidate)) {
-        if (ag__graph_make_name(g, candidate, rw_taken, st, buf))
-            return AG_ENOMEM;
-        nm = buf;
-    }
+static bool rw_taken(void *ctx, const char *name) {
+    return rw_taken_h(ctx, name, ag__strhash(name));
+}
+
+/* Keeps name nm (its ag__strhash h) as the next new node's. */
+static int rw_keep(rw_state *st, const char *nm, uint64_t h) {
     size_t len = strlen(nm) + 1;
     if (!st->text || st->text->used + len > sizeof st->text->data) {
         rw_chunk *c = ag__malloc(sizeof *c);
@@ -477,20 +475,43 @@ static int rw_name(rw_state *st, ag_graph *g, const char *candidate, bool exact)
     memcpy(d, nm, len);
     st->text->used += len;
     st->names[st->nnames++] = d;
-    return ag__strmap_put(&st->made, d, d);
+    int rc = ag__strmap_put_new_h(&st->made, d, d, h); /* not taken: never 1 */
+    return rc < 0 ? rc : 0;
+}
+
+/* The next new node's name: `candidate` itself when free and `exact` (a get_attr of a
+ * subgraph takes the attribute's name), else the counters' next. */
+static int rw_name(rw_state *st, ag_graph *g, const char *candidate, bool exact) {
+    char buf[160];
+    const char *nm = candidate;
+    if (!exact || rw_taken(st, candidate)) {
+        if (ag__graph_make_name(g, candidate, rw_taken, st, buf))
+            return AG_ENOMEM;
+        nm = buf;
+    }
+    return rw_keep(st, nm, ag__strhash(nm));
+}
+
+/* rw_name(candidate k of st->gen, false), the candidate worked out once (the same names). */
+static int rw_name_gen(rw_state *st, ag_graph *g, int k, const char *candidate) {
+    if (!st->gen_ok[k])
+        return rw_name(st, g, candidate, false);
+    uint64_t h;
+    const char *nm = ag__graph_name_gen_next(g, &st->gen[k], rw_taken_h, st, &h);
+    return rw_keep(st, nm, h);
 }
 
 /* What erasing call c did: its getitems, c, and its get_attr once nothing reads it. */
 static void rw_erase_call(rw_state *st, const ag_node *c) {
-    for (int u = 0; u < ag_node_num_users(c); u++)
-        st->erased[ag_node_index(ag_node_user(c, u))] = true;
-    st->erased[ag_node_index(c)] = true;
-    const ag_node *a = ag_node_arg_node(c, 0);
+    for (int u = 0; u < ag__node_num_users(c); u++)
+        st->erased[ag__node_index(ag__node_user(c, u))] = true;
+    st->erased[ag__node_index(c)] = true;
+    const ag_node *a = ag__node_arg_node(c, 0);
     bool read = false;
-    for (int u = 0; u < ag_node_num_users(a) && !read; u++)
-        read = !st->erased[ag_node_index(ag_node_user(a, u))];
+    for (int u = 0; u < ag__node_num_users(a) && !read; u++)
+        read = !st->erased[ag__node_index(ag__node_user(a, u))];
     if (!read)
-        st->erased[ag_node_index(a)] = true;
+        st->erased[ag__node_index(a)] = true;
 }
 
 static int name_pairs(rw_state *st, ag_graph *g, int ncalls, int nn) {
@@ -500,8 +521,8 @@ static int name_pairs(rw_state *st, ag_graph *g, int ncalls, int nn) {
         if (!B->bw)
             continue;
         const part_pair *pp = &st->parts[B->part];
-        cap += 4 + ag_node_num_users(st->calls[B->pair].n) + pp->nfo + pp->nsaved +
-               ag_node_num_users(B->n);
+        cap += 4 + ag__node_num_users(st->calls[B->pair].n) + pp->nfo + pp->nsaved +
+               ag__node_num_users(B->n);
         npairs++;
     }
     st->names = ag__calloc((size_t)cap, sizeof *st->names);
@@ -516,6 +537,12 @@ static int name_pairs(rw_state *st, ag_graph *g, int ncalls, int nn) {
     st->saved = st->fget + npairs * AG_MAX_OUTPUTS;
     char call_base[96];
     ag__call_name_base(ag_op_invoke_subgraph(), call_base);
+    for (int k = 0; k < 2; k++) {
+        int r = ag__graph_name_gen_init(g, k ? call_base : "getitem", &st->gen[k]);
+        if (r < 0)
+            return r;
+        st->gen_ok[k] = r == 0;
+    }
     int p = 0;
     for (int b = 0; b < ncalls && rc == 0; b++) {
         call_info *B = &st->calls[b];
@@ -528,24 +555,24 @@ static int name_pairs(rw_state *st, ag_graph *g, int ncalls, int nn) {
         bool got[AG_MAX_OUTPUTS] = {0};
         rc = rw_name(st, g, pp->fw_name, true);
         if (rc == 0)
-            rc = rw_name(st, g, call_base, false);
-        for (int u = 0; u < ag_node_num_users(F->n) && rc == 0; u++) {
-            got[ag_node_arg(ag_node_user(F->n, u), 1)->u.i] = true;
-            rc = rw_name(st, g, "getitem", false);
+            rc = rw_name_gen(st, g, 1, call_base);
+        for (int u = 0; u < ag__node_num_users(F->n) && rc == 0; u++) {
+            got[ag__node_arg(ag__node_user(F->n, u), 1)->u.i] = true;
+            rc = rw_name_gen(st, g, 0, "getitem");
         }
         for (int i = 0; i < pp->nfo && rc == 0; i++)
             if (!got[i])
-                rc = rw_name(st, g, "getitem", false);
+                rc = rw_name_gen(st, g, 0, "getitem");
         for (int j = 0; j < pp->nsaved && rc == 0; j++)
-            rc = rw_name(st, g, "getitem", false);
+            rc = rw_name_gen(st, g, 0, "getitem");
         st->nm_b0[p] = st->nnames;
         if (rc == 0)
             rc = rw_name(st, g, pp->bw_name, true);
         if (rc == 0)
-            rc = rw_name(st, g, call_base, false);
-        for (int u = 0; u < ag_node_num_users(B->n) && rc == 0; u++)
-            if (ag_node_arg(ag_node_user(B->n, u), 1)->u.i < F->nops)
-                rc = rw_name(st, g, "getitem", false);
+            rc = rw_name_gen(st, g, 1, call_base);
+        for (int u = 0; u < ag__node_num_users(B->n) && rc == 0; u++)
+            if (ag__node_arg(ag__node_user(B->n, u), 1)->u.i < F->nops)
+                rc = rw_name_gen(st, g, 0, "getitem");
         rw_erase_call(st, B->n);
         rw_erase_call(st, F->n);
         p++;
@@ -554,7 +581,7 @@ static int name_pairs(rw_state *st, ag_graph *g, int ncalls, int nn) {
         st->role[i] = st->erased[i] ? -1 : 0;
     for (int c = 0; c < ncalls; c++)
         if (st->calls[c].pair >= 0)
-            st->role[ag_node_index(st->calls[c].n)] = 1 + c;
+            st->role[ag__node_index(st->calls[c].n)] = 1 + c;
     return rc;
 }
 
@@ -584,11 +611,11 @@ static ag_node *rw_call(ag_graph *g, const char *attr, char *const *nms, ag_node
 
 /* The copies of the first n operands of call c of the joint, from off, into ops. */
 static int rw_operands(const ag__copy_map *map, const ag_node *c, int off, int n, ag_node **ops) {
-    const ag_garg *a = ag_node_arg(c, 2);
+    const ag_garg *a = ag__node_arg(c, 2);
     for (int i = 0; i < n; i++)
         if (!(ops[i] = ag__copy_map_get(map, a->u.nodes[off + i])))
             return ag__err(AG_EINVAL, "partition: %%%s reads %%%s before it is rewritten",
-                           ag_node_name(c), ag_node_name(a->u.nodes[off + i]));
+                           ag__node_name(c), ag__node_name(a->u.nodes[off + i]));
     return 0;
 }
 
@@ -607,9 +634,9 @@ static int rw_forward(rw_state *st, ag_graph *g, const call_info *F, ag__copy_ma
     if (rc || !F2)
         return rc ? rc : api_fail();
     memset(fget, 0, sizeof(ag_node *) * AG_MAX_OUTPUTS);
-    for (int u = 0; u < ag_node_num_users(F->n); u++) {
-        const ag_node *x = ag_node_user(F->n, u);
-        int i = (int)ag_node_arg(x, 1)->u.i;
+    for (int u = 0; u < ag__node_num_users(F->n); u++) {
+        const ag_node *x = ag__node_user(F->n, u);
+        int i = (int)ag__node_arg(x, 1)->u.i;
         if (!(fget[i] = rw_getitem(g, F2, i, nm[t++], x)))
             return api_fail();
     }
@@ -619,9 +646,9 @@ static int rw_forward(rw_state *st, ag_graph *g, const call_info *F, ag__copy_ma
     for (int j = 0; j < s; j++)
         if (!(saved[j] = rw_getitem(g, F2, m + j, nm[t++], NULL)))
             return api_fail();
-    for (int u = 0; u < ag_node_num_users(F->n); u++) {
-        const ag_node *x = ag_node_user(F->n, u);
-        ag__copy_map_set(map, x, fget[ag_node_arg(x, 1)->u.i]);
+    for (int u = 0; u < ag__node_num_users(F->n); u++) {
+        const ag_node *x = ag__node_user(F->n, u);
+        ag__copy_map_set(map, x, fget[ag__node_arg(x, 1)->u.i]);
     }
     return 0;
 }
@@ -642,9 +669,9 @@ static int rw_backward(rw_state *st, ag_graph *g, const call_info *B, ag__copy_m
     ag__free(ops);
     if (rc || !B2)
         return rc ? rc : api_fail();
-    for (int u = 0; u < ag_node_num_users(B->n); u++) {
-        const ag_node *x = ag_node_user(B->n, u);
-        int i = (int)ag_node_arg(x, 1)->u.i;
+    for (int u = 0; u < ag__node_num_users(B->n); u++) {
+        const ag_node *x = ag__node_user(B->n, u);
+        int i = (int)ag__node_arg(x, 1)->u.i;
         ag_node *by = i < k ? rw_getitem(g, B2, i, nm[t++], x) : fget[i - k];
         if (!by)
             return api_fail();
@@ -655,7 +682,7 @@ static int rw_backward(rw_state *st, ag_graph *g, const call_info *B, ag__copy_m
 
 static int rw_hook(void *ctx, ag_graph *g, const ag_node *n, ag__copy_map *map) {
     rw_state *st = ctx;
-    int r = st->role[ag_node_index(n)];
+    int r = st->role[ag__node_index(n)];
     if (r <= 0)
         return r < 0;
     const call_info *c = &st->calls[r - 1];
@@ -680,7 +707,7 @@ static void rw_free(rw_state *st) {
 static bool pairs_with(const call_info *F, const call_info *B) {
     if (B->nops != F->nops + F->nout || B->nout != F->nops + F->nout)
         return false;
-    const ag_garg *fa = ag_node_arg(F->n, 2), *ba = ag_node_arg(B->n, 2);
+    const ag_garg *fa = ag__node_arg(F->n, 2), *ba = ag__node_arg(B->n, 2);
     for (int i = 0; i < F->nops; i++)
         if (fa->u.nodes[i] != ba->u.nodes[i])
             return false;
@@ -713,7 +740,7 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
     /* The outer graph: P.g's subgraphs and name counters now, its nodes after the pairing. */
     ag_graph *g = ag__graph_copy_shell(P.g);
     int maxcalls = 1; /* the tables below hold one entry per call, not per node */
-    for (ag_node *n = ag_graph_first(P.g); n; n = ag_node_next(n))
+    for (ag_node *n = ag_graph_first(P.g); n; n = ag__node_next(n))
         maxcalls += ag__call_subgraph(n) != NULL;
     call_info *calls = ag__calloc((size_t)maxcalls, sizeof *calls);
     part_pair *parts = ag__calloc((size_t)maxcalls, sizeof *parts);
@@ -725,14 +752,14 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
         goto done;
     }
     int i = 0;
-    for (ag_node *n = ag_graph_first(P.g); n; n = ag_node_next(n), i++) {
+    for (ag_node *n = ag_graph_first(P.g); n; n = ag__node_next(n), i++) {
         const ag_graph *sub = ag__call_subgraph(n);
         if (!sub)
             continue;
         call_info *c = &calls[ncalls++];
         c->n = n;
         c->sub = (ag_graph *)sub;
-        c->nops = ag_node_arg(n, 2)->n;
+        c->nops = ag__node_arg(n, 2)->n;
         c->nph = num_placeholders(sub);
         c->nout = num_outputs(sub);
         c->bw = req_bw[i];
@@ -754,7 +781,7 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
                          "backward call of no forward call: a region's backward call takes the "
                          "forward call's operands, first, then one tangent per forward output, "
                          "and returns one grad per operand, then the forward outputs",
-                         ag_node_name(B->n), ag_node_arg(B->n, 1)->u.s, B->nops, B->nout);
+                         ag__node_name(B->n), ag__node_arg(B->n, 1)->u.s, B->nops, B->nout);
             goto done;
         }
         /* One partition per distinct joint subgraph. */
@@ -767,7 +794,7 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
                 rc = ag__err(AG_EINVAL,
                              "partition: invoke_subgraph %%%s calls '%s' for a forward call "
                              "of another shape",
-                             ag_node_name(B->n), attr_name(P.g, B->sub));
+                             ag__node_name(B->n), attr_name(P.g, B->sub));
             if (rc)
                 goto done;
             inner->recomputed_nodes += parts[B->part].st.recomputed_nodes;
@@ -780,19 +807,19 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
         pp->nfo = F->nout;
         pp->ngrads = F->nops;
         ag_graph *fw = NULL, *bw = NULL;
-        if ((rc = partition_region_once(ag_node_arg(B->n, 1)->u.s, B->sub, F->nops, F->nout, opts,
+        if ((rc = partition_region_once(ag__node_arg(B->n, 1)->u.s, B->sub, F->nops, F->nout, opts,
                                         mode, &fw, &bw, &pp->st))) {
             char msg[512];
             snprintf(msg, sizeof msg, "%s", ag_last_error());
             rc = ag__err(rc, "partition: the region '%s' called by %%%s: %s",
-                         attr_name(P.g, B->sub), ag_node_name(B->n), msg);
+                         attr_name(P.g, B->sub), ag__node_name(B->n), msg);
             goto done;
         }
         made[nmade++] = fw;
         made[nmade++] = bw;
         pp->nsaved = num_outputs(fw) - F->nout;
         /* upstream's names: partitioned_fw_subgraph_0_0 for bw_subgraph_0_0 */
-        const char *id = ag_node_arg(B->n, 1)->u.s;
+        const char *id = ag__node_arg(B->n, 1)->u.s;
         const char *suffix = !strncmp(id, "bw_subgraph_", 12) ? id + 12 : NULL;
         char buf[32];
         if (!suffix || !*suffix || strlen(suffix) > 40) {
@@ -828,8 +855,8 @@ int ag__partition_subgraphs(const ag_graph *joint, int num_fwd_outputs,
     for (int k = ag_graph_num_subgraphs(g) - 1; k >= 0; k--) {
         ag_graph *s = ag_graph_subgraph_at(g, k, NULL);
         bool read = false;
-        for (ag_node *n = ag_graph_first(g); n && !read; n = ag_node_next(n))
-            read = ag_node_subgraph(n) == s;
+        for (ag_node *n = ag_graph_first(g); n && !read; n = ag__node_next(n))
+            read = ag__node_subgraph(n) == s;
         if (!read)
             ag__subgraph_remove(g, k);
     }

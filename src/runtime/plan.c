@@ -157,14 +157,14 @@ static bool slot_idle(const ag_tensor *t) {
 /* ---- building: values ---- */
 
 int ag__plan_val_of_node(const ag_plan *p, const ag_node *user, const ag_node *d, int *v) {
-    int di = ag_node_index(d);
-    if (ag_node_kind_of(d) == AG_NODE_CALL && ag_node_num_vals(d) > 1 &&
-        ag_node_kind_of(user) != AG_NODE_GETITEM)
+    int di = ag__node_index(d);
+    if (ag__node_kind(d) == AG_NODE_CALL && ag__node_num_vals(d) > 1 &&
+        ag__node_kind(user) != AG_NODE_GETITEM)
         return ag__err(AG_EINVAL, "plan_new: %%%s reads %%%s, which has %d outputs (use getitem)",
-                       ag_node_name(user), ag_node_name(d), ag_node_num_vals(d));
+                       ag__node_name(user), ag__node_name(d), ag__node_num_vals(d));
     if (p->node_val[di] < 0)
         return ag__err(AG_EINVAL, "plan_new: %%%s reads %%%s, which has no value",
-                       ag_node_name(user), ag_node_name(d));
+                       ag__node_name(user), ag__node_name(d));
     *v = p->node_val[di];
     return 0;
 }
@@ -188,14 +188,14 @@ static int new_value(ag_plan *p, pv_kind kind, int node, const ag_tmeta *m) {
 static int count_values(const ag_graph *g, int *ncalls) {
     int n = 0;
     *ncalls = 0;
-    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
-        ag_node_kind k = ag_node_kind_of(x);
+    for (ag_node *x = ag_graph_first(g); x; x = ag__node_next(x)) {
+        ag_node_kind k = ag__node_kind(x);
         if (k == AG_NODE_PLACEHOLDER || k == AG_NODE_GET_ATTR)
             n++;
         else if (k == AG_NODE_CALL) {
             (*ncalls)++;
-            uint32_t f = ag_op_def(ag_node_op(x))->flags;
-            n += (f & AG_OP_VIEW) ? 1 : (f & AG_OP_INPLACE) ? 0 : ag_node_num_vals(x);
+            uint32_t f = ag_op_def(ag__node_op(x))->flags;
+            n += (f & AG_OP_VIEW) ? 1 : (f & AG_OP_INPLACE) ? 0 : ag__node_num_vals(x);
         }
     }
     return n;
@@ -208,21 +208,24 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
     const ag_op *mop = NULL;
     const ag_graph *msub = NULL;
     bool mut = false;
-    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
-        const ag_graph *sub = ag_node_kind_of(x) == AG_NODE_CALL ? ag__call_subgraph(x) : NULL;
-        if (ag_node_kind_of(x) == AG_NODE_CALL && (!sub || sub != msub || ag_node_op(x) != mop))
-            mut = ag__plan_may_mutate(x), mop = ag_node_op(x), msub = sub;
-        if (ag_node_kind_of(x) == AG_NODE_CALL && mut)
-            p->last_mut = ag_node_index(x);
+    for (ag_node *x = ag_graph_first(g); x; x = ag__node_next(x)) {
+        const ag_graph *sub = ag__node_kind(x) == AG_NODE_CALL ? ag__call_subgraph(x) : NULL;
+        if (ag__node_kind(x) == AG_NODE_CALL && (!sub || sub != msub || ag__node_op(x) != mop))
+            mut = ag__plan_may_mutate(x), mop = ag__node_op(x), msub = sub;
+        if (ag__node_kind(x) == AG_NODE_CALL && mut)
+            p->last_mut = ag__node_index(x);
     }
-    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
-        int i = ag_node_index(x);
+    const ag_graph *pt_sub = NULL; /* the last subgraph called, its outputs' operands */
+    int pt[AG_MAX_OUTPUTS], npt = 0;
+    for (ag_node *x = ag_graph_first(g); x; x = ag__node_next(x)) {
+        int i = ag__node_index(x);
         p->node_val[i] = -1;
-        switch (ag_node_kind_of(x)) {
+        switch (ag__node_kind(x)) {
         case AG_NODE_PLACEHOLDER: {
-            if (ag_node_num_vals(x) != 1)
-                return ag__err(AG_EINVAL, "plan_new: placeholder %%%s has no val", ag_node_name(x));
-            int v = new_value(p, PV_INPUT, i, ag_node_val(x, 0));
+            if (ag__node_num_vals(x) != 1)
+                return ag__err(AG_EINVAL, "plan_new: placeholder %%%s has no val",
+                               ag__node_name(x));
+            int v = new_value(p, PV_INPUT, i, ag__node_val(x, 0));
             p->vals[v].ph = p->nph;
             p->ph_val[p->nph++] = v;
             p->node_val[i] = v;
@@ -231,11 +234,11 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
         case AG_NODE_GET_ATTR: {
             /* A subgraph has no value; one that invoke_subgraph calls gets a plan, one that
              * only flex_attention reads none here (its step plans it per tile shape). */
-            if (ag_node_subgraph(x)) {
+            if (ag__node_subgraph(x)) {
                 bool invoked = false;
-                for (int u = 0; u < ag_node_num_users(x) && !invoked; u++)
-                    invoked = !ag__op_is_flex(ag_node_op(ag_node_user(x, u)));
-                int rc = invoked ? ag__plan_subplan_of(p, ag_node_subgraph(x), NULL) : 0;
+                for (int u = 0; u < ag__node_num_users(x) && !invoked; u++)
+                    invoked = !ag__op_is_flex(ag__node_op(ag__node_user(x, u)));
+                int rc = invoked ? ag__plan_subplan_of(p, ag__node_subgraph(x), NULL) : 0;
                 if (rc)
                     return rc;
                 break;
@@ -243,7 +246,7 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
             ag_tensor *c = ag_node_constant(x);
             if (!c || !c->storage->data)
                 return ag__err(AG_EINVAL, "plan_new: %%%s: get_attr without a real constant",
-                               ag_node_name(x));
+                               ag__node_name(x));
             ag_tmeta m;
             ag__tmeta_of(c, &m);
             int v = new_value(p, PV_CONST, i, &m);
@@ -252,31 +255,31 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
             break;
         }
         case AG_NODE_GETITEM: {
-            const ag_garg *a0 = ag_node_arg(x, 0), *a1 = ag_node_arg(x, 1);
+            const ag_garg *a0 = ag__node_arg(x, 0), *a1 = ag__node_arg(x, 1);
             ag_node *src = a0 && a0->kind == AG_GA_NODE ? a0->u.node : NULL;
             int64_t k = a1 && a1->kind == AG_GA_INT ? a1->u.i : -1;
-            if (!src || ag_node_kind_of(src) != AG_NODE_CALL || k < 0 ||
-                k >= ag_node_num_vals(src) || p->node_val[ag_node_index(src)] < 0)
-                return ag__err(AG_EINVAL, "plan_new: %%%s: bad getitem", ag_node_name(x));
-            p->node_val[i] = p->node_val[ag_node_index(src)] + (int)k;
+            if (!src || ag__node_kind(src) != AG_NODE_CALL || k < 0 ||
+                k >= ag__node_num_vals(src) || p->node_val[ag__node_index(src)] < 0)
+                return ag__err(AG_EINVAL, "plan_new: %%%s: bad getitem", ag__node_name(x));
+            p->node_val[i] = p->node_val[ag__node_index(src)] + (int)k;
             if (p->vals[p->node_val[i]].pass) /* an operand passed through: read it */
                 p->node_val[i] = p->vals[p->node_val[i]].pass - 1;
             break;
         }
         case AG_NODE_CALL: {
-            const ag_op *op = ag_node_op(x);
+            const ag_op *op = ag__node_op(x);
             const ag_opdef *def = ag_op_def(op);
-            int nv = ag_node_num_vals(x);
+            int nv = ag__node_num_vals(x);
             if (def->flags & AG_OP_VIEW) {
                 int base = -1;
-                const ag_garg *a0 = ag_node_arg(x, 0);
+                const ag_garg *a0 = ag__node_arg(x, 0);
                 if (nv != 1 || !a0 || a0->kind != AG_GA_NODE || !a0->u.node)
                     return ag__err(AG_EINVAL, "plan_new: %%%s: view %s without a base",
-                                   ag_node_name(x), ag_op_name(op));
+                                   ag__node_name(x), ag_op_name(op));
                 int rc = ag__plan_val_of_node(p, x, a0->u.node, &base);
                 if (rc)
                     return rc;
-                int v = new_value(p, PV_ALIAS, i, ag_node_val(x, 0));
+                int v = new_value(p, PV_ALIAS, i, ag__node_val(x, 0));
                 p->vals[v].root = p->vals[base].root;
                 p->vals[v].dyn = p->vals[p->vals[base].root].kind == PV_INPUT;
                 p->node_val[i] = v;
@@ -286,25 +289,33 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
                 return ag__err(AG_EINVAL,
                                "plan_new: %%%s: %s has no kernel (composite ops must be "
                                "decomposed before planning)",
-                               ag_node_name(x), ag_op_name(op));
+                               ag__node_name(x), ag_op_name(op));
             if (nv > AG_MAX_OUTPUTS)
                 return ag__err(AG_EINVAL, "plan_new: %%%s: %d outputs (at most %d)",
-                               ag_node_name(x), nv, AG_MAX_OUTPUTS);
+                               ag__node_name(x), nv, AG_MAX_OUTPUTS);
             if (def->flags & AG_OP_INPLACE) {
-                const ag_garg *a0 = ag_node_arg(x, 0);
+                const ag_garg *a0 = ag__node_arg(x, 0);
                 if (nv != 1 || !a0 || a0->kind != AG_GA_NODE || !a0->u.node)
                     return ag__err(AG_EINVAL, "plan_new: %%%s: in-place %s without self",
-                                   ag_node_name(x), ag_op_name(op));
+                                   ag__node_name(x), ag_op_name(op));
                 int rc = ag__plan_val_of_node(p, x, a0->u.node, &p->node_val[i]);
                 if (rc)
                     return rc;
                 break;
             }
+            if (def->flags & AG_OP_SUBGRAPH) { /* its outputs' operands, once per subgraph */
+                const ag_graph *sub = ag__node_subgraph(ag__node_arg_node(x, 0));
+                if (sub != pt_sub)
+                    npt = sub ? ag__subgraph_passthrough(sub, pt, AG_MAX_OUTPUTS) : 0;
+                pt_sub = sub;
+            }
             for (int k = 0; k < nv; k++) {
-                int v = new_value(p, PV_BUF, i, ag_node_val(x, k));
+                int v = new_value(p, PV_BUF, i, ag__node_val(x, k));
                 if (k == 0)
                     p->node_val[i] = v;
-                int src = (def->flags & AG_OP_SUBGRAPH) ? ag__plan_passthrough_value(p, x, k) : -1;
+                int src = (def->flags & AG_OP_SUBGRAPH)
+                              ? ag__plan_passthrough_value(p, x, k < npt ? pt[k] : -1)
+                              : -1;
                 if (src >= 0) {
                     p->vals[v].kind = PV_ALIAS;
                     p->vals[v].root = p->vals[src].root;
@@ -325,14 +336,14 @@ static int assign_values(ag_plan *p, const ag_graph *g) {
 typedef int (*read_fn)(ag_plan *p, const ag_node *user, int v, void *ud);
 
 static int for_each_read(ag_plan *p, const ag_node *x, read_fn fn, void *ud) {
-    if (ag_node_kind_of(x) == AG_NODE_GETITEM)
+    if (ag__node_kind(x) == AG_NODE_GETITEM)
         return 0;
-    for (int i = 0; i < ag_node_nargs(x); i++) {
-        const ag_garg *a = ag_node_arg(x, i);
+    for (int i = 0; i < ag__node_nargs(x); i++) {
+        const ag_garg *a = ag__node_arg(x, i);
         int cnt = ag__garg_nrefs(a);
         for (int k = 0; k < cnt; k++) {
             ag_node *d = ag__garg_ref(a, k);
-            if (!d || ag_node_subgraph(d))
+            if (!d || ag__node_subgraph(d))
                 continue;
             int v = -1, rc = ag__plan_val_of_node(p, x, d, &v);
             if (rc == 0)
@@ -346,7 +357,7 @@ static int for_each_read(ag_plan *p, const ag_node *x, read_fn fn, void *ud) {
 
 static int note_read(ag_plan *p, const ag_node *user, int v, void *ud) {
     (void)ud;
-    int t = ag_node_index(user);
+    int t = ag__node_index(user);
     if (t > p->vals[v].last)
         p->vals[v].last = t;
     return 0;
@@ -373,17 +384,17 @@ static int check_other(ag_plan *p, const ag_node *user, int v, void *ud) {
 
 /* The value whose buffer output value o of node x may take over, or -1. */
 static int inplace_source(ag_plan *p, const ag_node *x, int o, const bool *out_root) {
-    const ag_op *op = ag_node_op(x);
+    const ag_op *op = ag__node_op(x);
     const ag_opdef *def = ag_op_def(op);
     if (p->opts.no_inplace || !(def->flags & AG_OP_POINTWISE) || (def->flags & AG_OP_INPLACE) ||
-        ag_node_num_vals(x) != 1 || out_root[o])
+        ag__node_num_vals(x) != 1 || out_root[o])
         return -1;
     for (int i = 0; i < op->nargs; i++)
         if (op->mutates[i])
             return -1;
-    int t = ag_node_index(x);
-    for (int i = 0; i < ag_node_nargs(x); i++) {
-        const ag_garg *a = ag_node_arg(x, i);
+    int t = ag__node_index(x);
+    for (int i = 0; i < ag__node_nargs(x); i++) {
+        const ag_garg *a = ag__node_arg(x, i);
         if (a->kind != AG_GA_NODE || !a->u.node)
             continue;
         int v = -1;
@@ -405,14 +416,14 @@ static int inplace_source(ag_plan *p, const ag_node *x, int o, const bool *out_r
 }
 
 static int plan_buffers(ag_plan *p, const ag_graph *g, const int *rend, const bool *out_root) {
-    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
-        int i = ag_node_index(x);
-        if (ag_node_kind_of(x) != AG_NODE_CALL)
+    for (ag_node *x = ag_graph_first(g); x; x = ag__node_next(x)) {
+        int i = ag__node_index(x);
+        if (ag__node_kind(x) != AG_NODE_CALL)
             continue;
-        uint32_t f = ag_op_def(ag_node_op(x))->flags;
+        uint32_t f = ag_op_def(ag__node_op(x))->flags;
         if (f & (AG_OP_VIEW | AG_OP_INPLACE))
             continue;
-        for (int k = 0; k < ag_node_num_vals(x); k++) {
+        for (int k = 0; k < ag__node_num_vals(x); k++) {
             int o = p->node_val[i] + k;
             pv *ov = &p->vals[o];
             if (ov->pass) /* an operand passed through: no buffer */
@@ -429,17 +440,17 @@ static int plan_buffers(ag_plan *p, const ag_graph *g, const int *rend, const bo
                 p->ninplace++;
                 continue;
             }
-            pbuf *b = &p->bufs[p->nbufs];
+            pbuf *b = &p->bufs[p->nbufs]; /* malloc'd: each buffer is written whole here */
             ov->buf = p->nbufs++;
-            b->bytes = val_bytes(&ov->val);
-            b->size = align_up(b->bytes);
-            b->start = i;
-            b->end = rend[o];
-            b->out = out_root[o];
-            b->offset = -1;
-            b->root = o;
-            b->st.refcount = 1;
-            b->st.nbytes = (size_t)b->bytes;
+            int64_t bytes = val_bytes(&ov->val);
+            *b = (pbuf){.bytes = bytes,
+                        .size = align_up(bytes),
+                        .start = i,
+                        .end = rend[o],
+                        .out = out_root[o],
+                        .offset = -1,
+                        .root = o,
+                        .st = {.refcount = 1, .nbytes = (size_t)bytes}};
             if (b->out)
                 p->out_bytes += b->bytes;
         }
@@ -486,10 +497,10 @@ static int plan_buffers(ag_plan *p, const ag_graph *g, const int *rend, const bo
  * pointers and ints of its arguments) first, then the
  * reads, then strings, rounded up to 8 so that the next step's block stays aligned. */
 static size_t step_mem_bytes(const ag_node *x, size_t *wide_out, int *nreads_out) {
-    size_t wide = sizeof(ag_tensor *) * (size_t)ag_node_num_vals(x), chars = 0; /* outs */
+    size_t wide = sizeof(ag_tensor *) * (size_t)ag__node_num_vals(x), chars = 0; /* outs */
     int nreads = 0;
-    for (int i = 0; i < ag_node_nargs(x); i++) {
-        const ag_garg *a = ag_node_arg(x, i);
+    for (int i = 0; i < ag__node_nargs(x); i++) {
+        const ag_garg *a = ag__node_arg(x, i);
         if (a->kind == AG_GA_NODES || a->kind == AG_GA_TUPLE) {
             wide += sizeof(ag_tensor *) * (size_t)a->n;
             nreads += a->n;
@@ -510,32 +521,32 @@ static size_t step_mem_bytes(const ag_node *x, size_t *wide_out, int *nreads_out
 /* Converts node arguments to kernel arguments over the plan's structs into s->args (defaults
  * filled); lists, int arrays and strings are copied into s->mem, carved from p->step_mem. */
 static int bind_args(ag_plan *p, const ag_node *x, pstep *s) {
-    const ag_op *op = ag_node_op(x);
-    int na = ag_node_nargs(x);
+    const ag_op *op = ag__node_op(x);
+    int na = ag__node_nargs(x);
     size_t wide = 0;
     int nreads = 0;
     size_t bytes = step_mem_bytes(x, &wide, &nreads);
     if (p->step_mem_used + bytes > p->step_mem_size)
-        return ag__err(AG_EINVAL, "plan_new: %%%s: step memory miscounted", ag_node_name(x));
+        return ag__err(AG_EINVAL, "plan_new: %%%s: step memory miscounted", ag__node_name(x));
     s->mem = p->step_mem + p->step_mem_used;
     p->step_mem_used += bytes;
     char *m = s->mem;
     s->reads = (int *)(m + wide);
     char *mstr = m + wide + sizeof(int) * (size_t)nreads;
     s->outs = (ag_tensor **)m; /* the output structs first (make_steps fills them) */
-    m += sizeof(ag_tensor *) * (size_t)ag_node_num_vals(x);
-    for (int k = 0; k < ag_node_num_vals(x); k++)
+    m += sizeof(ag_tensor *) * (size_t)ag__node_num_vals(x);
+    for (int k = 0; k < ag__node_num_vals(x); k++)
         s->outs[k] = NULL;
     ag_arg raw[AG_MAX_ARGS];
     for (int i = 0; i < na; i++) {
-        const ag_garg *a = ag_node_arg(x, i);
+        const ag_garg *a = ag__node_arg(x, i);
         int v = -1;
         switch (a->kind) {
         case AG_GA_NONE:
             raw[i] = AG_A_NONE;
             break;
         case AG_GA_NODE:
-            if (!a->u.node || ag_node_subgraph(a->u.node)) { /* a subgraph: the step's plan */
+            if (!a->u.node || ag__node_subgraph(a->u.node)) { /* a subgraph: the step's plan */
                 raw[i] = AG_A_NONE;
                 break;
             }
@@ -551,7 +562,7 @@ static int bind_args(ag_plan *p, const ag_node *x, pstep *s) {
             for (int k = 0; k < a->n; k++) {
                 ag_node *d = ag__garg_ref(a, k);
                 ts[k] = NULL;
-                if (!d || ag_node_subgraph(d)) /* a flex mask graph */
+                if (!d || ag__node_subgraph(d)) /* a flex mask graph */
                     continue;
                 if (ag__plan_val_of_node(p, x, d, &v))
                     return ag_last_status();
@@ -605,7 +616,7 @@ static int bind_args(ag_plan *p, const ag_node *x, pstep *s) {
     if (rc) {
         char msg[512];
         snprintf(msg, sizeof msg, "%s", ag_last_error());
-        return ag__err(rc, "plan_new: %%%s: %s", ag_node_name(x), msg);
+        return ag__err(rc, "plan_new: %%%s: %s", ag__node_name(x), msg);
     }
     return 0;
 }
@@ -675,11 +686,11 @@ static int make_steps(ag_plan *p, const ag_graph *g) {
         t->storage = initial_storage(p, v);
         t->is_view = x->kind == PV_ALIAS;
     }
-    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
-        if (ag_node_kind_of(x) != AG_NODE_CALL)
+    for (ag_node *x = ag_graph_first(g); x; x = ag__node_next(x)) {
+        if (ag__node_kind(x) != AG_NODE_CALL)
             continue;
-        int i = ag_node_index(x);
-        const ag_op *op = ag_node_op(x);
+        int i = ag__node_index(x);
+        const ag_op *op = ag__node_op(x);
         const ag_opdef *def = ag_op_def(op);
         pstep *s = &p->steps[p->nsteps];
         memset(s, 0, sizeof *s);
@@ -708,31 +719,31 @@ static int make_steps(ag_plan *p, const ag_graph *g) {
             s->flex = p->nflex;
         } else if (def->flags & AG_OP_SUBGRAPH) {
             int k = 0;
-            if ((rc = ag__plan_subplan_of(p, ag_node_subgraph(ag_node_arg_node(x, 0)), &k)))
+            if ((rc = ag__plan_subplan_of(p, ag__node_subgraph(ag__node_arg_node(x, 0)), &k)))
                 return rc;
             s->sub = k + 1;
         }
-        int nv = ag_node_num_vals(x);
+        int nv = ag__node_num_vals(x);
         s->nouts = nv;
         for (int k = 0; k < nv; k++) {
             int v = p->node_val[i] + ((def->flags & AG_OP_INPLACE) ? 0 : k);
             /* an operand passed through: the subgraph's plan sees its struct as the output */
             s->outs[k] = p->tp[p->vals[v].pass ? p->vals[v].pass - 1 : v];
         }
-        ag_dtype kdt = kernel_dtype(s, op->nargs, nv ? ag_node_val(x, 0) : NULL);
+        ag_dtype kdt = kernel_dtype(s, op->nargs, nv ? ag__node_val(x, 0) : NULL);
         p->nsteps++;
         p->nkernel++;
         if (!(def->dtypes & (1u << kdt)))
             return ag__err(AG_ENOTSUP, "plan_new: %%%s: %s has no kernel for dtype %s",
-                           ag_node_name(x), ag_op_name(op), ag_dtype_short(kdt));
+                           ag__node_name(x), ag_op_name(op), ag_dtype_short(kdt));
     }
     return 0;
 }
 
 static int make_outputs(ag_plan *p, const ag_graph *g, bool *out_root) {
     ag_node *o = ag_graph_output_node(g);
-    const ag_garg *a = ag_node_arg(o, 0);
-    p->out_node = ag_node_index(o);
+    const ag_garg *a = ag__node_arg(o, 0);
+    p->out_node = ag__node_index(o);
     p->nouts = a->n;
     p->outs = ag__calloc((size_t)(a->n ? a->n : 1), sizeof *p->outs);
     p->pick = ag__calloc((size_t)(a->n ? a->n : 1), sizeof *p->pick);
@@ -782,18 +793,18 @@ static int find_fused_groups(ag_plan *p, const ag_graph *g) {
     ag_node *chain[AG__FUSE_MAX];
     ag_node *x = ag_graph_first(g);
     while (x) {
-        if (ag_node_kind_of(x) != AG_NODE_CALL || (ag_op_def(ag_node_op(x))->flags & AG_OP_VIEW)) {
-            x = ag_node_next(x);
+        if (ag__node_kind(x) != AG_NODE_CALL || (ag_op_def(ag__node_op(x))->flags & AG_OP_VIEW)) {
+            x = ag__node_next(x);
             continue;
         }
         /* The kernel calls from x on, up to the next step that is not one (a view of an input
          * is recomputed each run: a step of its own). */
         int n = 0;
-        for (ag_node *y = x; y && n < AG__FUSE_MAX; y = ag_node_next(y)) {
-            if (ag_node_kind_of(y) != AG_NODE_CALL)
+        for (ag_node *y = x; y && n < AG__FUSE_MAX; y = ag__node_next(y)) {
+            if (ag__node_kind(y) != AG_NODE_CALL)
                 continue;
-            if (ag_op_def(ag_node_op(y))->flags & AG_OP_VIEW) {
-                if (p->vals[p->node_val[ag_node_index(y)]].dyn)
+            if (ag_op_def(ag__node_op(y))->flags & AG_OP_VIEW) {
+                if (p->vals[p->node_val[ag__node_index(y)]].dyn)
                     break;
                 continue;
             }
@@ -802,18 +813,18 @@ static int find_fused_groups(ag_plan *p, const ag_graph *g) {
         ag__fuse_group grp;
         int len = n >= 2 ? ag__fuse_match(chain, n, &grp) : 0;
         if (len < 2) {
-            x = ag_node_next(x);
+            x = ag__node_next(x);
             continue;
         }
-        int end = ag_node_index(chain[len - 1]);
+        int end = ag__node_index(chain[len - 1]);
         for (int k = 0; k < len - 1 && !grp.f->reads_end_early; k++) {
             int rc = for_each_read(p, chain[k], extend_read, &end);
             if (rc)
                 return rc;
         }
-        p->fuse_at[ag_node_index(x)] = grp;
+        p->fuse_at[ag__node_index(x)] = grp;
         p->nfused++;
-        x = ag_node_next(chain[len - 1]);
+        x = ag__node_next(chain[len - 1]);
     }
     return 0;
 }
@@ -840,7 +851,7 @@ static int build(ag_plan *p, const ag_graph *g, bool verified) {
     p->vals = ag__malloc(sizeof *p->vals * v1);
     p->tens = ag__malloc(sizeof *p->tens * v1);
     p->tp = ag__calloc(v1, sizeof *p->tp);
-    p->bufs = ag__calloc(v1, sizeof *p->bufs);
+    p->bufs = ag__malloc(sizeof *p->bufs * v1); /* at most one per value, filled in order */
     int *rend = ag__malloc(sizeof *rend * v1);
     bool *out_root = ag__calloc(v1, sizeof *out_root);
     if (!p->names || !p->node_val || !p->ph_val || !p->steps || !p->vals || !p->tens || !p->tp ||
@@ -850,9 +861,9 @@ static int build(ag_plan *p, const ag_graph *g, bool verified) {
     }
     /* Node names and the steps' argument memory, each in one block. */
     size_t name_bytes = 0;
-    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
-        name_bytes += strlen(ag_node_name(x)) + 1;
-        if (ag_node_kind_of(x) == AG_NODE_CALL)
+    for (ag_node *x = ag_graph_first(g); x; x = ag__node_next(x)) {
+        name_bytes += strlen(ag__node_name(x)) + 1;
+        if (ag__node_kind(x) == AG_NODE_CALL)
             p->step_mem_size += step_mem_bytes(x, NULL, NULL);
     }
     p->name_chars = ag__malloc(name_bytes);
@@ -862,16 +873,16 @@ static int build(ag_plan *p, const ag_graph *g, bool verified) {
         goto done;
     }
     char *nc = p->name_chars;
-    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x)) {
-        size_t len = strlen(ag_node_name(x)) + 1;
-        memcpy(nc, ag_node_name(x), len);
-        p->names[ag_node_index(x)] = nc;
+    for (ag_node *x = ag_graph_first(g); x; x = ag__node_next(x)) {
+        size_t len = strlen(ag__node_name(x)) + 1;
+        memcpy(nc, ag__node_name(x), len);
+        p->names[ag__node_index(x)] = nc;
         nc += len;
     }
     if ((rc = assign_values(p, g)))
         goto done;
     /* Last reads; a view's reads keep its root alive. */
-    for (ag_node *x = ag_graph_first(g); x; x = ag_node_next(x))
+    for (ag_node *x = ag_graph_first(g); x; x = ag__node_next(x))
         if ((rc = for_each_read(p, x, note_read, NULL)))
             goto done;
     if (!p->opts.no_fusion && !ag__fuse_disabled_by_env() && (rc = find_fused_groups(p, g)))

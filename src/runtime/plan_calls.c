@@ -52,14 +52,14 @@ int ag__plan_subplan_of(ag_plan *p, const ag_graph *sub, int *k) {
 /* Whether call x may write a tensor it reads: an in-place or mutating op, or a subgraph call
  * whose subgraph holds one. */
 bool ag__plan_may_mutate(const ag_node *x) {
-    const ag_op *op = ag_node_op(x);
+    const ag_op *op = ag__node_op(x);
     if (ag_op_def(op)->flags & AG_OP_INPLACE)
         return true;
     for (int a = 0; a < op->nargs; a++)
         if (op->mutates[a])
             return true;
     if (ag_op_def(op)->flags & AG_OP_SUBGRAPH) {
-        const ag_graph *sub = ag_node_subgraph(ag_node_arg_node(x, 0));
+        const ag_graph *sub = ag__node_subgraph(ag__node_arg_node(x, 0));
         for (ag_node *y = sub ? ag_graph_first(sub) : NULL; y; y = ag_node_next(y))
             if (ag_node_kind_of(y) == AG_NODE_CALL && ag__plan_may_mutate(y))
                 return true;
@@ -71,19 +71,10 @@ bool ag__plan_may_mutate(const ag_node *x) {
  * operand j, which the call's readers then read directly (no copy into a buffer of its own);
  * else -1. Only when nothing after the call may mutate a value (p->last_mut), so the operand
  * and the output cannot diverge. */
-int ag__plan_passthrough_value(ag_plan *p, const ag_node *x, int k) {
-    if (ag_node_index(x) <= p->last_mut)
+int ag__plan_passthrough_value(ag_plan *p, const ag_node *x, int j) {
+    if (j < 0 || ag_node_index(x) <= p->last_mut)
         return -1;
-    const ag_graph *sub = ag_node_subgraph(ag_node_arg_node(x, 0));
-    const ag_node *o = sub ? ag_graph_output_node(sub) : NULL;
-    const ag_garg *oa = o ? ag_node_arg(o, 0) : NULL;
-    if (!oa || oa->kind != AG_GA_NODES || k >= oa->n || !oa->u.nodes[k] ||
-        ag_node_kind_of(oa->u.nodes[k]) != AG_NODE_PLACEHOLDER)
-        return -1;
-    int j = 0;
-    for (ag_node *y = ag_graph_first(sub); y && y != oa->u.nodes[k]; y = ag_node_next(y))
-        j += ag_node_kind_of(y) == AG_NODE_PLACEHOLDER;
-    const ag_garg *ops = ag_node_arg(x, 2);
+    const ag_garg *ops = ag__node_arg(x, 2);
     int v = -1;
     if (!ops || ops->kind != AG_GA_NODES || j >= ops->n || !ops->u.nodes[j] ||
         ag__plan_val_of_node(p, x, ops->u.nodes[j], &v))

@@ -225,11 +225,11 @@ void ag__plan_settle_collectives(ag_plan *p);
 
 /* plan_calls.c: invoke_subgraph steps. */
 /* Building: the plan of subgraph sub (*k: its index; one per subgraph), whether call x may
- * write a tensor it reads, the operand's value that output k of subgraph call x passes through
- * (or -1). */
+ * write a tensor it reads, the value of operand j of subgraph call x when an output passes it
+ * through (j from ag__subgraph_passthrough; -1 or a call that may mutate: -1). */
 int ag__plan_subplan_of(ag_plan *p, const ag_graph *sub, int *k);
 bool ag__plan_may_mutate(const ag_node *x);
-int ag__plan_passthrough_value(ag_plan *p, const ag_node *x, int k);
+int ag__plan_passthrough_value(ag_plan *p, const ag_node *x, int j);
 /* Running step s (s->sub): 0 or a negative status naming the node. */
 int ag__plan_run_subgraph(ag_plan *p, pstep *s);
 /* A run of plan p whose output k is written into dst[k] (a contiguous tensor of its val, the
