@@ -195,6 +195,9 @@ static void test_traced_vs_per_tile(void **state) {
                 ag__flex_eager = hooks;
                 assert_true(calls > 3); /* per tile */
                 assert_int_equal(ag__flex_eager_counts[1] - c1, 2);
+                /* the forward: the same ops on the same tiles, bit for bit */
+                assert_true(tu_same_bits(tr.r[0], pt.r[0]));
+                assert_true(tu_same_bits(tr.r[1], pt.r[1]));
                 const char *nm[6] = {"out", "lse", "dq", "dk", "dv", "dbuf"};
                 for (int i = 0; i < 6; i++) {
                     const double d = max_diff(tr.r[i], pt.r[i]);
