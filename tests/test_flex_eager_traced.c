@@ -6,11 +6,13 @@
  * with learnable slopes (a buffer requiring grad) and a learnable [H, L, S] bias, float32 and
  * float64, edge tiles; a float64 gradcheck against finite differences; which path ran (the
  * score_mod's call count and ag__flex_eager_counts); an untraceable score_mod (it reads its
- * buffer's data) taking the per-tile path; 1 vs 2 threads; an allocation-failure sweep. */
+ * buffer's data) taking the per-tile path; 1 vs 2 threads; calls from two threads at once; an
+ * allocation-failure sweep. */
 #include "testutil.h"
 #include "autograd/flex_internal.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -308,6 +310,80 @@ static void test_threads(void **state) {
     ag_tensor_free(doc);
 }
 
+/* Calls from two threads at once: each its own trace and tile plans, results as on one. */
+typedef struct par_job {
+    ag_tensor *qkv[3], *slopes;
+    ag_block_mask *bm;
+    ag_tensor *r[6]; /* kept */
+    int rc;
+} par_job;
+
+static void *par_run(void *ud) {
+    par_job *j = ud;
+    ag_scope_begin();
+    ag_score_mod sm = {alibi, NULL, &j->slopes, 1};
+    ag_flex_opts fo = {.q_block_size = BS, .kv_block_size = BS};
+    ag_tensor *out = NULL, *lse = NULL, *g[4] = {0};
+    j->rc = ag_flex_attention(j->qkv[0], j->qkv[1], j->qkv[2], &sm, j->bm, &fo, &out, &lse);
+    if (!j->rc) {
+        ag_tensor *loss = ag_add(ag_sum_all(ag_mul(out, ag_sin(ag_detach(out)))),
+                                 ag_sum_all(ag_mul_scalar(lse, 0.5)));
+        ag_tensor *wrt[4] = {j->qkv[0], j->qkv[1], j->qkv[2], j->slopes};
+        j->rc = loss ? ag_grad(&loss, NULL, 1, wrt, 4, g, false, false) : ag_last_status();
+    }
+    if (!j->rc) {
+        j->r[0] = ag_tensor_keep(out);
+        j->r[1] = ag_tensor_keep(lse);
+        for (int i = 0; i < 4; i++)
+            j->r[2 + i] = ag_tensor_keep(g[i]);
+    }
+    ag_scope_end();
+    return NULL;
+}
+
+static void test_concurrent_calls(void **state) {
+    (void)state;
+    int kind = M_CAUSAL;
+    ag_tensor *doc = ag_from_data(AG_I64, 1, (int64_t[]){T}, doc_ids);
+    ag_block_mask *bm = make_mask(&kind, &doc);
+    const int64_t qs[4] = {B, H, T, E};
+    par_job jobs[2];
+    for (int t = 0; t < 2; t++) {
+        jobs[t] = (par_job){
+            {rnd(AG_F64, 4, qs, true), rnd(AG_F64, 4, qs, true), rnd(AG_F64, 4, qs, true)},
+            tu_leaf(AG_F64, 1, (int64_t[]){H}, (double[]){0.5, -0.25 * t, 0.125}),
+            bm,
+            {0},
+            0};
+    }
+    run_out want[2] = {0};
+    for (int t = 0; t < 2; t++)
+        run(jobs[t].qkv, jobs[t].slopes, alibi, bm, &want[t]);
+    for (int round = 0; round < 3; round++) {
+        pthread_t th[2];
+        for (int t = 0; t < 2; t++)
+            assert_int_equal(pthread_create(&th[t], NULL, par_run, &jobs[t]), 0);
+        for (int t = 0; t < 2; t++)
+            pthread_join(th[t], NULL);
+        for (int t = 0; t < 2; t++) {
+            assert_int_equal(jobs[t].rc, 0);
+            for (int i = 0; i < 6; i++) {
+                assert_true(max_diff(jobs[t].r[i], want[t].r[i]) < 1e-12);
+                ag_tensor_free(jobs[t].r[i]);
+                jobs[t].r[i] = NULL;
+            }
+        }
+    }
+    for (int t = 0; t < 2; t++) {
+        run_free(&want[t]);
+        for (int i = 0; i < 3; i++)
+            ag_tensor_free(jobs[t].qkv[i]);
+        ag_tensor_free(jobs[t].slopes);
+    }
+    ag_block_mask_free(bm);
+    ag_tensor_free(doc);
+}
+
 typedef struct gc_ud {
     ag_block_mask *bm;
     ag_score_mod_fn fn;
@@ -389,7 +465,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_traced_vs_per_tile),     cmocka_unit_test(test_forward_bits),
         cmocka_unit_test(test_untraceable_falls_back), cmocka_unit_test(test_threads),
-        cmocka_unit_test(test_gradcheck_traced),       cmocka_unit_test(test_out_of_memory),
+        cmocka_unit_test(test_concurrent_calls),       cmocka_unit_test(test_gradcheck_traced),
+        cmocka_unit_test(test_out_of_memory),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

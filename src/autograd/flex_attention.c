@@ -38,7 +38,7 @@ _Atomic int64_t ag__flex_eager_counts[2];
 static _Thread_local int flex_depth;
 
 struct ag_block_mask {
-    int refs;
+    _Atomic int refs; /* calls on several threads may share a block mask */
     int64_t B, H, L, S, QB, KB, nq, nk;
     ag_tensor *parts[8];
     ag_mask_mod_fn fn;
