@@ -25,6 +25,22 @@
  * error set. Its result must broadcast to [bq, bk]: a float tensor for score_mod, a bool one
  * for mask_mod. The functions must be pure (the backward evaluates them again).
  *
+ * How often score_mod runs. Eagerly, flex_attention first traces score_mod once on data-less
+ * 0-d stand-ins (score, b, h, q_idx, kv_idx and each buffer a fresh tensor without data; grad
+ * mode on for the backward's joint graph) into a graph, as ag_trace_score_mod does, plans that
+ * graph per tile shape and runs it on the tiles on every thread (the backward runs the traced
+ * joint graph, score_mod's forward and backward, per tile). So score_mod is called once per
+ * forward call and twice per backward (score and joint graphs), never per tile, and its side
+ * effects (counters, prints) happen that many times. Nothing is cached between calls: every
+ * call traces anew. A score_mod that cannot be traced (it returns NULL on the stand-ins, e.g.
+ * because it reads ag_tensor_data, which is NULL there, or calls an op without a meta function)
+ * or whose graph does not run on a tile is instead called per tile on the calling thread as
+ * before (the trace's error is cleared; an out-of-memory error fails the call). Both paths give
+ * the same output and logsumexp bit for bit; gradients agree to rounding (the buffers'
+ * gradients are summed per thread). A score_mod must therefore not dereference data without
+ * checking it (return NULL with an error instead). mask_mod is still called per partial tile,
+ * on the calling thread, by ag_create_block_mask and by each call.
+ *
  * Supported: float32 and float64 (q, k, v of one dtype); CPU; eager with autograd (first
  * order). Under a trace (ag_trace, ag_export_joint) the call is recorded as upstream records
  * it: score_mod and mask_mod traced into subgraphs (sdpa_score0, sdpa_mask0; an identity

@@ -31,12 +31,14 @@
 #define FLEX_SLOT_WS 7
 
 ag__flex_trace_fn ag__flex_trace_hook;
+const ag__flex_eager_hooks *ag__flex_eager;
+_Atomic int64_t ag__flex_eager_counts[2];
 
 /* flex_attention running on this thread (nesting refused: the scratch slots are held). */
 static _Thread_local int flex_depth;
 
 struct ag_block_mask {
-    int refs;
+    _Atomic int refs; /* calls on several threads may share a block mask */
     int64_t B, H, L, S, QB, KB, nq, nk;
     ag_tensor *parts[8];
     ag_mask_mod_fn fn;
@@ -470,6 +472,55 @@ static int run_rows(flex *f, bool backward) {
     return err;
 }
 
+/* Runs every row's forward or backward with f's score_mod (f->sfn, if any) on the runtime's
+ * tile plans of its traced graphs when it traces (ag__flex_eager: every thread, no dispatcher),
+ * else called per tile by run_rows. Backward: bgrad[i] receives buffer i's gradient (kept
+ * zeros made here; NULL where f->sneed[i] is false). */
+static int run_rows_traced(flex *f, bool backward, ag_tensor **bgrad) {
+    const ag__flex_eager_hooks *hk = ag__flex_eager;
+    if (!f->sfn)
+        return run_rows(f, backward);
+    const ag_score_mod sm = {f->sfn, f->sud, f->sbuf, f->nsbuf};
+    void *h = NULL;
+    int rc = hk ? hk->make(&sm, f->dt, f->L, f->S, f->QB, f->KB, backward, &h) : 1;
+    if (rc < 0)
+        return rc;
+    if (rc) {
+        ag__flex_eager_counts[1]++;
+        return run_rows(f, backward);
+    }
+    ag__flex_eager_counts[0]++;
+    ag_scope_begin();
+    bool prev = ag_set_grad_enabled(false);
+    ag_tensor *bufs[64];
+    for (int i = 0; i < f->nsbuf && !rc; i++) {
+        ag_tensor *c = ag_contiguous(f->sbuf[i]);
+        if (!(bufs[i] = c ? ag_detach(c) : NULL))
+            rc = failed();
+    }
+    for (int i = 0; backward && i < f->nsbuf && !rc; i++) {
+        if (!f->sneed[i])
+            continue;
+        ag_tensor *z =
+            ag_zeros(ag_tensor_dtype(bufs[i]), ag_tensor_ndim(bufs[i]), ag_tensor_sizes(bufs[i]));
+        if (!z || !(bgrad[i] = ag_tensor_keep(z)))
+            rc = failed();
+    }
+    ag_set_grad_enabled(prev);
+    const ag__flex_tile_fns *fns = NULL;
+    if (!rc)
+        rc = hk->bind(h, bufs, backward ? bgrad : NULL, &fns);
+    if (!rc) {
+        flex g = *f;
+        g.sfn = NULL;
+        g.tf = fns;
+        rc = hk->done(h, run_rows(&g, backward));
+    }
+    ag_scope_end();
+    hk->free(h);
+    return rc;
+}
+
 /* ---- block masks ---- */
 
 /* An int64 tensor with data, made outside the dispatcher: a block mask built while a trace is
@@ -693,7 +744,7 @@ static int flex_backward(void *ud, ag_tensor *const *gout, int nout, ag_tensor *
         f.sneed = sneed;
         f.bm = s->bm;
         flex_depth++;
-        rc = run_rows(&f, true);
+        rc = run_rows_traced(&f, true, sgrad);
         flex_depth--;
     }
     if (!rc) {
@@ -1101,7 +1152,7 @@ int ag_flex_attention(ag_tensor *q, ag_tensor *k, ag_tensor *v, const ag_score_m
         f->out = ag_tensor_data(o);
         f->lse = ag_tensor_data(l);
         flex_depth++;
-        rc = run_rows(f, false);
+        rc = run_rows_traced(f, false, NULL);
         flex_depth--;
     }
     ag_tensor *res[2] = {NULL, NULL};

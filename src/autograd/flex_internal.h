@@ -96,4 +96,32 @@ void ag__flex_add_reduced(ag_tensor *acc, const ag_tensor *g);
 bool ag__flex_fits_tile(const ag_tmeta *m, int64_t bq, int64_t bk);
 bool ag__flex_reduces_to(const ag_tmeta *g, const ag_tmeta *b);
 
+/* Set by the runtime layer when the library is loaded (src/runtime/flex_eager.c): eager
+ * flex_attention's score_mod traced into graphs (sdpa_score0, joint_graph0) and planned per tile
+ * shape, so the kernel runs it per tile on all threads without the op dispatcher or ag_grad.
+ * NULL (a static link without the runtime): score_mod is called per tile on the calling thread.
+ *   make: the plans for score_mod sm on a call of dtype dt over L x S in QB x KB tiles, its
+ *         buffers' metadata from sm->buffers (their contiguous layout), with the backward's
+ *         joint when bwd: 0 with *h set; 1 when sm cannot be traced or planned (no error left:
+ *         call it per tile); < 0 (out of memory) with the error set.
+ *   bind: a run's buffers (contiguous, the metadata made for) and, in the backward, the
+ *         buffers' gradient sums (contiguous, zeroed by bind; NULL entries: not needed) -> the
+ *         kernel's tile functions (*fns, valid until done).
+ *   done: after the kernel returned rc: the per-thread gradient sums added, a failed tile's
+ *         message; returns the status.
+ *   free: h (NULL: no-op).
+ * One run at a time per h. */
+typedef struct ag__flex_eager_hooks {
+    int (*make)(const ag_score_mod *sm, ag_dtype dt, int64_t L, int64_t S, int64_t QB, int64_t KB,
+                bool bwd, void **h);
+    int (*bind)(void *h, ag_tensor *const *bufs, ag_tensor *const *bgrad,
+                const ag__flex_tile_fns **fns);
+    int (*done)(void *h, int rc);
+    void (*free)(void *h);
+} ag__flex_eager_hooks;
+extern const ag__flex_eager_hooks *ag__flex_eager;
+/* Counts the eager calls (forward or backward) that ran score_mod through the hook above
+ * ([0]) and per tile ([1]); for tests. */
+extern _Atomic int64_t ag__flex_eager_counts[2];
+
 #endif

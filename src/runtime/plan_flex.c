@@ -178,17 +178,15 @@ static void buffer_metas(const ag_garg *elems, int n, ag_tmeta *m) {
         m[k] = *ag_node_val(elems[k].u.node, 0);
 }
 
-/* The tile plans of step x's graphs; NULL with the error set and its status in *status when
- * one cannot be made. */
-static struct ag__flex_tiles *tiles_build(const ag_plan *p, const ag__flex_args *fa,
-                                          const ag_graph *score, const ag_graph *mask,
-                                          const ag_graph *joint, int *status) {
-    const bool bwd = fa->bwd;
-    const ag_node *qn = fa->q, *kn = fa->k;
-    ag_tmeta sb[64], mb[64];
-    const int nsb = fa->nsb, nmb = fa->nmb;
-    buffer_metas(fa->sb, nsb, sb);
-    buffer_metas(fa->mb, nmb, mb);
+/* The tile plans of graphs score, mask (may be NULL) and, for the backward (bwd), joint, for
+ * calls of dtype dt over L x S in QB x KB tiles with score_mod buffers sb[nsb] and mask_mod
+ * buffers mb[nmb] (their metadata); NULL with the error set and its status in *status when one
+ * cannot be made. */
+static struct ag__flex_tiles *tiles_new(const ag_plan_opts *o, ag_dtype dt, int64_t L, int64_t S,
+                                        int64_t QB, int64_t KB, const ag_tmeta *sb, int nsb,
+                                        const ag_tmeta *mb, int nmb, const ag_graph *score,
+                                        const ag_graph *mask, const ag_graph *joint, bool bwd,
+                                        int *status) {
     if (bwd && !joint) {
         *status = ag__err(AG_EINVAL, "flex_attention: unexpected arguments");
         return NULL;
@@ -198,14 +196,13 @@ static struct ag__flex_tiles *tiles_build(const ag_plan *p, const ag__flex_args 
         *status = AG_ENOMEM;
         return NULL;
     }
-    st->dt = ag_node_val(qn, 0)->dtype;
-    st->QB = fa->sizes[2];
-    st->KB = fa->sizes[3];
+    st->dt = dt;
+    st->QB = QB;
+    st->KB = KB;
     st->nsb = nsb;
     st->nth = ag_get_num_threads() < MAX_THREADS ? ag_get_num_threads() : MAX_THREADS;
     if (st->nth < 1)
         st->nth = 1;
-    const int64_t L = ag_node_val(qn, 0)->sizes[2], S = ag_node_val(kn, 0)->sizes[2];
     const int64_t bqs[2] = {L >= st->QB ? st->QB : 0, L % st->QB};
     const int64_t bks[2] = {S >= st->KB ? st->KB : 0, S % st->KB};
     const ag_graph *gs[NFN] = {score, mask, joint};
@@ -224,7 +221,7 @@ static struct ag__flex_tiles *tiles_build(const ag_plan *p, const ag__flex_args 
                 for (int j = 0; j < 2 && !rc; j++)
                     if (bqs[i] > 0 && bks[j] > 0)
                         rc = tile_plan_build(&f->t[th][i * 2 + j], gs[k], k, st->dt, bqs[i], bks[j],
-                                             bufs[k], nbufs[k], &p->opts);
+                                             bufs[k], nbufs[k], o);
     }
     if (rc) {
         pflex tmp = {.tiles = st};
@@ -233,6 +230,18 @@ static struct ag__flex_tiles *tiles_build(const ag_plan *p, const ag__flex_args 
         return NULL;
     }
     return st;
+}
+
+/* The tile plans of step x's graphs (tiles_new). */
+static struct ag__flex_tiles *tiles_build(const ag_plan *p, const ag__flex_args *fa,
+                                          const ag_graph *score, const ag_graph *mask,
+                                          const ag_graph *joint, int *status) {
+    ag_tmeta sb[64], mb[64];
+    buffer_metas(fa->sb, fa->nsb, sb);
+    buffer_metas(fa->mb, fa->nmb, mb);
+    const ag_tmeta *qm = ag_node_val(fa->q, 0), *km = ag_node_val(fa->k, 0);
+    return tiles_new(&p->opts, qm->dtype, qm->sizes[2], km->sizes[2], fa->sizes[2], fa->sizes[3],
+                     sb, fa->nsb, mb, fa->nmb, score, mask, joint, fa->bwd, status);
 }
 
 int ag__plan_flex_graphs_of(ag_plan *p, const ag_node *x) {
@@ -546,4 +555,45 @@ int ag__plan_run_flex(ag_plan *p, pstep *s) {
         return ag__err(rc, "plan: %%%s: %s", p->names[s->node], msg);
     }
     return 0;
+}
+
+/* ---- eager flex_attention's tiles (flex_eager.c) ---- */
+
+struct ag__flex_tiles *ag__flex_tiles_new(ag_dtype dt, int64_t L, int64_t S, int64_t QB, int64_t KB,
+                                          const ag_graph *score, const ag_graph *joint,
+                                          const ag_tmeta *sb, int nsb, int *status) {
+    const ag_plan_opts o = {0};
+    return tiles_new(&o, dt, L, S, QB, KB, sb, nsb, NULL, 0, score, NULL, joint, joint != NULL,
+                     status);
+}
+
+void ag__flex_tiles_free(struct ag__flex_tiles *st) {
+    pflex tmp = {.tiles = st};
+    if (st)
+        ag__plan_flex_free(&tmp);
+}
+
+int ag__flex_tiles_bind(struct ag__flex_tiles *st, ag_tensor *const *bufs, ag_tensor *const *bgrad,
+                        const ag__flex_tile_fns **fns) {
+    st->failed = 0;
+    st->fns = (ag__flex_tile_fns){st, st->nth, st->fn[FN_SCORE].on ? score_tile : NULL, NULL,
+                                  st->fn[FN_JOINT].on && bgrad ? joint_tile : NULL};
+    st->sb = bufs;
+    st->mb = NULL;
+    st->nmb = 0;
+    st->bgrad = bgrad;
+    for (int i = 0; bgrad && i < st->nsb; i++)
+        if (bgrad[i] && zero_acc(st, i, bgrad[i]))
+            return AG_ENOMEM;
+    *fns = &st->fns;
+    return 0;
+}
+
+int ag__flex_tiles_done(struct ag__flex_tiles *st, int rc) {
+    rc = raw_failed(st, rc);
+    for (int i = 0; i < st->nsb && !rc && st->nth > 1 && st->bgrad; i++)
+        for (int th = 0; th < st->nth && st->bgrad[i]; th++)
+            ag__flex_add_reduced(st->bgrad[i], st->acc[th * st->nsb + i]);
+    st->sb = st->bgrad = NULL;
+    return rc;
 }

@@ -245,6 +245,21 @@ int ag__plan_flex_graphs_of(ag_plan *p, const ag_node *x);
 void ag__plan_flex_free(pflex *f);
 int64_t ag__plan_flex_bytes(const pflex *f); /* the tile plans' arenas */
 int ag__plan_run_flex(ag_plan *p, pstep *s);
+struct ag__flex_tile_fns;
+/* Eager flex_attention's tile plans (flex_eager.c): score (and, when joint is not NULL, the
+ * backward's joint) graph planned per tile shape of a call of dtype dt over L x S in QB x KB
+ * tiles, score_mod buffers of metadata sb[nsb] (contiguous); NULL with the error set and its
+ * status in *status. bind: a run's buffers (contiguous) and, in the backward, the buffers'
+ * gradient sums (contiguous, zeroed here; NULL entries: not needed) -> the kernel's tile
+ * functions; done: after the kernel (status rc), the per-thread sums added, the failed tile's
+ * message. One run at a time per object. */
+struct ag__flex_tiles *ag__flex_tiles_new(ag_dtype dt, int64_t L, int64_t S, int64_t QB, int64_t KB,
+                                          const ag_graph *score, const ag_graph *joint,
+                                          const ag_tmeta *sb, int nsb, int *status);
+void ag__flex_tiles_free(struct ag__flex_tiles *st); /* NULL: no-op */
+int ag__flex_tiles_bind(struct ag__flex_tiles *st, ag_tensor *const *bufs, ag_tensor *const *bgrad,
+                        const struct ag__flex_tile_fns **fns);
+int ag__flex_tiles_done(struct ag__flex_tiles *st, int rc);
 
 /* ---- coll_order.c: the collective-order check of a plan's first run ---- */
 
