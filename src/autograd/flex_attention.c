@@ -1007,6 +1007,24 @@ void ag__flex_add_reduced(ag_tensor *acc, const ag_tensor *g) {
     }
 }
 
+ag__flex_raw ag__flex_raw_of(bool bwd, double scale, const ag_tensor *q, const ag_tensor *k,
+                             const ag_tensor *v) {
+    const int64_t *qs = ag_tensor_sizes(q), *ks = ag_tensor_sizes(k);
+    return (ag__flex_raw){.bwd = bwd,
+                          .dt = ag_tensor_dtype(q),
+                          .B = qs[0],
+                          .Hq = qs[1],
+                          .Hkv = ks[1],
+                          .L = qs[2],
+                          .S = ks[2],
+                          .E = qs[3],
+                          .Ev = ag_tensor_size(v, 3),
+                          .scale = scale,
+                          .q = ag_tensor_data(q),
+                          .k = ag_tensor_data(k),
+                          .v = ag_tensor_data(v)};
+}
+
 int ag__flex_run_raw(const ag__flex_raw *r) {
     ag_block_mask m = {0};
     int rc = mask_over_parts(&m, r->parts, r->sizes);

@@ -83,6 +83,10 @@ typedef struct ag__flex_raw {
     const ag__flex_tile_fns *fns;
 } ag__flex_raw;
 int ag__flex_run_raw(const ag__flex_raw *r);
+/* A raw call's geometry, dtype and q, k, v pointers from contiguous [B, H, L, E] q, k, v (the
+ * rest zero, for the caller to fill). */
+ag__flex_raw ag__flex_raw_of(bool bwd, double scale, const ag_tensor *q, const ag_tensor *k,
+                             const ag_tensor *v);
 /* For the per-tile functions: dst [bq, bk] (row stride ld elements, dtype dt: float32,
  * float64 or bool) <- r, a contiguous float or bool tensor that broadcasts to the tile
  * (ag__flex_fits_tile), converted. */

@@ -817,30 +817,17 @@ static int joint_backward(const ag__flex_call *c, ag_tensor **outs) {
     j.bgrad = res + 3;
     ag__flex_tile_fns fns = {&j, 1, jb_score, c->mask ? jb_mask : NULL, jb_joint};
     if (!rc) {
-        const int64_t *qs = ag_tensor_sizes(ct[0]), *ks = ag_tensor_sizes(ct[1]);
-        ag__flex_raw r = {.bwd = true,
-                          .dt = j.dt,
-                          .B = qs[0],
-                          .Hq = qs[1],
-                          .Hkv = ks[1],
-                          .L = qs[2],
-                          .S = ks[2],
-                          .E = qs[3],
-                          .Ev = ag_tensor_size(ct[2], 3),
-                          .scale = c->scale,
-                          .q = ag_tensor_data(ct[0]),
-                          .k = ag_tensor_data(ct[1]),
-                          .v = ag_tensor_data(ct[2]),
-                          .out = ag_tensor_data(ct[3]),
-                          .lse = ag_tensor_data(ct[4]),
-                          .dout = ag_tensor_data(ct[5]),
-                          .dlse = ct[6] ? ag_tensor_data(ct[6]) : NULL,
-                          .dq = ag_tensor_data(res[0]),
-                          .dk = ag_tensor_data(res[1]),
-                          .dv = ag_tensor_data(res[2]),
-                          .parts = c->parts,
-                          .sizes = c->sizes,
-                          .fns = &fns};
+        ag__flex_raw r = ag__flex_raw_of(true, c->scale, ct[0], ct[1], ct[2]);
+        r.out = ag_tensor_data(ct[3]);
+        r.lse = ag_tensor_data(ct[4]);
+        r.dout = ag_tensor_data(ct[5]);
+        r.dlse = ct[6] ? ag_tensor_data(ct[6]) : NULL;
+        r.dq = ag_tensor_data(res[0]);
+        r.dk = ag_tensor_data(res[1]);
+        r.dv = ag_tensor_data(res[2]);
+        r.parts = c->parts;
+        r.sizes = c->sizes;
+        r.fns = &fns;
         rc = ag__flex_run_raw(&r);
     }
     const int n = 3 + c->nsb;

@@ -442,22 +442,10 @@ static int run_tiles(const pflex *f, pstep *s, bool bwd) {
     st->nmb = a[ibuf + 1].n;
     st->bgrad = bwd ? s->outs + 3 : NULL;
     const int64_t *qs = ag_tensor_sizes(q), *ks = ag_tensor_sizes(k), *vs = ag_tensor_sizes(v);
-    ag__flex_raw r = {.bwd = bwd,
-                      .dt = ag_tensor_dtype(q),
-                      .B = qs[0],
-                      .Hq = qs[1],
-                      .Hkv = ks[1],
-                      .L = qs[2],
-                      .S = ks[2],
-                      .E = qs[3],
-                      .Ev = vs[3],
-                      .scale = a[ibm + 1].u.f,
-                      .q = ag_tensor_data(q),
-                      .k = ag_tensor_data(k),
-                      .v = ag_tensor_data(v),
-                      .parts = a[ibm].u.ts + 2,
-                      .sizes = f->sizes,
-                      .fns = &st->fns};
+    ag__flex_raw r = ag__flex_raw_of(bwd, a[ibm + 1].u.f, q, k, v);
+    r.parts = a[ibm].u.ts + 2;
+    r.sizes = f->sizes;
+    r.fns = &st->fns;
     const int64_t osz[4] = {qs[0], qs[1], qs[2], vs[3]};
     if (!bwd) {
         ag_tensor *o = dest(st, 3, s->outs[0], r.dt, 4, osz);
